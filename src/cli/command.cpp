@@ -1,0 +1,146 @@
+#include "cli/command.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+namespace k3pack::cli {
+
+Args& Args::Option(const std::string& name, const std::string& help, std::optional<std::string> def, bool required) {
+  specs_[name] = {help, std::move(def), required, false};
+  order_.push_back(name);
+  return *this;
+}
+
+Args& Args::Flag(const std::string& name, const std::string& help) {
+  specs_[name] = {help, std::nullopt, false, true};
+  order_.push_back(name);
+  return *this;
+}
+
+Args& Args::Positional(const std::string& metavar, const std::string& help, int min, int max) {
+  pos_name_ = metavar;
+  pos_help_ = help;
+  pos_min_ = min;
+  pos_max_ = max;
+  return *this;
+}
+
+std::string Args::Usage() const {
+  std::ostringstream os;
+  os << "usage: k3pack " << command_ << " " << usage_ << "\n\n" << description_ << "\n";
+  if (!pos_name_.empty()) os << "\n  " << pos_name_ << "\n      " << pos_help_ << "\n";
+  if (!order_.empty()) os << "\noptions:\n";
+  for (const auto& name : order_) {
+    const Spec& s = specs_.at(name);
+    os << "  " << name << (s.is_flag ? "" : " VALUE") << "\n      " << s.help;
+    if (s.required) os << " (required)";
+    if (s.def && !s.def->empty()) os << " [default: " << *s.def << "]";
+    os << "\n";
+  }
+  os << "  --help\n      show this help and exit\n";
+  return os.str();
+}
+
+bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
+  auto fail = [&](const std::string& msg) {
+    std::cerr << "k3pack " << command_ << ": error: " << msg << "\n"
+              << "usage: k3pack " << command_ << " " << usage_ << "\n"
+              << "(run `k3pack " << command_ << " --help` for details)\n";
+    *exit_code = 2;
+    return false;
+  };
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << Usage();
+      *exit_code = 0;
+      return false;
+    }
+    if (a.size() > 2 && a.rfind("--", 0) == 0) {
+      std::string name = a, value;
+      bool inline_value = false;
+      if (auto eq = a.find('='); eq != std::string::npos) {
+        name = a.substr(0, eq);
+        value = a.substr(eq + 1);
+        inline_value = true;
+      }
+      auto it = specs_.find(name);
+      if (it == specs_.end()) return fail("unknown option " + name);
+      if (it->second.is_flag) {
+        if (inline_value) return fail(name + " takes no value");
+        values_[name] = "1";
+        continue;
+      }
+      if (!inline_value) {
+        if (i + 1 >= argv.size()) return fail(name + " needs a value");
+        value = argv[++i];
+      }
+      values_[name] = value;
+      continue;
+    }
+    positionals_.push_back(a);
+  }
+  for (const auto& [name, spec] : specs_) {
+    if (spec.required && !values_.count(name)) return fail("missing required option " + name);
+  }
+  int n = static_cast<int>(positionals_.size());
+  if (n < pos_min_) return fail(pos_name_.empty() ? "missing argument" : "missing " + pos_name_);
+  if (pos_max_ >= 0 && n > pos_max_) return fail("unexpected argument " + positionals_[pos_max_]);
+  return true;
+}
+
+bool Args::Has(const std::string& name) const { return values_.count(name) > 0; }
+
+std::optional<std::string> Args::GetOpt(const std::string& name) const {
+  if (auto it = values_.find(name); it != values_.end()) return it->second;
+  if (auto it = specs_.find(name); it != specs_.end() && it->second.def) return it->second.def;
+  return std::nullopt;
+}
+
+std::string Args::Get(const std::string& name) const { return GetOpt(name).value_or(""); }
+
+Result<int64_t> Args::GetInt(const std::string& name) const {
+  std::string v = Get(name);
+  int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size())
+    return Error(name + " must be an integer, got '" + v + "'");
+  return out;
+}
+
+Result<double> Args::GetDouble(const std::string& name) const {
+  std::string v = Get(name);
+  try {
+    size_t used = 0;
+    double d = std::stod(v, &used);
+    if (used != v.size()) throw std::invalid_argument(v);
+    return d;
+  } catch (...) {
+    return Error(name + " must be a number, got '" + v + "'");
+  }
+}
+
+static std::map<std::string, CommandInfo>& Registry() {
+  static std::map<std::string, CommandInfo> r;
+  return r;
+}
+
+bool RegisterCommand(CommandInfo info) {
+  Registry()[info.name] = std::move(info);
+  return true;
+}
+
+const std::map<std::string, CommandInfo>& Commands() { return Registry(); }
+
+int ReportError(const std::string& command, const Error& error, int exit_code) {
+  std::cerr << "k3pack " << command << ": error: " << error.message() << "\n";
+  return exit_code;
+}
+
+bool StderrIsTty() { return ::isatty(STDERR_FILENO) == 1; }
+
+}  // namespace k3pack::cli

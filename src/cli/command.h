@@ -1,0 +1,75 @@
+// Sub-command registry and a small, strict argument parser shared by every
+// `k3pack <command>`. Each command lives in its own cmd_<name>.cpp and
+// registers itself with K3_COMMAND.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack::cli {
+
+// Declarative options: declare, then Parse(). Unknown options, missing
+// values and missing required options are errors; `--help` prints usage.
+class Args {
+ public:
+  Args(std::string command, std::string usage_line, std::string description)
+      : command_(std::move(command)), usage_(std::move(usage_line)), description_(std::move(description)) {}
+
+  // `--name VALUE` (also `--name=VALUE`).
+  Args& Option(const std::string& name, const std::string& help, std::optional<std::string> default_value = std::nullopt,
+               bool required = false);
+  // `--name` boolean switch.
+  Args& Flag(const std::string& name, const std::string& help);
+  // Positional arguments: `min`..`max` of them (max < 0: unbounded).
+  Args& Positional(const std::string& metavar, const std::string& help, int min = 1, int max = 1);
+
+  // Returns false and prints to stderr (exit code 2) on a usage error, or
+  // prints help (exit code 0) on --help; `exit_code` says which.
+  bool Parse(const std::vector<std::string>& argv, int* exit_code);
+
+  bool Has(const std::string& name) const;                 // option given or flag set
+  std::string Get(const std::string& name) const;          // value or default ("" if none)
+  std::optional<std::string> GetOpt(const std::string& name) const;
+  Result<int64_t> GetInt(const std::string& name) const;   // parses, names the option on error
+  Result<double> GetDouble(const std::string& name) const;
+  const std::vector<std::string>& positionals() const { return positionals_; }
+  std::string Usage() const;
+
+ private:
+  struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; };
+  std::string command_, usage_, description_;
+  std::map<std::string, Spec> specs_;
+  std::vector<std::string> order_;
+  std::string pos_name_, pos_help_;
+  int pos_min_ = 0, pos_max_ = 0;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positionals_;
+};
+
+using CommandFn = std::function<int(const std::vector<std::string>& argv)>;
+
+struct CommandInfo {
+  std::string name;
+  std::string summary;
+  CommandFn run;
+};
+
+bool RegisterCommand(CommandInfo info);
+const std::map<std::string, CommandInfo>& Commands();
+
+// Prints "k3pack <cmd>: error: <message>" (message may be several lines)
+// and returns the exit code to use (1 by default).
+int ReportError(const std::string& command, const Error& error, int exit_code = 1);
+
+// True when stderr is a terminal (progress bars) rather than a pipe (JSON lines).
+bool StderrIsTty();
+
+}  // namespace k3pack::cli
+
+#define K3_COMMAND(name, summary, fn) \
+  static const bool k3_command_registered_##fn = ::k3pack::cli::RegisterCommand({name, summary, fn})

@@ -1,0 +1,39 @@
+// k3pack: command-line entry point. Dispatches to the registered sub-commands.
+#include <iostream>
+
+#include "cli/command.h"
+#include "k3pack_version.h"
+
+namespace {
+
+void PrintHelp() {
+  std::cout << "k3pack " << K3PACK_VERSION
+            << " - Kimi-K3 GGUF checkpoints, expert packs and expert streaming\n\n"
+               "usage: k3pack <command> [options]   (k3pack <command> --help for details)\n\ncommands:\n";
+  for (const auto& [name, info] : k3pack::cli::Commands()) {
+    std::cout << "  " << name << std::string(name.size() < 14 ? 14 - name.size() : 1, ' ') << info.summary << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    PrintHelp();
+    return argc < 2 ? 2 : 0;
+  }
+  std::string name = argv[1];
+  if (name == "--version") {
+    std::cout << "k3pack " << K3PACK_VERSION << "\n";
+    return 0;
+  }
+  const auto& cmds = k3pack::cli::Commands();
+  auto it = cmds.find(name);
+  if (it == cmds.end()) {
+    std::cerr << "k3pack: unknown command '" << name << "' (run `k3pack --help` for the list)\n";
+    return 2;
+  }
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  return it->second.run(rest);
+}

@@ -1,0 +1,143 @@
+#include "util/file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+
+namespace k3pack {
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
+  if (fd < 0) return Error::FromErrno("cannot open " + path, errno);
+  return UniqueFd(fd);
+}
+
+Result<uint64_t> FileSize(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Result<size_t> PreadFull(int fd, void* buf, size_t n, uint64_t offset) {
+  size_t done = 0;
+  auto* p = static_cast<uint8_t*>(buf);
+  while (done < n) {
+    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Error::FromErrno("read failed at offset " + std::to_string(offset + done), errno);
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+Status PwriteFull(int fd, const void* buf, size_t n, uint64_t offset) {
+  size_t done = 0;
+  auto* p = static_cast<const uint8_t*>(buf);
+  while (done < n) {
+    ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Error::FromErrno("write failed at offset " + std::to_string(offset + done), errno);
+    }
+    done += static_cast<size_t>(r);
+  }
+  return Status::OK();
+}
+
+Status FsyncPath(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error::FromErrno("cannot open " + path + " for fsync", errno);
+  UniqueFd guard(fd);
+  if (::fsync(fd) != 0) return Error::FromErrno("fsync failed for " + path, errno);
+  return Status::OK();
+}
+
+Status FsyncParentDir(const std::string& path) {
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  return FsyncPath(parent.string());
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view content) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::FromErrno("cannot create " + tmp, errno);
+  UniqueFd guard(fd);
+  Status st = PwriteFull(fd, content.data(), content.size(), 0);
+  if (st.ok() && ::fsync(fd) != 0) st = Error::FromErrno("fsync failed for " + tmp, errno);
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  guard = UniqueFd();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error::FromErrno("cannot rename " + tmp + " to " + path, err);
+  }
+  return FsyncParentDir(path);
+}
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), out.data(), out.size(), 0));
+  out.resize(got);
+  return out;
+}
+
+Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
+  if (!S_ISREG(st.st_mode)) return Error(path + ": not a regular file");
+  std::shared_ptr<MappedFile> m(new MappedFile());
+  m->path_ = path;
+  m->size_ = static_cast<uint64_t>(st.st_size);
+  if (m->size_ > 0) {
+    void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) return Error::FromErrno("cannot mmap " + path, errno);
+    m->data_ = static_cast<const uint8_t*>(p);
+  }
+  return std::shared_ptr<const MappedFile>(std::move(m));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+Result<std::string> ResolvePath(const std::string& path) {
+  std::error_code ec;
+  auto p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  if (ec) return Error::FromErrno("cannot resolve " + path, ec.value());
+  return p.string();
+}
+
+}  // namespace k3pack

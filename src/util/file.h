@@ -1,0 +1,76 @@
+// Small POSIX file helpers: owned descriptors, full preads, read-only memory
+// maps with shared lifetime, and the temp-file + fsync + rename writer that
+// every k3pack output goes through.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "k3pack/error.h"
+
+namespace k3pack {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+
+ private:
+  int fd_ = -1;
+};
+
+Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags = 0);
+Result<uint64_t> FileSize(const std::string& path);
+bool PathExists(const std::string& path);
+
+// Reads until `n` bytes or EOF; returns the count read (short only at EOF).
+Result<size_t> PreadFull(int fd, void* buf, size_t n, uint64_t offset);
+// Writes all `n` bytes at `offset` or fails.
+Status PwriteFull(int fd, const void* buf, size_t n, uint64_t offset);
+
+Status FsyncPath(const std::string& path);
+Status FsyncParentDir(const std::string& path);
+
+// Writes `content` to `<path>.tmp`, fsyncs it, renames it onto `path` and
+// fsyncs the directory, so readers see either the old file or the new one.
+Status WriteFileAtomic(const std::string& path, std::string_view content);
+Result<std::string> ReadFileToString(const std::string& path);
+
+// A read-only, shared mapping of a whole file. Views handed out from it keep
+// it alive through shared_ptr, so a tensor view never outlives its bytes.
+class MappedFile {
+ public:
+  static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  const uint8_t* data() const { return data_; }
+  std::span<const uint8_t> bytes() const { return {data_, static_cast<size_t>(size_)}; }
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Absolute, normalized path (like Python's Path.resolve(): symlinks followed).
+Result<std::string> ResolvePath(const std::string& path);
+
+}  // namespace k3pack
