@@ -1,0 +1,228 @@
+// The adapter manifest (SGLang's SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1 JSON):
+// creating it from GGUF shards + expert pack + tokenizer, writing it
+// byte-compatibly with SGLang, and reading it back into typed records.
+//
+// A manifest ties together everything a server needs to trust at start-up:
+// the shard inventory (sizes, metadata digests, every tensor's place), the
+// validated pack geometry and index digest, the tokenizer files and the hard
+// execution constraints. Readers (loader, store, verify, doctor) parse it
+// through this header instead of poking at raw JSON.
+//
+// Under Profile::kKimiK3 the file has exactly SGLang's keys. Under
+// Profile::kScaled one extra top-level key "k3pack" records the profile and
+// per-layer role sizes (mixed quantization); its absence means kimi-k3.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/error.h"
+#include "k3pack/kimi.h"
+
+namespace k3pack::manifest {
+
+inline constexpr std::string_view kManifestFormat = "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1";
+// Value of the "k3pack" extension's "profile" key.
+inline constexpr std::string_view kScaledProfileName = "scaled";
+
+// ------------------------------------------------------------------ reading
+
+// Reads and parses a JSON file. Errors name the file (missing file ->
+// FileNotFoundError, bad JSON -> ValueError with the parser's position).
+Result<nlohmann::json> ReadManifestJson(const std::string& path);
+
+struct ShardRecord {
+  uint32_t index = 0;
+  std::string path;  // resolved absolute path at manifest time
+  uint64_t size = 0;
+  uint64_t metadata_nbytes = 0;  // aligned start of the tensor data section
+  std::string metadata_sha256;   // of bytes [0, metadata_nbytes)
+  uint64_t tensor_count = 0;
+  std::optional<std::string> sha256;  // whole file; only with --full-source-hashes
+};
+
+struct TensorRecord {
+  std::string name;
+  std::vector<int64_t> shape;  // GGUF ne order (ne0 first)
+  std::string dtype;           // gguf-py type name, e.g. "Q2_K"
+  uint32_t dtype_id = 0;
+  uint32_t shard_index = 0;
+  uint64_t data_offset = 0;  // absolute file offset in the shard
+  uint64_t nbytes = 0;
+};
+
+struct SourceSummary {
+  std::string architecture;
+  uint64_t shard_count = 0;
+  uint64_t tensor_count = 0;
+  uint64_t total_bytes = 0;
+  bool full_source_hashes = false;
+};
+
+struct SourceRecord {
+  SourceSummary summary;
+  std::vector<ShardRecord> shards;
+  std::vector<TensorRecord> tensors;  // sorted by name (code point order)
+  std::string inventory_sha256;
+};
+
+struct RoleRecord {
+  std::string dtype;
+  uint32_t dtype_id = 0;
+  std::vector<int64_t> logical_shape;  // [ne0, ne1] of the GGUF tensor
+  uint64_t expert_bytes = 0;
+  uint64_t entry_count = 0;
+  uint64_t payload_bytes = 0;
+};
+
+struct ExpertPackRecord {
+  std::string path;
+  uint64_t size = 0;
+  std::string magic;  // "GGMLMOEPACKv1"
+  uint32_t version = 0;
+  uint64_t header_bytes = 0;
+  uint64_t entry_bytes = 0;
+  uint64_t index_count = 0;
+  uint64_t data_start = 0;
+  uint64_t alignment = 0;
+  std::string index_sha256;
+  std::vector<std::string> physical_role_order;
+  std::vector<uint32_t> active_moe_layer_ids;
+  uint32_t num_experts = 0;
+  uint32_t top_k = 0;
+  uint64_t object_bytes = 0;
+  std::array<RoleRecord, 3> roles;  // indexed by pack::Role: up, gate, down
+  uint64_t payload_samples_verified = 0;
+  bool full_pack_hash = false;
+  std::optional<std::string> sha256;
+};
+
+struct ModelRecord {
+  std::string config_path;
+  std::string config_sha256;
+  std::string architecture;  // always "KimiLinearForCausalLM" (SGLang hard-codes it)
+  uint32_t num_hidden_layers = 0;
+  std::vector<uint32_t> active_moe_layer_ids;
+  uint32_t num_experts = 0;
+  uint32_t num_experts_per_token = 0;
+  uint32_t num_shared_experts = 0;
+  uint64_t hidden_size = 0;
+  uint64_t routed_expert_hidden_size = 0;
+  uint64_t moe_intermediate_size = 0;
+  std::string hidden_act;
+};
+
+struct TokenizerFile {
+  std::string name;
+  uint64_t size = 0;
+  std::string sha256;
+};
+
+struct TokenizerRecord {
+  std::string path;
+  std::vector<TokenizerFile> files;
+  std::string inventory_sha256;
+};
+
+struct VerificationRecord {
+  std::string structure;  // "complete"
+  int64_t payload_samples = 0;
+  bool full_source_hashes = false;
+  bool full_pack_hash = false;
+};
+
+// The k3pack extension (present only under --profile scaled).
+struct LayerRoleInfo {
+  std::string dtype;
+  uint32_t dtype_id = 0;
+  uint64_t expert_bytes = 0;
+};
+struct LayerRolesRecord {
+  uint32_t layer = 0;
+  uint64_t object_bytes = 0;
+  std::array<LayerRoleInfo, 3> roles;  // up, gate, down
+};
+struct K3packExtension {
+  std::string profile;  // "scaled"
+  std::vector<LayerRolesRecord> layer_roles;  // one per active layer, in order
+};
+
+struct Manifest {
+  bool complete = false;
+  std::string format;
+  std::string created_at;
+  std::string sglang_git_sha;
+  nlohmann::json hard_constraints;  // compared as a whole by readers
+  ModelRecord model;
+  SourceRecord source;
+  ExpertPackRecord expert_pack;
+  TokenizerRecord tokenizer;
+  VerificationRecord verification;
+  std::optional<K3packExtension> k3pack;
+  kimi::Profile profile() const { return k3pack ? kimi::Profile::kScaled : kimi::Profile::kKimiK3; }
+};
+
+// Section parsers. A missing key is ErrorKind::kKey with the message `'key'`
+// (Python's KeyError repr); a value of the wrong type is a ValueError naming
+// the JSON path (e.g. "manifest source.shards[3].size: expected an unsigned integer").
+Result<ShardRecord> ParseShardRecord(const nlohmann::json& j);
+Result<TensorRecord> ParseTensorRecord(const nlohmann::json& j);
+Result<RoleRecord> ParseRoleRecord(const nlohmann::json& j);
+Result<SourceRecord> ParseSourceRecord(const nlohmann::json& j);
+Result<ExpertPackRecord> ParseExpertPackRecord(const nlohmann::json& j);
+Result<ModelRecord> ParseModelRecord(const nlohmann::json& j);
+Result<TokenizerRecord> ParseTokenizerRecord(const nlohmann::json& j);
+Result<std::optional<K3packExtension>> ParseK3packExtension(const nlohmann::json& manifest);
+// The whole document. Does not judge values (format/complete/constraints):
+// readers apply their own SGLang checks and texts.
+Result<Manifest> ParseManifest(const nlohmann::json& j);
+Result<Manifest> ReadManifest(const std::string& path);
+
+// SGLang's exact hard_constraints dict.
+nlohmann::json HardConstraintsJson();
+
+// ----------------------------------------------------------------- creating
+
+struct CreateOptions {
+  std::string gguf_dir;
+  std::string expert_pack;
+  std::string model_config;
+  std::string tokenizer_dir;
+  int64_t payload_samples = 6;  // < 0 -> "--payload-samples must be non-negative"
+  bool full_source_hashes = false;
+  bool full_pack_hash = false;
+  kimi::Profile profile = kimi::Profile::kKimiK3;
+  // Empty -> "k3pack-<version>".
+  std::string sglang_git_sha;
+  // Empty -> now, Python isoformat (e.g. 2026-01-02T03:04:05.123456+00:00).
+  std::string created_at;
+  // Progress messages for long steps (hashing); may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+// SGLang's create_manifest: spec from config (+ GGUF cross-check), shard
+// scan, pack validation, tokenizer inventory. Returns the manifest document.
+Result<nlohmann::json> CreateManifest(const CreateOptions& options);
+
+// Writes `manifest` as SGLang does (indent=2, sorted keys, raw UTF-8, "\n")
+// through WriteFileAtomic.
+Status WriteManifest(const std::string& path, const nlohmann::json& manifest);
+// The exact bytes WriteManifest writes.
+std::string SerializeManifest(const nlohmann::json& manifest);
+
+// The JSON summary prepare_kimi_manifest.py prints after writing:
+// {manifest, format, source_shards, source_tensors, pack_entries,
+//  pack_index_sha256, top_k, payload_samples_verified}.
+nlohmann::json ManifestSummary(const std::string& output_path, const nlohmann::json& manifest);
+
+// Python datetime.now(timezone.utc).isoformat().
+std::string NowIsoformatUtc();
+
+}  // namespace k3pack::manifest
