@@ -1,0 +1,211 @@
+// Building, validating and verifying the GGMLMOEPACKv1 expert pack.
+//
+// The pack is a byte-for-byte re-arrangement of the routed-expert tensors of
+// a GGUF shard set into expert-major order (spec §1.1), so a server can load
+// one (layer, expert) object with one aligned read. This header is what the
+// CLI, the manifest builder and the tests use:
+//   * CollectExperts: the §6.1 routed-expert checks (coverage, duplicates,
+//     shape, dtype, sliceability) producing the inputs of the layout;
+//   * BuildPack: the crash-safe, resumable, multi-threaded writer that also
+//     records a SHA-256 per payload in the `<pack>.digests` sidecar;
+//   * ValidatePack: SGLang's validate_ggml_moe_pack (§6.2 texts), returning
+//     the manifest's `expert_pack` section;
+//   * VerifyPayloads: full payload verification against the digest sidecar
+//     and/or the GGUF source, without needing the other.
+// The byte layout itself lives in src/pack/format.h.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/error.h"
+#include "k3pack/ggml_types.h"
+#include "k3pack/kimi.h"
+
+namespace k3pack::gguf {
+class ShardSet;
+}
+
+namespace k3pack::pack {
+
+// ------------------------------------------------------------ expert inputs
+
+// A GGUF tensor as the scanner records it (also constructible from a
+// manifest's source.tensors + source.shards records).
+struct SourceTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // GGUF ne order
+  uint32_t dtype_id = 0;
+  uint32_t shard_index = 0;
+  uint64_t data_offset = 0;  // absolute offset in the shard file
+  uint64_t nbytes = 0;
+};
+
+// One routed expert tensor (layer, role) after validation.
+struct ExpertTensor {
+  uint32_t layer = 0;
+  uint32_t role = 0;  // pack::Role value: 0 up, 1 gate, 2 down
+  SourceTensor tensor;
+  std::string shard_path;
+  uint64_t expert_bytes = 0;  // tensor.nbytes / num_experts
+};
+
+// The validated routed-expert tensors, by active layer, in physical role order.
+struct ExpertSet {
+  std::vector<uint32_t> layers;                      // active MoE layers in order
+  uint32_t num_experts = 0;
+  uint32_t top_k = 0;
+  std::vector<std::array<ExpertTensor, 3>> by_layer;  // [active index][role]
+  std::vector<std::string> shard_paths;              // by shard index
+  bool mixed = false;  // sizes or types differ between layers
+
+  uint64_t EstimatedPackBytes() const;  // final size of the pack
+};
+
+struct CollectOptions {
+  // Allow expert dtypes to differ by role or by layer (kScaled only); entry
+  // sizes then vary by layer. Without it, every layer must use the dtypes of
+  // the first active layer.
+  bool allow_mixed_types = false;
+};
+
+// SGLang's routed-expert validation (§6.1), exact texts:
+//   duplicate routed expert tensor (1, 'up')
+//   routed expert tensor coverage mismatch: missing=[...], extra=[...]
+//   unexpected expert shape for (1, 'up'): (3584, 3072, 896)
+//   unexpected expert dtype for (1, 'up'): Q4_K
+//   expert tensor is not evenly sliceable: blk.1.ffn_up_exps.weight
+// Under kKimiK3 shapes/dtypes are K3's (Q2_K/Q2_K/Q3_K); under kScaled the
+// shapes come from the spec and dtypes must agree across layers unless
+// allow_mixed_types.
+Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors,
+                                 const std::vector<std::string>& shard_paths, const kimi::ModelSpec& spec,
+                                 const CollectOptions& options = {});
+// Same, taking the tensors from an opened shard set.
+Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
+                                 const CollectOptions& options = {});
+std::vector<SourceTensor> SourceTensorsOf(const gguf::ShardSet& shards);
+
+// "<dir>/<prefix>.expert-major.pack" for a shard path (§3).
+Result<std::string> DefaultPackPath(const std::string& any_shard_path);
+
+// ------------------------------------------------------------------ build
+
+// Progress of a long operation. Called from one thread, at most ~10 times/s
+// and once at the end (done == total).
+struct Progress {
+  std::string phase;  // "build", "verify", ...
+  uint64_t done_bytes = 0, total_bytes = 0;
+  uint64_t done_objects = 0, total_objects = 0;
+  double elapsed_s = 0;
+};
+using ProgressFn = std::function<void(const Progress&)>;
+
+struct BuildOptions {
+  std::string out_path;           // final pack path
+  double safety_margin_gib = 2.0;  // free space required beyond the pack size
+  bool restart = false;           // discard an existing partial build
+  int threads = 0;                // copies in flight; 0 = auto
+  uint64_t chunk_bytes = 16ull << 20;
+  ProgressFn progress;
+  std::function<void(const std::string&)> log;  // human-readable status lines
+};
+
+struct BuildResult {
+  std::string pack_path;
+  std::string digests_path;
+  uint64_t pack_bytes = 0;
+  uint64_t index_count = 0;
+  std::string index_sha256;
+  uint64_t copied_bytes = 0;   // data bytes read+written this run
+  uint64_t hole_bytes = 0;     // payload bytes kept as holes (sparse source)
+  uint64_t resumed_objects = 0;  // objects taken over from a checkpoint
+  double seconds = 0;
+};
+
+// Writes the pack to `<out>.partial` (exclusive lock `<out>.lock` held
+// throughout), checkpointing durably to `<out>.partial.checkpoint`; on
+// success fsyncs, renames to `<out>`, writes `<out>.digests` and removes the
+// checkpoint. A rerun after a crash continues from the checkpoint; a
+// checkpoint that does not match the inputs is an error unless
+// options.restart. Refuses to overwrite a finished pack (SGLang's text) and
+// to start without room for the pack + margin (SGLang's text).
+//
+// Test seams (environment): K3PACK_FAKE_FREE_BYTES=N overrides the free
+// space; K3PACK_CRASH_AFTER_OBJECTS=N calls _exit(86) right after the
+// checkpoint that covers >= N objects.
+Result<BuildResult> BuildPack(const ExpertSet& experts, const BuildOptions& options);
+
+// Sidecar paths.
+std::string DigestsPathFor(const std::string& pack_path);     // <pack>.digests
+std::string PartialPathFor(const std::string& pack_path);     // <pack>.partial
+std::string CheckpointPathFor(const std::string& pack_path);  // <pack>.partial.checkpoint
+std::string LockPathFor(const std::string& pack_path);        // <pack>.lock
+
+// -------------------------------------------------------------- validate
+
+struct ValidateOptions {
+  int64_t payload_samples = 6;  // evenly spaced entries byte-compared with GGUF
+  bool full_pack_hash = false;  // adds "sha256" of the whole pack
+  ProgressFn progress;
+};
+
+// SGLang's validate_ggml_moe_pack (§6.2 texts, in SGLang's order). Returns
+// the manifest's `expert_pack` object: path, size, magic, version,
+// header_bytes, entry_bytes, index_count, data_start, alignment,
+// index_sha256, physical_role_order, active_moe_layer_ids, num_experts,
+// top_k, object_bytes, roles{up,gate,down}, payload_samples_verified,
+// full_pack_hash [, sha256]. With mixed sizes (kScaled) the per-layer
+// geometry is checked; roles.* then report the first active layer and
+// payload_bytes the true totals.
+Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSet& experts,
+                                    const ValidateOptions& options = {});
+
+// SGLang's sample selection: none for k <= 0, {0} for k == 1, else
+// round-half-even(i*(n-1)/(k-1)) for i in 0..k-1, duplicates removed.
+std::vector<uint64_t> SampleIndices(uint64_t index_count, int64_t k);
+
+// The k3pack manifest extension's "layer_roles" list (one item per layer).
+nlohmann::json LayerRolesJson(const ExpertSet& experts);
+
+// ---------------------------------------------------------------- verify
+
+// The digest sidecar: one SHA-256 per pack entry (see docs/parts/pack.md).
+struct PackDigests {
+  uint64_t index_count = 0;
+  uint64_t pack_size = 0;
+  std::string index_sha256;  // hex
+  std::vector<std::array<uint8_t, 32>> entry_sha256;
+};
+Result<PackDigests> ReadPackDigests(const std::string& digests_path);
+Status WritePackDigests(const std::string& digests_path, const PackDigests& digests);
+
+struct VerifyOptions {
+  bool against_digests = true;   // compare with <pack>.digests
+  bool against_source = false;   // compare with the GGUF bytes
+  std::vector<uint64_t> entries;  // empty = all entries
+  int threads = 0;
+  ProgressFn progress;
+};
+
+struct VerifyResult {
+  uint64_t entries_checked = 0;
+  uint64_t bytes_checked = 0;
+  double seconds = 0;
+  double MBps() const { return seconds > 0 ? bytes_checked / 1e6 / seconds : 0; }
+};
+
+// Reads every selected payload once, hashing it (digests) and/or comparing
+// it with the GGUF slice (source). The first mismatch fails with
+// `expert-pack payload does not match GGUF source for {name} expert {e}` or
+// `expert-pack payload does not match digest sidecar for ...`.
+Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSet& experts,
+                                    const VerifyOptions& options);
+
+}  // namespace k3pack::pack
