@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -116,6 +117,7 @@ class GgufFile {
   uint64_t data_offset_ = 0;
   std::vector<KeyValue> kv_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string_view, size_t> by_name_;  // views into tensors_[i].name
 };
 
 // ---------------------------------------------------------------- shard sets

@@ -125,12 +125,22 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& pa
     void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return Error::FromErrno("cannot mmap " + path, errno);
     m->data_ = static_cast<const uint8_t*>(p);
+    m->mapped_ = true;
   }
   return std::shared_ptr<const MappedFile>(std::move(m));
 }
 
+std::shared_ptr<const MappedFile> MappedFile::FromBytes(std::string label, std::string bytes) {
+  std::shared_ptr<MappedFile> m(new MappedFile());
+  m->path_ = std::move(label);
+  m->owned_ = std::move(bytes);
+  m->data_ = reinterpret_cast<const uint8_t*>(m->owned_.data());
+  m->size_ = m->owned_.size();
+  return m;
+}
+
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (mapped_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 Result<std::string> ResolvePath(const std::string& path) {

@@ -54,6 +54,8 @@ Result<std::string> ReadFileToString(const std::string& path);
 class MappedFile {
  public:
   static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  // An in-memory image labelled `label` (fuzzers, tests); owns the bytes.
+  static std::shared_ptr<const MappedFile> FromBytes(std::string label, std::string bytes);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
@@ -68,6 +70,8 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  bool mapped_ = false;
+  std::string owned_;
 };
 
 // Absolute, normalized path (like Python's Path.resolve(): symlinks followed).

@@ -1,0 +1,236 @@
+// Split-set discovery and the cross-shard checks SGLang's scanner and
+// llama.cpp's split loader perform, with SGLang's texts where they agree.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "k3pack/gguf.h"
+#include "util/file.h"
+#include "util/pyrepr.h"
+
+namespace k3pack::gguf {
+
+namespace fs = std::filesystem;
+
+std::optional<ShardName> ParseShardName(std::string_view file_name) {
+  // "<prefix>-NNNNN-of-NNNNN.gguf"
+  constexpr std::string_view kExt = ".gguf";
+  constexpr size_t kSuffix = 1 + 5 + 4 + 5 + 5;  // "-NNNNN-of-NNNNN.gguf"
+  if (file_name.size() < kSuffix) return std::nullopt;
+  std::string_view tail = file_name.substr(file_name.size() - kSuffix);
+  if (tail[0] != '-' || tail.substr(6, 4) != "-of-" || tail.substr(15) != kExt) return std::nullopt;
+  auto digits = [](std::string_view s, uint32_t* out) {
+    uint32_t v = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + static_cast<uint32_t>(c - '0');
+    }
+    *out = v;
+    return true;
+  };
+  ShardName n;
+  if (!digits(tail.substr(1, 5), &n.number) || !digits(tail.substr(10, 5), &n.count)) return std::nullopt;
+  n.prefix = std::string(file_name.substr(0, file_name.size() - kSuffix));
+  return n;
+}
+
+namespace {
+
+struct Candidate {
+  std::string prefix;
+  std::set<uint32_t> counts;
+  std::map<uint32_t, std::string> by_number;
+};
+
+bool IsComplete(const Candidate& c) {
+  if (c.counts.size() != 1) return false;
+  uint32_t count = *c.counts.begin();
+  if (c.by_number.size() != count) return false;
+  uint32_t expect = 1;
+  for (const auto& [n, _] : c.by_number) {
+    if (n != expect++) return false;
+  }
+  return true;
+}
+
+Result<std::vector<std::string>> Ordered(const Candidate& c) {
+  if (c.counts.size() != 1) {
+    std::vector<int64_t> counts(c.counts.begin(), c.counts.end());
+    return Error("GGUF shard filenames disagree on split count: " + PySet(counts));
+  }
+  if (!IsComplete(c)) {
+    std::vector<int64_t> numbers;
+    for (const auto& [n, _] : c.by_number) numbers.push_back(n);
+    return Error("GGUF shard set is incomplete: count=" + std::to_string(*c.counts.begin()) +
+                 ", numbers=" + PyList(numbers))
+        .WithHint("shard files of the set '" + c.prefix + "' are missing; finish the download");
+  }
+  std::vector<std::string> out;
+  for (const auto& [_, p] : c.by_number) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
+  std::error_code ec;
+  fs::path p(path);
+  if (!fs::exists(p, ec)) return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
+
+  if (!fs::is_directory(p, ec)) {
+    auto name = ParseShardName(p.filename().string());
+    if (!name) return std::vector<std::string>{path};  // a single, unsplit file
+    Candidate c{name->prefix, {}, {}};
+    fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      auto n = ParseShardName(e.path().filename().string());
+      if (n && n->prefix == name->prefix) {
+        c.counts.insert(n->count);
+        c.by_number[n->number] = e.path().string();
+      }
+    }
+    return Ordered(c);
+  }
+
+  std::map<std::string, Candidate> sets;
+  std::vector<std::string> unnumbered;
+  for (const auto& e : fs::directory_iterator(p, ec)) {
+    const std::string fname = e.path().filename().string();
+    if (e.path().extension() != ".gguf") continue;
+    if (auto n = ParseShardName(fname)) {
+      Candidate& c = sets[n->prefix];
+      c.prefix = n->prefix;
+      c.counts.insert(n->count);
+      c.by_number[n->number] = e.path().string();
+    } else {
+      unnumbered.push_back(e.path().string());
+    }
+  }
+  if (ec) return Error::FromErrno("cannot list " + path, ec.value());
+  if (sets.empty()) {
+    if (unnumbered.size() == 1) return unnumbered;
+    if (unnumbered.empty()) return Error("no GGUF files found in " + path);
+    std::sort(unnumbered.begin(), unnumbered.end());
+    std::string list;
+    for (const auto& u : unnumbered) list += "\n  " + u;
+    return Error("several unrelated GGUF files in " + path + " and no numbered shard set:" + list)
+        .WithHint("pass the path of the model file itself");
+  }
+  std::vector<const Candidate*> complete;
+  for (const auto& [_, c] : sets) {
+    if (IsComplete(c)) complete.push_back(&c);
+  }
+  if (complete.size() == 1) return Ordered(*complete.front());
+  if (complete.empty()) {
+    // One broken set: report what is wrong with it (SGLang's texts).
+    if (sets.size() == 1) return Ordered(sets.begin()->second);
+    std::string list;
+    for (const auto& [prefix, c] : sets) list += "\n  " + prefix + " (" + std::to_string(c.by_number.size()) + " files)";
+    return Error("no complete GGUF shard set in " + path + "; incomplete sets:" + list);
+  }
+  std::string list;
+  for (const Candidate* c : complete) {
+    list += "\n  " + c->prefix + " (" + std::to_string(c->by_number.size()) + " shards: " +
+            c->by_number.begin()->second + ")";
+  }
+  return Error("several complete GGUF shard sets in " + path + ":" + list)
+      .WithHint("name one shard of the set you mean instead of the directory");
+}
+
+namespace {
+
+// Reads an integer split key; SGLang requires all three in every shard.
+Result<int64_t> RequiredInt(const GgufFile& f, const char* key) {
+  const Value* v = f.Find(key);
+  if (v == nullptr) {
+    return Error("GGUF metadata is missing required field " + PyRepr(key)).WithHint("in " + f.path());
+  }
+  auto i = v->AsInt();
+  if (!i) return Error(f.path() + ": GGUF key " + key + " must be an integer, got " + ValueTypeName(v->type));
+  return *i;
+}
+
+}  // namespace
+
+Result<ShardSet> ShardSet::Open(const std::string& path, const ShardSetOptions& opts) {
+  K3_ASSIGN_OR_RETURN(std::vector<std::string> paths, Discover(path));
+  ShardSet set;
+  const bool numbered = ParseShardName(fs::path(paths.front()).filename().string()).has_value();
+  if (numbered) set.prefix_ = ParseShardName(fs::path(paths.front()).filename().string())->prefix;
+  else set.prefix_ = fs::path(paths.front()).stem().string();
+  set.dir_ = fs::path(paths.front()).parent_path().string();
+
+  for (const auto& p : paths) {
+    K3_ASSIGN_OR_RETURN(auto f, GgufFile::Open(p, opts.read));
+    set.shards_.push_back(std::move(f));
+  }
+
+  int64_t split_count = 1, tensors_count = -1;
+  const std::string arch0 = set.shards_.front()->architecture();
+  for (size_t i = 0; i < set.shards_.size(); ++i) {
+    const GgufFile& f = *set.shards_[i];
+    const bool has_split = f.Find("split.count") != nullptr;
+    if (!numbered && !has_split) continue;  // plain single file: llama.cpp needs no split keys
+    K3_ASSIGN_OR_RETURN(int64_t count, RequiredInt(f, "split.count"));
+    K3_ASSIGN_OR_RETURN(int64_t no, RequiredInt(f, "split.no"));
+    K3_ASSIGN_OR_RETURN(int64_t tcount, RequiredInt(f, "split.tensors.count"));
+    if (no != static_cast<int64_t>(i)) {
+      return Error("GGUF split.no mismatch for " + f.path() + ": " + std::to_string(no) + " != " + std::to_string(i));
+    }
+    const std::string arch = f.architecture();
+    if (i == 0) {
+      if (f.Find("general.architecture") == nullptr) {
+        return Error("GGUF metadata is missing required field 'general.architecture'").WithHint("in " + f.path());
+      }
+      split_count = count;
+      tensors_count = tcount;
+    } else if (count != split_count || tcount != tensors_count ||
+               (f.Find("general.architecture") != nullptr && arch != arch0)) {
+      return Error("GGUF split metadata mismatch at " + f.path());
+    }
+  }
+  if (split_count != static_cast<int64_t>(set.shards_.size())) {
+    return Error("GGUF split.count=" + std::to_string(split_count) + ", found " + std::to_string(set.shards_.size()) +
+                 " files");
+  }
+  std::unordered_map<std::string_view, uint32_t> seen;
+  size_t total = 0;
+  for (const auto& f : set.shards_) {
+    for (const TensorInfo& t : f->tensors()) {
+      if (!seen.emplace(t.name, 0).second) return Error("duplicate GGUF tensor across shards: " + t.name);
+      ++total;
+    }
+  }
+  if (tensors_count >= 0 && tensors_count != static_cast<int64_t>(total)) {
+    return Error("GGUF split.tensors.count=" + std::to_string(tensors_count) + ", found " + std::to_string(total));
+  }
+  if (!opts.expected_architecture.empty() && arch0 != opts.expected_architecture) {
+    return Error("expected GGUF architecture " + PyRepr(opts.expected_architecture) + ", got " + PyRepr(arch0));
+  }
+  return set;
+}
+
+size_t ShardSet::tensor_count() const {
+  size_t n = 0;
+  for (const auto& f : shards_) n += f->tensors().size();
+  return n;
+}
+
+std::optional<ShardSet::Located> ShardSet::FindTensor(std::string_view name) const {
+  for (uint32_t i = 0; i < shards_.size(); ++i) {
+    if (const TensorInfo* t = shards_[i]->FindTensor(name)) return Located{t, i};
+  }
+  return std::nullopt;
+}
+
+std::vector<ShardSet::Located> ShardSet::AllTensors() const {
+  std::vector<Located> out;
+  for (uint32_t i = 0; i < shards_.size(); ++i) {
+    for (const TensorInfo& t : shards_[i]->tensors()) out.push_back({&t, i});
+  }
+  return out;
+}
+
+}  // namespace k3pack::gguf
