@@ -1,0 +1,138 @@
+// Streaming loader for Kimi-K3's non-routed weights: reads an adapter
+// manifest, checks every GGUF shard against it, and yields (name, tensor)
+// pairs in exactly the order and form SGLang's
+// kimi_k3_nonexpert_weights_iterator yields them -- without reading the
+// routed-expert payloads, and without copying tensors it does not change.
+//
+// Unchanged tensors are views into the shard's memory map (`owner` keeps the
+// map alive, so a view may outlive the stream). Transformed tensors (A_log,
+// the residual projection/norm pair's norm, type scalars) live in small
+// fresh buffers owned the same way.
+//
+// Where SGLang is wrong, k3pack differs on purpose (see docs/parts/loader.md):
+// BF16 tensors come out as bfloat16 values instead of raw bytes, and an ssm_a
+// whose shape the model cannot take is rejected. LoadOptions::sglang_compat
+// restores SGLang's behaviour for both.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+#include "k3pack/ggml_types.h"
+#include "k3pack/names.h"
+
+namespace k3pack::loader {
+
+// Element types of emitted tensors (numpy/torch names via DTypeName).
+enum class DType : uint8_t { kUint8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64 };
+const char* DTypeName(DType d);  // "uint8", "int8", ..., "float16", "bfloat16", "float32", "float64"
+size_t DTypeSize(DType d);       // bytes per element
+// numpy's array-protocol typestr ("|u1", "<f2", "<f4", ...); bfloat16 has
+// none in numpy, so it is "<u2" (the raw bits).
+const char* DTypeNumpyStr(DType d);
+
+// Why an emitted tensor exists (what produced its bytes).
+enum class TensorKind : uint8_t {
+  kPlain,               // the GGUF tensor as stored (F32/F16/BF16 values)
+  kQweightType,         // 0-D uint8 holding the ggml type id
+  kQweight,             // quantized block bytes, uint8
+  kALog,                // log(-ssm_a), computed
+  kResidualProjection,  // residual score viewed as [1, d]
+  kResidualNorm,        // ones(d), computed
+};
+const char* TensorKindName(TensorKind k);
+
+struct NamedTensor {
+  std::string name;         // SGLang runtime parameter name
+  std::string source_name;  // GGUF tensor it came from
+  TensorKind kind = TensorKind::kPlain;
+  DType dtype = DType::kUint8;
+  // numpy (row-major) order: last axis fastest. gguf-py's view shape:
+  // reversed ne for element types; for block types (and compat BF16)
+  // reversed ne with ne[0] replaced by the row's byte count.
+  std::vector<int64_t> shape;
+  std::span<const uint8_t> data;  // little-endian element bytes, C-contiguous
+  // Keeps `data` alive: the shard mapping (zero-copy) or a fresh buffer.
+  // Null only for static storage (the type-id scalars).
+  std::shared_ptr<const void> owner;
+  bool zero_copy = false;  // data points into the shard's memory map
+  GgmlType source_type = GgmlType::F32;
+  uint32_t shard_index = 0;  // manifest shard index
+
+  int64_t numel() const;
+};
+
+struct LoadOptions {
+  // Also compare each shard's metadata region (bytes [0, metadata_nbytes))
+  // with the manifest's metadata_sha256, catching a same-size shard whose
+  // header changed (SGLang does not; spec §11.18).
+  bool verify_metadata = false;
+  // Reproduce SGLang exactly where k3pack deliberately differs: BF16 as raw
+  // uint8 bytes (last axis doubled), no ssm_a shape check.
+  bool sglang_compat = false;
+  // madvise(MADV_DONTNEED) a tensor's pages once the caller asks for the
+  // next one, so resident memory stays at about one tensor. Views stay valid
+  // (file-backed pages fault back in on access).
+  bool release_pages = true;
+  // Also drop the source range from the page cache (POSIX_FADV_DONTNEED)
+  // after use: keeps a one-shot load from evicting other data.
+  bool drop_page_cache = false;
+  // Called when a shard has been checked and streaming into it begins.
+  std::function<void(uint32_t shard_index, const std::string& path, uint32_t shard_count)> on_shard;
+};
+
+struct LoadStats {
+  uint32_t shards_total = 0;
+  uint32_t shards_opened = 0;
+  uint64_t source_tensors = 0;       // GGUF tensors visited (all checked)
+  uint64_t routed_skipped = 0;       // routed aggregates skipped
+  uint64_t routed_skipped_bytes = 0;
+  uint64_t emitted = 0;              // NamedTensors returned
+  uint64_t zero_copy_tensors = 0;
+  uint64_t zero_copy_bytes = 0;      // bytes handed out as map views
+  uint64_t computed_bytes = 0;       // bytes in fresh buffers
+};
+
+class NonExpertStream {
+ public:
+  // Reads and checks the manifest (format, complete, records). Shards are
+  // opened lazily, one at a time, by Next().
+  static Result<NonExpertStream> Open(const std::string& manifest_path, const LoadOptions& options = {});
+
+  NonExpertStream(NonExpertStream&&) noexcept;
+  NonExpertStream& operator=(NonExpertStream&&) noexcept;
+  ~NonExpertStream();
+
+  // The next tensor, nullopt at the end. Errors carry SGLang's text and
+  // exception kind; after an error every further call returns it again.
+  Result<std::optional<NamedTensor>> Next();
+
+  // Streams everything into `fn`; stops at the first error (the stream's or
+  // the callback's).
+  Status ForEach(const std::function<Status(NamedTensor&&)>& fn);
+
+  const LoadStats& stats() const;
+  const std::string& manifest_path() const;
+
+ private:
+  struct Impl;
+  explicit NonExpertStream(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The ssm_a -> A_log transform on its own (tests, doctor): log(-x) of every
+// element of `values` (dtype F32/F16/BF16 bits), rounded back to the same
+// dtype. SGLang's errors for non-finite or non-negative input.
+Result<std::vector<uint8_t>> ALogFromSsmA(DType dtype, std::span<const uint8_t> values);
+
+// Python's repr of a shape tuple: "()", "(512,)", "(1, 512)".
+std::string PyTupleRepr(const std::vector<int64_t>& shape);
+
+}  // namespace k3pack::loader
