@@ -87,6 +87,8 @@ struct ReadOptions {
 
 class GgufFile {
  public:
+  GgufFile(const GgufFile&) = delete;  // the name index holds views into tensors_
+  GgufFile& operator=(const GgufFile&) = delete;
   static Result<std::shared_ptr<const GgufFile>> Open(const std::string& path, const ReadOptions& opts = {});
   // Parses an in-memory image (used by fuzzers and tests); `name` labels errors.
   static Result<std::shared_ptr<const GgufFile>> Parse(std::shared_ptr<const MappedFile> map, const ReadOptions& opts = {});
@@ -111,6 +113,7 @@ class GgufFile {
 
  private:
   friend class Parser;
+  GgufFile() = default;
   std::shared_ptr<const MappedFile> map_;
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;

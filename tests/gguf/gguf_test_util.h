@@ -1,0 +1,48 @@
+// Byte-level builder for crafting GGUF images (valid and deliberately broken).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace k3test {
+
+struct Bytes {
+  std::string b;
+  template <typename T>
+  Bytes& put(T v) {
+    b.append(reinterpret_cast<const char*>(&v), sizeof v);
+    return *this;
+  }
+  Bytes& str(const std::string& s) {
+    put<uint64_t>(s.size());
+    b += s;
+    return *this;
+  }
+  Bytes& raw(const std::string& s) {
+    b += s;
+    return *this;
+  }
+  Bytes& pad(size_t align) {
+    while (b.size() % align) b.push_back('\0');
+    return *this;
+  }
+};
+
+// Header with version, n_tensors, n_kv.
+inline Bytes Header(uint32_t version, int64_t n_tensors, int64_t n_kv) {
+  Bytes x;
+  x.raw("GGUF").put<uint32_t>(version).put<int64_t>(n_tensors).put<int64_t>(n_kv);
+  return x;
+}
+
+inline std::filesystem::path TempDir(const std::string& tag) {
+  auto p = std::filesystem::temp_directory_path() /
+           ("k3pack-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(rand()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+}  // namespace k3test
