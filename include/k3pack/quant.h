@@ -1,0 +1,90 @@
+// Decoding ggml tensor storage to float32, and the dot products the CPU
+// expert forward is built on.
+//
+// Every decoder reproduces ggml's dequantize_row_<type> bit for bit (same
+// tables, same float operation order, no fused multiply-add), so values
+// printed by `k3pack dump-tensor` or used by `k3pack::moe` are exactly the
+// ones llama.cpp's to_float produces. SIMD kernels (AVX2, AVX-512) are picked
+// at run time from what the CPU supports and give the same bits as the scalar
+// reference; tests hold them to that.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "k3pack/error.h"
+#include "k3pack/ggml_types.h"
+
+namespace k3pack::quant {
+
+// Code paths. kAuto = the best the running CPU supports.
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAuto = 3 };
+Isa DetectedIsa();
+const char* IsaName(Isa isa);  // "scalar", "avx2", "avx512", "auto"
+// True when `isa` has a kernel of its own for `t` (otherwise a lower ISA's runs).
+bool HasKernel(GgmlType t, Isa isa);
+
+// Every storage type a GGUF may hold except Q8_1 (an activation-only type).
+bool CanDequantize(GgmlType t);
+
+// Decodes dst.size() elements (a whole number of blocks) from `src`, which
+// must hold at least GgmlRowBytes(t, dst.size()) bytes. Integer types
+// (I8..I64) decode to their values; F64 rounds to float.
+Status DequantizeRow(GgmlType t, std::span<const uint8_t> src, std::span<float> dst, Isa isa = Isa::kAuto);
+
+// `rows` rows of `ne0` elements each, packed one after another in `bytes`.
+Result<std::vector<float>> DequantizeRows(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows);
+
+// Summary of decoded values for `k3pack inspect --stats`. min/max/mean are
+// over finite values only (0 when there are none); NaN and +-Inf are counted.
+struct TensorStats {
+  double min = 0;
+  double max = 0;
+  double mean = 0;
+  uint64_t nan_count = 0;
+  uint64_t inf_count = 0;
+  uint64_t count = 0;  // all elements, finite or not
+};
+// Streams through the rows in chunks (no full float copy of the tensor).
+Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows);
+
+// ------------------------------------------------------------ dot products
+//
+// A float activation vector prepared for dots against rows of one weight
+// type, the way ggml's CPU backend does: Q8_K for K-quant / IQ / TQ weights,
+// Q8_0 for Q8_0 / Q4_0 / Q5_0 / IQ4_NL / MXFP4 / NVFP4 weights. Types
+// without an integer kernel here use a float dot against the decoded row.
+// The integer path differs from the exact float dot by the activation's
+// quantization error only; see docs/parts/quant.md for the bound tested.
+struct PreparedActivation {
+  GgmlType weight_type = GgmlType::F32;
+  GgmlType act_type = GgmlType::F32;  // Q8_K, Q8_0 or F32
+  int64_t n = 0;
+  std::vector<uint8_t> q;  // quantized blocks (empty for F32)
+  std::vector<float> f;    // the float values as given
+};
+
+// ggml's vec_dot_type for `weight` as used here: Q8_K, Q8_0 or F32.
+GgmlType ActivationTypeFor(GgmlType weight);
+// True when a dot for `weight` runs as integer products on a quantized activation.
+bool HasIntegerDot(GgmlType weight);
+
+// x.size() must be a multiple of the weight type's block size.
+Result<PreparedActivation> PrepareActivation(GgmlType weight_type, std::span<const float> x);
+
+// ggml's quantize_row_q8_K_ref / quantize_row_q8_0_ref (x.size() % 256 / 32 == 0).
+void QuantizeRowQ8K(std::span<const float> x, uint8_t* out);
+void QuantizeRowQ8_0(std::span<const float> x, uint8_t* out);
+
+// One row (x.n elements of weight_type) dotted with the prepared activation.
+Result<float> DotRow(std::span<const uint8_t> row, const PreparedActivation& x);
+// Exact reference: decode the row to float and accumulate in double.
+Result<double> DotRowReference(GgmlType t, std::span<const uint8_t> row, std::span<const float> x);
+
+// y[r] = row_r . x for `rows` rows of x.n elements packed in `bytes`.
+// threads <= 1 runs on the calling thread.
+Status MatVec(std::span<const uint8_t> bytes, uint64_t rows, const PreparedActivation& x, std::span<float> y,
+              int threads = 1);
+
+}  // namespace k3pack::quant

@@ -1,0 +1,190 @@
+// Run-time kernel choice and the public decoding entry points.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "k3pack/quant.h"
+#include "quant/kernels.h"
+
+namespace k3pack::quant {
+namespace internal {
+
+const DequantTable& ScalarTable() {
+  static const DequantTable table = [] {
+    DequantTable t;
+    RegisterScalarBasic(t);
+    RegisterScalarKQuants(t);
+    RegisterScalarIq(t);
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace internal
+
+namespace {
+
+Isa ProbeIsa() {
+  Isa best = Isa::kScalar;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    best = Isa::kAvx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl")) {
+      best = Isa::kAvx512;
+    }
+  }
+#endif
+  // K3PACK_QUANT_ISA=scalar|avx2 caps the choice (benchmarks, debugging).
+  if (const char* cap = std::getenv("K3PACK_QUANT_ISA")) {
+    const std::string c(cap);
+    if (c == "scalar") best = Isa::kScalar;
+    if (c == "avx2" && best == Isa::kAvx512) best = Isa::kAvx2;
+  }
+  return best;
+}
+
+Isa Resolve(Isa isa) {
+  const Isa best = DetectedIsa();
+  if (isa == Isa::kAuto) return best;
+  return static_cast<int>(isa) > static_cast<int>(best) ? best : isa;
+}
+
+internal::DequantFn Pick(GgmlType t, Isa isa) {
+  const uint32_t id = static_cast<uint32_t>(t);
+  if (id >= kGgmlTypeCount) return nullptr;
+  isa = Resolve(isa);
+  if (isa == Isa::kAvx512 && internal::Avx512Table().fn[id]) return internal::Avx512Table().fn[id];
+  if ((isa == Isa::kAvx512 || isa == Isa::kAvx2) && internal::Avx2Table().fn[id]) return internal::Avx2Table().fn[id];
+  return internal::ScalarTable().fn[id];
+}
+
+}  // namespace
+
+Isa DetectedIsa() {
+  static const Isa isa = ProbeIsa();
+  return isa;
+}
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAuto: return "auto";
+  }
+  return "?";
+}
+
+bool HasKernel(GgmlType t, Isa isa) {
+  const uint32_t id = static_cast<uint32_t>(t);
+  if (id >= kGgmlTypeCount) return false;
+  switch (isa) {
+    case Isa::kScalar: return internal::ScalarTable().fn[id] != nullptr;
+    case Isa::kAvx2: return internal::Avx2Table().fn[id] != nullptr;
+    case Isa::kAvx512: return internal::Avx512Table().fn[id] != nullptr;
+    case Isa::kAuto: return Pick(t, Isa::kAuto) != nullptr;
+  }
+  return false;
+}
+
+bool CanDequantize(GgmlType t) {
+  const uint32_t id = static_cast<uint32_t>(t);
+  return IsValidGgmlType(id) && internal::ScalarTable().fn[id] != nullptr;
+}
+
+namespace {
+
+Status CheckShape(GgmlType t, uint64_t n, uint64_t src_bytes, const char* what) {
+  if (!CanDequantize(t)) {
+    return Error(std::string("cannot decode tensor type ") + std::string(GgmlTypeName(t)) +
+                 ": no float conversion for this type");
+  }
+  const GgmlTypeInfo* info = GgmlTypeInfoFor(t);
+  if (n % info->block_size != 0) {
+    return Error(std::string(what) + ": " + std::to_string(n) + " elements is not a multiple of the " +
+                 std::string(GgmlTypeName(t)) + " block size " + std::to_string(info->block_size));
+  }
+  const uint64_t need = GgmlRowBytes(t, n);
+  if (src_bytes < need) {
+    return Error(std::string(what) + ": " + std::to_string(n) + " " + std::string(GgmlTypeName(t)) +
+                     " elements need " + std::to_string(need) + " bytes, got " + std::to_string(src_bytes),
+                 ErrorKind::kEOF);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status DequantizeRow(GgmlType t, std::span<const uint8_t> src, std::span<float> dst, Isa isa) {
+  K3_RETURN_IF_ERROR(CheckShape(t, dst.size(), src.size(), "dequantize"));
+  const internal::DequantFn fn = Pick(t, isa);
+  const int64_t nblocks = static_cast<int64_t>(dst.size() / GgmlTypeInfoFor(t)->block_size);
+  if (nblocks > 0) fn(src.data(), dst.data(), nblocks);
+  return Status::OK();
+}
+
+Result<std::vector<float>> DequantizeRows(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows) {
+  if (ne0 < 0) return Error("dequantize: negative row length " + std::to_string(ne0));
+  const uint64_t n0 = static_cast<uint64_t>(ne0);
+  if (rows != 0 && n0 > (uint64_t{1} << 40) / rows) return Error("dequantize: tensor too large to decode at once");
+  K3_RETURN_IF_ERROR(CheckShape(t, n0, bytes.size(), "dequantize"));
+  const uint64_t row_bytes = GgmlRowBytes(t, n0);
+  if (bytes.size() < row_bytes * rows) {
+    return Error("dequantize: " + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes need " +
+                     std::to_string(row_bytes * rows) + " bytes, got " + std::to_string(bytes.size()),
+                 ErrorKind::kEOF);
+  }
+  std::vector<float> out(n0 * rows);
+  const internal::DequantFn fn = Pick(t, Isa::kAuto);
+  const int64_t nblocks = static_cast<int64_t>(n0 / GgmlTypeInfoFor(t)->block_size);
+  for (uint64_t r = 0; r < rows && nblocks > 0; ++r) fn(bytes.data() + r * row_bytes, out.data() + r * n0, nblocks);
+  return out;
+}
+
+Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows) {
+  if (ne0 < 0) return Error("stats: negative row length " + std::to_string(ne0));
+  const uint64_t n0 = static_cast<uint64_t>(ne0);
+  K3_RETURN_IF_ERROR(CheckShape(t, n0, bytes.size(), "stats"));
+  const uint64_t row_bytes = GgmlRowBytes(t, n0);
+  if (rows != 0 && bytes.size() / rows < row_bytes) {
+    return Error("stats: " + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes need more than " +
+                     std::to_string(bytes.size()) + " bytes",
+                 ErrorKind::kEOF);
+  }
+  TensorStats st;
+  const internal::DequantFn fn = Pick(t, Isa::kAuto);
+  const int64_t nblocks = static_cast<int64_t>(n0 / GgmlTypeInfoFor(t)->block_size);
+  std::vector<float> buf(n0);
+  double sum = 0;
+  uint64_t finite = 0;
+  double mn = INFINITY, mx = -INFINITY;
+  for (uint64_t r = 0; r < rows && nblocks > 0; ++r) {
+    fn(bytes.data() + r * row_bytes, buf.data(), nblocks);
+    double row_sum = 0;
+    for (float v : buf) {
+      if (std::isnan(v)) {
+        ++st.nan_count;
+      } else if (std::isinf(v)) {
+        ++st.inf_count;
+      } else {
+        row_sum += v;
+        ++finite;
+        if (v < mn) mn = v;
+        if (v > mx) mx = v;
+      }
+    }
+    sum += row_sum;
+  }
+  st.count = n0 * rows;
+  if (finite > 0) {
+    st.min = mn;
+    st.max = mx;
+    st.mean = sum / static_cast<double>(finite);
+  }
+  return st;
+}
+
+}  // namespace k3pack::quant
