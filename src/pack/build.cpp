@@ -1,0 +1,287 @@
+// The crash-safe, resumable pack writer (see BuildPack in k3pack/pack.h).
+//
+// Durability protocol. Objects (layer, expert) are copied by several threads
+// in ascending order; a coordinator advances a watermark W over the leading
+// run of finished objects and, every checkpoint interval: fdatasync(partial),
+// fdatasync(digest journal), then atomically replaces the checkpoint with W.
+// So the checkpoint never claims bytes that are not on disk. A restart
+// re-copies objects >= W (their ranges are zeroed first, keeping holes).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "pack/build_inputs.h"
+#include "pack/copy.h"
+#include "pack/sidecars.h"
+#include "util/sha256.h"
+
+namespace k3pack::pack {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Paths = PackPaths;
+
+std::string JournalSha(const std::vector<Digest>& d, uint64_t entries) {
+  return ToHex(Sha256Raw(d.data(), entries * kDigestBytes).data(), 32);
+}
+
+Result<UniqueFd> OpenRw(const std::string& path, int flags) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | flags, 0644);
+  if (fd < 0) return Error::FromErrno("cannot open " + path, errno);
+  return UniqueFd(fd);
+}
+
+Status RemoveIfExists(const std::string& p) {
+  if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Error::FromErrno("cannot remove " + p, errno);
+  return Status::OK();
+}
+
+Error RestartHint(Error e) { return e.WithHint("pass --restart to discard the partial build and start over"); }
+
+// Initializes a fresh partial pack (sparse, prefix written) and journal.
+Status CreateFresh(const Paths& p, const PackLayout& layout, UniqueFd* pack_fd, UniqueFd* journal_fd) {
+  K3_RETURN_IF_ERROR(RemoveIfExists(p.partial));
+  K3_RETURN_IF_ERROR(RemoveIfExists(p.journal));
+  K3_ASSIGN_OR_RETURN(*pack_fd, OpenRw(p.partial, O_CREAT | O_EXCL));
+  if (::ftruncate(pack_fd->get(), static_cast<off_t>(layout.final_size())) != 0) {
+    return Error::FromErrno("cannot size " + p.partial, errno);
+  }
+  auto prefix = layout.EncodePrefix();
+  K3_RETURN_IF_ERROR(PwriteFull(pack_fd->get(), prefix.data(), prefix.size(), 0));
+  if (::fsync(pack_fd->get()) != 0) return Error::FromErrno("fsync failed for " + p.partial, errno);
+  K3_ASSIGN_OR_RETURN(*journal_fd, OpenRw(p.journal, O_CREAT | O_EXCL));
+  if (::ftruncate(journal_fd->get(), static_cast<off_t>(kDigestsHeaderBytes + layout.index_count() * kDigestBytes)) !=
+      0) {
+    return Error::FromErrno("cannot size " + p.journal, errno);
+  }
+  if (::fsync(journal_fd->get()) != 0) return Error::FromErrno("fsync failed for " + p.journal, errno);
+  return FsyncParentDir(p.partial);
+}
+
+// Opens an existing partial build at checkpoint `c`; loads the journal's digests.
+Status OpenResume(const Paths& p, const PackLayout& layout, const Checkpoint& c, UniqueFd* pack_fd,
+                  UniqueFd* journal_fd, std::vector<Digest>* digests) {
+  K3_ASSIGN_OR_RETURN(*pack_fd, OpenRw(p.partial, 0));
+  struct stat st;
+  if (::fstat(pack_fd->get(), &st) != 0) return Error::FromErrno("cannot stat " + p.partial, errno);
+  if (static_cast<uint64_t>(st.st_size) != layout.final_size()) {
+    return RestartHint(Error("partial Expert Pack " + p.partial + " has size " + std::to_string(st.st_size) +
+                             ", expected " + std::to_string(layout.final_size())));
+  }
+  auto prefix = layout.EncodePrefix();
+  std::vector<uint8_t> have(prefix.size());
+  K3_ASSIGN_OR_RETURN(size_t got, PreadFull(pack_fd->get(), have.data(), have.size(), 0));
+  if (got != have.size() || have != prefix) {
+    return RestartHint(Error("partial Expert Pack " + p.partial + " has a header/index that does not match the inputs"));
+  }
+  K3_ASSIGN_OR_RETURN(*journal_fd, OpenRw(p.journal, 0));
+  const uint64_t entries = c.objects_done * kRoleCount;
+  std::vector<uint8_t> raw(entries * kDigestBytes);
+  K3_ASSIGN_OR_RETURN(size_t jgot, PreadFull(journal_fd->get(), raw.data(), raw.size(), kDigestsHeaderBytes));
+  if (jgot != raw.size() || ToHex(Sha256Raw(raw.data(), raw.size()).data(), 32) != c.journal_sha256) {
+    return RestartHint(Error("digest journal " + p.journal + " does not match checkpoint " + p.checkpoint));
+  }
+  for (uint64_t i = 0; i < entries; ++i) std::memcpy((*digests)[i].data(), raw.data() + i * kDigestBytes, 32);
+  // Objects past the watermark are re-copied; clear their ranges so source
+  // holes stay zero (punching keeps them sparse).
+  if (c.objects_done < layout.object_count()) {
+    uint64_t from = layout.Entry(c.objects_done * kRoleCount).offset;
+    K3_RETURN_IF_ERROR(ZeroRange(pack_fd->get(), from, layout.final_size() - from));
+  }
+  return Status::OK();
+}
+
+// Disk bytes still to be written: non-hole source bytes of objects >= from_object.
+uint64_t RemainingDataBytes(const ExpertSet& ex, const std::vector<UniqueFd>& src, uint64_t from_object) {
+  uint64_t total = 0;
+  for (size_t li = 0; li < ex.layers.size(); ++li) {
+    uint64_t first = li * ex.num_experts;
+    uint64_t e0 = from_object > first ? std::min<uint64_t>(from_object - first, ex.num_experts) : 0;
+    if (e0 >= ex.num_experts) continue;
+    for (const auto& t : ex.by_layer[li]) {
+      uint64_t off = t.tensor.data_offset + e0 * t.expert_bytes;
+      uint64_t len = (ex.num_experts - e0) * t.expert_bytes;
+      for (const auto& s : MapRange(src[t.tensor.shard_index].get(), off, len)) {
+        if (!s.hole) total += s.length;
+      }
+    }
+  }
+  return total;
+}
+
+// Seals the journal, renames it to <pack>.digests, renames the partial onto
+// the pack, removes the checkpoint. Each step is idempotent on rerun.
+Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journal_fd,
+                const std::vector<Digest>& digests) {
+  if (::fsync(pack_fd) != 0) return Error::FromErrno("fsync failed for " + p.partial, errno);
+  struct stat st;
+  if (::fstat(pack_fd, &st) != 0) return Error::FromErrno("cannot stat " + p.partial, errno);
+  if (static_cast<uint64_t>(st.st_size) != layout.final_size()) {
+    return Error("generated Expert Pack size " + std::to_string(st.st_size) + " != " +
+                     std::to_string(layout.final_size()),
+                 ErrorKind::kRuntime);
+  }
+  DigestsHeader h;
+  h.index_count = layout.index_count();
+  h.pack_size = layout.final_size();
+  h.data_start = layout.data_start();
+  FromHex(layout.IndexSha256(), h.index_sha256.data(), 32);
+  h.records_sha256 = Sha256Raw(digests.data(), digests.size() * kDigestBytes);
+  auto head = EncodeDigestsHeader(h);
+  K3_RETURN_IF_ERROR(PwriteFull(journal_fd, head.data(), head.size(), 0));
+  K3_RETURN_IF_ERROR(PwriteFull(journal_fd, digests.data(), digests.size() * kDigestBytes, kDigestsHeaderBytes));
+  if (::fsync(journal_fd) != 0) return Error::FromErrno("fsync failed for " + p.journal, errno);
+  if (::rename(p.partial.c_str(), p.out.c_str()) != 0) {
+    return Error::FromErrno("cannot rename " + p.partial + " to " + p.out, errno);
+  }
+  K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  if (::rename(p.journal.c_str(), p.digests.c_str()) != 0) {
+    return Error::FromErrno("cannot rename " + p.journal + " to " + p.digests, errno);
+  }
+  K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
+  return FsyncParentDir(p.out);
+}
+
+// A crash between renaming the pack and removing the checkpoint leaves a
+// finished pack, a sealed journal and a checkpoint: finish those steps.
+Result<bool> CompleteInterruptedFinalize(const Paths& p, const std::string& fingerprint) {
+  if (!PathExists(p.checkpoint) || PathExists(p.partial)) return false;
+  K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(p.checkpoint));
+  auto c = DecodeCheckpoint(p.checkpoint, text);
+  if (!c.ok() || c->fingerprint != fingerprint || c->objects_done != c->objects_total) return false;
+  if (PathExists(p.journal)) {
+    if (!ReadPackDigests(p.journal).ok()) return false;
+    if (::rename(p.journal.c_str(), p.digests.c_str()) != 0) {
+      return Error::FromErrno("cannot rename " + p.journal + " to " + p.digests, errno);
+    }
+  }
+  if (!PathExists(p.digests)) return false;
+  K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
+  K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  return true;
+}
+
+}  // namespace
+
+Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
+  const auto t0 = Clock::now();
+  if (o.out_path.empty()) return Error("BuildPack: no output path");
+  if (o.safety_margin_gib < 0) return Error("--safety-margin-gib must be non-negative");
+  Paths p{o.out_path, PartialPathFor(o.out_path), CheckpointPathFor(o.out_path), JournalPathFor(o.out_path),
+          DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
+  auto log = [&](const std::string& s) {
+    if (o.log) o.log(s);
+  };
+  std::error_code ec;
+  std::string dir = std::filesystem::path(p.out).parent_path().string();
+  if (dir.empty()) dir = ".";
+  std::filesystem::create_directories(dir, ec);
+  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(p.lock));
+  K3_ASSIGN_OR_RETURN(std::string fingerprint, InputFingerprint(ex, layout));
+
+  BuildResult result;
+  result.pack_path = p.out;
+  result.digests_path = p.digests;
+  result.pack_bytes = layout.final_size();
+  result.index_count = layout.index_count();
+  result.index_sha256 = layout.IndexSha256();
+
+  if (PathExists(p.out)) {
+    K3_ASSIGN_OR_RETURN(bool finished, CompleteInterruptedFinalize(p, fingerprint));
+    if (finished) {
+      log("finished an interrupted build: " + p.out);
+      result.resumed_objects = layout.object_count();
+      result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return result;
+    }
+    return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
+        .WithHint("remove it first if you really want to rebuild it");
+  }
+
+  std::vector<UniqueFd> src;
+  for (const auto& path : ex.shard_paths) {
+    K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    src.push_back(std::move(fd));
+  }
+
+  if (o.restart) {
+    for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp"}) {
+      if (PathExists(f)) log("discarding " + f);
+      K3_RETURN_IF_ERROR(RemoveIfExists(f));
+    }
+  }
+  const bool have_partial = PathExists(p.partial);
+  const bool have_ckpt = PathExists(p.checkpoint);
+  if (have_partial && !have_ckpt) {
+    return Error("partial Expert Pack already exists: " + p.partial, ErrorKind::kFileExists)
+        .WithHint("it has no k3pack checkpoint, so it cannot be resumed; pass --restart to discard it");
+  }
+
+  Checkpoint ckpt;
+  ckpt.fingerprint = fingerprint;
+  ckpt.pack_size = layout.final_size();
+  ckpt.index_count = layout.index_count();
+  ckpt.index_sha256 = result.index_sha256;
+  ckpt.objects_total = layout.object_count();
+  bool resume = false;
+  if (have_ckpt) {
+    K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(p.checkpoint));
+    K3_ASSIGN_OR_RETURN(Checkpoint old, DecodeCheckpoint(p.checkpoint, text));
+    if (old.fingerprint != fingerprint || old.pack_size != ckpt.pack_size || old.index_count != ckpt.index_count) {
+      return RestartHint(Error("the partial Expert Pack " + p.partial +
+                               " was started from different inputs (checkpoint " + p.checkpoint +
+                               " does not match the GGUF shards / config given now)"));
+    }
+    resume = have_partial && old.objects_done > 0;
+    if (!have_partial && old.objects_done > 0) {
+      return RestartHint(Error("checkpoint " + p.checkpoint + " records " + std::to_string(old.objects_done) +
+                               " finished objects but " + p.partial + " is missing"));
+    }
+    if (resume) ckpt = old;
+  }
+
+  K3_ASSIGN_OR_RETURN(uint64_t avail, AvailableBytes(dir));
+  const uint64_t margin = static_cast<uint64_t>(o.safety_margin_gib * 1024.0 * 1024.0 * 1024.0);
+  uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done) + kDigestsHeaderBytes +
+                      layout.index_count() * kDigestBytes + (resume ? 0 : layout.data_start());
+  if (avail < estimate + margin) {
+    return Error("insufficient space for Kimi Expert Pack: available=" + std::to_string(avail) +
+                     ", required=" + std::to_string(estimate + margin),
+                 ErrorKind::kOS, ENOSPC)
+        .WithHint("the pack needs " + std::to_string(estimate) + " more bytes on disk (logical size " +
+                  std::to_string(layout.final_size()) + ") plus the --safety-margin-gib margin");
+  }
+
+  std::vector<Digest> digests(layout.index_count());
+  UniqueFd pack_fd, journal_fd;
+  if (resume) {
+    K3_RETURN_IF_ERROR(OpenResume(p, layout, ckpt, &pack_fd, &journal_fd, &digests));
+    result.resumed_objects = ckpt.objects_done;
+    log("resuming " + p.partial + " at object " + std::to_string(ckpt.objects_done) + " of " +
+        std::to_string(ckpt.objects_total));
+  } else {
+    ckpt.objects_done = 0;
+    ckpt.journal_sha256 = JournalSha(digests, 0);
+    // Checkpoint first: a partial file never exists without one.
+    K3_RETURN_IF_ERROR(WriteFileAtomic(p.checkpoint, EncodeCheckpoint(ckpt)));
+    K3_RETURN_IF_ERROR(CreateFresh(p, layout, &pack_fd, &journal_fd));
+  }
+  K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &result));
+  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests));
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  (void)lock;
+  return result;
+}
+
+}  // namespace k3pack::pack

@@ -1,0 +1,80 @@
+#include "pack/build_inputs.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <cstdlib>
+
+#include "util/sha256.h"
+
+namespace k3pack::pack {
+
+Result<PackLayout> LayoutOf(const ExpertSet& ex) {
+  std::vector<LayerRoleBytes> v;
+  for (size_t i = 0; i < ex.layers.size(); ++i) {
+    v.push_back({ex.layers[i], {ex.by_layer[i][0].expert_bytes, ex.by_layer[i][1].expert_bytes,
+                                ex.by_layer[i][2].expert_bytes}});
+  }
+  return PackLayout::Make(std::move(v), ex.num_experts);
+}
+
+Result<std::string> InputFingerprint(const ExpertSet& ex, const PackLayout& layout) {
+  Sha256 h;
+  h.Update("k3pack-pack-inputs-v1\n");
+  h.Update("index_sha256 " + layout.IndexSha256() + "\nsize " + std::to_string(layout.final_size()) + "\n");
+  for (size_t i = 0; i < ex.shard_paths.size(); ++i) {
+    struct stat st;
+    if (::stat(ex.shard_paths[i].c_str(), &st) != 0) {
+      return Error::FromErrno("cannot stat " + ex.shard_paths[i], errno);
+    }
+    const std::string& p = ex.shard_paths[i];
+    std::string base = p.substr(p.find_last_of('/') + 1);
+    int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    h.Update("shard " + std::to_string(i) + " " + base + " " + std::to_string(st.st_size) + " " +
+             std::to_string(mtime_ns) + "\n");
+  }
+  for (const auto& row : ex.by_layer) {
+    for (const auto& t : row) {
+      h.Update("tensor " + t.tensor.name + " " + std::to_string(t.tensor.dtype_id) + " " +
+               std::to_string(t.tensor.shard_index) + " " + std::to_string(t.tensor.data_offset) + " " +
+               std::to_string(t.tensor.nbytes) + "\n");
+    }
+  }
+  return h.HexDigest();
+}
+
+Result<LockFile> LockFile::Acquire(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Error::FromErrno("cannot open lock file " + path, errno);
+  LockFile lock;
+  lock.fd_ = UniqueFd(fd);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Error("another process is building this Expert Pack (lock held: " + path + ")", ErrorKind::kOS,
+                   EWOULDBLOCK)
+          .WithHint("wait for it to finish; the lock is released automatically when that process exits");
+    }
+    return Error::FromErrno("cannot lock " + path, errno);
+  }
+  return lock;
+}
+
+std::optional<uint64_t> EnvU64(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0') return std::nullopt;
+  return static_cast<uint64_t>(x);
+}
+
+Result<uint64_t> AvailableBytes(const std::string& dir) {
+  if (auto fake = EnvU64("K3PACK_FAKE_FREE_BYTES")) return *fake;
+  struct statvfs vfs;
+  if (::statvfs(dir.c_str(), &vfs) != 0) return Error::FromErrno("statvfs failed for " + dir, errno);
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+}  // namespace k3pack::pack

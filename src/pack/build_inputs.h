@@ -1,0 +1,56 @@
+// Helpers of the pack builder: the pack layout of an ExpertSet, the input
+// fingerprint a checkpoint is tied to, the lock file, free-space probing and
+// the test seams read from the environment.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "k3pack/pack.h"
+#include "pack/format.h"
+#include "pack/sidecars.h"
+#include "util/file.h"
+
+namespace k3pack::pack {
+
+using Digest = std::array<uint8_t, 32>;
+
+struct PackPaths {
+  std::string out, partial, checkpoint, journal, digests, lock;
+};
+
+// The copy phase (copy_engine.cpp): copies objects [base.objects_done, total)
+// with options.threads workers, journaling digests and checkpointing.
+Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions& o, const PackPaths& p,
+               const Checkpoint& base, int pack_fd, int journal_fd, const std::vector<UniqueFd>& src,
+               std::vector<Digest>* digests, BuildResult* result);
+
+Result<PackLayout> LayoutOf(const ExpertSet& experts);
+
+// Hex SHA-256 over what determines the pack's bytes: the layout (index
+// digest, size) and, per expert tensor, shard file name/size/mtime and the
+// tensor's place. Any change makes a checkpoint unusable.
+Result<std::string> InputFingerprint(const ExpertSet& experts, const PackLayout& layout);
+
+// An exclusive flock on `<pack>.lock`, held while the object lives.
+class LockFile {
+ public:
+  static Result<LockFile> Acquire(const std::string& path);
+  LockFile(LockFile&&) = default;
+  LockFile& operator=(LockFile&&) = default;
+
+ private:
+  LockFile() = default;
+  UniqueFd fd_;
+};
+
+// Free bytes for an unprivileged writer in `dir` (statvfs f_bavail), or the
+// K3PACK_FAKE_FREE_BYTES test override.
+Result<uint64_t> AvailableBytes(const std::string& dir);
+
+// Unsigned integer from the environment (nullopt when unset or malformed).
+std::optional<uint64_t> EnvU64(const char* name);
+
+}  // namespace k3pack::pack

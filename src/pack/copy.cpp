@@ -1,0 +1,223 @@
+#include "pack/copy.h"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/stat.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "util/file.h"
+
+namespace k3pack::pack {
+namespace {
+
+constexpr size_t kZeroChunk = 1 << 20;
+
+const uint8_t* ZeroBlock() {
+  static const auto* zeros = static_cast<const uint8_t*>(std::calloc(1, kZeroChunk));
+  return zeros;
+}
+
+// Minimal raw-digest SHA-256 over OpenSSL's EVP interface.
+class Hasher {
+ public:
+  Hasher() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Hasher() { EVP_MD_CTX_free(ctx_); }
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+  void Update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
+  std::array<uint8_t, 32> Final() {
+    std::array<uint8_t, 32> out{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_, out.data(), &len);
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+void UpdateZeros(Hasher* ctx, uint64_t n) {
+  while (n > 0) {
+    size_t k = n < kZeroChunk ? static_cast<size_t>(n) : kZeroChunk;
+    ctx->Update(ZeroBlock(), k);
+    n -= k;
+  }
+}
+
+Error ShortRead(const char* what, uint64_t offset, uint64_t remaining) {
+  return Error(std::string(what) + " at offset " + std::to_string(offset) + "; " + std::to_string(remaining) +
+                   " bytes remain",
+               ErrorKind::kEOF);
+}
+
+}  // namespace
+
+IoBuffer::IoBuffer(size_t bytes) : size_(bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) p = nullptr;
+  data_ = static_cast<uint8_t*>(p);
+}
+IoBuffer::~IoBuffer() { std::free(data_); }
+
+std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length) {
+  std::vector<Segment> out;
+  const uint64_t end = offset + length;
+  uint64_t pos = offset;
+  auto push = [&](uint64_t a, uint64_t b, bool hole) {
+    if (b <= a) return;
+    if (!out.empty() && out.back().hole == hole && out.back().offset + out.back().length == a) {
+      out.back().length += b - a;
+    } else {
+      out.push_back({a, b - a, hole});
+    }
+  };
+  while (pos < end) {
+    off_t d = ::lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
+    if (d < 0) {
+      if (errno == ENXIO) {
+        push(pos, end, true);  // no data beyond pos (or pos past EOF: reads fail later)
+      } else {
+        push(pos, end, false);  // SEEK_DATA unsupported: treat as data
+      }
+      break;
+    }
+    auto data = static_cast<uint64_t>(d);
+    if (data >= end) {
+      push(pos, end, true);
+      break;
+    }
+    push(pos, data, true);
+    off_t h = ::lseek(fd, d, SEEK_HOLE);
+    uint64_t hole = h < 0 ? end : static_cast<uint64_t>(h);
+    if (hole > end) hole = end;
+    if (hole <= data) hole = end;  // defensive: never loop forever
+    push(data, hole, false);
+    pos = hole;
+  }
+  return out;
+}
+
+std::array<uint8_t, 32> ZeroSha256(uint64_t n) {
+  static std::mutex mu;
+  static std::map<uint64_t, std::array<uint8_t, 32>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(n);
+    if (it != cache.end()) return it->second;
+  }
+  Hasher ctx;
+  UpdateZeros(&ctx, n);
+  auto out = ctx.Final();
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() < 4096) cache[n] = out;
+  return out;
+}
+
+Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
+                                            IoBuffer& buf, CopyStats* stats) {
+  auto segs = MapRange(src, src_off, n);
+  if (segs.size() == 1 && segs[0].hole) {
+    // Confirm the range exists (a hole past EOF would be a short read).
+    struct stat st;
+    if (::fstat(src, &st) == 0 && static_cast<uint64_t>(st.st_size) < src_off + n) {
+      uint64_t have = static_cast<uint64_t>(st.st_size) > src_off ? st.st_size - src_off : 0;
+      return ShortRead("short GGUF read", src_off + have, n - have);
+    }
+    if (stats) stats->hole_bytes += n;
+    return ZeroSha256(n);
+  }
+  Hasher ctx;
+  for (const Segment& s : segs) {
+    if (s.hole) {
+      UpdateZeros(&ctx, s.length);
+      if (stats) stats->hole_bytes += s.length;
+      continue;
+    }
+    uint64_t done = 0;
+    while (done < s.length) {
+      size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), s.length - done));
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, buf.data(), want, s.offset + done));
+      if (got != want) {
+        uint64_t at = s.offset + done + got;
+        return ShortRead("short GGUF read", at, src_off + n - at);
+      }
+      ctx.Update(buf.data(), got);
+      K3_RETURN_IF_ERROR(PwriteFull(dst, buf.data(), got, dst_off + (s.offset - src_off) + done));
+      done += got;
+    }
+    if (stats) stats->data_bytes += s.length;
+  }
+  auto out = ctx.Final();
+  return out;
+}
+
+Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error::FromErrno("fstat failed", errno);
+  if (static_cast<uint64_t>(st.st_size) < off + n) {
+    uint64_t have = static_cast<uint64_t>(st.st_size) > off ? st.st_size - off : 0;
+    return ShortRead("short read", off + have, n - have);
+  }
+  auto segs = MapRange(fd, off, n);
+  if (segs.size() == 1 && segs[0].hole) {
+    if (stats) stats->hole_bytes += n;
+    return ZeroSha256(n);
+  }
+  Hasher ctx;
+  for (const Segment& s : segs) {
+    if (s.hole) {
+      UpdateZeros(&ctx, s.length);
+      if (stats) stats->hole_bytes += s.length;
+      continue;
+    }
+    uint64_t done = 0;
+    while (done < s.length) {
+      size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), s.length - done));
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, buf.data(), want, s.offset + done));
+      if (got != want) return ShortRead("short read", s.offset + done + got, off + n - (s.offset + done + got));
+      ctx.Update(buf.data(), got);
+      done += got;
+    }
+    if (stats) stats->data_bytes += s.length;
+  }
+  auto out = ctx.Final();
+  return out;
+}
+
+Result<bool> RangesEqual(int a, uint64_t a_off, int b, uint64_t b_off, uint64_t n, IoBuffer& buf_a,
+                         IoBuffer& buf_b) {
+  const size_t chunk = std::min(buf_a.size(), buf_b.size());
+  uint64_t done = 0;
+  while (done < n) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(chunk, n - done));
+    K3_ASSIGN_OR_RETURN(size_t ga, PreadFull(a, buf_a.data(), want, a_off + done));
+    K3_ASSIGN_OR_RETURN(size_t gb, PreadFull(b, buf_b.data(), want, b_off + done));
+    if (ga != want || gb != want) return false;
+    if (std::memcmp(buf_a.data(), buf_b.data(), want) != 0) return false;
+    done += want;
+  }
+  return true;
+}
+
+Status ZeroRange(int fd, uint64_t off, uint64_t n) {
+  if (n == 0) return Status::OK();
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(off), static_cast<off_t>(n)) ==
+      0) {
+    return Status::OK();
+  }
+  uint64_t done = 0;
+  while (done < n) {
+    size_t k = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, n - done));
+    K3_RETURN_IF_ERROR(PwriteFull(fd, ZeroBlock(), k, off + done));
+    done += k;
+  }
+  return Status::OK();
+}
+
+}  // namespace k3pack::pack

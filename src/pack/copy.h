@@ -1,0 +1,69 @@
+// Hole-aware copying and hashing of byte ranges (one payload at a time).
+//
+// Synthetic and partially-downloaded checkpoints are often sparse. Reading a
+// hole costs page-cache work and writing it back costs disk, so ranges are
+// split with SEEK_DATA/SEEK_HOLE: data is read, hashed and written; holes are
+// left unwritten in the destination (which is created sparse) and hashed as
+// zeros without reading. A payload that is entirely a hole takes its digest
+// from a per-length cache, so a ~1 TB all-hole pack hashes in seconds.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack::pack {
+
+struct Segment {
+  uint64_t offset = 0;  // absolute in the file
+  uint64_t length = 0;
+  bool hole = false;
+};
+
+// Data/hole segments covering [offset, offset+length) of `fd` (holes only
+// where the filesystem reports them; everything is data otherwise).
+std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length);
+
+// SHA-256 of `n` zero bytes (memoized by n).
+std::array<uint8_t, 32> ZeroSha256(uint64_t n);
+
+// A reusable, page-aligned I/O buffer.
+class IoBuffer {
+ public:
+  explicit IoBuffer(size_t bytes);
+  ~IoBuffer();
+  IoBuffer(const IoBuffer&) = delete;
+  IoBuffer& operator=(const IoBuffer&) = delete;
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct CopyStats {
+  uint64_t data_bytes = 0;
+  uint64_t hole_bytes = 0;
+};
+
+// Copies src[src_off, +n) to dst[dst_off, +n), keeping source holes as holes
+// in dst (dst must read as zeros there already), and returns the SHA-256 of
+// the bytes. A short source read fails with SGLang's EOFError text
+// `short GGUF read at offset {o}; {r} bytes remain`.
+Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
+                                            IoBuffer& buf, CopyStats* stats);
+
+// SHA-256 of fd[off, +n), hole-aware. Short read: `short read at offset {o}; {r} bytes remain`.
+Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats);
+
+// Byte compare a[a_off, +n) with b[b_off, +n); false on mismatch or short read.
+Result<bool> RangesEqual(int a, uint64_t a_off, int b, uint64_t b_off, uint64_t n, IoBuffer& buf_a,
+                         IoBuffer& buf_b);
+
+// Writes zeros over (or punches a hole into) [off, +n) of fd.
+Status ZeroRange(int fd, uint64_t off, uint64_t n);
+
+}  // namespace k3pack::pack

@@ -1,0 +1,155 @@
+// The copy phase of BuildPack: worker threads copy whole objects (up, gate,
+// down) in ascending order; the calling thread is the coordinator that
+// advances the durable watermark, writes checkpoints and reports progress.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "pack/build_inputs.h"
+#include "pack/copy.h"
+
+namespace k3pack::pack {
+namespace {
+using Clock = std::chrono::steady_clock;
+}
+
+Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions& o, const PackPaths& p,
+               const Checkpoint& base, int pack_fd, int journal_fd, const std::vector<UniqueFd>& src,
+               std::vector<Digest>* digests, BuildResult* result) {
+  const uint64_t total = layout.object_count();
+  const uint64_t start = base.objects_done;
+  const auto crash_after = EnvU64("K3PACK_CRASH_AFTER_OBJECTS");
+  const uint64_t ckpt_bytes = EnvU64("K3PACK_CHECKPOINT_BYTES").value_or(1ull << 30);
+  const auto ckpt_interval = std::chrono::milliseconds(EnvU64("K3PACK_CHECKPOINT_MS").value_or(5000));
+  const uint64_t throttle_us = EnvU64("K3PACK_THROTTLE_US").value_or(0);
+  int threads = o.threads > 0 ? o.threads : 4;
+  if (static_cast<uint64_t>(threads) > total - start) threads = static_cast<int>(std::max<uint64_t>(1, total - start));
+  const size_t chunk = static_cast<size_t>(std::max<uint64_t>(o.chunk_bytes, 1 << 20));
+
+  auto object_bytes = [&](uint64_t obj) {
+    const auto& b = layout.layers()[obj / ex.num_experts].expert_bytes;
+    return b[0] + b[1] + b[2];
+  };
+  uint64_t total_bytes = 0, done_bytes = 0;
+  for (uint64_t li = 0; li < layout.num_layers(); ++li) total_bytes += object_bytes(li * ex.num_experts) * ex.num_experts;
+  for (uint64_t obj = 0; obj < start; obj += ex.num_experts) {
+    done_bytes += object_bytes(obj) * std::min<uint64_t>(ex.num_experts, start - obj);
+  }
+
+  std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
+  for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start ? 1 : 0, std::memory_order_relaxed);
+  std::atomic<uint64_t> next{start};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Error> first_error;
+  std::atomic<uint64_t> data_bytes{0}, hole_bytes{0};
+
+  auto worker = [&]() {
+    IoBuffer buf(chunk);
+    CopyStats stats;
+    while (!stop.load()) {
+      uint64_t obj = next.fetch_add(1);
+      if (obj >= total) break;
+      const auto ali = static_cast<uint32_t>(obj / ex.num_experts);
+      const auto expert = static_cast<uint32_t>(obj % ex.num_experts);
+      Status st;
+      for (Role r : kRoleOrder) {
+        const ExpertTensor& t = ex.by_layer[ali][static_cast<uint32_t>(r)];
+        EntrySlot slot = layout.Slot(ali, expert, r);
+        auto d = CopyAndHash(src[t.tensor.shard_index].get(), t.tensor.data_offset + expert * t.expert_bytes, pack_fd,
+                             slot.offset, slot.nbytes, buf, &stats);
+        if (!d.ok()) {
+          st = d.error().WithContext(t.shard_path + ": " + t.tensor.name + " expert " + std::to_string(expert));
+          break;
+        }
+        (*digests)[slot.entry_index] = *d;
+        st = PwriteFull(journal_fd, d->data(), kDigestBytes, kDigestsHeaderBytes + slot.entry_index * kDigestBytes);
+        if (!st.ok()) break;
+      }
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = st.error();
+        stop.store(true);
+        cv.notify_all();
+        break;
+      }
+      if (throttle_us) std::this_thread::sleep_for(std::chrono::microseconds(throttle_us));
+      finished[obj].store(1, std::memory_order_release);
+      cv.notify_all();
+    }
+    data_bytes += stats.data_bytes;
+    hole_bytes += stats.hole_bytes;
+  };
+
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
+
+  const auto t0 = Clock::now();
+  auto last_ckpt_time = t0, last_progress = t0 - std::chrono::seconds(1);
+  uint64_t watermark = start, ckpt_watermark = start, bytes_since_ckpt = 0;
+  uint64_t durable_offset = start < total ? layout.Entry(start * kRoleCount).offset : layout.final_size();
+  Checkpoint ckpt = base;
+  Status status;
+
+  auto checkpoint = [&]() -> Status {
+    if (::fdatasync(pack_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.partial, errno);
+    if (::fdatasync(journal_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
+    ckpt.objects_done = watermark;
+    ckpt.journal_sha256 = ToHex(Sha256Raw(digests->data(), watermark * kRoleCount * kDigestBytes).data(), 32);
+    K3_RETURN_IF_ERROR(WriteFileAtomic(p.checkpoint, EncodeCheckpoint(ckpt)));
+    // The durable range is no longer needed in the page cache.
+    uint64_t upto = watermark < total ? layout.Entry(watermark * kRoleCount).offset : layout.final_size();
+    ::posix_fadvise(pack_fd, static_cast<off_t>(durable_offset), static_cast<off_t>(upto - durable_offset),
+                    POSIX_FADV_DONTNEED);
+    durable_offset = upto;
+    ckpt_watermark = watermark;
+    bytes_since_ckpt = 0;
+    last_ckpt_time = Clock::now();
+    if (crash_after && watermark >= *crash_after) ::_exit(86);  // test seam: simulated crash
+    return Status::OK();
+  };
+
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (first_error) break;
+    }
+    while (watermark < total && finished[watermark].load(std::memory_order_acquire)) {
+      uint64_t b = object_bytes(watermark);
+      done_bytes += b;
+      bytes_since_ckpt += b;
+      ++watermark;
+    }
+    const auto now = Clock::now();
+    const bool all_done = watermark == total;
+    if (watermark > ckpt_watermark && (all_done || bytes_since_ckpt >= ckpt_bytes || now - last_ckpt_time >= ckpt_interval ||
+                                       (crash_after && watermark >= *crash_after))) {
+      status = checkpoint();
+      if (!status.ok()) break;
+    }
+    if (o.progress && (all_done || now - last_progress >= std::chrono::milliseconds(100))) {
+      last_progress = now;
+      o.progress({"build", done_bytes, total_bytes, watermark, total,
+                  std::chrono::duration<double>(now - t0).count()});
+    }
+    if (all_done) break;
+  }
+  stop.store(true);
+  cv.notify_all();
+  for (auto& t : pool) t.join();
+  if (first_error) return *first_error;
+  K3_RETURN_IF_ERROR(status);
+  result->copied_bytes = data_bytes.load();
+  result->hole_bytes = hole_bytes.load();
+  return Status::OK();
+}
+
+}  // namespace k3pack::pack

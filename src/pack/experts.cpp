@@ -1,0 +1,216 @@
+// Routed-expert tensor selection and validation (spec §6.1, exact texts).
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "k3pack/gguf.h"
+#include "k3pack/pack.h"
+#include "pack/format.h"
+#include "util/pyrepr.h"
+
+namespace k3pack::pack {
+namespace {
+
+using Key = std::pair<uint32_t, uint32_t>;  // (layer, role)
+
+// Python repr of the (layer, role) tuple: (1, 'up').
+std::string KeyRepr(const Key& k) {
+  return "(" + std::to_string(k.first) + ", " + PyRepr(RoleName(static_cast<Role>(k.second))) + ")";
+}
+
+// Python sorts (layer, role-string) tuples: by layer, then role name.
+bool PyKeyLess(const Key& a, const Key& b) {
+  if (a.first != b.first) return a.first < b.first;
+  return std::string_view(RoleName(static_cast<Role>(a.second))) <
+         std::string_view(RoleName(static_cast<Role>(b.second)));
+}
+
+std::string KeyListRepr(std::vector<Key> keys) {
+  std::sort(keys.begin(), keys.end(), PyKeyLess);
+  if (keys.size() > 8) keys.resize(8);
+  std::string out = "[";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i) out += ", ";
+    out += KeyRepr(keys[i]);
+  }
+  return out + "]";
+}
+
+std::string TupleRepr(const std::vector<int64_t>& v) {
+  std::string out = "(";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(v[i]);
+  }
+  if (v.size() == 1) out += ",";
+  return out + ")";
+}
+
+std::string DtypeName(uint32_t id) {
+  const GgmlTypeInfo* info = GgmlTypeInfoFor(id);
+  if (info && info->name && info->name[0]) return info->name;
+  return std::to_string(id);
+}
+
+}  // namespace
+
+uint64_t ExpertSet::EstimatedPackBytes() const {
+  std::vector<LayerRoleBytes> v;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    v.push_back({layers[i], {by_layer[i][0].expert_bytes, by_layer[i][1].expert_bytes, by_layer[i][2].expert_bytes}});
+  }
+  auto layout = PackLayout::Make(std::move(v), num_experts);
+  return layout.ok() ? layout->final_size() : 0;
+}
+
+Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const std::vector<std::string>& shard_paths,
+                                 const kimi::ModelSpec& spec, const CollectOptions& options) {
+  const bool k3 = spec.profile == kimi::Profile::kKimiK3;
+  if (options.allow_mixed_types && k3) {
+    return Error("--allow-mixed-types requires --profile scaled (Kimi K3 experts are Q2_K/Q2_K/Q3_K)");
+  }
+  if (spec.num_experts == 0) return Error("num_experts must be positive");
+
+  std::map<Key, const SourceTensor*> found;
+  for (const auto& t : tensors) {
+    auto parsed = ParseExpertTensorName(t.name);
+    if (!parsed) continue;
+    Key key{parsed->layer, static_cast<uint32_t>(parsed->role)};
+    if (found.count(key)) return Error("duplicate routed expert tensor " + KeyRepr(key));
+    found[key] = &t;
+  }
+  std::set<Key> expected;
+  for (uint32_t layer : spec.active_moe_layer_ids) {
+    for (Role r : kRoleOrder) expected.insert({layer, static_cast<uint32_t>(r)});
+  }
+  std::vector<Key> missing, extra;
+  for (const Key& k : expected) {
+    if (!found.count(k)) missing.push_back(k);
+  }
+  for (const auto& [k, t] : found) {
+    if (!expected.count(k)) extra.push_back(k);
+  }
+  if (!missing.empty() || !extra.empty()) {
+    return Error("routed expert tensor coverage mismatch: missing=" + KeyListRepr(missing) +
+                 ", extra=" + KeyListRepr(extra));
+  }
+
+  const auto E = static_cast<int64_t>(spec.num_experts);
+  const auto H = static_cast<int64_t>(spec.routed_expert_hidden_size);
+  const auto I = static_cast<int64_t>(spec.moe_intermediate_size);
+  ExpertSet out;
+  out.layers = spec.active_moe_layer_ids;
+  out.num_experts = spec.num_experts;
+  out.top_k = spec.top_k;
+  out.shard_paths = shard_paths;
+  std::array<uint32_t, 3> first_dtype{};
+  for (size_t li = 0; li < spec.active_moe_layer_ids.size(); ++li) {
+    const uint32_t layer = spec.active_moe_layer_ids[li];
+    std::array<ExpertTensor, 3> row;
+    for (Role r : kRoleOrder) {
+      const auto ri = static_cast<uint32_t>(r);
+      const Key key{layer, ri};
+      const SourceTensor& t = *found.at(key);
+      std::vector<int64_t> want = (r == Role::kDown) ? std::vector<int64_t>{I, H, E} : std::vector<int64_t>{H, I, E};
+      if (t.shape != want) return Error("unexpected expert shape for " + KeyRepr(key) + ": " + TupleRepr(t.shape));
+      if (k3) {
+        const uint32_t want_type = (r == Role::kDown) ? static_cast<uint32_t>(GgmlType::Q3_K)
+                                                      : static_cast<uint32_t>(GgmlType::Q2_K);
+        if (t.dtype_id != want_type) {
+          return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
+        }
+      } else {
+        if (!IsValidGgmlType(t.dtype_id)) {
+          return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
+        }
+        if (li == 0) first_dtype[ri] = t.dtype_id;
+        bool mixed_here = (li > 0 && t.dtype_id != first_dtype[ri]) ||
+                          (r == Role::kGate && t.dtype_id != row[0].tensor.dtype_id);
+        if (mixed_here) {
+          if (!options.allow_mixed_types) {
+            return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id))
+                .WithHint("expert types differ between layers or between up and gate; pass --allow-mixed-types "
+                          "to pack them (entry sizes then vary by layer)");
+          }
+          out.mixed = true;
+        }
+      }
+      if (t.nbytes % spec.num_experts != 0 || t.nbytes == 0) {
+        return Error("expert tensor is not evenly sliceable: " + t.name);
+      }
+      if (t.shard_index >= shard_paths.size()) {
+        return Error("expert tensor " + t.name + " names shard " + std::to_string(t.shard_index) + " of " +
+                     std::to_string(shard_paths.size()));
+      }
+      ExpertTensor& et = row[ri];
+      et.layer = layer;
+      et.role = ri;
+      et.tensor = t;
+      et.shard_path = shard_paths[t.shard_index];
+      et.expert_bytes = t.nbytes / spec.num_experts;
+    }
+    out.by_layer.push_back(std::move(row));
+  }
+  for (size_t li = 1; li < out.by_layer.size(); ++li) {
+    for (int r = 0; r < 3; ++r) {
+      if (out.by_layer[li][r].expert_bytes != out.by_layer[0][r].expert_bytes) out.mixed = true;
+    }
+  }
+  if (out.layers.empty()) return Error("the model has no active MoE layers");
+  return out;
+}
+
+std::vector<SourceTensor> SourceTensorsOf(const gguf::ShardSet& shards) {
+  std::vector<SourceTensor> out;
+  for (const auto& loc : shards.AllTensors()) {
+    SourceTensor t;
+    t.name = loc.info->name;
+    t.shape = loc.info->shape();
+    t.dtype_id = static_cast<uint32_t>(loc.info->type);
+    t.shard_index = loc.shard_index;
+    t.data_offset = loc.info->data_offset;
+    t.nbytes = loc.info->nbytes;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
+                                 const CollectOptions& options) {
+  std::vector<std::string> paths;
+  for (const auto& s : shards.shards()) paths.push_back(s->path());
+  return CollectExperts(SourceTensorsOf(shards), paths, spec, options);
+}
+
+Result<std::string> DefaultPackPath(const std::string& any_shard_path) {
+  auto slash = any_shard_path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : any_shard_path.substr(0, slash);
+  std::string file = slash == std::string::npos ? any_shard_path : any_shard_path.substr(slash + 1);
+  auto name = gguf::ParseShardName(file);
+  if (!name) return Error("Kimi GGUF name is not a numbered shard: " + any_shard_path);
+  return dir + "/" + name->prefix + ".expert-major.pack";
+}
+
+nlohmann::json LayerRolesJson(const ExpertSet& experts) {
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t li = 0; li < experts.layers.size(); ++li) {
+    std::vector<LayerRoleBytes> one = {{experts.layers[li],
+                                        {experts.by_layer[li][0].expert_bytes, experts.by_layer[li][1].expert_bytes,
+                                         experts.by_layer[li][2].expert_bytes}}};
+    auto layout = PackLayout::Make(one, 1);
+    nlohmann::json item;
+    item["layer"] = experts.layers[li];
+    item["object_bytes"] = layout.ok() ? layout->ObjectBytes(0) : 0;
+    for (Role r : kRoleOrder) {
+      const ExpertTensor& t = experts.by_layer[li][static_cast<uint32_t>(r)];
+      item[RoleName(r)] = {{"dtype", DtypeName(t.tensor.dtype_id)},
+                           {"dtype_id", t.tensor.dtype_id},
+                           {"expert_bytes", t.expert_bytes}};
+    }
+    list.push_back(std::move(item));
+  }
+  return list;
+}
+
+}  // namespace k3pack::pack

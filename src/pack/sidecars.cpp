@@ -1,0 +1,164 @@
+#include "pack/sidecars.h"
+
+#include <openssl/sha.h>
+
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/pack.h"
+#include "util/file.h"
+#include "util/sha256.h"
+
+namespace k3pack::pack {
+namespace {
+
+void PutU32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void PutU64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t GetU32(const uint8_t* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+uint64_t GetU64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace
+
+std::string DigestsPathFor(const std::string& p) { return p + ".digests"; }
+std::string PartialPathFor(const std::string& p) { return p + ".partial"; }
+std::string CheckpointPathFor(const std::string& p) { return p + ".partial.checkpoint"; }
+std::string LockPathFor(const std::string& p) { return p + ".lock"; }
+std::string JournalPathFor(const std::string& p) { return p + ".partial.digests"; }
+
+std::string ToHex(const uint8_t* p, size_t n) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s(n * 2, '0');
+  for (size_t i = 0; i < n; ++i) {
+    s[2 * i] = kHex[p[i] >> 4];
+    s[2 * i + 1] = kHex[p[i] & 15];
+  }
+  return s;
+}
+
+bool FromHex(const std::string& hex, uint8_t* out, size_t n) {
+  if (hex.size() != 2 * n) return false;
+  auto val = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    int hi = val(hex[2 * i]), lo = val(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
+std::array<uint8_t, 32> Sha256Raw(const void* data, size_t n) {
+  std::array<uint8_t, 32> out{};
+  SHA256(static_cast<const unsigned char*>(data), n, out.data());
+  return out;
+}
+
+std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader& h) {
+  std::array<uint8_t, kDigestsHeaderBytes> out{};
+  std::memcpy(out.data(), kDigestsMagic.data(), 16);
+  PutU32(out.data() + 16, 1);                                          // version
+  PutU32(out.data() + 20, static_cast<uint32_t>(kDigestsHeaderBytes));  // header size
+  PutU64(out.data() + 24, h.index_count);
+  PutU64(out.data() + 32, h.pack_size);
+  PutU64(out.data() + 40, h.data_start);
+  std::memcpy(out.data() + 48, h.index_sha256.data(), 32);
+  std::memcpy(out.data() + 80, h.records_sha256.data(), 32);
+  return out;
+}
+
+Result<PackDigests> ReadPackDigests(const std::string& path) {
+  K3_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  auto bad = [&](const std::string& why) {
+    return Error("digest sidecar " + path + " is invalid: " + why, ErrorKind::kValue);
+  };
+  if (bytes.size() < kDigestsHeaderBytes) return bad("shorter than its 128-byte header");
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  if (std::memcmp(p, kDigestsMagic.data(), 16) != 0) return bad("bad magic");
+  if (GetU32(p + 16) != 1 || GetU32(p + 20) != kDigestsHeaderBytes) return bad("unsupported version");
+  PackDigests d;
+  d.index_count = GetU64(p + 24);
+  d.pack_size = GetU64(p + 32);
+  d.index_sha256 = ToHex(p + 48, 32);
+  if (d.index_count > (bytes.size() - kDigestsHeaderBytes) / kDigestBytes ||
+      bytes.size() != kDigestsHeaderBytes + d.index_count * kDigestBytes) {
+    return bad("size " + std::to_string(bytes.size()) + " does not hold " + std::to_string(d.index_count) +
+               " digests");
+  }
+  auto records = Sha256Raw(p + kDigestsHeaderBytes, d.index_count * kDigestBytes);
+  if (std::memcmp(records.data(), p + 80, 32) != 0) return bad("records checksum mismatch (damaged or unsealed)");
+  d.entry_sha256.resize(d.index_count);
+  for (uint64_t i = 0; i < d.index_count; ++i) {
+    std::memcpy(d.entry_sha256[i].data(), p + kDigestsHeaderBytes + i * kDigestBytes, 32);
+  }
+  return d;
+}
+
+Status WritePackDigests(const std::string& path, const PackDigests& d) {
+  std::string out(kDigestsHeaderBytes + d.entry_sha256.size() * kDigestBytes, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  for (size_t i = 0; i < d.entry_sha256.size(); ++i) {
+    std::memcpy(p + kDigestsHeaderBytes + i * kDigestBytes, d.entry_sha256[i].data(), 32);
+  }
+  DigestsHeader h;
+  h.index_count = d.entry_sha256.size();
+  h.pack_size = d.pack_size;
+  if (!FromHex(d.index_sha256, h.index_sha256.data(), 32)) return Error("bad index_sha256 hex");
+  h.records_sha256 = Sha256Raw(p + kDigestsHeaderBytes, d.entry_sha256.size() * kDigestBytes);
+  auto head = EncodeDigestsHeader(h);
+  std::memcpy(p, head.data(), head.size());
+  return WriteFileAtomic(path, out);
+}
+
+std::string EncodeCheckpoint(const Checkpoint& c) {
+  nlohmann::json j = {{"format", "K3PACK-PACK-CHECKPOINT-v1"},
+                      {"fingerprint", c.fingerprint},
+                      {"pack_size", c.pack_size},
+                      {"index_count", c.index_count},
+                      {"index_sha256", c.index_sha256},
+                      {"objects_total", c.objects_total},
+                      {"objects_done", c.objects_done},
+                      {"journal_sha256", c.journal_sha256}};
+  return j.dump(2) + "\n";
+}
+
+Result<Checkpoint> DecodeCheckpoint(const std::string& path, const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto bad = [&](const std::string& why) {
+    return Error("checkpoint " + path + " is unreadable: " + why, ErrorKind::kValue)
+        .WithHint("pass --restart to discard the partial build and start over");
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not JSON");
+  if (j.value("format", "") != "K3PACK-PACK-CHECKPOINT-v1") return bad("unknown format");
+  try {
+    Checkpoint c;
+    c.fingerprint = j.at("fingerprint").get<std::string>();
+    c.pack_size = j.at("pack_size").get<uint64_t>();
+    c.index_count = j.at("index_count").get<uint64_t>();
+    c.index_sha256 = j.at("index_sha256").get<std::string>();
+    c.objects_total = j.at("objects_total").get<uint64_t>();
+    c.objects_done = j.at("objects_done").get<uint64_t>();
+    c.journal_sha256 = j.at("journal_sha256").get<std::string>();
+    if (c.objects_done > c.objects_total) return bad("objects_done > objects_total");
+    return c;
+  } catch (const std::exception& e) {
+    return bad(e.what());
+  }
+}
+
+}  // namespace k3pack::pack

@@ -1,0 +1,56 @@
+// The pack's two sidecars (formats documented in docs/parts/pack.md):
+//   <pack>.digests                 binary: 128-byte header + one raw SHA-256
+//                                  per index entry, in entry order;
+//   <pack>.partial.checkpoint      JSON, written atomically: the input
+//                                  fingerprint and how many leading objects
+//                                  are durably in <pack>.partial.
+// While building, the digests are journaled in place in
+// <pack>.partial.digests (same layout, header not yet sealed), so finishing
+// is "seal the header, fsync, rename".
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack::pack {
+
+inline constexpr std::array<uint8_t, 16> kDigestsMagic = {'K', '3', 'P', 'A', 'C', 'K', 'D', 'I',
+                                                          'G', 'E', 'S', 'T', 'v', '1', 0, 0};
+inline constexpr uint64_t kDigestsHeaderBytes = 128;
+inline constexpr uint64_t kDigestBytes = 32;
+
+struct DigestsHeader {
+  uint64_t index_count = 0;
+  uint64_t pack_size = 0;
+  uint64_t data_start = 0;
+  std::array<uint8_t, 32> index_sha256{};    // raw
+  std::array<uint8_t, 32> records_sha256{};  // SHA-256 of all records; all zero = not sealed
+};
+
+std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader& h);
+
+std::string ToHex(const uint8_t* p, size_t n);
+bool FromHex(const std::string& hex, uint8_t* out, size_t n);
+std::array<uint8_t, 32> Sha256Raw(const void* data, size_t n);
+
+std::string JournalPathFor(const std::string& pack_path);  // <pack>.partial.digests
+
+struct Checkpoint {
+  std::string fingerprint;       // hex SHA-256 over the build inputs
+  uint64_t pack_size = 0;
+  uint64_t index_count = 0;
+  uint64_t objects_total = 0;
+  uint64_t objects_done = 0;     // objects [0, objects_done) are durable
+  std::string journal_sha256;    // of the journal records for those objects
+  std::string index_sha256;
+};
+
+std::string EncodeCheckpoint(const Checkpoint& c);
+// Fails with a ValueError naming the file when the content is not a checkpoint.
+Result<Checkpoint> DecodeCheckpoint(const std::string& path, const std::string& text);
+
+}  // namespace k3pack::pack

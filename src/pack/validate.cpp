@@ -1,0 +1,184 @@
+// SGLang's validate_ggml_moe_pack (spec §6.2): header, every index entry,
+// layout, index digest, sampled payload compare with the GGUF source.
+#include <sys/stat.h>
+
+#include <cstring>
+#include <map>
+
+#include "k3pack/pack.h"
+#include "pack/build_inputs.h"
+#include "pack/copy.h"
+#include "util/file.h"
+#include "util/pyrepr.h"
+#include "util/sha256.h"
+
+namespace k3pack::pack {
+namespace {
+
+std::string Triple(uint32_t layer, const std::string& role, int64_t expert) {
+  return "(" + std::to_string(layer) + ", " + PyRepr(role) + ", " + std::to_string(expert) + ")";
+}
+
+std::string DtypeName(uint32_t id) {
+  const GgmlTypeInfo* info = GgmlTypeInfoFor(id);
+  return info && info->name && info->name[0] ? info->name : std::to_string(id);
+}
+
+}  // namespace
+
+std::vector<uint64_t> SampleIndices(uint64_t n, int64_t k) {
+  std::vector<uint64_t> out;
+  if (k <= 0 || n == 0) return out;
+  if (k == 1) return {0};
+  const uint64_t den = static_cast<uint64_t>(k - 1);
+  for (uint64_t i = 0; i < static_cast<uint64_t>(k); ++i) {
+    unsigned __int128 num = static_cast<unsigned __int128>(i) * (n - 1);
+    uint64_t q = static_cast<uint64_t>(num / den), rem = static_cast<uint64_t>(num % den);
+    if (2 * static_cast<unsigned __int128>(rem) > den || (2 * static_cast<unsigned __int128>(rem) == den && (q & 1))) ++q;
+    if (out.empty() || out.back() != q) out.push_back(q);
+  }
+  return out;
+}
+
+Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSet& ex, const ValidateOptions& o) {
+  if (!PathExists(pack_path)) {
+    return Error("[Errno 2] No such file or directory: " + PyRepr(pack_path), ErrorKind::kFileNotFound, ENOENT);
+  }
+  K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(pack_path));
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(resolved));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + resolved, errno);
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
+  const uint64_t expected_count = layout.index_count();
+
+  std::array<uint8_t, kHeaderBytes> hb{};
+  K3_ASSIGN_OR_RETURN(size_t hgot, PreadFull(fd.get(), hb.data(), hb.size(), 0));
+  if (hgot < kHeaderBytes) return Error("GGML expert-pack header is truncated");
+  K3_ASSIGN_OR_RETURN(PackHeader h, DecodeHeader(hb));
+  if (h.magic != kPackMagic || h.version != kPackVersion) {
+    return Error("GGML expert-pack magic or version does not match");
+  }
+  if (h.header_size != kHeaderBytes) return Error("GGML expert-pack header size does not match");
+  if (h.index_count != expected_count) {
+    return Error("GGML expert-pack has " + std::to_string(h.index_count) + " entries; expected " +
+                 std::to_string(expected_count));
+  }
+  const uint64_t index_end = kHeaderBytes + h.index_count * kEntryBytes;
+  if (h.data_start < index_end || h.data_start % kPackAlignment != 0) {
+    return Error("GGML expert-pack data_start is invalid or unaligned");
+  }
+  std::vector<uint8_t> index(index_end);
+  std::memcpy(index.data(), hb.data(), kHeaderBytes);
+  K3_ASSIGN_OR_RETURN(size_t igot, PreadFull(fd.get(), index.data() + kHeaderBytes, index_end - kHeaderBytes,
+                                             kHeaderBytes));
+  if (igot < index_end - kHeaderBytes) return Error("GGML expert-pack index is truncated");
+  const std::string index_sha = Sha256Hex(index.data(), index.size());
+
+  uint64_t previous_end = h.data_start;
+  uint64_t up_start = 0;
+  std::map<uint32_t, uint64_t> span_by_layer;  // fixed object span (per layer when mixed)
+  std::optional<uint64_t> global_span;
+  for (uint64_t i = 0; i < h.index_count; ++i) {
+    K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
+    if (e.reserved != 0) return Error("GGML expert-pack reserved entry field must be zero");
+    if (!e.name_utf8_ok) return Error("expert-pack tensor name is not valid UTF-8");
+    auto parsed = ParseExpertTensorName(e.name);
+    if (!parsed) return Error("invalid expert tensor name: " + PyRepr(e.name));
+    const EntrySlot want = layout.Entry(i);
+    if (parsed->layer != want.layer || parsed->role != want.role || e.expert != static_cast<int64_t>(want.expert)) {
+      return Error("GGML expert-pack is not complete expert-major up/gate/down layout at index " + std::to_string(i) +
+                   ": expected=" + Triple(want.layer, RoleName(want.role), want.expert) +
+                   ", actual=" + Triple(parsed->layer, RoleName(parsed->role), e.expert));
+    }
+    if (e.nbytes != want.nbytes) {
+      return Error("expert-pack byte size mismatch for index " + std::to_string(i) + ": " + std::to_string(e.nbytes) +
+                   " != " + std::to_string(want.nbytes));
+    }
+    if (e.offset % kPackAlignment != 0) return Error("expert-pack entry " + std::to_string(i) + " is not 4 KiB aligned");
+    if (e.offset < previous_end || e.offset + e.nbytes > file_size || e.offset + e.nbytes < e.offset) {
+      return Error("expert-pack entry " + std::to_string(i) + " overlaps or is out of range");
+    }
+    previous_end = e.offset + e.nbytes;
+    if (want.role == Role::kUp) up_start = e.offset;
+    if (want.role == Role::kDown) {
+      const uint64_t span = previous_end - up_start;
+      if (ex.mixed) {
+        auto [it, fresh] = span_by_layer.emplace(want.layer, span);
+        if (!fresh && it->second != span) return Error("expert-pack object spans are not fixed size");
+      } else {
+        if (!global_span) global_span = span;
+        if (*global_span != span) return Error("expert-pack object spans are not fixed size");
+      }
+    }
+  }
+  if (file_size != previous_end) {
+    return Error("expert-pack has unexplained trailing bytes: " + std::to_string(file_size - previous_end));
+  }
+
+  // Sampled payload compare with the GGUF source.
+  const auto samples = SampleIndices(h.index_count, o.payload_samples);
+  {
+    std::map<uint32_t, UniqueFd> shard_fds;
+    IoBuffer a(4 << 20), b(4 << 20);
+    for (uint64_t idx : samples) {
+      K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + idx * kEntryBytes, kEntryBytes}));
+      const EntrySlot s = layout.Entry(idx);
+      const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
+      auto it = shard_fds.find(t.tensor.shard_index);
+      if (it == shard_fds.end()) {
+        K3_ASSIGN_OR_RETURN(UniqueFd sfd, OpenReadOnly(t.shard_path));
+        it = shard_fds.emplace(t.tensor.shard_index, std::move(sfd)).first;
+      }
+      K3_ASSIGN_OR_RETURN(bool same, RangesEqual(fd.get(), e.offset, it->second.get(),
+                                                 t.tensor.data_offset + s.expert * t.expert_bytes, t.expert_bytes, a, b));
+      if (!same) {
+        return Error("expert-pack payload does not match GGUF source for " + t.tensor.name + " expert " +
+                     std::to_string(s.expert));
+      }
+    }
+  }
+
+  nlohmann::json roles = nlohmann::json::object();
+  for (Role r : kRoleOrder) {
+    const auto ri = static_cast<uint32_t>(r);
+    const ExpertTensor& t0 = ex.by_layer[0][ri];
+    uint64_t payload = 0;
+    for (const auto& row : ex.by_layer) payload += row[ri].expert_bytes * ex.num_experts;
+    roles[RoleName(r)] = {{"dtype", DtypeName(t0.tensor.dtype_id)},
+                          {"dtype_id", t0.tensor.dtype_id},
+                          {"logical_shape", {t0.tensor.shape.at(0), t0.tensor.shape.at(1)}},
+                          {"expert_bytes", t0.expert_bytes},
+                          {"entry_count", static_cast<uint64_t>(ex.layers.size()) * ex.num_experts},
+                          {"payload_bytes", payload}};
+  }
+  uint64_t object_bytes = global_span ? *global_span : (span_by_layer.empty() ? 0 : span_by_layer.begin()->second);
+  if (ex.mixed && !ex.layers.empty()) object_bytes = span_by_layer[ex.layers.front()];
+  nlohmann::json out = {
+      {"path", resolved},
+      {"size", file_size},
+      {"magic", "GGMLMOEPACKv1"},
+      {"version", h.version},
+      {"header_bytes", kHeaderBytes},
+      {"entry_bytes", kEntryBytes},
+      {"index_count", h.index_count},
+      {"data_start", h.data_start},
+      {"alignment", kPackAlignment},
+      {"index_sha256", index_sha},
+      {"physical_role_order", {"up", "gate", "down"}},
+      {"active_moe_layer_ids", ex.layers},
+      {"num_experts", ex.num_experts},
+      {"top_k", ex.top_k},
+      {"object_bytes", object_bytes},
+      {"roles", roles},
+      {"payload_samples_verified", samples.size()},
+      {"full_pack_hash", o.full_pack_hash},
+  };
+  if (o.full_pack_hash) {
+    K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(resolved));
+    out["sha256"] = whole;
+  }
+  return out;
+}
+
+}  // namespace k3pack::pack

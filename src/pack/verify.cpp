@@ -1,0 +1,121 @@
+// Full payload verification: every selected entry hashed against the digest
+// sidecar and/or compared with the GGUF source, several entries in flight.
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "k3pack/pack.h"
+#include "pack/build_inputs.h"
+#include "pack/copy.h"
+#include "pack/sidecars.h"
+
+namespace k3pack::pack {
+
+Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSet& ex, const VerifyOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
+  K3_ASSIGN_OR_RETURN(UniqueFd pack_fd, OpenReadOnly(pack_path));
+  struct stat st;
+  if (::fstat(pack_fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + pack_path, errno);
+
+  std::optional<PackDigests> digests;
+  if (o.against_digests) {
+    const std::string dpath = DigestsPathFor(pack_path);
+    if (!PathExists(dpath)) {
+      return Error("digest sidecar " + dpath + " is missing", ErrorKind::kFileNotFound)
+          .WithHint("it is written by `k3pack pack`; use --against-source to verify against the GGUF shards instead");
+    }
+    K3_ASSIGN_OR_RETURN(digests, ReadPackDigests(dpath));
+    if (digests->index_count != layout.index_count() || digests->pack_size != static_cast<uint64_t>(st.st_size) ||
+        digests->index_sha256 != layout.IndexSha256()) {
+      return Error("digest sidecar " + dpath + " does not belong to " + pack_path +
+                   " (index count, size or index digest differ)");
+    }
+  }
+  std::vector<UniqueFd> src;
+  if (o.against_source) {
+    for (const auto& p : ex.shard_paths) {
+      K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(p));
+      src.push_back(std::move(fd));
+    }
+  }
+  std::vector<uint64_t> entries = o.entries;
+  if (entries.empty()) {
+    entries.resize(layout.index_count());
+    for (uint64_t i = 0; i < entries.size(); ++i) entries[i] = i;
+  }
+  uint64_t total_bytes = 0;
+  for (uint64_t i : entries) {
+    if (i >= layout.index_count()) return Error("entry " + std::to_string(i) + " is out of range");
+    total_bytes += layout.Entry(i).nbytes;
+  }
+
+  std::atomic<uint64_t> next{0}, done_bytes{0}, done_entries{0}, hole_bytes{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::optional<std::pair<uint64_t, Error>> first_error;  // lowest failing position wins
+  auto fail = [&](uint64_t pos, Error e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!first_error || pos < first_error->first) first_error.emplace(pos, std::move(e));
+    stop.store(true);
+  };
+  auto worker = [&]() {
+    IoBuffer a(8 << 20), b(8 << 20);
+    CopyStats stats;
+    while (!stop.load()) {
+      uint64_t pos = next.fetch_add(1);
+      if (pos >= entries.size()) break;
+      const EntrySlot s = layout.Entry(entries[pos]);
+      const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
+      const std::string what = t.tensor.name + " expert " + std::to_string(s.expert);
+      if (digests) {
+        auto d = HashRange(pack_fd.get(), s.offset, s.nbytes, a, &stats);
+        if (!d.ok()) return fail(pos, d.error().WithContext(pack_path));
+        if (std::memcmp(d->data(), digests->entry_sha256[s.entry_index].data(), 32) != 0) {
+          return fail(pos, Error("expert-pack payload does not match digest sidecar for " + what + " (entry " +
+                                 std::to_string(s.entry_index) + ", offset " + std::to_string(s.offset) + ")"));
+        }
+      }
+      if (o.against_source) {
+        const int sfd = src[t.tensor.shard_index].get();
+        const uint64_t soff = t.tensor.data_offset + s.expert * t.expert_bytes;
+        auto pm = MapRange(pack_fd.get(), s.offset, s.nbytes);
+        auto sm = MapRange(sfd, soff, s.nbytes);
+        const bool both_holes = pm.size() == 1 && pm[0].hole && sm.size() == 1 && sm[0].hole;
+        if (!both_holes) {
+          auto same = RangesEqual(pack_fd.get(), s.offset, sfd, soff, s.nbytes, a, b);
+          if (!same.ok()) return fail(pos, same.error());
+          if (!*same) return fail(pos, Error("expert-pack payload does not match GGUF source for " + what));
+        }
+      }
+      done_bytes += s.nbytes;
+      done_entries += 1;
+    }
+    hole_bytes += stats.hole_bytes;
+  };
+  int threads = o.threads > 0 ? o.threads : 4;
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
+  if (o.progress) {
+    while (done_entries.load() < entries.size() && !stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      o.progress({"verify", done_bytes.load(), total_bytes, done_entries.load(), entries.size(),
+                  std::chrono::duration<double>(Clock::now() - t0).count()});
+    }
+  }
+  for (auto& t : pool) t.join();
+  if (first_error) return first_error->second;
+  VerifyResult r;
+  r.entries_checked = done_entries.load();
+  r.bytes_checked = done_bytes.load();
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (o.progress) o.progress({"verify", r.bytes_checked, total_bytes, r.entries_checked, entries.size(), r.seconds});
+  return r;
+}
+
+}  // namespace k3pack::pack
