@@ -84,6 +84,9 @@ struct LoadOptions {
   // Also drop the source range from the page cache (POSIX_FADV_DONTNEED)
   // after use: keeps a one-shot load from evicting other data.
   bool drop_page_cache = false;
+  // madvise(MADV_WILLNEED) each tensor's range as it is reached, so the
+  // kernel reads it ahead while the caller consumes the previous one.
+  bool prefetch = true;
   // Called when a shard has been checked and streaming into it begins.
   std::function<void(uint32_t shard_index, const std::string& path, uint32_t shard_count)> on_shard;
 };
@@ -131,6 +134,11 @@ class NonExpertStream {
 // element of `values` (dtype F32/F16/BF16 bits), rounded back to the same
 // dtype. SGLang's errors for non-finite or non-negative input.
 Result<std::vector<uint8_t>> ALogFromSsmA(DType dtype, std::span<const uint8_t> values);
+
+// Drops the resident pages that lie wholly inside `view` (madvise
+// MADV_DONTNEED, rounded inward). For callers that consume a big zero-copy
+// view piece by piece; the view stays valid (pages fault back in).
+void ReleasePages(std::span<const uint8_t> view);
 
 // Python's repr of a shape tuple: "()", "(512,)", "(1, 512)".
 std::string PyTupleRepr(const std::vector<int64_t>& shape);

@@ -1,0 +1,192 @@
+// `k3pack load`: stream the non-routed weights of a manifest exactly as the
+// SGLang server would receive them, and report what came out (counts,
+// bytes, throughput), or dump every tensor as a .npy file for inspection.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "k3pack/loader.h"
+#include "loader/npy.h"
+
+namespace k3pack::cli {
+namespace {
+
+using loader::NamedTensor;
+using nlohmann::json;
+
+std::string Bytes(uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+// Reads every byte of a tensor (a cheap order-dependent checksum), in
+// pieces, releasing each piece of a mapped view after reading it so a big
+// embedding never sits in memory whole.
+uint64_t TouchAndSum(const NamedTensor& t) {
+  constexpr size_t kPiece = size_t{16} << 20;
+  uint64_t acc = 0;
+  for (size_t off = 0; off < t.data.size(); off += kPiece) {
+    const auto piece = t.data.subspan(off, std::min(kPiece, t.data.size() - off));
+    const uint8_t* p = piece.data();
+    size_t n = piece.size();
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      uint64_t w[4];
+      std::memcpy(w, p + i, 32);
+      a += w[0];
+      b ^= w[1];
+      c += w[2];
+      d ^= w[3];
+    }
+    for (; i < n; ++i) a += p[i];
+    acc = acc * 1099511628211ULL + (a ^ (b << 1) ^ (c << 2) ^ (d << 3));
+    if (t.zero_copy) loader::ReleasePages(piece);
+  }
+  return acc;
+}
+
+std::string SafeFileName(const std::string& name) {
+  std::string s;
+  for (char c : name) s.push_back(c == '/' || c == '\0' ? '_' : c);
+  return s;
+}
+
+int RunLoad(const std::vector<std::string>& argv) {
+  Args args("load", "k3pack load --manifest M [--summary | --dump DIR | --json] [--verify-metadata]",
+            "Streams the non-routed weights named by an adapter manifest in SGLang's exact order and form\n"
+            "(routed expert payloads are skipped without being read) and reports what was emitted.");
+  args.Option("manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
+      .Flag("summary", "print a summary (the default)")
+      .Option("dump", "write every emitted tensor to DIR/<name>.npy")
+      .Flag("json", "print the summary as JSON")
+      .Flag("list", "also list every emitted tensor (name, dtype, shape, kind)")
+      .Flag("verify-metadata", "also check each shard's metadata_sha256 and every tensor's offset/size/shape")
+      .Flag("sglang-compat", "reproduce SGLang exactly: BF16 as raw uint8 bytes, no ssm_a shape check")
+      .Flag("no-read", "do not read tensor bytes (walk and check only)")
+      .Flag("quiet", "no progress on stderr");
+  int code = 0;
+  if (!args.Parse(argv, &code)) return code;
+  const int modes = args.Has("summary") + args.Has("dump") + args.Has("json");
+  if (modes > 1) {
+    std::cerr << "k3pack load: error: --summary, --dump and --json are mutually exclusive\n" << args.Usage();
+    return 2;
+  }
+  const bool as_json = args.Has("json");
+  const bool list = args.Has("list");
+  const bool read_bytes = !args.Has("no-read");
+  const std::string dump_dir = args.Get("dump");
+  const bool progress = !args.Has("quiet");
+  if (!dump_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dump_dir, ec);
+    if (ec) return ReportError("load", Error("cannot create dump directory " + dump_dir + ": " + ec.message()));
+  }
+
+  loader::LoadOptions opts;
+  opts.verify_metadata = args.Has("verify-metadata");
+  opts.sglang_compat = args.Has("sglang-compat");
+  if (progress) {
+    opts.on_shard = [](uint32_t index, const std::string& path, uint32_t count) {
+      std::cerr << "load: shard " << index + 1 << "/" << count << " " << path << "\n";
+    };
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto stream = loader::NonExpertStream::Open(args.Get("manifest"), opts);
+  if (!stream.ok()) return ReportError("load", stream.error());
+
+  std::map<std::string, uint64_t> by_kind, by_dtype;
+  uint64_t checksum = 0, bytes = 0;
+  json listing = json::array();
+  Status st = stream->ForEach([&](NamedTensor&& t) -> Status {
+    by_kind[loader::TensorKindName(t.kind)]++;
+    by_dtype[loader::DTypeName(t.dtype)]++;
+    bytes += t.data.size();
+    if (!dump_dir.empty()) {
+      K3_RETURN_IF_ERROR(loader::WriteNpy(dump_dir + "/" + SafeFileName(t.name) + ".npy", t));
+    } else if (read_bytes) {
+      checksum = checksum * 31 + TouchAndSum(t);
+    }
+    if (list) {
+      if (as_json) {
+        listing.push_back({{"name", t.name}, {"source", t.source_name}, {"kind", loader::TensorKindName(t.kind)},
+                           {"dtype", loader::DTypeName(t.dtype)}, {"shape", t.shape}, {"nbytes", t.data.size()},
+                           {"zero_copy", t.zero_copy}});
+      } else {
+        std::cout << t.name << "  " << loader::DTypeName(t.dtype) << loader::PyTupleRepr(t.shape) << "  "
+                  << loader::TensorKindName(t.kind) << (t.zero_copy ? " (view)" : "") << "  <- " << t.source_name
+                  << "\n";
+      }
+    }
+    return Status::OK();
+  });
+  if (!st.ok()) return ReportError("load", st.error());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const loader::LoadStats& s = stream->stats();
+  const double gbps = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0;
+
+  if (as_json) {
+    json out = {{"manifest", args.Get("manifest")},
+                {"shards", s.shards_opened},
+                {"source_tensors", s.source_tensors},
+                {"routed_skipped", s.routed_skipped},
+                {"routed_skipped_bytes", s.routed_skipped_bytes},
+                {"emitted", s.emitted},
+                {"emitted_bytes", bytes},
+                {"zero_copy_tensors", s.zero_copy_tensors},
+                {"zero_copy_bytes", s.zero_copy_bytes},
+                {"computed_bytes", s.computed_bytes},
+                {"by_kind", by_kind},
+                {"by_dtype", by_dtype},
+                {"bytes_read", read_bytes || !dump_dir.empty()},
+                {"seconds", secs},
+                {"gb_per_s", gbps},
+                {"peak_rss_bytes", PeakRssBytes()}};
+    if (read_bytes && dump_dir.empty()) out["checksum"] = checksum;
+    if (list) out["tensors"] = listing;
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "manifest        " << args.Get("manifest") << "\n"
+            << "shards          " << s.shards_opened << "\n"
+            << "source tensors  " << s.source_tensors << " (" << s.routed_skipped << " routed aggregates skipped, "
+            << Bytes(s.routed_skipped_bytes) << " not read)\n"
+            << "emitted         " << s.emitted << " tensors, " << Bytes(bytes) << " (" << s.zero_copy_tensors
+            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed)\n";
+  std::cout << "by kind        ";
+  for (const auto& [k, n] : by_kind) std::cout << " " << k << "=" << n;
+  std::cout << "\nby dtype       ";
+  for (const auto& [k, n] : by_dtype) std::cout << " " << k << "=" << n;
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.3f s, %.2f GB/s", secs, gbps);
+  std::cout << "\ntime            " << rate << (read_bytes || !dump_dir.empty() ? "" : " (bytes not read)") << "\n"
+            << "peak RSS        " << Bytes(PeakRssBytes()) << "\n";
+  if (!dump_dir.empty()) std::cout << "dumped to       " << dump_dir << "\n";
+  return 0;
+}
+
+}  // namespace
+
+K3_COMMAND("load", "stream the non-routed weights of a manifest as SGLang receives them", RunLoad);
+
+}  // namespace k3pack::cli

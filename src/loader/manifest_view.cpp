@@ -1,0 +1,126 @@
+#include "loader/manifest_view.h"
+
+#include "k3pack/manifest.h"
+#include "util/file.h"
+#include "util/pyrepr.h"
+
+namespace k3pack::loader {
+
+namespace {
+
+using nlohmann::json;
+
+Error MissingKey(const std::string& key) { return Error(PyRepr(key), ErrorKind::kKey); }
+
+Result<const json*> Get(const json& obj, const std::string& key, const std::string& where) {
+  if (!obj.is_object()) return Error("manifest " + where + ": expected an object");
+  auto it = obj.find(key);
+  if (it == obj.end()) return MissingKey(key);
+  return &*it;
+}
+
+Result<uint64_t> GetUnsigned(const json& obj, const std::string& key, const std::string& where) {
+  K3_ASSIGN_OR_RETURN(const json* v, Get(obj, key, where));
+  if (v->is_number_unsigned()) return v->get<uint64_t>();
+  if (v->is_number_integer() && v->get<int64_t>() >= 0) return static_cast<uint64_t>(v->get<int64_t>());
+  return Error("manifest " + where + "." + key + ": expected a non-negative integer, got " + v->dump());
+}
+
+Result<std::string> GetString(const json& obj, const std::string& key, const std::string& where) {
+  K3_ASSIGN_OR_RETURN(const json* v, Get(obj, key, where));
+  if (!v->is_string()) return Error("manifest " + where + "." + key + ": expected a string, got " + v->dump());
+  return v->get<std::string>();
+}
+
+std::optional<uint64_t> OptUnsigned(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return std::nullopt;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  if (it->is_number_integer() && it->get<int64_t>() >= 0) return static_cast<uint64_t>(it->get<int64_t>());
+  return std::nullopt;
+}
+
+Result<uint32_t> ToIndex(uint64_t v, const std::string& where) {
+  if (v > UINT32_MAX) return Error("manifest " + where + ": index " + std::to_string(v) + " is out of range");
+  return static_cast<uint32_t>(v);
+}
+
+}  // namespace
+
+bool PyTruthy(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return false;
+    case json::value_t::boolean: return v.get<bool>();
+    case json::value_t::number_integer: return v.get<int64_t>() != 0;
+    case json::value_t::number_unsigned: return v.get<uint64_t>() != 0;
+    case json::value_t::number_float: return v.get<double>() != 0.0;
+    case json::value_t::string: return !v.get_ref<const std::string&>().empty();
+    case json::value_t::array:
+    case json::value_t::object: return !v.empty();
+    default: return true;
+  }
+}
+
+Result<StreamManifest> ParseStreamManifest(const json& doc) {
+  // manifest.get("format") / manifest.get("complete"): a missing key reads
+  // as None, so both checks come before any KeyError.
+  const json* format = doc.is_object() && doc.contains("format") ? &doc["format"] : nullptr;
+  if (!format || !format->is_string() || format->get_ref<const std::string&>() != manifest::kManifestFormat) {
+    return Error("Kimi-K3 manifest format is unsupported");
+  }
+  if (!doc.contains("complete") || !PyTruthy(doc["complete"])) return Error("Kimi-K3 manifest is incomplete");
+
+  K3_ASSIGN_OR_RETURN(const json* source, Get(doc, "source", "manifest"));
+  K3_ASSIGN_OR_RETURN(const json* tensors, Get(*source, "tensors", "source"));
+  if (!tensors->is_array()) return Error("manifest source.tensors: expected a list");
+  StreamManifest m;
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    const json& t = (*tensors)[i];
+    const std::string where = "source.tensors[" + std::to_string(i) + "]";
+    StreamTensorRecord r;
+    K3_ASSIGN_OR_RETURN(uint64_t shard, GetUnsigned(t, "shard_index", where));
+    K3_ASSIGN_OR_RETURN(r.shard_index, ToIndex(shard, where + ".shard_index"));
+    K3_ASSIGN_OR_RETURN(r.name, GetString(t, "name", where));
+    K3_ASSIGN_OR_RETURN(r.dtype, GetString(t, "dtype", where));
+    if (auto it = t.find("shape"); it != t.end() && it->is_array()) {
+      std::vector<int64_t> shape;
+      bool ok = true;
+      for (const json& d : *it) {
+        if (!d.is_number_integer()) { ok = false; break; }
+        shape.push_back(d.get<int64_t>());
+      }
+      if (ok) r.shape = std::move(shape);
+    }
+    r.data_offset = OptUnsigned(t, "data_offset");
+    r.nbytes = OptUnsigned(t, "nbytes");
+    m.tensors_by_shard[r.shard_index].push_back(std::move(r));
+  }
+
+  K3_ASSIGN_OR_RETURN(const json* shards, Get(*source, "shards", "source"));
+  if (!shards->is_array()) return Error("manifest source.shards: expected a list");
+  for (size_t i = 0; i < shards->size(); ++i) {
+    const json& s = (*shards)[i];
+    const std::string where = "source.shards[" + std::to_string(i) + "]";
+    StreamShardRecord r;
+    K3_ASSIGN_OR_RETURN(r.path, GetString(s, "path", where));
+    K3_ASSIGN_OR_RETURN(r.size, GetUnsigned(s, "size", where));
+    K3_ASSIGN_OR_RETURN(uint64_t index, GetUnsigned(s, "index", where));
+    K3_ASSIGN_OR_RETURN(r.index, ToIndex(index, where + ".index"));
+    r.metadata_nbytes = OptUnsigned(s, "metadata_nbytes");
+    if (auto it = s.find("metadata_sha256"); it != s.end() && it->is_string()) r.metadata_sha256 = it->get<std::string>();
+    m.shards.push_back(std::move(r));
+  }
+  return m;
+}
+
+Result<json> ReadJsonFile(const std::string& path) {
+  if (!PathExists(path)) {
+    return Error("manifest file does not exist: " + path, ErrorKind::kFileNotFound, ENOENT);
+  }
+  K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return Error("manifest " + path + " is not valid JSON");
+  return doc;
+}
+
+}  // namespace k3pack::loader
