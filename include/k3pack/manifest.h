@@ -185,8 +185,9 @@ Result<std::optional<K3packExtension>> ParseK3packExtension(const nlohmann::json
 Result<Manifest> ParseManifest(const nlohmann::json& j);
 Result<Manifest> ReadManifest(const std::string& path);
 
-// SGLang's exact hard_constraints dict.
-nlohmann::json HardConstraintsJson();
+// SGLang's exact hard_constraints dict (top_k 16; scaled manifests record
+// their own top_k).
+nlohmann::json HardConstraintsJson(uint32_t top_k = 16);
 
 // ----------------------------------------------------------------- creating
 

@@ -1,0 +1,121 @@
+// Shard inventory for the manifest's `source` section.
+#include "manifest/scan.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "k3pack/ggml_types.h"
+#include "k3pack/gguf.h"
+#include "manifest/pyjson.h"
+#include "util/file.h"
+#include "util/sha256.h"
+
+namespace k3pack::manifest {
+
+using nlohmann::json;
+
+namespace {
+
+// Whole-file digests of every shard, several shards at a time (each hash is
+// sequential reads of one file; different files overlap well on NVMe).
+Result<std::vector<std::string>> HashShards(const std::vector<std::string>& paths, const ScanOptions& o) {
+  std::vector<std::string> digests(paths.size());
+  std::vector<std::optional<Error>> errors(paths.size());
+  unsigned threads = o.threads > 0 ? static_cast<unsigned>(o.threads)
+                                   : std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  threads = std::min<unsigned>(threads, static_cast<unsigned>(paths.size()));
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> done{0};
+  std::mutex progress_mu;
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
+      auto r = Sha256File(paths[i]);
+      if (r.ok()) digests[i] = *r;
+      else errors[i] = r.error().WithContext(paths[i]);
+      const size_t d = ++done;
+      if (o.progress) {
+        std::lock_guard<std::mutex> lock(progress_mu);
+        o.progress("hashed shard " + std::to_string(d) + "/" + std::to_string(paths.size()) + ": " + paths[i]);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  for (auto& e : errors) {
+    if (e) return *e;
+  }
+  return digests;
+}
+
+}  // namespace
+
+Result<json> ScanSourceJson(const gguf::ShardSet& set, const ScanOptions& o) {
+  const auto& files = set.shards();
+  std::vector<std::string> paths;
+  json shards = json::array();
+  uint64_t total_bytes = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const gguf::GgufFile& f = *files[i];
+    K3_ASSIGN_OR_RETURN(std::string path, ResolvePath(f.path()));
+    if (!IsValidUtf8(path)) return Error("GGUF shard path is not valid UTF-8: " + path);
+    const uint64_t meta = f.data_offset();
+    if (meta > f.file_size()) {
+      return Error("short read at offset " + std::to_string(f.file_size()) + "; " +
+                       std::to_string(meta - f.file_size()) + " bytes remain",
+                   ErrorKind::kEOF);
+    }
+    const std::string meta_sha = Sha256Hex(f.mapping()->data(), static_cast<size_t>(meta));
+    shards.push_back({{"index", i},
+                      {"path", path},
+                      {"size", f.file_size()},
+                      {"metadata_nbytes", meta},
+                      {"metadata_sha256", meta_sha},
+                      {"tensor_count", f.tensors().size()}});
+    total_bytes += f.file_size();
+    paths.push_back(std::move(path));
+  }
+  if (o.full_source_hashes) {
+    K3_ASSIGN_OR_RETURN(std::vector<std::string> digests, HashShards(paths, o));
+    for (size_t i = 0; i < digests.size(); ++i) shards[i]["sha256"] = digests[i];
+  }
+
+  // All tensors, sorted by name: Python str order = code point order =
+  // unsigned byte order of the UTF-8 names (std::string compares unsigned).
+  std::vector<gguf::ShardSet::Located> all = set.AllTensors();
+  for (const auto& t : all) {
+    if (!IsValidUtf8(t.info->name)) {
+      return Error("GGUF tensor name is not valid UTF-8: " + PyJsonDumps(json(t.info->name), PyJsonStyle::kCanonicalAscii))
+          .WithContext(files[t.shard_index]->path());
+    }
+  }
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.info->name < b.info->name; });
+  json tensors = json::array();
+  for (const auto& t : all) {
+    const gguf::TensorInfo& ti = *t.info;
+    tensors.push_back({{"name", ti.name},
+                       {"shape", ti.shape()},
+                       {"dtype", std::string(GgmlTypeName(ti.type))},
+                       {"dtype_id", static_cast<uint32_t>(ti.type)},
+                       {"shard_index", t.shard_index},
+                       {"data_offset", ti.data_offset},
+                       {"nbytes", ti.nbytes}});
+  }
+
+  json source = json::object();
+  source["summary"] = {{"architecture", set.first().architecture()},
+                       {"shard_count", files.size()},
+                       {"tensor_count", all.size()},
+                       {"total_bytes", total_bytes},
+                       {"full_source_hashes", o.full_source_hashes}};
+  source["shards"] = std::move(shards);
+  source["tensors"] = std::move(tensors);
+  source["inventory_sha256"] = CanonicalSha256(source);  // before the key itself exists
+  return source;
+}
+
+}  // namespace k3pack::manifest

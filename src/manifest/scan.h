@@ -1,0 +1,32 @@
+// The manifest's `source` section: SGLang's scan_gguf_shards inventory of an
+// opened shard set (spec §2.4, §3). Also used by readers that re-scan and
+// compare against a manifest (verify, doctor).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/error.h"
+
+namespace k3pack::gguf {
+class ShardSet;
+}
+
+namespace k3pack::manifest {
+
+struct ScanOptions {
+  bool full_source_hashes = false;  // adds "sha256" of every whole shard
+  int threads = 0;                  // shards hashed concurrently; 0 = auto
+  std::function<void(const std::string&)> progress;
+};
+
+// {summary, shards, tensors (sorted by name), inventory_sha256}.
+// Tensor names must be valid UTF-8 (gguf-py decodes them strictly).
+Result<nlohmann::json> ScanSourceJson(const gguf::ShardSet& shards, const ScanOptions& options = {});
+// The `tokenizer` section: every regular file (symlinks followed, not
+// recursive) of the resolved directory, sorted by name, with size and SHA-256.
+Result<nlohmann::json> TokenizerSectionJson(const std::string& tokenizer_dir);
+
+}  // namespace k3pack::manifest
