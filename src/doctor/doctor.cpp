@@ -1,0 +1,93 @@
+// Diagnose(): runs every check group on every input and keeps going past
+// problems, so one run lists everything that is wrong.
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "doctor/internal.h"
+
+namespace k3pack::doctor {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void Mark(Report& r, const std::string& name, bool ran, const std::string& note = {}) {
+  for (CheckRun& c : r.checks) {
+    if (c.name == name) {
+      c.ran = c.ran || ran;
+      if (!note.empty()) c.note = note;
+      return;
+    }
+  }
+  r.checks.push_back({name, ran, note});
+}
+
+bool LooksLikeJson(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  if (fs::path(path).extension() == ".json") return true;
+  auto fd = OpenReadOnly(path);
+  if (!fd.ok()) return false;
+  char c = 0;
+  auto n = PreadFull(fd->get(), &c, 1, 0);
+  return n.ok() && *n == 1 && c == '{';
+}
+
+void ExamineGguf(const std::string& path, const DiagnoseOptions& options, internal::Collector& out) {
+  auto say = [&](const std::string& s) {
+    if (options.progress) options.progress(s);
+  };
+  say("doctor: examining " + path);
+  auto view = internal::DiscoverAndOpen(path, out);
+  Mark(out.report(), "files", view.has_value());
+  if (!view) return;
+  internal::CheckSplit(*view, out);
+  Mark(out.report(), "split", true);
+  say("doctor: checking names, shapes and types");
+  internal::ModelContext model = internal::CheckModel(*view, options, out);
+  Mark(out.report(), "spec", model.spec.has_value(), model.spec ? "" : "no usable model spec");
+  Mark(out.report(), "names", !model.expected.empty(),
+       model.expected.empty() ? "no kimi-k3.* layout; only SGLang's name table was applied" : "");
+  internal::CheckExperts(*view, model, options, out);
+  Mark(out.report(), "experts", model.spec.has_value() || model.dims.has_value());
+  if (options.check_values) {
+    say("doctor: checking tensor values");
+    internal::CheckValues(*view, model, out);
+  }
+  Mark(out.report(), "values", options.check_values, options.check_values ? "" : "disabled");
+}
+
+}  // namespace
+
+Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& options) {
+  Report report;
+  report.inputs = paths;
+  report.profile = options.profile;
+  internal::Collector out(&report);
+  std::set<std::string> examined;
+  for (const std::string& path : paths) {
+    std::string gguf_path = path;
+    if (LooksLikeJson(path)) {
+      gguf_path = internal::CheckManifest(path, options, out);
+      Mark(report, "manifest", true);
+      if (gguf_path.empty()) continue;
+    }
+    std::error_code ec;
+    const std::string key = fs::weakly_canonical(gguf_path, ec).string();
+    if (!examined.insert(fs::is_directory(key, ec) ? key : fs::path(key).parent_path().string()).second) continue;
+    ExamineGguf(gguf_path, options, out);
+  }
+  // One finding per (code, object, file) even when inputs overlap.
+  std::set<std::tuple<std::string, std::string, std::string>> seen;
+  std::vector<Finding> unique;
+  for (Finding& f : report.findings) {
+    if (seen.insert({f.code, f.object, f.file}).second) unique.push_back(std::move(f));
+  }
+  report.findings = std::move(unique);
+  std::stable_sort(report.findings.begin(), report.findings.end(),
+                   [](const Finding& a, const Finding& b) { return a.severity < b.severity; });
+  return report;
+}
+
+}  // namespace k3pack::doctor

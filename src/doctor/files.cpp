@@ -1,0 +1,320 @@
+// Discovery and opening of the shards, and the split-set checks of SGLang's
+// scanner, each rule reported on its own instead of stopping at the first.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "doctor/internal.h"
+#include "util/pyrepr.h"
+
+namespace k3pack::doctor::internal {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Resolved(const std::string& p) {
+  auto r = ResolvePath(p);
+  return r.ok() ? *r : p;
+}
+
+// Parses the header of a file whose data is cut off: the header bytes are
+// copied into a sparse temp file that is much longer than needed, so the
+// reader's bounds checks pass and the tensor infos can be examined; the
+// caller reads data only from the real file, and only where it exists.
+Result<std::shared_ptr<const gguf::GgufFile>> ParseCutOff(const std::string& path, uint64_t size) {
+  K3_ASSIGN_OR_RETURN(UniqueFd in, OpenReadOnly(path));
+  std::string tmpl = (fs::temp_directory_path() / "k3pack-doctor-XXXXXX").string();
+  UniqueFd tmp(::mkstemp(tmpl.data()));
+  if (!tmp.valid()) return Error::FromErrno("cannot create a temp file in " + fs::temp_directory_path().string(), errno);
+  ::unlink(tmpl.c_str());  // the descriptor keeps it alive; nothing is left behind
+  for (uint64_t prefix = std::min<uint64_t>(size, 16ull << 20);; prefix = std::min<uint64_t>(size, prefix * 4)) {
+    std::vector<uint8_t> buf(static_cast<size_t>(prefix));
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(in.get(), buf.data(), buf.size(), 0));
+    K3_RETURN_IF_ERROR(PwriteFull(tmp.get(), buf.data(), got, 0));
+    if (::ftruncate(tmp.get(), static_cast<off_t>(size + (1ull << 40))) != 0) {
+      return Error::FromErrno("cannot extend the temp file", errno);
+    }
+    K3_ASSIGN_OR_RETURN(auto map, MappedFile::Open("/proc/self/fd/" + std::to_string(tmp.get())));
+    gguf::ReadOptions ro;
+    ro.require_packed_offsets = false;
+    auto parsed = gguf::GgufFile::Parse(map, ro);
+    // A header longer than the copied prefix would have been read as zeros.
+    if (parsed.ok() && (*parsed)->data_offset() <= prefix) return parsed;
+    if (prefix >= size || prefix >= (1ull << 30)) {
+      if (!parsed.ok()) return parsed.error();
+      return Error("the header itself is cut off");
+    }
+  }
+}
+
+void OpenShard(Shard& s, Collector& out) {
+  auto real = MappedFile::Open(s.path);
+  if (!real.ok()) {
+    out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
+    return;
+  }
+  s.real = *real;
+  s.size = s.real->size();
+  auto strict = gguf::GgufFile::Parse(s.real);
+  if (strict.ok()) {
+    s.file = *strict;
+    s.strict_ok = true;
+    return;
+  }
+  const std::string why = strict.error().message();
+  gguf::ReadOptions lenient;
+  lenient.require_packed_offsets = false;
+  if (auto l = gguf::GgufFile::Parse(s.real, lenient); l.ok()) {
+    s.file = *l;
+    out.Add("gguf-header-invalid", s.path, why, {}, s.path);
+    return;
+  }
+  auto cut = ParseCutOff(s.path, s.size);
+  if (!cut.ok()) {
+    out.Add("gguf-unreadable", s.path, why, {}, s.path);
+    return;
+  }
+  s.file = *cut;
+  s.truncated = true;
+  std::vector<std::string> names;
+  uint64_t need = 0;
+  for (const gguf::TensorInfo& t : s.file->tensors()) {
+    need = std::max(need, t.data_offset + t.nbytes);
+    if (t.data_offset + t.nbytes > s.size) names.push_back(t.name);
+  }
+  std::string list;
+  for (size_t i = 0; i < names.size() && i < 8; ++i) list += (i ? ", " : "") + names[i];
+  if (names.size() > 8) list += ", ... (" + std::to_string(names.size()) + " in all)";
+  Finding& f = out.Add("gguf-truncated", s.path,
+                       "file is " + std::to_string(s.size) + " bytes but its tensors need " + std::to_string(need) +
+                           " (" + std::to_string(need - s.size) + " missing); cut-off tensors: " + list,
+                       {}, s.path);
+  f.details = {{"size", s.size}, {"needed", need}, {"cut_off_tensors", names}};
+}
+
+}  // namespace
+
+std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    out.Add("input-missing", path, "no such file or directory");
+    out.report().unusable = true;
+    return std::nullopt;
+  }
+  ShardView v;
+  std::vector<std::string> chosen;
+  const bool is_dir = fs::is_directory(path, ec);
+  fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  v.dir = dir.string();
+
+  // Every *.gguf of the directory, grouped the way SGLang's discovery sees them.
+  std::map<std::string, std::map<uint32_t, std::string>> sets;  // prefix -> number -> path
+  std::map<std::string, std::set<int64_t>> counts;
+  std::vector<std::string> unnumbered;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".gguf") continue;
+    if (auto n = gguf::ParseShardName(e.path().filename().string())) {
+      sets[n->prefix][n->number] = e.path().string();
+      counts[n->prefix].insert(n->count);
+    } else {
+      unnumbered.push_back(e.path().string());
+    }
+  }
+  std::sort(unnumbered.begin(), unnumbered.end());
+
+  std::string prefix;
+  if (!is_dir) {
+    auto n = gguf::ParseShardName(fs::path(path).filename().string());
+    if (n) prefix = n->prefix;
+  } else if (!sets.empty()) {
+    size_t best = 0;
+    for (const auto& [p, files] : sets) {
+      if (files.size() > best) best = files.size(), prefix = p;
+    }
+  }
+
+  if (!prefix.empty()) {
+    for (const auto& [p, files] : sets) {
+      if (p == prefix) continue;
+      out.Add("several-shard-sets", v.dir,
+              "besides '" + prefix + "' the directory holds the set '" + p + "' (" + std::to_string(files.size()) +
+                  " file(s)); only '" + prefix + "' was examined");
+    }
+    for (const auto& u : unnumbered) {
+      out.Add("stray-gguf", u, "not a numbered shard of '" + prefix + "'",
+              "GGUF shard name does not contain NNNNN-of-NNNNN: " + Resolved(u), u);
+    }
+    const auto& files = sets[prefix];
+    const auto& cs = counts[prefix];
+    std::vector<int64_t> numbers;
+    for (const auto& [num, p] : files) numbers.push_back(num), chosen.push_back(p);
+    if (cs.size() > 1) {
+      out.Add("shard-count-disagree", v.dir + "/" + prefix + "-*.gguf",
+              "file names give the counts " + PySet({cs.begin(), cs.end()}),
+              "GGUF shard filenames disagree on split count: " + PySet({cs.begin(), cs.end()}));
+    } else {
+      const int64_t count = *cs.begin();
+      bool complete = static_cast<int64_t>(numbers.size()) == count;
+      for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
+      if (!complete) {
+        std::vector<int64_t> missing;
+        std::set<int64_t> have(numbers.begin(), numbers.end());
+        for (int64_t k = 1; k <= count; ++k) {
+          if (!have.count(k)) missing.push_back(k);
+        }
+        Finding& f = out.Add("shard-set-incomplete", v.dir + "/" + prefix + "-*.gguf",
+                             std::to_string(numbers.size()) + " of " + std::to_string(count) +
+                                 " shard files present; missing numbers " + PyList(missing),
+                             "GGUF shard set is incomplete: count=" + std::to_string(count) +
+                                 ", numbers=" + PyList(numbers));
+        f.details = {{"count", count}, {"present", numbers}, {"missing", missing}};
+        v.all_readable = false;  // tensors of the missing shards cannot be checked
+      }
+    }
+    v.prefix = prefix;
+  } else if (!is_dir || !unnumbered.empty()) {
+    const std::string single = is_dir ? unnumbered.front() : path;
+    for (const auto& u : unnumbered) {
+      if (fs::equivalent(u, single, ec)) continue;
+      out.Add("stray-gguf", u, "another unnumbered GGUF file beside " + single,
+              "GGUF shard name does not contain NNNNN-of-NNNNN: " + Resolved(u), u);
+    }
+    out.Add("gguf-not-numbered", single, "the model is a single file without the -NNNNN-of-NNNNN.gguf suffix",
+            "Kimi GGUF name is not a numbered shard: " + Resolved(single), single);
+    chosen.push_back(single);
+    v.prefix = fs::path(single).stem().string();
+  } else {
+    out.Add("no-gguf-files", path, "the directory contains no *.gguf file", "no GGUF files found in " + Resolved(path));
+    out.report().unusable = true;
+    return std::nullopt;
+  }
+
+  for (const std::string& p : chosen) {
+    Shard s;
+    s.path = p;
+    s.name = gguf::ParseShardName(fs::path(p).filename().string());
+    OpenShard(s, out);
+    if (!s.file) v.all_readable = false;
+    out.report().files.push_back(p);
+    v.shards.push_back(std::move(s));
+  }
+  for (uint32_t i = 0; i < v.shards.size(); ++i) {
+    if (!v.shards[i].file) continue;
+    for (const gguf::TensorInfo& t : v.shards[i].file->tensors()) {
+      if (v.tensors.emplace(t.name, Located{&t, i}).second) v.order.push_back(t.name);
+    }
+  }
+  out.report().tensors_examined += v.order.size();
+  if (v.shards.size() == 1 && !v.shards[0].file) {
+    out.report().unusable = true;  // the only file is not a GGUF we can read
+  }
+  return v;
+}
+
+void CheckSplit(const ShardView& view, Collector& out) {
+  const bool numbered = !view.shards.empty() && view.shards.front().name.has_value();
+  int64_t count0 = -1, tcount0 = -1;
+  std::string arch0;
+  bool have0 = false;
+  for (uint32_t i = 0; i < view.shards.size(); ++i) {
+    const Shard& s = view.shards[i];
+    if (!s.file) continue;
+    const gguf::GgufFile& f = *s.file;
+    const std::string rpath = Resolved(s.path);
+    auto get = [&](const char* key) -> std::optional<int64_t> {
+      const gguf::Value* v = f.Find(key);
+      if (v == nullptr) {
+        if (numbered || f.Find("split.count") != nullptr) {
+          out.Add("split-key-missing", key, std::string("shard has no ") + key,
+                  std::string("GGUF metadata is missing required field '") + key + "'", s.path);
+        }
+        return std::nullopt;
+      }
+      auto x = v->AsInt();
+      if (!x) out.Add("split-key-missing", key, std::string(key) + " is not an integer", {}, s.path);
+      return x;
+    };
+    if (!numbered && f.Find("split.count") == nullptr) {
+      arch0 = f.architecture();
+      have0 = true;
+      if (f.Find("general.architecture") == nullptr) {
+        out.Add("split-key-missing", "general.architecture", "no general.architecture key",
+                "GGUF metadata is missing required field 'general.architecture'", s.path);
+      }
+      continue;
+    }
+    auto count = get("split.count");
+    auto no = get("split.no");
+    auto tcount = get("split.tensors.count");
+    if (no && *no != static_cast<int64_t>(i)) {
+      Finding& fd = out.Add("split-no-mismatch", s.path,
+                            "split.no is " + std::to_string(*no) + " but the file is shard index " + std::to_string(i) +
+                                " (number " + std::to_string(i + 1) + " in its name)",
+                            "GGUF split.no mismatch for " + rpath + ": " + std::to_string(*no) + " != " +
+                                std::to_string(i),
+                            s.path);
+      fd.details = {{"split_no", *no}, {"shard_index", i}};
+    }
+    const bool has_arch = f.Find("general.architecture") != nullptr;
+    if (!have0) {
+      have0 = true;
+      count0 = count.value_or(-1);
+      tcount0 = tcount.value_or(-1);
+      arch0 = f.architecture();
+      if (!has_arch && i == 0) {
+        out.Add("split-key-missing", "general.architecture", "shard 0 has no general.architecture key",
+                "GGUF metadata is missing required field 'general.architecture'", s.path);
+      }
+    } else if ((count && *count != count0) || (tcount && *tcount != tcount0) || (has_arch && f.architecture() != arch0)) {
+      std::string what;
+      if (count && *count != count0) what += " split.count=" + std::to_string(*count) + " (shard 0: " + std::to_string(count0) + ")";
+      if (tcount && *tcount != tcount0) {
+        what += " split.tensors.count=" + std::to_string(*tcount) + " (shard 0: " + std::to_string(tcount0) + ")";
+      }
+      if (has_arch && f.architecture() != arch0) what += " general.architecture=" + PyRepr(f.architecture());
+      out.Add("split-metadata-mismatch", s.path, "differs from shard 0:" + what,
+              "GGUF split metadata mismatch at " + rpath, s.path);
+    }
+  }
+  if (count0 >= 0 && count0 != static_cast<int64_t>(view.shards.size())) {
+    out.Add("split-count-mismatch", "split.count",
+            "split.count says " + std::to_string(count0) + " shards, " + std::to_string(view.shards.size()) +
+                " file(s) found",
+            "GGUF split.count=" + std::to_string(count0) + ", found " + std::to_string(view.shards.size()) + " files",
+            view.shards.front().path);
+  }
+  // Duplicates across shards (the view keeps the first occurrence).
+  std::map<std::string, uint32_t> first;
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < view.shards.size(); ++i) {
+    if (!view.shards[i].file) continue;
+    for (const gguf::TensorInfo& t : view.shards[i].file->tensors()) {
+      ++total;
+      auto [it, fresh] = first.emplace(t.name, i);
+      if (!fresh) {
+        out.Add("duplicate-tensor", t.name,
+                "in shard " + std::to_string(it->second) + " and shard " + std::to_string(i),
+                "duplicate GGUF tensor across shards: " + t.name, view.shards[i].path);
+      }
+    }
+  }
+  if (tcount0 >= 0 && view.all_readable && tcount0 != static_cast<int64_t>(total)) {
+    Finding& f = out.Add("split-tensor-count-mismatch", "split.tensors.count",
+                         "split.tensors.count says " + std::to_string(tcount0) + ", the shards hold " +
+                             std::to_string(total) + " tensors",
+                         "GGUF split.tensors.count=" + std::to_string(tcount0) + ", found " + std::to_string(total),
+                         view.shards.front().path);
+    f.details = {{"recorded", tcount0}, {"found", total}};
+  }
+  if (have0 && !arch0.empty() && arch0 != "kimi-k3") {
+    out.Add("architecture-mismatch", "general.architecture", "general.architecture is " + PyRepr(arch0),
+            "expected GGUF architecture 'kimi-k3', got " + PyRepr(arch0), view.shards.front().path);
+  }
+}
+
+}  // namespace k3pack::doctor::internal

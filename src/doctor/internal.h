@@ -1,0 +1,114 @@
+// Internals shared by the doctor's check groups: the finding collector and
+// the leniently opened shard set every group works on.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "k3pack/doctor.h"
+#include "k3pack/gguf.h"
+#include "kimi/tensors.h"
+#include "util/file.h"
+
+namespace k3pack::doctor::internal {
+
+// Adds findings with the catalog's severity, meaning and fix.
+class Collector {
+ public:
+  explicit Collector(Report* report) : report_(report) {}
+  // `code` must be in the catalog. `sglang_error` is SGLang's verbatim text
+  // (empty when SGLang has none for this case).
+  Finding& Add(std::string_view code, std::string object, std::string message, std::string sglang_error = {},
+               std::string file = {});
+  Report& report() { return *report_; }
+
+ private:
+  Report* report_;
+};
+
+// One shard file as doctor could read it.
+struct Shard {
+  std::string path;
+  uint64_t size = 0;
+  std::optional<gguf::ShardName> name;  // parsed file name (numbered sets)
+  std::shared_ptr<const gguf::GgufFile> file;  // null when unreadable
+  bool strict_ok = false;   // passed the reader with every rule on
+  bool truncated = false;   // some tensor data ends past the end of the file
+  std::shared_ptr<const MappedFile> real;  // the file's own bytes
+  // Tensor data fully inside the file (false for cut-off tensors).
+  bool DataReadable(const gguf::TensorInfo& t) const { return real && t.data_offset + t.nbytes <= size; }
+  // The tensor's bytes from the real file; empty when cut off.
+  std::span<const uint8_t> Bytes(const gguf::TensorInfo& t) const {
+    if (!DataReadable(t)) return {};
+    return {real->data() + t.data_offset, static_cast<size_t>(t.nbytes)};
+  }
+};
+
+struct Located {
+  const gguf::TensorInfo* info = nullptr;
+  uint32_t shard = 0;
+};
+
+// The shard set under examination, readable parts only.
+struct ShardView {
+  std::string dir;
+  std::string prefix;
+  std::vector<Shard> shards;  // in shard order (numbered) or the single file
+  bool all_readable = true;   // every shard's header could be parsed
+  std::map<std::string, Located> tensors;  // first occurrence of each name
+  std::vector<std::string> order;          // tensor names in shard + info order
+
+  const gguf::GgufFile* first() const {
+    return shards.empty() || !shards.front().file ? nullptr : shards.front().file.get();
+  }
+  const Located* Find(const std::string& name) const {
+    auto it = tensors.find(name);
+    return it == tensors.end() ? nullptr : &it->second;
+  }
+};
+
+// Discovers the shards for `path` (file or directory), reporting discovery
+// problems (stray files, incomplete sets, several sets). Returns nullopt and
+// marks the report unusable when there is nothing to examine.
+std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out);
+// Split keys, counts, duplicates, architecture (SGLang's scanner, every rule).
+void CheckSplit(const ShardView& view, Collector& out);
+
+// Layout checks against the kimi-k3.* metadata and (when found) config.json:
+// names, shapes, dtypes, routed experts. Fills `dims` when the metadata is
+// usable.
+struct ModelContext {
+  std::optional<kimi::SynthDims> dims;
+  std::map<std::string, kimi::ExpectedTensor> expected;  // by name
+  std::optional<kimi::ModelSpec> spec;
+};
+ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out);
+void CheckExperts(const ShardView& view, const ModelContext& model, const DiagnoseOptions& options, Collector& out);
+void CheckValues(const ShardView& view, const ModelContext& model, Collector& out);
+
+// Per-ssm_a verdict used by both doctor and repair.
+struct SsmAVerdict {
+  std::string name;
+  uint32_t shard = 0;
+  const gguf::TensorInfo* info = nullptr;
+  std::optional<SsmAStats> stats;  // when the values could be decoded
+  std::vector<float> values;
+};
+std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view);
+
+// A manifest path: checks the manifest, then examines its shards; returns
+// the shard directory to examine (empty when none could be derived).
+std::string CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out);
+
+// Edit distance (insert/delete/substitute, unit costs).
+size_t EditDistance(std::string_view a, std::string_view b);
+
+// Python tuple repr of a numpy shape (reversed ne): "(512,)", "(1, 512)".
+std::string NumpyShapeRepr(const std::vector<int64_t>& ne);
+// "[3584, 3072, 896]"-style ne list for messages.
+std::string NeList(const std::vector<int64_t>& ne);
+
+}  // namespace k3pack::doctor::internal

@@ -1,0 +1,196 @@
+// Manifest checks: what SGLang's non-expert iterator and expert store verify
+// at start-up (format, completeness, constraints, dimensions, shard sizes,
+// tensor inventories and types, pack presence, size and index digest), each
+// reported on its own. Works on the raw JSON so that one missing key does not
+// hide the others.
+#include <filesystem>
+#include <set>
+
+#include "doctor/internal.h"
+#include "k3pack/manifest.h"
+#include "util/sha256.h"
+
+namespace k3pack::doctor::internal {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const json* At(const json& j, std::initializer_list<const char*> path) {
+  const json* cur = &j;
+  for (const char* k : path) {
+    if (!cur->is_object() || !cur->contains(k)) return nullptr;
+    cur = &(*cur)[k];
+  }
+  return cur;
+}
+
+std::string Dotted(std::initializer_list<const char*> path) {
+  std::string s;
+  for (const char* k : path) s += (s.empty() ? "" : ".") + std::string(k);
+  return s;
+}
+
+json KimiHardConstraints() {
+  return {{"top_k", 16},
+          {"top_k_is_immutable", true},
+          {"all_selected_experts_must_execute", true},
+          {"expert_pruning_allowed", false},
+          {"requantization_allowed", false}};
+}
+
+}  // namespace
+
+std::string CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
+  auto text = ReadFileToString(manifest_path);
+  if (!text.ok()) {
+    out.Add("input-unrecognized", manifest_path, text.error().message(), {}, manifest_path);
+    out.report().unusable = true;
+    return {};
+  }
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    out.Add("input-unrecognized", manifest_path, "not a JSON object", {}, manifest_path);
+    out.report().unusable = true;
+    return {};
+  }
+  out.report().files.push_back(manifest_path);
+  auto need = [&](std::initializer_list<const char*> path) -> const json* {
+    const json* v = At(j, path);
+    if (v == nullptr) {
+      out.Add("manifest-invalid", Dotted(path), "key is missing", "'" + std::string(*(path.end() - 1)) + "'",
+              manifest_path);
+    }
+    return v;
+  };
+
+  const json* format = At(j, {"format"});
+  if (format == nullptr || !format->is_string() || *format != manifest::kManifestFormat) {
+    out.Add("manifest-format", "format",
+            format == nullptr ? "no format key" : "format is " + format->dump(),
+            "Kimi-K3 manifest format is unsupported", manifest_path);
+  }
+  const json* complete = At(j, {"complete"});
+  if (complete == nullptr || !complete->is_boolean() || !complete->get<bool>()) {
+    out.Add("manifest-incomplete", "complete", complete == nullptr ? "no complete key" : "complete is " + complete->dump(),
+            "Kimi-K3 manifest is incomplete", manifest_path);
+  }
+  if (const json* hc = need({"hard_constraints"}); hc && *hc != KimiHardConstraints()) {
+    out.Add("manifest-hard-constraints", "hard_constraints", "hard_constraints is " + hc->dump(),
+            "Kimi manifest hard constraints do not match runtime policy", manifest_path);
+  }
+  const json* layers = need({"model", "num_hidden_layers"});
+  const json* experts = need({"model", "num_experts"});
+  const json* topk = need({"model", "num_experts_per_token"});
+  const json* active = need({"model", "active_moe_layer_ids"});
+  if (options.profile == kimi::Profile::kKimiK3) {
+    if (layers && experts && topk && (*layers != 93 || *experts != 896 || *topk != 16)) {
+      out.Add("manifest-dimensions", "model",
+              "layers/experts/top-k are " + layers->dump() + "/" + experts->dump() + "/" + topk->dump(),
+              "Kimi expert-pack dimensions (" + layers->dump() + ", " + experts->dump() + ", " + topk->dump() +
+                  ") != (93, 896, 16); Top-K is immutable at 16",
+              manifest_path);
+    }
+    json want = json::array();
+    for (int l = 1; l <= 92; ++l) want.push_back(l);
+    if (active && *active != want) {
+      out.Add("manifest-dimensions", "model.active_moe_layer_ids", "active layers are not 1..92",
+              "Kimi active routed MoE layers must be exactly 1..92", manifest_path);
+    }
+  }
+
+  // Shards: presence and size, names and types per shard, header digest.
+  std::string shard_dir;
+  const json* shards = need({"source", "shards"});
+  const json* tensors = need({"source", "tensors"});
+  std::map<uint64_t, std::map<std::string, std::string>> by_shard;  // index -> name -> dtype
+  if (tensors && tensors->is_array()) {
+    for (const json& t : *tensors) {
+      if (t.contains("shard_index") && t.contains("name") && t.contains("dtype") && t["name"].is_string()) {
+        by_shard[t["shard_index"].get<uint64_t>()][t["name"].get<std::string>()] = t["dtype"].dump();
+      }
+    }
+  }
+  if (shards && shards->is_array()) {
+    for (const json& s : *shards) {
+      if (!s.contains("path") || !s["path"].is_string() || !s.contains("size") || !s.contains("index")) {
+        out.Add("manifest-invalid", "source.shards[]", "shard record without path/size/index", "'path'", manifest_path);
+        continue;
+      }
+      const std::string path = s["path"];
+      const uint64_t index = s["index"].get<uint64_t>();
+      if (shard_dir.empty()) shard_dir = fs::path(path).parent_path().string();
+      auto size = FileSize(path);
+      if (!size.ok() || *size != s["size"].get<uint64_t>()) {
+        out.Add("manifest-shard-changed", path,
+                !size.ok() ? "the file is missing"
+                           : "size is " + std::to_string(*size) + ", the manifest says " + s["size"].dump(),
+                "Kimi-K3 GGUF shard is missing or changed: " + path, path);
+        continue;
+      }
+      auto f = gguf::GgufFile::Open(path);
+      if (!f.ok()) continue;  // the GGUF examination reports it
+      std::map<std::string, std::string> here;
+      for (const gguf::TensorInfo& t : (*f)->tensors()) here[t.name] = json(std::string(GgmlTypeName(t.type))).dump();
+      const auto& listed = by_shard[index];
+      std::set<std::string> a, b;
+      for (const auto& [n, _] : here) a.insert(n);
+      for (const auto& [n, _] : listed) b.insert(n);
+      if (a != b) {
+        std::vector<std::string> added, removed;
+        for (const auto& n : a) if (!b.count(n)) added.push_back(n);
+        for (const auto& n : b) if (!a.count(n)) removed.push_back(n);
+        Finding& fd = out.Add("manifest-shard-inventory", path,
+                              std::to_string(added.size()) + " tensor(s) not in the manifest, " +
+                                  std::to_string(removed.size()) + " listed but absent",
+                              "Kimi-K3 GGUF shard inventory changed: " + path, path);
+        fd.details = {{"not_in_manifest", added}, {"absent", removed}};
+      }
+      for (const auto& [n, dtype] : here) {
+        auto it = listed.find(n);
+        if (it != listed.end() && it->second != dtype) {
+          out.Add("manifest-tensor-type", n, "type is " + dtype + ", the manifest says " + it->second,
+                  "Kimi-K3 GGUF tensor type changed: " + n, path);
+        }
+      }
+      if (s.contains("metadata_nbytes") && s.contains("metadata_sha256")) {
+        auto digest = Sha256FileRange(path, 0, s["metadata_nbytes"].get<uint64_t>());
+        if (digest.ok() && *digest != s["metadata_sha256"]) {
+          out.Add("manifest-metadata-changed", path, "header bytes hash to " + *digest, {}, path);
+        }
+      }
+    }
+  }
+
+  // The pack: presence, size and index digest.
+  const json* ppath = need({"expert_pack", "path"});
+  if (ppath && ppath->is_string()) {
+    const std::string pack = *ppath;
+    auto size = FileSize(pack);
+    if (!size.ok()) {
+      out.Add("pack-missing", pack, "the expert pack does not exist",
+              "Kimi expert-pack or manifest is missing: " + pack + ", " + manifest_path, manifest_path);
+    } else {
+      const json* psize = need({"expert_pack", "size"});
+      if (psize && *psize != *size) {
+        out.Add("pack-size", pack, "size is " + std::to_string(*size) + ", the manifest says " + psize->dump(),
+                "Kimi expert-pack size does not match its manifest", pack);
+      }
+      const json* count = need({"expert_pack", "index_count"});
+      const json* digest = need({"expert_pack", "index_sha256"});
+      if (count && digest && count->is_number_unsigned()) {
+        auto d = Sha256FileRange(pack, 0, 40 + 152 * count->get<uint64_t>());
+        if (!d.ok()) {
+          out.Add("pack-invalid", pack, d.error().message(), "Kimi expert-pack index is truncated", pack);
+        } else if (*d != *digest) {
+          out.Add("pack-index-digest", pack, "index hashes to " + *d,
+                  "Kimi expert-pack index SHA-256 does not match manifest", pack);
+        }
+      }
+    }
+  }
+  return shard_dir;
+}
+
+}  // namespace k3pack::doctor::internal

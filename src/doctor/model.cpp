@@ -1,0 +1,346 @@
+// Layout checks: the model spec (config.json and kimi-k3.* metadata), every
+// tensor name against SGLang's name table and the converter's layout, shapes
+// and storage types, and the routed-expert stacks the pack is built from.
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "doctor/internal.h"
+#include "k3pack/names.h"
+#include "util/pyrepr.h"
+
+namespace k3pack::doctor::internal {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kRoleNames[3] = {"up", "gate", "down"};  // pack::Role order
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string PyTuple(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  if (v.size() == 1) s += ",";
+  return s + ")";
+}
+
+std::string LayerRoleRepr(uint32_t layer, int role) {
+  return "(" + std::to_string(layer) + ", '" + kRoleNames[role] + "')";
+}
+
+std::string TypeName(GgmlType t) { return std::string(GgmlTypeName(t)); }
+
+bool IsFloatStorage(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// A spec as SGLang's KimiK3Spec would build it from a config carrying the
+// GGUF's own dimensions (used when no config.json is available).
+nlohmann::json ConfigFromDims(const kimi::SynthDims& d) {
+  return {{"num_hidden_layers", d.num_layers},
+          {"first_k_dense_replace", d.first_k_dense},
+          {"num_experts", d.num_experts},
+          {"num_experts_per_token", d.top_k},
+          {"num_shared_experts", d.num_shared_experts},
+          {"hidden_size", d.hidden},
+          {"routed_expert_hidden_size", d.latent},
+          {"moe_intermediate_size", d.moe_intermediate},
+          {"hidden_act", "situ"}};
+}
+
+void CrossCheck(const kimi::ModelSpec& s, const kimi::SynthDims& d, const std::string& config, Collector& out) {
+  struct Pair { const char* cfg; const char* key; uint64_t a, b; };
+  const Pair pairs[] = {
+      {"num_hidden_layers", "block_count", s.num_hidden_layers, d.num_layers},
+      {"first_k_dense_replace", "leading_dense_block_count", s.first_k_dense_replace, d.first_k_dense},
+      {"num_experts", "expert_count", s.num_experts, d.num_experts},
+      {"num_experts_per_token", "expert_used_count", s.top_k, d.top_k},
+      {"num_shared_experts", "expert_shared_count", s.num_shared_experts, d.num_shared_experts},
+      {"hidden_size", "embedding_length", s.hidden_size, d.hidden},
+      {"routed_expert_hidden_size", "expert_latent_length", s.routed_expert_hidden_size, d.latent},
+      {"moe_intermediate_size", "expert_feed_forward_length", s.moe_intermediate_size, d.moe_intermediate},
+  };
+  for (const Pair& p : pairs) {
+    if (p.a == p.b) continue;
+    Finding& f = out.Add("config-gguf-mismatch", std::string("kimi-k3.") + p.key,
+                         std::string("config.json ") + p.cfg + "=" + std::to_string(p.a) + ", GGUF kimi-k3." + p.key +
+                             "=" + std::to_string(p.b),
+                         {}, config);
+    f.details = {{"config_key", p.cfg}, {"config", p.a}, {"gguf", p.b}};
+  }
+}
+
+struct NameIndex {
+  std::set<std::string> kda_suffixes, mla_suffixes;
+};
+const NameIndex& Index() {
+  static const NameIndex idx = [] {
+    NameIndex i;
+    for (const kimi::TableRow& r : kimi::LayerTableRows()) {
+      if (r.table == kimi::NameTable::kKda) i.kda_suffixes.insert(r.gguf_suffix);
+      if (r.table == kimi::NameTable::kMla) i.mla_suffixes.insert(r.gguf_suffix);
+    }
+    return i;
+  }();
+  return idx;
+}
+
+}  // namespace
+
+ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out) {
+  ModelContext m;
+  const gguf::GgufFile* first = view.first();
+  if (first == nullptr) {
+    out.Add("check-skipped", "model layout", "shard 0 is unreadable, so the kimi-k3.* metadata is unknown");
+    return m;
+  }
+  auto dims = kimi::DimsFromGguf(*first);
+  if (!dims.ok()) {
+    out.Add("model-metadata-invalid", "kimi-k3.*", dims.error().message(), {}, view.shards.front().path);
+  } else {
+    kimi::TypePlan plan;
+    plan.experts = {GgmlType::F32, GgmlType::F32, GgmlType::F32};  // types are checked separately
+    auto table = kimi::ExpectedTensors(*dims, plan);
+    if (!table.ok()) {
+      out.Add("model-metadata-invalid", "kimi-k3.*", table.error().message(), {}, view.shards.front().path);
+    } else {
+      m.dims = *dims;
+      for (auto& t : *table) m.expected.emplace(t.name, t);
+    }
+  }
+
+  // The spec: config.json when there is one, else the GGUF's own dimensions.
+  std::string config = options.config_path;
+  std::error_code ec;
+  if (config.empty() && fs::exists(fs::path(view.dir) / "config.json", ec)) {
+    config = (fs::path(view.dir) / "config.json").string();
+  }
+  if (!config.empty()) {
+    auto spec = kimi::LoadModelSpec(config, options.profile);
+    if (!spec.ok()) {
+      const Error& e = spec.error();
+      Finding& f = out.Add("config-invalid", config, e.message(), FirstLine(e.message()), config);
+      f.sglang_exception = ErrorKindName(e.kind());
+    } else {
+      m.spec = *spec;
+      if (m.dims) CrossCheck(*m.spec, *m.dims, config, out);
+    }
+  } else {
+    out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --config");
+    if (m.dims) {
+      auto spec = kimi::ModelSpecFromConfig(ConfigFromDims(*m.dims), options.profile);
+      if (!spec.ok()) {
+        const Error& e = spec.error();
+        Finding& f = out.Add("config-invalid", "kimi-k3.* (GGUF metadata)",
+                             "the GGUF's own dimensions fail the " + std::string(kimi::ProfileName(options.profile)) +
+                                 " profile: " + e.message(),
+                             FirstLine(e.message()), view.shards.front().path);
+        f.sglang_exception = ErrorKindName(e.kind());
+        f.fix = "Use --profile scaled for synthetic or scaled-down models; a real Kimi-K3 must have these values.";
+      } else {
+        m.spec = *spec;
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- names
+  std::set<std::string> suggested;  // expected names claimed by a near miss
+  for (const std::string& name : view.order) {
+    if (kimi::IsRoutedExpertAggregate(name)) continue;  // CheckExperts
+    const Located& loc = *view.Find(name);
+    const gguf::TensorInfo& t = *loc.info;
+    const std::string& file = view.shards[loc.shard].path;
+    auto it = m.expected.find(name);
+    if (it != m.expected.end()) {
+      const kimi::ExpectedTensor& want = it->second;
+      const bool value_checked = want.role == kimi::TensorRole::kSsmA || want.role == kimi::TensorRole::kResScore;
+      if (!value_checked && t.shape() != want.ne) {
+        Finding& f = out.Add("tensor-shape-mismatch", name,
+                             "shape " + NeList(t.shape()) + ", the metadata implies " + NeList(want.ne), {}, file);
+        f.details = {{"shape", t.shape()}, {"expected", want.ne}};
+      }
+      const GgmlTypeInfo* ti = GgmlTypeInfoFor(t.type);
+      if (want.role == kimi::TensorRole::kSsmA) {
+        // CheckValues reports ssm_a types with the ssm_a diagnoses.
+      } else if (kimi::RoleIsF32(want.role) && want.role != kimi::TensorRole::kF32Matrix) {
+        if (t.type == GgmlType::BF16) {
+          out.Add("tensor-bf16", name, "stored as BF16", {}, file);
+        } else if (ti != nullptr && ti->quantized) {
+          out.Add("tensor-must-be-float", name, "stored as " + TypeName(t.type) + ", must stay F32", {}, file);
+        }
+      } else if (want.role == kimi::TensorRole::kAttnKB && t.type != GgmlType::Q4_0) {
+        out.Add("mla-k-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA K projection must remain GGUF Q4_0",
+                file);
+      } else if (want.role == kimi::TensorRole::kAttnVB && t.type != GgmlType::Q2_K) {
+        out.Add("mla-v-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA V projection must remain GGUF Q2_K",
+                file);
+      } else if ((want.role == kimi::TensorRole::kMatrix || want.role == kimi::TensorRole::kEmbedding) &&
+                 IsFloatStorage(t.type)) {
+        out.Add("tensor-must-be-quantized", name, "stored as " + TypeName(t.type), {}, file);
+      }
+      continue;
+    }
+    if (m.expected.empty()) {
+      // No layout to compare with: SGLang's name table is all we have.
+      auto mapped = kimi::MapTensorName(name);
+      if (!mapped.ok()) out.Add("tensor-name-unknown", name, "not in SGLang's name table", mapped.error().message(), file);
+      continue;
+    }
+    auto mapped = kimi::MapTensorName(name);
+    if (mapped.ok() && mapped->layer) {
+      const std::string suffix = name.substr(name.find('.', 4) + 1);
+      const bool kda = Index().kda_suffixes.count(suffix) > 0, mla = Index().mla_suffixes.count(suffix) > 0;
+      if ((kda || mla) && m.dims && *mapped->layer < m.dims->num_layers) {
+        const bool layer_mla = kimi::LayerKindOf(*m.dims, *mapped->layer) == kimi::LayerKind::kMla;
+        if ((kda && layer_mla) || (mla && !layer_mla)) {
+          out.Add("tensor-wrong-layer-kind", name,
+                  std::string(kda ? "a KDA" : "an MLA") + " tensor in " + (layer_mla ? "MLA" : "KDA") + " layer " +
+                      std::to_string(*mapped->layer),
+                  {}, file);
+          continue;
+        }
+      }
+    }
+    // Not part of the layout: the nearest missing expected name, if close.
+    std::string best;
+    size_t best_d = SIZE_MAX;
+    for (const auto& [ename, et] : m.expected) {
+      if (view.Find(ename) != nullptr) continue;
+      const size_t d = EditDistance(name, ename);
+      if (d < best_d) best_d = d, best = ename;
+    }
+    const size_t limit = std::max<size_t>(2, name.size() / 8);
+    const std::string sg = mapped.ok() ? std::string() : mapped.error().message();
+    if (!best.empty() && best_d <= limit) {
+      suggested.insert(best);
+      Finding& f = out.Add("tensor-name-misspelled", name,
+                           "unknown name, " + std::to_string(best_d) + " edit(s) from the missing '" + best + "'", sg,
+                           file);
+      f.fix = "Rename '" + name + "' to '" + best + "' (the converter's scheme), or re-convert the model.";
+      f.details = {{"suggestion", best}, {"distance", best_d}};
+    } else if (mapped.ok()) {
+      out.Add("tensor-name-unknown", name,
+              "SGLang maps it, but the kimi-k3.* layout has no such tensor (the model never uses it)", {}, file)
+          .severity = Severity::kWarning;
+    } else {
+      out.Add("tensor-name-unknown", name, "not in SGLang's name table nor in the Kimi-K3 layout", sg, file);
+    }
+  }
+
+  // Expected tensors that are absent (experts: CheckExperts).
+  std::vector<std::string> missing;
+  for (const auto& [ename, et] : m.expected) {
+    if (kimi::RoleIsExpert(et.role) || view.Find(ename) != nullptr || suggested.count(ename)) continue;
+    missing.push_back(ename);
+  }
+  if (!missing.empty() && !view.all_readable) {
+    out.Add("check-skipped", "tensor coverage",
+            std::to_string(missing.size()) + " expected tensor(s) not found, but unreadable shards may hold them");
+  } else {
+    for (const std::string& ename : missing) {
+      Finding& f = out.Add("tensor-missing", ename, "expected " + NeList(m.expected.at(ename).ne) + " tensor is absent");
+      f.details = {{"expected_shape", m.expected.at(ename).ne}};
+    }
+  }
+  return m;
+}
+
+void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOptions& options, Collector& out) {
+  std::vector<uint32_t> active;
+  uint64_t X = 0, L = 0, Fe = 0;
+  if (m.spec) {
+    active = m.spec->active_moe_layer_ids;
+    X = m.spec->num_experts, L = m.spec->routed_expert_hidden_size, Fe = m.spec->moe_intermediate_size;
+  } else if (m.dims) {
+    for (uint32_t l = m.dims->first_k_dense; l < m.dims->num_layers; ++l) active.push_back(l);
+    X = m.dims->num_experts, L = m.dims->latent, Fe = m.dims->moe_intermediate;
+  } else {
+    out.Add("check-skipped", "routed experts", "no model spec (config.json or kimi-k3.* metadata) to check against");
+    return;
+  }
+  static const std::regex kExpert(R"(^blk\.(\d+)\.ffn_(up|gate|down)_exps\.weight$)");
+  std::map<std::pair<uint32_t, int>, std::string> found;  // (layer, role) -> name
+  for (const std::string& name : view.order) {
+    std::smatch mt;
+    if (!std::regex_match(name, mt, kExpert)) continue;
+    const int role = mt[2] == "up" ? 0 : mt[2] == "gate" ? 1 : 2;
+    found[{static_cast<uint32_t>(std::stoul(mt[1])), role}] = name;
+  }
+  const std::set<uint32_t> active_set(active.begin(), active.end());
+  // SGLang's coverage text: sorted (layer, role) tuples, first 8 of each.
+  std::vector<std::pair<uint32_t, std::string>> miss, extra;
+  for (uint32_t l : active) {
+    for (int r = 0; r < 3; ++r) {
+      if (!found.count({l, r})) miss.push_back({l, kRoleNames[r]});
+    }
+  }
+  for (const auto& [key, name] : found) {
+    if (!active_set.count(key.first)) extra.push_back({key.first, kRoleNames[key.second]});
+  }
+  std::sort(miss.begin(), miss.end());
+  std::sort(extra.begin(), extra.end());
+  auto list = [](const std::vector<std::pair<uint32_t, std::string>>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size() && i < 8; ++i) {
+      s += (i ? ", " : "") + ("(" + std::to_string(v[i].first) + ", '" + v[i].second + "')");
+    }
+    return s + "]";
+  };
+  const std::string coverage = "routed expert tensor coverage mismatch: missing=" + list(miss) + ", extra=" + list(extra);
+  if (!miss.empty() && !view.all_readable) {
+    out.Add("check-skipped", "routed expert coverage",
+            std::to_string(miss.size()) + " expert stack(s) not found, but unreadable shards may hold them");
+  } else {
+    for (const auto& [l, role] : miss) {
+      out.Add("expert-missing", "blk." + std::to_string(l) + ".ffn_" + role + "_exps.weight",
+              "layer " + std::to_string(l) + " has no " + role + " expert stack", coverage);
+    }
+  }
+  for (const auto& [l, role] : extra) {
+    out.Add("expert-extra", "blk." + std::to_string(l) + ".ffn_" + role + "_exps.weight",
+            "layer " + std::to_string(l) + " is not an active MoE layer", coverage);
+  }
+
+  // Types: Kimi-K3's fixed ones, or (scaled) the type most layers use.
+  std::array<std::map<GgmlType, int>, 3> votes;
+  for (const auto& [key, name] : found) votes[key.second][view.Find(name)->info->type]++;
+  std::array<GgmlType, 3> want = {GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K};
+  if (options.profile == kimi::Profile::kScaled) {
+    for (int r = 0; r < 3; ++r) {
+      int best = -1;
+      for (const auto& [t, n] : votes[r]) {
+        if (n > best) best = n, want[r] = t;
+      }
+    }
+  }
+  for (const auto& [key, name] : found) {
+    if (!active_set.count(key.first)) continue;
+    const auto [l, r] = key;
+    const Located& loc = *view.Find(name);
+    const gguf::TensorInfo& t = *loc.info;
+    const std::string& file = view.shards[loc.shard].path;
+    const std::vector<int64_t> shape = t.shape();
+    const std::vector<int64_t> ws = r == 2 ? std::vector<int64_t>{int64_t(Fe), int64_t(L), int64_t(X)}
+                                           : std::vector<int64_t>{int64_t(L), int64_t(Fe), int64_t(X)};
+    if (shape != ws) {
+      Finding& f = out.Add("expert-shape", name, "shape " + NeList(shape) + ", the spec needs " + NeList(ws),
+                           "unexpected expert shape for " + LayerRoleRepr(l, r) + ": " + PyTuple(shape), file);
+      f.details = {{"shape", shape}, {"expected", ws}};
+    }
+    if (t.type != want[r]) {
+      Finding& f = out.Add("expert-dtype", name,
+                           "stored as " + TypeName(t.type) + ", expected " + TypeName(want[r]) +
+                               (options.profile == kimi::Profile::kScaled ? " (the type of the other layers)" : ""),
+                           "unexpected expert dtype for " + LayerRoleRepr(l, r) + ": " + TypeName(t.type), file);
+      f.details = {{"dtype", TypeName(t.type)}, {"expected", TypeName(want[r])}};
+    }
+    if (X == 0 || t.nbytes % X != 0) {
+      out.Add("expert-not-sliceable", name,
+              std::to_string(t.nbytes) + " bytes is not a multiple of " + std::to_string(X) + " experts",
+              "expert tensor is not evenly sliceable: " + name, file);
+    }
+  }
+}
+
+}  // namespace k3pack::doctor::internal

@@ -1,0 +1,207 @@
+// `k3pack repair --fix ssm-a`: a repaired copy of a shard set in which only
+// ssm_a tensors holding raw A_log are rewritten as -exp(A_log).
+//
+// The input is never modified. Each output shard is copied segment by
+// segment (copy_file_range, which lets the filesystem share extents; holes
+// stay holes), then the repaired tensor bytes are written over their range,
+// then the temp file is fsynced and renamed into place.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "doctor/internal.h"
+#include "pack/copy.h"
+
+namespace k3pack::doctor {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Copies [0, size) of `src` into `dst` (created empty), data segments only.
+Result<uint64_t> CopySparse(int src, int dst, uint64_t size) {
+  uint64_t copied = 0;
+  std::vector<uint8_t> buf;
+  for (const pack::Segment& seg : pack::MapRange(src, 0, size)) {
+    if (seg.hole) continue;
+    uint64_t done = 0;
+    bool plain = false;
+    while (done < seg.length) {
+      const uint64_t n = std::min<uint64_t>(seg.length - done, 1ull << 30);
+      if (!plain) {
+        loff_t in_off = static_cast<loff_t>(seg.offset + done), out_off = in_off;
+        const ssize_t r = ::copy_file_range(src, &in_off, dst, &out_off, n, 0);
+        if (r > 0) {
+          done += static_cast<uint64_t>(r);
+          continue;
+        }
+        if (r == 0) return Error("source ended early at offset " + std::to_string(seg.offset + done), ErrorKind::kEOF);
+        if (errno != EXDEV && errno != ENOSYS && errno != EINVAL && errno != EOPNOTSUPP) {
+          return Error::FromErrno("copy_file_range failed", errno);
+        }
+        plain = true;  // fall back to read + write
+        buf.resize(16u << 20);
+      }
+      const size_t m = static_cast<size_t>(std::min<uint64_t>(n, buf.size()));
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, buf.data(), m, seg.offset + done));
+      if (got != m) return Error("source ended early at offset " + std::to_string(seg.offset + done + got), ErrorKind::kEOF);
+      K3_RETURN_IF_ERROR(PwriteFull(dst, buf.data(), m, seg.offset + done));
+      done += m;
+    }
+    copied += seg.length;
+  }
+  if (::ftruncate(dst, static_cast<off_t>(size)) != 0) return Error::FromErrno("cannot set the output size", errno);
+  return copied;
+}
+
+Status CopyFileAtomic(const std::string& from, const std::string& to, uint64_t* copied) {
+  K3_ASSIGN_OR_RETURN(UniqueFd in, OpenReadOnly(from));
+  K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(from));
+  const std::string tmp = to + ".tmp";
+  UniqueFd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!out.valid()) return Error::FromErrno("cannot create " + tmp, errno);
+  K3_ASSIGN_OR_RETURN(uint64_t n, CopySparse(in.get(), out.get(), size));
+  if (copied) *copied += n;
+  if (::fsync(out.get()) != 0) return Error::FromErrno("fsync " + tmp, errno);
+  if (::rename(tmp.c_str(), to.c_str()) != 0) return Error::FromErrno("rename " + tmp, errno);
+  return Status::OK();
+}
+
+}  // namespace
+
+nlohmann::json RepairResult::ToJson() const {
+  nlohmann::json rep = nlohmann::json::array();
+  for (const RepairedTensor& r : repaired) {
+    rep.push_back({{"name", r.name},
+                   {"file", r.file},
+                   {"data_offset", r.data_offset},
+                   {"nbytes", r.nbytes},
+                   {"before", {{"min", r.before.min}, {"max", r.before.max}, {"count", r.before.count}}}});
+  }
+  return {{"out_dir", out_dir},           {"shards_written", shards_written},
+          {"sidecars_copied", sidecars_copied}, {"repaired", rep},
+          {"bytes_copied", bytes_copied}, {"remaining_problems", remaining_problems}};
+}
+
+Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, const RepairOptions& options) {
+  for (const std::string& f : options.fixes) {
+    if (f != "ssm-a") return Error("unknown fix '" + f + "' (available: ssm-a)");
+  }
+  std::error_code ec;
+  if (fs::exists(out_dir, ec)) {
+    if (!fs::is_directory(out_dir, ec) || !fs::is_empty(out_dir, ec)) {
+      return Error("refusing to write into " + out_dir + ": it exists and is not an empty directory",
+                   ErrorKind::kFileExists);
+    }
+  }
+  auto say = [&](const std::string& s) {
+    if (options.progress) options.progress(s);
+  };
+
+  // Examine the input with doctor's own reader and rules.
+  Report scratch;
+  internal::Collector col(&scratch);
+  auto view = internal::DiscoverAndOpen(in, col);
+  if (!view || scratch.unusable) return Error("cannot read the input " + in + ": run `k3pack doctor " + in + "`");
+  for (const internal::Shard& s : view->shards) {
+    if (!s.file) return Error("shard " + s.path + " is unreadable; repair needs every shard (run `k3pack doctor`)");
+  }
+  std::vector<internal::SsmAVerdict> verdicts = internal::ExamineSsmA(*view);
+  std::vector<const internal::SsmAVerdict*> todo;
+  std::string refusals;
+  for (const auto& v : verdicts) {
+    const internal::Shard& sh = view->shards[v.shard];
+    if (!sh.DataReadable(*v.info)) {
+      refusals += "\n  " + v.name + ": its data is cut off (truncated shard)";
+    } else if (!v.stats) {
+      refusals += "\n  " + v.name + ": stored as " + std::string(GgmlTypeName(v.info->type)) +
+                  ", not F32/F16/BF16; the values cannot be rewritten in place";
+    } else {
+      switch (v.stats->form) {
+        case SsmAForm::kNegExp:
+        case SsmAForm::kTinyNegative: break;  // SGLang accepts these; left as they are
+        case SsmAForm::kRawALog: todo.push_back(&v); break;
+        default:
+          refusals += "\n  " + v.name + ": values look " + SsmAFormName(v.stats->form) + " (" +
+                      "min " + std::to_string(v.stats->min) + ", max " + std::to_string(v.stats->max) +
+                      "); -exp() would not give a trustworthy A_log";
+      }
+    }
+  }
+  if (!refusals.empty()) {
+    return Error("refusing to repair: some ssm_a tensors fail SGLang's check but are not plain raw A_log:" + refusals)
+        .WithHint("raw A_log means some values >= 0 and all in [-1, " + std::to_string(static_cast<int>(kMaxRawALog)) +
+                  "]; see docs/parts/doctor.md (repair rule). Re-export the GGUF from the checkpoint instead.");
+  }
+  if (todo.empty()) return Error("nothing to repair: no ssm_a tensor holds raw A_log (run `k3pack doctor`)");
+
+  RepairResult result;
+  result.out_dir = out_dir;
+  fs::create_directories(out_dir, ec);
+  if (ec) return Error::FromErrno("cannot create " + out_dir, ec.value());
+  for (uint32_t i = 0; i < view->shards.size(); ++i) {
+    const internal::Shard& sh = view->shards[i];
+    const std::string name = fs::path(sh.path).filename().string();
+    const std::string final_path = (fs::path(out_dir) / name).string();
+    const std::string tmp = final_path + ".tmp";
+    say("repair: writing " + final_path);
+    K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
+    UniqueFd dst(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!dst.valid()) return Error::FromErrno("cannot create " + tmp, errno);
+    K3_ASSIGN_OR_RETURN(uint64_t n, CopySparse(src.get(), dst.get(), sh.size));
+    result.bytes_copied += n;
+    for (const internal::SsmAVerdict* v : todo) {
+      if (v->shard != i) continue;
+      std::vector<float> fixed(v->values.size());
+      for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
+      K3_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodeFloatTensor(v->info->type, fixed));
+      if (bytes.size() != v->info->nbytes) return Error("internal: re-encoded " + v->name + " has the wrong size");
+      K3_RETURN_IF_ERROR(PwriteFull(dst.get(), bytes.data(), bytes.size(), v->info->data_offset));
+      result.repaired.push_back({v->name, final_path, v->info->data_offset, v->info->nbytes, *v->stats});
+    }
+    if (::fsync(dst.get()) != 0) return Error::FromErrno("fsync " + tmp, errno);
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0) return Error::FromErrno("rename " + tmp, errno);
+    result.shards_written.push_back(final_path);
+  }
+  // Sidecars SGLang's tooling looks for beside the shards.
+  if (options.copy_sidecars) {
+    const fs::path src_dir(view->dir);
+    if (fs::is_regular_file(src_dir / "config.json", ec)) {
+      K3_RETURN_IF_ERROR(CopyFileAtomic((src_dir / "config.json").string(), (fs::path(out_dir) / "config.json").string(),
+                                        &result.bytes_copied));
+      result.sidecars_copied.push_back("config.json");
+    }
+    if (fs::is_directory(src_dir / "tokenizer", ec)) {
+      fs::create_directories(fs::path(out_dir) / "tokenizer", ec);
+      std::vector<fs::path> files;
+      for (const auto& e : fs::directory_iterator(src_dir / "tokenizer", ec)) {
+        if (e.is_regular_file()) files.push_back(e.path());  // follows symlinks, not recursive (as SGLang)
+      }
+      std::sort(files.begin(), files.end());
+      for (const fs::path& f : files) {
+        K3_RETURN_IF_ERROR(CopyFileAtomic(f.string(), (fs::path(out_dir) / "tokenizer" / f.filename()).string(),
+                                          &result.bytes_copied));
+        result.sidecars_copied.push_back("tokenizer/" + f.filename().string());
+      }
+      K3_RETURN_IF_ERROR(FsyncPath((fs::path(out_dir) / "tokenizer").string()));
+    }
+  }
+  K3_RETURN_IF_ERROR(FsyncPath(out_dir));
+  // Check the output with the whole doctor: no ssm_a error may remain.
+  say("repair: checking the output");
+  DiagnoseOptions dopt;
+  dopt.profile = options.profile;
+  const Report check = Diagnose({out_dir}, dopt);
+  for (const Finding& f : check.findings) {
+    if (f.severity != Severity::kError) continue;
+    if (f.code.rfind("ssm-a-", 0) == 0) {
+      return Error("internal error: the repaired copy still fails: " + f.code + " " + f.object + ": " + f.message);
+    }
+    result.remaining_problems.push_back(f.code + " " + f.object);
+  }
+  return result;
+}
+
+}  // namespace k3pack::doctor

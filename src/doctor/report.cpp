@@ -1,0 +1,151 @@
+// Report rendering (text for people, JSON for machines) and the small
+// helpers every check group uses.
+#include <algorithm>
+#include <sstream>
+
+#include "doctor/internal.h"
+
+namespace k3pack::doctor {
+
+namespace internal {
+
+Finding& Collector::Add(std::string_view code, std::string object, std::string message, std::string sglang_error,
+                        std::string file) {
+  Finding f;
+  const Diagnosis* d = FindDiagnosis(code);
+  f.code = std::string(code);
+  if (d != nullptr) {
+    f.severity = d->severity;
+    f.meaning = d->meaning;
+    f.fix = d->fix;
+    if (!sglang_error.empty()) f.sglang_exception = d->sglang_exception;
+  } else {
+    // A code missing from the catalog is a doctor bug; keep it visible.
+    f.severity = Severity::kError;
+    f.meaning = "(undocumented diagnosis)";
+  }
+  f.object = std::move(object);
+  f.message = std::move(message);
+  f.sglang_error = std::move(sglang_error);
+  f.file = std::move(file);
+  report_->findings.push_back(std::move(f));
+  return report_->findings.back();
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string NumpyShapeRepr(const std::vector<int64_t>& ne) {
+  std::string s = "(";
+  for (size_t i = 0; i < ne.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(ne[ne.size() - 1 - i]);
+  }
+  if (ne.size() == 1) s += ",";
+  return s + ")";
+}
+
+std::string NeList(const std::vector<int64_t>& ne) {
+  std::string s = "{";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "}";
+}
+
+}  // namespace internal
+
+size_t Report::Count(Severity s) const {
+  return static_cast<size_t>(std::count_if(findings.begin(), findings.end(), [&](const Finding& f) { return f.severity == s; }));
+}
+
+int Report::ExitCode() const {
+  if (unusable) return 2;
+  return Count(Severity::kError) > 0 ? 1 : 0;
+}
+
+bool Report::Has(std::string_view code) const {
+  return std::any_of(findings.begin(), findings.end(), [&](const Finding& f) { return f.code == code; });
+}
+
+std::vector<const Finding*> Report::With(std::string_view code) const {
+  std::vector<const Finding*> out;
+  for (const Finding& f : findings) {
+    if (f.code == code) out.push_back(&f);
+  }
+  return out;
+}
+
+nlohmann::json Report::ToJson() const {
+  nlohmann::json j;
+  j["schema"] = kReportSchema;
+  j["inputs"] = inputs;
+  j["profile"] = kimi::ProfileName(profile);
+  const int code = ExitCode();
+  j["status"] = code == 0 ? "healthy" : code == 1 ? "problems" : "unusable";
+  j["exit_code"] = code;
+  j["summary"] = {{"errors", Count(Severity::kError)},
+                  {"warnings", Count(Severity::kWarning)},
+                  {"info", Count(Severity::kInfo)},
+                  {"files", files.size()},
+                  {"tensors", tensors_examined}};
+  j["files"] = files;
+  nlohmann::json cj = nlohmann::json::array();
+  for (const CheckRun& c : checks) {
+    cj.push_back({{"name", c.name}, {"ran", c.ran}, {"note", c.note}});
+  }
+  j["checks"] = cj;
+  nlohmann::json fs = nlohmann::json::array();
+  for (const Finding& f : findings) {
+    fs.push_back({{"severity", SeverityName(f.severity)},
+                  {"code", f.code},
+                  {"object", f.object},
+                  {"file", f.file},
+                  {"message", f.message},
+                  {"sglang_error", f.sglang_error},
+                  {"sglang_exception", f.sglang_exception},
+                  {"meaning", f.meaning},
+                  {"fix", f.fix},
+                  {"details", f.details}});
+  }
+  j["findings"] = fs;
+  return j;
+}
+
+std::string Report::ToText() const {
+  std::ostringstream os;
+  const char* labels[] = {"ERROR", "WARNING", "INFO"};
+  for (const Finding& f : findings) {
+    os << labels[static_cast<int>(f.severity)] << " [" << f.code << "] " << f.object << "\n";
+    if (!f.file.empty() && f.file != f.object) os << "  file:    " << f.file << "\n";
+    if (!f.message.empty()) os << "  found:   " << f.message << "\n";
+    if (!f.sglang_error.empty()) {
+      os << "  SGLang:  " << (f.sglang_exception.empty() ? "" : f.sglang_exception + ": ") << f.sglang_error << "\n";
+    }
+    os << "  means:   " << f.meaning << "\n";
+    os << "  fix:     " << f.fix << "\n\n";
+  }
+  const size_t e = Count(Severity::kError), w = Count(Severity::kWarning);
+  os << "checked " << files.size() << " file(s), " << tensors_examined << " tensor(s); ";
+  for (const CheckRun& c : checks) {
+    if (!c.ran) os << "[" << c.name << " skipped] ";
+  }
+  if (unusable) {
+    os << "input unusable\n";
+  } else if (e == 0) {
+    os << "healthy" << (w ? " (" + std::to_string(w) + " warning(s))" : std::string()) << "\n";
+  } else {
+    os << e << " error(s), " << w << " warning(s)\n";
+  }
+  return os.str();
+}
+
+}  // namespace k3pack::doctor

@@ -1,0 +1,227 @@
+// Value checks: ssm_a (the -exp(A_log) transform SGLang inverts), the folded
+// attention-residual scores, and NaN/Inf in the small F32 vectors.
+#include <cmath>
+#include <cstring>
+#include <regex>
+
+#include "doctor/internal.h"
+#include "k3pack/quant.h"
+#include "loader/values.h"
+
+namespace k3pack::doctor {
+
+const char* SsmAFormName(SsmAForm f) {
+  switch (f) {
+    case SsmAForm::kNegExp: return "neg-exp";
+    case SsmAForm::kTinyNegative: return "tiny-negative";
+    case SsmAForm::kRawALog: return "raw-a-log";
+    case SsmAForm::kMixedForms: return "mixed-forms";
+    case SsmAForm::kAllZero: return "all-zero";
+    case SsmAForm::kNonFinite: return "non-finite";
+    case SsmAForm::kNormLike: return "norm-like";
+    case SsmAForm::kImplausible: return "implausible";
+  }
+  return "?";
+}
+
+SsmAStats ClassifySsmA(std::span<const float> v) {
+  SsmAStats s;
+  s.count = v.size();
+  double sum = 0;
+  bool first = true;
+  for (float x : v) {
+    if (!std::isfinite(x)) {
+      ++s.nonfinite;
+      continue;
+    }
+    if (x < 0) ++s.negative;
+    else if (x == 0) ++s.zero;
+    else ++s.positive;
+    sum += x;
+    if (first || x < s.min) s.min = x;
+    if (first || x > s.max) s.max = x;
+    first = false;
+  }
+  const uint64_t finite = s.count - s.nonfinite;
+  s.mean = finite ? sum / static_cast<double>(finite) : 0;
+  if (s.nonfinite > 0) {
+    s.form = SsmAForm::kNonFinite;
+  } else if (s.count == 0 || s.zero == s.count) {
+    s.form = SsmAForm::kAllZero;
+  } else if (s.negative == s.count) {
+    s.form = -s.max < kTinyMagnitude ? SsmAForm::kTinyNegative : SsmAForm::kNegExp;
+  } else {
+    bool clustered = s.positive == s.count && s.count >= 2 && s.mean >= 0.25 && s.mean <= 4.0;
+    for (float x : v) clustered = clustered && std::fabs(x - s.mean) <= kNormSpread * s.mean;
+    if (clustered) s.form = SsmAForm::kNormLike;
+    else if (s.max > kMaxRawALog || s.min < -kMaxRawALog) s.form = SsmAForm::kImplausible;
+    else if (s.min < -1.0) s.form = SsmAForm::kMixedForms;
+    else s.form = SsmAForm::kRawALog;
+  }
+  return s;
+}
+
+std::optional<std::vector<float>> DecodeFloatTensor(GgmlType type, std::span<const uint8_t> bytes) {
+  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16) return std::nullopt;
+  const size_t esize = type == GgmlType::F32 ? 4 : 2;
+  auto r = quant::DequantizeRows(type, bytes, static_cast<int64_t>(bytes.size() / esize), 1);
+  if (!r.ok()) return std::nullopt;
+  return std::move(r).value();
+}
+
+Result<std::vector<uint8_t>> EncodeFloatTensor(GgmlType type, std::span<const float> values) {
+  std::vector<uint8_t> out;
+  if (type == GgmlType::F32) {
+    out.resize(values.size() * 4);
+    std::memcpy(out.data(), values.data(), out.size());
+    return out;
+  }
+  if (type != GgmlType::F16 && type != GgmlType::BF16) {
+    return Error("cannot encode values as " + std::string(GgmlTypeName(type)) + " (only F32, F16, BF16)");
+  }
+  out.resize(values.size() * 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t h = type == GgmlType::F16 ? loader::FloatToHalfBits(values[i]) : loader::FloatToBFloatBits(values[i]);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+  return out;
+}
+
+namespace internal {
+
+namespace {
+
+bool IsSsmAName(const std::string& name) {
+  static const std::regex re(R"(^blk\.\d+\.ssm_a$)");
+  return std::regex_match(name, re);
+}
+
+std::string Describe(const SsmAStats& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%llu values in [%.6g, %.6g], mean %.6g: %llu negative, %llu zero, %llu positive",
+                static_cast<unsigned long long>(s.count), s.min, s.max, s.mean,
+                static_cast<unsigned long long>(s.negative), static_cast<unsigned long long>(s.zero),
+                static_cast<unsigned long long>(s.positive));
+  std::string out = buf;
+  if (s.nonfinite) out += ", " + std::to_string(s.nonfinite) + " NaN/Inf";
+  return out;
+}
+
+nlohmann::json StatsJson(const SsmAStats& s) {
+  return {{"form", SsmAFormName(s.form)}, {"count", s.count},   {"negative", s.negative},
+          {"zero", s.zero},               {"positive", s.positive}, {"nonfinite", s.nonfinite},
+          {"min", s.min},                 {"max", s.max},         {"mean", s.mean}};
+}
+
+constexpr const char* kNotFinite = "Kimi-K3 GGUF ssm_a must contain finite floating values";
+constexpr const char* kNotNegExp = "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values";
+
+}  // namespace
+
+std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view) {
+  std::vector<SsmAVerdict> out;
+  for (const std::string& name : view.order) {
+    if (!IsSsmAName(name)) continue;
+    const Located& loc = *view.Find(name);
+    SsmAVerdict v;
+    v.name = name;
+    v.shard = loc.shard;
+    v.info = loc.info;
+    const Shard& sh = view.shards[loc.shard];
+    if (sh.DataReadable(*loc.info)) {
+      if (auto vals = DecodeFloatTensor(loc.info->type, sh.Bytes(*loc.info))) {
+        v.values = std::move(*vals);
+        v.stats = ClassifySsmA(v.values);
+      }
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void CheckValues(const ShardView& view, const ModelContext& m, Collector& out) {
+  for (const SsmAVerdict& v : ExamineSsmA(view)) {
+    const gguf::TensorInfo& t = *v.info;
+    const Shard& sh = view.shards[v.shard];
+    if (!sh.DataReadable(t)) continue;  // reported as gguf-truncated
+    // Shape: {H}; SGLang also takes kimi-linear's {1, H, 1, 1} / {1, H}.
+    if (m.dims) {
+      const int64_t H = m.dims->heads;
+      const auto shape = t.shape();
+      const bool ok = shape == std::vector<int64_t>{H} || shape == std::vector<int64_t>{1, H} ||
+                      shape == std::vector<int64_t>{1, H, 1, 1};
+      if (!ok) {
+        std::string like;
+        const std::string layer = v.name.substr(0, v.name.rfind('.') + 1);
+        for (const auto& [ename, et] : m.expected) {
+          if (ename != v.name && ename.rfind(layer, 0) == 0 && et.ne == shape) like += (like.empty() ? "" : ", ") + ename;
+        }
+        Finding& f = out.Add("ssm-a-shape", v.name,
+                             "shape " + NeList(shape) + ", expected {" + std::to_string(H) + "} (attention.head_count)" +
+                                 (like.empty() ? "" : "; the shape of " + like + ": probably that tensor mapped here"),
+                             {}, sh.path);
+        f.details = {{"shape", shape}, {"expected", {H}}, {"matches", like}};
+      }
+    }
+    const GgmlTypeInfo* ti = GgmlTypeInfoFor(t.type);
+    if (t.type != GgmlType::F32 && t.type != GgmlType::F16) {
+      std::string msg = "stored as " + std::string(GgmlTypeName(t.type));
+      if (t.type == GgmlType::BF16) msg += " (gguf-py returns BF16 as raw uint8 bytes)";
+      else if (ti != nullptr && ti->quantized) msg += " (a quantized type: a weight matrix may have been mapped here)";
+      if (v.stats) msg += "; values: " + Describe(*v.stats);
+      Finding& f = out.Add("ssm-a-not-float", v.name, msg, kNotFinite, sh.path);
+      f.details = {{"dtype", std::string(GgmlTypeName(t.type))}};
+      if (!v.stats) continue;
+    }
+    if (!v.stats) continue;
+    const SsmAStats& s = *v.stats;
+    const char* code = nullptr;
+    std::string sg = kNotNegExp;
+    switch (s.form) {
+      case SsmAForm::kNegExp: break;
+      case SsmAForm::kTinyNegative: code = "ssm-a-tiny"; sg.clear(); break;
+      case SsmAForm::kRawALog: code = "ssm-a-raw-a-log"; break;
+      case SsmAForm::kMixedForms: code = "ssm-a-mixed-forms"; break;
+      case SsmAForm::kAllZero: code = "ssm-a-zero"; break;
+      case SsmAForm::kNonFinite: code = "ssm-a-nonfinite"; sg = kNotFinite; break;
+      case SsmAForm::kNormLike: code = "ssm-a-looks-like-norm"; break;
+      case SsmAForm::kImplausible: code = "ssm-a-implausible"; break;
+    }
+    if (code == nullptr) continue;
+    Finding& f = out.Add(code, v.name, Describe(s), sg, sh.path);
+    f.details = StatsJson(s);
+    if (s.form == SsmAForm::kRawALog) {
+      f.fix = "Run `k3pack repair " + view.dir + " OUT --fix ssm-a` to write a copy with " + v.name +
+              " = -exp(A_log), or re-export the GGUF with the transform.";
+    }
+  }
+
+  // Residual scores and the other small float vectors.
+  for (const std::string& name : view.order) {
+    const Located& loc = *view.Find(name);
+    const gguf::TensorInfo& t = *loc.info;
+    const Shard& sh = view.shards[loc.shard];
+    const bool res = name.size() > 17 && name.compare(name.size() - 17, 17, "_res_score.weight") == 0;
+    if (res && t.n_dims != 1) {
+      Finding& f = out.Add("res-score-not-vector", name, "shape " + NeList(t.shape()) + " is not a vector",
+                           "Kimi-K3 attention-residual score must be a vector, got " + NumpyShapeRepr(t.shape()),
+                           sh.path);
+      f.details = {{"shape", t.shape()}};
+    }
+    if (IsSsmAName(name) || t.nbytes > (64u << 20) || !sh.DataReadable(t)) continue;
+    if (!res && t.n_dims != 1) continue;
+    auto vals = DecodeFloatTensor(t.type, sh.Bytes(t));
+    if (!vals) continue;
+    uint64_t bad = 0;
+    for (float x : *vals) bad += !std::isfinite(x);
+    if (bad) {
+      Finding& f = out.Add("tensor-nonfinite", name,
+                           std::to_string(bad) + " of " + std::to_string(vals->size()) + " values are NaN/Inf", {},
+                           sh.path);
+      f.details = {{"nonfinite", bad}, {"count", vals->size()}};
+    }
+  }
+}
+
+}  // namespace internal
+}  // namespace k3pack::doctor
