@@ -71,7 +71,9 @@ GgmlType ActivationTypeFor(GgmlType weight);
 bool HasIntegerDot(GgmlType weight);
 
 // x.size() must be a multiple of the weight type's block size.
-Result<PreparedActivation> PrepareActivation(GgmlType weight_type, std::span<const float> x);
+// allow_integer = false forces the float path (decode the row, float dot).
+Result<PreparedActivation> PrepareActivation(GgmlType weight_type, std::span<const float> x,
+                                             bool allow_integer = true);
 
 // ggml's quantize_row_q8_K_ref / quantize_row_q8_0_ref (x.size() % 256 / 32 == 0).
 void QuantizeRowQ8K(std::span<const float> x, uint8_t* out);

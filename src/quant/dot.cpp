@@ -93,7 +93,7 @@ GgmlType ActivationTypeFor(GgmlType weight) {
 
 bool HasIntegerDot(GgmlType weight) { return internal::IntegerDotFor(weight) != nullptr; }
 
-Result<PreparedActivation> PrepareActivation(GgmlType weight_type, std::span<const float> x) {
+Result<PreparedActivation> PrepareActivation(GgmlType weight_type, std::span<const float> x, bool allow_integer) {
   if (!CanDequantize(weight_type)) {
     return Error("dot: no decoder for weight type " + std::string(GgmlTypeName(weight_type)));
   }
@@ -104,7 +104,7 @@ Result<PreparedActivation> PrepareActivation(GgmlType weight_type, std::span<con
   }
   PreparedActivation p;
   p.weight_type = weight_type;
-  p.act_type = ActivationTypeFor(weight_type);
+  p.act_type = allow_integer ? ActivationTypeFor(weight_type) : GgmlType::F32;
   p.n = static_cast<int64_t>(x.size());
   p.f.assign(x.begin(), x.end());
   if (p.act_type == GgmlType::Q8_K) {
@@ -121,7 +121,7 @@ namespace {
 
 // Dot without argument checks; `row` holds x.n elements of x.weight_type.
 float DotUnchecked(const uint8_t* row, const PreparedActivation& x) {
-  if (auto fn = internal::IntegerDotFor(x.weight_type)) {
+  if (auto fn = x.act_type == GgmlType::F32 ? nullptr : internal::IntegerDotFor(x.weight_type)) {
     const int64_t per = x.act_type == GgmlType::Q8_K ? 256 : 32;
     return fn(row, x.q.data(), x.n / per);
   }
