@@ -50,6 +50,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   std::condition_variable cv;
   std::optional<Error> first_error;
   std::atomic<uint64_t> data_bytes{0}, hole_bytes{0};
+  std::atomic<uint64_t> written{0};  // bytes actually written (holes excluded)
 
   auto worker = [&]() {
     IoBuffer buf(chunk);
@@ -60,6 +61,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       const auto ali = static_cast<uint32_t>(obj / ex.num_experts);
       const auto expert = static_cast<uint32_t>(obj % ex.num_experts);
       Status st;
+      const uint64_t written_before = stats.data_bytes;
       for (Role r : kRoleOrder) {
         const ExpertTensor& t = ex.by_layer[ali][static_cast<uint32_t>(r)];
         EntrySlot slot = layout.Slot(ali, expert, r);
@@ -80,6 +82,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
         cv.notify_all();
         break;
       }
+      written.fetch_add(stats.data_bytes - written_before, std::memory_order_relaxed);
       if (throttle_us) std::this_thread::sleep_for(std::chrono::microseconds(throttle_us));
       finished[obj].store(1, std::memory_order_release);
       cv.notify_all();
@@ -93,7 +96,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
 
   const auto t0 = Clock::now();
   auto last_ckpt_time = t0, last_progress = t0 - std::chrono::seconds(1);
-  uint64_t watermark = start, ckpt_watermark = start, bytes_since_ckpt = 0;
+  uint64_t watermark = start, ckpt_watermark = start, written_at_ckpt = 0;
   uint64_t durable_offset = start < total ? layout.Entry(start * kRoleCount).offset : layout.final_size();
   Checkpoint ckpt = base;
   Status status;
@@ -110,7 +113,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
                     POSIX_FADV_DONTNEED);
     durable_offset = upto;
     ckpt_watermark = watermark;
-    bytes_since_ckpt = 0;
+    written_at_ckpt = written.load();
     last_ckpt_time = Clock::now();
     if (crash_after && watermark >= *crash_after) ::_exit(86);  // test seam: simulated crash
     return Status::OK();
@@ -125,12 +128,11 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     while (watermark < total && finished[watermark].load(std::memory_order_acquire)) {
       uint64_t b = object_bytes(watermark);
       done_bytes += b;
-      bytes_since_ckpt += b;
       ++watermark;
     }
     const auto now = Clock::now();
     const bool all_done = watermark == total;
-    if (watermark > ckpt_watermark && (all_done || bytes_since_ckpt >= ckpt_bytes || now - last_ckpt_time >= ckpt_interval ||
+    if (watermark > ckpt_watermark && (all_done || written.load() - written_at_ckpt >= ckpt_bytes || now - last_ckpt_time >= ckpt_interval ||
                                        (crash_after && watermark >= *crash_after))) {
       status = checkpoint();
       if (!status.ok()) break;

@@ -1,0 +1,229 @@
+// Pack building: byte-identical layout, sidecars, refusals, crash + resume.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pack/sidecars.h"
+#include "pack_fixture.h"
+#include "util/sha256.h"
+
+namespace k3pack::pack {
+namespace {
+
+using testing::ExpectedPack;
+using testing::Model;
+using testing::ReadAll;
+
+class PackBuild : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new std::string(testing::TempDir("build"));
+    model_ = new Model(testing::MakeModel(*root_ + "/model"));
+    expected_ = new std::string(ExpectedPack(model_->experts));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*root_);
+    delete model_;
+    delete expected_;
+    delete root_;
+  }
+  void SetUp() override {
+    out_ = *root_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/x.expert-major.pack";
+    unsetenv("K3PACK_CRASH_AFTER_OBJECTS");
+    unsetenv("K3PACK_FAKE_FREE_BYTES");
+    unsetenv("K3PACK_CHECKPOINT_BYTES");
+  }
+  Result<BuildResult> Build(bool restart = false, int threads = 3) {
+    BuildOptions o;
+    o.out_path = out_;
+    o.safety_margin_gib = 0;
+    o.restart = restart;
+    o.threads = threads;
+    o.chunk_bytes = 1 << 20;
+    return BuildPack(model_->experts, o);
+  }
+  // Runs a build in a child process that crashes (_exit 86) after the
+  // checkpoint covering `n` objects. Returns the child's exit status.
+  int BuildAndCrash(uint64_t n) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("K3PACK_CRASH_AFTER_OBJECTS", std::to_string(n).c_str(), 1);
+      setenv("K3PACK_CHECKPOINT_BYTES", "1", 1);
+      auto r = Build();
+      _exit(r.ok() ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  static std::string* root_;
+  static Model* model_;
+  static std::string* expected_;
+  std::string out_;
+};
+std::string* PackBuild::root_;
+Model* PackBuild::model_;
+std::string* PackBuild::expected_;
+
+TEST_F(PackBuild, ByteIdenticalToSpecLayout) {
+  auto r = Build();
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const std::string got = ReadAll(out_);
+  ASSERT_EQ(got.size(), expected_->size());
+  EXPECT_TRUE(got == *expected_) << "pack bytes differ from the spec layout";
+  EXPECT_EQ(r->index_sha256, Sha256Hex(got.data(), 40 + r->index_count * 152));
+  EXPECT_FALSE(PathExists(PartialPathFor(out_)));
+  EXPECT_FALSE(PathExists(CheckpointPathFor(out_)));
+  EXPECT_TRUE(PathExists(LockPathFor(out_)));
+
+  // Digest sidecar: one SHA-256 per entry, recomputed here.
+  auto d = ReadPackDigests(DigestsPathFor(out_));
+  ASSERT_TRUE(d.ok()) << d.error().message();
+  ASSERT_EQ(d->index_count, r->index_count);
+  EXPECT_EQ(d->pack_size, got.size());
+  EXPECT_EQ(d->index_sha256, r->index_sha256);
+  for (uint64_t i = 0; i < d->index_count; ++i) {
+    const uint8_t* e = reinterpret_cast<const uint8_t*>(got.data()) + 40 + i * 152;
+    uint64_t off = 0, nb = 0;
+    for (int k = 7; k >= 0; --k) off = (off << 8) | e[136 + k], nb = (nb << 8) | e[144 + k];
+    EXPECT_EQ(ToHex(d->entry_sha256[i].data(), 32), Sha256Hex(got.data() + off, nb)) << i;
+  }
+
+  // SGLang's validator accepts it and reports the geometry.
+  auto v = ValidatePack(out_, model_->experts);
+  ASSERT_TRUE(v.ok()) << v.error().message();
+  EXPECT_EQ((*v)["index_sha256"], r->index_sha256);
+  EXPECT_EQ((*v)["payload_samples_verified"], 6);
+  EXPECT_EQ((*v)["roles"]["down"]["dtype"], "Q3_K");
+  EXPECT_EQ((*v)["object_bytes"], model_->experts.by_layer[0][0].expert_bytes * 2 +
+                                      model_->experts.by_layer[0][2].expert_bytes);
+}
+
+TEST_F(PackBuild, SingleThreadSameBytes) {
+  auto r = Build(false, 1);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_TRUE(ReadAll(out_) == *expected_);
+}
+
+TEST_F(PackBuild, RefusesToOverwrite) {
+  ASSERT_TRUE(Build().ok());
+  auto again = Build();
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().kind(), ErrorKind::kFileExists);
+  EXPECT_EQ(again.error().message().substr(0, again.error().message().find('\n')),
+            "refusing to overwrite existing Expert Pack: " + out_);
+  EXPECT_TRUE(ReadAll(out_) == *expected_);
+}
+
+TEST_F(PackBuild, RefusesWithoutSpace) {
+  setenv("K3PACK_FAKE_FREE_BYTES", "1000", 1);
+  auto r = Build();
+  unsetenv("K3PACK_FAKE_FREE_BYTES");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind(), ErrorKind::kOS);
+  const std::string m = r.error().message();
+  EXPECT_EQ(m.rfind("insufficient space for Kimi Expert Pack: available=1000, required=", 0), 0u) << m;
+  EXPECT_FALSE(PathExists(PartialPathFor(out_)));
+  EXPECT_FALSE(PathExists(out_));
+}
+
+TEST_F(PackBuild, ResumeAfterCrashAtSeveralPoints) {
+  const uint64_t total = model_->experts.layers.size() * model_->experts.num_experts;
+  for (uint64_t n : {uint64_t{1}, uint64_t{7}, total / 2, total - 1, total}) {
+    SCOPED_TRACE("crash after " + std::to_string(n) + " objects");
+    std::filesystem::remove_all(std::filesystem::path(out_).parent_path());
+    ASSERT_EQ(BuildAndCrash(n), 86);
+    ASSERT_TRUE(PathExists(PartialPathFor(out_)));
+    ASSERT_TRUE(PathExists(CheckpointPathFor(out_)));
+    ASSERT_FALSE(PathExists(out_));
+    auto r = Build();
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_GE(r->resumed_objects, n);
+    EXPECT_TRUE(ReadAll(out_) == *expected_);
+    EXPECT_TRUE(ReadPackDigests(DigestsPathFor(out_)).ok());
+    EXPECT_FALSE(PathExists(CheckpointPathFor(out_)));
+  }
+}
+
+TEST_F(PackBuild, ResumeRepairsGarbageBeyondCheckpoint) {
+  ASSERT_EQ(BuildAndCrash(5), 86);
+  // Bytes past the checkpoint are not trusted: scribble over them.
+  int fd = ::open(PartialPathFor(out_).c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  std::string junk(100000, '\x5a');
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(expected_->size() - junk.size())),
+            static_cast<ssize_t>(junk.size()));
+  ::close(fd);
+  auto r = Build();
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_TRUE(ReadAll(out_) == *expected_);
+}
+
+TEST_F(PackBuild, PartialWithoutCheckpointNeedsRestart) {
+  std::filesystem::create_directories(std::filesystem::path(out_).parent_path());
+  testing::WriteAll(PartialPathFor(out_), "something SGLang left behind");
+  auto r = Build();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind(), ErrorKind::kFileExists);
+  EXPECT_EQ(r.error().message(), "partial Expert Pack already exists: " + PartialPathFor(out_) +
+                                     "\nhint: it has no k3pack checkpoint, so it cannot be resumed; pass --restart "
+                                     "to discard it");
+  auto r2 = Build(/*restart=*/true);
+  ASSERT_TRUE(r2.ok()) << r2.error().message();
+  EXPECT_TRUE(ReadAll(out_) == *expected_);
+}
+
+TEST_F(PackBuild, ChangedInputsNeedRestart) {
+  ASSERT_EQ(BuildAndCrash(3), 86);
+  // A checkpoint from other inputs (here: other fingerprint) is never resumed silently.
+  auto text = ReadAll(CheckpointPathFor(out_));
+  auto pos = text.find("\"fingerprint\": \"");
+  ASSERT_NE(pos, std::string::npos);
+  text[pos + 16] = text[pos + 16] == '0' ? '1' : '0';
+  testing::WriteAll(CheckpointPathFor(out_), text);
+  auto r = Build();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("was started from different inputs"), std::string::npos);
+  EXPECT_NE(r.error().message().find("pass --restart"), std::string::npos);
+  auto r2 = Build(/*restart=*/true);
+  ASSERT_TRUE(r2.ok()) << r2.error().message();
+  EXPECT_EQ(r2->resumed_objects, 0u);
+  EXPECT_TRUE(ReadAll(out_) == *expected_);
+}
+
+TEST_F(PackBuild, DamagedJournalNeedsRestart) {
+  ASSERT_EQ(BuildAndCrash(6), 86);
+  int fd = ::open((out_ + ".partial.digests").c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, "X", 1, 128 + 5), 1);
+  ::close(fd);
+  auto r = Build();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("does not match checkpoint"), std::string::npos) << r.error().message();
+}
+
+TEST_F(PackBuild, LockIsExclusive) {
+  std::filesystem::create_directories(std::filesystem::path(out_).parent_path());
+  int fd = ::open(LockPathFor(out_).c_str(), O_WRONLY | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int cfd = ::open(LockPathFor(out_).c_str(), O_WRONLY);
+    flock(cfd, LOCK_EX);
+    sleep(3);
+    _exit(0);
+  }
+  usleep(300000);
+  auto r = Build();
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  ::close(fd);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("another process is building this Expert Pack"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace k3pack::pack
