@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark, each printing its figures next to a baseline
+# measured in the same run (cp, memcpy, raw pread). Nothing here asserts on time.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export K3PACK_BIN="$PWD/$BUILD/k3pack"
+status=0
+for b in "$BUILD"/bench_*; do
+  [ -x "$b" ] || continue
+  echo
+  echo "=== $(basename "$b")"
+  "$b" "$@" || { echo "($(basename "$b") failed)"; status=1; }
+done
+if [ -f bench/bench_python_loader.py ] && ls python/k3pack/_k3pack*.so >/dev/null 2>&1; then
+  echo
+  echo "=== bench_python_loader.py"
+  PYTHONPATH="$PWD/python" /usr/bin/python3 bench/bench_python_loader.py || status=1
+fi
+exit $status

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every k3pack test: the normal build's CTest suite (unit, integration,
+# CLI), the Python package tests, the same C++ suite under ASan+UBSan, the
+# concurrency tests under TSan, and a short fuzz smoke run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+PY=/usr/bin/python3
+failed=()
+
+step() { echo; echo "=== $*"; }
+
+step "unit and integration tests (build/)"
+(cd build && ctest --output-on-failure -j "$JOBS" --timeout 600) || failed+=("ctest")
+
+if ls python/k3pack/_k3pack*.so >/dev/null 2>&1 && [ -d tests/python ]; then
+  step "Python package tests (numpy/torch, $PY)"
+  K3PACK_BIN="$PWD/build/k3pack" PYTHONPATH="$PWD/python" "$PY" -m unittest discover -s tests/python -t . -v \
+    || failed+=("python")
+fi
+
+step "unit and integration tests under AddressSanitizer + UBSan (build-asan/)"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --output-on-failure -j "$JOBS" --timeout 900 -LE slow) || failed+=("ctest-asan")
+
+if [ "${K3_SKIP_TSAN:-0}" != 1 ]; then
+  step "concurrency tests under ThreadSanitizer (build-tsan/)"
+  make --no-print-directory build-tsan >/dev/null && \
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L store -R "Concurren|Thread" --timeout 900) \
+    || failed+=("ctest-tsan")
+fi
+
+if [ "${K3_SKIP_FUZZ:-0}" != 1 ] && [ -x scripts/fuzz.sh ] && ls fuzz/*_fuzz.cpp >/dev/null 2>&1; then
+  step "fuzz smoke run"
+  ./scripts/fuzz.sh "${FUZZ_SMOKE_SECONDS:-20}" || failed+=("fuzz")
+fi
+
+echo
+if [ ${#failed[@]} -ne 0 ]; then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "all test groups passed"

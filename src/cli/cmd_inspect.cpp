@@ -1,0 +1,178 @@
+// `k3pack inspect`: what a GGUF file or shard set holds, for people and (with
+// --json) for scripts. Long metadata arrays are summarized, never dumped.
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "k3pack/gguf.h"
+#include "util/format.h"
+
+namespace k3pack::cli {
+namespace {
+
+using gguf::Value;
+using gguf::ValueType;
+using nlohmann::json;
+
+constexpr uint64_t kArrayPreview = 8;
+
+json ScalarJson(const Value& v) {
+  switch (v.type) {
+    case ValueType::kString: return v.str;
+    case ValueType::kBool: return v.u64 != 0;
+    case ValueType::kFloat32: case ValueType::kFloat64: return v.f64;
+    case ValueType::kInt8: case ValueType::kInt16: case ValueType::kInt32: case ValueType::kInt64: return v.i64;
+    default: return v.u64;
+  }
+}
+
+json ArrayElementJson(const Value& v, uint64_t i) {
+  switch (v.array_type) {
+    case ValueType::kString: return v.strings[i];
+    case ValueType::kBool: return v.ArrayInt(i) != 0;
+    case ValueType::kFloat32: case ValueType::kFloat64: return v.ArrayFloat(i);
+    default: return v.ArrayInt(i);
+  }
+}
+
+json ValueJson(const Value& v) {
+  json out = {{"type", gguf::ValueTypeName(v.type)}};
+  if (v.type != ValueType::kArray) {
+    out["value"] = ScalarJson(v);
+    return out;
+  }
+  out["element_type"] = gguf::ValueTypeName(v.array_type);
+  out["count"] = v.array_count;
+  json items = json::array();
+  for (uint64_t i = 0; i < std::min(v.array_count, kArrayPreview); ++i) items.push_back(ArrayElementJson(v, i));
+  out[v.array_count > kArrayPreview ? "head" : "value"] = items;
+  return out;
+}
+
+std::string ValueText(const Value& v) {
+  json j = ValueJson(v);
+  if (v.type != ValueType::kArray) {
+    std::string s = j["value"].dump();
+    return s.size() > 100 ? s.substr(0, 97) + "..." : s;
+  }
+  std::string s = "[" + std::string(gguf::ValueTypeName(v.array_type)) + " x " + std::to_string(v.array_count) + "] ";
+  std::string items = (v.array_count > kArrayPreview ? j["head"] : j["value"]).dump();
+  if (v.array_count > kArrayPreview) items.insert(items.size() - 1, ", ...");
+  return s + (items.size() > 100 ? items.substr(0, 97) + "...]" : items);
+}
+
+std::string ShapeText(const gguf::TensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t d = 0; d < t.n_dims; ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
+  return s + "]";
+}
+
+struct Inspected {
+  std::vector<std::shared_ptr<const gguf::GgufFile>> files;
+  std::string label;
+};
+
+Result<Inspected> OpenForInspect(const std::string& path, bool file_only) {
+  Inspected out;
+  if (file_only) {
+    K3_ASSIGN_OR_RETURN(auto f, gguf::GgufFile::Open(path));
+    out.files.push_back(f);
+    out.label = path;
+    return out;
+  }
+  gguf::ShardSetOptions opts;
+  opts.expected_architecture = "";  // inspect any architecture
+  K3_ASSIGN_OR_RETURN(gguf::ShardSet set, gguf::ShardSet::Open(path, opts));
+  out.files = set.shards();
+  out.label = (std::filesystem::path(set.directory()) / set.prefix()).string();
+  return out;
+}
+
+json ToJson(const Inspected& in) {
+  const gguf::GgufFile& first = *in.files.front();
+  json shards = json::array(), tensors = json::array(), metadata = json::object(), by_type = json::object();
+  uint64_t total_bytes = 0, total_size = 0;
+  for (const auto& kv : first.metadata()) metadata[kv.key] = ValueJson(kv.value);
+  for (size_t s = 0; s < in.files.size(); ++s) {
+    const gguf::GgufFile& f = *in.files[s];
+    shards.push_back({{"index", s}, {"path", f.path()}, {"size", f.file_size()}, {"version", f.version()},
+                      {"alignment", f.alignment()}, {"data_offset", f.data_offset()},
+                      {"tensor_count", f.tensors().size()}, {"kv_count", f.metadata().size()}});
+    total_size += f.file_size();
+    for (const auto& t : f.tensors()) {
+      tensors.push_back({{"name", t.name}, {"type", std::string(GgmlTypeName(t.type))},
+                         {"type_id", static_cast<uint32_t>(t.type)}, {"shape", t.shape()}, {"shard", s},
+                         {"data_offset", t.data_offset}, {"nbytes", t.nbytes}});
+      std::string type(GgmlTypeName(t.type));
+      if (!by_type.contains(type)) by_type[type] = {{"tensors", 0}, {"bytes", uint64_t{0}}};
+      by_type[type]["tensors"] = by_type[type]["tensors"].get<int>() + 1;
+      by_type[type]["bytes"] = by_type[type]["bytes"].get<uint64_t>() + t.nbytes;
+      total_bytes += t.nbytes;
+    }
+  }
+  return {{"path", in.label}, {"architecture", first.architecture()}, {"shard_count", in.files.size()},
+          {"tensor_count", tensors.size()}, {"tensor_bytes", total_bytes}, {"file_bytes", total_size},
+          {"shards", shards}, {"metadata", metadata}, {"tensors", tensors}, {"bytes_by_type", by_type}};
+}
+
+void PrintText(const json& j, bool with_tensors) {
+  std::cout << "GGUF " << (j["shard_count"] == 1 ? "file" : "shard set") << ": " << j["path"].get<std::string>()
+            << "\n  architecture: " << j["architecture"].get<std::string>() << "\n  shards: " << j["shard_count"]
+            << "   tensors: " << j["tensor_count"] << "   tensor data: " << HumanBytes(j["tensor_bytes"])
+            << "   files: " << HumanBytes(j["file_bytes"]) << "\n\nmetadata (" << j["metadata"].size()
+            << " keys, shard 0):\n";
+  for (const auto& [key, v] : j["metadata"].items()) {
+    std::printf("  %-48s %-8s %s\n", key.c_str(), v["type"].get<std::string>().c_str(), v["text"].get<std::string>().c_str());
+  }
+  std::cout << "\nshards:\n";
+  for (const auto& s : j["shards"]) {
+    std::printf("  %3d  %-60s %12s  v%d  align %-4d data@%-10llu %5d tensors\n", s["index"].get<int>(),
+                std::filesystem::path(s["path"].get<std::string>()).filename().c_str(),
+                HumanBytes(s["size"]).c_str(), s["version"].get<int>(), s["alignment"].get<int>(),
+                static_cast<unsigned long long>(s["data_offset"].get<uint64_t>()), s["tensor_count"].get<int>());
+  }
+  if (with_tensors) {
+    std::cout << "\ntensors:\n";
+    for (const auto& t : j["tensors"]) {
+      std::printf("  %-44s %-8s %-22s shard %-3d @%-14llu %12llu B\n", t["name"].get<std::string>().c_str(),
+                  t["type"].get<std::string>().c_str(), t["shape"].dump().c_str(), t["shard"].get<int>(),
+                  static_cast<unsigned long long>(t["data_offset"].get<uint64_t>()),
+                  static_cast<unsigned long long>(t["nbytes"].get<uint64_t>()));
+    }
+  }
+  std::cout << "\nbytes by type:\n";
+  for (const auto& [type, v] : j["bytes_by_type"].items()) {
+    std::printf("  %-8s %6d tensors  %12s\n", type.c_str(), v["tensors"].get<int>(), HumanBytes(v["bytes"]).c_str());
+  }
+}
+
+int RunInspect(const std::vector<std::string>& argv) {
+  Args args("inspect", "PATH [--json] [--summary] [--file-only]",
+            "Show the header, metadata, tensor table and per-shard summary of a GGUF file or split shard set.");
+  args.Positional("PATH", "a .gguf file, any shard of a split set, or a directory holding one set");
+  args.Flag("--json", "print machine-readable JSON (stable keys)");
+  args.Flag("--summary", "omit the per-tensor table");
+  args.Flag("--file-only", "inspect only this file, not the shard set it belongs to");
+  int code = 0;
+  if (!args.Parse(argv, &code)) return code;
+  auto in = OpenForInspect(args.positionals()[0], args.Has("--file-only"));
+  if (!in.ok()) return ReportError("inspect", in.error());
+  json j = ToJson(*in);
+  if (args.Has("--summary")) j.erase("tensors");
+  if (args.Has("--json")) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& kv : in->files.front()->metadata()) j["metadata"][kv.key]["text"] = ValueText(kv.value);
+  PrintText(j, !args.Has("--summary"));
+  return 0;
+}
+
+}  // namespace
+
+K3_COMMAND("inspect", "show what a GGUF file or shard set holds", RunInspect);
+
+}  // namespace k3pack::cli
