@@ -128,6 +128,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   std::sort(unnumbered.begin(), unnumbered.end());
 
   std::string prefix;
+  bool single_unnumbered = false;
   if (!is_dir) {
     auto n = gguf::ParseShardName(fs::path(path).filename().string());
     if (n) prefix = n->prefix;
@@ -184,8 +185,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
       out.Add("stray-gguf", u, "another unnumbered GGUF file beside " + single,
               "GGUF shard name does not contain NNNNN-of-NNNNN: " + Resolved(u), u);
     }
-    out.Add("gguf-not-numbered", single, "the model is a single file without the -NNNNN-of-NNNNN.gguf suffix",
-            "Kimi GGUF name is not a numbered shard: " + Resolved(single), single);
+    single_unnumbered = true;
     chosen.push_back(single);
     v.prefix = fs::path(single).stem().string();
   } else {
@@ -202,6 +202,11 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     if (!s.file) v.all_readable = false;
     out.report().files.push_back(p);
     v.shards.push_back(std::move(s));
+  }
+  if (single_unnumbered && v.shards.front().file) {
+    out.Add("gguf-not-numbered", v.shards.front().path,
+            "the model is a single file without the -NNNNN-of-NNNNN.gguf suffix",
+            "Kimi GGUF name is not a numbered shard: " + Resolved(v.shards.front().path), v.shards.front().path);
   }
   for (uint32_t i = 0; i < v.shards.size(); ++i) {
     if (!v.shards[i].file) continue;

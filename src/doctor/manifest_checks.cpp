@@ -8,6 +8,7 @@
 
 #include "doctor/internal.h"
 #include "k3pack/manifest.h"
+#include "k3pack/pack.h"
 #include "util/sha256.h"
 
 namespace k3pack::doctor::internal {
@@ -32,12 +33,43 @@ std::string Dotted(std::initializer_list<const char*> path) {
   return s;
 }
 
-json KimiHardConstraints() {
-  return {{"top_k", 16},
-          {"top_k_is_immutable", true},
-          {"all_selected_experts_must_execute", true},
-          {"expert_pruning_allowed", false},
-          {"requantization_allowed", false}};
+// SGLang's pack validation, run on the manifest's own records.
+void ValidatePackAgainstManifest(const json& j, const std::string& pack, const DiagnoseOptions& options,
+                                 Collector& out) {
+  const json* model = At(j, {"model"});
+  auto source = manifest::ParseSourceRecord(j.contains("source") ? j["source"] : json());
+  if (model == nullptr || !source.ok() || !model->contains("active_moe_layer_ids") ||
+      !(*model)["active_moe_layer_ids"].is_array() || (*model)["active_moe_layer_ids"].empty()) {
+    out.Add("check-skipped", "expert pack validation", "the manifest's model/source records are unusable");
+    return;
+  }
+  json cfg = *model;
+  cfg["first_k_dense_replace"] = (*model)["active_moe_layer_ids"][0];
+  auto spec = kimi::ModelSpecFromConfig(cfg, options.profile);
+  if (!spec.ok()) {
+    out.Add("check-skipped", "expert pack validation", "model record: " + spec.error().message());
+    return;
+  }
+  std::vector<pack::SourceTensor> tensors;
+  for (const manifest::TensorRecord& t : source->tensors) {
+    tensors.push_back({t.name, t.shape, t.dtype_id, t.shard_index, t.data_offset, t.nbytes});
+  }
+  std::vector<std::string> shard_paths;
+  for (const manifest::ShardRecord& s : source->shards) shard_paths.push_back(s.path);
+  pack::CollectOptions co;
+  co.allow_mixed_types = options.profile == kimi::Profile::kScaled;
+  auto experts = pack::CollectExperts(tensors, shard_paths, *spec, co);
+  if (!experts.ok()) {
+    out.Add("check-skipped", "expert pack validation", "routed experts of the manifest: " + experts.error().message());
+    return;
+  }
+  pack::ValidateOptions vo;
+  vo.payload_samples = options.pack_payload_samples;
+  auto v = pack::ValidatePack(pack, *experts, vo);
+  if (!v.ok()) {
+    const std::string msg = v.error().message();
+    out.Add("pack-invalid", pack, msg, msg.substr(0, msg.find('\n')), pack);
+  }
 }
 
 }  // namespace
@@ -76,7 +108,11 @@ std::string CheckManifest(const std::string& manifest_path, const DiagnoseOption
     out.Add("manifest-incomplete", "complete", complete == nullptr ? "no complete key" : "complete is " + complete->dump(),
             "Kimi-K3 manifest is incomplete", manifest_path);
   }
-  if (const json* hc = need({"hard_constraints"}); hc && *hc != KimiHardConstraints()) {
+  const json* topk0 = At(j, {"model", "num_experts_per_token"});
+  const uint32_t want_k = options.profile == kimi::Profile::kScaled && topk0 && topk0->is_number_unsigned()
+                              ? topk0->get<uint32_t>()
+                              : 16;
+  if (const json* hc = need({"hard_constraints"}); hc && *hc != manifest::HardConstraintsJson(want_k)) {
     out.Add("manifest-hard-constraints", "hard_constraints", "hard_constraints is " + hc->dump(),
             "Kimi manifest hard constraints do not match runtime policy", manifest_path);
   }
@@ -188,6 +224,7 @@ std::string CheckManifest(const std::string& manifest_path, const DiagnoseOption
                   "Kimi expert-pack index SHA-256 does not match manifest", pack);
         }
       }
+      ValidatePackAgainstManifest(j, pack, options, out);
     }
   }
   return shard_dir;

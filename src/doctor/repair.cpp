@@ -115,9 +115,11 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     const internal::Shard& sh = view->shards[v.shard];
     if (!sh.DataReadable(*v.info)) {
       refusals += "\n  " + v.name + ": its data is cut off (truncated shard)";
-    } else if (!v.stats) {
+    } else if (!v.stats || (v.info->type != GgmlType::F32 && v.info->type != GgmlType::F16)) {
+      // BF16 too: gguf-py hands BF16 out as raw bytes, so SGLang refuses it
+      // whatever the values; a type change would move every later byte.
       refusals += "\n  " + v.name + ": stored as " + std::string(GgmlTypeName(v.info->type)) +
-                  ", not F32/F16/BF16; the values cannot be rewritten in place";
+                  ", not F32/F16; SGLang refuses it whatever the values, and changing the type in place is impossible";
     } else {
       switch (v.stats->form) {
         case SsmAForm::kNegExp:

@@ -129,9 +129,15 @@ std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view) {
     v.info = loc.info;
     const Shard& sh = view.shards[loc.shard];
     if (sh.DataReadable(*loc.info)) {
-      if (auto vals = DecodeFloatTensor(loc.info->type, sh.Bytes(*loc.info))) {
-        v.values = std::move(*vals);
-        v.stats = ClassifySsmA(v.values);
+      // Any type the quant module decodes (a quantized ssm_a is still
+      // described, though only F32/F16/BF16 can be repaired in place).
+      const gguf::TensorInfo& t = *loc.info;
+      if (quant::CanDequantize(t.type) && t.ne[0] > 0) {
+        auto vals = quant::DequantizeRows(t.type, sh.Bytes(t), t.ne[0], t.n_rows());
+        if (vals.ok()) {
+          v.values = std::move(vals).value();
+          v.stats = ClassifySsmA(v.values);
+        }
       }
     }
     out.push_back(std::move(v));
@@ -171,7 +177,8 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out) {
       if (v.stats) msg += "; values: " + Describe(*v.stats);
       Finding& f = out.Add("ssm-a-not-float", v.name, msg, kNotFinite, sh.path);
       f.details = {{"dtype", std::string(GgmlTypeName(t.type))}};
-      if (!v.stats) continue;
+      if (v.stats) f.details["values"] = StatsJson(*v.stats);
+      continue;
     }
     if (!v.stats) continue;
     const SsmAStats& s = *v.stats;
