@@ -1,0 +1,43 @@
+"""k3pack: Kimi-K3 GGUF checkpoints -> SGLang-compatible expert pack, manifest,
+non-routed weight streaming and expert store, from Python.
+
+The heavy lifting is C++ (the `_k3pack` extension built by CMake into this
+folder); this package adds Python-shaped wrappers. Arrays are zero-copy,
+read-only numpy views whose base keeps the C++ file mapping alive.
+
+Errors are raised as the Python exception SGLang raises for the same
+condition (ValueError, KeyError, FileNotFoundError, ...), with SGLang's text
+as the message; a k3pack hint, when there is one, is attached as a note
+(visible in tracebacks) and as the `k3pack_hint` attribute.
+
+torch is never imported here; `k3pack.sglang` is the torch adapter.
+"""
+
+try:
+    from . import _k3pack
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "k3pack's C++ extension (_k3pack) is not built or does not match this Python. "
+        "Build it with `make` (or `cmake -S . -B build -DK3_PYTHON=ON && cmake --build build "
+        "--target _k3pack`) and put <repo>/python on PYTHONPATH, or `pip install .` "
+        "(original error: %s)" % exc
+    ) from exc
+
+from ._k3pack import GGUFFile, GGUFTensor, ShardSet, ggml_type_info, ggml_types, parse_shard_name
+
+__version__ = _k3pack.__version__
+
+__all__ = [
+    "GGUFFile", "GGUFTensor", "ShardSet", "ggml_type_info", "ggml_types", "parse_shard_name",
+    "__version__",
+]
+
+from ._loader import *  # noqa: E402,F401,F403  (non-expert weight streaming)
+from ._loader import __all__ as _loader_all  # noqa: E402
+
+__all__ += _loader_all
+
+from ._ops import *  # noqa: E402,F401,F403  (quant, pack, manifest, store)
+from ._ops import __all__ as _ops_all  # noqa: E402
+
+__all__ += _ops_all

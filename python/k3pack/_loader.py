@@ -1,0 +1,50 @@
+"""Non-routed weight streaming (binds include/k3pack/loader.h)."""
+
+from . import _k3pack
+
+__all__ = ["NonExpertStream", "NonExpertTensor", "nonexpert_weights", "nonexpert_tensors", "ssm_a_to_a_log"]
+
+NonExpertStream = _k3pack.NonExpertStream
+NonExpertTensor = _k3pack.NonExpertTensor
+
+
+def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=False, release_pages=True,
+                      drop_page_cache=False):
+    """Iterates NonExpertTensor records (name, array, dtype, kind, source_name,
+    zero_copy, source_type, shard_index) in SGLang's order.
+
+    sglang_compat=True reproduces SGLang's own behaviour where k3pack corrects
+    it: BF16 tensors as raw uint8 bytes (last axis doubled) and no ssm_a shape
+    check. By default BF16 tensors come out as uint16 arrays holding the
+    bfloat16 bit patterns, with record.dtype == "bfloat16".
+    verify_metadata=True also checks each shard's metadata SHA-256 against the
+    manifest (SGLang checks only sizes, names and dtypes).
+    """
+    return _k3pack.NonExpertStream(str(manifest_path), sglang_compat=sglang_compat,
+                                   verify_metadata=verify_metadata, release_pages=release_pages,
+                                   drop_page_cache=drop_page_cache)
+
+
+def nonexpert_weights(manifest_path, **options):
+    """Yields (name, numpy.ndarray) pairs exactly as SGLang's
+    kimi_k3_nonexpert_weights_iterator yields (name, tensor) pairs: same names,
+    same order, same shapes. Arrays are read-only and zero-copy where the value
+    is the stored tensor (their base keeps the file mapping alive).
+    BF16 values are uint16 bit patterns (see nonexpert_tensors for the dtype
+    name, or use k3pack.sglang for torch tensors). Options: see
+    nonexpert_tensors."""
+    for record in nonexpert_tensors(manifest_path, **options):
+        yield record.name, record.array
+
+
+def ssm_a_to_a_log(values, dtype=None):
+    """A_log = log(-ssm_a) with SGLang's checks (ValueError texts of spec 6.4).
+    values: float32/float16 array, or uint16 bfloat16 bits with dtype="bfloat16"."""
+    import numpy as np
+
+    arr = np.asarray(values)
+    if dtype == "bfloat16":
+        arr = arr.view(np.uint16)
+    elif arr.dtype == np.uint16:
+        raise TypeError("uint16 input must say dtype='bfloat16'")
+    return _k3pack.ssm_a_to_a_log(arr)

@@ -1,0 +1,72 @@
+"""Drop-in replacement for SGLang's
+sglang.srt.model_loader.kimi_k3_gguf.kimi_k3_nonexpert_weights_iterator.
+
+    from k3pack.sglang import kimi_k3_nonexpert_weights_iterator
+    for name, tensor in kimi_k3_nonexpert_weights_iterator(manifest_path):
+        ...
+
+Same names, same order, same shapes, same exception types and texts as
+SGLang's function (spec: sglang-expert-pack.md 5.3 and 6.4). torch is imported
+only by this module.
+
+Differences, all deliberate and documented (docs/parts/python.md):
+  * BF16 tensors are torch.bfloat16 in element shape. SGLang yields their raw
+    bytes as a uint8 tensor with a doubled last axis, which no model parameter
+    accepts (spec 11.1). Pass sglang_compat=True for SGLang's exact output
+    (this also turns off k3pack's ssm_a shape check).
+  * Tensors are zero-copy views of the memory-mapped GGUF file (SGLang copies
+    every tensor with torch.tensor()). They are read-only in fact: the mapping
+    is PROT_READ, so writing into one crashes the process. Model loaders copy
+    them into parameters (param.data.copy_), which is fine; pass copy=True to
+    get fresh, writable tensors as SGLang does.
+  * Errors carry a k3pack hint as an exception note (shown in tracebacks, not
+    part of str(exc)), so messages compare equal to SGLang's.
+"""
+
+import warnings
+
+import numpy as np
+
+from ._loader import nonexpert_tensors
+
+__all__ = ["kimi_k3_nonexpert_weights_iterator", "to_torch"]
+
+_torch = None
+
+
+def _torch_module():
+    global _torch
+    if _torch is None:
+        import torch
+
+        _torch = torch
+    return _torch
+
+
+def to_torch(array, dtype_name, copy=False):
+    """numpy array (as k3pack hands it out) -> torch tensor of dtype_name."""
+    torch = _torch_module()
+    if dtype_name == "bfloat16":
+        # numpy has no bfloat16: reinterpret the uint16 bits.
+        array = array.view(np.int16)
+    with warnings.catch_warnings():
+        # The arrays are read-only views of the file mapping; torch warns
+        # that it cannot protect them.
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(array)
+    if dtype_name == "bfloat16":
+        tensor = tensor.view(torch.bfloat16)
+    if copy:
+        tensor = tensor.clone()
+    return tensor
+
+
+def kimi_k3_nonexpert_weights_iterator(manifest_path, *, sglang_compat=False, copy=False, verify_metadata=False,
+                                       release_pages=True):
+    """Yields (name, torch.Tensor) for every non-routed Kimi-K3 weight of the
+    manifest's GGUF shards, as SGLang's function of the same name does."""
+    _torch_module()
+    stream = nonexpert_tensors(manifest_path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
+                               release_pages=release_pages)
+    for record in stream:
+        yield record.name, to_torch(record.array, record.dtype, copy=copy)

@@ -1,0 +1,50 @@
+// Shared helpers of the _k3pack extension: raising k3pack errors as the
+// Python exceptions SGLang raises, and zero-copy numpy views whose base
+// object keeps the C++ owner (a file mapping or a buffer) alive.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3py {
+
+namespace py = pybind11;
+
+// Sets the Python exception for `error` and throws error_already_set.
+// ErrorKind picks the class (ValueError, KeyError, FileNotFoundError, ...);
+// args[0] is the first line of the message (SGLang's text); a "hint: ..."
+// line after it becomes a PEP 678 note and the `k3pack_hint` attribute; a
+// non-zero errno is stored in `errno` (OSError family).
+[[noreturn]] void Raise(const k3pack::Error& error);
+
+// Returns the value or raises.
+template <typename T>
+T Unwrap(k3pack::Result<T>&& r) {
+  if (!r.ok()) Raise(r.error());
+  return std::move(r).value();
+}
+inline void Check(const k3pack::Status& s) {
+  if (!s.ok()) Raise(s.error());
+}
+
+// A read-only numpy array over [data, data + bytes) with the given dtype and
+// C-contiguous shape; `owner` is held by the array's base (a capsule).
+py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,
+                       std::shared_ptr<const void> owner);
+
+// Registration of each binding file.
+void RegisterErrors(py::module_& m);
+void RegisterGguf(py::module_& m);
+void RegisterLoader(py::module_& m);
+void RegisterQuant(py::module_& m);
+void RegisterPack(py::module_& m);
+void RegisterStore(py::module_& m);
+
+}  // namespace k3py

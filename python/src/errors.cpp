@@ -1,0 +1,98 @@
+// ErrorKind -> Python exception class, and the numpy view helper.
+#include <Python.h>
+
+#include "common.h"
+
+namespace k3py {
+namespace {
+
+PyObject* ExceptionClass(k3pack::ErrorKind kind) {
+  using k3pack::ErrorKind;
+  switch (kind) {
+    case ErrorKind::kValue: return PyExc_ValueError;
+    case ErrorKind::kKey: return PyExc_KeyError;
+    case ErrorKind::kFileNotFound: return PyExc_FileNotFoundError;
+    case ErrorKind::kFileExists: return PyExc_FileExistsError;
+    case ErrorKind::kOS: return PyExc_OSError;
+    case ErrorKind::kEOF: return PyExc_EOFError;
+    case ErrorKind::kRuntime: return PyExc_RuntimeError;
+    case ErrorKind::kMemory: return PyExc_MemoryError;
+  }
+  return PyExc_RuntimeError;
+}
+
+// C++ code writes a bare missing-key KeyError as Python's repr of the key
+// ("'format'"), because that is what str(KeyError('format')) prints. To get
+// the same str() in Python the exception's argument must be the unquoted key.
+std::string KeyErrorArg(const std::string& msg) {
+  if (msg.size() >= 2 && msg.front() == '\'' && msg.back() == '\'') {
+    std::string inner = msg.substr(1, msg.size() - 2);
+    if (inner.find('\'') == std::string::npos && inner.find('\\') == std::string::npos) return inner;
+  }
+  return msg;
+}
+
+}  // namespace
+
+void Raise(const k3pack::Error& error) {
+  std::string msg = error.message();
+  std::string hint;
+  size_t h = msg.find("\nhint: ");
+  if (h != std::string::npos) {
+    hint = msg.substr(h + 1);
+    msg.resize(h);
+  }
+  if (error.kind() == k3pack::ErrorKind::kKey) msg = KeyErrorArg(msg);
+  py::object cls = py::reinterpret_borrow<py::object>(ExceptionClass(error.kind()));
+  py::object text = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "replace"));
+  py::object exc = cls(text);
+  if (error.sys_errno() != 0 && PyObject_IsInstance(exc.ptr(), PyExc_OSError) == 1) {
+    exc.attr("errno") = error.sys_errno();
+  }
+  exc.attr("k3pack_kind") = k3pack::ErrorKindName(error.kind());
+  if (!hint.empty()) {
+    exc.attr("k3pack_hint") = hint;
+    if (py::hasattr(exc, "add_note")) exc.attr("add_note")(hint);  // Python >= 3.11
+  }
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,
+                       std::shared_ptr<const void> owner) {
+  auto* holder = new std::shared_ptr<const void>(std::move(owner));
+  py::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
+  std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+  std::vector<py::ssize_t> strides(dims.size());
+  py::ssize_t stride = dtype.itemsize();
+  for (size_t i = dims.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= dims[i];
+  }
+  // A non-null dummy pointer for empty arrays keeps numpy from allocating.
+  static const uint8_t kEmpty[16] = {};
+  const void* ptr = data ? data : kEmpty;
+  py::array arr(dtype, dims, strides, ptr, base);
+  // The bytes are usually a PROT_READ file mapping: writing would fault.
+  py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return arr;
+}
+
+void RegisterErrors(py::module_& m) {
+  m.def("_raise_for_test", [](const std::string& kind, const std::string& message, int err) {
+    static const std::pair<const char*, k3pack::ErrorKind> kKinds[] = {
+        {"ValueError", k3pack::ErrorKind::kValue},       {"KeyError", k3pack::ErrorKind::kKey},
+        {"FileNotFoundError", k3pack::ErrorKind::kFileNotFound},
+        {"FileExistsError", k3pack::ErrorKind::kFileExists}, {"OSError", k3pack::ErrorKind::kOS},
+        {"EOFError", k3pack::ErrorKind::kEOF},           {"RuntimeError", k3pack::ErrorKind::kRuntime},
+        {"MemoryError", k3pack::ErrorKind::kMemory}};
+    for (const auto& [name, k] : kKinds) {
+      if (kind == name) Raise(k3pack::Error(message, k, err));
+    }
+    throw py::value_error("unknown kind " + kind);
+  }, "Raises a k3pack error of the given kind (tests of the exception mapping).",
+     py::arg("kind"), py::arg("message"), py::arg("errno") = 0);
+}
+
+}  // namespace k3py

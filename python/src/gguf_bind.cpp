@@ -1,0 +1,325 @@
+// k3pack.GGUFFile / k3pack.ShardSet / the ggml type table.
+//
+// Tensor bytes are handed out as read-only numpy views into the file mapping
+// (no copy); `layout="gguf"` reproduces gguf-py's ReaderTensor.data shapes and
+// dtypes so code written against gguf-py sees the same arrays.
+#include <pybind11/stl.h>
+
+#include <Python.h>
+
+#include "common.h"
+#include "k3pack/ggml_types.h"
+#include "k3pack/gguf.h"
+
+namespace k3py {
+namespace {
+
+using k3pack::GgmlType;
+namespace gguf = k3pack::gguf;
+
+struct PyGguf {
+  std::shared_ptr<const gguf::GgufFile> file;
+};
+
+struct PyTensor {
+  gguf::TensorInfo info;
+  int64_t shard_index = -1;  // -1 for a tensor of a lone GGUFFile
+  std::string path;
+};
+
+struct PyShardSet {
+  gguf::ShardSet set;
+};
+
+py::object Utf8(const std::string& s) {
+  return py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
+}
+
+// numpy dtype of an element type, or none for block types / BF16.
+const char* ElementTypestr(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return "<f4";
+    case GgmlType::F16: return "<f2";
+    case GgmlType::F64: return "<f8";
+    case GgmlType::I8: return "|i1";
+    case GgmlType::I16: return "<i2";
+    case GgmlType::I32: return "<i4";
+    case GgmlType::I64: return "<i8";
+    default: return nullptr;
+  }
+}
+
+py::object ScalarValue(gguf::ValueType t, const uint8_t* p) {
+  switch (t) {
+    case gguf::ValueType::kUint8: return py::int_(p[0]);
+    case gguf::ValueType::kInt8: return py::int_(static_cast<int8_t>(p[0]));
+    case gguf::ValueType::kBool: return py::bool_(p[0] != 0);
+    case gguf::ValueType::kUint16: { uint16_t v; std::memcpy(&v, p, 2); return py::int_(v); }
+    case gguf::ValueType::kInt16: { int16_t v; std::memcpy(&v, p, 2); return py::int_(v); }
+    case gguf::ValueType::kUint32: { uint32_t v; std::memcpy(&v, p, 4); return py::int_(v); }
+    case gguf::ValueType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return py::int_(v); }
+    case gguf::ValueType::kUint64: { uint64_t v; std::memcpy(&v, p, 8); return py::int_(v); }
+    case gguf::ValueType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return py::int_(v); }
+    case gguf::ValueType::kFloat32: { float v; std::memcpy(&v, p, 4); return py::float_(v); }
+    case gguf::ValueType::kFloat64: { double v; std::memcpy(&v, p, 8); return py::float_(v); }
+    default: return py::none();
+  }
+}
+
+// gguf-py's ReaderField.contents(): scalars, str, list for arrays.
+py::object ValueToPython(const gguf::Value& v) {
+  switch (v.type) {
+    case gguf::ValueType::kString: return Utf8(v.str);
+    case gguf::ValueType::kBool: return py::bool_(v.u64 != 0);
+    case gguf::ValueType::kFloat32:
+    case gguf::ValueType::kFloat64: return py::float_(v.f64);
+    case gguf::ValueType::kUint8:
+    case gguf::ValueType::kUint16:
+    case gguf::ValueType::kUint32:
+    case gguf::ValueType::kUint64: return py::int_(v.u64);
+    case gguf::ValueType::kInt8:
+    case gguf::ValueType::kInt16:
+    case gguf::ValueType::kInt32:
+    case gguf::ValueType::kInt64: return py::int_(v.i64);
+    case gguf::ValueType::kArray: {
+      py::list out;
+      if (v.array_type == gguf::ValueType::kString) {
+        for (const auto& s : v.strings) out.append(Utf8(s));
+        return out;
+      }
+      size_t es = gguf::ValueTypeSize(v.array_type);
+      for (uint64_t i = 0; i < v.array_count; ++i) out.append(ScalarValue(v.array_type, v.array_data + i * es));
+      return out;
+    }
+  }
+  return py::none();
+}
+
+std::string TypeString(const gguf::Value& v) {
+  if (v.type == gguf::ValueType::kArray)
+    return std::string("ARRAY[") + gguf::ValueTypeName(v.array_type) + "]";
+  return gguf::ValueTypeName(v.type);
+}
+
+const char* ArrayTypestr(gguf::ValueType t) {
+  switch (t) {
+    case gguf::ValueType::kUint8: return "|u1";
+    case gguf::ValueType::kInt8: return "|i1";
+    case gguf::ValueType::kBool: return "|b1";
+    case gguf::ValueType::kUint16: return "<u2";
+    case gguf::ValueType::kInt16: return "<i2";
+    case gguf::ValueType::kUint32: return "<u4";
+    case gguf::ValueType::kInt32: return "<i4";
+    case gguf::ValueType::kUint64: return "<u8";
+    case gguf::ValueType::kInt64: return "<i8";
+    case gguf::ValueType::kFloat32: return "<f4";
+    case gguf::ValueType::kFloat64: return "<f8";
+    default: return nullptr;
+  }
+}
+
+// numpy shape + dtype of a tensor for one of the layouts:
+//   "gguf":  gguf-py ReaderTensor.data (typed for F16/F32/F64/I8..I64,
+//            otherwise uint8 rows of ne0/block*type_size bytes; BF16 too)
+//   "typed": as "gguf" but BF16 as uint16 bit patterns in element shape
+//   "raw":   flat uint8 of nbytes
+py::array TensorView(const std::shared_ptr<const gguf::GgufFile>& file, const gguf::TensorInfo& t,
+                     const std::string& layout) {
+  std::span<const uint8_t> bytes = file->TensorData(t);
+  std::shared_ptr<const void> owner = file;
+  if (layout == "raw") {
+    return ReadOnlyView(py::dtype("|u1"), {static_cast<int64_t>(bytes.size())}, bytes.data(), owner);
+  }
+  if (layout != "gguf" && layout != "typed") {
+    throw py::value_error("layout must be 'gguf', 'typed' or 'raw', got '" + layout + "'");
+  }
+  std::vector<int64_t> shape(t.ne.rend() - t.n_dims, t.ne.rend());  // reversed ne, numpy order
+  const char* ts = ElementTypestr(t.type);
+  if (!ts && layout == "typed" && t.type == GgmlType::BF16) ts = "<u2";
+  if (ts) return ReadOnlyView(py::dtype(ts), shape, bytes.data(), owner);
+  // Block types: the fastest axis becomes the row's byte count.
+  if (shape.empty()) shape.push_back(1);
+  shape.back() = static_cast<int64_t>(t.row_bytes());
+  return ReadOnlyView(py::dtype("|u1"), shape, bytes.data(), owner);
+}
+
+py::tuple ShapeTuple(const gguf::TensorInfo& t) {
+  py::tuple out(t.n_dims);
+  for (uint32_t i = 0; i < t.n_dims; ++i) out[i] = py::int_(t.ne[i]);
+  return out;
+}
+
+py::dict TypeInfoDict(uint32_t id) {
+  const k3pack::GgmlTypeInfo* info = k3pack::GgmlTypeInfoFor(id);
+  if (!info || info->block_size == 0) throw py::key_error("unknown or removed ggml type id " + std::to_string(id));
+  py::dict d;
+  d["name"] = info->name;
+  d["id"] = id;
+  d["block_size"] = info->block_size;
+  d["type_size"] = info->type_size;
+  d["quantized"] = info->quantized;
+  return d;
+}
+
+PyGguf OpenGguf(const std::string& path, bool packed) {
+  gguf::ReadOptions ro;
+  ro.require_packed_offsets = packed;
+  k3pack::Result<std::shared_ptr<const gguf::GgufFile>> r = [&] {
+    py::gil_scoped_release nogil;
+    return gguf::GgufFile::Open(path, ro);
+  }();
+  return PyGguf{Unwrap(std::move(r))};
+}
+
+}  // namespace
+
+void RegisterGguf(py::module_& m) {
+  py::class_<PyTensor>(m, "GGUFTensor", "One tensor info of a GGUF file (shape in GGUF ne order).")
+      .def_property_readonly("name", [](const PyTensor& t) { return Utf8(t.info.name); })
+      .def_property_readonly("type", [](const PyTensor& t) { return std::string(k3pack::GgmlTypeName(t.info.type)); })
+      .def_property_readonly("type_id", [](const PyTensor& t) { return static_cast<uint32_t>(t.info.type); })
+      .def_property_readonly("shape", [](const PyTensor& t) { return ShapeTuple(t.info); },
+                             "GGUF ne order, ne[0] (the contiguous axis) first, n_dims entries")
+      .def_property_readonly("n_dims", [](const PyTensor& t) { return t.info.n_dims; })
+      .def_property_readonly("n_elements", [](const PyTensor& t) { return t.info.n_elements(); })
+      .def_property_readonly("offset", [](const PyTensor& t) { return t.info.offset; },
+                             "offset relative to the data section")
+      .def_property_readonly("data_offset", [](const PyTensor& t) { return t.info.data_offset; },
+                             "absolute file offset of the first byte")
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info.nbytes; })
+      .def_property_readonly("row_bytes", [](const PyTensor& t) { return t.info.row_bytes(); })
+      .def_property_readonly("shard_index", [](const PyTensor& t) -> py::object {
+        return t.shard_index < 0 ? py::object(py::none()) : py::object(py::int_(t.shard_index));
+      })
+      .def_property_readonly("path", [](const PyTensor& t) { return t.path; })
+      .def("__repr__", [](const PyTensor& t) {
+        return "GGUFTensor(" + t.info.name + ", " + std::string(k3pack::GgmlTypeName(t.info.type)) + ", " +
+               py::str(ShapeTuple(t.info)).cast<std::string>() + ", nbytes=" + std::to_string(t.info.nbytes) + ")";
+      });
+
+  py::class_<PyGguf>(m, "GGUFFile",
+                     "A memory-mapped, strictly checked GGUF file. Tensor data are zero-copy numpy views.")
+      .def(py::init(&OpenGguf), py::arg("path"), py::arg("require_packed_offsets") = true)
+      .def_property_readonly("path", [](const PyGguf& g) { return g.file->path(); })
+      .def_property_readonly("version", [](const PyGguf& g) { return g.file->version(); })
+      .def_property_readonly("alignment", [](const PyGguf& g) { return g.file->alignment(); })
+      .def_property_readonly("data_offset", [](const PyGguf& g) { return g.file->data_offset(); },
+                             "aligned start of the tensor data section (SGLang's metadata_nbytes)")
+      .def_property_readonly("file_size", [](const PyGguf& g) { return g.file->file_size(); })
+      .def_property_readonly("architecture", [](const PyGguf& g) { return g.file->architecture(); })
+      .def_property_readonly("metadata", [](const PyGguf& g) {
+        py::dict d;
+        for (const auto& kv : g.file->metadata()) d[Utf8(kv.key)] = ValueToPython(kv.value);
+        return d;
+      }, "key -> value as gguf-py's ReaderField.contents() gives it (arrays as lists)")
+      .def_property_readonly("metadata_types", [](const PyGguf& g) {
+        py::dict d;
+        for (const auto& kv : g.file->metadata()) d[Utf8(kv.key)] = TypeString(kv.value);
+        return d;
+      }, "key -> GGUF value type name ('UINT32', 'STRING', 'ARRAY[FLOAT32]', ...)")
+      .def("metadata_array", [](const PyGguf& g, const std::string& key) {
+        const gguf::Value* v = g.file->Find(key);
+        if (!v) throw py::key_error(key);
+        const char* ts = v->type == gguf::ValueType::kArray ? ArrayTypestr(v->array_type) : nullptr;
+        if (!ts) throw py::type_error("metadata key '" + key + "' is not a numeric array");
+        return ReadOnlyView(py::dtype(ts), {static_cast<int64_t>(v->array_count)}, v->array_data, g.file);
+      }, py::arg("key"), "zero-copy numpy view of a numeric array value")
+      .def_property_readonly("tensors", [](const PyGguf& g) {
+        std::vector<PyTensor> out;
+        out.reserve(g.file->tensors().size());
+        for (const auto& t : g.file->tensors()) out.push_back({t, -1, g.file->path()});
+        return out;
+      })
+      .def("tensor", [](const PyGguf& g, const std::string& name) {
+        const gguf::TensorInfo* t = g.file->FindTensor(name);
+        if (!t) throw py::key_error(name);
+        return PyTensor{*t, -1, g.file->path()};
+      }, py::arg("name"))
+      .def("__contains__", [](const PyGguf& g, const std::string& name) { return g.file->FindTensor(name) != nullptr; })
+      .def("__len__", [](const PyGguf& g) { return g.file->tensors().size(); })
+      .def("tensor_data", [](const PyGguf& g, const std::string& name, const std::string& layout) {
+        const gguf::TensorInfo* t = g.file->FindTensor(name);
+        if (!t) throw py::key_error(name);
+        return TensorView(g.file, *t, layout);
+      }, py::arg("name"), py::arg("layout") = "gguf",
+         "read-only numpy view: layout 'gguf' (gguf-py's ReaderTensor.data), 'typed' (BF16 as uint16 in "
+         "element shape), 'raw' (flat uint8)")
+      .def("__repr__", [](const PyGguf& g) {
+        return "GGUFFile('" + g.file->path() + "', tensors=" + std::to_string(g.file->tensors().size()) + ")";
+      });
+
+  py::class_<PyShardSet>(m, "ShardSet", "An opened, cross-checked split GGUF set (or one unsplit file).")
+      .def(py::init([](const std::string& path, const std::string& architecture, bool packed) {
+             gguf::ShardSetOptions o;
+             o.expected_architecture = architecture;
+             o.read.require_packed_offsets = packed;
+             k3pack::Result<gguf::ShardSet> r = [&] {
+               py::gil_scoped_release nogil;
+               return gguf::ShardSet::Open(path, o);
+             }();
+             return PyShardSet{Unwrap(std::move(r))};
+           }),
+           py::arg("path"), py::arg("architecture") = "kimi-k3", py::arg("require_packed_offsets") = true,
+           "path: a directory or any shard; architecture: required general.architecture ('' = any)")
+      .def_static("discover", [](const std::string& path) { return Unwrap(gguf::ShardSet::Discover(path)); },
+                  py::arg("path"), "shard paths in shard order")
+      .def_property_readonly("shards", [](const PyShardSet& s) {
+        std::vector<PyGguf> out;
+        for (const auto& f : s.set.shards()) out.push_back({f});
+        return out;
+      })
+      .def_property_readonly("paths", [](const PyShardSet& s) {
+        std::vector<std::string> out;
+        for (const auto& f : s.set.shards()) out.push_back(f->path());
+        return out;
+      })
+      .def_property_readonly("prefix", [](const PyShardSet& s) { return s.set.prefix(); })
+      .def_property_readonly("directory", [](const PyShardSet& s) { return s.set.directory(); })
+      .def_property_readonly("tensor_count", [](const PyShardSet& s) { return s.set.tensor_count(); })
+      .def_property_readonly("metadata", [](const PyShardSet& s) {
+        py::dict d;
+        for (const auto& kv : s.set.first().metadata()) d[Utf8(kv.key)] = ValueToPython(kv.value);
+        return d;
+      }, "metadata of shard 0 (the only shard with the full key set)")
+      .def_property_readonly("tensors", [](const PyShardSet& s) {
+        std::vector<PyTensor> out;
+        for (const auto& loc : s.set.AllTensors())
+          out.push_back({*loc.info, loc.shard_index, s.set.shards()[loc.shard_index]->path()});
+        return out;
+      }, "all tensors in shard order, then info order")
+      .def("tensor", [](const PyShardSet& s, const std::string& name) {
+        auto loc = s.set.FindTensor(name);
+        if (!loc) throw py::key_error(name);
+        return PyTensor{*loc->info, loc->shard_index, s.set.shards()[loc->shard_index]->path()};
+      }, py::arg("name"))
+      .def("__contains__", [](const PyShardSet& s, const std::string& name) { return s.set.FindTensor(name).has_value(); })
+      .def("__len__", [](const PyShardSet& s) { return s.set.tensor_count(); })
+      .def("tensor_data", [](const PyShardSet& s, const std::string& name, const std::string& layout) {
+        auto loc = s.set.FindTensor(name);
+        if (!loc) throw py::key_error(name);
+        return TensorView(s.set.shards()[loc->shard_index], *loc->info, layout);
+      }, py::arg("name"), py::arg("layout") = "gguf");
+
+  m.def("ggml_type_info", [](py::object key) {
+    if (py::isinstance<py::str>(key)) {
+      auto t = k3pack::GgmlTypeFromName(key.cast<std::string>());
+      if (!t) throw py::key_error("unknown ggml type name " + key.cast<std::string>());
+      return TypeInfoDict(static_cast<uint32_t>(*t));
+    }
+    return TypeInfoDict(key.cast<uint32_t>());
+  }, py::arg("type"), "{name, id, block_size, type_size, quantized} for a type name ('Q2_K') or id");
+  m.def("ggml_types", [] {
+    py::list out;
+    for (uint32_t id = 0; id < k3pack::kGgmlTypeCount; ++id)
+      if (k3pack::IsValidGgmlType(id)) out.append(TypeInfoDict(id));
+    return out;
+  }, "every type id a GGUF file may carry");
+  m.def("parse_shard_name", [](const std::string& name) -> py::object {
+    auto s = gguf::ParseShardName(name);
+    if (!s) return py::none();
+    return py::make_tuple(s->prefix, s->number, s->count);
+  }, py::arg("file_name"), "'<prefix>-NNNNN-of-NNNNN.gguf' -> (prefix, number, count) or None");
+}
+
+}  // namespace k3py

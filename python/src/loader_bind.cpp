@@ -1,0 +1,131 @@
+// k3pack.NonExpertStream: SGLang's kimi_k3_nonexpert_weights_iterator order
+// and values, as zero-copy numpy views (see include/k3pack/loader.h).
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include "common.h"
+#include "k3pack/loader.h"
+
+namespace k3py {
+namespace {
+
+namespace loader = k3pack::loader;
+
+struct PyNamedTensor {
+  std::string name;
+  std::string source_name;
+  std::string kind;
+  std::string dtype;  // "float32", "bfloat16", "uint8", ...
+  py::object array;
+  bool zero_copy = false;
+  std::string source_type;
+  uint32_t shard_index = 0;
+};
+
+struct PyStream {
+  std::optional<loader::NonExpertStream> stream;
+};
+
+py::dtype NumpyDtype(loader::DType d) {
+  // bfloat16 has no numpy dtype: its bit patterns are handed out as uint16.
+  return py::dtype(loader::DTypeNumpyStr(d));
+}
+
+PyNamedTensor Convert(loader::NamedTensor&& t) {
+  PyNamedTensor out;
+  out.array = ReadOnlyView(NumpyDtype(t.dtype), t.shape, t.data.data(), std::move(t.owner));
+  out.name = std::move(t.name);
+  out.source_name = std::move(t.source_name);
+  out.kind = loader::TensorKindName(t.kind);
+  out.dtype = loader::DTypeName(t.dtype);
+  out.zero_copy = t.zero_copy;
+  out.source_type = std::string(k3pack::GgmlTypeName(t.source_type));
+  out.shard_index = t.shard_index;
+  return out;
+}
+
+py::dict StatsDict(const loader::LoadStats& s) {
+  py::dict d;
+  d["shards_total"] = s.shards_total;
+  d["shards_opened"] = s.shards_opened;
+  d["source_tensors"] = s.source_tensors;
+  d["routed_skipped"] = s.routed_skipped;
+  d["routed_skipped_bytes"] = s.routed_skipped_bytes;
+  d["emitted"] = s.emitted;
+  d["zero_copy_tensors"] = s.zero_copy_tensors;
+  d["zero_copy_bytes"] = s.zero_copy_bytes;
+  d["computed_bytes"] = s.computed_bytes;
+  return d;
+}
+
+}  // namespace
+
+void RegisterLoader(py::module_& m) {
+  py::class_<PyNamedTensor>(m, "NonExpertTensor",
+                            "One emitted tensor: SGLang name, numpy array and where it came from.")
+      .def_readonly("name", &PyNamedTensor::name, "SGLang runtime parameter name")
+      .def_readonly("source_name", &PyNamedTensor::source_name, "GGUF tensor name")
+      .def_readonly("kind", &PyNamedTensor::kind,
+                    "plain | qweight_type | qweight | a_log | residual_projection | residual_norm")
+      .def_readonly("dtype", &PyNamedTensor::dtype,
+                    "element type name; 'bfloat16' arrays hold the bit patterns as uint16")
+      .def_readonly("array", &PyNamedTensor::array, "read-only numpy array (zero-copy where possible)")
+      .def_readonly("zero_copy", &PyNamedTensor::zero_copy, "array is a view into the shard's memory map")
+      .def_readonly("source_type", &PyNamedTensor::source_type, "GGUF storage type name")
+      .def_readonly("shard_index", &PyNamedTensor::shard_index)
+      .def("__repr__", [](const PyNamedTensor& t) {
+        return "NonExpertTensor(" + t.name + ", " + t.dtype + ", " +
+               py::str(t.array.attr("shape")).cast<std::string>() + ")";
+      });
+
+  py::class_<PyStream>(m, "NonExpertStream",
+                       "Iterator over Kimi-K3's non-routed weights of an adapter manifest, in SGLang's order.")
+      .def(py::init([](const std::string& manifest_path, bool sglang_compat, bool verify_metadata,
+                       bool release_pages, bool drop_page_cache) {
+             loader::LoadOptions o;
+             o.sglang_compat = sglang_compat;
+             o.verify_metadata = verify_metadata;
+             o.release_pages = release_pages;
+             o.drop_page_cache = drop_page_cache;
+             k3pack::Result<loader::NonExpertStream> r = [&] {
+               py::gil_scoped_release nogil;
+               return loader::NonExpertStream::Open(manifest_path, o);
+             }();
+             PyStream s;
+             s.stream.emplace(Unwrap(std::move(r)));
+             return s;
+           }),
+           py::arg("manifest_path"), py::arg("sglang_compat") = false, py::arg("verify_metadata") = false,
+           py::arg("release_pages") = true, py::arg("drop_page_cache") = false)
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](PyStream& s) {
+        k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {
+          py::gil_scoped_release nogil;
+          return s.stream->Next();
+        }();
+        std::optional<loader::NamedTensor> t = Unwrap(std::move(r));
+        if (!t) throw py::stop_iteration();
+        return Convert(std::move(*t));
+      })
+      .def_property_readonly("stats", [](const PyStream& s) { return StatsDict(s.stream->stats()); })
+      .def_property_readonly("manifest_path", [](const PyStream& s) { return s.stream->manifest_path(); });
+
+  m.def("ssm_a_to_a_log", [](py::array values) {
+    // float32 / float16 arrays (bfloat16: pass uint16 bits with dtype='bfloat16' via the Python wrapper).
+    std::string kind = py::str(values.dtype()).cast<std::string>();
+    loader::DType d;
+    if (kind == "float32") d = loader::DType::kFloat32;
+    else if (kind == "float16") d = loader::DType::kFloat16;
+    else if (kind == "uint16") d = loader::DType::kBFloat16;
+    else throw py::type_error("ssm_a must be float32, float16 or uint16 (bfloat16 bits), got " + kind);
+    py::array c = py::array::ensure(values, py::array::c_style);
+    std::span<const uint8_t> bytes(static_cast<const uint8_t*>(c.data()), static_cast<size_t>(c.nbytes()));
+    std::vector<uint8_t> out = Unwrap(loader::ALogFromSsmA(d, bytes));
+    py::array result(c.dtype(), std::vector<py::ssize_t>(c.shape(), c.shape() + c.ndim()));
+    std::memcpy(result.mutable_data(), out.data(), out.size());
+    return result;
+  }, py::arg("values"), "A_log = log(-ssm_a) with SGLang's checks and errors (same dtype out)");
+}
+
+}  // namespace k3py

@@ -1,0 +1,122 @@
+// k3pack.dequantize / k3pack.tensor_stats (binds include/k3pack/quant.h).
+//
+// Input is what k3pack.GGUFFile.tensor_data (or gguf-py) hands out: for block
+// types (and BF16) a uint8 array whose last axis is a row's bytes; for element
+// types (F32, F16, F64, I8..I64) a typed array. The output is float32 in
+// element shape, bit-identical to ggml's dequantize_row_<type>.
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "common.h"
+#include "k3pack/ggml_types.h"
+#include "k3pack/quant.h"
+
+namespace k3py {
+namespace {
+
+using k3pack::GgmlType;
+namespace quant = k3pack::quant;
+
+GgmlType TypeArg(const py::object& t) {
+  if (py::isinstance<py::str>(t)) {
+    auto g = k3pack::GgmlTypeFromName(t.cast<std::string>());
+    if (!g) throw py::value_error("unknown ggml type name '" + t.cast<std::string>() + "'");
+    return *g;
+  }
+  uint32_t id = t.cast<uint32_t>();
+  if (!k3pack::IsValidGgmlType(id)) throw py::value_error("invalid ggml type id " + std::to_string(id));
+  return static_cast<GgmlType>(id);
+}
+
+struct Rows {
+  std::span<const uint8_t> bytes;
+  int64_t ne0 = 0;
+  uint64_t rows = 0;
+  std::vector<py::ssize_t> out_shape;
+};
+
+// Works out (ne0, rows) from the array's shape and the type, following
+// gguf-py's quant_shape_from_byte_shape for byte arrays.
+Rows RowsOf(const py::array& a, GgmlType t) {
+  const k3pack::GgmlTypeInfo* info = k3pack::GgmlTypeInfoFor(t);
+  Rows r;
+  r.bytes = {static_cast<const uint8_t*>(a.data()), static_cast<size_t>(a.nbytes())};
+  std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
+  if (shape.empty()) shape.push_back(1);
+  const py::ssize_t last = shape.back();
+  const size_t item = static_cast<size_t>(a.itemsize());
+  if (item == 1 && !(info->block_size == 1 && info->type_size == 1)) {
+    // Byte rows: last axis = blocks * type_size.
+    if (last % info->type_size != 0)
+      throw py::value_error("last axis (" + std::to_string(last) + " bytes) is not a whole number of " +
+                            info->name + " blocks (" + std::to_string(info->type_size) + " bytes each)");
+    r.ne0 = last / info->type_size * info->block_size;
+  } else {
+    if (item != info->type_size || info->block_size != 1)
+      throw py::value_error(std::string("a typed array of itemsize ") + std::to_string(item) +
+                            " cannot hold " + info->name + " data; pass the uint8 byte view");
+    r.ne0 = last;
+  }
+  r.rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) r.rows *= static_cast<uint64_t>(shape[i]);
+  r.out_shape = shape;
+  if (a.ndim() == 0) r.out_shape.clear();
+  else r.out_shape.back() = r.ne0;
+  return r;
+}
+
+}  // namespace
+
+void RegisterQuant(py::module_& m) {
+  m.def("dequantize", [](py::array data, py::object type) {
+    GgmlType t = TypeArg(type);
+    if (!quant::CanDequantize(t))
+      throw py::value_error(std::string("cannot dequantize ") + std::string(k3pack::GgmlTypeName(t)));
+    py::array a = py::array::ensure(data, py::array::c_style);
+    if (!a) throw py::type_error("data must be an array");
+    Rows r = RowsOf(a, t);
+    py::array_t<float> out(r.out_shape.empty() ? std::vector<py::ssize_t>{} : r.out_shape);
+    std::span<float> dst(out.mutable_data(), static_cast<size_t>(out.size()));
+    k3pack::Status st;
+    {
+      py::gil_scoped_release nogil;
+      const uint64_t row_bytes = k3pack::GgmlRowBytes(t, static_cast<uint64_t>(r.ne0));
+      if (row_bytes * r.rows > r.bytes.size()) {
+        st = k3pack::Error("data holds " + std::to_string(r.bytes.size()) + " bytes, " +
+                           std::to_string(row_bytes * r.rows) + " needed");
+      }
+      for (uint64_t i = 0; st.ok() && i < r.rows; ++i) {
+        st = quant::DequantizeRow(t, r.bytes.subspan(i * row_bytes, row_bytes),
+                                  dst.subspan(i * static_cast<size_t>(r.ne0), static_cast<size_t>(r.ne0)));
+      }
+    }
+    Check(st);
+    return out;
+  }, py::arg("data"), py::arg("type"),
+     "float32 values of `data` stored as ggml `type` (name or id); shape as gguf-py's dequantize");
+
+  m.def("tensor_stats", [](py::array data, py::object type) {
+    GgmlType t = TypeArg(type);
+    py::array a = py::array::ensure(data, py::array::c_style);
+    Rows r = RowsOf(a, t);
+    k3pack::Result<quant::TensorStats> s = [&] {
+      py::gil_scoped_release nogil;
+      return quant::ComputeStats(t, r.bytes, r.ne0, r.rows);
+    }();
+    quant::TensorStats v = Unwrap(std::move(s));
+    py::dict d;
+    d["min"] = v.min;
+    d["max"] = v.max;
+    d["mean"] = v.mean;
+    d["nan_count"] = v.nan_count;
+    d["inf_count"] = v.inf_count;
+    d["count"] = v.count;
+    return d;
+  }, py::arg("data"), py::arg("type"), "min/max/mean over finite values, NaN/Inf counts");
+
+  m.def("quant_isa", [] { return std::string(quant::IsaName(quant::DetectedIsa())); },
+        "the SIMD code path dequantize uses on this CPU");
+}
+
+}  // namespace k3py

@@ -1,0 +1,198 @@
+// k3pack.ExpertStore (binds include/k3pack/store.h): SGLang's
+// KimiGGMLExpertPackStore as a host-memory expert cache. acquire() returns
+// the expert objects' bytes as read-only numpy views (zero-copy into the
+// cache); a view stays valid after mark_used() or eviction.
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "common.h"
+#include "k3pack/store.h"
+
+namespace k3py {
+namespace {
+
+namespace store = k3pack::store;
+
+py::object JsonToPython(const nlohmann::json& j) {
+  return py::module_::import("json").attr("loads")(j.dump());
+}
+
+struct PyRoute {
+  uint32_t layer = 0, expert = 0;
+  py::object bytes, up, gate, down;
+};
+
+struct PyAcquisition {
+  std::shared_ptr<store::ExpertStore> owner;
+  store::Acquisition acq;
+  std::vector<PyRoute> routes;
+};
+
+py::object View(std::span<const uint8_t> s, const std::shared_ptr<const void>& owner) {
+  return ReadOnlyView(py::dtype("|u1"), {static_cast<int64_t>(s.size())}, s.data(), owner);
+}
+
+std::shared_ptr<PyAcquisition> Wrap(std::shared_ptr<store::ExpertStore> st, store::Acquisition&& a) {
+  auto out = std::make_shared<PyAcquisition>();
+  out->owner = std::move(st);
+  out->acq = std::move(a);
+  for (const auto& v : out->acq.routes) {
+    out->routes.push_back({v.layer, v.expert, View(v.bytes, v.owner), View(v.up, v.owner), View(v.gate, v.owner),
+                           View(v.down, v.owner)});
+  }
+  return out;
+}
+
+std::vector<int64_t> Ids(const py::array& ids, std::vector<int64_t>* shape) {
+  py::array_t<int64_t, py::array::c_style | py::array::forcecast> a(ids);
+  shape->assign(a.shape(), a.shape() + a.ndim());
+  return std::vector<int64_t>(a.data(), a.data() + a.size());
+}
+
+}  // namespace
+
+void RegisterStore(py::module_& m) {
+  py::class_<PyRoute>(m, "ExpertView", "One routed expert object: whole bytes and the up/gate/down role views.")
+      .def_readonly("layer", &PyRoute::layer)
+      .def_readonly("expert", &PyRoute::expert)
+      .def_readonly("bytes", &PyRoute::bytes)
+      .def_readonly("up", &PyRoute::up)
+      .def_readonly("gate", &PyRoute::gate)
+      .def_readonly("down", &PyRoute::down)
+      .def("__repr__", [](const PyRoute& r) {
+        return "ExpertView(layer=" + std::to_string(r.layer) + ", expert=" + std::to_string(r.expert) + ")";
+      });
+
+  py::class_<PyAcquisition, std::shared_ptr<PyAcquisition>>(m, "Acquisition",
+                                                           "The result of ExpertStore.acquire: views in route order.")
+      .def_property_readonly("layer", [](const PyAcquisition& a) { return a.acq.layer; })
+      .def_property_readonly("routes", [](const PyAcquisition& a) { return a.routes; })
+      .def_property_readonly("experts", [](const PyAcquisition& a) {
+        std::vector<uint32_t> e;
+        for (const auto& r : a.routes) e.push_back(r.expert);
+        return e;
+      })
+      .def_property_readonly("released", [](const PyAcquisition& a) { return a.acq.ticket == 0; })
+      .def("__len__", [](const PyAcquisition& a) { return a.routes.size(); })
+      .def("__getitem__", [](const PyAcquisition& a, size_t i) {
+        if (i >= a.routes.size()) throw py::index_error();
+        return a.routes[i];
+      })
+      .def("mark_used", [](PyAcquisition& a) {
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = a.owner->MarkUsed(a.acq);
+        }
+        Check(st);
+      }, "release this call's objects for eviction (idempotent)")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyAcquisition& a, py::args) {
+        Check(a.owner->MarkUsed(a.acq));
+        return false;
+      });
+
+  py::class_<store::ExpertStore, std::shared_ptr<store::ExpertStore>>(
+      m, "ExpertStore", "Host-memory expert cache over a GGMLMOEPACKv1 pack (SGLang's store semantics).")
+      .def(py::init([](const std::string& pack_path, const std::string& manifest_path, uint64_t cache_bytes,
+                       const std::string& policy, const std::string& io_backend, bool direct_io, int64_t read_splits,
+                       int64_t queue_depth, int64_t stats_flush_interval, const std::string& stats_path,
+                       bool verify_pack_sha256, std::optional<uint32_t> expected_layers,
+                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k) {
+             store::StoreOptions o;
+             o.cache_bytes = cache_bytes;
+             o.policy = policy;
+             o.io_backend = io_backend;
+             o.direct_io = direct_io;
+             o.read_splits = read_splits;
+             o.queue_depth = queue_depth;
+             o.stats_flush_interval = stats_flush_interval;
+             o.stats_path = stats_path;
+             o.verify_pack_sha256 = verify_pack_sha256;
+             o.expected_layers = expected_layers;
+             o.expected_experts = expected_experts;
+             o.expected_top_k = expected_top_k;
+             k3pack::Result<std::shared_ptr<store::ExpertStore>> r = [&] {
+               py::gil_scoped_release nogil;
+               return store::ExpertStore::Open(pack_path, manifest_path, o);
+             }();
+             return Unwrap(std::move(r));
+           }),
+           py::arg("pack_path"), py::arg("manifest_path"), py::kw_only(), py::arg("cache_bytes") = 4096ull << 20,
+           py::arg("policy") = "reuse-lfu-lru-v2", py::arg("io_backend") = "pread", py::arg("direct_io") = false,
+           py::arg("read_splits") = 1, py::arg("queue_depth") = 16, py::arg("stats_flush_interval") = 0,
+           py::arg("stats_path") = "", py::arg("verify_pack_sha256") = false,
+           py::arg("expected_layers") = py::none(), py::arg("expected_experts") = py::none(),
+           py::arg("expected_top_k") = py::none())
+      .def("acquire", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array topk_ids,
+                         std::optional<bool> is_prefill) {
+        std::vector<int64_t> shape;
+        std::vector<int64_t> ids = Ids(topk_ids, &shape);
+        k3pack::Result<store::Acquisition> r = [&] {
+          py::gil_scoped_release nogil;
+          return self->Acquire(layer, ids, shape, is_prefill);
+        }();
+        return Wrap(self, Unwrap(std::move(r)));
+      }, py::arg("layer"), py::arg("topk_ids"), py::kw_only(), py::arg("is_prefill") = py::none(),
+         "topk_ids: integer array [tokens, top_k]; returns an Acquisition (views in route order)")
+      .def("prefetch", [](store::ExpertStore& self, uint32_t layer, py::array ids) {
+        std::vector<int64_t> shape;
+        std::vector<int64_t> v = Ids(ids, &shape);
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = self.Prefetch(layer, v);
+        }
+        Check(st);
+      }, py::arg("layer"), py::arg("expert_ids"), "start reading experts of `layer` without waiting")
+      .def("mark_used", [](store::ExpertStore& self, PyAcquisition& a) {
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = self.MarkUsed(a.acq);
+        }
+        Check(st);
+      }, py::arg("acquisition"))
+      .def("snapshot", [](const store::ExpertStore& self) { return JsonToPython(self.Snapshot()); },
+           "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
+      .def("stats", [](const store::ExpertStore& self) { return JsonToPython(self.Snapshot()); })
+      .def("write_stats", [](const store::ExpertStore& self) { Check(self.WriteStats()); })
+      .def("close", [](store::ExpertStore& self) {
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = self.Close();
+        }
+        Check(st);
+      })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](store::ExpertStore& self, py::args) {
+        Check(self.Close());
+        return false;
+      })
+      .def_property_readonly("info", [](const store::ExpertStore& self) {
+        const store::StoreInfo& i = self.info();
+        py::dict d;
+        d["pack_path"] = i.pack_path;
+        d["manifest_path"] = i.manifest_path;
+        d["profile"] = i.profile;
+        d["num_hidden_layers"] = i.num_hidden_layers;
+        d["num_experts"] = i.num_experts;
+        d["top_k"] = i.top_k;
+        d["active_layer_ids"] = i.active_layer_ids;
+        d["object_bytes"] = i.object_bytes;
+        d["role_offsets"] = i.role_offsets;
+        d["role_bytes"] = i.role_bytes;
+        d["index_sha256"] = i.index_sha256;
+        d["index_count"] = i.index_count;
+        d["data_start"] = i.data_start;
+        d["pack_size"] = i.pack_size;
+        d["cache_bytes"] = i.cache_bytes;
+        d["effective_capacity_objects"] = i.effective_capacity_objects;
+        d["open_seconds"] = i.open_seconds;
+        return d;
+      });
+}
+
+}  // namespace k3py

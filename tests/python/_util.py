@@ -1,0 +1,43 @@
+"""Shared helpers of the Python tests: import path, the k3pack CLI, temp dirs."""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.environ.get("K3PACK_PYTHON_DIR", os.path.join(REPO, "python")))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def k3pack_bin():
+    """The CLI: $K3PACK_BIN, else <repo>/build/k3pack."""
+    return os.environ.get("K3PACK_BIN") or os.path.join(REPO, "build", "k3pack")
+
+
+def have_cli():
+    return os.access(k3pack_bin(), os.X_OK)
+
+
+def run_cli(*args, check=True):
+    proc = subprocess.run([k3pack_bin(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError("k3pack %s failed (%d):\n%s\n%s" % (" ".join(args), proc.returncode, proc.stdout,
+                                                                  proc.stderr))
+    return proc
+
+
+def cli_has_command(name):
+    if not have_cli():
+        return False
+    proc = subprocess.run([k3pack_bin(), name, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc.returncode == 0
+
+
+class TempDir:
+    def __init__(self):
+        self._td = tempfile.TemporaryDirectory(prefix="k3py-")
+        self.path = self._td.name
+
+    def cleanup(self):
+        self._td.cleanup()

@@ -1,0 +1,343 @@
+"""k3pack.sglang.kimi_k3_nonexpert_weights_iterator against an independent
+reimplementation of SGLang's iterator (gguf_oracle.sglang_nonexpert_weights):
+names, order, torch dtypes, shapes, values, and exception types + texts."""
+
+import json
+import os
+import shutil
+import unittest
+
+import numpy as np
+import torch
+
+import _util
+import gguf_oracle as oracle
+import k3pack
+from k3pack.sglang import kimi_k3_nonexpert_weights_iterator
+
+TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+                "int64": torch.int64, "float16": torch.float16, "float32": torch.float32,
+                "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+def bits(tensor):
+    """A torch tensor's bytes as a numpy array of the same shape (bf16 -> int16)."""
+    t = tensor.contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy()
+
+
+def expected_k3pack(name, value, dtype_name, source_type):
+    """The oracle's SGLang value turned into k3pack's default (corrected) BF16 form."""
+    if source_type == "BF16" and dtype_name == "uint8":
+        value = value.view("<u2")  # bytes -> bit patterns, element shape
+        return value, "bfloat16"
+    return value, dtype_name
+
+
+class AdapterCase(unittest.TestCase):
+    """Helpers: run both sides and compare, or compare their exceptions."""
+
+    def collect(self, manifest, **kw):
+        return list(kimi_k3_nonexpert_weights_iterator(manifest, **kw))
+
+    def assert_same_stream(self, manifest, source_types, sglang_compat):
+        want = list(oracle.sglang_nonexpert_weights(manifest))
+        got = self.collect(manifest, sglang_compat=sglang_compat)
+        self.assertEqual([n for n, _ in got], [n for n, _, _ in want])
+        for (name, tensor), (_, value, dtype_name) in zip(got, want):
+            if not sglang_compat:
+                value, dtype_name = expected_k3pack(name, value, dtype_name, source_types.get(name))
+            self.assertEqual(tensor.dtype, TORCH_DTYPES[dtype_name], name)
+            self.assertEqual(tuple(tensor.shape), value.shape, name)
+            got_bits = bits(tensor)
+            if name.endswith("A_log"):
+                # log() of two libms may differ in the last bit.
+                gv = got_bits.astype(np.float64)
+                np.testing.assert_allclose(gv, value.astype(np.float64), rtol=2 * np.finfo(value.dtype).eps,
+                                           err_msg=name)
+            else:
+                self.assertEqual(got_bits.dtype.itemsize, value.dtype.itemsize, name)
+                self.assertEqual(got_bits.tobytes(), value.tobytes(), name)
+        return got
+
+    def assert_same_error(self, manifest, **kw):
+        with self.assertRaises(Exception) as want:
+            list(oracle.sglang_nonexpert_weights(manifest))
+        with self.assertRaises(Exception) as got:
+            self.collect(manifest, **kw)
+        self.assertIs(type(got.exception), type(want.exception))
+        self.assertEqual(str(got.exception), str(want.exception))
+        return got.exception
+
+
+def _f32(a):
+    return np.asarray(a, dtype="<f4").tobytes()
+
+
+class HandWrittenModel(AdapterCase):
+    """A small GGUF written by the oracle with every emission rule in it."""
+
+    def setUp(self):
+        self.tmp = _util.TempDir()
+        rng = np.random.default_rng(3)
+        d = 32
+        self.tensors = [
+            ("token_embd.weight", "Q8_0", [64, 8], rng.integers(0, 256, 8 * 2 * 34, dtype=np.uint8).tobytes()),
+            ("output_norm.weight", "F32", [d], _f32(rng.standard_normal(d))),
+            ("output.weight", "BF16", [d, 4], rng.integers(0, 65536, 4 * d, dtype=np.uint16).astype("<u2").tobytes()),
+            ("output_res_score.weight", "F32", [d], _f32(rng.standard_normal(d))),
+            ("blk.0.attn_norm.weight", "F16", [d], rng.standard_normal(d).astype("<f2").tobytes()),
+            ("blk.0.attn_res_score.weight", "F16", [d], rng.standard_normal(d).astype("<f2").tobytes()),
+            ("blk.1.ssm_a", "F32", [1, 4, 1, 1], _f32(-np.exp(rng.standard_normal(4)))),
+            ("blk.1.ssm_dt.bias", "F32", [8], _f32(rng.standard_normal(8))),
+            ("blk.1.ssm_conv1d_q.weight", "F32", [4, 8], _f32(rng.standard_normal(32))),
+            ("blk.1.ffn_up_exps.weight", "Q2_K", [256, 2, 2], rng.integers(0, 256, 4 * 84, dtype=np.uint8).tobytes()),
+            ("blk.1.ffn_up_shexp.weight", "Q4_0", [64, 2], rng.integers(0, 256, 2 * 2 * 18, dtype=np.uint8).tobytes()),
+            ("blk.3.attn_k_b.weight", "Q4_0", [32, 4, 2], rng.integers(0, 256, 8 * 18, dtype=np.uint8).tobytes()),
+            ("blk.3.attn_v_b.weight", "Q2_K", [256, 2], rng.integers(0, 256, 2 * 84, dtype=np.uint8).tobytes()),
+            ("blk.3.ffn_res_score.weight", "F32", [d], _f32(rng.standard_normal(d))),
+        ]
+        self.write(self.tensors)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, tensors, split=2):
+        kv = [("general.architecture", 8, "kimi-k3")]
+        paths = []
+        parts = [tensors[:split], tensors[split:]] if split else [tensors]
+        for i, part in enumerate(parts):
+            p = os.path.join(self.tmp.path, "HAND-%05d-of-%05d.gguf" % (i + 1, len(parts)))
+            oracle.write_gguf(p, kv + [("split.no", 2, i), ("split.count", 2, len(parts)),
+                                       ("split.tensors.count", 5, len(tensors))], part)
+            paths.append(p)
+        self.paths = paths
+        self.manifest_doc = oracle.source_manifest(paths)
+        self.manifest = os.path.join(self.tmp.path, "m.json")
+        oracle.write_json(self.manifest, self.manifest_doc)
+
+    def rewrite_manifest(self, doc):
+        oracle.write_json(self.manifest, doc)
+
+    def source_types(self):
+        types = {}
+        for name, tname, _, _ in self.tensors:
+            for target in oracle.checkpoint_targets(name) if "exps" not in name else ():
+                types[target] = tname
+        return types
+
+    def test_default_matches_oracle_with_bf16_corrected(self):
+        got = self.assert_same_stream(self.manifest, self.source_types(), sglang_compat=False)
+        names = [n for n, _ in got]
+        # Spot checks of the rules (independent of both implementations).
+        self.assertEqual(names[0:2], ["model.embed_tokens.qweight_type", "model.embed_tokens.qweight"])
+        self.assertIn("lm_head.weight", names)
+        lm = dict(got)["lm_head.weight"]
+        self.assertEqual((lm.dtype, tuple(lm.shape)), (torch.bfloat16, (4, 32)))
+        self.assertEqual(dict(got)["model.embed_tokens.qweight_type"].shape, ())
+        self.assertEqual(int(dict(got)["model.embed_tokens.qweight_type"]), 8)
+        self.assertEqual(tuple(dict(got)["model.output_attn_res_proj.weight"].shape), (1, 32))
+        self.assertEqual(dict(got)["model.layers.0.self_attention_res_norm.weight"].dtype, torch.float16)
+        self.assertIn("model.layers.3.self_attn.k_b_qweight_type", names)
+        self.assertFalse(any("exps" in n or "experts.w" in n for n in names))
+
+    def test_sglang_compat_matches_oracle_exactly(self):
+        got = self.assert_same_stream(self.manifest, {}, sglang_compat=True)
+        lm = dict(got)["lm_head.weight"]
+        self.assertEqual((lm.dtype, tuple(lm.shape)), (torch.uint8, (4, 64)))
+
+    def test_zero_copy_and_copy_option(self):
+        recs = {r.name: r for r in k3pack.nonexpert_tensors(self.manifest)}
+        self.assertTrue(recs["model.norm.weight"].zero_copy)
+        self.assertFalse(recs["model.norm.weight"].array.flags.writeable)
+        self.assertEqual(recs["lm_head.weight"].dtype, "bfloat16")
+        self.assertEqual(recs["lm_head.weight"].array.dtype, np.uint16)
+        copied = dict(kimi_k3_nonexpert_weights_iterator(self.manifest, copy=True))
+        copied["model.norm.weight"].add_(1.0)  # fresh, writable
+
+    def test_nonexpert_weights_numpy(self):
+        pairs = list(k3pack.nonexpert_weights(self.manifest))
+        want = list(oracle.sglang_nonexpert_weights(self.manifest))
+        self.assertEqual([n for n, _ in pairs], [n for n, _, _ in want])
+        for (n, a), (_, v, _) in zip(pairs, want):
+            self.assertIsInstance(a, np.ndarray)
+            if n != "lm_head.weight" and not n.endswith("A_log"):
+                self.assertEqual((a.dtype, a.shape, a.tobytes()), (v.dtype, v.shape, v.tobytes()), n)
+
+    # ---- faults: same exception type and text as the oracle (SGLang)
+
+    def test_unsupported_format(self):
+        self.manifest_doc["format"] = "SOMETHING-ELSE"
+        self.rewrite_manifest(self.manifest_doc)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), "Kimi-K3 manifest format is unsupported")
+
+    def test_incomplete(self):
+        self.manifest_doc["complete"] = False
+        self.rewrite_manifest(self.manifest_doc)
+        self.assert_same_error(self.manifest)
+
+    def test_missing_shard(self):
+        os.unlink(self.paths[1])
+        e = self.assert_same_error(self.manifest)
+        self.assertIsInstance(e, FileNotFoundError)
+
+    def test_changed_shard_size(self):
+        with open(self.paths[0], "ab") as f:
+            f.write(b"\0" * 32)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), "Kimi-K3 GGUF shard is missing or changed: %s" % os.path.realpath(self.paths[0]))
+
+    def test_inventory_changed(self):
+        self.manifest_doc["source"]["tensors"] = [t for t in self.manifest_doc["source"]["tensors"]
+                                                  if t["name"] != "blk.1.ssm_dt.bias"]
+        self.rewrite_manifest(self.manifest_doc)
+        self.assert_same_error(self.manifest)
+
+    def test_type_changed(self):
+        for t in self.manifest_doc["source"]["tensors"]:
+            if t["name"] == "blk.3.attn_v_b.weight":
+                t["dtype"] = "Q3_K"
+        self.rewrite_manifest(self.manifest_doc)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), "Kimi-K3 GGUF tensor type changed: blk.3.attn_v_b.weight")
+
+    def test_missing_key_is_key_error(self):
+        del self.manifest_doc["source"]["shards"]
+        self.rewrite_manifest(self.manifest_doc)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), str(KeyError("shards")))
+
+    def test_unknown_name(self):
+        self.tensors.append(("blk.1.ffn_mystery.weight", "F32", [4], _f32([1, 2, 3, 4])))
+        self.write(self.tensors)
+        e = self.assert_same_error(self.manifest)
+        self.assertIsInstance(e, KeyError)
+
+    def test_duplicate_target(self):
+        # ssm_g (KDA) and attn_gate (MLA) both map to self_attn.g_proj.weight.
+        self.tensors += [("blk.2.ssm_g.weight", "F32", [4], _f32([1, 2, 3, 4])),
+                         ("blk.2.attn_gate.weight", "F32", [4], _f32([1, 2, 3, 4]))]
+        self.write(self.tensors)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), "duplicate Kimi-K3 target parameter: model.layers.2.self_attn.g_proj.weight")
+
+    def test_residual_not_vector(self):
+        self.tensors.append(("blk.5.ffn_res_score.weight", "F32", [2, 2], _f32([1, 2, 3, 4])))
+        self.write(self.tensors)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), "Kimi-K3 attention-residual score must be a vector, got (2, 2)")
+
+    def test_ssm_a_not_negative(self):
+        self.tensors[6] = ("blk.1.ssm_a", "F32", [1, 4, 1, 1], _f32([-1, 0.5, -2, -3]))
+        self.write(self.tensors)
+        self.assert_same_error(self.manifest)
+
+    def test_ssm_a_nan(self):
+        self.tensors[6] = ("blk.1.ssm_a", "F32", [1, 4, 1, 1], _f32([-1, np.nan, -2, -3]))
+        self.write(self.tensors)
+        e = self.assert_same_error(self.manifest)
+        self.assertEqual(str(e), "Kimi-K3 GGUF ssm_a must contain finite floating values")
+
+    def test_ssm_a_shape_checked_unless_compat(self):
+        # A shape SGLang's A_log loader cannot take: k3pack rejects it up front
+        # (deliberate difference); sglang_compat streams it as SGLang would.
+        self.tensors[6] = ("blk.1.ssm_a", "F32", [1, 1, 4, 1], _f32([-1, -0.5, -2, -3]))
+        self.write(self.tensors)
+        with self.assertRaises(ValueError) as cm:
+            self.collect(self.manifest)
+        self.assertIn("ssm_a must have shape", str(cm.exception))
+        self.assert_same_stream(self.manifest, {}, sglang_compat=True)
+
+    def test_missing_manifest_file(self):
+        with self.assertRaises(FileNotFoundError):
+            self.collect(os.path.join(self.tmp.path, "nope.json"))
+
+
+@unittest.skipUnless(_util.cli_has_command("synth"), "k3pack CLI with `synth` not built")
+class SynthModel(AdapterCase):
+    """The tiny synthetic Kimi-K3 model, with manifests from the oracle and
+    (when the CLI has them) from `k3pack pack` + `k3pack manifest`."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = _util.TempDir()
+        cls.clean = os.path.join(cls.tmp.path, "clean")
+        _util.run_cli("synth", "--preset", "tiny", "--out", cls.clean)
+        cls.paths = k3pack.ShardSet.discover(cls.clean)
+        cls.manifest = os.path.join(cls.tmp.path, "clean.json")
+        oracle.write_json(cls.manifest, oracle.source_manifest(cls.paths))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def source_types(self, manifest):
+        doc = json.load(open(manifest))
+        types = {}
+        for t in doc["source"]["tensors"]:
+            if "_exps." in t["name"]:
+                continue
+            try:
+                for target in oracle.checkpoint_targets(t["name"]):
+                    types[target] = t["dtype"]
+            except KeyError:
+                pass
+        return types
+
+    def test_clean_stream(self):
+        for compat in (False, True):
+            got = self.assert_same_stream(self.manifest, self.source_types(self.manifest), compat)
+            self.assertGreater(len(got), 20)
+            self.assertTrue(any(n.endswith("A_log") for n, _ in got))
+
+    def test_real_manifest(self):
+        if not (_util.cli_has_command("manifest") and _util.cli_has_command("pack")):
+            self.skipTest("k3pack pack/manifest not built")
+        pack = os.path.join(self.tmp.path, "tiny.expert-major.pack")
+        manifest = os.path.join(self.tmp.path, "real.json")
+        cfg = os.path.join(self.clean, "config.json")
+        if not os.path.exists(pack):
+            _util.run_cli("pack", "--gguf-dir", self.clean, "--model-config", cfg, "--profile", "scaled",
+                          "--out", pack, "--safety-margin-gib", "0", "--progress", "none")
+        _util.run_cli("manifest", "--gguf-dir", self.clean, "--expert-pack", pack, "--model-config", cfg,
+                      "--tokenizer-dir", os.path.join(self.clean, "tokenizer"), "--output", manifest,
+                      "--profile", "scaled")
+        self.assert_same_stream(manifest, self.source_types(manifest), False)
+
+    def fault_manifest(self, fault):
+        out = os.path.join(self.tmp.path, fault)
+        if not os.path.isdir(out):
+            _util.run_cli("synth", "--preset", "tiny", "--out", out, "--fault", fault)
+        m = os.path.join(self.tmp.path, fault + ".json")
+        oracle.write_json(m, oracle.source_manifest(k3pack.ShardSet.discover(out)))
+        return m
+
+    def test_fault_raw_ssm_a(self):
+        e = self.assert_same_error(self.fault_manifest("raw-ssm-a"))
+        self.assertIsInstance(e, ValueError)
+
+    def test_fault_nan_ssm_a(self):
+        self.assert_same_error(self.fault_manifest("nan-ssm-a"))
+
+    def test_fault_zero_ssm_a(self):
+        e = self.assert_same_error(self.fault_manifest("zero-ssm-a"))
+        self.assertEqual(str(e), "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values")
+
+    def test_fault_unknown_tensor_name(self):
+        e = self.assert_same_error(self.fault_manifest("unknown-tensor-name"))
+        self.assertEqual(str(e), str(KeyError("unsupported Kimi-K3 GGUF tensor name: blk.1.ffn_mystery.weight")))
+
+    def test_shard_replaced_by_other_model(self):
+        other = os.path.join(self.tmp.path, "other")
+        shutil.copytree(self.clean, other)
+        m = os.path.join(self.tmp.path, "other.json")
+        oracle.write_json(m, oracle.source_manifest(k3pack.ShardSet.discover(other)))
+        _util.run_cli("synth", "--preset", "tiny", "--out", other, "--matrix-type", "Q4_0")
+        self.assert_same_error(m)
+
+
+if __name__ == "__main__":
+    unittest.main()
