@@ -1,0 +1,144 @@
+// k3pack synth: writes a synthetic Kimi-K3 split GGUF set + config + tokenizer.
+#include <chrono>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "k3pack/synth.h"
+
+namespace k3pack::cli {
+namespace {
+
+constexpr const char* kCmd = "synth";
+
+// Overrides a dimension when its option was given.
+Status SetDim(const Args& args, const std::string& opt, uint32_t* field) {
+  if (!args.Has(opt)) return Status::OK();
+  K3_ASSIGN_OR_RETURN(int64_t v, args.GetInt(opt));
+  if (v < 1 || v > UINT32_MAX) return Error(opt + " must be a positive 32-bit integer, got " + std::to_string(v));
+  *field = static_cast<uint32_t>(v);
+  return Status::OK();
+}
+
+Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std::string>& layer_types) {
+  K3_ASSIGN_OR_RETURN(synth::SynthOptions o, synth::PresetOptions(args.Get("--preset")));
+  o.out_dir = args.Get("--out");
+  o.prefix = args.Get("--prefix");
+  if (args.Has("--seed")) {
+    K3_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("--seed"));
+    o.seed = static_cast<uint64_t>(seed);
+  }
+  synth::SynthDims& d = o.dims;
+  K3_RETURN_IF_ERROR(SetDim(args, "--layers", &d.num_layers));
+  K3_RETURN_IF_ERROR(SetDim(args, "--experts", &d.num_experts));
+  K3_RETURN_IF_ERROR(SetDim(args, "--top-k", &d.top_k));
+  K3_RETURN_IF_ERROR(SetDim(args, "--hidden", &d.hidden));
+  K3_RETURN_IF_ERROR(SetDim(args, "--latent", &d.latent));
+  K3_RETURN_IF_ERROR(SetDim(args, "--moe-intermediate", &d.moe_intermediate));
+  K3_RETURN_IF_ERROR(SetDim(args, "--heads", &d.heads));
+  K3_RETURN_IF_ERROR(SetDim(args, "--head-dim", &d.head_dim));
+  K3_RETURN_IF_ERROR(SetDim(args, "--vocab", &d.vocab));
+  K3_RETURN_IF_ERROR(SetDim(args, "--shards", &o.shards));
+  if (args.Has("--expert-types")) {
+    K3_ASSIGN_OR_RETURN(o.expert_types, synth::ParseExpertTypes(args.Get("--expert-types")));
+  }
+  K3_ASSIGN_OR_RETURN(o.layer_expert_types, synth::ParseLayerExpertTypes(layer_types));
+  if (args.Has("--matrix-type")) {
+    auto t = GgmlTypeFromName(args.Get("--matrix-type"));
+    if (!t) return Error("--matrix-type: unknown ggml type '" + args.Get("--matrix-type") + "'");
+    o.matrix_type = *t;
+  }
+  if (args.Has("--fault")) {
+    const std::string list = args.Get("--fault");
+    size_t pos = 0;
+    while (pos <= list.size()) {
+      size_t end = list.find(',', pos);
+      if (end == std::string::npos) end = list.size();
+      if (end > pos) {
+        K3_ASSIGN_OR_RETURN(synth::Fault f, synth::ParseFault(list.substr(pos, end - pos)));
+        o.faults.push_back(f);
+      }
+      pos = end + 1;
+    }
+  }
+  if (args.Has("--all-data")) o.hole_threshold_bytes = UINT64_MAX;
+  return o;
+}
+
+int RunSynth(const std::vector<std::string>& argv_in) {
+  // --layer-expert-types may repeat; collect every occurrence before the
+  // strict parser (which keeps only the last value of an option) sees them.
+  std::vector<std::string> argv, layer_types;
+  for (size_t i = 0; i < argv_in.size(); ++i) {
+    const std::string& a = argv_in[i];
+    const std::string opt = "--layer-expert-types";
+    if (a == opt && i + 1 < argv_in.size()) {
+      layer_types.push_back(argv_in[++i]);
+    } else if (a.rfind(opt + "=", 0) == 0) {
+      layer_types.push_back(a.substr(opt.size() + 1));
+    } else {
+      argv.push_back(a);
+    }
+  }
+  std::string faults;
+  for (synth::Fault f : synth::AllFaults()) faults += (faults.empty() ? "" : ", ") + std::string(synth::FaultName(f));
+  Args args(kCmd, "--out DIR [--preset tiny|k3-structure] [options]",
+            "Writes a synthetic Kimi-K3 checkpoint in llama.cpp's exact layout: a split GGUF set\n"
+            "DIR/<prefix>-NNNNN-of-NNNNN.gguf, DIR/config.json and DIR/tokenizer/. Deterministic per --seed.");
+  args.Option("--out", "output directory", std::nullopt, true)
+      .Option("--preset", "tiny (test model) or k3-structure (real dimensions, sparse data)", "tiny")
+      .Option("--seed", "seed of every payload byte", "0")
+      .Option("--prefix", "shard file name prefix", "KIMI-K3-SYNTH")
+      .Option("--layers", "override: number of layers (layer 0 dense, the rest MoE)")
+      .Option("--experts", "override: routed experts per MoE layer")
+      .Option("--top-k", "override: experts used per token")
+      .Option("--hidden", "override: hidden size")
+      .Option("--latent", "override: routed expert hidden size (latent)")
+      .Option("--moe-intermediate", "override: expert intermediate size")
+      .Option("--heads", "override: attention heads")
+      .Option("--head-dim", "override: KDA head dim (also MLA qk_nope and v_head)")
+      .Option("--vocab", "override: vocabulary size")
+      .Option("--shards", "override: number of shards")
+      .Option("--expert-types", "routed expert types up,gate,down", "Q2_K,Q2_K,Q3_K")
+      .Option("--layer-expert-types", "per-layer override L:up,gate,down (repeatable, or ';'-separated)")
+      .Option("--matrix-type", "type of the other 2-D weights (falls back like llama-quantize)", "Q8_0")
+      .Option("--fault", "inject defects (comma-separated): " + faults)
+      .Flag("--all-data", "write real data for every tensor (no sparse holes)")
+      .Flag("--json", "print the result as JSON");
+  int code = 0;
+  if (!args.Parse(argv, &code)) return code;
+  auto opts = BuildOptions(args, layer_types);
+  if (!opts.ok()) return ReportError(kCmd, opts.error(), 2);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = synth::WriteSynthModel(*opts);
+  if (!res.ok()) return ReportError(kCmd, res.error());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (args.Has("--json")) {
+    nlohmann::json j = {{"out_dir", opts->out_dir},
+                        {"shards", res->shard_paths},
+                        {"config", res->config_path},
+                        {"tokenizer_dir", res->tokenizer_dir},
+                        {"tensor_count", res->tensor_count},
+                        {"total_bytes", res->total_bytes},
+                        {"mla_layers", res->mla_layers},
+                        {"seed", opts->seed},
+                        {"faults", res->fault_notes},
+                        {"seconds", secs}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "wrote " << res->shard_paths.size() << " shards, " << res->tensor_count << " tensors, "
+              << res->total_bytes << " bytes (apparent) to " << opts->out_dir << " in " << secs << " s\n"
+              << "config: " << res->config_path << "\ntokenizer: " << res->tokenizer_dir << "\n";
+    for (const auto& n : res->fault_notes) std::cout << "fault " << n << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+K3_COMMAND("synth", "write a synthetic Kimi-K3 GGUF set (tiny or real dimensions), optionally with faults", RunSynth);
+
+}  // namespace k3pack::cli
