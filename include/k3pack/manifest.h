@@ -25,6 +25,7 @@
 
 #include "k3pack/error.h"
 #include "k3pack/kimi.h"
+#include "k3pack/pack.h"
 
 namespace k3pack::manifest {
 
@@ -204,8 +205,10 @@ struct CreateOptions {
   std::string sglang_git_sha;
   // Empty -> now, Python isoformat (e.g. 2026-01-02T03:04:05.123456+00:00).
   std::string created_at;
-  // Progress messages for long steps (hashing); may be empty.
+  // Status lines for the steps (scan, hashing shards); may be empty.
   std::function<void(const std::string&)> progress;
+  // Byte progress of pack validation (the whole-pack hash is long); may be empty.
+  pack::ProgressFn pack_progress;
 };
 
 // SGLang's create_manifest: spec from config (+ GGUF cross-check), shard

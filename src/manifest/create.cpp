@@ -131,6 +131,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   pack::ValidateOptions vopts;
   vopts.payload_samples = o.payload_samples;
   vopts.full_pack_hash = o.full_pack_hash;
+  vopts.progress = o.pack_progress;
   K3_ASSIGN_OR_RETURN(json expert_pack, pack::ValidatePack(o.expert_pack, experts, vopts));
 
   K3_ASSIGN_OR_RETURN(json tokenizer, TokenizerSectionJson(o.tokenizer_dir));

@@ -63,6 +63,8 @@ class TempDir {
     char* p = mkdtemp(tmpl.data());
     path_ = p ? p : "";
   }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   ~TempDir() {
     std::error_code ec;
     if (!path_.empty()) std::filesystem::remove_all(path_, ec);
