@@ -52,4 +52,9 @@ class CMakeBuildExt(build_ext):
         shutil.copyfile(built, dest)
 
 
-setup(ext_modules=[Extension("k3pack._k3pack", sources=[])], cmdclass={"build_ext": CMakeBuildExt})
+setup(
+    ext_modules=[Extension("k3pack._k3pack", sources=[])],
+    cmdclass={"build_ext": CMakeBuildExt},
+    # Keep setuptools' staging out of <repo>/build, which is `make`'s CMake tree.
+    options={"build": {"build_base": os.path.join("build-pip", "setuptools")}},
+)

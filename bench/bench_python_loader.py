@@ -8,8 +8,8 @@ Streams every non-routed weight of a manifest through
   3. k3pack.sglang.kimi_k3_nonexpert_weights_iterator (torch, zero-copy) and
      with copy=True (SGLang's torch.tensor() copies);
 and compares them with a baseline measured in the same run: numpy copies of
-the same tensors' bytes straight out of the GGUF mappings (k3pack.GGUFFile
-raw views, no name mapping, no checks). Ratios are printed, never asserted.
+the same tensors' bytes straight out of freshly opened GGUF mappings
+(k3pack.GGUFFile raw views: no name mapping, no checks). Ratios are printed, never asserted.
 
     python3 bench/bench_python_loader.py                  # synthesizes a model (needs the CLI)
     python3 bench/bench_python_loader.py --manifest M.json
@@ -103,15 +103,18 @@ def main():
             b += np.array(arr).nbytes
         return b
 
-    # Baseline: the bytes of the tensors the stream emits, copied straight from the maps.
+    # Baseline: the same tensors' bytes copied straight out of freshly opened
+    # GGUF mappings (like the stream, each run maps the shards anew).
     emitted_sources = {r.source_name for r in k3pack.nonexpert_tensors(manifest)}
-    views = [g.tensor_data(t.name, layout="raw") for g in files.values() for t in g.tensors
-             if t.name in emitted_sources]
+    shard_paths = [s["path"] for s in doc["source"]["shards"]]
 
     def baseline_copy():
         b = 0
-        for v in views:
-            b += np.array(v).nbytes
+        for path in shard_paths:
+            g = k3pack.GGUFFile(path)
+            for t in g.tensors:
+                if t.name in emitted_sources:
+                    b += np.array(g.tensor_data(t.name, layout="raw")).nbytes
         return b
 
     t_stream, (count, nbytes) = best_of(args.repeat, stream_only)

@@ -34,6 +34,11 @@ inline void Check(const k3pack::Status& s) {
   if (!s.ok()) Raise(s.error());
 }
 
+// numpy dtype for an array-protocol typestr ("|u1", "<f4", "<u2", ...).
+// Built from the type number: py::dtype(std::string) goes through numpy's
+// Python-level parser and costs ~100 us per call.
+py::dtype Dtype(const char* typestr);
+
 // A read-only numpy array over [data, data + bytes) with the given dtype and
 // C-contiguous shape; `owner` is held by the array's base (a capsule).
 py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,

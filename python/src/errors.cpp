@@ -1,6 +1,8 @@
 // ErrorKind -> Python exception class, and the numpy view helper.
 #include <Python.h>
 
+#include <cstring>
+
 #include "common.h"
 
 namespace k3py {
@@ -57,6 +59,17 @@ void Raise(const k3pack::Error& error) {
   }
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw py::error_already_set();
+}
+
+py::dtype Dtype(const char* typestr) {
+  // numpy type numbers (stable ABI values; NPY_INT64/UINT64 are LONG/ULONG on LP64 Linux).
+  static const std::pair<const char*, int> kTypes[] = {
+      {"|b1", 0},  {"|i1", 1},  {"|u1", 2},  {"<i2", 3},  {"<u2", 4},  {"<i4", 5}, {"<u4", 6},
+      {"<i8", 7},  {"<u8", 8},  {"<f4", 11}, {"<f8", 12}, {"<f2", 23}, {"i1", 1},  {"u1", 2}};
+  for (const auto& [name, num] : kTypes) {
+    if (std::strcmp(name, typestr) == 0) return py::dtype(num);
+  }
+  return py::dtype(std::string(typestr));
 }
 
 py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,

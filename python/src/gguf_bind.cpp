@@ -129,7 +129,7 @@ py::array TensorView(const std::shared_ptr<const gguf::GgufFile>& file, const gg
   std::span<const uint8_t> bytes = file->TensorData(t);
   std::shared_ptr<const void> owner = file;
   if (layout == "raw") {
-    return ReadOnlyView(py::dtype("|u1"), {static_cast<int64_t>(bytes.size())}, bytes.data(), owner);
+    return ReadOnlyView(Dtype("|u1"), {static_cast<int64_t>(bytes.size())}, bytes.data(), owner);
   }
   if (layout != "gguf" && layout != "typed") {
     throw py::value_error("layout must be 'gguf', 'typed' or 'raw', got '" + layout + "'");
@@ -137,11 +137,11 @@ py::array TensorView(const std::shared_ptr<const gguf::GgufFile>& file, const gg
   std::vector<int64_t> shape(t.ne.rend() - t.n_dims, t.ne.rend());  // reversed ne, numpy order
   const char* ts = ElementTypestr(t.type);
   if (!ts && layout == "typed" && t.type == GgmlType::BF16) ts = "<u2";
-  if (ts) return ReadOnlyView(py::dtype(ts), shape, bytes.data(), owner);
+  if (ts) return ReadOnlyView(Dtype(ts), shape, bytes.data(), owner);
   // Block types: the fastest axis becomes the row's byte count.
   if (shape.empty()) shape.push_back(1);
   shape.back() = static_cast<int64_t>(t.row_bytes());
-  return ReadOnlyView(py::dtype("|u1"), shape, bytes.data(), owner);
+  return ReadOnlyView(Dtype("|u1"), shape, bytes.data(), owner);
 }
 
 py::tuple ShapeTuple(const gguf::TensorInfo& t) {
@@ -223,7 +223,7 @@ void RegisterGguf(py::module_& m) {
         if (!v) throw py::key_error(key);
         const char* ts = v->type == gguf::ValueType::kArray ? ArrayTypestr(v->array_type) : nullptr;
         if (!ts) throw py::type_error("metadata key '" + key + "' is not a numeric array");
-        return ReadOnlyView(py::dtype(ts), {static_cast<int64_t>(v->array_count)}, v->array_data, g.file);
+        return ReadOnlyView(Dtype(ts), {static_cast<int64_t>(v->array_count)}, v->array_data, g.file);
       }, py::arg("key"), "zero-copy numpy view of a numeric array value")
       .def_property_readonly("tensors", [](const PyGguf& g) {
         std::vector<PyTensor> out;

@@ -2,6 +2,8 @@
 // and values, as zero-copy numpy views (see include/k3pack/loader.h).
 #include <pybind11/stl.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "common.h"
@@ -25,11 +27,14 @@ struct PyNamedTensor {
 
 struct PyStream {
   std::optional<loader::NonExpertStream> stream;
+  // __next__ runs without the GIL; two Python threads sharing one iterator
+  // must not step the C++ stream at the same time.
+  std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
 };
 
 py::dtype NumpyDtype(loader::DType d) {
   // bfloat16 has no numpy dtype: its bit patterns are handed out as uint16.
-  return py::dtype(loader::DTypeNumpyStr(d));
+  return Dtype(loader::DTypeNumpyStr(d));
 }
 
 PyNamedTensor Convert(loader::NamedTensor&& t) {
@@ -102,6 +107,7 @@ void RegisterLoader(py::module_& m) {
       .def("__next__", [](PyStream& s) {
         k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {
           py::gil_scoped_release nogil;
+          std::lock_guard<std::mutex> lock(*s.mu);
           return s.stream->Next();
         }();
         std::optional<loader::NamedTensor> t = Unwrap(std::move(r));

@@ -30,7 +30,7 @@ struct PyAcquisition {
 };
 
 py::object View(std::span<const uint8_t> s, const std::shared_ptr<const void>& owner) {
-  return ReadOnlyView(py::dtype("|u1"), {static_cast<int64_t>(s.size())}, s.data(), owner);
+  return ReadOnlyView(Dtype("|u1"), {static_cast<int64_t>(s.size())}, s.data(), owner);
 }
 
 std::shared_ptr<PyAcquisition> Wrap(std::shared_ptr<store::ExpertStore> st, store::Acquisition&& a) {
