@@ -8,6 +8,7 @@
 
 #include "pack/sidecars.h"
 #include "pack_fixture.h"
+#include "util/file.h"
 #include "util/sha256.h"
 
 namespace k3pack::pack {
@@ -47,9 +48,10 @@ class PackBuild : public ::testing::Test {
   }
   // Runs a build in a child process that crashes (_exit 86) after the
   // checkpoint covering `n` objects. Returns the child's exit status.
-  int BuildAndCrash(uint64_t n) {
+  int BuildAndCrash(uint64_t n, uint64_t throttle_us = 0) {
     pid_t pid = fork();
     if (pid == 0) {
+      if (throttle_us) setenv("K3PACK_THROTTLE_US", std::to_string(throttle_us).c_str(), 1);
       setenv("K3PACK_CRASH_AFTER_OBJECTS", std::to_string(n).c_str(), 1);
       setenv("K3PACK_CHECKPOINT_BYTES", "1", 1);
       auto r = Build();
@@ -149,7 +151,10 @@ TEST_F(PackBuild, ResumeAfterCrashAtSeveralPoints) {
 }
 
 TEST_F(PackBuild, ResumeRepairsGarbageBeyondCheckpoint) {
-  ASSERT_EQ(BuildAndCrash(5), 86);
+  ASSERT_EQ(BuildAndCrash(5, 20000), 86);
+  const std::string ckpt = ReadAll(CheckpointPathFor(out_));
+  const uint64_t done = std::stoull(ckpt.substr(ckpt.find("\"objects_done\": ") + 16));
+  ASSERT_LT(done, model_->experts.layers.size() * model_->experts.num_experts);
   // Bytes past the checkpoint are not trusted: scribble over them.
   int fd = ::open(PartialPathFor(out_).c_str(), O_WRONLY);
   ASSERT_GE(fd, 0);

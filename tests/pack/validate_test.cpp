@@ -5,6 +5,7 @@
 
 #include "pack/format.h"
 #include "pack_fixture.h"
+#include "util/file.h"
 
 namespace k3pack::pack {
 namespace {
@@ -105,8 +106,8 @@ TEST_F(PackValidate, EntryErrors) {
   b[Entry(4) + 1] = static_cast<char>(0xFF);
   EXPECT_EQ(Check(b), "expert-pack tensor name is not valid UTF-8");
   b = *good_;
-  std::memcpy(&b[Entry(4)], "blk.1.ffn_foo", 13);
-  EXPECT_EQ(Check(b), "invalid expert tensor name: 'blk.1.ffn_foo_exps.weight'");
+  std::memcpy(&b[Entry(3)], "blk.1.ffn_xx", 12);  // entry 3 is blk.1.ffn_up_exps.weight
+  EXPECT_EQ(Check(b), "invalid expert tensor name: 'blk.1.ffn_xx_exps.weight'");
   const uint32_t l0 = model_->experts.layers[0];
   b = *good_;
   std::swap_ranges(&b[Entry(0)], &b[Entry(0)] + 128, &b[Entry(1)]);
