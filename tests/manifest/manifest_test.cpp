@@ -325,3 +325,39 @@ TEST(ManifestRead, MissingKeysAndWrongTypes) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error().message(), "'shape'");
 }
+
+// The real dimensions under the strict profile: 93 layers, 896 experts,
+// 19 shards, 247,296 pack entries (tensor data as sparse holes), built and
+// described by `k3pack build`, then checked byte for byte against the
+// Python reference: exactly SGLang's keys, no "k3pack" extension.
+TEST(ManifestFullScale, K3StructureUnderKimiK3ProfileMatchesPython) {
+  k3test::TempDir dir("k3manifest-k3s");
+  Paths p;
+  p.gguf_dir = dir / "model";
+  auto r = RunCmd(Bin() + " synth --preset k3-structure --out " + ShellQuote(p.gguf_dir));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  p.config = p.gguf_dir + "/config.json";
+  p.tokenizer = p.gguf_dir + "/tokenizer";
+  p.pack = dir / "KIMI-K3.expert-major.pack";
+  r = RunCmd(Bin() + " build --progress none --json --gguf-dir " + ShellQuote(p.gguf_dir) + " --model-config " +
+                 ShellQuote(p.config) + " --tokenizer-dir " + ShellQuote(p.tokenizer) + " --out " +
+                 ShellQuote(p.pack) + " --manifest " + ShellQuote(dir / "m.json"),
+             false);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  json s = json::parse(r.out);
+  EXPECT_EQ(s["pack_entries"], 247296);
+  EXPECT_EQ(s["top_k"], 16);
+  EXPECT_EQ(s["source_shards"], 19);
+  EXPECT_EQ(s["pack_size"], 985613049856ULL);
+  const std::string ours = k3test::ReadFile(dir / "m.json");
+  json doc = json::parse(ours);
+  EXPECT_FALSE(doc.contains("k3pack"));
+  EXPECT_EQ(doc["hard_constraints"], k3pack::manifest::HardConstraintsJson());
+  EXPECT_EQ(doc["expert_pack"]["data_start"], 37593088);
+  EXPECT_EQ(doc["expert_pack"]["object_bytes"], 11956224);
+  EXPECT_EQ(doc["expert_pack"]["roles"]["down"]["payload_bytes"], 389975900160ULL);
+  EXPECT_EQ(ours, ReferenceManifest(p, doc, "--profile kimi-k3"));
+  auto parsed = k3pack::manifest::ParseManifest(doc);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message();
+  EXPECT_EQ(parsed->profile(), k3pack::kimi::Profile::kKimiK3);
+}

@@ -10,6 +10,7 @@ brief defines it ("k3pack": {"profile": "scaled", "layer_roles": [...]}).
 import argparse
 import hashlib
 import json
+import mmap
 import re
 import struct
 import sys
@@ -61,8 +62,22 @@ class Reader:
         return self.take(SCALAR[t])
 
 
+def map_file(path):
+    # mmap, not read_bytes: the full-scale synthetic files are sparse (~1 TB apparent).
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def sha256_of(data, end=None):
+    h = hashlib.sha256()
+    end = len(data) if end is None else end
+    for o in range(0, end, 64 << 20):
+        h.update(data[o:min(end, o + (64 << 20))])
+    return h.hexdigest()
+
+
 def read_gguf(path):
-    data = path.read_bytes()
+    data = map_file(path)
     r = Reader(data)
     assert data[:4] == b"GGUF"
     r.o = 4
@@ -135,9 +150,9 @@ def scan(gguf_dir, full_hashes):
         kv, ts, meta, data = read_gguf(p)
         assert kv["split.no"] == index
         rec = dict(index=index, path=str(p), size=len(data), metadata_nbytes=meta,
-                   metadata_sha256=hashlib.sha256(data[:meta]).hexdigest(), tensor_count=len(ts))
+                   metadata_sha256=sha256_of(data, meta), tensor_count=len(ts))
         if full_hashes:
-            rec["sha256"] = hashlib.sha256(data).hexdigest()
+            rec["sha256"] = sha256_of(data)
         shards.append(rec)
         for t in ts:
             t["shard_index"] = index
@@ -153,7 +168,7 @@ def scan(gguf_dir, full_hashes):
 
 def pack_section(pack_path, spec, source, blobs, samples, full_hash):
     pack_path = Path(pack_path).resolve(strict=True)
-    data = pack_path.read_bytes()
+    data = map_file(pack_path)
     magic, version, header_size, count, data_start = PACK_HEADER.unpack_from(data, 0)
     E = spec["num_experts"]
     by_name = {t["name"]: t for t in source["tensors"]}
@@ -197,12 +212,12 @@ def pack_section(pack_path, spec, source, blobs, samples, full_hash):
         assert data[off:off + nb] == src, f"payload mismatch at entry {i}"
     sec = dict(path=str(pack_path), size=len(data), magic=magic.rstrip(b"\0").decode("ascii"), version=version,
                header_bytes=header_size, entry_bytes=PACK_ENTRY.size, index_count=count, data_start=data_start,
-               alignment=4096, index_sha256=hashlib.sha256(data[:40 + 152 * count]).hexdigest(),
+               alignment=4096, index_sha256=sha256_of(data, 40 + 152 * count),
                physical_role_order=list(ROLE_ORDER), active_moe_layer_ids=spec["active"], num_experts=E,
                top_k=spec["top_k"], object_bytes=layer_roles[0]["object_bytes"], roles=roles,
                payload_samples_verified=len(picks), full_pack_hash=full_hash)
     if full_hash:
-        sec["sha256"] = hashlib.sha256(data).hexdigest()
+        sec["sha256"] = sha256_of(data)
     return sec, layer_roles
 
 
