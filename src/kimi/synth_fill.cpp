@@ -38,19 +38,33 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// A small positive fp16 scale: 2^-10 .. 2^-6 with a random mantissa.
-uint16_t SmallHalf(uint64_t r) {
-  const uint16_t exp = static_cast<uint16_t>(5 + (r % 5));  // biased exponent 5..9
+// A small positive fp16 scale with a random mantissa: 2^-10 .. 2^-5, or
+// 2^-14 .. 2^-9 for types whose sub-scales multiply the quants by up to
+// ~4000 (6-bit or int8 sub-scales), so decoded values stay weight-sized.
+uint16_t SmallHalf(uint64_t r, bool wide) {
+  const uint16_t exp = static_cast<uint16_t>((wide ? 1 : 5) + (r % 5));  // biased exponent
   const uint16_t man = static_cast<uint16_t>((r >> 8) & 0x3FF);
   return static_cast<uint16_t>((exp << 10) | man);
 }
 
+bool WideSubScales(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS: case GgmlType::IQ3_S: case GgmlType::IQ3_XXS: case GgmlType::IQ2_S:
+    case GgmlType::IQ2_XS: case GgmlType::IQ2_XXS:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void PatchScales(GgmlType t, uint64_t r, uint8_t* block) {
+  const bool wide = WideSubScales(t);
   for (const ScaleField& f : ScaleFields(t)) {
     r = Mix64(r + f.offset);
     switch (f.kind) {
       case ScaleKind::kF16: {
-        const uint16_t h = SmallHalf(r);
+        const uint16_t h = SmallHalf(r, wide);
         std::memcpy(block + f.offset, &h, 2);
         break;
       }
@@ -70,7 +84,7 @@ void PatchScales(GgmlType t, uint64_t r, uint8_t* block) {
         break;
       case ScaleKind::kIQ1MScattered: {
         // The fp16 super-scale is the top nibble of each of the 4 uint16 scales.
-        const uint16_t h = SmallHalf(r);
+        const uint16_t h = SmallHalf(r, wide);
         for (int k = 0; k < 4; ++k) {
           uint16_t sc;
           std::memcpy(&sc, block + f.offset + 2 * k, 2);

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3pack/quant.h"
 #include "kimi/synth_fill.h"
 #include "kimi/tensors.h"
 #include "synth_test_util.h"
@@ -48,7 +49,9 @@ TEST(SynthTiny, WritesTheTableInThreeShards) {
   std::set<uint32_t> used;
   for (size_t i = 0; i < all.size(); ++i) {
     used.insert(all[i].shard_index);
-    if (i > 0) EXPECT_GE(all[i].shard_index, all[i - 1].shard_index);
+    if (i > 0) {
+      EXPECT_GE(all[i].shard_index, all[i - 1].shard_index);
+    }
   }
   EXPECT_EQ(used.size(), 3u);
 
@@ -88,7 +91,9 @@ TEST(SynthTiny, MetadataOnlyInShardZero) {
     EXPECT_EQ(*(*f)->Find("split.count")->AsInt(), 3);
     EXPECT_EQ((*f)->Find("split.tensors.count")->type, gguf::ValueType::kInt32);
     EXPECT_EQ(*(*f)->Find("split.tensors.count")->AsInt(), 107);
-    if (s > 0) EXPECT_EQ((*f)->metadata().size(), 4u) << res->shard_paths[s];
+    if (s > 0) {
+      EXPECT_EQ((*f)->metadata().size(), 4u) << res->shard_paths[s];
+    }
   }
   auto f0 = gguf::GgufFile::Open(res->shard_paths[0]);
   ASSERT_TRUE(f0.ok());
@@ -219,35 +224,62 @@ void ExpectScalesFinite(const gguf::ShardSet& set) {
   }
 }
 
+// And the quant module's ggml-exact dequantizers agree: every value finite
+// and weight-sized.
+void ExpectDequantFinite(const gguf::ShardSet& set) {
+  for (const auto& loc : set.AllTensors()) {
+    const auto& t = *loc.info;
+    if (!quant::CanDequantize(t.type)) continue;
+    auto st = quant::ComputeStats(t.type, set.shards()[loc.shard_index]->TensorData(t), t.ne[0], t.n_rows());
+    ASSERT_TRUE(st.ok()) << t.name << ": " << st.error().message();
+    EXPECT_EQ(st->nan_count, 0u) << t.name << " " << GgmlTypeName(t.type);
+    EXPECT_EQ(st->inf_count, 0u) << t.name << " " << GgmlTypeName(t.type);
+    EXPECT_LT(std::max(std::fabs(st->min), std::fabs(st->max)), 16.0) << t.name << " " << GgmlTypeName(t.type);
+  }
+}
+
 TEST(SynthTiny, QuantScalesFinite) {
   TempDir dir;
   ASSERT_TRUE(WriteSynthModel(Tiny(dir.path())).ok());
   auto set = gguf::ShardSet::Open(dir.path());
   ASSERT_TRUE(set.ok());
   ExpectScalesFinite(*set);
+  ExpectDequantFinite(*set);
 }
 
 TEST(SynthTiny, EveryQuantTypeAsExpertsAndPerLayerMixes) {
-  int written = 0;
+  // Every storage type a GGUF may carry (ids 0..42 minus the 8 removed ones),
+  // three per MoE layer as a per-layer mix, in one model.
+  std::vector<GgmlType> types;
   for (uint32_t id = 0; id < kGgmlTypeCount; ++id) {
-    if (!IsValidGgmlType(id)) continue;
-    const auto t = static_cast<GgmlType>(id);
-    TempDir dir;
-    SynthOptions o = Tiny(dir.path());
-    o.dims.num_experts = 2;
-    o.dims.top_k = 1;
-    o.expert_types = {t, t, t};
-    o.layer_expert_types[2] = {GgmlType::IQ2_XS, GgmlType::IQ1_M, GgmlType::IQ3_XXS};
-    auto res = WriteSynthModel(o);
-    ASSERT_TRUE(res.ok()) << GgmlTypeName(t) << ": " << res.error().message();
-    auto set = gguf::ShardSet::Open(dir.path());
-    ASSERT_TRUE(set.ok()) << set.error().message();
-    EXPECT_EQ(set->FindTensor("blk.1.ffn_up_exps.weight")->info->type, t);
-    EXPECT_EQ(set->FindTensor("blk.2.ffn_gate_exps.weight")->info->type, GgmlType::IQ1_M);
-    ExpectScalesFinite(*set);
-    ++written;
+    if (IsValidGgmlType(id)) types.push_back(static_cast<GgmlType>(id));
   }
-  EXPECT_EQ(written, 35);  // ids 0..42 minus the 8 removed ones
+  ASSERT_EQ(types.size(), 35u);
+  TempDir dir;
+  SynthOptions o = Tiny(dir.path());
+  o.dims.num_experts = 2;
+  o.dims.top_k = 1;
+  o.dims.num_layers = 1 + static_cast<uint32_t>((types.size() + 2) / 3);
+  for (size_t i = 0; i < types.size(); i += 3) {
+    auto pick = [&](size_t k) { return types[std::min(k, types.size() - 1)]; };
+    o.layer_expert_types[1 + static_cast<uint32_t>(i / 3)] = {pick(i), pick(i + 1), pick(i + 2)};
+  }
+  auto res = WriteSynthModel(o);
+  ASSERT_TRUE(res.ok()) << res.error().message();
+  auto set = gguf::ShardSet::Open(dir.path());
+  ASSERT_TRUE(set.ok()) << set.error().message();
+  std::set<GgmlType> seen;
+  for (uint32_t il = 1; il < o.dims.num_layers; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    const ExpertTypes& want = o.layer_expert_types.at(il);
+    EXPECT_EQ(set->FindTensor(p + "ffn_up_exps.weight")->info->type, want.up);
+    EXPECT_EQ(set->FindTensor(p + "ffn_gate_exps.weight")->info->type, want.gate);
+    EXPECT_EQ(set->FindTensor(p + "ffn_down_exps.weight")->info->type, want.down);
+    seen.insert({want.up, want.gate, want.down});
+  }
+  EXPECT_EQ(seen.size(), types.size());
+  ExpectScalesFinite(*set);
+  ExpectDequantFinite(*set);
 }
 
 TEST(SynthTiny, RejectsBadOptions) {
