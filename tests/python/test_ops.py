@@ -32,6 +32,52 @@ def oracle_q4_0(raw):
     return (np.concatenate([lo, hi], axis=1).astype(np.float32) * d).astype(np.float32).reshape(-1)
 
 
+def _f16(cols):
+    return cols.copy().view("<f2").astype(np.float32).reshape(-1)
+
+
+def oracle_q2_k(raw):
+    """ggml Q2_K (gguf doc 3.3): scales[16], qs[64], d, dmin; halves of 128,
+    shifts 0,2,4,6, two groups of 16 per shift; y = (d*sc)*q - dmin*m."""
+    b = raw.reshape(-1, 84)
+    scales, qs = b[:, :16], b[:, 16:80]
+    d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    out, col = np.empty((b.shape[0], 256), np.float32), 0
+    for h in range(2):
+        for j in range(4):
+            for g in range(2):
+                sc = scales[:, 8 * h + 2 * j + g]
+                q = ((qs[:, 32 * h + 16 * g: 32 * h + 16 * g + 16] >> (2 * j)) & 3).astype(np.float32)
+                dl = d * (sc & 0xF).astype(np.float32)
+                ml = dmin * (sc >> 4).astype(np.float32)
+                out[:, col:col + 16] = dl[:, None] * q - ml[:, None]
+                col += 16
+    return out.reshape(-1)
+
+
+def oracle_q3_k(raw):
+    """ggml Q3_K (gguf doc 3.3): hmask[32], qs[64], 12 bytes of 6-bit scales, d."""
+    b = raw.reshape(-1, 110)
+    hmask, qs, sb = b[:, :32], b[:, 32:96], b[:, 96:108].astype(np.int32)
+    d = _f16(b[:, 108:110])
+    sc = []
+    for i in range(16):
+        low = sb[:, i] & 0xF if i < 8 else sb[:, i - 8] >> 4
+        high = (sb[:, 8 + i % 4] >> (2 * (i // 4))) & 3
+        sc.append((low | (high << 4)) - 32)
+    out, col = np.empty((b.shape[0], 256), np.float32), 0
+    for h in range(2):
+        for j in range(4):
+            m = 1 << (4 * h + j)
+            for g in range(2):
+                q = ((qs[:, 32 * h + 16 * g: 32 * h + 16 * g + 16] >> (2 * j)) & 3).astype(np.int32)
+                q = q - np.where(hmask[:, 16 * g: 16 * g + 16] & m, 0, 4)
+                dl = d * sc[8 * h + 2 * j + g].astype(np.float32)
+                out[:, col:col + 16] = dl[:, None] * q.astype(np.float32)
+                col += 16
+    return out.reshape(-1)
+
+
 class Dequantize(unittest.TestCase):
     def setUp(self):
         self.rng = np.random.default_rng(11)
@@ -52,6 +98,16 @@ class Dequantize(unittest.TestCase):
         raw = self.blocks(8, 18).reshape(2, 4 * 18)
         out = k3pack.dequantize(raw, 2)
         np.testing.assert_array_equal(out.reshape(-1), oracle_q4_0(raw.reshape(-1)))
+
+    def test_q2_k_q3_k(self):
+        raw = self.rng.integers(0, 256, size=(6, 84), dtype=np.uint8)
+        raw[:, 80:84] = np.frombuffer(self.rng.uniform(-1, 1, 12).astype("<f2").tobytes(), np.uint8).reshape(6, 4)
+        np.testing.assert_array_equal(k3pack.dequantize(raw.reshape(2, 3 * 84), "Q2_K").reshape(-1),
+                                      oracle_q2_k(raw))
+        raw = self.rng.integers(0, 256, size=(6, 110), dtype=np.uint8)
+        raw[:, 108:110] = np.frombuffer(self.rng.uniform(-1, 1, 6).astype("<f2").tobytes(), np.uint8).reshape(6, 2)
+        np.testing.assert_array_equal(k3pack.dequantize(raw.reshape(3, 2 * 110), "Q3_K").reshape(-1),
+                                      oracle_q3_k(raw))
 
     def test_f16_bf16_f32(self):
         x = self.rng.standard_normal((4, 8)).astype("<f2")
@@ -144,6 +200,19 @@ class PackManifestStore(unittest.TestCase):
         self.assertGreater(r["entries_checked"], 0)
         full = k3pack.verify_pack(self.manifest, full=True)
         self.assertEqual(full["entries_checked"], self.built["pack"]["index_count"])
+
+    def test_dequantize_synth_tensors(self):
+        s = k3pack.ShardSet(self.model)
+        decoders = {"Q2_K": oracle_q2_k, "Q3_K": oracle_q3_k, "Q8_0": oracle_q8_0}
+        checked = set()
+        for t in s.tensors:
+            if t.type in decoders and t.type not in checked:
+                got = k3pack.dequantize_tensor(s, t.name)
+                self.assertEqual(got.shape, tuple(reversed(t.shape)))
+                raw = s.tensor_data(t.name, layout="raw")
+                np.testing.assert_array_equal(got.reshape(-1), decoders[t.type](raw), t.name)
+                checked.add(t.type)
+        self.assertEqual(checked, set(decoders))
 
     def test_rebuild_refuses_to_overwrite(self):
         with self.assertRaises(FileExistsError):
