@@ -44,20 +44,23 @@ def _torch_module():
 
 
 def to_torch(array, dtype_name, copy=False):
-    """numpy array (as k3pack hands it out) -> torch tensor of dtype_name."""
+    """numpy array (as k3pack hands it out) -> torch tensor of dtype_name.
+    copy=False shares the (read-only) memory; copy=True makes a fresh,
+    writable tensor (one plain memcpy, like SGLang's torch.tensor())."""
     torch = _torch_module()
     if dtype_name == "bfloat16":
         # numpy has no bfloat16: reinterpret the uint16 bits.
         array = array.view(np.int16)
-    with warnings.catch_warnings():
-        # The arrays are read-only views of the file mapping; torch warns
-        # that it cannot protect them.
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(array)
+    if copy:
+        tensor = torch.from_numpy(np.array(array))
+    else:
+        with warnings.catch_warnings():
+            # The arrays are read-only views of the file mapping; torch warns
+            # that it cannot protect them.
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(array)
     if dtype_name == "bfloat16":
         tensor = tensor.view(torch.bfloat16)
-    if copy:
-        tensor = tensor.clone()
     return tensor
 
 
