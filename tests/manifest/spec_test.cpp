@@ -1,6 +1,7 @@
 // Model spec from config.json: SGLang's KimiK3Spec texts and the scaled profile.
 #include <gtest/gtest.h>
 
+#include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "manifest/pyjson.h"
 #include "test_util.h"
@@ -142,4 +143,68 @@ TEST(ModelSpec, ProfileNames) {
   EXPECT_EQ(*k3pack::kimi::ParseProfile("scaled"), Profile::kScaled);
   EXPECT_FALSE(k3pack::kimi::ParseProfile("k3").ok());
   EXPECT_STREQ(k3pack::kimi::ProfileName(Profile::kScaled), "scaled");
+}
+
+namespace {
+
+// A one-shard set whose kimi-k3.* keys come from `meta`.
+k3pack::Result<k3pack::gguf::ShardSet> OneShard(const std::string& dir, k3pack::gguf::MetadataBuilder meta) {
+  k3pack::gguf::MetadataBuilder per_shard;
+  std::vector<k3pack::gguf::TensorSpec> tensors(1);
+  tensors[0].name = "token_embd_norm.weight";
+  tensors[0].type = k3pack::GgmlType::F32;
+  tensors[0].ne = {8};
+  auto paths = k3pack::gguf::WriteGgufSplit(dir, "X", meta, per_shard, tensors, {0});
+  if (!paths.ok()) return paths.error();
+  return k3pack::gguf::ShardSet::Open(dir);
+}
+
+k3pack::kimi::ModelSpec ScaledSpec() {
+  json text = K3TextConfig();
+  text["num_hidden_layers"] = 4;
+  text["num_experts"] = 16;
+  text["num_experts_per_token"] = 4;
+  return *ModelSpecFromConfig(text, Profile::kScaled);
+}
+
+}  // namespace
+
+TEST(CrossCheckGguf, AgreesDisagreesAndSkipsAbsentKeys) {
+  const auto spec = ScaledSpec();
+  {
+    k3test::TempDir dir;
+    k3pack::gguf::MetadataBuilder m;
+    m.Str("general.architecture", "kimi-k3").U32("kimi-k3.block_count", 4).U32("kimi-k3.expert_count", 16)
+        .U32("kimi-k3.expert_used_count", 4).U32("kimi-k3.leading_dense_block_count", 1)
+        .U32("kimi-k3.expert_latent_length", 0)  // 0 = no latent: not compared
+        .U32("kimi-k3.expert_feed_forward_length", 3072).U32("kimi-k3.embedding_length", 7168);
+    auto set = OneShard(dir.path(), m);
+    ASSERT_TRUE(set.ok()) << set.error().message();
+    auto st = k3pack::kimi::CrossCheckGguf(spec, *set);
+    EXPECT_TRUE(st.ok()) << st.message();
+  }
+  {
+    k3test::TempDir dir;
+    k3pack::gguf::MetadataBuilder m;
+    m.Str("general.architecture", "kimi-k3").U32("kimi-k3.expert_latent_length", 2048);
+    auto set = OneShard(dir.path(), m);
+    ASSERT_TRUE(set.ok()) << set.error().message();
+    auto st = k3pack::kimi::CrossCheckGguf(spec, *set);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(FirstLine(st.error().message()).rfind(
+                  "GGUF metadata kimi-k3.expert_latent_length=2048 disagrees with model config "
+                  "routed_expert_hidden_size=3584 (", 0),
+              0u)
+        << st.error().message();
+  }
+  {
+    k3test::TempDir dir;
+    k3pack::gguf::MetadataBuilder m;
+    m.Str("general.architecture", "kimi-k3").Str("kimi-k3.block_count", "4");
+    auto set = OneShard(dir.path(), m);
+    ASSERT_TRUE(set.ok()) << set.error().message();
+    auto st = k3pack::kimi::CrossCheckGguf(spec, *set);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.error().message().find("kimi-k3.block_count must be an integer"), std::string::npos);
+  }
 }
