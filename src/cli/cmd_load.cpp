@@ -73,30 +73,30 @@ std::string SafeFileName(const std::string& name) {
 }
 
 int RunLoad(const std::vector<std::string>& argv) {
-  Args args("load", "k3pack load --manifest M [--summary | --dump DIR | --json] [--verify-metadata]",
+  Args args("load", "--manifest M [--summary | --dump DIR | --json] [--verify-metadata]",
             "Streams the non-routed weights named by an adapter manifest in SGLang's exact order and form\n"
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
-  args.Option("manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
-      .Flag("summary", "print a summary (the default)")
-      .Option("dump", "write every emitted tensor to DIR/<name>.npy")
-      .Flag("json", "print the summary as JSON")
-      .Flag("list", "also list every emitted tensor (name, dtype, shape, kind)")
-      .Flag("verify-metadata", "also check each shard's metadata_sha256 and every tensor's offset/size/shape")
-      .Flag("sglang-compat", "reproduce SGLang exactly: BF16 as raw uint8 bytes, no ssm_a shape check")
-      .Flag("no-read", "do not read tensor bytes (walk and check only)")
-      .Flag("quiet", "no progress on stderr");
+  args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
+      .Flag("--summary", "print a summary (the default)")
+      .Option("--dump", "write every emitted tensor to DIR/<name>.npy")
+      .Flag("--json", "print the summary as JSON")
+      .Flag("--list", "also list every emitted tensor (name, dtype, shape, kind)")
+      .Flag("--verify-metadata", "also check each shard's metadata_sha256 and every tensor's offset/size/shape")
+      .Flag("--sglang-compat", "reproduce SGLang exactly: BF16 as raw uint8 bytes, no ssm_a shape check")
+      .Flag("--no-read", "do not read tensor bytes (walk and check only)")
+      .Flag("--quiet", "no progress on stderr");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  const int modes = args.Has("summary") + args.Has("dump") + args.Has("json");
+  const int modes = args.Has("--summary") + args.Has("--dump") + args.Has("--json");
   if (modes > 1) {
     std::cerr << "k3pack load: error: --summary, --dump and --json are mutually exclusive\n" << args.Usage();
     return 2;
   }
-  const bool as_json = args.Has("json");
-  const bool list = args.Has("list");
-  const bool read_bytes = !args.Has("no-read");
-  const std::string dump_dir = args.Get("dump");
-  const bool progress = !args.Has("quiet");
+  const bool as_json = args.Has("--json");
+  const bool list = args.Has("--list");
+  const bool read_bytes = !args.Has("--no-read");
+  const std::string dump_dir = args.Get("--dump");
+  const bool progress = !args.Has("--quiet");
   if (!dump_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dump_dir, ec);
@@ -104,15 +104,15 @@ int RunLoad(const std::vector<std::string>& argv) {
   }
 
   loader::LoadOptions opts;
-  opts.verify_metadata = args.Has("verify-metadata");
-  opts.sglang_compat = args.Has("sglang-compat");
+  opts.verify_metadata = args.Has("--verify-metadata");
+  opts.sglang_compat = args.Has("--sglang-compat");
   if (progress) {
     opts.on_shard = [](uint32_t index, const std::string& path, uint32_t count) {
       std::cerr << "load: shard " << index + 1 << "/" << count << " " << path << "\n";
     };
   }
   auto t0 = std::chrono::steady_clock::now();
-  auto stream = loader::NonExpertStream::Open(args.Get("manifest"), opts);
+  auto stream = loader::NonExpertStream::Open(args.Get("--manifest"), opts);
   if (!stream.ok()) return ReportError("load", stream.error());
 
   std::map<std::string, uint64_t> by_kind, by_dtype;
@@ -146,7 +146,7 @@ int RunLoad(const std::vector<std::string>& argv) {
   const double gbps = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0;
 
   if (as_json) {
-    json out = {{"manifest", args.Get("manifest")},
+    json out = {{"manifest", args.Get("--manifest")},
                 {"shards", s.shards_opened},
                 {"source_tensors", s.source_tensors},
                 {"routed_skipped", s.routed_skipped},
@@ -167,7 +167,7 @@ int RunLoad(const std::vector<std::string>& argv) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::cout << "manifest        " << args.Get("manifest") << "\n"
+  std::cout << "manifest        " << args.Get("--manifest") << "\n"
             << "shards          " << s.shards_opened << "\n"
             << "source tensors  " << s.source_tensors << " (" << s.routed_skipped << " routed aggregates skipped, "
             << Bytes(s.routed_skipped_bytes) << " not read)\n"

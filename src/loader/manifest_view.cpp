@@ -114,13 +114,9 @@ Result<StreamManifest> ParseStreamManifest(const json& doc) {
 }
 
 Result<json> ReadJsonFile(const std::string& path) {
-  if (!PathExists(path)) {
-    return Error("manifest file does not exist: " + path, ErrorKind::kFileNotFound, ENOENT);
-  }
-  K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return Error("manifest " + path + " is not valid JSON");
-  return doc;
+  // The manifest module's reader: a missing file is FileNotFoundError, bad
+  // JSON a ValueError with the parser's position, both naming the file.
+  return manifest::ReadManifestJson(path);
 }
 
 }  // namespace k3pack::loader
