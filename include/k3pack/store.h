@@ -1,0 +1,123 @@
+// The expert store: SGLang's KimiGGMLExpertPackStore rebuilt as a host-memory
+// expert cache over a GGMLMOEPACKv1 pack.
+//
+// Open() runs every start-up check SGLang runs, in its order and with its
+// error texts (manifest, header, all index entries, index digest). Acquire()
+// takes one layer's [tokens, top_k] routing matrix and hands back, for each
+// route in order (duplicates kept), a view of that expert object's bytes,
+// reading only what is not resident; MarkUsed() releases a call. Reads run
+// on a pread thread pool or io_uring, buffered or O_DIRECT, several in flight;
+// Prefetch() starts reads without waiting. Replacement policies are named
+// ("reuse-lfu-lru-v2" = SGLang's, exactly; "lru"; "quota-decay", ours).
+//
+// Thread-safe: any number of threads may acquire / prefetch / mark_used.
+// Views hold shared ownership of their bytes, so a view stays valid after
+// MarkUsed() or eviction (the bytes are recycled only once no view is left).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/error.h"
+
+namespace k3pack::store {
+
+struct StoreOptions {
+  uint64_t cache_bytes = 4096ull << 20;       // host-memory budget for resident objects
+  std::string policy = "reuse-lfu-lru-v2";
+  std::string io_backend = "pread";           // "pread" | "uring"
+  bool direct_io = false;                     // O_DIRECT (objects and ranges must be 4096-aligned)
+  int64_t read_splits = 1;                    // ranges per object read (SGLang's read_splits)
+  int64_t queue_depth = 16;                   // reads in flight (SGLang: stage_slots)
+  int64_t stats_flush_interval = 0;           // write stats every N route calls (0: only at close)
+  std::string stats_path;                     // empty: no stats file
+  bool verify_pack_sha256 = false;            // hash the whole pack at open
+  // Expected (num_hidden_layers, num_experts, top_k). Unset: Kimi-K3's
+  // (93, 896, 16) for a kimi-k3 manifest, the manifest's own for "scaled".
+  std::optional<uint32_t> expected_layers, expected_experts, expected_top_k;
+};
+
+// One routed object's bytes, with the role views SGLang's kernels use.
+struct ExpertView {
+  uint32_t layer = 0;
+  uint32_t expert = 0;
+  std::span<const uint8_t> bytes;              // whole object: up | gate | down
+  std::span<const uint8_t> up, gate, down;
+  std::shared_ptr<const void> owner;           // keeps `bytes` alive
+};
+
+// The result of one Acquire(): views in route order (tokens x top_k).
+struct Acquisition {
+  uint32_t layer = 0;
+  std::vector<ExpertView> routes;
+  std::vector<uint32_t> distinct_objects;      // internal: what MarkUsed releases
+  uint64_t ticket = 0;                         // 0 once released
+  std::thread::id owner;                       // internal: the acquiring thread
+};
+
+// Layout facts a caller (or binding) needs.
+struct StoreInfo {
+  std::string pack_path, manifest_path, profile;  // profile: "kimi-k3" | "scaled"
+  uint32_t num_hidden_layers = 0, num_experts = 0, top_k = 0;
+  std::vector<uint32_t> active_layer_ids;
+  std::vector<uint64_t> object_bytes;          // per active layer
+  std::vector<std::array<uint64_t, 3>> role_offsets, role_bytes;  // per active layer: up, gate, down
+  std::string index_sha256;
+  uint64_t index_count = 0, data_start = 0, pack_size = 0;
+  uint64_t cache_bytes = 0;
+  uint64_t effective_capacity_objects = 0;     // resident objects that always fit (budget / largest object)
+  double open_seconds = 0;
+};
+
+class ExpertStore {
+ public:
+  static Result<std::shared_ptr<ExpertStore>> Open(const std::string& pack_path, const std::string& manifest_path,
+                                                   const StoreOptions& options = {});
+  ~ExpertStore();
+  ExpertStore(const ExpertStore&) = delete;
+  ExpertStore& operator=(const ExpertStore&) = delete;
+
+  const StoreInfo& info() const;
+
+  // `expert_ids` is row-major with `shape` (must be {tokens, top_k}).
+  // is_prefill defaults to tokens > 1 (SGLang). Errors: SGLang's texts for
+  // an inactive layer, a wrong top-k width, an out-of-range id, an eviction
+  // that would drop the active working set, and short/failed reads.
+  Result<Acquisition> Acquire(uint32_t layer, std::span<const int64_t> expert_ids, std::span<const int64_t> shape,
+                              std::optional<bool> is_prefill = std::nullopt);
+  // Convenience for one decode token: ids.size() must be top_k.
+  Result<Acquisition> AcquireToken(uint32_t layer, std::span<const int64_t> expert_ids);
+  // Releases the call's objects for eviction; may flush stats. Idempotent.
+  Status MarkUsed(Acquisition& acquisition);
+
+  // Starts reading the given experts of `layer` (any count, duplicates ok)
+  // into the cache without waiting. The objects stay pinned until the next
+  // Acquire() of that layer, which waits on them if still in flight.
+  Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids);
+
+  // SGLang's stats dict (same keys) plus k3pack's under "k3pack".
+  nlohmann::json Snapshot() const;
+  Status WriteStats() const;
+  // Waits for reads in flight, writes stats (if a path is set), closes the pack.
+  Status Close();
+
+  // Test seam: replace range read results (see store/io_engine.h). Set before use.
+  void SetReadFaultHook(std::function<void(uint64_t file_offset, uint64_t length, int64_t* result)> hook);
+
+  struct Impl;
+
+ private:
+  explicit ExpertStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3pack::store

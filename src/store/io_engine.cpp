@@ -1,0 +1,163 @@
+#include "store/io_engine.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+namespace k3pack::store {
+
+uint64_t NowNs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+const char* IoBackendName(IoBackend b) { return b == IoBackend::kUring ? "uring" : "pread"; }
+
+Result<IoBackend> ParseIoBackend(const std::string& name) {
+  if (name == "pread") return IoBackend::kPread;
+  if (name == "uring" || name == "io_uring") return IoBackend::kUring;
+  return Error("unknown I/O backend '" + name + "' (known: pread, uring)");
+}
+
+std::vector<ReadRange> ObjectReadRanges(uint64_t p, uint32_t splits) {
+  if (splits == 0) splits = 1;
+  const uint64_t alignment = p >= uint64_t{splits} * 4096 ? 4096 : 1;
+  std::vector<uint64_t> b;
+  for (uint32_t part = 0; part < splits; ++part) b.push_back(p * part / splits / alignment * alignment);
+  b.push_back(p);
+  std::vector<ReadRange> out;
+  for (uint32_t i = 0; i < splits; ++i) out.push_back({b[i], b[i + 1] - b[i]});
+  return out;
+}
+
+static std::string RouteTuple(const ObjectRead& r, const ReadRange& range) {
+  return "(" + std::to_string(r.layer) + ", " + std::to_string(r.expert) + ", " + std::to_string(range.start) +
+         ", " + std::to_string(range.length) + ")";
+}
+
+std::shared_ptr<IoEngine::Job> IoEngine::StartJob(std::unique_ptr<ObjectRead> read) {
+  auto job = std::make_shared<Job>();
+  job->remaining = read->ranges.size();
+  job->submit_ns = NowNs();
+  job->read = std::move(read);
+  uint64_t now = inflight_.fetch_add(1) + 1;
+  uint64_t prev = max_inflight_.load();
+  while (now > prev && !max_inflight_.compare_exchange_weak(prev, now)) {
+  }
+  return job;
+}
+
+void IoEngine::FinishRange(const Part& part, int64_t result, uint64_t ns) {
+  Job& job = *part.job;
+  const ObjectRead& r = *job.read;
+  const ReadRange& range = r.ranges[part.range];
+  ApplyHook(r.file_offset + range.start, range.length, &result);
+  if (result >= 0) job.bytes += static_cast<uint64_t>(result);
+  uint64_t prev = job.max_ns.load();
+  while (ns > prev && !job.max_ns.compare_exchange_weak(prev, ns)) {
+  }
+  if (result < 0 || static_cast<uint64_t>(result) != range.length) {
+    Error e = result < 0
+                  ? Error("expert-pack read failed for " + RouteTuple(r, range) + ": " + std::strerror(int(-result)),
+                          ErrorKind::kOS, int(-result))
+                  : Error("short expert-pack read for " + RouteTuple(r, range) + ": " + std::to_string(result) +
+                              " != " + std::to_string(range.length),
+                          ErrorKind::kOS);
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!job.error) job.error = std::move(e);
+  }
+  if (--job.remaining != 0) return;
+  ObjectReadResult out;
+  if (job.error) out.status = *job.error;
+  out.bytes = job.bytes;
+  out.max_range_ns = job.max_ns;
+  out.latency_ns = NowNs() - job.submit_ns;
+  inflight_.fetch_sub(1);
+  auto done = std::move(job.read->done);
+  if (done) done(out);
+}
+
+namespace {
+
+// Blocking pread on a pool of threads: `queue_depth` ranges in flight.
+class PreadEngine final : public IoEngine {
+ public:
+  explicit PreadEngine(uint32_t threads) {
+    for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~PreadEngine() override { Shutdown(); }
+  IoBackend backend() const override { return IoBackend::kPread; }
+
+  void Submit(std::unique_ptr<ObjectRead> read) override {
+    auto job = StartJob(std::move(read));
+    size_t n = job->read->ranges.size();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < n; ++i) queue_.push_back(Part{job, i, 0, 0});
+    }
+    if (n == 1) cv_.notify_one(); else cv_.notify_all();
+  }
+
+  void Shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      Part part;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping and drained
+        part = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const ObjectRead& r = *part.job->read;
+      const ReadRange& range = r.ranges[part.range];
+      uint64_t t0 = NowNs();
+      int64_t result = 0;
+      uint64_t done = 0;
+      while (done < range.length) {
+        ssize_t n = ::pread(r.fd, r.dst + range.start + done, range.length - done,
+                            static_cast<off_t>(r.file_offset + range.start + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) { result = -errno; break; }
+        if (n == 0) break;  // EOF: short read
+        done += static_cast<uint64_t>(n);
+      }
+      if (result == 0) result = static_cast<int64_t>(done);
+      FinishRange(part, result, NowNs() - t0);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Part> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<IoEngine>> MakeUringEngine(uint32_t queue_depth);  // io_uring.cpp
+
+Result<std::unique_ptr<IoEngine>> IoEngine::Create(IoBackend backend, uint32_t queue_depth) {
+  if (queue_depth == 0) return Error("I/O queue depth must be positive");
+  if (backend == IoBackend::kUring) return MakeUringEngine(queue_depth);
+  return std::unique_ptr<IoEngine>(new PreadEngine(queue_depth));
+}
+
+}  // namespace k3pack::store

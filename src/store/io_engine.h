@@ -1,0 +1,109 @@
+// Asynchronous whole-object reads with several requests in flight.
+//
+// An object read is split into ranges (SGLang's read_splits, §7.5); every
+// range is one positioned read into the caller's buffer. Two backends:
+//   - kPread: a pool of `queue_depth` threads, each doing blocking pread;
+//   - kUring: one io_uring with `queue_depth` reads in flight; submissions
+//     come from any thread (serialized), one thread reaps completions.
+// Both work buffered or with O_DIRECT (then buffers, offsets and lengths
+// must be 4096-aligned; the store checks that before reading).
+//
+// A read that ends early (EOF) is SGLang's OSError
+//   `short expert-pack read for {(layer, expert, start, length)}: {read} != {length}`
+// and never reaches the caller as data. A fault hook lets tests replace a
+// read's result (a short count, or -errno) without a broken disk.
+#pragma once
+
+#include <cstdint>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack::store {
+
+enum class IoBackend { kPread, kUring };
+const char* IoBackendName(IoBackend b);  // "pread", "uring"
+Result<IoBackend> ParseIoBackend(const std::string& name);
+
+struct ReadRange {
+  uint64_t start = 0;   // within the object
+  uint64_t length = 0;
+};
+
+// SGLang's _object_read_ranges: `splits` parts, boundaries rounded down to
+// 4096 when the object is at least splits*4096 bytes, else to 1.
+std::vector<ReadRange> ObjectReadRanges(uint64_t object_bytes, uint32_t splits);
+
+struct ObjectReadResult {
+  Status status;
+  uint64_t bytes = 0;         // bytes read (sum over ranges)
+  uint64_t max_range_ns = 0;  // SGLang's pack_read_ns contribution (max over splits)
+  uint64_t latency_ns = 0;    // submit -> last range done (what a waiter sees)
+};
+
+struct ObjectRead {
+  int fd = -1;
+  uint64_t file_offset = 0;  // object start in the file
+  uint8_t* dst = nullptr;    // object_bytes long
+  std::vector<ReadRange> ranges;
+  uint32_t layer = 0, expert = 0;  // for error texts
+  std::function<void(const ObjectReadResult&)> done;  // called once, from an engine thread
+};
+
+// Called once per range after it finished, with the range's result (bytes
+// read before EOF, or -errno); may change it. Arguments: the range's file
+// offset and length.
+using FaultHook = std::function<void(uint64_t file_offset, uint64_t length, int64_t* result)>;
+
+class IoEngine {
+ public:
+  static Result<std::unique_ptr<IoEngine>> Create(IoBackend backend, uint32_t queue_depth);
+  virtual ~IoEngine() = default;
+  virtual IoBackend backend() const = 0;
+  virtual void Submit(std::unique_ptr<ObjectRead> read) = 0;
+  // Stops accepting work, waits for everything submitted, joins threads.
+  virtual void Shutdown() = 0;
+  // Not thread-safe with in-flight reads; set it before submitting.
+  void SetFaultHook(FaultHook hook) { hook_ = std::move(hook); }
+
+  // Reads submitted but not finished right now, and the largest such count seen.
+  uint64_t inflight() const { return inflight_.load(std::memory_order_relaxed); }
+  uint64_t max_inflight() const { return max_inflight_.load(std::memory_order_relaxed); }
+
+ protected:
+  struct Job {
+    std::unique_ptr<ObjectRead> read;
+    std::atomic<size_t> remaining{0};
+    std::atomic<uint64_t> bytes{0}, max_ns{0};
+    uint64_t submit_ns = 0;
+    std::mutex mu;
+    std::optional<Error> error;  // first failure
+  };
+  struct Part {
+    std::shared_ptr<Job> job;
+    size_t range = 0;
+    uint64_t done = 0;      // bytes of the range already read (short reads are retried)
+    uint64_t start_ns = 0;
+  };
+  // A range finished with `result` (its total bytes, or -errno) after `ns`;
+  // completes the job when it is the last range.
+  void FinishRange(const Part& part, int64_t result, uint64_t ns);
+  std::shared_ptr<Job> StartJob(std::unique_ptr<ObjectRead> read);
+  void ApplyHook(uint64_t offset, uint64_t length, int64_t* result) const {
+    if (hook_) hook_(offset, length, result);
+  }
+
+ private:
+  FaultHook hook_;
+  std::atomic<uint64_t> inflight_{0}, max_inflight_{0};
+};
+
+uint64_t NowNs();
+
+}  // namespace k3pack::store

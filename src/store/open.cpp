@@ -1,0 +1,319 @@
+// ExpertStore::Open's validation: SGLang's KimiGGMLExpertPackStore checks
+// (spec §2.7 steps 1-14, §7.2), in order, with its error texts. Under the
+// "scaled" profile the Kimi-K3 constants give way to the manifest's own
+// dimensions and per-layer role sizes (the "k3pack" extension).
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "k3pack/ggml_types.h"
+#include "k3pack/manifest.h"
+#include "pack/format.h"
+#include "store/store_impl.h"
+#include "util/sha256.h"
+
+namespace k3pack::store {
+namespace {
+
+using nlohmann::json;
+
+Error KeyErr(const std::string& key) { return Error("'" + key + "'", ErrorKind::kKey); }
+
+Result<const json*> At(const json& j, const std::string& key) {
+  if (!j.is_object()) return Error("manifest value holding '" + key + "' is not an object");
+  auto it = j.find(key);
+  if (it == j.end()) return KeyErr(key);
+  return &*it;
+}
+
+Result<uint64_t> U64(const json& j, const std::string& key) {
+  K3_ASSIGN_OR_RETURN(const json* v, At(j, key));
+  if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0))
+    return Error("manifest key '" + key + "' must be a non-negative integer, got " + v->dump());
+  return v->get<uint64_t>();
+}
+
+Result<std::string> Str(const json& j, const std::string& key) {
+  K3_ASSIGN_OR_RETURN(const json* v, At(j, key));
+  if (!v->is_string()) return Error("manifest key '" + key + "' must be a string, got " + v->dump());
+  return v->get<std::string>();
+}
+
+// Python truthiness of a dict.get() result.
+bool Truthy(const json& j, const std::string& key) {
+  if (!j.is_object() || !j.contains(key)) return false;
+  const json& v = j[key];
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>() != 0;
+  if (v.is_number_float()) return v.get<double>() != 0.0;
+  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
+  return false;
+}
+
+std::string Tuple3(uint64_t a, uint64_t b, uint64_t c) {
+  return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
+}
+
+constexpr const char* kRoleNames[3] = {"up", "gate", "down"};
+
+// Per-layer role sizes and types: from expert_pack.roles (kimi-k3) or the
+// k3pack extension (scaled). Step 9 and 10 of SGLang's checks.
+Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>& ext,
+                 const std::vector<uint32_t>& layers, bool kimi, PackGeometry* g) {
+  K3_ASSIGN_OR_RETURN(const json* roles, At(ep, "roles"));
+  std::array<uint64_t, 3> bytes{};
+  if (kimi) {
+    static const std::pair<const char*, uint64_t> kExpected[3] = {{"Q2_K", 10}, {"Q2_K", 10}, {"Q3_K", 11}};
+    for (int r = 0; r < 3; ++r) {
+      K3_ASSIGN_OR_RETURN(const json* role, At(*roles, kRoleNames[r]));
+      K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
+      K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
+      if (dtype != kExpected[r].first || dtype_id != kExpected[r].second)
+        return Error(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
+    }
+    uint64_t sum = 0;
+    for (int r = 0; r < 3; ++r) {
+      K3_ASSIGN_OR_RETURN(uint64_t b, U64((*roles)[kRoleNames[r]], "expert_bytes"));
+      bytes[r] = b;
+      sum += b;
+    }
+    K3_ASSIGN_OR_RETURN(uint64_t object_bytes, U64(ep, "object_bytes"));
+    if (sum != object_bytes) return Error("Kimi expert-pack role sizes do not match object bytes");
+    g->role_bytes.assign(layers.size(), bytes);
+  } else {
+    if (ext->layer_roles.size() != layers.size())
+      return Error("scaled manifest k3pack.layer_roles has " + std::to_string(ext->layer_roles.size()) +
+                   " layers; expected one per active routed layer (" + std::to_string(layers.size()) + ")");
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const auto& lr = ext->layer_roles[i];
+      if (lr.layer != layers[i])
+        return Error("scaled manifest k3pack.layer_roles[" + std::to_string(i) + "] is layer " +
+                     std::to_string(lr.layer) + "; expected " + std::to_string(layers[i]));
+      uint64_t sum = 0;
+      for (int r = 0; r < 3; ++r) {
+        auto type = GgmlTypeFromName(lr.roles[r].dtype);
+        if (!type || static_cast<uint32_t>(*type) != lr.roles[r].dtype_id)
+          return Error(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
+        bytes[r] = lr.roles[r].expert_bytes;
+        sum += bytes[r];
+      }
+      if (sum != lr.object_bytes || sum == 0) return Error("Kimi expert-pack role sizes do not match object bytes");
+      g->role_bytes.push_back(bytes);
+    }
+  }
+  for (const auto& b : g->role_bytes) g->role_offsets.push_back({0, b[0], b[0] + b[1]});
+  return Status::OK();
+}
+
+uint32_t LE32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+uint64_t LE64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+
+// Step 12: every entry's identity, range and contiguity (§7.2 step 4).
+Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, PackGeometry* g) {
+  const ObjectSpace& s = g->space;
+  const uint32_t E = s.num_experts;
+  g->object_offsets.assign(s.num_objects(), 0);
+  uint64_t previous_end = g->data_start;
+  std::vector<std::array<std::string, 3>> names(s.num_active_layers());
+  for (uint32_t li = 0; li < s.num_active_layers(); ++li)
+    for (uint32_t r = 0; r < 3; ++r) names[li][r] = pack::ExpertTensorName(s.active_layer_ids[li], pack::Role(r));
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint8_t* e = index + i * pack::kEntryBytes;
+    const uint64_t object = i / 3;
+    const uint32_t role = static_cast<uint32_t>(i % 3);
+    const uint32_t li = static_cast<uint32_t>(object / E), expert = static_cast<uint32_t>(object % E);
+    const uint32_t layer = s.active_layer_ids[li];
+    auto identity = [&] { return Error("Kimi expert-pack identity mismatch at index " + std::to_string(i)); };
+    // Fast path: the canonical name NUL-terminated; otherwise parse like SGLang
+    // (cut at the first NUL, UTF-8, fullmatch of the regex; "blk.01" is layer 1).
+    const std::string& expected = names[li][role];
+    bool canonical = std::memcmp(e, expected.data(), expected.size()) == 0 && e[expected.size()] == 0;
+    if (!canonical) {
+      auto entry = pack::DecodeEntry({e, pack::kEntryBytes});
+      if (!entry.ok() || !entry->name_utf8_ok) return identity();
+      auto parsed = pack::ParseExpertTensorName(entry->name);
+      if (!parsed || parsed->layer != layer || static_cast<uint32_t>(parsed->role) != role) return identity();
+    }
+    int32_t entry_expert;
+    std::memcpy(&entry_expert, e + 128, 4);
+    if (entry_expert != static_cast<int32_t>(expert) || LE32(e + 132) != 0) return identity();
+    const uint64_t offset = LE64(e + 136), nbytes = LE64(e + 144);
+    if (nbytes != g->role_bytes[li][role] || offset % g->alignment != 0 || offset < previous_end ||
+        offset > file_size || nbytes > file_size - offset)
+      return Error("Kimi expert-pack range mismatch at index " + std::to_string(i));
+    if (role == 0) {
+      g->object_offsets[object] = offset;
+    } else if (offset != g->object_offsets[object] + g->role_offsets[li][role]) {
+      return Error("Kimi expert object is not contiguous at index " + std::to_string(i));
+    }
+    previous_end = offset + nbytes;
+  }
+  if (previous_end != file_size) return Error("Kimi expert-pack file has trailing or missing bytes");
+  return Status::OK();
+}
+
+}  // namespace
+
+uint64_t ObjectGeneration(const std::string& index_sha256, uint32_t layer, uint32_t expert) {
+  std::string hex = Sha256Hex(index_sha256 + ":" + std::to_string(layer) + ":" + std::to_string(expert));
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) {
+    uint64_t byte = std::stoul(hex.substr(size_t(i) * 2, 2), nullptr, 16);
+    v |= byte << (8 * i);
+  }
+  return v == 0 ? 1 : v;
+}
+
+Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
+  K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
+  K3_ASSIGN_OR_RETURN(auto ext, manifest::ParseK3packExtension(m));
+  K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
+  K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
+  ObjectSpace s;
+  K3_ASSIGN_OR_RETURN(uint64_t layers_n, U64(*model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(uint64_t experts, U64(*model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(uint64_t top_k, U64(*model, "num_experts_per_token"));
+  K3_ASSIGN_OR_RETURN(const json* active, At(*model, "active_moe_layer_ids"));
+  if (!active->is_array() || experts == 0 || experts > 65536 || top_k == 0 || top_k > experts)
+    return Error(manifest_path + ": model dimensions are unusable for a trace");
+  for (const auto& v : *active) s.active_layer_ids.push_back(v.get<uint32_t>());
+  s.num_experts = static_cast<uint32_t>(experts);
+  s.top_k = static_cast<uint32_t>(top_k);
+  s.num_layers_total = static_cast<uint32_t>(layers_n);
+  if (ext) {
+    for (const auto& lr : ext->layer_roles) s.object_bytes.push_back(lr.object_bytes);
+  } else {
+    K3_ASSIGN_OR_RETURN(uint64_t ob, U64(*ep, "object_bytes"));
+    s.object_bytes.assign(s.active_layer_ids.size(), ob);
+  }
+  if (s.object_bytes.size() != s.active_layer_ids.size())
+    return Error(manifest_path + ": k3pack.layer_roles does not cover every active layer");
+  return s;
+}
+
+Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
+                                  const StoreOptions& opt, int fd) {
+  PackGeometry g;
+  // 1. Files exist (checked by the caller before opening; repeated for direct use).
+  if (!PathExists(pack_path) || !PathExists(manifest_path))
+    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
+                 ErrorKind::kFileNotFound);
+  K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
+  // 2. complete + format.
+  if (!Truthy(m, "complete") || !m.is_object() || !m.contains("format") || m["format"] != manifest::kManifestFormat)
+    return Error("Kimi expert-pack manifest is incomplete or unsupported");
+  g.format = std::string(manifest::kManifestFormat);
+  K3_ASSIGN_OR_RETURN(auto ext, manifest::ParseK3packExtension(m));
+  const bool kimi = !ext.has_value();
+  g.profile = kimi ? "kimi-k3" : "scaled";
+  K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
+  // 3. hard constraints: SGLang's exact dict (scaled: with the model's own top_k).
+  json constraints = manifest::HardConstraintsJson();
+  if (!kimi && model->is_object() && model->contains("num_experts_per_token"))
+    constraints["top_k"] = (*model)["num_experts_per_token"];
+  if (!m.contains("hard_constraints") || m["hard_constraints"] != constraints)
+    return Error("Kimi manifest hard constraints do not match runtime policy");
+  // 4. dimensions.
+  K3_ASSIGN_OR_RETURN(uint64_t layers_n, U64(*model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(uint64_t experts_n, U64(*model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(uint64_t top_k, U64(*model, "num_experts_per_token"));
+  uint64_t want_layers = opt.expected_layers.value_or(kimi ? 93 : layers_n);
+  uint64_t want_experts = opt.expected_experts.value_or(kimi ? 896 : experts_n);
+  uint64_t want_top_k = opt.expected_top_k.value_or(kimi ? 16 : top_k);
+  if (layers_n != want_layers || experts_n != want_experts || top_k != want_top_k || (kimi && want_top_k != 16) ||
+      experts_n == 0 || experts_n > 65536 || top_k == 0 || top_k > experts_n)
+    return Error("Kimi expert-pack dimensions " + Tuple3(layers_n, experts_n, top_k) + " != " +
+                 Tuple3(want_layers, want_experts, want_top_k) + "; Top-K is immutable at 16");
+  // 5. active layers.
+  K3_ASSIGN_OR_RETURN(const json* active_j, At(*model, "active_moe_layer_ids"));
+  std::vector<uint32_t> active;
+  bool active_ok = active_j->is_array() && !active_j->empty();
+  if (active_ok) {
+    for (const auto& v : *active_j) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(layers_n) ||
+          (!active.empty() && v.get<int64_t>() <= int64_t(active.back()))) {
+        active_ok = false;
+        break;
+      }
+      active.push_back(v.get<uint32_t>());
+    }
+  }
+  if (kimi) {
+    active_ok = active.size() == 92;
+    for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
+    if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
+  } else if (!active_ok) {
+    return Error("Kimi active routed MoE layers must be ascending layer ids below num_hidden_layers (" +
+                 std::to_string(layers_n) + ")");
+  }
+  // 6-8. pack path, size, physical role order.
+  K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
+  K3_ASSIGN_OR_RETURN(std::string ep_path, Str(*ep, "path"));
+  auto resolved_pack = ResolvePath(pack_path);
+  auto resolved_manifest_pack = ResolvePath(ep_path);
+  if (!resolved_pack.ok() || !resolved_manifest_pack.ok() || *resolved_pack != *resolved_manifest_pack)
+    return Error("Kimi manifest expert-pack path does not match pack_path");
+  g.resolved_pack_path = *resolved_pack;
+  K3_ASSIGN_OR_RETURN(uint64_t ep_size, U64(*ep, "size"));
+  K3_ASSIGN_OR_RETURN(uint64_t file_size, FileSize(pack_path));
+  if (ep_size != file_size) return Error("Kimi expert-pack size does not match its manifest");
+  g.pack_size = file_size;
+  K3_ASSIGN_OR_RETURN(const json* order, At(*ep, "physical_role_order"));
+  if (*order != json::array({"up", "gate", "down"})) return Error("Kimi expert-pack physical role order is unsupported");
+  // 9-10. role types and sizes.
+  K3_RETURN_IF_ERROR(LoadRoles(*ep, ext, active, kimi, &g));
+  g.space.active_layer_ids = active;
+  g.space.num_experts = static_cast<uint32_t>(experts_n);
+  g.space.top_k = static_cast<uint32_t>(top_k);
+  g.space.num_layers_total = static_cast<uint32_t>(layers_n);
+  for (const auto& b : g.role_bytes) g.space.object_bytes.push_back(b[0] + b[1] + b[2]);
+  // 11. header.
+  K3_ASSIGN_OR_RETURN(g.data_start, U64(*ep, "data_start"));
+  K3_ASSIGN_OR_RETURN(g.alignment, U64(*ep, "alignment"));
+  if (file_size < pack::kHeaderBytes) return Error("Kimi expert-pack header is truncated");
+  g.index_count = uint64_t{active.size()} * experts_n * 3;
+  const uint64_t index_end = pack::kHeaderBytes + g.index_count * pack::kEntryBytes;
+  // Map the header + index (37.6 MB for K3) instead of copying it: the digest
+  // and the entry walk read page-cache pages in place.
+  const uint64_t mapped = std::min(file_size, index_end);
+  void* map = ::mmap(nullptr, mapped, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  if (map == MAP_FAILED) return Error::FromErrno("cannot map the expert-pack index of " + pack_path, errno);
+  struct Unmap {
+    void* p;
+    size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{map, mapped};
+  const uint8_t* prefix = static_cast<const uint8_t*>(map);
+  K3_ASSIGN_OR_RETURN(pack::PackHeader h, pack::DecodeHeader({prefix, pack::kHeaderBytes}));
+  if (h.magic != pack::kPackMagic || h.version != 1 || h.header_size != pack::kHeaderBytes ||
+      h.index_count != g.index_count || h.data_start != g.data_start)
+    return Error("Kimi expert-pack header does not match its manifest");
+  // 12. index entries (hashed on a second thread meanwhile: step 13's digest).
+  if (mapped < index_end) return Error("Kimi expert-pack index is truncated");
+  if (g.alignment == 0) return Error("Kimi expert-pack range mismatch at index 0");
+  std::string digest;
+  std::thread hasher([&] { digest = Sha256Hex(prefix, index_end); });
+  Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, &g);
+  hasher.join();
+  K3_RETURN_IF_ERROR(walked);
+  // 13. index digest.
+  K3_ASSIGN_OR_RETURN(g.index_sha256, Str(*ep, "index_sha256"));
+  if (digest != g.index_sha256) return Error("Kimi expert-pack index SHA-256 does not match manifest");
+  // 14. optional whole-pack digest.
+  if (opt.verify_pack_sha256) {
+    if (!ep->contains("sha256") || !(*ep)["sha256"].is_string())
+      return Error("full pack verification requested, but manifest has no full SHA-256");
+    K3_ASSIGN_OR_RETURN(std::string full, Sha256File(pack_path));
+    if (full != (*ep)["sha256"].get<std::string>()) return Error("Kimi expert-pack SHA-256 does not match manifest");
+  }
+  // Read for the synthesized header (a bare KeyError when missing).
+  K3_ASSIGN_OR_RETURN(const json* source, At(m, "source"));
+  K3_ASSIGN_OR_RETURN(g.inventory_sha256, Str(*source, "inventory_sha256"));
+  K3_ASSIGN_OR_RETURN(g.config_sha256, Str(*model, "config_sha256"));
+  return g;
+}
+
+}  // namespace k3pack::store

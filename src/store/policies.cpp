@@ -1,0 +1,230 @@
+// The concrete replacement policies (see policy.h for the contract).
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "store/intrusive_list.h"
+#include "store/policy.h"
+
+namespace k3pack::store {
+namespace {
+
+// SGLang's `reuse-lfu-lru-v2`, reproduced rule for rule:
+// - every call first bumps the persistent per-object frequency of each of its
+//   distinct keys, saturating at 255; the counter survives eviction;
+// - a hit refreshes the resident copy's frequency and moves it to the MRU end;
+// - a miss takes free room if any; otherwise the victim is the unprotected
+//   resident object with the smallest frequency, ties broken by the first one
+//   met walking the LRU order oldest->newest (decode) or newest->oldest
+//   (prefill, "preserve oldest");
+// - protected = every key of the current call.
+// Resident objects sit in one list per frequency value, each in LRU order, so
+// "first minimum along the LRU walk" is the head (or tail) of the lowest
+// non-empty list: the same victim as SGLang's linear walk, in O(1).
+class ReuseLfuLruV2 final : public Policy {
+ public:
+  ReuseLfuLruV2(const ObjectSpace& space, uint64_t cap)
+      : Policy(space, cap), key_freq_(space.num_objects(), 0), slot_freq_(space.num_objects(), 0),
+        lists_(space.num_objects(), 256) {}
+  std::string name() const override { return "reuse-lfu-lru-v2"; }
+
+ protected:
+  void OnCall(std::span<const ObjectId> keys, bool) override {
+    for (ObjectId k : keys) key_freq_[k] = key_freq_[k] < 255 ? key_freq_[k] + 1 : 255;
+  }
+  void OnHit(ObjectId k) override { Touch(k); }
+  void OnInsert(ObjectId k, bool) override { Touch(k); }
+  void OnRemove(ObjectId k) override { lists_.Unlink(k); }
+  ObjectId PickVictim(bool is_prefill, std::span<const ObjectId> call, const PinCounts* pins) override {
+    for (uint32_t f = 0; f < 256; ++f) {
+      uint32_t id = is_prefill ? lists_.tail(f) : lists_.head(f);
+      while (id != ListFamily::kNil) {
+        if (!Protected(id, call, pins)) return id;
+        id = is_prefill ? lists_.prev(id) : lists_.next(id);
+      }
+    }
+    return kNoObject;
+  }
+
+ private:
+  void Touch(ObjectId k) {
+    lists_.Unlink(k);
+    slot_freq_[k] = key_freq_[k];
+    lists_.PushBack(slot_freq_[k], k);
+  }
+  std::vector<uint8_t> key_freq_;
+  std::vector<uint8_t> slot_freq_;
+  ListFamily lists_;
+};
+
+// Plain LRU: the victim is the least recently used unprotected object.
+class Lru final : public Policy {
+ public:
+  Lru(const ObjectSpace& space, uint64_t cap) : Policy(space, cap), lists_(space.num_objects(), 1) {}
+  std::string name() const override { return "lru"; }
+
+ protected:
+  void OnHit(ObjectId k) override { lists_.Unlink(k); lists_.PushBack(0, k); }
+  void OnInsert(ObjectId k, bool) override { lists_.PushBack(0, k); }
+  void OnRemove(ObjectId k) override { lists_.Unlink(k); }
+  ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
+    for (uint32_t id = lists_.head(0); id != ListFamily::kNil; id = lists_.next(id))
+      if (!Protected(id, call, pins)) return id;
+    return kNoObject;
+  }
+
+ private:
+  ListFamily lists_;
+};
+
+// Ours: frequency with exponential decay (an LRFU-style score), remembered
+// for evicted objects too, with newest-first eviction among equal scores.
+//   score(k, now) = sum over past uses u of 2^-((now - u) / half_life)
+// where time counts routing calls / active layers (one unit ~ one token
+// through the whole model). A use adds 1. The victim is the unprotected
+// resident object with the lowest current score. Decay lets the cache follow
+// each request's hot experts (SGLang's counter saturates at 255 and never
+// forgets, so old favourites squat); remembering scores across evictions
+// lets a returning object beat one-off visitors (plain LRU cycles through
+// all of them and hits nothing once a token's working set exceeds the cache).
+// Scores are stored as log(score) + now*ln2/half_life, which does not change
+// with time, so resident objects stay ordered in a std::set without updates.
+class DecayLfu final : public Policy {
+ public:
+  DecayLfu(const ObjectSpace& space, uint64_t cap, double half_life_tokens)
+      : Policy(space, cap),
+        rate_(std::log(2.0) / (half_life_tokens * std::max<uint32_t>(1, space.num_active_layers()))),
+        norm_(space.num_objects(), -std::numeric_limits<double>::infinity()),
+        seq_(space.num_objects(), 0) {}
+  std::string name() const override { return "decay-lfu"; }
+
+ protected:
+  void OnCall(std::span<const ObjectId>, bool) override { now_ += 1.0; }
+  void OnHit(ObjectId k) override { Bump(k, true); }
+  void OnInsert(ObjectId k, bool) override { Bump(k, false); }
+  void OnRemove(ObjectId k) override { order_.erase({norm_[k], ~seq_[k], k}); }
+  ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
+    for (const auto& [n, s, id] : order_)
+      if (!Protected(id, call, pins)) return id;
+    return kNoObject;
+  }
+
+ private:
+  void Bump(ObjectId k, bool resident) {
+    if (resident) order_.erase({norm_[k], ~seq_[k], k});
+    double t = now_ * rate_;
+    double current = std::isinf(norm_[k]) ? 0.0 : std::exp(norm_[k] - t);
+    norm_[k] = std::log(current + 1.0) + t;
+    seq_[k] = ++seq_counter_;
+    order_.insert({norm_[k], ~seq_[k], k});
+  }
+  double rate_;
+  double now_ = 0;
+  uint64_t seq_counter_ = 0;
+  std::vector<double> norm_;
+  std::vector<uint64_t> seq_;
+  std::set<std::tuple<double, uint64_t, ObjectId>> order_;
+};
+
+
+// Ours, the default recommendation: per-layer quotas + decayed frequency.
+// Kimi-K3 routes every token through all 92 layers, 16 experts each, so a
+// token touches ~1,472 objects: more than a small cache holds. Global LRU then
+// evicts every object before its layer comes round again (0% hits at SGLang's
+// 5 GiB). Here each layer is entitled to an equal share of the bytes; a miss
+// evicts from the layer furthest over its share, so every layer keeps its
+// best objects resident across tokens. Inside a layer the victim is the
+// object with the lowest decayed use count, time measured in that layer's
+// own calls (tokens):
+//   score = sum over past uses of 2^-(calls since the use / half_life)
+// which ranks the previous token's experts above older ones while letting a
+// request's recurring experts outrank one-off visitors. Scores persist across
+// eviction; ties evict the newest. Stored as log(score) + t*ln2/half_life so
+// a layer's residents stay ordered without updates as time passes.
+class QuotaDecay final : public Policy {
+ public:
+  QuotaDecay(const ObjectSpace& space, uint64_t cap, double half_life_calls)
+      : Policy(space, cap),
+        rate_(std::log(2.0) / half_life_calls),
+        now_(space.num_active_layers(), 0.0),
+        layer_bytes_(space.num_active_layers(), 0),
+        norm_(space.num_objects(), -std::numeric_limits<double>::infinity()),
+        seq_(space.num_objects(), 0),
+        order_(space.num_active_layers()) {
+    quota_ = space.num_active_layers() ? cap / space.num_active_layers() : cap;
+  }
+  std::string name() const override { return "quota-decay"; }
+
+ protected:
+  void OnCall(std::span<const ObjectId> keys, bool) override {
+    if (!keys.empty()) now_[space_.LayerIndexOf(keys[0])] += 1.0;
+  }
+  void OnHit(ObjectId k) override { Bump(k, true); }
+  void OnInsert(ObjectId k, bool) override {
+    layer_bytes_[space_.LayerIndexOf(k)] += space_.Cost(k);
+    Bump(k, false);
+  }
+  void OnRemove(ObjectId k) override {
+    uint32_t l = space_.LayerIndexOf(k);
+    order_[l].erase({norm_[k], ~seq_[k], k});
+    layer_bytes_[l] -= space_.Cost(k);
+  }
+  ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
+    // Layers by excess over their quota, largest first; first evictable object wins.
+    uint32_t L = space_.num_active_layers();
+    tried_.assign(L, 0);
+    for (uint32_t round = 0; round < L; ++round) {
+      int64_t best_excess = INT64_MIN;
+      uint32_t best = UINT32_MAX;
+      for (uint32_t l = 0; l < L; ++l) {
+        if (tried_[l] || order_[l].empty()) continue;
+        int64_t excess = static_cast<int64_t>(layer_bytes_[l]) - static_cast<int64_t>(quota_);
+        if (excess > best_excess) { best_excess = excess; best = l; }
+      }
+      if (best == UINT32_MAX) break;
+      for (const auto& [n, s, id] : order_[best])
+        if (!Protected(id, call, pins)) return id;
+      tried_[best] = 1;
+    }
+    return kNoObject;
+  }
+
+ private:
+  void Bump(ObjectId k, bool resident) {
+    uint32_t l = space_.LayerIndexOf(k);
+    if (resident) order_[l].erase({norm_[k], ~seq_[k], k});
+    double t = now_[l] * rate_;
+    double current = std::isinf(norm_[k]) ? 0.0 : std::exp(norm_[k] - t);
+    norm_[k] = std::log(current + 1.0) + t;
+    seq_[k] = ++seq_counter_;
+    order_[l].insert({norm_[k], ~seq_[k], k});
+  }
+  double rate_;
+  uint64_t quota_ = 0;
+  uint64_t seq_counter_ = 0;
+  std::vector<double> now_;
+  std::vector<uint64_t> layer_bytes_;
+  std::vector<double> norm_;
+  std::vector<uint64_t> seq_;
+  std::vector<std::set<std::tuple<double, uint64_t, ObjectId>>> order_;
+  std::vector<uint8_t> tried_;
+};
+
+}  // namespace
+
+std::vector<std::string> PolicyNames() { return {"reuse-lfu-lru-v2", "lru", "decay-lfu", "quota-decay"}; }
+
+Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const ObjectSpace& space,
+                                           uint64_t capacity_bytes) {
+  if (name == "reuse-lfu-lru-v2") return std::unique_ptr<Policy>(new ReuseLfuLruV2(space, capacity_bytes));
+  if (name == "lru") return std::unique_ptr<Policy>(new Lru(space, capacity_bytes));
+  if (name == "decay-lfu") return std::unique_ptr<Policy>(new DecayLfu(space, capacity_bytes, 8.0));
+  if (name == "quota-decay") return std::unique_ptr<Policy>(new QuotaDecay(space, capacity_bytes, 1.0));
+  std::string known;
+  for (const auto& n : PolicyNames()) known += (known.empty() ? "" : ", ") + n;
+  return Error("unknown cache policy '" + name + "' (known: " + known + ")", ErrorKind::kValue);
+}
+
+}  // namespace k3pack::store

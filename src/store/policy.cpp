@@ -1,0 +1,88 @@
+#include "store/policy.h"
+
+#include <algorithm>
+
+namespace k3pack::store {
+
+Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
+    : space_(space),
+      capacity_bytes_(capacity_bytes),
+      resident_(space.num_objects(), 0),
+      generation_(space.num_objects(), 0) {}
+
+bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
+  if (pins != nullptr && (*pins)[key] != 0) return true;
+  return std::binary_search(call_keys.begin(), call_keys.end(), key);
+}
+
+void Policy::Insert(ObjectId key, uint64_t generation) {
+  resident_[key] = 1;
+  generation_[key] = generation;
+  used_bytes_ += space_.Cost(key);
+  ++resident_count_;
+}
+
+void Policy::Remove(ObjectId key) {
+  OnRemove(key);
+  resident_[key] = 0;
+  used_bytes_ -= space_.Cost(key);
+  --resident_count_;
+}
+
+bool Policy::MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins,
+                      std::vector<ObjectId>* evicted) {
+  while (used_bytes_ + cost > capacity_bytes_) {
+    ObjectId victim = PickVictim(is_prefill, call_keys, pins);
+    if (victim == kNoObject) return false;
+    Remove(victim);
+    if (evicted) evicted->push_back(victim);
+  }
+  return true;
+}
+
+Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> generations, bool is_prefill,
+                      const PinCounts* pins, AccessResult* out) {
+  out->hit.assign(keys.size(), 0);
+  out->evicted.clear();
+  out->evictions = 0;
+  OnCall(keys, is_prefill);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ObjectId key = keys[i];
+    if (resident_[key] && generation_[key] == generations[i]) {
+      out->hit[i] = 1;
+      OnHit(key);
+      continue;
+    }
+    if (resident_[key]) {
+      // Stale generation: the slot is reused in place; its old content is an eviction.
+      Remove(key);
+      out->evicted.push_back(key);
+    }
+    if (!MakeRoom(space_.Cost(key), is_prefill, keys, pins, &out->evicted)) {
+      out->evictions = out->evicted.size();
+      return Error(kCannotEvictText, ErrorKind::kRuntime);
+    }
+    Insert(key, generations[i]);
+    OnInsert(key, true);
+  }
+  out->evictions = out->evicted.size();
+  return Status::OK();
+}
+
+bool Policy::Admit(ObjectId key, uint64_t generation, const PinCounts* pins, std::vector<ObjectId>* evicted) {
+  if (resident_[key]) return false;
+  ObjectId self[1] = {key};
+  // If room cannot be made, objects evicted on the way stay evicted (they are
+  // reported), which only happens when nearly everything is pinned.
+  uint64_t cost = space_.Cost(key);
+  if (!MakeRoom(cost, /*is_prefill=*/false, self, pins, evicted)) return false;
+  Insert(key, generation);
+  OnInsert(key, false);
+  return true;
+}
+
+void Policy::Erase(ObjectId key) {
+  if (resident_[key]) Remove(key);
+}
+
+}  // namespace k3pack::store

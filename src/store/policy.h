@@ -1,0 +1,98 @@
+// Cache replacement policies: pure, I/O-free state machines over ObjectIds.
+//
+// The simulator (`k3pack trace replay --simulate`, sweeps, the bench) and the
+// real ExpertStore drive the very same objects, so a hit rate measured in
+// simulation is the hit rate the store gets for the same route sequence.
+//
+// Capacity is in bytes. With one object size (every Kimi-K3 pack) that is
+// exactly SGLang's slot model (slots = budget / object_bytes, a miss takes a
+// free slot if there is one); with per-layer sizes a miss evicts until the
+// new object fits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+#include "store/object_space.h"
+
+namespace k3pack::store {
+
+// Keys pinned by someone else (outstanding acquires of other threads, live
+// prefetches): a count per ObjectId, non-zero = must not be evicted. May be null.
+using PinCounts = std::vector<uint32_t>;
+
+struct AccessResult {
+  std::vector<uint8_t> hit;        // parallel to the keys of the call
+  std::vector<ObjectId> evicted;   // objects dropped by this call, in order
+  uint64_t evictions = 0;          // == evicted.size() (a stale reuse counts too)
+};
+
+// SGLang's text when every resident object is protected.
+inline constexpr const char* kCannotEvictText = "expert cache cannot evict the active top-k working set";
+
+class Policy {
+ public:
+  Policy(const ObjectSpace& space, uint64_t capacity_bytes);
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+
+  // One acquire call. `keys` are the call's distinct objects in ascending
+  // order (all of one layer), `generations` parallel to them. Every key is
+  // resident afterwards; the call's own keys are never chosen as victims.
+  // Fails with kCannotEvictText (RuntimeError) when no victim exists; like
+  // SGLang, keys processed before the failure keep their new state.
+  Status Access(std::span<const ObjectId> keys, std::span<const uint64_t> generations, bool is_prefill,
+                const PinCounts* pins, AccessResult* out);
+
+  // Prefetch admission: makes `key` resident without counting a use.
+  // Returns false if it is resident already or if not enough unprotected
+  // bytes can be evicted for it (victims dropped on the way are reported).
+  bool Admit(ObjectId key, uint64_t generation, const PinCounts* pins, std::vector<ObjectId>* evicted);
+
+  // Forgets a resident object (its read failed).
+  void Erase(ObjectId key);
+
+  bool Resident(ObjectId key) const { return resident_[key] != 0; }
+  uint64_t used_bytes() const { return used_bytes_; }
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  uint64_t resident_count() const { return resident_count_; }
+  const ObjectSpace& space() const { return space_; }
+
+ protected:
+  // Hooks. OnCall sees every call's keys before any hit/miss processing.
+  virtual void OnCall(std::span<const ObjectId> keys, bool is_prefill) { (void)keys; (void)is_prefill; }
+  virtual void OnHit(ObjectId key) = 0;
+  virtual void OnInsert(ObjectId key, bool demand) = 0;  // demand=false: prefetch admission
+  virtual void OnRemove(ObjectId key) = 0;
+  // A resident key that is not protected, or ObjectId(-1) if none.
+  virtual ObjectId PickVictim(bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins) = 0;
+
+  bool Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const;
+
+  const ObjectSpace space_;
+
+ private:
+  void Insert(ObjectId key, uint64_t generation);
+  void Remove(ObjectId key);
+  bool MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins,
+                std::vector<ObjectId>* evicted);
+
+  uint64_t capacity_bytes_;
+  uint64_t used_bytes_ = 0;
+  uint64_t resident_count_ = 0;
+  std::vector<uint8_t> resident_;
+  std::vector<uint64_t> generation_;
+};
+
+inline constexpr ObjectId kNoObject = 0xffffffffu;
+
+// Policy names: "reuse-lfu-lru-v2" (SGLang's), "lru", "decay-lfu" (ours).
+std::vector<std::string> PolicyNames();
+Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const ObjectSpace& space,
+                                           uint64_t capacity_bytes);
+
+}  // namespace k3pack::store

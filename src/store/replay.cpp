@@ -1,0 +1,205 @@
+#include "store/replay.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+namespace k3pack::store {
+
+using nlohmann::json;
+
+Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
+  if (o.prefetch != "none" && o.prefetch != "oracle-lookahead")
+    return Error("unknown prefetch mode '" + o.prefetch + "' (known: none, oracle-lookahead)");
+  K3_ASSIGN_OR_RETURN(auto store, ExpertStore::Open(o.pack_path, o.manifest_path, o.store));
+  const StoreInfo& info = store->info();
+  if (t.num_experts != info.num_experts || t.top_k != info.top_k)
+    return Error("trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " + std::to_string(t.top_k) +
+                 ") do not match the pack (" + std::to_string(info.num_experts) + ", " + std::to_string(info.top_k) +
+                 ")");
+  std::vector<int64_t> ids, ahead;
+  auto start = std::chrono::steady_clock::now();
+  const bool oracle = o.prefetch == "oracle-lookahead";
+  const size_t n = t.records.size();
+  if (oracle) {
+    for (size_t j = 0; j < std::min<size_t>(o.lookahead, n); ++j) {
+      auto r = t.RecordIds(t.records[j]);
+      ahead.assign(r.begin(), r.end());
+      K3_RETURN_IF_ERROR(store->Prefetch(t.records[j].layer, ahead));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const trace::Record& rec = t.records[i];
+    if (oracle && i + o.lookahead < n) {
+      const trace::Record& next = t.records[i + o.lookahead];
+      auto r = t.RecordIds(next);
+      ahead.assign(r.begin(), r.end());
+      K3_RETURN_IF_ERROR(store->Prefetch(next.layer, ahead));
+    }
+    auto r = t.RecordIds(rec);
+    ids.assign(r.begin(), r.end());
+    int64_t shape[2] = {rec.rows, t.top_k};
+    auto acq = store->Acquire(rec.layer, ids, shape, rec.is_prefill);
+    if (!acq.ok()) return acq.error().WithContext("trace record " + std::to_string(i));
+    K3_RETURN_IF_ERROR(store->MarkUsed(*acq));
+    if (o.progress && (i % 1024 == 0 || i + 1 == n)) o.progress(i + 1, n);
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  json stats = store->Snapshot();
+  K3_RETURN_IF_ERROR(store->Close());
+  json out;
+  uint64_t hits = stats["cache_hits"], misses = stats["cache_misses"], bytes = stats["pack_read_bytes"];
+  uint64_t tokens = stats["k3pack"]["tokens"];
+  out["policy"] = stats["cache_policy"];
+  out["io_backend"] = stats["k3pack"]["io_backend"];
+  out["direct_io"] = o.store.direct_io;
+  out["prefetch"] = o.prefetch;
+  out["cache_bytes"] = o.store.cache_bytes;
+  out["effective_capacity_experts"] = info.effective_capacity_objects;
+  out["open_seconds"] = info.open_seconds;
+  out["hits"] = hits;
+  out["misses"] = misses;
+  out["hit_rate"] = hits + misses ? double(hits) / double(hits + misses) : 0.0;
+  out["tokens"] = tokens;
+  out["bytes_read"] = bytes;
+  out["bytes_per_token"] = tokens ? double(bytes) / double(tokens) : 0.0;
+  out["seconds"] = seconds;
+  out["gb_per_s"] = seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0;
+  out["read_latency_ms"] = stats["k3pack"]["read_latency_ms"];
+  out["prefetch_useful"] = stats["k3pack"]["prefetch_useful"];
+  out["prefetch_wasted"] = stats["k3pack"]["prefetch_wasted"];
+  out["io_errors"] = stats["io_errors"];
+  out["stats"] = stats;
+  return out;
+}
+
+Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
+                         const std::vector<uint64_t>& sizes, bool belady) {
+  SweepTable t;
+  t.capacity_objects = sizes;
+  t.num_objects = space.num_objects();
+  for (const auto& p : policies) {
+    std::vector<double> row;
+    for (uint64_t slots : sizes) {
+      K3_ASSIGN_OR_RETURN(SimResult r, Simulate(seq, space, p, slots * space.max_object_bytes()));
+      row.push_back(r.hit_rate());
+    }
+    t.series.push_back(p);
+    t.hit_rate.push_back(row);
+  }
+  if (belady && space.uniform()) {
+    std::vector<double> row;
+    for (uint64_t slots : sizes) {
+      K3_ASSIGN_OR_RETURN(SimResult r, SimulateBelady(seq, space, slots));
+      row.push_back(r.hit_rate());
+    }
+    t.series.push_back("belady");
+    t.hit_rate.push_back(row);
+  }
+  return t;
+}
+
+std::string SweepText(const SweepTable& t) {
+  std::string out;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%10s %8s", "objects", "share");
+  out += buf;
+  for (const auto& s : t.series) {
+    std::snprintf(buf, sizeof buf, " %17s", s.c_str());
+    out += buf;
+  }
+  out += "\n";
+  for (size_t i = 0; i < t.capacity_objects.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%10llu %7.2f%%", (unsigned long long)t.capacity_objects[i],
+                  100.0 * double(t.capacity_objects[i]) / double(std::max<uint64_t>(1, t.num_objects)));
+    out += buf;
+    for (size_t s = 0; s < t.series.size(); ++s) {
+      std::snprintf(buf, sizeof buf, " %16.1f%%", 100.0 * t.hit_rate[s][i]);
+      out += buf;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+json SweepJson(const SweepTable& t) {
+  json j;
+  j["capacity_objects"] = t.capacity_objects;
+  j["num_objects"] = t.num_objects;
+  for (size_t s = 0; s < t.series.size(); ++s) j["hit_rate"][t.series[s]] = t.hit_rate[s];
+  return j;
+}
+
+std::string SweepSvg(const SweepTable& t, const std::string& title) {
+  const double W = 720, H = 440, L = 70, R = 190, T = 40, B = 60;
+  const double pw = W - L - R, ph = H - T - B;
+  uint64_t xmax = 1;
+  for (uint64_t c : t.capacity_objects) xmax = std::max(xmax, c);
+  double ymax = 0.1;
+  for (const auto& row : t.hit_rate)
+    for (double v : row) ymax = std::max(ymax, v);
+  ymax = std::ceil(ymax * 10.0) / 10.0;
+  auto X = [&](double c) { return L + pw * c / double(xmax); };
+  auto Y = [&](double v) { return T + ph * (1.0 - v / ymax); };
+  static const char* kColors[] = {"#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#000000"};
+  std::string s;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                W, H);
+  s += buf;
+  std::snprintf(buf, sizeof buf, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">", L);
+  s += buf;
+  for (char c : title) s += c == '<' ? std::string("&lt;") : c == '&' ? std::string("&amp;") : std::string(1, c);
+  s += "</text>\n";
+  for (int i = 0; i <= 5; ++i) {
+    double v = ymax * i / 5, y = Y(v);
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/><text x=\"%.1f\" y=\"%.1f\" "
+                  "text-anchor=\"end\">%.0f%%</text>\n",
+                  L, y, L + pw, y, L - 6, y + 4, v * 100);
+    s += buf;
+  }
+  for (uint64_t c : t.capacity_objects) {
+    std::snprintf(buf, sizeof buf,
+                  "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%llu</text>\n", X(double(c)), T + ph + 18,
+                  (unsigned long long)c);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">cache size (objects)</text>\n<text x=\"16\" "
+                "y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" text-anchor=\"middle\">hit rate</text>\n",
+                L + pw / 2, H - 18, T + ph / 2, T + ph / 2);
+  s += buf;
+  std::snprintf(buf, sizeof buf, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#333\"/>\n",
+                L, T, pw, ph);
+  s += buf;
+  for (size_t k = 0; k < t.series.size(); ++k) {
+    const char* color = kColors[k % 7];
+    bool dashed = t.series[k] == "belady";
+    s += "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" + std::string(color) + "\"" +
+         (dashed ? " stroke-dasharray=\"6 4\"" : "") + " points=\"";
+    for (size_t i = 0; i < t.capacity_objects.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%.1f,%.1f ", X(double(t.capacity_objects[i])), Y(t.hit_rate[k][i]));
+      s += buf;
+    }
+    s += "\"/>\n";
+    for (size_t i = 0; i < t.capacity_objects.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                    X(double(t.capacity_objects[i])), Y(t.hit_rate[k][i]), color);
+      s += buf;
+    }
+    double ly = T + 10 + 20.0 * double(k);
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>"
+                  "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+                  L + pw + 14, ly, L + pw + 38, ly, color, dashed ? " stroke-dasharray=\"6 4\"" : "", L + pw + 44,
+                  ly + 4, t.series[k].c_str());
+    s += buf;
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace k3pack::store

@@ -1,0 +1,47 @@
+// Trace replay against the real store, and policy sweeps with an SVG plot:
+// the engines behind `k3pack trace replay/sweep` and bench_store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/error.h"
+#include "k3pack/store.h"
+#include "k3pack/trace.h"
+#include "store/simulate.h"
+
+namespace k3pack::store {
+
+struct ReplayOptions {
+  std::string pack_path, manifest_path;
+  StoreOptions store;
+  std::string prefetch = "none";  // "none" | "oracle-lookahead"
+  uint32_t lookahead = 1;         // records ahead prefetched by the oracle
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+// Opens the store, replays every record (acquire, mark_used), closes it.
+// Returns {hits, misses, hit_rate, tokens, bytes_read, bytes_per_token,
+// seconds, gb_per_s, read_latency_ms{...}, open_seconds, stats{...}}.
+Result<nlohmann::json> ReplayOnStore(const trace::Trace& trace, const ReplayOptions& options);
+
+struct SweepTable {
+  std::vector<std::string> series;        // policy names (+ "belady")
+  std::vector<uint64_t> capacity_objects; // x values
+  std::vector<std::vector<double>> hit_rate;  // [series][size]
+  uint64_t num_objects = 0;
+};
+
+// Every policy (and Belady when the object size is uniform) at every capacity.
+Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
+                         const std::vector<uint64_t>& capacity_objects, bool belady);
+std::string SweepText(const SweepTable& t);
+nlohmann::json SweepJson(const SweepTable& t);
+// Hit rate vs cache size, one polyline per series.
+std::string SweepSvg(const SweepTable& t, const std::string& title);
+
+}  // namespace k3pack::store

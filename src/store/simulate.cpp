@@ -1,0 +1,134 @@
+#include "store/simulate.h"
+
+#include <algorithm>
+#include <set>
+
+#include "store/policy.h"
+
+namespace k3pack::store {
+
+ObjectSpace SpaceForTrace(const trace::Trace& t, uint64_t object_bytes) {
+  ObjectSpace s;
+  s.active_layer_ids = t.layer_ids;
+  s.num_experts = t.num_experts;
+  s.top_k = t.top_k;
+  s.object_bytes.assign(t.layer_ids.size(), object_bytes);
+  s.num_layers_total = t.layer_ids.empty() ? 0 : t.layer_ids.back() + 1;
+  return s;
+}
+
+Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
+  CallSeq seq;
+  std::vector<int64_t> ids;
+  std::vector<ObjectId> distinct;
+  const uint32_t first_layer = space.active_layer_ids.empty() ? 0 : space.active_layer_ids.front();
+  for (size_t i = 0; i < t.records.size(); ++i) {
+    const trace::Record& r = t.records[i];
+    auto raw = t.RecordIds(r);
+    ids.assign(raw.begin(), raw.end());
+    int64_t shape[2] = {r.rows, t.top_k};
+    Status st = ValidateRoute(space, r.layer, shape, ids);
+    if (!st.ok()) return st.error().WithContext("trace record " + std::to_string(i));
+    uint32_t li = static_cast<uint32_t>(space.LayerIndex(r.layer));
+    DistinctSorted(space, li, ids.data(), ids.size(), &distinct);
+    seq.calls.push_back({li, r.is_prefill, r.rows, seq.keys.size(), seq.keys.size() + distinct.size()});
+    seq.keys.insert(seq.keys.end(), distinct.begin(), distinct.end());
+    seq.routes += ids.size();
+    if (r.layer == first_layer) seq.tokens += r.rows;
+  }
+  return seq;
+}
+
+static SimResult NewResult(const std::string& name, const ObjectSpace& space, uint64_t cap) {
+  SimResult r;
+  r.policy = name;
+  r.capacity_bytes = cap;
+  r.capacity_objects = space.max_object_bytes() ? cap / space.max_object_bytes() : 0;
+  r.layer_hits.assign(space.num_active_layers(), 0);
+  r.layer_misses.assign(space.num_active_layers(), 0);
+  return r;
+}
+
+Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const std::string& name,
+                           uint64_t capacity_bytes) {
+  K3_ASSIGN_OR_RETURN(auto policy, MakePolicy(name, space, capacity_bytes));
+  SimResult res = NewResult(policy->name(), space, capacity_bytes);
+  AccessResult ar;
+  std::vector<uint64_t> gens;
+  for (const auto& c : seq.calls) {
+    std::span<const ObjectId> keys(seq.keys.data() + c.begin, c.end - c.begin);
+    gens.assign(keys.size(), 1);
+    Status st = policy->Access(keys, gens, c.is_prefill, nullptr, &ar);
+    if (!st.ok()) return st.error();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (ar.hit[i]) {
+        ++res.hits;
+        ++res.layer_hits[c.layer_index];
+      } else {
+        ++res.misses;
+        ++res.layer_misses[c.layer_index];
+        res.bytes_read += space.Cost(keys[i]);
+      }
+    }
+    res.evictions += ar.evictions;
+  }
+  return res;
+}
+
+Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots) {
+  SimResult res = NewResult("belady", space, slots * space.max_object_bytes());
+  res.capacity_objects = slots;
+  const uint64_t n = seq.keys.size();
+  constexpr uint64_t kNever = UINT64_MAX;
+  // next_use[p]: position of the next call-key entry for the same object.
+  std::vector<uint64_t> next_use(n, kNever);
+  {
+    std::vector<uint64_t> last(space.num_objects(), kNever);
+    for (uint64_t p = n; p-- > 0;) {
+      next_use[p] = last[seq.keys[p]];
+      last[seq.keys[p]] = p;
+    }
+  }
+  std::vector<uint64_t> resident_next(space.num_objects(), kNever);
+  std::vector<uint8_t> resident(space.num_objects(), 0);
+  std::set<std::pair<uint64_t, ObjectId>> order;  // evictable residents by next use
+  uint64_t count = 0;
+  for (const auto& c : seq.calls) {
+    if (c.end - c.begin > slots)
+      return Error("Belady: a call needs " + std::to_string(c.end - c.begin) + " objects but the cache holds " +
+                   std::to_string(slots));
+    // Protect the call's resident keys by taking them out of the evictable set.
+    for (uint64_t p = c.begin; p < c.end; ++p) {
+      ObjectId k = seq.keys[p];
+      if (resident[k]) order.erase({resident_next[k], k});
+    }
+    for (uint64_t p = c.begin; p < c.end; ++p) {
+      ObjectId k = seq.keys[p];
+      if (resident[k]) {
+        ++res.hits;
+        ++res.layer_hits[c.layer_index];
+        continue;
+      }
+      ++res.misses;
+      ++res.layer_misses[c.layer_index];
+      res.bytes_read += space.Cost(k);
+      if (count == slots) {
+        auto victim = std::prev(order.end());
+        resident[victim->second] = 0;
+        order.erase(victim);
+        --count;
+        ++res.evictions;
+      }
+      resident[k] = 1;
+      ++count;
+    }
+    for (uint64_t p = c.begin; p < c.end; ++p) {
+      ObjectId k = seq.keys[p];
+      resident_next[k] = next_use[p];
+      order.insert({next_use[p], k});
+    }
+  }
+  return res;
+}
+
+}  // namespace k3pack::store

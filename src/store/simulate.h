@@ -1,0 +1,55 @@
+// Policy-only replay of a trace (no I/O), and Belady's MIN optimum.
+//
+// Hit accounting follows SGLang: one hit or miss per distinct object per
+// acquire call (duplicates inside a call count once).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+#include "k3pack/trace.h"
+#include "store/object_space.h"
+
+namespace k3pack::store {
+
+// A trace reduced to what policies see: per call, the layer index, the
+// prefill flag and the distinct object ids in ascending order.
+struct CallSeq {
+  struct Call {
+    uint32_t layer_index;
+    bool is_prefill;
+    uint32_t rows;
+    uint64_t begin, end;  // into keys
+  };
+  std::vector<Call> calls;
+  std::vector<ObjectId> keys;
+  uint64_t routes = 0;    // token x top_k entries, duplicates included
+  uint64_t tokens = 0;    // decode/prefill tokens (rows of the first layer's calls)
+};
+
+// Checks each record with SGLang's route rules and reduces it.
+Result<CallSeq> BuildCallSeq(const trace::Trace& trace, const ObjectSpace& space);
+// The object space a trace implies when no manifest is given (K3 object size).
+ObjectSpace SpaceForTrace(const trace::Trace& trace, uint64_t object_bytes = 11956224);
+
+struct SimResult {
+  std::string policy;
+  uint64_t capacity_bytes = 0;
+  uint64_t capacity_objects = 0;   // capacity / largest object
+  uint64_t hits = 0, misses = 0, evictions = 0;
+  uint64_t bytes_read = 0;         // sum of missed objects' sizes
+  std::vector<uint64_t> layer_hits, layer_misses;  // per active layer index
+  double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
+};
+
+Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const std::string& policy,
+                           uint64_t capacity_bytes);
+
+// Belady's MIN for slot capacity `slots`: on a miss with a full cache, evict
+// the resident object (outside the current call) whose next use is farthest
+// away. Optimal for one object size; requires slots >= the largest call.
+Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots);
+
+}  // namespace k3pack::store

@@ -1,0 +1,97 @@
+// The store's stats: SGLang's snapshot() keys (§7.3, §7.7) plus k3pack's
+// own under "k3pack", written like SGLang's _write_stats (indent=2,
+// sort_keys, ASCII, trailing newline) but through an fsynced atomic rename.
+#include <algorithm>
+
+#include "manifest/pyjson.h"
+#include "store/store_state.h"
+
+namespace k3pack::store {
+
+using nlohmann::json;
+
+static json Percentiles(std::vector<uint64_t> v) {
+  json out = json::object();
+  if (v.empty()) {
+    for (const char* k : {"p50", "p90", "p99", "max"}) out[k] = 0.0;
+    return out;
+  }
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    size_t i = static_cast<size_t>(q * double(v.size() - 1) + 0.5);
+    return double(v[std::min(i, v.size() - 1)]) / 1e6;
+  };
+  out["p50"] = at(0.50);
+  out["p90"] = at(0.90);
+  out["p99"] = at(0.99);
+  out["max"] = double(v.back()) / 1e6;
+  return out;
+}
+
+json ExpertStore::Impl::SnapshotLocked() const {
+  const ObjectSpace& s = geo.space;
+  json j = json::object();
+  j["pack_path"] = info.pack_path;
+  j["pack_entries"] = geo.index_count;
+  j["pack_reads"] = pack_reads;
+  j["pack_read_bytes"] = pack_read_bytes;
+  j["pack_read_ns"] = pack_read_ns;
+  j["read_splits"] = opt.read_splits;
+  j["direct_io"] = opt.direct_io;
+  j["cache_hits"] = cache_hits;
+  j["cache_misses"] = cache_misses;
+  j["cache_evictions"] = cache_evictions;
+  j["cache_policy"] = policy->name();
+  j["kernel_backend"] = "custom";
+  j["resident_experts"] = policy->resident_count();
+  j["resident_bytes"] = policy->used_bytes();
+  j["h2d_bytes"] = 0;  // host tier: no device copies
+  j["cache_vram_reserve_mib"] = 0;
+  j["fallback_count"] = 0;
+  j["io_errors"] = io_errors;
+  j["pack_format"] = geo.format;
+  j["active_moe_layers"] = s.num_active_layers();
+  j["cache_capacity_experts"] = info.effective_capacity_objects;
+  j["cache_capacity_bytes"] = info.effective_capacity_objects * s.max_object_bytes();
+  j["staged_bytes"] = 0;
+  j["mean_read_ms"] = pack_reads ? double(pack_read_ns) / double(pack_reads) / 1e6 : 0.0;
+  j["route_calls_by_layer"] = route_calls;
+  j["route_tokens_by_layer"] = route_tokens;
+
+  json k = json::object();
+  k["profile"] = geo.profile;
+  k["io_backend"] = IoBackendName(engine->backend());
+  k["queue_depth"] = opt.queue_depth;
+  k["queue_depth_max"] = engine->max_inflight();
+  k["cache_budget_bytes"] = opt.cache_bytes;
+  k["effective_capacity_experts"] = info.effective_capacity_objects;
+  uint64_t tokens = s.active_layer_ids.empty() ? 0 : route_tokens[s.active_layer_ids.front()];
+  k["tokens"] = tokens;
+  k["bytes_read_per_token"] = tokens ? double(pack_read_bytes) / double(tokens) : 0.0;
+  uint64_t lookups = cache_hits + cache_misses;
+  k["hit_rate"] = lookups ? double(cache_hits) / double(lookups) : 0.0;
+  k["layer_hits"] = layer_hits;
+  k["layer_misses"] = layer_misses;
+  k["read_latency_ms"] = Percentiles(latency_ns);
+  k["prefetch_issued"] = prefetch_issued;
+  k["prefetch_useful"] = prefetch_useful;
+  k["prefetch_wasted"] = prefetch_wasted;
+  j["k3pack"] = k;
+  return j;
+}
+
+Status ExpertStore::Impl::WriteStatsJson(const json& snapshot) const {
+  return WriteFileAtomic(opt.stats_path, manifest::PyJsonDumps(snapshot, manifest::PyJsonStyle::kIndent2Ascii) + "\n");
+}
+
+json ExpertStore::Snapshot() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->SnapshotLocked();
+}
+
+Status ExpertStore::WriteStats() const {
+  if (impl_->opt.stats_path.empty()) return Error("no stats path was configured");
+  return impl_->WriteStatsJson(Snapshot());
+}
+
+}  // namespace k3pack::store

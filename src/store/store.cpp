@@ -1,0 +1,381 @@
+// ExpertStore: acquire / prefetch / mark_used over a policy, a buffer pool
+// and an I/O engine. One mutex guards the policy and the entry table; reads
+// complete on engine threads and wake waiters through one condition variable.
+#include <fcntl.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "store/store_state.h"
+
+namespace k3pack::store {
+
+ExpertStore::ExpertStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ExpertStore::~ExpertStore() { (void)Close(); }
+const StoreInfo& ExpertStore::info() const { return impl_->info; }
+
+void ExpertStore::SetReadFaultHook(std::function<void(uint64_t, uint64_t, int64_t*)> hook) {
+  impl_->engine->SetFaultHook(std::move(hook));
+}
+
+Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_path, const std::string& manifest_path,
+                                                       const StoreOptions& opt) {
+  auto t0 = std::chrono::steady_clock::now();
+  if (!PathExists(pack_path) || !PathExists(manifest_path))
+    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
+                 ErrorKind::kFileNotFound);
+  auto impl = std::make_unique<Impl>();
+  K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
+  K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt, impl->fd.get()));
+  // Runtime state (SGLang's _initialize_runtime_state) checks.
+  if (opt.cache_bytes == 0 || opt.queue_depth <= 0 || opt.read_splits <= 0)
+    return Error("expert cache and staging budgets, and read splits, must be positive");
+  if (opt.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
+  K3_ASSIGN_OR_RETURN(IoBackend backend, ParseIoBackend(opt.io_backend));
+  const PackGeometry& g = impl->geo;
+  const ObjectSpace& s = g.space;
+  impl->opt = opt;
+  impl->ranges.resize(s.num_active_layers());
+  for (uint32_t li = 0; li < s.num_active_layers(); ++li)
+    impl->ranges[li] = ObjectReadRanges(s.object_bytes[li], static_cast<uint32_t>(opt.read_splits));
+  if (opt.direct_io) {
+    for (uint64_t off : g.object_offsets)
+      if (off % 4096 != 0) return Error("expert-pack direct I/O requires aligned objects");
+    for (const auto& rs : impl->ranges)
+      for (const auto& r : rs)
+        if (r.start % 4096 != 0 || r.length % 4096 != 0)
+          return Error("expert-pack direct I/O requires aligned read ranges");
+    K3_ASSIGN_OR_RETURN(impl->direct_fd, OpenReadOnly(pack_path, O_DIRECT));
+  }
+  const uint64_t largest = s.max_object_bytes();
+  if (opt.cache_bytes < uint64_t{s.top_k} * largest)
+    return Error("insufficient expert cache budget for one top-k expert working set: budget=" +
+                     std::to_string(opt.cache_bytes) + ", object=" + std::to_string(largest),
+                 ErrorKind::kMemory)
+        .WithHint("the cache must hold top_k (" + std::to_string(s.top_k) + ") objects: at least " +
+                  std::to_string((uint64_t{s.top_k} * largest + (1 << 20) - 1) >> 20) + " MiB");
+  K3_ASSIGN_OR_RETURN(impl->policy, MakePolicy(opt.policy, s, opt.cache_bytes));
+  K3_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(backend, static_cast<uint32_t>(opt.queue_depth)));
+  impl->pool = std::make_shared<BufferPool>(opt.cache_bytes);
+  impl->entries.resize(s.num_objects());
+  impl->pins.assign(s.num_objects(), 0);
+  impl->prefetch_pinned.assign(s.num_objects(), 0);
+  impl->generations.assign(s.num_objects(), 0);
+  impl->route_calls.assign(s.num_layers_total, 0);
+  impl->route_tokens.assign(s.num_layers_total, 0);
+  impl->layer_hits.assign(s.num_active_layers(), 0);
+  impl->layer_misses.assign(s.num_active_layers(), 0);
+  impl->prefetch_by_layer.resize(s.num_active_layers());
+
+  StoreInfo& info = impl->info;
+  info.pack_path = pack_path;
+  info.manifest_path = manifest_path;
+  info.profile = g.profile;
+  info.num_hidden_layers = s.num_layers_total;
+  info.num_experts = s.num_experts;
+  info.top_k = s.top_k;
+  info.active_layer_ids = s.active_layer_ids;
+  info.object_bytes = s.object_bytes;
+  info.role_offsets = g.role_offsets;
+  info.role_bytes = g.role_bytes;
+  info.index_sha256 = g.index_sha256;
+  info.index_count = g.index_count;
+  info.data_start = g.data_start;
+  info.pack_size = g.pack_size;
+  info.cache_bytes = opt.cache_bytes;
+  info.effective_capacity_objects = opt.cache_bytes / largest;
+  info.open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::shared_ptr<ExpertStore>(new ExpertStore(std::move(impl)));
+}
+
+// ------------------------------------------------------------------ helpers
+
+uint64_t ExpertStore::Impl::Generation(ObjectId id) {
+  uint64_t& g = generations[id];
+  if (g == 0) g = ObjectGeneration(geo.index_sha256, geo.space.LayerOf(id), geo.space.ExpertOf(id));
+  return g;
+}
+
+void ExpertStore::Impl::Pin(ObjectId id) {
+  if (pins[id]++ == 0 && policy->Resident(id)) pinned_resident_bytes += geo.space.Cost(id);
+}
+
+void ExpertStore::Impl::Unpin(ObjectId id) {
+  if (--pins[id] == 0 && policy->Resident(id)) pinned_resident_bytes -= geo.space.Cost(id);
+}
+
+void ExpertStore::Impl::DropEntry(ObjectId id, bool evicted) {
+  std::shared_ptr<Entry>& e = entries[id];
+  if (e && e->prefetched && !e->used) ++prefetch_wasted;
+  if (evicted) ++cache_evictions;
+  e.reset();
+}
+
+void ExpertStore::Impl::ReleasePrefetchPins(uint32_t li) {
+  for (ObjectId id : prefetch_by_layer[li]) {
+    if (prefetch_pinned[id]) {
+      prefetch_pinned[id] = 0;
+      Unpin(id);
+    }
+  }
+  prefetch_by_layer[li].clear();
+}
+
+void ExpertStore::Impl::EndAcquisition(std::thread::id owner) {
+  --active_acquisitions;
+  auto it = active_by_thread.find(owner);
+  if (it != active_by_thread.end() && --it->second == 0) active_by_thread.erase(it);
+}
+
+bool ExpertStore::Impl::Fits(std::span<const ObjectId> keys) const {
+  uint64_t need = 0, blocked = pinned_resident_bytes;
+  for (ObjectId k : keys) {
+    if (!policy->Resident(k)) need += geo.space.Cost(k);
+    else if (pins[k] == 0) blocked += geo.space.Cost(k);
+  }
+  return blocked + need <= policy->capacity_bytes();
+}
+
+std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId id, bool prefetched) {
+  auto e = std::make_shared<Entry>();
+  e->id = id;
+  e->prefetched = prefetched;
+  const uint32_t li = geo.space.LayerIndexOf(id);
+  e->buffer = pool->Get(geo.space.object_bytes[li]);
+  entries[id] = e;
+  ++loading;
+  if (!e->buffer) {
+    FinishRead(e, {Error("cannot allocate an expert buffer", ErrorKind::kMemory), 0, 0, 0});
+    return e;
+  }
+  auto read = std::make_unique<ObjectRead>();
+  read->fd = opt.direct_io ? direct_fd.get() : fd.get();
+  read->file_offset = geo.object_offsets[id];
+  read->dst = e->buffer.get();
+  read->ranges = ranges[li];
+  read->layer = geo.space.active_layer_ids[li];
+  read->expert = geo.space.ExpertOf(id);
+  read->done = [this, e](const ObjectReadResult& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    FinishRead(e, r);
+  };
+  engine->Submit(std::move(read));
+  return e;
+}
+
+// mu held.
+void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r) {
+  --loading;
+  ++pack_reads;
+  pack_read_bytes += r.bytes;
+  pack_read_ns += r.max_range_ns;
+  if (latency_ns.size() < kMaxLatencySamples) latency_ns.push_back(r.latency_ns);
+  if (r.status.ok()) {
+    e->state = Entry::kReady;
+  } else {
+    ++io_errors;
+    e->state = Entry::kFailed;
+    e->error = r.status.error();
+    // Never serve or keep the bytes: forget the object.
+    if (entries[e->id] == e) {
+      if (pins[e->id] != 0) pinned_resident_bytes -= geo.space.Cost(e->id);
+      policy->Erase(e->id);
+      entries[e->id].reset();
+    }
+  }
+  cv.notify_all();
+}
+
+// ------------------------------------------------------------------ acquire
+
+Result<Acquisition> ExpertStore::AcquireToken(uint32_t layer, std::span<const int64_t> ids) {
+  int64_t shape[2] = {1, static_cast<int64_t>(ids.size())};
+  return Acquire(layer, ids, shape, std::nullopt);
+}
+
+Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t> ids, std::span<const int64_t> shape,
+                                         std::optional<bool> is_prefill_opt) {
+  Impl& s = *impl_;
+  const ObjectSpace& space = s.geo.space;
+  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids));
+  const int64_t rows = shape[0];
+  const bool is_prefill = is_prefill_opt.value_or(rows > 1);
+  const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
+  std::vector<ObjectId> keys;
+  DistinctSorted(space, li, ids.data(), ids.size(), &keys);
+
+  std::unique_lock<std::mutex> lock(s.mu);
+  if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+  s.ReleasePrefetchPins(li);
+  ++s.route_calls[layer];
+  s.route_tokens[layer] += static_cast<uint64_t>(rows);
+  // Other callers' working sets are protected; wait for them rather than fail
+  // (bounded, in case this very thread holds the acquisitions in the way).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!s.Fits(keys)) {
+    const uint64_t mine = s.active_by_thread.count(std::this_thread::get_id())
+                              ? s.active_by_thread[std::this_thread::get_id()] : 0;
+    if (s.active_acquisitions > mine && std::chrono::steady_clock::now() < deadline) {
+      s.cv.wait_until(lock, deadline);
+      continue;
+    }
+    bool dropped = false;
+    for (uint32_t l = 0; l < space.num_active_layers(); ++l) {
+      dropped |= !s.prefetch_by_layer[l].empty();
+      s.ReleasePrefetchPins(l);
+    }
+    if (!dropped) break;  // let the policy report SGLang's error
+  }
+  std::vector<uint64_t> gens(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
+  AccessResult ar;
+  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar);
+  for (ObjectId v : ar.evicted) s.DropEntry(v, true);
+  if (!st.ok()) {
+    // Keys the policy took in before failing have no bytes: forget them.
+    for (ObjectId k : keys)
+      if (s.policy->Resident(k) && !s.entries[k]) s.policy->Erase(k);
+    return st.error();
+  }
+  std::vector<std::shared_ptr<Impl::Entry>> call_entries(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ObjectId k = keys[i];
+    if (ar.hit[i] && s.entries[k]) {
+      ++s.cache_hits;
+      ++s.layer_hits[li];
+      call_entries[i] = s.entries[k];
+      if (call_entries[i]->prefetched && !call_entries[i]->used) ++s.prefetch_useful;
+    } else {
+      ++s.cache_misses;
+      ++s.layer_misses[li];
+      call_entries[i] = s.StartRead(k, false);
+    }
+    call_entries[i]->used = true;
+    s.Pin(k);
+  }
+  ++s.active_acquisitions;
+  ++s.active_by_thread[std::this_thread::get_id()];
+  const std::thread::id owner = std::this_thread::get_id();
+  s.cv.wait(lock, [&] {
+    for (const auto& e : call_entries)
+      if (e->state == Impl::Entry::kLoading) return false;
+    return true;
+  });
+  auto release = [&] {
+    for (ObjectId k : keys) s.Unpin(k);
+    s.EndAcquisition(owner);
+    s.cv.notify_all();
+  };
+  for (const auto& e : call_entries) {
+    if (e->state == Impl::Entry::kFailed) {
+      Error err = *e->error;
+      release();
+      return err;
+    }
+  }
+  Acquisition out;
+  out.layer = layer;
+  out.ticket = ++s.next_ticket;
+  out.distinct_objects = keys;
+  out.owner = owner;
+  out.routes.reserve(ids.size());
+  const auto& off = s.geo.role_offsets[li];
+  const auto& rb = s.geo.role_bytes[li];
+  for (int64_t e : ids) {
+    ObjectId k = space.Id(li, static_cast<uint32_t>(e));
+    size_t i = std::lower_bound(keys.begin(), keys.end(), k) - keys.begin();
+    const auto& entry = call_entries[i];
+    ExpertView v;
+    v.layer = layer;
+    v.expert = static_cast<uint32_t>(e);
+    v.owner = entry->buffer;
+    const uint8_t* base = entry->buffer.get();
+    v.bytes = {base, space.object_bytes[li]};
+    v.up = {base + off[0], rb[0]};
+    v.gate = {base + off[1], rb[1]};
+    v.down = {base + off[2], rb[2]};
+    out.routes.push_back(std::move(v));
+  }
+  s.resident_experts = s.policy->resident_count();
+  return out;
+}
+
+Status ExpertStore::MarkUsed(Acquisition& a) {
+  Impl& s = *impl_;
+  nlohmann::json snapshot;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (a.ticket == 0) return Status::OK();
+    a.ticket = 0;
+    for (ObjectId k : a.distinct_objects) s.Unpin(k);
+    s.EndAcquisition(a.owner);
+    s.cv.notify_all();
+    uint64_t calls = 0;
+    for (uint64_t c : s.route_calls) calls += c;
+    if (s.opt.stats_path.empty() || s.opt.stats_flush_interval <= 0 ||
+        calls - s.last_flush_calls < static_cast<uint64_t>(s.opt.stats_flush_interval))
+      return Status::OK();
+    s.last_flush_calls = calls;
+    snapshot = s.SnapshotLocked();
+  }
+  return s.WriteStatsJson(snapshot);
+}
+
+Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
+  Impl& s = *impl_;
+  const ObjectSpace& space = s.geo.space;
+  int64_t shape[2] = {1, static_cast<int64_t>(space.top_k)};
+  if (space.LayerIndex(layer) < 0) return ValidateRoute(space, layer, shape, {});
+  for (int64_t e : ids)
+    if (e < 0 || e >= static_cast<int64_t>(space.num_experts)) return Error("route contains an out-of-range expert id");
+  const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
+  std::vector<ObjectId> keys;
+  DistinctSorted(space, li, ids.data(), ids.size(), &keys);
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+  std::vector<ObjectId> evicted;
+  for (ObjectId k : keys) {
+    if (!s.policy->Resident(k)) {
+      evicted.clear();
+      bool admitted = s.policy->Admit(k, s.Generation(k), &s.pins, &evicted);
+      for (ObjectId v : evicted) s.DropEntry(v, true);
+      if (!admitted) continue;  // everything is pinned: skip, the acquire will read it
+      ++s.prefetch_issued;
+      s.StartRead(k, true);
+    }
+    if (!s.prefetch_pinned[k]) {
+      s.prefetch_pinned[k] = 1;
+      s.Pin(k);
+      s.prefetch_by_layer[li].push_back(k);
+    }
+  }
+  s.resident_experts = s.policy->resident_count();
+  return Status::OK();
+}
+
+Status ExpertStore::Close() {
+  Impl& s = *impl_;
+  nlohmann::json snapshot;
+  {
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (s.closed) return Status::OK();
+    s.closed = true;
+    s.cv.wait(lock, [&] { return s.loading == 0; });
+  }
+  s.engine->Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    for (auto& e : s.entries)
+      if (e && e->prefetched && !e->used) {
+        ++s.prefetch_wasted;
+        e->used = true;  // counted once
+      }
+    snapshot = s.SnapshotLocked();
+  }
+  Status st = s.opt.stats_path.empty() ? Status::OK() : s.WriteStatsJson(snapshot);
+  s.fd = UniqueFd();
+  s.direct_fd = UniqueFd();
+  return st;
+}
+
+}  // namespace k3pack::store

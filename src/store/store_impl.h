@@ -1,0 +1,43 @@
+// Internals shared by the store's translation units: the validated pack
+// geometry produced by Open()'s checks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+#include "k3pack/store.h"
+#include "store/object_space.h"
+#include "util/file.h"
+
+namespace k3pack::store {
+
+struct PackGeometry {
+  ObjectSpace space;
+  std::string profile;                               // "kimi-k3" | "scaled"
+  std::string format;
+  std::string resolved_pack_path;
+  std::vector<std::array<uint64_t, 3>> role_offsets;  // per active layer: up, gate, down
+  std::vector<std::array<uint64_t, 3>> role_bytes;
+  std::vector<uint64_t> object_offsets;               // per ObjectId
+  std::string index_sha256;                          // manifest's (== computed)
+  uint64_t index_count = 0, data_start = 0, pack_size = 0, alignment = 0;
+  std::string inventory_sha256, config_sha256;
+};
+
+// Every start-up check of SGLang's KimiGGMLExpertPackStore (spec §2.7/§7.2),
+// in its order, with its texts; `fd` is the opened pack.
+Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
+                                  const StoreOptions& options, int fd);
+
+// The object space a manifest describes (dimensions, per-layer object
+// sizes) without validating the pack: for trace generation and simulation.
+Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path);
+
+// SGLang's per-object generation: first 8 bytes (little-endian) of
+// sha256("{index_sha256}:{layer}:{expert}"), 1 if that is 0.
+uint64_t ObjectGeneration(const std::string& index_sha256, uint32_t layer, uint32_t expert);
+
+}  // namespace k3pack::store

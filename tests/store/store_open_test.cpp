@@ -1,0 +1,355 @@
+// ExpertStore::Open: every §6.7 start-up error provoked by a corrupted pack
+// or manifest, in SGLang's order and with its exact text.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "k3pack/store.h"
+#include "store/store_impl.h"
+#include "store/synthetic_pack.h"
+
+namespace k3pack::store {
+namespace {
+
+using testing::TinyPack;
+using testing::TinySpec;
+
+StoreOptions Small() {
+  StoreOptions o;
+  o.cache_bytes = 1 << 20;
+  o.queue_depth = 4;
+  return o;
+}
+
+std::string OpenError(const TinyPack& p, StoreOptions o = Small(), ErrorKind* kind = nullptr) {
+  auto s = ExpertStore::Open(p.pack, p.manifest, o);
+  if (s.ok()) return "OK";
+  if (kind) *kind = s.error().kind();
+  return s.error().message();
+}
+
+TEST(StoreOpen, ValidTinyPackOpens) {
+  TinyPack p(TinySpec{});
+  auto s = ExpertStore::Open(p.pack, p.manifest, Small());
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  const StoreInfo& info = (*s)->info();
+  EXPECT_EQ(info.profile, "scaled");
+  EXPECT_EQ(info.active_layer_ids, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(info.object_bytes, (std::vector<uint64_t>{12288, 12288}));
+  EXPECT_EQ(info.effective_capacity_objects, (1u << 20) / 12288);
+  EXPECT_EQ(info.index_count, 2u * 8 * 3);
+}
+
+TEST(StoreOpen, MissingFiles) {
+  TinyPack p(TinySpec{});
+  ErrorKind kind{};
+  auto s = ExpertStore::Open(p.pack + ".nope", p.manifest, Small());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().message(), "Kimi expert-pack or manifest is missing: " + p.pack + ".nope, " + p.manifest);
+  EXPECT_EQ(s.error().kind(), ErrorKind::kFileNotFound);
+  (void)kind;
+}
+
+TEST(StoreOpen, IncompleteOrUnsupportedManifest) {
+  TinyPack p(TinySpec{});
+  p.json["complete"] = false;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack manifest is incomplete or unsupported");
+  p.json["complete"] = true;
+  p.json["format"] = "SGLANG-EXPERTPACK-v1";
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack manifest is incomplete or unsupported");
+}
+
+TEST(StoreOpen, HardConstraints) {
+  TinyPack p(TinySpec{});
+  p.json["hard_constraints"]["expert_pruning_allowed"] = true;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi manifest hard constraints do not match runtime policy");
+  p.json["hard_constraints"] = p.MakeManifest()["hard_constraints"];
+  p.json["hard_constraints"]["extra"] = 1;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi manifest hard constraints do not match runtime policy");
+}
+
+TEST(StoreOpen, KimiProfileDimensions) {
+  TinySpec spec;
+  spec.kimi_profile = true;
+  TinyPack p(spec);
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack dimensions (3, 8, 2) != (93, 896, 16); Top-K is immutable at 16");
+  // Right dimensions, wrong active layers.
+  p.json["model"]["num_hidden_layers"] = 93;
+  p.json["model"]["num_experts"] = 896;
+  p.json["model"]["num_experts_per_token"] = 16;
+  std::vector<int> layers;
+  for (int l = 1; l <= 91; ++l) layers.push_back(l);
+  p.json["model"]["active_moe_layer_ids"] = layers;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi active routed MoE layers must be exactly 1..92");
+  // A caller expecting another top-k: still immutable at 16.
+  StoreOptions o = Small();
+  o.expected_top_k = 8;
+  EXPECT_EQ(OpenError(p, o), "Kimi expert-pack dimensions (93, 896, 16) != (93, 896, 8); Top-K is immutable at 16");
+}
+
+TEST(StoreOpen, ScaledProfileUsesExpectedDimensionsWhenGiven) {
+  TinyPack p(TinySpec{});
+  StoreOptions o = Small();
+  o.expected_experts = 16;
+  EXPECT_EQ(OpenError(p, o), "Kimi expert-pack dimensions (3, 8, 2) != (3, 16, 2); Top-K is immutable at 16");
+}
+
+TEST(StoreOpen, PathSizeAndRoleOrder) {
+  TinyPack p(TinySpec{});
+  p.json["expert_pack"]["path"] = p.dir + "/other.pack";
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi manifest expert-pack path does not match pack_path");
+  // The same file through a symlink resolves equal.
+  std::filesystem::create_symlink(p.pack, p.dir + "/link.pack");
+  p.json["expert_pack"]["path"] = p.dir + "/link.pack";
+  p.Save();
+  EXPECT_EQ(OpenError(p), "OK");
+  p.json["expert_pack"]["size"] = p.json["expert_pack"]["size"].get<uint64_t>() + 1;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack size does not match its manifest");
+  p.json = p.MakeManifest();
+  p.json["expert_pack"]["physical_role_order"] = {"gate", "up", "down"};
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack physical role order is unsupported");
+}
+
+TEST(StoreOpen, QuantTypesAndRoleSizes) {
+  TinySpec spec;
+  spec.kimi_profile = true;
+  TinyPack k(spec);
+  // Reach check 9 on the strict profile: K3 dimensions and layers.
+  k.json["model"]["num_hidden_layers"] = 93;
+  k.json["model"]["num_experts"] = 896;
+  k.json["model"]["num_experts_per_token"] = 16;
+  std::vector<int> layers;
+  for (int l = 1; l <= 92; ++l) layers.push_back(l);
+  k.json["model"]["active_moe_layer_ids"] = layers;
+  k.json["expert_pack"]["roles"]["gate"]["dtype"] = "Q4_K";
+  k.Save();
+  EXPECT_EQ(OpenError(k), "Kimi expert-pack gate quant type is unsupported");
+  k.json["expert_pack"]["roles"]["gate"]["dtype"] = "Q2_K";
+  k.json["expert_pack"]["roles"]["down"]["dtype_id"] = 10;
+  k.Save();
+  EXPECT_EQ(OpenError(k), "Kimi expert-pack down quant type is unsupported");
+  k.json["expert_pack"]["roles"]["down"]["dtype_id"] = 11;
+  k.json["expert_pack"]["object_bytes"] = 4096;
+  k.Save();
+  EXPECT_EQ(OpenError(k), "Kimi expert-pack role sizes do not match object bytes");
+
+  TinyPack p(TinySpec{});
+  p.json["k3pack"]["layer_roles"][1]["up"]["dtype_id"] = 11;  // Q2_K is 10
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack up quant type is unsupported");
+  p.json = p.MakeManifest();
+  p.json["k3pack"]["layer_roles"][0]["object_bytes"] = 4096;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack role sizes do not match object bytes");
+}
+
+TEST(StoreOpen, HeaderChecks) {
+  TinyPack p(TinySpec{});
+  p.json["expert_pack"]["data_start"] = p.layout.data_start() + 4096;
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack header does not match its manifest");
+  p.json = p.MakeManifest();
+  p.Save();
+  p.Patch(0, "X", 1);
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack header does not match its manifest");
+  std::filesystem::resize_file(p.pack, 20);
+  p.SetSizeFromFile();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack header is truncated");
+}
+
+TEST(StoreOpen, IndexTruncated) {
+  TinyPack p(TinySpec{});
+  std::filesystem::resize_file(p.pack, 40 + 152 * 10);
+  p.SetSizeFromFile();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack index is truncated");
+}
+
+TEST(StoreOpen, EntryIdentity) {
+  TinyPack p(TinySpec{});
+  p.Patch(p.EntryOffset(3), "blk.2", 5);  // entry 3 is layer 1 expert 1 up
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack identity mismatch at index 3");
+  p.WritePack();
+  int32_t wrong = 5;
+  p.Patch(p.EntryOffset(0) + 128, &wrong, 4);
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack identity mismatch at index 0");
+  p.WritePack();
+  uint32_t reserved = 1;
+  p.Patch(p.EntryOffset(7) + 132, &reserved, 4);
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack identity mismatch at index 7");
+  p.WritePack();
+  p.Patch(p.EntryOffset(4), "blk.1.ffn_up_exps.weight\0", 25);  // entry 4 must be gate
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack identity mismatch at index 4");
+  p.WritePack();
+  p.Patch(p.EntryOffset(2), "\xff\xfe", 2);  // not UTF-8
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack identity mismatch at index 2");
+  p.WritePack();
+  // A name Python's regex accepts too (leading zero) is the same identity.
+  const char name[] = "blk.01.ffn_up_exps.weight";
+  std::vector<char> field(128, 0);
+  std::copy(name, name + sizeof(name) - 1, field.begin());
+  p.Patch(p.EntryOffset(0), field.data(), 128);
+  p.RehashIndex();
+  EXPECT_EQ(OpenError(p), "OK");
+}
+
+TEST(StoreOpen, EntryRangesAndContiguity) {
+  TinyPack p(TinySpec{});
+  uint64_t v = 4097;  // SGLang's own test: an unaligned entry-0 offset
+  p.Patch(p.EntryOffset(0) + 136, &v, 8);
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack range mismatch at index 0");
+  p.WritePack();
+  v = 100;
+  p.Patch(p.EntryOffset(5) + 144, &v, 8);  // nbytes
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack range mismatch at index 5");
+  p.WritePack();
+  // gate of object 0 moved one page further: aligned, increasing, not contiguous.
+  v = p.layout.data_start() + 8192;
+  p.Patch(p.EntryOffset(1) + 136, &v, 8);
+  EXPECT_EQ(OpenError(p), "Kimi expert object is not contiguous at index 1");
+  p.WritePack();
+  v = p.layout.final_size();  // last entry past EOF
+  p.Patch(p.EntryOffset(p.layout.index_count() - 1) + 136, &v, 8);
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack range mismatch at index " + std::to_string(p.layout.index_count() - 1));
+}
+
+TEST(StoreOpen, TrailingBytesAndDigests) {
+  TinyPack p(TinySpec{});
+  std::filesystem::resize_file(p.pack, p.layout.final_size() + 4096);
+  p.SetSizeFromFile();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack file has trailing or missing bytes");
+  p.WritePack();
+  p.json = p.MakeManifest();
+  p.json["expert_pack"]["index_sha256"] = std::string(64, '0');
+  p.Save();
+  EXPECT_EQ(OpenError(p), "Kimi expert-pack index SHA-256 does not match manifest");
+  p.json = p.MakeManifest();
+  p.Save();
+  StoreOptions o = Small();
+  o.verify_pack_sha256 = true;
+  EXPECT_EQ(OpenError(p, o), "full pack verification requested, but manifest has no full SHA-256");
+  p.json["expert_pack"]["sha256"] = std::string(64, '1');
+  p.Save();
+  EXPECT_EQ(OpenError(p, o), "Kimi expert-pack SHA-256 does not match manifest");
+  p.json["expert_pack"]["sha256"] = *Sha256File(p.pack);
+  p.Save();
+  EXPECT_EQ(OpenError(p, o), "OK");
+  EXPECT_EQ(OpenError(p), "OK");  // opt-in only
+}
+
+TEST(StoreOpen, MissingKeysAreKeyErrors) {
+  TinyPack p(TinySpec{});
+  p.json["source"].erase("inventory_sha256");
+  p.Save();
+  ErrorKind kind{};
+  EXPECT_EQ(OpenError(p, Small(), &kind), "'inventory_sha256'");
+  EXPECT_EQ(kind, ErrorKind::kKey);
+  p.json = p.MakeManifest();
+  p.json["expert_pack"].erase("alignment");
+  p.Save();
+  EXPECT_EQ(OpenError(p, Small(), &kind), "'alignment'");
+}
+
+TEST(StoreOpen, RuntimeBudgets) {
+  TinyPack p(TinySpec{});
+  const std::string budgets = "expert cache and staging budgets, and read splits, must be positive";
+  StoreOptions o = Small();
+  o.queue_depth = 0;
+  EXPECT_EQ(OpenError(p, o), budgets);
+  o = Small();
+  o.read_splits = 0;
+  EXPECT_EQ(OpenError(p, o), budgets);
+  o = Small();
+  o.cache_bytes = 0;
+  EXPECT_EQ(OpenError(p, o), budgets);
+  o = Small();
+  o.stats_flush_interval = -1;
+  EXPECT_EQ(OpenError(p, o), "expert-pack stats flush interval cannot be negative");
+  o = Small();
+  o.cache_bytes = 12288 * 2 - 1;  // top_k = 2 objects do not fit
+  ErrorKind kind{};
+  std::string msg = OpenError(p, o, &kind);
+  EXPECT_EQ(msg.substr(0, msg.find('\n')),
+            "insufficient expert cache budget for one top-k expert working set: budget=24575, object=12288");
+  EXPECT_EQ(kind, ErrorKind::kMemory);
+  o.cache_bytes = 12288 * 2;
+  EXPECT_EQ(OpenError(p, o), "OK");
+  o = Small();
+  o.direct_io = true;
+  o.read_splits = 4;  // 12288-byte objects < 4*4096: byte-granular ranges
+  EXPECT_EQ(OpenError(p, o), "expert-pack direct I/O requires aligned read ranges");
+  o.policy = "mru";
+  o.direct_io = false;
+  o.read_splits = 1;
+  EXPECT_NE(OpenError(p, o).find("unknown cache policy 'mru'"), std::string::npos);
+}
+
+TEST(StoreOpen, MixedLayerSizes) {
+  TinySpec spec;
+  spec.role_bytes = {{4096, 4096, 8192}, {8192, 8192, 12288}};
+  TinyPack p(spec);
+  auto s = ExpertStore::Open(p.pack, p.manifest, Small());
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  EXPECT_EQ((*s)->info().object_bytes, (std::vector<uint64_t>{16384, 28672}));
+  EXPECT_EQ((*s)->info().role_offsets[1], (std::array<uint64_t, 3>{0, 8192, 16384}));
+  EXPECT_EQ((*s)->info().effective_capacity_objects, (1u << 20) / 28672);
+}
+
+TEST(StoreOpen, Generation) {
+  // Values computed with Python: int.from_bytes(sha256(s).digest()[:8], "little").
+  EXPECT_EQ(ObjectGeneration("abc", 1, 0), 13874299092536332582ull);
+  EXPECT_EQ(ObjectGeneration("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 92, 895),
+            13550499283198172874ull);
+}
+
+}  // namespace
+}  // namespace k3pack::store
+
+namespace k3pack::store {
+namespace {
+
+TEST(StoreOpenFullScale, KimiK3GeometryOpensAndServes) {
+  // Real K3 dimensions (247,296 entries, ~918 GiB) with payloads as holes.
+  TinySpec spec;
+  spec.layers.clear();
+  for (uint32_t l = 1; l <= 92; ++l) spec.layers.push_back(l);
+  spec.num_hidden_layers = 93;
+  spec.experts = 896;
+  spec.top_k = 16;
+  spec.role_bytes.assign(92, {3612672, 3612672, 4730880});
+  spec.kimi_profile = true;
+  spec.sparse = true;
+  TinyPack p(spec, "full");
+  ASSERT_EQ(p.layout.final_size(), 985613049856ull);
+  ASSERT_EQ(p.layout.data_start(), 37593088u);
+  StoreOptions o;
+  o.cache_bytes = 16ull * 11956224;
+  auto s = ExpertStore::Open(p.pack, p.manifest, o);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  const StoreInfo& info = (*s)->info();
+  EXPECT_EQ(info.profile, "kimi-k3");
+  EXPECT_EQ(info.index_count, 247296u);
+  EXPECT_EQ(info.effective_capacity_objects, 16u);
+  EXPECT_EQ(info.role_offsets[0], (std::array<uint64_t, 3>{0, 3612672, 7225344}));
+  std::printf("full-scale open: %.3f s (target <= 0.25 s)\n", info.open_seconds);
+  std::vector<int64_t> ids;
+  for (int e = 0; e < 16; ++e) ids.push_back(880 + e);
+  auto a = (*s)->AcquireToken(92, ids);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  EXPECT_EQ(a->routes[15].expert, 895u);
+  EXPECT_EQ(a->routes[15].down.size(), 4730880u);
+  auto snap = (*s)->Snapshot();
+  EXPECT_EQ(snap["route_calls_by_layer"].size(), 93u);
+  EXPECT_EQ(snap["active_moe_layers"], 92);
+  EXPECT_EQ(snap["pack_read_bytes"], 16ull * 11956224);
+}
+
+}  // namespace
+}  // namespace k3pack::store

@@ -1,0 +1,132 @@
+// Trace generator and file format.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "k3pack/trace.h"
+#include "store/simulate.h"
+#include "util/file.h"
+
+namespace k3pack::trace {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("k3-trace-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+GenOptions Small() {
+  GenOptions o;
+  o.layer_ids = {1, 2, 3};
+  o.num_experts = 128;
+  o.top_k = 8;
+  o.requests = 2;
+  o.prompt_tokens = 5;
+  o.decode_tokens = 40;
+  return o;
+}
+
+TEST(Trace, GenerateShapeAndDeterminism) {
+  auto a = Generate(Small());
+  auto b = Generate(Small());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->ids, b->ids);
+  EXPECT_EQ(a->records.size(), 2u * (5 + 40) * 3);
+  for (const Record& r : a->records) {
+    auto ids = a->RecordIds(r);
+    std::vector<uint16_t> v(ids.begin(), ids.end());
+    std::sort(v.begin(), v.end());
+    EXPECT_EQ(std::unique(v.begin(), v.end()), v.end()) << "top-k ids of one token must be distinct";
+    for (uint16_t e : v) EXPECT_LT(e, 128);
+  }
+  GenOptions o = Small();
+  o.seed = 2;
+  EXPECT_NE(Generate(o)->ids, a->ids);
+}
+
+TEST(Trace, PrefillChunksBecomeMultiRowRecords) {
+  GenOptions o = Small();
+  o.prefill_chunk = 4;
+  auto t = Generate(o);
+  ASSERT_TRUE(t.ok());
+  // 5 prompt tokens -> chunks of 4 and 1, per layer, per request.
+  EXPECT_EQ(t->records[0].rows, 4u);
+  EXPECT_TRUE(t->records[0].is_prefill);
+  EXPECT_EQ(t->records[3].rows, 1u);
+  EXPECT_FALSE(t->records.back().is_prefill);
+}
+
+TEST(Trace, ReuseKnobIsWhatTheTraceShows) {
+  GenOptions o = Small();
+  o.num_experts = 896;
+  o.top_k = 16;
+  o.request_skew = 0;
+  o.decode_tokens = 300;
+  for (double reuse : {0.0, 0.3, 0.7}) {
+    o.reuse = reuse;
+    auto t = Generate(o);
+    ASSERT_TRUE(t.ok());
+    // Flat fresh draws add ~16/896 of chance overlap.
+    EXPECT_NEAR(MeasuredReuse(*t), reuse, 0.05) << reuse;
+  }
+}
+
+TEST(Trace, FileRoundTrip) {
+  auto t = Generate(Small());
+  ASSERT_TRUE(t.ok());
+  std::string path = TempPath("a.k3trace");
+  ASSERT_TRUE(WriteTrace(path, *t).ok());
+  auto back = ReadTrace(path);
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->ids, t->ids);
+  EXPECT_EQ(back->layer_ids, t->layer_ids);
+  ASSERT_EQ(back->records.size(), t->records.size());
+  for (size_t i = 0; i < t->records.size(); ++i) {
+    EXPECT_EQ(back->records[i].layer, t->records[i].layer);
+    EXPECT_EQ(back->records[i].rows, t->records[i].rows);
+    EXPECT_EQ(back->records[i].request, t->records[i].request);
+    EXPECT_EQ(back->records[i].is_prefill, t->records[i].is_prefill);
+  }
+}
+
+TEST(Trace, CorruptFilesAreRejected) {
+  auto t = Generate(Small());
+  std::string path = TempPath("b.k3trace");
+  ASSERT_TRUE(WriteTrace(path, *t).ok());
+  std::string bytes = *ReadFileToString(path);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes.substr(0, bytes.size() - 3)).ok());
+  auto r = ReadTrace(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("truncated"), std::string::npos) << r.error().message();
+  ASSERT_TRUE(WriteFileAtomic(path, "K3TRACEX" + bytes.substr(8)).ok());
+  EXPECT_FALSE(ReadTrace(path).ok());
+}
+
+TEST(Trace, CallSeqAppliesSGLangRouteChecks) {
+  Trace t;
+  t.num_experts = 8;
+  t.top_k = 2;
+  t.layer_ids = {1, 2};
+  std::vector<uint16_t> ok = {1, 1}, bad = {1, 9};
+  t.Append(1, 1, 0, false, ok);
+  auto space = store::SpaceForTrace(t, 4096);
+  auto seq = store::BuildCallSeq(t, space);
+  ASSERT_TRUE(seq.ok());
+  EXPECT_EQ(seq->keys.size(), 1u);  // duplicates count once
+  EXPECT_EQ(seq->routes, 2u);
+  t.Append(2, 1, 0, false, bad);
+  auto r = store::BuildCallSeq(t, space);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("route contains an out-of-range expert id"), std::string::npos);
+  Trace u = t;
+  u.records.pop_back();
+  u.records[0].layer = 3;
+  r = store::BuildCallSeq(u, space);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("layer 3 is not an active routed MoE layer"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace k3pack::trace
