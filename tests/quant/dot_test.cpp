@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "k3pack/quant.h"
+#include "quant/dot_kernels.h"
 #include "quant/fp.h"
 #include "quant_test_util.h"
 
@@ -129,6 +130,31 @@ TEST(QuantDot, MatVecThreadsAgree) {
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(*one, y1[5]);
   EXPECT_FALSE(MatVec(bytes, rows + 1, *act, y1).ok());
+}
+
+}  // namespace
+}  // namespace k3pack::quant
+
+namespace k3pack::quant {
+namespace {
+
+TEST(QuantDot, Avx2BuildOfIntegerKernelsMatchesGeneric) {
+  if (static_cast<int>(DetectedIsa()) < 1) GTEST_SKIP();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> g(0, 1);
+  for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                     GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::IQ2_XS, GgmlType::IQ2_XXS,
+                     GgmlType::IQ3_XXS, GgmlType::MXFP4}) {
+    std::vector<float> x(1024);
+    for (auto& v : x) v = g(rng);
+    const auto row = RandomBlocks(t, 1024 / GgmlTypeInfoFor(t)->block_size, rng);
+    auto act = PrepareActivation(t, x);
+    ASSERT_TRUE(act.ok());
+    const int64_t per = act->act_type == GgmlType::Q8_K ? 256 : 32;
+    const float a = internal::IntegerDotForGeneric(t)(row.data(), act->q.data(), 1024 / per);
+    const float b = internal::IntegerDotForAvx2(t)(row.data(), act->q.data(), 1024 / per);
+    EXPECT_EQ(FloatToBits(a), FloatToBits(b)) << GgmlTypeName(t);
+  }
 }
 
 }  // namespace

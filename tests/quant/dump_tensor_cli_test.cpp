@@ -1,0 +1,119 @@
+// `k3pack dump-tensor` end to end on a GGUF written here with known values.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "k3pack/gguf.h"
+
+namespace k3pack {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run RunCli(const std::string& args) {
+  std::string cmd = std::string(K3PACK_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+gguf::TensorSpec Spec(std::string name, GgmlType type, std::vector<int64_t> ne, std::vector<uint8_t> bytes) {
+  auto data = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  return {std::move(name), type, std::move(ne),
+          [data](uint64_t off, std::span<uint8_t> out) { std::memcpy(out.data(), data->data() + off, out.size()); }};
+}
+
+class DumpTensorCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(K3PACK_BIN)) GTEST_SKIP() << "k3pack CLI not built";
+    dir_ = fs::temp_directory_path() / ("k3q-dump-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    path_ = (dir_ / "model.gguf").string();
+    std::vector<uint8_t> f32(12 * 4);
+    for (int i = 0; i < 12; ++i) {
+      const float v = i * 0.5f - 1.0f;
+      std::memcpy(&f32[4 * i], &v, 4);
+    }
+    // Two Q8_0 rows: row 0 has d = 1, qs[j] = j; row 1 has d = 0.25, qs[j] = -j.
+    std::vector<uint8_t> q8(2 * 34, 0);
+    q8[1] = 0x3C;
+    q8[34 + 1] = 0x34;
+    for (int j = 0; j < 32; ++j) {
+      q8[2 + j] = static_cast<uint8_t>(j);
+      q8[34 + 2 + j] = static_cast<uint8_t>(-j);
+    }
+    gguf::MetadataBuilder meta;
+    meta.Str("general.architecture", "kimi-k3");
+    ASSERT_TRUE(gguf::WriteGguf(path_, meta,
+                                {Spec("a.weight", GgmlType::F32, {4, 3}, f32),
+                                 Spec("q.weight", GgmlType::Q8_0, {32, 2}, q8)})
+                    .ok());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(DumpTensorCli, JsonValuesAreTheDecodedRows) {
+  Run r = RunCli(path_ + " q.weight --rows 1:2 --json --stats");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["type"], "Q8_0");
+  EXPECT_EQ(j["rows"], nlohmann::json::array({1, 2}));
+  ASSERT_EQ(j["values"].size(), 1u);
+  ASSERT_EQ(j["values"][0].size(), 32u);
+  EXPECT_EQ(j["values"][0][0].get<double>(), 0.0);
+  EXPECT_EQ(j["values"][0][5].get<double>(), -1.25);
+  EXPECT_EQ(j["values"][0][31].get<double>(), -7.75);
+  EXPECT_EQ(j["stats"]["count"], 32);
+  EXPECT_EQ(j["stats"]["min"].get<double>(), -7.75);
+
+  Run all = RunCli(path_ + " a.weight --json");
+  ASSERT_EQ(all.code, 0) << all.out;
+  auto ja = nlohmann::json::parse(all.out);
+  EXPECT_EQ(ja["shape"], nlohmann::json::array({4, 3}));
+  ASSERT_EQ(ja["values"].size(), 3u);  // default: first 4 rows, the tensor has 3
+  EXPECT_EQ(ja["values"][2][3].get<double>(), 4.5);
+}
+
+TEST_F(DumpTensorCli, TextOutputAndErrors) {
+  Run r = RunCli(path_ + " q.weight --rows 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("q.weight  Q8_0  ne=[32, 2]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("31"), std::string::npos);
+
+  Run missing = RunCli(path_ + " nope.weight");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("tensor 'nope.weight' not found"), std::string::npos) << missing.out;
+
+  Run near = RunCli(path_ + " q.weig");
+  EXPECT_NE(near.out.find("similar names: q.weight"), std::string::npos) << near.out;
+
+  Run bad_rows = RunCli(path_ + " q.weight --rows 1:9");
+  EXPECT_EQ(bad_rows.code, 2);
+  EXPECT_NE(bad_rows.out.find("the tensor has 2 rows"), std::string::npos) << bad_rows.out;
+
+  Run usage = RunCli(path_);
+  EXPECT_EQ(usage.code, 2);
+}
+
+}  // namespace
+}  // namespace k3pack
