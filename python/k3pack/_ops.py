@@ -1,5 +1,5 @@
-"""Quantization, pack, manifest and expert-store operations (bindings of
-include/k3pack/quant.h, pack.h, manifest.h and store.h)."""
+"""Quantization, pack, manifest, expert-store and synthetic-model operations
+(bindings of include/k3pack/quant.h, pack.h, manifest.h, store.h, synth.h)."""
 
 import os
 
@@ -8,7 +8,7 @@ from . import _k3pack
 __all__ = [
     "dequantize", "tensor_stats", "quant_isa", "dequantize_tensor",
     "build_pack", "validate_pack", "create_manifest", "read_manifest", "serialize_manifest", "verify_pack",
-    "build", "ExpertStore", "Acquisition", "ExpertView",
+    "build", "ExpertStore", "Acquisition", "ExpertView", "synth", "synth_faults",
 ]
 
 dequantize = _k3pack.dequantize
@@ -23,6 +23,8 @@ verify_pack = _k3pack.verify_pack
 ExpertStore = _k3pack.ExpertStore
 Acquisition = _k3pack.Acquisition
 ExpertView = _k3pack.ExpertView
+synth = _k3pack.synth
+synth_faults = _k3pack.synth_faults
 
 
 def dequantize_tensor(source, name):

@@ -51,5 +51,6 @@ void RegisterLoader(py::module_& m);
 void RegisterQuant(py::module_& m);
 void RegisterPack(py::module_& m);
 void RegisterStore(py::module_& m);
+void RegisterSynth(py::module_& m);
 
 }  // namespace k3py

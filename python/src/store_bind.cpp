@@ -136,6 +136,15 @@ void RegisterStore(py::module_& m) {
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("topk_ids"), py::kw_only(), py::arg("is_prefill") = py::none(),
          "topk_ids: integer array [tokens, top_k]; returns an Acquisition (views in route order)")
+      .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array expert_ids) {
+        std::vector<int64_t> shape;
+        std::vector<int64_t> ids = Ids(expert_ids, &shape);
+        k3pack::Result<store::Acquisition> r = [&] {
+          py::gil_scoped_release nogil;
+          return self->AcquireToken(layer, ids);
+        }();
+        return Wrap(self, Unwrap(std::move(r)));
+      }, py::arg("layer"), py::arg("expert_ids"), "one decode token: exactly top_k expert ids")
       .def("prefetch", [](store::ExpertStore& self, uint32_t layer, py::array ids) {
         std::vector<int64_t> shape;
         std::vector<int64_t> v = Ids(ids, &shape);

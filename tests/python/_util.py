@@ -41,3 +41,21 @@ class TempDir:
 
     def cleanup(self):
         self._td.cleanup()
+
+
+def synth(out, fault=None, all_data=False, matrix_type=None):
+    """The tiny synthetic model into `out`: with the CLI's `synth` when it is
+    built, else through the binding (k3pack.synth)."""
+    if cli_has_command("synth"):
+        args = ["synth", "--preset", "tiny", "--out", out]
+        if fault:
+            args += ["--fault", fault]
+        if all_data:
+            args.append("--all-data")
+        if matrix_type:
+            args += ["--matrix-type", matrix_type]
+        run_cli(*args)
+        return
+    import k3pack
+
+    k3pack.synth(out, faults=[fault] if fault else [], all_data=all_data, matrix_type=matrix_type)

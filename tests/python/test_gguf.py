@@ -218,14 +218,13 @@ class TypeTable(unittest.TestCase):
         self.assertIsNone(k3pack.parse_shard_name("KIMI.gguf"))
 
 
-@unittest.skipUnless(_util.cli_has_command("synth"), "k3pack CLI with `synth` not built")
 class SynthShardSet(unittest.TestCase):
     """The tiny synthetic model (3 shards) read by ShardSet and by the oracle."""
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = _util.TempDir()
-        _util.run_cli("synth", "--preset", "tiny", "--out", cls.tmp.path)
+        _util.synth(cls.tmp.path)
         cls.s = k3pack.ShardSet(cls.tmp.path)
 
     @classmethod

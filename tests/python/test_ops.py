@@ -132,7 +132,6 @@ class Dequantize(unittest.TestCase):
         self.assertIn(k3pack.quant_isa(), ("scalar", "avx2", "avx512"))
 
 
-@unittest.skipUnless(_util.cli_has_command("synth"), "k3pack CLI with `synth` not built")
 class PackManifestStore(unittest.TestCase):
     """Tiny model -> build_pack -> create_manifest -> verify / stream / store."""
 
@@ -140,7 +139,7 @@ class PackManifestStore(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = _util.TempDir()
         cls.model = os.path.join(cls.tmp.path, "model")
-        _util.run_cli("synth", "--preset", "tiny", "--out", cls.model, "--all-data")
+        _util.synth(cls.model, all_data=True)
         cls.config = os.path.join(cls.model, "config.json")
         cls.pack = os.path.join(cls.tmp.path, "tiny.expert-major.pack")
         cls.manifest = os.path.join(cls.tmp.path, "kimi-k3-expert-pack.manifest.json")
@@ -251,6 +250,9 @@ class PackManifestStore(unittest.TestCase):
                 off, nb = entries[("blk.%d.ffn_up_exps.weight" % layer, acq.routes[0].expert)]
                 f.seek(off)
                 self.assertEqual(acq.routes[0].up.tobytes(), f.read(nb))
+            tok = store.acquire_token(layers[0], np.arange(top_k))
+            self.assertEqual(tok.experts, list(range(top_k)))
+            tok.mark_used()
             store.prefetch(layers[0], np.arange(4))
             snap = store.snapshot()
             self.assertEqual(snap["cache_policy"], "reuse-lfu-lru-v2")

@@ -256,7 +256,6 @@ class HandWrittenModel(AdapterCase):
             self.collect(os.path.join(self.tmp.path, "nope.json"))
 
 
-@unittest.skipUnless(_util.cli_has_command("synth"), "k3pack CLI with `synth` not built")
 class SynthModel(AdapterCase):
     """The tiny synthetic Kimi-K3 model, with manifests from the oracle and
     (when the CLI has them) from `k3pack pack` + `k3pack manifest`."""
@@ -265,7 +264,7 @@ class SynthModel(AdapterCase):
     def setUpClass(cls):
         cls.tmp = _util.TempDir()
         cls.clean = os.path.join(cls.tmp.path, "clean")
-        _util.run_cli("synth", "--preset", "tiny", "--out", cls.clean)
+        _util.synth(cls.clean)
         cls.paths = k3pack.ShardSet.discover(cls.clean)
         cls.manifest = os.path.join(cls.tmp.path, "clean.json")
         oracle.write_json(cls.manifest, oracle.source_manifest(cls.paths))
@@ -310,7 +309,7 @@ class SynthModel(AdapterCase):
     def fault_manifest(self, fault):
         out = os.path.join(self.tmp.path, fault)
         if not os.path.isdir(out):
-            _util.run_cli("synth", "--preset", "tiny", "--out", out, "--fault", fault)
+            _util.synth(out, fault=fault)
         m = os.path.join(self.tmp.path, fault + ".json")
         oracle.write_json(m, oracle.source_manifest(k3pack.ShardSet.discover(out)))
         return m
@@ -335,7 +334,7 @@ class SynthModel(AdapterCase):
         shutil.copytree(self.clean, other)
         m = os.path.join(self.tmp.path, "other.json")
         oracle.write_json(m, oracle.source_manifest(k3pack.ShardSet.discover(other)))
-        _util.run_cli("synth", "--preset", "tiny", "--out", other, "--matrix-type", "Q4_0")
+        _util.synth(other, matrix_type="Q4_0")
         self.assert_same_error(m)
 
 
