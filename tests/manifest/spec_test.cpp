@@ -118,6 +118,9 @@ TEST(ModelSpec, ScaledAcceptsAnyDimsButChecksSanity) {
   bad["num_experts"] = -3;
   EXPECT_FALSE(ModelSpecFromConfig(bad, Profile::kScaled).ok());
   bad = text;
+  bad["num_hidden_layers"] = 4000000000LL;
+  EXPECT_FALSE(ModelSpecFromConfig(bad, Profile::kScaled).ok());
+  bad = text;
   bad["num_experts"] = json::array();
   auto r = ModelSpecFromConfig(bad, Profile::kScaled);
   ASSERT_FALSE(r.ok());
