@@ -1,5 +1,7 @@
 """Non-routed weight streaming (binds include/k3pack/loader.h)."""
 
+import json
+
 from . import _k3pack
 
 __all__ = ["NonExpertStream", "NonExpertTensor", "nonexpert_weights", "nonexpert_tensors", "ssm_a_to_a_log"]
@@ -20,9 +22,19 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     verify_metadata=True also checks each shard's metadata SHA-256 against the
     manifest (SGLang checks only sizes, names and dtypes).
     """
-    return _k3pack.NonExpertStream(str(manifest_path), sglang_compat=sglang_compat,
-                                   verify_metadata=verify_metadata, release_pages=release_pages,
-                                   drop_page_cache=drop_page_cache)
+    path = str(manifest_path)
+    try:
+        return _k3pack.NonExpertStream(path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
+                                       release_pages=release_pages, drop_page_cache=drop_page_cache)
+    except (OSError, ValueError) as exc:
+        failure = exc
+    # SGLang reads the manifest with open() + json.load: an unreadable file or
+    # malformed JSON raises Python's own exception (FileNotFoundError
+    # "[Errno 2] ...", json.JSONDecodeError "Expecting value: ..."). Reproduce
+    # those exactly; every other error is k3pack's (with SGLang's text).
+    with open(path, encoding="utf-8") as f:
+        json.load(f)
+    raise failure
 
 
 def nonexpert_weights(manifest_path, **options):

@@ -252,8 +252,14 @@ class HandWrittenModel(AdapterCase):
         self.assert_same_stream(self.manifest, {}, sglang_compat=True)
 
     def test_missing_manifest_file(self):
-        with self.assertRaises(FileNotFoundError):
-            self.collect(os.path.join(self.tmp.path, "nope.json"))
+        e = self.assert_same_error(os.path.join(self.tmp.path, "nope.json"))
+        self.assertIsInstance(e, FileNotFoundError)
+
+    def test_malformed_manifest_json(self):
+        with open(self.manifest, "w") as f:
+            f.write('{"format": "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1", "complete": tru')
+        e = self.assert_same_error(self.manifest)
+        self.assertIsInstance(e, json.JSONDecodeError)
 
 
 class SynthModel(AdapterCase):
