@@ -29,7 +29,7 @@ import numpy as np
 
 from ._loader import nonexpert_tensors
 
-__all__ = ["kimi_k3_nonexpert_weights_iterator", "to_torch"]
+__all__ = ["kimi_k3_nonexpert_weights_iterator", "to_torch", "install_into_sglang"]
 
 _torch = None
 
@@ -73,3 +73,28 @@ def kimi_k3_nonexpert_weights_iterator(manifest_path, *, sglang_compat=False, co
                                release_pages=release_pages)
     for record in stream:
         yield record.name, to_torch(record.array, record.dtype, copy=copy)
+
+
+SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"
+
+
+def install_into_sglang():
+    """Makes SGLang use k3pack's iterator: imports SGLang's kimi_k3_gguf
+    module and replaces its kimi_k3_nonexpert_weights_iterator, plus every
+    `from ... import kimi_k3_nonexpert_weights_iterator` binding already made
+    in loaded modules. Call it before the model loads. Returns the names of
+    the modules patched. Raises ImportError when SGLang is not installed."""
+    import importlib
+    import sys
+
+    target = importlib.import_module(SGLANG_MODULE)
+    original = getattr(target, "kimi_k3_nonexpert_weights_iterator", None)
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if module is None:
+            continue
+        current = getattr(module, "kimi_k3_nonexpert_weights_iterator", None)
+        if current is not None and (current is original or module is target):
+            setattr(module, "kimi_k3_nonexpert_weights_iterator", kimi_k3_nonexpert_weights_iterator)
+            patched.append(name)
+    return sorted(patched)

@@ -262,6 +262,39 @@ class HandWrittenModel(AdapterCase):
         self.assertIsInstance(e, json.JSONDecodeError)
 
 
+class InstallIntoSglang(unittest.TestCase):
+    """install_into_sglang() patches SGLang's module and names imported from it
+    (a stand-in package plays SGLang, which is not installed here)."""
+
+    def test_patches_module_and_imported_names(self):
+        import sys
+        import types
+
+        import k3pack.sglang as adapter
+
+        def original(manifest_path):
+            yield from ()
+
+        names = ["sglang", "sglang.srt", "sglang.srt.model_loader", adapter.SGLANG_MODULE, "fake_consumer"]
+        saved = {n: sys.modules.get(n) for n in names}
+        try:
+            for n in names[:-1]:
+                sys.modules[n] = types.ModuleType(n)
+            sys.modules[adapter.SGLANG_MODULE].kimi_k3_nonexpert_weights_iterator = original
+            consumer = types.ModuleType("fake_consumer")
+            consumer.kimi_k3_nonexpert_weights_iterator = original
+            sys.modules["fake_consumer"] = consumer
+            patched = adapter.install_into_sglang()
+            self.assertEqual(patched, sorted([adapter.SGLANG_MODULE, "fake_consumer"]))
+            self.assertIs(consumer.kimi_k3_nonexpert_weights_iterator, kimi_k3_nonexpert_weights_iterator)
+        finally:
+            for n, m in saved.items():
+                if m is None:
+                    sys.modules.pop(n, None)
+                else:
+                    sys.modules[n] = m
+
+
 class SynthModel(AdapterCase):
     """The tiny synthetic Kimi-K3 model, with manifests from the oracle and
     (when the CLI has them) from `k3pack pack` + `k3pack manifest`."""
