@@ -102,8 +102,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
   if (o.progress) {
-    while (done_entries.load() < entries.size() && !stop.load()) {
+    while (true) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (done_entries.load() >= entries.size() || stop.load()) break;
       o.progress({"verify", done_bytes.load(), total_bytes, done_entries.load(), entries.size(),
                   std::chrono::duration<double>(Clock::now() - t0).count()});
     }
