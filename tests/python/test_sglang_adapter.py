@@ -262,6 +262,32 @@ class HandWrittenModel(AdapterCase):
         self.assertIsInstance(e, json.JSONDecodeError)
 
 
+class ImportsAndHelpers(unittest.TestCase):
+    def test_torch_only_imported_by_the_adapter(self):
+        import subprocess
+        import sys
+
+        code = ("import sys; sys.path.insert(0, %r); import k3pack; assert 'torch' not in sys.modules; "
+                "k3pack.GGUFFile; print('ok')" % os.path.join(_util.REPO, "python"))
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={k: v for k, v in os.environ.items() if k != "K3PACK_PYTHON_DIR"})
+        self.assertEqual(out.stdout.strip(), "ok", out.stdout)
+
+    def test_ssm_a_to_a_log(self):
+        x = -np.exp(np.linspace(-3, 3, 9)).astype(np.float32)
+        got = k3pack.ssm_a_to_a_log(x)
+        self.assertEqual(got.dtype, np.float32)
+        np.testing.assert_allclose(got, np.log(-x.astype(np.float64)), rtol=2e-7)
+        with self.assertRaises(ValueError) as cm:
+            k3pack.ssm_a_to_a_log(np.array([-1.0, 0.0], np.float32))
+        self.assertEqual(str(cm.exception), "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values")
+        with self.assertRaises(ValueError) as cm:
+            k3pack.ssm_a_to_a_log(np.array([-1.0, np.inf], np.float32))
+        self.assertEqual(str(cm.exception), "Kimi-K3 GGUF ssm_a must contain finite floating values")
+        bf = np.array([0xBF80], np.uint16)  # bfloat16 -1.0 -> log(1) = 0
+        self.assertEqual(int(k3pack.ssm_a_to_a_log(bf, dtype="bfloat16")[0]), 0)
+
+
 class InstallIntoSglang(unittest.TestCase):
     """install_into_sglang() patches SGLang's module and names imported from it
     (a stand-in package plays SGLang, which is not installed here)."""
