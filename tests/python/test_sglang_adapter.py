@@ -156,6 +156,15 @@ class HandWrittenModel(AdapterCase):
         self.assertEqual(recs["lm_head.weight"].array.dtype, np.uint16)
         copied = dict(kimi_k3_nonexpert_weights_iterator(self.manifest, copy=True))
         copied["model.norm.weight"].add_(1.0)  # fresh, writable
+        # A view outlives its stream and records (its base owns the mapping),
+        # also after release_pages dropped its pages.
+        kept = recs["model.norm.weight"].array
+        want = dict((n, v) for n, v, _ in oracle.sglang_nonexpert_weights(self.manifest))["model.norm.weight"]
+        del recs
+        import gc
+
+        gc.collect()
+        self.assertEqual(kept.tobytes(), want.tobytes())
 
     def test_nonexpert_weights_numpy(self):
         pairs = list(k3pack.nonexpert_weights(self.manifest))
