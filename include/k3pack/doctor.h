@@ -115,7 +115,7 @@ enum class SsmAForm {
   kAllZero,      // every value 0 (missing data)
   kNonFinite,    // NaN or Inf present
   kNormLike,     // all > 0 clustered around a mean in [0.25, 4]: a norm weight
-  kImplausible,  // some >= 0 with values beyond kMaxRawALog: not A_log
+  kImplausible,  // some value > kMaxRawALog: neither A_log nor -exp(A_log)
 };
 const char* SsmAFormName(SsmAForm f);
 inline constexpr double kTinyMagnitude = 1e-3;  // |-exp(A_log)| below this means A_log < -6.9

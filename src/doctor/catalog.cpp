@@ -167,8 +167,8 @@ const std::vector<Diagnosis> kCatalog = {
      "was probably written into the ssm_a slot (name mapping error).",
      "Re-convert and check the converter's mapping of self_attn.A_log -> blk.N.ssm_a."},
     {"ssm-a-implausible", E, "ValueError",
-     "ssm_a has values >= 0 with magnitudes no A_log has (|A_log| > 10), so it is neither -exp(A_log) nor raw "
-     "A_log.",
+     "ssm_a has positive values above 10: no A_log is that large (A would exceed 22026) and -exp(A_log) is "
+     "never positive, so the slot holds some other data.",
      "Re-convert; the tensor holds some other data."},
     {"ssm-a-tiny", W, "",
      "ssm_a is all negative (SGLang accepts it) but some |x| < 1e-3, which means A_log < -6.9; that is "

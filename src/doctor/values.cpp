@@ -54,7 +54,7 @@ SsmAStats ClassifySsmA(std::span<const float> v) {
     bool clustered = s.positive == s.count && s.count >= 2 && s.mean >= 0.25 && s.mean <= 4.0;
     for (float x : v) clustered = clustered && std::fabs(x - s.mean) <= kNormSpread * s.mean;
     if (clustered) s.form = SsmAForm::kNormLike;
-    else if (s.max > kMaxRawALog || s.min < -kMaxRawALog) s.form = SsmAForm::kImplausible;
+    else if (s.max > kMaxRawALog) s.form = SsmAForm::kImplausible;
     else if (s.min < -1.0) s.form = SsmAForm::kMixedForms;
     else s.form = SsmAForm::kRawALog;
   }

@@ -1,0 +1,166 @@
+// Doctor finds each injected fault with the right diagnosis, and several
+// faults at once, without inventing others.
+#include "doctor_test_util.h"
+
+namespace dtest {
+namespace {
+
+using doctor::Report;
+using doctor::Severity;
+using synth::Fault;
+
+const doctor::Finding* One(const Report& r, const std::string& code) {
+  auto v = r.With(code);
+  return v.size() == 1 ? v.front() : nullptr;
+}
+
+TEST(Doctor, CleanTinyModelIsHealthyUnderScaled) {
+  auto dir = TempDir("clean");
+  Synth(dir);
+  Report r = Scaled({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 0) << Dump(r);
+  EXPECT_EQ(r.Count(Severity::kError), 0u) << Dump(r);
+  EXPECT_EQ(r.Count(Severity::kWarning), 0u) << Dump(r);
+  EXPECT_EQ(r.files.size(), 3u);
+  EXPECT_GT(r.tensors_examined, 100u);
+  // A single shard path examines the whole set.
+  Report one = Scaled({(dir / "KIMI-K3-SYNTH-00002-of-00003.gguf").string()});
+  EXPECT_EQ(one.ExitCode(), 0) << Dump(one);
+  EXPECT_EQ(one.files.size(), 3u);
+}
+
+TEST(Doctor, TinyModelFailsTheKimiK3ProfileWithSglangsText) {
+  auto dir = TempDir("k3profile");
+  Synth(dir);
+  Report r = doctor::Diagnose({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 1);
+  const doctor::Finding* f = One(r, "config-invalid");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_EQ(f->sglang_error.rfind("Kimi K3 model invariants do not match the audited model: expected={", 0), 0u)
+      << f->sglang_error;
+  EXPECT_EQ(f->sglang_exception, "ValueError");
+}
+
+struct FaultCase {
+  Fault fault;
+  std::string code;
+  std::string object_suffix;  // the finding's object ends with this
+  std::string sglang_prefix;  // SGLang's text starts with this ("" = none)
+};
+
+class FaultTest : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(FaultTest, FindsTheFaultAndNothingElse) {
+  const FaultCase& c = GetParam();
+  auto dir = TempDir(std::string(synth::FaultName(c.fault)));
+  Synth(dir, {c.fault});
+  Report r = Scaled({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 1) << Dump(r);
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{c.code}) << Dump(r);
+  auto fs = r.With(c.code);
+  ASSERT_FALSE(fs.empty()) << Dump(r);
+  const doctor::Finding& f = *fs.front();
+  EXPECT_TRUE(f.object.size() >= c.object_suffix.size() &&
+              f.object.compare(f.object.size() - c.object_suffix.size(), c.object_suffix.size(), c.object_suffix) == 0)
+      << f.object;
+  EXPECT_EQ(f.sglang_error.rfind(c.sglang_prefix, 0), 0u) << f.sglang_error;
+  EXPECT_FALSE(f.meaning.empty());
+  EXPECT_FALSE(f.fix.empty());
+  EXPECT_FALSE(f.message.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Synth, FaultTest,
+    ::testing::Values(
+        FaultCase{Fault::kRawSsmA, "ssm-a-raw-a-log", "blk.0.ssm_a", "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values"},
+        FaultCase{Fault::kNanSsmA, "ssm-a-nonfinite", ".ssm_a", "Kimi-K3 GGUF ssm_a must contain finite floating values"},
+        FaultCase{Fault::kZeroSsmA, "ssm-a-zero", ".ssm_a", "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values"},
+        FaultCase{Fault::kBadSplitNo, "split-no-mismatch", "KIMI-K3-SYNTH-00002-of-00003.gguf", "GGUF split.no mismatch for /"},
+        FaultCase{Fault::kStaleTensorCount, "split-tensor-count-mismatch", "split.tensors.count", "GGUF split.tensors.count="},
+        FaultCase{Fault::kMissingExpert, "expert-missing", "blk.3.ffn_gate_exps.weight",
+                  "routed expert tensor coverage mismatch: missing=[(3, 'gate')], extra=[]"},
+        FaultCase{Fault::kWrongExpertDtype, "expert-dtype", "blk.1.ffn_gate_exps.weight", "unexpected expert dtype for (1, 'gate'): "},
+        FaultCase{Fault::kUnknownTensorName, "tensor-name-unknown", "blk.1.ffn_mystery.weight",
+                  "unsupported Kimi-K3 GGUF tensor name: blk.1.ffn_mystery.weight"},
+        FaultCase{Fault::kTruncatedShard, "gguf-truncated", "KIMI-K3-SYNTH-00003-of-00003.gguf", ""}),
+    [](const auto& info) {
+      std::string n(synth::FaultName(info.param.fault));
+      for (char& ch : n) ch = ch == '-' ? '_' : ch;
+      return n;
+    });
+
+TEST(Doctor, SplitNoMismatchQuotesTheResolvedPathAndBothNumbers) {
+  auto dir = TempDir("splitno");
+  auto res = Synth(dir, {Fault::kBadSplitNo});
+  Report r = Scaled({dir.string()});
+  const doctor::Finding* f = One(r, "split-no-mismatch");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  auto real = ResolvePath(res.shard_paths[1]);
+  ASSERT_TRUE(real.ok());
+  EXPECT_EQ(f->sglang_error, "GGUF split.no mismatch for " + *real + ": 2 != 1");
+}
+
+TEST(Doctor, TruncatedShardStillListsItsTensorsSoCoverageStaysAccurate) {
+  auto dir = TempDir("trunc");
+  Synth(dir, {Fault::kTruncatedShard});
+  Report r = Scaled({dir.string()});
+  const doctor::Finding* f = One(r, "gguf-truncated");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  ASSERT_TRUE(f->details.contains("cut_off_tensors"));
+  EXPECT_EQ(f->details["cut_off_tensors"].size(), 1u) << f->details.dump();
+  // Nothing reported missing: the cut shard's tensor list was still read.
+  EXPECT_FALSE(r.Has("tensor-missing")) << Dump(r);
+  EXPECT_FALSE(r.Has("expert-missing")) << Dump(r);
+  EXPECT_FALSE(r.Has("check-skipped")) << Dump(r);
+}
+
+TEST(Doctor, ReportsEveryFaultOfOneSetInOneRun) {
+  auto dir = TempDir("many");
+  Synth(dir, {Fault::kRawSsmA, Fault::kNanSsmA, Fault::kZeroSsmA, Fault::kBadSplitNo, Fault::kStaleTensorCount,
+              Fault::kMissingExpert, Fault::kWrongExpertDtype, Fault::kUnknownTensorName, Fault::kTruncatedShard});
+  Report r = Scaled({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 1);
+  const std::set<std::string> want = {"ssm-a-raw-a-log", "ssm-a-nonfinite", "ssm-a-zero", "split-no-mismatch",
+                                      "split-tensor-count-mismatch", "expert-missing", "expert-dtype",
+                                      "tensor-name-unknown", "gguf-truncated"};
+  EXPECT_EQ(ErrorCodes(r), want) << Dump(r);
+  // Three different KDA layers carry the three ssm_a faults.
+  std::set<std::string> ssm;
+  for (const auto& f : r.findings) {
+    if (f.code.rfind("ssm-a-", 0) == 0) ssm.insert(f.object);
+  }
+  EXPECT_EQ(ssm.size(), 3u);
+}
+
+TEST(Doctor, KeepsGoingPastAnUnreadableShard) {
+  auto dir = TempDir("garbage");
+  auto res = Synth(dir, {Fault::kRawSsmA});
+  // Shard 2 becomes garbage: the other two are still examined.
+  {
+    std::ofstream out(res.shard_paths[1], std::ios::binary | std::ios::trunc);
+    out << "this is not a GGUF file";
+  }
+  Report r = Scaled({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 1);
+  EXPECT_TRUE(r.Has("gguf-unreadable")) << Dump(r);
+  EXPECT_TRUE(r.Has("ssm-a-raw-a-log")) << Dump(r);  // blk.0 lives in shard 1
+  EXPECT_FALSE(r.Has("tensor-missing")) << Dump(r);  // not claimed: shard 2 may hold them
+  EXPECT_TRUE(r.Has("check-skipped")) << Dump(r);
+}
+
+TEST(Doctor, MissingShardAndStrayGguf) {
+  auto dir = TempDir("missing");
+  auto res = Synth(dir);
+  fs::remove(res.shard_paths[2]);
+  { std::ofstream(dir / "mmproj.gguf") << "x"; }
+  Report r = Scaled({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 1);
+  const doctor::Finding* inc = One(r, "shard-set-incomplete");
+  ASSERT_NE(inc, nullptr) << Dump(r);
+  EXPECT_EQ(inc->sglang_error, "GGUF shard set is incomplete: count=3, numbers=[1, 2]");
+  EXPECT_TRUE(r.Has("stray-gguf")) << Dump(r);
+  EXPECT_TRUE(r.Has("split-count-mismatch")) << Dump(r);
+}
+
+}  // namespace
+}  // namespace dtest

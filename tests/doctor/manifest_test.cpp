@@ -1,0 +1,92 @@
+// Doctor on a manifest: a good one is healthy; each break is its own finding.
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "doctor_test_util.h"
+
+namespace dtest {
+namespace {
+
+struct Prepared {
+  fs::path dir, pack, manifest;
+};
+
+Prepared Prepare(const std::string& tag) {
+  Prepared p;
+  p.dir = TempDir(tag);
+  Synth(p.dir);
+  p.pack = p.dir / "KIMI-K3-SYNTH.expert-major.pack";
+  p.manifest = p.dir / "kimi-k3-expert-pack.manifest.json";
+  const std::string d = p.dir.string();
+  auto r1 = RunCli("pack --profile scaled --progress none --safety-margin-gib 0 --gguf-dir " + d + " --model-config " + d +
+                   "/config.json --out " + p.pack.string());
+  EXPECT_EQ(r1.exit_code, 0) << r1.out;
+  auto r2 = RunCli("manifest --profile scaled --progress none --gguf-dir " + d + " --expert-pack " + p.pack.string() +
+                   " --model-config " + d + "/config.json --tokenizer-dir " + d + "/tokenizer --output " +
+                   p.manifest.string());
+  EXPECT_EQ(r2.exit_code, 0) << r2.out;
+  return p;
+}
+
+void EditJson(const fs::path& path, const std::function<void(nlohmann::json&)>& edit) {
+  auto j = nlohmann::json::parse(ReadAll(path));
+  edit(j);
+  std::ofstream(path, std::ios::trunc) << j.dump(2);
+}
+
+TEST(DoctorManifest, GoodManifestIsHealthy) {
+  Prepared p = Prepare("man-ok");
+  doctor::Report r = Scaled({p.manifest.string()});
+  EXPECT_EQ(r.ExitCode(), 0) << Dump(r);
+  EXPECT_EQ(r.Count(doctor::Severity::kError), 0u) << Dump(r);
+  EXPECT_EQ(r.files.size(), 4u);  // the manifest + 3 shards
+}
+
+TEST(DoctorManifest, EveryBrokenPartIsReported) {
+  Prepared p = Prepare("man-bad");
+  EditJson(p.manifest, [](nlohmann::json& j) {
+    j["format"] = "SOMETHING-ELSE";
+    j["complete"] = false;
+    j["hard_constraints"]["expert_pruning_allowed"] = true;
+  });
+  { std::ofstream(p.pack, std::ios::app) << "tail"; }  // pack grows by 4 bytes
+  doctor::Report r = Scaled({p.manifest.string()});
+  EXPECT_EQ(r.ExitCode(), 1);
+  for (const char* code : {"manifest-format", "manifest-incomplete", "manifest-hard-constraints", "pack-size", "pack-invalid"}) {
+    EXPECT_TRUE(r.Has(code)) << code << "\n" << Dump(r);
+  }
+  EXPECT_EQ(r.With("manifest-format")[0]->sglang_error, "Kimi-K3 manifest format is unsupported");
+  EXPECT_EQ(r.With("manifest-incomplete")[0]->sglang_error, "Kimi-K3 manifest is incomplete");
+  EXPECT_EQ(r.With("pack-size")[0]->sglang_error, "Kimi expert-pack size does not match its manifest");
+  EXPECT_EQ(r.With("pack-invalid")[0]->sglang_error, "expert-pack has unexplained trailing bytes: 4");
+}
+
+TEST(DoctorManifest, ChangedShardAndKimiK3Dimensions) {
+  Prepared p = Prepare("man-shard");
+  auto j = nlohmann::json::parse(ReadAll(p.manifest));
+  const std::string shard = j["source"]["shards"][1]["path"];
+  { std::ofstream(shard, std::ios::app) << "x"; }
+  doctor::Report r = Scaled({p.manifest.string()});
+  ASSERT_TRUE(r.Has("manifest-shard-changed")) << Dump(r);
+  EXPECT_EQ(r.With("manifest-shard-changed")[0]->sglang_error, "Kimi-K3 GGUF shard is missing or changed: " + shard);
+  // Under the kimi-k3 profile the tiny manifest's dimensions are refused.
+  doctor::Report k3 = doctor::Diagnose({p.manifest.string()});
+  ASSERT_TRUE(k3.Has("manifest-dimensions")) << Dump(k3);
+  bool dims = false;
+  for (const auto* f : k3.With("manifest-dimensions")) {
+    dims = dims || f->sglang_error == "Kimi expert-pack dimensions (4, 16, 4) != (93, 896, 16); Top-K is immutable at 16";
+  }
+  EXPECT_TRUE(dims) << Dump(k3);
+}
+
+TEST(DoctorManifest, NotJsonIsUnusable) {
+  auto dir = TempDir("man-junk");
+  { std::ofstream(dir / "m.json") << "{ not json"; }
+  doctor::Report r = doctor::Diagnose({(dir / "m.json").string()});
+  EXPECT_EQ(r.ExitCode(), 2) << Dump(r);
+  EXPECT_TRUE(r.Has("input-unrecognized"));
+}
+
+}  // namespace
+}  // namespace dtest

@@ -1,0 +1,149 @@
+// ssm_a classification rules, float decode/encode, and the diagnoses only
+// crafted files can trigger (wrong dtype, norm weights or another tensor
+// mapped into the ssm_a slot, misspelled names, residual score shapes).
+#include <cmath>
+
+#include "doctor_test_util.h"
+
+namespace dtest {
+namespace {
+
+using doctor::ClassifySsmA;
+using doctor::SsmAForm;
+
+SsmAForm Form(std::vector<float> v) { return ClassifySsmA(v).form; }
+
+TEST(SsmA, ClassificationRules) {
+  EXPECT_EQ(Form({-1.0f, -16.0f, -3.5f, -2.0f}), SsmAForm::kNegExp);
+  EXPECT_EQ(Form({-1.0f, -0.0005f, -3.5f}), SsmAForm::kTinyNegative);
+  EXPECT_EQ(Form({0.3f, -0.4f, 0.1f, 0.0f}), SsmAForm::kRawALog);   // mixed signs, small
+  EXPECT_EQ(Form({0.1f, 2.7f, 1.3f, 0.02f}), SsmAForm::kRawALog);   // log(U(1,16)): all positive, spread out
+  EXPECT_EQ(Form({-1.0f, -0.99f, 0.5f}), SsmAForm::kRawALog);       // -1 is still A_log territory
+  EXPECT_EQ(Form({-4.0f, -9.0f, 0.5f, 1.2f}), SsmAForm::kMixedForms);
+  EXPECT_EQ(Form({0.0f, 0.0f, 0.0f}), SsmAForm::kAllZero);
+  EXPECT_EQ(Form({-1.0f, NAN, -2.0f}), SsmAForm::kNonFinite);
+  EXPECT_EQ(Form({-1.0f, INFINITY}), SsmAForm::kNonFinite);
+  EXPECT_EQ(Form({1.02f, 0.97f, 1.05f, 0.99f}), SsmAForm::kNormLike);
+  EXPECT_EQ(Form({0.5f, 40.0f, 3.0f}), SsmAForm::kImplausible);
+  EXPECT_TRUE(ClassifySsmA(std::vector<float>{0.2f, -0.1f}).repairable());
+  EXPECT_FALSE(ClassifySsmA(std::vector<float>{-4.0f, 0.2f}).repairable());
+  const auto s = ClassifySsmA(std::vector<float>{0.5f, -0.25f, 0.0f, NAN});
+  EXPECT_EQ(s.count, 4u);
+  EXPECT_EQ(s.positive, 1u);
+  EXPECT_EQ(s.negative, 1u);
+  EXPECT_EQ(s.zero, 1u);
+  EXPECT_EQ(s.nonfinite, 1u);
+  EXPECT_FLOAT_EQ(s.min, -0.25);
+  EXPECT_FLOAT_EQ(s.max, 0.5);
+}
+
+TEST(SsmA, FloatDecodeEncodeRoundTrip) {
+  const std::vector<float> v = {-1.0f, -16.0f, 0.5f, -0.125f};
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    auto enc = doctor::EncodeFloatTensor(t, v);
+    ASSERT_TRUE(enc.ok());
+    EXPECT_EQ(enc->size(), v.size() * (t == GgmlType::F32 ? 4 : 2));
+    auto dec = doctor::DecodeFloatTensor(t, *enc);
+    ASSERT_TRUE(dec.has_value());
+    EXPECT_EQ(*dec, v);  // exactly representable in all three
+  }
+  EXPECT_FALSE(doctor::DecodeFloatTensor(GgmlType::Q8_0, std::vector<uint8_t>(34)).has_value());
+  EXPECT_FALSE(doctor::EncodeFloatTensor(GgmlType::Q8_0, v).ok());
+}
+
+// A clean tiny model, rewritten with `edits`, diagnosed under --profile scaled.
+doctor::Report Crafted(const std::string& tag, const std::map<std::string, TensorEdit>& edits) {
+  auto src = TempDir(tag + "-src");
+  Synth(src);
+  auto dst = TempDir(tag);
+  Rewrite(src, dst, edits);
+  return Scaled({dst.string()});
+}
+
+TEST(SsmA, NormWeightsInTheSsmASlot) {
+  // tiny: 4 heads. Values like an RMSNorm weight.
+  auto r = Crafted("norm", {{"blk.1.ssm_a", WithBytes(F32Bytes({1.01f, 0.98f, 1.04f, 0.99f}))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"ssm-a-looks-like-norm"}) << Dump(r);
+  EXPECT_EQ(r.With("ssm-a-looks-like-norm")[0]->sglang_error, "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values");
+}
+
+TEST(SsmA, MixedFormsAreReportedAsAmbiguous) {
+  auto r = Crafted("mixed", {{"blk.1.ssm_a", WithBytes(F32Bytes({-3.0f, -12.0f, 0.4f, 0.2f}))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"ssm-a-mixed-forms"}) << Dump(r);
+}
+
+TEST(SsmA, QuantizedOrBf16SsmAIsNotFloating) {
+  // Q8_0 needs ne0 % 32 == 0: give the slot a {32} shape too, which also
+  // trips the shape check (a weight mapped into ssm_a).
+  std::vector<uint8_t> q8(34, 0);
+  auto r = Crafted("q8", {{"blk.1.ssm_a", WithType(GgmlType::Q8_0, q8, std::vector<int64_t>{32})}});
+  EXPECT_TRUE(r.Has("ssm-a-not-float")) << Dump(r);
+  EXPECT_TRUE(r.Has("ssm-a-shape")) << Dump(r);
+  EXPECT_EQ(r.With("ssm-a-not-float")[0]->sglang_error, "Kimi-K3 GGUF ssm_a must contain finite floating values");
+
+  auto bf = doctor::EncodeFloatTensor(GgmlType::BF16, std::vector<float>{-1.0f, -2.0f, -3.0f, -4.0f});
+  auto r2 = Crafted("bf16", {{"blk.1.ssm_a", WithType(GgmlType::BF16, *bf)}});
+  EXPECT_EQ(ErrorCodes(r2), std::set<std::string>{"ssm-a-not-float"}) << Dump(r2);
+
+  // F16 is a floating type for gguf-py and SGLang: fine.
+  auto f16 = doctor::EncodeFloatTensor(GgmlType::F16, std::vector<float>{-1.0f, -2.0f, -3.0f, -4.0f});
+  auto r3 = Crafted("f16", {{"blk.1.ssm_a", WithType(GgmlType::F16, *f16)}});
+  EXPECT_EQ(ErrorCodes(r3), std::set<std::string>{}) << Dump(r3);
+}
+
+TEST(SsmA, ShapeOfAnotherTensorIsNamed) {
+  // tiny: kda.head_dim 64 -> ssm_norm.weight is {64}; put a {64} vector in ssm_a.
+  std::vector<float> v(64, -2.0f);
+  auto r = Crafted("shape", {{"blk.1.ssm_a", WithShape(std::vector<int64_t>{64}, F32Bytes(v))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"ssm-a-shape"}) << Dump(r);
+  EXPECT_NE(r.With("ssm-a-shape")[0]->message.find("blk.1.ssm_norm.weight"), std::string::npos) << Dump(r);
+}
+
+TEST(Names, MisspelledTensorGetsASuggestion) {
+  auto r = Crafted("misspelled", {{"blk.2.ssm_a", Renamed("blk.2.ssm_A")},
+                                  {"blk.1.ffn_up_shexp.weight", Renamed("blk.1.ffn_up_shexps.weight")}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-name-misspelled"}) << Dump(r);
+  auto fs = r.With("tensor-name-misspelled");
+  ASSERT_EQ(fs.size(), 2u) << Dump(r);
+  std::set<std::string> suggestions;
+  for (const auto* f : fs) {
+    suggestions.insert(f->details["suggestion"].get<std::string>());
+    EXPECT_EQ(f->sglang_error, "unsupported Kimi-K3 GGUF tensor name: " + f->object);
+  }
+  EXPECT_EQ(suggestions, (std::set<std::string>{"blk.2.ssm_a", "blk.1.ffn_up_shexp.weight"}));
+  EXPECT_FALSE(r.Has("tensor-missing")) << Dump(r);  // covered by the misspelling
+}
+
+TEST(Names, DroppedTensorIsMissing) {
+  auto r = Crafted("dropped", {{"blk.2.ssm_dt.bias", Dropped()}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-missing"}) << Dump(r);
+  EXPECT_EQ(r.With("tensor-missing")[0]->object, "blk.2.ssm_dt.bias");
+}
+
+TEST(Values, ResidualScoreMustBeAVector) {
+  std::vector<float> v(512, 0.01f);
+  auto r = Crafted("res", {{"blk.1.attn_res_score.weight", WithShape(std::vector<int64_t>{512, 1}, F32Bytes(v))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"res-score-not-vector"}) << Dump(r);
+  EXPECT_EQ(r.With("res-score-not-vector")[0]->sglang_error,
+            "Kimi-K3 attention-residual score must be a vector, got (1, 512)");
+}
+
+TEST(Values, NanInANormIsReported) {
+  std::vector<float> v(512, 1.0f);
+  v[7] = NAN;
+  auto r = Crafted("nannorm", {{"blk.1.ffn_norm.weight", WithBytes(F32Bytes(v))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-nonfinite"}) << Dump(r);
+}
+
+TEST(Types, MlaKbMustStayQ4_0AndNormsMustStayFloat) {
+  // tiny: MLA layer 3; attn_k_b {64, 256, 4} -> store it as Q8_0 (same block size 32).
+  const uint64_t kb_bytes = 64 * 256 * 4 / 32 * 34;
+  const uint64_t norm_bytes = 512 / 32 * 34;
+  auto r = Crafted("types", {{"blk.3.attn_k_b.weight", WithType(GgmlType::Q8_0, std::vector<uint8_t>(kb_bytes))},
+                             {"blk.1.ffn_norm.weight", WithType(GgmlType::Q8_0, std::vector<uint8_t>(norm_bytes))}});
+  EXPECT_EQ(ErrorCodes(r), (std::set<std::string>{"mla-k-b-dtype", "tensor-must-be-float"})) << Dump(r);
+  EXPECT_EQ(r.With("mla-k-b-dtype")[0]->sglang_error, "Kimi-K3 MLA K projection must remain GGUF Q4_0");
+}
+
+}  // namespace
+}  // namespace dtest
