@@ -144,8 +144,12 @@ void DqNvfp4(const uint8_t* s, float* y, int64_t nb) {
 void DqQ1_0(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 18, y += 128) {
     const float d = LoadHalf(s);
-    const float neg_d = -d;
-    for (int j = 0; j < 128; ++j) y[j] = ((s[2 + j / 8] >> (j % 8)) & 1) ? d : neg_d;
+    // bit set: d, clear: -d (a sign flip, exactly ggml's `-d`), branch-free.
+    const uint32_t db = FloatToBits(d);
+    for (int j = 0; j < 128; ++j) {
+      const uint32_t clear = ~(static_cast<uint32_t>(s[2 + j / 8]) >> (j % 8)) & 1u;
+      y[j] = BitsToFloat(db ^ (clear << 31));
+    }
   }
 }
 

@@ -10,12 +10,13 @@
 namespace k3pack::quant::internal {
 namespace {
 
-using tables::kKmaskIq2xs;
 using tables::kKsignsIq2xs;
 
 inline const uint8_t* GridBytes(const uint64_t* g) { return reinterpret_cast<const uint8_t*>(g); }
 inline const uint8_t* GridBytes(const uint32_t* g) { return reinterpret_cast<const uint8_t*>(g); }
-inline float Sign(uint8_t signs, int j) { return (signs & kKmaskIq2xs[j]) ? -1.f : 1.f; }
+// +1.f or -1.f from bit j of `signs` (kmask_iq2xs[j] = 1 << j), without a
+// branch: random sign bits would otherwise mispredict on every element.
+inline float Sign(uint8_t signs, int j) { return BitsToFloat(0x3F800000u | ((static_cast<uint32_t>(signs) >> j & 1u) << 31)); }
 
 void DqIq2Xxs(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 66) {

@@ -31,12 +31,9 @@ inline float Fp16ToFp32(uint16_t h) {
   if (exp != 0) return BitsToFloat(sign | ((exp + 112u) << 23) | (man << 13));
   if (man == 0) return BitsToFloat(sign);
   // Subnormal: shift the mantissa up until its leading one is the implicit bit.
-  uint32_t e = 113;
-  while ((man & 0x400u) == 0) {
-    man <<= 1;
-    --e;
-  }
-  return BitsToFloat(sign | (e << 23) | ((man & 0x3FFu) << 13));
+  const uint32_t k = 10u - (31u - static_cast<uint32_t>(__builtin_clz(man)));
+  man <<= k;
+  return BitsToFloat(sign | ((113u - k) << 23) | ((man & 0x3FFu) << 13));
 }
 
 // binary32 -> binary16, round to nearest even (what F16C's vcvtps2ph and a

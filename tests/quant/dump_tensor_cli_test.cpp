@@ -16,13 +16,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int code;
   std::string out;
 };
 
-Run RunCli(const std::string& args) {
-  std::string cmd = std::string(K3PACK_BIN) + " " + args + " 2>&1";
+CliRun RunCli(const std::string& args) {
+  std::string cmd = std::string(K3PACK_BIN) + " dump-tensor " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -73,7 +73,7 @@ class DumpTensorCli : public ::testing::Test {
 };
 
 TEST_F(DumpTensorCli, JsonValuesAreTheDecodedRows) {
-  Run r = RunCli(path_ + " q.weight --rows 1:2 --json --stats");
+  CliRun r = RunCli(path_ + " q.weight --rows 1:2 --json --stats");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["type"], "Q8_0");
@@ -86,7 +86,7 @@ TEST_F(DumpTensorCli, JsonValuesAreTheDecodedRows) {
   EXPECT_EQ(j["stats"]["count"], 32);
   EXPECT_EQ(j["stats"]["min"].get<double>(), -7.75);
 
-  Run all = RunCli(path_ + " a.weight --json");
+  CliRun all = RunCli(path_ + " a.weight --json");
   ASSERT_EQ(all.code, 0) << all.out;
   auto ja = nlohmann::json::parse(all.out);
   EXPECT_EQ(ja["shape"], nlohmann::json::array({4, 3}));
@@ -95,23 +95,23 @@ TEST_F(DumpTensorCli, JsonValuesAreTheDecodedRows) {
 }
 
 TEST_F(DumpTensorCli, TextOutputAndErrors) {
-  Run r = RunCli(path_ + " q.weight --rows 0");
+  CliRun r = RunCli(path_ + " q.weight --rows 0");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("q.weight  Q8_0  ne=[32, 2]"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("31"), std::string::npos);
 
-  Run missing = RunCli(path_ + " nope.weight");
+  CliRun missing = RunCli(path_ + " nope.weight");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("tensor 'nope.weight' not found"), std::string::npos) << missing.out;
 
-  Run near = RunCli(path_ + " q.weig");
+  CliRun near = RunCli(path_ + " q.weig");
   EXPECT_NE(near.out.find("similar names: q.weight"), std::string::npos) << near.out;
 
-  Run bad_rows = RunCli(path_ + " q.weight --rows 1:9");
+  CliRun bad_rows = RunCli(path_ + " q.weight --rows 1:9");
   EXPECT_EQ(bad_rows.code, 2);
   EXPECT_NE(bad_rows.out.find("the tensor has 2 rows"), std::string::npos) << bad_rows.out;
 
-  Run usage = RunCli(path_);
+  CliRun usage = RunCli(path_);
   EXPECT_EQ(usage.code, 2);
 }
 
