@@ -1,9 +1,11 @@
 // Loader throughput for the non-routed weights, next to memcpy of the same
 // bytes measured in the same run.
 //
-//   bench_loader [--manifest M] [--mib N] [--repeat R] [--dir D] [--holes]
+//   bench_loader [--manifest M | --gguf DIR] [--mib N] [--repeat R] [--dir D] [--holes]
 //
-// Without --manifest it writes a synthetic 3-shard model with N MiB of
+// --gguf DIR streams an existing shard set through a minimal manifest
+// written for it (e.g. `k3pack synth --preset k3-structure`). Without
+// either, the bench writes a synthetic 3-shard model with N MiB of
 // non-routed tensors (real bytes, or holes with --holes) plus routed
 // aggregates (holes, never read) and a manifest beside it.
 //
@@ -48,6 +50,28 @@ uint64_t PeakRss() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
+// The manifest fields the stream reads (and verify_metadata compares),
+// computed from the shard files.
+std::string WriteMinimalManifest(const std::vector<std::string>& paths, const std::string& path) {
+  json shards = json::array(), tensors = json::array();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    auto f = gguf::GgufFile::Open(paths[i]).value();
+    shards.push_back({{"index", i}, {"path", paths[i]}, {"size", f->file_size()},
+                      {"metadata_nbytes", f->data_offset()},
+                      {"metadata_sha256", Sha256Hex(f->mapping()->data(), f->data_offset())},
+                      {"tensor_count", f->tensors().size()}});
+    for (const auto& ti : f->tensors()) {
+      tensors.push_back({{"name", ti.name}, {"shape", ti.shape()}, {"dtype", std::string(GgmlTypeName(ti.type))},
+                         {"dtype_id", static_cast<uint32_t>(ti.type)}, {"shard_index", i},
+                         {"data_offset", ti.data_offset}, {"nbytes", ti.nbytes}});
+    }
+  }
+  json m = {{"format", "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1"}, {"complete", true},
+            {"source", {{"shards", shards}, {"tensors", tensors}}}};
+  std::ofstream(path) << m.dump(2) << "\n";
+  return path;
+}
+
 // A model with `mib` MiB of non-routed data: per layer a Q8_0 matrix, an F32
 // norm, an F16 matrix, and a routed Q2_K stack (hole).
 std::string WriteSyntheticModel(const std::string& dir, uint64_t mib, bool holes) {
@@ -86,24 +110,7 @@ std::string WriteSyntheticModel(const std::string& dir, uint64_t mib, bool holes
     std::fprintf(stderr, "bench_loader: %s\n", paths.error().message().c_str());
     std::exit(1);
   }
-  json shards = json::array(), tensors = json::array();
-  for (size_t i = 0; i < paths->size(); ++i) {
-    auto f = gguf::GgufFile::Open((*paths)[i]).value();
-    shards.push_back({{"index", i}, {"path", (*paths)[i]}, {"size", f->file_size()},
-                      {"metadata_nbytes", f->data_offset()},
-                      {"metadata_sha256", Sha256Hex(f->mapping()->data(), f->data_offset())},
-                      {"tensor_count", f->tensors().size()}});
-    for (const auto& ti : f->tensors()) {
-      tensors.push_back({{"name", ti.name}, {"shape", ti.shape()}, {"dtype", std::string(GgmlTypeName(ti.type))},
-                         {"dtype_id", static_cast<uint32_t>(ti.type)}, {"shard_index", i},
-                         {"data_offset", ti.data_offset}, {"nbytes", ti.nbytes}});
-    }
-  }
-  json m = {{"format", "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1"}, {"complete", true},
-            {"source", {{"shards", shards}, {"tensors", tensors}}}};
-  const std::string path = dir + "/bench.manifest.json";
-  std::ofstream(path) << m.dump(2) << "\n";
-  return path;
+  return WriteMinimalManifest(*paths, dir + "/bench.manifest.json");
 }
 
 struct Range {
@@ -135,7 +142,7 @@ std::vector<Range> EmittedRanges(const std::string& manifest, uint64_t* total, u
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string manifest, dir;
+  std::string manifest, dir, gguf_dir;
   uint64_t mib = 1024;
   int repeat = 3;
   bool holes = false;
@@ -143,16 +150,25 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
     if (a == "--manifest") manifest = next();
+    else if (a == "--gguf") gguf_dir = next();
     else if (a == "--mib") mib = std::stoull(next());
     else if (a == "--repeat") repeat = std::stoi(next());
     else if (a == "--dir") dir = next();
     else if (a == "--holes") holes = true;
     else {
-      std::fprintf(stderr, "usage: bench_loader [--manifest M] [--mib N] [--repeat R] [--dir D] [--holes]\n");
+      std::fprintf(stderr, "usage: bench_loader [--manifest M | --gguf DIR] [--mib N] [--repeat R] [--dir D] [--holes]\n");
       return 2;
     }
   }
   bool cleanup = false;
+  if (!gguf_dir.empty()) {
+    auto paths = gguf::ShardSet::Discover(gguf_dir);
+    if (!paths.ok()) {
+      std::fprintf(stderr, "bench_loader: %s\n", paths.error().message().c_str());
+      return 1;
+    }
+    manifest = WriteMinimalManifest(*paths, (fs::temp_directory_path() / "bench_loader.manifest.json").string());
+  }
   if (manifest.empty()) {
     if (dir.empty()) {
       dir = (fs::temp_directory_path() / ("bench_loader." + std::to_string(::getpid()))).string();

@@ -86,7 +86,7 @@ TEST(LoadCli, DumpWritesNpy) {
   EXPECT_NE(scalar->find("'shape': ()"), std::string::npos);
   EXPECT_EQ(scalar->back(), 8);
   // numpy reads them back, when available.
-  ShResult np = Sh("python3 -c \"import numpy as n; a=n.load('" + out +
+  ShResult np = Sh("/usr/bin/python3 -c \"import numpy as n; a=n.load('" + out +
               "/model.layers.0.self_attention_res_proj.weight.npy'); print(a.dtype, a.shape, a[0,7])\" 2>&1");
   if (np.code == 0) {
     EXPECT_EQ(np.out, "float32 (1, 8) 8.0\n");
