@@ -1,4 +1,5 @@
 // The concrete replacement policies (see policy.h for the contract).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -221,7 +222,13 @@ Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const Object
   if (name == "reuse-lfu-lru-v2") return std::unique_ptr<Policy>(new ReuseLfuLruV2(space, capacity_bytes));
   if (name == "lru") return std::unique_ptr<Policy>(new Lru(space, capacity_bytes));
   if (name == "decay-lfu") return std::unique_ptr<Policy>(new DecayLfu(space, capacity_bytes, 8.0));
-  if (name == "quota-decay") return std::unique_ptr<Policy>(new QuotaDecay(space, capacity_bytes, 1.0));
+  if (name == "quota-decay") {
+    // Half-life: one token, or as many tokens as the cache holds token
+    // working sets (92 x 16 objects for K3) when it is larger than one.
+    double per_token = double(space.num_active_layers()) * space.top_k * double(space.max_object_bytes());
+    double half_life = per_token > 0 ? std::max(1.0, double(capacity_bytes) / per_token) : 1.0;
+    return std::unique_ptr<Policy>(new QuotaDecay(space, capacity_bytes, half_life));
+  }
   std::string known;
   for (const auto& n : PolicyNames()) known += (known.empty() ? "" : ", ") + n;
   return Error("unknown cache policy '" + name + "' (known: " + known + ")", ErrorKind::kValue);

@@ -100,6 +100,12 @@ void ExpertStore::Impl::Pin(ObjectId id) {
   if (pins[id]++ == 0 && policy->Resident(id)) pinned_resident_bytes += geo.space.Cost(id);
 }
 
+// Keeps pinned_resident_bytes == sum of costs of resident objects with pins
+// when an object that someone still pins (after a failed read) comes back.
+void ExpertStore::Impl::BecameResident(ObjectId id) {
+  if (pins[id] != 0) pinned_resident_bytes += geo.space.Cost(id);
+}
+
 void ExpertStore::Impl::Unpin(ObjectId id) {
   if (--pins[id] == 0 && policy->Resident(id)) pinned_resident_bytes -= geo.space.Cost(id);
 }
@@ -248,6 +254,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     } else {
       ++s.cache_misses;
       ++s.layer_misses[li];
+      s.BecameResident(k);
       call_entries[i] = s.StartRead(k, false);
     }
     call_entries[i]->used = true;
@@ -340,6 +347,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
       bool admitted = s.policy->Admit(k, s.Generation(k), &s.pins, &evicted);
       for (ObjectId v : evicted) s.DropEntry(v, true);
       if (!admitted) continue;  // everything is pinned: skip, the acquire will read it
+      s.BecameResident(k);
       ++s.prefetch_issued;
       s.StartRead(k, true);
     }

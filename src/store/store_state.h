@@ -64,6 +64,7 @@ struct ExpertStore::Impl {
   uint64_t Generation(ObjectId id);
   void Pin(ObjectId id);
   void Unpin(ObjectId id);
+  void BecameResident(ObjectId id);
   void DropEntry(ObjectId id, bool evicted);
   void ReleasePrefetchPins(uint32_t layer_index);
   void EndAcquisition(std::thread::id owner);
