@@ -56,7 +56,8 @@ void DqQ3K(const uint8_t* s, float* y, int64_t nb) {
           const float dl = d_all * (scales[is++] - 32);
           for (int l = 0; l < 16; ++l) {
             const int ql = static_cast<int8_t>((q[l + 16 * g] >> shift) & 3);
-            *y++ = dl * (ql - ((hm[l + 16 * g] & m) ? 0 : 4));
+            const int hi = (hm[l + 16 * g] & m) ? 0 : 4;
+            *y++ = dl * (ql - hi);
           }
         }
       }
