@@ -212,6 +212,7 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   }
   if (Has(o, Fault::kWrongExpertDtype)) {
     auto it = find("blk." + std::to_string(first_moe) + ".ffn_gate_exps.weight");
+    if (it == table.end()) it = find("blk." + std::to_string(first_moe) + ".ffn_up_exps.weight");  // gate removed above
     for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16}) {
       if (t != it->type && kimi::FallbackType(t, it->ne[0]) == t) {
         res.fault_notes.push_back("wrong-expert-dtype: " + it->name + " is " + std::string(GgmlTypeName(t)) +
@@ -234,7 +235,11 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
     if (!Has(o, ssm_kinds[k])) continue;
     if (kda.empty()) return Error("synth: fault " + std::string(FaultName(ssm_kinds[k])) + " needs a KDA layer");
     const std::string name = "blk." + std::to_string(kda[std::min(k, kda.size() - 1)]) + ".ssm_a";
-    ssm_faults[name] = ssm_kinds[k];
+    if (!ssm_faults.emplace(name, ssm_kinds[k]).second) {
+      return Error("synth: faults " + std::string(FaultName(ssm_faults[name])) + " and " +
+                   std::string(FaultName(ssm_kinds[k])) + " would both hit " + name +
+                   "; use a model with more KDA layers");
+    }
     res.fault_notes.push_back(std::string(FaultName(ssm_kinds[k])) + ": " + name);
   }
   if (o.shards > table.size()) {

@@ -137,6 +137,24 @@ TEST(SynthFaults, TruncatedShard) {
   EXPECT_FALSE(gguf::ShardSet::Open(dir.path()).ok());
 }
 
+TEST(SynthFaults, CombinedOnATwoLayerModel) {
+  TempDir dir;
+  SynthOptions o = Tiny(dir.path());
+  o.dims.num_layers = 2;  // layer 0 dense KDA, layer 1 MoE MLA (the last layer)
+  o.faults = {Fault::kMissingExpert, Fault::kWrongExpertDtype, Fault::kRawSsmA};
+  auto res = WriteSynthModel(o);
+  ASSERT_TRUE(res.ok()) << res.error().message();
+  EXPECT_EQ(res->fault_notes.size(), 3u);
+  auto set = gguf::ShardSet::Open(dir.path());
+  ASSERT_TRUE(set.ok()) << set.error().message();
+  EXPECT_FALSE(set->FindTensor("blk.1.ffn_gate_exps.weight"));
+  EXPECT_EQ(set->FindTensor("blk.1.ffn_up_exps.weight")->info->type, GgmlType::Q4_K);
+  o.faults = {Fault::kRawSsmA, Fault::kNanSsmA};  // only one KDA layer to hit
+  auto clash = WriteSynthModel(o);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_NE(clash.error().message().find("blk.0.ssm_a"), std::string::npos) << clash.error().message();
+}
+
 TEST(SynthFaults, CleanModelHasNoFaultNotesAndNamesParse) {
   TempDir dir;
   auto res = WriteSynthModel(Tiny(dir.path()));
