@@ -147,3 +147,41 @@ TEST(Types, MlaKbMustStayQ4_0AndNormsMustStayFloat) {
 
 }  // namespace
 }  // namespace dtest
+
+namespace dtest {
+namespace {
+
+TEST(Types, FloatMatrixBf16VectorAndMlaVbAreEachReported) {
+  // ffn_routed_down {512, 512} feeds a GGUF linear: F32 is refused.
+  // ffn_norm {512} as BF16: gguf-py hands out raw bytes. attn_v_b {256, 64, 4} must be Q2_K.
+  auto r = Crafted("types2", {{"blk.1.ffn_routed_down.weight", WithType(GgmlType::F32, std::vector<uint8_t>(512 * 512 * 4))},
+                              {"blk.2.ffn_norm.weight", WithType(GgmlType::BF16, std::vector<uint8_t>(512 * 2))},
+                              {"blk.3.attn_v_b.weight", WithType(GgmlType::Q4_0, std::vector<uint8_t>(256 * 64 * 4 / 32 * 18))}});
+  EXPECT_EQ(ErrorCodes(r), (std::set<std::string>{"tensor-must-be-quantized", "tensor-bf16", "mla-v-b-dtype"})) << Dump(r);
+  EXPECT_EQ(r.With("mla-v-b-dtype")[0]->sglang_error, "Kimi-K3 MLA V projection must remain GGUF Q2_K");
+}
+
+TEST(SsmA, TinyNegativeValuesAreOnlyAWarning) {
+  auto r = Crafted("tiny", {{"blk.1.ssm_a", WithBytes(F32Bytes({-0.0001f, -2.0f, -3.0f, -4.0f}))}});
+  EXPECT_EQ(r.ExitCode(), 0) << Dump(r);
+  ASSERT_EQ(r.With("ssm-a-tiny").size(), 1u) << Dump(r);
+  EXPECT_EQ(r.With("ssm-a-tiny")[0]->severity, doctor::Severity::kWarning);
+}
+
+TEST(Spec, ConfigThatDisagreesWithTheGgufIsNamedKeyByKey) {
+  auto dir = TempDir("cfg");
+  Synth(dir);
+  auto j = nlohmann::json::parse(ReadAll(dir / "config.json"));
+  nlohmann::json& t = j.contains("text_config") ? j["text_config"] : j;
+  t["num_experts_per_token"] = 2;
+  t["moe_intermediate_size"] = 2048;
+  std::ofstream(dir / "config.json", std::ios::trunc) << j.dump(2);
+  doctor::Report r = Scaled({dir.string()});
+  EXPECT_TRUE(r.Has("config-gguf-mismatch")) << Dump(r);
+  std::set<std::string> keys;
+  for (const auto* f : r.With("config-gguf-mismatch")) keys.insert(f->details["config_key"].get<std::string>());
+  EXPECT_EQ(keys, (std::set<std::string>{"num_experts_per_token", "moe_intermediate_size"})) << Dump(r);
+}
+
+}  // namespace
+}  // namespace dtest
