@@ -157,6 +157,56 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
   return out;
 }
 
+Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n, int dst,
+                  const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
+                  size_t digest_stride, CopyStats* stats) {
+  const uint64_t len = slice_bytes * n;
+  if (src_off + len > src_size) {
+    const uint64_t have = src_size > src_off ? src_size - src_off : 0;
+    return ShortRead("short GGUF read", src_off + have, len - have);
+  }
+  const auto segs = MapRange(src, src_off, len);
+  if (segs.size() == 1 && segs[0].hole) {
+    const auto zero = ZeroSha256(slice_bytes);
+    for (uint32_t i = 0; i < n; ++i) digests[i * digest_stride] = zero;
+    if (stats) stats->hole_bytes += len;
+    return Status::OK();
+  }
+  if (buf.size() < len) return Error("CopySlices: buffer too small", ErrorKind::kRuntime);
+  uint8_t* b = buf.data();
+  for (const Segment& s : segs) {
+    const uint64_t at = s.offset - src_off;
+    if (s.hole) {
+      std::memset(b + at, 0, s.length);
+      if (stats) stats->hole_bytes += s.length;
+      continue;
+    }
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + at, s.length, s.offset));
+    if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
+    if (stats) stats->data_bytes += s.length;
+  }
+  size_t seg = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t lo = src_off + i * slice_bytes, hi = lo + slice_bytes;
+    while (seg < segs.size() && segs[seg].offset + segs[seg].length <= lo) ++seg;
+    bool any_data = false;
+    for (size_t k = seg; k < segs.size() && segs[k].offset < hi; ++k) {
+      if (segs[k].hole) continue;
+      any_data = true;
+      const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
+      K3_RETURN_IF_ERROR(PwriteFull(dst, b + (a - src_off), z - a, dst_off(i) + (a - lo)));
+    }
+    if (any_data) {
+      Hasher h;
+      h.Update(b + (lo - src_off), slice_bytes);
+      digests[i * digest_stride] = h.Final();
+    } else {
+      digests[i * digest_stride] = ZeroSha256(slice_bytes);
+    }
+  }
+  return Status::OK();
+}
+
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("fstat failed", errno);

@@ -2,7 +2,10 @@
 // down) in ascending order; the calling thread is the coordinator that
 // advances the durable watermark, writes checkpoints and reports progress.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <atomic>
 #include <chrono>
@@ -29,8 +32,6 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   const auto ckpt_interval = std::chrono::milliseconds(EnvU64("K3PACK_CHECKPOINT_MS").value_or(5000));
   const uint64_t throttle_us = EnvU64("K3PACK_THROTTLE_US").value_or(0);
   int threads = o.threads > 0 ? o.threads : 4;
-  if (static_cast<uint64_t>(threads) > total - start) threads = static_cast<int>(std::max<uint64_t>(1, total - start));
-  const size_t chunk = static_cast<size_t>(std::max<uint64_t>(o.chunk_bytes, 1 << 20));
 
   auto object_bytes = [&](uint64_t obj) {
     const auto& b = layout.layers()[obj / ex.num_experts].expert_bytes;
@@ -42,9 +43,38 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     done_bytes += object_bytes(obj) * std::min<uint64_t>(ex.num_experts, start - obj);
   }
 
+  // Work unit: a batch of consecutive experts of one layer, so each role is
+  // read with one large sequential read (batch_bytes per role at most).
+  const uint64_t batch_bytes = EnvU64("K3PACK_BATCH_BYTES").value_or(std::max<uint64_t>(o.chunk_bytes, 1));
+  struct Batch {
+    uint32_t ali, e0, n;
+  };
+  std::vector<Batch> batches;
+  uint64_t max_batch_bytes = 0;
+  for (uint32_t li = 0; li < layout.num_layers(); ++li) {
+    const auto& eb = layout.layers()[li].expert_bytes;
+    const uint64_t biggest = std::max({eb[0], eb[1], eb[2]});
+    const auto per = static_cast<uint32_t>(std::clamp<uint64_t>(batch_bytes / biggest, 1, ex.num_experts));
+    max_batch_bytes = std::max(max_batch_bytes, per * biggest);
+    const uint64_t first = static_cast<uint64_t>(li) * ex.num_experts;
+    uint32_t e = start > first ? static_cast<uint32_t>(std::min<uint64_t>(start - first, ex.num_experts)) : 0;
+    while (e < ex.num_experts) {
+      const uint32_t n = std::min(per, ex.num_experts - e);
+      batches.push_back({li, e, n});
+      e += n;
+    }
+  }
+  std::vector<uint64_t> src_size(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    struct stat st;
+    if (::fstat(src[i].get(), &st) != 0) return Error::FromErrno("cannot stat " + ex.shard_paths[i], errno);
+    src_size[i] = static_cast<uint64_t>(st.st_size);
+  }
+  if (static_cast<uint64_t>(threads) > batches.size()) threads = static_cast<int>(std::max<size_t>(1, batches.size()));
+
   std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
   for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start ? 1 : 0, std::memory_order_relaxed);
-  std::atomic<uint64_t> next{start};
+  std::atomic<uint64_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::condition_variable cv;
@@ -53,27 +83,33 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   std::atomic<uint64_t> written{0};  // bytes actually written (holes excluded)
 
   auto worker = [&]() {
-    IoBuffer buf(chunk);
+    IoBuffer buf(max_batch_bytes);
     CopyStats stats;
     while (!stop.load()) {
-      uint64_t obj = next.fetch_add(1);
-      if (obj >= total) break;
-      const auto ali = static_cast<uint32_t>(obj / ex.num_experts);
-      const auto expert = static_cast<uint32_t>(obj % ex.num_experts);
-      Status st;
+      const uint64_t bi = next.fetch_add(1);
+      if (bi >= batches.size()) break;
+      const Batch bt = batches[bi];
+      const uint64_t obj0 = static_cast<uint64_t>(bt.ali) * ex.num_experts + bt.e0;
       const uint64_t written_before = stats.data_bytes;
+      Status st;
       for (Role r : kRoleOrder) {
-        const ExpertTensor& t = ex.by_layer[ali][static_cast<uint32_t>(r)];
-        EntrySlot slot = layout.Slot(ali, expert, r);
-        auto d = CopyAndHash(src[t.tensor.shard_index].get(), t.tensor.data_offset + expert * t.expert_bytes, pack_fd,
-                             slot.offset, slot.nbytes, buf, &stats);
-        if (!d.ok()) {
-          st = d.error().WithContext(t.shard_path + ": " + t.tensor.name + " expert " + std::to_string(expert));
+        const auto ri = static_cast<uint32_t>(r);
+        const ExpertTensor& t = ex.by_layer[bt.ali][ri];
+        const uint64_t base = layout.Slot(bt.ali, bt.e0, r).offset;
+        const uint64_t stride = bt.n > 1 ? layout.Slot(bt.ali, bt.e0 + 1, r).offset - base : 0;
+        st = CopySlices(src[t.tensor.shard_index].get(), src_size[t.tensor.shard_index],
+                        t.tensor.data_offset + static_cast<uint64_t>(bt.e0) * t.expert_bytes, t.expert_bytes, bt.n,
+                        pack_fd, [&](uint32_t i) { return base + stride * i; }, buf,
+                        digests->data() + obj0 * kRoleCount + ri, kRoleCount, &stats);
+        if (!st.ok()) {
+          st = st.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(bt.e0) + ".." +
+                                      std::to_string(bt.e0 + bt.n - 1));
           break;
         }
-        (*digests)[slot.entry_index] = *d;
-        st = PwriteFull(journal_fd, d->data(), kDigestBytes, kDigestsHeaderBytes + slot.entry_index * kDigestBytes);
-        if (!st.ok()) break;
+      }
+      if (st.ok()) {
+        st = PwriteFull(journal_fd, digests->data() + obj0 * kRoleCount, bt.n * kRoleCount * kDigestBytes,
+                        kDigestsHeaderBytes + obj0 * kRoleCount * kDigestBytes);
       }
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
@@ -83,8 +119,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
         break;
       }
       written.fetch_add(stats.data_bytes - written_before, std::memory_order_relaxed);
-      if (throttle_us) std::this_thread::sleep_for(std::chrono::microseconds(throttle_us));
-      finished[obj].store(1, std::memory_order_release);
+      if (throttle_us) std::this_thread::sleep_for(std::chrono::microseconds(throttle_us * bt.n));
+      for (uint32_t i = 0; i < bt.n; ++i) finished[obj0 + i].store(1, std::memory_order_release);
       cv.notify_all();
     }
     data_bytes += stats.data_bytes;
