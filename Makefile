@@ -9,7 +9,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build build-asan build-tsan test test-fast test-asan test-tsan demo bench fuzz fuzz-smoke python clean
+.PHONY: all deps build build-asan build-tsan test test-fast test-tsan demo bench fuzz python clean
 
 all: build
 
@@ -25,13 +25,16 @@ build-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 build-tsan: deps
-	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DK3_TSAN=ON -DK3_PYTHON=OFF >/dev/null
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DK3_TSAN=ON -DK3_PYTHON=OFF >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_store
 
 # Everything: unit + integration + Python tests, the same under ASan/UBSan,
 # the concurrency tests under TSan, and a fuzz smoke run.
 test: build build-asan
 	@./scripts/run-tests.sh
+
+test-tsan: build-tsan
+	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ./test_store --gtest_filter='StoreConcurrency.*'
 
 # Quick loop for development: the normal build only.
 test-fast: build

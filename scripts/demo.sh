@@ -20,7 +20,7 @@ say "2. inspect the shard set"
 
 if has doctor; then
   say "3. doctor on the healthy checkpoint"
-  "$K3" doctor "$MODEL" || true
+  "$K3" doctor "$MODEL" --profile scaled || true
 fi
 
 say "4. build the expert pack + SGLang adapter manifest (resumable, verified)"
@@ -43,20 +43,20 @@ fi
 
 if has trace; then
   say "8. replay a routing trace against the pack through the expert store"
-  "$K3" trace gen --manifest "$OUT/kimi-k3.manifest.json" --tokens 64 --seed 1 --out "$OUT/trace.k3t"
+  "$K3" trace gen --manifest "$OUT/kimi-k3.manifest.json" --requests 2 --prompt-tokens 8 --decode-tokens 24 --seed 1 --out "$OUT/trace.k3t"
   "$K3" trace replay --manifest "$OUT/kimi-k3.manifest.json" --trace "$OUT/trace.k3t" --cache-mib 4 \
     --policy reuse-lfu-lru-v2 --io uring
-  "$K3" trace sweep --manifest "$OUT/kimi-k3.manifest.json" --trace "$OUT/trace.k3t" --svg "$OUT/hit-rate.svg"
+  "$K3" trace sweep --manifest "$OUT/kimi-k3.manifest.json" --trace "$OUT/trace.k3t" --sizes 4,6,8,12,16,24 --svg "$OUT/hit-rate.svg"
   echo "plot: $OUT/hit-rate.svg"
 fi
 
 if has doctor && has synth; then
   say "9. a deliberately broken copy (raw A_log in ssm_a): doctor explains, repair fixes"
   "$K3" synth --preset tiny --out "$OUT/broken" --seed 1 --fault raw-ssm-a >/dev/null
-  "$K3" doctor "$OUT/broken" || echo "(doctor exit code $? = problems found)"
+  "$K3" doctor "$OUT/broken" --profile scaled || echo "(doctor exit code $? = problems found)"
   if has repair; then
     "$K3" repair "$OUT/broken" "$OUT/repaired" --fix ssm-a
-    "$K3" doctor "$OUT/repaired"
+    "$K3" doctor "$OUT/repaired" --profile scaled
   fi
 fi
 

@@ -112,7 +112,7 @@ struct BuildOptions {
   double safety_margin_gib = 2.0;  // free space required beyond the pack size
   bool restart = false;           // discard an existing partial build
   int threads = 0;                // copies in flight; 0 = auto
-  uint64_t chunk_bytes = 16ull << 20;
+  uint64_t chunk_bytes = 16ull << 20;  // read size per role per batch of experts
   ProgressFn progress;
   std::function<void(const std::string&)> log;  // human-readable status lines
 };

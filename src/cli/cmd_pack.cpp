@@ -10,6 +10,7 @@
 #include "k3pack/kimi.h"
 #include "k3pack/pack.h"
 #include "pack/progress.h"
+#include "util/file.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -41,6 +42,10 @@ Result<nlohmann::json> Run(const Args& args) {
     K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(shards.shards().front()->path()));
   }
   const bool json = args.Has("--json");
+  if (PathExists(out) && !PathExists(pack::CheckpointPathFor(out))) {
+    return Error("refusing to overwrite existing Expert Pack: " + out, ErrorKind::kFileExists)
+        .WithHint("remove it first if you really want to rebuild it");
+  }
   pack::BuildOptions bopts;
   bopts.out_path = out;
   bopts.safety_margin_gib = margin;

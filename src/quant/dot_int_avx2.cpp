@@ -17,7 +17,10 @@ namespace {
 }  // namespace
 }  // namespace avx2
 
-IntDotFn IntegerDotForAvx2(GgmlType weight) { return avx2::Lookup(weight); }
+IntDotFn IntegerDotForAvx2(GgmlType weight) {
+  if (IntDotFn f = IqDotAvx2(weight)) return f;
+  return avx2::Lookup(weight);
+}
 
 }  // namespace k3pack::quant::internal
 

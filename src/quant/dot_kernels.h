@@ -14,6 +14,7 @@ using IntDotFn = float (*)(const uint8_t* w, const uint8_t* act, int64_t nblocks
 IntDotFn IntegerDotFor(GgmlType weight);
 IntDotFn IntegerDotForGeneric(GgmlType weight);  // the generic build (tests)
 IntDotFn IntegerDotForAvx2(GgmlType weight);     // only valid on AVX2 CPUs
+IntDotFn IqDotAvx2(GgmlType weight);             // hand-written IQ kernels (AVX2 CPUs)
 
 // Q8_K block: float d, int8 qs[256], int16 bsums[16] (sums of 16 qs each).
 inline constexpr int kQ8KBytes = 292;

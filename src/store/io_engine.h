@@ -53,6 +53,7 @@ struct ObjectRead {
   uint8_t* dst = nullptr;    // object_bytes long
   std::vector<ReadRange> ranges;
   uint32_t layer = 0, expert = 0;  // for error texts
+  bool direct = false;             // fd is O_DIRECT (io_uring: native async; buffered: punted to workers)
   std::function<void(const ObjectReadResult&)> done;  // called once, from an engine thread
 };
 

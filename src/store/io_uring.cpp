@@ -69,6 +69,10 @@ class UringEngine final : public IoEngine {
       io_uring_prep_read(sqe, r.fd, r.dst + range.start + p->done, static_cast<unsigned>(range.length - p->done),
                          r.file_offset + range.start + p->done);
       io_uring_sqe_set_data(sqe, p);
+      // A buffered read that hits the page cache would otherwise be copied
+      // inline by io_uring_submit, serializing all reads on the submitter;
+      // IOSQE_ASYNC hands it to io-wq workers so copies run in parallel.
+      if (!r.direct) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
       ++sqes_;
       any = true;
     }

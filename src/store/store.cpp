@@ -156,6 +156,7 @@ std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId 
   }
   auto read = std::make_unique<ObjectRead>();
   read->fd = opt.direct_io ? direct_fd.get() : fd.get();
+  read->direct = opt.direct_io;
   read->file_offset = geo.object_offsets[id];
   read->dst = e->buffer.get();
   read->ranges = ranges[li];

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -27,12 +28,30 @@ namespace dtest {
 namespace fs = std::filesystem;
 using namespace k3pack;
 
+// Directories made by TempDir, removed when the test binary exits (set
+// K3PACK_KEEP_TEST_DIRS=1 to keep them for inspection).
+struct TempDirs {
+  std::vector<fs::path> dirs;
+  ~TempDirs() {
+    if (std::getenv("K3PACK_KEEP_TEST_DIRS") != nullptr) return;
+    for (const auto& d : dirs) {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  }
+};
+inline TempDirs& AllTempDirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
 inline fs::path TempDir(const std::string& tag) {
   static int counter = 0;
   fs::path p = fs::temp_directory_path() /
                ("k3pack-doctor-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   fs::remove_all(p);
   fs::create_directories(p);
+  AllTempDirs().dirs.push_back(p);
   return p;
 }
 
