@@ -5,7 +5,7 @@
 // which is right for loading but poor for a user with a bad download or a
 // half-right conversion. Diagnose() runs every check it can reach, keeps
 // going past broken files, and returns one Finding per problem with:
-//   * a stable code (documented in docs/parts/doctor.md),
+//   * a stable code (documented in docs/doctor.md),
 //   * the object (file / tensor / key) it concerns,
 //   * the exact SGLang error text the problem would cause (when SGLang has
 //     one), what it means, and how to fix it.
@@ -51,7 +51,7 @@ struct Finding {
   nlohmann::json details = nlohmann::json::object();  // machine-readable facts
 };
 
-// One diagnosis kind of the catalog (docs/parts/doctor.md lists them all).
+// One diagnosis kind of the catalog (docs/doctor.md lists them all).
 struct Diagnosis {
   const char* code;
   Severity severity;
@@ -80,7 +80,7 @@ struct Report {
   size_t Count(Severity s) const;
   // 0 healthy (no errors), 1 problems found, 2 unusable input.
   int ExitCode() const;
-  nlohmann::json ToJson() const;  // schema kReportSchema, see docs/parts/doctor.md
+  nlohmann::json ToJson() const;  // schema kReportSchema, see docs/doctor.md
   std::string ToText() const;     // for people
   bool Has(std::string_view code) const;
   std::vector<const Finding*> With(std::string_view code) const;
@@ -106,7 +106,7 @@ Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& op
 // ------------------------------------------------------------ ssm_a values
 
 // What the values of an ssm_a tensor look like. The classification rules
-// (thresholds below) are documented in docs/parts/doctor.md.
+// (thresholds below) are documented in docs/doctor.md.
 enum class SsmAForm {
   kNegExp,       // all < 0: llama.cpp's -exp(A_log) (what SGLang accepts)
   kTinyNegative, // all < 0 but some |x| < kTinyMagnitude: accepted, suspicious

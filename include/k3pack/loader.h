@@ -9,7 +9,7 @@
 // the residual projection/norm pair's norm, type scalars) live in small
 // fresh buffers owned the same way.
 //
-// Where SGLang is wrong, k3pack differs on purpose (see docs/parts/loader.md):
+// Where SGLang is wrong, k3pack differs on purpose (see docs/loader.md):
 // BF16 tensors come out as bfloat16 values instead of raw bytes, and an ssm_a
 // whose shape the model cannot take is rejected. LoadOptions::sglang_compat
 // restores SGLang's behaviour for both.

@@ -176,7 +176,7 @@ nlohmann::json LayerRolesJson(const ExpertSet& experts);
 
 // ---------------------------------------------------------------- verify
 
-// The digest sidecar: one SHA-256 per pack entry (see docs/parts/pack.md).
+// The digest sidecar: one SHA-256 per pack entry (see docs/FORMATS.md).
 struct PackDigests {
   uint64_t index_count = 0;
   uint64_t pack_size = 0;

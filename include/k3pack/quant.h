@@ -56,7 +56,7 @@ Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int
 // Q8_0 for Q8_0 / Q4_0 / Q5_0 / IQ4_NL / MXFP4 / NVFP4 weights. Types
 // without an integer kernel here use a float dot against the decoded row.
 // The integer path differs from the exact float dot by the activation's
-// quantization error only; see docs/parts/quant.md for the bound tested.
+// quantization error only; see docs/quant.md for the bound tested.
 struct PreparedActivation {
   GgmlType weight_type = GgmlType::F32;
   GgmlType act_type = GgmlType::F32;  // Q8_K, Q8_0 or F32

@@ -5,7 +5,7 @@
 // is one call for one routed layer with a [rows, top_k] matrix of expert ids
 // (rows = 1 for a decode token, >1 for a batched prefill chunk).
 //
-// File format (all integers little-endian; see docs/parts/store.md):
+// File format (all integers little-endian; see docs/store.md):
 //   magic "K3TRACE\0" (8 bytes), u32 version (1), u32 num_experts, u32 top_k,
 //   u32 num_layers, u64 num_records, u32 layer_ids[num_layers],
 //   then per record: u32 layer, u32 rows, u32 request, u32 flags (bit 0 =

@@ -9,7 +9,7 @@ Same names, same order, same shapes, same exception types and texts as
 SGLang's function (spec: sglang-expert-pack.md 5.3 and 6.4). torch is imported
 only by this module.
 
-Differences, all deliberate and documented (docs/parts/python.md):
+Differences, all deliberate and documented (docs/python.md):
   * BF16 tensors are torch.bfloat16 in element shape. SGLang yields their raw
     bytes as a uint8 tensor with a doubled last axis, which no model parameter
     accepts (spec 11.1). Pass sglang_compat=True for SGLang's exact output

@@ -57,7 +57,7 @@ int RunGen(const std::vector<std::string>& argv) {
          "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
          "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
          "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"
-         "like Kimi's balanced router). Format: docs/parts/store.md.");
+         "like Kimi's balanced router). Format: docs/store.md.");
   a.Option("--out", "trace file to write", std::nullopt, true)
       .Option("--manifest", "take layers / experts / top_k from this adapter manifest")
       .Option("--layers", "routed layers (numbered from --first-layer)", "92")

@@ -1,7 +1,7 @@
 // The catalog of diagnoses: for every finding code, its severity, the Python
 // exception SGLang raises for it, what it means and how to fix it. The
 // per-object details (which tensor, which values) go into Finding::message;
-// docs/parts/doctor.md lists the same codes (a test keeps them in sync).
+// docs/doctor.md lists the same codes (a test keeps them in sync).
 #include "k3pack/doctor.h"
 
 namespace k3pack::doctor {

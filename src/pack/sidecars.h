@@ -1,4 +1,4 @@
-// The pack's two sidecars (formats documented in docs/parts/pack.md):
+// The pack's two sidecars (formats documented in docs/FORMATS.md):
 //   <pack>.digests                 binary: 128-byte header + one raw SHA-256
 //                                  per index entry, in entry order;
 //   <pack>.partial.checkpoint      JSON, written atomically: the input

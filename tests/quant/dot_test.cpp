@@ -1,5 +1,5 @@
 // Dot products against the exact dequantize-then-dot reference, within the
-// bound documented in docs/parts/quant.md: the integer path's only error
+// bound documented in docs/quant.md: the integer path's only error
 // beyond float rounding is the activation's own quantization.
 #include <gtest/gtest.h>
 
