@@ -74,10 +74,13 @@ struct TensorInfo {
   uint64_t nbytes = 0;
   uint64_t info_offset = 0;  // file offset of this tensor info
 
-  int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
+  // A zero extent makes the tensor empty; the other extents are then not
+  // bounded by the reader's overflow guard, so never multiply them.
+  bool empty() const { return ne[0] == 0 || ne[1] == 0 || ne[2] == 0 || ne[3] == 0; }
+  int64_t n_elements() const { return empty() ? 0 : ne[0] * ne[1] * ne[2] * ne[3]; }
   std::vector<int64_t> shape() const { return {ne.begin(), ne.begin() + n_dims}; }  // ne order
   uint64_t row_bytes() const { return GgmlRowBytes(type, static_cast<uint64_t>(ne[0])); }
-  uint64_t n_rows() const { return static_cast<uint64_t>(ne[1] * ne[2] * ne[3]); }
+  uint64_t n_rows() const { return empty() ? 0 : static_cast<uint64_t>(ne[1] * ne[2] * ne[3]); }
 };
 
 struct ReadOptions {

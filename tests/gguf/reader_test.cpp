@@ -170,6 +170,19 @@ TEST(GgufReader, RejectsBadTensorInfos) {
   ExpectReject(dup.b, "duplicate tensor name 't'");
 }
 
+TEST(GgufReader, EmptyTensorWithHugeExtentsDoesNotOverflow) {
+  // Found by fuzz/gguf_reader_fuzz.cpp: a zero extent skips ggml's overflow
+  // guard, so the other extents may be huge; the element count must be 0.
+  Bytes x = Header(3, 1, 0);
+  x.str("t").put<uint32_t>(4).put<int64_t>(1ll << 40).put<int64_t>(1ll << 40).put<int64_t>(1ll << 40).put<int64_t>(0);
+  x.put<uint32_t>(0).put<uint64_t>(0).pad(32);
+  auto r = ParseBytes(x.b);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ((*r)->tensors()[0].n_elements(), 0);
+  EXPECT_EQ((*r)->tensors()[0].n_rows(), 0u);
+  EXPECT_EQ((*r)->tensors()[0].nbytes, 0u);
+}
+
 TEST(GgufReader, EveryTruncationIsRejectedWithoutCrash) {
   const std::string full = OneTensorFile(64).b;
   ASSERT_TRUE(ParseBytes(full).ok());
