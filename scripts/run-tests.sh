@@ -41,7 +41,7 @@ if [ "$(left_min)" -lt 8 ]; then
   echo; echo "=== fuzz smoke SKIPPED: only $(left_min) min of the budget left (run: make fuzz)"
 elif [ "${K3_SKIP_FUZZ:-0}" != 1 ] && [ -x scripts/fuzz.sh ] && ls fuzz/*_fuzz.cpp >/dev/null 2>&1; then
   step "fuzz smoke run"
-  ./scripts/fuzz.sh "${FUZZ_SMOKE_SECONDS:-20}" || failed+=("fuzz")
+  ./scripts/fuzz.sh "${FUZZ_SMOKE_SECONDS:-10}" || failed+=("fuzz")
 fi
 
 echo
