@@ -30,6 +30,7 @@ build-tsan: deps
 
 # Everything: unit + integration + Python tests, the same under ASan/UBSan,
 # the concurrency tests under TSan, and a fuzz smoke run.
+test: export K3_TEST_START := $(shell date +%s)
 test: build build-asan
 	@./scripts/run-tests.sh
 
