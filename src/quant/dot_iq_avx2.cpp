@@ -18,8 +18,9 @@ namespace {
 
 // +1 / -1 bytes: byte k takes bit (k % 8) of signs[k / 8].
 K3_AVX2 inline __m256i SignBytes(uint8_t s0, uint8_t s1, uint8_t s2, uint8_t s3) {
-  const __m256i bytes = _mm256_set_epi64x(0x0101010101010101LL * s3, 0x0101010101010101LL * s2,
-                                          0x0101010101010101LL * s1, 0x0101010101010101LL * s0);
+  // Unsigned multiply: the byte broadcast must wrap, and signed overflow would be UB.
+  auto spread = [](uint8_t s) { return static_cast<long long>(0x0101010101010101ULL * s); };
+  const __m256i bytes = _mm256_set_epi64x(spread(s3), spread(s2), spread(s1), spread(s0));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
   return _mm256_or_si256(set, _mm256_set1_epi8(1));
