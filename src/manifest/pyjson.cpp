@@ -305,16 +305,4 @@ std::string PyReprJson(const nlohmann::json& v) {
   }
 }
 
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b < 0x80) { ++i; continue; }
-    const size_t before = i;
-    const uint32_t cp = DecodeUtf8(s, i);
-    if (cp == 0xFFFD && i == before + 1) return false;  // a real U+FFFD is 3 bytes
-  }
-  return true;
-}
-
 }  // namespace k3pack::manifest

@@ -15,6 +15,8 @@
 // IsValidUtf8 lets callers reject such input earlier with a proper error.
 #pragma once
 
+#include "util/utf8.h"
+
 #include <string>
 #include <string_view>
 
@@ -62,6 +64,6 @@ std::string PyFloatRepr(double v);
 // (src/util/pyrepr.h). Used to reproduce SGLang's f-string error texts.
 std::string PyReprJson(const nlohmann::json& value);
 
-bool IsValidUtf8(std::string_view s);
+using k3pack::IsValidUtf8;  // util/utf8.h
 
 }  // namespace k3pack::manifest

@@ -7,6 +7,8 @@
 // drift between writer and readers.
 #pragma once
 
+#include "util/utf8.h"
+
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -72,7 +74,7 @@ Status EncodeEntryInto(const PackEntry& e, std::span<uint8_t> out);
 // Decodes: name cut at the first NUL (bytes after it ignored), UTF-8 checked.
 Result<PackEntry> DecodeEntry(std::span<const uint8_t> bytes);
 
-bool IsValidUtf8(std::string_view s);
+using k3pack::IsValidUtf8;  // util/utf8.h
 
 // ---------------------------------------------------------- tensor names
 
