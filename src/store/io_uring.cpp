@@ -89,11 +89,14 @@ class UringEngine final : public IoEngine {
       int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
       if (p == nullptr) return;  // shutdown marker
-      const ReadRange& range = p->job->read->ranges[p->range];
       bool finished = true;
       int64_t result = 0;
       {
+        // The Part reached us through the kernel's completion ring, which
+        // carries no happens-before edge a race detector can see; taking mu_
+        // (under which Submit/Pump wrote it) before touching it provides one.
         std::lock_guard<std::mutex> lock(mu_);
+        const ReadRange& range = p->job->read->ranges[p->range];
         --sqes_;
         if (res == -EAGAIN || res == -EINTR) {
           pending_.push_front(p);
