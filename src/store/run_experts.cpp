@@ -1,0 +1,212 @@
+// The pack-vs-source routed-expert check (see k3pack/run_experts.h).
+#include "k3pack/run_experts.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "k3pack/gguf.h"
+#include "k3pack/moe.h"
+#include "k3pack/quant.h"
+#include "util/sha256.h"
+
+namespace k3pack::store {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct SourceTensor {
+  const gguf::TensorInfo* info = nullptr;
+  std::span<const uint8_t> bytes;
+};
+
+Result<SourceTensor> Find(const gguf::ShardSet& set, const std::string& name, bool required) {
+  auto loc = set.FindTensor(name);
+  if (!loc) {
+    if (!required) return SourceTensor{};
+    return Error("tensor " + name + " not found in the GGUF source " + set.directory(), ErrorKind::kKey)
+        .WithHint("run-experts needs the source the pack was built from (the manifest's source.path, or --gguf)");
+  }
+  return SourceTensor{loc->info, set.shards()[loc->shard_index]->TensorData(*loc->info)};
+}
+
+// Expert e's slice of a stacked [ne0, ne1, n_experts] tensor.
+std::span<const uint8_t> ExpertSlice(const SourceTensor& t, uint32_t e) {
+  const uint64_t per = t.info->nbytes / static_cast<uint64_t>(t.info->ne[2]);
+  return t.bytes.subspan(uint64_t{e} * per, per);
+}
+
+Result<std::vector<float>> Decode(const SourceTensor& t) {
+  return quant::DequantizeRows(t.info->type, t.bytes, t.info->ne[0],
+                               static_cast<uint64_t>(t.info->n_elements() / t.info->ne[0]));
+}
+
+std::string FloatsSha256(const std::vector<float>& v) { return Sha256Hex(v.data(), v.size() * sizeof(float)); }
+
+struct LayerTensors {
+  SourceTensor router, bias, latent_down, up, gate, down;
+};
+
+Result<LayerTensors> FindLayer(const gguf::ShardSet& set, uint32_t layer) {
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  LayerTensors t;
+  K3_ASSIGN_OR_RETURN(t.up, Find(set, p + "ffn_up_exps.weight", true));
+  K3_ASSIGN_OR_RETURN(t.gate, Find(set, p + "ffn_gate_exps.weight", true));
+  K3_ASSIGN_OR_RETURN(t.down, Find(set, p + "ffn_down_exps.weight", true));
+  K3_ASSIGN_OR_RETURN(t.router, Find(set, p + "ffn_gate_inp.weight", true));
+  K3_ASSIGN_OR_RETURN(t.bias, Find(set, p + "exp_probs_b.bias", false));
+  K3_ASSIGN_OR_RETURN(t.latent_down, Find(set, p + "ffn_routed_down.weight", false));
+  return t;
+}
+
+Result<moe::MoeConfig> ConfigFor(const gguf::ShardSet& set, const LayerTensors& t, const StoreInfo& info,
+                                 const ExpertRunOptions& o) {
+  moe::MoeConfig cfg;
+  cfg.latent = t.gate.info->ne[0];
+  cfg.inter = t.gate.info->ne[1];
+  cfg.num_experts = static_cast<uint32_t>(t.gate.info->ne[2]);
+  cfg.top_k = info.top_k;
+  cfg.quantize_activations = o.quantize_activations;
+  cfg.threads = o.threads;
+  if (cfg.num_experts != info.num_experts) {
+    return Error("layer " + std::to_string(o.layer) + ": the GGUF source has " + std::to_string(cfg.num_experts) +
+                 " experts, the pack " + std::to_string(info.num_experts) + " (is this the source of this pack?)");
+  }
+  if (t.router.info->ne[1] != int64_t{cfg.num_experts}) {
+    return Error("blk." + std::to_string(o.layer) + ".ffn_gate_inp.weight has " + std::to_string(t.router.info->ne[1]) +
+                 " rows for " + std::to_string(cfg.num_experts) + " experts");
+  }
+  const std::string arch = set.first().architecture();
+  if (const gguf::Value* v = set.first().Find(arch + ".expert_weights_norm")) cfg.expert_weights_norm = v->u64 != 0;
+  if (const gguf::Value* v = set.first().Find(arch + ".expert_weights_scale")) {
+    cfg.expert_weights_scale = static_cast<float>(v->AsFloat().value_or(1.0));
+  }
+  return cfg;
+}
+
+}  // namespace
+
+Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSet& source,
+                                         const ExpertRunOptions& o) {
+  if (o.tokens == 0) return Error("run-experts: --tokens must be at least 1");
+  K3_ASSIGN_OR_RETURN(LayerTensors t, FindLayer(source, o.layer));
+  const StoreInfo& info = store.info();
+  K3_ASSIGN_OR_RETURN(moe::MoeConfig cfg, ConfigFor(source, t, info, o));
+  ExpertRunResult r;
+  r.layer = o.layer;
+  r.tokens = o.tokens;
+  r.top_k = cfg.top_k;
+  r.num_experts = cfg.num_experts;
+  r.hidden = t.router.info->ne[0];
+  r.latent = cfg.latent;
+  r.inter = cfg.inter;
+  if (!t.latent_down.info && r.hidden != r.latent) {
+    return Error("blk." + std::to_string(o.layer) + ".ffn_routed_down.weight is missing and the hidden size " +
+                 std::to_string(r.hidden) + " differs from the experts' input size " + std::to_string(r.latent));
+  }
+  std::vector<float> bias;
+  if (t.bias.info) {
+    K3_ASSIGN_OR_RETURN(bias, Decode(t.bias));
+  }
+
+  // Hidden states -> router decisions and latent inputs, from the source.
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<moe::Routing> routing(o.tokens);
+  std::vector<std::vector<float>> x_lat(o.tokens);
+  std::vector<int64_t> ids;
+  for (uint32_t k = 0; k < o.tokens; ++k) {
+    std::vector<float> x(static_cast<size_t>(r.hidden));
+    for (float& v : x) v = normal(rng);
+    K3_ASSIGN_OR_RETURN(auto logits, moe::RouterLogits(t.router.info->type, t.router.bytes, x, cfg.num_experts));
+    K3_ASSIGN_OR_RETURN(routing[k], moe::Route(logits, bias, cfg));
+    if (t.latent_down.info) {
+      K3_ASSIGN_OR_RETURN(x_lat[k], moe::RouterLogits(t.latent_down.info->type, t.latent_down.bytes, x,
+                                                      static_cast<uint32_t>(r.latent)));
+    } else {
+      x_lat[k] = std::move(x);
+    }
+    r.routed.push_back(routing[k].experts);
+    for (uint32_t e : routing[k].experts) ids.push_back(e);
+  }
+
+  const nlohmann::json before = store.Snapshot();
+  auto t0 = Clock::now();
+  const int64_t shape[2] = {int64_t{o.tokens}, int64_t{cfg.top_k}};
+  K3_ASSIGN_OR_RETURN(Acquisition acq, store.Acquire(o.layer, ids, shape));
+  r.acquire_seconds = Since(t0);
+  const nlohmann::json after = store.Snapshot();
+  r.hits = after["cache_hits"].get<uint64_t>() - before["cache_hits"].get<uint64_t>();
+  r.misses = after["cache_misses"].get<uint64_t>() - before["cache_misses"].get<uint64_t>();
+  r.bytes_read = after["pack_read_bytes"].get<uint64_t>() - before["pack_read_bytes"].get<uint64_t>();
+
+  auto run = [&](auto&& weights_of, std::vector<float>* out, double* seconds) -> Status {
+    auto t1 = Clock::now();
+    for (uint32_t k = 0; k < o.tokens; ++k) {
+      moe::ExpertSource src = [&, k](uint32_t, uint32_t e) { return weights_of(k, e); };
+      K3_ASSIGN_OR_RETURN(auto y, moe::RoutedForward(o.layer, routing[k], x_lat[k], src, cfg));
+      out->insert(out->end(), y.begin(), y.end());
+    }
+    *seconds = Since(t1);
+    return Status::OK();
+  };
+  auto typed = [&](moe::ExpertWeights w) {
+    w.up_type = t.up.info->type;
+    w.gate_type = t.gate.info->type;
+    w.down_type = t.down.info->type;
+    return w;
+  };
+  auto from_store = [&](uint32_t k, uint32_t e) -> Result<moe::ExpertWeights> {
+    for (uint32_t j = 0; j < cfg.top_k; ++j) {
+      const ExpertView& v = acq.routes[size_t{k} * cfg.top_k + j];
+      if (v.expert == e) return typed({v.up, v.gate, v.down});
+    }
+    return Error("run-experts: expert " + std::to_string(e) + " was not acquired for token " + std::to_string(k));
+  };
+  auto from_source = [&](uint32_t, uint32_t e) -> Result<moe::ExpertWeights> {
+    return typed({ExpertSlice(t.up, e), ExpertSlice(t.gate, e), ExpertSlice(t.down, e)});
+  };
+  Status st = run(from_store, &r.from_store, &r.store_compute_seconds);
+  Status released = store.MarkUsed(acq);
+  K3_RETURN_IF_ERROR(st);
+  K3_RETURN_IF_ERROR(released);
+  K3_RETURN_IF_ERROR(run(from_source, &r.from_source, &r.source_compute_seconds));
+
+  for (size_t i = 0; i < r.from_store.size(); ++i) {
+    if (std::memcmp(&r.from_store[i], &r.from_source[i], sizeof(float)) != 0) ++r.mismatched_values;
+    const double d = std::fabs(double(r.from_store[i]) - double(r.from_source[i]));
+    if (d > r.max_abs_diff || std::isnan(d)) r.max_abs_diff = std::isnan(d) ? INFINITY : d;
+  }
+  r.store_sha256 = FloatsSha256(r.from_store);
+  r.source_sha256 = FloatsSha256(r.from_source);
+  return r;
+}
+
+nlohmann::json ExpertRunJson(const ExpertRunResult& r) {
+  double sum = 0;
+  for (float v : r.from_store) sum += v;
+  return {{"layer", r.layer},
+          {"tokens", r.tokens},
+          {"top_k", r.top_k},
+          {"num_experts", r.num_experts},
+          {"hidden_size", r.hidden},
+          {"latent_size", r.latent},
+          {"intermediate_size", r.inter},
+          {"routed_experts", r.routed},
+          {"output_sum", sum},
+          {"store_output_sha256", r.store_sha256},
+          {"source_output_sha256", r.source_sha256},
+          {"mismatched_values", r.mismatched_values},
+          {"max_abs_diff", r.max_abs_diff},
+          {"matches_source", r.matches()},
+          {"acquire_seconds", r.acquire_seconds},
+          {"store_compute_seconds", r.store_compute_seconds},
+          {"source_compute_seconds", r.source_compute_seconds},
+          {"cache_hits", r.hits},
+          {"cache_misses", r.misses},
+          {"bytes_read", r.bytes_read}};
+}
+
+}  // namespace k3pack::store
