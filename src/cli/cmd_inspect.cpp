@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "k3pack/gguf.h"
+#include "k3pack/quant.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -64,12 +65,6 @@ std::string ValueText(const Value& v) {
   return s + (items.size() > 100 ? items.substr(0, 97) + "...]" : items);
 }
 
-std::string ShapeText(const gguf::TensorInfo& t) {
-  std::string s = "[";
-  for (uint32_t d = 0; d < t.n_dims; ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
-  return s + "]";
-}
-
 struct Inspected {
   std::vector<std::shared_ptr<const gguf::GgufFile>> files;
   std::string label;
@@ -91,10 +86,27 @@ Result<Inspected> OpenForInspect(const std::string& path, bool file_only) {
   return out;
 }
 
-json ToJson(const Inspected& in) {
+// Decoded-value summary of one tensor; null (with the reason) for types that
+// have no decoder, so a script never mistakes "not computed" for zeros.
+json StatsJson(const gguf::GgufFile& f, const gguf::TensorInfo& t) {
+  if (!quant::CanDequantize(t.type)) return {{"error", "no decoder for " + std::string(GgmlTypeName(t.type))}};
+  if (t.ne[0] <= 0) return {{"min", nullptr}, {"max", nullptr}, {"mean", nullptr}, {"nan", 0}, {"inf", 0}, {"count", 0}};
+  auto st = quant::ComputeStats(t.type, f.TensorData(t), t.ne[0], static_cast<uint64_t>(t.n_elements() / t.ne[0]));
+  if (!st.ok()) return {{"error", st.error().message()}};
+  return {{"min", st->min}, {"max", st->max}, {"mean", st->mean}, {"nan", st->nan_count}, {"inf", st->inf_count},
+          {"count", st->count}};
+}
+
+struct StatsRequest {
+  bool enabled = false;
+  std::string match;  // substring of the tensor name; empty: every tensor
+};
+
+json ToJson(const Inspected& in, const StatsRequest& stats) {
   const gguf::GgufFile& first = *in.files.front();
   json shards = json::array(), tensors = json::array(), metadata = json::object(), by_type = json::object();
-  uint64_t total_bytes = 0, total_size = 0;
+  uint64_t total_bytes = 0, total_size = 0, stats_done = 0;
+  const bool tty = StderrIsTty();
   for (const auto& kv : first.metadata()) metadata[kv.key] = ValueJson(kv.value);
   for (size_t s = 0; s < in.files.size(); ++s) {
     const gguf::GgufFile& f = *in.files[s];
@@ -106,6 +118,11 @@ json ToJson(const Inspected& in) {
       tensors.push_back({{"name", t.name}, {"type", std::string(GgmlTypeName(t.type))},
                          {"type_id", static_cast<uint32_t>(t.type)}, {"shape", t.shape()}, {"shard", s},
                          {"data_offset", t.data_offset}, {"nbytes", t.nbytes}});
+      if (stats.enabled && t.name.find(stats.match) != std::string::npos) {
+        if (tty) std::fprintf(stderr, "\rstats: %llu tensors decoded (%s)\033[K", (unsigned long long)stats_done, t.name.c_str());
+        tensors.back()["stats"] = StatsJson(f, t);
+        ++stats_done;
+      }
       std::string type(GgmlTypeName(t.type));
       if (!by_type.contains(type)) by_type[type] = {{"tensors", 0}, {"bytes", uint64_t{0}}};
       by_type[type]["tensors"] = by_type[type]["tensors"].get<int>() + 1;
@@ -113,6 +130,7 @@ json ToJson(const Inspected& in) {
       total_bytes += t.nbytes;
     }
   }
+  if (tty && stats_done) std::fprintf(stderr, "\r\033[K");
   return {{"path", in.label}, {"architecture", first.architecture()}, {"shard_count", in.files.size()},
           {"tensor_count", tensors.size()}, {"tensor_bytes", total_bytes}, {"file_bytes", total_size},
           {"shards", shards}, {"metadata", metadata}, {"tensors", tensors}, {"bytes_by_type", by_type}};
@@ -143,6 +161,25 @@ void PrintText(const json& j, bool with_tensors) {
                   static_cast<unsigned long long>(t["nbytes"].get<uint64_t>()));
     }
   }
+  bool header = false;
+  for (const auto& t : j.value("tensors", json::array())) {
+    if (!t.contains("stats")) continue;
+    if (!header) {
+      std::printf("\ndecoded values (bit-exact ggml dequantization):\n  %-44s %-8s %13s %13s %13s %6s %6s\n", "tensor",
+                  "type", "min", "max", "mean", "NaN", "inf");
+      header = true;
+    }
+    const json& st = t["stats"];
+    if (st.contains("error")) {
+      std::printf("  %-44s %-8s %s\n", t["name"].get<std::string>().c_str(), t["type"].get<std::string>().c_str(),
+                  st["error"].get<std::string>().c_str());
+      continue;
+    }
+    auto num = [&](const char* k) { return st[k].is_number() ? st[k].get<double>() : NAN; };
+    std::printf("  %-44s %-8s %13.6g %13.6g %13.6g %6llu %6llu\n", t["name"].get<std::string>().c_str(),
+                t["type"].get<std::string>().c_str(), num("min"), num("max"), num("mean"),
+                (unsigned long long)st["nan"].get<uint64_t>(), (unsigned long long)st["inf"].get<uint64_t>());
+  }
   std::cout << "\nbytes by type:\n";
   for (const auto& [type, v] : j["bytes_by_type"].items()) {
     std::printf("  %-8s %6d tensors  %12s\n", type.c_str(), v["tensors"].get<int>(), HumanBytes(v["bytes"]).c_str());
@@ -150,18 +187,25 @@ void PrintText(const json& j, bool with_tensors) {
 }
 
 int RunInspect(const std::vector<std::string>& argv) {
-  Args args("inspect", "PATH [--json] [--summary] [--file-only]",
-            "Show the header, metadata, tensor table and per-shard summary of a GGUF file or split shard set.");
+  Args args("inspect", "PATH [--json] [--summary] [--file-only] [--stats [--match TEXT]]",
+            "Show the header, metadata, tensor table and per-shard summary of a GGUF file or split shard set.\n"
+            "--stats decodes every tensor (bit-exact with ggml) and adds min/max/mean and NaN/inf counts; on a\n"
+            "full-size checkpoint that reads every byte, so narrow it with --match.");
   args.Positional("PATH", "a .gguf file, any shard of a split set, or a directory holding one set");
   args.Flag("--json", "print machine-readable JSON (stable keys)");
   args.Flag("--summary", "omit the per-tensor table");
   args.Flag("--file-only", "inspect only this file, not the shard set it belongs to");
+  args.Flag("--stats", "decode tensors and report min/max/mean and NaN/inf counts");
+  args.Option("--match", "with --stats: only tensors whose name contains TEXT");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto in = OpenForInspect(args.positionals()[0], args.Has("--file-only"));
   if (!in.ok()) return ReportError("inspect", in.error());
-  json j = ToJson(*in);
-  if (args.Has("--summary")) j.erase("tensors");
+  if (args.Has("--match") && !args.Has("--stats")) {
+    return ReportError("inspect", Error("--match only applies with --stats"), 2);
+  }
+  json j = ToJson(*in, StatsRequest{args.Has("--stats"), args.Get("--match")});
+  if (args.Has("--summary") && !args.Has("--stats")) j.erase("tensors");
   if (args.Has("--json")) {
     std::cout << j.dump(2) << "\n";
     return 0;

@@ -3,10 +3,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 
 #include "k3pack/gguf.h"
@@ -21,8 +23,8 @@ struct CliRun {
   std::string out;
 };
 
-CliRun RunCli(const std::string& args) {
-  std::string cmd = std::string(K3PACK_BIN) + " dump-tensor " + args + " 2>&1";
+CliRun RunCli(const std::string& args, const std::string& command = "dump-tensor") {
+  std::string cmd = std::string(K3PACK_BIN) + " " + command + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -58,11 +60,15 @@ class DumpTensorCli : public ::testing::Test {
       q8[2 + j] = static_cast<uint8_t>(j);
       q8[34 + 2 + j] = static_cast<uint8_t>(-j);
     }
+    std::vector<uint8_t> odd(4 * 4);
+    const float odd_values[4] = {1.0f, NAN, INFINITY, -2.0f};
+    std::memcpy(odd.data(), odd_values, sizeof odd_values);
     gguf::MetadataBuilder meta;
     meta.Str("general.architecture", "kimi-k3");
     ASSERT_TRUE(gguf::WriteGguf(path_, meta,
                                 {Spec("a.weight", GgmlType::F32, {4, 3}, f32),
-                                 Spec("q.weight", GgmlType::Q8_0, {32, 2}, q8)})
+                                 Spec("q.weight", GgmlType::Q8_0, {32, 2}, q8),
+                                 Spec("odd.weight", GgmlType::F32, {4}, odd)})
                     .ok());
   }
   void TearDown() override {
@@ -113,6 +119,37 @@ TEST_F(DumpTensorCli, TextOutputAndErrors) {
 
   CliRun usage = RunCli(path_);
   EXPECT_EQ(usage.code, 2);
+}
+
+// `inspect --stats`: per-tensor statistics of the decoded values.
+TEST_F(DumpTensorCli, InspectStatsSummarizesDecodedValues) {
+  CliRun r = RunCli(path_ + " --stats --json", "inspect");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, nlohmann::json> stats;
+  for (const auto& t : j["tensors"]) stats[t["name"].get<std::string>()] = t["stats"];
+  ASSERT_EQ(stats.size(), 3u);
+  // a.weight: -1, -0.5, ..., 4.5.
+  EXPECT_EQ(stats["a.weight"]["min"].get<double>(), -1.0);
+  EXPECT_EQ(stats["a.weight"]["max"].get<double>(), 4.5);
+  EXPECT_DOUBLE_EQ(stats["a.weight"]["mean"].get<double>(), 1.75);
+  EXPECT_EQ(stats["a.weight"]["count"], 12);
+  // q.weight: row 0 = 0..31 (d = 1), row 1 = -0.25 * j.
+  EXPECT_EQ(stats["q.weight"]["min"].get<double>(), -7.75);
+  EXPECT_EQ(stats["q.weight"]["max"].get<double>(), 31.0);
+  EXPECT_DOUBLE_EQ(stats["q.weight"]["mean"].get<double>(), (496.0 - 0.25 * 496.0) / 64.0);
+  EXPECT_EQ(stats["q.weight"]["nan"], 0);
+  // NaN and inf are counted, not folded into min/max/mean.
+  EXPECT_EQ(stats["odd.weight"]["nan"], 1);
+  EXPECT_EQ(stats["odd.weight"]["inf"], 1);
+  EXPECT_EQ(stats["odd.weight"]["min"].get<double>(), -2.0);
+  EXPECT_EQ(stats["odd.weight"]["max"].get<double>(), 1.0);
+
+  CliRun only = RunCli(path_ + " --stats --match q.w", "inspect");
+  ASSERT_EQ(only.code, 0) << only.out;
+  EXPECT_NE(only.out.find("decoded values"), std::string::npos) << only.out;
+  EXPECT_NE(only.out.find("q.weight"), std::string::npos);
+  EXPECT_EQ(RunCli(path_ + " --match q", "inspect").code, 2) << "--match without --stats is a usage error";
 }
 
 }  // namespace
