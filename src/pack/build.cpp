@@ -7,6 +7,7 @@
 // So the checkpoint never claims bytes that are not on disk. A restart
 // re-copies objects >= W (their ranges are zeroed first, keeping holes).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -119,8 +120,14 @@ uint64_t RemainingDataBytes(const ExpertSet& ex, const std::vector<UniqueFd>& sr
 
 // Seals the journal, renames it to <pack>.digests, renames the partial onto
 // the pack, removes the checkpoint. Each step is idempotent on rerun.
+// Test seam: K3PACK_TEST_KILL_IN_FINALIZE=k raises SIGKILL after step k (1:
+// journal sealed, 2: pack renamed, 3: digests renamed, checkpoint still there).
 Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journal_fd,
                 const std::vector<Digest>& digests) {
+  const uint64_t kill_step = EnvU64("K3PACK_TEST_KILL_IN_FINALIZE").value_or(0);
+  auto maybe_kill = [&](uint64_t step) {
+    if (kill_step == step) ::raise(SIGKILL);
+  };
   if (::fsync(pack_fd) != 0) return Error::FromErrno("fsync failed for " + p.partial, errno);
   struct stat st;
   if (::fstat(pack_fd, &st) != 0) return Error::FromErrno("cannot stat " + p.partial, errno);
@@ -139,14 +146,17 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
   K3_RETURN_IF_ERROR(PwriteFull(journal_fd, head.data(), head.size(), 0));
   K3_RETURN_IF_ERROR(PwriteFull(journal_fd, digests.data(), digests.size() * kDigestBytes, kDigestsHeaderBytes));
   if (::fsync(journal_fd) != 0) return Error::FromErrno("fsync failed for " + p.journal, errno);
+  maybe_kill(1);
   if (::rename(p.partial.c_str(), p.out.c_str()) != 0) {
     return Error::FromErrno("cannot rename " + p.partial + " to " + p.out, errno);
   }
   K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  maybe_kill(2);
   if (::rename(p.journal.c_str(), p.digests.c_str()) != 0) {
     return Error::FromErrno("cannot rename " + p.journal + " to " + p.digests, errno);
   }
   K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  maybe_kill(3);
   K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
   return FsyncParentDir(p.out);
 }

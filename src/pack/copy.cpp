@@ -6,6 +6,8 @@
 #include <openssl/evp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -57,6 +59,36 @@ Error ShortRead(const char* what, uint64_t offset, uint64_t remaining) {
 }
 
 }  // namespace
+
+std::optional<uint64_t> WriteBudget::FromEnv() {
+  const char* v = std::getenv("K3PACK_TEST_ENOSPC_AFTER_BYTES");
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || *end != '\0') return std::nullopt;
+  return static_cast<uint64_t>(x);
+}
+
+Status OutputFile::Write(const void* data, size_t n, uint64_t offset) const {
+  size_t allowed = n;
+  if (budget_ && budget_->limit) {
+    // Like a filling disk: the write that crosses the limit is partial.
+    const uint64_t before = budget_->used.fetch_add(n);
+    const uint64_t limit = *budget_->limit;
+    allowed = before >= limit ? 0 : static_cast<size_t>(std::min<uint64_t>(n, limit - before));
+  }
+  if (allowed > 0) {
+    Status st = PwriteFull(fd_, data, allowed, offset);
+    if (!st.ok()) {
+      return Error::FromErrno("cannot write " + path_ + " at offset " + std::to_string(offset),
+                              st.error().sys_errno());
+    }
+  }
+  if (allowed < n) {
+    return Error::FromErrno("cannot write " + path_ + " at offset " + std::to_string(offset + allowed), ENOSPC);
+  }
+  return Status::OK();
+}
 
 IoBuffer::IoBuffer(size_t bytes) : size_(bytes) {
   void* p = nullptr;
@@ -157,7 +189,8 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
   return out;
 }
 
-Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n, int dst,
+Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
+                  const OutputFile& dst,
                   const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
                   size_t digest_stride, CopyStats* stats) {
   const uint64_t len = slice_bytes * n;
@@ -194,7 +227,7 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
       if (segs[k].hole) continue;
       any_data = true;
       const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
-      K3_RETURN_IF_ERROR(PwriteFull(dst, b + (a - src_off), z - a, dst_off(i) + (a - lo)));
+      K3_RETURN_IF_ERROR(dst.Write(b + (a - src_off), z - a, dst_off(i) + (a - lo)));
     }
     if (any_data) {
       Hasher h;

@@ -9,8 +9,11 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -45,6 +48,33 @@ class IoBuffer {
   size_t size_ = 0;
 };
 
+// Bytes the builder may still write before its writes fail with ENOSPC, as if
+// the filesystem had filled up. Test seam: K3PACK_TEST_ENOSPC_AFTER_BYTES=N
+// (read once per build by FromEnv) limits the copy phase's writes to the
+// partial pack and the digest journal to N bytes in all; unset = no limit.
+struct WriteBudget {
+  std::optional<uint64_t> limit;
+  std::atomic<uint64_t> used{0};
+  static std::optional<uint64_t> FromEnv();
+};
+
+// One output file of the builder (the partial pack or the digest journal).
+// Write errors name the file, so a full disk reads
+// `cannot write <pack>.partial at offset N: No space left on device`.
+class OutputFile {
+ public:
+  OutputFile(int fd, std::string path, WriteBudget* budget = nullptr)
+      : fd_(fd), path_(std::move(path)), budget_(budget) {}
+  Status Write(const void* data, size_t n, uint64_t offset) const;
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  int fd_;
+  std::string path_;
+  WriteBudget* budget_;
+};
+
 struct CopyStats {
   uint64_t data_bytes = 0;
   uint64_t hole_bytes = 0;
@@ -63,7 +93,8 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
 // SHA-256 in digests[i * digest_stride]. `src_size` is the source file size
 // (a range past it is SGLang's short-GGUF-read EOFError). buf must hold
 // n * slice_bytes bytes.
-Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n, int dst,
+Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
+                  const OutputFile& dst,
                   const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
                   size_t digest_stride, CopyStats* stats);
 

@@ -2,6 +2,7 @@
 // down) in ascending order; the calling thread is the coordinator that
 // advances the durable watermark, writes checkpoints and reports progress.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,6 +32,13 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   const uint64_t ckpt_bytes = EnvU64("K3PACK_CHECKPOINT_BYTES").value_or(1ull << 30);
   const auto ckpt_interval = std::chrono::milliseconds(EnvU64("K3PACK_CHECKPOINT_MS").value_or(5000));
   const uint64_t throttle_us = EnvU64("K3PACK_THROTTLE_US").value_or(0);
+  // Test seam: a real SIGKILL once this run has written N objects (0: before
+  // the first), wherever the checkpoints happen to be.
+  const auto kill_after = EnvU64("K3PACK_TEST_KILL_AFTER_OBJECTS");
+  if (kill_after && *kill_after == 0) ::raise(SIGKILL);
+  WriteBudget budget;
+  budget.limit = WriteBudget::FromEnv();
+  const OutputFile pack_out(pack_fd, p.partial, &budget), journal_out(journal_fd, p.journal, &budget);
   int threads = o.threads > 0 ? o.threads : 4;
 
   auto object_bytes = [&](uint64_t obj) {
@@ -81,6 +89,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   std::optional<Error> first_error;
   std::atomic<uint64_t> data_bytes{0}, hole_bytes{0};
   std::atomic<uint64_t> written{0};  // bytes actually written (holes excluded)
+  std::atomic<uint64_t> objects_copied{0};
 
   auto worker = [&]() {
     IoBuffer buf(max_batch_bytes);
@@ -99,7 +108,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
         const uint64_t stride = bt.n > 1 ? layout.Slot(bt.ali, bt.e0 + 1, r).offset - base : 0;
         st = CopySlices(src[t.tensor.shard_index].get(), src_size[t.tensor.shard_index],
                         t.tensor.data_offset + static_cast<uint64_t>(bt.e0) * t.expert_bytes, t.expert_bytes, bt.n,
-                        pack_fd, [&](uint32_t i) { return base + stride * i; }, buf,
+                        pack_out, [&](uint32_t i) { return base + stride * i; }, buf,
                         digests->data() + obj0 * kRoleCount + ri, kRoleCount, &stats);
         if (!st.ok()) {
           st = st.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(bt.e0) + ".." +
@@ -108,8 +117,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
         }
       }
       if (st.ok()) {
-        st = PwriteFull(journal_fd, digests->data() + obj0 * kRoleCount, bt.n * kRoleCount * kDigestBytes,
-                        kDigestsHeaderBytes + obj0 * kRoleCount * kDigestBytes);
+        st = journal_out.Write(digests->data() + obj0 * kRoleCount, bt.n * kRoleCount * kDigestBytes,
+                               kDigestsHeaderBytes + obj0 * kRoleCount * kDigestBytes);
       }
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
@@ -122,6 +131,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       if (throttle_us) std::this_thread::sleep_for(std::chrono::microseconds(throttle_us * bt.n));
       for (uint32_t i = 0; i < bt.n; ++i) finished[obj0 + i].store(1, std::memory_order_release);
       cv.notify_all();
+      if (kill_after && objects_copied.fetch_add(bt.n) + bt.n >= *kill_after) ::raise(SIGKILL);
     }
     data_bytes += stats.data_bytes;
     hole_bytes += stats.hole_bytes;
@@ -137,6 +147,12 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   Checkpoint ckpt = base;
   Status status;
 
+  auto advance = [&]() {
+    while (watermark < total && finished[watermark].load(std::memory_order_acquire)) {
+      done_bytes += object_bytes(watermark);
+      ++watermark;
+    }
+  };
   auto checkpoint = [&]() -> Status {
     if (::fdatasync(pack_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.partial, errno);
     if (::fdatasync(journal_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
@@ -161,11 +177,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       cv.wait_for(lock, std::chrono::milliseconds(100));
       if (first_error) break;
     }
-    while (watermark < total && finished[watermark].load(std::memory_order_acquire)) {
-      uint64_t b = object_bytes(watermark);
-      done_bytes += b;
-      ++watermark;
-    }
+    advance();
     const auto now = Clock::now();
     const bool all_done = watermark == total;
     if (watermark > ckpt_watermark && (all_done || written.load() - written_at_ckpt >= ckpt_bytes || now - last_ckpt_time >= ckpt_interval ||
@@ -183,7 +195,19 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   stop.store(true);
   cv.notify_all();
   for (auto& t : pool) t.join();
-  if (first_error) return *first_error;
+  if (first_error) {
+    // Keep what is already written (e.g. the disk filled up): checkpoint the
+    // finished prefix so the rerun resumes there instead of starting over. If
+    // this fails too (nothing can be written), the previous checkpoint stands.
+    advance();
+    if (watermark > ckpt_watermark) (void)checkpoint();
+    Error e = *first_error;
+    if (e.sys_errno() == ENOSPC || e.sys_errno() == EDQUOT) {
+      e = e.WithHint("free space on the filesystem of " + p.partial + " and rerun the same command; the build " +
+                     "resumes at object " + std::to_string(ckpt_watermark) + " of " + std::to_string(total));
+    }
+    return e;
+  }
   K3_RETURN_IF_ERROR(status);
   result->copied_bytes = data_bytes.load();
   result->hole_bytes = hole_bytes.load();

@@ -1,7 +1,10 @@
 // Full payload verification: every selected entry hashed against the digest
 // sidecar and/or compared with the GGUF source, several entries in flight.
+// A mismatch does not stop the run: every damaged entry is named (an I/O
+// error does stop it).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -59,10 +62,15 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::optional<std::pair<uint64_t, Error>> first_error;  // lowest failing position wins
+  std::vector<std::pair<uint64_t, std::string>> mismatches;  // (position, text)
   auto fail = [&](uint64_t pos, Error e) {
     std::lock_guard<std::mutex> lock(mu);
     if (!first_error || pos < first_error->first) first_error.emplace(pos, std::move(e));
     stop.store(true);
+  };
+  auto mismatch = [&](uint64_t pos, std::string text) {
+    std::lock_guard<std::mutex> lock(mu);
+    mismatches.emplace_back(pos, std::move(text));
   };
   auto worker = [&]() {
     IoBuffer a(8 << 20), b(8 << 20);
@@ -77,8 +85,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
         auto d = HashRange(pack_fd.get(), s.offset, s.nbytes, a, &stats);
         if (!d.ok()) return fail(pos, d.error().WithContext(pack_path));
         if (std::memcmp(d->data(), digests->entry_sha256[s.entry_index].data(), 32) != 0) {
-          return fail(pos, Error("expert-pack payload does not match digest sidecar for " + what + " (entry " +
-                                 std::to_string(s.entry_index) + ", offset " + std::to_string(s.offset) + ")"));
+          mismatch(pos, "expert-pack payload does not match digest sidecar for " + what + " (entry " +
+                            std::to_string(s.entry_index) + ", offset " + std::to_string(s.offset) + ")");
+          continue;
         }
       }
       if (o.against_source) {
@@ -90,7 +99,10 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
         if (!both_holes) {
           auto same = RangesEqual(pack_fd.get(), s.offset, sfd, soff, s.nbytes, a, b);
           if (!same.ok()) return fail(pos, same.error());
-          if (!*same) return fail(pos, Error("expert-pack payload does not match GGUF source for " + what));
+          if (!*same) {
+            mismatch(pos, "expert-pack payload does not match GGUF source for " + what);
+            continue;
+          }
         }
       }
       done_bytes += s.nbytes;
@@ -111,6 +123,20 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   }
   for (auto& t : pool) t.join();
   if (first_error) return first_error->second;
+  if (!mismatches.empty()) {
+    // First line: the lowest damaged entry (the single-damage text), then
+    // every other one, then the count.
+    std::sort(mismatches.begin(), mismatches.end());
+    constexpr size_t kListed = 256;
+    std::string text;
+    for (size_t i = 0; i < mismatches.size() && i < kListed; ++i) text += (i ? "\n" : "") + mismatches[i].second;
+    if (mismatches.size() > kListed) text += "\n... and " + std::to_string(mismatches.size() - kListed) + " more";
+    if (mismatches.size() > 1) {
+      text += "\n" + std::to_string(mismatches.size()) + " of " + std::to_string(entries.size()) +
+              " payloads are damaged";
+    }
+    return Error(text);
+  }
   VerifyResult r;
   r.entries_checked = done_entries.load();
   r.bytes_checked = done_bytes.load();

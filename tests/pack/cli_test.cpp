@@ -1,11 +1,17 @@
 // The `k3pack pack` / `k3pack verify` commands end to end, including a real
-// kill -9 of the builder at several points followed by a resume.
+// kill -9 of the builder at 20 seeded points followed by a resume, and a disk
+// that fills up mid-build.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -84,45 +90,167 @@ std::string* PackCli::root_;
 testing::Model* PackCli::model_;
 std::string* PackCli::expected_;
 
-TEST_F(PackCli, KillNineAtSeveralPointsThenResume) {
+// objects_done of the checkpoint next to `out`, or -1 when there is none.
+int64_t CheckpointObjects(const std::string& out) {
+  const std::string text = ReadAll(CheckpointPathFor(out));
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("objects_done")) return -1;
+  return j["objects_done"].get<int64_t>();
+}
+
+// A real SIGKILL of `k3pack pack` at 20 points drawn from a seeded RNG (seed
+// printed; K3_FAULT_SEED=N replays a run), then the same command again: the
+// pack must be byte-identical to an uninterrupted build every time, and a
+// checkpoint that recorded work must be resumed, not redone. Points:
+//  - 3 in the finalize window (K3PACK_TEST_KILL_IN_FINALIZE=1..3);
+//  - 12 after a random number of objects copied by this run
+//    (K3PACK_TEST_KILL_AFTER_OBJECTS=N, 0 = before the first), each with a
+//    random checkpoint cadence (every object, every few objects, none);
+//  - 5 after a random delay within the duration of one uninterrupted,
+//    throttled build timed first (these may land anywhere, even after the
+//    build finished on a loaded machine: then there is nothing to resume).
+TEST_F(PackCli, KillNineAtTwentySeededPointsThenResume) {
   const uint64_t total = model_->experts.layers.size() * model_->experts.num_experts;
-  // (kill after this many ms, or after this many objects were reported)
-  struct Point { int ms; uint64_t objects; };
-  for (Point pt : {Point{0, 0}, Point{40, 0}, Point{0, 3}, Point{0, total / 2}, Point{0, total - 2}}) {
-    SCOPED_TRACE("kill at ms=" + std::to_string(pt.ms) + " objects=" + std::to_string(pt.objects));
-    const std::string out = *root_ + "/kill/k.pack";
+  const auto& eb = model_->experts.by_layer[0];
+  const uint64_t object_bytes = eb[0].expert_bytes + eb[1].expert_bytes + eb[2].expert_bytes;
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("K3_FAULT_SEED"); s && *s) seed = std::strtoull(s, nullptr, 10);
+  std::cout << "[   SEED   ] K3_FAULT_SEED=" << seed << "\n";
+  RecordProperty("K3_FAULT_SEED", std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](uint64_t lo, uint64_t hi) { return std::uniform_int_distribution<uint64_t>(lo, hi)(rng); };
+  const std::string throttle = "K3PACK_THROTTLE_US=20000";
+
+  // Calibration: one uninterrupted throttled build, timed.
+  const std::string out = *root_ + "/kill/k.pack";
+  std::filesystem::remove_all(*root_ + "/kill");
+  const auto c0 = std::chrono::steady_clock::now();
+  auto [crc, cerr] = RunCli(PackArgs(out), {throttle, "K3PACK_BATCH_BYTES=1"});
+  ASSERT_EQ(crc, 0) << cerr;
+  const auto calibrated_ms = static_cast<uint64_t>(
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count());
+  ASSERT_TRUE(ReadAll(out) == *expected_);
+
+  struct Point {
+    std::string what;
+    std::vector<std::string> env;
+    uint64_t delay_ms = 0;  // > 0: time-based kill
+  };
+  std::vector<Point> points;
+  for (int step = 1; step <= 3; ++step) {
+    points.push_back(
+        {"finalize step " + std::to_string(step), {"K3PACK_TEST_KILL_IN_FINALIZE=" + std::to_string(step)}});
+  }
+  for (int i = 0; i < 12; ++i) {
+    const uint64_t n = uniform(0, total);
+    std::vector<std::string> env{"K3PACK_TEST_KILL_AFTER_OBJECTS=" + std::to_string(n), "K3PACK_BATCH_BYTES=1"};
+    std::string cadence;
+    switch (uniform(0, 2)) {
+      case 0:
+        cadence = "every object";
+        env.insert(env.end(), {"K3PACK_CHECKPOINT_BYTES=1", "K3PACK_CHECKPOINT_MS=0"});
+        break;
+      case 1: {
+        const uint64_t k = uniform(2, 6);
+        cadence = "every " + std::to_string(k) + " objects";
+        env.push_back("K3PACK_CHECKPOINT_BYTES=" + std::to_string(k * object_bytes));
+        break;
+      }
+      default:
+        cadence = "no checkpoint";
+        break;
+    }
+    points.push_back({"after " + std::to_string(n) + " objects, checkpoint " + cadence, env});
+  }
+  for (int i = 0; i < 5; ++i) {
+    const uint64_t ms = uniform(1, std::max<uint64_t>(2, calibrated_ms * 9 / 10));
+    points.push_back({"after " + std::to_string(ms) + " ms of ~" + std::to_string(calibrated_ms),
+                      {throttle, "K3PACK_BATCH_BYTES=1", "K3PACK_CHECKPOINT_BYTES=1", "K3PACK_CHECKPOINT_MS=0"},
+                      ms});
+  }
+  ASSERT_EQ(points.size(), 20u);
+
+  int killed = 0, resumed = 0, finished_before_kill = 0;
+  for (const Point& pt : points) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", kill " + pt.what);
     std::filesystem::remove_all(*root_ + "/kill");
     auto args = PackArgs(out);
-    args.insert(args.end(), {"--progress", "json"});
-    Proc p = Spawn(args, {"K3PACK_THROTTLE_US=50000", "K3PACK_BATCH_BYTES=1", "K3PACK_CHECKPOINT_BYTES=1", "K3PACK_CHECKPOINT_MS=0"});
-    if (pt.objects == 0) {
-      usleep(pt.ms * 1000);
-    } else {
-      FILE* f = fdopen(p.err_fd, "r");
-      char line[4096];
-      while (fgets(line, sizeof line, f)) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.is_object() && j.value("done_objects", uint64_t{0}) >= pt.objects) break;
-      }
-      p.err_fd = -1;
+    Proc p = Spawn(args, pt.env);
+    if (pt.delay_ms > 0) {
+      usleep(static_cast<useconds_t>(pt.delay_ms * 1000));
       kill(p.pid, SIGKILL);
-      fclose(f);
     }
-    kill(p.pid, SIGKILL);
     int status = 0;
     waitpid(p.pid, &status, 0);
-    if (p.err_fd >= 0) close(p.err_fd);
-    ASSERT_FALSE(PathExists(out)) << "the build finished before the kill";
-    auto [rc, err] = RunCli(PackArgs(out));
-    ASSERT_EQ(rc, 0) << err;
-    if (pt.objects > 0) {
-      EXPECT_NE(err.find("resuming "), std::string::npos) << err;  // not redone from zero
+    close(p.err_fd);  // kept open until the end so a write cannot raise SIGPIPE
+    const bool was_killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    if (pt.delay_ms == 0) {
+      ASSERT_TRUE(was_killed) << "the kill seam did not fire (status " << status << ")";
+    } else if (!was_killed) {
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+      ++finished_before_kill;
+      EXPECT_TRUE(ReadAll(out) == *expected_);
+      continue;
     }
-    EXPECT_TRUE(ReadAll(out) == *expected_);
+    ++killed;
+    const bool had_partial = PathExists(PartialPathFor(out)), had_pack = PathExists(out);
+    const int64_t ckpt_objects = CheckpointObjects(out);
+    if (had_pack) {
+      EXPECT_GE(ckpt_objects, 0) << "a finished pack may exist early only while its checkpoint does";
+    }
+    auto [rc, err] = RunCli(args);  // the same command, without any seam
+    ASSERT_EQ(rc, 0) << err;
+    if (had_pack) {
+      EXPECT_NE(err.find("finished an interrupted build: " + out), std::string::npos) << err;
+    } else if (had_partial && ckpt_objects > 0) {
+      ++resumed;
+      EXPECT_NE(err.find("resuming " + PartialPathFor(out) + " at object " + std::to_string(ckpt_objects) + " of "),
+                std::string::npos)
+          << err;
+    }
+    EXPECT_TRUE(ReadAll(out) == *expected_) << "pack bytes differ from an uninterrupted build";
     EXPECT_TRUE(ReadPackDigests(DigestsPathFor(out)).ok());
     EXPECT_FALSE(PathExists(CheckpointPathFor(out)));
     EXPECT_FALSE(PathExists(PartialPathFor(out)));
   }
+  std::cout << "[   SEED   ] " << killed << " kills, " << resumed << " resumed from a checkpoint, "
+            << finished_before_kill << " time-based points landed after the build finished\n";
+  EXPECT_GE(resumed, 1) << "no kill left a checkpoint to resume";
+}
+
+// A filesystem that fills up mid-build (K3PACK_TEST_ENOSPC_AFTER_BYTES: the
+// copy phase's writes fail with ENOSPC after N bytes): a clear error naming
+// the partial pack, no finished-looking pack, and once space exists the same
+// command resumes at the checkpoint written on the way out.
+TEST_F(PackCli, EnospcMidBuildThenResume) {
+  const std::string out = *root_ + "/enospc/e.pack";
+  std::filesystem::remove_all(*root_ + "/enospc");
+  uint64_t payload = 0;
+  for (const auto& layer : model_->experts.by_layer) {
+    for (const auto& t : layer) payload += t.expert_bytes * model_->experts.num_experts;
+  }
+  const uint64_t total = model_->experts.layers.size() * model_->experts.num_experts;
+  auto [rc, err] = RunCli(PackArgs(out), {"K3PACK_TEST_ENOSPC_AFTER_BYTES=" + std::to_string(payload / 2),
+                                          "K3PACK_BATCH_BYTES=1"});
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("cannot write " + PartialPathFor(out) + " at offset "), std::string::npos) << err;
+  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  EXPECT_NE(err.find("free space on the filesystem of " + PartialPathFor(out)), std::string::npos) << err;
+  EXPECT_FALSE(PathExists(out));
+  EXPECT_FALSE(PathExists(DigestsPathFor(out)));
+  ASSERT_TRUE(PathExists(PartialPathFor(out)));
+  const int64_t done = CheckpointObjects(out);
+  EXPECT_GT(done, 0) << "the objects written before the disk filled were not checkpointed";
+  EXPECT_LT(done, static_cast<int64_t>(total));
+
+  auto [rc2, err2] = RunCli(PackArgs(out));
+  ASSERT_EQ(rc2, 0) << err2;
+  EXPECT_NE(err2.find("resuming " + PartialPathFor(out) + " at object " + std::to_string(done) + " of "),
+            std::string::npos)
+      << err2;
+  EXPECT_TRUE(ReadAll(out) == *expected_);
+  EXPECT_TRUE(ReadPackDigests(DigestsPathFor(out)).ok());
+  EXPECT_FALSE(PathExists(CheckpointPathFor(out)));
 }
 
 TEST_F(PackCli, RefusalsAndExitCodes) {
@@ -183,6 +311,80 @@ TEST_F(PackCli, VerifyDetectsChangedShardAndFlippedByte) {
   auto [v2, e2] = RunCli({"verify", "--manifest", manifest});
   EXPECT_EQ(v2, 1);
   EXPECT_NE(e2.find("changed since the manifest was written: metadata_sha256"), std::string::npos) << e2;
+}
+
+// One random byte flipped in each of 16 random payloads (seeded; K3_FAULT_SEED
+// replays): `verify --full` reports all 16, each by tensor (layer, role),
+// expert and entry. Then one random byte of the index, and of the header:
+// `verify` refuses each (the store's refusals: StoreOpen.RandomHeaderAndIndexByteFlipsAreRefused).
+TEST_F(PackCli, VerifyFullFindsEveryFlippedPayloadAndIndexOrHeaderByte) {
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("K3_FAULT_SEED"); s && *s) seed = std::strtoull(s, nullptr, 10);
+  std::cout << "[   SEED   ] K3_FAULT_SEED=" << seed << "\n";
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::string dir = *root_ + "/flips";
+  std::filesystem::remove_all(dir);
+  const std::string pack = dir + "/f.pack", manifest = dir + "/f.json";
+  auto [rc, err] = RunCli(PackArgs(pack));
+  ASSERT_EQ(rc, 0) << err;
+  auto [mrc, merr] = RunCli({"manifest", "--gguf-dir", model_->dir, "--expert-pack", pack, "--model-config",
+                             model_->config, "--tokenizer-dir", model_->dir + "/tokenizer", "--output", manifest,
+                             "--profile", "scaled"});
+  ASSERT_EQ(mrc, 0) << merr;
+  auto le = [&](uint64_t at, int k) {
+    uint64_t v = 0;
+    for (int b = k - 1; b >= 0; --b) v = (v << 8) | static_cast<uint8_t>((*expected_)[at + b]);
+    return v;
+  };
+  const uint64_t n = le(24, 8);
+  auto flip = [&](uint64_t at) {
+    std::string bytes = *expected_;
+    bytes[at] = static_cast<char>(bytes[at] ^ static_cast<char>(1 + rng() % 255));
+    testing::WriteAll(pack, bytes);
+  };
+
+  std::set<uint64_t> victims;
+  while (victims.size() < 16) victims.insert(rng() % n);
+  std::string bytes = *expected_;
+  for (uint64_t i : victims) {
+    const uint64_t off = le(40 + i * 152 + 136, 8), nb = le(40 + i * 152 + 144, 8);
+    const uint64_t at = off + rng() % nb;
+    bytes[at] = static_cast<char>(bytes[at] ^ static_cast<char>(1 + rng() % 255));
+  }
+  testing::WriteAll(pack, bytes);
+  auto [v1, e1] = RunCli({"verify", "--manifest", manifest, "--full"});
+  EXPECT_EQ(v1, 1) << e1;
+  for (uint64_t i : victims) {
+    const std::string name = expected_->substr(40 + i * 152, expected_->find('\0', 40 + i * 152) - (40 + i * 152));
+    const std::string what = "does not match digest sidecar for " + name + " expert " +
+                             std::to_string(le(40 + i * 152 + 128, 4)) + " (entry " + std::to_string(i) + ", ";
+    EXPECT_NE(e1.find(what), std::string::npos) << "flip in entry " << i << " not reported:\n" << e1;
+  }
+  EXPECT_NE(e1.find("16 of " + std::to_string(n) + " payloads are damaged"), std::string::npos) << e1;
+
+  // Index damage (any entry, any field) and header damage: refused by verify,
+  // and located: the header field, or the entry with its tensor and field.
+  for (int trial = 0; trial < 10; ++trial) {
+    const bool header = trial < 2;
+    const uint64_t at = header ? rng() % 40 : 40 + rng() % (n * 152);
+    SCOPED_TRACE("flip at byte " + std::to_string(at));
+    flip(at);
+    auto [v2, e2] = RunCli({"verify", "--manifest", manifest});
+    EXPECT_EQ(v2, 1) << e2;
+    if (header) {
+      EXPECT_NE(e2.find("damaged: header field "), std::string::npos) << e2;
+      continue;
+    }
+    const uint64_t i = (at - 40) / 152, k = (at - 40) % 152;
+    const std::string name = expected_->substr(40 + i * 152, expected_->find('\0', 40 + i * 152) - (40 + i * 152));
+    const char* field = k < 128 ? "name" : k < 132 ? "expert" : k < 136 ? "reserved" : k < 144 ? "offset" : "nbytes";
+    EXPECT_NE(e2.find("damaged: index entry " + std::to_string(i) + " (" + name + " expert " +
+                      std::to_string(le(40 + i * 152 + 128, 4)) + "), field " + field + " (byte " +
+                      std::to_string(at) + ")"),
+              std::string::npos)
+        << e2;
+  }
 }
 
 }  // namespace

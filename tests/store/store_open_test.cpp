@@ -2,7 +2,11 @@
 // or manifest, in SGLang's order and with its exact text.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
 
 #include "k3pack/store.h"
 #include "store/store_impl.h"
@@ -349,6 +353,51 @@ TEST(StoreOpenFullScale, KimiK3GeometryOpensAndServes) {
   EXPECT_EQ(snap["route_calls_by_layer"].size(), 93u);
   EXPECT_EQ(snap["active_moe_layers"], 92);
   EXPECT_EQ(snap["pack_read_bytes"], 16ull * 11956224);
+}
+
+// One random byte of the header or the index changed (seeded; K3_FAULT_SEED=N
+// replays): the store refuses every one before serving anything, and the
+// message names what is damaged: the header, or the entry (`at index i`) for
+// a field the per-entry checks read, or else the index digest (name padding
+// bytes, which no per-entry check reads, are covered by the index SHA-256).
+TEST(StoreOpen, RandomHeaderAndIndexByteFlipsAreRefused) {
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("K3_FAULT_SEED"); s && *s) seed = std::strtoull(s, nullptr, 10);
+  std::cout << "[   SEED   ] K3_FAULT_SEED=" << seed << "\n";
+  std::mt19937_64 rng(seed);
+  TinyPack p(TinySpec{});
+  const uint64_t n = p.layout.index_count();
+  const uint64_t index_end = pack::kHeaderBytes + n * pack::kEntryBytes;
+  int named_entry = 0, named_digest = 0;
+  for (int trial = 0; trial < 64; ++trial) {
+    const bool header = trial < 16;
+    const uint64_t at =
+        header ? rng() % pack::kHeaderBytes : pack::kHeaderBytes + rng() % (index_end - pack::kHeaderBytes);
+    const auto mask = static_cast<uint8_t>(1 + rng() % 255);
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", byte " + std::to_string(at) + " ^= " + std::to_string(mask));
+    p.WritePack();
+    std::ifstream f(p.pack, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.get(c);
+    c = static_cast<char>(c ^ mask);
+    p.Patch(at, &c, 1);
+    const std::string e = OpenError(p);
+    ASSERT_NE(e, "OK");
+    if (header) {
+      EXPECT_NE(e.find("Kimi expert-pack header"), std::string::npos) << e;
+      continue;
+    }
+    const uint64_t entry = (at - pack::kHeaderBytes) / pack::kEntryBytes;
+    if (e.find(" at index " + std::to_string(entry)) != std::string::npos) {
+      ++named_entry;
+    } else {
+      EXPECT_EQ(e, "Kimi expert-pack index SHA-256 does not match manifest");
+      ++named_digest;
+    }
+  }
+  std::cout << "[   SEED   ] index flips: " << named_entry << " named the entry, " << named_digest
+            << " the index digest\n";
 }
 
 }  // namespace
