@@ -229,4 +229,23 @@ nlohmann::json ManifestSummary(const std::string& output_path, const nlohmann::j
 // Python datetime.now(timezone.utc).isoformat().
 std::string NowIsoformatUtc();
 
+// ----------------------------------------------------------------- verify
+
+// The model spec and expert tensors a manifest records (no GGUF parsing).
+kimi::ModelSpec ModelSpecOf(const Manifest& m);
+Result<pack::ExpertSet> ExpertsOf(const Manifest& m);
+
+struct VerifyPackOptions {
+  bool full = false;            // every payload against the <pack>.digests sidecar
+  bool against_source = false;  // with full: also every payload against the GGUF bytes
+  int64_t samples = 6;          // without full: evenly spaced payloads compared with the GGUF source
+  pack::ProgressFn progress;
+};
+
+// `k3pack verify`: shards unchanged (size + header digest), pack structure
+// (SGLang's validator, damage located by header field / index entry) equal to
+// the manifest's expert_pack section, then payloads. Returns the report
+// (manifest, pack, index_sha256, payload_mode, entries_checked, ...).
+Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const VerifyPackOptions& options);
+
 }  // namespace k3pack::manifest

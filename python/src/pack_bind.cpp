@@ -82,30 +82,6 @@ Result<pack::ExpertSet> ExpertsFromGguf(const std::string& gguf_dir, const std::
   return pack::CollectExperts(shards, spec, copts);
 }
 
-// The expert tensors as a manifest records them (no GGUF parsing).
-Result<pack::ExpertSet> ExpertsFromManifest(const manifest::Manifest& m) {
-  kimi::ModelSpec s;
-  s.num_hidden_layers = m.model.num_hidden_layers;
-  s.num_experts = m.model.num_experts;
-  s.top_k = m.model.num_experts_per_token;
-  s.num_shared_experts = m.model.num_shared_experts;
-  s.hidden_size = m.model.hidden_size;
-  s.routed_expert_hidden_size = m.model.routed_expert_hidden_size;
-  s.moe_intermediate_size = m.model.moe_intermediate_size;
-  s.hidden_act = m.model.hidden_act;
-  s.active_moe_layer_ids = m.model.active_moe_layer_ids;
-  s.first_k_dense_replace = s.active_moe_layer_ids.empty() ? 0 : s.active_moe_layer_ids.front();
-  s.profile = m.profile();
-  std::vector<pack::SourceTensor> tensors;
-  for (const auto& t : m.source.tensors)
-    tensors.push_back({t.name, t.shape, t.dtype_id, t.shard_index, t.data_offset, t.nbytes});
-  std::vector<std::string> paths;
-  for (const auto& sh : m.source.shards) paths.push_back(sh.path);
-  pack::CollectOptions copts;
-  copts.allow_mixed_types = m.profile() == kimi::Profile::kScaled;
-  return pack::CollectExperts(tensors, paths, s, copts);
-}
-
 kimi::Profile ProfileArg(const std::string& name) { return Unwrap(kimi::ParseProfile(name)); }
 
 }  // namespace
@@ -205,50 +181,14 @@ void RegisterPack(py::module_& m) {
 
   m.def("verify_pack", [](const std::string& manifest_path, bool full, int64_t samples, bool against_source,
                           py::object progress) {
-    pack::VerifyOptions o;
+    manifest::VerifyPackOptions o;
+    o.full = full;
+    o.against_source = against_source;
+    o.samples = samples;
     o.progress = ProgressCallback(progress);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
-      if (samples < 0) return Error("samples must be non-negative");
-      K3_ASSIGN_OR_RETURN(manifest::Manifest m, manifest::ReadManifest(manifest_path));
-      if (!m.complete || m.format != manifest::kManifestFormat)
-        return Error("Kimi expert-pack manifest is incomplete or unsupported");
-      const std::string& pack_path = m.expert_pack.path;
-      if (!k3pack::PathExists(pack_path))
-        return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
-                     k3pack::ErrorKind::kFileNotFound);
-      for (const auto& s : m.source.shards) {
-        K3_ASSIGN_OR_RETURN(uint64_t size, k3pack::FileSize(s.path));
-        if (size != s.size) return Error("GGUF shard " + s.path + " changed since the manifest was written");
-        K3_ASSIGN_OR_RETURN(std::string meta, k3pack::Sha256FileRange(s.path, 0, s.metadata_nbytes));
-        if (meta != s.metadata_sha256)
-          return Error("GGUF shard " + s.path + " changed since the manifest was written");
-      }
-      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsFromManifest(m));
-      pack::ValidateOptions vo;
-      vo.payload_samples = 0;
-      K3_ASSIGN_OR_RETURN(nlohmann::json fresh, pack::ValidatePack(pack_path, experts, vo));
-      if (fresh["index_sha256"].get<std::string>() != m.expert_pack.index_sha256)
-        return Error("Kimi expert-pack index SHA-256 does not match manifest");
-      if (fresh["size"].get<uint64_t>() != m.expert_pack.size)
-        return Error("Kimi expert-pack size does not match its manifest");
-      if (full) {
-        o.against_digests = true;
-        o.against_source = against_source;
-      } else {
-        o.against_digests = false;
-        o.against_source = true;
-        o.entries = pack::SampleIndices(fresh["index_count"].get<uint64_t>(), samples);
-      }
-      pack::VerifyResult vr;
-      if (full || !o.entries.empty()) {
-        K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, o));
-      }
-      return nlohmann::json{{"manifest", manifest_path}, {"pack", pack_path}, {"structure", "ok"},
-                            {"index_sha256", fresh["index_sha256"]}, {"shards_checked", m.source.shards.size()},
-                            {"payload_mode", full ? (against_source ? "full+source" : "full") : "samples"},
-                            {"entries_checked", vr.entries_checked}, {"bytes_checked", vr.bytes_checked},
-                            {"seconds", vr.seconds}};
+      return manifest::VerifyPack(manifest_path, o);
     }();
     return JsonToPython(Unwrap(std::move(r)));
   }, py::arg("manifest"), py::kw_only(), py::arg("full") = false, py::arg("samples") = 6,
