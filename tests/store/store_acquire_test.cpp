@@ -260,7 +260,7 @@ void Hammer(const TinyPack& p, const StoreOptions& o, bool all_fit) {
   for (int t = 0; t < kThreads; ++t) {
     std::mt19937 rng(1000 + t);
     for (int c = 0; c < kCalls; ++c)
-      plans[t].push_back({1 + rng() % 2, {int64_t(rng() % 8), int64_t(rng() % 8)}});
+      plans[t].push_back({uint32_t(1 + rng() % 2), {int64_t(rng() % 8), int64_t(rng() % 8)}});
   }
   auto run = [&](ExpertStore& s, int t, std::atomic<int>* failures) {
     for (int c = 0; c < kCalls; ++c) {
