@@ -91,6 +91,10 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors,
 Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
                                  const CollectOptions& options = {});
 std::vector<SourceTensor> SourceTensorsOf(const gguf::ShardSet& shards);
+// What `k3pack pack` / `build` start from: open the shard set in `gguf_dir`,
+// load the model config under `profile`, cross-check the two, collect.
+Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std::string& model_config,
+                                         kimi::Profile profile, const CollectOptions& options = {});
 
 // "<dir>/<prefix>.expert-major.pack" for a shard path (§3).
 Result<std::string> DefaultPackPath(const std::string& any_shard_path);

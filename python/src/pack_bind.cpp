@@ -71,17 +71,6 @@ std::function<void(const std::string&)> LineCallback(py::object fn) {
   };
 }
 
-// The validated expert tensors of a shard set under a config (as `k3pack pack` does).
-Result<pack::ExpertSet> ExpertsFromGguf(const std::string& gguf_dir, const std::string& config,
-                                        kimi::Profile profile, bool allow_mixed) {
-  K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(config, profile));
-  K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(gguf_dir, gguf::ShardSetOptions{}));
-  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
-  pack::CollectOptions copts;
-  copts.allow_mixed_types = allow_mixed;
-  return pack::CollectExperts(shards, spec, copts);
-}
-
 kimi::Profile ProfileArg(const std::string& name) { return Unwrap(kimi::ParseProfile(name)); }
 
 }  // namespace
@@ -100,7 +89,9 @@ void RegisterPack(py::module_& m) {
     o.log = LineCallback(log);
     Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
       py::gil_scoped_release nogil;
-      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsFromGguf(gguf_dir, model_config, p, allow_mixed_types));
+      pack::CollectOptions copts;
+      copts.allow_mixed_types = allow_mixed_types;
+      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
       if (o.out_path.empty()) {
         K3_ASSIGN_OR_RETURN(o.out_path, pack::DefaultPackPath(experts.shard_paths.front()));
       }
@@ -135,7 +126,9 @@ void RegisterPack(py::module_& m) {
     o.progress = ProgressCallback(progress);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
-      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsFromGguf(gguf_dir, model_config, p, mixed));
+      pack::CollectOptions copts;
+      copts.allow_mixed_types = mixed;
+      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
       return pack::ValidatePack(pack_path, experts, o);
     }();
     return JsonToPython(Unwrap(std::move(r)));

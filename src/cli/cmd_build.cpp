@@ -33,23 +33,16 @@ Result<nlohmann::json> Run(const Args& args) {
   K3_ASSIGN_OR_RETURN(double margin, args.GetDouble("--safety-margin-gib"));
   if (margin < 0) return Error("--safety-margin-gib must be non-negative");
   K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  int threads = 0;
-  if (args.Has("--threads")) {
-    K3_ASSIGN_OR_RETURN(int64_t t, args.GetInt("--threads"));
-    if (t < 1 || t > 256) return Error("--threads must be in 1..256");
-    threads = static_cast<int>(t);
-  }
+  K3_ASSIGN_OR_RETURN(int threads, ParseCopyThreads(args));
 
   // Pack: same checks as `k3pack pack`.
-  K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(args.Get("--model-config"), profile));
-  K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(args.Get("--gguf-dir")));
-  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
   pack::CollectOptions copts;
   copts.allow_mixed_types = profile == kimi::Profile::kScaled;
-  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExperts(shards, spec, copts));
+  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(args.Get("--gguf-dir"),
+                                                                            args.Get("--model-config"), profile, copts));
   std::string out = args.Get("--out");
   if (out.empty()) {
-    K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(shards.shards().front()->path()));
+    K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
   }
 
   bool reused = false;
@@ -96,7 +89,7 @@ Result<nlohmann::json> Run(const Args& args) {
     mo.pack_progress = pack::MakeProgressPrinter(mode);
   }
   if (std::filesystem::is_directory(mo.gguf_dir) == false) {
-    mo.gguf_dir = shards.directory();  // a shard path was given
+    mo.gguf_dir = std::filesystem::path(experts.shard_paths.front()).parent_path().string();  // a shard path was given
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(mo));
   K3_RETURN_IF_ERROR(manifest::WriteManifest(manifest_path, m));
@@ -127,11 +120,8 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Option("--payload-samples", "pack entries byte-compared with GGUF for the manifest", "6")
       .Flag("--full-source-hashes", "record the SHA-256 of every whole shard")
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")
-      .Option("--safety-margin-gib", "free space required beyond the pack, in GiB", "2")
-      .Flag("--restart", "discard an interrupted partial build instead of resuming it")
-      .Option("--threads", "copies in flight (default 4)")
-      .Option("--progress", "auto | bar | json | none (on stderr)", "auto")
       .Flag("--json", "print only the result as JSON");
+  AddCopyOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto r = Run(args);

@@ -23,23 +23,15 @@ Result<nlohmann::json> Run(const Args& args) {
   K3_ASSIGN_OR_RETURN(double margin, args.GetDouble("--safety-margin-gib"));
   if (margin < 0) return Error("--safety-margin-gib must be non-negative");
   K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  int threads = 0;
-  if (args.Has("--threads")) {
-    K3_ASSIGN_OR_RETURN(int64_t t, args.GetInt("--threads"));
-    if (t < 1 || t > 256) return Error("--threads must be in 1..256");
-    threads = static_cast<int>(t);
-  }
-  K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(args.Get("--model-config"), profile));
-  gguf::ShardSetOptions sopts;
-  K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(args.Get("--gguf-dir"), sopts));
-  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
+  K3_ASSIGN_OR_RETURN(int threads, ParseCopyThreads(args));
   pack::CollectOptions copts;
   copts.allow_mixed_types = args.Has("--allow-mixed-types");
-  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExperts(shards, spec, copts));
+  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(args.Get("--gguf-dir"),
+                                                                            args.Get("--model-config"), profile, copts));
 
   std::string out = args.Get("--out");
   if (out.empty()) {
-    K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(shards.shards().front()->path()));
+    K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
   }
   const bool json = args.Has("--json");
   if (PathExists(out) && !PathExists(pack::CheckpointPathFor(out))) {
@@ -91,11 +83,8 @@ int RunPack(const std::vector<std::string>& argv) {
       .Option("--out", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
       .Option("--profile", "kimi-k3 (SGLang's invariants) or scaled (dimensions from the config)", "kimi-k3")
       .Flag("--allow-mixed-types", "allow expert dtypes to differ by role or layer (scaled profile)")
-      .Option("--safety-margin-gib", "free space required beyond the pack, in GiB", "2")
-      .Flag("--restart", "discard an interrupted partial build instead of resuming it")
-      .Option("--threads", "copies in flight (default 4)")
-      .Option("--progress", "auto | bar | json | none (json: one object per line on stderr)", "auto")
       .Flag("--json", "print the result as JSON");
+  AddCopyOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto r = Run(args);

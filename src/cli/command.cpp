@@ -143,4 +143,18 @@ int ReportError(const std::string& command, const Error& error, int exit_code) {
 
 bool StderrIsTty() { return ::isatty(STDERR_FILENO) == 1; }
 
+void AddCopyOptions(Args& args) {
+  args.Option("--safety-margin-gib", "free space required beyond the pack, in GiB", "2")
+      .Flag("--restart", "discard an interrupted partial build instead of resuming it")
+      .Option("--threads", "copies in flight (default 4)")
+      .Option("--progress", "auto | bar | json | none (json: one object per line on stderr)", "auto");
+}
+
+Result<int> ParseCopyThreads(const Args& args) {
+  if (!args.Has("--threads")) return 0;
+  K3_ASSIGN_OR_RETURN(int64_t t, args.GetInt("--threads"));
+  if (t < 1 || t > 256) return Error("--threads must be in 1..256");
+  return static_cast<int>(t);
+}
+
 }  // namespace k3pack::cli

@@ -66,6 +66,12 @@ const std::map<std::string, CommandInfo>& Commands();
 // and returns the exit code to use (1 by default).
 int ReportError(const std::string& command, const Error& error, int exit_code = 1);
 
+// The copy options `pack` and `build` share: --safety-margin-gib, --restart,
+// --threads, --progress.
+void AddCopyOptions(Args& args);
+// --threads as a copy-worker count (0 = the builder's default).
+Result<int> ParseCopyThreads(const Args& args);
+
 // True when stderr is a terminal (progress bars) rather than a pipe (JSON lines).
 bool StderrIsTty();
 

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "k3pack/gguf.h"
+#include "k3pack/kimi.h"
 #include "k3pack/pack.h"
 #include "pack/format.h"
 #include "util/pyrepr.h"
@@ -181,6 +182,14 @@ Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::Model
   std::vector<std::string> paths;
   for (const auto& s : shards.shards()) paths.push_back(s->path());
   return CollectExperts(SourceTensorsOf(shards), paths, spec, options);
+}
+
+Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std::string& model_config,
+                                         kimi::Profile profile, const CollectOptions& options) {
+  K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(model_config, profile));
+  K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(gguf_dir));
+  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
+  return CollectExperts(shards, spec, options);
 }
 
 Result<std::string> DefaultPackPath(const std::string& any_shard_path) {
