@@ -108,6 +108,7 @@ Result<StreamManifest> ParseStreamManifest(const json& doc) {
     K3_ASSIGN_OR_RETURN(r.index, ToIndex(index, where + ".index"));
     r.metadata_nbytes = OptUnsigned(s, "metadata_nbytes");
     if (auto it = s.find("metadata_sha256"); it != s.end() && it->is_string()) r.metadata_sha256 = it->get<std::string>();
+    if (auto it = s.find("sha256"); it != s.end() && it->is_string()) r.sha256 = it->get<std::string>();
     m.shards.push_back(std::move(r));
   }
   return m;

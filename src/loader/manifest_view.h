@@ -33,6 +33,7 @@ struct StreamShardRecord {
   uint64_t size = 0;
   std::optional<uint64_t> metadata_nbytes;
   std::optional<std::string> metadata_sha256;
+  std::optional<std::string> sha256;  // whole file; only with `manifest --full-source-hashes`
 };
 
 struct StreamManifest {

@@ -161,6 +161,16 @@ struct NonExpertStream::Impl {
                               ", the manifest recorded " + *rec.metadata_sha256 +
                               " (same size, different header; rebuild the manifest)");
     }
+    // Same size and header but changed tensor bytes: only a whole-file digest
+    // sees that, and the manifest has one only with --full-source-hashes.
+    if (rec.sha256) {
+      const auto all = shard->mapping()->bytes();
+      const std::string whole = Sha256Hex(all.data(), all.size());
+      if (whole != *rec.sha256) {
+        return changed.WithHint("sha256 of the whole file is " + whole + ", the manifest recorded " + *rec.sha256 +
+                                " (same size and header, different tensor bytes; rebuild the manifest)");
+      }
+    }
     return Status::OK();
   }
 

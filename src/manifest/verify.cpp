@@ -45,8 +45,10 @@ Result<pack::ExpertSet> ExpertsOf(const Manifest& m) {
 namespace {
 
 // Every shard recorded in the manifest is still the same file: present, same
-// size, same header bytes (a same-size re-conversion changes the header).
-Status CheckShards(const Manifest& m) {
+// size, same header bytes (a same-size re-conversion changes the header) and,
+// with `whole_files` where the manifest has whole-shard digests
+// (--full-source-hashes), the same bytes (a same-size edit of tensor data).
+Status CheckShards(const Manifest& m, bool whole_files) {
   for (const auto& s : m.source.shards) {
     if (!PathExists(s.path)) {
       return Error("GGUF shard recorded in the manifest is missing: " + s.path, ErrorKind::kFileNotFound);
@@ -63,6 +65,15 @@ Status CheckShards(const Manifest& m) {
                    " != " + s.metadata_sha256)
           .WithHint("the file has the same size but a different header (re-converted or edited); rebuild the pack "
                     "and manifest (`k3pack build`) from the current shards");
+    }
+    if (whole_files && s.sha256) {
+      K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(s.path));
+      if (whole != *s.sha256) {
+        return Error("GGUF shard " + s.path + " changed since the manifest was written: sha256 " + whole + " != " +
+                     *s.sha256)
+            .WithHint("same size and header, different tensor bytes; rebuild the pack and manifest (`k3pack build`) "
+                      "from the current shards");
+      }
     }
   }
   return Status::OK();
@@ -150,7 +161,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
     return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
                  ErrorKind::kFileNotFound);
   }
-  K3_RETURN_IF_ERROR(CheckShards(m));
+  K3_RETURN_IF_ERROR(CheckShards(m, full));
 
   K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsOf(m));
 

@@ -387,5 +387,78 @@ TEST_F(PackCli, VerifyFullFindsEveryFlippedPayloadAndIndexOrHeaderByte) {
   }
 }
 
+// Source shards changed after packing: truncated; same size with changed
+// tensor bytes; same size with a changed header byte. `verify` and the loader
+// (`load --verify-metadata`) report each, naming the shard (SGLang sees only
+// the size change). Tensor bytes need the whole-shard digests a manifest has
+// with --full-source-hashes (checked by `verify --full` and the loader).
+TEST_F(PackCli, SourceShardChangesAfterPackingAreReported) {
+  const std::string dir = *root_ + "/src-change";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(model_->dir, dir, std::filesystem::copy_options::recursive);
+  const std::string pack = dir + "/s.pack", manifest = dir + "/s.json";
+  auto pa = PackArgs(pack);
+  pa[2] = dir;
+  pa[4] = dir + "/config.json";
+  auto [rc, err] = RunCli(pa);
+  ASSERT_EQ(rc, 0) << err;
+  auto [mrc, merr] = RunCli({"manifest", "--gguf-dir", dir, "--expert-pack", pack, "--model-config",
+                             dir + "/config.json", "--tokenizer-dir", dir + "/tokenizer", "--output", manifest,
+                             "--profile", "scaled", "--full-source-hashes"});
+  ASSERT_EQ(mrc, 0) << merr;
+  const std::vector<std::string> verify_full{"verify", "--manifest", manifest, "--full"};
+  const std::vector<std::string> load{"load", "--manifest", manifest, "--verify-metadata", "--summary"};
+  auto [v0, e0] = RunCli(verify_full);
+  ASSERT_EQ(v0, 0) << e0;
+  auto [l0, le0] = RunCli(load);
+  ASSERT_EQ(l0, 0) << le0;
+
+  // A non-routed tensor of the first shard: its bytes are in no pack payload.
+  const auto m = nlohmann::json::parse(ReadAll(manifest));
+  std::string shard;
+  uint64_t data_at = 0;
+  for (const auto& t : m["source"]["tensors"]) {
+    if (t["shard_index"] == 0 && t["name"].get<std::string>().find("_exps") == std::string::npos &&
+        t["nbytes"].get<uint64_t>() > 16) {
+      data_at = t["data_offset"].get<uint64_t>() + t["nbytes"].get<uint64_t>() / 2;
+      break;
+    }
+  }
+  for (const auto& sh : m["source"]["shards"]) {
+    if (sh["index"] == 0) shard = sh["path"].get<std::string>();
+  }
+  ASSERT_FALSE(shard.empty());
+  ASSERT_GT(data_at, m["source"]["shards"][0]["metadata_nbytes"].get<uint64_t>());
+  const std::string original = ReadAll(shard);
+  auto check = [&](const std::string& what, const std::string& verify_text, const std::string& load_text) {
+    SCOPED_TRACE(what);
+    auto [v, e] = RunCli(verify_full);
+    EXPECT_EQ(v, 1) << e;
+    EXPECT_NE(e.find("GGUF shard " + shard + " changed since the manifest was written: " + verify_text),
+              std::string::npos)
+        << e;
+    auto [l, le] = RunCli(load);
+    EXPECT_NE(l, 0) << le;
+    EXPECT_NE(le.find(shard), std::string::npos) << le;
+    EXPECT_NE(le.find(load_text), std::string::npos) << le;
+    testing::WriteAll(shard, original);
+  };
+  testing::WriteAll(shard, original.substr(0, original.size() - 4096));
+  check("truncated", "size " + std::to_string(original.size() - 4096) + " != " + std::to_string(original.size()),
+        "Kimi-K3 GGUF shard is missing or changed: ");
+  std::string changed = original;
+  changed[data_at] = static_cast<char>(changed[data_at] ^ 0x20);
+  testing::WriteAll(shard, changed);
+  check("same size, tensor bytes", "sha256 ", "sha256 of the whole file is ");
+  changed = original;
+  const size_t key = original.find("head_count");  // a metadata key renamed in place: still a valid GGUF
+  ASSERT_LT(key, m["source"]["shards"][0]["metadata_nbytes"].get<uint64_t>());
+  changed[key + 5] = 'C';
+  testing::WriteAll(shard, changed);
+  check("same size, header", "metadata_sha256 ", "metadata_sha256 of bytes [0, ");
+  auto [v9, e9] = RunCli(verify_full);
+  EXPECT_EQ(v9, 0) << e9;  // restored: clean again
+}
+
 }  // namespace
 }  // namespace k3pack::pack
