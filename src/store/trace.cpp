@@ -96,6 +96,13 @@ Result<Trace> ReadTrace(const std::string& path) {
     t.ids.resize(old + n);
     std::memcpy(t.ids.data() + old, data.data() + c.pos, n * 2);
     c.pos += n * 2;
+    // Every consumer indexes per-expert tables by these ids (found by trace_fuzz).
+    for (size_t k = old; k < t.ids.size(); ++k) {
+      if (t.ids[k] >= t.num_experts) {
+        return bad("expert id " + std::to_string(t.ids[k]) + " at record " + std::to_string(i) + " is not below " +
+                   std::to_string(t.num_experts) + " experts");
+      }
+    }
   }
   if (c.pos != data.size()) return bad(std::to_string(data.size() - c.pos) + " trailing bytes");
   return t;

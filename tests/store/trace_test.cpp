@@ -104,6 +104,27 @@ TEST(Trace, CorruptFilesAreRejected) {
   EXPECT_FALSE(ReadTrace(path).ok());
 }
 
+// Found by trace_fuzz (input fuzz/corpus/trace/regression-expert-id-out-of-range):
+// an expert id >= num_experts was accepted, and every consumer indexes
+// per-expert tables with it.
+TEST(Trace, ExpertIdOutOfRangeIsRejected) {
+  const std::string regression =
+      std::string(K3PACK_SOURCE_DIR) + "/fuzz/corpus/trace/regression-expert-id-out-of-range";
+  auto r = ReadTrace(regression);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("expert id 65535 at record "), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("is not below 16 experts"), std::string::npos) << r.error().message();
+
+  auto t = Generate(Small());
+  ASSERT_TRUE(t.ok());
+  t->ids[t->ids.size() / 2] = static_cast<uint16_t>(t->num_experts);  // the first id out of range
+  std::string path = TempPath("c.k3trace");
+  ASSERT_TRUE(WriteTrace(path, *t).ok());
+  auto s = ReadTrace(path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message().find("expert id 128 at record "), std::string::npos) << s.error().message();
+}
+
 TEST(Trace, CallSeqAppliesSGLangRouteChecks) {
   Trace t;
   t.num_experts = 8;
