@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for N
 # seconds over its seed corpus (fuzz/corpus/<target>, seeded from `k3pack synth`
-# outputs and crafted bad files by fuzz/make_seeds.sh). Prints executions and
-# crashes per target; exits non-zero if any target crashed.
+# outputs and crafted bad files by fuzz/make_seeds.py; regression-* inputs are
+# crash reproducers), copied to a temp dir so runs never write into the repo.
+# Prints executions and crashes per target; exits non-zero if any target crashed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-30}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 JOBS=${JOBS:-$(nproc)}
 TARGETS=(gguf_reader_fuzz shard_set_fuzz pack_index_fuzz manifest_fuzz pyjson_fuzz trace_fuzz)
+# FUZZ_TARGETS="a_fuzz b_fuzz" runs a subset (e.g. per-target durations in an extended run).
+if [ -n "${FUZZ_TARGETS:-}" ]; then read -r -a TARGETS <<<"$FUZZ_TARGETS"; fi
 
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DK3_FUZZ=ON -DK3_PYTHON=OFF \
   >/dev/null || exit 1
