@@ -71,6 +71,16 @@ double Value::ArrayFloat(uint64_t i) const {
   }
 }
 
+// Float elements read as integers truncate toward zero and saturate (NaN
+// reads 0): a plain cast of an out-of-range float is undefined behaviour
+// (found by gguf_reader_fuzz, input regression-float-array-to-int).
+static int64_t SaturatingInt(double d) {
+  if (d != d) return 0;
+  if (d >= 9223372036854775808.0) return std::numeric_limits<int64_t>::max();
+  if (d < -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(d);
+}
+
 int64_t Value::ArrayInt(uint64_t i) const {
   const uint8_t* p = array_data + i * ValueTypeSize(array_type);
   switch (array_type) {
@@ -82,8 +92,8 @@ int64_t Value::ArrayInt(uint64_t i) const {
     case ValueType::kInt32: return Load<int32_t>(p);
     case ValueType::kUint64: return static_cast<int64_t>(Load<uint64_t>(p));
     case ValueType::kInt64: return Load<int64_t>(p);
-    case ValueType::kFloat32: return static_cast<int64_t>(Load<float>(p));
-    case ValueType::kFloat64: return static_cast<int64_t>(Load<double>(p));
+    case ValueType::kFloat32: return SaturatingInt(Load<float>(p));
+    case ValueType::kFloat64: return SaturatingInt(Load<double>(p));
     default: return 0;
   }
 }

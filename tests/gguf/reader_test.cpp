@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "gguf_test_util.h"
 #include "k3pack/gguf.h"
@@ -181,6 +182,28 @@ TEST(GgufReader, EmptyTensorWithHugeExtentsDoesNotOverflow) {
   EXPECT_EQ((*r)->tensors()[0].n_elements(), 0);
   EXPECT_EQ((*r)->tensors()[0].n_rows(), 0u);
   EXPECT_EQ((*r)->tensors()[0].nbytes, 0u);
+}
+
+TEST(GgufReader, FloatArrayReadAsIntegersSaturates) {
+  // Found by fuzz/gguf_reader_fuzz.cpp (UBSan, input
+  // fuzz/corpus/gguf_reader/regression-float-array-to-int): casting an
+  // out-of-range float to int64_t is undefined; ArrayInt saturates instead.
+  Bytes x = Header(3, 0, 2);
+  x.str("f32").put<uint32_t>(9).put<uint32_t>(6).put<uint64_t>(4);
+  x.put<float>(1.5e25f).put<float>(-1.5e25f).put<float>(std::numeric_limits<float>::quiet_NaN()).put<float>(-2.9f);
+  x.str("f64").put<uint32_t>(9).put<uint32_t>(12).put<uint64_t>(2).put<double>(9.3e18).put<double>(-4e18);
+  auto r = ParseBytes(x.b);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const gguf::Value* f = (*r)->Find("f32");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->ArrayInt(0), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(f->ArrayInt(1), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(f->ArrayInt(2), 0);
+  EXPECT_EQ(f->ArrayInt(3), -2);
+  const gguf::Value* d = (*r)->Find("f64");
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->ArrayInt(0), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(d->ArrayInt(1), -4000000000000000000ll);
 }
 
 TEST(GgufReader, EveryTruncationIsRejectedWithoutCrash) {
