@@ -55,7 +55,7 @@ if has doctor && has synth; then
   "$K3" synth --preset tiny --out "$OUT/broken" --seed 1 --fault raw-ssm-a >/dev/null
   "$K3" doctor "$OUT/broken" --profile scaled || echo "(doctor exit code $? = problems found)"
   if has repair; then
-    "$K3" repair "$OUT/broken" "$OUT/repaired" --fix ssm-a
+    "$K3" repair "$OUT/broken" "$OUT/repaired" --fix ssm-a --profile scaled
     "$K3" doctor "$OUT/repaired" --profile scaled
   fi
 fi
