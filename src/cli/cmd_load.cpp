@@ -81,7 +81,9 @@ int RunLoad(const std::vector<std::string>& argv) {
       .Option("--dump", "write every emitted tensor to DIR/<name>.npy")
       .Flag("--json", "print the summary as JSON")
       .Flag("--list", "also list every emitted tensor (name, dtype, shape, kind)")
-      .Flag("--verify-metadata", "also check each shard's metadata_sha256 and every tensor's offset/size/shape")
+      .Flag("--verify-metadata",
+            "also check each shard's metadata_sha256 (and whole-file sha256 where the manifest has one) and every "
+            "tensor's offset/size/shape")
       .Flag("--sglang-compat", "reproduce SGLang exactly: BF16 as raw uint8 bytes, no ssm_a shape check")
       .Flag("--no-read", "do not read tensor bytes (walk and check only)")
       .Flag("--quiet", "no progress on stderr");

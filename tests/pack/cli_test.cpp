@@ -215,7 +215,9 @@ TEST_F(PackCli, KillNineAtTwentySeededPointsThenResume) {
   }
   std::cout << "[   SEED   ] " << killed << " kills, " << resumed << " resumed from a checkpoint, "
             << finished_before_kill << " time-based points landed after the build finished\n";
-  EXPECT_GE(resumed, 1) << "no kill left a checkpoint to resume";
+  // Whether a given kill beat the first checkpoint is a race, so the number
+  // resumed is reported, not asserted (PackBuild.ResumeAfterCrashAtSeveralPoints
+  // resumes deterministically).
 }
 
 // A filesystem that fills up mid-build (K3PACK_TEST_ENOSPC_AFTER_BYTES: the
