@@ -108,6 +108,11 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
   return Status::OK();
 }
 
+std::string HexByte(uint8_t b) {
+  const char* digits = "0123456789abcdef";
+  return {digits[b >> 4], digits[b & 15]};
+}
+
 uint32_t LE32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 uint64_t LE64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
 
@@ -153,6 +158,27 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, Pac
   }
   if (previous_end != file_size) return Error("Kimi expert-pack file has trailing or missing bytes");
   return Status::OK();
+}
+
+// When the index digest disagrees although every check passed, the damage
+// sits in bytes SGLang's checks do not read (a name's NUL padding) or in the
+// manifest. Names the first entry whose bytes differ from the writer's
+// canonical form (name, zero padding) so the message points at it.
+std::string LocateNonCanonicalEntry(const uint8_t* index, uint64_t count, const ObjectSpace& s) {
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint8_t* e = index + i * pack::kEntryBytes;
+    const uint64_t object = i / 3;
+    const uint32_t layer = s.active_layer_ids[object / s.num_experts];
+    const std::string name = pack::ExpertTensorName(layer, pack::Role(i % 3));
+    for (size_t k = 0; k < 128; ++k) {
+      const uint8_t want = k < name.size() ? static_cast<uint8_t>(name[k]) : 0;
+      if (e[k] == want) continue;
+      return "index entry " + std::to_string(i) + " (" + name + " expert " + std::to_string(object % s.num_experts) +
+             "): name field byte " + std::to_string(k) + " is 0x" + HexByte(e[k]) + ", the writer's is 0x" +
+             HexByte(want) + " (file offset " + std::to_string(pack::kHeaderBytes + i * pack::kEntryBytes + k) + ")";
+    }
+  }
+  return "the header and every index entry are in canonical form: the manifest's index_sha256 belongs to other bytes";
 }
 
 }  // namespace
@@ -301,7 +327,10 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   K3_RETURN_IF_ERROR(walked);
   // 13. index digest.
   K3_ASSIGN_OR_RETURN(g.index_sha256, Str(*ep, "index_sha256"));
-  if (digest != g.index_sha256) return Error("Kimi expert-pack index SHA-256 does not match manifest");
+  if (digest != g.index_sha256) {
+    return Error("Kimi expert-pack index SHA-256 does not match manifest")
+        .WithHint(LocateNonCanonicalEntry(prefix + pack::kHeaderBytes, g.index_count, g.space));
+  }
   // 14. optional whole-pack digest.
   if (opt.verify_pack_sha256) {
     if (!ep->contains("sha256") || !(*ep)["sha256"].is_string())
