@@ -348,7 +348,8 @@ class SynthModel(AdapterCase):
         cls.tmp.cleanup()
 
     def source_types(self, manifest):
-        doc = json.load(open(manifest))
+        with open(manifest, encoding="utf-8") as f:
+            doc = json.load(f)
         types = {}
         for t in doc["source"]["tensors"]:
             if "_exps." in t["name"]:
