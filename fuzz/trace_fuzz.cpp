@@ -1,14 +1,12 @@
-// Routing-trace reader over arbitrary files: reject or accept, and every
-// accepted record's id span must lie inside the trace.
+// Routing-trace parser over arbitrary bytes (in memory: ReadTrace is
+// ReadFileToString + ParseTrace): reject or accept, and every accepted
+// record's id span must lie inside the trace.
 #include <cstdint>
 
-#include "fuzz_util.h"
 #include "k3pack/trace.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto path = k3fuzz::ScratchDir() / "t.k3t";
-  k3fuzz::WriteFile(path, data, size);
-  auto t = k3pack::trace::ReadTrace(path.string());
+  auto t = k3pack::trace::ParseTrace({reinterpret_cast<const char*>(data), size}, "fuzz.k3t");
   if (!t.ok()) return 0;
   for (const auto& r : t->records) {
     auto ids = t->RecordIds(r);

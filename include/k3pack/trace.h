@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -45,6 +46,8 @@ struct Trace {
 
 Status WriteTrace(const std::string& path, const Trace& trace);
 Result<Trace> ReadTrace(const std::string& path);
+// The same from bytes in memory; `path` only labels errors.
+Result<Trace> ParseTrace(std::string_view data, const std::string& path);
 
 struct GenOptions {
   std::vector<uint32_t> layer_ids;   // default: 1..92

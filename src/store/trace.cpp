@@ -21,7 +21,7 @@ void Put(std::string* s, T v) {
 }
 
 struct Cursor {
-  const std::string& s;
+  std::string_view s;
   size_t pos = 0;
   template <typename T>
   bool Get(T* v) {
@@ -63,6 +63,10 @@ Status WriteTrace(const std::string& path, const Trace& t) {
 
 Result<Trace> ReadTrace(const std::string& path) {
   K3_ASSIGN_OR_RETURN(std::string data, ReadFileToString(path));
+  return ParseTrace(data, path);
+}
+
+Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
   auto bad = [&](const std::string& why) { return Error(path + ": not a k3pack trace: " + why); };
   if (data.size() < 32 || std::memcmp(data.data(), kMagic, 8) != 0) return bad("bad magic");
   Cursor c{data, 8};
