@@ -12,26 +12,17 @@
 #include <string>
 
 #include "k3pack/gguf.h"
+#include "../cli_run.h"
 
 namespace k3pack {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code;
-  std::string out;
-};
+using testing_cli::CliRun;
 
 CliRun RunCli(const std::string& args, const std::string& command = "dump-tensor") {
-  std::string cmd = std::string(K3PACK_BIN) + " " + command + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return testing_cli::Cli(command + " " + args);
 }
 
 gguf::TensorSpec Spec(std::string name, GgmlType type, std::vector<int64_t> ne, std::vector<uint8_t> bytes) {

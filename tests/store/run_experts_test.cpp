@@ -16,27 +16,15 @@
 #include "k3pack/gguf.h"
 #include "k3pack/run_experts.h"
 #include "pack/format.h"
+#include "../cli_run.h"
 
 namespace k3pack::store {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun Cli(const std::string& args) {
-  const std::string cmd = std::string(K3PACK_BIN) + " " + args + " 2>&1";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(f);
-  return {WEXITSTATUS(status), out};
-}
+using testing_cli::Cli;
+using testing_cli::CliRun;
 
 class RunExpertsTest : public ::testing::Test {
  protected:

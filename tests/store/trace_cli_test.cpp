@@ -8,25 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "store/synthetic_pack.h"
+#include "../cli_run.h"
 
 namespace k3pack::store {
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun Cli(const std::string& args) {
-  std::string cmd = std::string(K3PACK_BIN) + " " + args + " 2>&1";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  int status = ::pclose(f);
-  return {WEXITSTATUS(status), out};
-}
+using testing_cli::Cli;
+using testing_cli::CliRun;
 
 TEST(TraceCli, GenReplayOnStoreAndSimulate) {
   testing::TinyPack p(testing::TinySpec{}, "cli");

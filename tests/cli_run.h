@@ -1,0 +1,30 @@
+// Runs the built `k3pack` CLI (K3PACK_BIN) with a shell-quoted argument
+// string and collects stdout + stderr: for tests that drive the CLI end to end.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace k3pack::testing_cli {
+
+struct CliRun {
+  int code;  // exit status; -1 when the process did not exit normally
+  std::string out;
+};
+
+inline CliRun Cli(const std::string& args) {
+  const std::string cmd = std::string(K3PACK_BIN) + " " + args + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return {-1, "popen failed: " + cmd};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace k3pack::testing_cli
