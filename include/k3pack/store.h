@@ -44,6 +44,11 @@ struct StoreOptions {
   // Expected (num_hidden_layers, num_experts, top_k). Unset: Kimi-K3's
   // (93, 896, 16) for a kimi-k3 manifest, the manifest's own for "scaled".
   std::optional<uint32_t> expected_layers, expected_experts, expected_top_k;
+  // Where object buffers come from (default posix_memalign / free); must
+  // return 4096-aligned memory or null. DeviceExpertTier::PinnedHostBuffers()
+  // supplies pinned memory, so copies to a GPU need no staging.
+  std::function<void*(uint64_t bytes)> buffer_alloc;
+  std::function<void(void* p, uint64_t bytes)> buffer_free;
 };
 
 // One routed object's bytes, with the role views SGLang's kernels use.

@@ -4,9 +4,20 @@
 
 namespace k3pack::store {
 
+uint8_t* BufferPool::Allocate(const BufferAllocator& a, uint64_t bytes) {
+  if (a.allocate) return static_cast<uint8_t*>(a.allocate(bytes));
+  void* raw = nullptr;
+  return posix_memalign(&raw, 4096, bytes) == 0 ? static_cast<uint8_t*>(raw) : nullptr;
+}
+
+void BufferPool::Free(const BufferAllocator& a, uint8_t* p, uint64_t bytes) {
+  if (a.release) a.release(p, bytes);
+  else std::free(p);
+}
+
 BufferPool::~BufferPool() {
   for (auto& [size, list] : free_)
-    for (uint8_t* p : list) std::free(p);
+    for (uint8_t* p : list) Free(*allocator_, p, size);
 }
 
 uint64_t BufferPool::allocated_bytes() const {
@@ -27,18 +38,17 @@ std::shared_ptr<uint8_t> BufferPool::Get(uint64_t bytes) {
     }
   }
   if (p == nullptr) {
-    void* raw = nullptr;
-    if (posix_memalign(&raw, 4096, bytes) != 0) return nullptr;
-    p = static_cast<uint8_t*>(raw);
+    p = Allocate(*allocator_, bytes);
+    if (p == nullptr) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     allocated_ += bytes;
   }
   std::weak_ptr<BufferPool> weak = weak_from_this();
-  return std::shared_ptr<uint8_t>(p, [weak, bytes](uint8_t* q) {
+  return std::shared_ptr<uint8_t>(p, [weak, alloc = allocator_, bytes](uint8_t* q) {
     if (auto pool = weak.lock()) {
       pool->Release(q, bytes);
     } else {
-      std::free(q);
+      Free(*alloc, q, bytes);
     }
   });
 }
@@ -47,7 +57,7 @@ void BufferPool::Release(uint8_t* p, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (free_bytes_ + bytes > max_free_) {
     allocated_ -= bytes;
-    std::free(p);
+    Free(*allocator_, p, bytes);
     return;
   }
   free_[bytes].push_back(p);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,10 +12,18 @@
 
 namespace k3pack::store {
 
+// Where buffers come from; empty functions mean posix_memalign / free.
+// Allocations must be 4096-aligned (O_DIRECT reads land in them).
+struct BufferAllocator {
+  std::function<void*(uint64_t bytes)> allocate;
+  std::function<void(void* p, uint64_t bytes)> release;
+};
+
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   // Keeps at most `max_free_bytes` of released buffers for reuse.
-  explicit BufferPool(uint64_t max_free_bytes) : max_free_(max_free_bytes) {}
+  explicit BufferPool(uint64_t max_free_bytes, BufferAllocator allocator = {})
+      : max_free_(max_free_bytes), allocator_(std::make_shared<const BufferAllocator>(std::move(allocator))) {}
   ~BufferPool();
   // A buffer of at least `bytes` (rounded up to 4096); returned to the pool
   // when the last reference drops. Null if memory is exhausted.
@@ -23,8 +32,12 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
  private:
   void Release(uint8_t* p, uint64_t bytes);
+  static uint8_t* Allocate(const BufferAllocator& a, uint64_t bytes);
+  static void Free(const BufferAllocator& a, uint8_t* p, uint64_t bytes);
   mutable std::mutex mu_;
   uint64_t max_free_;
+  // Shared with outstanding buffers, which may outlive the pool.
+  std::shared_ptr<const BufferAllocator> allocator_;
   uint64_t free_bytes_ = 0;
   uint64_t allocated_ = 0;
   std::map<uint64_t, std::vector<uint8_t*>> free_;

@@ -31,6 +31,8 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   if (opt.cache_bytes == 0 || opt.queue_depth <= 0 || opt.read_splits <= 0)
     return Error("expert cache and staging budgets, and read splits, must be positive");
   if (opt.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
+  if (static_cast<bool>(opt.buffer_alloc) != static_cast<bool>(opt.buffer_free))
+    return Error("StoreOptions.buffer_alloc and buffer_free must be set together");
   K3_ASSIGN_OR_RETURN(IoBackend backend, ParseIoBackend(opt.io_backend));
   const PackGeometry& g = impl->geo;
   const ObjectSpace& s = g.space;
@@ -56,7 +58,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
                   std::to_string((uint64_t{s.top_k} * largest + (1 << 20) - 1) >> 20) + " MiB");
   K3_ASSIGN_OR_RETURN(impl->policy, MakePolicy(opt.policy, s, opt.cache_bytes));
   K3_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(backend, static_cast<uint32_t>(opt.queue_depth)));
-  impl->pool = std::make_shared<BufferPool>(opt.cache_bytes);
+  impl->pool = std::make_shared<BufferPool>(opt.cache_bytes, BufferAllocator{opt.buffer_alloc, opt.buffer_free});
   impl->entries.resize(s.num_objects());
   impl->pins.assign(s.num_objects(), 0);
   impl->prefetch_pinned.assign(s.num_objects(), 0);

@@ -1,0 +1,70 @@
+#include "store/device_slots.h"
+
+#include <string>
+
+namespace k3pack::store {
+
+DeviceSlots::DeviceSlots(uint32_t slot_count)
+    : key_of_(slot_count, kEmpty), holds_(slot_count, 0), lru_(slot_count, 1) {
+  for (uint32_t s = 0; s < slot_count; ++s) lru_.PushBack(0, s);
+}
+
+Result<std::vector<DeviceSlots::Placement>> DeviceSlots::Place(std::span<const uint64_t> keys) {
+  // Count first so a refusal leaves every slot as it was.
+  uint64_t misses = 0, free_hits = 0;
+  for (uint64_t k : keys) {
+    auto it = slot_of_.find(k);
+    if (it == slot_of_.end()) ++misses;
+    else if (holds_[it->second] == 0) ++free_hits;
+  }
+  const uint64_t free_slots = slot_count() - held_;
+  if (misses > free_slots - free_hits) {
+    return Error("device expert cache cannot hold this call's working set: " + std::to_string(keys.size()) +
+                     " distinct objects, " + std::to_string(misses) + " not resident, " +
+                     std::to_string(free_slots - free_hits) + " of " + std::to_string(slot_count()) +
+                     " slots free (the others are held by unreleased calls or hold this call's hits)",
+                 ErrorKind::kMemory)
+        .WithHint("raise the device budget or release earlier acquisitions");
+  }
+  std::vector<Placement> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = slot_of_.find(keys[i]);
+    uint32_t slot;
+    if (it != slot_of_.end()) {
+      slot = it->second;
+    } else {
+      slot = lru_.head(0);  // exists: checked above
+      if (key_of_[slot] != kEmpty) {
+        slot_of_.erase(key_of_[slot]);
+        ++evictions_;
+      }
+      key_of_[slot] = keys[i];
+      slot_of_[keys[i]] = slot;
+      out[i].load = true;
+    }
+    if (holds_[slot]++ == 0) {
+      lru_.Unlink(slot);
+      ++held_;
+    }
+    out[i].slot = slot;
+  }
+  return out;
+}
+
+void DeviceSlots::Release(std::span<const uint32_t> slots) {
+  for (uint32_t s : slots) {
+    if (s >= slot_count() || holds_[s] == 0) continue;
+    if (--holds_[s] == 0) {
+      lru_.PushBack(0, s);
+      --held_;
+    }
+  }
+}
+
+void DeviceSlots::Forget(uint32_t slot) {
+  if (slot >= slot_count() || key_of_[slot] == kEmpty) return;
+  slot_of_.erase(key_of_[slot]);
+  key_of_[slot] = kEmpty;
+}
+
+}  // namespace k3pack::store

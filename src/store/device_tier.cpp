@@ -1,0 +1,274 @@
+#include "k3pack/device_tier.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "store/cuda_runtime.h"
+#include "store/device_copier.h"
+#include "store/device_slots.h"
+#include "store/object_space.h"
+
+namespace k3pack::store {
+
+namespace {
+
+constexpr uint64_t kSlotAlignment = 256;  // cudaMalloc's own alignment: every slot starts aligned too
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Buffers handed out by UsePinnedHostBuffers(), so copies can tell pinned
+// sources (DMA as they are) from pageable ones (staged).
+class PinnedRegistry {
+ public:
+  void Add(const void* p, uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_[reinterpret_cast<uintptr_t>(p)] = n;
+  }
+  void Remove(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  bool Contains(const void* p, uint64_t n) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranges_.upper_bound(a);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return a + n <= it->first + it->second;
+  }
+  static PinnedRegistry& Get() {
+    static PinnedRegistry r;
+    return r;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uintptr_t, uint64_t> ranges_;
+};
+
+ObjectSpace SpaceOf(const StoreInfo& info) {
+  ObjectSpace s;
+  s.active_layer_ids = info.active_layer_ids;
+  s.num_experts = info.num_experts;
+  s.top_k = info.top_k;
+  s.object_bytes = info.object_bytes;
+  s.num_layers_total = info.num_hidden_layers;
+  return s;
+}
+
+}  // namespace
+
+struct DeviceExpertTier::Impl {
+  const cuda::Runtime* rt = nullptr;
+  std::shared_ptr<ExpertStore> host;
+  ObjectSpace space;
+  DeviceTierOptions options;
+  int runtime_version = 0, driver_version = 0;
+  uint64_t slot_bytes = 0;
+  uint8_t* device_base = nullptr;
+  std::unique_ptr<DeviceCopier> copier;
+  std::unique_ptr<DeviceSlots> slots;
+
+  mutable std::mutex mu;
+  uint64_t next_ticket = 1;
+  uint64_t calls = 0, routes = 0, hits = 0, misses = 0, h2d_bytes = 0, h2d_pinned_bytes = 0;
+  double h2d_seconds = 0, host_seconds = 0;
+
+  ~Impl() {
+    copier.reset();  // joins the workers after their last copy
+    if (rt && device_base) rt->Free(device_base);
+  }
+
+  uint8_t* SlotAddress(uint32_t slot) const { return device_base + uint64_t{slot} * slot_bytes; }
+
+  // Reads the missed objects through the host store and copies them into their slots.
+  Status Load(uint32_t layer, std::span<const int64_t> experts, std::span<const uint32_t> target_slots) {
+    const int64_t top_k = space.top_k;
+    std::vector<int64_t> ids(experts.begin(), experts.end());
+    const int64_t rows = (static_cast<int64_t>(ids.size()) + top_k - 1) / top_k;
+    ids.resize(static_cast<size_t>(rows * top_k), ids.back());  // the host store keeps duplicates
+    const int64_t shape[2] = {rows, top_k};
+    auto t0 = std::chrono::steady_clock::now();
+    K3_ASSIGN_OR_RETURN(Acquisition from_host, host->Acquire(layer, ids, shape, false));
+    host_seconds += SecondsSince(t0);
+
+    std::vector<CopyJob> jobs(experts.size());
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const auto& bytes = from_host.routes[j].bytes;
+      jobs[j] = {bytes.data(), SlotAddress(target_slots[j]), bytes.size(),
+                 PinnedRegistry::Get().Contains(bytes.data(), bytes.size())};
+    }
+    t0 = std::chrono::steady_clock::now();
+    Status copied = copier->CopyAll(jobs);  // returns only when no copy still reads the host buffers
+    h2d_seconds += SecondsSince(t0);
+    Status released = host->MarkUsed(from_host);
+    if (!copied.ok()) return copied;
+    for (const CopyJob& j : jobs) {
+      h2d_bytes += j.size;
+      if (j.src_pinned) h2d_pinned_bytes += j.size;
+    }
+    return released;
+  }
+};
+
+DeviceExpertTier::DeviceExpertTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeviceExpertTier::~DeviceExpertTier() = default;
+
+Result<std::unique_ptr<DeviceExpertTier>> DeviceExpertTier::Open(std::shared_ptr<ExpertStore> host,
+                                                                 const DeviceTierOptions& options) {
+  if (!host) return Error("device expert tier needs an open expert store", ErrorKind::kValue);
+  if (options.copy_workers == 0) return Error("device expert tier needs at least one copy worker");
+  K3_ASSIGN_OR_RETURN(const cuda::Runtime* rt, cuda::LoadRuntime());
+  auto impl = std::make_unique<Impl>();
+  Impl& s = *impl;
+  s.host = std::move(host);
+  s.space = SpaceOf(s.host->info());
+  s.options = options;
+
+  int count = 0;
+  Status st = cuda::Check(*rt, rt->GetDeviceCount(&count), "cudaGetDeviceCount");
+  if (!st.ok()) return st.error().WithHint("the CUDA runtime " + rt->library + " loaded, but finds no usable GPU");
+  if (options.device < 0 || options.device >= count)
+    return Error("CUDA device " + std::to_string(options.device) + " does not exist: the runtime sees " +
+                 std::to_string(count) + " device(s)");
+  s.rt = rt;  // from here on, ~Impl releases what was created
+  K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->SetDevice(options.device), "cudaSetDevice"));
+  (void)rt->RuntimeGetVersion(&s.runtime_version);
+  (void)rt->DriverGetVersion(&s.driver_version);
+
+  s.slot_bytes = (s.space.max_object_bytes() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+  const uint64_t slot_count = std::min<uint64_t>(options.device_bytes / s.slot_bytes, 0xfffffffeull);
+  if (slot_count < s.space.top_k)
+    return Error("device budget holds " + std::to_string(slot_count) + " objects of " + std::to_string(s.slot_bytes) +
+                     " bytes, fewer than one token's top_k=" + std::to_string(s.space.top_k) +
+                     " working set: device_bytes=" + std::to_string(options.device_bytes),
+                 ErrorKind::kMemory);
+  void* base = nullptr;
+  K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->Malloc(&base, slot_count * s.slot_bytes),
+                                 "cudaMalloc (" + std::to_string(slot_count * s.slot_bytes) + " bytes of slots)"));
+  s.device_base = static_cast<uint8_t*>(base);
+  K3_ASSIGN_OR_RETURN(s.copier, DeviceCopier::Open(rt, options.device, options.copy_workers, s.slot_bytes,
+                                                   options.stage_pageable));
+  s.slots = std::make_unique<DeviceSlots>(static_cast<uint32_t>(slot_count));
+  return std::unique_ptr<DeviceExpertTier>(new DeviceExpertTier(std::move(impl)));
+}
+
+Status DeviceExpertTier::UsePinnedHostBuffers(StoreOptions& options) {
+  K3_ASSIGN_OR_RETURN(const cuda::Runtime* rt, cuda::LoadRuntime());
+  options.buffer_alloc = [rt](uint64_t bytes) -> void* {
+    void* p = nullptr;
+    if (rt->HostAlloc(&p, bytes, 0) != 0) return nullptr;
+    PinnedRegistry::Get().Add(p, bytes);
+    return p;
+  };
+  options.buffer_free = [rt](void* p, uint64_t) {
+    PinnedRegistry::Get().Remove(p);
+    rt->FreeHost(p);
+  };
+  return Status::OK();
+}
+
+Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<const int64_t> ids,
+                                                    std::span<const int64_t> shape) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  K3_RETURN_IF_ERROR(ValidateRoute(s.space, layer, shape, ids));
+  const uint32_t li = static_cast<uint32_t>(s.space.LayerIndex(layer));
+  std::vector<ObjectId> keys;
+  DistinctSorted(s.space, li, ids.data(), ids.size(), &keys);
+  const std::vector<uint64_t> keys64(keys.begin(), keys.end());
+  K3_ASSIGN_OR_RETURN(auto placed, s.slots->Place(keys64));
+
+  DeviceAcquisition a;
+  a.layer = layer;
+  std::vector<int64_t> missed_experts;
+  std::vector<uint32_t> missed_slots;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    a.slots.push_back(placed[i].slot);
+    if (placed[i].load) {
+      missed_experts.push_back(s.space.ExpertOf(keys[i]));
+      missed_slots.push_back(placed[i].slot);
+    }
+  }
+  if (!missed_experts.empty()) {
+    Status st = s.Load(layer, missed_experts, missed_slots);
+    if (!st.ok()) {
+      for (uint32_t slot : missed_slots) s.slots->Forget(slot);  // never serve a slot whose copy failed
+      s.slots->Release(a.slots);
+      return st.error();
+    }
+  }
+  ++s.calls;
+  s.routes += ids.size();
+  s.misses += missed_experts.size();
+  s.hits += keys.size() - missed_experts.size();
+
+  const auto& info = s.host->info();
+  const auto& offsets = info.role_offsets[li];
+  const auto& sizes = info.role_bytes[li];
+  for (int64_t e : ids) {
+    const size_t k = static_cast<size_t>(
+        std::lower_bound(keys.begin(), keys.end(), s.space.Id(li, static_cast<uint32_t>(e))) - keys.begin());
+    const uint8_t* base = s.SlotAddress(a.slots[k]);
+    DeviceExpertView v;
+    v.layer = layer;
+    v.expert = static_cast<uint32_t>(e);
+    v.bytes = {base, s.space.object_bytes[li]};
+    v.up = {base + offsets[0], sizes[0]};
+    v.gate = {base + offsets[1], sizes[1]};
+    v.down = {base + offsets[2], sizes[2]};
+    a.routes.push_back(v);
+  }
+  a.ticket = s.next_ticket++;
+  return a;
+}
+
+Status DeviceExpertTier::Release(DeviceAcquisition& a) {
+  if (a.ticket == 0) return Status::OK();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->slots->Release(a.slots);
+  a.ticket = 0;
+  return Status::OK();
+}
+
+Status DeviceExpertTier::CopyToHost(const DeviceSpan& src, std::span<uint8_t> dst) const {
+  const Impl& s = *impl_;
+  const auto* p = static_cast<const uint8_t*>(src.data);
+  const uint8_t* end = s.device_base + uint64_t{s.slots->slot_count()} * s.slot_bytes;
+  if (p < s.device_base || p > end || dst.size() > src.size || dst.size() > static_cast<uint64_t>(end - p))
+    return Error("CopyToHost: the span is not inside this tier's device slots");
+  return cuda::Check(*s.rt, s.rt->Memcpy(dst.data(), p, dst.size(), cuda::kDeviceToHost),
+                     "cudaMemcpy (device to host)");
+}
+
+nlohmann::json DeviceExpertTier::Snapshot() const {
+  const Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  return {
+      {"runtime_library", s.rt->library},
+      {"runtime_version", s.runtime_version},
+      {"driver_version", s.driver_version},
+      {"device", s.options.device},
+      {"slots", s.slots->slot_count()},
+      {"slot_bytes", s.slot_bytes},
+      {"copy_workers", s.copier->workers()},
+      {"stage_pageable", s.copier->stages_pageable()},
+      {"held_slots", s.slots->held()},
+      {"resident_objects", s.slots->resident()},
+      {"calls", s.calls},
+      {"routes", s.routes},
+      {"hits", s.hits},
+      {"misses", s.misses},
+      {"evictions", s.slots->evictions()},
+      {"h2d_bytes", s.h2d_bytes},
+      {"h2d_pinned_bytes", s.h2d_pinned_bytes},
+      {"h2d_seconds", s.h2d_seconds},
+      {"host_acquire_seconds", s.host_seconds},
+  };
+}
+
+}  // namespace k3pack::store
