@@ -55,7 +55,9 @@ void DeviceSlots::Release(std::span<const uint32_t> slots) {
   for (uint32_t s : slots) {
     if (s >= slot_count() || holds_[s] == 0) continue;
     if (--holds_[s] == 0) {
-      lru_.PushBack(0, s);
+      // An emptied slot (failed copy) is the first to reuse: it costs no eviction.
+      if (key_of_[s] == kEmpty) lru_.PushFront(0, s);
+      else lru_.PushBack(0, s);
       --held_;
     }
   }

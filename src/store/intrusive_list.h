@@ -24,6 +24,13 @@ class ListFamily {
     tail_[list] = id;
     owner_[id] = list;
   }
+  void PushFront(uint32_t list, ObjectId id) {
+    next_[id] = head_[list];
+    prev_[id] = kNil;
+    if (head_[list] != kNil) prev_[head_[list]] = id; else tail_[list] = id;
+    head_[list] = id;
+    owner_[id] = list;
+  }
   void Unlink(ObjectId id) {
     uint32_t list = owner_[id];
     if (list == kNil) return;

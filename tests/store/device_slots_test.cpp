@@ -75,13 +75,20 @@ TEST(DeviceSlots, HeldSlotsAreNeverTakenAndRefusalChangesNothing) {
   EXPECT_EQ(d.held(), 0u);
 }
 
-TEST(DeviceSlots, ForgottenSlotIsLoadedAgain) {
-  DeviceSlots d(2);
+TEST(DeviceSlots, ForgottenSlotIsLoadedAgainAndReusedFirst) {
+  DeviceSlots d(3);
+  d.Release(SlotsOf(PlaceOk(d, {1})));
   auto p = PlaceOk(d, {7});
   d.Forget(p[0].slot);
   d.Release(SlotsOf(p));
-  EXPECT_EQ(d.resident(), 0u);
-  EXPECT_TRUE(PlaceOk(d, {7})[0].load);
+  EXPECT_EQ(d.resident(), 1u);
+  auto again = PlaceOk(d, {7});
+  EXPECT_TRUE(again[0].load);
+  EXPECT_EQ(again[0].slot, p[0].slot) << "the emptied slot is taken before any free one";
+  d.Release(SlotsOf(again));
+  d.Release(SlotsOf(PlaceOk(d, {8})));
+  EXPECT_EQ(d.evictions(), 0u) << "a never-used slot was still free";
+  EXPECT_FALSE(PlaceOk(d, {1})[0].load);
 }
 
 }  // namespace
