@@ -17,20 +17,8 @@ class ListFamily {
   ListFamily(uint64_t objects, uint32_t lists)
       : prev_(objects, kNil), next_(objects, kNil), owner_(objects, kNil), head_(lists, kNil), tail_(lists, kNil) {}
 
-  void PushBack(uint32_t list, ObjectId id) {
-    prev_[id] = tail_[list];
-    next_[id] = kNil;
-    if (tail_[list] != kNil) next_[tail_[list]] = id; else head_[list] = id;
-    tail_[list] = id;
-    owner_[id] = list;
-  }
-  void PushFront(uint32_t list, ObjectId id) {
-    next_[id] = head_[list];
-    prev_[id] = kNil;
-    if (head_[list] != kNil) prev_[head_[list]] = id; else tail_[list] = id;
-    head_[list] = id;
-    owner_[id] = list;
-  }
+  void PushBack(uint32_t list, ObjectId id) { Link(list, id, tail_[list], kNil); }
+  void PushFront(uint32_t list, ObjectId id) { Link(list, id, kNil, head_[list]); }
   void Unlink(ObjectId id) {
     uint32_t list = owner_[id];
     if (list == kNil) return;
@@ -45,6 +33,15 @@ class ListFamily {
   uint32_t prev(ObjectId id) const { return prev_[id]; }
 
  private:
+  // Links `id` between neighbours `before` and `after` of `list` (kNil at an end).
+  void Link(uint32_t list, ObjectId id, uint32_t before, uint32_t after) {
+    prev_[id] = before;
+    next_[id] = after;
+    if (before != kNil) next_[before] = id; else head_[list] = id;
+    if (after != kNil) prev_[after] = id; else tail_[list] = id;
+    owner_[id] = list;
+  }
+
   std::vector<uint32_t> prev_, next_, owner_, head_, tail_;
 };
 
