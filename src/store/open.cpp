@@ -147,12 +147,25 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, Pac
     if (entry_expert != static_cast<int32_t>(expert) || LE32(e + 132) != 0) return identity();
     const uint64_t offset = LE64(e + 136), nbytes = LE64(e + 144);
     if (nbytes != g->role_bytes[li][role] || offset % g->alignment != 0 || offset < previous_end ||
-        offset > file_size || nbytes > file_size - offset)
-      return Error("Kimi expert-pack range mismatch at index " + std::to_string(i));
+        offset > file_size || nbytes > file_size - offset) {
+      Error e("Kimi expert-pack range mismatch at index " + std::to_string(i));
+      // Checked in order, damage to one entry's range surfaces at the next.
+      if (i > 0 && offset < previous_end)
+        return e.WithHint("entry " + std::to_string(i) + " starts at byte " + std::to_string(offset) +
+                          ", before the end of index entry " + std::to_string(i - 1) + " (byte " +
+                          std::to_string(previous_end) + "): the offset or size of either entry may be the damaged field");
+      return e;
+    }
     if (role == 0) {
       g->object_offsets[object] = offset;
     } else if (offset != g->object_offsets[object] + g->role_offsets[li][role]) {
-      return Error("Kimi expert object is not contiguous at index " + std::to_string(i));
+      const uint64_t first = i - role;
+      return Error("Kimi expert object is not contiguous at index " + std::to_string(i))
+          .WithHint("entry " + std::to_string(i) + " starts at byte " + std::to_string(offset) +
+                    "; its object's first role, index entry " + std::to_string(first) + ", starts at byte " +
+                    std::to_string(g->object_offsets[object]) + ", which puts this role at byte " +
+                    std::to_string(g->object_offsets[object] + g->role_offsets[li][role]) +
+                    ": the offset of either entry may be the damaged field");
     }
     previous_end = offset + nbytes;
   }

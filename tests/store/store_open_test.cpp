@@ -217,7 +217,23 @@ TEST(StoreOpen, EntryRangesAndContiguity) {
   // gate of object 0 moved one page further: aligned, increasing, not contiguous.
   v = p.layout.data_start() + 8192;
   p.Patch(p.EntryOffset(1) + 136, &v, 8);
-  EXPECT_EQ(OpenError(p), "Kimi expert object is not contiguous at index 1");
+  const uint64_t moved = v;
+  const std::string contiguity = OpenError(p);
+  EXPECT_EQ(contiguity.substr(0, contiguity.find('\n')), "Kimi expert object is not contiguous at index 1");
+  EXPECT_NE(contiguity.find("\nhint: entry 1 starts at byte " + std::to_string(moved) +
+                            "; its object's first role, index entry 0, starts at byte " +
+                            std::to_string(p.layout.data_start())),
+            std::string::npos)
+      << contiguity;
+  p.WritePack();
+  // Entry 2's offset moved back into entry 1's bytes: SGLang's text names entry 2, the hint both.
+  v = p.layout.data_start() + 4096;
+  p.Patch(p.EntryOffset(2) + 136, &v, 8);
+  const std::string overlap = OpenError(p);
+  EXPECT_EQ(overlap.substr(0, overlap.find('\n')), "Kimi expert-pack range mismatch at index 2");
+  EXPECT_NE(overlap.find("before the end of index entry 1 (byte " + std::to_string(p.layout.data_start() + 8192) + ")"),
+            std::string::npos)
+      << overlap;
   p.WritePack();
   v = p.layout.final_size();  // last entry past EOF
   p.Patch(p.EntryOffset(p.layout.index_count() - 1) + 136, &v, 8);
@@ -393,7 +409,15 @@ TEST(StoreOpen, RandomHeaderAndIndexByteFlipsAreRefused) {
       continue;
     }
     const uint64_t entry = (at - pack::kHeaderBytes) / pack::kEntryBytes;
-    if (e.find(" at index " + std::to_string(entry)) != std::string::npos) {
+    // Entries are checked in order, so a damaged offset can surface at a later
+    // entry of the same run (SGLang's text names that one); the hint then
+    // names the damaged entry.
+    const size_t first_line = e.find('\n');
+    const bool named_here = e.find(" at index " + std::to_string(entry)) < first_line;
+    const bool named_later = (e.find(" at index " + std::to_string(entry + 1)) < first_line ||
+                              e.find(" at index " + std::to_string(entry + 2)) < first_line) &&
+                             e.find("index entry " + std::to_string(entry) + " ") != std::string::npos;
+    if (named_here || named_later) {
       ++named_entry;
     } else {
       // Bytes SGLang's checks do not read (a name's NUL padding): the digest
