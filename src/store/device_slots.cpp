@@ -4,18 +4,17 @@
 
 namespace k3pack::store {
 
-DeviceSlots::DeviceSlots(uint32_t slot_count)
-    : key_of_(slot_count, kEmpty), holds_(slot_count, 0), lru_(slot_count, 1) {
+DeviceSlots::DeviceSlots(uint32_t slot_count, uint64_t num_objects)
+    : slot_of_(num_objects, kNone), key_of_(slot_count, kNone), holds_(slot_count, 0), lru_(slot_count, 1) {
   for (uint32_t s = 0; s < slot_count; ++s) lru_.PushBack(0, s);
 }
 
-Result<std::vector<DeviceSlots::Placement>> DeviceSlots::Place(std::span<const uint64_t> keys) {
+Result<std::vector<DeviceSlots::Placement>> DeviceSlots::Place(std::span<const ObjectId> keys) {
   // Count first so a refusal leaves every slot as it was.
   uint64_t misses = 0, free_hits = 0;
-  for (uint64_t k : keys) {
-    auto it = slot_of_.find(k);
-    if (it == slot_of_.end()) ++misses;
-    else if (holds_[it->second] == 0) ++free_hits;
+  for (ObjectId k : keys) {
+    if (slot_of_[k] == kNone) ++misses;
+    else if (holds_[slot_of_[k]] == 0) ++free_hits;
   }
   const uint64_t free_slots = slot_count() - held_;
   if (misses > free_slots - free_hits) {
@@ -28,15 +27,14 @@ Result<std::vector<DeviceSlots::Placement>> DeviceSlots::Place(std::span<const u
   }
   std::vector<Placement> out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto it = slot_of_.find(keys[i]);
-    uint32_t slot;
-    if (it != slot_of_.end()) {
-      slot = it->second;
-    } else {
+    uint32_t slot = slot_of_[keys[i]];
+    if (slot == kNone) {
       slot = lru_.head(0);  // exists: checked above
-      if (key_of_[slot] != kEmpty) {
-        slot_of_.erase(key_of_[slot]);
+      if (key_of_[slot] != kNone) {
+        slot_of_[key_of_[slot]] = kNone;
         ++evictions_;
+      } else {
+        ++resident_;
       }
       key_of_[slot] = keys[i];
       slot_of_[keys[i]] = slot;
@@ -56,7 +54,7 @@ void DeviceSlots::Release(std::span<const uint32_t> slots) {
     if (s >= slot_count() || holds_[s] == 0) continue;
     if (--holds_[s] == 0) {
       // An emptied slot (failed copy) is the first to reuse: it costs no eviction.
-      if (key_of_[s] == kEmpty) lru_.PushFront(0, s);
+      if (key_of_[s] == kNone) lru_.PushFront(0, s);
       else lru_.PushBack(0, s);
       --held_;
     }
@@ -64,9 +62,10 @@ void DeviceSlots::Release(std::span<const uint32_t> slots) {
 }
 
 void DeviceSlots::Forget(uint32_t slot) {
-  if (slot >= slot_count() || key_of_[slot] == kEmpty) return;
-  slot_of_.erase(key_of_[slot]);
-  key_of_[slot] = kEmpty;
+  if (slot >= slot_count() || key_of_[slot] == kNone) return;
+  slot_of_[key_of_[slot]] = kNone;
+  key_of_[slot] = kNone;
+  --resident_;
 }
 
 }  // namespace k3pack::store

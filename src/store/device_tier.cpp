@@ -153,7 +153,7 @@ Result<std::unique_ptr<DeviceExpertTier>> DeviceExpertTier::Open(std::shared_ptr
   s.device_base = static_cast<uint8_t*>(base);
   K3_ASSIGN_OR_RETURN(s.copier, DeviceCopier::Open(rt, options.device, options.copy_workers, s.slot_bytes,
                                                    options.stage_pageable));
-  s.slots = std::make_unique<DeviceSlots>(static_cast<uint32_t>(slot_count));
+  s.slots = std::make_unique<DeviceSlots>(static_cast<uint32_t>(slot_count), s.space.num_objects());
   return std::unique_ptr<DeviceExpertTier>(new DeviceExpertTier(std::move(impl)));
 }
 
@@ -180,8 +180,7 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
   const uint32_t li = static_cast<uint32_t>(s.space.LayerIndex(layer));
   std::vector<ObjectId> keys;
   DistinctSorted(s.space, li, ids.data(), ids.size(), &keys);
-  const std::vector<uint64_t> keys64(keys.begin(), keys.end());
-  K3_ASSIGN_OR_RETURN(auto placed, s.slots->Place(keys64));
+  K3_ASSIGN_OR_RETURN(auto placed, s.slots->Place(keys));
 
   DeviceAcquisition a;
   a.layer = layer;

@@ -9,7 +9,7 @@
 namespace k3pack::store {
 namespace {
 
-std::vector<DeviceSlots::Placement> PlaceOk(DeviceSlots& d, std::vector<uint64_t> keys) {
+std::vector<DeviceSlots::Placement> PlaceOk(DeviceSlots& d, std::vector<ObjectId> keys) {
   auto r = d.Place(keys);
   EXPECT_TRUE(r.ok()) << r.error().message();
   return r.ok() ? *r : std::vector<DeviceSlots::Placement>{};
@@ -22,7 +22,7 @@ std::vector<uint32_t> SlotsOf(const std::vector<DeviceSlots::Placement>& p) {
 }
 
 TEST(DeviceSlots, MissesLoadHitsDoNot) {
-  DeviceSlots d(4);
+  DeviceSlots d(4, 16);
   auto a = PlaceOk(d, {10, 11});
   ASSERT_EQ(a.size(), 2u);
   EXPECT_TRUE(a[0].load && a[1].load);
@@ -37,8 +37,8 @@ TEST(DeviceSlots, MissesLoadHitsDoNot) {
 }
 
 TEST(DeviceSlots, EvictsLeastRecentlyReleased) {
-  DeviceSlots d(3);
-  for (uint64_t k : {1, 2, 3}) d.Release(SlotsOf(PlaceOk(d, {k})));
+  DeviceSlots d(3, 16);
+  for (ObjectId k : {1, 2, 3}) d.Release(SlotsOf(PlaceOk(d, {k})));
   d.Release(SlotsOf(PlaceOk(d, {1})));  // 1 becomes most recent: 2 is now the oldest
   auto p = PlaceOk(d, {4});
   ASSERT_TRUE(p[0].load);
@@ -50,17 +50,17 @@ TEST(DeviceSlots, EvictsLeastRecentlyReleased) {
 }
 
 TEST(DeviceSlots, HeldSlotsAreNeverTakenAndRefusalChangesNothing) {
-  DeviceSlots d(3);
+  DeviceSlots d(3, 16);
   auto held = PlaceOk(d, {1, 2});  // not released
   d.Release(SlotsOf(PlaceOk(d, {3})));
-  auto r = d.Place(std::vector<uint64_t>{4, 5});  // needs 2 free slots, 1 is free
+  auto r = d.Place(std::vector<ObjectId>{4, 5});  // needs 2 free slots, 1 is free
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message().find("cannot hold this call's working set"), std::string::npos) << r.error().message();
   EXPECT_EQ(d.resident(), 3u);
   EXPECT_EQ(d.held(), 2u);
   EXPECT_EQ(d.evictions(), 0u);
   // A hit on a free slot counts against the room for misses.
-  EXPECT_FALSE(d.Place(std::vector<uint64_t>{3, 6}).ok());
+  EXPECT_FALSE(d.Place(std::vector<ObjectId>{3, 6}).ok());
   auto ok = PlaceOk(d, {6});
   EXPECT_TRUE(ok[0].load);
   EXPECT_EQ(d.KeyOf(ok[0].slot), 6u);
@@ -76,7 +76,7 @@ TEST(DeviceSlots, HeldSlotsAreNeverTakenAndRefusalChangesNothing) {
 }
 
 TEST(DeviceSlots, ForgottenSlotIsLoadedAgainAndReusedFirst) {
-  DeviceSlots d(3);
+  DeviceSlots d(3, 16);
   d.Release(SlotsOf(PlaceOk(d, {1})));
   auto p = PlaceOk(d, {7});
   d.Forget(p[0].slot);
