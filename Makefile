@@ -8,6 +8,9 @@ TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 30
 CMAKE_FLAGS ?=
+# Clones and worktrees share one ccache: paths are hashed relative to the tree.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 
 .PHONY: all deps build build-asan build-tsan test test-fast test-tsan demo bench fuzz python clean
 

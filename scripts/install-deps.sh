@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential g++ cmake make ninja-build pkg-config
+  build-essential g++ cmake make ninja-build pkg-config ccache
   libssl-dev nlohmann-json3-dev liburing-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-pip python3-numpy python3-torch pybind11-dev
