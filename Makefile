@@ -24,16 +24,15 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 build-asan: deps
-	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_PYTHON=OFF >/dev/null
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_PYTHON=OFF -DK3_BENCH=OFF >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 build-tsan: deps
-	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DK3_TSAN=ON -DK3_PYTHON=OFF >/dev/null
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DK3_TSAN=ON -DK3_PYTHON=OFF -DK3_BENCH=OFF >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_store
 
 # Everything: unit + integration + Python tests, the same under ASan/UBSan,
 # the concurrency tests under TSan, and a fuzz smoke run.
-test: export K3_TEST_START := $(shell date +%s)
 test: build build-asan
 	@./scripts/run-tests.sh
 
