@@ -29,7 +29,9 @@ import numpy as np
 
 from ._loader import nonexpert_tensors
 
-__all__ = ["kimi_k3_nonexpert_weights_iterator", "to_torch", "install_into_sglang"]
+from ._sglang_store import KimiGGMLExpertPackStore  # noqa: E402
+
+__all__ = ["kimi_k3_nonexpert_weights_iterator", "to_torch", "install_into_sglang", "KimiGGMLExpertPackStore"]
 
 _torch = None
 
@@ -76,25 +78,39 @@ def kimi_k3_nonexpert_weights_iterator(manifest_path, *, sglang_compat=False, co
 
 
 SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"
+SGLANG_STORE_MODULE = "sglang.srt.layers.moe.expert_pack"
 
 
-def install_into_sglang():
-    """Makes SGLang use k3pack's iterator: imports SGLang's kimi_k3_gguf
-    module and replaces its kimi_k3_nonexpert_weights_iterator, plus every
-    `from ... import kimi_k3_nonexpert_weights_iterator` binding already made
-    in loaded modules. Call it before the model loads. Returns the names of
-    the modules patched. Raises ImportError when SGLang is not installed."""
+def _replace_everywhere(target_module, attribute, replacement):
+    """Sets `attribute` on the SGLang module and on every loaded module that
+    holds the same object (a `from ... import name` binding)."""
     import importlib
     import sys
 
-    target = importlib.import_module(SGLANG_MODULE)
-    original = getattr(target, "kimi_k3_nonexpert_weights_iterator", None)
+    target = importlib.import_module(target_module)
+    original = getattr(target, attribute, None)
     patched = []
     for name, module in list(sys.modules.items()):
         if module is None:
             continue
-        current = getattr(module, "kimi_k3_nonexpert_weights_iterator", None)
+        current = getattr(module, attribute, None)
         if current is not None and (current is original or module is target):
-            setattr(module, "kimi_k3_nonexpert_weights_iterator", kimi_k3_nonexpert_weights_iterator)
+            setattr(module, attribute, replacement)
             patched.append(name)
-    return sorted(patched)
+    return patched
+
+
+def install_into_sglang(*, store=False):
+    """Makes SGLang use k3pack: imports SGLang's kimi_k3_gguf module and
+    replaces its kimi_k3_nonexpert_weights_iterator, plus every
+    `from ... import kimi_k3_nonexpert_weights_iterator` binding already made
+    in loaded modules. With store=True it also replaces
+    KimiGGMLExpertPackStore in sglang.srt.layers.moe.expert_pack (and every
+    loaded module that imported it), so the routed experts are served by
+    k3pack's slot cache. Call it before the model loads. Returns the names of
+    the modules patched. Raises ImportError when SGLang is not installed."""
+    patched = _replace_everywhere(SGLANG_MODULE, "kimi_k3_nonexpert_weights_iterator",
+                                  kimi_k3_nonexpert_weights_iterator)
+    if store:
+        patched += _replace_everywhere(SGLANG_STORE_MODULE, "KimiGGMLExpertPackStore", KimiGGMLExpertPackStore)
+    return sorted(set(patched))

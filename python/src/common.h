@@ -51,6 +51,7 @@ void RegisterLoader(py::module_& m);
 void RegisterQuant(py::module_& m);
 void RegisterPack(py::module_& m);
 void RegisterStore(py::module_& m);
+void RegisterSlotCache(py::module_& m);
 void RegisterSynth(py::module_& m);
 
 }  // namespace k3py

@@ -12,5 +12,6 @@ PYBIND11_MODULE(_k3pack, m) {
   k3py::RegisterQuant(m);
   k3py::RegisterPack(m);
   k3py::RegisterStore(m);
+  k3py::RegisterSlotCache(m);
   k3py::RegisterSynth(m);
 }

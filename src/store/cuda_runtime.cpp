@@ -48,6 +48,7 @@ Result<Runtime> Load() {
     Bind(lib, "cudaEventRecord", &rt.EventRecord, &missing);
     Bind(lib, "cudaEventSynchronize", &rt.EventSynchronize, &missing);
     Bind(lib, "cudaEventElapsedTime", &rt.EventElapsedTime, &missing);
+    Bind(lib, "cudaStreamWaitEvent", &rt.StreamWaitEvent, &missing);
     Bind(lib, "cudaGetErrorString", &rt.GetErrorString, &missing);
     if (!missing.empty()) {
       tried += "\n  " + name + ": loaded, but lacks " + missing;

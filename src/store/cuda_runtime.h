@@ -37,6 +37,7 @@ struct Runtime {
   int (*EventRecord)(Event, Stream);
   int (*EventSynchronize)(Event);
   int (*EventElapsedTime)(float*, Event, Event);
+  int (*StreamWaitEvent)(Stream, Event, unsigned);  // queue a wait, no host sync
   const char* (*GetErrorString)(int);
   std::string library;  // the file that was loaded
 };

@@ -46,6 +46,7 @@ struct EmulatedCuda {
       r.EventRecord = [](cuda::Event, cuda::Stream) { return 0; };
       r.EventSynchronize = [](cuda::Event) { return 0; };
       r.EventElapsedTime = [](float* ms, cuda::Event, cuda::Event) { return *ms = 0, 0; };
+      r.StreamWaitEvent = [](cuda::Stream, cuda::Event, unsigned) { return 0; };
       r.GetErrorString = [](int code) { return code == kIllegalAddress ? "an illegal memory access was encountered" : "emulated error"; };
       r.library = "emulated";
       return r;

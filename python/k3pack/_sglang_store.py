@@ -1,0 +1,250 @@
+"""k3pack.sglang.KimiGGMLExpertPackStore: SGLang's expert store
+(sglang.srt.layers.moe.expert_pack.KimiGGMLExpertPackStore), served by
+k3pack's C++ slot cache.
+
+Same constructor, checks, texts, device-cache sizing, acquire/mark_used
+contract, stats keys and stats file as SGLang's class (spec §7). What k3pack
+adds, all keyword-only and off by default except where SGLang has no choice:
+  * policy: the slot replacement policy ("reuse-lfu-lru-v2" = SGLang's, the
+    default, with its exact hit/miss/eviction sequence and slot choice);
+  * io_backend: "pread" (a thread pool) or "uring" (io_uring); every miss of
+    a call is in flight at once, not in batches of stage_slots;
+  * host_cache_mib: a host-RAM tier between the SSD and the slots (0: none);
+  * prefetch: enables prefetch(layer, expert_ids), which starts host-tier
+    reads without waiting (needs host_cache_mib > 0);
+  * the device may be "cpu" (SGLang accepts only CUDA), so CPU inference and
+    machines without a GPU run the same code path.
+torch is imported when the class is constructed.
+"""
+
+import atexit
+import json
+import os
+
+import numpy as np
+
+from . import _k3pack
+
+__all__ = ["KimiGGMLExpertPackStore", "READ_SPLITS"]
+
+READ_SPLITS = 4
+_MIB = 1024 * 1024
+_ALIGN = 4096
+_PACK_FORMAT = "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1"
+_HARD_CONSTRAINTS = {
+    "top_k": 16,
+    "top_k_is_immutable": True,
+    "all_selected_experts_must_execute": True,
+    "expert_pruning_allowed": False,
+    "requantization_allowed": False,
+}
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class KimiGGMLExpertPackStore:
+    """Drop-in for SGLang's KimiGGMLExpertPackStore (see the module docstring)."""
+
+    def __init__(self, pack_path, *, manifest_path, expected_layers, expected_experts, expected_top_k,
+                 expected_source_sha256=None, expected_model_identity_sha256=None, expected_config_sha256=None,
+                 cache_vram_mib=18 * 1024, cache_vram_reserve_mib=3 * 1024, stage_slots=16, read_splits=READ_SPLITS,
+                 direct_io=False, stats_flush_interval=0, verify_pack_sha256=False, stats_path=None,
+                 policy="reuse-lfu-lru-v2", io_backend="pread", host_cache_mib=0, prefetch=False):
+        self._cache = None
+        self._closed = False
+        self.pack_path = str(pack_path)
+        self.manifest_path = str(manifest_path)
+        # The pack checks (manifest, header, every index entry, index digest)
+        # run in C++, in SGLang's order and with its texts.
+        self._engine = _k3pack.SlotCache(
+            self.pack_path, self.manifest_path, policy=policy, io_backend=io_backend, direct_io=bool(direct_io),
+            read_splits=int(read_splits) if int(read_splits) > 0 else 1, queue_depth=max(1, int(stage_slots)) * max(1, int(read_splits)),
+            stage_slots=max(1, int(stage_slots)), host_cache_bytes=int(host_cache_mib) * _MIB,
+            verify_pack_sha256=bool(verify_pack_sha256), cache_vram_reserve_mib=int(cache_vram_reserve_mib),
+            expected_layers=int(expected_layers), expected_experts=int(expected_experts),
+            expected_top_k=int(expected_top_k))
+        with open(self.manifest_path, "rb") as f:
+            manifest = json.load(f)
+        # SGLang's synthesized header digests, compared like the shared store
+        # compares configured digests.
+        digests = {
+            "model_identity_sha256": ("0" * 64, expected_model_identity_sha256),
+            "source_blob_sha256": (manifest["source"]["inventory_sha256"], expected_source_sha256),
+            "config_sha256": (manifest["model"]["config_sha256"], expected_config_sha256),
+        }
+        for field, (actual, expected) in digests.items():
+            if expected is not None and str(expected).lower() != actual:
+                raise ValueError(f"expert-pack {field} does not match configured digest")
+        # SGLang's _initialize_runtime_state checks.
+        if cache_vram_mib <= 0 or cache_vram_reserve_mib <= 0 or stage_slots <= 0 or read_splits <= 0:
+            raise ValueError("expert cache and staging budgets, and read splits, must be positive")
+        if stats_flush_interval < 0:
+            raise ValueError("expert-pack stats flush interval cannot be negative")
+        if direct_io and not hasattr(os, "O_DIRECT"):
+            raise ValueError("expert-pack direct I/O is unavailable on this platform")
+        if prefetch and host_cache_mib <= 0:
+            raise ValueError("prefetch needs a host tier: pass host_cache_mib > 0")
+        self.expected_layers = int(expected_layers)
+        self.expected_experts = int(expected_experts)
+        self.top_k = self._engine.top_k
+        self.cache_vram_mib = int(cache_vram_mib)
+        self.cache_vram_reserve_mib = int(cache_vram_reserve_mib)
+        self.stage_slots = int(stage_slots)
+        self.read_splits = int(read_splits)
+        self.direct_io = bool(direct_io)
+        self.stats_flush_interval = int(stats_flush_interval)
+        self.policy = policy
+        self.io_backend = io_backend
+        self.host_cache_mib = int(host_cache_mib)
+        self.prefetch_enabled = bool(prefetch)
+        self.active_moe_layer_ids = frozenset(self._engine.active_layer_ids)
+        self.object_payload_bytes = self.object_stride = self._engine.slot_bytes
+        self.role_offsets = self._role_map(self._engine.role_offsets[0])
+        self.role_nbytes = self._role_map(self._engine.role_bytes[0])
+        self.role_bytes = self.role_nbytes["gate"]
+        self.index_sha256 = self._engine.index_sha256
+        self.pack_sha256 = manifest["expert_pack"].get("sha256", self.index_sha256)
+        self.stats_path = os.path.abspath(os.path.expanduser(str(stats_path))) if stats_path else None
+        self._last_flush = 0
+        self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
+        self._device = None
+        self._slot_count = 0
+        atexit.register(self.close)
+
+    @staticmethod
+    def _role_map(values):
+        up, gate, down = values  # the pack's physical order
+        return {"up": up, "gate": gate, "down": down}
+
+    # ------------------------------------------------------------ device cache
+
+    def initialize_device_cache(self, device):
+        """SGLang's sizing on CUDA: min(cache_vram_mib, free - reserve) //
+        object bytes slots, at least top-k. On "cpu" the budget is
+        cache_vram_mib (no free-memory probe)."""
+        if self._cache is not None:
+            return
+        torch = _torch()
+        device = torch.device(device)
+        if device.type not in ("cuda", "cpu"):
+            raise ValueError("expert-pack runtime currently requires CUDA")
+        budget = self.cache_vram_mib * _MIB
+        if device.type == "cuda":
+            free_bytes, _ = torch.cuda.mem_get_info(device)
+            budget = min(budget, max(0, free_bytes - self.cache_vram_reserve_mib * _MIB))
+        else:
+            free_bytes = budget
+        slots = budget // self.object_payload_bytes
+        if slots < self.top_k:
+            raise MemoryError(
+                f"insufficient free VRAM for one top-k expert working set: free={free_bytes}, "
+                f"object={self.object_payload_bytes}")
+        if device.type == "cuda":
+            cache = torch.empty((slots, self.object_payload_bytes), dtype=torch.uint8, device=device)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self._engine.attach_cuda(cache.data_ptr(), slots, index)
+        else:
+            # Over-allocate and start at a 4096-aligned address, so reads
+            # (O_DIRECT included) land straight in the slots.
+            flat = torch.empty(slots * self.object_payload_bytes + _ALIGN, dtype=torch.uint8)
+            skip = (-flat.data_ptr()) % _ALIGN
+            cache = flat[skip:skip + slots * self.object_payload_bytes].view(slots, self.object_payload_bytes)
+            self._engine.attach_host(cache.data_ptr(), slots)
+        self._cache = cache
+        self._device = device
+        self._slot_count = slots
+
+    @property
+    def device_cache(self):
+        if self._cache is None:
+            raise RuntimeError("raw expert device cache is not initialized")
+        return self._cache
+
+    # ------------------------------------------------------------ routing
+
+    def _stream(self):
+        if self._device is None or self._device.type != "cuda":
+            return 0
+        return _torch().cuda.current_stream(self._device).cuda_stream
+
+    def acquire(self, layer, topk_ids, *, is_prefill=None):
+        """Slots of topk_ids' routes in route order (duplicates kept), as an
+        int32 tensor on the cache's device and as a list."""
+        if self._cache is None:
+            raise RuntimeError("expert device cache is not initialized")
+        layer = int(layer)
+        if layer not in self.active_moe_layer_ids:
+            raise ValueError(f"layer {layer} is not an active routed MoE layer")
+        shape = topk_ids.shape
+        if len(shape) != 2 or shape[-1] != self.top_k:
+            raise ValueError(f"runtime top-k must be exactly {self.top_k}; received shape {shape}")
+        torch = _torch()
+        if isinstance(topk_ids, torch.Tensor):
+            ids = topk_ids.detach().to("cpu", torch.int64).numpy()
+        else:
+            ids = np.asarray(topk_ids, dtype=np.int64)
+        try:
+            slots = self._engine.acquire(layer, ids, is_prefill, self._stream())
+        except ValueError:  # a route check: SGLang counts no call
+            raise
+        except BaseException:
+            self._route_calls += 1
+            raise
+        self._route_calls += 1
+        slot_list = slots.tolist()
+        tensor = torch.from_numpy(slots)
+        if self._device.type == "cuda":
+            tensor = tensor.to(self._device, non_blocking=False)
+        return tensor, slot_list
+
+    def mark_used(self, slot_indices):
+        """Ends a call: its slots may be replaced once the work queued on the
+        current stream now has finished."""
+        torch = _torch()
+        if isinstance(slot_indices, torch.Tensor):
+            slots = slot_indices.detach().to("cpu", torch.int32).numpy()
+        else:
+            slots = np.asarray(list(slot_indices), dtype=np.int32)
+        self._engine.mark_used(slots, self._stream())
+        if self.stats_path and self.stats_flush_interval > 0:
+            if self._route_calls - self._last_flush >= self.stats_flush_interval:
+                self._write_stats()
+                self._last_flush = self._route_calls
+
+    def prefetch(self, layer, expert_ids):
+        """k3pack extra: start host-tier reads of a layer's experts (e.g. the
+        next layer's predicted top-k) without waiting."""
+        if not self.prefetch_enabled:
+            raise ValueError("prefetch is off: construct the store with prefetch=True and host_cache_mib > 0")
+        torch = _torch()
+        if isinstance(expert_ids, torch.Tensor):
+            expert_ids = expert_ids.detach().to("cpu", torch.int64).numpy()
+        self._engine.prefetch(int(layer), np.asarray(expert_ids, dtype=np.int64).reshape(-1))
+
+    # ------------------------------------------------------------ stats
+
+    def snapshot(self):
+        return self._engine.snapshot()
+
+    def _write_stats(self):
+        path = self.stats_path
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(json.dumps(self.snapshot(), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.stats_path:
+                self._write_stats()
+        finally:
+            self._engine.close()
+            atexit.unregister(self.close)

@@ -1,0 +1,119 @@
+// k3pack._k3pack.SlotCache (binds include/k3pack/slot_cache.h): the engine
+// under k3pack.sglang.KimiGGMLExpertPackStore. The slot memory is a torch
+// tensor the Python side allocates; its address comes in as an int. Every
+// call is one C++ call with the GIL released: no per-route Python work.
+#include <pybind11/stl.h>
+
+#include "common.h"
+#include "k3pack/slot_cache.h"
+
+namespace k3py {
+namespace {
+
+namespace store = k3pack::store;
+
+std::vector<int64_t> Int64s(const py::array& a, std::vector<int64_t>* shape) {
+  py::array_t<int64_t, py::array::c_style | py::array::forcecast> v(a);
+  if (shape) shape->assign(v.shape(), v.shape() + v.ndim());
+  return std::vector<int64_t>(v.data(), v.data() + v.size());
+}
+
+void* Pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+}  // namespace
+
+void RegisterSlotCache(py::module_& m) {
+  py::class_<store::SlotCache>(m, "SlotCache",
+                               "SGLang's slot-level expert cache over a pack; slots live in caller memory.")
+      .def(py::init([](const std::string& pack_path, const std::string& manifest_path, const std::string& policy,
+                       const std::string& io_backend, bool direct_io, int64_t read_splits, int64_t queue_depth,
+                       int64_t stage_slots, uint64_t host_cache_bytes, bool verify_pack_sha256,
+                       int64_t cache_vram_reserve_mib, std::optional<uint32_t> expected_layers,
+                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k) {
+             store::SlotCacheOptions o;
+             o.store.policy = policy;
+             o.store.io_backend = io_backend;
+             o.store.direct_io = direct_io;
+             o.store.read_splits = read_splits;
+             o.store.queue_depth = queue_depth;
+             o.host_cache_bytes = host_cache_bytes;
+             o.store.verify_pack_sha256 = verify_pack_sha256;
+             o.store.expected_layers = expected_layers;
+             o.store.expected_experts = expected_experts;
+             o.store.expected_top_k = expected_top_k;
+             o.stage_slots = stage_slots > 0 ? static_cast<uint32_t>(stage_slots) : 0;
+             o.cache_vram_reserve_mib = cache_vram_reserve_mib;
+             k3pack::Result<std::unique_ptr<store::SlotCache>> r = [&] {
+               py::gil_scoped_release nogil;
+               return store::SlotCache::Open(pack_path, manifest_path, o);
+             }();
+             return Unwrap(std::move(r));
+           }),
+           py::arg("pack_path"), py::arg("manifest_path"), py::kw_only(), py::arg("policy") = "reuse-lfu-lru-v2",
+           py::arg("io_backend") = "pread", py::arg("direct_io") = false, py::arg("read_splits") = 1,
+           py::arg("queue_depth") = 16, py::arg("stage_slots") = 16, py::arg("host_cache_bytes") = 0,
+           py::arg("verify_pack_sha256") = false, py::arg("cache_vram_reserve_mib") = 0,
+           py::arg("expected_layers") = py::none(), py::arg("expected_experts") = py::none(),
+           py::arg("expected_top_k") = py::none())
+      .def_property_readonly("slot_bytes", &store::SlotCache::slot_bytes)
+      .def_property_readonly("attached", &store::SlotCache::attached)
+      .def_property_readonly("top_k", [](const store::SlotCache& c) { return c.info().top_k; })
+      .def_property_readonly("num_hidden_layers", [](const store::SlotCache& c) { return c.info().num_hidden_layers; })
+      .def_property_readonly("num_experts", [](const store::SlotCache& c) { return c.info().num_experts; })
+      .def_property_readonly("active_layer_ids", [](const store::SlotCache& c) { return c.info().active_layer_ids; })
+      .def_property_readonly("role_offsets", [](const store::SlotCache& c) { return c.info().role_offsets; })
+      .def_property_readonly("role_bytes", [](const store::SlotCache& c) { return c.info().role_bytes; })
+      .def_property_readonly("index_sha256", [](const store::SlotCache& c) { return c.info().index_sha256; })
+      .def("attach_host", [](store::SlotCache& c, uintptr_t address, uint32_t slots) {
+        Check(c.AttachHost(static_cast<uint8_t*>(Pointer(address)), slots));
+      }, py::arg("address"), py::arg("slot_count"))
+      .def("attach_cuda", [](store::SlotCache& c, uintptr_t address, uint32_t slots, int device) {
+        Check(c.AttachCuda(Pointer(address), slots, device));
+      }, py::arg("address"), py::arg("slot_count"), py::arg("device"))
+      .def("acquire", [](store::SlotCache& c, uint32_t layer, py::array ids, std::optional<bool> is_prefill,
+                         uintptr_t stream) {
+        std::vector<int64_t> shape;
+        std::vector<int64_t> v = Int64s(ids, &shape);
+        k3pack::Result<std::vector<int32_t>> r = [&] {
+          py::gil_scoped_release nogil;
+          return c.Acquire(layer, v, shape, is_prefill, Pointer(stream));
+        }();
+        std::vector<int32_t> slots = Unwrap(std::move(r));
+        py::array_t<int32_t> out(static_cast<py::ssize_t>(slots.size()));
+        std::copy(slots.begin(), slots.end(), out.mutable_data());
+        return out;
+      }, py::arg("layer"), py::arg("topk_ids"), py::arg("is_prefill") = py::none(), py::arg("stream") = 0,
+         "topk_ids: int array [tokens, top_k]; returns int32 slots in route order")
+      .def("mark_used", [](store::SlotCache& c, py::array slots, uintptr_t stream) {
+        py::array_t<int32_t, py::array::c_style | py::array::forcecast> v(slots);
+        std::vector<int32_t> s(v.data(), v.data() + v.size());
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = c.MarkUsed(s, Pointer(stream));
+        }
+        Check(st);
+      }, py::arg("slots"), py::arg("stream") = 0)
+      .def("prefetch", [](store::SlotCache& c, uint32_t layer, py::array ids) {
+        std::vector<int64_t> v = Int64s(ids, nullptr);
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = c.Prefetch(layer, v);
+        }
+        Check(st);
+      }, py::arg("layer"), py::arg("expert_ids"))
+      .def("snapshot", [](const store::SlotCache& c) {
+        return py::module_::import("json").attr("loads")(c.Snapshot().dump());
+      })
+      .def("close", [](store::SlotCache& c) {
+        k3pack::Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = c.Close();
+        }
+        Check(st);
+      });
+}
+
+}  // namespace k3py

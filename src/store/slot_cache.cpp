@@ -1,0 +1,620 @@
+// SlotCache: SGLang's slot-level expert cache (include/k3pack/slot_cache.h).
+// A policy decides residency over a uniform-cost copy of the object space
+// (one slot = one object, as SGLang's slots); this file maps residency to
+// slot numbers, reads misses and keeps the CUDA events SGLang keeps.
+#include "k3pack/slot_cache.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <thread>
+
+#include "store/cuda_runtime.h"
+#include "store/io_engine.h"
+#include "store/policy.h"
+#include "store/store_impl.h"
+
+namespace k3pack::store {
+
+namespace {
+
+constexpr uint32_t kNoSlot = 0xffffffffu;
+constexpr uint32_t kMaxStageSlots = 1024;
+
+// Waits for one call's reads; completions arrive on engine threads.
+struct ReadBatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t pending = 0;
+  std::vector<std::optional<Error>> errors;
+  std::vector<ObjectReadResult> results;
+
+  void Done(size_t i, const ObjectReadResult& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    results[i] = r;
+    if (!r.status.ok()) errors[i] = r.status.error();
+    if (--pending == 0) cv.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending == 0; });
+  }
+};
+
+}  // namespace
+
+struct SlotCache::Impl {
+  SlotCacheOptions opt;
+  StoreInfo info;
+  PackGeometry geo;
+  std::vector<std::vector<ReadRange>> ranges;  // per active layer
+  UniqueFd fd, direct_fd;
+  std::unique_ptr<IoEngine> engine;
+  std::shared_ptr<ExpertStore> host;           // optional host-RAM tier
+  uint64_t slot_bytes = 0;
+
+  // Slot memory.
+  uint8_t* host_base = nullptr;
+  void* device_base = nullptr;
+  const cuda::Runtime* rt = nullptr;
+  cuda::Stream transfer = nullptr;
+  std::vector<cuda::Event> ready_ev, last_use_ev, stage_ev;
+  std::vector<uint8_t> has_ready, has_last_use, stage_busy;
+  std::vector<uint8_t*> staging;
+  uint32_t stage_cursor = 0;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::unique_ptr<Policy> policy;
+  std::vector<uint32_t> slot_of;                // per ObjectId
+  std::vector<ObjectId> key_of;                 // per slot
+  std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> free_slots;
+  PinCounts pins;                               // unreleased acquisitions, all threads
+  std::map<std::thread::id, std::vector<ObjectId>> outstanding;
+  std::vector<uint64_t> generations;
+  bool closed = false;
+
+  // SGLang's counters, then k3pack's.
+  uint64_t pack_reads = 0, pack_read_bytes = 0, pack_read_ns = 0, cache_hits = 0, cache_misses = 0,
+           cache_evictions = 0, io_errors = 0, h2d_bytes = 0;
+  std::vector<uint64_t> route_calls, route_tokens;
+  uint64_t waits_for_other_threads = 0, host_tier_copies = 0;
+
+  uint32_t slot_count() const { return static_cast<uint32_t>(key_of.size()); }
+  uint64_t Generation(ObjectId id) {
+    uint64_t& g = generations[id];
+    if (g == 0) g = ObjectGeneration(geo.index_sha256, geo.space.LayerOf(id), geo.space.ExpertOf(id));
+    return g;
+  }
+  void SetPins(const std::vector<ObjectId>& keys, int delta) {
+    for (ObjectId k : keys) pins[k] += delta;
+  }
+  bool Fits(std::span<const ObjectId> keys) const;
+  void FreeSlot(uint32_t slot);
+  Status Attach(uint32_t slots);
+  Status AttachCudaResources();
+  Status LoadMisses(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
+  Status ReadInto(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint8_t*>>& reads);
+  Status CopyToSlot(uint32_t slot, const uint8_t* src);
+  Status CopyFromHostTier(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
+  void ReleaseCuda();
+};
+
+SlotCache::SlotCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SlotCache::~SlotCache() { (void)Close(); }
+const StoreInfo& SlotCache::info() const { return impl_->info; }
+uint64_t SlotCache::slot_bytes() const { return impl_->slot_bytes; }
+bool SlotCache::attached() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->slot_count() != 0;
+}
+
+Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path, const std::string& manifest_path,
+                                                   const SlotCacheOptions& opt) {
+  if (!PathExists(pack_path) || !PathExists(manifest_path))
+    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
+                 ErrorKind::kFileNotFound);
+  auto impl = std::make_unique<Impl>();
+  K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
+  K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt.store, impl->fd.get()));
+  if (opt.store.queue_depth <= 0 || opt.store.read_splits <= 0 || opt.stage_slots == 0 ||
+      opt.stage_slots > kMaxStageSlots)
+    return Error("expert cache and staging budgets, and read splits, must be positive");
+  if (opt.store.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
+  K3_ASSIGN_OR_RETURN(IoBackend backend, ParseIoBackend(opt.store.io_backend));
+  const ObjectSpace& s = impl->geo.space;
+  impl->opt = opt;
+  impl->slot_bytes = s.max_object_bytes();
+  impl->ranges.resize(s.num_active_layers());
+  for (uint32_t li = 0; li < s.num_active_layers(); ++li)
+    impl->ranges[li] = ObjectReadRanges(s.object_bytes[li], static_cast<uint32_t>(opt.store.read_splits));
+  if (opt.store.direct_io) {
+    for (uint64_t off : impl->geo.object_offsets)
+      if (off % 4096 != 0) return Error("expert-pack direct I/O requires aligned objects");
+    for (const auto& rs : impl->ranges)
+      for (const auto& r : rs)
+        if (r.start % 4096 != 0 || r.length % 4096 != 0)
+          return Error("expert-pack direct I/O requires aligned read ranges");
+    if (impl->slot_bytes % 4096 != 0)
+      return Error("expert-pack direct I/O requires aligned staging")
+          .WithHint("each slot holds " + std::to_string(impl->slot_bytes) + " bytes, not a multiple of 4096");
+    K3_ASSIGN_OR_RETURN(impl->direct_fd, OpenReadOnly(pack_path, O_DIRECT));
+  }
+  if (opt.host_cache_bytes > 0) {
+    StoreOptions host = opt.store;
+    host.cache_bytes = opt.host_cache_bytes;
+    K3_ASSIGN_OR_RETURN(impl->host, ExpertStore::Open(pack_path, manifest_path, host));
+  } else {
+    K3_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(backend, static_cast<uint32_t>(opt.store.queue_depth)));
+  }
+  impl->generations.assign(s.num_objects(), 0);
+  impl->route_calls.assign(s.num_layers_total, 0);
+  impl->route_tokens.assign(s.num_layers_total, 0);
+
+  StoreInfo& info = impl->info;
+  const PackGeometry& g = impl->geo;
+  info.pack_path = pack_path;
+  info.manifest_path = manifest_path;
+  info.profile = g.profile;
+  info.num_hidden_layers = s.num_layers_total;
+  info.num_experts = s.num_experts;
+  info.top_k = s.top_k;
+  info.active_layer_ids = s.active_layer_ids;
+  info.object_bytes = s.object_bytes;
+  info.role_offsets = g.role_offsets;
+  info.role_bytes = g.role_bytes;
+  info.index_sha256 = g.index_sha256;
+  info.index_count = g.index_count;
+  info.data_start = g.data_start;
+  info.pack_size = g.pack_size;
+  info.cache_bytes = opt.host_cache_bytes;
+  return std::unique_ptr<SlotCache>(new SlotCache(std::move(impl)));
+}
+
+// ------------------------------------------------------------------ attach
+
+Status SlotCache::Impl::Attach(uint32_t slots) {
+  if (slot_count() != 0) return Error("the expert slot cache is already attached to its memory", ErrorKind::kRuntime);
+  const ObjectSpace& s = geo.space;
+  if (slots < s.top_k)
+    return Error("insufficient expert slots for one top-k expert working set: slots=" + std::to_string(slots) +
+                     ", top_k=" + std::to_string(s.top_k),
+                 ErrorKind::kMemory);
+  // One slot holds any object: the policy counts slots, not bytes.
+  ObjectSpace uniform = s;
+  std::fill(uniform.object_bytes.begin(), uniform.object_bytes.end(), slot_bytes);
+  K3_ASSIGN_OR_RETURN(policy, MakePolicy(opt.store.policy, uniform, uint64_t{slots} * slot_bytes));
+  slot_of.assign(s.num_objects(), kNoSlot);
+  key_of.assign(slots, kNoObject);
+  pins.assign(s.num_objects(), 0);
+  for (uint32_t i = 0; i < slots; ++i) free_slots.push(i);
+  return Status::OK();
+}
+
+Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (base == nullptr) return Error("expert slot memory is null");
+  if (s.opt.store.direct_io && reinterpret_cast<uintptr_t>(base) % 4096 != 0)
+    return Error("expert-pack direct I/O requires aligned staging")
+        .WithHint("the slot memory starts at an address that is not a multiple of 4096");
+  K3_RETURN_IF_ERROR(s.Attach(slot_count));
+  s.host_base = base;
+  return Status::OK();
+}
+
+Status SlotCache::AttachCuda(void* device_base, uint32_t slot_count, int device) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (device_base == nullptr) return Error("expert slot memory is null");
+  K3_ASSIGN_OR_RETURN(s.rt, cuda::LoadRuntime());
+  K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->SetDevice(device), "cudaSetDevice"));
+  K3_RETURN_IF_ERROR(s.Attach(slot_count));
+  s.device_base = device_base;
+  Status st = s.AttachCudaResources();
+  if (!st.ok()) s.ReleaseCuda();
+  return st;
+}
+
+Status SlotCache::Impl::AttachCudaResources() {
+  K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->StreamCreate(&transfer), "cudaStreamCreate"));
+  auto make_events = [&](std::vector<cuda::Event>* v, size_t n) -> Status {
+    v->assign(n, nullptr);
+    for (auto& e : *v) K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->EventCreate(&e), "cudaEventCreate"));
+    return Status::OK();
+  };
+  K3_RETURN_IF_ERROR(make_events(&ready_ev, slot_count()));
+  K3_RETURN_IF_ERROR(make_events(&last_use_ev, slot_count()));
+  has_ready.assign(slot_count(), 0);
+  has_last_use.assign(slot_count(), 0);
+  if (!host) {  // the host tier's buffers are the staging otherwise
+    K3_RETURN_IF_ERROR(make_events(&stage_ev, opt.stage_slots));
+    stage_busy.assign(opt.stage_slots, 0);
+    staging.assign(opt.stage_slots, nullptr);
+    for (auto& p : staging) {
+      void* q = nullptr;
+      K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->HostAlloc(&q, slot_bytes, 0), "cudaHostAlloc (staging)"));
+      p = static_cast<uint8_t*>(q);
+    }
+  }
+  return Status::OK();
+}
+
+void SlotCache::Impl::ReleaseCuda() {
+  if (!rt) return;
+  if (transfer) rt->StreamSynchronize(transfer);
+  for (auto* v : {&ready_ev, &last_use_ev, &stage_ev})
+    for (cuda::Event e : *v)
+      if (e) rt->EventDestroy(e);
+  for (uint8_t* p : staging)
+    if (p) rt->FreeHost(p);
+  if (transfer) rt->StreamDestroy(transfer);
+  ready_ev.clear(), last_use_ev.clear(), stage_ev.clear(), staging.clear();
+  transfer = nullptr;
+  rt = nullptr;
+}
+
+// ------------------------------------------------------------------ acquire
+
+bool SlotCache::Impl::Fits(std::span<const ObjectId> keys) const {
+  // Slots that cannot be given up: resident objects pinned by other threads
+  // or named by this call; every miss needs one of the rest.
+  uint64_t blocked = 0, misses = 0;
+  for (uint32_t slot = 0; slot < slot_count(); ++slot) {
+    ObjectId k = key_of[slot];
+    if (k != kNoObject && (pins[k] != 0 || std::binary_search(keys.begin(), keys.end(), k))) ++blocked;
+  }
+  for (ObjectId k : keys)
+    if (slot_of[k] == kNoSlot) ++misses;
+  return blocked + misses <= slot_count();
+}
+
+void SlotCache::Impl::FreeSlot(uint32_t slot) {
+  ObjectId k = key_of[slot];
+  if (k != kNoObject) slot_of[k] = kNoSlot;
+  key_of[slot] = kNoObject;
+  free_slots.push(slot);
+}
+
+Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const int64_t> ids,
+                                                std::span<const int64_t> shape, std::optional<bool> is_prefill_opt,
+                                                void* stream) {
+  Impl& s = *impl_;
+  const ObjectSpace& space = s.geo.space;
+  if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
+  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids));
+  const int64_t rows = shape[0];
+  const bool is_prefill = is_prefill_opt.value_or(rows > 1);
+  const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
+  std::vector<ObjectId> keys;
+  DistinctSorted(space, li, ids.data(), ids.size(), &keys);
+
+  std::unique_lock<std::mutex> lock(s.mu);
+  if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+  ++s.route_calls[layer];
+  s.route_tokens[layer] += static_cast<uint64_t>(rows);
+  // This thread's own unreleased calls do not protect their slots (SGLang).
+  std::vector<ObjectId>& mine = s.outstanding[std::this_thread::get_id()];
+  s.SetPins(mine, -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!s.Fits(keys) && std::chrono::steady_clock::now() < deadline) {
+    bool others = false;
+    for (uint32_t p : s.pins) others |= p != 0;
+    if (!others) break;  // nothing will change: let the policy report SGLang's error
+    ++s.waits_for_other_threads;
+    s.SetPins(mine, +1);
+    s.cv.wait_until(lock, deadline);
+    s.SetPins(mine, -1);
+  }
+  std::vector<uint64_t> gens(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
+  const size_t free_before = s.free_slots.size();
+  AccessResult ar;
+  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar);
+  s.SetPins(mine, +1);
+  // Evicted objects give up their slots, in eviction order; misses take the
+  // free slots first (lowest index), then those slots in that order.
+  std::vector<uint32_t> vacated;
+  for (ObjectId v : ar.evicted) {
+    vacated.push_back(s.slot_of[v]);
+    s.slot_of[v] = kNoSlot;
+    s.key_of[vacated.back()] = kNoObject;
+  }
+  s.cache_evictions += ar.evicted.size();
+  std::vector<std::pair<ObjectId, uint32_t>> misses;
+  size_t next_vacated = 0, free_used = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ObjectId k = keys[i];
+    if (ar.hit[i]) {
+      ++s.cache_hits;
+      continue;
+    }
+    // After a failed Access: keys it never reached.
+    if (!s.policy->Resident(k) || s.slot_of[k] != kNoSlot) continue;
+    ++s.cache_misses;
+    uint32_t slot;
+    if (free_used < free_before) {
+      slot = s.free_slots.top();
+      s.free_slots.pop();
+      ++free_used;
+    } else {
+      slot = vacated[next_vacated++];
+    }
+    s.slot_of[k] = slot;
+    s.key_of[slot] = k;
+    misses.push_back({k, slot});
+  }
+  for (; next_vacated < vacated.size(); ++next_vacated) s.free_slots.push(vacated[next_vacated]);
+  // Objects of this call that have no bytes are never served: forget them.
+  auto forget_misses = [&] {
+    for (auto [k, slot] : misses) {
+      if (s.slot_of[k] != slot) continue;
+      s.policy->Erase(k);
+      s.FreeSlot(slot);
+    }
+  };
+  if (!st.ok()) {  // SGLang keeps what it processed before failing
+    forget_misses();
+    return st.error();
+  }
+  // Pin the call for other threads before reading (the lock stays held:
+  // one call's misses are read together, as SGLang does under its lock).
+  mine.insert(mine.end(), keys.begin(), keys.end());
+  s.SetPins(keys, +1);
+  Status load = s.LoadMisses(li, misses);
+  if (!load.ok()) {
+    forget_misses();
+    s.SetPins(keys, -1);
+    mine.resize(mine.size() - keys.size());
+    s.cv.notify_all();
+    return load.error();
+  }
+  if (s.rt) {  // the caller's stream waits for every slot this call uses
+    for (ObjectId k : keys) {
+      uint32_t slot = s.slot_of[k];
+      if (s.has_ready[slot])
+        K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->StreamWaitEvent(stream, s.ready_ev[slot], 0),
+                                       "cudaStreamWaitEvent"));
+    }
+  }
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
+  for (int64_t e : ids) out.push_back(static_cast<int32_t>(s.slot_of[space.Id(li, static_cast<uint32_t>(e))]));
+  return out;
+}
+
+Status SlotCache::Impl::LoadMisses(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses) {
+  if (misses.empty()) return Status::OK();
+  if (host) return CopyFromHostTier(li, misses);
+  if (!rt) {  // host slots: read straight into them
+    std::vector<std::pair<ObjectId, uint8_t*>> reads;
+    for (auto [k, slot] : misses) reads.push_back({k, host_base + uint64_t{slot} * slot_bytes});
+    Status st = ReadInto(li, reads);
+    if (st.ok()) h2d_bytes += misses.size() * slot_bytes;
+    return st;
+  }
+  // CUDA: batches of stage_slots through pinned staging, SGLang's order.
+  for (size_t first = 0; first < misses.size(); first += opt.stage_slots) {
+    const size_t n = std::min<size_t>(opt.stage_slots, misses.size() - first);
+    std::vector<std::pair<ObjectId, uint8_t*>> reads;
+    std::vector<uint32_t> stages;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t stage = stage_cursor;
+      stage_cursor = (stage_cursor + 1) % opt.stage_slots;
+      if (stage_busy[stage]) {
+        K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->EventSynchronize(stage_ev[stage]), "cudaEventSynchronize"));
+        stage_busy[stage] = 0;
+      }
+      stages.push_back(stage);
+      reads.push_back({misses[first + i].first, staging[stage]});
+    }
+    K3_RETURN_IF_ERROR(ReadInto(li, reads));
+    for (size_t i = 0; i < n; ++i) {
+      K3_RETURN_IF_ERROR(CopyToSlot(misses[first + i].second, staging[stages[i]]));
+      K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->EventRecord(stage_ev[stages[i]], transfer), "cudaEventRecord"));
+      stage_busy[stages[i]] = 1;
+    }
+  }
+  return Status::OK();
+}
+
+// Reads objects into host memory, all in flight together.
+Status SlotCache::Impl::ReadInto(uint32_t li, const std::vector<std::pair<ObjectId, uint8_t*>>& reads) {
+  auto batch = std::make_shared<ReadBatch>();
+  batch->pending = reads.size();
+  batch->errors.resize(reads.size());
+  batch->results.resize(reads.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    auto r = std::make_unique<ObjectRead>();
+    r->fd = opt.store.direct_io ? direct_fd.get() : fd.get();
+    r->direct = opt.store.direct_io;
+    r->file_offset = geo.object_offsets[reads[i].first];
+    r->dst = reads[i].second;
+    r->ranges = ranges[li];
+    r->layer = geo.space.active_layer_ids[li];
+    r->expert = geo.space.ExpertOf(reads[i].first);
+    r->done = [batch, i](const ObjectReadResult& res) { batch->Done(i, res); };
+    engine->Submit(std::move(r));
+  }
+  batch->Wait();
+  std::optional<Error> first;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const ObjectReadResult& r = batch->results[i];
+    ++pack_reads;
+    pack_read_bytes += r.bytes;
+    pack_read_ns += r.max_range_ns;
+    if (batch->errors[i]) {
+      ++io_errors;
+      if (!first) first = batch->errors[i];
+    }
+  }
+  if (!first) return Status::OK();
+  return *first;
+}
+
+Status SlotCache::Impl::CopyToSlot(uint32_t slot, const uint8_t* src) {
+  if (!rt) {
+    std::memcpy(host_base + uint64_t{slot} * slot_bytes, src, slot_bytes);
+  } else {
+    // SGLang's transfer stream waits for the slot's last reader and last fill.
+    if (has_ready[slot])
+      K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->StreamWaitEvent(transfer, ready_ev[slot], 0), "cudaStreamWaitEvent"));
+    if (has_last_use[slot])
+      K3_RETURN_IF_ERROR(
+          cuda::Check(*rt, rt->StreamWaitEvent(transfer, last_use_ev[slot], 0), "cudaStreamWaitEvent"));
+    uint8_t* dst = static_cast<uint8_t*>(device_base) + uint64_t{slot} * slot_bytes;
+    Status st = cuda::Check(*rt, rt->MemcpyAsync(dst, src, slot_bytes, cuda::kHostToDevice, transfer),
+                            "cudaMemcpyAsync (expert object)");
+    K3_RETURN_IF_ERROR(st);
+    K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->EventRecord(ready_ev[slot], transfer), "cudaEventRecord"));
+    has_ready[slot] = 1;
+    has_last_use[slot] = 0;
+  }
+  h2d_bytes += slot_bytes;
+  return Status::OK();
+}
+
+// Misses come from the host tier's cache (read by its own engine when not
+// resident there), then are copied into their slots.
+Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses) {
+  const ObjectSpace& space = geo.space;
+  const uint32_t k = space.top_k;
+  std::vector<int64_t> ids;
+  for (auto [key, slot] : misses) ids.push_back(space.ExpertOf(key));
+  while (ids.size() % k != 0) ids.push_back(ids.front());  // whole rows; duplicates are free
+  const int64_t shape[2] = {static_cast<int64_t>(ids.size() / k), static_cast<int64_t>(k)};
+  Result<Acquisition> acq = host->Acquire(space.active_layer_ids[li], ids, shape, false);
+  if (!acq.ok()) return acq.error();  // the host tier counts its own I/O errors
+  Status st;
+  for (size_t i = 0; i < misses.size() && st.ok(); ++i) {
+    st = CopyToSlot(misses[i].second, acq->routes[i].bytes.data());
+    ++host_tier_copies;
+  }
+  // The host tier may reuse its buffers once released: finish the copies first.
+  if (rt) {
+    Status sync = cuda::Check(*rt, rt->StreamSynchronize(transfer), "cudaStreamSynchronize");
+    if (st.ok()) st = sync;
+  }
+  Status released = host->MarkUsed(*acq);
+  return st.ok() ? released : st;
+}
+
+Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<int32_t> distinct(slots.begin(), slots.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<ObjectId>& mine = s.outstanding[std::this_thread::get_id()];
+  for (int32_t slot : distinct) {
+    if (slot < 0 || static_cast<uint32_t>(slot) >= s.slot_count())
+      return Error("expert slot " + std::to_string(slot) + " is out of range (" + std::to_string(s.slot_count()) +
+                   " slots)");
+    if (s.rt) {
+      K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->EventRecord(s.last_use_ev[slot], stream), "cudaEventRecord"));
+      s.has_last_use[slot] = 1;
+      s.has_ready[slot] = 0;
+    }
+    ObjectId k = s.key_of[slot];
+    if (k == kNoObject) continue;
+    // Release one hold on the object, this thread's first, else any thread's.
+    auto drop = [&](std::vector<ObjectId>& v) {
+      auto it = std::find(v.begin(), v.end(), k);
+      if (it == v.end()) return false;
+      v.erase(it);
+      --s.pins[k];
+      return true;
+    };
+    if (!drop(mine))
+      for (auto& [tid, v] : s.outstanding)
+        if (drop(v)) break;
+  }
+  if (mine.empty()) s.outstanding.erase(std::this_thread::get_id());
+  s.cv.notify_all();
+  return Status::OK();
+}
+
+Status SlotCache::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
+  if (!impl_->host) return Error("prefetch needs a host tier (host_cache_mib > 0)");
+  return impl_->host->Prefetch(layer, ids);
+}
+
+// ------------------------------------------------------------------ stats
+
+nlohmann::json SlotCache::Snapshot() const {
+  const Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const ObjectSpace& space = s.geo.space;
+  nlohmann::json j = nlohmann::json::object();
+  j["pack_path"] = s.info.pack_path;
+  j["pack_entries"] = s.geo.index_count;
+  j["pack_reads"] = s.pack_reads;
+  j["pack_read_bytes"] = s.pack_read_bytes;
+  j["pack_read_ns"] = s.pack_read_ns;
+  j["read_splits"] = s.opt.store.read_splits;
+  j["direct_io"] = s.opt.store.direct_io;
+  j["cache_hits"] = s.cache_hits;
+  j["cache_misses"] = s.cache_misses;
+  j["cache_evictions"] = s.cache_evictions;
+  j["cache_policy"] = s.opt.store.policy;
+  j["kernel_backend"] = "custom";
+  const uint64_t resident = s.policy ? s.policy->resident_count() : 0;
+  j["resident_experts"] = resident;
+  j["resident_bytes"] = resident * s.slot_bytes;
+  j["h2d_bytes"] = s.h2d_bytes;
+  j["cache_vram_reserve_mib"] = s.opt.cache_vram_reserve_mib;
+  j["fallback_count"] = 0;
+  j["io_errors"] = s.io_errors;
+  j["pack_format"] = s.geo.format;
+  j["active_moe_layers"] = space.num_active_layers();
+  if (s.slot_count() != 0) {
+    j["cache_capacity_experts"] = s.slot_count();
+    j["cache_capacity_bytes"] = uint64_t{s.slot_count()} * s.slot_bytes;
+    j["staged_bytes"] = s.staging.size() * s.slot_bytes;
+  }
+  j["mean_read_ms"] = s.pack_reads ? double(s.pack_read_ns) / double(s.pack_reads) / 1e6 : 0.0;
+  j["route_calls_by_layer"] = s.route_calls;
+  j["route_tokens_by_layer"] = s.route_tokens;
+  nlohmann::json k = nlohmann::json::object();
+  k["profile"] = s.geo.profile;
+  k["slot_memory"] = s.rt ? "cuda" : (s.host_base ? "host" : "none");
+  k["io_backend"] = s.opt.store.io_backend;
+  k["queue_depth"] = s.opt.store.queue_depth;
+  k["queue_depth_max"] = s.engine ? s.engine->max_inflight() : 0;
+  k["waits_for_other_threads"] = s.waits_for_other_threads;
+  k["host_tier_bytes"] = s.opt.host_cache_bytes;
+  k["host_tier_copies"] = s.host_tier_copies;
+  if (s.host) {
+    // The pack is read by the host tier: its reads are the store's reads.
+    nlohmann::json h = s.host->Snapshot();
+    for (const char* key : {"pack_reads", "pack_read_bytes", "pack_read_ns", "io_errors", "mean_read_ms"})
+      j[key] = h[key];
+    k["host_tier"] = {{"cache_hits", h["cache_hits"]}, {"cache_misses", h["cache_misses"]},
+                      {"cache_evictions", h["cache_evictions"]}, {"resident_experts", h["resident_experts"]},
+                      {"policy", h["cache_policy"]}};
+  }
+  j["k3pack"] = k;
+  return j;
+}
+
+Status SlotCache::Close() {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.closed) return Status::OK();
+  s.closed = true;
+  if (s.engine) s.engine->Shutdown();
+  Status st = s.host ? s.host->Close() : Status::OK();
+  s.ReleaseCuda();
+  s.fd = UniqueFd();
+  s.direct_fd = UniqueFd();
+  return st;
+}
+
+}  // namespace k3pack::store

@@ -1,0 +1,308 @@
+// SlotCache: SGLang's slot-level acquire (spec §7.6) checked against a
+// reference model written here from the spec, slot bytes against the pack,
+// the error texts, the CUDA path on the emulated runtime, and threads.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <list>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "emulated_cuda.h"
+#include "k3pack/slot_cache.h"
+#include "store/synthetic_pack.h"
+
+namespace k3pack::store {
+namespace {
+
+using testing::PatternByte;
+using testing::TinyPack;
+using testing::TinySpec;
+
+// SGLang's KimiGGMLExpertPackStore bookkeeping, from spec §7.6: persistent
+// key frequencies capped at 255, slots with a key / frequency, an LRU of
+// keys, victims = first empty slot in index order, else the strictly
+// smallest slot frequency walking the LRU oldest->newest (decode) or
+// newest->oldest (prefill), skipping the call's keys.
+struct SglangReference {
+  using Key = std::pair<uint32_t, uint32_t>;
+  struct Slot {
+    std::optional<Key> key;
+    uint32_t frequency = 0;
+  };
+  std::vector<Slot> slots;
+  std::map<Key, uint32_t> key_to_slot, key_frequency;
+  std::list<Key> lru;  // oldest first
+  uint64_t hits = 0, misses = 0, evictions = 0;
+
+  explicit SglangReference(uint32_t n) : slots(n) {}
+
+  void Touch(const Key& k) {
+    lru.remove(k);
+    lru.push_back(k);
+  }
+  int Victim(const std::set<Key>& protect, bool preserve_oldest) {
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (!slots[i].key) return static_cast<int>(i);
+    int best = -1;
+    auto consider = [&](const Key& k) {
+      if (protect.count(k)) return;
+      int s = static_cast<int>(key_to_slot.at(k));
+      if (best < 0 || slots[s].frequency < slots[best].frequency) best = s;
+    };
+    if (preserve_oldest) {
+      for (auto it = lru.rbegin(); it != lru.rend(); ++it) consider(*it);
+    } else {
+      for (const Key& k : lru) consider(k);
+    }
+    return best;
+  }
+  // Returns the slots in route order, or nullopt when no victim exists.
+  std::optional<std::vector<int32_t>> Acquire(uint32_t layer, const std::vector<int64_t>& ids, int64_t rows) {
+    const bool prefill = rows > 1;
+    std::set<Key> keys;
+    for (int64_t e : ids) keys.insert({layer, static_cast<uint32_t>(e)});
+    for (const Key& k : keys) key_frequency[k] = std::min<uint32_t>(key_frequency[k] + 1, 255);
+    for (const Key& k : keys) {
+      auto it = key_to_slot.find(k);
+      if (it != key_to_slot.end()) {
+        ++hits;
+        Touch(k);
+        slots[it->second].frequency = key_frequency[k];
+        continue;
+      }
+      ++misses;
+      int v = Victim(keys, prefill);
+      if (v < 0) return std::nullopt;
+      if (slots[v].key) {
+        ++evictions;
+        key_to_slot.erase(*slots[v].key);
+        lru.remove(*slots[v].key);
+      }
+      slots[v].key = k;
+      slots[v].frequency = key_frequency[k];
+      key_to_slot[k] = static_cast<uint32_t>(v);
+      Touch(k);
+    }
+    std::vector<int32_t> out;
+    for (int64_t e : ids) out.push_back(static_cast<int32_t>(key_to_slot.at({layer, static_cast<uint32_t>(e)})));
+    return out;
+  }
+};
+
+struct AlignedSlots {
+  uint8_t* base = nullptr;
+  AlignedSlots(uint32_t slots, uint64_t bytes) {
+    base = static_cast<uint8_t*>(std::aligned_alloc(4096, (uint64_t{slots} * bytes + 4095) / 4096 * 4096));
+  }
+  ~AlignedSlots() { std::free(base); }
+};
+
+// Every byte of `slot` is the pack's object (layer, expert): up | gate | down.
+::testing::AssertionResult SlotHolds(const uint8_t* slot, const std::array<uint64_t, 3>& role_bytes, uint32_t layer,
+                                     uint32_t expert) {
+  uint64_t pos = 0;
+  for (uint32_t r = 0; r < 3; ++r)
+    for (uint64_t i = 0; i < role_bytes[r]; ++i, ++pos)
+      if (slot[pos] != PatternByte(layer, expert, r, i))
+        return ::testing::AssertionFailure() << "layer " << layer << " expert " << expert << " role " << r
+                                             << " byte " << i << " differs";
+  return ::testing::AssertionSuccess();
+}
+
+TinySpec Spec() {
+  TinySpec spec;
+  spec.layers = {1, 2, 3};
+  spec.num_hidden_layers = 4;
+  spec.experts = 12;
+  spec.top_k = 3;
+  return spec;
+}
+
+std::unique_ptr<SlotCache> OpenCache(const TinyPack& p, SlotCacheOptions o = {}) {
+  auto r = SlotCache::Open(p.pack, p.manifest, o);
+  EXPECT_TRUE(r.ok()) << r.error().message();
+  return std::move(r).value();
+}
+
+TEST(SlotCache, SglangSequenceAndBytesOverRandomRoutes) {
+  TinyPack p(Spec(), "slots-seq");
+  for (const char* io : {"pread", "uring"}) {
+    for (uint32_t slot_count : {3u, 5u, 9u}) {
+      SlotCacheOptions o;
+      o.store.io_backend = io;
+      auto cache = OpenCache(p, o);
+      ASSERT_EQ(cache->slot_bytes(), 3u * 4096);
+      AlignedSlots mem(slot_count, cache->slot_bytes());
+      ASSERT_TRUE(cache->AttachHost(mem.base, slot_count).ok());
+      SglangReference ref(slot_count);
+      uint64_t loaded = 0;  // misses of calls that succeeded (a failed call reads nothing)
+      std::mt19937 rng(slot_count * 7 + (io[0] == 'u'));
+      std::discrete_distribution<int> popular({8, 6, 5, 4, 3, 3, 2, 2, 1, 1, 1, 1});
+      for (int call = 0; call < 300; ++call) {
+        const uint32_t layer = 1 + call % 3;
+        const int64_t rows = (call % 17 == 0) ? 2 : 1;  // some prefill-shaped calls
+        std::vector<int64_t> ids;
+        while (ids.size() < static_cast<size_t>(rows * 3)) ids.push_back(popular(rng));
+        const int64_t shape[2] = {rows, 3};
+        auto want = ref.Acquire(layer, ids, rows);
+        auto got = cache->Acquire(layer, ids, shape, std::nullopt);
+        if (!want) {
+          ASSERT_FALSE(got.ok());
+          EXPECT_EQ(got.error().message(), "expert cache cannot evict the active top-k working set");
+          break;
+        }
+        ASSERT_TRUE(got.ok()) << got.error().message();
+        ASSERT_EQ(*got, *want) << "call " << call;
+        for (size_t i = 0; i < ids.size(); ++i)
+          ASSERT_TRUE(SlotHolds(mem.base + uint64_t((*got)[i]) * cache->slot_bytes(), {4096, 4096, 4096}, layer,
+                                static_cast<uint32_t>(ids[i])));
+        ASSERT_TRUE(cache->MarkUsed(*got).ok());
+        auto snap = cache->Snapshot();
+        ASSERT_EQ(snap["cache_hits"], ref.hits);
+        ASSERT_EQ(snap["cache_misses"], ref.misses);
+        ASSERT_EQ(snap["cache_evictions"], ref.evictions);
+        loaded = ref.misses;
+      }
+      auto snap = cache->Snapshot();
+      EXPECT_EQ(snap["pack_reads"].get<uint64_t>(), loaded) << snap.dump();
+      EXPECT_EQ(snap["h2d_bytes"].get<uint64_t>(), loaded * cache->slot_bytes());
+      EXPECT_EQ(snap["cache_capacity_experts"], slot_count);
+      EXPECT_EQ(snap["route_calls_by_layer"].size(), 4u);
+      EXPECT_TRUE(cache->Close().ok());
+    }
+  }
+}
+
+TEST(SlotCache, SglangErrorTexts) {
+  TinyPack p(Spec(), "slots-err");
+  auto cache = OpenCache(p);
+  const std::vector<int64_t> ids = {0, 1, 2};
+  const int64_t shape[2] = {1, 3};
+  auto r = cache->Acquire(1, ids, shape, std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message(), "expert device cache is not initialized");
+  EXPECT_EQ(r.error().kind(), ErrorKind::kRuntime);
+  AlignedSlots mem(2, cache->slot_bytes());
+  auto few = cache->AttachHost(mem.base, 2);
+  ASSERT_FALSE(few.ok());
+  EXPECT_EQ(few.error().kind(), ErrorKind::kMemory);
+  AlignedSlots mem4(4, cache->slot_bytes());
+  ASSERT_TRUE(cache->AttachHost(mem4.base, 4).ok());
+  r = cache->Acquire(0, ids, shape, std::nullopt);
+  EXPECT_EQ(r.error().message(), "layer 0 is not an active routed MoE layer");
+  const int64_t wide[2] = {1, 2};
+  r = cache->Acquire(1, std::vector<int64_t>{0, 1}, wide, std::nullopt);
+  EXPECT_EQ(r.error().message(), "runtime top-k must be exactly 3; received shape (1, 2)");
+  r = cache->Acquire(1, std::vector<int64_t>{0, 1, 12}, shape, std::nullopt);
+  EXPECT_EQ(r.error().message(), "route contains an out-of-range expert id");
+  // A missing pack is SGLang's FileNotFoundError.
+  auto missing = SlotCache::Open(p.dir + "/nope.pack", p.manifest, {});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().kind(), ErrorKind::kFileNotFound);
+}
+
+TEST(SlotCache, CudaPathOnEmulatedRuntime) {
+  testing::ScopedEmulatedCuda emulated;
+  TinyPack p(Spec(), "slots-cuda");
+  for (uint64_t host_tier : {uint64_t{0}, uint64_t{64} << 10}) {
+    SlotCacheOptions o;
+    o.stage_slots = 2;  // several staging rounds per call
+    o.host_cache_bytes = host_tier;
+    auto cache = OpenCache(p, o);
+    const uint32_t slots = 6;
+    void* device = nullptr;
+    ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, slots * cache->slot_bytes()), 0);
+    ASSERT_TRUE(cache->AttachCuda(device, slots, 0).ok());
+    SglangReference ref(slots);
+    std::mt19937 rng(5);
+    for (int call = 0; call < 60; ++call) {
+      const uint32_t layer = 1 + call % 3;
+      std::vector<int64_t> ids = {int64_t(rng() % 12), int64_t(rng() % 12), int64_t(rng() % 12)};
+      const int64_t shape[2] = {1, 3};
+      auto want = ref.Acquire(layer, ids, 1);
+      auto got = cache->Acquire(layer, ids, shape, std::nullopt);
+      ASSERT_TRUE(got.ok()) << got.error().message();
+      ASSERT_EQ(*got, *want);
+      for (size_t i = 0; i < ids.size(); ++i)
+        ASSERT_TRUE(SlotHolds(static_cast<uint8_t*>(device) + uint64_t((*got)[i]) * cache->slot_bytes(),
+                              {4096, 4096, 4096}, layer, static_cast<uint32_t>(ids[i])));
+      ASSERT_TRUE(cache->MarkUsed(*got).ok());
+    }
+    auto snap = cache->Snapshot();
+    EXPECT_EQ(snap["k3pack"]["slot_memory"], "cuda");
+    EXPECT_EQ(snap["staged_bytes"], host_tier ? 0 : 2 * cache->slot_bytes());
+    ASSERT_TRUE(cache->Close().ok());
+    testing::EmulatedCuda::Get().Free(device);
+  }
+  EXPECT_EQ(testing::EmulatedCuda::live_events.load(), 0);
+  EXPECT_EQ(testing::EmulatedCuda::live_pinned.load(), 0);
+  EXPECT_EQ(testing::EmulatedCuda::live_streams.load(), 0);
+}
+
+TEST(SlotCache, FailedCopyIsNeverServed) {
+  testing::ScopedEmulatedCuda emulated;
+  TinyPack p(Spec(), "slots-fail");
+  auto cache = OpenCache(p);
+  void* device = nullptr;
+  ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, 6 * cache->slot_bytes()), 0);
+  ASSERT_TRUE(cache->AttachCuda(device, 6, 0).ok());
+  testing::EmulatedCuda::fail_h2d_copy = testing::EmulatedCuda::h2d_copies.load() + 1;  // the call's 2nd copy
+  const int64_t shape[2] = {1, 3};
+  std::vector<int64_t> ids = {4, 5, 6};
+  auto r = cache->Acquire(2, ids, shape, std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("illegal memory access"), std::string::npos) << r.error().message();
+  testing::EmulatedCuda::fail_h2d_copy = -1;
+  // Nothing of the failed call is resident: the retry reads all three again.
+  auto again = cache->Acquire(2, ids, shape, std::nullopt);
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_TRUE(SlotHolds(static_cast<uint8_t*>(device) + uint64_t((*again)[i]) * cache->slot_bytes(),
+                          {4096, 4096, 4096}, 2, static_cast<uint32_t>(ids[i])));
+  EXPECT_EQ(cache->Snapshot()["cache_hits"], 0);
+  ASSERT_TRUE(cache->Close().ok());
+  testing::EmulatedCuda::Get().Free(device);
+}
+
+// Two threads, each its own layer, check their slots before mark_used while
+// the other keeps evicting: another thread's unreleased call is protected.
+TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {
+  TinyPack p(Spec(), "slots-threads");
+  auto cache = OpenCache(p);
+  const uint32_t slots = 7;
+  AlignedSlots mem(slots, cache->slot_bytes());
+  ASSERT_TRUE(cache->AttachHost(mem.base, slots).ok());
+  std::atomic<int> bad{0};
+  auto worker = [&](uint32_t layer, unsigned seed) {
+    std::mt19937 rng(seed);
+    for (int call = 0; call < 200; ++call) {
+      std::vector<int64_t> ids = {int64_t(rng() % 12), int64_t(rng() % 12), int64_t(rng() % 12)};
+      const int64_t shape[2] = {1, 3};
+      auto got = cache->Acquire(layer, ids, shape, std::nullopt);
+      if (!got.ok()) {
+        ++bad;
+        continue;
+      }
+      std::this_thread::yield();
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (!SlotHolds(mem.base + uint64_t((*got)[i]) * cache->slot_bytes(), {4096, 4096, 4096}, layer,
+                       static_cast<uint32_t>(ids[i])))
+          ++bad;
+      if (!cache->MarkUsed(*got).ok()) ++bad;
+    }
+  };
+  std::thread a(worker, 1, 11), b(worker, 3, 12);
+  a.join();
+  b.join();
+  EXPECT_EQ(bad.load(), 0);
+  auto snap = cache->Snapshot();
+  EXPECT_EQ(snap["route_calls_by_layer"][1], 200);
+  EXPECT_EQ(snap["route_calls_by_layer"][3], 200);
+  EXPECT_TRUE(cache->Close().ok());
+}
+
+}  // namespace
+}  // namespace k3pack::store
