@@ -184,9 +184,10 @@ class KimiGGMLExpertPackStore:
             raise ValueError(f"runtime top-k must be exactly {self.top_k}; received shape {shape}")
         torch = _torch()
         if isinstance(topk_ids, torch.Tensor):
-            ids = topk_ids.detach().to("cpu", torch.int64).numpy()
+            # SGLang moves the routes to the host too; the C++ side takes any integer dtype.
+            ids = topk_ids.numpy() if topk_ids.device.type == "cpu" else topk_ids.to("cpu").numpy()
         else:
-            ids = np.asarray(topk_ids, dtype=np.int64)
+            ids = np.asarray(topk_ids)
         try:
             slots = self._engine.acquire(layer, ids, is_prefill, self._stream())
         except ValueError:  # a route check: SGLang counts no call
@@ -204,11 +205,13 @@ class KimiGGMLExpertPackStore:
     def mark_used(self, slot_indices):
         """Ends a call: its slots may be replaced once the work queued on the
         current stream now has finished."""
-        torch = _torch()
-        if isinstance(slot_indices, torch.Tensor):
-            slots = slot_indices.detach().to("cpu", torch.int32).numpy()
+        if isinstance(slot_indices, (list, tuple)):
+            slots = np.array(slot_indices, dtype=np.int32)
         else:
-            slots = np.asarray(list(slot_indices), dtype=np.int32)
+            torch = _torch()
+            if isinstance(slot_indices, torch.Tensor):
+                slot_indices = slot_indices.to("cpu").numpy()
+            slots = np.asarray(slot_indices, dtype=np.int32)
         self._engine.mark_used(slots, self._stream())
         if self.stats_path and self.stats_flush_interval > 0:
             if self._route_calls - self._last_flush >= self.stats_flush_interval:

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <queue>
 #include <thread>
+#include <unordered_map>
 
 #include "store/cuda_runtime.h"
 #include "store/io_engine.h"
@@ -77,7 +78,9 @@ struct SlotCache::Impl {
   std::vector<ObjectId> key_of;                 // per slot
   std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> free_slots;
   PinCounts pins;                               // unreleased acquisitions, all threads
-  std::map<std::thread::id, std::vector<ObjectId>> outstanding;
+  int64_t total_pins = 0;                       // sum of pins: 0 = no thread holds anything
+  using Holds = std::unordered_map<ObjectId, uint32_t>;  // object -> unreleased calls naming it
+  std::map<std::thread::id, Holds> outstanding;
   std::vector<uint64_t> generations;
   bool closed = false;
 
@@ -93,8 +96,15 @@ struct SlotCache::Impl {
     if (g == 0) g = ObjectGeneration(geo.index_sha256, geo.space.LayerOf(id), geo.space.ExpertOf(id));
     return g;
   }
-  void SetPins(const std::vector<ObjectId>& keys, int delta) {
-    for (ObjectId k : keys) pins[k] += delta;
+  void SetPins(const Holds& holds, int sign) {
+    for (const auto& [k, n] : holds) {
+      pins[k] += sign * static_cast<int64_t>(n);
+      total_pins += sign * static_cast<int64_t>(n);
+    }
+  }
+  static void AddHolds(Holds* holds, std::span<const ObjectId> keys, int sign) {
+    for (ObjectId k : keys)
+      if (((*holds)[k] += sign) == 0) holds->erase(k);
   }
   bool Fits(std::span<const ObjectId> keys) const;
   void FreeSlot(uint32_t slot);
@@ -267,12 +277,13 @@ bool SlotCache::Impl::Fits(std::span<const ObjectId> keys) const {
   // Slots that cannot be given up: resident objects pinned by other threads
   // or named by this call; every miss needs one of the rest.
   uint64_t blocked = 0, misses = 0;
-  for (uint32_t slot = 0; slot < slot_count(); ++slot) {
-    ObjectId k = key_of[slot];
-    if (k != kNoObject && (pins[k] != 0 || std::binary_search(keys.begin(), keys.end(), k))) ++blocked;
+  for (ObjectId k : keys) (slot_of[k] == kNoSlot ? misses : blocked) += 1;
+  if (total_pins != 0) {  // the slow path only while other threads hold calls
+    for (uint32_t slot = 0; slot < slot_count(); ++slot) {
+      ObjectId k = key_of[slot];
+      if (k != kNoObject && pins[k] != 0 && !std::binary_search(keys.begin(), keys.end(), k)) ++blocked;
+    }
   }
-  for (ObjectId k : keys)
-    if (slot_of[k] == kNoSlot) ++misses;
   return blocked + misses <= slot_count();
 }
 
@@ -301,13 +312,11 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   ++s.route_calls[layer];
   s.route_tokens[layer] += static_cast<uint64_t>(rows);
   // This thread's own unreleased calls do not protect their slots (SGLang).
-  std::vector<ObjectId>& mine = s.outstanding[std::this_thread::get_id()];
+  Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
   s.SetPins(mine, -1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!s.Fits(keys) && std::chrono::steady_clock::now() < deadline) {
-    bool others = false;
-    for (uint32_t p : s.pins) others |= p != 0;
-    if (!others) break;  // nothing will change: let the policy report SGLang's error
+    if (s.total_pins == 0) break;  // nothing will change: let the policy report SGLang's error
     ++s.waits_for_other_threads;
     s.SetPins(mine, +1);
     s.cv.wait_until(lock, deadline);
@@ -366,13 +375,15 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   }
   // Pin the call for other threads before reading (the lock stays held:
   // one call's misses are read together, as SGLang does under its lock).
-  mine.insert(mine.end(), keys.begin(), keys.end());
-  s.SetPins(keys, +1);
+  Impl::Holds call;
+  Impl::AddHolds(&call, keys, +1);
+  Impl::AddHolds(&mine, keys, +1);
+  s.SetPins(call, +1);
   Status load = s.LoadMisses(li, misses);
   if (!load.ok()) {
     forget_misses();
-    s.SetPins(keys, -1);
-    mine.resize(mine.size() - keys.size());
+    s.SetPins(call, -1);
+    Impl::AddHolds(&mine, keys, -1);
     s.cv.notify_all();
     return load.error();
   }
@@ -512,7 +523,7 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
   std::vector<int32_t> distinct(slots.begin(), slots.end());
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  std::vector<ObjectId>& mine = s.outstanding[std::this_thread::get_id()];
+  Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
   for (int32_t slot : distinct) {
     if (slot < 0 || static_cast<uint32_t>(slot) >= s.slot_count())
       return Error("expert slot " + std::to_string(slot) + " is out of range (" + std::to_string(s.slot_count()) +
@@ -525,16 +536,17 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     ObjectId k = s.key_of[slot];
     if (k == kNoObject) continue;
     // Release one hold on the object, this thread's first, else any thread's.
-    auto drop = [&](std::vector<ObjectId>& v) {
-      auto it = std::find(v.begin(), v.end(), k);
-      if (it == v.end()) return false;
-      v.erase(it);
+    auto drop = [&](Impl::Holds& holds) {
+      auto it = holds.find(k);
+      if (it == holds.end()) return false;
+      if (--it->second == 0) holds.erase(it);
       --s.pins[k];
+      --s.total_pins;
       return true;
     };
     if (!drop(mine))
-      for (auto& [tid, v] : s.outstanding)
-        if (drop(v)) break;
+      for (auto& [tid, holds] : s.outstanding)
+        if (drop(holds)) break;
   }
   if (mine.empty()) s.outstanding.erase(std::this_thread::get_id());
   s.cv.notify_all();
