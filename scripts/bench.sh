@@ -12,9 +12,11 @@ for b in "$BUILD"/bench_*; do
   echo "=== $(basename "$b")"
   "$b" "$@" || { echo "($(basename "$b") failed)"; status=1; }
 done
-if [ -f bench/bench_python_loader.py ] && ls python/k3pack/_k3pack*.so >/dev/null 2>&1; then
-  echo
-  echo "=== bench_python_loader.py"
-  PYTHONPATH="$PWD/python" /usr/bin/python3 bench/bench_python_loader.py || status=1
+if ls python/k3pack/_k3pack*.so >/dev/null 2>&1; then
+  for py in bench/bench_*.py; do
+    echo
+    echo "=== $(basename "$py")"
+    PYTHONPATH="$PWD/python" /usr/bin/python3 "$py" || status=1
+  done
 fi
 exit $status
