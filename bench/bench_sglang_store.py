@@ -7,7 +7,9 @@ measured in the same run:
      bookkeeping (tests/python/sglang_store_ref.py, with the torch work
      SGLang's acquire does around it) on the same routes;
   2. miss path: every route misses, bytes/s of objects landing in slots vs a
-     raw parallel pread of the same objects (same depth) into one buffer.
+     raw parallel pread of the same objects (same depth) into one buffer;
+  3. with a GPU: cold fill of the device cache vs raw pinned DMA, and a hot
+     decode step with the routes on the GPU.
 
 Usage: PYTHONPATH=python /usr/bin/python3 bench/bench_sglang_store.py [--calls N] [--keep DIR]
 Prints ratios; asserts nothing about speed.
@@ -148,6 +150,50 @@ def miss_path(pack, manifest, rounds):
     print(f"  raw parallel preadv (Python)   {raw / 1e9:6.2f} GB/s")
 
 
+def gpu_fill(pack, manifest, rounds):
+    """CUDA only: cold fill of the device cache (every route misses) against
+    raw pinned host-to-device DMA of the same bytes; then a hot step."""
+    store = open_store(pack, manifest, 512, stage_slots=16, read_splits=1, io_backend="uring")
+    store.initialize_device_cache("cuda")
+    obj = store.object_payload_bytes
+    order = [(1 + (i // (EXPERTS // TOP_K)) % LAYERS, (i % (EXPERTS // TOP_K)) * TOP_K) for i in range(rounds)]
+    for layer, first in order[:8]:  # page cache warm: this measures staging + DMA, not the disk
+        _, slots = store.acquire(layer, torch.arange(first, first + TOP_K).reshape(1, TOP_K))
+        store.mark_used(slots)
+    store.close()
+    store = open_store(pack, manifest, 512, stage_slots=16, read_splits=1, io_backend="uring")
+    store.initialize_device_cache("cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for layer, first in order:
+        _, slots = store.acquire(layer, torch.arange(first, first + TOP_K).reshape(1, TOP_K))
+        store.mark_used(slots)
+    torch.cuda.synchronize()
+    fill = store.snapshot()["h2d_bytes"] / (time.perf_counter() - t0)
+    pinned = torch.empty(16 * obj, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(16 * obj, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        dev.copy_(pinned, non_blocking=True)
+    torch.cuda.synchronize()
+    dma = rounds * 16 * obj / (time.perf_counter() - t0)
+    layer, first = order[-1]
+    ids = torch.arange(first, first + TOP_K).reshape(1, TOP_K).cuda()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        _, slots = store.acquire(layer, ids)
+        store.mark_used(slots)
+    torch.cuda.synchronize()
+    hot_us = (time.perf_counter() - t0) / 1000 * 1e6
+    store.close()
+    print(f"GPU ({torch.cuda.get_device_name()}):")
+    print(f"  cold fill (page cache warm)    {fill / 1e9:6.2f} GB/s   ratio to raw pinned DMA {fill / dma:5.2f}x")
+    print(f"  raw pinned DMA                 {dma / 1e9:6.2f} GB/s")
+    print(f"  hot decode step (ids on GPU)   {hot_us:6.1f} us/call")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=20000)
@@ -163,6 +209,10 @@ def main():
         print(f"load average {os.getloadavg()[0]:.1f}; model: {LAYERS} MoE layers x {EXPERTS} experts, top-{TOP_K}")
         hot_step(pack, manifest, args.calls)
         miss_path(pack, manifest, args.rounds)
+        if torch.cuda.is_available():
+            gpu_fill(pack, manifest, args.rounds)
+        else:
+            print("GPU: no CUDA device here (the cold-fill and hot-step figures on a GPU run where one is present)")
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
