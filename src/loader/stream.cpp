@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <deque>
 #include <unordered_map>
 #include <unordered_set>
@@ -46,6 +48,20 @@ std::pair<uintptr_t, uintptr_t> PageRange(const uint8_t* p, size_t n) {
   const auto b = reinterpret_cast<uintptr_t>(p) & ~mask;
   const auto e = (reinterpret_cast<uintptr_t>(p) + n + mask) & ~mask;
   return {b, e};
+}
+
+// A fresh buffer for copy mode, not zeroed (pread fills every byte). Big
+// ones are 2 MiB aligned and marked MADV_HUGEPAGE, so filling them takes one
+// page fault per 2 MiB instead of one per 4 KiB where the kernel has
+// transparent huge pages in madvise mode.
+std::shared_ptr<uint8_t> CopyBuffer(size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (n < 2 * kHuge) return std::shared_ptr<uint8_t>(new uint8_t[std::max<size_t>(n, 1)], std::default_delete<uint8_t[]>());
+  const size_t rounded = (n + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (!p) throw std::bad_alloc();
+  ::madvise(p, rounded, MADV_HUGEPAGE);  // best effort
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
 }
 
 void Advise(const uint8_t* p, size_t n, int advice) {
@@ -211,11 +227,9 @@ struct NonExpertStream::Impl {
   // Copy mode: the tensor's bytes read with pread into a fresh buffer (never
   // through the mapping, so nothing is mapped in), then dropped from the
   // page cache when asked to.
-  Result<std::shared_ptr<uint8_t[]>> ReadCopy(const gguf::TensorInfo& t, std::span<const uint8_t> raw) {
+  Result<std::shared_ptr<uint8_t>> ReadCopy(const gguf::TensorInfo& t, std::span<const uint8_t> raw) {
     const uint64_t off = static_cast<uint64_t>(raw.data() - shard->mapping()->data());
-    // Not value-initialized: pread fills every byte, and zeroing first would
-    // touch each page twice.
-    std::shared_ptr<uint8_t[]> buf(new uint8_t[std::max<size_t>(raw.size(), 1)]);
+    std::shared_ptr<uint8_t> buf = CopyBuffer(raw.size());
     K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd_for_fadvise, buf.get(), raw.size(), off));
     if (got != raw.size()) {
       return Error("Kimi-K3 GGUF shard is missing or changed: " + shard_record->path, ErrorKind::kFileNotFound, ENOENT)
@@ -230,12 +244,12 @@ struct NonExpertStream::Impl {
 
   // A target's own copy of the source bytes: the buffer just read for the
   // first target that takes it, a duplicate for any further one.
-  std::shared_ptr<uint8_t[]> TakeCopy(std::shared_ptr<uint8_t[]>& read, bool& taken, size_t n) {
+  std::shared_ptr<uint8_t> TakeCopy(std::shared_ptr<uint8_t>& read, bool& taken, size_t n) {
     if (!taken) {
       taken = true;
       return read;
     }
-    std::shared_ptr<uint8_t[]> dup(new uint8_t[std::max<size_t>(n, 1)]);
+    std::shared_ptr<uint8_t> dup = CopyBuffer(n);
     std::memcpy(dup.get(), read.get(), n);
     return dup;
   }
@@ -257,18 +271,24 @@ struct NonExpertStream::Impl {
     const ViewType view = GgufPyView(t, opts.sglang_compat);
     std::span<const uint8_t> raw = shard->TensorData(t);
     const std::shared_ptr<const void> map_owner = shard->mapping();
-    std::shared_ptr<uint8_t[]> copied;  // copy mode: the bytes read once for every target
+    std::shared_ptr<uint8_t> copied;  // copy mode: the bytes read once for every target
     bool copy_taken = false;
     if (opts.copy) {
       K3_ASSIGN_OR_RETURN(copied, ReadCopy(t, raw));
       raw = {copied.get(), raw.size()};  // transforms read the copy, not the map
+    } else if (opts.populate) {
+#ifdef MADV_POPULATE_READ
+      auto [b, e] = PageRange(raw.data(), raw.size());
+      if (raw.empty() || ::madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_READ) != 0)
+#endif
+        Advise(raw.data(), raw.size(), MADV_WILLNEED);
     } else if (opts.prefetch) {
       Advise(raw.data(), raw.size(), MADV_WILLNEED);
     }
     // A target that hands the stored bytes out: a map view, or its own copy.
     auto hand_out = [&](NamedTensor& out) {
       if (opts.copy) {
-        std::shared_ptr<uint8_t[]> own = TakeCopy(copied, copy_taken, raw.size());
+        std::shared_ptr<uint8_t> own = TakeCopy(copied, copy_taken, raw.size());
         out.data = {own.get(), raw.size()};
         out.owner = std::move(own);
         out.writable = true;

@@ -101,5 +101,23 @@ TEST(StreamCopy, BuffersOutliveTheStream) {
   }
 }
 
+// populate only changes how pages come in (MADV_POPULATE_READ): the same
+// zero-copy views as the default stream.
+TEST(StreamPopulate, SameViewsAsDefault) {
+  TempDir dir("populate");
+  const std::string manifest = WriteModel(dir.path, CopyModel(), {0, 0, 0, 0, 1, 1, 1});
+  LoadOptions o;
+  o.populate = true;
+  const auto got = DrainWith(manifest, o);
+  const auto want = DrainWith(manifest, {});
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].name, want[i].name);
+    EXPECT_EQ(got[i].zero_copy, want[i].zero_copy) << want[i].name;
+    ASSERT_EQ(got[i].data.size(), want[i].data.size());
+    EXPECT_EQ(0, std::memcmp(got[i].data.data(), want[i].data.data(), want[i].data.size())) << want[i].name;
+  }
+}
+
 }  // namespace
 }  // namespace k3pack::loader
