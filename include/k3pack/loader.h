@@ -87,8 +87,10 @@ struct LoadOptions {
   // Also drop the source range from the page cache (POSIX_FADV_DONTNEED)
   // after use: keeps a one-shot load from evicting other data.
   bool drop_page_cache = false;
-  // madvise(MADV_WILLNEED) each tensor's range as it is reached, so the
-  // kernel reads it ahead while the caller consumes the previous one.
+  // madvise(MADV_WILLNEED) each tensor's range as it is reached, and the
+  // next non-routed tensors' ranges up to 64 MiB ahead (posix_fadvise
+  // WILLNEED in copy mode), so the kernel reads them while the caller
+  // consumes this one. Routed stacks are never advised.
   bool prefetch = true;
   // Instead of MADV_WILLNEED, map each tensor's pages in with one
   // MADV_POPULATE_READ call as it is reached (Linux >= 5.14; WILLNEED where

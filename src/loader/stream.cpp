@@ -91,6 +91,7 @@ struct NonExpertStream::Impl {
   const StreamShardRecord* shard_record = nullptr;
   std::unordered_map<std::string_view, const StreamTensorRecord*> records;  // current shard's
   size_t next_tensor = 0;
+  size_t advised_upto = 0;  // tensors before this index already had read-ahead advice
   int fd_for_fadvise = -1;  // the shard opened for fadvise and, in copy mode, pread
 
   std::deque<NamedTensor> pending;
@@ -161,6 +162,7 @@ struct NonExpertStream::Impl {
       if (fd >= 0 && opts.copy) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
     next_tensor = 0;
+    advised_upto = 0;
     stats.shards_opened++;
     if (opts.on_shard) opts.on_shard(rec.index, rec.path, static_cast<uint32_t>(manifest.shards.size()));
     return Status::OK();
@@ -254,6 +256,30 @@ struct NonExpertStream::Impl {
     return dup;
   }
 
+  // Read-ahead sized to tensors: asks the kernel for the next non-routed
+  // tensors' bytes, up to kReadAheadBytes past the one being handed out, so
+  // the storage works while the caller consumes this one (routed stacks are
+  // skipped: never read). Each range is advised once.
+  static constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
+  void AdviseAhead() {
+    uint64_t window = 0;
+    const auto& all = shard->tensors();
+    for (size_t i = next_tensor; i < all.size() && window < kReadAheadBytes; ++i) {
+      const gguf::TensorInfo& t = all[i];
+      if (kimi::IsRoutedExpertAggregate(t.name)) continue;
+      window += t.nbytes;
+      if (i < advised_upto) continue;
+      advised_upto = i + 1;
+      const std::span<const uint8_t> raw = shard->TensorData(t);
+      if (opts.copy) {
+        const auto off = static_cast<off_t>(raw.data() - shard->mapping()->data());
+        ::posix_fadvise(fd_for_fadvise, off, static_cast<off_t>(raw.size()), POSIX_FADV_WILLNEED);
+      } else {
+        Advise(raw.data(), raw.size(), MADV_WILLNEED);
+      }
+    }
+  }
+
   // One GGUF tensor -> its checks and 0..4 pending outputs (or an error
   // after the outputs SGLang would have yielded first).
   Status Process(const gguf::TensorInfo& t) {
@@ -273,6 +299,7 @@ struct NonExpertStream::Impl {
     const std::shared_ptr<const void> map_owner = shard->mapping();
     std::shared_ptr<uint8_t> copied;  // copy mode: the bytes read once for every target
     bool copy_taken = false;
+    if (opts.prefetch) AdviseAhead();  // the next tensors, while this one is read and consumed
     if (opts.copy) {
       K3_ASSIGN_OR_RETURN(copied, ReadCopy(t, raw));
       raw = {copied.get(), raw.size()};  // transforms read the copy, not the map
