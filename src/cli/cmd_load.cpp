@@ -179,7 +179,8 @@ int RunLoad(const std::vector<std::string>& argv) {
             << "source tensors  " << s.source_tensors << " (" << s.routed_skipped << " routed aggregates skipped, "
             << Bytes(s.routed_skipped_bytes) << " not read)\n"
             << "emitted         " << s.emitted << " tensors, " << Bytes(bytes) << " (" << s.zero_copy_tensors
-            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed)\n";
+            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed"
+            << (s.copied_bytes ? " in fresh buffers, " + Bytes(s.copied_bytes) + " read with pread" : std::string()) << ")\n";
   std::cout << "by kind        ";
   for (const auto& [k, n] : by_kind) std::cout << " " << k << "=" << n;
   std::cout << "\nby dtype       ";
