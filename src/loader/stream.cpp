@@ -10,8 +10,8 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <deque>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 
