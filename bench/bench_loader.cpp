@@ -9,13 +9,20 @@
 // non-routed tensors (real bytes, or holes with --holes) plus routed
 // aggregates (holes, never read) and a manifest beside it.
 //
-// Three numbers per run, best of R:
-//   memcpy-ram   memcpy of the same volume between two heap buffers;
-//   memcpy-map   memcpy of exactly the emitted byte ranges out of fresh
-//                read-only mappings of the shards (the floor for any reader);
-//   loader       NonExpertStream (all checks, zero-copy views) with the
-//                consumer memcpy-ing every emitted tensor to the same buffer.
-// ratio = loader / memcpy-map (target >= 0.8). Timings are never asserted.
+// Per mode, best of R, once with a cold page cache (POSIX_FADV_DONTNEED on
+// every shard before each run) and once warm, with the growth of peak RSS:
+//   raw pread    the baseline: exactly the emitted byte ranges read with
+//                pread into one reused buffer, POSIX_FADV_SEQUENTIAL;
+//   memcpy-map   the same ranges memcpy-ed out of fresh read-only mappings;
+//   loader       NonExpertStream (all checks, zero-copy views, MADV_WILLNEED)
+//                with the consumer memcpy-ing every tensor to one buffer;
+//   populate     the same with LoadOptions::populate (MADV_POPULATE_READ);
+//   copy         LoadOptions::copy: the stream preads every tensor into a
+//                fresh buffer of its own (what a copying consumer gets).
+// Ratios are to the raw pread of the same run (target >= 0.8). Timings are
+// never asserted. With --gguf on `k3pack synth --preset k3-structure` output
+// this is the full-scale structural (sparse) model.
+#include <fcntl.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -23,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -49,6 +57,21 @@ uint64_t PeakRss() {
   ::getrusage(RUSAGE_SELF, &ru);
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
+
+// VmHWM / VmRSS of /proc/self/status in bytes (0 where unavailable).
+uint64_t StatusBytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t klen = std::strlen(key);
+  while (std::getline(in, line)) {
+    if (line.compare(0, klen, key) == 0) return std::strtoull(line.c_str() + klen, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+uint64_t CurrentRss() { return StatusBytes("VmRSS:"); }
+uint64_t PeakRssNow() { return StatusBytes("VmHWM:"); }
+// Sets VmHWM back to the current RSS, so each mode's peak is its own.
+void ResetPeakRss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 // The manifest fields the stream reads (and verify_metadata compares),
 // computed from the shard files.
@@ -182,9 +205,8 @@ int main(int argc, char** argv) {
 
   uint64_t total = 0, max_tensor = 0;
   const std::vector<Range> ranges = EmittedRanges(manifest, &total, &max_tensor);  // also warms the page cache
-  std::vector<uint8_t> dst(std::min<uint64_t>(max_tensor, 256ull << 20) + 64);
-  std::vector<uint8_t> src(dst.size());
-  std::memset(src.data(), 0x5a, src.size());
+  // One reused buffer for the consumers' copies and for the raw pread.
+  std::vector<uint8_t> dst(std::min<uint64_t>(max_tensor, 64ull << 20) + 64);
   std::memset(dst.data(), 0, dst.size());
   auto copy_view = [&](const uint8_t* p, uint64_t n) {
     for (uint64_t off = 0; off < n; off += dst.size()) {
@@ -192,49 +214,109 @@ int main(int argc, char** argv) {
       std::memcpy(dst.data(), p + off, k);
     }
   };
-
-  double best_ram = 1e30, best_map = 1e30, best_loader = 1e30;
-  uint64_t loader_bytes = 0;
-  for (int r = 0; r < repeat; ++r) {
-    double t0 = Now();
-    for (uint64_t done = 0; done < total; done += src.size()) {
-      std::memcpy(dst.data(), src.data(), std::min<uint64_t>(src.size(), total - done));
-    }
-    best_ram = std::min(best_ram, Now() - t0);
-
-    t0 = Now();
+  auto drop_cache = [&] {
     for (const Range& rg : ranges) {
-      auto map = MappedFile::Open(rg.path).value();
-      for (auto [off, n] : rg.spans) copy_view(map->data() + off, n);
+      auto fd = OpenReadOnly(rg.path);
+      if (!fd.ok()) continue;
+      ::fdatasync(fd->get());  // dirty pages (a model just written) cannot be dropped
+      ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_DONTNEED);
     }
-    best_map = std::min(best_map, Now() - t0);
+  };
 
-    t0 = Now();
-    auto s = loader::NonExpertStream::Open(manifest).value();
-    loader_bytes = 0;
-    Status st = s.ForEach([&](loader::NamedTensor&& t) -> Status {
-      copy_view(t.data.data(), t.data.size());
-      loader_bytes += t.data.size();
-      return Status::OK();
-    });
-    if (!st.ok()) {
-      std::fprintf(stderr, "bench_loader: %s\n", st.message().c_str());
-      return 1;
-    }
-    best_loader = std::min(best_loader, Now() - t0);
+  // The modes, each consuming exactly the emitted bytes.
+  struct Mode {
+    const char* name;
+    std::function<uint64_t()> run;  // returns the bytes consumed
+  };
+  // The raw modes read each distinct stored range once; the stream also
+  // hands out computed tensors and second views of one range.
+  uint64_t view_total = 0;
+  for (const Range& rg : ranges) {
+    for (auto [off, n] : rg.spans) view_total += n;
   }
-  const double gb = static_cast<double>(total) / 1e9;
-  std::printf("non-routed bytes   %.3f GB in %zu shard(s)\n", gb, ranges.size());
-  std::printf("memcpy-ram         %8.2f GB/s  (%.3f s)\n", gb / best_ram, best_ram);
-  std::printf("memcpy-map         %8.2f GB/s  (%.3f s)\n", gb / best_map, best_map);
-  std::printf("loader + memcpy    %8.2f GB/s  (%.3f s)\n", gb / best_loader, best_loader);
-  std::printf("ratio loader/memcpy-map  %.2fx   loader/memcpy-ram  %.2fx\n", best_map / best_loader,
-              best_ram / best_loader);
-  std::printf("peak RSS           %.1f MiB (copy buffers %.1f MiB)\n", static_cast<double>(PeakRss()) / (1 << 20),
-              2.0 * static_cast<double>(dst.size()) / (1 << 20));
-  if (loader_bytes != total) std::printf("warning: loader bytes %llu != %llu\n",
-                                         static_cast<unsigned long long>(loader_bytes),
-                                         static_cast<unsigned long long>(total));
+  auto stream = [&](loader::LoadOptions o, bool consumer_copies) {
+    return [&, o, consumer_copies]() -> uint64_t {
+      auto s = loader::NonExpertStream::Open(manifest, o).value();
+      uint64_t n = 0;
+      Status st = s.ForEach([&](loader::NamedTensor&& t) -> Status {
+        if (consumer_copies) copy_view(t.data.data(), t.data.size());
+        n += t.data.size();
+        return Status::OK();
+      });
+      if (!st.ok()) {
+        std::fprintf(stderr, "bench_loader: %s\n", st.message().c_str());
+        std::exit(1);
+      }
+      return n;
+    };
+  };
+  loader::LoadOptions populate, copy;
+  populate.populate = true;
+  copy.copy = true;
+  const std::vector<Mode> modes = {
+      // Baseline: the same byte ranges read with pread into one reused
+      // buffer, POSIX_FADV_SEQUENTIAL on each shard (no checks, no names).
+      {"raw pread (baseline)",
+       [&]() -> uint64_t {
+         uint64_t n = 0;
+         for (const Range& rg : ranges) {
+           auto fd = OpenReadOnly(rg.path).value();
+           ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+           for (auto [off, len] : rg.spans) {
+             for (uint64_t done = 0; done < len;) {
+               const size_t k = static_cast<size_t>(std::min<uint64_t>(dst.size(), len - done));
+               auto got = PreadFull(fd.get(), dst.data(), k, off + done);
+               if (!got.ok() || *got == 0) break;
+               done += *got;
+               n += *got;
+             }
+           }
+         }
+         return n;
+       }},
+      {"memcpy from fresh maps",
+       [&]() -> uint64_t {
+         for (const Range& rg : ranges) {
+           auto map = MappedFile::Open(rg.path).value();
+           for (auto [off, n] : rg.spans) copy_view(map->data() + off, n);
+         }
+         return view_total;
+       }},
+      {"loader zero-copy + memcpy", stream({}, true)},
+      {"loader populate + memcpy", stream(populate, true)},
+      {"loader copy=true (pread)", stream(copy, false)},
+  };
+
+  std::printf("non-routed bytes   %.3f GB in %zu shard(s), largest tensor %.1f MiB, best of %d\n",
+              static_cast<double>(total) / 1e9, ranges.size(), static_cast<double>(max_tensor) / (1 << 20), repeat);
+  std::printf("%-28s %6s %10s %9s %9s %14s\n", "mode", "cache", "GB/s", "seconds", "x pread", "peak RSS +MiB");
+  for (const bool cold : {true, false}) {
+    double baseline = 0;
+    for (const Mode& m : modes) {
+      double best = 1e30;
+      uint64_t bytes = 0;
+      ResetPeakRss();
+      const uint64_t rss0 = CurrentRss();
+      for (int r = 0; r < repeat; ++r) {
+        if (cold) drop_cache();
+        const double t0 = Now();
+        bytes = m.run();
+        best = std::min(best, Now() - t0);
+      }
+      const uint64_t peak = PeakRssNow();
+      if (baseline == 0) baseline = best;
+      const uint64_t want = &m - modes.data() < 2 ? view_total : total;
+      if (bytes != want) std::printf("warning: %s consumed %llu bytes, expected %llu\n", m.name,
+                                     static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(want));
+      std::printf("%-28s %6s %10.2f %9.3f %8.2fx %14.1f\n", m.name, cold ? "cold" : "warm",
+                  static_cast<double>(total) / best / 1e9, best, baseline / best,
+                  peak > rss0 ? static_cast<double>(peak - rss0) / (1 << 20) : 0.0);
+    }
+  }
+  std::printf("(cold: POSIX_FADV_DONTNEED on every shard before each run; x pread = raw pread time / mode time,\n"
+              " target >= 0.8; peak RSS = growth of VmHWM over the mode, reused buffer %.1f MiB; peak RSS of the\n"
+              " whole process %.1f MiB)\n",
+              static_cast<double>(dst.size()) / (1 << 20), static_cast<double>(PeakRss()) / (1 << 20));
   if (cleanup) fs::remove_all(dir);
   return 0;
 }

@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
 """Throughput of k3pack's Python non-expert weight iterator.
 
-Streams every non-routed weight of a manifest through
-  1. k3pack.nonexpert_weights (numpy, zero-copy): what handing out costs;
-  2. the same + one numpy copy per tensor (a consumer copying into its own
-     buffers, as a model's weight_loader does);
-  3. k3pack.sglang.kimi_k3_nonexpert_weights_iterator (torch, zero-copy) and
-     with copy=True (SGLang's torch.tensor() copies);
-and compares them with a baseline measured in the same run: numpy copies of
-the same tensors' bytes straight out of freshly opened GGUF mappings
-(k3pack.GGUFFile raw views: no name mapping, no checks). Ratios are printed, never asserted.
+Streams every non-routed weight of a manifest, cold (each shard fdatasync-ed
+and dropped from the page cache with POSIX_FADV_DONTNEED before each run) and
+warm, best of --repeat, through
+  1. the baseline: exactly the tensors' stored byte ranges read with os.preadv
+     into one reused buffer, POSIX_FADV_SEQUENTIAL (no names, no checks);
+  2. k3pack.nonexpert_weights (numpy, zero-copy), touching one byte per page;
+  3. the same + np.copyto into one preallocated buffer per size (a consumer
+     copying into its parameters);
+  4. k3pack.nonexpert_weights(copy=True): fresh writable arrays read by the
+     stream with pread (what SGLang's torch.tensor() copies give), the
+     consumer holding each until the next, as SGLang's loop does;
+  5. k3pack.sglang.kimi_k3_nonexpert_weights_iterator(copy=True) when torch
+     is installed.
+Each line prints GB/s, the ratio to the baseline of the same run and cache
+state (target >= 0.8) and the growth of peak RSS over the mode (VmHWM reset
+through /proc/self/clear_refs). Ratios are printed, never asserted.
 
     python3 bench/bench_python_loader.py                  # synthesizes a model (needs the CLI)
     python3 bench/bench_python_loader.py --manifest M.json
-Options: --repeat N, --hidden N (synth size), --keep DIR.
+    python3 bench/bench_python_loader.py --gguf DIR       # e.g. `k3pack synth --preset k3-structure`
+Options: --repeat N, --hidden N (synth size), --keep DIR, --modes a,b.
 """
 
 import argparse
@@ -64,16 +72,50 @@ def best_of(repeat, fn):
     return best, result
 
 
+def status_bytes(key):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def drop_cache(paths):
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manifest")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--gguf", help="a GGUF shard directory: a minimal manifest is written for it")
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=1024, help="hidden size of the synthesized model")
     ap.add_argument("--keep", help="directory for the synthesized model (kept)")
+    ap.add_argument("--modes", default="pread,views,copyto,copy,torch")
     args = ap.parse_args()
 
     tmp = None
     manifest = args.manifest
+    if args.gguf:
+        manifest = os.path.join(tempfile.mkdtemp(prefix="k3bench-"), "bench.manifest.json")
+        source_manifest(args.gguf, manifest)
     if not manifest:
         cli = os.environ.get("K3PACK_BIN") or os.path.join(REPO, "build", "k3pack")
         out = args.keep or tempfile.mkdtemp(prefix="k3bench-")
@@ -88,72 +130,130 @@ def main():
         source_manifest(out, manifest)
 
     doc = json.load(open(manifest))
-    files = {int(s["index"]): k3pack.GGUFFile(s["path"]) for s in doc["source"]["shards"]}
-    for g in files.values():  # warm the page cache
-        for t in g.tensors:
-            g.tensor_data(t.name, layout="raw").sum()
-
-    def stream_only():
-        n = b = 0
-        for name, arr in k3pack.nonexpert_weights(manifest, release_pages=False):
-            n += 1
-            b += arr.nbytes
-        return n, b
-
-    def stream_copy():
-        b = 0
-        for name, arr in k3pack.nonexpert_weights(manifest, release_pages=False):
-            b += np.array(arr).nbytes
-        return b
-
-    # Baseline: the same tensors' bytes copied straight out of freshly opened
-    # GGUF mappings (like the stream, each run maps the shards anew).
-    emitted_sources = {r.source_name for r in k3pack.nonexpert_tensors(manifest)}
     shard_paths = [s["path"] for s in doc["source"]["shards"]]
+    # The stored ranges the stream hands out, per shard (a record's source
+    # tensor; computed tensors have none), and the emitted volume.
+    by_path = {int(s["index"]): s["path"] for s in doc["source"]["shards"]}
+    recs = {(t["shard_index"], t["name"]): t for t in doc["source"]["tensors"]}
+    ranges, seen, emitted, count, largest = {}, set(), 0, 0, 0
+    for r in k3pack.nonexpert_tensors(manifest, release_pages=True):
+        emitted += r.array.nbytes
+        count += 1
+        largest = max(largest, r.array.nbytes)
+        key = (r.shard_index, r.source_name)
+        if r.zero_copy and key not in seen:
+            seen.add(key)
+            g = files_cache(by_path[r.shard_index])
+            t = g.tensor(r.source_name) if hasattr(g, "tensor") else None
+            off = (t.data_offset if t is not None else recs[key]["data_offset"]) + g.data_offset
+            ranges.setdefault(by_path[r.shard_index], []).append((off, r.array.nbytes))
+    buf = bytearray(min(max(largest, 1), 64 << 20))
+    view = memoryview(buf)
 
-    def baseline_copy():
+    def raw_pread():
         b = 0
-        for path in shard_paths:
-            g = k3pack.GGUFFile(path)
-            for t in g.tensors:
-                if t.name in emitted_sources:
-                    b += np.array(g.tensor_data(t.name, layout="raw")).nbytes
+        for path, spans in ranges.items():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                for off, n in spans:
+                    done = 0
+                    while done < n:
+                        k = os.preadv(fd, [view[:min(len(buf), n - done)]], off + done)
+                        if k <= 0:
+                            break
+                        done += k
+                    b += done
+            finally:
+                os.close(fd)
         return b
 
-    t_stream, (count, nbytes) = best_of(args.repeat, stream_only)
-    t_copy, _ = best_of(args.repeat, stream_copy)
-    t_base, base_bytes = best_of(args.repeat, baseline_copy)
+    def views():
+        b = 0
+        for name, arr in k3pack.nonexpert_weights(manifest):
+            flat = arr.reshape(-1).view(np.uint8)
+            int(flat[::4096].sum())
+            b += arr.nbytes
+        return b
 
-    rows = [("k3pack.nonexpert_weights (zero-copy, numpy)", t_stream, nbytes),
-            ("k3pack.nonexpert_weights + numpy copy", t_copy, nbytes),
-            ("baseline: numpy copy of raw GGUF views", t_base, base_bytes)]
+    params = {}
+
+    def copyto():
+        b = 0
+        for name, arr in k3pack.nonexpert_weights(manifest):
+            flat = arr.reshape(-1).view(np.uint8)
+            dst = params.get(flat.size)
+            if dst is None:
+                dst = params[flat.size] = np.empty(flat.size, np.uint8)
+            np.copyto(dst, flat)
+            b += arr.nbytes
+        return b
+
+    def copied():
+        b = 0
+        for name, arr in k3pack.nonexpert_weights(manifest, copy=True):
+            b += arr.nbytes
+        return b
+
+    modes = [("pread", "baseline: os.preadv into one buffer", raw_pread),
+             ("views", "nonexpert_weights (zero-copy, touch)", views),
+             ("copyto", "nonexpert_weights + np.copyto", copyto),
+             ("copy", "nonexpert_weights(copy=True)", copied)]
     try:
         import torch  # noqa: F401
 
         from k3pack.sglang import kimi_k3_nonexpert_weights_iterator as it
 
-        def torch_stream(copy):
+        def torch_copy():
             b = 0
-            for name, t in it(manifest, copy=copy, release_pages=False):
+            for name, t in it(manifest, copy=True):
                 b += t.numel() * t.element_size()
             return b
 
-        t_torch, tb = best_of(args.repeat, lambda: torch_stream(False))
-        t_torch_copy, _ = best_of(args.repeat, lambda: torch_stream(True))
-        rows += [("k3pack.sglang iterator (zero-copy, torch)", t_torch, tb),
-                 ("k3pack.sglang iterator copy=True (SGLang-like)", t_torch_copy, tb)]
+        modes.append(("torch", "k3pack.sglang iterator copy=True", torch_copy))
     except ImportError:
         pass
+    wanted = set(args.modes.split(","))
+    modes = [m for m in modes if m[0] in wanted or m[0] == "pread"]
 
     print("manifest: %s" % manifest)
-    print("tensors emitted: %d, bytes: %d (%.1f MiB), best of %d" % (count, nbytes, nbytes / 2**20, args.repeat))
-    print("%-48s %10s %10s %12s %9s" % ("path", "ms", "GB/s", "tensors/s", "vs base"))
-    for label, t, b in rows:
-        print("%-48s %10.2f %10.2f %12.0f %8.2fx" % (label, t * 1e3, b / t / 1e9, count / t, t_base / t))
+    print("tensors emitted: %d, %.1f MiB (largest %.1f MiB), stored ranges %.1f MiB, best of %d"
+          % (count, emitted / 2**20, largest / 2**20, sum(n for s in ranges.values() for _, n in s) / 2**20,
+             args.repeat))
+    print("%-40s %5s %9s %9s %8s %13s" % ("path", "cache", "GB/s", "seconds", "x pread", "peak RSS +MiB"))
+    for cold in (True, False):
+        base = None
+        for key, label, fn in modes:
+            reset_peak_rss()
+            rss0 = status_bytes("VmRSS:")
+            best = None
+            for _ in range(args.repeat):
+                if cold:
+                    drop_cache(shard_paths)
+                t0 = time.perf_counter()
+                nbytes = fn()
+                dt = time.perf_counter() - t0
+                best = dt if best is None else min(best, dt)
+            peak = max(0, status_bytes("VmHWM:") - rss0)
+            base = base or best
+            print("%-40s %5s %9.2f %9.3f %7.2fx %13.1f" % (label, "cold" if cold else "warm", nbytes / best / 1e9,
+                                                          best, base / best, peak / 2**20))
+    print("(x pread = baseline time / mode time; peak RSS = growth of VmHWM during the mode; the copyto buffers"
+          " are allocated once, in the first run)")
     if tmp:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_FILES = {}
+
+
+def files_cache(path):
+    g = _FILES.get(path)
+    if g is None:
+        g = _FILES[path] = k3pack.GGUFFile(path)
+    return g
 
 
 if __name__ == "__main__":

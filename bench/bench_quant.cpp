@@ -1,14 +1,20 @@
 // Dequantization and expert dot-product throughput, each next to a baseline
 // measured in the same run: memcpy of the same number of output bytes (for
-// decoding) and of the same number of weight bytes (for mat-vec). Single
-// thread. Prints ratios; never asserts on timings.
+// decoding) and of the same number of weight bytes (for mat-vec). Decoding
+// is timed on one thread and on --threads threads (DequantizeParallel; the
+// memcpy baseline is then split the same way). Prints ratios; never asserts
+// on timings.
 //
-//   bench_quant [--elements N] [--reps R]
+//   bench_quant [--elements N] [--reps R] [--threads T] [--types A,B,..] [--json] [--no-matvec]
+//
+// --json adds one machine-readable line per type (bench_python_quant.py
+// compares the Python binding with these figures).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -69,39 +75,92 @@ std::vector<uint8_t> RandomTensor(GgmlType t, uint64_t n, std::mt19937_64& rng) 
   return b;
 }
 
+// memcpy of n floats split over `threads` threads, as DequantizeParallel splits.
+void ParallelMemcpy(float* dst, const float* src, uint64_t n, int threads) {
+  if (threads <= 1) {
+    std::memcpy(dst, src, n * 4);
+    return;
+  }
+  const uint64_t per = (n + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (int k = 1; k < threads; ++k) {
+    const uint64_t b = std::min<uint64_t>(n, k * per), e = std::min<uint64_t>(n, (k + 1) * per);
+    pool.emplace_back([=] { std::memcpy(dst + b, src + b, (e - b) * 4); });
+  }
+  std::memcpy(dst, src, std::min<uint64_t>(n, per) * 4);
+  for (auto& th : pool) th.join();
+}
+
+bool Selected(const std::string& list, GgmlType t) {
+  if (list.empty()) return true;
+  const std::string name(GgmlTypeName(t));
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = list.find(',', pos);
+    const std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item == name) return true;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   uint64_t n = 2u << 20;  // elements decoded per run (8 MiB of float output)
   int reps = 11;  // best-of: robust to a busy machine
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--elements")) n = std::strtoull(argv[i + 1], nullptr, 10);
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::string types;
+  bool json = false, matvec = true;
+  for (int i = 1; i < argc; ++i) {
+    const bool has = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--elements") && has) n = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--reps") && has) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && has) threads = std::max(1, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--types") && has) types = argv[++i];
+    else if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--no-matvec")) matvec = false;
+    else {
+      std::fprintf(stderr, "usage: bench_quant [--elements N] [--reps R] [--threads T] [--types A,B] [--json] [--no-matvec]\n");
+      return 2;
+    }
   }
   n = n / 256 * 256;
-  std::printf("bench_quant: %llu elements per run, best of %d, ISA %s\n", static_cast<unsigned long long>(n), reps,
-              quant::IsaName(quant::DetectedIsa()));
+  std::printf("bench_quant: %llu elements per run, best of %d, ISA %s, %d thread(s) for the MT columns\n",
+              static_cast<unsigned long long>(n), reps, quant::IsaName(quant::DetectedIsa()), threads);
   std::mt19937_64 rng(42);
   std::vector<float> out(n), copy_dst(n);
   std::vector<float> copy_src(n, 1.0f);
   const double memcpy_s = BestSeconds(reps, [&] { std::memcpy(copy_dst.data(), copy_src.data(), n * 4); });
   const double memcpy_gbs = n * 4.0 / memcpy_s / 1e9;
-  std::printf("baseline memcpy of %llu MiB: %.2f GB/s\n\n", static_cast<unsigned long long>(n * 4 >> 20), memcpy_gbs);
-  std::printf("%-8s %10s %12s %9s %12s %8s\n", "type", "in MiB", "out GB/s", "x memcpy", "scalar GB/s", "speedup");
+  const double memcpy_mt_s =
+      BestSeconds(reps, [&] { ParallelMemcpy(copy_dst.data(), copy_src.data(), n, threads); });
+  const double memcpy_mt_gbs = n * 4.0 / memcpy_mt_s / 1e9;
+  std::printf("baseline memcpy of %llu MiB: %.2f GB/s (1 thread), %.2f GB/s (%d threads)\n\n",
+              static_cast<unsigned long long>(n * 4 >> 20), memcpy_gbs, memcpy_mt_gbs, threads);
+  std::printf("%-8s %10s %12s %9s %12s %9s %12s %8s\n", "type", "in MiB", "out GB/s", "x memcpy", "MT GB/s",
+              "x MT cpy", "scalar GB/s", "speedup");
   for (uint32_t id = 0; id < kGgmlTypeCount; ++id) {
     const GgmlType t = static_cast<GgmlType>(id);
-    if (!IsValidGgmlType(id) || !quant::CanDequantize(t)) continue;
+    if (!IsValidGgmlType(id) || !quant::CanDequantize(t) || !Selected(types, t)) continue;
     const uint64_t tn = n / GgmlTypeInfoFor(t)->block_size * GgmlTypeInfoFor(t)->block_size;
     const auto src = RandomTensor(t, tn, rng);
     std::span<float> dst(out.data(), tn);
     const double best = BestSeconds(reps, [&] { (void)quant::DequantizeRow(t, src, dst, quant::Isa::kAuto); });
+    const double best_mt = BestSeconds(reps, [&] { (void)quant::DequantizeParallel(t, src, dst, threads); });
     const double scalar = BestSeconds(std::max(1, reps / 2),
                                       [&] { (void)quant::DequantizeRow(t, src, dst, quant::Isa::kScalar); });
-    const double gbs = tn * 4.0 / best / 1e9, sgbs = tn * 4.0 / scalar / 1e9;
-    std::printf("%-8s %10.1f %12.2f %9.2f %12.2f %7.2fx%s\n", std::string(GgmlTypeName(t)).c_str(),
-                src.size() / 1048576.0, gbs, gbs / memcpy_gbs, sgbs, scalar / best,
+    const double gbs = tn * 4.0 / best / 1e9, mgbs = tn * 4.0 / best_mt / 1e9, sgbs = tn * 4.0 / scalar / 1e9;
+    std::printf("%-8s %10.1f %12.2f %9.2f %12.2f %9.2f %12.2f %7.2fx%s\n", std::string(GgmlTypeName(t)).c_str(),
+                src.size() / 1048576.0, gbs, gbs / memcpy_gbs, mgbs, mgbs / memcpy_mt_gbs, sgbs, scalar / best,
                 quant::HasKernel(t, quant::Isa::kAvx2) || quant::HasKernel(t, quant::Isa::kAvx512) ? "" : "  (scalar)");
+    if (json) {
+      std::printf("JSON {\"type\": \"%s\", \"elements\": %llu, \"gbs_1t\": %.4f, \"gbs_mt\": %.4f, \"threads\": %d}\n",
+                  std::string(GgmlTypeName(t)).c_str(), static_cast<unsigned long long>(tn), gbs, mgbs, threads);
+    }
   }
+  if (!matvec) return 0;
 
   // One Kimi-K3 expert matrix: gate/up are 3072 rows of 3584 latent elements.
   const uint64_t rows = 3072, cols = 3584;

@@ -19,4 +19,9 @@ if ls python/k3pack/_k3pack*.so >/dev/null 2>&1; then
     PYTHONPATH="$PWD/python" /usr/bin/python3 "$py" || status=1
   done
 fi
+if [ -f bench/bench_python_quant.py ] && [ -x "$BUILD/bench_quant" ] && ls python/k3pack/_k3pack*.so >/dev/null 2>&1; then
+  echo
+  echo "=== bench_python_quant.py"
+  PYTHONPATH="$PWD/python" /usr/bin/python3 bench/bench_python_quant.py --bench-quant "$BUILD/bench_quant" || status=1
+fi
 exit $status

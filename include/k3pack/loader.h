@@ -63,6 +63,9 @@ struct NamedTensor {
   // Null only for static storage (the type-id scalars).
   std::shared_ptr<const void> owner;
   bool zero_copy = false;  // data points into the shard's memory map
+  // data is a fresh buffer that only this tensor owns (LoadOptions::copy):
+  // the caller may write into it.
+  bool writable = false;
   GgmlType source_type = GgmlType::F32;
   uint32_t shard_index = 0;  // manifest shard index
 
@@ -84,9 +87,23 @@ struct LoadOptions {
   // Also drop the source range from the page cache (POSIX_FADV_DONTNEED)
   // after use: keeps a one-shot load from evicting other data.
   bool drop_page_cache = false;
-  // madvise(MADV_WILLNEED) each tensor's range as it is reached, so the
-  // kernel reads it ahead while the caller consumes the previous one.
+  // madvise(MADV_WILLNEED) each tensor's range as it is reached, and the
+  // next non-routed tensors' ranges up to 64 MiB ahead (posix_fadvise
+  // WILLNEED in copy mode), so the kernel reads them while the caller
+  // consumes this one. Routed stacks are never advised.
   bool prefetch = true;
+  // Instead of MADV_WILLNEED, map each tensor's pages in with one
+  // MADV_POPULATE_READ call as it is reached (Linux >= 5.14; WILLNEED where
+  // the kernel lacks it): one system call instead of one page fault per 4 KiB
+  // when the consumer reads every byte. The pages are released as above.
+  bool populate = false;
+  // Hand out every tensor in a fresh buffer of its own, as SGLang's
+  // torch.tensor() copies do, read with pread() (POSIX_FADV_SEQUENTIAL)
+  // instead of through the mapping: no page of tensor data is mapped into
+  // the process, so a consumer that copies every tensor peaks at about the
+  // tensors it holds itself (the one it has plus the one being produced).
+  // The stream keeps no reference to a buffer once it is handed out.
+  bool copy = false;
   // Called when a shard has been checked and streaming into it begins.
   std::function<void(uint32_t shard_index, const std::string& path, uint32_t shard_count)> on_shard;
 };
@@ -101,6 +118,7 @@ struct LoadStats {
   uint64_t zero_copy_tensors = 0;
   uint64_t zero_copy_bytes = 0;      // bytes handed out as map views
   uint64_t computed_bytes = 0;       // bytes in fresh buffers
+  uint64_t copied_bytes = 0;         // read from the shards with pread (copy mode)
 };
 
 class NonExpertStream {

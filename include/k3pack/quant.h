@@ -33,6 +33,14 @@ bool CanDequantize(GgmlType t);
 // (I8..I64) decode to their values; F64 rounds to float.
 Status DequantizeRow(GgmlType t, std::span<const uint8_t> src, std::span<float> dst, Isa isa = Isa::kAuto);
 
+// DequantizeRow split over `threads` threads (0 = one per online CPU). A
+// whole tensor is one run of blocks (rows are whole blocks), so any
+// contiguous tensor can be passed at once. Work is cut on block boundaries
+// into pieces of at least 1 MiB of output, so small inputs stay on the
+// calling thread; the output bits do not depend on the split.
+Status DequantizeParallel(GgmlType t, std::span<const uint8_t> src, std::span<float> dst, int threads = 0,
+                          Isa isa = Isa::kAuto);
+
 // `rows` rows of `ne0` elements each, packed one after another in `bytes`.
 Result<std::vector<float>> DequantizeRows(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows);
 

@@ -11,7 +11,7 @@ NonExpertTensor = _k3pack.NonExpertTensor
 
 
 def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=False, release_pages=True,
-                      drop_page_cache=False):
+                      drop_page_cache=False, copy=False):
     """Iterates NonExpertTensor records (name, array, dtype, kind, source_name,
     zero_copy, source_type, shard_index) in SGLang's order.
 
@@ -21,11 +21,17 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     bfloat16 bit patterns, with record.dtype == "bfloat16".
     verify_metadata=True also checks each shard's metadata SHA-256 against the
     manifest (SGLang checks only sizes, names and dtypes).
+    copy=True hands out every array as a fresh, writable buffer of its own
+    (what SGLang's torch.tensor() copies give), read from the file with
+    pread rather than through the memory map: no shard page is mapped into
+    the process, so a consumer that keeps only the current tensor peaks at
+    about two tensors' worth of memory instead of a tensor plus its mapped
+    pages plus a second copy. Use it instead of copying the zero-copy views.
     """
     path = str(manifest_path)
     try:
         return _k3pack.NonExpertStream(path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
-                                       release_pages=release_pages, drop_page_cache=drop_page_cache)
+                                       release_pages=release_pages, drop_page_cache=drop_page_cache, copy=copy)
     except (OSError, ValueError) as exc:
         failure = exc
     # SGLang reads the manifest with open() + json.load: an unreadable file or
@@ -44,7 +50,7 @@ def nonexpert_weights(manifest_path, **options):
     is the stored tensor (their base keeps the file mapping alive).
     BF16 values are uint16 bit patterns (see nonexpert_tensors for the dtype
     name, or use k3pack.sglang for torch tensors). Options: see
-    nonexpert_tensors."""
+    nonexpert_tensors (copy=True: fresh writable arrays, bounded memory)."""
     for record in nonexpert_tensors(manifest_path, **options):
         yield record.name, record.array
 

@@ -40,6 +40,11 @@ py::dtype NumpyDtype(loader::DType d) {
 PyNamedTensor Convert(loader::NamedTensor&& t) {
   PyNamedTensor out;
   out.array = ReadOnlyView(NumpyDtype(t.dtype), t.shape, t.data.data(), std::move(t.owner));
+  if (t.writable) {
+    // Copy mode: a buffer of this tensor's own (not the PROT_READ map), so
+    // the caller may write into it as into SGLang's torch.tensor() copies.
+    py::detail::array_proxy(out.array.ptr())->flags |= py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  }
   out.name = std::move(t.name);
   out.source_name = std::move(t.source_name);
   out.kind = loader::TensorKindName(t.kind);
@@ -61,6 +66,7 @@ py::dict StatsDict(const loader::LoadStats& s) {
   d["zero_copy_tensors"] = s.zero_copy_tensors;
   d["zero_copy_bytes"] = s.zero_copy_bytes;
   d["computed_bytes"] = s.computed_bytes;
+  d["copied_bytes"] = s.copied_bytes;
   return d;
 }
 
@@ -87,12 +93,13 @@ void RegisterLoader(py::module_& m) {
   py::class_<PyStream>(m, "NonExpertStream",
                        "Iterator over Kimi-K3's non-routed weights of an adapter manifest, in SGLang's order.")
       .def(py::init([](const std::string& manifest_path, bool sglang_compat, bool verify_metadata,
-                       bool release_pages, bool drop_page_cache) {
+                       bool release_pages, bool drop_page_cache, bool copy) {
              loader::LoadOptions o;
              o.sglang_compat = sglang_compat;
              o.verify_metadata = verify_metadata;
              o.release_pages = release_pages;
              o.drop_page_cache = drop_page_cache;
+             o.copy = copy;
              k3pack::Result<loader::NonExpertStream> r = [&] {
                py::gil_scoped_release nogil;
                return loader::NonExpertStream::Open(manifest_path, o);
@@ -102,7 +109,7 @@ void RegisterLoader(py::module_& m) {
              return s;
            }),
            py::arg("manifest_path"), py::arg("sglang_compat") = false, py::arg("verify_metadata") = false,
-           py::arg("release_pages") = true, py::arg("drop_page_cache") = false)
+           py::arg("release_pages") = true, py::arg("drop_page_cache") = false, py::arg("copy") = false)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](PyStream& s) {
         k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {

@@ -69,32 +69,47 @@ Rows RowsOf(const py::array& a, GgmlType t) {
 }  // namespace
 
 void RegisterQuant(py::module_& m) {
-  m.def("dequantize", [](py::array data, py::object type) {
+  m.def("dequantize", [](py::array data, py::object type, int threads, py::object out_arg) {
     GgmlType t = TypeArg(type);
     if (!quant::CanDequantize(t))
       throw py::value_error(std::string("cannot dequantize ") + std::string(k3pack::GgmlTypeName(t)));
     py::array a = py::array::ensure(data, py::array::c_style);
     if (!a) throw py::type_error("data must be an array");
     Rows r = RowsOf(a, t);
-    py::array_t<float> out(r.out_shape.empty() ? std::vector<py::ssize_t>{} : r.out_shape);
+    const std::vector<py::ssize_t> shape = r.out_shape;
+    py::array_t<float> out;
+    if (out_arg.is_none()) {
+      out = py::array_t<float>(shape);
+    } else {
+      // A caller-owned float32 buffer (reused across calls: no fresh pages
+      // to fault in). Must be C-contiguous, writable and of the output shape.
+      if (!py::isinstance<py::array_t<float>>(out_arg)) throw py::type_error("out must be a float32 numpy array");
+      out = out_arg.cast<py::array_t<float>>();
+      const bool contiguous = (out.flags() & py::array::c_style) != 0;
+      if (!contiguous || !out.writeable()) throw py::value_error("out must be C-contiguous and writable");
+      if (std::vector<py::ssize_t>(out.shape(), out.shape() + out.ndim()) != shape)
+        throw py::value_error("out has the wrong shape for the decoded values");
+    }
     std::span<float> dst(out.mutable_data(), static_cast<size_t>(out.size()));
     k3pack::Status st;
     {
+      // One call over the whole array (its rows are consecutive blocks),
+      // without the GIL, split over threads in C++.
       py::gil_scoped_release nogil;
-      const uint64_t row_bytes = k3pack::GgmlRowBytes(t, static_cast<uint64_t>(r.ne0));
-      if (row_bytes * r.rows > r.bytes.size()) {
-        st = k3pack::Error("data holds " + std::to_string(r.bytes.size()) + " bytes, " +
-                           std::to_string(row_bytes * r.rows) + " needed");
-      }
-      for (uint64_t i = 0; st.ok() && i < r.rows; ++i) {
-        st = quant::DequantizeRow(t, r.bytes.subspan(i * row_bytes, row_bytes),
-                                  dst.subspan(i * static_cast<size_t>(r.ne0), static_cast<size_t>(r.ne0)));
+      const uint64_t need = k3pack::GgmlRowBytes(t, static_cast<uint64_t>(r.ne0)) * r.rows;
+      if (need > r.bytes.size()) {
+        st = k3pack::Error("data holds " + std::to_string(r.bytes.size()) + " bytes, " + std::to_string(need) +
+                           " needed");
+      } else {
+        st = quant::DequantizeParallel(t, r.bytes.first(need), dst, threads);
       }
     }
     Check(st);
     return out;
-  }, py::arg("data"), py::arg("type"),
-     "float32 values of `data` stored as ggml `type` (name or id); shape as gguf-py's dequantize");
+  }, py::arg("data"), py::arg("type"), py::arg("threads") = 0, py::arg("out") = py::none(),
+     "float32 values of `data` stored as ggml `type` (name or id); shape as gguf-py's dequantize.\n"
+     "threads: 0 = one per CPU (large arrays only), 1 = the calling thread. out: optional float32\n"
+     "array of the output shape to decode into (returned).");
 
   m.def("tensor_stats", [](py::array data, py::object type) {
     GgmlType t = TypeArg(type);

@@ -86,6 +86,8 @@ int RunLoad(const std::vector<std::string>& argv) {
             "tensor's offset/size/shape")
       .Flag("--sglang-compat", "reproduce SGLang exactly: BF16 as raw uint8 bytes, no ssm_a shape check")
       .Flag("--no-read", "do not read tensor bytes (walk and check only)")
+      .Flag("--copy", "read every tensor with pread into a fresh buffer instead of handing out map views")
+      .Flag("--populate", "map each tensor's pages in with one MADV_POPULATE_READ instead of page faults")
       .Flag("--quiet", "no progress on stderr");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
@@ -108,6 +110,8 @@ int RunLoad(const std::vector<std::string>& argv) {
   loader::LoadOptions opts;
   opts.verify_metadata = args.Has("--verify-metadata");
   opts.sglang_compat = args.Has("--sglang-compat");
+  opts.copy = args.Has("--copy");
+  opts.populate = args.Has("--populate");
   if (progress) {
     opts.on_shard = [](uint32_t index, const std::string& path, uint32_t count) {
       std::cerr << "load: shard " << index + 1 << "/" << count << " " << path << "\n";
@@ -158,6 +162,7 @@ int RunLoad(const std::vector<std::string>& argv) {
                 {"zero_copy_tensors", s.zero_copy_tensors},
                 {"zero_copy_bytes", s.zero_copy_bytes},
                 {"computed_bytes", s.computed_bytes},
+                {"copied_bytes", s.copied_bytes},
                 {"by_kind", by_kind},
                 {"by_dtype", by_dtype},
                 {"bytes_read", read_bytes || !dump_dir.empty()},
@@ -174,7 +179,8 @@ int RunLoad(const std::vector<std::string>& argv) {
             << "source tensors  " << s.source_tensors << " (" << s.routed_skipped << " routed aggregates skipped, "
             << Bytes(s.routed_skipped_bytes) << " not read)\n"
             << "emitted         " << s.emitted << " tensors, " << Bytes(bytes) << " (" << s.zero_copy_tensors
-            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed)\n";
+            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed"
+            << (s.copied_bytes ? " in fresh buffers, " + Bytes(s.copied_bytes) + " read with pread" : std::string()) << ")\n";
   std::cout << "by kind        ";
   for (const auto& [k, n] : by_kind) std::cout << " " << k << "=" << n;
   std::cout << "\nby dtype       ";

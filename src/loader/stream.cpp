@@ -6,8 +6,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <new>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -46,6 +50,20 @@ std::pair<uintptr_t, uintptr_t> PageRange(const uint8_t* p, size_t n) {
   return {b, e};
 }
 
+// A fresh buffer for copy mode, not zeroed (pread fills every byte). Big
+// ones are 2 MiB aligned and marked MADV_HUGEPAGE, so filling them takes one
+// page fault per 2 MiB instead of one per 4 KiB where the kernel has
+// transparent huge pages in madvise mode.
+std::shared_ptr<uint8_t> CopyBuffer(size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (n < 2 * kHuge) return std::shared_ptr<uint8_t>(new uint8_t[std::max<size_t>(n, 1)], std::default_delete<uint8_t[]>());
+  const size_t rounded = (n + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (!p) throw std::bad_alloc();
+  ::madvise(p, rounded, MADV_HUGEPAGE);  // best effort
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); });
+}
+
 void Advise(const uint8_t* p, size_t n, int advice) {
   if (n == 0) return;
   auto [b, e] = PageRange(p, n);
@@ -73,7 +91,8 @@ struct NonExpertStream::Impl {
   const StreamShardRecord* shard_record = nullptr;
   std::unordered_map<std::string_view, const StreamTensorRecord*> records;  // current shard's
   size_t next_tensor = 0;
-  int fd_for_fadvise = -1;
+  size_t advised_upto = 0;  // tensors before this index already had read-ahead advice
+  int fd_for_fadvise = -1;  // the shard opened for fadvise and, in copy mode, pread
 
   std::deque<NamedTensor> pending;
   std::optional<Error> pending_error;
@@ -135,11 +154,15 @@ struct NonExpertStream::Impl {
         if (auto h = v->AsInt(); h && *h > 0) head_count = *h;
       }
     }
-    if (opts.drop_page_cache) {
+    if (opts.drop_page_cache || opts.copy) {
       int fd = ::open(rec.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 && opts.copy) return missing;
       fd_for_fadvise = fd;
+      // Copy mode reads front to back: a doubled readahead window.
+      if (fd >= 0 && opts.copy) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     }
     next_tensor = 0;
+    advised_upto = 0;
     stats.shards_opened++;
     if (opts.on_shard) opts.on_shard(rec.index, rec.path, static_cast<uint32_t>(manifest.shards.size()));
     return Status::OK();
@@ -203,6 +226,60 @@ struct NonExpertStream::Impl {
         .WithHint("SGLang's A_log loader takes only these shapes; the converter writes ne {H}");
   }
 
+  // Copy mode: the tensor's bytes read with pread into a fresh buffer (never
+  // through the mapping, so nothing is mapped in), then dropped from the
+  // page cache when asked to.
+  Result<std::shared_ptr<uint8_t>> ReadCopy(const gguf::TensorInfo& t, std::span<const uint8_t> raw) {
+    const uint64_t off = static_cast<uint64_t>(raw.data() - shard->mapping()->data());
+    std::shared_ptr<uint8_t> buf = CopyBuffer(raw.size());
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd_for_fadvise, buf.get(), raw.size(), off));
+    if (got != raw.size()) {
+      return Error("Kimi-K3 GGUF shard is missing or changed: " + shard_record->path, ErrorKind::kFileNotFound, ENOENT)
+          .WithHint("the file ended after " + std::to_string(off + got) + " bytes while reading " + t.name);
+    }
+    if (opts.drop_page_cache && !raw.empty()) {
+      ::posix_fadvise(fd_for_fadvise, static_cast<off_t>(off), static_cast<off_t>(raw.size()), POSIX_FADV_DONTNEED);
+    }
+    stats.copied_bytes += raw.size();
+    return buf;
+  }
+
+  // A target's own copy of the source bytes: the buffer just read for the
+  // first target that takes it, a duplicate for any further one.
+  std::shared_ptr<uint8_t> TakeCopy(std::shared_ptr<uint8_t>& read, bool& taken, size_t n) {
+    if (!taken) {
+      taken = true;
+      return read;
+    }
+    std::shared_ptr<uint8_t> dup = CopyBuffer(n);
+    std::memcpy(dup.get(), read.get(), n);
+    return dup;
+  }
+
+  // Read-ahead sized to tensors: asks the kernel for the next non-routed
+  // tensors' bytes, up to kReadAheadBytes past the one being handed out, so
+  // the storage works while the caller consumes this one (routed stacks are
+  // skipped: never read). Each range is advised once.
+  static constexpr uint64_t kReadAheadBytes = uint64_t{64} << 20;
+  void AdviseAhead() {
+    uint64_t window = 0;
+    const auto& all = shard->tensors();
+    for (size_t i = next_tensor; i < all.size() && window < kReadAheadBytes; ++i) {
+      const gguf::TensorInfo& t = all[i];
+      if (kimi::IsRoutedExpertAggregate(t.name)) continue;
+      window += t.nbytes;
+      if (i < advised_upto) continue;
+      advised_upto = i + 1;
+      const std::span<const uint8_t> raw = shard->TensorData(t);
+      if (opts.copy) {
+        const auto off = static_cast<off_t>(raw.data() - shard->mapping()->data());
+        ::posix_fadvise(fd_for_fadvise, off, static_cast<off_t>(raw.size()), POSIX_FADV_WILLNEED);
+      } else {
+        Advise(raw.data(), raw.size(), MADV_WILLNEED);
+      }
+    }
+  }
+
   // One GGUF tensor -> its checks and 0..4 pending outputs (or an error
   // after the outputs SGLang would have yielded first).
   Status Process(const gguf::TensorInfo& t) {
@@ -218,9 +295,36 @@ struct NonExpertStream::Impl {
     K3_ASSIGN_OR_RETURN(kimi::Mapping mapping, kimi::MapTensorName(t.name));
     const bool quantized = kimi::IsSglangQuantized(t.type);
     const ViewType view = GgufPyView(t, opts.sglang_compat);
-    const std::span<const uint8_t> raw = shard->TensorData(t);
+    std::span<const uint8_t> raw = shard->TensorData(t);
     const std::shared_ptr<const void> map_owner = shard->mapping();
-    if (opts.prefetch) Advise(raw.data(), raw.size(), MADV_WILLNEED);
+    std::shared_ptr<uint8_t> copied;  // copy mode: the bytes read once for every target
+    bool copy_taken = false;
+    if (opts.prefetch) AdviseAhead();  // the next tensors, while this one is read and consumed
+    if (opts.copy) {
+      K3_ASSIGN_OR_RETURN(copied, ReadCopy(t, raw));
+      raw = {copied.get(), raw.size()};  // transforms read the copy, not the map
+    } else if (opts.populate) {
+#ifdef MADV_POPULATE_READ
+      auto [b, e] = PageRange(raw.data(), raw.size());
+      if (raw.empty() || ::madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_READ) != 0)
+#endif
+        Advise(raw.data(), raw.size(), MADV_WILLNEED);
+    } else if (opts.prefetch) {
+      Advise(raw.data(), raw.size(), MADV_WILLNEED);
+    }
+    // A target that hands the stored bytes out: a map view, or its own copy.
+    auto hand_out = [&](NamedTensor& out) {
+      if (opts.copy) {
+        std::shared_ptr<uint8_t> own = TakeCopy(copied, copy_taken, raw.size());
+        out.data = {own.get(), raw.size()};
+        out.owner = std::move(own);
+        out.writable = true;
+      } else {
+        out.data = raw;
+        out.owner = map_owner;
+        out.zero_copy = true;
+      }
+    };
 
     for (size_t ti = 0; ti < mapping.targets.size(); ++ti) {
       const kimi::Target& target = mapping.targets[ti];
@@ -237,6 +341,7 @@ struct NonExpertStream::Impl {
           auto buf = std::make_shared<std::vector<uint8_t>>(std::move(values));
           out.data = {buf->data(), buf->size()};
           out.owner = buf;
+          out.writable = opts.copy;
           out.kind = TensorKind::kALog;
           break;
         }
@@ -247,22 +352,19 @@ struct NonExpertStream::Impl {
           }
           if (target.transform == kimi::TargetTransform::kResidualProjection) {
             out.shape.insert(out.shape.begin(), 1);  // raw.unsqueeze(0): a view
-            out.data = raw;
-            out.owner = map_owner;
-            out.zero_copy = true;
+            hand_out(out);
             out.kind = TensorKind::kResidualProjection;
           } else {
             auto buf = std::make_shared<std::vector<uint8_t>>(OnesLike(view.dtype, static_cast<size_t>(view.shape[0])));
             out.data = {buf->data(), buf->size()};
             out.owner = buf;
+            out.writable = opts.copy;
             out.kind = TensorKind::kResidualNorm;
           }
           break;
         }
         case kimi::TargetTransform::kNone:
-          out.data = raw;
-          out.owner = map_owner;
-          out.zero_copy = true;
+          hand_out(out);
           out.kind = quantized ? TensorKind::kQweight : TensorKind::kPlain;
           break;
       }
@@ -276,6 +378,12 @@ struct NonExpertStream::Impl {
         type_scalar.kind = TensorKind::kQweightType;
         type_scalar.dtype = DType::kUint8;
         type_scalar.data = {&TypeIdBytes()[static_cast<uint32_t>(t.type) & 0xff], 1};
+        if (opts.copy) {  // a writable scalar of its own, like every copied tensor
+          auto one = std::make_shared<std::vector<uint8_t>>(1, type_scalar.data[0]);
+          type_scalar.data = {one->data(), 1};
+          type_scalar.owner = std::move(one);
+          type_scalar.writable = true;
+        }
         K3_RETURN_IF_ERROR(Emit(std::move(type_scalar)));
       }
       K3_RETURN_IF_ERROR(Emit(std::move(out)));

@@ -1,8 +1,11 @@
 // Run-time kernel choice and the public decoding entry points.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "k3pack/quant.h"
 #include "quant/kernels.h"
@@ -123,6 +126,38 @@ Status DequantizeRow(GgmlType t, std::span<const uint8_t> src, std::span<float> 
   const internal::DequantFn fn = Pick(t, isa);
   const int64_t nblocks = static_cast<int64_t>(dst.size() / GgmlTypeInfoFor(t)->block_size);
   if (nblocks > 0) fn(src.data(), dst.data(), nblocks);
+  return Status::OK();
+}
+
+Status DequantizeParallel(GgmlType t, std::span<const uint8_t> src, std::span<float> dst, int threads, Isa isa) {
+  K3_RETURN_IF_ERROR(CheckShape(t, dst.size(), src.size(), "dequantize"));
+  const GgmlTypeInfo* info = GgmlTypeInfoFor(t);
+  const internal::DequantFn fn = Pick(t, isa);
+  const uint64_t nblocks = dst.size() / info->block_size;
+  if (nblocks == 0) return Status::OK();
+  // Pieces of >= 1 MiB of output: below that, starting a thread costs more
+  // than the decoding it takes over.
+  constexpr uint64_t kMinPieceFloats = (uint64_t{1} << 20) / sizeof(float);
+  const uint64_t min_blocks = std::max<uint64_t>(1, kMinPieceFloats / info->block_size);
+  uint64_t want = threads > 0 ? static_cast<uint64_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  want = std::min<uint64_t>(want, std::max<uint64_t>(1, nblocks / min_blocks));
+  auto run = [&](uint64_t b0, uint64_t b1) {
+    if (b1 > b0) {
+      fn(src.data() + b0 * info->type_size, dst.data() + b0 * info->block_size, static_cast<int64_t>(b1 - b0));
+    }
+  };
+  if (want <= 1) {
+    run(0, nblocks);
+    return Status::OK();
+  }
+  const uint64_t per = (nblocks + want - 1) / want;
+  std::vector<std::thread> pool;
+  pool.reserve(want - 1);
+  for (uint64_t k = 1; k < want; ++k) {
+    pool.emplace_back(run, std::min(nblocks, k * per), std::min(nblocks, (k + 1) * per));
+  }
+  run(0, std::min(nblocks, per));  // the caller takes the first piece
+  for (auto& th : pool) th.join();
   return Status::OK();
 }
 

@@ -25,15 +25,29 @@ K3_AVX2 inline __m256 U8x8ToPs(const uint8_t* p) {
 }
 K3_AVX2 inline __m256 I8x8ToPs(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
 
-// +1.f / -1.f per lane from the 8 bits of `signs` (bit j set = negative).
-K3_AVX2 inline __m256 SignVec(uint8_t signs) {
+// Sign-bit mask per lane from the 8 bits of `signs` (bit j set = flip lane
+// j), xor-ed into the product as the scalar reference does (see
+// dequant_scalar_iq.cpp for why a flip and not a multiply by -1).
+K3_AVX2 inline __m256 SignMask(uint8_t signs) {
   const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i hit = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(signs), bits), bits);
-  return _mm256_blendv_ps(_mm256_set1_ps(1.f), _mm256_set1_ps(-1.f), _mm256_castsi256_ps(hit));
+  return _mm256_castsi256_ps(_mm256_and_si256(hit, _mm256_set1_epi32(static_cast<int>(0x80000000u))));
 }
 
+// fp16 scale -> float with F16C; the same bits as Fp16ToFp32 for every input
+// (QuantSimd.Fp16ToFp32ExhaustiveAgainstF16c) and branch-free.
+K3_AVX2 inline float HalfAt(const uint8_t* p) { return _cvtsh_ss(LoadU16(p)); }
+
+// The plain conversions are bound by memory traffic: four vectors per
+// iteration keep enough loads and stores in flight.
 K3_AVX2 void DqF16(const uint8_t* s, float* y, int64_t n) {
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * (i + 8 * k)));
+      _mm256_storeu_ps(y + i + 8 * k, _mm256_cvtph_ps(h));
+    }
+  }
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i));
     _mm256_storeu_ps(y + i, _mm256_cvtph_ps(h));
@@ -41,23 +55,34 @@ K3_AVX2 void DqF16(const uint8_t* s, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = LoadHalf(s + 2 * i);
 }
 
+K3_AVX2 inline __m256 Bf16x8(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 K3_AVX2 void DqBf16(const uint8_t* s, float* y, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2 * i));
-    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    _mm256_storeu_ps(y + i, _mm256_castsi256_ps(w));
+  for (; i + 32 <= n; i += 32) {
+    const __m256 a = Bf16x8(s + 2 * i), b = Bf16x8(s + 2 * i + 16);
+    const __m256 c = Bf16x8(s + 2 * i + 32), d = Bf16x8(s + 2 * i + 48);
+    _mm256_storeu_ps(y + i, a);
+    _mm256_storeu_ps(y + i + 8, b);
+    _mm256_storeu_ps(y + i + 16, c);
+    _mm256_storeu_ps(y + i + 24, d);
   }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, Bf16x8(s + 2 * i));
   for (; i < n; ++i) y[i] = Bf16ToFp32(LoadU16(s + 2 * i));
 }
 
 K3_AVX2 void DqQ8_0(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 34, y += 32) {
-    const __m256 d = _mm256_set1_ps(LoadHalf(s));
-    for (int k = 0; k < 4; ++k) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 2 + 8 * k));
-      _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(I8x8ToPs(b), d));
-    }
+    const __m256 d = _mm256_set1_ps(HalfAt(s));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 2));
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y + 0, _mm256_mul_ps(I8x8ToPs(lo), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(I8x8ToPs(_mm_srli_si128(lo, 8)), d));
+    _mm256_storeu_ps(y + 16, _mm256_mul_ps(I8x8ToPs(hi), d));
+    _mm256_storeu_ps(y + 24, _mm256_mul_ps(I8x8ToPs(_mm_srli_si128(hi, 8)), d));
   }
 }
 
@@ -65,7 +90,7 @@ K3_AVX2 void DqQ4_0(const uint8_t* s, float* y, int64_t nb) {
   const __m128i m4 = _mm_set1_epi8(0x0F);
   const __m128i eight = _mm_set1_epi8(8);
   for (int64_t i = 0; i < nb; ++i, s += 18, y += 32) {
-    const __m256 d = _mm256_set1_ps(LoadHalf(s));
+    const __m256 d = _mm256_set1_ps(HalfAt(s));
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2));
     const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, m4), eight);
     const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), eight);
@@ -90,8 +115,8 @@ K3_AVX2 inline void Q2Group(const uint8_t* q, int shift, float dl, float ml, flo
 
 K3_AVX2 void DqQ2K(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 84) {
-    const float d = LoadHalf(s + 80);
-    const float dmin = LoadHalf(s + 82);
+    const float d = HalfAt(s + 80);
+    const float dmin = HalfAt(s + 82);
     const uint8_t* q = s + 16;
     int is = 0;
     for (int half = 0; half < 2; ++half, q += 32) {
@@ -110,7 +135,7 @@ K3_AVX2 void DqQ3K(const uint8_t* s, float* y, int64_t nb) {
     const uint8_t* hm = s;
     const uint8_t* q = s + 32;
     const uint8_t* b = s + 96;
-    const float d_all = LoadHalf(s + 108);
+    const float d_all = HalfAt(s + 108);
     int is = 0;
     int bit = 0;
     for (int half = 0; half < 2; ++half, q += 32) {
@@ -159,8 +184,8 @@ K3_AVX2 inline void Store32Affine(__m256i q8, __m256 vd, __m256 vm, float* y) {
 K3_AVX2 void DqQ4K(const uint8_t* s, float* y, int64_t nb) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < nb; ++i, s += 144) {
-    const float d = LoadHalf(s);
-    const float dmin = LoadHalf(s + 2);
+    const float d = HalfAt(s);
+    const float dmin = HalfAt(s + 2);
     const uint8_t* q = s + 16;
     for (int c = 0; c < 4; ++c, q += 32, y += 64) {
       int sc, m;
@@ -178,7 +203,7 @@ K3_AVX2 void DqQ4K(const uint8_t* s, float* y, int64_t nb) {
 K3_AVX2 void DqQ6K(const uint8_t* s, float* y, int64_t nb) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
   for (int64_t i = 0; i < nb; ++i, s += 210) {
-    const float d = LoadHalf(s + 208);
+    const float d = HalfAt(s + 208);
     const uint8_t* ql = s;
     const uint8_t* qh = s + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(s + 192);
@@ -211,7 +236,7 @@ K3_AVX2 void DqQ6K(const uint8_t* s, float* y, int64_t nb) {
 
 K3_AVX2 void DqIq2Xxs(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 66) {
-    const float d = LoadHalf(s);
+    const float d = HalfAt(s);
     for (int ib = 0; ib < 8; ++ib) {
       const uint32_t a0 = LoadU32(s + 2 + 8 * ib);
       const uint32_t a1 = LoadU32(s + 6 + 8 * ib);
@@ -219,7 +244,7 @@ K3_AVX2 void DqIq2Xxs(const uint8_t* s, float* y, int64_t nb) {
       for (int l = 0; l < 4; ++l, y += 8) {
         const uint8_t* g = reinterpret_cast<const uint8_t*>(&tables::kIq2xxsGrid[(a0 >> (8 * l)) & 0xFF]);
         const uint8_t signs = tables::kKsignsIq2xs[(a1 >> (7 * l)) & 127];
-        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_mul_ps(db, U8x8ToPs(g)), SignVec(signs)));
+        _mm256_storeu_ps(y, _mm256_xor_ps(_mm256_mul_ps(db, U8x8ToPs(g)), SignMask(signs)));
       }
     }
   }
@@ -227,7 +252,7 @@ K3_AVX2 void DqIq2Xxs(const uint8_t* s, float* y, int64_t nb) {
 
 K3_AVX2 void DqIq2Xs(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 74) {
-    const float d = LoadHalf(s);
+    const float d = HalfAt(s);
     const uint8_t* scales = s + 66;
     for (int ib = 0; ib < 8; ++ib) {
       const __m256 db0 = _mm256_set1_ps(d * (0.5f + (scales[ib] & 0xf)) * 0.25f);
@@ -236,7 +261,7 @@ K3_AVX2 void DqIq2Xs(const uint8_t* s, float* y, int64_t nb) {
         const uint16_t w = LoadU16(s + 2 + 2 * (4 * ib + l));
         const uint8_t* g = reinterpret_cast<const uint8_t*>(&tables::kIq2xsGrid[w & 511]);
         const __m256 db = l < 2 ? db0 : db1;
-        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_mul_ps(db, U8x8ToPs(g)), SignVec(tables::kKsignsIq2xs[w >> 9])));
+        _mm256_storeu_ps(y, _mm256_xor_ps(_mm256_mul_ps(db, U8x8ToPs(g)), SignMask(tables::kKsignsIq2xs[w >> 9])));
       }
     }
   }
@@ -244,7 +269,7 @@ K3_AVX2 void DqIq2Xs(const uint8_t* s, float* y, int64_t nb) {
 
 K3_AVX2 void DqIq3Xxs(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 98) {
-    const float d = LoadHalf(s);
+    const float d = HalfAt(s);
     const uint8_t* qs = s + 2;
     for (int ib = 0; ib < 8; ++ib, qs += 8) {
       const uint32_t aux32 = LoadU32(s + 66 + 4 * ib);
@@ -254,7 +279,7 @@ K3_AVX2 void DqIq3Xxs(const uint8_t* s, float* y, int64_t nb) {
         const __m128i g = _mm_setr_epi32(static_cast<int>(tables::kIq3xxsGrid[qs[2 * l]]),
                                          static_cast<int>(tables::kIq3xxsGrid[qs[2 * l + 1]]), 0, 0);
         const __m256 gf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(g));
-        _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_mul_ps(db, gf), SignVec(signs)));
+        _mm256_storeu_ps(y, _mm256_xor_ps(_mm256_mul_ps(db, gf), SignMask(signs)));
       }
     }
   }

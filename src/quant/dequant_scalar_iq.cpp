@@ -1,6 +1,10 @@
-// Scalar reference decoders for the IQ lattice types (spec §3.4). Signs are
-// applied as ggml does, by multiplying with +1.f / -1.f (not by negating), so
-// even NaN payloads come out the same. Built with -ffp-contract=off.
+// Scalar reference decoders for the IQ lattice types (spec §3.4).
+// Signs: ggml's source writes `db * grid[j] * (signs & kmask[j] ? -1.f : 1.f)`,
+// and GCC -O3 (how ggml is built) compiles the multiply by +-1 into a flip of
+// the sign bit of `db * grid[j]`. For every number that is the same value as
+// the multiply; for a NaN (a NaN fp16 scale) only the flip reproduces ggml's
+// bits (a multiply would keep the NaN's sign). So the sign bit is flipped
+// here too (docs/quant.md). Built with -ffp-contract=off.
 #include <cstring>
 
 #include "quant/fp.h"
@@ -14,9 +18,11 @@ using tables::kKsignsIq2xs;
 
 inline const uint8_t* GridBytes(const uint64_t* g) { return reinterpret_cast<const uint8_t*>(g); }
 inline const uint8_t* GridBytes(const uint32_t* g) { return reinterpret_cast<const uint8_t*>(g); }
-// +1.f or -1.f from bit j of `signs` (kmask_iq2xs[j] = 1 << j), without a
-// branch: random sign bits would otherwise mispredict on every element.
-inline float Sign(uint8_t signs, int j) { return BitsToFloat(0x3F800000u | ((static_cast<uint32_t>(signs) >> j & 1u) << 31)); }
+// `v` with its sign bit flipped when bit j of `signs` is set (kmask_iq2xs[j]
+// = 1 << j), without a branch: random sign bits would mispredict.
+inline float Signed(float v, uint8_t signs, int j) {
+  return BitsToFloat(FloatToBits(v) ^ ((static_cast<uint32_t>(signs) >> j & 1u) << 31));
+}
 
 void DqIq2Xxs(const uint8_t* s, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, s += 66) {
@@ -28,7 +34,7 @@ void DqIq2Xxs(const uint8_t* s, float* y, int64_t nb) {
       for (int l = 0; l < 4; ++l, y += 8) {
         const uint8_t* grid = GridBytes(&tables::kIq2xxsGrid[(a0 >> (8 * l)) & 0xFF]);
         const uint8_t signs = kKsignsIq2xs[(a1 >> (7 * l)) & 127];
-        for (int j = 0; j < 8; ++j) y[j] = db * grid[j] * Sign(signs, j);
+        for (int j = 0; j < 8; ++j) y[j] = Signed(db * grid[j], signs, j);
       }
     }
   }
@@ -46,7 +52,7 @@ void DqIq2Xs(const uint8_t* s, float* y, int64_t nb) {
         const uint16_t w = LoadU16(s + 2 + 2 * (4 * ib + l));
         const uint8_t* grid = GridBytes(&tables::kIq2xsGrid[w & 511]);
         const uint8_t signs = kKsignsIq2xs[w >> 9];
-        for (int j = 0; j < 8; ++j) y[j] = db[l / 2] * grid[j] * Sign(signs, j);
+        for (int j = 0; j < 8; ++j) y[j] = Signed(db[l / 2] * grid[j], signs, j);
       }
     }
   }
@@ -66,7 +72,7 @@ void DqIq2S(const uint8_t* s, float* y, int64_t nb) {
       for (int l = 0; l < 4; ++l, y += 8) {
         const float dl = db[l / 2];
         const uint8_t* grid = GridBytes(&tables::kIq2sGrid[qs[l] | ((qh[ib] << (8 - 2 * l)) & 0x300)]);
-        for (int j = 0; j < 8; ++j) y[j] = dl * grid[j] * Sign(signs[l], j);
+        for (int j = 0; j < 8; ++j) y[j] = Signed(dl * grid[j], signs[l], j);
       }
     }
   }
@@ -85,8 +91,8 @@ void DqIq3Xxs(const uint8_t* s, float* y, int64_t nb) {
         const uint8_t* grid1 = GridBytes(&tables::kIq3xxsGrid[qs[2 * l + 0]]);
         const uint8_t* grid2 = GridBytes(&tables::kIq3xxsGrid[qs[2 * l + 1]]);
         for (int j = 0; j < 4; ++j) {
-          y[j + 0] = db * grid1[j] * Sign(signs, j + 0);
-          y[j + 4] = db * grid2[j] * Sign(signs, j + 4);
+          y[j + 0] = Signed(db * grid1[j], signs, j + 0);
+          y[j + 4] = Signed(db * grid2[j], signs, j + 4);
         }
       }
     }
@@ -110,8 +116,8 @@ void DqIq3S(const uint8_t* s, float* y, int64_t nb) {
           const uint8_t* grid1 = GridBytes(&tables::kIq3sGrid[qs[2 * l + 0] | ((h << (8 - 2 * l)) & 256)]);
           const uint8_t* grid2 = GridBytes(&tables::kIq3sGrid[qs[2 * l + 1] | ((h << (7 - 2 * l)) & 256)]);
           for (int j = 0; j < 4; ++j) {
-            y[j + 0] = db * grid1[j] * Sign(signs[l], j + 0);
-            y[j + 4] = db * grid2[j] * Sign(signs[l], j + 4);
+            y[j + 0] = Signed(db * grid1[j], signs[l], j + 0);
+            y[j + 4] = Signed(db * grid2[j], signs[l], j + 4);
           }
         }
       }

@@ -65,6 +65,61 @@ TEST(QuantSimd, AllPathsMatchScalarBitsOnRandomBlocks) {
   }
 }
 
+// The same with every scale field left random and one block in four given a
+// NaN or Inf scale: invalid blocks (NaN payloads and signs included) decode
+// to the scalar reference's bits on every path too.
+TEST(QuantSimd, AllPathsMatchScalarBitsWithNonFiniteScales) {
+  std::mt19937 rng(4321);
+  std::vector<Isa> paths;
+  if (static_cast<int>(DetectedIsa()) >= 1) paths.push_back(Isa::kAvx2);
+  if (static_cast<int>(DetectedIsa()) >= 2) paths.push_back(Isa::kAvx512);
+  if (paths.empty()) GTEST_SKIP() << "CPU has no SIMD path";
+  const uint16_t specials[] = {0x7C00, 0xFC00, 0x7E01, 0xFD55, 0x7C01, 0x0000, 0x8000};
+  for (GgmlType t : AllDecodable()) {
+    const GgmlTypeInfo* info = GgmlTypeInfoFor(t);
+    const size_t nblocks = info->block_size == 1 ? 1037 : 64;
+    const size_t n = nblocks * info->block_size;
+    std::vector<uint8_t> src(nblocks * info->type_size);
+    for (auto& x : src) x = static_cast<uint8_t>(rng());
+    if (info->block_size > 1) {
+      for (size_t i = 0; i < nblocks; i += 4) {  // first two bytes: the fp16 d of most block types
+        const uint16_t h = specials[(i / 4) % std::size(specials)];
+        std::memcpy(&src[i * info->type_size], &h, 2);
+      }
+    }
+    std::vector<float> ref(n), got(n);
+    ASSERT_TRUE(DequantizeRow(t, src, ref, Isa::kScalar).ok());
+    for (Isa isa : paths) {
+      ASSERT_TRUE(DequantizeRow(t, src, got, isa).ok());
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) bad += FloatToBits(ref[i]) != FloatToBits(got[i]);
+      EXPECT_EQ(bad, 0u) << GgmlTypeName(t) << " on " << IsaName(isa);
+    }
+  }
+}
+
+// DequantizeParallel: any thread count gives the single-call bits, for block
+// counts that do not divide evenly.
+TEST(QuantSimd, ParallelMatchesOneCall) {
+  std::mt19937 rng(99);
+  for (GgmlType t : {GgmlType::BF16, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::IQ2_XS}) {
+    const GgmlTypeInfo* info = GgmlTypeInfoFor(t);
+    const size_t nblocks = (size_t{3} << 20) / info->block_size + 7;  // a few 1 MiB pieces plus a remainder
+    const size_t n = nblocks * info->block_size;
+    std::vector<uint8_t> src = RandomBlocks(t, nblocks, rng);
+    std::vector<float> ref(n), got(n);
+    ASSERT_TRUE(DequantizeRow(t, src, ref).ok());
+    for (int threads : {0, 1, 2, 3, 5, 64}) {
+      std::fill(got.begin(), got.end(), -7.0f);
+      ASSERT_TRUE(DequantizeParallel(t, src, got, threads).ok());
+      EXPECT_EQ(std::memcmp(ref.data(), got.data(), n * 4), 0) << GgmlTypeName(t) << " threads " << threads;
+    }
+  }
+  std::vector<float> small(64);
+  std::vector<uint8_t> few(10);
+  EXPECT_FALSE(DequantizeParallel(GgmlType::Q8_0, few, small, 4).ok());  // too few bytes
+}
+
 TEST(QuantSimd, KernelCoverageOfHotTypes) {
   if (static_cast<int>(DetectedIsa()) < 1) GTEST_SKIP();
   for (GgmlType t : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
