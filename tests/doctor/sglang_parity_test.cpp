@@ -533,6 +533,27 @@ TEST(SglangParity, ShardsChangedAfterTheManifest) {
   EXPECT_EQ(Sglang(r, "manifest-shard-changed"), "Kimi-K3 GGUF shard is missing or changed: " + Real(Shard(size, 2)));
 }
 
+// Issue 11.6 in doctor: a scaled manifest whose active layers disagree with
+// the ones its pack was built for, worded as SGLang's store check.
+TEST(SglangParity, ScaledManifestActiveLayers) {
+  Clean c("p-m-active");
+  const std::string d = c.dir.string();
+  ASSERT_EQ(RunCli("pack --profile scaled --progress none --safety-margin-gib 0 --gguf-dir " + d + " --model-config " +
+                   d + "/config.json --out " + d + "/p.pack")
+                .exit_code,
+            0);
+  ASSERT_EQ(RunCli("manifest --profile scaled --progress none --gguf-dir " + d + " --expert-pack " + d +
+                   "/p.pack --model-config " + d + "/config.json --tokenizer-dir " + d + "/tokenizer --output " + d +
+                   "/m.json")
+                .exit_code,
+            0);
+  auto j = nlohmann::json::parse(ReadAll(c.dir / "m.json"));
+  j["model"]["active_moe_layer_ids"] = {1, 2};
+  std::ofstream(c.dir / "m.json", std::ios::trunc) << j.dump(2);
+  Report r = Scaled({(c.dir / "m.json").string()});
+  EXPECT_EQ(Sglang(r, "manifest-dimensions"), "Kimi active routed MoE layers must be exactly 1..3");
+}
+
 // ------------------------------------------------- manifest shards elsewhere
 
 // Issue 11.8: the shards are examined as the loader opens them, from the
