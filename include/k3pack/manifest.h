@@ -11,6 +11,8 @@
 // Under Profile::kKimiK3 the file has exactly SGLang's keys. Under
 // Profile::kScaled one extra top-level key "k3pack" records the profile and
 // per-layer role sizes (mixed quantization); its absence means kimi-k3.
+// Every other key holds what SGLang's create_manifest would write for the
+// same inputs (docs/FORMATS.md lists the fields field by field).
 #pragma once
 
 #include <array>
@@ -186,9 +188,15 @@ Result<std::optional<K3packExtension>> ParseK3packExtension(const nlohmann::json
 Result<Manifest> ParseManifest(const nlohmann::json& j);
 Result<Manifest> ReadManifest(const std::string& path);
 
-// SGLang's exact hard_constraints dict (top_k 16; scaled manifests record
-// their own top_k).
-nlohmann::json HardConstraintsJson(uint32_t top_k = 16);
+// SGLang's exact hard_constraints dict. Its top_k is the literal 16 that
+// SGLang's create_manifest writes whatever the model's top-k, under every
+// profile; readers take the runtime top-k from model.num_experts_per_token
+// and expert_pack.top_k, never from this dict.
+nlohmann::json HardConstraintsJson();
+// SGLang's store check 3: `manifest["hard_constraints"] != {...}` with
+// Python equality (key order irrelevant, extra or missing keys fail,
+// True == 1 == 1.0).
+bool HardConstraintsMatch(const nlohmann::json& hard_constraints);
 
 // ----------------------------------------------------------------- creating
 

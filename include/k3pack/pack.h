@@ -87,6 +87,13 @@ struct CollectOptions {
 Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors,
                                  const std::vector<std::string>& shard_paths, const kimi::ModelSpec& spec,
                                  const CollectOptions& options = {});
+// The type each role is held to under kScaled without allow_mixed_types, as
+// K3's are Q2_K/Q2_K/Q3_K: per role, the type most active layers use (up and
+// gate counted together: they must agree), ties to the earliest layer's.
+// Each tensor is then compared with its role's type in SGLang's order
+// (layer, then up, gate, down), so the message names the odd tensor, not a
+// healthy one. `layer_types` holds (up, gate, down) type ids per active layer.
+std::array<uint32_t, 3> ExpectedScaledExpertTypes(const std::vector<std::array<uint32_t, 3>>& layer_types);
 // Same, taking the tensors from an opened shard set.
 Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
                                  const CollectOptions& options = {});

@@ -21,6 +21,11 @@ Differences, all deliberate and documented (docs/python.md):
     get fresh, writable tensors as SGLang does.
   * Errors carry a k3pack hint as an exception note (shown in tracebacks, not
     part of str(exc)), so messages compare equal to SGLang's.
+  * A_log = log(-ssm_a) is correctly rounded by default (computed in double,
+    rounded once). With sglang_compat=True it is computed by torch itself,
+    torch.log(-raw) on the tensor SGLang builds, so its bytes equal SGLang's
+    on the same torch (torch's vectorized log is off by 1 ulp for ~1% of
+    float32 values).
 """
 
 import warnings
@@ -73,8 +78,36 @@ def kimi_k3_nonexpert_weights_iterator(manifest_path, *, sglang_compat=False, co
     _torch_module()
     stream = nonexpert_tensors(manifest_path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
                                release_pages=release_pages)
+    a_log = _TorchALog(stream.manifest_path) if sglang_compat else None
     for record in stream:
+        if a_log is not None and record.kind == "a_log":
+            yield record.name, a_log(record)
+            continue
         yield record.name, to_torch(record.array, record.dtype, copy=copy)
+
+
+class _TorchALog:
+    """SGLang's A_log, computed as SGLang computes it: torch.log(-raw), raw
+    being torch.tensor() of gguf-py's view of the ssm_a tensor. k3pack's
+    stream has already applied SGLang's checks (and raised its errors)."""
+
+    def __init__(self, manifest_path):
+        import json
+
+        with open(manifest_path, encoding="utf-8") as f:
+            shards = json.load(f)["source"]["shards"]
+        self._paths = {int(s["index"]): s["path"] for s in shards}
+        self._files = {}
+
+    def __call__(self, record):
+        from . import _k3pack
+
+        torch = _torch_module()
+        shard = self._files.get(record.shard_index)
+        if shard is None:
+            shard = self._files[record.shard_index] = _k3pack.GGUFFile(self._paths[record.shard_index])
+        raw = torch.tensor(np.array(shard.tensor_data(record.source_name, "gguf")))
+        return torch.log(-raw)
 
 
 SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"

@@ -54,6 +54,13 @@ const std::vector<Diagnosis> kCatalog = {
      "A split key (split.no, split.count, split.tensors.count) or general.architecture is missing; SGLang's "
      "scanner requires all of them in every shard.",
      "Re-split with gguf-split or llama-quantize --keep-split, which write the split keys into every shard."},
+    {"architecture-first-shard-only", E, "ValueError",
+     "general.architecture is in the first shard only (llama.cpp's gguf-split writes the model's metadata "
+     "into the first shard). k3pack reads the architecture from the first shard and accepts this set; "
+     "SGLang's scanner requires the key in every shard and refuses it.",
+     "For k3pack nothing is needed. For SGLang, give every shard the key: rewrite each later shard with "
+     "general.architecture = 'kimi-k3' added to its metadata (e.g. gguf-py's GGUFWriter copying the "
+     "shard's keys and tensors), keeping the file names and split.* keys."},
     {"split-no-mismatch", E, "ValueError",
      "The shard's split.no does not match its position in the file-name order: the file was renamed or "
      "belongs to another set.",
@@ -99,6 +106,11 @@ const std::vector<Diagnosis> kCatalog = {
      "A tensor of the other attention kind (KDA vs MLA) sits in this layer; SGLang maps it without checking "
      "and the model never uses it.",
      "Check attention.head_count_kv (0 = KDA layer) against the layer pattern of the converter."},
+    {"duplicate-target", E, "ValueError",
+     "Two GGUF tensors map to the same SGLang parameter (blk.N.ssm_g and blk.N.attn_gate both map to "
+     "self_attn.g_proj), so SGLang's non-expert iterator stops at the second one.",
+     "Keep the tensor of this layer's attention kind (ssm_g in KDA layers, attn_gate in MLA layers) and "
+     "remove the other, or re-convert."},
     {"tensor-missing", E, "RuntimeError",
      "A tensor the Kimi-K3 layout requires for these hyper-parameters is absent; SGLang's strict parameter "
      "coverage check (Kimi-K3 GGUF did not initialize all model parameters) fails.",
@@ -136,6 +148,16 @@ const std::vector<Diagnosis> kCatalog = {
      "A routed expert stack has a type the pack (and SGLang's kernel) does not accept: Q2_K/Q2_K/Q3_K for "
      "Kimi-K3, or a type that differs from the other layers under --profile scaled.",
      "Re-quantize the experts with the expected types (llama-quantize --tensor-type ffn_up_exps=q2_k ...)."},
+    {"expert-duplicate", E, "ValueError",
+     "Two routed expert stacks name the same layer and role (e.g. blk.01.ffn_up_exps.weight next to "
+     "blk.1.ffn_up_exps.weight: SGLang reads the layer number as an integer).",
+     "Remove the extra stack (or the shard that should not be in this set), or re-convert."},
+    {"expert-role-size-unaligned", E, "ValueError",
+     "One expert's bytes for this role are not a multiple of 4096. The pack pads each role to 4 KiB, but "
+     "SGLang's expert store (and k3pack's) require the three roles of an object to be byte-contiguous, so "
+     "both refuse the pack at start-up.",
+     "Pick expert dimensions / quant types whose per-expert role sizes are multiples of 4096 bytes (Kimi-K3's "
+     "are); a pack built from these tensors validates but no store opens it."},
     {"expert-not-sliceable", E, "ValueError",
      "The stack's byte size is not a multiple of the expert count, so one expert is not a contiguous slab.",
      "Re-convert; ne[2] must be the expert count."},
@@ -192,7 +214,8 @@ const std::vector<Diagnosis> kCatalog = {
      "hard_constraints differ from SGLang's immutable Top-K policy dict.", "Regenerate the manifest."},
     {"manifest-dimensions", E, "ValueError",
      "The manifest's model dimensions are not Kimi-K3's (93 layers, 896 experts, top-16) or its active "
-     "layers are not 1..92; SGLang's store refuses it under the kimi-k3 profile.",
+     "layers are not 1..92; SGLang's store refuses it under the kimi-k3 profile. Under scaled: the active "
+     "layers differ from the ones the pack was built for (k3pack.layer_roles).",
      "Use --profile scaled for scaled-down models, or regenerate the manifest from the real model."},
     {"manifest-shard-changed", E, "FileNotFoundError",
      "A shard the manifest lists is missing or its size changed since the manifest was written.",

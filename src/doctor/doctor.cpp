@@ -34,28 +34,43 @@ bool LooksLikeJson(const std::string& path) {
   return n.ok() && *n == 1 && c == '{';
 }
 
-void ExamineGguf(const std::string& path, const DiagnoseOptions& options, internal::Collector& out) {
+void ExamineView(const internal::ShardView& view, const DiagnoseOptions& options, internal::Collector& out) {
   auto say = [&](const std::string& s) {
     if (options.progress) options.progress(s);
   };
-  say("doctor: examining " + path);
-  auto view = internal::DiscoverAndOpen(path, out);
-  Mark(out.report(), "files", view.has_value());
-  if (!view) return;
-  internal::CheckSplit(*view, out);
+  internal::CheckSplit(view, out);
   Mark(out.report(), "split", true);
   say("doctor: checking names, shapes and types");
-  internal::ModelContext model = internal::CheckModel(*view, options, out);
+  internal::ModelContext model = internal::CheckModel(view, options, out);
   Mark(out.report(), "spec", model.spec.has_value(), model.spec ? "" : "no usable model spec");
   Mark(out.report(), "names", !model.expected.empty(),
        model.expected.empty() ? "no kimi-k3.* layout; only SGLang's name table was applied" : "");
-  internal::CheckExperts(*view, model, options, out);
+  internal::CheckExperts(view, model, options, out);
   Mark(out.report(), "experts", model.spec.has_value() || model.dims.has_value());
   if (options.check_values) {
     say("doctor: checking tensor values");
-    internal::CheckValues(*view, model, out);
+    internal::CheckValues(view, model, out);
   }
   Mark(out.report(), "values", options.check_values, options.check_values ? "" : "disabled");
+}
+
+void ExamineGguf(const std::string& path, const DiagnoseOptions& options, internal::Collector& out) {
+  if (options.progress) options.progress("doctor: examining " + path);
+  auto view = internal::DiscoverAndOpen(path, out);
+  Mark(out.report(), "files", view.has_value());
+  if (view) ExamineView(*view, options, out);
+}
+
+// A manifest's shards: the files it lists, in its order (what the loader
+// opens), not a discovery of their directory, which may hold other files.
+void ExamineListed(const internal::ManifestTargets& t, const DiagnoseOptions& options, internal::Collector& out) {
+  if (options.progress) options.progress("doctor: examining the manifest's " + std::to_string(t.shard_paths.size()) + " shards");
+  auto view = internal::OpenListed(t.shard_paths, out);
+  Mark(out.report(), "files", view.has_value());
+  if (!view) return;
+  DiagnoseOptions o = options;
+  if (o.config_path.empty()) o.config_path = t.config_path;  // the config the manifest was made with
+  ExamineView(*view, o, out);
 }
 
 }  // namespace
@@ -67,16 +82,19 @@ Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& op
   internal::Collector out(&report);
   std::set<std::string> examined;
   for (const std::string& path : paths) {
-    std::string gguf_path = path;
-    if (LooksLikeJson(path)) {
-      gguf_path = internal::CheckManifest(path, options, out);
-      Mark(report, "manifest", true);
-      if (gguf_path.empty()) continue;
-    }
     std::error_code ec;
-    const std::string key = fs::weakly_canonical(gguf_path, ec).string();
+    if (LooksLikeJson(path)) {
+      internal::ManifestTargets targets = internal::CheckManifest(path, options, out);
+      Mark(report, "manifest", true);
+      if (targets.shard_paths.empty()) continue;
+      const std::string key = fs::weakly_canonical(targets.shard_paths.front(), ec).parent_path().string();
+      if (!examined.insert(key).second) continue;
+      ExamineListed(targets, options, out);
+      continue;
+    }
+    const std::string key = fs::weakly_canonical(path, ec).string();
     if (!examined.insert(fs::is_directory(key, ec) ? key : fs::path(key).parent_path().string()).second) continue;
-    ExamineGguf(gguf_path, options, out);
+    ExamineGguf(path, options, out);
   }
   // One finding per (code, object, file) even when inputs overlap.
   std::set<std::tuple<std::string, std::string, std::string>> seen;

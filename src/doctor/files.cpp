@@ -96,6 +96,31 @@ void OpenShard(Shard& s, Collector& out) {
   f.details = {{"size", s.size}, {"needed", need}, {"cut_off_tensors", names}};
 }
 
+void OpenAll(const std::vector<std::string>& paths, ShardView& v, Collector& out) {
+  for (const std::string& p : paths) {
+    Shard s;
+    s.path = p;
+    s.name = gguf::ParseShardName(fs::path(p).filename().string());
+    OpenShard(s, out);
+    if (!s.file) v.all_readable = false;
+    out.report().files.push_back(p);
+    v.shards.push_back(std::move(s));
+  }
+}
+
+void IndexTensors(ShardView& v, Collector& out) {
+  for (uint32_t i = 0; i < v.shards.size(); ++i) {
+    if (!v.shards[i].file) continue;
+    for (const gguf::TensorInfo& t : v.shards[i].file->tensors()) {
+      if (v.tensors.emplace(t.name, Located{&t, i}).second) v.order.push_back(t.name);
+    }
+  }
+  out.report().tensors_examined += v.order.size();
+  if (v.shards.size() == 1 && !v.shards[0].file) {
+    out.report().unusable = true;  // the only file is not a GGUF we can read
+  }
+}
+
 }  // namespace
 
 std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out) {
@@ -194,30 +219,40 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     return std::nullopt;
   }
 
-  for (const std::string& p : chosen) {
-    Shard s;
-    s.path = p;
-    s.name = gguf::ParseShardName(fs::path(p).filename().string());
-    OpenShard(s, out);
-    if (!s.file) v.all_readable = false;
-    out.report().files.push_back(p);
-    v.shards.push_back(std::move(s));
-  }
+  OpenAll(chosen, v, out);
   if (single_unnumbered && v.shards.front().file) {
     out.Add("gguf-not-numbered", v.shards.front().path,
             "the model is a single file without the -NNNNN-of-NNNNN.gguf suffix",
             "Kimi GGUF name is not a numbered shard: " + Resolved(v.shards.front().path), v.shards.front().path);
   }
-  for (uint32_t i = 0; i < v.shards.size(); ++i) {
-    if (!v.shards[i].file) continue;
-    for (const gguf::TensorInfo& t : v.shards[i].file->tensors()) {
-      if (v.tensors.emplace(t.name, Located{&t, i}).second) v.order.push_back(t.name);
+  IndexTensors(v, out);
+  return v;
+}
+
+std::optional<ShardView> OpenListed(const std::vector<std::string>& paths, Collector& out) {
+  if (paths.empty()) return std::nullopt;
+  ShardView v;
+  v.dir = fs::path(paths.front()).parent_path().string();
+  if (v.dir.empty()) v.dir = ".";
+  if (auto n = gguf::ParseShardName(fs::path(paths.front()).filename().string())) v.prefix = n->prefix;
+  bool any = false;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) {
+      OpenAll({p}, v, out);
+      any = true;
+    } else {
+      // Keeps its place, so the others' split.no still line up; the manifest
+      // check reports it (manifest-shard-changed).
+      Shard missing;
+      missing.path = p;
+      missing.name = gguf::ParseShardName(fs::path(p).filename().string());
+      v.shards.push_back(std::move(missing));
+      v.all_readable = false;
     }
   }
-  out.report().tensors_examined += v.order.size();
-  if (v.shards.size() == 1 && !v.shards[0].file) {
-    out.report().unusable = true;  // the only file is not a GGUF we can read
-  }
+  if (!any) return std::nullopt;
+  IndexTensors(v, out);
   return v;
 }
 
@@ -226,6 +261,7 @@ void CheckSplit(const ShardView& view, Collector& out) {
   int64_t count0 = -1, tcount0 = -1;
   std::string arch0;
   bool have0 = false;
+  bool has_arch0 = false;  // the first readable shard holds general.architecture
   for (uint32_t i = 0; i < view.shards.size(); ++i) {
     const Shard& s = view.shards[i];
     if (!s.file) continue;
@@ -247,6 +283,7 @@ void CheckSplit(const ShardView& view, Collector& out) {
     if (!numbered && f.Find("split.count") == nullptr) {
       arch0 = f.architecture();
       have0 = true;
+      has_arch0 = f.Find("general.architecture") != nullptr;
       if (f.Find("general.architecture") == nullptr) {
         out.Add("split-key-missing", "general.architecture", "no general.architecture key",
                 "GGUF metadata is missing required field 'general.architecture'", s.path);
@@ -266,8 +303,24 @@ void CheckSplit(const ShardView& view, Collector& out) {
       fd.details = {{"split_no", *no}, {"shard_index", i}};
     }
     const bool has_arch = f.Find("general.architecture") != nullptr;
+    if (!has_arch && i > 0) {
+      // SGLang's scanner reads the key from every shard; k3pack only from
+      // the first (llama.cpp's gguf-split writes it there only).
+      if (has_arch0) {
+        Finding& fd = out.Add("architecture-first-shard-only", "general.architecture",
+                              "shard " + std::to_string(i) + " has no general.architecture key (shard 0 has " +
+                                  PyRepr(arch0) + "); k3pack accepts this set, SGLang's scanner does not",
+                              "GGUF metadata is missing required field 'general.architecture'", s.path);
+        fd.details = {{"shard_index", i}, {"architecture", arch0}};
+      } else {
+        out.Add("split-key-missing", "general.architecture",
+                "shard " + std::to_string(i) + " has no general.architecture key",
+                "GGUF metadata is missing required field 'general.architecture'", s.path);
+      }
+    }
     if (!have0) {
       have0 = true;
+      has_arch0 = has_arch;
       count0 = count.value_or(-1);
       tcount0 = tcount.value_or(-1);
       arch0 = f.architecture();
@@ -316,7 +369,7 @@ void CheckSplit(const ShardView& view, Collector& out) {
                          view.shards.front().path);
     f.details = {{"recorded", tcount0}, {"found", total}};
   }
-  if (have0 && !arch0.empty() && arch0 != "kimi-k3") {
+  if (have0 && has_arch0 && arch0 != "kimi-k3") {
     out.Add("architecture-mismatch", "general.architecture", "general.architecture is " + PyRepr(arch0),
             "expected GGUF architecture 'kimi-k3', got " + PyRepr(arch0), view.shards.front().path);
   }

@@ -74,6 +74,10 @@ struct ShardView {
 // problems (stray files, incomplete sets, several sets). Returns nullopt and
 // marks the report unusable when there is nothing to examine.
 std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out);
+// The shards a manifest lists, in its order, opened as the loader opens
+// them (each path as recorded; no directory discovery). Missing files are
+// skipped (the manifest check reports them). nullopt when none exists.
+std::optional<ShardView> OpenListed(const std::vector<std::string>& paths, Collector& out);
 // Split keys, counts, duplicates, architecture (SGLang's scanner, every rule).
 void CheckSplit(const ShardView& view, Collector& out);
 
@@ -99,9 +103,14 @@ struct SsmAVerdict {
 };
 std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view);
 
-// A manifest path: checks the manifest, then examines its shards; returns
-// the shard directory to examine (empty when none could be derived).
-std::string CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out);
+// A manifest path: checks the manifest. Returns what the GGUF examination
+// should look at, resolved as SGLang's loader resolves it: the listed shard
+// paths in source.shards order, and the manifest's model config.
+struct ManifestTargets {
+  std::vector<std::string> shard_paths;
+  std::string config_path;  // model.config_path when that file exists
+};
+ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out);
 
 // Edit distance (insert/delete/substitute, unit costs).
 size_t EditDistance(std::string_view a, std::string_view b);

@@ -74,7 +74,7 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const D
 
 }  // namespace
 
-std::string CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
+ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
   auto text = ReadFileToString(manifest_path);
   if (!text.ok()) {
     out.Add("input-unrecognized", manifest_path, text.error().message(), {}, manifest_path);
@@ -108,11 +108,8 @@ std::string CheckManifest(const std::string& manifest_path, const DiagnoseOption
     out.Add("manifest-incomplete", "complete", complete == nullptr ? "no complete key" : "complete is " + complete->dump(),
             "Kimi-K3 manifest is incomplete", manifest_path);
   }
-  const json* topk0 = At(j, {"model", "num_experts_per_token"});
-  const uint32_t want_k = options.profile == kimi::Profile::kScaled && topk0 && topk0->is_number_unsigned()
-                              ? topk0->get<uint32_t>()
-                              : 16;
-  if (const json* hc = need({"hard_constraints"}); hc && *hc != manifest::HardConstraintsJson(want_k)) {
+  // SGLang's dict, top_k 16 under every profile, compared with Python equality.
+  if (const json* hc = need({"hard_constraints"}); hc && !manifest::HardConstraintsMatch(*hc)) {
     out.Add("manifest-hard-constraints", "hard_constraints", "hard_constraints is " + hc->dump(),
             "Kimi manifest hard constraints do not match runtime policy", manifest_path);
   }
@@ -136,8 +133,33 @@ std::string CheckManifest(const std::string& manifest_path, const DiagnoseOption
     }
   }
 
+  ManifestTargets targets;
+  if (const json* cp = At(j, {"model", "config_path"}); cp && cp->is_string()) {
+    std::error_code ec;
+    if (fs::is_regular_file(cp->get<std::string>(), ec)) targets.config_path = *cp;
+  }
+  if (options.profile == kimi::Profile::kScaled && active && active->is_array()) {
+    // The store holds the list to the layers the pack was built for, which a
+    // scaled manifest's k3pack.layer_roles records (SGLang's 1..92 for K3).
+    const json* roles = At(j, {"k3pack", "layer_roles"});
+    if (roles && roles->is_array() && !roles->empty()) {
+      json want = json::array();
+      for (const json& lr : *roles) want.push_back(lr.value("layer", json()));
+      bool consecutive = true;
+      for (size_t i = 1; i < want.size(); ++i) {
+        consecutive = consecutive && want[i].is_number_unsigned() && want[i - 1].is_number_unsigned() &&
+                      want[i].get<uint64_t>() == want[i - 1].get<uint64_t>() + 1;
+      }
+      if (*active != want && consecutive && want.front().is_number_unsigned()) {
+        out.Add("manifest-dimensions", "model.active_moe_layer_ids",
+                "active layers are " + active->dump() + ", k3pack.layer_roles records " + want.dump(),
+                "Kimi active routed MoE layers must be exactly " + want.front().dump() + ".." + want.back().dump(),
+                manifest_path);
+      }
+    }
+  }
+
   // Shards: presence and size, names and types per shard, header digest.
-  std::string shard_dir;
   const json* shards = need({"source", "shards"});
   const json* tensors = need({"source", "tensors"});
   std::map<uint64_t, std::map<std::string, std::string>> by_shard;  // index -> name -> dtype
@@ -156,7 +178,7 @@ std::string CheckManifest(const std::string& manifest_path, const DiagnoseOption
       }
       const std::string path = s["path"];
       const uint64_t index = s["index"].get<uint64_t>();
-      if (shard_dir.empty()) shard_dir = fs::path(path).parent_path().string();
+      targets.shard_paths.push_back(path);  // the loader opens the recorded path, wherever it is
       auto size = FileSize(path);
       if (!size.ok() || *size != s["size"].get<uint64_t>()) {
         out.Add("manifest-shard-changed", path,
@@ -227,7 +249,7 @@ std::string CheckManifest(const std::string& manifest_path, const DiagnoseOption
       ValidatePackAgainstManifest(j, pack, options, out);
     }
   }
-  return shard_dir;
+  return targets;
 }
 
 }  // namespace k3pack::doctor::internal

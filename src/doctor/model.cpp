@@ -8,6 +8,7 @@
 
 #include "doctor/internal.h"
 #include "k3pack/names.h"
+#include "k3pack/pack.h"
 #include "util/pyrepr.h"
 
 namespace k3pack::doctor::internal {
@@ -228,6 +229,33 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
     }
   }
 
+  // SGLang's iterator emits each parameter name once; a later tensor mapping
+  // to a name already emitted stops it (ssm_g and attn_gate share g_proj).
+  std::set<std::string> emitted;
+  for (const std::string& name : view.order) {
+    if (kimi::IsRoutedExpertAggregate(name)) continue;
+    auto mapped = kimi::MapTensorName(name);
+    if (!mapped.ok()) continue;
+    const Located& loc = *view.Find(name);
+    const bool quantized = kimi::IsSglangQuantized(loc.info->type);
+    bool stop = false;
+    for (const kimi::Target& target : mapped->targets) {
+      const std::string runtime = kimi::RuntimeName(target.name, quantized);
+      std::vector<std::string> names;
+      if (quantized) names.push_back(kimi::QweightTypeName(runtime));
+      names.push_back(runtime);
+      for (const std::string& n : names) {
+        if (emitted.insert(n).second) continue;
+        Finding& f = out.Add("duplicate-target", name, "maps to " + n + ", which an earlier tensor already fills",
+                             "duplicate Kimi-K3 target parameter: " + n, view.shards[loc.shard].path);
+        f.details = {{"parameter", n}};
+        stop = true;
+        break;
+      }
+      if (stop) break;
+    }
+  }
+
   // Expected tensors that are absent (experts: CheckExperts).
   std::vector<std::string> missing;
   for (const auto& [ename, et] : m.expected) {
@@ -246,6 +274,63 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
   return m;
 }
 
+// The pack aligns every role payload to 4096 bytes, but the stores (SGLang's
+// and k3pack's) need an object's three roles byte-contiguous, its span equal
+// to their sum: an up or gate size that is not a multiple of 4096 puts
+// padding inside the object, and the stores refuse the pack. A down size that is not a multiple
+// only leaves the object's length unaligned, which SGLang's store refuses
+// with direct I/O (its loader's default); k3pack's store reads it.
+namespace {
+
+void CheckRoleAlignment(const std::vector<uint32_t>& active,
+                        const std::map<std::pair<uint32_t, int>, std::string>& found, const ShardView& view,
+                        uint64_t X, Collector& out) {
+  if (X == 0) return;
+  bool reported_contiguity = false, reported_direct_io = false;
+  for (size_t li = 0; li < active.size(); ++li) {
+    std::array<uint64_t, 3> bytes{};
+    std::array<const std::string*, 3> names{};
+    bool complete = true;
+    for (int r = 0; r < 3; ++r) {
+      auto it = found.find({active[li], r});
+      if (it == found.end() || view.Find(it->second)->info->nbytes % X != 0) {
+        complete = false;
+        break;
+      }
+      names[r] = &it->second;
+      bytes[r] = view.Find(it->second)->info->nbytes / X;
+    }
+    if (!complete) continue;
+    const int odd = bytes[0] % 4096 != 0 ? 0 : bytes[1] % 4096 != 0 ? 1 : bytes[2] % 4096 != 0 ? 2 : -1;
+    if (odd < 0) continue;
+    const std::string& name = *names[odd];
+    const std::string& file = view.shards[view.Find(name)->shard].path;
+    const std::string what = std::to_string(bytes[odd]) + " bytes per expert (" + kRoleNames[odd] +
+                             "), not a multiple of 4096";
+    if (odd < 2 && !reported_contiguity) {
+      // The manifest's object_bytes is the object's span, padding included,
+      // so the stores' check of the role sizes against it fails first (and
+      // the roles are not contiguous either).
+      Finding& f = out.Add("expert-role-size-unaligned", name,
+                           what + ": the pack pads it to 4 KiB, so each object spans more than its three roles and "
+                                  "the stores refuse the pack",
+                           "Kimi expert-pack role sizes do not match object bytes", file);
+      f.details = {{"expert_bytes", bytes[odd]}, {"role", kRoleNames[odd]}, {"layer", active[li]}};
+      reported_contiguity = true;
+    } else if (odd == 2 && !reported_direct_io) {
+      Finding& f = out.Add("expert-role-size-unaligned", name,
+                           what + ": objects are contiguous but their length is unaligned; k3pack's store reads "
+                                  "them, SGLang's refuses them with direct I/O (its loader's default)",
+                           "expert-pack direct I/O requires aligned read ranges", file);
+      f.severity = Severity::kWarning;
+      f.details = {{"expert_bytes", bytes[odd]}, {"role", kRoleNames[odd]}};
+      reported_direct_io = true;
+    }
+  }
+}
+
+}  // namespace
+
 void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOptions& options, Collector& out) {
   std::vector<uint32_t> active;
   uint64_t X = 0, L = 0, Fe = 0;
@@ -260,12 +345,19 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
     return;
   }
   static const std::regex kExpert(R"(^blk\.(\d+)\.ffn_(up|gate|down)_exps\.weight$)");
-  std::map<std::pair<uint32_t, int>, std::string> found;  // (layer, role) -> name
+  std::map<std::pair<uint32_t, int>, std::string> found;  // (layer, role) -> first name
   for (const std::string& name : view.order) {
     std::smatch mt;
     if (!std::regex_match(name, mt, kExpert)) continue;
     const int role = mt[2] == "up" ? 0 : mt[2] == "gate" ? 1 : 2;
-    found[{static_cast<uint32_t>(std::stoul(mt[1])), role}] = name;
+    const auto layer = static_cast<uint32_t>(std::stoul(mt[1]));  // int(): "01" is layer 1
+    auto [it, fresh] = found.emplace(std::make_pair(layer, role), name);
+    if (!fresh) {
+      Finding& f = out.Add("expert-duplicate", name, "names the same (layer, role) as " + it->second,
+                           "duplicate routed expert tensor " + LayerRoleRepr(layer, role),
+                           view.shards[view.Find(name)->shard].path);
+      f.details = {{"other", it->second}};
+    }
   }
   const std::set<uint32_t> active_set(active.begin(), active.end());
   // SGLang's coverage text: sorted (layer, role) tuples, first 8 of each.
@@ -302,16 +394,20 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
             "layer " + std::to_string(l) + " is not an active MoE layer", coverage);
   }
 
-  // Types: Kimi-K3's fixed ones, or (scaled) the type most layers use.
-  std::array<std::map<GgmlType, int>, 3> votes;
-  for (const auto& [key, name] : found) votes[key.second][view.Find(name)->info->type]++;
+  // Types: Kimi-K3's fixed ones, or (scaled) the ones `k3pack pack` holds
+  // each role to (the type most active layers use, up and gate together).
   std::array<GgmlType, 3> want = {GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K};
   if (options.profile == kimi::Profile::kScaled) {
-    for (int r = 0; r < 3; ++r) {
-      int best = -1;
-      for (const auto& [t, n] : votes[r]) {
-        if (n > best) best = n, want[r] = t;
-      }
+    std::vector<std::array<uint32_t, 3>> layer_types;
+    for (uint32_t l : active) {
+      if (!found.count({l, 0}) || !found.count({l, 1}) || !found.count({l, 2})) continue;
+      std::array<uint32_t, 3> row{};
+      for (int r = 0; r < 3; ++r) row[r] = static_cast<uint32_t>(view.Find(found.at({l, r}))->info->type);
+      layer_types.push_back(row);
+    }
+    if (!layer_types.empty()) {
+      const auto types = pack::ExpectedScaledExpertTypes(layer_types);
+      for (int r = 0; r < 3; ++r) want[r] = static_cast<GgmlType>(types[r]);
     }
   }
   for (const auto& [key, name] : found) {
@@ -341,6 +437,7 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
               "expert tensor is not evenly sliceable: " + name, file);
     }
   }
+  CheckRoleAlignment(active, found, view, X, out);
 }
 
 }  // namespace k3pack::doctor::internal

@@ -34,13 +34,17 @@ Result<std::string> ResolveExisting(const std::string& path) {
 
 }  // namespace
 
-json HardConstraintsJson(uint32_t top_k) {
-  return {{"top_k", top_k},
+json HardConstraintsJson() {
+  // The literal 16 of SGLang's create_manifest, also for models of another
+  // top-k (scaled): SGLang's store compares this dict with its own.
+  return {{"top_k", kimi::kK3TopK},
           {"top_k_is_immutable", true},
           {"all_selected_experts_must_execute", true},
           {"expert_pruning_allowed", false},
           {"requantization_allowed", false}};
 }
+
+bool HardConstraintsMatch(const json& hard_constraints) { return PyJsonEqual(hard_constraints, HardConstraintsJson()); }
 
 std::string NowIsoformatUtc() {
   timeval tv{};
@@ -141,7 +145,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   m["complete"] = true;
   m["created_at"] = o.created_at.empty() ? NowIsoformatUtc() : o.created_at;
   m["sglang_git_sha"] = o.sglang_git_sha.empty() ? std::string("k3pack-") + K3PACK_VERSION : o.sglang_git_sha;
-  m["hard_constraints"] = HardConstraintsJson(o.profile == kimi::Profile::kKimiK3 ? kimi::kK3TopK : spec.top_k);
+  m["hard_constraints"] = HardConstraintsJson();
   m["model"] = ModelSectionJson(spec, config_path, config_sha256);
   m["source"] = std::move(source);
   m["expert_pack"] = std::move(expert_pack);

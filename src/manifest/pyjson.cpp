@@ -305,4 +305,47 @@ std::string PyReprJson(const nlohmann::json& v) {
   }
 }
 
+namespace {
+
+bool IsPyNumber(const nlohmann::json& v) { return v.is_number() || v.is_boolean(); }
+
+// Integers (bool included) exactly; a float against an integer by exact
+// value, as Python compares int and float (long double holds every 64-bit
+// integer exactly on the x86-64 ABI this builds for).
+bool PyNumberEqual(const nlohmann::json& a, const nlohmann::json& b) {
+  auto as_int = [](const nlohmann::json& v) -> __int128 {
+    if (v.is_boolean()) return v.get<bool>() ? 1 : 0;
+    if (v.is_number_unsigned()) return static_cast<__int128>(v.get<uint64_t>());
+    return static_cast<__int128>(v.get<int64_t>());
+  };
+  auto as_ld = [&](const nlohmann::json& v) -> long double {
+    return v.is_number_float() ? static_cast<long double>(v.get<double>()) : static_cast<long double>(as_int(v));
+  };
+  if (!a.is_number_float() && !b.is_number_float()) return as_int(a) == as_int(b);
+  return as_ld(a) == as_ld(b);  // NaN != NaN, as in Python
+}
+
+}  // namespace
+
+bool PyJsonEqual(const nlohmann::json& a, const nlohmann::json& b) {
+  if (IsPyNumber(a) || IsPyNumber(b)) return IsPyNumber(a) && IsPyNumber(b) && PyNumberEqual(a, b);
+  if (a.type() != b.type()) return false;
+  if (a.is_object()) {
+    if (a.size() != b.size()) return false;
+    for (auto it = a.begin(); it != a.end(); ++it) {
+      auto other = b.find(it.key());
+      if (other == b.end() || !PyJsonEqual(it.value(), *other)) return false;
+    }
+    return true;
+  }
+  if (a.is_array()) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!PyJsonEqual(a[i], b[i])) return false;
+    }
+    return true;
+  }
+  return a == b;  // strings, null
+}
+
 }  // namespace k3pack::manifest

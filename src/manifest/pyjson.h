@@ -64,6 +64,12 @@ std::string PyFloatRepr(double v);
 // (src/util/pyrepr.h). Used to reproduce SGLang's f-string error texts.
 std::string PyReprJson(const nlohmann::json& value);
 
+// Python's `a == b` on the values json.load returns: dicts by key set and
+// values (order irrelevant), lists element-wise, and numbers by value across
+// int, float and bool (True == 1 == 1.0, as Python's bool is an int). SGLang
+// compares manifest values this way (e.g. hard_constraints against its dict).
+bool PyJsonEqual(const nlohmann::json& a, const nlohmann::json& b);
+
 using k3pack::IsValidUtf8;  // util/utf8.h
 
 }  // namespace k3pack::manifest

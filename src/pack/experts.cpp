@@ -56,6 +56,29 @@ std::string DtypeName(uint32_t id) {
 
 }  // namespace
 
+std::array<uint32_t, 3> ExpectedScaledExpertTypes(const std::vector<std::array<uint32_t, 3>>& layer_types) {
+  // Majority with ties to the earliest: count, and remember first appearance.
+  auto pick = [&](std::initializer_list<int> roles) {
+    std::map<uint32_t, std::pair<uint64_t, size_t>> votes;  // type -> (count, first position)
+    size_t pos = 0;
+    for (const auto& row : layer_types) {
+      for (int r : roles) {
+        auto [it, fresh] = votes.emplace(row[r], std::make_pair(uint64_t{0}, pos));
+        it->second.first++;
+        ++pos;
+      }
+    }
+    uint32_t best = 0;
+    std::pair<uint64_t, size_t> best_v{0, SIZE_MAX};
+    for (const auto& [type, v] : votes) {
+      if (v.first > best_v.first || (v.first == best_v.first && v.second < best_v.second)) best = type, best_v = v;
+    }
+    return best;
+  };
+  const uint32_t up_gate = pick({0, 1});
+  return {up_gate, up_gate, pick({2})};
+}
+
 uint64_t ExpertSet::EstimatedPackBytes() const {
   std::vector<LayerRoleBytes> v;
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -106,6 +129,16 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
   out.top_k = spec.top_k;
   out.shard_paths = shard_paths;
   std::array<uint32_t, 3> first_dtype{};
+  std::array<uint32_t, 3> scaled_types{};
+  if (!k3 && !options.allow_mixed_types) {
+    std::vector<std::array<uint32_t, 3>> layer_types;
+    for (uint32_t layer : spec.active_moe_layer_ids) {
+      std::array<uint32_t, 3> row{};
+      for (Role r : kRoleOrder) row[static_cast<uint32_t>(r)] = found.at({layer, static_cast<uint32_t>(r)})->dtype_id;
+      layer_types.push_back(row);
+    }
+    scaled_types = ExpectedScaledExpertTypes(layer_types);
+  }
   for (size_t li = 0; li < spec.active_moe_layer_ids.size(); ++li) {
     const uint32_t layer = spec.active_moe_layer_ids[li];
     std::array<ExpertTensor, 3> row;
@@ -125,16 +158,17 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
         if (!IsValidGgmlType(t.dtype_id)) {
           return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
         }
-        if (li == 0) first_dtype[ri] = t.dtype_id;
-        bool mixed_here = (li > 0 && t.dtype_id != first_dtype[ri]) ||
-                          (r == Role::kGate && t.dtype_id != row[0].tensor.dtype_id);
-        if (mixed_here) {
-          if (!options.allow_mixed_types) {
+        if (!options.allow_mixed_types) {
+          if (t.dtype_id != scaled_types[ri]) {
             return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id))
-                .WithHint("expert types differ between layers or between up and gate; pass --allow-mixed-types "
-                          "to pack them (entry sizes then vary by layer)");
+                .WithHint(std::string("the other layers' ") + (r == Role::kDown ? "down" : "up/gate") + " experts are " +
+                          DtypeName(scaled_types[ri]) +
+                          "; pass --allow-mixed-types to pack mixed types (entry sizes then vary by layer)");
           }
-          out.mixed = true;
+        } else {
+          if (li == 0) first_dtype[ri] = t.dtype_id;
+          if ((li > 0 && t.dtype_id != first_dtype[ri]) || (r == Role::kGate && t.dtype_id != row[0].tensor.dtype_id))
+            out.mixed = true;
         }
       }
       if (t.nbytes % spec.num_experts != 0 || t.nbytes == 0) {

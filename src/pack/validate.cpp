@@ -72,14 +72,13 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   std::memcpy(index.data(), hb.data(), kHeaderBytes);
   K3_ASSIGN_OR_RETURN(size_t igot, PreadFull(fd.get(), index.data() + kHeaderBytes, index_end - kHeaderBytes,
                                              kHeaderBytes));
-  if (igot < index_end - kHeaderBytes) return Error("GGML expert-pack index is truncated");
-  const std::string index_sha = Sha256Hex(index.data(), index.size());
 
   uint64_t previous_end = h.data_start;
   uint64_t up_start = 0;
   std::map<uint32_t, uint64_t> span_by_layer;  // fixed object span (per layer when mixed)
   std::optional<uint64_t> global_span;
-  for (uint64_t i = 0; i < h.index_count; ++i) {
+  // SGLang's per-entry checks, in its order.
+  auto check_entry = [&](uint64_t i) -> Status {
     K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
     if (e.reserved != 0) return Error("GGML expert-pack reserved entry field must be zero");
     if (!e.name_utf8_ok) return Error("expert-pack tensor name is not valid UTF-8");
@@ -111,7 +110,26 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
         if (*global_span != span) return Error("expert-pack object spans are not fixed size");
       }
     }
+    return Status::OK();
+  };
+  if (igot < index_end - kHeaderBytes) {
+    // Cut inside the index. SGLang's entry checks run before it notices the
+    // short index, and an intact first entry fails its range check (its
+    // payload would start at data_start, past the end of the file); only a
+    // file cut inside entry 0 reaches the truncation text.
+    const std::string hint = "the pack is truncated inside its index: the file is " + std::to_string(file_size) +
+                             " bytes, the index of " + std::to_string(h.index_count) + " entries ends at byte " +
+                             std::to_string(index_end) + " and the payloads at byte " +
+                             std::to_string(layout.final_size());
+    const uint64_t complete = igot / kEntryBytes;
+    for (uint64_t i = 0; i < complete; ++i) {
+      Status st = check_entry(i);
+      if (!st.ok()) return st.error().WithHint(hint);
+    }
+    return Error("GGML expert-pack index is truncated").WithHint(hint);
   }
+  const std::string index_sha = Sha256Hex(index.data(), index.size());
+  for (uint64_t i = 0; i < h.index_count; ++i) K3_RETURN_IF_ERROR(check_entry(i));
   if (file_size != previous_end) {
     return Error("expert-pack has unexplained trailing bytes: " + std::to_string(file_size - previous_end));
   }

@@ -13,6 +13,7 @@
 #include "k3pack/manifest.h"
 #include "pack/format.h"
 #include "store/store_impl.h"
+#include "util/pyrepr.h"
 #include "util/sha256.h"
 
 namespace k3pack::store {
@@ -59,48 +60,82 @@ std::string Tuple3(uint64_t a, uint64_t b, uint64_t c) {
 
 constexpr const char* kRoleNames[3] = {"up", "gate", "down"};
 
-// Per-layer role sizes and types: from expert_pack.roles (kimi-k3) or the
-// k3pack extension (scaled). Step 9 and 10 of SGLang's checks.
+// SGLang writes the K3 layer set as "1..92"; the same form for any
+// consecutive run, else the Python list.
+std::string LayerRangeText(const std::vector<uint32_t>& layers) {
+  bool consecutive = !layers.empty();
+  for (size_t i = 1; consecutive && i < layers.size(); ++i) consecutive = layers[i] == layers[i - 1] + 1;
+  if (consecutive) return std::to_string(layers.front()) + ".." + std::to_string(layers.back());
+  std::string s = "[";
+  for (size_t i = 0; i < layers.size(); ++i) s += (i ? ", " : "") + std::to_string(layers[i]);
+  return s + "]";
+}
+
+// SGLang's checks 9 and 10 on expert_pack.roles / object_bytes (both
+// profiles), then the per-layer role sizes the entry walk checks: the same
+// for every layer (kimi-k3) or the k3pack extension's (scaled). `roles_bytes`
+// receives expert_pack.roles' sizes, which SGLang holds every entry to; the
+// walk holds the first active layer's entries to them under both profiles.
 Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>& ext,
-                 const std::vector<uint32_t>& layers, bool kimi, PackGeometry* g) {
+                 const std::vector<uint32_t>& layers, bool kimi, PackGeometry* g,
+                 std::array<uint64_t, 3>* roles_bytes) {
   K3_ASSIGN_OR_RETURN(const json* roles, At(ep, "roles"));
-  std::array<uint64_t, 3> bytes{};
+  // 9. Each role's dtype name and id: K3's Q2_K/Q2_K/Q3_K, or under scaled
+  // the first active layer's types as the k3pack extension records them
+  // (expert_pack.roles describes that layer, like SGLang's writer).
+  static const std::pair<const char*, uint64_t> kK3Types[3] = {{"Q2_K", 10}, {"Q2_K", 10}, {"Q3_K", 11}};
+  for (int r = 0; r < 3; ++r) {
+    K3_ASSIGN_OR_RETURN(const json* role, At(*roles, kRoleNames[r]));
+    K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
+    K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
+    Error unsupported(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
+    if (kimi) {
+      if (dtype != kK3Types[r].first || dtype_id != kK3Types[r].second) return unsupported;
+      continue;
+    }
+    auto type = GgmlTypeFromName(dtype);
+    if (!type || static_cast<uint64_t>(*type) != dtype_id)
+      return unsupported.WithHint("expert_pack.roles." + std::string(kRoleNames[r]) + " says dtype " + PyRepr(dtype) +
+                                  " with dtype_id " + std::to_string(dtype_id) + ", which is not a ggml type pair");
+    if (!ext->layer_roles.empty()) {
+      const manifest::LayerRoleInfo& first = ext->layer_roles.front().roles[r];
+      if (first.dtype != dtype || first.dtype_id != dtype_id)
+        return unsupported.WithHint("expert_pack.roles." + std::string(kRoleNames[r]) + " says " + dtype + " (" +
+                                    std::to_string(dtype_id) + "), k3pack.layer_roles says " + first.dtype + " (" +
+                                    std::to_string(first.dtype_id) + ") for layer " +
+                                    std::to_string(ext->layer_roles.front().layer) + ": the manifest was edited");
+    }
+  }
+  // 10. The roles' sizes add up to object_bytes (no padding between roles).
+  uint64_t sum = 0;
+  for (int r = 0; r < 3; ++r) {
+    K3_ASSIGN_OR_RETURN(uint64_t b, U64((*roles)[kRoleNames[r]], "expert_bytes"));
+    (*roles_bytes)[r] = b;
+    sum += b;
+  }
+  K3_ASSIGN_OR_RETURN(uint64_t object_bytes, U64(ep, "object_bytes"));
+  if (sum != object_bytes) return Error("Kimi expert-pack role sizes do not match object bytes");
   if (kimi) {
-    static const std::pair<const char*, uint64_t> kExpected[3] = {{"Q2_K", 10}, {"Q2_K", 10}, {"Q3_K", 11}};
-    for (int r = 0; r < 3; ++r) {
-      K3_ASSIGN_OR_RETURN(const json* role, At(*roles, kRoleNames[r]));
-      K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
-      K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
-      if (dtype != kExpected[r].first || dtype_id != kExpected[r].second)
-        return Error(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
-    }
-    uint64_t sum = 0;
-    for (int r = 0; r < 3; ++r) {
-      K3_ASSIGN_OR_RETURN(uint64_t b, U64((*roles)[kRoleNames[r]], "expert_bytes"));
-      bytes[r] = b;
-      sum += b;
-    }
-    K3_ASSIGN_OR_RETURN(uint64_t object_bytes, U64(ep, "object_bytes"));
-    if (sum != object_bytes) return Error("Kimi expert-pack role sizes do not match object bytes");
-    g->role_bytes.assign(layers.size(), bytes);
+    g->role_bytes.assign(layers.size(), *roles_bytes);
   } else {
-    if (ext->layer_roles.size() != layers.size())
-      return Error("scaled manifest k3pack.layer_roles has " + std::to_string(ext->layer_roles.size()) +
-                   " layers; expected one per active routed layer (" + std::to_string(layers.size()) + ")");
+    // Step 5 made the extension cover exactly the active layers.
     for (size_t i = 0; i < layers.size(); ++i) {
       const auto& lr = ext->layer_roles[i];
-      if (lr.layer != layers[i])
-        return Error("scaled manifest k3pack.layer_roles[" + std::to_string(i) + "] is layer " +
-                     std::to_string(lr.layer) + "; expected " + std::to_string(layers[i]));
-      uint64_t sum = 0;
+      std::array<uint64_t, 3> bytes{};
+      uint64_t layer_sum = 0;
       for (int r = 0; r < 3; ++r) {
         auto type = GgmlTypeFromName(lr.roles[r].dtype);
         if (!type || static_cast<uint32_t>(*type) != lr.roles[r].dtype_id)
-          return Error(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
+          return Error(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported")
+              .WithHint("k3pack.layer_roles entry for layer " + std::to_string(lr.layer) + " says dtype " +
+                        PyRepr(lr.roles[r].dtype) + " with dtype_id " + std::to_string(lr.roles[r].dtype_id));
         bytes[r] = lr.roles[r].expert_bytes;
-        sum += bytes[r];
+        layer_sum += bytes[r];
       }
-      if (sum != lr.object_bytes || sum == 0) return Error("Kimi expert-pack role sizes do not match object bytes");
+      if (layer_sum != lr.object_bytes || layer_sum == 0)
+        return Error("Kimi expert-pack role sizes do not match object bytes")
+            .WithHint("k3pack.layer_roles entry for layer " + std::to_string(lr.layer) + ": roles add up to " +
+                      std::to_string(layer_sum) + " bytes, object_bytes is " + std::to_string(lr.object_bytes));
       g->role_bytes.push_back(bytes);
     }
   }
@@ -117,7 +152,8 @@ uint32_t LE32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 uint64_t LE64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
 
 // Step 12: every entry's identity, range and contiguity (§7.2 step 4).
-Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, PackGeometry* g) {
+Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, const std::array<uint64_t, 3>& roles_bytes,
+                   PackGeometry* g) {
   const ObjectSpace& s = g->space;
   const uint32_t E = s.num_experts;
   g->object_offsets.assign(s.num_objects(), 0);
@@ -146,9 +182,19 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, Pac
     std::memcpy(&entry_expert, e + 128, 4);
     if (entry_expert != static_cast<int32_t>(expert) || LE32(e + 132) != 0) return identity();
     const uint64_t offset = LE64(e + 136), nbytes = LE64(e + 144);
-    if (nbytes != g->role_bytes[li][role] || offset % g->alignment != 0 || offset < previous_end ||
+    // SGLang holds every entry to expert_pack.roles; scaled packs may vary by
+    // layer (the extension), but their first layer is what roles describes.
+    if (nbytes != g->role_bytes[li][role] || (li == 0 && nbytes != roles_bytes[role]) ||
+        offset % g->alignment != 0 || offset < previous_end ||
         offset > file_size || nbytes > file_size - offset) {
       Error e("Kimi expert-pack range mismatch at index " + std::to_string(i));
+      const bool by_roles = li == 0 && nbytes != roles_bytes[role];
+      const uint64_t want = by_roles ? roles_bytes[role] : g->role_bytes[li][role];
+      if (nbytes != want)
+        return e.WithHint("entry " + std::to_string(i) + " (" + names[li][role] + " expert " + std::to_string(expert) +
+                          ") holds " + std::to_string(nbytes) + " bytes; the manifest's " +
+                          (by_roles ? "expert_pack.roles" : "k3pack.layer_roles") + " records " +
+                          std::to_string(want) + " per " + kRoleNames[role] + " expert");
       // Checked in order, damage to one entry's range surfaces at the next.
       if (i > 0 && offset < previous_end)
         return e.WithHint("entry " + std::to_string(i) + " starts at byte " + std::to_string(offset) +
@@ -249,12 +295,19 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   const bool kimi = !ext.has_value();
   g.profile = kimi ? "kimi-k3" : "scaled";
   K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
-  // 3. hard constraints: SGLang's exact dict (scaled: with the model's own top_k).
-  json constraints = manifest::HardConstraintsJson();
-  if (!kimi && model->is_object() && model->contains("num_experts_per_token"))
-    constraints["top_k"] = (*model)["num_experts_per_token"];
-  if (!m.contains("hard_constraints") || m["hard_constraints"] != constraints)
-    return Error("Kimi manifest hard constraints do not match runtime policy");
+  // 3. hard constraints: SGLang's exact dict (top_k the literal 16 under
+  // every profile), compared as Python compares dicts. The runtime top-k is
+  // model.num_experts_per_token (step 4), never this field.
+  if (!m.contains("hard_constraints") || !manifest::HardConstraintsMatch(m["hard_constraints"])) {
+    Error e("Kimi manifest hard constraints do not match runtime policy");
+    const json* hc = m.contains("hard_constraints") ? &m["hard_constraints"] : nullptr;
+    if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model->is_object() &&
+        model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&
+        (*hc)["top_k"] != 16)
+      return e.WithHint("hard_constraints.top_k is the model's top-k, as k3pack wrote it before it wrote SGLang's "
+                        "literal 16; regenerate the manifest with `k3pack manifest`");
+    return e;
+  }
   // 4. dimensions.
   K3_ASSIGN_OR_RETURN(uint64_t layers_n, U64(*model, "num_hidden_layers"));
   K3_ASSIGN_OR_RETURN(uint64_t experts_n, U64(*model, "num_experts"));
@@ -284,9 +337,20 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
     active_ok = active.size() == 92;
     for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
     if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
-  } else if (!active_ok) {
-    return Error("Kimi active routed MoE layers must be ascending layer ids below num_hidden_layers (" +
-                 std::to_string(layers_n) + ")");
+  } else {
+    // SGLang holds the list to the layers the pack was built for (1..92 for
+    // K3); a scaled pack's are the ones its k3pack.layer_roles records.
+    std::vector<uint32_t> want;
+    for (const auto& lr : ext->layer_roles) want.push_back(lr.layer);
+    if (!active_ok || active != want) {
+      Error e("Kimi active routed MoE layers must be exactly " + LayerRangeText(want));
+      if (!active_ok)
+        return e.WithHint("model.active_moe_layer_ids must be ascending layer ids below num_hidden_layers (" +
+                          std::to_string(layers_n) + ")");
+      return e.WithHint("model.active_moe_layer_ids has " + std::to_string(active.size()) + " layers (" +
+                        LayerRangeText(active) + "), but k3pack.layer_roles records " + std::to_string(want.size()) +
+                        ", one per active routed layer of the pack");
+    }
   }
   // 6-8. pack path, size, physical role order.
   K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
@@ -302,8 +366,18 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   g.pack_size = file_size;
   K3_ASSIGN_OR_RETURN(const json* order, At(*ep, "physical_role_order"));
   if (*order != json::array({"up", "gate", "down"})) return Error("Kimi expert-pack physical role order is unsupported");
+  if (!kimi) {
+    // The runtime top-k (step 4) is also what the validated pack record says
+    // (SGLang's store does not read expert_pack.top_k; K3's is always 16).
+    K3_ASSIGN_OR_RETURN(uint64_t pack_top_k, U64(*ep, "top_k"));
+    if (pack_top_k != top_k)
+      return Error("scaled manifest expert_pack.top_k is " + std::to_string(pack_top_k) +
+                   ", model.num_experts_per_token is " + std::to_string(top_k) + ": the manifest was edited")
+          .WithHint("regenerate it with `k3pack manifest`");
+  }
   // 9-10. role types and sizes.
-  K3_RETURN_IF_ERROR(LoadRoles(*ep, ext, active, kimi, &g));
+  std::array<uint64_t, 3> roles_bytes{};
+  K3_RETURN_IF_ERROR(LoadRoles(*ep, ext, active, kimi, &g, &roles_bytes));
   g.space.active_layer_ids = active;
   g.space.num_experts = static_cast<uint32_t>(experts_n);
   g.space.top_k = static_cast<uint32_t>(top_k);
@@ -335,7 +409,7 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   if (g.alignment == 0) return Error("Kimi expert-pack range mismatch at index 0");
   std::string digest;
   std::thread hasher([&] { digest = Sha256Hex(prefix, index_end); });
-  Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, &g);
+  Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, roles_bytes, &g);
   hasher.join();
   K3_RETURN_IF_ERROR(walked);
   // 13. index digest.

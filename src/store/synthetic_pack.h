@@ -82,9 +82,7 @@ class TinyPack {
     m["format"] = std::string(manifest::kManifestFormat);
     m["created_at"] = "2026-01-01T00:00:00+00:00";
     m["sglang_git_sha"] = "test";
-    json hc = manifest::HardConstraintsJson();
-    if (!spec_.kimi_profile) hc["top_k"] = spec_.top_k;
-    m["hard_constraints"] = hc;
+    m["hard_constraints"] = manifest::HardConstraintsJson();  // top_k 16 under every profile, as SGLang writes
     json model;
     model["config_path"] = dir + "/config.json";
     model["config_sha256"] = std::string(64, 'c');

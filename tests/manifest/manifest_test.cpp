@@ -125,6 +125,33 @@ TEST_F(ManifestE2E, ByteIdenticalToPythonReference) {
   }
 }
 
+// Other shapes: one shard and top-2; top-16 with IQ expert types. SGLang's
+// hard_constraints.top_k is the literal 16 on every one of them.
+TEST_F(ManifestE2E, ByteIdenticalOnOtherShapes) {
+  const std::string shapes[] = {"--shards 1 --top-k 2",
+                                "--shards 2 --top-k 16 --expert-types IQ2_XXS,IQ2_XXS,IQ3_XXS"};
+  for (const std::string& shape : shapes) {
+    SCOPED_TRACE(shape);
+    Model sm;
+    sm.gguf_dir = sm.root / "model";
+    std::string log;
+    ASSERT_TRUE(MakeModel(sm.gguf_dir, shape, &log)) << log;
+    sm.config = sm.gguf_dir + "/config.json";
+    sm.tokenizer = sm.gguf_dir + "/tokenizer";
+    sm.pack = sm.root / "shape.expert-major.pack";
+    auto r = RunCmd(PackCmd(sm.gguf_dir, sm.config, sm.pack));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::string out = sm.root / "m.json";
+    r = RunCmd(ManifestCmd(sm, out), false);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::string ours = k3test::ReadFile(out);
+    json doc = json::parse(ours);
+    EXPECT_EQ(doc["hard_constraints"]["top_k"], 16);
+    EXPECT_NE(doc["model"]["num_experts_per_token"], 4);  // not the tiny default: the shape took effect
+    EXPECT_EQ(ours, ReferenceManifest(sm, doc, "--profile scaled"));
+  }
+}
+
 TEST_F(ManifestE2E, FieldsAndTypedReader) {
   const Model& m = *g_model;
   k3test::TempDir dir;
@@ -139,7 +166,12 @@ TEST_F(ManifestE2E, FieldsAndTypedReader) {
   // created_at: Python isoformat, UTC.
   EXPECT_TRUE(mf.created_at.size() == 25 || mf.created_at.size() == 32) << mf.created_at;
   EXPECT_EQ(mf.created_at.substr(mf.created_at.size() - 6), "+00:00");
-  EXPECT_EQ(mf.hard_constraints, k3pack::manifest::HardConstraintsJson(4));
+  // SGLang's literal top_k 16 although this model routes to 4 experts: the
+  // runtime top-k lives in model.num_experts_per_token / expert_pack.top_k.
+  EXPECT_EQ(mf.hard_constraints, k3pack::manifest::HardConstraintsJson());
+  EXPECT_EQ(mf.hard_constraints["top_k"], 16);
+  EXPECT_EQ(mf.model.num_experts_per_token, 4u);
+  EXPECT_EQ(mf.expert_pack.top_k, 4u);
   EXPECT_EQ(mf.model.architecture, "KimiLinearForCausalLM");
   EXPECT_EQ(mf.model.active_moe_layer_ids, (std::vector<uint32_t>{1, 2, 3}));
   EXPECT_EQ(mf.source.shards.size(), 3u);

@@ -241,13 +241,13 @@ def main():
     spec = spec_from_config(config, a.profile)
     source, blobs = scan(a.gguf_dir, a.full_source_hashes)
     pack, layer_roles = pack_section(a.expert_pack, spec, source, blobs, a.payload_samples, a.full_pack_hash)
-    top_k = 16 if a.profile == "kimi-k3" else spec["top_k"]
     manifest = {
         "format": "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1",
         "complete": True,
         "created_at": a.created_at,
         "sglang_git_sha": a.git_sha,
-        "hard_constraints": {"top_k": top_k, "top_k_is_immutable": True, "all_selected_experts_must_execute": True,
+        # SGLang's create_manifest writes the literal 16, whatever the model's top-k.
+        "hard_constraints": {"top_k": 16, "top_k_is_immutable": True, "all_selected_experts_must_execute": True,
                              "expert_pruning_allowed": False, "requantization_allowed": False},
         "model": {
             "config_path": str(config.resolve()),

@@ -95,7 +95,22 @@ TEST_F(PackValidate, HeaderErrors) {
   b = *good_;
   PutU64(b, 32, 0);
   EXPECT_EQ(Check(b), "GGML expert-pack data_start is invalid or unaligned");
-  EXPECT_EQ(Check(good_->substr(0, 40 + N() * 152 - 1)), "GGML expert-pack index is truncated");
+  // Cut inside the index: SGLang's entry checks run first, and entry 0's
+  // payload (at data_start, past the end) is out of range; "truncated" is in
+  // the hint. Only a file cut inside entry 0 gets the truncation text.
+  for (uint64_t cut : {40 + N() * 152 - 1, uint64_t{40 + 152}}) {
+    const std::string e = Check(good_->substr(0, cut));
+    EXPECT_EQ(e.substr(0, e.find('\n')), "expert-pack entry 0 overlaps or is out of range") << cut;
+    EXPECT_NE(e.find("hint: the pack is truncated inside its index: the file is " + std::to_string(cut) + " bytes"),
+              std::string::npos)
+        << e;
+  }
+  std::string cut_entry = good_->substr(0, 40 + 152 * 3);
+  cut_entry[Entry(0) + 1] = 'X';  // entry 0's other checks still come before its range check
+  const std::string named = Check(cut_entry);
+  EXPECT_EQ(named.substr(0, named.find('\n')), "invalid expert tensor name: 'bXk.1.ffn_up_exps.weight'");
+  const std::string e = Check(good_->substr(0, 40 + 100));
+  EXPECT_EQ(e.substr(0, e.find('\n')), "GGML expert-pack index is truncated");
 }
 
 TEST_F(PackValidate, EntryErrors) {

@@ -224,10 +224,12 @@ def torch_dtype_name(arr):
             "float16": "float16", "float32": "float32", "float64": "float64"}[arr.dtype.name]
 
 
-def sglang_nonexpert_weights(manifest_path):
+def sglang_nonexpert_weights(manifest_path, torch_a_log=False):
     """Yields (name, numpy array, torch dtype name) as SGLang's iterator would
     (arrays are copies, like torch.tensor(tensor.data)); raises SGLang's
-    exception types and texts."""
+    exception types and texts. A_log is correctly rounded (log in double,
+    rounded once), or with torch_a_log=True exactly SGLang's
+    torch.log(-torch.tensor(raw))."""
     with open(manifest_path, encoding="utf-8") as f:
         manifest = json.load(f)
     if manifest.get("format") != "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1":
@@ -260,7 +262,12 @@ def sglang_nonexpert_weights(manifest_path):
                         raise ValueError("Kimi-K3 GGUF ssm_a must contain finite floating values")
                     if not np.all(raw < 0):
                         raise ValueError("Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values")
-                    value = np.log(-raw.astype(np.float64)).astype(raw.dtype)
+                    if torch_a_log:
+                        import torch
+
+                        value = torch.log(-torch.tensor(raw)).numpy()
+                    else:
+                        value = np.log(-raw.astype(np.float64)).astype(raw.dtype)
                 elif len(targets) == 2:
                     if raw.ndim != 1:
                         raise ValueError("Kimi-K3 attention-residual score must be a vector, got %r"

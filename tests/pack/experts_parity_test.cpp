@@ -1,0 +1,72 @@
+// Scaled profile: each expert tensor is held to its role's expected type and
+// checked in SGLang's order, so the message names the odd tensor (issue 11.4).
+#include <gtest/gtest.h>
+
+#include "k3pack/pack.h"
+
+namespace k3pack::pack {
+namespace {
+
+constexpr uint32_t kQ2K = 10, kQ3K = 11, kQ4K = 12;
+
+kimi::ModelSpec Spec3() {
+  kimi::ModelSpec s;
+  s.num_hidden_layers = 4;
+  s.first_k_dense_replace = 1;
+  s.num_experts = 4;
+  s.top_k = 2;
+  s.routed_expert_hidden_size = 256;
+  s.moe_intermediate_size = 512;
+  s.active_moe_layer_ids = {1, 2, 3};
+  s.profile = kimi::Profile::kScaled;
+  return s;
+}
+
+uint64_t Bytes(uint32_t type) {
+  const uint64_t blocks = 256ull * 512 / 256 * 4;
+  return blocks * (type == kQ2K ? 84 : type == kQ3K ? 110 : 144);
+}
+
+// (up, gate, down) type of every layer, in layer order 1..3.
+std::vector<SourceTensor> Tensors(const std::vector<std::array<uint32_t, 3>>& types) {
+  std::vector<SourceTensor> v;
+  for (uint32_t l = 1; l <= 3; ++l) {
+    const auto& t = types[l - 1];
+    const std::string p = "blk." + std::to_string(l) + ".ffn_";
+    v.push_back({p + "up_exps.weight", {256, 512, 4}, t[0], 0, 0, Bytes(t[0])});
+    v.push_back({p + "gate_exps.weight", {256, 512, 4}, t[1], 0, 0, Bytes(t[1])});
+    v.push_back({p + "down_exps.weight", {512, 256, 4}, t[2], 0, 0, Bytes(t[2])});
+  }
+  return v;
+}
+
+std::string FirstLine(const std::vector<SourceTensor>& t) {
+  auto r = CollectExperts(t, {"/x/a-00001-of-00001.gguf"}, Spec3());
+  if (r.ok()) return "OK";
+  const std::string& m = r.error().message();
+  return m.substr(0, m.find('\n'));
+}
+
+TEST(PackExpertsParity, TheOddTensorIsNamed) {
+  // Layer 1's up is the odd one; its gate is healthy.
+  EXPECT_EQ(FirstLine(Tensors({{kQ4K, kQ2K, kQ3K}, {kQ2K, kQ2K, kQ3K}, {kQ2K, kQ2K, kQ3K}})),
+            "unexpected expert dtype for (1, 'up'): Q4_K");
+  EXPECT_EQ(FirstLine(Tensors({{kQ2K, kQ4K, kQ3K}, {kQ2K, kQ2K, kQ3K}, {kQ2K, kQ2K, kQ3K}})),
+            "unexpected expert dtype for (1, 'gate'): Q4_K");
+  EXPECT_EQ(FirstLine(Tensors({{kQ2K, kQ2K, kQ4K}, {kQ2K, kQ2K, kQ3K}, {kQ2K, kQ2K, kQ3K}})),
+            "unexpected expert dtype for (1, 'down'): Q4_K");
+  // Consistent non-K3 types are fine under scaled.
+  EXPECT_EQ(FirstLine(Tensors({{kQ4K, kQ4K, kQ3K}, {kQ4K, kQ4K, kQ3K}, {kQ4K, kQ4K, kQ3K}})), "OK");
+}
+
+TEST(PackExpertsParity, ExpectedTypesPerRole) {
+  // Up and gate vote together; ties go to the earliest layer's type.
+  EXPECT_EQ(ExpectedScaledExpertTypes({{kQ4K, kQ2K, kQ3K}, {kQ2K, kQ2K, kQ3K}}),
+            (std::array<uint32_t, 3>{kQ2K, kQ2K, kQ3K}));
+  EXPECT_EQ(ExpectedScaledExpertTypes({{kQ4K, kQ2K, kQ3K}}), (std::array<uint32_t, 3>{kQ4K, kQ4K, kQ3K}));
+  EXPECT_EQ(ExpectedScaledExpertTypes({{kQ2K, kQ2K, kQ4K}, {kQ2K, kQ2K, kQ3K}}),
+            (std::array<uint32_t, 3>{kQ2K, kQ2K, kQ4K}));
+}
+
+}  // namespace
+}  // namespace k3pack::pack
