@@ -52,7 +52,7 @@ Result<Values> ParseValues(const Args& args) {
   return v;
 }
 
-// What doctor reports as errors SGLang raises on (e.g. BF16 matrices): a
+// What doctor reports as errors (SGLang refuses or mis-loads; e.g. BF16 matrices): a
 // pack of such a checkpoint builds fine and then fails at server start, so
 // building it is refused unless --allow-unsupported. Value checks are left to
 // `k3pack doctor` (they read every small tensor).
@@ -65,13 +65,13 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   const doctor::Report report = doctor::Diagnose({where}, dopt);
   std::vector<const doctor::Finding*> fatal;
   for (const auto& f : report.findings) {
-    if (f.severity == doctor::Severity::kError && !f.sglang_exception.empty()) fatal.push_back(&f);
+    if (f.severity == doctor::Severity::kError) fatal.push_back(&f);
   }
   if (fatal.empty()) return Status::OK();
   const doctor::Finding& first = *fatal.front();
   return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +
-               " error(s); first: [" + first.code + "] " + first.object + ": " + first.sglang_exception + ": " +
-               first.sglang_error)
+               " error(s); first: [" + first.code + "] " + first.object + ": " + first.message +
+               (first.sglang_error.empty() ? "" : " (SGLang: " + first.sglang_error + ")"))
       .WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
                 "--allow-unsupported to build the pack anyway");
 }

@@ -60,7 +60,9 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
                                    {"--pack (its .digests)", pack::DigestsPathFor(o.expert_pack)}};
   for (auto& f : FilesIn("a --tokenizer-dir file", o.tokenizer_dir)) inputs.push_back(std::move(f));
   if (std::filesystem::is_directory(o.gguf_dir)) {
-    for (auto& f : FilesIn("a file in --gguf-dir", o.gguf_dir)) inputs.push_back(std::move(f));
+    for (auto& f : FilesIn("a shard in --gguf-dir", o.gguf_dir)) {
+      if (std::filesystem::path(f.path).extension() == ".gguf") inputs.push_back(std::move(f));
+    }
   } else {
     inputs.push_back({"--gguf-dir", o.gguf_dir});
   }

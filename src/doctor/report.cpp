@@ -147,8 +147,13 @@ std::string Report::ToText() const {
       os << group.size() << " objects, first " << std::min(kShown, group.size()) << ":";
       for (size_t k = 0; k < group.size() && k < kShown; ++k) os << (k ? ", " : " ") << group[k]->object;
       os << "\n";
+      std::vector<std::string> shown;  // distinct texts only: "stored as BF16" once, not five times
       for (size_t k = 0; k < group.size() && k < kShown; ++k) {
-        if (!group[k]->message.empty()) os << "  found:   " << group[k]->message << "\n";
+        const std::string& msg = group[k]->message;
+        if (!msg.empty() && std::find(shown.begin(), shown.end(), msg) == shown.end()) {
+          shown.push_back(msg);
+          os << "  found:   " << msg << "\n";
+        }
       }
       if (group.size() > kShown) os << "  ...      " << group.size() - kShown << " more (all listed by --json)\n";
     }
