@@ -128,7 +128,7 @@ int RunLoad(const std::vector<std::string>& argv) {
   }
   auto t0 = std::chrono::steady_clock::now();
   auto stream = loader::NonExpertStream::Open(args.Get("--manifest"), opts);
-  if (!stream.ok()) return ReportError("load", stream.error());
+  if (!stream.ok()) return ReportError("load", WithMovedModelHint(stream.error(), args.Get("--manifest")));
 
   std::map<std::string, uint64_t> by_kind, by_dtype;
   uint64_t checksum = 0, bytes = 0;

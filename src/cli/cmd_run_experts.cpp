@@ -80,7 +80,7 @@ int RunExperts(const std::vector<std::string>& argv) {
     gguf_path = m->source.shards.front().path;
   }
   auto source = gguf::ShardSet::Open(gguf_path);
-  if (!source.ok()) return ReportError("run-experts", source.error());
+  if (!source.ok()) return ReportError("run-experts", WithMovedModelHint(source.error(), a.Get("--manifest")));
 
   store::StoreOptions so;
   so.cache_bytes = static_cast<uint64_t>(*mib) << 20;
@@ -88,7 +88,7 @@ int RunExperts(const std::vector<std::string>& argv) {
   so.direct_io = a.Has("--direct");
   const std::string pack_path = a.Has("--pack") ? a.Get("--pack") : m->expert_pack.path;
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
-  if (!st.ok()) return ReportError("run-experts", st.error());
+  if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));
 
   std::vector<uint32_t> layers;
   const auto& active = (*st)->info().active_layer_ids;

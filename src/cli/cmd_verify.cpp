@@ -69,7 +69,7 @@ int RunVerify(const std::vector<std::string>& argv) {
                                    "`k3pack pack --repair-damaged --gguf-dir " + dir + " --model-config CONFIG --pack " +
                                    pack + "` (or rerun `k3pack build` with --restart)"));
     }
-    return ReportError(kCmd, r.error());
+    return ReportError(kCmd, WithMovedModelHint(r.error(), args.Get("--manifest")));
   }
   const auto& j = *r;
   if (args.Has("--json")) {

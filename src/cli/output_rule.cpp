@@ -14,7 +14,9 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec) {
   const fs::file_status st = fs::symlink_status(spec.path, ec);
   const bool exists = fs::exists(st);
   const bool empty_dir = exists && fs::is_directory(st) && fs::is_empty(spec.path, ec);
-  if (spec.has_partial && !(exists && !spec.directory)) return OutputAction::kResume;
+  // A checkpointed partial wins even over a finished-looking output: a build
+  // killed between the final rename and its last steps must finish them.
+  if (spec.has_partial) return OutputAction::kResume;
   if (!exists || (spec.directory && empty_dir)) return OutputAction::kWrite;
   if (spec.directory && !fs::is_directory(st)) {
     return Error(spec.option + " " + spec.path + " is a file, not a directory", ErrorKind::kFileExists)

@@ -58,7 +58,12 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool allow_m
   auto action = DecideOutput(spec);
   if (!action.ok()) {
     if (!plan.invalid_reason.empty()) {
-      return Error(action.error().message() + "\n(" + plan.invalid_reason + ")", action.error().kind());
+      // The validator's text says what is wrong with it; the hint what to do.
+      return Error("refusing to overwrite existing " + out + " (--pack): it is not a valid pack of these shards: " +
+                       plan.invalid_reason,
+                   ErrorKind::kFileExists)
+          .WithHint("pass --force to rebuild it, --repair-damaged (pack) or --restart (build) when only payloads "
+                    "are damaged, or another --pack path");
     }
     return action.error();
   }

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3pack/manifest.h"
 #include "util/file.h"
 
 namespace k3pack::cli {
@@ -137,12 +138,15 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
 }
 
 Status CheckOutputWritable(const std::string& option, const std::string& path) {
+  // The writers create missing directories: what must be writable is the
+  // nearest one that exists.
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   std::error_code ec;
+  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
   if (!fs::is_directory(dir, ec)) {
-    return Error(option + " " + path + ": directory " + dir.string() + " does not exist", ErrorKind::kFileNotFound)
-        .WithHint("create it, or pass " + option + " in an existing directory");
+    return Error(option + " " + path + ": " + dir.string() + " is not a directory", ErrorKind::kFileExists)
+        .WithHint("pass " + option + " in a directory");
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     const int err = errno;
@@ -185,6 +189,21 @@ Status CheckInputExists(const std::string& option, const std::string& path, cons
   std::string list = "found beside it:";
   for (const auto& f : found) list += "\n  " + f;
   return e.WithHint(list);
+}
+
+Error WithMovedModelHint(const Error& e, const std::string& manifest_path) {
+  if (e.message().find("\nhint:") != std::string::npos) return e;
+  auto m = manifest::ReadManifest(manifest_path);
+  if (!m.ok()) return e;
+  std::vector<std::string> gone;
+  if (!PathExists(m->expert_pack.path)) gone.push_back(m->expert_pack.path);
+  for (const auto& s : m->source.shards) {
+    if (!PathExists(s.path)) gone.push_back(s.path);
+  }
+  if (gone.empty()) return e;
+  return e.WithHint(std::to_string(gone.size()) + " file(s) the manifest records are gone (first: " + gone.front() +
+                    "); if the model directory was moved or renamed, rerun `k3pack build` in its new place to write "
+                    "a new manifest (a valid pack there is reused)");
 }
 
 std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir) {

@@ -31,8 +31,9 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir);
 // names that folder and the --gguf-dir to pass.
 Status CheckGgufDir(const std::string& option, const std::string& path);
 
-// The directory an output is written in exists and is writable (a read-only
-// model directory is reported with the option to pass elsewhere).
+// The directory an output is written in (or its nearest existing ancestor,
+// the writers create the rest) is writable; a read-only model directory is
+// reported with the option to pass elsewhere.
 Status CheckOutputWritable(const std::string& option, const std::string& path);
 
 // No output path is one of the inputs (same file by inode, or the same path
@@ -42,6 +43,11 @@ Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std
 // An input file/dir named by `option` exists; when it does not, the error
 // lists the candidates found beside it (names ending in `suffix`).
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix);
+
+// `e` from a command that reads what a manifest records: when files the
+// manifest names (pack, shards) are gone, as after moving the model directory,
+// adds a hint saying so and to rerun `k3pack build` (unless `e` has a hint).
+Error WithMovedModelHint(const Error& e, const std::string& manifest_path);
 
 // Every regular file in `dir` (one level), as NamedPaths labelled `label`.
 std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);

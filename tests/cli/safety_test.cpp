@@ -405,6 +405,21 @@ TEST(Errors, UnslothQuantSubfolderNamesTheDirToPass) {
   EXPECT_EQ(Snapshot(d), before);
 }
 
+TEST(Errors, MovedModelDirSaysRerunBuild) {
+  const std::string m = FreshModel("err-moved"), moved = Root() + "/err-moved-elsewhere";
+  ASSERT_EQ(Build(m).code, 0);
+  fs::remove_all(moved);
+  fs::rename(m, moved);
+  const auto before = Snapshot(moved);
+  for (const std::string cmd : {"verify", "load", "run-experts"}) {
+    CliRun r = Cli(cmd + " --manifest " + Q(moved + "/" + kManifestName));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "the manifest records are gone (first: " + m + "/")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "rerun `k3pack build` in its new place")) << r.out;
+  }
+  EXPECT_EQ(Snapshot(moved), before);
+}
+
 TEST(Errors, RunExpertsLayerThatIsNotRouted) {
   const std::string m = FreshModel("err-layer");
   ASSERT_EQ(Build(m).code, 0);
