@@ -155,7 +155,7 @@ int RunLoad(const std::vector<std::string>& argv) {
     }
     return Status::OK();
   });
-  if (!st.ok()) return ReportError("load", st.error());
+  if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();
   const double gbps = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0;

@@ -128,7 +128,8 @@ TEST(OverwriteRule, PackOverAForeignFileIsRefused) {
   CliRun r = Pack(m, "--pack " + Q(mine));
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + mine + " (--pack)")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "hint: pass --force to replace it, or another --pack path")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass --force to rebuild it")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "or another --pack path")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
 }
 
