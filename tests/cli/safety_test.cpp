@@ -4,6 +4,8 @@
 // partial was published.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -419,6 +421,37 @@ TEST(Errors, MovedModelDirSaysRerunBuild) {
     EXPECT_TRUE(Contains(r.out, "rerun `k3pack build` in its new place")) << r.out;
   }
   EXPECT_EQ(Snapshot(moved), before);
+}
+
+TEST(Errors, ReadOnlyModelDirSaysPassPackElsewhere) {
+  // Root may write anywhere: run the binary as nobody on a 0555 model dir.
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv")) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("err-ro");
+  fs::permissions(Root(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                              fs::perms::others_read | fs::perms::others_exec);
+  for (const auto& e : fs::recursive_directory_iterator(m)) {
+    fs::permissions(e.path(), fs::perms::others_read | fs::perms::group_read, fs::perm_options::add);
+    if (e.is_directory()) fs::permissions(e.path(), fs::perms::others_exec, fs::perm_options::add);
+  }
+  fs::permissions(m, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                         fs::perms::others_read | fs::perms::others_exec);
+  const auto before = Snapshot(m);
+  const std::string cmd = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups " + std::string(K3PACK_BIN) +
+                          " build " + Q(m) + " --progress none --model-config " + Q(m + "/config.json") +
+                          " --tokenizer-dir " + Q(m + "/tokenizer") + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = ::pclose(f);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_TRUE(Contains(out, "--pack " + m + "/" + kPackName + ": cannot write in " + m)) << out;
+  EXPECT_TRUE(Contains(out, "hint: the directory is read-only for you; pass --pack elsewhere")) << out;
+  fs::permissions(m, fs::perms::owner_all, fs::perm_options::add);
+  EXPECT_EQ(Snapshot(m), before);
+  ExpectNothingPublished(m);
 }
 
 TEST(Errors, RunExpertsLayerThatIsNotRouted) {
