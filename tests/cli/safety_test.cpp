@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
+#include "util/file.h"
 
 namespace k3cli {
 namespace {
@@ -461,6 +462,23 @@ TEST(Errors, RunExpertsLayerThatIsNotRouted) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(Contains(r.out, "--layer 0 is not a routed MoE layer")) << r.out;
   EXPECT_TRUE(Contains(r.out, "routed layers are 1..3")) << r.out;
+}
+
+}  // namespace
+}  // namespace k3cli
+
+namespace k3cli {
+namespace {
+
+// Item 9: errors name the user's path, not the writer's temporary file.
+TEST(Errors, AtomicWriteErrorsNameTheUsersPath) {
+  const std::string file = Root() + "/plain-file";
+  std::ofstream(file) << "x";
+  const std::string target = file + "/m.json";  // its "directory" is a file
+  k3pack::Status st = k3pack::WriteFileAtomic(target, "{}");
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(Contains(st.error().message(), "cannot write " + target)) << st.error().message();
+  EXPECT_FALSE(Contains(st.error().message(), ".tmp")) << st.error().message();
 }
 
 }  // namespace
