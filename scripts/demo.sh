@@ -25,28 +25,28 @@ fi
 
 say "4. build the expert pack + SGLang adapter manifest (resumable, verified)"
 "$K3" build --gguf-dir "$MODEL" --model-config "$MODEL/config.json" --tokenizer-dir "$MODEL/tokenizer" \
-  --profile scaled --manifest "$OUT/kimi-k3.manifest.json" --progress none
+  --profile scaled --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --progress none
 ls -l "$MODEL"/*.pack* "$OUT"/*.json
 
 say "5. verify every expert payload against the digest sidecar and the GGUF source"
-"$K3" verify --manifest "$OUT/kimi-k3.manifest.json" --full --against-source
+"$K3" verify --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --full --against-source
 
 if has load; then
   say "6. stream the non-routed weights with SGLang's names and transforms"
-  "$K3" load --manifest "$OUT/kimi-k3.manifest.json" --summary
+  "$K3" load --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --summary
 fi
 
 if has run-experts; then
   say "7. one routed-expert block through the store, checked against the GGUF source"
-  "$K3" run-experts --manifest "$OUT/kimi-k3.manifest.json" --layer 1 --tokens 4
+  "$K3" run-experts --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --layer 1 --tokens 4
 fi
 
 if has trace; then
   say "8. replay a routing trace against the pack through the expert store"
-  "$K3" trace gen --manifest "$OUT/kimi-k3.manifest.json" --requests 2 --prompt-tokens 8 --decode-tokens 24 --seed 1 --out "$OUT/trace.k3t"
-  "$K3" trace replay --manifest "$OUT/kimi-k3.manifest.json" --trace "$OUT/trace.k3t" --cache-mib 4 \
+  "$K3" trace gen --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --requests 2 --prompt-tokens 8 --decode-tokens 24 --seed 1 --trace "$OUT/trace.k3t"
+  "$K3" trace replay --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --trace "$OUT/trace.k3t" --cache-mib 4 \
     --policy reuse-lfu-lru-v2 --io uring
-  "$K3" trace sweep --manifest "$OUT/kimi-k3.manifest.json" --trace "$OUT/trace.k3t" --sizes 4,6,8,12,16,24 --svg "$OUT/hit-rate.svg"
+  "$K3" trace sweep --manifest "$OUT/kimi-k3-expert-pack.manifest.json" --trace "$OUT/trace.k3t" --sizes 4,6,8,12,16,24 --svg "$OUT/hit-rate.svg"
   echo "plot: $OUT/hit-rate.svg"
 fi
 

@@ -1,16 +1,23 @@
 // k3pack build: the whole preparation in one command, GGUF shards ->
 // expert pack -> adapter manifest (what SGLang's server start-up runs as two
-// tools). An existing valid pack is reused; an interrupted build resumes.
+// tools). A valid pack without its manifest is reused; an interrupted build
+// resumes; the overwrite rule (output_rule.h) covers pack and manifest.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/pack_plan.h"
+#include "cli/preflight.h"
+#include "cli/profile.h"
+#include "k3pack/doctor.h"
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "manifest/pyjson.h"
 #include "pack/progress.h"
+#include "pack/repair_damaged.h"
 #include "util/file.h"
 
 namespace k3pack::cli {
@@ -25,68 +32,143 @@ void Say(bool json, const std::string& s) {
   }
 }
 
-Result<nlohmann::json> Run(const Args& args) {
-  const bool json = args.Has("--json");
-  K3_ASSIGN_OR_RETURN(kimi::Profile profile, kimi::ParseProfile(args.Get("--profile")));
-  K3_ASSIGN_OR_RETURN(int64_t samples, args.GetInt("--payload-samples"));
-  if (samples < 0) return Error("--payload-samples must be non-negative");
-  K3_ASSIGN_OR_RETURN(double margin, args.GetDouble("--safety-margin-gib"));
-  if (margin < 0) return Error("--safety-margin-gib must be non-negative");
-  K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  K3_ASSIGN_OR_RETURN(int threads, ParseCopyThreads(args));
+// Option values (a bad one is a usage error, exit 2).
+struct Values {
+  int64_t samples = 0;
+  double margin = 0;
+  pack::ProgressMode mode{};
+  int threads = 0;
+};
 
-  // Pack: same checks as `k3pack pack`.
-  pack::CollectOptions copts;
-  copts.allow_mixed_types = profile == kimi::Profile::kScaled;
-  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(args.Get("--gguf-dir"),
-                                                                            args.Get("--model-config"), profile, copts));
-  std::string out = args.Get("--out");
-  if (out.empty()) {
-    K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
+Result<Values> ParseValues(const Args& args) {
+  Values v;
+  if (args.Has("--profile")) K3_RETURN_IF_ERROR(kimi::ParseProfile(args.Get("--profile")).status());
+  K3_ASSIGN_OR_RETURN(v.samples, args.GetInt("--payload-samples"));
+  if (v.samples < 0) return Error("--payload-samples must be non-negative");
+  K3_ASSIGN_OR_RETURN(v.margin, args.GetDouble("--safety-margin-gib"));
+  if (v.margin < 0) return Error("--safety-margin-gib must be non-negative");
+  K3_ASSIGN_OR_RETURN(v.mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
+  K3_ASSIGN_OR_RETURN(v.threads, ParseCopyThreads(args));
+  return v;
+}
+
+// What doctor reports as errors (SGLang refuses or mis-loads; e.g. BF16 matrices): a
+// pack of such a checkpoint builds fine and then fails at server start, so
+// building it is refused unless --allow-unsupported. Value checks are left to
+// `k3pack doctor` (they read every small tensor).
+Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
+  doctor::DiagnoseOptions dopt;
+  dopt.profile = plan.profile;
+  dopt.config_path = args.Get("--model-config");
+  dopt.check_values = false;
+  const std::string where = plan.experts.shard_paths.front();
+  const doctor::Report report = doctor::Diagnose({where}, dopt);
+  std::vector<const doctor::Finding*> fatal;
+  for (const auto& f : report.findings) {
+    if (f.severity == doctor::Severity::kError) fatal.push_back(&f);
+  }
+  if (fatal.empty()) return Status::OK();
+  const doctor::Finding& first = *fatal.front();
+  return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +
+               " error(s); first: [" + first.code + "] " + first.object + ": " + first.message +
+               (first.sglang_error.empty() ? "" : " (SGLang: " + first.sglang_error + ")"))
+      .WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
+                "--allow-unsupported to build the pack anyway");
+}
+
+// An existing manifest is the finished output of this build when it reads
+// back and records this very pack (path, size, index digest).
+bool ManifestRecordsPack(const std::string& manifest_path, const nlohmann::json& section) {
+  auto m = manifest::ReadManifest(manifest_path);
+  if (!m.ok() || !m->complete || section.is_null()) return false;
+  return m->expert_pack.path == section.value("path", std::string()) &&
+         m->expert_pack.size == section.value("size", uint64_t{0}) &&
+         m->expert_pack.index_sha256 == section.value("index_sha256", std::string());
+}
+
+Result<nlohmann::json> Run(const Args& args, const Values& v) {
+  const bool json = args.Has("--json");
+  const std::string tokenizer_dir = args.Get("--tokenizer-dir");
+  // Preflight, before a byte is copied: tokenizer, config, shards, outputs.
+  K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", tokenizer_dir));
+  // --restart with a finished pack: check every payload and repair what is
+  // damaged (never silently reuse a corrupt pack).
+  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, /*allow_mixed_types=*/false, /*allow_mixed_when_scaled=*/true,
+                                              /*repair_existing=*/args.Has("--restart")));
+  const kimi::Profile profile = plan.profile;
+  const pack::ExpertSet& experts = plan.experts;
+  const std::string out = plan.pack;
+  if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
+  std::string manifest_path = args.Get("--manifest");
+  if (manifest_path.empty()) {
+    manifest_path = (std::filesystem::path(out).parent_path() / kDefaultManifestName).string();
+  }
+  std::vector<NamedPath> inputs = plan.inputs;
+  for (auto& f : FilesIn("a --tokenizer-dir file", tokenizer_dir)) inputs.push_back(std::move(f));
+  inputs.push_back({"--pack", out});
+  inputs.push_back({"--pack (its .digests)", pack::DigestsPathFor(out)});
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", manifest_path}}, inputs));
+  K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", manifest_path));
+  OutputSpec mspec;
+  mspec.option = "--manifest";
+  mspec.path = manifest_path;
+  mspec.force = args.Has("--force");
+  mspec.is_finished = [&]() -> Result<bool> {
+    return plan.action == OutputAction::kAlreadyBuilt && ManifestRecordsPack(manifest_path, plan.valid_section);
+  };
+  // --restart replaces the manifest of the pack it re-checks.
+  if (plan.repair && PathExists(manifest_path)) {
+    auto old = manifest::ReadManifest(manifest_path);
+    if (old.ok()) mspec.force = true;
+  }
+  mspec.why_refused = "it is not the manifest of this pack";
+  K3_ASSIGN_OR_RETURN(OutputAction maction, DecideOutput(mspec));
+  if (maction == OutputAction::kAlreadyBuilt) {
+    return nlohmann::json{{"already_built", true}, {"manifest", manifest_path}, {"pack", out}};
   }
 
   bool reused = false;
   pack::BuildResult built;
-  if (PathExists(out)) {
-    pack::ValidateOptions vopts;
-    vopts.payload_samples = 6;
-    auto valid = pack::ValidatePack(out, experts, vopts);
-    if (!valid.ok()) {
-      return Error("EXPERT_PACK_INVALID path=" + out + " detail=" + valid.error().message())
-          .WithHint("remove it (or pass another --out) to rebuild");
-    }
-    Say(json, "EXPERT_PACK_VALID path=" + out + " entries=" + (*valid)["index_count"].dump() +
-                  " size=" + (*valid)["size"].dump() + " samples=" + (*valid)["payload_samples_verified"].dump());
+  std::vector<std::string> repaired;
+  if (plan.repair) {
+    K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
+                        pack::RepairDamagedPayloads(out, experts, pack::MakeProgressPrinter(v.mode)));
+    for (const auto& w : rep.repaired) Say(json, "rewrote " + w + " from the source");
+    Say(json, "EXPERT_PACK_CHECKED path=" + out + " entries=" + std::to_string(rep.entries_checked) +
+                  " damaged_rewritten=" + std::to_string(rep.repaired.size()));
+    repaired = rep.repaired;
+    reused = true;
+  } else if (plan.action == OutputAction::kAlreadyBuilt) {
+    const nlohmann::json& valid = plan.valid_section;
+    Say(json, "EXPERT_PACK_VALID path=" + out + " entries=" + valid["index_count"].dump() +
+                  " size=" + valid["size"].dump() + " samples=" + valid["payload_samples_verified"].dump());
     reused = true;
   } else {
+    if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
     pack::BuildOptions bopts;
     bopts.out_path = out;
-    bopts.safety_margin_gib = margin;
+    bopts.safety_margin_gib = v.margin;
     bopts.restart = args.Has("--restart");
-    bopts.threads = threads;
-    bopts.progress = pack::MakeProgressPrinter(mode);
+    bopts.threads = v.threads;
+    bopts.progress = pack::MakeProgressPrinter(v.mode);
     bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
     K3_ASSIGN_OR_RETURN(built, pack::BuildPack(experts, bopts));
   }
 
   // Manifest.
-  std::string manifest_path = args.Get("--manifest");
-  if (manifest_path.empty()) {
-    manifest_path = (std::filesystem::path(out).parent_path() / "kimi-k3-expert-pack.manifest.json").string();
-  }
   manifest::CreateOptions mo;
   mo.gguf_dir = args.Get("--gguf-dir");
   mo.expert_pack = out;
   mo.model_config = args.Get("--model-config");
-  mo.tokenizer_dir = args.Get("--tokenizer-dir");
-  mo.payload_samples = samples;
+  mo.tokenizer_dir = tokenizer_dir;
+  mo.payload_samples = v.samples;
   mo.full_source_hashes = args.Has("--full-source-hashes");
   mo.full_pack_hash = args.Has("--full-pack-hash");
   mo.profile = profile;
-  if (mode != pack::ProgressMode::kNone) {
+  if (v.mode != pack::ProgressMode::kNone) {
     mo.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
-    mo.pack_progress = pack::MakeProgressPrinter(mode);
+    mo.pack_progress = pack::MakeProgressPrinter(v.mode);
   }
   if (std::filesystem::is_directory(mo.gguf_dir) == false) {
     mo.gguf_dir = std::filesystem::path(experts.shard_paths.front()).parent_path().string();  // a shard path was given
@@ -98,6 +180,7 @@ Result<nlohmann::json> Run(const Args& args) {
   summary["pack"] = m["expert_pack"]["path"];
   summary["pack_size"] = m["expert_pack"]["size"];
   summary["pack_reused"] = reused;
+  if (plan.repair) summary["damaged_rewritten"] = repaired;
   summary["profile"] = kimi::ProfileName(profile);
   if (!reused) {
     summary["pack_seconds"] = built.seconds;
@@ -108,25 +191,46 @@ Result<nlohmann::json> Run(const Args& args) {
 }
 
 int RunBuild(const std::vector<std::string>& argv) {
-  Args args(kCmd, "--gguf-dir DIR --model-config CONFIG --tokenizer-dir TOK [--out PACK] [--manifest M.json] [options]",
+  Args args(kCmd,
+            "[--gguf-dir] DIR --model-config CONFIG --tokenizer-dir TOK [--pack PACK] [--manifest M.json] [options]",
             "Build the expert pack (resumable) and then write the SGLang adapter manifest, in one command.\n"
-            "An existing pack at --out is validated and reused.");
+            "Everything is checked before a byte is copied. An interrupted build resumes; a finished pack with its\n"
+            "manifest is reported as already built; anything else at the output paths is refused without --force.");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards", std::nullopt, true)
+      .PositionalAsOption("--gguf-dir")
       .Option("--model-config", "HF config.json of the model", std::nullopt, true)
       .Option("--tokenizer-dir", "tokenizer/config directory the server loads", std::nullopt, true)
-      .Option("--out", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
-      .Option("--manifest", "manifest path (default: kimi-k3-expert-pack.manifest.json beside the pack)", "")
-      .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
+      .Option("--pack", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
+      .Deprecated("--out", "--pack")
+      .Option("--manifest", std::string("manifest path (default: ") + kDefaultManifestName + " beside the pack)", "")
       .Option("--payload-samples", "pack entries byte-compared with GGUF for the manifest", "6")
       .Flag("--full-source-hashes", "record the SHA-256 of every whole shard")
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")
-      .Flag("--json", "print only the result as JSON");
+      .Flag("--allow-unsupported", "build even when doctor finds errors SGLang raises on (e.g. BF16 matrices)")
+      .Flag("--json", "print only the result as JSON (otherwise text)");
+  AddProfileOption(args);
+  AddForceFlag(args, "pack and manifest");
   AddCopyOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  auto r = Run(args);
+  auto v = ParseValues(args);
+  if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
+  auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error());
-  std::cout << manifest::PyJsonDumps(*r, manifest::PyJsonStyle::kIndent2Ascii) << "\n";
+  const nlohmann::json& j = *r;
+  if (j.contains("already_built")) {
+    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"));
+    return kExitOk;
+  }
+  if (args.Has("--json")) {
+    std::cout << manifest::PyJsonDumps(j, manifest::PyJsonStyle::kIndent2Ascii) << "\n";
+  } else {
+    std::printf("EXPERT_PACK_READY path=%s size=%s%s\n", j["pack"].get<std::string>().c_str(),
+                j["pack_size"].dump().c_str(), j["pack_reused"].get<bool>() ? " (reused)" : "");
+    std::printf("MANIFEST_READY path=%s profile=%s entries=%s payload_samples_verified=%s\n",
+                j["manifest"].get<std::string>().c_str(), j["profile"].get<std::string>().c_str(),
+                j["pack_entries"].dump().c_str(), j["payload_samples_verified"].dump().c_str());
+  }
   return 0;
 }
 

@@ -3,29 +3,33 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/profile.h"
 #include "k3pack/doctor.h"
 
 namespace {
 
 int RunDoctor(const std::vector<std::string>& argv) {
   k3pack::cli::Args args(
-      "doctor", "PATH... [--json] [--profile kimi-k3|scaled] [--config FILE] [--no-values]",
+      "doctor", "PATH... [--json] [--profile kimi-k3|scaled] [--model-config FILE] [--no-values]",
       "Diagnoses Kimi-K3 GGUF shard sets (a shard, a shard directory or a manifest JSON) and reports\n"
       "every problem found: severity, code, object, the SGLang error it would cause, what it means and\n"
       "how to fix it. Exit code: 0 healthy, 1 problems found, 2 unusable input.");
   args.Positional("PATH", "GGUF shard, directory of shards, or *.manifest.json", 1, -1)
       .Flag("--json", "print the report as JSON (schema k3pack-doctor-v1, see docs)")
-      .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
-      .Option("--config", "config.json to check against (default: config.json beside the shards)")
+      .Option("--model-config", "config.json to check against (default: config.json beside the shards)")
+      .Deprecated("--config", "--model-config")
       .Flag("--no-values", "skip the tensor value checks (ssm_a, residual scores, NaN scan)");
+  k3pack::cli::AddProfileOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  auto profile = k3pack::kimi::ParseProfile(args.Get("--profile"));
-  if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), 2);
+  // Scaled manifests and synthetic models record their profile: checking them
+  // against the full-size invariants would report false errors.
+  auto profile = k3pack::cli::ResolveProfile(args, args.positionals());
+  if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), k3pack::cli::kExitUsage);
 
   k3pack::doctor::DiagnoseOptions opt;
   opt.profile = *profile;
-  opt.config_path = args.Get("--config");
+  opt.config_path = args.Get("--model-config");
   opt.check_values = !args.Has("--no-values");
   if (k3pack::cli::StderrIsTty() && !args.Has("--json")) {
     opt.progress = [](const std::string& s) { std::cerr << s << "\n"; };

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/preflight.h"
 #include "k3pack/loader.h"
 #include "loader/npy.h"
 
@@ -78,7 +80,8 @@ int RunLoad(const std::vector<std::string>& argv) {
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
   args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
       .Flag("--summary", "print a summary (the default)")
-      .Option("--dump", "write every emitted tensor to DIR/<name>.npy")
+      .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR)")
+      .Flag("--force", "with --dump: write into a non-empty DIR (files of the same name are replaced)")
       .Flag("--json", "print the summary as JSON")
       .Flag("--list", "also list every emitted tensor (name, dtype, shape, kind)")
       .Flag("--verify-metadata",
@@ -101,7 +104,17 @@ int RunLoad(const std::vector<std::string>& argv) {
   const bool read_bytes = !args.Has("--no-read");
   const std::string dump_dir = args.Get("--dump");
   const bool progress = !args.Has("--quiet");
+  if (Status e = CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"); !e.ok()) {
+    return ReportError("load", e.error());
+  }
   if (!dump_dir.empty()) {
+    OutputSpec spec;
+    spec.option = "--dump";
+    spec.path = dump_dir;
+    spec.directory = true;
+    spec.force = args.Has("--force");
+    auto action = DecideOutput(spec);
+    if (!action.ok()) return ReportError("load", action.error());
     std::error_code ec;
     std::filesystem::create_directories(dump_dir, ec);
     if (ec) return ReportError("load", Error("cannot create dump directory " + dump_dir + ": " + ec.message()));
@@ -119,7 +132,7 @@ int RunLoad(const std::vector<std::string>& argv) {
   }
   auto t0 = std::chrono::steady_clock::now();
   auto stream = loader::NonExpertStream::Open(args.Get("--manifest"), opts);
-  if (!stream.ok()) return ReportError("load", stream.error());
+  if (!stream.ok()) return ReportError("load", WithMovedModelHint(stream.error(), args.Get("--manifest")));
 
   std::map<std::string, uint64_t> by_kind, by_dtype;
   uint64_t checksum = 0, bytes = 0;
@@ -146,7 +159,7 @@ int RunLoad(const std::vector<std::string>& argv) {
     }
     return Status::OK();
   });
-  if (!st.ok()) return ReportError("load", st.error());
+  if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();
   const double gbps = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0;

@@ -2,10 +2,16 @@
 // validates the expert pack, inventories the tokenizer and writes the
 // SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1 manifest atomically.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/pack_plan.h"
+#include "cli/preflight.h"
+#include "cli/profile.h"
 #include "k3pack/manifest.h"
+#include "k3pack/pack.h"
 #include "manifest/pyjson.h"
 #include "pack/progress.h"
 #include "util/file.h"
@@ -15,24 +21,67 @@ namespace {
 
 constexpr const char* kCmd = "manifest";
 
-Result<nlohmann::json> Run(const Args& args) {
+// The same manifest, ignoring when it was written.
+bool SameManifest(const std::string& path, nlohmann::json fresh) {
+  auto old = manifest::ReadManifestJson(path);
+  if (!old.ok()) return false;
+  nlohmann::json o = *old;
+  o.erase("created_at");
+  fresh.erase("created_at");
+  return o == fresh;
+}
+
+struct Values {
+  kimi::Profile profile{};
+  int64_t samples = 0;
+  pack::ProgressMode mode{};
+};
+
+Result<nlohmann::json> Run(const Args& args, const Values& v) {
   manifest::CreateOptions o;
-  K3_ASSIGN_OR_RETURN(o.profile, kimi::ParseProfile(args.Get("--profile")));
-  K3_ASSIGN_OR_RETURN(o.payload_samples, args.GetInt("--payload-samples"));
-  if (o.payload_samples < 0) return Error("--payload-samples must be non-negative");
-  K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
+  o.profile = v.profile;
+  o.payload_samples = v.samples;
   o.gguf_dir = args.Get("--gguf-dir");
-  o.expert_pack = args.Get("--expert-pack");
+  o.expert_pack = args.Get("--pack");
   o.model_config = args.Get("--model-config");
   o.tokenizer_dir = args.Get("--tokenizer-dir");
   o.full_source_hashes = args.Has("--full-source-hashes");
   o.full_pack_hash = args.Has("--full-pack-hash");
-  if (mode != pack::ProgressMode::kNone) {
+  std::string output = args.Get("--manifest");
+  if (output.empty()) output = (std::filesystem::path(o.expert_pack).parent_path() / kDefaultManifestName).string();
+
+  // Preflight: every input is what its option says, the output is none of them.
+  K3_RETURN_IF_ERROR(CheckGgufDir("--gguf-dir", o.gguf_dir));
+  K3_RETURN_IF_ERROR(CheckInputExists("--pack", o.expert_pack, ".pack"));
+  K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", o.model_config));
+  K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", o.tokenizer_dir));
+  std::vector<NamedPath> inputs = {{"--model-config", o.model_config},
+                                   {"--pack", o.expert_pack},
+                                   {"--pack (its .digests)", pack::DigestsPathFor(o.expert_pack)}};
+  for (auto& f : FilesIn("a --tokenizer-dir file", o.tokenizer_dir)) inputs.push_back(std::move(f));
+  if (std::filesystem::is_directory(o.gguf_dir)) {
+    for (auto& f : FilesIn("a shard in --gguf-dir", o.gguf_dir)) {
+      if (std::filesystem::path(f.path).extension() == ".gguf") inputs.push_back(std::move(f));
+    }
+  } else {
+    inputs.push_back({"--gguf-dir", o.gguf_dir});
+  }
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
+  K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
+
+  if (v.mode != pack::ProgressMode::kNone) {
     o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
-    o.pack_progress = pack::MakeProgressPrinter(mode);
+    o.pack_progress = pack::MakeProgressPrinter(v.mode);
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));
-  const std::string output = args.Get("--output");
+  OutputSpec spec;
+  spec.option = "--manifest";
+  spec.path = output;
+  spec.force = args.Has("--force");
+  spec.is_finished = [&]() -> Result<bool> { return SameManifest(output, m); };
+  spec.why_refused = "it differs from the manifest of these inputs";
+  K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
+  if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"manifest", output}};
   K3_RETURN_IF_ERROR(manifest::WriteManifest(output, m));
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(output));
   return manifest::ManifestSummary(resolved, m);
@@ -40,27 +89,55 @@ Result<nlohmann::json> Run(const Args& args) {
 
 int RunManifest(const std::vector<std::string>& argv) {
   Args args(kCmd,
-            "--gguf-dir DIR --expert-pack PACK --model-config CONFIG --tokenizer-dir TOK --output M.json [options]",
+            "[--gguf-dir] DIR --pack PACK --model-config CONFIG --tokenizer-dir TOK [--manifest M.json] [options]",
             "Prepare the small, zero-copy Kimi K3 GGUF/expert-pack adapter manifest "
             "(SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1, byte-compatible with SGLang's prepare_kimi_manifest.py).\n"
-            "Prints a JSON summary on stdout.");
+            "With --json prints SGLang's JSON summary on stdout, otherwise a line of text.");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards", std::nullopt, true)
-      .Option("--expert-pack", "the GGMLMOEPACKv1 pack built from these shards", std::nullopt, true)
+      .PositionalAsOption("--gguf-dir")
+      .Option("--pack", "the GGMLMOEPACKv1 pack built from these shards", std::nullopt, true)
+      .Deprecated("--expert-pack", "--pack")
       .Option("--model-config", "HF config.json of the model (its text_config is used when present)", std::nullopt,
               true)
       .Option("--tokenizer-dir", "tokenizer/config directory the server loads", std::nullopt, true)
-      .Option("--output", "manifest path (written atomically)", std::nullopt, true)
+      .Option("--manifest", std::string("manifest path, written atomically (default: ") + kDefaultManifestName +
+                                " beside the pack)")
+      .Deprecated("--output", "--manifest")
       .Option("--payload-samples", "evenly spaced pack entries compared byte-for-byte with GGUF", "6")
       .Flag("--full-source-hashes", "also record the SHA-256 of every whole shard (reads all shards)")
       .Flag("--full-pack-hash", "also record the SHA-256 of the whole pack (reads the whole pack)")
-      .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
-      .Option("--progress", "auto | bar | json | none (on stderr)", "auto");
+      .Option("--progress", "auto | bar | json | none (on stderr)", "auto")
+      .Flag("--json", "print SGLang's JSON summary (otherwise text)");
+  AddProfileOption(args);
+  AddForceFlag(args, "manifest");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  auto r = Run(args);
+  Values v;
+  Status usage = [&]() -> Status {
+    K3_ASSIGN_OR_RETURN(v.profile, ResolveProfile(args, {args.Get("--pack"), args.Get("--model-config"),
+                                                          args.Get("--gguf-dir")}));
+    K3_ASSIGN_OR_RETURN(v.samples, args.GetInt("--payload-samples"));
+    if (v.samples < 0) return Error("--payload-samples must be non-negative");
+    K3_ASSIGN_OR_RETURN(v.mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
+    return Status::OK();
+  }();
+  if (!usage.ok()) return ReportError(kCmd, usage.error(), kExitUsage);
+  auto r = Run(args, v);
   if (!r.ok()) return ReportError(kCmd, r.error());
-  // print(json.dumps(summary, indent=2, sort_keys=True)), as SGLang's CLI.
-  std::cout << manifest::PyJsonDumps(*r, manifest::PyJsonStyle::kIndent2Ascii) << "\n";
+  if (r->contains("already_built")) {
+    ReportAlreadyBuilt(kCmd, (*r)["manifest"].get<std::string>(), args.Has("--json"));
+    return kExitOk;
+  }
+  if (args.Has("--json")) {
+    // print(json.dumps(summary, indent=2, sort_keys=True)), as SGLang's CLI.
+    std::cout << manifest::PyJsonDumps(*r, manifest::PyJsonStyle::kIndent2Ascii) << "\n";
+  } else {
+    const auto& j = *r;
+    std::printf("MANIFEST_READY path=%s shards=%s tensors=%s pack_entries=%s payload_samples_verified=%s\n",
+                j["manifest"].get<std::string>().c_str(), j["source_shards"].dump().c_str(),
+                j["source_tensors"].dump().c_str(), j["pack_entries"].dump().c_str(),
+                j["payload_samples_verified"].dump().c_str());
+  }
   return 0;
 }
 

@@ -6,10 +6,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/pack_plan.h"
+#include "cli/preflight.h"
+#include "cli/profile.h"
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "k3pack/pack.h"
 #include "pack/progress.h"
+#include "pack/repair_damaged.h"
 #include "util/file.h"
 #include "util/format.h"
 
@@ -18,26 +23,48 @@ namespace {
 
 constexpr const char* kCmd = "pack";
 
-Result<nlohmann::json> Run(const Args& args) {
-  K3_ASSIGN_OR_RETURN(kimi::Profile profile, kimi::ParseProfile(args.Get("--profile")));
-  K3_ASSIGN_OR_RETURN(double margin, args.GetDouble("--safety-margin-gib"));
-  if (margin < 0) return Error("--safety-margin-gib must be non-negative");
-  K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  K3_ASSIGN_OR_RETURN(int threads, ParseCopyThreads(args));
-  pack::CollectOptions copts;
-  copts.allow_mixed_types = args.Has("--allow-mixed-types");
-  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(args.Get("--gguf-dir"),
-                                                                            args.Get("--model-config"), profile, copts));
+// Option values (a bad one is a usage error, exit 2).
+struct Values {
+  double margin = 0;
+  pack::ProgressMode mode{};
+  int threads = 0;
+};
 
-  std::string out = args.Get("--out");
-  if (out.empty()) {
-    K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
+Result<Values> ParseValues(const Args& args) {
+  Values v;
+  if (args.Has("--profile")) K3_RETURN_IF_ERROR(kimi::ParseProfile(args.Get("--profile")).status());
+  K3_ASSIGN_OR_RETURN(v.margin, args.GetDouble("--safety-margin-gib"));
+  if (v.margin < 0) return Error("--safety-margin-gib must be non-negative");
+  K3_ASSIGN_OR_RETURN(v.mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
+  K3_ASSIGN_OR_RETURN(v.threads, ParseCopyThreads(args));
+  if (args.Has("--force") && args.Has("--repair-damaged"))
+    return Error("--force and --repair-damaged conflict: --force rebuilds the whole pack");
+  return v;
+}
+
+Result<nlohmann::json> Run(const Args& args, const Values& v) {
+  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"), false,
+                                                args.Has("--repair-damaged")));
+  const std::string out = plan.pack;
+  if (args.Has("--repair-damaged")) {
+    if (!plan.repair) {
+      K3_RETURN_IF_ERROR(CheckInputExists("--pack", out, ".pack"));
+      return Error("--repair-damaged: " + out + " is an unfinished build, not a finished pack")
+          .WithHint("rerun the same command without --repair-damaged to resume the build");
+    }
+    K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
+                        pack::RepairDamagedPayloads(out, plan.experts, pack::MakeProgressPrinter(v.mode)));
+    return nlohmann::json{{"pack", out}, {"repaired_damaged", rep.repaired}, {"entries_checked", rep.entries_checked},
+                          {"seconds", rep.seconds}};
   }
   const bool json = args.Has("--json");
-  if (PathExists(out) && !PathExists(pack::CheckpointPathFor(out))) {
-    return Error("refusing to overwrite existing Expert Pack: " + out, ErrorKind::kFileExists)
-        .WithHint("remove it first if you really want to rebuild it");
-  }
+  if (plan.action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
+  if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
+  const pack::ExpertSet& experts = plan.experts;
+  const kimi::Profile profile = plan.profile;
+  const double margin = v.margin;
+  const int threads = v.threads;
+  const pack::ProgressMode mode = v.mode;
   pack::BuildOptions bopts;
   bopts.out_path = out;
   bopts.safety_margin_gib = margin;
@@ -74,22 +101,44 @@ Result<nlohmann::json> Run(const Args& args) {
 }
 
 int RunPack(const std::vector<std::string>& argv) {
-  Args args(kCmd, "k3pack pack --gguf-dir DIR --model-config CONFIG [options]",
+  Args args(kCmd, "[--gguf-dir] DIR --model-config CONFIG [--pack PACK] [options]",
             "Build the expert-major GGMLMOEPACKv1 pack (byte-identical to SGLang's) from a Kimi GGUF shard set.\n"
             "Crash-safe: an interrupted build continues from its checkpoint when the same command is rerun.");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards (or one shard path)",
               std::nullopt, true)
+      .PositionalAsOption("--gguf-dir")
       .Option("--model-config", "HF config.json of the model", std::nullopt, true)
-      .Option("--out", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
-      .Option("--profile", "kimi-k3 (SGLang's invariants) or scaled (dimensions from the config)", "kimi-k3")
+      .Option("--pack", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
+      .Deprecated("--out", "--pack")
       .Flag("--allow-mixed-types", "allow expert dtypes to differ by role or layer (scaled profile)")
+      .Flag("--repair-damaged", "check every payload of the finished pack against its digests and rewrite exactly "
+                                "the damaged ones from the source, then verify them")
       .Flag("--json", "print the result as JSON");
+  AddProfileOption(args);
+  AddForceFlag(args, "pack (and its .digests)");
   AddCopyOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  auto r = Run(args);
+  auto v = ParseValues(args);
+  if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
+  auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;
+  if (j.contains("repaired_damaged")) {
+    if (args.Has("--json")) {
+      std::cout << j.dump(2) << "\n";
+      return kExitOk;
+    }
+    for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
+    std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (now verified against digests and source)\n",
+                j["pack"].get<std::string>().c_str(), j["repaired_damaged"].size(),
+                j["entries_checked"].get<unsigned long long>());
+    return kExitOk;
+  }
+  if (j.contains("already_built")) {
+    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"));
+    return kExitOk;
+  }
   if (args.Has("--json")) {
     std::cout << j.dump(2) << "\n";
   } else {

@@ -1,10 +1,36 @@
 // `k3pack repair IN OUT --fix ssm-a`: write a repaired copy of a shard set.
 #include <iostream>
 
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/preflight.h"
+#include "cli/profile.h"
 #include "k3pack/doctor.h"
+#include "util/file.h"
 
 namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kRepairRecord = "k3pack-repair.json";
+
+// What a finished repair records in OUT, so a rerun of the same command is
+// reported as already built and --force knows the directory is ours.
+nlohmann::json Recipe(const std::string& in, const std::string& fix) {
+  auto resolved = k3pack::ResolvePath(in);
+  return {{"input", resolved.ok() ? *resolved : in}, {"fix", fix}};
+}
+
+std::optional<nlohmann::json> RecordIn(const std::string& out) {
+  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairRecord).string());
+  if (!text.ok()) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
+}
 
 int RunRepair(const std::vector<std::string>& argv) {
   k3pack::cli::Args args(
@@ -17,15 +43,16 @@ int RunRepair(const std::vector<std::string>& argv) {
   args.Positional("IN OUT", "input shard set, output directory", 2, 2)
       .Option("--fix", "what to repair (only: ssm-a)", std::nullopt, true)
       .Flag("--json", "print the result as JSON")
-      .Option("--profile", "profile of the doctor check run on the output", "kimi-k3")
-      .Flag("--no-sidecars", "do not copy config.json and tokenizer/");
+      .Flag("--no-sidecars", "do not copy config.json and tokenizer/")
+      .Flag("--force", "replace the output of an earlier `k3pack repair` in OUT (never other files)");
+  k3pack::cli::AddProfileOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  auto profile = k3pack::kimi::ParseProfile(args.Get("--profile"));
-  if (!profile.ok()) return k3pack::cli::ReportError("repair", profile.error(), 2);
+  auto profile = k3pack::cli::ResolveProfile(args, {args.positionals()[0]});
+  if (!profile.ok()) return k3pack::cli::ReportError("repair", profile.error(), k3pack::cli::kExitUsage);
   if (args.Get("--fix") != "ssm-a") {
     return k3pack::cli::ReportError("repair", k3pack::Error("unknown --fix '" + args.Get("--fix") + "' (available: ssm-a)"),
-                                    2);
+                                    k3pack::cli::kExitUsage);
   }
   k3pack::doctor::RepairOptions opt;
   opt.fixes = {args.Get("--fix")};
@@ -33,8 +60,68 @@ int RunRepair(const std::vector<std::string>& argv) {
   opt.copy_sidecars = !args.Has("--no-sidecars");
   if (k3pack::cli::StderrIsTty()) opt.progress = [](const std::string& s) { std::cerr << s << "\n"; };
   const auto& pos = args.positionals();
+  using k3pack::cli::OutputAction;
+  const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"));
+  {
+    k3pack::Status in_ok = k3pack::cli::CheckGgufDir("IN", pos[0]);
+    if (!in_ok.ok()) return k3pack::cli::ReportError("repair", in_ok.error());
+    k3pack::Status w = k3pack::cli::CheckOutputWritable("OUT", (fs::path(pos[1]) / "x").string());
+    if (!w.ok() && !fs::exists(pos[1])) w = k3pack::cli::CheckOutputWritable("OUT", pos[1]);
+    if (!w.ok()) return k3pack::cli::ReportError("repair", w.error());
+    std::error_code ec;
+    if (fs::exists(pos[0], ec) && fs::exists(pos[1], ec) && fs::equivalent(pos[0], pos[1], ec)) {
+      return k3pack::cli::ReportError(
+          "repair", k3pack::Error("OUT " + pos[1] + " is the input IN; the input is never modified")
+                        .WithHint("pass a new or empty directory as OUT"));
+    }
+    k3pack::cli::OutputSpec spec;
+    spec.option = "OUT";
+    spec.path = pos[1];
+    spec.directory = true;
+    spec.force = args.Has("--force");
+    spec.is_finished = [&]() -> k3pack::Result<bool> {
+      auto rec = RecordIn(pos[1]);
+      return rec && (*rec)["recipe"] == recipe;
+    };
+    spec.why_refused = "it holds other files";
+    auto action = k3pack::cli::DecideOutput(spec);
+    if (!action.ok()) return k3pack::cli::ReportError("repair", action.error());
+    if (*action == OutputAction::kAlreadyBuilt) {
+      k3pack::cli::ReportAlreadyBuilt("repair", pos[1], args.Has("--json"));
+      return k3pack::cli::kExitOk;
+    }
+    if (*action == OutputAction::kReplace) {
+      auto rec = RecordIn(pos[1]);
+      if (!rec || !(*rec).contains("files")) {
+        return k3pack::cli::ReportError(
+            "repair", k3pack::Error("--force: " + pos[1] + " is not the output of an earlier `k3pack repair`")
+                          .WithHint("k3pack only replaces its own output; pass a new or empty directory as OUT"));
+      }
+      for (const auto& f : (*rec)["files"]) fs::remove(fs::path(pos[1]) / f.get<std::string>(), ec);
+      fs::remove(fs::path(pos[1]) / "tokenizer", ec);  // only when empty now
+      fs::remove(fs::path(pos[1]) / kRepairRecord, ec);
+    }
+  }
   auto r = k3pack::doctor::Repair(pos[0], pos[1], opt);
   if (!r.ok()) return k3pack::cli::ReportError("repair", r.error(), 1);
+  {
+    // The record of what was written (relative names), then the profile sidecar.
+    nlohmann::json files = nlohmann::json::array();
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(pos[1], ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_regular_file(ec)) files.push_back(fs::relative(it->path(), pos[1], ec).string());
+    }
+    const fs::path in_dir = fs::is_directory(pos[0]) ? fs::path(pos[0]) : fs::path(pos[0]).parent_path();
+    const fs::path side = in_dir / k3pack::cli::kProfileSidecar;
+    if (!args.Has("--no-sidecars") && fs::is_regular_file(side, ec)) {
+      auto text = k3pack::ReadFileToString(side.string());
+      if (text.ok() && k3pack::WriteFileAtomic((fs::path(pos[1]) / k3pack::cli::kProfileSidecar).string(), *text).ok())
+        files.push_back(k3pack::cli::kProfileSidecar);
+    }
+    k3pack::Status st = k3pack::WriteFileAtomic((fs::path(pos[1]) / kRepairRecord).string(),
+                                                nlohmann::json{{"recipe", recipe}, {"files", files}}.dump(2) + "\n");
+    if (!st.ok()) return k3pack::cli::ReportError("repair", st.error());
+  }
   if (args.Has("--json")) {
     std::cout << r->ToJson().dump(2) << "\n";
     return 0;

@@ -2,11 +2,13 @@
 // synthetic tokens, with the expert bytes served by the expert store from the
 // pack, checked bit for bit against the same block computed from the GGUF
 // source tensors. Prints the outputs' checksums and timing.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/preflight.h"
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/run_experts.h"
@@ -48,7 +50,8 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Flag("--all-layers", "run every active MoE layer")
       .Option("--tokens", "tokens per layer (one acquire of tokens x top_k routes)", "1")
       .Option("--seed", "seed of the N(0,1) hidden states", "1")
-      .Option("--gguf", "GGUF source (default: the manifest's source shards)")
+      .Option("--gguf-dir", "GGUF source shards (default: the manifest's source shards)")
+      .Deprecated("--gguf", "--gguf-dir")
       .Option("--pack", "expert pack (default: the manifest's expert_pack.path)")
       .Option("--cache-mib", "store cache budget in MiB", "4096")
       .Option("--io", "pread | uring", "pread")
@@ -66,15 +69,18 @@ int RunExperts(const std::vector<std::string>& argv) {
   if (*tokens < 1 || *tokens > 1000000 || *mib < 1 || *threads < 1 || *seed < 0) {
     return ReportError("run-experts", Error("--tokens, --cache-mib and --threads must be positive, --seed >= 0"), 2);
   }
+  if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
+    return ReportError("run-experts", e.error());
+  }
   auto m = manifest::ReadManifest(a.Get("--manifest"));
   if (!m.ok()) return ReportError("run-experts", m.error());
-  std::string gguf_path = a.Get("--gguf");
+  std::string gguf_path = a.Get("--gguf-dir");
   if (gguf_path.empty()) {
     if (m->source.shards.empty()) return ReportError("run-experts", Error(a.Get("--manifest") + " lists no source shards"));
     gguf_path = m->source.shards.front().path;
   }
   auto source = gguf::ShardSet::Open(gguf_path);
-  if (!source.ok()) return ReportError("run-experts", source.error());
+  if (!source.ok()) return ReportError("run-experts", WithMovedModelHint(source.error(), a.Get("--manifest")));
 
   store::StoreOptions so;
   so.cache_bytes = static_cast<uint64_t>(*mib) << 20;
@@ -82,7 +88,7 @@ int RunExperts(const std::vector<std::string>& argv) {
   so.direct_io = a.Has("--direct");
   const std::string pack_path = a.Has("--pack") ? a.Get("--pack") : m->expert_pack.path;
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
-  if (!st.ok()) return ReportError("run-experts", st.error());
+  if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));
 
   std::vector<uint32_t> layers;
   const auto& active = (*st)->info().active_layer_ids;
@@ -91,6 +97,14 @@ int RunExperts(const std::vector<std::string>& argv) {
   } else if (a.Has("--layer")) {
     auto l = a.GetInt("--layer");
     if (!l.ok() || *l < 0) return ReportError("run-experts", Error("--layer must be a non-negative integer"), 2);
+    if (std::find(active.begin(), active.end(), static_cast<uint32_t>(*l)) == active.end()) {
+      std::string range = active.empty() ? "none"
+                          : std::to_string(active.front()) + ".." + std::to_string(active.back());
+      return ReportError("run-experts",
+                         Error("--layer " + std::to_string(*l) + " is not a routed MoE layer of this model")
+                             .WithHint("routed layers are " + range + "; pass --layer in that range or --all-layers"),
+                         kExitUsage);
+    }
     layers.push_back(static_cast<uint32_t>(*l));
   } else if (!active.empty()) {
     layers.push_back(active.front());

@@ -5,6 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/profile.h"
+#include "util/file.h"
 #include "k3pack/synth.h"
 
 namespace k3pack::cli {
@@ -105,15 +108,53 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Option("--matrix-type", "type of the other 2-D weights (falls back like llama-quantize)", "Q8_0")
       .Option("--fault", "inject defects (comma-separated): " + faults)
       .Flag("--all-data", "write real data for every tensor (no sparse holes)")
+      .Flag("--force", "write into a non-empty --out (otherwise refused; the same model already there is reported)")
       .Flag("--json", "print the result as JSON");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto opts = BuildOptions(args, layer_types);
-  if (!opts.ok()) return ReportError(kCmd, opts.error(), 2);
+  if (!opts.ok()) return ReportError(kCmd, opts.error(), kExitUsage);
+
+  // The options that determine the bytes: an existing model written with the
+  // same ones is the finished output (its sidecar records them).
+  nlohmann::json recipe = nlohmann::json::array();
+  for (const auto& a : argv) {
+    if (a != "--force" && a != "--json") recipe.push_back(a);
+  }
+  for (const auto& l : layer_types) recipe.push_back("--layer-expert-types=" + l);
+  const std::string sidecar = opts->out_dir + "/" + kProfileSidecar;
+  OutputSpec spec;
+  spec.option = "--out";
+  spec.path = opts->out_dir;
+  spec.directory = true;
+  spec.force = args.Has("--force");
+  spec.is_finished = [&]() -> Result<bool> {
+    auto text = ReadFileToString(sidecar);
+    if (!text.ok()) return false;
+    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+    return !j.is_discarded() && j.is_object() && j.value("synth_args", nlohmann::json()) == recipe;
+  };
+  spec.why_refused = "it is not a model written by `k3pack synth` with these options";
+  auto action = DecideOutput(spec);
+  if (!action.ok()) return ReportError(kCmd, action.error());
+  if (*action == OutputAction::kAlreadyBuilt) {
+    ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"));
+    return kExitOk;
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   auto res = synth::WriteSynthModel(*opts);
   if (!res.ok()) return ReportError(kCmd, res.error());
+  // Record the profile the model passes, so later commands need no --profile.
+  const kimi::Profile profile = kimi::LoadModelSpec(res->config_path, kimi::Profile::kKimiK3).ok()
+                                    ? kimi::Profile::kKimiK3
+                                    : kimi::Profile::kScaled;
+  nlohmann::json side = {{"profile", kimi::ProfileName(profile)},
+                         {"written_by", "k3pack synth"},
+                         {"synth_args", recipe},
+                         {"note", "read by k3pack commands when --profile is not given"}};
+  Status st = WriteFileAtomic(sidecar, side.dump(2) + "\n");
+  if (!st.ok()) return ReportError(kCmd, st.error());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (args.Has("--json")) {
@@ -126,12 +167,14 @@ int RunSynth(const std::vector<std::string>& argv_in) {
                         {"mla_layers", res->mla_layers},
                         {"seed", opts->seed},
                         {"faults", res->fault_notes},
+                        {"profile", kimi::ProfileName(profile)},
                         {"seconds", secs}};
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "wrote " << res->shard_paths.size() << " shards, " << res->tensor_count << " tensors, "
               << res->total_bytes << " bytes (apparent) to " << opts->out_dir << " in " << secs << " s\n"
-              << "config: " << res->config_path << "\ntokenizer: " << res->tokenizer_dir << "\n";
+              << "config: " << res->config_path << "\ntokenizer: " << res->tokenizer_dir << "\n"
+              << "profile: " << kimi::ProfileName(profile) << " (recorded in " << sidecar << ")\n";
     for (const auto& n : res->fault_notes) std::cout << "fault " << n << "\n";
   }
   return 0;

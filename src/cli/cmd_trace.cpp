@@ -5,6 +5,8 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/preflight.h"
 #include "k3pack/manifest.h"
 #include "k3pack/trace.h"
 #include "store/replay.h"
@@ -43,6 +45,7 @@ Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string&
 // Object space: the manifest's if given, else the trace's dims with K3's object size.
 Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
   if (a.Has("--manifest")) {
+    K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));
     K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
     if (s.num_experts != t.num_experts || s.top_k != t.top_k)
       return Error("trace dimensions do not match manifest " + a.Get("--manifest"));
@@ -52,13 +55,34 @@ Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
   return store::SpaceForTrace(t, static_cast<uint64_t>(ob));
 }
 
+bool SameTrace(const trace::Trace& a, const trace::Trace& b) {
+  if (a.num_experts != b.num_experts || a.top_k != b.top_k || a.layer_ids != b.layer_ids || a.ids != b.ids ||
+      a.records.size() != b.records.size())
+    return false;
+  for (size_t i = 0; i < a.records.size(); ++i) {
+    const trace::Record &x = a.records[i], &y = b.records[i];
+    if (x.layer != y.layer || x.rows != y.rows || x.request != y.request || x.is_prefill != y.is_prefill ||
+        x.offset != y.offset)
+      return false;
+  }
+  return true;
+}
+
+// An SVG written by an earlier `trace sweep` (its title line is ours).
+bool IsOurPlot(const std::string& path) {
+  auto text = ReadFileToString(path);
+  return text.ok() && text->rfind("<svg", 0) == 0 && text->find("hit rate vs cache size: ") != std::string::npos;
+}
+
 int RunGen(const std::vector<std::string>& argv) {
-  Args a("trace gen", "--out TRACE [options]",
+  Args a("trace gen", "--trace TRACE [options]",
          "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
          "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
          "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"
          "like Kimi's balanced router). Format: docs/store.md.");
-  a.Option("--out", "trace file to write", std::nullopt, true)
+  a.Option("--trace", "trace file to write", std::nullopt, true)
+      .Deprecated("--out", "--trace")
+      .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)")
       .Option("--manifest", "take layers / experts / top_k from this adapter manifest")
       .Option("--layers", "routed layers (numbered from --first-layer)", "92")
       .Option("--first-layer", "first routed layer id", "1")
@@ -97,7 +121,10 @@ int RunGen(const std::vector<std::string>& argv) {
     if (!v.ok()) return ReportError("trace gen", v.error(), 2);
     *dst = *v;
   }
+  const std::string out = a.Get("--trace");
   if (a.Has("--manifest")) {
+    Status exists = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json");
+    if (!exists.ok()) return ReportError("trace gen", exists.error());
     auto s = store::SpaceFromManifest(a.Get("--manifest"));
     if (!s.ok()) return ReportError("trace gen", s.error());
     o.layer_ids = s->active_layer_ids;
@@ -106,16 +133,35 @@ int RunGen(const std::vector<std::string>& argv) {
   }
   auto t = trace::Generate(o);
   if (!t.ok()) return ReportError("trace gen", t.error());
-  Status st = trace::WriteTrace(a.Get("--out"), *t);
+  // The overwrite rule: a trace is cheap to generate, so "finished" means the
+  // file already holds exactly these records; anything else is refused
+  // (a shard or a manifest passed as --trace by mistake is never replaced).
+  if (Status w = CheckOutputWritable("--trace", out); !w.ok()) return ReportError("trace gen", w.error());
+  OutputSpec spec;
+  spec.option = "--trace";
+  spec.path = out;
+  spec.force = a.Has("--force");
+  spec.is_finished = [&]() -> Result<bool> {
+    auto old = trace::ReadTrace(out);
+    return old.ok() && SameTrace(*old, *t);
+  };
+  spec.why_refused = "it is not this trace";
+  auto action = DecideOutput(spec);
+  if (!action.ok()) return ReportError("trace gen", action.error());
+  if (*action == OutputAction::kAlreadyBuilt) {
+    ReportAlreadyBuilt("trace gen", out, a.Has("--json"));
+    return kExitOk;
+  }
+  Status st = trace::WriteTrace(out, *t);
   if (!st.ok()) return ReportError("trace gen", st.error());
-  json j = {{"trace", a.Get("--out")},     {"records", t->records.size()},  {"routes", t->num_routes()},
+  json j = {{"trace", out},     {"records", t->records.size()},  {"routes", t->num_routes()},
             {"layers", t->layer_ids.size()}, {"experts", t->num_experts},    {"top_k", t->top_k},
             {"measured_reuse", trace::MeasuredReuse(*t)}, {"seed", o.seed}};
   if (a.Has("--json")) {
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("wrote %s: %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
-                a.Get("--out").c_str(), t->records.size(), (unsigned long long)t->num_routes(), t->layer_ids.size(),
+                out.c_str(), t->records.size(), (unsigned long long)t->num_routes(), t->layer_ids.size(),
                 t->top_k, t->num_experts, 100.0 * trace::MeasuredReuse(*t));
   }
   return 0;
@@ -174,6 +220,8 @@ int RunReplay(const std::vector<std::string>& argv) {
     if (!a.Has("--manifest")) return ReportError("trace replay", Error("--manifest is required without --simulate"), 2);
     store::ReplayOptions o;
     o.manifest_path = a.Get("--manifest");
+    if (Status e = CheckInputExists("--manifest", o.manifest_path, ".manifest.json"); !e.ok())
+      return ReportError("trace replay", e.error());
     o.pack_path = a.Get("--pack");
     if (o.pack_path.empty()) {
       auto m = manifest::ReadManifestJson(o.manifest_path);
@@ -242,6 +290,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay")
       .Flag("--no-belady", "skip Belady's optimum")
       .Option("--svg", "write the plot here", "trace-sweep.svg")
+      .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
       .Option("--seed", "seed of the generated trace", "1")
       .Flag("--json", "print the table as JSON");
   int code = 0;
@@ -291,7 +340,24 @@ int RunSweep(const std::vector<std::string>& argv) {
   std::string title = "hit rate vs cache size: " + std::to_string(t.layer_ids.size()) + " layers x top-" +
                       std::to_string(t.top_k) + " of " + std::to_string(t.num_experts) + ", " +
                       std::to_string(seq->tokens) + " tokens";
-  Status st = WriteFileAtomic(a.Get("--svg"), store::SweepSvg(*table, title));
+  const std::string svg = store::SweepSvg(*table, title);
+  OutputSpec spec;
+  spec.option = "--svg";
+  spec.path = a.Get("--svg");
+  spec.force = a.Has("--force");
+  // A plot is regenerated from the table; an existing file is replaced only
+  // when it is one of ours (an earlier sweep's plot), never a user's file.
+  spec.is_finished = [&]() -> Result<bool> {
+    auto old = ReadFileToString(spec.path);
+    return old.ok() && *old == svg;
+  };
+  spec.why_refused = "it is not a plot written by `k3pack trace sweep`";
+  auto action = DecideOutput(spec);
+  if (!action.ok() && IsOurPlot(spec.path)) {
+    action = OutputAction::kReplace;  // our own earlier plot: refreshed
+  }
+  if (!action.ok()) return ReportError("trace sweep", action.error());
+  Status st = *action == OutputAction::kAlreadyBuilt ? Status::OK() : WriteFileAtomic(spec.path, svg);
   if (!st.ok()) return ReportError("trace sweep", st.error());
   if (a.Has("--json")) {
     json j = store::SweepJson(*table);

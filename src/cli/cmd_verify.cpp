@@ -4,11 +4,13 @@
 // payloads: sampled byte compares with the GGUF source (default), or every
 // payload against the digest sidecar (--full), optionally also the source.
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/preflight.h"
 #include "k3pack/manifest.h"
 #include "pack/progress.h"
 #include "util/format.h"
@@ -22,13 +24,9 @@ Result<nlohmann::json> Run(const Args& args) {
   manifest::VerifyPackOptions o;
   o.full = args.Has("--full");
   o.against_source = args.Has("--against-source");
-  if (args.Has("--samples")) {
-    if (o.full) return Error("--samples and --full are mutually exclusive");
-    K3_ASSIGN_OR_RETURN(o.samples, args.GetInt("--samples"));
-    if (o.samples < 0) return Error("--samples must be non-negative");
-  }
-  K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  o.progress = pack::MakeProgressPrinter(mode);
+  if (args.Has("--samples")) o.samples = *args.GetInt("--samples");  // checked by the caller
+  o.progress = pack::MakeProgressPrinter(*pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
+  K3_RETURN_IF_ERROR(CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"));
   return manifest::VerifyPack(args.Get("--manifest"), o);
 }
 
@@ -45,12 +43,34 @@ int RunVerify(const std::vector<std::string>& argv) {
       .Flag("--json", "print the result as JSON");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  if (args.Has("--against-source") && !args.Has("--full")) {
-    std::fprintf(stderr, "k3pack verify: error: --against-source needs --full\n");
-    return 2;
-  }
+  // Usage errors (exit 2): conflicting flags and bad values.
+  Status usage = [&]() -> Status {
+    if (args.Has("--against-source") && !args.Has("--full")) return Error("--against-source needs --full");
+    if (args.Has("--samples")) {
+      if (args.Has("--full")) return Error("--samples and --full are mutually exclusive");
+      K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--samples"));
+      if (n < 0) return Error("--samples must be non-negative");
+    }
+    return pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()).status();
+  }();
+  if (!usage.ok()) return ReportError(kCmd, usage.error(), kExitUsage);
   auto r = Run(args);
-  if (!r.ok()) return ReportError(kCmd, r.error());
+  if (!r.ok()) {
+    const std::string& msg = r.error().message();
+    if (msg.find("expert-pack payload does not match") != std::string::npos && msg.find("\nhint:") == std::string::npos) {
+      // Damaged payloads are repairable in place from the source shards.
+      std::string pack = "PACK", dir = "DIR";
+      if (auto m = manifest::ReadManifest(args.Get("--manifest")); m.ok()) {
+        pack = m->expert_pack.path;
+        if (!m->source.shards.empty()) dir = std::filesystem::path(m->source.shards.front().path).parent_path().string();
+      }
+      return ReportError(kCmd, r.error().WithHint(
+                                   "rewrite exactly the damaged payloads from the GGUF source and re-verify them: "
+                                   "`k3pack pack --repair-damaged --gguf-dir " + dir + " --model-config CONFIG --pack " +
+                                   pack + "` (or rerun `k3pack build` with --restart)"));
+    }
+    return ReportError(kCmd, WithMovedModelHint(r.error(), args.Get("--manifest")));
+  }
   const auto& j = *r;
   if (args.Has("--json")) {
     std::cout << j.dump(2) << "\n";

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <iostream>
@@ -29,6 +30,16 @@ Args& Args::Positional(const std::string& metavar, const std::string& help, int 
   return *this;
 }
 
+Args& Args::Deprecated(const std::string& old_name, const std::string& name) {
+  deprecated_[old_name] = name;
+  return *this;
+}
+
+Args& Args::PositionalAsOption(const std::string& name) {
+  positional_option_ = name;
+  return *this;
+}
+
 std::string Args::Usage() const {
   std::ostringstream os;
   os << "usage: k3pack " << command_ << " " << usage_ << "\n\n" << description_ << "\n";
@@ -37,11 +48,17 @@ std::string Args::Usage() const {
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
     os << "  " << name << (s.is_flag ? "" : " VALUE") << "\n      " << s.help;
+    if (name == positional_option_) os << " (or give it as the argument)";
     if (s.required) os << " (required)";
     if (s.def && !s.def->empty()) os << " [default: " << *s.def << "]";
     os << "\n";
   }
   os << "  --help\n      show this help and exit\n";
+  if (!deprecated_.empty()) {
+    os << "\ndeprecated spellings (still accepted):";
+    for (const auto& [old_name, name] : deprecated_) os << " " << old_name << " = " << name << ";";
+    os << "\n";
+  }
   return os.str();
 }
 
@@ -68,6 +85,15 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
         value = a.substr(eq + 1);
         inline_value = true;
       }
+      if (auto dep = deprecated_.find(name); dep != deprecated_.end()) {
+        std::cerr << "k3pack " << command_ << ": note: " << name << " is deprecated; use " << dep->second << "\n";
+        if (values_.count(dep->second)) return fail(name + " and " + dep->second + " are the same option; give it once");
+        name = dep->second;
+      } else if (values_.count(name) && std::any_of(deprecated_.begin(), deprecated_.end(), [&](const auto& d) {
+                   return d.second == name;
+                 })) {
+        return fail(name + " given twice (also under an older spelling)");
+      }
       auto it = specs_.find(name);
       if (it == specs_.end()) return fail("unknown option " + name);
       if (it->second.is_flag) {
@@ -83,6 +109,13 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
       continue;
     }
     positionals_.push_back(a);
+  }
+  if (!positional_option_.empty() && !positionals_.empty() && pos_name_.empty()) {
+    if (values_.count(positional_option_)) {
+      return fail("both " + positional_option_ + " and the argument " + positionals_.front() + " given; give one");
+    }
+    values_[positional_option_] = positionals_.front();
+    positionals_.erase(positionals_.begin());
   }
   for (const auto& [name, spec] : specs_) {
     if (spec.required && !values_.count(name)) return fail("missing required option " + name);

@@ -27,6 +27,13 @@ class Args {
   Args& Flag(const std::string& name, const std::string& help);
   // Positional arguments: `min`..`max` of them (max < 0: unbounded).
   Args& Positional(const std::string& metavar, const std::string& help, int min = 1, int max = 1);
+  // `old_name` is an older spelling of option `name`: it keeps working for a
+  // release, with a deprecation note on stderr. Both spellings at once is a
+  // usage error.
+  Args& Deprecated(const std::string& old_name, const std::string& name);
+  // A single positional argument may stand for option `name` (the main
+  // input: `k3pack pack DIR` = `k3pack pack --gguf-dir DIR`).
+  Args& PositionalAsOption(const std::string& name);
 
   // Returns false and prints to stderr (exit code 2) on a usage error, or
   // prints help (exit code 0) on --help; `exit_code` says which.
@@ -49,6 +56,8 @@ class Args {
   int pos_min_ = 0, pos_max_ = 0;
   std::map<std::string, std::string> values_;
   std::vector<std::string> positionals_;
+  std::map<std::string, std::string> deprecated_;  // old spelling -> current
+  std::string positional_option_;
 };
 
 using CommandFn = std::function<int(const std::vector<std::string>& argv)>;
@@ -61,6 +70,12 @@ struct CommandInfo {
 
 bool RegisterCommand(CommandInfo info);
 const std::map<std::string, CommandInfo>& Commands();
+
+// Exit codes of every command (documented in README and `k3pack --help`).
+inline constexpr int kExitOk = 0;           // done (also: output already built)
+inline constexpr int kExitFailed = 1;       // the input is bad or a check failed
+inline constexpr int kExitUsage = 2;        // unknown flag, bad value, conflicting flags
+inline constexpr int kExitInterrupted = 130;  // SIGINT; rerun the same command to resume
 
 // Prints "k3pack <cmd>: error: <message>" (message may be several lines)
 // and returns the exit code to use (1 by default).

@@ -13,6 +13,11 @@ void PrintHelp() {
   for (const auto& [name, info] : k3pack::cli::Commands()) {
     std::cout << "  " << name << std::string(name.size() < 14 ? 14 - name.size() : 1, ' ') << info.summary << "\n";
   }
+  std::cout << "\nexit codes (every command):\n"
+               "  0    done (also: the output is already built)\n"
+               "  1    the input is bad or a check failed\n"
+               "  2    usage error: unknown flag, bad value, conflicting flags\n"
+               "  130  interrupted (Ctrl-C); rerun the same command to resume\n";
 }
 
 }  // namespace

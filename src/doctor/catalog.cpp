@@ -84,9 +84,9 @@ const std::vector<Diagnosis> kCatalog = {
      "The kimi-k3.* hyper-parameters needed to know the expected tensors are missing or inconsistent; name "
      "and shape checks against the model layout were skipped.",
      "Re-convert with llama.cpp's Kimi-K3 converter, which writes every kimi-k3.* key."},
-    {"config-missing", I, "", "No config.json beside the shards (or given with --config): the HF config "
+    {"config-missing", I, "", "No config.json beside the shards (or given with --model-config): the HF config "
      "invariants and the config/GGUF cross-check were skipped.",
-     "Pass --config PATH (the model's config.json) to include those checks."},
+     "Pass --model-config PATH (the model's config.json) to include those checks."},
     {"config-invalid", E, "ValueError",
      "The HF config.json does not satisfy the model invariants (SGLang's KimiK3Spec).",
      "Use the original Kimi-K3 config.json (text_config), or --profile scaled for scaled-down models."},

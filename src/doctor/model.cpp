@@ -128,7 +128,7 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
       if (m.dims) CrossCheck(*m.spec, *m.dims, config, out);
     }
   } else {
-    out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --config");
+    out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --model-config");
     if (m.dims) {
       auto spec = kimi::ModelSpecFromConfig(ConfigFromDims(*m.dims), options.profile);
       if (!spec.ok()) {

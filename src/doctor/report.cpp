@@ -123,10 +123,40 @@ nlohmann::json Report::ToJson() const {
 std::string Report::ToText() const {
   std::ostringstream os;
   const char* labels[] = {"ERROR", "WARNING", "INFO"};
-  for (const Finding& f : findings) {
-    os << labels[static_cast<int>(f.severity)] << " [" << f.code << "] " << f.object << "\n";
-    if (!f.file.empty() && f.file != f.object) os << "  file:    " << f.file << "\n";
-    if (!f.message.empty()) os << "  found:   " << f.message << "\n";
+  // Findings of one code are grouped: the explanation is printed once, with
+  // the count and the first few objects, instead of once per tensor.
+  constexpr size_t kShown = 5;
+  std::vector<bool> done(findings.size(), false);
+  for (size_t i = 0; i < findings.size(); ++i) {
+    if (done[i]) continue;
+    const Finding& f = findings[i];
+    std::vector<const Finding*> group;
+    for (size_t k = i; k < findings.size(); ++k) {
+      if (!done[k] && findings[k].code == f.code && findings[k].severity == f.severity &&
+          findings[k].sglang_error == f.sglang_error) {
+        group.push_back(&findings[k]);
+        done[k] = true;
+      }
+    }
+    os << labels[static_cast<int>(f.severity)] << " [" << f.code << "] ";
+    if (group.size() == 1) {
+      os << f.object << "\n";
+      if (!f.file.empty() && f.file != f.object) os << "  file:    " << f.file << "\n";
+      if (!f.message.empty()) os << "  found:   " << f.message << "\n";
+    } else {
+      os << group.size() << " objects, first " << std::min(kShown, group.size()) << ":";
+      for (size_t k = 0; k < group.size() && k < kShown; ++k) os << (k ? ", " : " ") << group[k]->object;
+      os << "\n";
+      std::vector<std::string> shown;  // distinct texts only: "stored as BF16" once, not five times
+      for (size_t k = 0; k < group.size() && k < kShown; ++k) {
+        const std::string& msg = group[k]->message;
+        if (!msg.empty() && std::find(shown.begin(), shown.end(), msg) == shown.end()) {
+          shown.push_back(msg);
+          os << "  found:   " << msg << "\n";
+        }
+      }
+      if (group.size() > kShown) os << "  ...      " << group.size() - kShown << " more (all listed by --json)\n";
+    }
     if (!f.sglang_error.empty()) {
       os << "  SGLang:  " << (f.sglang_exception.empty() ? "" : f.sglang_exception + ": ") << f.sglang_error << "\n";
     }

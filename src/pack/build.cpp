@@ -215,7 +215,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
       return result;
     }
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
-        .WithHint("remove it first if you really want to rebuild it");
+        .WithHint("`k3pack pack` and `k3pack build` rebuild it with --force; or write the pack to another path");
   }
 
   std::vector<UniqueFd> src;

@@ -52,7 +52,9 @@ Result<LockFile> LockFile::Acquire(const std::string& path) {
   lock.fd_ = UniqueFd(fd);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return Error("another process is building this Expert Pack (lock held: " + path + ")", ErrorKind::kOS,
+      // Name the pack the user asked for, not the internal lock file.
+      const std::string pack = path.size() > 5 && path.ends_with(".lock") ? path.substr(0, path.size() - 5) : path;
+      return Error("another process is building or repairing the Expert Pack " + pack, ErrorKind::kOS,
                    EWOULDBLOCK)
           .WithHint("wait for it to finish; the lock is released automatically when that process exits");
     }

@@ -86,10 +86,11 @@ Status FsyncParentDir(const std::string& path) {
 Status WriteFileAtomic(const std::string& path, std::string_view content) {
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno("cannot create " + tmp, errno);
+  // Errors name the user's path; the temporary name is our business.
+  if (fd < 0) return Error::FromErrno("cannot write " + path, errno);
   UniqueFd guard(fd);
   Status st = PwriteFull(fd, content.data(), content.size(), 0);
-  if (st.ok() && ::fsync(fd) != 0) st = Error::FromErrno("fsync failed for " + tmp, errno);
+  if (st.ok() && ::fsync(fd) != 0) st = Error::FromErrno("cannot write " + path + " (fsync)", errno);
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
@@ -98,7 +99,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view content) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    return Error::FromErrno("cannot rename " + tmp + " to " + path, err);
+    return Error::FromErrno("cannot write " + path + " (rename into place)", err);
   }
   return FsyncParentDir(path);
 }

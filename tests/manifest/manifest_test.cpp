@@ -41,7 +41,7 @@ std::string PackCmd(const std::string& gguf_dir, const std::string& config, cons
 std::string ManifestCmd(const Paths& m, const std::string& out, const std::string& extra = "--profile scaled") {
   return Bin() + " manifest --progress none --gguf-dir " + ShellQuote(m.gguf_dir) + " --expert-pack " +
          ShellQuote(m.pack) + " --model-config " + ShellQuote(m.config) + " --tokenizer-dir " +
-         ShellQuote(m.tokenizer) + " --output " + ShellQuote(out) + " " + extra;
+         ShellQuote(m.tokenizer) + " --output " + ShellQuote(out) + " --json --force " + extra;
 }
 
 class ManifestE2E : public ::testing::Test {
@@ -256,7 +256,7 @@ TEST_F(ManifestE2E, ErrorsSurfaceWithSglangTexts) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     auto r = RunCmd(c.cmd);
-    EXPECT_EQ(r.rc, 1) << r.out;
+    EXPECT_EQ(r.rc, c.what == "negative samples" ? 2 : 1) << r.out;  // a bad value is a usage error
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << r.out;
     EXPECT_FALSE(fs::exists(out)) << "no manifest may be written on failure";
   }
@@ -321,7 +321,13 @@ TEST_F(ManifestE2E, BuildCommandPacksThenWritesManifest) {
   const std::string first = k3test::ReadFile(dir / "m.json");
   json doc = json::parse(first);
   EXPECT_EQ(first, ReferenceManifest(b, doc, "--profile scaled"));
-  // Second run: the pack is validated and reused.
+  // Second run: pack and manifest are finished, nothing is written.
+  r = RunCmd(cmd, false);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out)["already_built"], true);
+  EXPECT_EQ(k3test::ReadFile(dir / "m.json"), first);
+  // Without the manifest: the pack is validated and reused.
+  fs::remove(dir / "m.json");
   r = RunCmd(cmd, false);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(json::parse(r.out)["pack_reused"], true);

@@ -227,7 +227,8 @@ TEST_F(PackBuild, LockIsExclusive) {
   waitpid(pid, nullptr, 0);
   ::close(fd);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message().find("another process is building this Expert Pack"), std::string::npos);
+  EXPECT_NE(r.error().message().find("another process is building or repairing the Expert Pack"), std::string::npos);
+  EXPECT_EQ(r.error().message().find(".lock"), std::string::npos) << "internal file named: " << r.error().message();
 }
 
 }  // namespace

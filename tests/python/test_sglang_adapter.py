@@ -389,9 +389,9 @@ class SynthModel(AdapterCase):
         cfg = os.path.join(self.clean, "config.json")
         if not os.path.exists(pack):
             _util.run_cli("pack", "--gguf-dir", self.clean, "--model-config", cfg, "--profile", "scaled",
-                          "--out", pack, "--safety-margin-gib", "0", "--progress", "none")
-        _util.run_cli("manifest", "--gguf-dir", self.clean, "--expert-pack", pack, "--model-config", cfg,
-                      "--tokenizer-dir", os.path.join(self.clean, "tokenizer"), "--output", manifest,
+                          "--pack", pack, "--safety-margin-gib", "0", "--progress", "none")
+        _util.run_cli("manifest", "--gguf-dir", self.clean, "--pack", pack, "--model-config", cfg,
+                      "--tokenizer-dir", os.path.join(self.clean, "tokenizer"), "--manifest", manifest,
                       "--profile", "scaled")
         self.assert_same_stream(manifest, self.source_types(manifest), False)
 

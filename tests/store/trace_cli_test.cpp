@@ -19,7 +19,7 @@ using testing_cli::CliRun;
 TEST(TraceCli, GenReplayOnStoreAndSimulate) {
   testing::TinyPack p(testing::TinySpec{}, "cli");
   std::string trace = p.dir + "/t.k3trace";
-  CliRun g = Cli("trace gen --out " + trace +
+  CliRun g = Cli("trace gen --trace " + trace +
               " --layers 2 --experts 8 --top-k 2 --requests 2 --prompt-tokens 4 --decode-tokens 30 --json");
   ASSERT_EQ(g.code, 0) << g.out;
   auto gj = nlohmann::json::parse(g.out);
@@ -53,7 +53,7 @@ TEST(TraceCli, SmallCacheSimulationMatchesStore) {
   spec.role_bytes.assign(2, {4096 * 4, 4096 * 4, 4096 * 8});  // 64 KiB objects: 16 per MiB
   testing::TinyPack p(spec, "cli2");
   std::string trace = p.dir + "/t.k3trace";
-  ASSERT_EQ(Cli("trace gen --out " + trace + " --layers 2 --experts 64 --top-k 2 --decode-tokens 60").code, 0);
+  ASSERT_EQ(Cli("trace gen --trace " + trace + " --layers 2 --experts 64 --top-k 2 --decode-tokens 60").code, 0);
   for (const char* policy : {"reuse-lfu-lru-v2", "lru", "decay-lfu", "quota-decay"}) {
     std::string common = " --cache-mib 1 --trace " + trace + " --manifest " + p.manifest + " --policy " + policy +
                          " --json";
@@ -68,7 +68,7 @@ TEST(TraceCli, SmallCacheSimulationMatchesStore) {
 TEST(TraceCli, SweepWritesTableAndSvg) {
   std::string dir = testing::TinyPack::TempDir("sweep");
   std::string trace = dir + "/t.k3trace";
-  ASSERT_EQ(Cli("trace gen --out " + trace + " --layers 4 --experts 64 --top-k 4 --decode-tokens 80").code, 0);
+  ASSERT_EQ(Cli("trace gen --trace " + trace + " --layers 4 --experts 64 --top-k 4 --decode-tokens 80").code, 0);
   CliRun r = Cli("trace sweep --trace " + trace + " --sizes 8,16,32 --svg " + dir + "/p.svg --json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
@@ -90,7 +90,7 @@ TEST(TraceCli, SweepWritesTableAndSvg) {
 TEST(TraceCli, UsageErrors) {
   EXPECT_EQ(Cli("trace").code, 2);
   EXPECT_EQ(Cli("trace bogus").code, 2);
-  EXPECT_EQ(Cli("trace gen").code, 2);  // --out is required
+  EXPECT_EQ(Cli("trace gen").code, 2);  // --trace is required
   EXPECT_EQ(Cli("trace replay --trace x --cache-mib 1").code, 1);  // unreadable trace
   CliRun h = Cli("trace replay --help");
   EXPECT_EQ(h.code, 0);

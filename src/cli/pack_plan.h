@@ -1,0 +1,42 @@
+// The front half `pack` and `build` share: preflight the inputs (shard dir,
+// model config), resolve the profile, collect the experts, choose the pack
+// path, check it is writable and not an input, and apply the overwrite rule.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/preflight.h"
+#include "k3pack/pack.h"
+#include <nlohmann/json.hpp>
+
+namespace k3pack::cli {
+
+struct PackPlan {
+  kimi::Profile profile = kimi::Profile::kKimiK3;
+  pack::ExpertSet experts;
+  std::string pack;              // --pack or the default beside the shards
+  std::vector<NamedPath> inputs;  // config + shards, for the callers' own overlap checks
+  OutputAction action = OutputAction::kWrite;
+  bool repair = false;  // repair_existing and a finished pack is there
+  std::string invalid_reason;  // why an existing pack is not taken as finished
+  nlohmann::json valid_section;  // kAlreadyBuilt: ValidatePack's expert_pack section
+};
+
+// SGLang's artifact name for the manifest, the default of every command.
+inline constexpr const char* kDefaultManifestName = "kimi-k3-expert-pack.manifest.json";
+
+// Uses --gguf-dir, --model-config, --pack, --profile, --force. Expert types
+// may differ by role/layer when `allow_mixed_types`, or when the profile is
+// scaled and `allow_mixed_when_scaled`.
+// With `repair_existing` the finished pack at --pack is not judged by the
+// overwrite rule: the caller repairs its damaged payloads (plan.repair).
+Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool allow_mixed_when_scaled = false,
+                          bool repair_existing = false);
+
+// --force: removes a finished pack and its .digests so BuildPack rebuilds it.
+Status RemovePackOutput(const std::string& pack_path);
+
+}  // namespace k3pack::cli

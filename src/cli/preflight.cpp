@@ -1,0 +1,219 @@
+#include "cli/preflight.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/manifest.h"
+#include "util/file.h"
+
+namespace k3pack::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// True when `j` (a config object) names a Kimi model.
+bool NamesKimi(const nlohmann::json& j) {
+  if (!j.is_object()) return false;
+  if (auto it = j.find("model_type"); it != j.end() && it->is_string() && Lower(*it).find("kimi") != std::string::npos)
+    return true;
+  if (auto it = j.find("architectures"); it != j.end() && it->is_array()) {
+    for (const auto& a : *it) {
+      if (a.is_string() && Lower(a).find("kimi") != std::string::npos) return true;
+    }
+  }
+  return false;
+}
+
+std::string Describe(const nlohmann::json& j) {
+  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) return "model_type '" + it->get<std::string>() + "'";
+  return "no model_type";
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+}  // namespace
+
+Status CheckModelConfig(const std::string& option, const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return Error(option + " " + path + " does not exist", ErrorKind::kFileNotFound)
+        .WithHint("pass the HF config.json of the Kimi-K3 model as " + option);
+  }
+  if (fs::is_directory(path, ec)) {
+    const std::string inside = (fs::path(path) / "config.json").string();
+    return Error(option + " " + path + " is a directory, not a config file")
+        .WithHint(PathExists(inside) ? "pass " + option + " " + inside
+                                     : "pass the HF config.json of the Kimi-K3 model as " + option);
+  }
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return text.error().WithHint("pass a readable config.json as " + option);
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Error(option + " " + path + " is not a JSON object").WithHint("pass the HF config.json of the Kimi-K3 model");
+  }
+  if (!NamesKimi(j) && !(j.contains("text_config") && NamesKimi(j["text_config"]))) {
+    return Error(option + " " + path + " is not a Kimi HF config (" + Describe(j) + ")")
+        .WithHint("pass the config.json of the Kimi-K3 model (model_type kimi_k3) as " + option);
+  }
+  return Status::OK();
+}
+
+Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
+  std::error_code ec;
+  auto fix = "pass the Kimi tokenizer directory (config.json + tokenizer.json, tiktoken.model or "
+             "tokenizer_config.json) as " + option;
+  if (!fs::exists(dir, ec)) return Error(option + " " + dir + " does not exist", ErrorKind::kFileNotFound).WithHint(fix);
+  if (!fs::is_directory(dir, ec)) return Error(option + " " + dir + " is not a directory").WithHint(fix);
+  // SGLang's test of a tokenizer directory, and the text it raises.
+  const fs::path d(dir);
+  const bool has_tok = fs::is_regular_file(d / "tokenizer.json", ec) || fs::is_regular_file(d / "tiktoken.model", ec) ||
+                       fs::is_regular_file(d / "tokenizer_config.json", ec);
+  if (!fs::is_regular_file(d / "config.json", ec) || !has_tok) {
+    return Error("Kimi tokenizer directory is invalid: " + dir)
+        .WithHint(option + " needs config.json and one of tokenizer.json, tiktoken.model, tokenizer_config.json; " +
+                  fix);
+  }
+  auto text = ReadFileToString((d / "config.json").string());
+  if (!text.ok()) return text.error();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("text_config")) {
+    return Error("Kimi tokenizer config does not contain text_config")
+        .WithHint((d / "config.json").string() + " (" + option + ") must be the model's HF config with text_config");
+  }
+  return Status::OK();
+}
+
+Status CheckGgufDir(const std::string& option, const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return Error(option + " " + path + " does not exist", ErrorKind::kFileNotFound)
+        .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
+  }
+  if (!fs::is_directory(path, ec)) return Status::OK();  // a shard path: the reader judges it
+  auto count_gguf = [](const fs::path& d) {
+    std::error_code e;
+    size_t n = 0;
+    for (fs::directory_iterator it(d, e), end; !e && it != end; it.increment(e)) {
+      if (it->path().extension() == ".gguf") ++n;
+    }
+    return n;
+  };
+  if (count_gguf(path) > 0) return Status::OK();
+  std::vector<std::pair<std::string, size_t>> subs;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e;
+    if (!it->is_directory(e)) continue;
+    if (size_t n = count_gguf(it->path()); n > 0) subs.emplace_back(it->path().filename().string(), n);
+  }
+  std::sort(subs.begin(), subs.end());
+  if (subs.size() == 1) {
+    const std::string sub = (fs::path(path) / subs[0].first).string();
+    return Error("no GGUF files found in " + path + "; found " + std::to_string(subs[0].second) + " shards in " +
+                 subs[0].first + "/")
+        .WithHint("pass " + option + " " + sub);
+  }
+  if (subs.size() > 1) {
+    std::string list;
+    for (const auto& [name, n] : subs) list += "\n  " + name + "/ (" + std::to_string(n) + " shards)";
+    return Error("no GGUF files found in " + path + "; quant folders inside it:" + list)
+        .WithHint("pass " + option + " " + path + "/<one of them>");
+  }
+  return Error("no GGUF files found in " + path + " (" + option + ")")
+      .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
+}
+
+Status CheckOutputWritable(const std::string& option, const std::string& path) {
+  // The writers create missing directories: what must be writable is the
+  // nearest one that exists.
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
+  if (!fs::is_directory(dir, ec)) {
+    return Error(option + " " + path + ": " + dir.string() + " is not a directory", ErrorKind::kFileExists)
+        .WithHint("pass " + option + " in a directory");
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    return Error::FromErrno(option + " " + path + ": cannot write in " + dir.string(), err)
+        .WithHint("the directory is read-only for you; pass " + option + " elsewhere");
+  }
+  return Status::OK();
+}
+
+Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (const NamedPath& out : outputs) {
+    if (out.path.empty()) continue;
+    for (const NamedPath& in : inputs) {
+      if (in.path.empty() || !SameFile(out.path, in.path)) continue;
+      return Error(out.option + " " + out.path + " is an input (" + in.option + "); writing it would destroy it",
+                   ErrorKind::kFileExists)
+          .WithHint("pass " + out.option + " a new path that is not one of the inputs");
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix) {
+  if (PathExists(path)) return Status::OK();
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  std::vector<std::string> found;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      found.push_back(it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  Error e(option + " " + path + " does not exist", ErrorKind::kFileNotFound);
+  if (found.empty()) {
+    return e.WithHint(fs::is_directory(dir, ec) ? "no *" + suffix + " in " + dir.string() + "; run `k3pack build` first"
+                                                : "directory " + dir.string() + " does not exist either");
+  }
+  std::string list = "found beside it:";
+  for (const auto& f : found) list += "\n  " + f;
+  return e.WithHint(list);
+}
+
+Error WithMovedModelHint(const Error& e, const std::string& manifest_path) {
+  if (e.message().find("\nhint:") != std::string::npos) return e;
+  auto m = manifest::ReadManifest(manifest_path);
+  if (!m.ok()) return e;
+  std::vector<std::string> gone;
+  if (!PathExists(m->expert_pack.path)) gone.push_back(m->expert_pack.path);
+  for (const auto& s : m->source.shards) {
+    if (!PathExists(s.path)) gone.push_back(s.path);
+  }
+  if (gone.empty()) return e;
+  return e.WithHint(std::to_string(gone.size()) + " file(s) the manifest records are gone (first: " + gone.front() +
+                    "); if the model directory was moved or renamed, rerun `k3pack build` in its new place to write "
+                    "a new manifest (a valid pack there is reused)");
+}
+
+std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir) {
+  std::vector<NamedPath> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e;
+    if (it->is_regular_file(e)) out.push_back({label, it->path().string()});
+  }
+  return out;
+}
+
+}  // namespace k3pack::cli

@@ -1,0 +1,55 @@
+// Checks every writing command runs before it reads or writes a byte of
+// payload: the inputs are what the option says they are, the outputs can be
+// written, and no output is one of the inputs. Each error names the option and
+// says what to pass instead.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack::cli {
+
+struct NamedPath {
+  std::string option;  // "--model-config", "source shard", ...
+  std::string path;
+};
+
+// --model-config: a readable file (not a directory) holding a JSON object that
+// is a Kimi HF config (model_type / architectures name Kimi, top level or in
+// text_config).
+Status CheckModelConfig(const std::string& option, const std::string& path);
+
+// --tokenizer-dir: a directory SGLang accepts as the Kimi tokenizer: it has
+// config.json (with text_config) and one of tokenizer.json, tiktoken.model,
+// tokenizer_config.json.
+Status CheckTokenizerDir(const std::string& option, const std::string& dir);
+
+// --gguf-dir: exists; when it holds no .gguf file but exactly one
+// subdirectory does (unsloth's quant folders, e.g. UD-Q2_K_XL/), the error
+// names that folder and the --gguf-dir to pass.
+Status CheckGgufDir(const std::string& option, const std::string& path);
+
+// The directory an output is written in (or its nearest existing ancestor,
+// the writers create the rest) is writable; a read-only model directory is
+// reported with the option to pass elsewhere.
+Status CheckOutputWritable(const std::string& option, const std::string& path);
+
+// No output path is one of the inputs (same file by inode, or the same path
+// once resolved). Inputs that are directories also cover every file in them.
+Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+
+// An input file/dir named by `option` exists; when it does not, the error
+// lists the candidates found beside it (names ending in `suffix`).
+Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix);
+
+// `e` from a command that reads what a manifest records: when files the
+// manifest names (pack, shards) are gone, as after moving the model directory,
+// adds a hint saying so and to rerun `k3pack build` (unless `e` has a hint).
+Error WithMovedModelHint(const Error& e, const std::string& manifest_path);
+
+// Every regular file in `dir` (one level), as NamedPaths labelled `label`.
+std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);
+
+}  // namespace k3pack::cli

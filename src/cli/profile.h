@@ -1,0 +1,26 @@
+// The validation profile is found, not asked for: an explicit --profile wins;
+// otherwise a manifest's "k3pack" section (scaled manifests carry it), or the
+// sidecar `k3pack-profile.json` that `k3pack synth` writes beside its
+// config.json, says which; otherwise kimi-k3 (SGLang's audited invariants).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "k3pack/kimi.h"
+
+namespace k3pack::cli {
+
+inline constexpr const char* kProfileSidecar = "k3pack-profile.json";
+
+// Adds --profile with the help text saying how it is found when omitted.
+void AddProfileOption(Args& args);
+
+// `near`: paths (files or directories) of the inputs. A directory is searched
+// for the sidecar, a file's directory too; a *.json file that is a manifest
+// contributes its k3pack section. A bad --profile value is an error the
+// caller reports as a usage error.
+Result<kimi::Profile> ResolveProfile(const Args& args, const std::vector<std::string>& near);
+
+}  // namespace k3pack::cli

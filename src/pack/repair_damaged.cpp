@@ -1,0 +1,92 @@
+#include "pack/repair_damaged.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "pack/build_inputs.h"
+#include "pack/copy.h"
+
+namespace k3pack::pack {
+
+Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, const ExpertSet& ex,
+                                                  const ProgressFn& progress) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(LockPathFor(pack_path)));
+  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
+  const std::string dpath = DigestsPathFor(pack_path);
+  if (!PathExists(dpath)) {
+    return Error("digest sidecar " + dpath + " is missing: the damaged payloads cannot be told apart",
+                 ErrorKind::kFileNotFound)
+        .WithHint("rebuild the pack with --force");
+  }
+  K3_ASSIGN_OR_RETURN(PackDigests digests, ReadPackDigests(dpath));
+  const int fd = ::open(pack_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return Error::FromErrno("cannot open " + pack_path + " for repair", errno);
+  UniqueFd pack_fd(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat " + pack_path, errno);
+  if (digests.index_count != layout.index_count() || digests.pack_size != static_cast<uint64_t>(st.st_size) ||
+      digests.index_sha256 != layout.IndexSha256()) {
+    return Error("pack " + pack_path + " does not have the layout of these shards (index or size differ): its index "
+                 "or header is damaged, not only payloads")
+        .WithHint("rebuild the pack with --force");
+  }
+  std::vector<UniqueFd> src;
+  for (const auto& p : ex.shard_paths) {
+    K3_ASSIGN_OR_RETURN(UniqueFd s, OpenReadOnly(p));
+    src.push_back(std::move(s));
+  }
+
+  // 1. Find every damaged payload.
+  IoBuffer buf(8 << 20);
+  CopyStats stats;
+  std::vector<uint64_t> damaged;
+  uint64_t total = 0, done = 0;
+  for (uint64_t i = 0; i < layout.index_count(); ++i) total += layout.Entry(i).nbytes;
+  for (uint64_t i = 0; i < layout.index_count(); ++i) {
+    const EntrySlot s = layout.Entry(i);
+    K3_ASSIGN_OR_RETURN(auto d, HashRange(fd, s.offset, s.nbytes, buf, &stats));
+    if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) damaged.push_back(i);
+    done += s.nbytes;
+    if (progress && (i % 256 == 0 || i + 1 == layout.index_count()))
+      progress({"check", done, total, i + 1, layout.index_count(),
+                std::chrono::duration<double>(Clock::now() - t0).count()});
+  }
+
+  // 2. Rewrite each from its source slice; the copy must hash to the record.
+  RepairDamagedResult r;
+  for (uint64_t i : damaged) {
+    const EntrySlot s = layout.Entry(i);
+    const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
+    const std::string what = t.tensor.name + " expert " + std::to_string(s.expert) + " (entry " + std::to_string(i) + ")";
+    K3_RETURN_IF_ERROR(ZeroRange(fd, s.offset, s.nbytes));
+    const uint64_t soff = t.tensor.data_offset + s.expert * t.expert_bytes;
+    K3_ASSIGN_OR_RETURN(auto d, CopyAndHash(src[t.tensor.shard_index].get(), soff, fd, s.offset, s.nbytes, buf, &stats));
+    if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) {
+      return Error("source of " + what + " no longer matches the digest recorded when the pack was built: " +
+                   ex.shard_paths[t.tensor.shard_index] + " changed")
+          .WithHint("the pack cannot be repaired from these shards; rebuild it with --force");
+    }
+    r.repaired.push_back(what);
+  }
+  if (!damaged.empty() && ::fsync(fd) != 0) return Error::FromErrno("cannot fsync " + pack_path, errno);
+
+  // 3. Verify the repaired entries against both the sidecar and the source.
+  if (!damaged.empty()) {
+    VerifyOptions vo;
+    vo.against_digests = true;
+    vo.against_source = true;
+    vo.entries = damaged;
+    K3_RETURN_IF_ERROR(VerifyPayloads(pack_path, ex, vo).status());
+  }
+  r.entries_checked = layout.index_count();
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace k3pack::pack

@@ -1,0 +1,86 @@
+// Shared by the CLI safety tests: one synthetic tiny model per test binary,
+// fresh copies of it per test, and snapshots (SHA-256 of every file) to prove
+// a refused command changed no input and published nothing.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "../cli_run.h"
+#include "util/sha256.h"
+
+namespace k3cli {
+
+namespace fs = std::filesystem;
+using k3pack::testing_cli::Cli;
+using k3pack::testing_cli::CliRun;
+
+inline std::string Q(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+inline std::string Root() {
+  static const std::string root = [] {
+    std::string tmpl = (fs::temp_directory_path() / "k3cli-XXXXXX").string();
+    return std::string(::mkdtemp(tmpl.data()));
+  }();
+  return root;
+}
+
+// The synthetic tiny model (3 shards, config.json, tokenizer/), written once.
+inline const std::string& BaseModel() {
+  static const std::string dir = [] {
+    const std::string d = Root() + "/base-model";
+    CliRun r = Cli("synth --preset tiny --seed 1 --out " + Q(d));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return dir;
+}
+
+// A private copy of the model in `Root()/name` (tests write beside the shards).
+inline std::string FreshModel(const std::string& name) {
+  const std::string d = Root() + "/" + name;
+  fs::remove_all(d);
+  fs::copy(BaseModel(), d, fs::copy_options::recursive);
+  return d;
+}
+
+// Relative path -> SHA-256 of every regular file under `dir` ("<dir>" for directories).
+inline std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = fs::relative(e.path(), dir).string();
+    if (e.is_regular_file()) {
+      auto h = k3pack::Sha256File(e.path().string());
+      out[rel] = h.ok() ? *h : "unreadable";
+    } else {
+      out[rel] = "<dir>";
+    }
+  }
+  return out;
+}
+
+inline bool Contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+inline std::string Shard(const std::string& model, int i) {
+  return model + "/KIMI-K3-SYNTH-0000" + std::to_string(i) + "-of-00003.gguf";
+}
+
+// build with the model's own config and tokenizer, plus `extra`.
+inline CliRun Build(const std::string& model, const std::string& extra = "") {
+  return Cli("build --progress none --safety-margin-gib 0 --gguf-dir " + Q(model) + " --model-config " +
+             Q(model + "/config.json") + " --tokenizer-dir " + Q(model + "/tokenizer") + " " + extra);
+}
+
+inline CliRun Pack(const std::string& model, const std::string& extra = "") {
+  return Cli("pack --progress none --safety-margin-gib 0 --gguf-dir " + Q(model) + " --model-config " +
+             Q(model + "/config.json") + " " + extra);
+}
+
+}  // namespace k3cli

@@ -1,0 +1,485 @@
+// Issue 12, items 1-9: each test makes the mistake a new user makes and
+// checks the exit code, that the message names the option and the fix, that
+// no input changed (SHA-256 of every file before/after) and that nothing
+// partial was published.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.h"
+#include "util/file.h"
+
+namespace k3cli {
+namespace {
+
+const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
+const char* kPackName = "KIMI-K3-SYNTH.expert-major.pack";
+
+// No pack, partial, lock, digests or manifest anywhere in `dir`.
+void ExpectNothingPublished(const std::string& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    EXPECT_FALSE(Contains(n, ".pack") || Contains(n, "manifest") || Contains(n, ".partial") || Contains(n, ".tmp"))
+        << "published: " << e.path();
+  }
+}
+
+// ---------------------------------------------------------------- item 1
+
+TEST(Preflight, BuildWithMissingTokenizerDirWritesNothing) {
+  const std::string m = FreshModel("pf-tok");
+  const auto before = Snapshot(m);
+  CliRun r = Cli("build --progress none --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json") +
+                 " --tokenizer-dir /nonexistent-tokenizer");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--tokenizer-dir /nonexistent-tokenizer does not exist")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass the Kimi tokenizer directory")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  ExpectNothingPublished(m);
+}
+
+TEST(Preflight, TokenizerDirWithoutTokenizerFilesUsesSglangText) {
+  const std::string m = FreshModel("pf-tok2");
+  fs::create_directories(m + "/emptytok");
+  std::ofstream(m + "/emptytok/config.json") << "{}";
+  const auto before = Snapshot(m);
+  CliRun r = Cli("build --progress none --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json") +
+          " --tokenizer-dir " + Q(m + "/emptytok"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: Kimi tokenizer directory is invalid: " + m + "/emptytok")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--tokenizer-dir needs config.json and one of tokenizer.json")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+}
+
+TEST(Preflight, ManifestPathThatIsTheConfigIsRefused) {
+  const std::string m = FreshModel("pf-cfg");
+  const auto before = Snapshot(m);
+  CliRun r = Build(m, "--manifest " + Q(m + "/config.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--manifest " + m + "/config.json is an input (--model-config)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass --manifest a new path that is not one of the inputs")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  ExpectNothingPublished(m);
+}
+
+TEST(Preflight, PackPathThatIsAShardIsRefusedWithoutSuggestingDeletion) {
+  const std::string m = FreshModel("pf-shard");
+  const auto before = Snapshot(m);
+  for (const std::string cmd : {"build", "pack"}) {
+    CliRun r = cmd == "build" ? Build(m, "--pack " + Q(Shard(m, 2))) : Pack(m, "--pack " + Q(Shard(m, 2)));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "--pack " + Shard(m, 2) + " is an input (source shard)")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "remove")) << r.out;
+    EXPECT_EQ(Snapshot(m), before);
+  }
+  ExpectNothingPublished(m);
+}
+
+TEST(Preflight, TraceGenOverAShardIsRefused) {
+  const std::string m = FreshModel("pf-trace");
+  const auto before = Snapshot(m);
+  CliRun r = Cli("trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 --trace " + Q(Shard(m, 1)));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + Shard(m, 1) + " (--trace)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "pass --force to replace it")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+}
+
+TEST(Preflight, ModelConfigThatIsADirectoryOrNotKimi) {
+  const std::string m = FreshModel("pf-cfgdir");
+  const auto before = Snapshot(m);
+  CliRun r = Cli("pack --progress none --gguf-dir " + Q(m) + " --model-config " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--model-config " + m + " is a directory, not a config file")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass --model-config " + m + "/config.json")) << r.out;
+  const std::string llama = Root() + "/llama-config.json";
+  std::ofstream(llama) << R"({"model_type": "llama", "num_hidden_layers": 4})";
+  r = Cli("build --progress none --gguf-dir " + Q(m) + " --model-config " + Q(llama) + " --tokenizer-dir " +
+          Q(m + "/tokenizer"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--model-config " + llama + " is not a Kimi HF config (model_type 'llama')")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  ExpectNothingPublished(m);
+}
+
+// ---------------------------------------------------------------- item 2
+
+TEST(OverwriteRule, PackTwiceIsAlreadyBuiltThenForceRebuilds) {
+  const std::string m = FreshModel("ow-pack");
+  CliRun r = Pack(m);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto built = Snapshot(m);
+  r = Pack(m);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + m + "/" + kPackName + " (use --force to rebuild)")) << r.out;
+  EXPECT_EQ(Snapshot(m), built);
+  r = Pack(m, "--force");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "EXPERT_PACK_READY")) << r.out;
+  EXPECT_EQ(Snapshot(m), built);  // same bytes again
+}
+
+TEST(OverwriteRule, PackOverAForeignFileIsRefused) {
+  const std::string m = FreshModel("ow-foreign");
+  const std::string mine = m + "/notes.pack";
+  std::ofstream(mine) << "my notes";
+  const auto before = Snapshot(m);
+  CliRun r = Pack(m, "--pack " + Q(mine));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + mine + " (--pack)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass --force to rebuild it")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "or another --pack path")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+}
+
+TEST(OverwriteRule, BuildTwiceIsAlreadyBuilt) {
+  const std::string m = FreshModel("ow-build");
+  CliRun r = Build(m);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto built = Snapshot(m);
+  r = Build(m);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + m + "/" + kManifestName + " (use --force to rebuild)")) << r.out;
+  EXPECT_EQ(Snapshot(m), built);
+  // --json keeps stdout JSON.
+  r = Cli("build --json --progress none --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json") +
+          " --tokenizer-dir " + Q(m + "/tokenizer") + " 2>/dev/null");
+  EXPECT_EQ(r.code, 0);
+  ASSERT_NE(r.out.find('{'), std::string::npos) << r.out;  // stderr is merged by Cli(): skip the line before
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["already_built"], true);
+}
+
+TEST(OverwriteRule, ManifestOverAnotherFileRefusedSameManifestAlreadyBuilt) {
+  const std::string m = FreshModel("ow-manifest");
+  ASSERT_EQ(Pack(m).code, 0);
+  const std::string args = "manifest --progress none --gguf-dir " + Q(m) + " --pack " + Q(m + "/" + kPackName) +
+                           " --model-config " + Q(m + "/config.json") + " --tokenizer-dir " + Q(m + "/tokenizer");
+  const std::string other = m + "/other.json";
+  std::ofstream(other) << "{\"mine\": 1}";
+  const auto before = Snapshot(m);
+  CliRun r = Cli(args + " --manifest " + Q(other));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + other + " (--manifest)")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  r = Cli(args);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(m + "/" + kManifestName));
+  const auto written = Snapshot(m);
+  r = Cli(args);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + m + "/" + kManifestName)) << r.out;
+  EXPECT_EQ(Snapshot(m), written);
+}
+
+TEST(OverwriteRule, SynthIntoNonEmptyDirRefusedSameModelAlreadyBuilt) {
+  const std::string d = Root() + "/ow-synth";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  std::ofstream(d + "/thesis.tex") << "keep me";
+  CliRun r = Cli("synth --preset tiny --out " + Q(d));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite non-empty directory " + d + " (--out)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--force")) << r.out;
+  EXPECT_EQ(Snapshot(d).size(), 1u);
+  const std::string d2 = Root() + "/ow-synth2";
+  fs::remove_all(d2);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 3 --out " + Q(d2)).code, 0);
+  const auto first = Snapshot(d2);
+  r = Cli("synth --preset tiny --seed 3 --out " + Q(d2));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + d2)) << r.out;
+  EXPECT_EQ(Snapshot(d2), first);
+  r = Cli("synth --preset tiny --seed 4 --out " + Q(d2));  // other options: refused
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(Snapshot(d2), first);
+}
+
+TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
+  const std::string m = FreshModel("ow-misc");
+  const std::string user_svg = m + "/figure.svg";
+  std::ofstream(user_svg) << "<svg>my figure</svg>";
+  const auto before = Snapshot(m);
+  CliRun r = Cli("trace sweep --layers 2 --sizes 4,8 --svg " + Q(user_svg));
+  r = Cli("trace sweep --object-bytes 1000 --sizes 16,32 --svg " + Q(user_svg));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + user_svg + " (--svg)")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+
+  // repair: a second identical run is already built; a foreign OUT is refused.
+  const std::string broken = Root() + "/ow-broken", out = Root() + "/ow-repaired";
+  fs::remove_all(broken);
+  fs::remove_all(out);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 1 --fault raw-ssm-a --out " + Q(broken)).code, 0);
+  const auto broken_before = Snapshot(broken);
+  r = Cli("repair " + Q(broken) + " " + Q(out) + " --fix ssm-a");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto repaired = Snapshot(out);
+  r = Cli("repair " + Q(broken) + " " + Q(out) + " --fix ssm-a");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + out)) << r.out;
+  EXPECT_EQ(Snapshot(out), repaired);
+  r = Cli("repair " + Q(broken) + " " + Q(m) + " --fix ssm-a");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite non-empty directory " + m + " (OUT)")) << r.out;
+  r = Cli("repair " + Q(broken) + " " + Q(m) + " --fix ssm-a --force");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "is not the output of an earlier `k3pack repair`")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  EXPECT_EQ(Snapshot(broken), broken_before);
+  r = Cli("repair " + Q(broken) + " " + Q(out) + " --fix ssm-a --force");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Snapshot(out), repaired);
+}
+
+// ---------------------------------------------------------------- item 3
+
+void FlipByte(const std::string& path, uint64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x40;
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
+TEST(CorruptPack, VerifyHintsRepairAndRepairDamagedRewritesOnlyThose) {
+  const std::string m = FreshModel("corrupt");
+  ASSERT_EQ(Build(m).code, 0);
+  const std::string pack = m + "/" + kPackName, manifest = m + "/" + kManifestName;
+  const std::string shard_sums = Snapshot(m)["KIMI-K3-SYNTH-00002-of-00003.gguf"];
+  const uint64_t size = fs::file_size(pack);
+  FlipByte(pack, size / 2 + 12345);
+  CliRun r = Cli("verify --progress none --full --manifest " + Q(manifest));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "does not match digest sidecar")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: rewrite exactly the damaged payloads")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "k3pack pack --repair-damaged --gguf-dir " + m)) << r.out;
+  EXPECT_FALSE(Contains(r.out, "remove")) << r.out;
+  r = Pack(m, "--repair-damaged");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "EXPERT_PACK_REPAIRED path=" + pack + " damaged=1 of")) << r.out;
+  r = Cli("verify --progress none --full --against-source --manifest " + Q(manifest));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Snapshot(m)["KIMI-K3-SYNTH-00002-of-00003.gguf"], shard_sums);
+
+  // build --restart no longer reuses a corrupt pack silently: it repairs it.
+  FlipByte(pack, size / 3 + 777);
+  FlipByte(pack, size - 100);
+  r = Build(m, "--restart");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "damaged_rewritten=2")) << r.out;
+  EXPECT_EQ(Cli("verify --progress none --full --manifest " + Q(manifest)).code, 0);
+}
+
+// ---------------------------------------------------------------- item 4
+
+TEST(Unsupported, BuildRefusesWhatSglangCannotLoadAndDoctorGroups) {
+  const std::string m = Root() + "/bf16";
+  fs::remove_all(m);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 1 --matrix-type BF16 --out " + Q(m)).code, 0);
+  const auto before = Snapshot(m);
+  CliRun r = Build(m);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "SGLang cannot load this checkpoint")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "[tensor-must-be-quantized] token_embd.weight: stored as BF16")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "pass --allow-unsupported")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  ExpectNothingPublished(m);
+  r = Cli("doctor --no-values " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "ERROR [tensor-must-be-quantized] 46 objects, first 5: token_embd.weight, ")) << r.out;
+  // The explanation is printed once for the group, not once per tensor.
+  size_t headers = 0;
+  for (size_t at = r.out.find("means:"); at != std::string::npos; at = r.out.find("means:", at + 1)) ++headers;
+  EXPECT_EQ(headers, 1u) << r.out;
+  size_t found = 0;
+  for (size_t at = r.out.find("stored as BF16"); at != std::string::npos; at = r.out.find("stored as BF16", at + 1))
+    ++found;
+  EXPECT_EQ(found, 1u) << r.out;
+  EXPECT_EQ(Build(m, "--allow-unsupported").code, 0);
+}
+
+// ---------------------------------------------------------------- item 5
+
+TEST(Vocabulary, PositionalGgufDirAndDeprecatedSpellings) {
+  const std::string m = FreshModel("voc");
+  const std::string pack = m + "/p.pack";
+  CliRun r = Cli("pack " + Q(m) + " --progress none --model-config " + Q(m + "/config.json") + " --out " + Q(pack));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "note: --out is deprecated; use --pack")) << r.out;
+  EXPECT_TRUE(fs::exists(pack));
+  r = Cli("manifest --progress none --gguf-dir " + Q(m) + " --expert-pack " + Q(pack) + " --model-config " +
+          Q(m + "/config.json") + " --tokenizer-dir " + Q(m + "/tokenizer") + " --output " + Q(m + "/x.manifest.json"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "note: --expert-pack is deprecated; use --pack")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "note: --output is deprecated; use --manifest")) << r.out;
+  EXPECT_TRUE(fs::exists(m + "/x.manifest.json"));
+  // Both spellings at once, or the positional and the option: usage errors.
+  r = Cli("pack " + Q(m) + " --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "both --gguf-dir and the argument")) << r.out;
+  r = Cli("pack --gguf-dir " + Q(m) + " --model-config x --pack a --out b");
+  EXPECT_EQ(r.code, 2) << r.out;
+  // Every command takes --json.
+  for (const std::string cmd : {"inspect", "doctor", "build", "pack", "manifest", "verify", "load", "run-experts",
+                                "synth", "repair", "dump-tensor"}) {
+    CliRun h = Cli(cmd + " --help");
+    EXPECT_TRUE(Contains(h.out, "--json")) << cmd;
+  }
+}
+
+// ---------------------------------------------------------------- item 6
+
+TEST(ExitCodes, UsageErrorsAreTwoAndDocumented) {
+  const std::string m = BaseModel();
+  EXPECT_EQ(Cli("build --no-such-flag").code, 2);
+  EXPECT_EQ(Cli("build --gguf-dir " + Q(m) + " --model-config c --tokenizer-dir t --payload-samples many").code, 2);
+  EXPECT_EQ(Cli("build --gguf-dir " + Q(m) + " --model-config c --tokenizer-dir t --profile huge").code, 2);
+  EXPECT_EQ(Cli("pack --gguf-dir " + Q(m) + " --model-config c --progress sideways").code, 2);
+  EXPECT_EQ(Cli("pack --gguf-dir " + Q(m) + " --model-config c --threads 0").code, 2);
+  EXPECT_EQ(Cli("verify --manifest m.json --samples 3 --full").code, 2);
+  EXPECT_EQ(Cli("verify --manifest m.json --samples x").code, 2);
+  EXPECT_EQ(Cli("manifest --gguf-dir d --pack p --model-config c --tokenizer-dir t --payload-samples -1").code, 2);
+  CliRun help = Cli("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(Contains(help.out, "2    usage error: unknown flag, bad value, conflicting flags")) << help.out;
+  EXPECT_TRUE(Contains(help.out, "130  interrupted")) << help.out;
+  // A bad input (not a usage error) is 1.
+  EXPECT_EQ(Cli("verify --manifest /nonexistent/m.manifest.json").code, 1);
+}
+
+// ---------------------------------------------------------------- item 7
+
+TEST(DefaultManifest, BuildWritesSglangNameAndMissingPathsListCandidates) {
+  const std::string m = FreshModel("dm");
+  ASSERT_EQ(Build(m).code, 0);
+  EXPECT_TRUE(fs::exists(m + "/" + kManifestName));
+  const auto before = Snapshot(m);
+  CliRun r = Cli("verify --manifest " + Q(m + "/kimi-k3.manifest.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--manifest " + m + "/kimi-k3.manifest.json does not exist")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "found beside it:\n  " + m + "/" + kManifestName)) << r.out;
+  r = Cli("manifest --gguf-dir " + Q(m) + " --pack " + Q(m + "/KIMI.pack") + " --model-config " +
+          Q(m + "/config.json") + " --tokenizer-dir " + Q(m + "/tokenizer"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "found beside it:\n  " + m + "/" + kPackName)) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+}
+
+// ---------------------------------------------------------------- item 8
+
+TEST(Profile, SynthRecordsItAndCommandsFindIt) {
+  const std::string m = FreshModel("prof");
+  std::ifstream side(m + "/k3pack-profile.json");
+  ASSERT_TRUE(side.good());
+  EXPECT_EQ(nlohmann::json::parse(side)["profile"], "scaled");
+  ASSERT_EQ(Build(m).code, 0);  // no --profile: found
+  const std::string manifest = m + "/" + kManifestName;
+  CliRun r = Cli("doctor " + Q(manifest));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Cli("doctor " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Asked for explicitly, the strict profile names the way out.
+  r = Cli("pack --progress none --profile kimi-k3 --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json") +
+          " --pack " + Q(m + "/strict.pack"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "Kimi K3 model invariants do not match the audited model")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--profile scaled")) << r.out;
+}
+
+// ---------------------------------------------------------------- item 9
+
+TEST(Errors, UnslothQuantSubfolderNamesTheDirToPass) {
+  const std::string d = Root() + "/unsloth";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  fs::copy(BaseModel(), d + "/UD-Q2_K_XL", fs::copy_options::recursive);
+  const auto before = Snapshot(d);
+  CliRun r = Cli("pack --progress none --gguf-dir " + Q(d) + " --model-config " + Q(d + "/UD-Q2_K_XL/config.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "found 3 shards in UD-Q2_K_XL/")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass --gguf-dir " + d + "/UD-Q2_K_XL")) << r.out;
+  EXPECT_EQ(Snapshot(d), before);
+}
+
+TEST(Errors, MovedModelDirSaysRerunBuild) {
+  const std::string m = FreshModel("err-moved"), moved = Root() + "/err-moved-elsewhere";
+  ASSERT_EQ(Build(m).code, 0);
+  fs::remove_all(moved);
+  fs::rename(m, moved);
+  const auto before = Snapshot(moved);
+  for (const std::string cmd : {"verify", "load", "run-experts"}) {
+    CliRun r = Cli(cmd + " --manifest " + Q(moved + "/" + kManifestName));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "the manifest records are gone (first: " + m + "/")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "rerun `k3pack build` in its new place")) << r.out;
+  }
+  EXPECT_EQ(Snapshot(moved), before);
+}
+
+TEST(Errors, ReadOnlyModelDirSaysPassPackElsewhere) {
+  // Root may write anywhere: run the binary as nobody on a 0555 model dir.
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv")) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("err-ro");
+  fs::permissions(Root(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                              fs::perms::others_read | fs::perms::others_exec);
+  for (const auto& e : fs::recursive_directory_iterator(m)) {
+    fs::permissions(e.path(), fs::perms::others_read | fs::perms::group_read, fs::perm_options::add);
+    if (e.is_directory()) fs::permissions(e.path(), fs::perms::others_exec, fs::perm_options::add);
+  }
+  fs::permissions(m, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                         fs::perms::others_read | fs::perms::others_exec);
+  const auto before = Snapshot(m);
+  const std::string cmd = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups " + std::string(K3PACK_BIN) +
+                          " build " + Q(m) + " --progress none --model-config " + Q(m + "/config.json") +
+                          " --tokenizer-dir " + Q(m + "/tokenizer") + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int status = ::pclose(f);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_TRUE(Contains(out, "--pack " + m + "/" + kPackName + ": cannot write in " + m)) << out;
+  EXPECT_TRUE(Contains(out, "hint: the directory is read-only for you; pass --pack elsewhere")) << out;
+  fs::permissions(m, fs::perms::owner_all, fs::perm_options::add);
+  EXPECT_EQ(Snapshot(m), before);
+  ExpectNothingPublished(m);
+}
+
+TEST(Errors, RunExpertsLayerThatIsNotRouted) {
+  const std::string m = FreshModel("err-layer");
+  ASSERT_EQ(Build(m).code, 0);
+  CliRun r = Cli("run-experts --manifest " + Q(m + "/" + kManifestName) + " --layer 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--layer 0 is not a routed MoE layer")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "routed layers are 1..3")) << r.out;
+}
+
+}  // namespace
+}  // namespace k3cli
+
+namespace k3cli {
+namespace {
+
+// Item 9: errors name the user's path, not the writer's temporary file.
+TEST(Errors, AtomicWriteErrorsNameTheUsersPath) {
+  const std::string file = Root() + "/plain-file";
+  std::ofstream(file) << "x";
+  const std::string target = file + "/m.json";  // its "directory" is a file
+  k3pack::Status st = k3pack::WriteFileAtomic(target, "{}");
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(Contains(st.error().message(), "cannot write " + target)) << st.error().message();
+  EXPECT_FALSE(Contains(st.error().message(), ".tmp")) << st.error().message();
+}
+
+}  // namespace
+}  // namespace k3cli
