@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "doctor/internal.h"
+#include "util/utf8.h"
 
 namespace k3pack::doctor {
 
@@ -105,33 +106,44 @@ nlohmann::json Report::ToJson() const {
   j["checks"] = cj;
   nlohmann::json fs = nlohmann::json::array();
   for (const Finding& f : findings) {
-    fs.push_back({{"severity", SeverityName(f.severity)},
-                  {"code", f.code},
-                  {"object", f.object},
-                  {"file", f.file},
-                  {"message", f.message},
-                  {"sglang_error", f.sglang_error},
-                  {"sglang_exception", f.sglang_exception},
-                  {"meaning", f.meaning},
-                  {"fix", f.fix},
-                  {"details", f.details}});
+    nlohmann::json entry = {{"severity", SeverityName(f.severity)},
+                            {"code", f.code},
+                            {"object", f.object},
+                            {"file", f.file},
+                            {"message", f.message},
+                            {"sglang_error", f.sglang_error},
+                            {"sglang_exception", f.sglang_exception},
+                            {"meaning", f.meaning},
+                            {"fix", f.fix},
+                            {"details", f.details}};
+    // GGUF keys, values and tensor names are bytes: a finding that quotes
+    // one that is not UTF-8 shows it escaped (\xNN) and lists the fields.
+    if (auto bad = EscapeInvalidUtf8Members(entry); !bad.empty()) entry["not_utf8"] = bad;
+    fs.push_back(std::move(entry));
   }
   j["findings"] = fs;
+  // Paths (inputs, files, notes) may hold any bytes too.
+  if (auto bad = EscapeInvalidUtf8Members(j); !bad.empty()) j["not_utf8"] = bad;
   return j;
 }
 
 std::string Report::ToText() const {
   std::ostringstream os;
   const char* labels[] = {"ERROR", "WARNING", "INFO"};
+  // Text that is not UTF-8 (from GGUF bytes) is shown escaped and marked.
+  auto shown = [](const std::string& s) {
+    return IsValidUtf8(s) ? s : EscapeInvalidUtf8(s) + " (not UTF-8; shown with \\xNN escapes)";
+  };
   for (const Finding& f : findings) {
-    os << labels[static_cast<int>(f.severity)] << " [" << f.code << "] " << f.object << "\n";
-    if (!f.file.empty() && f.file != f.object) os << "  file:    " << f.file << "\n";
-    if (!f.message.empty()) os << "  found:   " << f.message << "\n";
+    os << labels[static_cast<int>(f.severity)] << " [" << f.code << "] " << shown(f.object) << "\n";
+    if (!f.file.empty() && f.file != f.object) os << "  file:    " << shown(f.file) << "\n";
+    if (!f.message.empty()) os << "  found:   " << shown(f.message) << "\n";
     if (!f.sglang_error.empty()) {
-      os << "  SGLang:  " << (f.sglang_exception.empty() ? "" : f.sglang_exception + ": ") << f.sglang_error << "\n";
+      os << "  SGLang:  " << (f.sglang_exception.empty() ? "" : f.sglang_exception + ": ") << shown(f.sglang_error)
+         << "\n";
     }
     os << "  means:   " << f.meaning << "\n";
-    os << "  fix:     " << f.fix << "\n\n";
+    os << "  fix:     " << shown(f.fix) << "\n\n";
   }
   const size_t e = Count(Severity::kError), w = Count(Severity::kWarning);
   os << "checked " << files.size() << " file(s), " << tensors_examined << " tensor(s); ";
