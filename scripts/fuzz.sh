@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-30}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 JOBS=${JOBS:-$(nproc)}
-TARGETS=(gguf_reader_fuzz shard_set_fuzz pack_index_fuzz manifest_fuzz pyjson_fuzz trace_fuzz)
+# Every fuzz/<name>_fuzz.cpp is a target.
+TARGETS=()
+for src in fuzz/*_fuzz.cpp; do TARGETS+=("$(basename "$src" .cpp)"); done
 # FUZZ_TARGETS="a_fuzz b_fuzz" runs a subset (e.g. per-target durations in an extended run).
 if [ -n "${FUZZ_TARGETS:-}" ]; then read -r -a TARGETS <<<"$FUZZ_TARGETS"; fi
 # Extended runs: FUZZ_WORKERS=N runs N processes per target over one shared
