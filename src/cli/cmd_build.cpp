@@ -35,9 +35,10 @@ Result<nlohmann::json> Run(const Args& args) {
   K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
   K3_ASSIGN_OR_RETURN(int threads, ParseCopyThreads(args));
 
-  // Pack: same checks as `k3pack pack`.
+  // Pack: same checks as `k3pack pack` (mixed expert types only when asked for:
+  // SGLang's validator refuses them).
   pack::CollectOptions copts;
-  copts.allow_mixed_types = profile == kimi::Profile::kScaled;
+  copts.allow_mixed_types = args.Has("--allow-mixed-types");
   K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(args.Get("--gguf-dir"),
                                                                             args.Get("--model-config"), profile, copts));
   std::string out = args.Get("--out");
@@ -47,7 +48,10 @@ Result<nlohmann::json> Run(const Args& args) {
 
   bool reused = false;
   pack::BuildResult built;
-  if (PathExists(out)) {
+  // A pack with its checkpoint still beside it was published by a build that
+  // was stopped inside finalize (digest sidecar not yet renamed, checkpoint not
+  // yet removed): BuildPack finishes it, as a rerun of `k3pack pack` does.
+  if (PathExists(out) && !PathExists(pack::CheckpointPathFor(out))) {
     pack::ValidateOptions vopts;
     vopts.payload_samples = 6;
     auto valid = pack::ValidatePack(out, experts, vopts);
@@ -117,6 +121,7 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Option("--out", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
       .Option("--manifest", "manifest path (default: kimi-k3-expert-pack.manifest.json beside the pack)", "")
       .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
+      .Flag("--allow-mixed-types", "allow expert dtypes to differ by role or layer (scaled profile)")
       .Option("--payload-samples", "pack entries byte-compared with GGUF for the manifest", "6")
       .Flag("--full-source-hashes", "record the SHA-256 of every whole shard")
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")
