@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <vector>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -91,8 +92,8 @@ TEST_F(VerifyInputs, UnchangedInputsVerify) {
 }
 
 // Bytes no per-entry check reads: the zero fill between the index and
-// data_start, and the padding after a payload. Only the whole-pack digest
-// sees them.
+// data_start (first, middle, last byte), and the padding after a payload
+// where the layout has any. Only the whole-pack digest sees them.
 TEST_F(VerifyInputs, FullChecksWholePackDigestOverPaddingAndZeroFill) {
   const std::string pack = *root_ / "x.pack";
   const std::string bytes = k3test::ReadFile(pack);
@@ -104,8 +105,11 @@ TEST_F(VerifyInputs, FullChecksWholePackDigestOverPaddingAndZeroFill) {
     const uint64_t end = Le(bytes, 40 + i * 152 + 136, 8) + Le(bytes, 40 + i * 152 + 144, 8);
     if (end < Le(bytes, 40 + (i + 1) * 152 + 136, 8)) gap = end;
   }
-  ASSERT_GT(gap, 0u) << "no padding between payloads in the tiny pack";
-  for (const uint64_t at : {index_end + (data_start - index_end) / 2, gap}) {
+  // The tiny model's role sizes are multiples of 4096, so its pack may have no
+  // padding between payloads; the zero fill before data_start is always there.
+  std::vector<uint64_t> where = {index_end, index_end + (data_start - index_end) / 2, data_start - 1};
+  if (gap > 0) where.push_back(gap);
+  for (const uint64_t at : where) {
     SCOPED_TRACE("byte " + std::to_string(at));
     FlipByte(pack, at);
     auto r = Verify(Manifest(), "--full");

@@ -24,18 +24,18 @@ std::string Quote(const std::string& s) {
   return out + "'";
 }
 
-struct Run {
+struct CmdRun {
   int code = 0;          // exit status, or 128 + signal
   std::string out;       // stdout + stderr
 };
 
 // Runs K3PACK_BIN with `args` and extra environment `env` ("NAME=VALUE ...").
-Run RunK3(const std::string& env, const std::vector<std::string>& args) {
+CmdRun RunK3(const std::string& env, const std::vector<std::string>& args) {
   std::string cmd = "env " + env + " " + Quote(K3PACK_BIN);
   for (const auto& a : args) cmd += " " + Quote(a);
   FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
   if (f == nullptr) return {-1, "popen failed"};
-  Run r;
+  CmdRun r;
   std::array<char, 4096> buf;
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.out.append(buf.data(), n);
@@ -80,7 +80,7 @@ TEST_F(PackFinalize, KillAfterEveryFinalizeStepThenRerunFinishesThroughPackAndBu
   // Reference: one uninterrupted build, for the digest sidecar's bytes.
   const std::string ref = *root_ + "/ref";
   std::filesystem::create_directories(ref);
-  Run r0 = RunK3("", Args("pack", ref));
+  CmdRun r0 = RunK3("", Args("pack", ref));
   ASSERT_EQ(r0.code, 0) << r0.out;
   const std::string ref_digests = ReadAll(DigestsPathFor(ref + "/x.pack"));
   ASSERT_FALSE(ref_digests.empty());
@@ -91,11 +91,11 @@ TEST_F(PackFinalize, KillAfterEveryFinalizeStepThenRerunFinishesThroughPackAndBu
       const std::string dir = *root_ + "/" + command + std::to_string(step);
       std::filesystem::create_directories(dir);
       const std::string out = dir + "/x.pack";
-      Run killed = RunK3("K3PACK_TEST_KILL_IN_FINALIZE=" + std::to_string(step), Args(command, dir));
+      CmdRun killed = RunK3("K3PACK_TEST_KILL_IN_FINALIZE=" + std::to_string(step), Args(command, dir));
       ASSERT_EQ(killed.code, 128 + SIGKILL) << killed.out;
       ASSERT_TRUE(PathExists(CheckpointPathFor(out))) << "the kill must land before the checkpoint is removed";
 
-      Run rerun = RunK3("", Args(command, dir));
+      CmdRun rerun = RunK3("", Args(command, dir));
       ASSERT_EQ(rerun.code, 0) << rerun.out;
       EXPECT_TRUE(ReadAll(out) == *expected_);
       EXPECT_EQ(ReadAll(DigestsPathFor(out)), ref_digests) << "digest sidecar missing or different";
@@ -106,7 +106,7 @@ TEST_F(PackFinalize, KillAfterEveryFinalizeStepThenRerunFinishesThroughPackAndBu
         EXPECT_NE(rerun.out.find("finished an interrupted build: " + out), std::string::npos) << rerun.out;
       }
       if (command == "build") {
-        Run v = RunK3("", {"verify", "--manifest", dir + "/m.json", "--full", "--progress", "none"});
+        CmdRun v = RunK3("", {"verify", "--manifest", dir + "/m.json", "--full", "--progress", "none"});
         EXPECT_EQ(v.code, 0) << v.out;
       }
     }
@@ -115,7 +115,7 @@ TEST_F(PackFinalize, KillAfterEveryFinalizeStepThenRerunFinishesThroughPackAndBu
 
 TEST_F(PackFinalize, BuildRefusesMixedExpertTypesUnlessAllowed) {
   const std::string dir = *root_ + "/mixed";
-  Run s = RunK3("", {"synth", "--preset", "tiny", "--out", dir + "/model", "--layer-expert-types", "2:Q3_K,Q3_K,Q3_K"});
+  CmdRun s = RunK3("", {"synth", "--preset", "tiny", "--out", dir + "/model", "--layer-expert-types", "2:Q3_K,Q3_K,Q3_K"});
   ASSERT_EQ(s.code, 0) << s.out;
   for (const std::string command : {"pack", "build"}) {
     SCOPED_TRACE(command);
@@ -127,13 +127,13 @@ TEST_F(PackFinalize, BuildRefusesMixedExpertTypesUnlessAllowed) {
     if (command == "build") {
       args.insert(args.end(), {"--tokenizer-dir", dir + "/model/tokenizer", "--manifest", out_dir + "/m.json"});
     }
-    Run refused = RunK3("", args);
+    CmdRun refused = RunK3("", args);
     EXPECT_EQ(refused.code, 1) << refused.out;
     EXPECT_NE(refused.out.find("unexpected expert dtype for (2, 'up'): Q3_K"), std::string::npos) << refused.out;
     EXPECT_NE(refused.out.find("--allow-mixed-types"), std::string::npos) << refused.out;
     EXPECT_FALSE(PathExists(out_dir + "/x.pack"));
     args.push_back("--allow-mixed-types");
-    Run allowed = RunK3("", args);
+    CmdRun allowed = RunK3("", args);
     EXPECT_EQ(allowed.code, 0) << allowed.out;
     EXPECT_TRUE(PathExists(out_dir + "/x.pack"));
   }
