@@ -196,6 +196,34 @@ def gguf_seeds(model_dir):
     return small
 
 
+def cli_json_seeds():
+    """The GGUF reader's seeds, plus files whose strings are not UTF-8 (the CLI
+    printed them through nlohmann::json, which throws on such bytes)."""
+    src = os.path.join(CORPUS, "gguf_reader")
+    for n in sorted(os.listdir(src)):
+        put("cli_json", n, open(os.path.join(src, n), "rb").read())
+    version, kvs, tensors, align, data_start = parse_gguf(open(os.path.join(src, "synth-tiny-shard1"), "rb").read())
+    good = open(os.path.join(src, "synth-tiny-shard1"), "rb").read()
+    payloads = []
+    for name, dims, ggml_type, offset in tensors:
+        n = 1
+        for d in dims:
+            n *= d
+        nbytes = n * (4 if ggml_type == 0 else 2)
+        payloads.append((name, dims, ggml_type, good[data_start + offset:data_start + offset + nbytes]))
+    named = [(k, t, gstr(b"bad\xffname") if k == b"general.name" else raw) for k, t, raw in kvs]
+    if not any(k == b"general.name" for k, _, _ in kvs):
+        named.append((b"general.name", STR, gstr(b"bad\xffname")))
+    put("cli_json", "not-utf8-value", write_gguf(named, payloads, align))
+    put("cli_json", "not-utf8-key", write_gguf(kvs + [(b"general.bad\xfekey", STR, gstr(b"x"))], payloads, align))
+    t0 = payloads[0]
+    put("cli_json", "not-utf8-tensor-name",
+        write_gguf(kvs, [(t0[0] + b"\xc3(", t0[1], t0[2], t0[3])] + payloads[1:], align))
+    tokens = [b"tok%d" % i for i in range(11)] + [b"\xed\xa0\x80"]  # a surrogate: not UTF-8 for Python
+    arr = struct.pack("<IQ", STR, len(tokens)) + b"".join(gstr(t) for t in tokens)
+    put("cli_json", "not-utf8-token", write_gguf(kvs + [(b"tokenizer.ggml.tokens", ARR, arr)], payloads, align))
+
+
 def shard_set_seeds(small):
     sep = b"|||\n"
     put("shard_set", "synth-tiny-3-shards", b"\x02" + sep.join(small))
@@ -303,6 +331,7 @@ def main():
             "--decode-tokens", "8", "--out", trace)
         clear_generated()
         small = gguf_seeds(model)
+        cli_json_seeds()
         shard_set_seeds(small)
         pack_seeds(pack)
         json_seeds(model, manifest)

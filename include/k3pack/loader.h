@@ -73,9 +73,12 @@ struct NamedTensor {
 };
 
 struct LoadOptions {
-  // Also compare each shard's metadata region (bytes [0, metadata_nbytes))
-  // with the manifest's metadata_sha256, catching a same-size shard whose
-  // header changed (SGLang does not; spec §11.18).
+  // Before the first tensor, also compare the manifest's whole `source`
+  // section with the shards, as `k3pack verify` does: each shard's size,
+  // metadata_sha256 (a same-size shard whose header changed, which SGLang
+  // misses; spec §11.18) and whole-file sha256 where recorded, every tensor
+  // record (shape, dtype, data_offset, nbytes), and inventory_sha256
+  // recomputed as the manifest writer computes it.
   bool verify_metadata = false;
   // Reproduce SGLang exactly where k3pack deliberately differs: BF16 as raw
   // uint8 bytes (last axis doubled), no ssm_a shape check.

@@ -19,8 +19,10 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     it: BF16 tensors as raw uint8 bytes (last axis doubled) and no ssm_a shape
     check. By default BF16 tensors come out as uint16 arrays holding the
     bfloat16 bit patterns, with record.dtype == "bfloat16".
-    verify_metadata=True also checks each shard's metadata SHA-256 against the
-    manifest (SGLang checks only sizes, names and dtypes).
+    verify_metadata=True also checks the manifest's whole source section
+    against the shards before the first tensor (metadata and whole-file
+    SHA-256, every tensor record, the recomputed inventory_sha256), as
+    `k3pack verify` does (SGLang checks only sizes, names and dtypes).
     copy=True hands out every array as a fresh, writable buffer of its own
     (what SGLang's torch.tensor() copies give), read from the file with
     pread rather than through the memory map: no shard page is mapped into

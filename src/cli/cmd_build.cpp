@@ -93,7 +93,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", tokenizer_dir));
   // --restart with a finished pack: check every payload and repair what is
   // damaged (never silently reuse a corrupt pack).
-  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, /*allow_mixed_types=*/false, /*allow_mixed_when_scaled=*/true,
+  // Mixed expert types only when asked for, as `k3pack pack`: SGLang's validator refuses them.
+  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
                                               /*repair_existing=*/args.Has("--restart")));
   const kimi::Profile profile = plan.profile;
   const pack::ExpertSet& experts = plan.experts;
@@ -203,6 +204,7 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Option("--pack", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
       .Deprecated("--out", "--pack")
       .Option("--manifest", std::string("manifest path (default: ") + kDefaultManifestName + " beside the pack)", "")
+      .Flag("--allow-mixed-types", "allow expert dtypes to differ by role or layer (SGLang's validator refuses such a pack)")
       .Option("--payload-samples", "pack entries byte-compared with GGUF for the manifest", "6")
       .Flag("--full-source-hashes", "record the SHA-256 of every whole shard")
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")

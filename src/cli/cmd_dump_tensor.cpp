@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "util/utf8.h"
 #include "k3pack/gguf.h"
 #include "k3pack/quant.h"
 
@@ -131,6 +132,8 @@ int RunDumpTensor(const std::vector<std::string>& argv) {
     json out = {{"name", t.name}, {"type", std::string(GgmlTypeName(t.type))},
                 {"type_id", static_cast<uint32_t>(t.type)}, {"shape", t.shape()}, {"shard", found->shard},
                 {"file", found->file->path()}, {"rows", {rows.first, rows.second}}, {"ne0", ne0}};
+    // A GGUF tensor name (or path) that is not UTF-8 is shown escaped (util/utf8.h).
+    if (auto bad = EscapeInvalidUtf8Members(out); !bad.empty()) out["not_utf8"] = bad;
     json vals = json::array();
     for (uint64_t r = 0; r < rows.second - rows.first; ++r) {
       json row = json::array();

@@ -10,6 +10,7 @@
 #include "k3pack/gguf.h"
 #include "k3pack/quant.h"
 #include "util/format.h"
+#include "util/utf8.h"
 
 namespace k3pack::cli {
 namespace {
@@ -39,30 +40,59 @@ json ArrayElementJson(const Value& v, uint64_t i) {
   }
 }
 
-json ValueJson(const Value& v) {
+// GGUF strings are bytes. One that is not UTF-8 is shown escaped (util/utf8.h:
+// each invalid byte as the text \xNN) and the object holding it lists the
+// field in "not_utf8" ("key", "value", "elements", "name", ...), so JSON
+// output stays valid and says what was escaped.
+void MarkNotUtf8(json& obj, const std::string& field) {
+  if (!obj.contains("not_utf8")) obj["not_utf8"] = json::array();
+  obj["not_utf8"].push_back(field);
+}
+
+json ValueJson(const std::string& key, const Value& v) {
   json out = {{"type", gguf::ValueTypeName(v.type)}};
+  if (!IsValidUtf8(key)) MarkNotUtf8(out, "key");
   if (v.type != ValueType::kArray) {
     out["value"] = ScalarJson(v);
+    if (EscapeInvalidUtf8InJson(out["value"]) > 0) MarkNotUtf8(out, "value");
     return out;
   }
   out["element_type"] = gguf::ValueTypeName(v.array_type);
   out["count"] = v.array_count;
   json items = json::array();
   for (uint64_t i = 0; i < std::min(v.array_count, kArrayPreview); ++i) items.push_back(ArrayElementJson(v, i));
+  EscapeInvalidUtf8InJson(items);
   out[v.array_count > kArrayPreview ? "head" : "value"] = items;
+  if (v.array_type == ValueType::kString) {
+    // Counted over the whole array, not only the preview: one bad token in a
+    // vocabulary of 160k is worth knowing about.
+    uint64_t bad = 0;
+    for (const std::string& e : v.strings) bad += IsValidUtf8(e) ? 0 : 1;
+    if (bad > 0) {
+      MarkNotUtf8(out, "elements");
+      out["not_utf8_elements"] = bad;
+    }
+  }
   return out;
 }
 
-std::string ValueText(const Value& v) {
-  json j = ValueJson(v);
-  if (v.type != ValueType::kArray) {
-    std::string s = j["value"].dump();
-    return s.size() > 100 ? s.substr(0, 97) + "..." : s;
+std::string ValueText(const json& j) {
+  std::string note;
+  if (j.contains("not_utf8")) {
+    note = " (not UTF-8:";
+    for (const auto& f : j["not_utf8"]) note += " " + f.get<std::string>();
+    if (j.contains("not_utf8_elements")) note += " x" + std::to_string(j["not_utf8_elements"].get<uint64_t>());
+    note += "; shown with \\xNN escapes)";
   }
-  std::string s = "[" + std::string(gguf::ValueTypeName(v.array_type)) + " x " + std::to_string(v.array_count) + "] ";
-  std::string items = (v.array_count > kArrayPreview ? j["head"] : j["value"]).dump();
-  if (v.array_count > kArrayPreview) items.insert(items.size() - 1, ", ...");
-  return s + (items.size() > 100 ? items.substr(0, 97) + "...]" : items);
+  if (!j.contains("element_type")) {
+    std::string s = j["value"].dump();
+    return (s.size() > 100 ? s.substr(0, 97) + "..." : s) + note;
+  }
+  const bool more = j.contains("head");
+  std::string s = "[" + j["element_type"].get<std::string>() + " x " + std::to_string(j["count"].get<uint64_t>()) + "] ";
+  std::string items = (more ? j["head"] : j["value"]).dump();
+  if (more) items.insert(items.size() - 1, ", ...");
+  return s + (items.size() > 100 ? items.substr(0, 97) + "...]" : items) + note;
 }
 
 struct Inspected {
@@ -107,12 +137,13 @@ json ToJson(const Inspected& in, const StatsRequest& stats) {
   json shards = json::array(), tensors = json::array(), metadata = json::object(), by_type = json::object();
   uint64_t total_bytes = 0, total_size = 0, stats_done = 0;
   const bool tty = StderrIsTty();
-  for (const auto& kv : first.metadata()) metadata[kv.key] = ValueJson(kv.value);
+  for (const auto& kv : first.metadata()) metadata[EscapeInvalidUtf8(kv.key)] = ValueJson(kv.key, kv.value);
   for (size_t s = 0; s < in.files.size(); ++s) {
     const gguf::GgufFile& f = *in.files[s];
     shards.push_back({{"index", s}, {"path", f.path()}, {"size", f.file_size()}, {"version", f.version()},
                       {"alignment", f.alignment()}, {"data_offset", f.data_offset()},
                       {"tensor_count", f.tensors().size()}, {"kv_count", f.metadata().size()}});
+    if (auto bad = EscapeInvalidUtf8Members(shards.back()); !bad.empty()) shards.back()["not_utf8"] = bad;
     total_size += f.file_size();
     for (const auto& t : f.tensors()) {
       tensors.push_back({{"name", t.name}, {"type", std::string(GgmlTypeName(t.type))},
@@ -123,6 +154,7 @@ json ToJson(const Inspected& in, const StatsRequest& stats) {
         tensors.back()["stats"] = StatsJson(f, t);
         ++stats_done;
       }
+      if (auto bad = EscapeInvalidUtf8Members(tensors.back()); !bad.empty()) tensors.back()["not_utf8"] = bad;
       std::string type(GgmlTypeName(t.type));
       if (!by_type.contains(type)) by_type[type] = {{"tensors", 0}, {"bytes", uint64_t{0}}};
       by_type[type]["tensors"] = by_type[type]["tensors"].get<int>() + 1;
@@ -131,9 +163,19 @@ json ToJson(const Inspected& in, const StatsRequest& stats) {
     }
   }
   if (tty && stats_done) std::fprintf(stderr, "\r\033[K");
-  return {{"path", in.label}, {"architecture", first.architecture()}, {"shard_count", in.files.size()},
-          {"tensor_count", tensors.size()}, {"tensor_bytes", total_bytes}, {"file_bytes", total_size},
-          {"shards", shards}, {"metadata", metadata}, {"tensors", tensors}, {"bytes_by_type", by_type}};
+  json out = {{"path", in.label}, {"architecture", first.architecture()}, {"shard_count", in.files.size()},
+              {"tensor_count", tensors.size()}, {"tensor_bytes", total_bytes}, {"file_bytes", total_size}};
+  if (auto bad = EscapeInvalidUtf8Members(out); !bad.empty()) out["not_utf8"] = bad;
+  out["shards"] = std::move(shards);
+  out["metadata"] = std::move(metadata);
+  out["tensors"] = std::move(tensors);
+  out["bytes_by_type"] = std::move(by_type);
+  return out;
+}
+
+// A tensor's name for the text tables (escaped in ToJson), marked when it is not UTF-8.
+std::string ShownName(const json& t) {
+  return t["name"].get<std::string>() + (t.contains("not_utf8") ? " (not UTF-8)" : "");
 }
 
 void PrintText(const json& j, bool with_tensors) {
@@ -155,7 +197,7 @@ void PrintText(const json& j, bool with_tensors) {
   if (with_tensors) {
     std::cout << "\ntensors:\n";
     for (const auto& t : j["tensors"]) {
-      std::printf("  %-44s %-8s %-22s shard %-3d @%-14llu %12llu B\n", t["name"].get<std::string>().c_str(),
+      std::printf("  %-44s %-8s %-22s shard %-3d @%-14llu %12llu B\n", ShownName(t).c_str(),
                   t["type"].get<std::string>().c_str(), t["shape"].dump().c_str(), t["shard"].get<int>(),
                   static_cast<unsigned long long>(t["data_offset"].get<uint64_t>()),
                   static_cast<unsigned long long>(t["nbytes"].get<uint64_t>()));
@@ -171,12 +213,12 @@ void PrintText(const json& j, bool with_tensors) {
     }
     const json& st = t["stats"];
     if (st.contains("error")) {
-      std::printf("  %-44s %-8s %s\n", t["name"].get<std::string>().c_str(), t["type"].get<std::string>().c_str(),
+      std::printf("  %-44s %-8s %s\n", ShownName(t).c_str(), t["type"].get<std::string>().c_str(),
                   st["error"].get<std::string>().c_str());
       continue;
     }
     auto num = [&](const char* k) { return st[k].is_number() ? st[k].get<double>() : NAN; };
-    std::printf("  %-44s %-8s %13.6g %13.6g %13.6g %6llu %6llu\n", t["name"].get<std::string>().c_str(),
+    std::printf("  %-44s %-8s %13.6g %13.6g %13.6g %6llu %6llu\n", ShownName(t).c_str(),
                 t["type"].get<std::string>().c_str(), num("min"), num("max"), num("mean"),
                 (unsigned long long)st["nan"].get<uint64_t>(), (unsigned long long)st["inf"].get<uint64_t>());
   }
@@ -210,7 +252,7 @@ int RunInspect(const std::vector<std::string>& argv) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  for (const auto& kv : in->files.front()->metadata()) j["metadata"][kv.key]["text"] = ValueText(kv.value);
+  for (auto& [key, v] : j["metadata"].items()) v["text"] = ValueText(v);
   PrintText(j, !args.Has("--summary"));
   return 0;
 }

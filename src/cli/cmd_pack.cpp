@@ -43,7 +43,7 @@ Result<Values> ParseValues(const Args& args) {
 }
 
 Result<nlohmann::json> Run(const Args& args, const Values& v) {
-  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"), false,
+  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
                                                 args.Has("--repair-damaged")));
   const std::string out = plan.pack;
   if (args.Has("--repair-damaged")) {

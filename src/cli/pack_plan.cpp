@@ -10,7 +10,7 @@ namespace k3pack::cli {
 
 // The shared front half of `pack` and `build`: preflight the inputs, collect
 // the experts, pick the pack path, and apply the overwrite rule to it.
-Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool allow_mixed_when_scaled,
+Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
                           bool repair_existing) {
   const std::string gguf_dir = args.Get("--gguf-dir"), config = args.Get("--model-config");
   K3_RETURN_IF_ERROR(CheckGgufDir("--gguf-dir", gguf_dir));
@@ -18,7 +18,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool allow_m
   PackPlan plan;
   K3_ASSIGN_OR_RETURN(plan.profile, ResolveProfile(args, {config, gguf_dir}));
   pack::CollectOptions copts;
-  copts.allow_mixed_types = allow_mixed_types || (allow_mixed_when_scaled && plan.profile == kimi::Profile::kScaled);
+  copts.allow_mixed_types = allow_mixed_types;
   K3_ASSIGN_OR_RETURN(plan.experts, pack::CollectExpertsFromGguf(gguf_dir, config, plan.profile, copts));
   plan.pack = args.Get("--pack");
   if (plan.pack.empty()) {

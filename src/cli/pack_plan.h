@@ -29,12 +29,10 @@ struct PackPlan {
 inline constexpr const char* kDefaultManifestName = "kimi-k3-expert-pack.manifest.json";
 
 // Uses --gguf-dir, --model-config, --pack, --profile, --force. Expert types
-// may differ by role/layer when `allow_mixed_types`, or when the profile is
-// scaled and `allow_mixed_when_scaled`.
+// may differ by role/layer only when `allow_mixed_types`.
 // With `repair_existing` the finished pack at --pack is not judged by the
 // overwrite rule: the caller repairs its damaged payloads (plan.repair).
-Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool allow_mixed_when_scaled = false,
-                          bool repair_existing = false);
+Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false);
 
 // --force: removes a finished pack and its .digests so BuildPack rebuilds it.
 Status RemovePackOutput(const std::string& pack_path);

@@ -13,6 +13,7 @@
 
 #include "doctor/internal.h"
 #include "pack/copy.h"
+#include "util/utf8.h"
 
 namespace k3pack::doctor {
 
@@ -80,9 +81,12 @@ nlohmann::json RepairResult::ToJson() const {
                    {"nbytes", r.nbytes},
                    {"before", {{"min", r.before.min}, {"max", r.before.max}, {"count", r.before.count}}}});
   }
-  return {{"out_dir", out_dir},           {"shards_written", shards_written},
-          {"sidecars_copied", sidecars_copied}, {"repaired", rep},
-          {"bytes_copied", bytes_copied}, {"remaining_problems", remaining_problems}};
+  nlohmann::json j = {{"out_dir", out_dir},           {"shards_written", shards_written},
+                      {"sidecars_copied", sidecars_copied}, {"repaired", rep},
+                      {"bytes_copied", bytes_copied}, {"remaining_problems", remaining_problems}};
+  // remaining_problems quote doctor's objects (GGUF names may be any bytes).
+  if (auto bad = EscapeInvalidUtf8Members(j); !bad.empty()) j["not_utf8"] = bad;
+  return j;
 }
 
 Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, const RepairOptions& options) {
@@ -151,20 +155,27 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     say("repair: writing " + final_path);
     K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
     UniqueFd dst(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!dst.valid()) return Error::FromErrno("cannot create " + tmp, errno);
-    K3_ASSIGN_OR_RETURN(uint64_t n, CopySparse(src.get(), dst.get(), sh.size));
-    result.bytes_copied += n;
+    // Errors name the shard being written (and the one read), not the temporary name.
+    const std::string writing = "cannot write " + final_path + " (a copy of " + sh.path + ")";
+    if (!dst.valid()) return Error::FromErrno(writing, errno);
+    auto n = CopySparse(src.get(), dst.get(), sh.size);
+    if (!n.ok()) return n.error().WithContext(writing);
+    result.bytes_copied += *n;
     for (const internal::SsmAVerdict* v : todo) {
       if (v->shard != i) continue;
       std::vector<float> fixed(v->values.size());
       for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
       K3_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodeFloatTensor(v->info->type, fixed));
       if (bytes.size() != v->info->nbytes) return Error("internal: re-encoded " + v->name + " has the wrong size");
-      K3_RETURN_IF_ERROR(PwriteFull(dst.get(), bytes.data(), bytes.size(), v->info->data_offset));
+      if (Status st = PwriteFull(dst.get(), bytes.data(), bytes.size(), v->info->data_offset); !st.ok()) {
+        return st.error().WithContext(writing);
+      }
       result.repaired.push_back({v->name, final_path, v->info->data_offset, v->info->nbytes, *v->stats});
     }
-    if (::fsync(dst.get()) != 0) return Error::FromErrno("fsync " + tmp, errno);
-    if (::rename(tmp.c_str(), final_path.c_str()) != 0) return Error::FromErrno("rename " + tmp, errno);
+    if (::fsync(dst.get()) != 0) return Error::FromErrno(writing + ": fsync failed", errno);
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+      return Error::FromErrno(writing + ": cannot rename " + tmp + " to it", errno);
+    }
     result.shards_written.push_back(final_path);
   }
   // Sidecars SGLang's tooling looks for beside the shards.

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "doctor/internal.h"
+#include "util/utf8.h"
 
 namespace k3pack::doctor {
 
@@ -105,24 +106,34 @@ nlohmann::json Report::ToJson() const {
   j["checks"] = cj;
   nlohmann::json fs = nlohmann::json::array();
   for (const Finding& f : findings) {
-    fs.push_back({{"severity", SeverityName(f.severity)},
-                  {"code", f.code},
-                  {"object", f.object},
-                  {"file", f.file},
-                  {"message", f.message},
-                  {"sglang_error", f.sglang_error},
-                  {"sglang_exception", f.sglang_exception},
-                  {"meaning", f.meaning},
-                  {"fix", f.fix},
-                  {"details", f.details}});
+    nlohmann::json entry = {{"severity", SeverityName(f.severity)},
+                            {"code", f.code},
+                            {"object", f.object},
+                            {"file", f.file},
+                            {"message", f.message},
+                            {"sglang_error", f.sglang_error},
+                            {"sglang_exception", f.sglang_exception},
+                            {"meaning", f.meaning},
+                            {"fix", f.fix},
+                            {"details", f.details}};
+    // GGUF keys, values and tensor names are bytes: a finding that quotes
+    // one that is not UTF-8 shows it escaped (\xNN) and lists the fields.
+    if (auto bad = EscapeInvalidUtf8Members(entry); !bad.empty()) entry["not_utf8"] = bad;
+    fs.push_back(std::move(entry));
   }
   j["findings"] = fs;
+  // Paths (inputs, files, notes) may hold any bytes too.
+  if (auto bad = EscapeInvalidUtf8Members(j); !bad.empty()) j["not_utf8"] = bad;
   return j;
 }
 
 std::string Report::ToText() const {
   std::ostringstream os;
   const char* labels[] = {"ERROR", "WARNING", "INFO"};
+  // Text that is not UTF-8 (from GGUF bytes) is shown escaped and marked.
+  auto shown = [](const std::string& s) {
+    return IsValidUtf8(s) ? s : EscapeInvalidUtf8(s) + " (not UTF-8; shown with \\xNN escapes)";
+  };
   // Findings of one code are grouped: the explanation is printed once, with
   // the count and the first few objects, instead of once per tensor.
   constexpr size_t kShown = 5;
@@ -140,28 +151,29 @@ std::string Report::ToText() const {
     }
     os << labels[static_cast<int>(f.severity)] << " [" << f.code << "] ";
     if (group.size() == 1) {
-      os << f.object << "\n";
-      if (!f.file.empty() && f.file != f.object) os << "  file:    " << f.file << "\n";
-      if (!f.message.empty()) os << "  found:   " << f.message << "\n";
+      os << shown(f.object) << "\n";
+      if (!f.file.empty() && f.file != f.object) os << "  file:    " << shown(f.file) << "\n";
+      if (!f.message.empty()) os << "  found:   " << shown(f.message) << "\n";
     } else {
       os << group.size() << " objects, first " << std::min(kShown, group.size()) << ":";
-      for (size_t k = 0; k < group.size() && k < kShown; ++k) os << (k ? ", " : " ") << group[k]->object;
+      for (size_t k = 0; k < group.size() && k < kShown; ++k) os << (k ? ", " : " ") << shown(group[k]->object);
       os << "\n";
-      std::vector<std::string> shown;  // distinct texts only: "stored as BF16" once, not five times
+      std::vector<std::string> texts;  // distinct texts only: "stored as BF16" once, not five times
       for (size_t k = 0; k < group.size() && k < kShown; ++k) {
         const std::string& msg = group[k]->message;
-        if (!msg.empty() && std::find(shown.begin(), shown.end(), msg) == shown.end()) {
-          shown.push_back(msg);
-          os << "  found:   " << msg << "\n";
+        if (!msg.empty() && std::find(texts.begin(), texts.end(), msg) == texts.end()) {
+          texts.push_back(msg);
+          os << "  found:   " << shown(msg) << "\n";
         }
       }
       if (group.size() > kShown) os << "  ...      " << group.size() - kShown << " more (all listed by --json)\n";
     }
     if (!f.sglang_error.empty()) {
-      os << "  SGLang:  " << (f.sglang_exception.empty() ? "" : f.sglang_exception + ": ") << f.sglang_error << "\n";
+      os << "  SGLang:  " << (f.sglang_exception.empty() ? "" : f.sglang_exception + ": ") << shown(f.sglang_error)
+         << "\n";
     }
     os << "  means:   " << f.meaning << "\n";
-    os << "  fix:     " << f.fix << "\n\n";
+    os << "  fix:     " << shown(f.fix) << "\n\n";
   }
   const size_t e = Count(Severity::kError), w = Count(Severity::kWarning);
   os << "checked " << files.size() << " file(s), " << tensors_examined << " tensor(s); ";

@@ -154,13 +154,15 @@ Status WriteOne(const std::string& path, const std::vector<MetadataBuilder::Entr
   const uint64_t data_offset = Pad(head.size(), opts.alignment);
   head.resize(data_offset, '\0');
 
+  // Errors name `path` (the file asked for); the temporary name is in the hint.
   const std::string tmp = path + ".tmp";
+  const std::string via = "written through the temporary file " + tmp + ", renamed over " + path + " when complete";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno("cannot create " + tmp, errno);
+  if (fd < 0) return Error::FromErrno("cannot write " + path, errno).WithHint(via);
   UniqueFd guard(fd);
-  auto fail = [&](Status st) {
+  auto fail = [&](Status st) -> Status {
     ::unlink(tmp.c_str());
-    return st;
+    return st.error().WithContext("cannot write " + path).WithHint(via);
   };
   if (Status st = PwriteFull(fd, head.data(), head.size(), 0); !st.ok()) return fail(st);
   std::vector<uint8_t> buf;
@@ -176,11 +178,11 @@ Status WriteOne(const std::string& path, const std::vector<MetadataBuilder::Entr
     }
   }
   if (::ftruncate(fd, static_cast<off_t>(data_offset + cursor)) != 0) {
-    return fail(Error::FromErrno("cannot size " + tmp, errno));
+    return fail(Error::FromErrno("cannot size the file", errno));
   }
-  if (::fsync(fd) != 0) return fail(Error::FromErrno("fsync failed for " + tmp, errno));
+  if (::fsync(fd) != 0) return fail(Error::FromErrno("fsync failed", errno));
   guard = UniqueFd();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(Error::FromErrno("cannot rename " + tmp, errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(Error::FromErrno("cannot rename " + tmp + " to it", errno));
   return FsyncParentDir(path);
 }
 

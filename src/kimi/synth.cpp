@@ -112,7 +112,7 @@ Result<uint64_t> ValueOffset(const std::string& path, std::string_view key) {
 Status PatchFile(const std::string& path, uint64_t offset, const void* bytes, size_t n) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
   if (!fd.valid()) return Error::FromErrno("cannot open " + path + " for writing", errno);
-  K3_RETURN_IF_ERROR(PwriteFull(fd.get(), bytes, n, offset));
+  if (Status st = PwriteFull(fd.get(), bytes, n, offset); !st.ok()) return st.error().WithContext("cannot write " + path);
   if (::fsync(fd.get()) != 0) return Error::FromErrno("fsync failed for " + path, errno);
   return Status::OK();
 }

@@ -32,14 +32,6 @@ Result<std::string> GetString(const json& obj, const std::string& key, const std
   return v->get<std::string>();
 }
 
-std::optional<uint64_t> OptUnsigned(const json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return std::nullopt;
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  if (it->is_number_integer() && it->get<int64_t>() >= 0) return static_cast<uint64_t>(it->get<int64_t>());
-  return std::nullopt;
-}
-
 Result<uint32_t> ToIndex(uint64_t v, const std::string& where) {
   if (v > UINT32_MAX) return Error("manifest " + where + ": index " + std::to_string(v) + " is out of range");
   return static_cast<uint32_t>(v);
@@ -82,17 +74,6 @@ Result<StreamManifest> ParseStreamManifest(const json& doc) {
     K3_ASSIGN_OR_RETURN(r.shard_index, ToIndex(shard, where + ".shard_index"));
     K3_ASSIGN_OR_RETURN(r.name, GetString(t, "name", where));
     K3_ASSIGN_OR_RETURN(r.dtype, GetString(t, "dtype", where));
-    if (auto it = t.find("shape"); it != t.end() && it->is_array()) {
-      std::vector<int64_t> shape;
-      bool ok = true;
-      for (const json& d : *it) {
-        if (!d.is_number_integer()) { ok = false; break; }
-        shape.push_back(d.get<int64_t>());
-      }
-      if (ok) r.shape = std::move(shape);
-    }
-    r.data_offset = OptUnsigned(t, "data_offset");
-    r.nbytes = OptUnsigned(t, "nbytes");
     m.tensors_by_shard[r.shard_index].push_back(std::move(r));
   }
 
@@ -106,9 +87,6 @@ Result<StreamManifest> ParseStreamManifest(const json& doc) {
     K3_ASSIGN_OR_RETURN(r.size, GetUnsigned(s, "size", where));
     K3_ASSIGN_OR_RETURN(uint64_t index, GetUnsigned(s, "index", where));
     K3_ASSIGN_OR_RETURN(r.index, ToIndex(index, where + ".index"));
-    r.metadata_nbytes = OptUnsigned(s, "metadata_nbytes");
-    if (auto it = s.find("metadata_sha256"); it != s.end() && it->is_string()) r.metadata_sha256 = it->get<std::string>();
-    if (auto it = s.find("sha256"); it != s.end() && it->is_string()) r.sha256 = it->get<std::string>();
     m.shards.push_back(std::move(r));
   }
   return m;

@@ -1,8 +1,8 @@
 // The part of the adapter manifest the non-expert stream reads, parsed the
 // way kimi_k3_gguf.py reads it: `format` and `complete` first (SGLang's
 // texts), then source.tensors grouped by shard_index and source.shards in
-// order. Keys SGLang's iterator does not read are optional here and only
-// used by verify_metadata.
+// order. verify_metadata compares the rest of the `source` section with the
+// shards through manifest/recorded_inputs.h.
 #pragma once
 
 #include <cstdint>
@@ -21,19 +21,12 @@ struct StreamTensorRecord {
   std::string name;
   std::string dtype;
   uint32_t shard_index = 0;
-  // Only for verify_metadata (absent keys skip the comparison).
-  std::optional<std::vector<int64_t>> shape;
-  std::optional<uint64_t> data_offset;
-  std::optional<uint64_t> nbytes;
 };
 
 struct StreamShardRecord {
   uint32_t index = 0;
   std::string path;
   uint64_t size = 0;
-  std::optional<uint64_t> metadata_nbytes;
-  std::optional<std::string> metadata_sha256;
-  std::optional<std::string> sha256;  // whole file; only with `manifest --full-source-hashes`
 };
 
 struct StreamManifest {

@@ -19,9 +19,9 @@
 #include "k3pack/loader.h"
 #include "k3pack/names.h"
 #include "loader/manifest_view.h"
+#include "manifest/recorded_inputs.h"
 #include "loader/values.h"
 #include "util/file.h"
-#include "util/sha256.h"
 
 namespace k3pack::loader {
 
@@ -84,6 +84,8 @@ struct NonExpertStream::Impl {
   LoadOptions opts;
   std::string manifest_path;
   StreamManifest manifest;
+  nlohmann::json source_json;  // the manifest's `source`, kept for verify_metadata
+  bool source_verified = false;
   LoadStats stats;
 
   size_t next_shard = 0;
@@ -136,7 +138,6 @@ struct NonExpertStream::Impl {
     ro.require_packed_offsets = false;  // gguf-py reads any in-bounds offsets
     K3_ASSIGN_OR_RETURN(shard, gguf::GgufFile::Open(rec.path, ro));
     shard_record = &rec;
-    if (opts.verify_metadata) K3_RETURN_IF_ERROR(VerifyMetadata(rec));
 
     static const std::vector<StreamTensorRecord> kNone;
     auto it = manifest.tensors_by_shard.find(rec.index);
@@ -168,44 +169,38 @@ struct NonExpertStream::Impl {
     return Status::OK();
   }
 
-  Status VerifyMetadata(const StreamShardRecord& rec) {
-    const Error changed("Kimi-K3 GGUF shard is missing or changed: " + rec.path, ErrorKind::kFileNotFound, ENOENT);
-    if (rec.metadata_nbytes && *rec.metadata_nbytes != shard->data_offset()) {
-      return changed.WithHint("metadata_nbytes is " + std::to_string(shard->data_offset()) + ", the manifest recorded " +
-                              std::to_string(*rec.metadata_nbytes) + " (the header changed; rebuild the manifest)");
-    }
-    if (!rec.metadata_sha256) {
-      return Error("manifest shard " + std::to_string(rec.index) + " has no metadata_sha256 to verify: " + rec.path);
-    }
-    const auto header = shard->mapping()->bytes().first(static_cast<size_t>(shard->data_offset()));
-    const std::string digest = Sha256Hex(header.data(), header.size());
-    if (digest != *rec.metadata_sha256) {
-      return changed.WithHint("metadata_sha256 of bytes [0, " + std::to_string(shard->data_offset()) + ") is " + digest +
-                              ", the manifest recorded " + *rec.metadata_sha256 +
-                              " (same size, different header; rebuild the manifest)");
-    }
-    // Same size and header but changed tensor bytes: only a whole-file digest
-    // sees that, and the manifest has one only with --full-source-hashes.
-    if (rec.sha256) {
-      const auto all = shard->mapping()->bytes();
-      const std::string whole = Sha256Hex(all.data(), all.size());
-      if (whole != *rec.sha256) {
-        return changed.WithHint("sha256 of the whole file is " + whole + ", the manifest recorded " + *rec.sha256 +
-                                " (same size and header, different tensor bytes; rebuild the manifest)");
-      }
+  // verify_metadata: before the first shard, every shard and tensor record
+  // and the inventory digest against the files, by the manifest writer's
+  // scan (manifest/recorded_inputs.h, shared with `k3pack verify`). First
+  // lines are the iterator's texts for the same kind of change.
+  Status VerifySource() {
+    manifest::SourceCheckOptions o;
+    o.whole_files = true;  // the shards are mapped and read anyway
+    K3_ASSIGN_OR_RETURN(manifest::SourceDifference d, manifest::CompareSourceWithShards(source_json, o));
+    using Kind = manifest::SourceDifference::Kind;
+    const std::string hint = d.detail + "; rebuild the manifest";
+    switch (d.kind) {
+      case Kind::kNone:
+        return Status::OK();
+      case Kind::kShardMissing:
+      case Kind::kShardUnreadable:
+      case Kind::kShard:
+        return Error("Kimi-K3 GGUF shard is missing or changed: " + d.shard_path, ErrorKind::kFileNotFound, ENOENT)
+            .WithHint(hint);
+      case Kind::kTensorSet:
+        return Error("Kimi-K3 GGUF shard inventory changed: " + d.shard_path).WithHint(hint);
+      case Kind::kTensor:
+        if (d.field == "shard_index") return Error("Kimi-K3 GGUF shard inventory changed: " + d.shard_path).WithHint(hint);
+        if (d.field == "dtype" || d.field == "dtype_id") {
+          return Error("Kimi-K3 GGUF tensor type changed: " + d.tensor).WithHint(hint);
+        }
+        return Error("Kimi-K3 GGUF tensor layout changed: " + d.tensor)
+            .WithHint(d.detail + " in " + d.shard_path + "; rebuild the manifest");
+      case Kind::kSummary:
+      case Kind::kInventory:
+        return manifest::SourceDifferenceStatus(d);
     }
     return Status::OK();
-  }
-
-  Status VerifyLayout(const gguf::TensorInfo& t, const StreamTensorRecord& r) {
-    const bool shape_ok = !r.shape || *r.shape == t.shape();
-    const bool off_ok = !r.data_offset || *r.data_offset == t.data_offset;
-    const bool len_ok = !r.nbytes || *r.nbytes == t.nbytes;
-    if (shape_ok && off_ok && len_ok) return Status::OK();
-    return Error("Kimi-K3 GGUF tensor layout changed: " + t.name)
-        .WithHint("the manifest records a different " +
-                  std::string(!shape_ok ? "shape" : !off_ok ? "data_offset" : "nbytes") + " for this tensor in " +
-                  shard_record->path + "; rebuild the manifest");
   }
 
   Status Emit(NamedTensor t) {
@@ -286,7 +281,6 @@ struct NonExpertStream::Impl {
     stats.source_tensors++;
     const StreamTensorRecord& rec = *records.at(t.name);
     if (GgmlTypeName(t.type) != rec.dtype) return Error("Kimi-K3 GGUF tensor type changed: " + t.name);
-    if (opts.verify_metadata) K3_RETURN_IF_ERROR(VerifyLayout(t, rec));
     if (kimi::IsRoutedExpertAggregate(t.name)) {
       stats.routed_skipped++;
       stats.routed_skipped_bytes += t.nbytes;
@@ -421,6 +415,14 @@ struct NonExpertStream::Impl {
         if (!s.ok()) pending_error = s.error();
         continue;
       }
+      if (next_shard == 0 && opts.verify_metadata && !source_verified) {
+        source_verified = true;
+        Status s = VerifySource();
+        if (!s.ok()) {
+          failed = s.error();
+          return *failed;
+        }
+      }
       if (next_shard < manifest.shards.size()) {
         Status s = OpenShard(manifest.shards[next_shard++]);
         if (!s.ok()) {
@@ -446,6 +448,7 @@ Result<NonExpertStream> NonExpertStream::Open(const std::string& manifest_path, 
   impl->manifest_path = manifest_path;
   K3_ASSIGN_OR_RETURN(nlohmann::json doc, ReadJsonFile(manifest_path));
   K3_ASSIGN_OR_RETURN(impl->manifest, ParseStreamManifest(doc));
+  if (options.verify_metadata) impl->source_json = doc["source"];
   impl->stats.shards_total = static_cast<uint32_t>(impl->manifest.shards.size());
   return NonExpertStream(std::move(impl));
 }

@@ -14,6 +14,7 @@
 #include "k3pack/pack.h"
 #include "k3pack_version.h"
 #include "manifest/pyjson.h"
+#include "manifest/recorded_inputs.h"
 #include "manifest/scan.h"
 #include "util/file.h"
 #include "util/sha256.h"
@@ -62,8 +63,6 @@ std::string NowIsoformatUtc() {
   return out + "+00:00";
 }
 
-namespace {
-
 json ModelSectionJson(const kimi::ModelSpec& spec, const std::string& config_path, const std::string& config_sha256) {
   return {{"config_path", config_path},
           {"config_sha256", config_sha256},
@@ -78,8 +77,6 @@ json ModelSectionJson(const kimi::ModelSpec& spec, const std::string& config_pat
           {"moe_intermediate_size", spec.moe_intermediate_size},
           {"hidden_act", spec.hidden_act}};
 }
-
-}  // namespace
 
 Result<json> TokenizerSectionJson(const std::string& tokenizer_dir) {
   K3_ASSIGN_OR_RETURN(std::string dir, ResolveExisting(tokenizer_dir));

@@ -55,7 +55,11 @@ Result<std::vector<std::string>> HashShards(const std::vector<std::string>& path
 }  // namespace
 
 Result<json> ScanSourceJson(const gguf::ShardSet& set, const ScanOptions& o) {
-  const auto& files = set.shards();
+  return ScanSourceJson(set.shards(), o);
+}
+
+Result<json> ScanSourceJson(const std::vector<std::shared_ptr<const gguf::GgufFile>>& files, const ScanOptions& o) {
+  if (files.empty()) return Error("no GGUF shards to scan");
   std::vector<std::string> paths;
   json shards = json::array();
   uint64_t total_bytes = 0;
@@ -86,7 +90,10 @@ Result<json> ScanSourceJson(const gguf::ShardSet& set, const ScanOptions& o) {
 
   // All tensors, sorted by name: Python str order = code point order =
   // unsigned byte order of the UTF-8 names (std::string compares unsigned).
-  std::vector<gguf::ShardSet::Located> all = set.AllTensors();
+  std::vector<gguf::ShardSet::Located> all;  // shard order, then info order (ShardSet::AllTensors)
+  for (size_t i = 0; i < files.size(); ++i) {
+    for (const gguf::TensorInfo& t : files[i]->tensors()) all.push_back({&t, static_cast<uint32_t>(i)});
+  }
   for (const auto& t : all) {
     if (!IsValidUtf8(t.info->name)) {
       return Error("GGUF tensor name is not valid UTF-8: " + PyJsonDumps(json(t.info->name), PyJsonStyle::kCanonicalAscii))
@@ -107,7 +114,7 @@ Result<json> ScanSourceJson(const gguf::ShardSet& set, const ScanOptions& o) {
   }
 
   json source = json::object();
-  source["summary"] = {{"architecture", set.first().architecture()},
+  source["summary"] = {{"architecture", files.front()->architecture()},
                        {"shard_count", files.size()},
                        {"tensor_count", all.size()},
                        {"total_bytes", total_bytes},

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 
 namespace k3pack::gguf {
 class ShardSet;
+class GgufFile;
 }
 
 namespace k3pack::manifest {
@@ -25,6 +28,10 @@ struct ScanOptions {
 // {summary, shards, tensors (sorted by name), inventory_sha256}.
 // Tensor names must be valid UTF-8 (gguf-py decodes them strictly).
 Result<nlohmann::json> ScanSourceJson(const gguf::ShardSet& shards, const ScanOptions& options = {});
+// Same over shards opened one by one (in shard order), as readers that
+// re-scan the files a manifest records do.
+Result<nlohmann::json> ScanSourceJson(const std::vector<std::shared_ptr<const gguf::GgufFile>>& shards,
+                                      const ScanOptions& options = {});
 // The `tokenizer` section: every regular file (symlinks followed, not
 // recursive) of the resolved directory, sorted by name, with size and SHA-256.
 Result<nlohmann::json> TokenizerSectionJson(const std::string& tokenizer_dir);

@@ -1,13 +1,15 @@
 // Verifying an expert pack against its manifest (k3pack verify, and
-// k3pack.verify_pack in Python): the GGUF shards are the ones recorded
-// (size + metadata digest), the pack structure passes SGLang's validator and
+// k3pack.verify_pack in Python): every input is the one recorded (shards,
+// tensor records and inventory digest, model config, tokenizer files; see
+// recorded_inputs.h), the pack structure passes SGLang's validator and
 // matches the manifest's expert_pack section, then payloads: sampled byte
 // compares with the GGUF source, or every payload against the digest sidecar
-// (full), optionally also the source.
+// (full, then the whole-pack digest where recorded), optionally also the source.
 #include <nlohmann/json.hpp>
 
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/recorded_inputs.h"
 #include "pack/build_inputs.h"
 #include "util/file.h"
 #include "util/sha256.h"
@@ -43,41 +45,6 @@ Result<pack::ExpertSet> ExpertsOf(const Manifest& m) {
 }
 
 namespace {
-
-// Every shard recorded in the manifest is still the same file: present, same
-// size, same header bytes (a same-size re-conversion changes the header) and,
-// with `whole_files` where the manifest has whole-shard digests
-// (--full-source-hashes), the same bytes (a same-size edit of tensor data).
-Status CheckShards(const Manifest& m, bool whole_files) {
-  for (const auto& s : m.source.shards) {
-    if (!PathExists(s.path)) {
-      return Error("GGUF shard recorded in the manifest is missing: " + s.path, ErrorKind::kFileNotFound);
-    }
-    K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(s.path));
-    if (size != s.size) {
-      return Error("GGUF shard " + s.path + " changed since the manifest was written: size " + std::to_string(size) +
-                   " != " + std::to_string(s.size))
-          .WithHint("rebuild the pack and manifest (`k3pack build`) from the current shards");
-    }
-    K3_ASSIGN_OR_RETURN(std::string meta, Sha256FileRange(s.path, 0, s.metadata_nbytes));
-    if (meta != s.metadata_sha256) {
-      return Error("GGUF shard " + s.path + " changed since the manifest was written: metadata_sha256 " + meta +
-                   " != " + s.metadata_sha256)
-          .WithHint("the file has the same size but a different header (re-converted or edited); rebuild the pack "
-                    "and manifest (`k3pack build`) from the current shards");
-    }
-    if (whole_files && s.sha256) {
-      K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(s.path));
-      if (whole != *s.sha256) {
-        return Error("GGUF shard " + s.path + " changed since the manifest was written: sha256 " + whole + " != " +
-                     *s.sha256)
-            .WithHint("same size and header, different tensor bytes; rebuild the pack and manifest (`k3pack build`) "
-                      "from the current shards");
-      }
-    }
-  }
-  return Status::OK();
-}
 
 // The validator's fresh view of the pack must equal what the manifest recorded.
 Status CompareSection(const nlohmann::json& fresh, const nlohmann::json& recorded) {
@@ -147,6 +114,30 @@ std::string LocatePrefixDamage(const std::string& pack_path, const pack::ExpertS
   return text.empty() ? "" : "damaged: " + text;
 }
 
+// The whole-pack digest a manifest written with --full-pack-hash records.
+// It covers what no per-entry check reads: the padding between payloads and
+// the zero fill between the index and data_start. Run after the payload
+// checks, so damage inside a payload is named by entry first.
+Status CheckWholePackDigest(const std::string& pack_path, const nlohmann::json& recorded) {
+  auto it = recorded.find("sha256");
+  if (it == recorded.end()) {
+    if (recorded.value("full_pack_hash", false) == true) {
+      return Error("full pack verification requested, but manifest has no full SHA-256")
+          .WithHint("expert_pack.full_pack_hash is true but expert_pack.sha256 is missing; rewrite the manifest with "
+                    "--full-pack-hash");
+    }
+    return Status::OK();
+  }
+  K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(pack_path));
+  if (!it->is_string() || whole != it->get<std::string>()) {
+    return Error("Kimi expert-pack SHA-256 does not match manifest\nmanifest expert_pack.sha256=" + it->dump() +
+                 ", pack=" + whole + " (" + pack_path + ")")
+        .WithHint("every payload matches its digest, so the changed bytes lie outside the payloads: the padding "
+                  "between entries or the zero fill before data_start");
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const VerifyPackOptions& options) {
@@ -161,13 +152,22 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
     return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
                  ErrorKind::kFileNotFound);
   }
-  K3_RETURN_IF_ERROR(CheckShards(m, full));
+  K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
+  // Every input the manifest records a digest of, against the files, with the
+  // writer's functions (recorded_inputs.h): the shards (size, header digest,
+  // whole-file digest with --full when recorded), every source.tensors record,
+  // the inventory digest; the model config; the tokenizer files.
+  SourceCheckOptions sopts;
+  sopts.whole_files = full;
+  K3_ASSIGN_OR_RETURN(SourceDifference source_diff, CompareSourceWithShards(raw.at("source"), sopts));
+  K3_RETURN_IF_ERROR(SourceDifferenceStatus(source_diff));
+  K3_RETURN_IF_ERROR(CheckModelAgainstConfig(raw.at("model"), m.profile()));
+  K3_RETURN_IF_ERROR(CheckTokenizerAgainstFiles(raw.at("tokenizer")));
 
   K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsOf(m));
 
   pack::ValidateOptions vopts;
   vopts.payload_samples = 0;
-  K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
   auto validated = pack::ValidatePack(pack_path, experts, vopts);
   Status structure = validated.ok() ? CompareSection(*validated, raw.at("expert_pack")) : validated.status();
   if (!structure.ok()) {
@@ -199,11 +199,13 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   if (full || !o.entries.empty()) {
     K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, o));
   }
+  if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack")));
   return nlohmann::json{{"manifest", manifest_path},
                         {"pack", pack_path},
                         {"structure", "ok"},
                         {"index_sha256", fresh["index_sha256"]},
                         {"shards_checked", m.source.shards.size()},
+                        {"pack_sha256_checked", full && raw.at("expert_pack").contains("sha256")},
                         {"payload_mode", payload_mode},
                         {"entries_checked", vr.entries_checked},
                         {"bytes_checked", vr.bytes_checked},

@@ -84,13 +84,16 @@ Status FsyncParentDir(const std::string& path) {
 }
 
 Status WriteFileAtomic(const std::string& path, std::string_view content) {
+  // Errors name `path`, the file the user asked for; the temporary name is
+  // only in the hint.
   const std::string tmp = path + ".tmp";
+  const std::string via = "written through the temporary file " + tmp + ", renamed over " + path + " when complete";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  // Errors name the user's path; the temporary name is our business.
-  if (fd < 0) return Error::FromErrno("cannot write " + path, errno);
+  if (fd < 0) return Error::FromErrno("cannot write " + path, errno).WithHint(via);
   UniqueFd guard(fd);
   Status st = PwriteFull(fd, content.data(), content.size(), 0);
-  if (st.ok() && ::fsync(fd) != 0) st = Error::FromErrno("cannot write " + path + " (fsync)", errno);
+  if (!st.ok()) st = st.error().WithContext("cannot write " + path).WithHint(via);
+  if (st.ok() && ::fsync(fd) != 0) st = Error::FromErrno("cannot write " + path + ": fsync failed", errno).WithHint(via);
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
@@ -109,8 +112,9 @@ Result<std::string> ReadFileToString(const std::string& path) {
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
   std::string out(static_cast<size_t>(st.st_size), '\0');
-  K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), out.data(), out.size(), 0));
-  out.resize(got);
+  auto got = PreadFull(fd.get(), out.data(), out.size(), 0);
+  if (!got.ok()) return got.error().WithContext("cannot read " + path);
+  out.resize(*got);
   return out;
 }
 
@@ -129,6 +133,13 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& pa
     m->mapped_ = true;
   }
   return std::shared_ptr<const MappedFile>(std::move(m));
+}
+
+Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path, std::string label) {
+  auto m = Open(path);
+  if (!m.ok()) return m.error();
+  std::const_pointer_cast<MappedFile>(*m)->path_ = std::move(label);
+  return m;
 }
 
 std::shared_ptr<const MappedFile> MappedFile::FromBytes(std::string label, std::string bytes) {

@@ -54,6 +54,9 @@ Result<std::string> ReadFileToString(const std::string& path);
 class MappedFile {
  public:
   static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  // Maps `path` but reports it as `label` (path()): for a stand-in file whose
+  // own name means nothing to the user (doctor's copy of a cut-off header).
+  static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path, std::string label);
   // An in-memory image labelled `label` (fuzzers, tests); owns the bytes.
   static std::shared_ptr<const MappedFile> FromBytes(std::string label, std::string bytes);
   ~MappedFile();

@@ -1,34 +1,111 @@
 #include "util/utf8.h"
 
+#include <nlohmann/json.hpp>
+
 namespace k3pack {
 
+namespace {
+
+// Length of the valid UTF-8 sequence starting at b[0] (n bytes left), or 0
+// when none starts there. Strict as Python's decoder: no overlongs, no
+// surrogates, <= U+10FFFF.
+size_t ValidSequenceLength(const unsigned char* b, size_t n) {
+  const unsigned c = b[0];
+  if (c < 0x80) return 1;
+  size_t len;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) len = 1;
+  else if (c == 0xE0) { len = 2; lo = 0xA0; }
+  else if (c >= 0xE1 && c <= 0xEC) len = 2;
+  else if (c == 0xED) { len = 2; hi = 0x9F; }
+  else if (c >= 0xEE && c <= 0xEF) len = 2;
+  else if (c == 0xF0) { len = 3; lo = 0x90; }
+  else if (c >= 0xF1 && c <= 0xF3) len = 3;
+  else if (c == 0xF4) { len = 3; hi = 0x8F; }
+  else return 0;
+  for (size_t k = 1; k <= len; ++k) {
+    if (k >= n) return 0;
+    const unsigned cc = b[k];
+    const unsigned l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
+    if (cc < l || cc > h) return 0;
+  }
+  return len + 1;
+}
+
+}  // namespace
+
 bool IsValidUtf8(std::string_view s) {
-  // Strict UTF-8 as Python's decoder: no overlongs, no surrogates, <= U+10FFFF.
-  size_t i = 0;
   const auto* b = reinterpret_cast<const unsigned char*>(s.data());
-  while (i < s.size()) {
-    unsigned c = b[i];
-    if (c < 0x80) { ++i; continue; }
-    int n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) n = 1;
-    else if (c == 0xE0) { n = 2; lo = 0xA0; }
-    else if (c >= 0xE1 && c <= 0xEC) n = 2;
-    else if (c == 0xED) { n = 2; hi = 0x9F; }
-    else if (c >= 0xEE && c <= 0xEF) n = 2;
-    else if (c == 0xF0) { n = 3; lo = 0x90; }
-    else if (c >= 0xF1 && c <= 0xF3) n = 3;
-    else if (c == 0xF4) { n = 3; hi = 0x8F; }
-    else return false;
-    for (int k = 1; k <= n; ++k) {
-      if (i + k >= s.size()) return false;
-      unsigned cc = b[i + k];
-      unsigned l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
-      if (cc < l || cc > h) return false;
-    }
-    i += n + 1;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = ValidSequenceLength(b + i, s.size() - i);
+    if (n == 0) return false;
+    i += n;
   }
   return true;
+}
+
+std::string EscapeInvalidUtf8(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = ValidSequenceLength(b + i, s.size() - i);
+    if (n > 0) {
+      out.append(s.data() + i, n);
+      i += n;
+      continue;
+    }
+    const char esc[4] = {'\\', 'x', kHex[b[i] >> 4], kHex[b[i] & 15]};
+    out.append(esc, 4);
+    ++i;
+  }
+  return out;
+}
+
+size_t EscapeInvalidUtf8InJson(nlohmann::json& j) {
+  size_t n = 0;
+  if (j.is_string()) {
+    auto& s = j.get_ref<std::string&>();
+    if (!IsValidUtf8(s)) {
+      s = EscapeInvalidUtf8(s);
+      ++n;
+    }
+  } else if (j.is_array()) {
+    for (auto& e : j) n += EscapeInvalidUtf8InJson(e);
+  } else if (j.is_object()) {
+    nlohmann::json out = nlohmann::json::object();
+    bool renamed = false;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      n += EscapeInvalidUtf8InJson(it.value());
+      if (!IsValidUtf8(it.key())) {
+        renamed = true;
+        ++n;
+      }
+    }
+    if (renamed) {
+      for (auto it = j.begin(); it != j.end(); ++it) out[EscapeInvalidUtf8(it.key())] = std::move(it.value());
+      j = std::move(out);
+    }
+  }
+  return n;
+}
+
+std::vector<std::string> EscapeInvalidUtf8Members(nlohmann::json& object) {
+  std::vector<std::string> names;
+  if (!object.is_object()) {
+    EscapeInvalidUtf8InJson(object);
+    return names;
+  }
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    const bool key_bad = !IsValidUtf8(it.key());
+    if (EscapeInvalidUtf8InJson(it.value()) > 0 || key_bad) names.push_back(EscapeInvalidUtf8(it.key()));
+  }
+  // Keys last: renaming rebuilds the object.
+  nlohmann::json wrapper = nlohmann::json::array({std::move(object)});
+  EscapeInvalidUtf8InJson(wrapper);
+  object = std::move(wrapper[0]);
+  return names;
 }
 
 }  // namespace k3pack

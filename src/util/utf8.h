@@ -1,13 +1,35 @@
 // Strict UTF-8 validation, shared by the pack index (entry names) and the
-// manifest writer (paths and names it must emit as Python would decode them).
+// manifest writer (paths and names it must emit as Python would decode them),
+// and the one escaping rule for showing bytes that are not UTF-8 (GGUF
+// strings are bytes: a key, value or tensor name may hold anything).
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace k3pack {
 
 // True when `s` is UTF-8 that Python's strict decoder accepts: no overlong
 // forms, no surrogates, nothing above U+10FFFF, no truncated sequences.
 bool IsValidUtf8(std::string_view s);
+
+// `s` as Python's bytes.decode("utf-8", "backslashreplace") shows it: valid
+// sequences kept, every other byte written as the four characters \xNN
+// (lowercase hex). Valid UTF-8 comes back unchanged. The result is valid
+// UTF-8, so JSON output of it cannot fail.
+std::string EscapeInvalidUtf8(std::string_view s);
+
+// Escapes every string value and object key under `j` that is not valid
+// UTF-8 (EscapeInvalidUtf8), so j.dump() cannot throw; returns how many were
+// escaped.
+size_t EscapeInvalidUtf8InJson(nlohmann::json& j);
+
+// For a JSON object: escapes its members as above and returns the names of
+// the members that held anything not UTF-8 (a key among them is reported by
+// its escaped name). Callers record the list as the object's "not_utf8".
+std::vector<std::string> EscapeInvalidUtf8Members(nlohmann::json& object);
 
 }  // namespace k3pack

@@ -467,13 +467,13 @@ TEST_F(PackCli, SourceShardChangesAfterPackingAreReported) {
   std::string changed = original;
   changed[data_at] = static_cast<char>(changed[data_at] ^ 0x20);
   testing::WriteAll(shard, changed);
-  check("same size, tensor bytes", "sha256 ", "sha256 of the whole file is ");
+  check("same size, tensor bytes", "sha256 ", "sha256 ");
   changed = original;
   const size_t key = original.find("head_count");  // a metadata key renamed in place: still a valid GGUF
   ASSERT_LT(key, m["source"]["shards"][0]["metadata_nbytes"].get<uint64_t>());
   changed[key + 5] = 'C';
   testing::WriteAll(shard, changed);
-  check("same size, header", "metadata_sha256 ", "metadata_sha256 of bytes [0, ");
+  check("same size, header", "metadata_sha256 ", "metadata_sha256 ");
   auto [v9, e9] = RunCli(verify_full);
   EXPECT_EQ(v9, 0) << e9;  // restored: clean again
 }
