@@ -88,7 +88,7 @@ int RunPack(const std::vector<std::string>& argv) {
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto r = Run(args);
-  if (!r.ok()) return ReportError(kCmd, r.error());
+  if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const auto& j = *r;
   if (args.Has("--json")) {
     std::cout << j.dump(2) << "\n";
