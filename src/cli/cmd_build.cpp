@@ -64,6 +64,7 @@ Result<nlohmann::json> Run(const Args& args) {
     bopts.safety_margin_gib = margin;
     bopts.restart = args.Has("--restart");
     bopts.threads = threads;
+    bopts.hash_sources = !args.Has("--no-full-source-hashes");  // for the manifest, beside the copy
     bopts.progress = pack::MakeProgressPrinter(mode);
     bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
@@ -81,7 +82,11 @@ Result<nlohmann::json> Run(const Args& args) {
   mo.model_config = args.Get("--model-config");
   mo.tokenizer_dir = args.Get("--tokenizer-dir");
   mo.payload_samples = samples;
-  mo.full_source_hashes = args.Has("--full-source-hashes");
+  mo.full_source_hashes = !args.Has("--no-full-source-hashes");
+  for (size_t i = 0; i < built.source_sha256.size() && i < experts.shard_paths.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(experts.shard_paths[i]));
+    mo.known_shard_sha256[resolved] = built.source_sha256[i];
+  }
   mo.full_pack_hash = args.Has("--full-pack-hash");
   mo.profile = profile;
   if (mode != pack::ProgressMode::kNone) {
@@ -118,14 +123,16 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Option("--manifest", "manifest path (default: kimi-k3-expert-pack.manifest.json beside the pack)", "")
       .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
       .Option("--payload-samples", "pack entries byte-compared with GGUF for the manifest", "6")
-      .Flag("--full-source-hashes", "record the SHA-256 of every whole shard")
+      .Flag("--full-source-hashes", "record the SHA-256 of every whole shard (the default; computed beside the copy)")
+      .Flag("--no-full-source-hashes", "do not record whole-shard SHA-256s (then same-size edits outside the "
+                                       "metadata go unnoticed)")
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")
       .Flag("--json", "print only the result as JSON");
   AddCopyOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto r = Run(args);
-  if (!r.ok()) return ReportError(kCmd, r.error());
+  if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   std::cout << manifest::PyJsonDumps(*r, manifest::PyJsonStyle::kIndent2Ascii) << "\n";
   return 0;
 }

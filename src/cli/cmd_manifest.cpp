@@ -25,7 +25,7 @@ Result<nlohmann::json> Run(const Args& args) {
   o.expert_pack = args.Get("--expert-pack");
   o.model_config = args.Get("--model-config");
   o.tokenizer_dir = args.Get("--tokenizer-dir");
-  o.full_source_hashes = args.Has("--full-source-hashes");
+  o.full_source_hashes = !args.Has("--no-full-source-hashes");
   o.full_pack_hash = args.Has("--full-pack-hash");
   if (mode != pack::ProgressMode::kNone) {
     o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
@@ -51,7 +51,9 @@ int RunManifest(const std::vector<std::string>& argv) {
       .Option("--tokenizer-dir", "tokenizer/config directory the server loads", std::nullopt, true)
       .Option("--output", "manifest path (written atomically)", std::nullopt, true)
       .Option("--payload-samples", "evenly spaced pack entries compared byte-for-byte with GGUF", "6")
-      .Flag("--full-source-hashes", "also record the SHA-256 of every whole shard (reads all shards)")
+      .Flag("--full-source-hashes", "record the SHA-256 of every whole shard (the default; reads all shards)")
+      .Flag("--no-full-source-hashes", "skip the whole-shard SHA-256s (then same-size edits outside the "
+                                       "metadata go unnoticed)")
       .Flag("--full-pack-hash", "also record the SHA-256 of the whole pack (reads the whole pack)")
       .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
       .Option("--progress", "auto | bar | json | none (on stderr)", "auto");

@@ -92,12 +92,15 @@ TEST_F(ManifestE2E, ByteIdenticalToPythonReference) {
   k3test::TempDir dir;
   struct Case { std::string flags, ref_flags; };
   const Case cases[] = {
-      {"--profile scaled", "--profile scaled"},
+      // Whole-shard hashes are k3pack's default (SGLang's --full-source-hashes).
+      {"--profile scaled", "--profile scaled --full-source-hashes"},
+      {"--profile scaled --no-full-source-hashes", "--profile scaled"},
       {"--profile scaled --payload-samples 3 --full-source-hashes --full-pack-hash",
        "--profile scaled --payload-samples 3 --full-source-hashes --full-pack-hash"},
-      {"--profile scaled --payload-samples 0", "--profile scaled --payload-samples 0"},
-      {"--profile scaled --payload-samples 1", "--profile scaled --payload-samples 1"},
-      {"--profile scaled --payload-samples 100000", "--profile scaled --payload-samples 100000"},
+      {"--profile scaled --payload-samples 0 --no-full-source-hashes", "--profile scaled --payload-samples 0"},
+      {"--profile scaled --payload-samples 1 --no-full-source-hashes", "--profile scaled --payload-samples 1"},
+      {"--profile scaled --payload-samples 100000 --no-full-source-hashes",
+       "--profile scaled --payload-samples 100000"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags);
