@@ -89,10 +89,4 @@ Status CheckpointFile::WriteNewFile(const std::string& text) {
   return WriteFileAtomic(path_, text);
 }
 
-Status CheckpointFile::RemoveSpare() {
-  spare_fd_ = UniqueFd();
-  if (::unlink(spare_.c_str()) != 0 && errno != ENOENT) return Error::FromErrno("cannot remove " + spare_, errno);
-  return Status::OK();
-}
-
 }  // namespace k3pack::pack

@@ -39,8 +39,6 @@ class CheckpointFile {
 
   // Replaces the checkpoint durably with `c`.
   Status Write(const Checkpoint& c);
-  // Removes the spare (the checkpoint itself stays).
-  Status RemoveSpare();
   void set_budget(WriteBudget* budget) { budget_ = budget; }
 
  private:
