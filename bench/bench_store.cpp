@@ -2,6 +2,7 @@
 //   1. miss-path read throughput of the store (every acquire misses) vs raw
 //      parallel pread of the same objects at the same queue depth, buffered
 //      (page cache) and O_DIRECT, pread pool and io_uring; target >= 0.9x;
+//   1b. the cost of the per-object CRC32C check on the miss path (on vs off);
 //   2. hit rate of each policy vs Belady on the default trace at 0.54%, 2%, 5%;
 //   3. open time of a full-scale Kimi-K3 pack (247,296 entries; payload holes).
 // usage: bench_store [objects (default 64)] [queue_depth (default 16)]
@@ -21,6 +22,7 @@
 #include "store/policy.h"
 #include "store/replay.h"
 #include "store/synthetic_pack.h"
+#include "util/crc32c.h"
 
 using namespace k3pack;
 using namespace k3pack::store;
@@ -74,8 +76,9 @@ double RawPread(const testing::TinyPack& p, uint64_t objects, uint64_t obj_bytes
 
 // The store with a top_k-object cache: every call misses `top_k` objects.
 double StoreMisses(const testing::TinyPack& p, uint64_t objects, uint64_t obj_bytes, int depth, bool direct,
-                   const char* io) {
+                   const char* io, bool verify_checksums = true) {
   StoreOptions o;
+  o.verify_checksums = verify_checksums;
   o.cache_bytes = uint64_t(p.spec().top_k) * obj_bytes;
   o.policy = "lru";
   o.io_backend = io;
@@ -133,6 +136,10 @@ int main(int argc, char** argv) {
   const uint64_t obj = 11956224, n = uint64_t(spec.experts) * 2;
   std::printf("pack: %llu objects x %llu bytes = %.2f GB written in %.1f s\n", (unsigned long long)n,
               (unsigned long long)obj, double(n * obj) / 1e9, Seconds(tw));
+  // With its digest sidecar, as `k3pack pack` leaves it: the store checks
+  // each object's CRC32C on every miss (the default), so section 1 measures
+  // the default configuration and section 1b the cost of the check.
+  if (Status st = p.WriteDigestSidecar(); !st.ok()) std::printf("  sidecar: %s\n", st.error().message().c_str());
   std::printf("\n1. miss-path read throughput, queue depth %d (store / raw pread, same objects)\n", depth);
   // The machine may be shared and noisy: each pair is measured `reps` times
   // back to back (raw, then store) and the best of each is kept.
@@ -152,6 +159,30 @@ int main(int argc, char** argv) {
       }
       std::printf("  %-8s store[%-5s] %6.2f GB/s   raw pread %6.2f GB/s   ratio %.2fx (target >= 0.9x; best of %d)\n",
                   direct ? "O_DIRECT" : "buffered", io, st, raw, st / raw, reps);
+    }
+  }
+
+  // 1b. The CRC32C check's cost on the miss path: same objects and depth,
+  // checks on vs off, alternated so both see the same machine load.
+  {
+    std::vector<uint8_t> buf(obj, 0x5a);
+    auto tc = Clock::now();
+    uint32_t sink = 0;
+    for (int i = 0; i < 8; ++i) sink ^= Crc32c(buf.data(), buf.size(), sink);
+    std::printf("\n1b. CRC32C check on every miss (%s: %.1f GB/s on one core; sink %08x)\n", Crc32cImplementation(),
+                8.0 * double(obj) / Seconds(tc) / 1e9, sink);
+    for (bool direct : {false, true}) {
+      double on = -1, off = -1;
+      for (int r = 0; r < reps; ++r) {
+        if (direct) DropCache(p.pack);
+        off = std::max(off, StoreMisses(p, n, obj, depth, direct, "uring", false));
+        if (direct) DropCache(p.pack);
+        on = std::max(on, StoreMisses(p, n, obj, depth, direct, "uring", true));
+      }
+      if (on <= 0 || off <= 0) continue;
+      std::printf("  %-8s store[uring] checked %6.2f GB/s   unchecked %6.2f GB/s   ratio %.3fx (cost %.1f%%; "
+                  "target <= 3%%; best of %d)\n",
+                  direct ? "O_DIRECT" : "buffered", on, off, on / off, 100.0 * (1.0 - on / off), reps);
     }
   }
 

@@ -18,6 +18,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -206,7 +207,10 @@ struct CreateOptions {
   std::string model_config;
   std::string tokenizer_dir;
   int64_t payload_samples = 6;  // < 0 -> "--payload-samples must be non-negative"
-  bool full_source_hashes = false;
+  bool full_source_hashes = false;  // the CLI's `manifest`/`build` turn it on by default
+  // Whole-shard SHA-256s already computed (resolved path -> hex), e.g. by the
+  // pack build beside its copy; those shards are not read again.
+  std::map<std::string, std::string> known_shard_sha256;
   bool full_pack_hash = false;
   kimi::Profile profile = kimi::Profile::kKimiK3;
   // Empty -> "k3pack-<version>".

@@ -115,6 +115,7 @@ struct Progress {
   uint64_t done_bytes = 0, total_bytes = 0;
   uint64_t done_objects = 0, total_objects = 0;
   double elapsed_s = 0;
+  bool final = false;  // last report of a run that stopped early (error, signal)
 };
 using ProgressFn = std::function<void(const Progress&)>;
 
@@ -124,6 +125,10 @@ struct BuildOptions {
   bool restart = false;           // discard an existing partial build
   int threads = 0;                // copies in flight; 0 = auto
   uint64_t chunk_bytes = 16ull << 20;  // read size per role per batch of experts
+  // Also compute each whole source shard's SHA-256 (BuildResult::source_sha256),
+  // on threads of their own beside the copy, so the manifest need not read
+  // the shards again.
+  bool hash_sources = false;
   ProgressFn progress;
   std::function<void(const std::string&)> log;  // human-readable status lines
 };
@@ -137,6 +142,8 @@ struct BuildResult {
   uint64_t copied_bytes = 0;   // data bytes read+written this run
   uint64_t hole_bytes = 0;     // payload bytes kept as holes (sparse source)
   uint64_t resumed_objects = 0;  // objects taken over from a checkpoint
+  uint64_t rewritten_objects = 0;  // checkpointed objects whose bytes had changed, copied again
+  std::vector<std::string> source_sha256;  // hex, by shard index; empty unless hash_sources
   double seconds = 0;
 };
 
@@ -148,10 +155,18 @@ struct BuildResult {
 // options.restart. Refuses to overwrite a finished pack (SGLang's text) and
 // to start without room for the pack + margin (SGLang's text).
 //
+// SIGINT/SIGTERM during the copy stop it cleanly: the durable prefix is
+// checkpointed and the error reads "interrupted; rerun the same command to
+// resume from object N of T" (InterruptExitCode: 130 / 143).
+//
 // Test seams (environment): K3PACK_FAKE_FREE_BYTES=N overrides the free
 // space; K3PACK_CRASH_AFTER_OBJECTS=N calls _exit(86) right after the
 // checkpoint that covers >= N objects.
 Result<BuildResult> BuildPack(const ExpertSet& experts, const BuildOptions& options);
+
+// The exit status for a BuildPack error: 128 + the signal for a build stopped
+// by SIGINT/SIGTERM (130 / 143), else 1.
+int InterruptExitCode(const Error& error);
 
 // Sidecar paths.
 std::string DigestsPathFor(const std::string& pack_path);     // <pack>.digests
@@ -187,12 +202,15 @@ nlohmann::json LayerRolesJson(const ExpertSet& experts);
 
 // ---------------------------------------------------------------- verify
 
-// The digest sidecar: one SHA-256 per pack entry (see docs/FORMATS.md).
+// The digest sidecar: one SHA-256 and one CRC32C per pack entry (see
+// docs/FORMATS.md). A sidecar written before k3pack recorded CRCs (version 1)
+// reads with entry_crc32c empty.
 struct PackDigests {
   uint64_t index_count = 0;
   uint64_t pack_size = 0;
   std::string index_sha256;  // hex
   std::vector<std::array<uint8_t, 32>> entry_sha256;
+  std::vector<uint32_t> entry_crc32c;  // empty: no CRCs recorded (version 1)
 };
 Result<PackDigests> ReadPackDigests(const std::string& digests_path);
 Status WritePackDigests(const std::string& digests_path, const PackDigests& digests);

@@ -41,6 +41,12 @@ struct StoreOptions {
   int64_t stats_flush_interval = 0;           // write stats every N route calls (0: only at close)
   std::string stats_path;                     // empty: no stats file
   bool verify_pack_sha256 = false;            // hash the whole pack at open
+  // Check every object read from the pack (each miss) against the CRC32Cs of
+  // the digest sidecar `<pack>.digests`: a damaged object is an error naming
+  // layer, expert and file offset, and is never cached. Without a sidecar, or
+  // with one written before k3pack recorded CRCs, nothing is checked; the
+  // stats say so ("k3pack.checksums").
+  bool verify_checksums = true;
   // Expected (num_hidden_layers, num_experts, top_k). Unset: Kimi-K3's
   // (93, 896, 16) for a kimi-k3 manifest, the manifest's own for "scaled".
   std::optional<uint32_t> expected_layers, expected_experts, expected_top_k;

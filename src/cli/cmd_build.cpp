@@ -151,6 +151,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
     bopts.safety_margin_gib = v.margin;
     bopts.restart = args.Has("--restart");
     bopts.threads = v.threads;
+    bopts.hash_sources = !args.Has("--no-full-source-hashes");  // for the manifest, beside the copy
     bopts.progress = pack::MakeProgressPrinter(v.mode);
     bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
@@ -164,7 +165,11 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   mo.model_config = args.Get("--model-config");
   mo.tokenizer_dir = tokenizer_dir;
   mo.payload_samples = v.samples;
-  mo.full_source_hashes = args.Has("--full-source-hashes");
+  mo.full_source_hashes = !args.Has("--no-full-source-hashes");
+  for (size_t i = 0; i < built.source_sha256.size() && i < experts.shard_paths.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(experts.shard_paths[i]));
+    mo.known_shard_sha256[resolved] = built.source_sha256[i];
+  }
   mo.full_pack_hash = args.Has("--full-pack-hash");
   mo.profile = profile;
   if (v.mode != pack::ProgressMode::kNone) {
@@ -206,7 +211,9 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Option("--manifest", std::string("manifest path (default: ") + kDefaultManifestName + " beside the pack)", "")
       .Flag("--allow-mixed-types", "allow expert dtypes to differ by role or layer (SGLang's validator refuses such a pack)")
       .Option("--payload-samples", "pack entries byte-compared with GGUF for the manifest", "6")
-      .Flag("--full-source-hashes", "record the SHA-256 of every whole shard")
+      .Flag("--full-source-hashes", "record the SHA-256 of every whole shard (the default; computed beside the copy)")
+      .Flag("--no-full-source-hashes", "do not record whole-shard SHA-256s (then same-size edits outside the "
+                                       "metadata go unnoticed)")
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")
       .Flag("--allow-unsupported", "build even when doctor finds errors SGLang raises on (e.g. BF16 matrices)")
       .Flag("--json", "print only the result as JSON (otherwise text)");
@@ -218,7 +225,7 @@ int RunBuild(const std::vector<std::string>& argv) {
   auto v = ParseValues(args);
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
   auto r = Run(args, *v);
-  if (!r.ok()) return ReportError(kCmd, r.error());
+  if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const nlohmann::json& j = *r;
   if (j.contains("already_built")) {
     ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"));

@@ -45,7 +45,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   o.expert_pack = args.Get("--pack");
   o.model_config = args.Get("--model-config");
   o.tokenizer_dir = args.Get("--tokenizer-dir");
-  o.full_source_hashes = args.Has("--full-source-hashes");
+  o.full_source_hashes = !args.Has("--no-full-source-hashes");
   o.full_pack_hash = args.Has("--full-pack-hash");
   std::string output = args.Get("--manifest");
   if (output.empty()) output = (std::filesystem::path(o.expert_pack).parent_path() / kDefaultManifestName).string();
@@ -104,7 +104,9 @@ int RunManifest(const std::vector<std::string>& argv) {
                                 " beside the pack)")
       .Deprecated("--output", "--manifest")
       .Option("--payload-samples", "evenly spaced pack entries compared byte-for-byte with GGUF", "6")
-      .Flag("--full-source-hashes", "also record the SHA-256 of every whole shard (reads all shards)")
+      .Flag("--full-source-hashes", "record the SHA-256 of every whole shard (the default; reads all shards)")
+      .Flag("--no-full-source-hashes", "skip the whole-shard SHA-256s (then same-size edits outside the "
+                                       "metadata go unnoticed)")
       .Flag("--full-pack-hash", "also record the SHA-256 of the whole pack (reads the whole pack)")
       .Option("--progress", "auto | bar | json | none (on stderr)", "auto")
       .Flag("--json", "print SGLang's JSON summary (otherwise text)");

@@ -122,7 +122,7 @@ int RunPack(const std::vector<std::string>& argv) {
   auto v = ParseValues(args);
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
   auto r = Run(args, *v);
-  if (!r.ok()) return ReportError(kCmd, r.error());
+  if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const auto& j = *r;
   if (j.contains("repaired_damaged")) {
     if (args.Has("--json")) {

@@ -121,6 +121,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
   ScanOptions scan_opts;
   scan_opts.full_source_hashes = o.full_source_hashes;
+  scan_opts.known_sha256 = o.known_shard_sha256;
   scan_opts.progress = o.progress;
   K3_ASSIGN_OR_RETURN(json source, ScanSourceJson(shards, scan_opts));
 

@@ -84,8 +84,14 @@ Result<json> ScanSourceJson(const std::vector<std::shared_ptr<const gguf::GgufFi
     paths.push_back(std::move(path));
   }
   if (o.full_source_hashes) {
-    K3_ASSIGN_OR_RETURN(std::vector<std::string> digests, HashShards(paths, o));
-    for (size_t i = 0; i < digests.size(); ++i) shards[i]["sha256"] = digests[i];
+    std::vector<std::string> to_hash;
+    for (const auto& path : paths) {
+      if (!o.known_sha256.count(path)) to_hash.push_back(path);
+    }
+    K3_ASSIGN_OR_RETURN(std::vector<std::string> digests, HashShards(to_hash, o));
+    std::map<std::string, std::string> all = o.known_sha256;
+    for (size_t i = 0; i < to_hash.size(); ++i) all[to_hash[i]] = digests[i];
+    for (size_t i = 0; i < paths.size(); ++i) shards[i]["sha256"] = all[paths[i]];
   }
 
   // All tensors, sorted by name: Python str order = code point order =

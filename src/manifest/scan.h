@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ namespace k3pack::manifest {
 struct ScanOptions {
   bool full_source_hashes = false;  // adds "sha256" of every whole shard
   int threads = 0;                  // shards hashed concurrently; 0 = auto
+  // Whole-shard digests already computed (by resolved path), e.g. by the
+  // pack build that just read the shards: those shards are not read again.
+  std::map<std::string, std::string> known_sha256;
   std::function<void(const std::string&)> progress;
 };
 

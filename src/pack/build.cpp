@@ -17,11 +17,15 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "pack/build_inputs.h"
+#include "pack/checkpoint_file.h"
 #include "pack/copy.h"
 #include "pack/sidecars.h"
+#include "pack/source_hash.h"
+#include "util/crc32c.h"
 #include "util/sha256.h"
 
 namespace k3pack::pack {
@@ -59,17 +63,18 @@ Status CreateFresh(const Paths& p, const PackLayout& layout, UniqueFd* pack_fd, 
   K3_RETURN_IF_ERROR(PwriteFull(pack_fd->get(), prefix.data(), prefix.size(), 0));
   if (::fsync(pack_fd->get()) != 0) return Error::FromErrno("fsync failed for " + p.partial, errno);
   K3_ASSIGN_OR_RETURN(*journal_fd, OpenRw(p.journal, O_CREAT | O_EXCL));
-  if (::ftruncate(journal_fd->get(), static_cast<off_t>(kDigestsHeaderBytes + layout.index_count() * kDigestBytes)) !=
-      0) {
+  if (::ftruncate(journal_fd->get(), static_cast<off_t>(DigestsFileBytes(layout.index_count()))) != 0) {
     return Error::FromErrno("cannot size " + p.journal, errno);
   }
   if (::fsync(journal_fd->get()) != 0) return Error::FromErrno("fsync failed for " + p.journal, errno);
   return FsyncParentDir(p.partial);
 }
 
-// Opens an existing partial build at checkpoint `c`; loads the journal's digests.
+// Opens an existing partial build at checkpoint `c`; loads the journal's
+// digests and CRCs of the checkpointed objects (*have_crcs: false when the
+// checkpoint predates the journal's CRCs).
 Status OpenResume(const Paths& p, const PackLayout& layout, const Checkpoint& c, UniqueFd* pack_fd,
-                  UniqueFd* journal_fd, std::vector<Digest>* digests) {
+                  UniqueFd* journal_fd, std::vector<Digest>* digests, std::vector<uint32_t>* crcs, bool* have_crcs) {
   K3_ASSIGN_OR_RETURN(*pack_fd, OpenRw(p.partial, 0));
   struct stat st;
   if (::fstat(pack_fd->get(), &st) != 0) return Error::FromErrno("cannot stat " + p.partial, errno);
@@ -84,20 +89,105 @@ Status OpenResume(const Paths& p, const PackLayout& layout, const Checkpoint& c,
     return RestartHint(Error("partial Expert Pack " + p.partial + " has a header/index that does not match the inputs"));
   }
   K3_ASSIGN_OR_RETURN(*journal_fd, OpenRw(p.journal, 0));
-  const uint64_t entries = c.objects_done * kRoleCount;
+  const uint64_t entries = c.objects_done * kRoleCount, n = layout.index_count();
   std::vector<uint8_t> raw(entries * kDigestBytes);
   K3_ASSIGN_OR_RETURN(size_t jgot, PreadFull(journal_fd->get(), raw.data(), raw.size(), kDigestsHeaderBytes));
   if (jgot != raw.size() || ToHex(Sha256Raw(raw.data(), raw.size()).data(), 32) != c.journal_sha256) {
     return RestartHint(Error("digest journal " + p.journal + " does not match checkpoint " + p.checkpoint));
   }
   for (uint64_t i = 0; i < entries; ++i) std::memcpy((*digests)[i].data(), raw.data() + i * kDigestBytes, 32);
-  // Objects past the watermark are re-copied; clear their ranges so source
-  // holes stay zero (punching keeps them sparse).
-  if (c.objects_done < layout.object_count()) {
-    uint64_t from = layout.Entry(c.objects_done * kRoleCount).offset;
-    K3_RETURN_IF_ERROR(ZeroRange(pack_fd->get(), from, layout.final_size() - from));
+  // A journal from before CRC records is shorter: make room for them.
+  if (::fstat(journal_fd->get(), &st) != 0) return Error::FromErrno("cannot stat " + p.journal, errno);
+  if (static_cast<uint64_t>(st.st_size) < DigestsFileBytes(n) &&
+      ::ftruncate(journal_fd->get(), static_cast<off_t>(DigestsFileBytes(n))) != 0) {
+    return Error::FromErrno("cannot size " + p.journal, errno);
+  }
+  *have_crcs = !c.journal_crc_sha256.empty();
+  if (*have_crcs) {
+    raw.assign(entries * kCrcBytes, 0);
+    K3_ASSIGN_OR_RETURN(size_t cgot, PreadFull(journal_fd->get(), raw.data(), raw.size(), CrcRecordOffset(n, 0)));
+    if (cgot != raw.size() || ToHex(Sha256Raw(raw.data(), raw.size()).data(), 32) != c.journal_crc_sha256) {
+      return RestartHint(Error("digest journal " + p.journal + " does not match checkpoint " + p.checkpoint));
+    }
+    std::memcpy(crcs->data(), raw.data(), raw.size());
   }
   return Status::OK();
+}
+
+// What a resume finds in the checkpointed prefix of the partial file.
+struct PrefixCheck {
+  uint64_t first_bad = 0;  // == objects_done when every object matches
+  std::string detail;      // what differs in the first bad object
+};
+
+// Re-reads every checkpointed object of the partial pack and compares each
+// payload's CRC32C with the journal's (or, for a checkpoint without CRCs, its
+// SHA-256, filling in the CRC). A byte changed between the kill and the rerun
+// (a disk error, a stray write) must not be published: the resume restarts at
+// the first object that differs. Several threads; holes are not read.
+Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objects_done,
+                                const std::vector<Digest>& digests, std::vector<uint32_t>* crcs, bool have_crcs,
+                                int threads, const std::string& path) {
+  std::atomic<uint64_t> first_bad{objects_done}, next{0};
+  std::mutex mu;
+  std::optional<Error> error;
+  std::string detail;
+  constexpr uint64_t kChunk = 8u << 20;
+  auto worker = [&] {
+    IoBuffer buf(kChunk);
+    for (uint64_t obj; (obj = next.fetch_add(1)) < objects_done && obj < first_bad.load();) {
+      for (uint64_t r = 0; r < kRoleCount; ++r) {
+        const EntrySlot e = layout.Entry(obj * kRoleCount + r);
+        uint32_t crc = 0;
+        Sha256 sha;
+        const std::vector<Segment> segs = MapRange(fd, e.offset, e.nbytes);
+        const bool all_hole = segs.size() == 1 && segs[0].hole;  // sparse packs: nothing to read
+        if (all_hole) crc = ZeroCrc32c(e.nbytes);
+        for (const Segment& sg : all_hole ? std::vector<Segment>{} : segs) {
+          for (uint64_t done = 0; done < sg.length;) {
+            const size_t k = static_cast<size_t>(std::min<uint64_t>(kChunk, sg.length - done));
+            if (sg.hole) {
+              std::memset(buf.data(), 0, k);
+            } else {
+              auto got = PreadFull(fd, buf.data(), k, sg.offset + done);
+              if (!got.ok() || *got != k) {
+                std::lock_guard<std::mutex> lock(mu);
+                if (!error) error = got.ok() ? Error("short read of " + path + " at offset " +
+                                                     std::to_string(sg.offset + done), ErrorKind::kEOF)
+                                             : got.error().WithContext(path);
+                return;
+              }
+            }
+            crc = Crc32c(buf.data(), k, crc);
+            if (!have_crcs) sha.Update(buf.data(), k);
+            done += k;
+          }
+        }
+        const uint64_t i = obj * kRoleCount + r;
+        const bool ok = have_crcs ? crc == (*crcs)[i]
+                                  : (all_hole ? ZeroSha256(e.nbytes) == digests[i]
+                                              : sha.HexDigest() == ToHex(digests[i].data(), 32));
+        if (!have_crcs) (*crcs)[i] = crc;
+        if (!ok) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (obj < first_bad.load()) {
+            first_bad.store(obj);
+            detail = "layer " + std::to_string(e.layer) + " expert " + std::to_string(e.expert) + " " +
+                     RoleName(e.role) + " (entry " + std::to_string(i) + ", offset " + std::to_string(e.offset) +
+                     ")";
+          }
+          break;
+        }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const int n = std::max(1, std::min<int>(threads > 0 ? threads : 4, static_cast<int>(std::max<uint64_t>(1, objects_done))));
+  for (int t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (error) return *error;
+  return PrefixCheck{first_bad.load(), detail};
 }
 
 // Disk bytes still to be written: non-hole source bytes of objects >= from_object.
@@ -118,12 +208,26 @@ uint64_t RemainingDataBytes(const ExpertSet& ex, const std::vector<UniqueFd>& sr
   return total;
 }
 
+// Bytes `path` occupies on disk in [from, end of file) (its data segments);
+// 0 when it does not exist.
+uint64_t HeldBytes(const std::string& path, uint64_t from) {
+  auto fd = OpenReadOnly(path);
+  if (!fd.ok()) return 0;
+  struct stat st;
+  if (::fstat(fd->get(), &st) != 0 || static_cast<uint64_t>(st.st_size) <= from) return 0;
+  uint64_t held = 0;
+  for (const auto& s : MapRange(fd->get(), from, static_cast<uint64_t>(st.st_size) - from)) {
+    if (!s.hole) held += s.length;
+  }
+  return held;
+}
+
 // Seals the journal, renames it to <pack>.digests, renames the partial onto
 // the pack, removes the checkpoint. Each step is idempotent on rerun.
 // Test seam: K3PACK_TEST_KILL_IN_FINALIZE=k raises SIGKILL after step k (1:
 // journal sealed, 2: pack renamed, 3: digests renamed, checkpoint still there).
 Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journal_fd,
-                const std::vector<Digest>& digests) {
+                const std::vector<Digest>& digests, const std::vector<uint32_t>& crcs) {
   const uint64_t kill_step = EnvU64("K3PACK_TEST_KILL_IN_FINALIZE").value_or(0);
   auto maybe_kill = [&](uint64_t step) {
     if (kill_step == step) ::raise(SIGKILL);
@@ -141,10 +245,14 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
   h.pack_size = layout.final_size();
   h.data_start = layout.data_start();
   FromHex(layout.IndexSha256(), h.index_sha256.data(), 32);
-  h.records_sha256 = Sha256Raw(digests.data(), digests.size() * kDigestBytes);
+  // Records: the SHA-256s, then the CRC32Cs (little-endian, the host order).
+  std::vector<uint8_t> records(digests.size() * (kDigestBytes + kCrcBytes));
+  std::memcpy(records.data(), digests.data(), digests.size() * kDigestBytes);
+  std::memcpy(records.data() + digests.size() * kDigestBytes, crcs.data(), crcs.size() * kCrcBytes);
+  h.records_sha256 = Sha256Raw(records.data(), records.size());
   auto head = EncodeDigestsHeader(h);
   K3_RETURN_IF_ERROR(PwriteFull(journal_fd, head.data(), head.size(), 0));
-  K3_RETURN_IF_ERROR(PwriteFull(journal_fd, digests.data(), digests.size() * kDigestBytes, kDigestsHeaderBytes));
+  K3_RETURN_IF_ERROR(PwriteFull(journal_fd, records.data(), records.size(), kDigestsHeaderBytes));
   if (::fsync(journal_fd) != 0) return Error::FromErrno("fsync failed for " + p.journal, errno);
   maybe_kill(1);
   if (::rename(p.partial.c_str(), p.out.c_str()) != 0) {
@@ -158,6 +266,7 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
   K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
   maybe_kill(3);
   K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
+  K3_RETURN_IF_ERROR(RemoveIfExists(CheckpointSparePathFor(p.checkpoint)));
   return FsyncParentDir(p.out);
 }
 
@@ -176,6 +285,7 @@ Result<bool> CompleteInterruptedFinalize(const Paths& p, const std::string& fing
   }
   if (!PathExists(p.digests)) return false;
   K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
+  K3_RETURN_IF_ERROR(RemoveIfExists(CheckpointSparePathFor(p.checkpoint)));
   K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
   return true;
 }
@@ -226,7 +336,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   }
 
   if (o.restart) {
-    for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp"}) {
+    for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp", CheckpointSparePathFor(p.checkpoint)}) {
       if (PathExists(f)) log("discarding " + f);
       K3_RETURN_IF_ERROR(RemoveIfExists(f));
     }
@@ -261,34 +371,80 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     if (resume) ckpt = old;
   }
 
+  // What is still to be written: the data of objects past the checkpoint,
+  // the journal, and (fresh) the header + index. Space the rerun takes back
+  // counts as free: the partial's bytes past the checkpoint (zeroed, then
+  // rewritten) and the journal's (rewritten in place), or all of both when a
+  // partial without usable checkpoint is replaced.
   K3_ASSIGN_OR_RETURN(uint64_t avail, AvailableBytes(dir));
   const uint64_t margin = static_cast<uint64_t>(o.safety_margin_gib * 1024.0 * 1024.0 * 1024.0);
-  uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done) + kDigestsHeaderBytes +
-                      layout.index_count() * kDigestBytes + (resume ? 0 : layout.data_start());
-  if (avail < estimate + margin) {
+  const uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done) + DigestsFileBytes(layout.index_count()) +
+                            (resume ? 0 : layout.data_start());
+  const uint64_t durable_end = !resume ? 0
+                               : ckpt.objects_done < layout.object_count()
+                                   ? layout.Entry(ckpt.objects_done * kRoleCount).offset
+                                   : layout.final_size();
+  const uint64_t reusable = HeldBytes(p.partial, durable_end) + HeldBytes(p.journal, 0);
+  const uint64_t required = estimate > reusable ? estimate - reusable : 0;
+  if (avail < required + margin) {
     return Error("insufficient space for Kimi Expert Pack: available=" + std::to_string(avail) +
-                     ", required=" + std::to_string(estimate + margin),
+                     ", required=" + std::to_string(required + margin),
                  ErrorKind::kOS, ENOSPC)
-        .WithHint("the pack needs " + std::to_string(estimate) + " more bytes on disk (logical size " +
+        .WithHint("the pack needs " + std::to_string(required) + " more bytes on disk (logical size " +
                   std::to_string(layout.final_size()) + ") plus the --safety-margin-gib margin");
   }
 
   std::vector<Digest> digests(layout.index_count());
+  std::vector<uint32_t> crcs(layout.index_count());
   UniqueFd pack_fd, journal_fd;
   if (resume) {
-    K3_RETURN_IF_ERROR(OpenResume(p, layout, ckpt, &pack_fd, &journal_fd, &digests));
+    bool have_crcs = false;
+    K3_RETURN_IF_ERROR(OpenResume(p, layout, ckpt, &pack_fd, &journal_fd, &digests, &crcs, &have_crcs));
+    log("checking the " + std::to_string(ckpt.objects_done) + " checkpointed objects of " + p.partial +
+        " against their " + (have_crcs ? "CRC32C" : "SHA-256") + " records");
+    K3_ASSIGN_OR_RETURN(PrefixCheck check, CheckPrefix(layout, pack_fd.get(), ckpt.objects_done, digests, &crcs,
+                                                       have_crcs, o.threads, p.partial));
+    if (check.first_bad < ckpt.objects_done) {
+      log("object " + std::to_string(check.first_bad) + " of " + p.partial + ", " + check.detail +
+          ", changed since it was checkpointed; copying it and every later object again");
+      result.rewritten_objects = ckpt.objects_done - check.first_bad;
+      ckpt.objects_done = check.first_bad;
+    }
+    if (!have_crcs && ckpt.objects_done > 0) {
+      // The checkpoint predates the journal's CRCs: record the ones just derived.
+      K3_RETURN_IF_ERROR(PwriteFull(journal_fd.get(), crcs.data(), ckpt.objects_done * kRoleCount * kCrcBytes,
+                                    CrcRecordOffset(layout.index_count(), 0)));
+      if (::fdatasync(journal_fd.get()) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
+    }
+    ckpt.journal_sha256 = JournalSha(digests, ckpt.objects_done * kRoleCount);
+    ckpt.journal_crc_sha256 = ToHex(Sha256Raw(crcs.data(), ckpt.objects_done * kRoleCount * kCrcBytes).data(), 32);
+    // Objects past the watermark are re-copied; clear their ranges so source
+    // holes stay zero (punching keeps them sparse).
+    if (ckpt.objects_done < layout.object_count()) {
+      const uint64_t from = layout.Entry(ckpt.objects_done * kRoleCount).offset;
+      K3_RETURN_IF_ERROR(ZeroRange(pack_fd.get(), from, layout.final_size() - from));
+    }
     result.resumed_objects = ckpt.objects_done;
     log("resuming " + p.partial + " at object " + std::to_string(ckpt.objects_done) + " of " +
         std::to_string(ckpt.objects_total));
   } else {
     ckpt.objects_done = 0;
     ckpt.journal_sha256 = JournalSha(digests, 0);
-    // Checkpoint first: a partial file never exists without one.
-    K3_RETURN_IF_ERROR(WriteFileAtomic(p.checkpoint, EncodeCheckpoint(ckpt)));
-    K3_RETURN_IF_ERROR(CreateFresh(p, layout, &pack_fd, &journal_fd));
+    ckpt.journal_crc_sha256 = ToHex(Sha256Raw(crcs.data(), 0).data(), 32);
   }
-  K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &result));
-  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests));
+  // Checkpoint first: a partial file never exists without one. Its space is
+  // reserved now, while there is room (CheckpointFile).
+  K3_ASSIGN_OR_RETURN(CheckpointFile ckpt_file, CheckpointFile::Create(p.checkpoint, ckpt, nullptr));
+  if (!resume) K3_RETURN_IF_ERROR(CreateFresh(p, layout, &pack_fd, &journal_fd));
+  std::optional<SourceHasher> hasher;
+  if (o.hash_sources) hasher.emplace(ex.shard_paths, std::max(1, std::min(4, o.threads > 0 ? o.threads : 4)));
+  K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &crcs,
+                             &ckpt_file, &result));
+  if (hasher) {
+    log("finishing the SHA-256 of the source shards");
+    K3_ASSIGN_OR_RETURN(result.source_sha256, hasher->Finish());
+  }
+  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs));
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   (void)lock;
   return result;

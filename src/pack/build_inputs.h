@@ -21,11 +21,17 @@ struct PackPaths {
   std::string out, partial, checkpoint, journal, digests, lock;
 };
 
+class CheckpointFile;
+
 // The copy phase (copy_engine.cpp): copies objects [base.objects_done, total)
-// with options.threads workers, journaling digests and checkpointing.
+// with options.threads workers, journaling digests and CRCs and
+// checkpointing through `ckpt_file`. SIGINT/SIGTERM stop it with a final
+// checkpoint and the error "interrupted; rerun the same command to resume
+// from object N of T" (errno EINTR; InterruptExitCode gives 130/143).
 Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions& o, const PackPaths& p,
                const Checkpoint& base, int pack_fd, int journal_fd, const std::vector<UniqueFd>& src,
-               std::vector<Digest>* digests, BuildResult* result);
+               std::vector<Digest>* digests, std::vector<uint32_t>* crcs, CheckpointFile* ckpt_file,
+               BuildResult* result);
 
 Result<PackLayout> LayoutOf(const ExpertSet& experts);
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 
+#include "util/crc32c.h"
 #include "util/file.h"
 
 namespace k3pack::pack {
@@ -151,6 +152,25 @@ std::array<uint8_t, 32> ZeroSha256(uint64_t n) {
   return out;
 }
 
+uint32_t ZeroCrc32c(uint64_t n) {
+  static std::mutex mu;
+  static std::map<uint64_t, uint32_t> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(n);
+    if (it != cache.end()) return it->second;
+  }
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < n;) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, n - done));
+    crc = Crc32c(ZeroBlock(), k, crc);
+    done += k;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() < 4096) cache[n] = crc;
+  return crc;
+}
+
 Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
                                             IoBuffer& buf, CopyStats* stats) {
   auto segs = MapRange(src, src_off, n);
@@ -192,7 +212,7 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
 Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
                   const OutputFile& dst,
                   const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  size_t digest_stride, CopyStats* stats) {
+                  uint32_t* crcs, size_t digest_stride, CopyStats* stats) {
   const uint64_t len = slice_bytes * n;
   if (src_off + len > src_size) {
     const uint64_t have = src_size > src_off ? src_size - src_off : 0;
@@ -201,7 +221,11 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
   const auto segs = MapRange(src, src_off, len);
   if (segs.size() == 1 && segs[0].hole) {
     const auto zero = ZeroSha256(slice_bytes);
-    for (uint32_t i = 0; i < n; ++i) digests[i * digest_stride] = zero;
+    const uint32_t zero_crc = ZeroCrc32c(slice_bytes);
+    for (uint32_t i = 0; i < n; ++i) {
+      digests[i * digest_stride] = zero;
+      crcs[i * digest_stride] = zero_crc;
+    }
     if (stats) stats->hole_bytes += len;
     return Status::OK();
   }
@@ -233,8 +257,10 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
       Hasher h;
       h.Update(b + (lo - src_off), slice_bytes);
       digests[i * digest_stride] = h.Final();
+      crcs[i * digest_stride] = Crc32c(b + (lo - src_off), slice_bytes);
     } else {
       digests[i * digest_stride] = ZeroSha256(slice_bytes);
+      crcs[i * digest_stride] = ZeroCrc32c(slice_bytes);
     }
   }
   return Status::OK();

@@ -32,6 +32,8 @@ std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length);
 
 // SHA-256 of `n` zero bytes (memoized by n).
 std::array<uint8_t, 32> ZeroSha256(uint64_t n);
+// CRC32C of `n` zero bytes (memoized by n).
+uint32_t ZeroCrc32c(uint64_t n);
 
 // A reusable, page-aligned I/O buffer.
 class IoBuffer {
@@ -90,13 +92,14 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
 // Batched form used by the builder: copies `n` consecutive slices of
 // `slice_bytes` starting at src[src_off] (one large read per data segment)
 // to dst offsets dst_off(i), writing only the data parts, and stores slice i's
-// SHA-256 in digests[i * digest_stride]. `src_size` is the source file size
+// SHA-256 in digests[i * digest_stride] and its CRC32C in
+// crcs[i * digest_stride]. `src_size` is the source file size
 // (a range past it is SGLang's short-GGUF-read EOFError). buf must hold
 // n * slice_bytes bytes.
 Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
                   const OutputFile& dst,
                   const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  size_t digest_stride, CopyStats* stats);
+                  uint32_t* crcs, size_t digest_stride, CopyStats* stats);
 
 // SHA-256 of fd[off, +n), hole-aware. Short read: `short read at offset {o}; {r} bytes remain`.
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats);

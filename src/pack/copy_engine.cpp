@@ -16,16 +16,62 @@
 #include <thread>
 
 #include "pack/build_inputs.h"
+#include "pack/checkpoint_file.h"
 #include "pack/copy.h"
 
 namespace k3pack::pack {
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// SIGINT / SIGTERM during the copy: the handler only records the signal; the
+// coordinator sees it within its 100 ms tick, lets the workers finish their
+// batch, checkpoints what is durable and returns. A second signal while that
+// happens takes the default action (the checkpoint on disk is valid at every
+// moment, so nothing is lost but the last batch).
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void OnStopSignal(int sig) {
+  int none = 0;
+  if (!g_stop_signal.compare_exchange_strong(none, sig)) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  }
+}
+
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+}  // namespace
+
+int InterruptExitCode(const Error& e) {
+  const int sig = g_stop_signal.load();
+  return e.sys_errno() == EINTR && sig != 0 ? 128 + sig : 1;
 }
 
 Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions& o, const PackPaths& p,
                const Checkpoint& base, int pack_fd, int journal_fd, const std::vector<UniqueFd>& src,
-               std::vector<Digest>* digests, BuildResult* result) {
+               std::vector<Digest>* digests, std::vector<uint32_t>* crcs, CheckpointFile* ckpt_file,
+               BuildResult* result) {
+  StopSignals stop_signals;
   const uint64_t total = layout.object_count();
   const uint64_t start = base.objects_done;
   const auto crash_after = EnvU64("K3PACK_CRASH_AFTER_OBJECTS");
@@ -39,6 +85,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   WriteBudget budget;
   budget.limit = WriteBudget::FromEnv();
   const OutputFile pack_out(pack_fd, p.partial, &budget), journal_out(journal_fd, p.journal, &budget);
+  ckpt_file->set_budget(&budget);
+  const uint64_t n_entries = layout.index_count();
   int threads = o.threads > 0 ? o.threads : 4;
 
   auto object_bytes = [&](uint64_t obj) {
@@ -109,7 +157,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
         st = CopySlices(src[t.tensor.shard_index].get(), src_size[t.tensor.shard_index],
                         t.tensor.data_offset + static_cast<uint64_t>(bt.e0) * t.expert_bytes, t.expert_bytes, bt.n,
                         pack_out, [&](uint32_t i) { return base + stride * i; }, buf,
-                        digests->data() + obj0 * kRoleCount + ri, kRoleCount, &stats);
+                        digests->data() + obj0 * kRoleCount + ri, crcs->data() + obj0 * kRoleCount + ri, kRoleCount,
+                        &stats);
         if (!st.ok()) {
           st = st.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(bt.e0) + ".." +
                                       std::to_string(bt.e0 + bt.n - 1));
@@ -119,6 +168,11 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       if (st.ok()) {
         st = journal_out.Write(digests->data() + obj0 * kRoleCount, bt.n * kRoleCount * kDigestBytes,
                                kDigestsHeaderBytes + obj0 * kRoleCount * kDigestBytes);
+      }
+      if (st.ok()) {
+        // Host order is little-endian (x86-64/aarch64), the records' order.
+        st = journal_out.Write(crcs->data() + obj0 * kRoleCount, bt.n * kRoleCount * kCrcBytes,
+                               CrcRecordOffset(n_entries, obj0 * kRoleCount));
       }
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
@@ -158,7 +212,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     if (::fdatasync(journal_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
     ckpt.objects_done = watermark;
     ckpt.journal_sha256 = ToHex(Sha256Raw(digests->data(), watermark * kRoleCount * kDigestBytes).data(), 32);
-    K3_RETURN_IF_ERROR(WriteFileAtomic(p.checkpoint, EncodeCheckpoint(ckpt)));
+    ckpt.journal_crc_sha256 = ToHex(Sha256Raw(crcs->data(), watermark * kRoleCount * kCrcBytes).data(), 32);
+    K3_RETURN_IF_ERROR(ckpt_file->Write(ckpt));
     // The durable range is no longer needed in the page cache.
     uint64_t upto = watermark < total ? layout.Entry(watermark * kRoleCount).offset : layout.final_size();
     ::posix_fadvise(pack_fd, static_cast<off_t>(durable_offset), static_cast<off_t>(upto - durable_offset),
@@ -171,11 +226,16 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     return Status::OK();
   };
 
+  bool interrupted = false;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::milliseconds(100));
       if (first_error) break;
+    }
+    if (g_stop_signal.load() != 0) {
+      interrupted = true;
+      break;
     }
     advance();
     const auto now = Clock::now();
@@ -195,16 +255,28 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   stop.store(true);
   cv.notify_all();
   for (auto& t : pool) t.join();
-  if (first_error) {
-    // Keep what is already written (e.g. the disk filled up): checkpoint the
-    // finished prefix so the rerun resumes there instead of starting over. If
-    // this fails too (nothing can be written), the previous checkpoint stands.
+  if (first_error || interrupted) {
+    // Keep what is already written (the disk filled up, or the user stopped
+    // the build): checkpoint the finished prefix so the rerun resumes there
+    // instead of starting over. The checkpoint's space is reserved (see
+    // CheckpointFile), so this works on a full disk; if it still fails, the
+    // previous checkpoint stands.
     advance();
     if (watermark > ckpt_watermark) (void)checkpoint();
+    if (o.progress) {
+      Progress last{"build", done_bytes, total_bytes, watermark, total,
+                    std::chrono::duration<double>(Clock::now() - t0).count()};
+      last.final = true;  // ends a progress bar's line before the message
+      o.progress(last);
+    }
+    const std::string resume_at = std::to_string(ckpt_watermark) + " of " + std::to_string(total);
+    if (!first_error) {
+      return Error("interrupted; rerun the same command to resume from object " + resume_at, ErrorKind::kOS, EINTR);
+    }
     Error e = *first_error;
     if (e.sys_errno() == ENOSPC || e.sys_errno() == EDQUOT) {
       e = e.WithHint("free space on the filesystem of " + p.partial + " and rerun the same command; the build " +
-                     "resumes at object " + std::to_string(ckpt_watermark) + " of " + std::to_string(total));
+                     "resumes at object " + resume_at);
     }
     return e;
   }

@@ -41,7 +41,7 @@ ProgressFn MakeProgressPrinter(ProgressMode mode) {
     std::fprintf(stderr, "\r%s [%s] %5.1f%% %s/%s %s ETA %s   ", p.phase.c_str(), bar.c_str(), frac * 100,
                  HumanBytes(p.done_bytes).c_str(), HumanBytes(p.total_bytes).c_str(), HumanRate(rate).c_str(),
                  HumanDuration(eta).c_str());
-    if (p.done_objects >= p.total_objects) std::fprintf(stderr, "\n");
+    if (p.done_objects >= p.total_objects || p.final) std::fprintf(stderr, "\n");
     std::fflush(stderr);
   };
 }

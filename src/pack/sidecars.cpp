@@ -58,7 +58,7 @@ std::array<uint8_t, 32> Sha256Raw(const void* data, size_t n) {
 std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader& h) {
   std::array<uint8_t, kDigestsHeaderBytes> out{};
   std::memcpy(out.data(), kDigestsMagic.data(), 16);
-  PutU32(out.data() + 16, 1);                                          // version
+  PutU32(out.data() + 16, h.version);                                  // version
   PutU32(out.data() + 20, static_cast<uint32_t>(kDigestsHeaderBytes));  // header size
   PutU64(out.data() + 24, h.index_count);
   PutU64(out.data() + 32, h.pack_size);
@@ -76,36 +76,47 @@ Result<PackDigests> ReadPackDigests(const std::string& path) {
   if (bytes.size() < kDigestsHeaderBytes) return bad("shorter than its 128-byte header");
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   if (std::memcmp(p, kDigestsMagic.data(), 16) != 0) return bad("bad magic");
-  if (GetU32(p + 16) != 1 || GetU32(p + 20) != kDigestsHeaderBytes) return bad("unsupported version");
+  const uint32_t version = GetU32(p + 16);
+  if ((version != 1 && version != 2) || GetU32(p + 20) != kDigestsHeaderBytes) return bad("unsupported version");
+  const uint64_t record = version == 1 ? kDigestBytes : kDigestBytes + kCrcBytes;
   PackDigests d;
   d.index_count = GetU64(p + 24);
   d.pack_size = GetU64(p + 32);
   d.index_sha256 = ToHex(p + 48, 32);
-  if (d.index_count > (bytes.size() - kDigestsHeaderBytes) / kDigestBytes ||
-      bytes.size() != kDigestsHeaderBytes + d.index_count * kDigestBytes) {
+  if (d.index_count > (bytes.size() - kDigestsHeaderBytes) / record ||
+      bytes.size() != kDigestsHeaderBytes + d.index_count * record) {
     return bad("size " + std::to_string(bytes.size()) + " does not hold " + std::to_string(d.index_count) +
                " digests");
   }
-  auto records = Sha256Raw(p + kDigestsHeaderBytes, d.index_count * kDigestBytes);
+  auto records = Sha256Raw(p + kDigestsHeaderBytes, d.index_count * record);
   if (std::memcmp(records.data(), p + 80, 32) != 0) return bad("records checksum mismatch (damaged or unsealed)");
   d.entry_sha256.resize(d.index_count);
   for (uint64_t i = 0; i < d.index_count; ++i) {
     std::memcpy(d.entry_sha256[i].data(), p + kDigestsHeaderBytes + i * kDigestBytes, 32);
   }
+  if (version >= 2) {
+    d.entry_crc32c.resize(d.index_count);
+    for (uint64_t i = 0; i < d.index_count; ++i) d.entry_crc32c[i] = GetU32(p + CrcRecordOffset(d.index_count, i));
+  }
   return d;
 }
 
 Status WritePackDigests(const std::string& path, const PackDigests& d) {
-  std::string out(kDigestsHeaderBytes + d.entry_sha256.size() * kDigestBytes, '\0');
+  const uint64_t n = d.entry_sha256.size();
+  const bool crcs = !d.entry_crc32c.empty();
+  if (crcs && d.entry_crc32c.size() != n) return Error("WritePackDigests: CRC and SHA-256 counts differ");
+  std::string out(crcs ? DigestsFileBytes(n) : kDigestsHeaderBytes + n * kDigestBytes, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
-  for (size_t i = 0; i < d.entry_sha256.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     std::memcpy(p + kDigestsHeaderBytes + i * kDigestBytes, d.entry_sha256[i].data(), 32);
+    if (crcs) PutU32(p + CrcRecordOffset(n, i), d.entry_crc32c[i]);
   }
   DigestsHeader h;
-  h.index_count = d.entry_sha256.size();
+  h.version = crcs ? 2 : 1;
+  h.index_count = n;
   h.pack_size = d.pack_size;
   if (!FromHex(d.index_sha256, h.index_sha256.data(), 32)) return Error("bad index_sha256 hex");
-  h.records_sha256 = Sha256Raw(p + kDigestsHeaderBytes, d.entry_sha256.size() * kDigestBytes);
+  h.records_sha256 = Sha256Raw(p + kDigestsHeaderBytes, out.size() - kDigestsHeaderBytes);
   auto head = EncodeDigestsHeader(h);
   std::memcpy(p, head.data(), head.size());
   return WriteFileAtomic(path, out);
@@ -120,6 +131,7 @@ std::string EncodeCheckpoint(const Checkpoint& c) {
                       {"objects_total", c.objects_total},
                       {"objects_done", c.objects_done},
                       {"journal_sha256", c.journal_sha256}};
+  if (!c.journal_crc_sha256.empty()) j["journal_crc_sha256"] = c.journal_crc_sha256;
   return j.dump(2) + "\n";
 }
 
@@ -140,6 +152,7 @@ Result<Checkpoint> DecodeCheckpoint(const std::string& path, const std::string& 
     c.objects_total = j.at("objects_total").get<uint64_t>();
     c.objects_done = j.at("objects_done").get<uint64_t>();
     c.journal_sha256 = j.at("journal_sha256").get<std::string>();
+    c.journal_crc_sha256 = j.value("journal_crc_sha256", "");
     if (c.objects_done > c.objects_total) return bad("objects_done > objects_total");
     return c;
   } catch (const std::exception& e) {

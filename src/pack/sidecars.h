@@ -1,6 +1,7 @@
 // The pack's two sidecars (formats documented in docs/FORMATS.md):
 //   <pack>.digests                 binary: 128-byte header + one raw SHA-256
-//                                  per index entry, in entry order;
+//                                  per index entry, in entry order, then (v2)
+//                                  one CRC32C per index entry (u32 LE);
 //   <pack>.partial.checkpoint      JSON, written atomically: the input
 //                                  fingerprint and how many leading objects
 //                                  are durably in <pack>.partial.
@@ -22,13 +23,25 @@ inline constexpr std::array<uint8_t, 16> kDigestsMagic = {'K', '3', 'P', 'A', 'C
                                                           'G', 'E', 'S', 'T', 'v', '1', 0, 0};
 inline constexpr uint64_t kDigestsHeaderBytes = 128;
 inline constexpr uint64_t kDigestBytes = 32;
+inline constexpr uint64_t kCrcBytes = 4;
+// Version 1: SHA-256 records only; version 2 (written now): SHA-256 records,
+// then CRC32C records. Readers accept both.
+inline constexpr uint32_t kDigestsVersion = 2;
+
+// Size of a version-2 sidecar (and of the build's journal) for n entries.
+inline uint64_t DigestsFileBytes(uint64_t n) { return kDigestsHeaderBytes + n * (kDigestBytes + kCrcBytes); }
+// Offset of entry i's CRC32C record in a version-2 sidecar of n entries.
+inline uint64_t CrcRecordOffset(uint64_t n, uint64_t i) {
+  return kDigestsHeaderBytes + n * kDigestBytes + i * kCrcBytes;
+}
 
 struct DigestsHeader {
+  uint32_t version = kDigestsVersion;
   uint64_t index_count = 0;
   uint64_t pack_size = 0;
   uint64_t data_start = 0;
   std::array<uint8_t, 32> index_sha256{};    // raw
-  std::array<uint8_t, 32> records_sha256{};  // SHA-256 of all records; all zero = not sealed
+  std::array<uint8_t, 32> records_sha256{};  // SHA-256 of all records (v2: SHA then CRC); all zero = not sealed
 };
 
 std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader& h);
@@ -45,8 +58,11 @@ struct Checkpoint {
   uint64_t index_count = 0;
   uint64_t objects_total = 0;
   uint64_t objects_done = 0;     // objects [0, objects_done) are durable
-  std::string journal_sha256;    // of the journal records for those objects
+  std::string journal_sha256;    // of the journal's SHA-256 records for those objects
   std::string index_sha256;
+  // Of the journal's CRC32C records for those objects. Empty in a checkpoint
+  // written before the journal had CRCs (the resume then derives them).
+  std::string journal_crc_sha256;
 };
 
 std::string EncodeCheckpoint(const Checkpoint& c);

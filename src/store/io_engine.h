@@ -3,8 +3,9 @@
 // An object read is split into ranges (SGLang's read_splits, §7.5); every
 // range is one positioned read into the caller's buffer. Two backends:
 //   - kPread: a pool of `queue_depth` threads, each doing blocking pread;
-//   - kUring: one io_uring with `queue_depth` reads in flight; submissions
-//     come from any thread (serialized), one thread reaps completions.
+//   - kUring: one io_uring with `queue_depth` reads in flight; any thread
+//     queues reads, engine-owned threads submit them (a request dies with
+//     the thread that submitted it) and one thread reaps completions.
 // Both work buffered or with O_DIRECT (then buffers, offsets and lengths
 // must be 4096-aligned; the store checks that before reading).
 //
@@ -91,6 +92,7 @@ class IoEngine {
     size_t range = 0;
     uint64_t done = 0;      // bytes of the range already read (short reads are retried)
     uint64_t start_ns = 0;
+    uint32_t cancels = 0;   // -ECANCELED completions resubmitted (io_uring)
   };
   // A range finished with `result` (its total bytes, or -errno) after `ns`;
   // completes the job when it is the last range.

@@ -1,7 +1,12 @@
 // io_uring backend of IoEngine: one ring, `queue_depth` reads in flight.
-// Any thread submits (serialized by a mutex, the ring's SQ side); one reaper
-// thread owns the CQ side. A partial completion (res < remaining, > 0) is
-// resubmitted for the rest; res == 0 before the end is EOF: a short read.
+// Callers only queue work; the ring's SQ side is driven by threads the engine
+// owns (a submitter thread, and the reaper, which owns the CQ side and refills
+// the ring as reads finish). That matters: the kernel cancels a request
+// (-ECANCELED) whose submitting thread exits, so a read started from a
+// caller's short-lived thread would fail for whoever waits on it. A partial
+// completion (res < remaining, > 0) is resubmitted for the rest; res == 0
+// before the end is EOF: a short read; -EAGAIN/-EINTR, and a few -ECANCELED
+// (defence in depth), are resubmitted.
 #include <liburing.h>
 
 #include <cerrno>
@@ -31,14 +36,17 @@ class UringEngine final : public IoEngine {
     if (rc < 0) return Error(std::string("io_uring is unavailable: ") + std::strerror(-rc), ErrorKind::kOS, -rc);
     ring_ok_ = true;
     reaper_ = std::thread([this] { Reap(); });
+    submitter_ = std::thread([this] { SubmitLoop(); });
     return Status::OK();
   }
 
   void Submit(std::unique_ptr<ObjectRead> read) override {
     auto job = StartJob(std::move(read));
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < job->read->ranges.size(); ++i) pending_.push_back(new Part{job, i, 0, 0});
-    Pump();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < job->read->ranges.size(); ++i) pending_.push_back(new Part{job, i, 0, 0});
+    }
+    submit_cv_.notify_one();
   }
 
   void Shutdown() override {
@@ -46,15 +54,27 @@ class UringEngine final : public IoEngine {
     if (stopped_ || !ring_ok_) return;
     idle_cv_.wait(lock, [&] { return pending_.empty() && sqes_ == 0; });
     stopped_ = true;
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    io_uring_prep_nop(sqe);
-    io_uring_sqe_set_data(sqe, nullptr);
-    io_uring_submit(&ring_);
     lock.unlock();
+    submit_cv_.notify_one();
+    submitter_.join();  // it posts the reaper's shutdown marker on its way out
     reaper_.join();
   }
 
  private:
+  // The engine's submitting thread: turns queued parts into SQEs.
+  void SubmitLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      submit_cv_.wait(lock, [&] { return stopped_ || (!pending_.empty() && sqes_ < depth_); });
+      if (stopped_) break;
+      Pump();
+    }
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data(sqe, nullptr);
+    io_uring_submit(&ring_);
+  }
+
   // mu_ held.
   void Pump() {
     bool any = false;
@@ -98,7 +118,7 @@ class UringEngine final : public IoEngine {
         std::lock_guard<std::mutex> lock(mu_);
         const ReadRange& range = p->job->read->ranges[p->range];
         --sqes_;
-        if (res == -EAGAIN || res == -EINTR) {
+        if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && p->cancels++ < kMaxCancelRetries)) {
           pending_.push_front(p);
           finished = false;
         } else if (res > 0 && p->done + uint64_t(res) < range.length) {
@@ -123,11 +143,12 @@ class UringEngine final : public IoEngine {
   bool ring_ok_ = false;
   uint32_t depth_ = 1;
   std::mutex mu_;
-  std::condition_variable idle_cv_;
+  static constexpr uint32_t kMaxCancelRetries = 3;
+  std::condition_variable idle_cv_, submit_cv_;
   std::deque<Part*> pending_;
   uint32_t sqes_ = 0;
   bool stopped_ = false;
-  std::thread reaper_;
+  std::thread reaper_, submitter_;
 };
 
 }  // namespace

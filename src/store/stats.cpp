@@ -76,6 +76,9 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["prefetch_issued"] = prefetch_issued;
   k["prefetch_useful"] = prefetch_useful;
   k["prefetch_wasted"] = prefetch_wasted;
+  k["checksums"] = checksum_mode;
+  k["checksum_errors"] = checksum_errors;
+  k["checksum_verified_objects"] = checksum_verified;
   j["k3pack"] = k;
   return j;
 }

@@ -37,6 +37,10 @@ struct ExpertStore::Impl {
   UniqueFd fd, direct_fd;
   std::unique_ptr<IoEngine> engine;
   std::shared_ptr<BufferPool> pool;
+  // Per pack entry (ObjectId * 3 + role), from the digest sidecar; empty when
+  // objects are not checked, and then checksum_mode says why.
+  std::vector<uint32_t> entry_crc32c;
+  std::string checksum_mode;
 
   // Guarded by mu.
   mutable std::mutex mu;
@@ -60,6 +64,7 @@ struct ExpertStore::Impl {
   std::vector<uint64_t> layer_hits, layer_misses;  // per active layer
   std::vector<uint64_t> latency_ns;
   uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;
+  uint64_t checksum_errors = 0, checksum_verified = 0;
 
   uint64_t Generation(ObjectId id);
   void Pin(ObjectId id);
@@ -70,7 +75,10 @@ struct ExpertStore::Impl {
   void EndAcquisition(std::thread::id owner);
   bool Fits(std::span<const ObjectId> keys) const;
   std::shared_ptr<Entry> StartRead(ObjectId id, bool prefetched);
-  void FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r);
+  void FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r, bool checksum_failed = false);
+  // The object's bytes against its CRC32Cs (engine thread, no lock needed:
+  // entry_crc32c is immutable). An error names layer, expert and offset.
+  Status CheckObject(ObjectId id, const uint8_t* bytes) const;
   nlohmann::json SnapshotLocked() const;
   Status WriteStatsJson(const nlohmann::json& snapshot) const;
 };

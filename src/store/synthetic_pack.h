@@ -14,7 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/manifest.h"
+#include "k3pack/pack.h"
 #include "pack/format.h"
+#include "pack/sidecars.h"
+#include "util/crc32c.h"
 #include "util/file.h"
 #include "util/sha256.h"
 
@@ -154,6 +157,27 @@ class TinyPack {
   void SetSizeFromFile() {
     json["expert_pack"]["size"] = *FileSize(pack);
     Save();
+  }
+
+  // Writes `<pack>.digests` as the builder does (SHA-256 + CRC32C of every
+  // entry), or a version-1 sidecar without CRCs (`with_crcs` false), from
+  // the pack's current bytes.
+  Status WriteDigestSidecar(bool with_crcs = true) const {
+    K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(pack));
+    pack::PackDigests d;
+    d.index_count = layout.index_count();
+    d.pack_size = layout.final_size();
+    d.index_sha256 = layout.IndexSha256();
+    std::vector<uint8_t> buf;
+    for (uint64_t i = 0; i < d.index_count; ++i) {
+      const pack::EntrySlot s = layout.Entry(i);
+      buf.resize(s.nbytes);
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), buf.data(), buf.size(), s.offset));
+      if (got != buf.size()) return Error("short read of " + pack);
+      d.entry_sha256.push_back(pack::Sha256Raw(buf.data(), buf.size()));
+      if (with_crcs) d.entry_crc32c.push_back(Crc32c(buf.data(), buf.size()));
+    }
+    return pack::WritePackDigests(pack::DigestsPathFor(pack), d);
   }
 
   const TinySpec& spec() const { return spec_; }

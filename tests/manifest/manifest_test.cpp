@@ -7,6 +7,7 @@
 
 #include "k3pack/manifest.h"
 #include "manifest/pyjson.h"
+#include "util/sha256.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -92,12 +93,15 @@ TEST_F(ManifestE2E, ByteIdenticalToPythonReference) {
   k3test::TempDir dir;
   struct Case { std::string flags, ref_flags; };
   const Case cases[] = {
-      {"--profile scaled", "--profile scaled"},
+      // Whole-shard hashes are k3pack's default (SGLang's --full-source-hashes).
+      {"--profile scaled", "--profile scaled --full-source-hashes"},
+      {"--profile scaled --no-full-source-hashes", "--profile scaled"},
       {"--profile scaled --payload-samples 3 --full-source-hashes --full-pack-hash",
        "--profile scaled --payload-samples 3 --full-source-hashes --full-pack-hash"},
-      {"--profile scaled --payload-samples 0", "--profile scaled --payload-samples 0"},
-      {"--profile scaled --payload-samples 1", "--profile scaled --payload-samples 1"},
-      {"--profile scaled --payload-samples 100000", "--profile scaled --payload-samples 100000"},
+      {"--profile scaled --payload-samples 0 --no-full-source-hashes", "--profile scaled --payload-samples 0"},
+      {"--profile scaled --payload-samples 1 --no-full-source-hashes", "--profile scaled --payload-samples 1"},
+      {"--profile scaled --payload-samples 100000 --no-full-source-hashes",
+       "--profile scaled --payload-samples 100000"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.flags);
@@ -176,7 +180,10 @@ TEST_F(ManifestE2E, FieldsAndTypedReader) {
   EXPECT_EQ(mf.model.active_moe_layer_ids, (std::vector<uint32_t>{1, 2, 3}));
   EXPECT_EQ(mf.source.shards.size(), 3u);
   for (size_t i = 0; i < mf.source.shards.size(); ++i) EXPECT_EQ(mf.source.shards[i].index, i);
-  EXPECT_FALSE(mf.source.shards[0].sha256.has_value());
+  // Whole-shard hashes are the default now.
+  ASSERT_TRUE(mf.source.shards[0].sha256.has_value());
+  EXPECT_EQ(*mf.source.shards[0].sha256, *k3pack::Sha256File(mf.source.shards[0].path));
+  EXPECT_TRUE(mf.source.summary.full_source_hashes);
   for (size_t i = 1; i < mf.source.tensors.size(); ++i) {
     EXPECT_LT(mf.source.tensors[i - 1].name, mf.source.tensors[i].name);
   }
@@ -320,7 +327,9 @@ TEST_F(ManifestE2E, BuildCommandPacksThenWritesManifest) {
   EXPECT_EQ(s["source_shards"], 2);
   const std::string first = k3test::ReadFile(dir / "m.json");
   json doc = json::parse(first);
-  EXPECT_EQ(first, ReferenceManifest(b, doc, "--profile scaled"));
+  // Whole-shard hashes are the default, computed beside the copy: the same
+  // bytes as SGLang's tool with --full-source-hashes.
+  EXPECT_EQ(first, ReferenceManifest(b, doc, "--profile scaled --full-source-hashes"));
   // Second run: pack and manifest are finished, nothing is written.
   r = RunCmd(cmd, false);
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -377,7 +386,10 @@ TEST(ManifestFullScale, K3StructureUnderKimiK3ProfileMatchesPython) {
   p.config = p.gguf_dir + "/config.json";
   p.tokenizer = p.gguf_dir + "/tokenizer";
   p.pack = dir / "KIMI-K3.expert-major.pack";
-  r = RunCmd(Bin() + " build --progress none --json --gguf-dir " + ShellQuote(p.gguf_dir) + " --model-config " +
+  // --no-full-source-hashes: SGLang's default manifest (compared below), and
+  // no hashing of ~1 TB of sparse shards.
+  r = RunCmd(Bin() + " build --progress none --json --no-full-source-hashes --gguf-dir " + ShellQuote(p.gguf_dir) +
+                 " --model-config " +
                  ShellQuote(p.config) + " --tokenizer-dir " + ShellQuote(p.tokenizer) + " --out " +
                  ShellQuote(p.pack) + " --manifest " + ShellQuote(dir / "m.json"),
              false);

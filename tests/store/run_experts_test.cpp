@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/gguf.h"
+#include "k3pack/pack.h"
 #include "k3pack/run_experts.h"
 #include "pack/format.h"
 #include "../cli_run.h"
@@ -146,6 +147,18 @@ TEST_F(RunExpertsTest, ZCorruptedPayloadIsCaughtOnlyInItsLayer) {
   const uint32_t bad_expert = j["layers"][0]["routed_experts"][0][0].get<uint32_t>();
   CorruptDown(bad_layer, bad_expert);
 
+  // The store checks each object it reads against the digest sidecar's
+  // CRC32Cs: the damaged object is refused, by layer and expert.
+  CliRun refused = Cli("run-experts --manifest " + manifest_ + " --all-layers --tokens 2 --json");
+  EXPECT_NE(refused.code, 0) << refused.out;
+  EXPECT_NE(refused.out.find("expert-pack object (layer " + std::to_string(bad_layer) + ", expert " +
+                             std::to_string(bad_expert) + ") is damaged: down payload at file offset "),
+            std::string::npos)
+      << refused.out;
+  // Without the sidecar (as SGLang's store), the comparison with the GGUF
+  // source is what catches it, in its layer only.
+  const std::string sidecar = pack::DigestsPathFor(pack_);
+  std::filesystem::rename(sidecar, sidecar + ".off");
   CliRun bad = Cli("run-experts --manifest " + manifest_ + " --all-layers --tokens 2 --json");
   EXPECT_EQ(bad.code, 1) << bad.out;
   auto bj = nlohmann::json::parse(bad.out);
@@ -160,6 +173,7 @@ TEST_F(RunExpertsTest, ZCorruptedPayloadIsCaughtOnlyInItsLayer) {
   CliRun text = Cli("run-experts --manifest " + manifest_ + " --layer " + std::to_string(bad_layer) + " --tokens 2");
   EXPECT_EQ(text.code, 1);
   EXPECT_NE(text.out.find("MISMATCH"), std::string::npos) << text.out;
+  std::filesystem::rename(sidecar + ".off", sidecar);
 }
 
 }  // namespace
