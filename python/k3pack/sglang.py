@@ -14,11 +14,14 @@ Differences, all deliberate and documented (docs/python.md):
     bytes as a uint8 tensor with a doubled last axis, which no model parameter
     accepts (spec 11.1). Pass sglang_compat=True for SGLang's exact output
     (this also turns off k3pack's ssm_a shape check).
-  * Tensors are zero-copy views of the memory-mapped GGUF file (SGLang copies
-    every tensor with torch.tensor()). They are read-only in fact: the mapping
-    is PROT_READ, so writing into one crashes the process. Model loaders copy
-    them into parameters (param.data.copy_), which is fine; pass copy=True to
-    get fresh, writable tensors as SGLang does.
+  * By default the tensors are zero-copy views of the memory-mapped GGUF file
+    (SGLang copies every tensor with torch.tensor()). The mapping is private
+    copy-on-write: an in-place write (t.mul_(2)) changes a private page, never
+    the file, and never crashes the process; but once the iterator moves on
+    such a page is dropped (back to the file's bytes). Model loaders copy the
+    tensors into parameters (param.data.copy_), which is fine; pass copy=True
+    to get fresh, owned tensors as SGLang does. install_into_sglang() makes
+    copy=True SGLang's default.
   * Errors carry a k3pack hint as an exception note (shown in tracebacks, not
     part of str(exc)), so messages compare equal to SGLang's.
 """
@@ -78,23 +81,37 @@ def kimi_k3_nonexpert_weights_iterator(manifest_path, *, sglang_compat=False, co
 SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"
 
 
-def install_into_sglang():
+def _copying_iterator(manifest_path, **kwargs):
+    """kimi_k3_nonexpert_weights_iterator with copy=True unless told
+    otherwise: fresh tensors, as SGLang's own iterator yields."""
+    kwargs.setdefault("copy", True)
+    return kimi_k3_nonexpert_weights_iterator(manifest_path, **kwargs)
+
+
+def install_into_sglang(*, copy=True):
     """Makes SGLang use k3pack's iterator: imports SGLang's kimi_k3_gguf
     module and replaces its kimi_k3_nonexpert_weights_iterator, plus every
     `from ... import kimi_k3_nonexpert_weights_iterator` binding already made
     in loaded modules. Call it before the model loads. Returns the names of
-    the modules patched. Raises ImportError when SGLang is not installed."""
+    the modules patched. Raises ImportError when SGLang is not installed.
+
+    copy=True (the default) yields fresh tensors, as SGLang's own iterator
+    does, so SGLang may do anything with them; copy=False yields zero-copy
+    views of the mapping (no copy, less memory; writes stay private and may
+    be dropped, see the module docstring)."""
     import importlib
     import sys
 
     target = importlib.import_module(SGLANG_MODULE)
     original = getattr(target, "kimi_k3_nonexpert_weights_iterator", None)
+    replacement = _copying_iterator if copy else kimi_k3_nonexpert_weights_iterator
     patched = []
     for name, module in list(sys.modules.items()):
         if module is None:
             continue
         current = getattr(module, "kimi_k3_nonexpert_weights_iterator", None)
-        if current is not None and (current is original or module is target):
-            setattr(module, "kimi_k3_nonexpert_weights_iterator", kimi_k3_nonexpert_weights_iterator)
+        # _copying_iterator: bound by an earlier call (it is private).
+        if current is not None and (current is original or module is target or current is _copying_iterator):
+            setattr(module, "kimi_k3_nonexpert_weights_iterator", replacement)
             patched.append(name)
     return sorted(patched)

@@ -85,7 +85,9 @@ Result<nlohmann::json> Run(const Args& args) {
   mo.full_pack_hash = args.Has("--full-pack-hash");
   mo.profile = profile;
   if (mode != pack::ProgressMode::kNone) {
-    mo.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
+    // Step lines on a terminal or with json; logs get the 10 s lines only.
+    if (mode != pack::ProgressMode::kLines)
+      mo.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     mo.pack_progress = pack::MakeProgressPrinter(mode);
   }
   if (std::filesystem::is_directory(mo.gguf_dir) == false) {

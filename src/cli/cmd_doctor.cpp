@@ -18,8 +18,11 @@ int RunDoctor(const std::vector<std::string>& argv) {
       .Option("--profile", "kimi-k3 (SGLang's audited invariants) or scaled (any dimensions)", "kimi-k3")
       .Option("--config", "config.json to check against (default: config.json beside the shards)")
       .Flag("--no-values", "skip the tensor value checks (ssm_a, residual scores, NaN scan)");
+  k3pack::cli::AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto mode = k3pack::cli::ProgressModeOf(args);
+  if (!mode.ok()) return k3pack::cli::ReportError("doctor", mode.error(), 2);
   auto profile = k3pack::kimi::ParseProfile(args.Get("--profile"));
   if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), 2);
 
@@ -27,10 +30,15 @@ int RunDoctor(const std::vector<std::string>& argv) {
   opt.profile = *profile;
   opt.config_path = args.Get("--config");
   opt.check_values = !args.Has("--no-values");
-  if (k3pack::cli::StderrIsTty() && !args.Has("--json")) {
-    opt.progress = [](const std::string& s) { std::cerr << s << "\n"; };
+  auto progress = k3pack::cli::StartProgress(*mode, "doctor");
+  if (progress->mode() != k3pack::ProgressMode::kNone) {
+    opt.progress = [&](const std::string& s) {
+      const std::string prefix = "doctor: ";
+      progress->Note("doctor", s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s);
+    };
   }
   const k3pack::doctor::Report report = k3pack::doctor::Diagnose(args.positionals(), opt);
+  progress->Finish();
   if (args.Has("--json")) {
     std::cout << report.ToJson().dump(2) << "\n";
   } else {

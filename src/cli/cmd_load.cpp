@@ -86,9 +86,16 @@ int RunLoad(const std::vector<std::string>& argv) {
             "tensor's offset/size/shape")
       .Flag("--sglang-compat", "reproduce SGLang exactly: BF16 as raw uint8 bytes, no ssm_a shape check")
       .Flag("--no-read", "do not read tensor bytes (walk and check only)")
-      .Flag("--quiet", "no progress on stderr");
+      .Flag("--quiet", "deprecated: same as --progress none");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError("load", mode.error(), 2);
+  if (args.Has("--quiet")) {
+    std::cerr << "k3pack load: note: --quiet is deprecated and will be removed; use --progress none\n";
+    *mode = ProgressMode::kNone;
+  }
   const int modes = args.Has("--summary") + args.Has("--dump") + args.Has("--json");
   if (modes > 1) {
     std::cerr << "k3pack load: error: --summary, --dump and --json are mutually exclusive\n" << args.Usage();
@@ -98,7 +105,6 @@ int RunLoad(const std::vector<std::string>& argv) {
   const bool list = args.Has("--list");
   const bool read_bytes = !args.Has("--no-read");
   const std::string dump_dir = args.Get("--dump");
-  const bool progress = !args.Has("--quiet");
   if (!dump_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dump_dir, ec);
@@ -108,9 +114,17 @@ int RunLoad(const std::vector<std::string>& argv) {
   loader::LoadOptions opts;
   opts.verify_metadata = args.Has("--verify-metadata");
   opts.sglang_compat = args.Has("--sglang-compat");
-  if (progress) {
-    opts.on_shard = [](uint32_t index, const std::string& path, uint32_t count) {
-      std::cerr << "load: shard " << index + 1 << "/" << count << " " << path << "\n";
+  // Progress: shards entered (the stream's total is not known in bytes up
+  // front) and bytes emitted.
+  auto progress = StartProgress(*mode, "load");
+  Progress pr;
+  pr.phase = "load";
+  pr.unit = "shards";
+  if (progress->mode() != ProgressMode::kNone) {
+    opts.on_shard = [&](uint32_t index, const std::string&, uint32_t count) {
+      pr.done_objects = index;
+      pr.total_objects = count;
+      progress->Update(pr);
     };
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -124,6 +138,8 @@ int RunLoad(const std::vector<std::string>& argv) {
     by_kind[loader::TensorKindName(t.kind)]++;
     by_dtype[loader::DTypeName(t.dtype)]++;
     bytes += t.data.size();
+    pr.done_bytes = bytes;
+    progress->Update(pr);
     if (!dump_dir.empty()) {
       K3_RETURN_IF_ERROR(loader::WriteNpy(dump_dir + "/" + SafeFileName(t.name) + ".npy", t));
     } else if (read_bytes) {
@@ -142,6 +158,11 @@ int RunLoad(const std::vector<std::string>& argv) {
     }
     return Status::OK();
   });
+  if (st.ok()) {
+    pr.done_objects = pr.total_objects;
+    progress->Update(pr);
+  }
+  progress->Finish();
   if (!st.ok()) return ReportError("load", st.error());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();

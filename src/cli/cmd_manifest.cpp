@@ -28,7 +28,9 @@ Result<nlohmann::json> Run(const Args& args) {
   o.full_source_hashes = args.Has("--full-source-hashes");
   o.full_pack_hash = args.Has("--full-pack-hash");
   if (mode != pack::ProgressMode::kNone) {
-    o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
+    // Step lines on a terminal or with json; logs get the 10 s lines only.
+    if (mode != pack::ProgressMode::kLines)
+      o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
     o.pack_progress = pack::MakeProgressPrinter(mode);
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));

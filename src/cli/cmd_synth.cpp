@@ -106,13 +106,19 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Option("--fault", "inject defects (comma-separated): " + faults)
       .Flag("--all-data", "write real data for every tensor (no sparse holes)")
       .Flag("--json", "print the result as JSON");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto opts = BuildOptions(args, layer_types);
   if (!opts.ok()) return ReportError(kCmd, opts.error(), 2);
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError(kCmd, mode.error(), 2);
+  auto progress = StartProgress(*mode, kCmd);
+  opts->progress = progress->Fn();
 
   const auto t0 = std::chrono::steady_clock::now();
   auto res = synth::WriteSynthModel(*opts);
+  progress->Finish();
   if (!res.ok()) return ReportError(kCmd, res.error());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

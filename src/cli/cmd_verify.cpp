@@ -10,7 +10,6 @@
 
 #include "cli/command.h"
 #include "k3pack/manifest.h"
-#include "pack/progress.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -27,9 +26,12 @@ Result<nlohmann::json> Run(const Args& args) {
     K3_ASSIGN_OR_RETURN(o.samples, args.GetInt("--samples"));
     if (o.samples < 0) return Error("--samples must be non-negative");
   }
-  K3_ASSIGN_OR_RETURN(pack::ProgressMode mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  o.progress = pack::MakeProgressPrinter(mode);
-  return manifest::VerifyPack(args.Get("--manifest"), o);
+  K3_ASSIGN_OR_RETURN(ProgressMode mode, ProgressModeOf(args));
+  auto progress = StartProgress(mode, kCmd);
+  o.progress = progress->Fn();
+  auto r = manifest::VerifyPack(args.Get("--manifest"), o);
+  progress->Finish();
+  return r;
 }
 
 int RunVerify(const std::vector<std::string>& argv) {
@@ -41,8 +43,8 @@ int RunVerify(const std::vector<std::string>& argv) {
       .Option("--samples", "evenly spaced payloads compared with the GGUF source (default 6)")
       .Flag("--full", "hash every payload and compare with the digest sidecar")
       .Flag("--against-source", "with --full: also compare every payload with the GGUF source")
-      .Option("--progress", "auto | bar | json | none", "auto")
       .Flag("--json", "print the result as JSON");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   if (args.Has("--against-source") && !args.Has("--full")) {
