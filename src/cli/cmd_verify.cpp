@@ -26,7 +26,7 @@ Result<nlohmann::json> Run(const Args& args) {
     K3_ASSIGN_OR_RETURN(o.samples, args.GetInt("--samples"));
     if (o.samples < 0) return Error("--samples must be non-negative");
   }
-  K3_ASSIGN_OR_RETURN(ProgressMode mode, ProgressModeOf(args));
+  K3_ASSIGN_OR_RETURN(ProgressMode mode, ProgressModeOf(args));  // checked by RunVerify first
   auto progress = StartProgress(mode, kCmd);
   o.progress = progress->Fn();
   auto r = manifest::VerifyPack(args.Get("--manifest"), o);
@@ -51,6 +51,7 @@ int RunVerify(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "k3pack verify: error: --against-source needs --full\n");
     return 2;
   }
+  if (auto mode = ProgressModeOf(args); !mode.ok()) return ReportError(kCmd, mode.error(), 2);
   auto r = Run(args);
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;

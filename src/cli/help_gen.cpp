@@ -119,12 +119,15 @@ std::string BashCompletion() {
     if (!h.subs.empty()) {
       std::vector<std::string> subs;
       for (const auto& s : h.subs) subs.push_back(s.name.substr(h.name.size() + 1));
-      out += "      if [[ $COMP_CWORD -eq 2 ]]; then words=\"" + Words(subs) + " --help\"; else\n";
+      out += "      if [[ $COMP_CWORD -eq 2 ]]; then\n"
+             "        COMPREPLY=($(compgen -W \"" + Words(subs) + " --help\" -- \"$cur\"))\n"
+             "        return\n"
+             "      fi\n";
       out += "      case \"$sub\" in\n";
       for (const auto& s : h.subs) {
         out += "        " + s.name.substr(h.name.size() + 1) + ") words=\"" + Words(s.options) + " --help\" ;;\n";
       }
-      out += "      esac; fi ;;\n";
+      out += "      esac ;;\n";
     } else {
       out += "      words=\"" + Words(h.options) + " --help\" ;;\n";
     }
