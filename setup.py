@@ -45,10 +45,14 @@ def _run(cmd):
     """Runs a build step; its output goes to pip's log and, line by line, to
     the terminal when pip hides it."""
     tty = _open_terminal()
+    line = "k3pack build: " + " ".join(shlex.quote(c) for c in cmd) + "\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
     if tty is None:
         subprocess.check_call(cmd)
         return
     with tty:
+        tty.write(line)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         for line in proc.stdout:
             sys.stdout.write(line)

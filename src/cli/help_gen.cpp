@@ -19,7 +19,8 @@ std::string CaptureStdout(const std::function<void()>& fn) {
   return os.str();
 }
 
-// Options as Args::Usage lists them: an indented line starting with "--".
+// Options as Args::Usage lists them (--help included): an indented line
+// starting with "--".
 std::vector<std::string> ParseOptions(const std::string& text) {
   std::vector<std::string> out;
   static const std::regex kOption(R"(^  (--[A-Za-z0-9][A-Za-z0-9-]*))");
@@ -125,11 +126,11 @@ std::string BashCompletion() {
              "      fi\n";
       out += "      case \"$sub\" in\n";
       for (const auto& s : h.subs) {
-        out += "        " + s.name.substr(h.name.size() + 1) + ") words=\"" + Words(s.options) + " --help\" ;;\n";
+        out += "        " + s.name.substr(h.name.size() + 1) + ") words=\"" + Words(s.options) + "\" ;;\n";
       }
       out += "      esac ;;\n";
     } else {
-      out += "      words=\"" + Words(h.options) + " --help\" ;;\n";
+      out += "      words=\"" + Words(h.options) + "\" ;;\n";
     }
   }
   out +=
