@@ -119,6 +119,34 @@ TEST_F(CliSurface, TraceSweepAndReplayShowJsonProgress) {
   EXPECT_EQ(lines.back()["total_objects"], 10);  // (4 policies + Belady) x 2 sizes
 }
 
+// pack/build, verify --full, load and trace replay on a real (tiny) pack.
+TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
+  ASSERT_EQ(K3("synth --preset tiny --seed 3 --out " + P("m") + " --progress none").code, 0);
+  const std::string m = P("m");
+  auto r = K3("build --gguf-dir " + m + " --model-config " + m + "/config.json --tokenizer-dir " + m +
+              "/tokenizer --profile scaled --manifest " + P("m.json") + " --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto lines = JsonLines(r.err);
+  ExpectFinished(lines, "build", "objects");
+  for (const auto& j : lines) {
+    // The tiny model has no holes: every byte done was copied.
+    if (j["phase"] == "build" && j["done"] == true) {
+      EXPECT_GT(j["bytes_per_s"].get<double>(), 0.0);
+    }
+  }
+  r = K3("verify --manifest " + P("m.json") + " --full --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "verify", "objects");
+  r = K3("load --manifest " + P("m.json") + " --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "load", "shards");
+  ASSERT_EQ(K3("trace gen --manifest " + P("m.json") + " --requests 1 --decode-tokens 16 --out " + P("t.trace")).code,
+            0);
+  r = K3("trace replay --trace " + P("t.trace") + " --manifest " + P("m.json") + " --cache-mib 64 --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "replay", "records");
+}
+
 TEST_F(CliSurface, ProgressValueIsCheckedOnEveryLongCommand) {
   for (const std::string& cmd : std::vector<std::string>{"synth --out " + P("x"), "trace sweep", "trace replay --trace t --cache-mib 1",
                                 "inspect " + P("x") + " --stats", "load --manifest m.json", "doctor " + P("x"),
