@@ -145,6 +145,24 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
   r = K3("trace replay --trace " + P("t.trace") + " --manifest " + P("m.json") + " --cache-mib 64 --progress json");
   ASSERT_EQ(r.code, 0) << r.err;
   ExpectFinished(JsonLines(r.err), "replay", "records");
+
+  // A damaged payload: verify --full with progress still ends (its progress
+  // loop once waited for entries that, being damaged, never counted as done).
+  const std::string pack = json::parse(Slurp(P("m.json")))["expert_pack"]["path"].get<std::string>();
+  {
+    std::fstream f(pack, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(pack) / 2);
+    f.seekg(at);
+    char c = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  const std::string cmd = "timeout 120 " + std::string(K3PACK_BIN) + " verify --manifest " + P("m.json") +
+                          " --full --progress json >/dev/null 2>" + P("verify.err");
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1) << Slurp(P("verify.err"));  // 124: it hung
+  EXPECT_NE(Slurp(P("verify.err")).find("does not match digest sidecar"), std::string::npos);
 }
 
 TEST_F(CliSurface, ProgressValueIsCheckedOnEveryLongCommand) {
