@@ -9,6 +9,12 @@ Environment:
                        configured it, else <repo>/build-pip)
     K3PACK_CMAKE_ARGS  extra configure arguments (space separated)
     K3PACK_JOBS        parallel build jobs (default: CPU count)
+    K3PACK_QUIET_BUILD =1: do not echo CMake's progress to the terminal
+
+pip hides a build's output unless run with -v; CMake's progress lines are
+echoed to the terminal (/dev/tty) as well, so a build of a few minutes does
+not look hung. The wheel holds the extension, the `k3pack` binary (k3pack/bin/,
+started by the `k3pack` console script) and the Python package.
 """
 
 import glob
@@ -25,6 +31,37 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
+def _open_terminal():
+    """The terminal pip runs in, when pip captures our output; else None."""
+    if os.environ.get("K3PACK_QUIET_BUILD") == "1" or sys.stdout.isatty():
+        return None
+    try:
+        return open("/dev/tty", "w")
+    except OSError:
+        return None
+
+
+def _run(cmd):
+    """Runs a build step; its output goes to pip's log and, line by line, to
+    the terminal when pip hides it."""
+    tty = _open_terminal()
+    line = "k3pack build: " + " ".join(shlex.quote(c) for c in cmd) + "\n"
+    sys.stdout.write(line)
+    sys.stdout.flush()
+    if tty is None:
+        subprocess.check_call(cmd)
+        return
+    with tty:
+        tty.write(line)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            tty.write("k3pack build: " + line)
+            tty.flush()
+        if proc.wait() != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
 class CMakeBuildExt(build_ext):
     def build_extension(self, ext):
         build_dir = os.environ.get("K3PACK_BUILD_DIR")
@@ -39,9 +76,9 @@ class CMakeBuildExt(build_ext):
             if shutil.which("ninja"):
                 args += ["-G", "Ninja"]
         args += shlex.split(os.environ.get("K3PACK_CMAKE_ARGS", ""))
-        subprocess.check_call(args)
-        jobs = os.environ.get("K3PACK_JOBS") or str(os.cpu_count() or 2)
-        subprocess.check_call(["cmake", "--build", build_dir, "--target", "_k3pack", "-j", jobs])
+        _run(args)
+        jobs = os.environ.get("K3PACK_JOBS") or os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
+        _run(["cmake", "--build", build_dir, "--target", "_k3pack", "k3pack", "-j", jobs])
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         built = os.path.join(ROOT, "python", "k3pack", "_k3pack" + suffix)
         if not os.path.exists(built):
@@ -50,6 +87,10 @@ class CMakeBuildExt(build_ext):
         dest = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(built, dest)
+        # The CLI, for the `k3pack` console script (k3pack/_cli.py).
+        bin_dir = os.path.join(os.path.dirname(dest), "bin")
+        os.makedirs(bin_dir, exist_ok=True)
+        shutil.copy2(os.path.join(build_dir, "k3pack"), os.path.join(bin_dir, "k3pack"))
 
 
 setup(

@@ -87,6 +87,13 @@ struct LoadOptions {
   // next one, so resident memory stays at about one tensor. Views stay valid
   // (file-backed pages fault back in on access).
   bool release_pages = true;
+  // Map shards copy-on-write (private, writable) instead of read-only, so a
+  // write into a zero-copy view changes a private page instead of killing
+  // the process with SIGSEGV; the file never changes. For views handed to
+  // torch, which has no read-only tensors. A written page is private to the
+  // view and, with release_pages, dropped (back to the file's bytes) once
+  // the stream moves past its tensor: copy what you mean to keep.
+  bool copy_on_write = false;
   // Also drop the source range from the page cache (POSIX_FADV_DONTNEED)
   // after use: keeps a one-shot load from evicting other data.
   bool drop_page_cache = false;

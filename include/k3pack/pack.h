@@ -27,6 +27,7 @@
 #include "k3pack/error.h"
 #include "k3pack/ggml_types.h"
 #include "k3pack/kimi.h"
+#include "k3pack/progress.h"
 
 namespace k3pack::gguf {
 class ShardSet;
@@ -108,16 +109,10 @@ Result<std::string> DefaultPackPath(const std::string& any_shard_path);
 
 // ------------------------------------------------------------------ build
 
-// Progress of a long operation. Called from one thread, at most ~10 times/s
-// and once at the end (done == total).
-struct Progress {
-  std::string phase;  // "build", "verify", ...
-  uint64_t done_bytes = 0, total_bytes = 0;
-  uint64_t done_objects = 0, total_objects = 0;
-  double elapsed_s = 0;
-  bool final = false;  // last report of a run that stopped early (error, signal)
-};
-using ProgressFn = std::function<void(const Progress&)>;
+// Progress of a long operation (include/k3pack/progress.h). Called from one
+// thread, at most ~10 times/s and once at the end (done == total).
+using Progress = ::k3pack::Progress;
+using ProgressFn = ::k3pack::ProgressFn;
 
 struct BuildOptions {
   std::string out_path;           // final pack path

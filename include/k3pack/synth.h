@@ -18,6 +18,7 @@
 
 #include "k3pack/error.h"
 #include "k3pack/ggml_types.h"
+#include "k3pack/progress.h"
 
 namespace k3pack::synth {
 
@@ -92,6 +93,9 @@ struct SynthOptions {
   // which every ggml type dequantizes to 0). UINT64_MAX = all data real.
   uint64_t hole_threshold_bytes = UINT64_MAX;
   std::vector<Fault> faults;
+  // Tensor data written so far (bytes and tensors with real data; holes are
+  // not written, so not counted). May be empty.
+  ProgressFn progress;
 };
 
 // Preset by name: "tiny" (default test model) or "k3-structure" (real

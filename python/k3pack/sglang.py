@@ -14,11 +14,14 @@ Differences, all deliberate and documented (docs/python.md):
     bytes as a uint8 tensor with a doubled last axis, which no model parameter
     accepts (spec 11.1). Pass sglang_compat=True for SGLang's exact output
     (this also turns off k3pack's ssm_a shape check).
-  * Tensors are zero-copy views of the memory-mapped GGUF file (SGLang copies
-    every tensor with torch.tensor()). They are read-only in fact: the mapping
-    is PROT_READ, so writing into one crashes the process. Model loaders copy
-    them into parameters (param.data.copy_), which is fine; pass copy=True to
-    get fresh, writable tensors as SGLang does.
+  * By default the tensors are zero-copy views of the memory-mapped GGUF file
+    (SGLang copies every tensor with torch.tensor()). The mapping is private
+    copy-on-write: an in-place write (t.mul_(2)) changes a private page, never
+    the file, and never crashes the process; but once the iterator moves on
+    such a page is dropped (back to the file's bytes). Model loaders copy the
+    tensors into parameters (param.data.copy_), which is fine; pass copy=True
+    to get fresh, owned tensors as SGLang does. install_into_sglang() makes
+    copy=True SGLang's default.
   * Errors carry a k3pack hint as an exception note (shown in tracebacks, not
     part of str(exc)), so messages compare equal to SGLang's.
   * A_log = log(-ssm_a) is correctly rounded by default (computed in double,
@@ -76,14 +79,16 @@ def kimi_k3_nonexpert_weights_iterator(manifest_path, *, sglang_compat=False, co
     """Yields (name, torch.Tensor) for every non-routed Kimi-K3 weight of the
     manifest's GGUF shards, as SGLang's function of the same name does."""
     _torch_module()
+    # copy=True reads each tensor into a fresh buffer of its own (no view of
+    # the mapping is copied, so memory stays bounded by about one tensor).
     stream = nonexpert_tensors(manifest_path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
-                               release_pages=release_pages)
+                               release_pages=release_pages, copy=copy)
     a_log = _TorchALog(stream.manifest_path) if sglang_compat else None
     for record in stream:
         if a_log is not None and record.kind == "a_log":
             yield record.name, a_log(record)
             continue
-        yield record.name, to_torch(record.array, record.dtype, copy=copy)
+        yield record.name, to_torch(record.array, record.dtype)
 
 
 class _TorchALog:
@@ -114,6 +119,13 @@ SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"
 SGLANG_STORE_MODULE = "sglang.srt.layers.moe.expert_pack"
 
 
+def _copying_iterator(manifest_path, **kwargs):
+    """kimi_k3_nonexpert_weights_iterator with copy=True unless told
+    otherwise: fresh tensors, as SGLang's own iterator yields."""
+    kwargs.setdefault("copy", True)
+    return kimi_k3_nonexpert_weights_iterator(manifest_path, **kwargs)
+
+
 def _replace_everywhere(target_module, attribute, replacement):
     """Sets `attribute` on the SGLang module and on every loaded module that
     holds the same object (a `from ... import name` binding)."""
@@ -127,13 +139,14 @@ def _replace_everywhere(target_module, attribute, replacement):
         if module is None:
             continue
         current = getattr(module, attribute, None)
-        if current is not None and (current is original or module is target):
+        # _copying_iterator: bound by an earlier call (it is private).
+        if current is not None and (current is original or module is target or current is _copying_iterator):
             setattr(module, attribute, replacement)
             patched.append(name)
     return patched
 
 
-def install_into_sglang(*, store=False):
+def install_into_sglang(*, copy=True, store=False):
     """Makes SGLang use k3pack: imports SGLang's kimi_k3_gguf module and
     replaces its kimi_k3_nonexpert_weights_iterator, plus every
     `from ... import kimi_k3_nonexpert_weights_iterator` binding already made
@@ -141,9 +154,14 @@ def install_into_sglang(*, store=False):
     KimiGGMLExpertPackStore in sglang.srt.layers.moe.expert_pack (and every
     loaded module that imported it), so the routed experts are served by
     k3pack's slot cache. Call it before the model loads. Returns the names of
-    the modules patched. Raises ImportError when SGLang is not installed."""
+    the modules patched. Raises ImportError when SGLang is not installed.
+
+    copy=True (the default) yields fresh tensors, as SGLang's own iterator
+    does, so SGLang may do anything with them; copy=False yields zero-copy
+    views of the mapping (no copy, less memory; writes stay private and may
+    be dropped, see the module docstring)."""
     patched = _replace_everywhere(SGLANG_MODULE, "kimi_k3_nonexpert_weights_iterator",
-                                  kimi_k3_nonexpert_weights_iterator)
+                                  _copying_iterator if copy else kimi_k3_nonexpert_weights_iterator)
     if store:
         patched += _replace_everywhere(SGLANG_STORE_MODULE, "KimiGGMLExpertPackStore", KimiGGMLExpertPackStore)
     return sorted(set(patched))

@@ -100,6 +100,9 @@ void RegisterLoader(py::module_& m) {
              o.release_pages = release_pages;
              o.drop_page_cache = drop_page_cache;
              o.copy = copy;
+             // The arrays reach torch, which ignores numpy's read-only flag:
+             // a write must not be a SIGSEGV.
+             o.copy_on_write = true;
              k3pack::Result<loader::NonExpertStream> r = [&] {
                py::gil_scoped_release nogil;
                return loader::NonExpertStream::Open(manifest_path, o);

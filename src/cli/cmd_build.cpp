@@ -173,7 +173,9 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   mo.full_pack_hash = args.Has("--full-pack-hash");
   mo.profile = profile;
   if (v.mode != pack::ProgressMode::kNone) {
-    mo.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
+    // Step lines on a terminal or with json; logs get the 10 s lines only.
+    if (v.mode != pack::ProgressMode::kLines)
+      mo.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     mo.pack_progress = pack::MakeProgressPrinter(v.mode);
   }
   if (std::filesystem::is_directory(mo.gguf_dir) == false) {

@@ -20,8 +20,11 @@ int RunDoctor(const std::vector<std::string>& argv) {
       .Deprecated("--config", "--model-config")
       .Flag("--no-values", "skip the tensor value checks (ssm_a, residual scores, NaN scan)");
   k3pack::cli::AddProfileOption(args);
+  k3pack::cli::AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto mode = k3pack::cli::ProgressModeOf(args);
+  if (!mode.ok()) return k3pack::cli::ReportError("doctor", mode.error(), k3pack::cli::kExitUsage);
   // Scaled manifests and synthetic models record their profile: checking them
   // against the full-size invariants would report false errors.
   auto profile = k3pack::cli::ResolveProfile(args, args.positionals());
@@ -31,10 +34,15 @@ int RunDoctor(const std::vector<std::string>& argv) {
   opt.profile = *profile;
   opt.config_path = args.Get("--model-config");
   opt.check_values = !args.Has("--no-values");
-  if (k3pack::cli::StderrIsTty() && !args.Has("--json")) {
-    opt.progress = [](const std::string& s) { std::cerr << s << "\n"; };
+  auto progress = k3pack::cli::StartProgress(*mode, "doctor");
+  if (progress->mode() != k3pack::ProgressMode::kNone) {
+    opt.progress = [&](const std::string& s) {
+      const std::string prefix = "doctor: ";
+      progress->Note("doctor", s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s);
+    };
   }
   const k3pack::doctor::Report report = k3pack::doctor::Diagnose(args.positionals(), opt);
+  progress->Finish();
   if (args.Has("--json")) {
     std::cout << report.ToJson().dump(2) << "\n";
   } else {

@@ -130,13 +130,26 @@ json StatsJson(const gguf::GgufFile& f, const gguf::TensorInfo& t) {
 struct StatsRequest {
   bool enabled = false;
   std::string match;  // substring of the tensor name; empty: every tensor
+  ProgressReporter* progress = nullptr;
 };
 
 json ToJson(const Inspected& in, const StatsRequest& stats) {
   const gguf::GgufFile& first = *in.files.front();
   json shards = json::array(), tensors = json::array(), metadata = json::object(), by_type = json::object();
-  uint64_t total_bytes = 0, total_size = 0, stats_done = 0;
-  const bool tty = StderrIsTty();
+  uint64_t total_bytes = 0, total_size = 0;
+  // Progress of --stats: bytes of the matching tensors decoded.
+  Progress pr;
+  pr.phase = "stats";
+  pr.unit = "tensors";
+  if (stats.enabled) {
+    for (const auto& f : in.files) {
+      for (const auto& t : f->tensors()) {
+        if (t.name.find(stats.match) == std::string::npos) continue;
+        pr.total_bytes += t.nbytes;
+        pr.total_objects += 1;
+      }
+    }
+  }
   for (const auto& kv : first.metadata()) metadata[EscapeInvalidUtf8(kv.key)] = ValueJson(kv.key, kv.value);
   for (size_t s = 0; s < in.files.size(); ++s) {
     const gguf::GgufFile& f = *in.files[s];
@@ -150,9 +163,10 @@ json ToJson(const Inspected& in, const StatsRequest& stats) {
                          {"type_id", static_cast<uint32_t>(t.type)}, {"shape", t.shape()}, {"shard", s},
                          {"data_offset", t.data_offset}, {"nbytes", t.nbytes}});
       if (stats.enabled && t.name.find(stats.match) != std::string::npos) {
-        if (tty) std::fprintf(stderr, "\rstats: %llu tensors decoded (%s)\033[K", (unsigned long long)stats_done, t.name.c_str());
         tensors.back()["stats"] = StatsJson(f, t);
-        ++stats_done;
+        pr.done_bytes += t.nbytes;
+        pr.done_objects += 1;
+        if (stats.progress) stats.progress->Update(pr);
       }
       if (auto bad = EscapeInvalidUtf8Members(tensors.back()); !bad.empty()) tensors.back()["not_utf8"] = bad;
       std::string type(GgmlTypeName(t.type));
@@ -162,7 +176,7 @@ json ToJson(const Inspected& in, const StatsRequest& stats) {
       total_bytes += t.nbytes;
     }
   }
-  if (tty && stats_done) std::fprintf(stderr, "\r\033[K");
+  if (stats.progress) stats.progress->Finish();
   json out = {{"path", in.label}, {"architecture", first.architecture()}, {"shard_count", in.files.size()},
               {"tensor_count", tensors.size()}, {"tensor_bytes", total_bytes}, {"file_bytes", total_size}};
   if (auto bad = EscapeInvalidUtf8Members(out); !bad.empty()) out["not_utf8"] = bad;
@@ -239,14 +253,19 @@ int RunInspect(const std::vector<std::string>& argv) {
   args.Flag("--file-only", "inspect only this file, not the shard set it belongs to");
   args.Flag("--stats", "decode tensors and report min/max/mean and NaN/inf counts");
   args.Option("--match", "with --stats: only tensors whose name contains TEXT");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError("inspect", mode.error(), 2);
   auto in = OpenForInspect(args.positionals()[0], args.Has("--file-only"));
   if (!in.ok()) return ReportError("inspect", in.error());
   if (args.Has("--match") && !args.Has("--stats")) {
     return ReportError("inspect", Error("--match only applies with --stats"), 2);
   }
-  json j = ToJson(*in, StatsRequest{args.Has("--stats"), args.Get("--match")});
+  std::unique_ptr<ProgressReporter> progress;
+  if (args.Has("--stats")) progress = StartProgress(*mode, "inspect");
+  json j = ToJson(*in, StatsRequest{args.Has("--stats"), args.Get("--match"), progress.get()});
   if (args.Has("--summary") && !args.Has("--stats")) j.erase("tensors");
   if (args.Has("--json")) {
     std::cout << j.dump(2) << "\n";

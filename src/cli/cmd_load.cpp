@@ -91,9 +91,16 @@ int RunLoad(const std::vector<std::string>& argv) {
       .Flag("--no-read", "do not read tensor bytes (walk and check only)")
       .Flag("--copy", "read every tensor with pread into a fresh buffer instead of handing out map views")
       .Flag("--populate", "map each tensor's pages in with one MADV_POPULATE_READ instead of page faults")
-      .Flag("--quiet", "no progress on stderr");
+      .Flag("--quiet", "deprecated: same as --progress none");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError("load", mode.error(), 2);
+  if (args.Has("--quiet")) {
+    std::cerr << "k3pack load: note: --quiet is deprecated and will be removed; use --progress none\n";
+    *mode = ProgressMode::kNone;
+  }
   const int modes = args.Has("--summary") + args.Has("--dump") + args.Has("--json");
   if (modes > 1) {
     std::cerr << "k3pack load: error: --summary, --dump and --json are mutually exclusive\n" << args.Usage();
@@ -103,7 +110,6 @@ int RunLoad(const std::vector<std::string>& argv) {
   const bool list = args.Has("--list");
   const bool read_bytes = !args.Has("--no-read");
   const std::string dump_dir = args.Get("--dump");
-  const bool progress = !args.Has("--quiet");
   if (Status e = CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("load", e.error());
   }
@@ -125,9 +131,17 @@ int RunLoad(const std::vector<std::string>& argv) {
   opts.sglang_compat = args.Has("--sglang-compat");
   opts.copy = args.Has("--copy");
   opts.populate = args.Has("--populate");
-  if (progress) {
-    opts.on_shard = [](uint32_t index, const std::string& path, uint32_t count) {
-      std::cerr << "load: shard " << index + 1 << "/" << count << " " << path << "\n";
+  // Progress: shards entered (the stream's total is not known in bytes up
+  // front) and bytes emitted.
+  auto progress = StartProgress(*mode, "load");
+  Progress pr;
+  pr.phase = "load";
+  pr.unit = "shards";
+  if (progress->mode() != ProgressMode::kNone) {
+    opts.on_shard = [&](uint32_t index, const std::string&, uint32_t count) {
+      pr.done_objects = index;
+      pr.total_objects = count;
+      progress->Update(pr);
     };
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -141,6 +155,8 @@ int RunLoad(const std::vector<std::string>& argv) {
     by_kind[loader::TensorKindName(t.kind)]++;
     by_dtype[loader::DTypeName(t.dtype)]++;
     bytes += t.data.size();
+    pr.done_bytes = bytes;
+    progress->Update(pr);
     if (!dump_dir.empty()) {
       K3_RETURN_IF_ERROR(loader::WriteNpy(dump_dir + "/" + SafeFileName(t.name) + ".npy", t));
     } else if (read_bytes) {
@@ -159,6 +175,11 @@ int RunLoad(const std::vector<std::string>& argv) {
     }
     return Status::OK();
   });
+  if (st.ok()) {
+    pr.done_objects = pr.total_objects;
+    progress->Update(pr);
+  }
+  progress->Finish();
   if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();

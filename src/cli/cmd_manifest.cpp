@@ -70,7 +70,9 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
 
   if (v.mode != pack::ProgressMode::kNone) {
-    o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
+    // Step lines on a terminal or with json; logs get the 10 s lines only.
+    if (v.mode != pack::ProgressMode::kLines)
+      o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
     o.pack_progress = pack::MakeProgressPrinter(v.mode);
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));

@@ -110,6 +110,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Flag("--all-data", "write real data for every tensor (no sparse holes)")
       .Flag("--force", "write into a non-empty --out (otherwise refused; the same model already there is reported)")
       .Flag("--json", "print the result as JSON");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto opts = BuildOptions(args, layer_types);
@@ -141,9 +142,14 @@ int RunSynth(const std::vector<std::string>& argv_in) {
     ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"));
     return kExitOk;
   }
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
+  auto progress = StartProgress(*mode, kCmd);
+  opts->progress = progress->Fn();
 
   const auto t0 = std::chrono::steady_clock::now();
   auto res = synth::WriteSynthModel(*opts);
+  progress->Finish();
   if (!res.ok()) return ReportError(kCmd, res.error());
   // Record the profile the model passes, so later commands need no --profile.
   const kimi::Profile profile = kimi::LoadModelSpec(res->config_path, kimi::Profile::kKimiK3).ok()

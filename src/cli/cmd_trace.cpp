@@ -186,8 +186,11 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--object-bytes", "object size for --simulate without --manifest", "11956224")
       .Flag("--simulate", "policy only, no I/O")
       .Flag("--json", "print the report as JSON");
+  AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(a);
+  if (!mode.ok()) return ReportError("trace replay", mode.error(), 2);
   auto t = trace::ReadTrace(a.Get("--trace"));
   if (!t.ok()) return ReportError("trace replay", t.error());
   auto mib = a.GetInt("--cache-mib");
@@ -243,12 +246,19 @@ int RunReplay(const std::vector<std::string>& argv) {
     o.store.queue_depth = *depth;
     o.prefetch = a.Get("--prefetch");
     o.lookahead = static_cast<uint32_t>(*look);
-    const bool tty = StderrIsTty();
-    o.progress = [&](uint64_t done, uint64_t total) {
-      if (tty) std::fprintf(stderr, "\rreplay: %llu/%llu records", (unsigned long long)done, (unsigned long long)total);
-      if (tty && done == total) std::fprintf(stderr, "\n");
-    };
+    auto progress = StartProgress(*mode, "trace replay");
+    if (progress->mode() != ProgressMode::kNone) {
+      o.progress = [&](uint64_t done, uint64_t total) {
+        Progress p;
+        p.phase = "replay";
+        p.unit = "records";
+        p.done_objects = done;
+        p.total_objects = total;
+        progress->Update(p);
+      };
+    }
     auto r = store::ReplayOnStore(*t, o);
+    progress->Finish();
     if (!r.ok()) return ReportError("trace replay", r.error());
     report = std::move(r).value();
   }
@@ -286,15 +296,18 @@ int RunSweep(const std::vector<std::string>& argv) {
   a.Option("--trace", "trace file (default: generate the default trace)")
       .Option("--manifest", "adapter manifest for dimensions and object sizes")
       .Option("--object-bytes", "object size without --manifest", "11956224")
-      .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54%,1%,2%,3.5%,5%,8% of all objects)")
+      .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54%,1%,2%,3.5%,5%,8% of all objects; on a model too small for those, six sizes from top_k up)")
       .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay")
       .Flag("--no-belady", "skip Belady's optimum")
       .Option("--svg", "write the plot here", "trace-sweep.svg")
       .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
       .Option("--seed", "seed of the generated trace", "1")
       .Flag("--json", "print the table as JSON");
+  AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(a);
+  if (!mode.ok()) return ReportError("trace sweep", mode.error(), 2);
   trace::Trace t;
   if (a.Has("--trace")) {
     auto r = trace::ReadTrace(a.Get("--trace"));
@@ -326,8 +339,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
     sizes = *l;
   } else {
-    for (double f : {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08})
-      sizes.push_back(std::max<uint64_t>(space->top_k, uint64_t(f * double(space->num_objects()))));
+    std::string note;
+    sizes = store::DefaultSweepSizes(*space, &note);
+    if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
   }
   std::vector<std::string> policies;
   {
@@ -335,7 +349,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     std::string p;
     while (std::getline(ss, p, ',')) policies.push_back(p);
   }
-  auto table = store::Sweep(*seq, *space, policies, sizes, !a.Has("--no-belady"));
+  auto progress = StartProgress(*mode, "trace sweep");
+  auto table = store::Sweep(*seq, *space, policies, sizes, !a.Has("--no-belady"), progress->Fn());
+  progress->Finish();
   if (!table.ok()) return ReportError("trace sweep", table.error());
   std::string title = "hit rate vs cache size: " + std::to_string(t.layer_ids.size()) + " layers x top-" +
                       std::to_string(t.top_k) + " of " + std::to_string(t.num_experts) + ", " +

@@ -12,7 +12,6 @@
 #include "cli/command.h"
 #include "cli/preflight.h"
 #include "k3pack/manifest.h"
-#include "pack/progress.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -25,9 +24,13 @@ Result<nlohmann::json> Run(const Args& args) {
   o.full = args.Has("--full");
   o.against_source = args.Has("--against-source");
   if (args.Has("--samples")) o.samples = *args.GetInt("--samples");  // checked by the caller
-  o.progress = pack::MakeProgressPrinter(*pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
   K3_RETURN_IF_ERROR(CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"));
-  return manifest::VerifyPack(args.Get("--manifest"), o);
+  K3_ASSIGN_OR_RETURN(ProgressMode mode, ProgressModeOf(args));  // checked by the caller
+  auto progress = StartProgress(mode, kCmd);
+  o.progress = progress->Fn();
+  auto r = manifest::VerifyPack(args.Get("--manifest"), o);
+  progress->Finish();
+  return r;
 }
 
 int RunVerify(const std::vector<std::string>& argv) {
@@ -39,8 +42,8 @@ int RunVerify(const std::vector<std::string>& argv) {
       .Option("--samples", "evenly spaced payloads compared with the GGUF source (default 6)")
       .Flag("--full", "hash every payload and compare with the digest sidecar")
       .Flag("--against-source", "with --full: also compare every payload with the GGUF source")
-      .Option("--progress", "auto | bar | json | none", "auto")
       .Flag("--json", "print the result as JSON");
+  AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   // Usage errors (exit 2): conflicting flags and bad values.
@@ -51,7 +54,7 @@ int RunVerify(const std::vector<std::string>& argv) {
       K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--samples"));
       if (n < 0) return Error("--samples must be non-negative");
     }
-    return pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()).status();
+    return ProgressModeOf(args).status();
   }();
   if (!usage.ok()) return ReportError(kCmd, usage.error(), kExitUsage);
   auto r = Run(args);

@@ -179,8 +179,24 @@ bool StderrIsTty() { return ::isatty(STDERR_FILENO) == 1; }
 void AddCopyOptions(Args& args) {
   args.Option("--safety-margin-gib", "free space required beyond the pack, in GiB", "2")
       .Flag("--restart", "discard an interrupted partial build instead of resuming it")
-      .Option("--threads", "copies in flight (default 4)")
-      .Option("--progress", "auto | bar | json | none (json: one object per line on stderr)", "auto");
+      .Option("--threads", "copies in flight (default 4)");
+  AddProgressOption(args);
+}
+
+void AddProgressOption(Args& args) {
+  args.Option("--progress",
+              "auto | bar | json | none: auto draws a bar on a terminal and prints a line every 10 s otherwise; "
+              "json prints one object per line on stderr",
+              "auto");
+}
+
+Result<ProgressMode> ProgressModeOf(const Args& args) { return ParseProgressMode(args.Get("--progress"), StderrIsTty()); }
+
+std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string& command) {
+  ExitOnInterrupt("k3pack " + command + ": interrupted; nothing to resume, rerun the command to start over");
+  ProgressReporter::Options o;
+  o.mode = mode;
+  return std::make_unique<ProgressReporter>(o);
 }
 
 Result<int> ParseCopyThreads(const Args& args) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "k3pack/error.h"
+#include "util/progress.h"
 
 namespace k3pack::cli {
 
@@ -89,6 +90,15 @@ Result<int> ParseCopyThreads(const Args& args);
 
 // True when stderr is a terminal (progress bars) rather than a pipe (JSON lines).
 bool StderrIsTty();
+
+// --progress auto|bar|json|none, on every command that can run long.
+void AddProgressOption(Args& args);
+// The mode --progress asks for: auto is a bar on a terminal, else one line
+// every 10 s. The error names the option (a usage error: exit code 2).
+Result<ProgressMode> ProgressModeOf(const Args& args);
+// The reporter of a command with nothing to resume; Ctrl-C then ends the bar
+// line, says "k3pack <command>: interrupted" and exits 130.
+std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string& command);
 
 }  // namespace k3pack::cli
 

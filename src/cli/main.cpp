@@ -1,7 +1,9 @@
 // k3pack: command-line entry point. Dispatches to the registered sub-commands.
 #include <iostream>
+#include <sstream>
 
 #include "cli/command.h"
+#include "cli/help_gen.h"
 #include "k3pack_version.h"
 
 namespace {
@@ -13,6 +15,9 @@ void PrintHelp() {
   for (const auto& [name, info] : k3pack::cli::Commands()) {
     std::cout << "  " << name << std::string(name.size() < 14 ? 14 - name.size() : 1, ' ') << info.summary << "\n";
   }
+  std::cout << "\noptions:\n"
+               "  -V, --version show the version, git revision and build type\n"
+               "  -h, --help    show this help (`k3pack help --man` prints it all as a man page)\n";
   std::cout << "\nexit codes (every command):\n"
                "  0    done (also: the output is already built)\n"
                "  1    the input is bad or a check failed\n"
@@ -23,14 +28,22 @@ void PrintHelp() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "help" && std::string(argv[2]) == "--man") {
+    std::ostringstream top;
+    std::streambuf* old = std::cout.rdbuf(top.rdbuf());
+    PrintHelp();
+    std::cout.rdbuf(old);
+    std::cout << k3pack::cli::ManPage(top.str());
+    return 0;
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     PrintHelp();
     return argc < 2 ? 2 : 0;
   }
   std::string name = argv[1];
-  if (name == "--version") {
-    std::cout << "k3pack " << K3PACK_VERSION << "\n";
+  if (name == "--version" || name == "-V") {
+    std::cout << k3pack::cli::VersionLine() << "\n";
     return 0;
   }
   const auto& cmds = k3pack::cli::Commands();

@@ -42,7 +42,7 @@ Result<std::shared_ptr<const gguf::GgufFile>> ParseCutOff(const std::string& pat
     }
     // Labelled with the user's file: messages about the parsed header must
     // name it, not /proc/self/fd/N.
-    K3_ASSIGN_OR_RETURN(auto map, MappedFile::Open("/proc/self/fd/" + std::to_string(tmp.get()), path));
+    K3_ASSIGN_OR_RETURN(auto map, MappedFile::OpenLabelled("/proc/self/fd/" + std::to_string(tmp.get()), path));
     gguf::ReadOptions ro;
     ro.require_packed_offsets = false;
     auto parsed = gguf::GgufFile::Parse(map, ro);

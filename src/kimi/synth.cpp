@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "k3pack/gguf.h"
 #include "k3pack/synth.h"
@@ -250,6 +251,9 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   // Tensor specs with deterministic payloads.
   std::vector<gguf::TensorSpec> specs;
   std::vector<uint64_t> padded;
+  auto progress = std::make_shared<Progress>();
+  progress->phase = "synth";
+  progress->unit = "tensors";
   specs.reserve(table.size());
   for (const ExpectedTensor& t : table) {
     gguf::TensorSpec s;
@@ -270,6 +274,17 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
       const FillPlan fp{t.type, KindFor(t.role), seed};
       s.fill = [fp](uint64_t off, std::span<uint8_t> out) { FillRange(fp, off, out); };
     }  // else: a hole
+    if (s.fill && o.progress) {
+      // Count what the writer fills; a tensor is done when its last range is.
+      progress->total_bytes += bytes;
+      progress->total_objects += 1;
+      s.fill = [inner = std::move(s.fill), progress, bytes, report = o.progress](uint64_t off, std::span<uint8_t> out) {
+        inner(off, out);
+        progress->done_bytes += out.size();
+        if (off + out.size() >= bytes) progress->done_objects += 1;
+        report(*progress);
+      };
+    }
     specs.push_back(std::move(s));
   }
   const std::vector<uint32_t> shard_of = AssignShards(padded, o.shards);

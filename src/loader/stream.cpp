@@ -136,7 +136,8 @@ struct NonExpertStream::Impl {
     }
     gguf::ReadOptions ro;
     ro.require_packed_offsets = false;  // gguf-py reads any in-bounds offsets
-    K3_ASSIGN_OR_RETURN(shard, gguf::GgufFile::Open(rec.path, ro));
+    K3_ASSIGN_OR_RETURN(auto map, MappedFile::Open(rec.path, opts.copy_on_write));
+    K3_ASSIGN_OR_RETURN(shard, gguf::GgufFile::Parse(std::move(map), ro));
     shard_record = &rec;
 
     static const std::vector<StreamTensorRecord> kNone;

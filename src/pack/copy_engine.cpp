@@ -247,8 +247,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     }
     if (o.progress && (all_done || now - last_progress >= std::chrono::milliseconds(100))) {
       last_progress = now;
+      // copied_bytes: holes advance done_bytes but are not copy throughput.
       o.progress({"build", done_bytes, total_bytes, watermark, total,
-                  std::chrono::duration<double>(now - t0).count()});
+                  std::chrono::duration<double>(now - t0).count(), written.load()});
     }
     if (all_done) break;
   }

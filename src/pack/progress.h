@@ -1,20 +1,19 @@
-// Progress reporting for long pack operations: a redrawn bar with rate and
-// ETA on a terminal, or one JSON object per line for scripts.
+// Progress for pack operations: the command line's one reporter
+// (src/util/progress.h) behind a plain ProgressFn.
 #pragma once
 
 #include <string>
 
 #include "k3pack/pack.h"
+#include "util/progress.h"
 
 namespace k3pack::pack {
 
-enum class ProgressMode { kNone, kBar, kJson };
-
-// "auto" -> bar when stderr is a TTY, else none; "bar"; "json"; "none".
-Result<ProgressMode> ParseProgressMode(const std::string& name, bool stderr_is_tty);
+using ProgressMode = ::k3pack::ProgressMode;
+using ::k3pack::ParseProgressMode;
 
 // A ProgressFn writing to stderr in the given mode (empty for kNone). The
-// bar ends with a newline when done == total.
+// bar line ends when done == total.
 ProgressFn MakeProgressPrinter(ProgressMode mode);
 
 }  // namespace k3pack::pack

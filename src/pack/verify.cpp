@@ -112,11 +112,19 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   };
   int threads = o.threads > 0 ? o.threads : 4;
   std::vector<std::thread> pool;
-  for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
+  // Damaged entries are not counted as done, so the progress loop also stops
+  // when every worker has finished.
+  std::atomic<int> running{threads};
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&] {
+      worker();
+      running.fetch_sub(1);
+    });
+  }
   if (o.progress) {
     while (true) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (done_entries.load() >= entries.size() || stop.load()) break;
+      if (done_entries.load() >= entries.size() || stop.load() || running.load() == 0) break;
       o.progress({"verify", done_bytes.load(), total_bytes, done_entries.load(), entries.size(),
                   std::chrono::duration<double>(Clock::now() - t0).count()});
     }

@@ -1,5 +1,6 @@
 #include "store/replay.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,29 +75,74 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
 }
 
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
-                         const std::vector<uint64_t>& sizes, bool belady) {
+                         const std::vector<uint64_t>& sizes, bool belady, const ProgressFn& progress) {
   SweepTable t;
   t.capacity_objects = sizes;
   t.num_objects = space.num_objects();
+  const bool with_belady = belady && space.uniform();
+  Progress pr;
+  pr.phase = "sweep";
+  pr.unit = "simulations";
+  pr.total_objects = (policies.size() + (with_belady ? 1 : 0)) * sizes.size();
+  auto step = [&]() {
+    ++pr.done_objects;
+    if (progress) progress(pr);
+  };
   for (const auto& p : policies) {
     std::vector<double> row;
     for (uint64_t slots : sizes) {
       K3_ASSIGN_OR_RETURN(SimResult r, Simulate(seq, space, p, slots * space.max_object_bytes()));
       row.push_back(r.hit_rate());
+      step();
     }
     t.series.push_back(p);
     t.hit_rate.push_back(row);
   }
-  if (belady && space.uniform()) {
+  if (with_belady) {
     std::vector<double> row;
     for (uint64_t slots : sizes) {
       K3_ASSIGN_OR_RETURN(SimResult r, SimulateBelady(seq, space, slots));
       row.push_back(r.hit_rate());
+      step();
     }
     t.series.push_back("belady");
     t.hit_rate.push_back(row);
   }
   return t;
+}
+
+std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note) {
+  static constexpr double kShares[] = {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08};
+  const uint64_t n = space.num_objects();
+  const uint64_t top_k = std::max<uint64_t>(1, space.top_k);
+  std::vector<uint64_t> sizes;
+  for (double f : kShares) sizes.push_back(std::max<uint64_t>(top_k, uint64_t(f * double(n))));
+  note->clear();
+  if (std::adjacent_find(sizes.begin(), sizes.end()) == sizes.end()) return sizes;
+  // Geometric steps from top_k (the least cache that holds one token's
+  // experts) to 8% of the objects, or 6 x top_k when that is more, capped at
+  // all objects.
+  const uint64_t lo = top_k;
+  const uint64_t hi = std::max(lo, std::min(n, std::max(uint64_t(0.08 * double(n)), 6 * top_k)));
+  std::vector<uint64_t> fit;
+  for (int i = 0; i < 6; ++i) {
+    const double v = double(lo) * std::pow(double(hi) / double(lo), i / 5.0);
+    const uint64_t s = std::clamp<uint64_t>(uint64_t(std::llround(v)), lo, hi);
+    if (fit.empty() || s > fit.back()) fit.push_back(s);
+  }
+  // A range of six values or fewer: every integer in it.
+  if (hi - lo < 6) {
+    fit.clear();
+    for (uint64_t s = lo; s <= hi && fit.size() < 6; ++s) fit.push_back(s);
+  }
+  std::string list;
+  for (uint64_t s : fit) list += (list.empty() ? "" : ",") + std::to_string(s);
+  *note = "the model has only " + std::to_string(n) + " expert objects (top_k " + std::to_string(space.top_k) +
+          "): the default sizes, 0.54%-8% of them, are " + std::to_string(uint64_t(kShares[0] * double(n))) + "-" +
+          std::to_string(uint64_t(kShares[5] * double(n))) +
+          " objects and would give identical rows (a cache below top_k holds less than one token's experts); "
+          "using " + list + " instead (pass --sizes to choose)";
+  return fit;
 }
 
 std::string SweepText(const SweepTable& t) {

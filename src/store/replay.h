@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 #include "k3pack/store.h"
 #include "k3pack/trace.h"
 #include "store/simulate.h"
@@ -37,8 +38,15 @@ struct SweepTable {
 };
 
 // Every policy (and Belady when the object size is uniform) at every capacity.
+// `progress` (may be empty) counts finished simulations.
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
-                         const std::vector<uint64_t>& capacity_objects, bool belady);
+                         const std::vector<uint64_t>& capacity_objects, bool belady,
+                         const ProgressFn& progress = {});
+// The cache sizes `trace sweep` uses without --sizes: 0.54%, 1%, 2%, 3.5%,
+// 5% and 8% of all objects (the Kimi-K3 range). A model too small for them
+// (sizes below top_k, which all behave alike, or repeats) gets six distinct
+// sizes from top_k up instead, and `note` says so; otherwise it is cleared.
+std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note);
 std::string SweepText(const SweepTable& t);
 nlohmann::json SweepJson(const SweepTable& t);
 // Hit rate vs cache size, one polyline per series.

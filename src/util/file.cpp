@@ -118,7 +118,7 @@ Result<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
-Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
+Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path, bool copy_on_write) {
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
@@ -127,7 +127,11 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& pa
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
   if (m->size_ > 0) {
-    void* p = ::mmap(nullptr, m->size_, PROT_READ, MAP_SHARED, fd.get(), 0);
+    void* p = MAP_FAILED;
+    if (copy_on_write) {
+      p = ::mmap(nullptr, m->size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd.get(), 0);
+    }
+    if (p == MAP_FAILED) p = ::mmap(nullptr, m->size_, PROT_READ, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return Error::FromErrno("cannot mmap " + path, errno);
     m->data_ = static_cast<const uint8_t*>(p);
     m->mapped_ = true;
@@ -135,7 +139,7 @@ Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& pa
   return std::shared_ptr<const MappedFile>(std::move(m));
 }
 
-Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path, std::string label) {
+Result<std::shared_ptr<const MappedFile>> MappedFile::OpenLabelled(const std::string& path, std::string label) {
   auto m = Open(path);
   if (!m.ok()) return m.error();
   std::const_pointer_cast<MappedFile>(*m)->path_ = std::move(label);

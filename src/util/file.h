@@ -53,10 +53,15 @@ Result<std::string> ReadFileToString(const std::string& path);
 // it alive through shared_ptr, so a tensor view never outlives its bytes.
 class MappedFile {
  public:
-  static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+  // copy_on_write: map private and writable (MAP_PRIVATE | MAP_NORESERVE),
+  // for views handed to code that may write into them (torch ignores
+  // read-only flags): a write then lands in a private page (the file never
+  // changes) instead of faulting on a read-only one. It costs nothing until
+  // written. Falls back to the read-only mapping where the kernel refuses.
+  static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path, bool copy_on_write = false);
   // Maps `path` but reports it as `label` (path()): for a stand-in file whose
   // own name means nothing to the user (doctor's copy of a cut-off header).
-  static Result<std::shared_ptr<const MappedFile>> Open(const std::string& path, std::string label);
+  static Result<std::shared_ptr<const MappedFile>> OpenLabelled(const std::string& path, std::string label);
   // An in-memory image labelled `label` (fuzzers, tests); owns the bytes.
   static std::shared_ptr<const MappedFile> FromBytes(std::string label, std::string bytes);
   ~MappedFile();

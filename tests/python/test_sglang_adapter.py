@@ -335,7 +335,8 @@ class InstallIntoSglang(unittest.TestCase):
             sys.modules["fake_consumer"] = consumer
             patched = adapter.install_into_sglang()
             self.assertEqual(patched, sorted([adapter.SGLANG_MODULE, "fake_consumer"]))
-            self.assertIs(consumer.kimi_k3_nonexpert_weights_iterator, kimi_k3_nonexpert_weights_iterator)
+            # copy=True by default: SGLang gets fresh tensors, as from its own iterator.
+            self.assertIs(consumer.kimi_k3_nonexpert_weights_iterator, adapter._copying_iterator)
         finally:
             for n, m in saved.items():
                 if m is None:

@@ -1,0 +1,260 @@
+#include "util/progress.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "util/format.h"
+
+namespace k3pack {
+namespace {
+
+// Set while a bar line is drawn without its newline; read by the signal
+// handler (a lock-free atomic is async-signal-safe).
+std::atomic<bool> g_line_open{false};
+char g_interrupt_message[512];
+size_t g_interrupt_len = 0;
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Percent(double frac) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%5.1f%%", frac * 100);
+  return buf;
+}
+
+std::string ItemRate(double per_s, const std::string& unit) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, per_s >= 10 ? "%.0f %s/s" : "%.2f %s/s", per_s, unit.c_str());
+  return buf;
+}
+
+extern "C" void OnInterrupt(int) {
+  ProgressEndLineForSignal();
+  if (g_interrupt_len) {
+    ssize_t ignored = ::write(STDERR_FILENO, g_interrupt_message, g_interrupt_len);
+    (void)ignored;
+  }
+  ::_exit(130);
+}
+
+}  // namespace
+
+Result<ProgressMode> ParseProgressMode(const std::string& name, bool tty) {
+  if (name == "auto") return tty ? ProgressMode::kBar : ProgressMode::kLines;
+  if (name == "bar") return ProgressMode::kBar;
+  if (name == "lines") return ProgressMode::kLines;
+  if (name == "json") return ProgressMode::kJson;
+  if (name == "none") return ProgressMode::kNone;
+  return Error("--progress must be one of auto, bar, json, none; got '" + name + "'");
+}
+
+ProgressReporter::ProgressReporter(Options options) : options_(std::move(options)) {
+  if (!options_.clock) options_.clock = SteadySeconds;
+  start_ = options_.clock();
+}
+
+ProgressReporter::~ProgressReporter() { Finish(); }
+
+ProgressFn ProgressReporter::Fn() {
+  if (options_.mode == ProgressMode::kNone) return {};
+  return [this](const Progress& p) { Update(p); };
+}
+
+// Fraction done: by bytes when the work is byte-shaped, else by items.
+static std::optional<double> Fraction(const Progress& p) {
+  if (p.total_bytes > 0) return std::min(1.0, static_cast<double>(p.done_bytes) / static_cast<double>(p.total_bytes));
+  if (p.total_objects > 0)
+    return std::min(1.0, static_cast<double>(p.done_objects) / static_cast<double>(p.total_objects));
+  return std::nullopt;
+}
+
+static bool Complete(const Progress& p) {
+  if (p.total_bytes > 0) return p.done_bytes >= p.total_bytes && p.done_objects >= p.total_objects;
+  return p.total_objects > 0 && p.done_objects >= p.total_objects;
+}
+
+std::string ProgressReporter::Describe(const Progress& p, double now, std::optional<double>* eta, double* rate_bytes,
+                                       double* rate_items) const {
+  const double run_s = now - phase_start_;
+  const uint64_t run_bytes = p.done_bytes > base_bytes_ ? p.done_bytes - base_bytes_ : 0;
+  const uint64_t run_objects = p.done_objects > base_objects_ ? p.done_objects - base_objects_ : 0;
+  // Throughput counts bytes really moved; holes only advance the fraction.
+  const uint64_t moved = p.copied_bytes ? (*p.copied_bytes > base_copied_ ? *p.copied_bytes - base_copied_ : 0) : run_bytes;
+  *rate_bytes = run_s > 0 ? static_cast<double>(moved) / run_s : 0;
+  *rate_items = run_s > 0 ? static_cast<double>(run_objects) / run_s : 0;
+  eta->reset();
+  const auto frac = Fraction(p);
+  if (frac && run_s >= options_.eta_min_elapsed_s) {
+    // Progress speed of this run (holes included: they take time too, just
+    // little), as a fraction of the whole per second.
+    double run_frac = 0;
+    if (p.total_bytes > 0) run_frac = static_cast<double>(run_bytes) / static_cast<double>(p.total_bytes);
+    else run_frac = static_cast<double>(run_objects) / static_cast<double>(p.total_objects);
+    if (run_frac >= options_.eta_min_fraction && *frac < 1) *eta = (1 - *frac) * run_s / run_frac;
+  }
+  std::string s;
+  if (frac) s += Percent(*frac) + " ";
+  if (p.total_bytes > 0) {
+    s += HumanBytes(p.done_bytes) + "/" + HumanBytes(p.total_bytes);
+  } else if (p.done_bytes > 0) {
+    s += HumanBytes(p.done_bytes);
+  }
+  if (p.total_objects > 0 || (p.total_bytes == 0 && p.done_objects > 0)) {
+    if (!s.empty() && s.back() != ' ') s += ", ";
+    s += std::to_string(p.done_objects);
+    if (p.total_objects > 0) s += "/" + std::to_string(p.total_objects);
+    s += " " + p.unit;
+  }
+  if (p.done_bytes > 0 || p.copied_bytes) s += "  " + HumanRate(*rate_bytes);
+  else if (p.done_objects > 0) s += "  " + ItemRate(*rate_items, p.unit);
+  if (*eta) s += "  ETA " + HumanDuration(**eta);
+  return s;
+}
+
+void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete) {
+  std::FILE* out = options_.out;
+  std::optional<double> eta;
+  double rate_bytes = 0, rate_items = 0;
+  const std::string text = Describe(p, now, &eta, &rate_bytes, &rate_items);
+  switch (options_.mode) {
+    case ProgressMode::kNone:
+      return;
+    case ProgressMode::kBar: {
+      std::string bar;
+      if (auto frac = Fraction(p)) {
+        constexpr int kWidth = 30;
+        bar = std::string(static_cast<size_t>(*frac * kWidth), '#');
+        bar.resize(kWidth, '.');
+        bar = " [" + bar + "]";
+      }
+      // \033[K clears what a longer previous draw left behind.
+      std::fprintf(out, "\r%s%s %s\033[K", p.phase.c_str(), bar.c_str(), text.c_str());
+      g_line_open.store(!complete);
+      if (complete) std::fprintf(out, "\n");
+      break;
+    }
+    case ProgressMode::kLines:
+      std::fprintf(out, "%s: %s%s  (%s elapsed)\n", p.phase.c_str(), complete ? "done, " : "", text.c_str(),
+                   HumanDuration(now - start_).c_str());
+      any_line_ = true;
+      break;
+    case ProgressMode::kJson: {
+      nlohmann::json j = {{"phase", p.phase},
+                          {"done_bytes", p.done_bytes},
+                          {"total_bytes", p.total_bytes},
+                          {"done_objects", p.done_objects},
+                          {"total_objects", p.total_objects},
+                          {"unit", p.unit},
+                          {"elapsed_s", now - start_},
+                          {"bytes_per_s", rate_bytes},
+                          {"objects_per_s", rate_items},
+                          {"eta_s", eta ? nlohmann::json(*eta) : nlohmann::json(nullptr)},
+                          {"done", complete}};
+      std::fprintf(out, "%s\n", j.dump().c_str());
+      break;
+    }
+  }
+  std::fflush(out);
+  last_emit_ = now;
+}
+
+void ProgressReporter::Update(const Progress& p) {
+  if (options_.mode == ProgressMode::kNone) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = options_.clock();
+  if (p.phase != phase_) {
+    phase_ = p.phase;
+    phase_start_ = now;
+    base_bytes_ = p.done_bytes;
+    base_objects_ = p.done_objects;
+    base_copied_ = p.copied_bytes.value_or(0);
+    complete_shown_ = false;
+    if (options_.mode == ProgressMode::kJson) last_emit_ = -1e300;  // a new phase is announced at once
+  }
+  if (p.final) {  // stopped early: show where, and end a bar's line
+    EmitLocked(p, now, true);
+    return;
+  }
+  const bool complete = Complete(p);
+  if (complete) {
+    if (complete_shown_) return;
+    // In lines mode a short run stays silent; one that printed lines says
+    // it finished.
+    if (options_.mode == ProgressMode::kLines && !any_line_) return;
+    complete_shown_ = true;
+    EmitLocked(p, now, true);
+    return;
+  }
+  complete_shown_ = false;
+  double interval = options_.bar_interval_s;
+  if (options_.mode == ProgressMode::kLines) interval = options_.line_interval_s;
+  if (options_.mode == ProgressMode::kJson) interval = options_.json_interval_s;
+  // Lines: the first one only after a full interval (short runs print none).
+  const double since = options_.mode == ProgressMode::kLines && last_emit_ < start_ ? now - start_ : now - last_emit_;
+  if (since < interval) return;
+  EmitLocked(p, now, false);
+}
+
+void ProgressReporter::Note(const std::string& phase, const std::string& text) {
+  if (options_.mode == ProgressMode::kNone) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const double now = options_.clock();
+  std::FILE* out = options_.out;
+  switch (options_.mode) {
+    case ProgressMode::kNone:
+      return;
+    case ProgressMode::kBar:
+      std::fprintf(out, "\r%s: %s\033[K", phase.c_str(), text.c_str());
+      g_line_open.store(true);
+      break;
+    case ProgressMode::kLines: {
+      const double since = last_emit_ < start_ ? now - start_ : now - last_emit_;
+      if (since < options_.line_interval_s) return;
+      std::fprintf(out, "%s: %s  (%s elapsed)\n", phase.c_str(), text.c_str(), HumanDuration(now - start_).c_str());
+      any_line_ = true;
+      break;
+    }
+    case ProgressMode::kJson:
+      std::fprintf(out, "%s\n",
+                   nlohmann::json({{"phase", phase}, {"note", text}, {"elapsed_s", now - start_}}).dump().c_str());
+      break;
+  }
+  std::fflush(out);
+  last_emit_ = now;
+}
+
+void ProgressReporter::Finish() {
+  if (options_.mode != ProgressMode::kBar) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (g_line_open.exchange(false)) {
+    std::fprintf(options_.out, "\n");
+    std::fflush(options_.out);
+  }
+}
+
+void ProgressEndLineForSignal() {
+  if (g_line_open.exchange(false)) {
+    ssize_t ignored = ::write(STDERR_FILENO, "\n", 1);
+    (void)ignored;
+  }
+}
+
+void ExitOnInterrupt(const std::string& message) {
+  const std::string m = message + "\n";
+  g_interrupt_len = std::min(m.size(), sizeof g_interrupt_message);
+  std::memcpy(g_interrupt_message, m.data(), g_interrupt_len);
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+}  // namespace k3pack

@@ -1,0 +1,90 @@
+// The one progress reporter of the command line: every long command (pack,
+// build, verify, synth, trace replay/sweep, load, inspect --stats, doctor)
+// shows its k3pack::Progress through it, so they all look and behave alike:
+//   * bar   (a terminal): one redrawn line with a bar, rate and ETA; the ETA
+//           is hidden until it means something, holes are not throughput;
+//   * lines (auto when stderr is not a terminal): one line every 10 s, so
+//           logs of long runs show life without drowning in redraws;
+//   * json  one JSON object per line (at most one a second, plus the last);
+//   * none.
+#pragma once
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "k3pack/error.h"
+#include "k3pack/progress.h"
+
+namespace k3pack {
+
+enum class ProgressMode { kNone, kBar, kLines, kJson };
+
+// "auto" -> bar when stderr is a terminal, else lines; "bar"; "json"; "none"
+// ("lines" is accepted too). The error names --progress.
+Result<ProgressMode> ParseProgressMode(const std::string& name, bool stderr_is_tty);
+
+class ProgressReporter {
+ public:
+  struct Options {
+    ProgressMode mode = ProgressMode::kNone;
+    std::FILE* out = stderr;
+    std::function<double()> clock;  // monotonic seconds; default steady_clock
+    double bar_interval_s = 0.1;
+    double line_interval_s = 10;
+    double json_interval_s = 1;
+    // The ETA is shown once this much time has passed and this fraction of
+    // the work was done in this run (before that a rate is mostly noise).
+    double eta_min_elapsed_s = 3;
+    double eta_min_fraction = 0.01;
+  };
+  explicit ProgressReporter(Options options);
+  ~ProgressReporter();  // Finish()
+  ProgressReporter(const ProgressReporter&) = delete;
+  ProgressReporter& operator=(const ProgressReporter&) = delete;
+
+  // Throttled per mode; the update that completes the work (done == total)
+  // is always shown (bar and json) and ends the bar line.
+  void Update(const Progress& p);
+  // A status line without numbers ("doctor: checking tensor values"):
+  // redrawn in bar mode, throttled like updates in lines mode.
+  void Note(const std::string& phase, const std::string& text);
+  // Ends an open bar line (before the command prints its result).
+  void Finish();
+
+  ProgressMode mode() const { return options_.mode; }
+  // An adapter for engines taking a ProgressFn (empty for kNone); the
+  // reporter must outlive it.
+  ProgressFn Fn();
+
+ private:
+  std::string Describe(const Progress& p, double now, std::optional<double>* eta, double* rate_bytes,
+                       double* rate_items) const;
+  void EmitLocked(const Progress& p, double now, bool complete);
+
+  Options options_;
+  std::mutex mu_;
+  double start_ = 0;
+  double last_emit_ = -1e300;
+  // Baseline of this phase: the first update seen (a resumed build starts
+  // with work already done, which is not this run's speed).
+  std::string phase_;
+  double phase_start_ = 0;
+  uint64_t base_bytes_ = 0, base_objects_ = 0, base_copied_ = 0;
+  bool complete_shown_ = false;
+  bool any_line_ = false;
+};
+
+// Async-signal-safe: if a progress bar line is open on stderr, ends it with a
+// newline so that what is printed next starts at column 0. For SIGINT
+// handlers (e.g. pack/build's checkpointing one).
+void ProgressEndLineForSignal();
+
+// For commands with nothing to resume: on SIGINT, end the bar line, print
+// `message` (plus a newline) to stderr and exit with 130.
+void ExitOnInterrupt(const std::string& message);
+
+}  // namespace k3pack
