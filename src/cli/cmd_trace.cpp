@@ -52,71 +52,106 @@ Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
   return store::SpaceForTrace(t, static_cast<uint64_t>(ob));
 }
 
-int RunGen(const std::vector<std::string>& argv) {
-  Args a("trace gen", "--out TRACE [options]",
-         "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
-         "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
-         "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"
-         "like Kimi's balanced router). Format: docs/store.md.");
-  a.Option("--out", "trace file to write", std::nullopt, true)
+// Generator options shared by `trace gen` and `trace sweep`.
+void AddGenOptions(Args& a) {
+  std::string families;
+  for (const auto& f : trace::FamilyNames()) families += (families.empty() ? "" : " | ") + f;
+  a.Option("--family", "preset: " + families + " (docs/store.md); the options below override it", "kimi")
       .Option("--manifest", "take layers / experts / top_k from this adapter manifest")
       .Option("--layers", "routed layers (numbered from --first-layer)", "92")
       .Option("--first-layer", "first routed layer id", "1")
       .Option("--experts", "experts per layer", "896")
       .Option("--top-k", "experts per token", "16")
-      .Option("--requests", "requests, replayed one after another", "4")
-      .Option("--prompt-tokens", "prompt tokens per request", "32")
-      .Option("--decode-tokens", "decoded tokens per request", "256")
-      .Option("--prefill-chunk", "rows per prefill record (0: one record per prompt token, SGLang's Kimi path)", "0")
-      .Option("--reuse", "chance an expert of the previous token is routed again", "0.3")
-      .Option("--skew", "global Zipf exponent of expert popularity per layer", "0")
-      .Option("--request-skew", "per-request Zipf exponent", "0.6")
-      .Option("--seed", "random seed", "1")
-      .Flag("--json", "print the summary as JSON");
+      .Option("--requests", "requests in all")
+      .Option("--concurrent", "requests decoded side by side (a new one starts when one finishes)")
+      .Flag("--batched", "one call per layer per decode step, a row per active request (row requests recorded)")
+      .Option("--domains", "requests share the popularity of domain request % N (0: each its own)")
+      .Option("--prompt-tokens", "prompt tokens per request")
+      .Option("--decode-tokens", "decoded tokens per request")
+      .Option("--prefill-chunk", "rows per prefill record (0: one record per prompt token, SGLang's Kimi path)")
+      .Option("--reuse", "chance an expert of the previous token is routed again")
+      .Option("--skew", "global Zipf exponent of expert popularity per layer")
+      .Option("--request-skew", "per-request (or per-domain) Zipf exponent")
+      .Option("--drift", "per token and layer, this share of experts trade popularity")
+      .Flag("--predict", "record predicted next-layer expert ids (trace format v2)")
+      .Option("--predict-accuracy", "mean share of next-layer experts predicted right", "0.95")
+      .Option("--predict-surprise", "share of rows whose predictions all miss (correlated misses)", "0")
+      .Option("--seed", "random seed", "1");
+}
+
+Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOptions* o) {
+  auto get_u32 = [&](const char* name, uint32_t* dst) -> Status {
+    auto v = a.GetInt(name);
+    if (!v.ok()) return v.error();
+    if (*v < 0 || *v > UINT32_MAX) return Error(std::string(name) + " must be a non-negative integer");
+    *dst = static_cast<uint32_t>(*v);
+    return Status::OK();
+  };
+  uint32_t layers = 0, first = 0, seed = 0;
+  K3_RETURN_IF_ERROR(get_u32("--layers", &layers));
+  K3_RETURN_IF_ERROR(get_u32("--first-layer", &first));
+  K3_RETURN_IF_ERROR(get_u32("--experts", &o->num_experts));
+  K3_RETURN_IF_ERROR(get_u32("--top-k", &o->top_k));
+  K3_RETURN_IF_ERROR(get_u32("--seed", &seed));
+  o->seed = seed;
+  o->layer_ids.clear();
+  for (uint32_t l = 0; l < layers; ++l) o->layer_ids.push_back(first + l);
+  if (a.Has("--manifest")) {
+    K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
+    o->layer_ids = s.active_layer_ids;
+    o->num_experts = s.num_experts;
+    o->top_k = s.top_k;
+  }
+  o->predict = a.Has("--predict");
+  K3_ASSIGN_OR_RETURN(o->predict_accuracy, a.GetDouble("--predict-accuracy"));
+  K3_ASSIGN_OR_RETURN(o->predict_surprise, a.GetDouble("--predict-surprise"));
+  if (!trace::ApplyFamily(family, o)) {
+    std::string known;
+    for (const auto& f : trace::FamilyNames()) known += (known.empty() ? "" : ", ") + f;
+    return Error("unknown trace family '" + family + "' (known: " + known + ")", ErrorKind::kValue);
+  }
+  for (auto [name, dst] : {std::pair{"--requests", &o->requests}, {"--concurrent", &o->concurrent},
+                           {"--domains", &o->domains}, {"--prompt-tokens", &o->prompt_tokens},
+                           {"--decode-tokens", &o->decode_tokens}, {"--prefill-chunk", &o->prefill_chunk}})
+    if (a.Has(name)) K3_RETURN_IF_ERROR(get_u32(name, dst));
+  if (a.Has("--batched")) o->batched = true;
+  for (auto [name, dst] : {std::pair{"--reuse", &o->reuse}, {"--skew", &o->skew},
+                           {"--request-skew", &o->request_skew}, {"--drift", &o->drift}})
+    if (a.Has(name)) {
+      K3_ASSIGN_OR_RETURN(*dst, a.GetDouble(name));
+    }
+  return Status::OK();
+}
+
+int RunGen(const std::vector<std::string>& argv) {
+  Args a("trace gen", "--out TRACE [options]",
+         "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
+         "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
+         "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"
+         "like Kimi's balanced router). --family picks a workload preset. Format: docs/store.md.");
+  a.Option("--out", "trace file to write", std::nullopt, true);
+  AddGenOptions(a);
+  a.Flag("--json", "print the summary as JSON");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   trace::GenOptions o;
-  auto geti = [&](const char* name, auto* dst) -> bool {
-    auto v = a.GetInt(name);
-    if (!v.ok() || *v < 0) {
-      ReportError("trace gen", v.ok() ? Error(std::string(name) + " must be non-negative") : v.error(), 2);
-      return false;
-    }
-    *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(*v);
-    return true;
-  };
-  uint32_t layers = 0, first = 0;
-  if (!geti("--layers", &layers) || !geti("--first-layer", &first) || !geti("--experts", &o.num_experts) ||
-      !geti("--top-k", &o.top_k) || !geti("--requests", &o.requests) || !geti("--prompt-tokens", &o.prompt_tokens) ||
-      !geti("--decode-tokens", &o.decode_tokens) || !geti("--prefill-chunk", &o.prefill_chunk) ||
-      !geti("--seed", &o.seed))
-    return 2;
-  for (uint32_t l = 0; l < layers; ++l) o.layer_ids.push_back(first + l);
-  for (auto [name, dst] : {std::pair{"--reuse", &o.reuse}, {"--skew", &o.skew}, {"--request-skew", &o.request_skew}}) {
-    auto v = a.GetDouble(name);
-    if (!v.ok()) return ReportError("trace gen", v.error(), 2);
-    *dst = *v;
-  }
-  if (a.Has("--manifest")) {
-    auto s = store::SpaceFromManifest(a.Get("--manifest"));
-    if (!s.ok()) return ReportError("trace gen", s.error());
-    o.layer_ids = s->active_layer_ids;
-    o.num_experts = s->num_experts;
-    o.top_k = s->top_k;
-  }
+  Status gs = GenOptionsFromArgs(a, a.Get("--family"), &o);
+  if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
   auto t = trace::Generate(o);
   if (!t.ok()) return ReportError("trace gen", t.error());
   Status st = trace::WriteTrace(a.Get("--out"), *t);
   if (!st.ok()) return ReportError("trace gen", st.error());
+  const double reuse = trace::MeasuredReuse(*t);
   json j = {{"trace", a.Get("--out")},     {"records", t->records.size()},  {"routes", t->num_routes()},
             {"layers", t->layer_ids.size()}, {"experts", t->num_experts},    {"top_k", t->top_k},
-            {"measured_reuse", trace::MeasuredReuse(*t)}, {"seed", o.seed}};
+            {"measured_reuse", reuse}, {"seed", o.seed}, {"family", a.Get("--family")},
+            {"version", t->version()}};
   if (a.Has("--json")) {
     std::cout << j.dump(2) << "\n";
   } else {
-    std::printf("wrote %s: %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
-                a.Get("--out").c_str(), t->records.size(), (unsigned long long)t->num_routes(), t->layer_ids.size(),
-                t->top_k, t->num_experts, 100.0 * trace::MeasuredReuse(*t));
+    std::printf("wrote %s (%s, format v%u): %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
+                a.Get("--out").c_str(), a.Get("--family").c_str(), t->version(), t->records.size(),
+                (unsigned long long)t->num_routes(), t->layer_ids.size(), t->top_k, t->num_experts, 100.0 * reuse);
   }
   return 0;
 }
@@ -231,75 +266,104 @@ int RunReplay(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// Default sweep sizes: 0.54% (SGLang's 5 GiB on K3) to 20% of all objects.
+std::vector<uint64_t> DefaultSizes(const store::ObjectSpace& space) {
+  std::vector<uint64_t> sizes;
+  for (double f : {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.20})
+    sizes.push_back(std::max<uint64_t>(space.top_k, uint64_t(f * double(space.num_objects()))));
+  return sizes;
+}
+
+// `path` with "-<family>" before its extension (one plot per family).
+std::string PerFamilyPath(const std::string& path, const std::string& family) {
+  size_t dot = path.rfind('.');
+  size_t slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + "-" + family;
+  return path.substr(0, dot) + "-" + family + path.substr(dot);
+}
+
 int RunSweep(const std::vector<std::string>& argv) {
-  Args a("trace sweep", "[--trace T] [options]",
-         "Simulates every policy (and Belady's optimum) over a range of cache sizes, prints a table and writes an\n"
-         "SVG plot of hit rate vs cache size. Without --trace the default `trace gen` trace (seed --seed) is used.");
-  a.Option("--trace", "trace file (default: generate the default trace)")
-      .Option("--manifest", "adapter manifest for dimensions and object sizes")
+  Args a("trace sweep", "[--trace T | --family F|all] [options]",
+         "Simulates every policy, Belady's optimum and (for generated traces) the distribution-informed bound over\n"
+         "a range of cache sizes, prints a table and writes an SVG plot of hit rate vs cache size. Without --trace\n"
+         "the --family preset is generated (seed --seed); --family all sweeps every family.");
+  a.Option("--trace", "trace file (default: generate --family)")
       .Option("--object-bytes", "object size without --manifest", "11956224")
-      .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54%,1%,2%,3.5%,5%,8% of all objects)")
-      .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay")
-      .Flag("--no-belady", "skip Belady's optimum")
-      .Option("--svg", "write the plot here", "trace-sweep.svg")
-      .Option("--seed", "seed of the generated trace", "1")
+      .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54,1,2,3.5,5,8,12,20% of all objects)")
+      .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay,adaptive")
+      .Flag("--no-belady", "skip Belady's optimum and the informed bound")
+      .Option("--svg", "write the plot here (with --family all: one per family, named PATH-FAMILY.svg)",
+              "trace-sweep.svg")
+      .Option("--threads", "simulation threads", "2")
       .Flag("--json", "print the table as JSON");
+  AddGenOptions(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
-  trace::Trace t;
-  if (a.Has("--trace")) {
-    auto r = trace::ReadTrace(a.Get("--trace"));
-    if (!r.ok()) return ReportError("trace sweep", r.error());
-    t = std::move(r).value();
-  } else {
-    trace::GenOptions o;
-    auto seed = a.GetInt("--seed");
-    if (!seed.ok()) return ReportError("trace sweep", seed.error(), 2);
-    o.seed = static_cast<uint64_t>(*seed);
-    if (a.Has("--manifest")) {
-      auto s = store::SpaceFromManifest(a.Get("--manifest"));
-      if (!s.ok()) return ReportError("trace sweep", s.error());
-      o.layer_ids = s->active_layer_ids;
-      o.num_experts = s->num_experts;
-      o.top_k = s->top_k;
-    }
-    auto r = trace::Generate(o);
-    if (!r.ok()) return ReportError("trace sweep", r.error());
-    t = std::move(r).value();
-  }
-  auto space = SpaceFor(a, t);
-  if (!space.ok()) return ReportError("trace sweep", space.error());
-  auto seq = store::BuildCallSeq(t, *space);
-  if (!seq.ok()) return ReportError("trace sweep", seq.error());
-  std::vector<uint64_t> sizes;
-  if (a.Has("--sizes")) {
-    auto l = ParseList(a.Get("--sizes"), "--sizes");
-    if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
-    sizes = *l;
-  } else {
-    for (double f : {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08})
-      sizes.push_back(std::max<uint64_t>(space->top_k, uint64_t(f * double(space->num_objects()))));
-  }
+  auto threads = a.GetInt("--threads");
+  if (!threads.ok() || *threads < 1 || *threads > 256)
+    return ReportError("trace sweep", Error("--threads must be an integer in 1..256"), 2);
   std::vector<std::string> policies;
   {
     std::stringstream ss(a.Get("--policies"));
     std::string p;
     while (std::getline(ss, p, ',')) policies.push_back(p);
   }
-  auto table = store::Sweep(*seq, *space, policies, sizes, !a.Has("--no-belady"));
-  if (!table.ok()) return ReportError("trace sweep", table.error());
-  std::string title = "hit rate vs cache size: " + std::to_string(t.layer_ids.size()) + " layers x top-" +
-                      std::to_string(t.top_k) + " of " + std::to_string(t.num_experts) + ", " +
-                      std::to_string(seq->tokens) + " tokens";
-  Status st = WriteFileAtomic(a.Get("--svg"), store::SweepSvg(*table, title));
-  if (!st.ok()) return ReportError("trace sweep", st.error());
-  if (a.Has("--json")) {
+  std::vector<std::string> families;
+  if (a.Has("--trace")) families.push_back("");
+  else if (a.Get("--family") == "all") families = trace::FamilyNames();
+  else families.push_back(a.Get("--family"));
+  json all = json::object();
+  std::string text;
+  for (const std::string& family : families) {
+    trace::Trace t;
+    trace::TrueDistribution truth;
+    bool have_truth = false;
+    if (family.empty()) {
+      auto r = trace::ReadTrace(a.Get("--trace"));
+      if (!r.ok()) return ReportError("trace sweep", r.error());
+      t = std::move(r).value();
+    } else {
+      trace::GenOptions o;
+      Status gs = GenOptionsFromArgs(a, family, &o);
+      if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
+      o.truth = &truth;
+      auto r = trace::Generate(o);
+      if (!r.ok()) return ReportError("trace sweep", r.error());
+      t = std::move(r).value();
+      have_truth = true;
+    }
+    auto space = SpaceFor(a, t);
+    if (!space.ok()) return ReportError("trace sweep", space.error());
+    auto seq = store::BuildCallSeq(t, *space);
+    if (!seq.ok()) return ReportError("trace sweep", seq.error());
+    std::vector<uint64_t> sizes = DefaultSizes(*space);
+    if (a.Has("--sizes")) {
+      auto l = ParseList(a.Get("--sizes"), "--sizes");
+      if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
+      sizes = *l;
+    }
+    const bool bounds = !a.Has("--no-belady");
+    auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, bounds && have_truth ? &truth : nullptr,
+                              static_cast<unsigned>(*threads));
+    if (!table.ok()) return ReportError("trace sweep", table.error());
+    std::string title = (family.empty() ? std::string() : family + ": ") + "hit rate vs cache size, " +
+                        std::to_string(t.layer_ids.size()) + " layers x top-" + std::to_string(t.top_k) + " of " +
+                        std::to_string(t.num_experts) + ", " + std::to_string(seq->tokens) + " tokens";
+    std::string svg = families.size() > 1 ? PerFamilyPath(a.Get("--svg"), family) : a.Get("--svg");
+    Status st = WriteFileAtomic(svg, store::SweepSvg(*table, title));
+    if (!st.ok()) return ReportError("trace sweep", st.error());
     json j = store::SweepJson(*table);
-    j["svg"] = a.Get("--svg");
+    j["svg"] = svg;
     j["tokens"] = seq->tokens;
-    std::cout << j.dump(2) << "\n";
+    j["measured_reuse"] = trace::MeasuredReuse(t);
+    if (families.size() > 1) all[family] = j;
+    else all = j;
+    text += title + "\n" + store::SweepText(*table) + "plot: " + svg + "\n";
+  }
+  if (a.Has("--json")) {
+    std::cout << (families.size() > 1 ? json{{"families", all}} : all).dump(2) << "\n";
   } else {
-    std::cout << title << "\n" << store::SweepText(*table) << "plot: " << a.Get("--svg") << "\n";
+    std::cout << text;
   }
   return 0;
 }

@@ -1,8 +1,12 @@
 #include "store/replay.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 namespace k3pack::store {
 
@@ -74,28 +78,41 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
 }
 
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
-                         const std::vector<uint64_t>& sizes, bool belady) {
+                         const std::vector<uint64_t>& sizes, bool belady, const trace::Trace* trace,
+                         const trace::TrueDistribution* truth, unsigned threads) {
   SweepTable t;
   t.capacity_objects = sizes;
   t.num_objects = space.num_objects();
-  for (const auto& p : policies) {
-    std::vector<double> row;
-    for (uint64_t slots : sizes) {
-      K3_ASSIGN_OR_RETURN(SimResult r, Simulate(seq, space, p, slots * space.max_object_bytes()));
-      row.push_back(r.hit_rate());
+  t.series = policies;
+  if (belady && space.uniform()) t.series.push_back("belady");
+  if (trace && truth && space.uniform()) t.series.push_back("informed");
+  t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
+  // One job per (series, size); simulations are independent.
+  const size_t jobs = t.series.size() * sizes.size();
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::optional<Error> first_error;
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < jobs;) {
+      const size_t s = j / sizes.size(), i = j % sizes.size();
+      const std::string& name = t.series[s];
+      Result<SimResult> r = name == "belady"     ? SimulateBelady(seq, space, sizes[i])
+                            : name == "informed" ? SimulateInformed(*trace, seq, space, sizes[i], *truth)
+                                                 : Simulate(seq, space, name, sizes[i] * space.max_object_bytes());
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r.ok()) {
+        if (!first_error) first_error = r.error();
+        next = jobs;
+        continue;
+      }
+      t.hit_rate[s][i] = r->hit_rate();
     }
-    t.series.push_back(p);
-    t.hit_rate.push_back(row);
-  }
-  if (belady && space.uniform()) {
-    std::vector<double> row;
-    for (uint64_t slots : sizes) {
-      K3_ASSIGN_OR_RETURN(SimResult r, SimulateBelady(seq, space, slots));
-      row.push_back(r.hit_rate());
-    }
-    t.series.push_back("belady");
-    t.hit_rate.push_back(row);
-  }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (first_error) return *first_error;
   return t;
 }
 

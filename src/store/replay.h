@@ -36,9 +36,13 @@ struct SweepTable {
   uint64_t num_objects = 0;
 };
 
-// Every policy (and Belady when the object size is uniform) at every capacity.
+// Every policy (and Belady when the object size is uniform) at every
+// capacity; with `truth` (the generator's distribution for `trace`) also the
+// distribution-informed bound ("informed"). Runs on `threads` threads.
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
-                         const std::vector<uint64_t>& capacity_objects, bool belady);
+                         const std::vector<uint64_t>& capacity_objects, bool belady,
+                         const trace::Trace* trace = nullptr, const trace::TrueDistribution* truth = nullptr,
+                         unsigned threads = 1);
 std::string SweepText(const SweepTable& t);
 nlohmann::json SweepJson(const SweepTable& t);
 // Hit rate vs cache size, one polyline per series.
