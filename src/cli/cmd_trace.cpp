@@ -9,6 +9,7 @@
 #include "k3pack/trace.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
+#include "store/timed_sim.h"
 #include "util/file.h"
 
 namespace k3pack::cli {
@@ -295,6 +296,12 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--svg", "write the plot here (with --family all: one per family, named PATH-FAMILY.svg)",
               "trace-sweep.svg")
       .Option("--threads", "simulation threads", "2")
+      .Flag("--timing", "timed replay instead: stall time, bytes and prefetch per token (generated traces get predictions)")
+      .Option("--compute-us", "--timing: compute time of one routed layer per decode call (prefill: per row)", "350")
+      .Option("--ssd-gbps", "--timing: SSD read bandwidth, GB/s", "7")
+      .Option("--ssd-latency-us", "--timing: SSD latency per read", "80")
+      .Option("--queue-depth", "--timing: SSD reads in flight", "16")
+      .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
       .Flag("--json", "print the table as JSON");
   AddGenOptions(a);
   int code = 0;
@@ -327,6 +334,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       Status gs = GenOptionsFromArgs(a, family, &o);
       if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
       o.truth = &truth;
+      if (a.Has("--timing")) o.predict = true;
       auto r = trace::Generate(o);
       if (!r.ok()) return ReportError("trace sweep", r.error());
       t = std::move(r).value();
@@ -341,6 +349,41 @@ int RunSweep(const std::vector<std::string>& argv) {
       auto l = ParseList(a.Get("--sizes"), "--sizes");
       if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
       sizes = *l;
+    }
+    if (a.Has("--timing")) {
+      store::TimingOptions to;
+      auto cu = a.GetDouble("--compute-us"), bw = a.GetDouble("--ssd-gbps"), lat = a.GetDouble("--ssd-latency-us");
+      auto qd = a.GetInt("--queue-depth"), budget = a.GetInt("--prefetch-budget-mib");
+      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || !budget.ok() || *cu < 0 || *bw <= 0 || *lat < 0 ||
+          *qd < 1 || *budget < 0)
+        return ReportError("trace sweep",
+                           Error("--compute-us, --ssd-latency-us and --prefetch-budget-mib must be non-negative "
+                                 "numbers, --ssd-gbps positive and --queue-depth at least 1"), 2);
+      to.layer_compute_s = *cu * 1e-6;
+      to.ssd_bytes_per_s = *bw * 1e9;
+      to.ssd_latency_s = *lat * 1e-6;
+      to.queue_depth = static_cast<uint32_t>(*qd);
+      to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
+      auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));
+      if (!rows.ok()) return ReportError("trace sweep", rows.error());
+      json j = json::array();
+      for (const auto& row : *rows) {
+        const auto& r = row.result;
+        j.push_back({{"capacity_objects", row.capacity_objects}, {"policy", r.policy}, {"prefetch", r.prefetch},
+                     {"stall_per_token_s", r.stall_per_token_s()}, {"bytes_per_token", r.bytes_per_token()},
+                     {"stall_free_fraction", r.stall_free_fraction()}, {"late_prefetches", r.late_prefetches},
+                     {"prefetch_useful_bytes", r.prefetch_useful_bytes},
+                     {"prefetch_wasted_bytes", r.prefetch_wasted_bytes}, {"tokens", r.tokens}});
+      }
+      json fj = {{"timing", j}, {"tokens", seq->tokens}};
+      if (families.size() > 1) all[family] = fj;
+      else all = fj;
+      char head[256];
+      std::snprintf(head, sizeof head, "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens\n",
+                    family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
+                    (unsigned long long)seq->tokens);
+      text += head + store::TimedText(*rows, space->num_objects());
+      continue;
     }
     const bool bounds = !a.Has("--no-belady");
     auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, bounds && have_truth ? &truth : nullptr,

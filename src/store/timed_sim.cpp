@@ -1,9 +1,14 @@
 #include "store/timed_sim.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <queue>
 #include <set>
+#include <thread>
 
 #include "store/policy.h"
 
@@ -183,6 +188,73 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   for (ObjectId k = 0; k < n; ++k) drop(k);  // never used before the end
   r.total_s = now;
   return r;
+}
+
+}  // namespace k3pack::store
+
+namespace k3pack::store {
+
+Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& seq, const ObjectSpace& space,
+                                         const std::vector<std::string>& policies,
+                                         const std::vector<uint64_t>& sizes, const TimingOptions& base,
+                                         unsigned threads) {
+  struct Job {
+    uint64_t size;
+    std::string policy;
+    bool prefetch;
+  };
+  std::vector<Job> jobs;
+  for (uint64_t s : sizes) {
+    for (const auto& p : policies) {
+      jobs.push_back({s, p, false});
+      jobs.push_back({s, p, true});
+    }
+    jobs.push_back({s, "belady", true});
+  }
+  std::vector<TimedRow> rows(jobs.size());
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::optional<Error> first_error;
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      TimingOptions o = base;
+      o.prefetch = jobs[j].prefetch;
+      auto r = SimulateTimed(t, seq, space, jobs[j].policy, jobs[j].size * space.max_object_bytes(), o);
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r.ok()) {
+        if (!first_error) first_error = r.error();
+        next = jobs.size();
+        continue;
+      }
+      rows[j] = {jobs[j].size, *r};
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (first_error) return *first_error;
+  return rows;
+}
+
+std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects) {
+  std::string out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%8s %7s %-17s %8s %12s %10s %10s %11s %11s\n", "objects", "share", "policy",
+                "prefetch", "stall ms/tok", "MB/tok", "stall-free", "useful MB/t", "wasted MB/t");
+  out += buf;
+  for (const auto& row : rows) {
+    const TimedResult& r = row.result;
+    const double tok = double(std::max<uint64_t>(1, r.tokens));
+    std::snprintf(buf, sizeof buf, "%8llu %6.2f%% %-17s %8s %12.3f %10.1f %9.1f%% %11.1f %11.1f\n",
+                  (unsigned long long)row.capacity_objects,
+                  100.0 * double(row.capacity_objects) / double(std::max<uint64_t>(1, num_objects)), r.policy.c_str(),
+                  r.prefetch ? "yes" : "no", 1e3 * r.stall_per_token_s(), r.bytes_per_token() / 1e6,
+                  100.0 * r.stall_free_fraction(), double(r.prefetch_useful_bytes) / tok / 1e6,
+                  double(r.prefetch_wasted_bytes) / tok / 1e6);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace k3pack::store

@@ -57,3 +57,19 @@ Result<TimedResult> SimulateTimed(const trace::Trace& trace, const CallSeq& seq,
                                   const std::string& policy, uint64_t capacity_bytes, const TimingOptions& options);
 
 }  // namespace k3pack::store
+
+namespace k3pack::store {
+
+struct TimedRow {
+  uint64_t capacity_objects = 0;
+  TimedResult result;
+};
+// Every policy without and with prefetch, and Belady with perfect prefetch,
+// at every size; `threads` run jobs in parallel. Rows: size-major.
+Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
+                                         const std::vector<std::string>& policies,
+                                         const std::vector<uint64_t>& capacity_objects, const TimingOptions& options,
+                                         unsigned threads);
+std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects);
+
+}  // namespace k3pack::store
