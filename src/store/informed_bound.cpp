@@ -1,13 +1,13 @@
 // The distribution-informed demand-only bound of `trace sweep` (simulate.h).
 //
-// Scores change only when a layer is called (a request's previous token at
-// that layer changes), when popularity drifts, or when requests start or
-// finish; so each layer caches the minimum score over its residents and
-// recomputes it only when marked dirty, and a victim is the smallest of the
-// layers' minima.
+// An object's score changes only when it enters or leaves a request's
+// previous-token set at its layer, when its weight drifts, or when requests
+// start or finish; so residents sit in one ordered set by score and only
+// those objects are re-scored (everything on a change of the active set).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "store/policy.h"
 #include "store/simulate.h"
@@ -54,12 +54,10 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
 
   const double reuse = truth.reuse, m = double(K) * (1.0 - reuse);
   std::vector<uint32_t> active;
-  std::vector<std::vector<ObjectId>> res_of(L);
-  std::vector<uint32_t> pos(space.num_objects(), 0);
-  std::vector<uint8_t> resident(space.num_objects(), 0), dirty(L, 1);
-  std::vector<std::pair<float, ObjectId>> layer_min(L);
+  std::vector<uint8_t> resident(space.num_objects(), 0);
+  std::vector<float> score_of(space.num_objects(), 0.0f);
+  std::set<std::pair<float, ObjectId>> order;  // residents by score
   uint64_t count = 0;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
 
   auto score = [&](ObjectId o) {
     const uint32_t li = space.LayerIndexOf(o), e = space.ExpertOf(o);
@@ -76,23 +74,18 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
     }
     return float(1.0 - none);
   };
-  std::span<const ObjectId> call_keys;
-  uint32_t cur_layer = UINT32_MAX;
-  auto refresh = [&](uint32_t li) {
-    std::pair<float, ObjectId> best{kInf, kNoObject};
-    for (ObjectId o : res_of[li]) {
-      if (li == cur_layer && std::binary_search(call_keys.begin(), call_keys.end(), o)) continue;
-      float s = score(o);
-      if (s < best.first || (s == best.first && o < best.second)) best = {s, o};
-    }
-    layer_min[li] = best;
-    dirty[li] = 0;
+  auto rescore = [&](ObjectId o) {
+    if (!resident[o]) return;
+    order.erase({score_of[o], o});
+    score_of[o] = score(o);
+    order.insert({score_of[o], o});
   };
 
-  std::vector<uint16_t> row;
+  std::vector<uint16_t> row, old;
   for (uint64_t i = 0; i < seq.calls.size(); ++i) {
     const auto& c = seq.calls[i];
     const auto& rec = t.records[i];
+    const uint32_t li = c.layer_index;
     // Requests that start here or finished before here change the active set.
     bool changed = false;
     for (uint32_t row_i = 0; row_i < rec.rows; ++row_i) {
@@ -112,32 +105,41 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
         ++a;
       }
     }
-    if (changed) std::fill(dirty.begin(), dirty.end(), 1);
     // This call's rows become their requests' previous tokens at this layer;
     // the first layer advances their token count (and popularity drift).
-    const uint32_t li = c.layer_index;
     auto ids = t.RecordIds(rec);
     for (uint32_t row_i = 0; row_i < rec.rows; ++row_i) {
       uint32_t q = t.RowRequest(rec, row_i);
       Req& r = reqs[q];
       row.assign(ids.begin() + size_t{row_i} * t.top_k, ids.begin() + size_t{row_i + 1} * t.top_k);
       std::sort(row.begin(), row.end());
+      old.swap(r.prev[li]);
       r.prev[li] = row;
+      if (!changed) {
+        for (uint16_t e : old) rescore(space.Id(li, e));
+        for (uint16_t e : row) rescore(space.Id(li, e));
+      }
       if (li == 0) {
         ++r.tokens;
         while (r.next_swap < r.swaps.size() && truth.swaps[r.swaps[r.next_swap]].token <= r.tokens) {
           const auto& s = truth.swaps[r.swaps[r.next_swap++]];
           std::swap(r.w[size_t{s.layer_index} * E + s.a], r.w[size_t{s.layer_index} * E + s.b]);
-          dirty[s.layer_index] = 1;
+          if (!changed) {
+            rescore(space.Id(s.layer_index, s.a));
+            rescore(space.Id(s.layer_index, s.b));
+          }
         }
       }
     }
-    call_keys = std::span<const ObjectId>(seq.keys.data() + c.begin, c.end - c.begin);
+    if (changed) {
+      order.clear();
+      for (ObjectId o = 0; o < space.num_objects(); ++o)
+        if (resident[o]) order.insert({score_of[o] = score(o), o});
+    }
+    std::span<const ObjectId> call_keys(seq.keys.data() + c.begin, c.end - c.begin);
     if (call_keys.size() > slots)
       return Error("informed bound: a call needs " + std::to_string(call_keys.size()) +
                    " objects but the cache holds " + std::to_string(slots));
-    cur_layer = li;
-    dirty[li] = 1;
     for (ObjectId k : call_keys) {
       if (resident[k]) {
         ++res.hits;
@@ -148,29 +150,19 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
       ++res.layer_misses[li];
       res.bytes_read += space.Cost(k);
       if (count == slots) {
-        uint32_t vl = UINT32_MAX;
-        for (uint32_t l = 0; l < L; ++l) {
-          if (dirty[l]) refresh(l);
-          if (layer_min[l].second != kNoObject && (vl == UINT32_MAX || layer_min[l].first < layer_min[vl].first)) vl = l;
-        }
-        if (vl == UINT32_MAX) return Error(kCannotEvictText, ErrorKind::kRuntime);
-        ObjectId v = layer_min[vl].second;
-        auto& vec = res_of[vl];
-        vec[pos[v]] = vec.back();
-        pos[vec[pos[v]]] = pos[v];
-        vec.pop_back();
-        resident[v] = 0;
-        dirty[vl] = 1;
+        auto it = order.begin();
+        while (it != order.end() && std::binary_search(call_keys.begin(), call_keys.end(), it->second)) ++it;
+        if (it == order.end()) return Error(kCannotEvictText, ErrorKind::kRuntime);
+        resident[it->second] = 0;
+        order.erase(it);
         --count;
         ++res.evictions;
       }
       resident[k] = 1;
-      pos[k] = static_cast<uint32_t>(res_of[li].size());
-      res_of[li].push_back(k);
+      score_of[k] = score(k);
+      order.insert({score_of[k], k});
       ++count;
     }
-    cur_layer = UINT32_MAX;
-    dirty[li] = 1;
   }
   return res;
 }
