@@ -230,14 +230,14 @@ TEST(AdaptivePolicy, FollowsTheBestCandidateOnEachFamily) {
   for (const auto& f : trace::FamilyNames()) {
     trace::GenOptions o = SmallFamily(f);
     o.layer_ids.clear();
-    for (uint32_t l = 1; l <= 24; ++l) o.layer_ids.push_back(l);
-    o.decode_tokens = 150;
+    for (uint32_t l = 1; l <= 16; ++l) o.layer_ids.push_back(l);
+    o.decode_tokens = 100;
     auto t = trace::Generate(o);
     ASSERT_TRUE(t.ok());
     ObjectSpace space = SpaceForTrace(*t, 4096);
     auto seq = BuildCallSeq(*t, space);
     ASSERT_TRUE(seq.ok());
-    for (uint64_t slots : {70u, 150u, 300u}) {
+    for (uint64_t slots : {70u, 250u}) {
       double best = 0;
       for (const char* p : {"lru", "reuse-lfu-lru-v2", "decay-lfu", "quota-decay"})
         best = std::max(best, Simulate(*seq, space, p, slots * 4096)->hit_rate());
