@@ -108,6 +108,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   std::vector<ObjectId> evicted, predicted;
   std::vector<int64_t> pred_ids;
   std::vector<std::pair<double, uint64_t>> spec_inflight;  // (done, bytes) of speculative reads
+  std::vector<ObjectId> spec_pinned;  // this call's prefetches, pinned until the next call starts
   double now = 0;
   auto drop = [&](ObjectId k) {
     if (speculative[k]) {
@@ -119,6 +120,11 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     const auto& call = seq.calls[c];
     std::span<const ObjectId> keys(seq.keys.data() + call.begin, call.end - call.begin);
     if (min) min->SetCall(c);
+    // Prefetched objects stay pinned until the call they were read for
+    // starts (like the store's live prefetches), so one batch of
+    // prefetches cannot evict its own members.
+    for (ObjectId k : spec_pinned) --pins[k];
+    spec_pinned.clear();
     gens.assign(keys.size(), 1);
     Status st = policy->Access(keys, gens, call.is_prefill, nullptr, &ar);
     if (!st.ok()) return st.error();
@@ -177,6 +183,8 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         if (!admitted) continue;
         ready[k] = ssd.Read(now, space.Cost(k));
         speculative[k] = 1;
+        ++pins[k];
+        spec_pinned.push_back(k);
         r.bytes_read += space.Cost(k);
         r.prefetch_bytes += space.Cost(k);
         if (o.prefetch_budget_bytes) spec_inflight.push_back({ready[k], space.Cost(k)});

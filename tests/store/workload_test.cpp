@@ -209,8 +209,9 @@ TEST(AdaptivePolicy, CapacityAndPinsHold) {
         EXPECT_GE(pinned.size() + keys.size(), slots - 3) << "only fails when pins fill the cache";
       }
       EXPECT_LE(p->used_bytes(), p->capacity_bytes());
-      if (st.ok())
+      if (st.ok()) {
         for (ObjectId k : keys) EXPECT_TRUE(p->Resident(k));
+      }
       for (ObjectId v : ar.evicted) EXPECT_EQ(pins[v], 0u) << "evicted a pinned object";
       for (ObjectId k : pinned) EXPECT_TRUE(p->Resident(k));
       // Pin this call's keys now and then (another thread's acquire in flight), release old pins.
