@@ -91,8 +91,8 @@ class Adaptive final : public Policy {
     size_t best = leader_;
     for (size_t c = 0; c < kNumCandidates; ++c)
       if (alive_[c] && score_[c] > score_[best]) best = c;
-    // Hysteresis: 2% (and one hit) better before switching.
-    if (best != leader_ && (!alive_[leader_] || score_[best] > score_[leader_] * 1.02 + 1.0)) leader_ = best;
+    // Hysteresis: 0.5% (and one hit) better before switching.
+    if (best != leader_ && (!alive_[leader_] || score_[best] > score_[leader_] * 1.005 + 1.0)) leader_ = best;
   }
   void OnHit(ObjectId k) override {
     for (auto& f : followers_) f->FollowHit(k);
