@@ -14,6 +14,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (uint16_t id : ids) {
       if (id >= t->num_experts) __builtin_trap();
     }
+    // v2 tails: per-row requests and predictions lie inside their arrays.
+    for (uint32_t row = 0; row < r.rows; ++row) (void)t->RowRequest(r, row);
+    if (r.has_row_requests && r.row_request_offset + r.rows > t->row_requests.size()) __builtin_trap();
+    auto pred = t->RecordPredictions(r);
+    if (!pred.empty() && pred.data() + pred.size() > t->predictions.data() + t->predictions.size()) __builtin_trap();
+    for (uint16_t id : pred) {
+      if (id >= t->num_experts) __builtin_trap();
+    }
   }
   return 0;
 }

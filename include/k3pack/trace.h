@@ -6,10 +6,13 @@
 // (rows = 1 for a decode token, >1 for a batched prefill chunk).
 //
 // File format (all integers little-endian; see docs/store.md):
-//   magic "K3TRACE\0" (8 bytes), u32 version (1), u32 num_experts, u32 top_k,
-//   u32 num_layers, u64 num_records, u32 layer_ids[num_layers],
-//   then per record: u32 layer, u32 rows, u32 request, u32 flags (bit 0 =
-//   prefill), u16 expert_ids[rows * top_k] (row-major).
+//   magic "K3TRACE\0" (8 bytes), u32 version (1 or 2), u32 num_experts,
+//   u32 top_k, u32 num_layers, u64 num_records, [v2: u32 predict_k],
+//   u32 layer_ids[num_layers], then per record: u32 layer, u32 rows,
+//   u32 request, u32 flags, u16 expert_ids[rows * top_k] (row-major),
+//   [flag bit 1: u32 row_requests[rows]], [flag bit 2: u16
+//   predicted[rows * predict_k]]. Flag bit 0 = prefill; bits 1 and 2 exist
+//   only in v2. A writer emits v1 when no record uses a v2 field.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,12 @@ struct Record {
   uint32_t request = 0;
   bool is_prefill = false;
   uint64_t offset = 0;     // into Trace::ids
+  // v2: the request of each row (batched calls of several requests), and
+  // predicted expert ids of the next routed layer for each row.
+  bool has_row_requests = false;
+  bool has_predictions = false;
+  uint64_t row_request_offset = 0;  // into Trace::row_requests
+  uint64_t prediction_offset = 0;   // into Trace::predictions
 };
 
 struct Trace {
@@ -36,18 +45,51 @@ struct Trace {
   std::vector<uint32_t> layer_ids;   // active routed layers, ascending
   std::vector<Record> records;
   std::vector<uint16_t> ids;         // all records' ids, concatenated
+  uint32_t predict_k = 0;            // v2: predicted ids per row (0: no predictions)
+  std::vector<uint32_t> row_requests;
+  std::vector<uint16_t> predictions;
 
   std::span<const uint16_t> RecordIds(const Record& r) const {
     return {ids.data() + r.offset, static_cast<size_t>(r.rows) * top_k};
   }
+  // The request row `row` belongs to (the record's request without per-row ids).
+  uint32_t RowRequest(const Record& r, uint32_t row) const {
+    return r.has_row_requests ? row_requests[r.row_request_offset + row] : r.request;
+  }
+  // Predicted next-layer ids of every row (row-major, predict_k each); empty without.
+  std::span<const uint16_t> RecordPredictions(const Record& r) const {
+    if (!r.has_predictions) return {};
+    return {predictions.data() + r.prediction_offset, static_cast<size_t>(r.rows) * predict_k};
+  }
   uint64_t num_routes() const { return ids.size(); }   // token x layer x top_k entries
   void Append(uint32_t layer, uint32_t rows, uint32_t request, bool prefill, std::span<const uint16_t> route_ids);
+  // v2 fields of the last appended record.
+  void SetRowRequests(std::span<const uint32_t> requests);
+  void SetPredictions(std::span<const uint16_t> predicted);   // rows * predict_k ids
+  uint32_t version() const;   // 2 when any v2 field is used, else 1
 };
 
 Status WriteTrace(const std::string& path, const Trace& trace);
 Result<Trace> ReadTrace(const std::string& path);
 // The same from bytes in memory; `path` only labels errors.
 Result<Trace> ParseTrace(std::string_view data, const std::string& path);
+
+// What the generator knew when it drew each route: enough to rank objects
+// by their true chance of being routed at a request's next token (the
+// distribution-informed bound of `trace sweep`).
+struct TrueDistribution {
+  double reuse = 0;
+  uint32_t top_k = 0;
+  // Per request: [layer index][expert] sampling weights, normalized per layer.
+  std::vector<std::vector<float>> initial;
+  // Popularity drift: before routing token `token` of `request`, the weights
+  // of experts a and b in `layer_index` are swapped.
+  struct Swap {
+    uint32_t request, token, layer_index;
+    uint16_t a, b;
+  };
+  std::vector<Swap> swaps;  // per request in token order
+};
 
 struct GenOptions {
   std::vector<uint32_t> layer_ids;   // default: 1..92
@@ -61,12 +103,29 @@ struct GenOptions {
   double skew = 0.0;                 // global Zipf exponent per layer (0 = flat, Kimi's balanced router)
   double request_skew = 0.6;         // per-request Zipf exponent (a request's topic favours some experts)
   uint64_t seed = 1;
+  // Families (docs/store.md):
+  uint32_t concurrent = 1;           // requests decoded side by side (continuous batching)
+  bool batched = false;              // one call per layer per decode step (rows = active requests), else one per token
+  uint32_t domains = 0;              // >0: requests share the popularity of domain (request % domains)
+  double drift = 0.0;                // per token and layer, drift * num_experts random weight swaps
+  // Predictions (v2): predicted ids of the next routed layer for every row.
+  bool predict = false;
+  double predict_accuracy = 0.95;    // mean share of the next layer's experts predicted
+  double predict_surprise = 0.0;     // share of rows where every prediction misses (correlated misses)
+  TrueDistribution* truth = nullptr; // filled when not null
 };
 
 Result<Trace> Generate(const GenOptions& options);
+// Named presets: "kimi" (the defaults), "drift", "interleaved", "batched",
+// "layer-local", "prefill-burst". Fills `options` (keeping layer ids, experts,
+// top_k and seed as given); false when the name is unknown.
+bool ApplyFamily(const std::string& name, GenOptions* options);
+std::vector<std::string> FamilyNames();
 
 // Mean share of a token's experts (per layer) that the previous token of the
 // same request also used in that layer: the "reuse" a generated trace shows.
+// Rows are matched by request (per-row request ids included), so traces that
+// interleave requests report their true reuse.
 double MeasuredReuse(const Trace& trace);
 
 }  // namespace k3pack::trace

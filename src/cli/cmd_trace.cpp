@@ -11,6 +11,7 @@
 #include "k3pack/trace.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
+#include "store/timed_sim.h"
 #include "util/file.h"
 
 namespace k3pack::cli {
@@ -56,8 +57,8 @@ Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
 }
 
 bool SameTrace(const trace::Trace& a, const trace::Trace& b) {
-  if (a.num_experts != b.num_experts || a.top_k != b.top_k || a.layer_ids != b.layer_ids || a.ids != b.ids ||
-      a.records.size() != b.records.size())
+  if (a.version() != b.version() || a.num_experts != b.num_experts || a.top_k != b.top_k ||
+      a.layer_ids != b.layer_ids || a.ids != b.ids || a.records.size() != b.records.size())
     return false;
   for (size_t i = 0; i < a.records.size(); ++i) {
     const trace::Record &x = a.records[i], &y = b.records[i];
@@ -71,7 +72,98 @@ bool SameTrace(const trace::Trace& a, const trace::Trace& b) {
 // An SVG written by an earlier `trace sweep` (its title line is ours).
 bool IsOurPlot(const std::string& path) {
   auto text = ReadFileToString(path);
-  return text.ok() && text->rfind("<svg", 0) == 0 && text->find("hit rate vs cache size: ") != std::string::npos;
+  return text.ok() && text->rfind("<svg", 0) == 0 && text->find("hit rate vs cache size") != std::string::npos;
+}
+
+// The overwrite rule for a plot: it is regenerated from the table; an
+// existing file is replaced only when it is one of ours (an earlier sweep's
+// plot) or with --force, never a user's file.
+Status WritePlot(const Args& a, const std::string& path, const std::string& svg) {
+  OutputSpec spec;
+  spec.option = "--svg";
+  spec.path = path;
+  spec.force = a.Has("--force");
+  spec.is_finished = [&]() -> Result<bool> {
+    auto old = ReadFileToString(path);
+    return old.ok() && *old == svg;
+  };
+  spec.why_refused = "it is not a plot written by `k3pack trace sweep`";
+  auto action = DecideOutput(spec);
+  if (!action.ok() && IsOurPlot(path)) action = OutputAction::kReplace;  // our own earlier plot: refreshed
+  if (!action.ok()) return action.error();
+  return *action == OutputAction::kAlreadyBuilt ? Status::OK() : WriteFileAtomic(path, svg);
+}
+
+// Generator options shared by `trace gen` and `trace sweep`.
+void AddGenOptions(Args& a) {
+  std::string families;
+  for (const auto& f : trace::FamilyNames()) families += (families.empty() ? "" : " | ") + f;
+  a.Option("--family", "preset: " + families + " (docs/store.md); the options below override it", "kimi")
+      .Option("--manifest", "take layers / experts / top_k from this adapter manifest")
+      .Option("--layers", "routed layers (numbered from --first-layer)", "92")
+      .Option("--first-layer", "first routed layer id", "1")
+      .Option("--experts", "experts per layer", "896")
+      .Option("--top-k", "experts per token", "16")
+      .Option("--requests", "requests in all")
+      .Option("--concurrent", "requests decoded side by side (a new one starts when one finishes)")
+      .Flag("--batched", "one call per layer per decode step, a row per active request (row requests recorded)")
+      .Option("--domains", "requests share the popularity of domain request % N (0: each its own)")
+      .Option("--prompt-tokens", "prompt tokens per request")
+      .Option("--decode-tokens", "decoded tokens per request")
+      .Option("--prefill-chunk", "rows per prefill record (0: one record per prompt token, SGLang's Kimi path)")
+      .Option("--reuse", "chance an expert of the previous token is routed again")
+      .Option("--skew", "global Zipf exponent of expert popularity per layer")
+      .Option("--request-skew", "per-request (or per-domain) Zipf exponent")
+      .Option("--drift", "per token and layer, this share of experts trade popularity")
+      .Flag("--predict", "record predicted next-layer expert ids (trace format v2)")
+      .Option("--predict-accuracy", "mean share of next-layer experts predicted right", "0.95")
+      .Option("--predict-surprise", "share of rows whose predictions all miss (correlated misses)", "0")
+      .Option("--seed", "random seed", "1");
+}
+
+Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOptions* o) {
+  auto get_u32 = [&](const char* name, uint32_t* dst) -> Status {
+    auto v = a.GetInt(name);
+    if (!v.ok()) return v.error();
+    if (*v < 0 || *v > UINT32_MAX) return Error(std::string(name) + " must be a non-negative integer");
+    *dst = static_cast<uint32_t>(*v);
+    return Status::OK();
+  };
+  uint32_t layers = 0, first = 0, seed = 0;
+  K3_RETURN_IF_ERROR(get_u32("--layers", &layers));
+  K3_RETURN_IF_ERROR(get_u32("--first-layer", &first));
+  K3_RETURN_IF_ERROR(get_u32("--experts", &o->num_experts));
+  K3_RETURN_IF_ERROR(get_u32("--top-k", &o->top_k));
+  K3_RETURN_IF_ERROR(get_u32("--seed", &seed));
+  o->seed = seed;
+  o->layer_ids.clear();
+  for (uint32_t l = 0; l < layers; ++l) o->layer_ids.push_back(first + l);
+  if (a.Has("--manifest")) {
+    K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));
+    K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
+    o->layer_ids = s.active_layer_ids;
+    o->num_experts = s.num_experts;
+    o->top_k = s.top_k;
+  }
+  o->predict = a.Has("--predict");
+  K3_ASSIGN_OR_RETURN(o->predict_accuracy, a.GetDouble("--predict-accuracy"));
+  K3_ASSIGN_OR_RETURN(o->predict_surprise, a.GetDouble("--predict-surprise"));
+  if (!trace::ApplyFamily(family, o)) {
+    std::string known;
+    for (const auto& f : trace::FamilyNames()) known += (known.empty() ? "" : ", ") + f;
+    return Error("unknown trace family '" + family + "' (known: " + known + ")", ErrorKind::kValue);
+  }
+  for (auto [name, dst] : {std::pair{"--requests", &o->requests}, {"--concurrent", &o->concurrent},
+                           {"--domains", &o->domains}, {"--prompt-tokens", &o->prompt_tokens},
+                           {"--decode-tokens", &o->decode_tokens}, {"--prefill-chunk", &o->prefill_chunk}})
+    if (a.Has(name)) K3_RETURN_IF_ERROR(get_u32(name, dst));
+  if (a.Has("--batched")) o->batched = true;
+  for (auto [name, dst] : {std::pair{"--reuse", &o->reuse}, {"--skew", &o->skew},
+                           {"--request-skew", &o->request_skew}, {"--drift", &o->drift}})
+    if (a.Has(name)) {
+      K3_ASSIGN_OR_RETURN(*dst, a.GetDouble(name));
+    }
+  return Status::OK();
 }
 
 int RunGen(const std::vector<std::string>& argv) {
@@ -79,58 +171,18 @@ int RunGen(const std::vector<std::string>& argv) {
          "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
          "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
          "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"
-         "like Kimi's balanced router). Format: docs/store.md.");
+         "like Kimi's balanced router). --family picks a workload preset. Format: docs/store.md.");
   a.Option("--trace", "trace file to write", std::nullopt, true)
       .Deprecated("--out", "--trace")
-      .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)")
-      .Option("--manifest", "take layers / experts / top_k from this adapter manifest")
-      .Option("--layers", "routed layers (numbered from --first-layer)", "92")
-      .Option("--first-layer", "first routed layer id", "1")
-      .Option("--experts", "experts per layer", "896")
-      .Option("--top-k", "experts per token", "16")
-      .Option("--requests", "requests, replayed one after another", "4")
-      .Option("--prompt-tokens", "prompt tokens per request", "32")
-      .Option("--decode-tokens", "decoded tokens per request", "256")
-      .Option("--prefill-chunk", "rows per prefill record (0: one record per prompt token, SGLang's Kimi path)", "0")
-      .Option("--reuse", "chance an expert of the previous token is routed again", "0.3")
-      .Option("--skew", "global Zipf exponent of expert popularity per layer", "0")
-      .Option("--request-skew", "per-request Zipf exponent", "0.6")
-      .Option("--seed", "random seed", "1")
-      .Flag("--json", "print the summary as JSON");
+      .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)");
+  AddGenOptions(a);
+  a.Flag("--json", "print the summary as JSON");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   trace::GenOptions o;
-  auto geti = [&](const char* name, auto* dst) -> bool {
-    auto v = a.GetInt(name);
-    if (!v.ok() || *v < 0) {
-      ReportError("trace gen", v.ok() ? Error(std::string(name) + " must be non-negative") : v.error(), 2);
-      return false;
-    }
-    *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(*v);
-    return true;
-  };
-  uint32_t layers = 0, first = 0;
-  if (!geti("--layers", &layers) || !geti("--first-layer", &first) || !geti("--experts", &o.num_experts) ||
-      !geti("--top-k", &o.top_k) || !geti("--requests", &o.requests) || !geti("--prompt-tokens", &o.prompt_tokens) ||
-      !geti("--decode-tokens", &o.decode_tokens) || !geti("--prefill-chunk", &o.prefill_chunk) ||
-      !geti("--seed", &o.seed))
-    return 2;
-  for (uint32_t l = 0; l < layers; ++l) o.layer_ids.push_back(first + l);
-  for (auto [name, dst] : {std::pair{"--reuse", &o.reuse}, {"--skew", &o.skew}, {"--request-skew", &o.request_skew}}) {
-    auto v = a.GetDouble(name);
-    if (!v.ok()) return ReportError("trace gen", v.error(), 2);
-    *dst = *v;
-  }
+  Status gs = GenOptionsFromArgs(a, a.Get("--family"), &o);
+  if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
   const std::string out = a.Get("--trace");
-  if (a.Has("--manifest")) {
-    Status exists = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json");
-    if (!exists.ok()) return ReportError("trace gen", exists.error());
-    auto s = store::SpaceFromManifest(a.Get("--manifest"));
-    if (!s.ok()) return ReportError("trace gen", s.error());
-    o.layer_ids = s->active_layer_ids;
-    o.num_experts = s->num_experts;
-    o.top_k = s->top_k;
-  }
   auto t = trace::Generate(o);
   if (!t.ok()) return ReportError("trace gen", t.error());
   // The overwrite rule: a trace is cheap to generate, so "finished" means the
@@ -154,15 +206,17 @@ int RunGen(const std::vector<std::string>& argv) {
   }
   Status st = trace::WriteTrace(out, *t);
   if (!st.ok()) return ReportError("trace gen", st.error());
+  const double reuse = trace::MeasuredReuse(*t);
   json j = {{"trace", out},     {"records", t->records.size()},  {"routes", t->num_routes()},
             {"layers", t->layer_ids.size()}, {"experts", t->num_experts},    {"top_k", t->top_k},
-            {"measured_reuse", trace::MeasuredReuse(*t)}, {"seed", o.seed}};
+            {"measured_reuse", reuse}, {"seed", o.seed}, {"family", a.Get("--family")},
+            {"version", t->version()}};
   if (a.Has("--json")) {
     std::cout << j.dump(2) << "\n";
   } else {
-    std::printf("wrote %s: %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
-                out.c_str(), t->records.size(), (unsigned long long)t->num_routes(), t->layer_ids.size(),
-                t->top_k, t->num_experts, 100.0 * trace::MeasuredReuse(*t));
+    std::printf("wrote %s (%s, format v%u): %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
+                out.c_str(), a.Get("--family").c_str(), t->version(), t->records.size(),
+                (unsigned long long)t->num_routes(), t->layer_ids.size(), t->top_k, t->num_experts, 100.0 * reuse);
   }
   return 0;
 }
@@ -175,7 +229,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--manifest", "adapter manifest (required unless --simulate)")
       .Option("--pack", "expert pack (default: the manifest's expert_pack.path)")
       .Option("--cache-mib", "host cache budget in MiB", std::nullopt, true)
-      .Option("--policy", "reuse-lfu-lru-v2 | lru | decay-lfu | quota-decay", "reuse-lfu-lru-v2")
+      .Option("--policy", "reuse-lfu-lru-v2 | lru | decay-lfu | quota-decay | adaptive", "reuse-lfu-lru-v2")
       .Option("--io", "pread | uring", "pread")
       .Flag("--direct", "O_DIRECT reads")
       .Option("--read-splits", "ranges per object read", "1")
@@ -289,99 +343,148 @@ int RunReplay(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// `path` with "-<family>" before its extension (one plot per family).
+std::string PerFamilyPath(const std::string& path, const std::string& family) {
+  size_t dot = path.rfind('.');
+  size_t slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + "-" + family;
+  return path.substr(0, dot) + "-" + family + path.substr(dot);
+}
+
 int RunSweep(const std::vector<std::string>& argv) {
-  Args a("trace sweep", "[--trace T] [options]",
-         "Simulates every policy (and Belady's optimum) over a range of cache sizes, prints a table and writes an\n"
-         "SVG plot of hit rate vs cache size. Without --trace the default `trace gen` trace (seed --seed) is used.");
-  a.Option("--trace", "trace file (default: generate the default trace)")
-      .Option("--manifest", "adapter manifest for dimensions and object sizes")
+  Args a("trace sweep", "[--trace T | --family F|all] [options]",
+         "Simulates every policy, Belady's optimum and (for generated traces) the distribution-informed bound over\n"
+         "a range of cache sizes, prints a table and writes an SVG plot of hit rate vs cache size. Without --trace\n"
+         "the --family preset is generated (seed --seed); --family all sweeps every family.");
+  a.Option("--trace", "trace file (default: generate --family)")
       .Option("--object-bytes", "object size without --manifest", "11956224")
-      .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54%,1%,2%,3.5%,5%,8% of all objects; on a model too small for those, six sizes from top_k up)")
-      .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay")
-      .Flag("--no-belady", "skip Belady's optimum")
-      .Option("--svg", "write the plot here", "trace-sweep.svg")
+      .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54,1,2,3.5,5,8,12,20% of all objects; on a model too small for those, sizes from top_k up)")
+      .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay,adaptive")
+      .Flag("--no-belady", "skip Belady's optimum and the informed bound")
+      .Option("--svg", "write the plot here (with --family all: one per family, named PATH-FAMILY.svg)",
+              "trace-sweep.svg")
       .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
-      .Option("--seed", "seed of the generated trace", "1")
+      .Option("--threads", "simulation threads", "2")
+      .Flag("--timing", "timed replay instead: stall time, bytes and prefetch per token (generated traces get predictions)")
+      .Option("--compute-us", "--timing: compute time of one routed layer per decode call (prefill: per row)", "350")
+      .Option("--ssd-gbps", "--timing: SSD read bandwidth, GB/s", "7")
+      .Option("--ssd-latency-us", "--timing: SSD latency per read", "80")
+      .Option("--queue-depth", "--timing: SSD reads in flight", "16")
+      .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
       .Flag("--json", "print the table as JSON");
+  AddGenOptions(a);
   AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   auto mode = ProgressModeOf(a);
   if (!mode.ok()) return ReportError("trace sweep", mode.error(), 2);
-  trace::Trace t;
-  if (a.Has("--trace")) {
-    auto r = trace::ReadTrace(a.Get("--trace"));
-    if (!r.ok()) return ReportError("trace sweep", r.error());
-    t = std::move(r).value();
-  } else {
-    trace::GenOptions o;
-    auto seed = a.GetInt("--seed");
-    if (!seed.ok()) return ReportError("trace sweep", seed.error(), 2);
-    o.seed = static_cast<uint64_t>(*seed);
-    if (a.Has("--manifest")) {
-      auto s = store::SpaceFromManifest(a.Get("--manifest"));
-      if (!s.ok()) return ReportError("trace sweep", s.error());
-      o.layer_ids = s->active_layer_ids;
-      o.num_experts = s->num_experts;
-      o.top_k = s->top_k;
-    }
-    auto r = trace::Generate(o);
-    if (!r.ok()) return ReportError("trace sweep", r.error());
-    t = std::move(r).value();
-  }
-  auto space = SpaceFor(a, t);
-  if (!space.ok()) return ReportError("trace sweep", space.error());
-  auto seq = store::BuildCallSeq(t, *space);
-  if (!seq.ok()) return ReportError("trace sweep", seq.error());
-  std::vector<uint64_t> sizes;
-  if (a.Has("--sizes")) {
-    auto l = ParseList(a.Get("--sizes"), "--sizes");
-    if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
-    sizes = *l;
-  } else {
-    std::string note;
-    sizes = store::DefaultSweepSizes(*space, &note);
-    if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
-  }
+  auto threads = a.GetInt("--threads");
+  if (!threads.ok() || *threads < 1 || *threads > 256)
+    return ReportError("trace sweep", Error("--threads must be an integer in 1..256"), 2);
   std::vector<std::string> policies;
   {
     std::stringstream ss(a.Get("--policies"));
     std::string p;
     while (std::getline(ss, p, ',')) policies.push_back(p);
   }
-  auto progress = StartProgress(*mode, "trace sweep");
-  auto table = store::Sweep(*seq, *space, policies, sizes, !a.Has("--no-belady"), progress->Fn());
-  progress->Finish();
-  if (!table.ok()) return ReportError("trace sweep", table.error());
-  std::string title = "hit rate vs cache size: " + std::to_string(t.layer_ids.size()) + " layers x top-" +
-                      std::to_string(t.top_k) + " of " + std::to_string(t.num_experts) + ", " +
-                      std::to_string(seq->tokens) + " tokens";
-  const std::string svg = store::SweepSvg(*table, title);
-  OutputSpec spec;
-  spec.option = "--svg";
-  spec.path = a.Get("--svg");
-  spec.force = a.Has("--force");
-  // A plot is regenerated from the table; an existing file is replaced only
-  // when it is one of ours (an earlier sweep's plot), never a user's file.
-  spec.is_finished = [&]() -> Result<bool> {
-    auto old = ReadFileToString(spec.path);
-    return old.ok() && *old == svg;
-  };
-  spec.why_refused = "it is not a plot written by `k3pack trace sweep`";
-  auto action = DecideOutput(spec);
-  if (!action.ok() && IsOurPlot(spec.path)) {
-    action = OutputAction::kReplace;  // our own earlier plot: refreshed
-  }
-  if (!action.ok()) return ReportError("trace sweep", action.error());
-  Status st = *action == OutputAction::kAlreadyBuilt ? Status::OK() : WriteFileAtomic(spec.path, svg);
-  if (!st.ok()) return ReportError("trace sweep", st.error());
-  if (a.Has("--json")) {
+  std::vector<std::string> families;
+  if (a.Has("--trace")) families.push_back("");
+  else if (a.Get("--family") == "all") families = trace::FamilyNames();
+  else families.push_back(a.Get("--family"));
+  json all = json::object();
+  std::string text;
+  for (const std::string& family : families) {
+    trace::Trace t;
+    trace::TrueDistribution truth;
+    bool have_truth = false;
+    if (family.empty()) {
+      auto r = trace::ReadTrace(a.Get("--trace"));
+      if (!r.ok()) return ReportError("trace sweep", r.error());
+      t = std::move(r).value();
+    } else {
+      trace::GenOptions o;
+      Status gs = GenOptionsFromArgs(a, family, &o);
+      if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
+      o.truth = &truth;
+      if (a.Has("--timing")) o.predict = true;
+      auto r = trace::Generate(o);
+      if (!r.ok()) return ReportError("trace sweep", r.error());
+      t = std::move(r).value();
+      have_truth = true;
+    }
+    auto space = SpaceFor(a, t);
+    if (!space.ok()) return ReportError("trace sweep", space.error());
+    auto seq = store::BuildCallSeq(t, *space);
+    if (!seq.ok()) return ReportError("trace sweep", seq.error());
+    std::vector<uint64_t> sizes;
+    if (a.Has("--sizes")) {
+      auto l = ParseList(a.Get("--sizes"), "--sizes");
+      if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
+      sizes = *l;
+    } else {
+      std::string note;
+      sizes = store::DefaultSweepSizes(*space, &note);
+      if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
+    }
+    if (a.Has("--timing")) {
+      store::TimingOptions to;
+      auto cu = a.GetDouble("--compute-us"), bw = a.GetDouble("--ssd-gbps"), lat = a.GetDouble("--ssd-latency-us");
+      auto qd = a.GetInt("--queue-depth"), budget = a.GetInt("--prefetch-budget-mib");
+      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || !budget.ok() || *cu < 0 || *bw <= 0 || *lat < 0 ||
+          *qd < 1 || *budget < 0)
+        return ReportError("trace sweep",
+                           Error("--compute-us, --ssd-latency-us and --prefetch-budget-mib must be non-negative "
+                                 "numbers, --ssd-gbps positive and --queue-depth at least 1"), 2);
+      to.layer_compute_s = *cu * 1e-6;
+      to.ssd_bytes_per_s = *bw * 1e9;
+      to.ssd_latency_s = *lat * 1e-6;
+      to.queue_depth = static_cast<uint32_t>(*qd);
+      to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
+      auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));
+      if (!rows.ok()) return ReportError("trace sweep", rows.error());
+      json j = json::array();
+      for (const auto& row : *rows) {
+        const auto& r = row.result;
+        j.push_back({{"capacity_objects", row.capacity_objects}, {"policy", r.policy}, {"prefetch", r.prefetch},
+                     {"stall_per_token_s", r.stall_per_token_s()}, {"bytes_per_token", r.bytes_per_token()},
+                     {"stall_free_fraction", r.stall_free_fraction()}, {"late_prefetches", r.late_prefetches},
+                     {"prefetch_useful_bytes", r.prefetch_useful_bytes},
+                     {"prefetch_wasted_bytes", r.prefetch_wasted_bytes}, {"tokens", r.tokens}});
+      }
+      json fj = {{"timing", j}, {"tokens", seq->tokens}};
+      if (families.size() > 1) all[family] = fj;
+      else all = fj;
+      char head[256];
+      std::snprintf(head, sizeof head, "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens\n",
+                    family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
+                    (unsigned long long)seq->tokens);
+      text += head + store::TimedText(*rows, space->num_objects());
+      continue;
+    }
+    const bool bounds = !a.Has("--no-belady");
+    auto progress = StartProgress(*mode, "trace sweep");
+    auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, bounds && have_truth ? &truth : nullptr,
+                              static_cast<unsigned>(*threads), progress->Fn());
+    progress->Finish();
+    if (!table.ok()) return ReportError("trace sweep", table.error());
+    std::string title = (family.empty() ? std::string() : family + ": ") + "hit rate vs cache size, " +
+                        std::to_string(t.layer_ids.size()) + " layers x top-" + std::to_string(t.top_k) + " of " +
+                        std::to_string(t.num_experts) + ", " + std::to_string(seq->tokens) + " tokens";
+    std::string svg = families.size() > 1 ? PerFamilyPath(a.Get("--svg"), family) : a.Get("--svg");
+    Status st = WritePlot(a, svg, store::SweepSvg(*table, title));
+    if (!st.ok()) return ReportError("trace sweep", st.error());
     json j = store::SweepJson(*table);
-    j["svg"] = a.Get("--svg");
+    j["svg"] = svg;
     j["tokens"] = seq->tokens;
-    std::cout << j.dump(2) << "\n";
+    j["measured_reuse"] = trace::MeasuredReuse(t);
+    if (families.size() > 1) all[family] = j;
+    else all = j;
+    text += title + "\n" + store::SweepText(*table) + "plot: " + svg + "\n";
+  }
+  if (a.Has("--json")) {
+    std::cout << (families.size() > 1 ? json{{"families", all}} : all).dump(2) << "\n";
   } else {
-    std::cout << title << "\n" << store::SweepText(*table) << "plot: " << a.Get("--svg") << "\n";
+    std::cout << text;
   }
   return 0;
 }

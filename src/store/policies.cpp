@@ -215,13 +215,16 @@ class QuotaDecay final : public Policy {
 
 }  // namespace
 
-std::vector<std::string> PolicyNames() { return {"reuse-lfu-lru-v2", "lru", "decay-lfu", "quota-decay"}; }
+std::vector<std::string> PolicyNames() {
+  return {"reuse-lfu-lru-v2", "lru", "decay-lfu", "quota-decay", "adaptive"};
+}
 
 Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const ObjectSpace& space,
                                            uint64_t capacity_bytes) {
   if (name == "reuse-lfu-lru-v2") return std::unique_ptr<Policy>(new ReuseLfuLruV2(space, capacity_bytes));
   if (name == "lru") return std::unique_ptr<Policy>(new Lru(space, capacity_bytes));
   if (name == "decay-lfu") return std::unique_ptr<Policy>(new DecayLfu(space, capacity_bytes, 8.0));
+  if (name == "adaptive") return MakeAdaptivePolicy(space, capacity_bytes);
   if (name == "quota-decay") {
     // Half-life: one token, or as many tokens as the cache holds token
     // working sets (92 x 16 objects for K3) when it is larger than one.

@@ -62,6 +62,18 @@ class Policy {
   uint64_t resident_count() const { return resident_count_; }
   const ObjectSpace& space() const { return space_; }
 
+  // Follower mode: drives only this policy's ranking hooks, so it ranks the
+  // residents of a cache someone else manages (the adaptive policy keeps one
+  // follower per candidate and evicts with the current leader's choice). The
+  // caller reports every use, insertion and removal of that cache.
+  void FollowCall(std::span<const ObjectId> keys, bool is_prefill) { OnCall(keys, is_prefill); }
+  void FollowHit(ObjectId key) { OnHit(key); }
+  void FollowInsert(ObjectId key, bool demand) { OnInsert(key, demand); }
+  void FollowRemove(ObjectId key) { OnRemove(key); }
+  ObjectId FollowVictim(bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins) {
+    return PickVictim(is_prefill, call_keys, pins);
+  }
+
  protected:
   // Hooks. OnCall sees every call's keys before any hit/miss processing.
   virtual void OnCall(std::span<const ObjectId> keys, bool is_prefill) { (void)keys; (void)is_prefill; }
@@ -90,8 +102,12 @@ class Policy {
 
 inline constexpr ObjectId kNoObject = 0xffffffffu;
 
-// Policy names: "reuse-lfu-lru-v2" (SGLang's), "lru", "decay-lfu" (ours).
+// Policy names: "reuse-lfu-lru-v2" (SGLang's), "lru", "decay-lfu",
+// "quota-decay", "adaptive" (ours).
 std::vector<std::string> PolicyNames();
+// The adaptive policy (adaptive_policy.cpp): follows whichever candidate
+// policy is winning on shadow caches of a sample of layers.
+std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes);
 Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const ObjectSpace& space,
                                            uint64_t capacity_bytes);
 

@@ -1,9 +1,13 @@
 #include "store/replay.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 namespace k3pack::store {
 
@@ -75,44 +79,52 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
 }
 
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
-                         const std::vector<uint64_t>& sizes, bool belady, const ProgressFn& progress) {
+                         const std::vector<uint64_t>& sizes, bool belady, const trace::Trace* trace,
+                         const trace::TrueDistribution* truth, unsigned threads, const ProgressFn& progress) {
   SweepTable t;
   t.capacity_objects = sizes;
   t.num_objects = space.num_objects();
-  const bool with_belady = belady && space.uniform();
+  t.series = policies;
+  if (belady && space.uniform()) t.series.push_back("belady");
+  if (trace && truth && space.uniform()) t.series.push_back("informed");
+  t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
+  // One job per (series, size); simulations are independent.
+  const size_t jobs = t.series.size() * sizes.size();
+  std::atomic<size_t> next{0};
+  std::mutex mu;
   Progress pr;
   pr.phase = "sweep";
   pr.unit = "simulations";
-  pr.total_objects = (policies.size() + (with_belady ? 1 : 0)) * sizes.size();
-  auto step = [&]() {
-    ++pr.done_objects;
-    if (progress) progress(pr);
+  pr.total_objects = jobs;
+  std::optional<Error> first_error;
+  auto work = [&] {
+    for (size_t j; (j = next.fetch_add(1)) < jobs;) {
+      const size_t s = j / sizes.size(), i = j % sizes.size();
+      const std::string& name = t.series[s];
+      Result<SimResult> r = name == "belady"     ? SimulateBelady(seq, space, sizes[i])
+                            : name == "informed" ? SimulateInformed(*trace, seq, space, sizes[i], *truth)
+                                                 : Simulate(seq, space, name, sizes[i] * space.max_object_bytes());
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r.ok()) {
+        if (!first_error) first_error = r.error();
+        next = jobs;
+        continue;
+      }
+      t.hit_rate[s][i] = r->hit_rate();
+      ++pr.done_objects;
+      if (progress) progress(pr);
+    }
   };
-  for (const auto& p : policies) {
-    std::vector<double> row;
-    for (uint64_t slots : sizes) {
-      K3_ASSIGN_OR_RETURN(SimResult r, Simulate(seq, space, p, slots * space.max_object_bytes()));
-      row.push_back(r.hit_rate());
-      step();
-    }
-    t.series.push_back(p);
-    t.hit_rate.push_back(row);
-  }
-  if (with_belady) {
-    std::vector<double> row;
-    for (uint64_t slots : sizes) {
-      K3_ASSIGN_OR_RETURN(SimResult r, SimulateBelady(seq, space, slots));
-      row.push_back(r.hit_rate());
-      step();
-    }
-    t.series.push_back("belady");
-    t.hit_rate.push_back(row);
-  }
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  if (first_error) return *first_error;
   return t;
 }
 
 std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note) {
-  static constexpr double kShares[] = {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08};
+  static constexpr double kShares[] = {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.20};
   const uint64_t n = space.num_objects();
   const uint64_t top_k = std::max<uint64_t>(1, space.top_k);
   std::vector<uint64_t> sizes;
@@ -120,10 +132,10 @@ std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* n
   note->clear();
   if (std::adjacent_find(sizes.begin(), sizes.end()) == sizes.end()) return sizes;
   // Geometric steps from top_k (the least cache that holds one token's
-  // experts) to 8% of the objects, or 6 x top_k when that is more, capped at
+  // experts) to 20% of the objects, or 6 x top_k when that is more, capped at
   // all objects.
   const uint64_t lo = top_k;
-  const uint64_t hi = std::max(lo, std::min(n, std::max(uint64_t(0.08 * double(n)), 6 * top_k)));
+  const uint64_t hi = std::max(lo, std::min(n, std::max(uint64_t(0.20 * double(n)), 6 * top_k)));
   std::vector<uint64_t> fit;
   for (int i = 0; i < 6; ++i) {
     const double v = double(lo) * std::pow(double(hi) / double(lo), i / 5.0);
@@ -138,8 +150,8 @@ std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* n
   std::string list;
   for (uint64_t s : fit) list += (list.empty() ? "" : ",") + std::to_string(s);
   *note = "the model has only " + std::to_string(n) + " expert objects (top_k " + std::to_string(space.top_k) +
-          "): the default sizes, 0.54%-8% of them, are " + std::to_string(uint64_t(kShares[0] * double(n))) + "-" +
-          std::to_string(uint64_t(kShares[5] * double(n))) +
+          "): the default sizes, 0.54%-20% of them, are " + std::to_string(uint64_t(kShares[0] * double(n))) + "-" +
+          std::to_string(uint64_t(kShares[7] * double(n))) +
           " objects and would give identical rows (a cache below top_k holds less than one token's experts); "
           "using " + list + " instead (pass --sizes to choose)";
   return fit;

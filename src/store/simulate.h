@@ -53,3 +53,19 @@ Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const s
 Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots);
 
 }  // namespace k3pack::store
+
+namespace k3pack::store {
+
+// The distribution-informed bound: the demand-only policy told the
+// generator's true distribution. On a miss with a full cache it evicts the
+// resident object least likely to be routed at the next token of any active
+// request (P = 1 - prod over active requests of (1 - p_r), p_r from the
+// request's true popularity, its previous token's experts and the reuse
+// probability). It loads only what a call asks for, like every policy in
+// the store, so the gap between it and Belady is what only prefetching can
+// win; the gap between a policy and it is what eviction still can. `trace`
+// must be the trace `truth` was generated with (seq built from it).
+Result<SimResult> SimulateInformed(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
+                                   uint64_t slots, const trace::TrueDistribution& truth);
+
+}  // namespace k3pack::store

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "util/file.h"
@@ -11,7 +13,8 @@ namespace k3pack::trace {
 namespace {
 
 constexpr char kMagic[8] = {'K', '3', 'T', 'R', 'A', 'C', 'E', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kMaxVersion = 2;
+constexpr uint32_t kFlagPrefill = 1u, kFlagRowRequests = 2u, kFlagPredictions = 4u;
 
 template <typename T>
 void Put(std::string* s, T v) {
@@ -40,23 +43,52 @@ void Trace::Append(uint32_t layer, uint32_t rows, uint32_t request, bool prefill
   ids.insert(ids.end(), route_ids.begin(), route_ids.end());
 }
 
+void Trace::SetRowRequests(std::span<const uint32_t> requests) {
+  Record& r = records.back();
+  r.has_row_requests = true;
+  r.row_request_offset = row_requests.size();
+  row_requests.insert(row_requests.end(), requests.begin(), requests.end());
+}
+
+void Trace::SetPredictions(std::span<const uint16_t> predicted) {
+  Record& r = records.back();
+  r.has_predictions = true;
+  r.prediction_offset = predictions.size();
+  predictions.insert(predictions.end(), predicted.begin(), predicted.end());
+}
+
+uint32_t Trace::version() const {
+  if (predict_k != 0) return 2;
+  for (const Record& r : records)
+    if (r.has_row_requests || r.has_predictions) return 2;
+  return 1;
+}
+
 Status WriteTrace(const std::string& path, const Trace& t) {
   std::string out;
   out.reserve(40 + t.layer_ids.size() * 4 + t.records.size() * 16 + t.ids.size() * 2);
   out.append(kMagic, 8);
-  Put<uint32_t>(&out, kVersion);
+  const uint32_t version = t.version();
+  Put<uint32_t>(&out, version);
   Put<uint32_t>(&out, t.num_experts);
   Put<uint32_t>(&out, t.top_k);
   Put<uint32_t>(&out, static_cast<uint32_t>(t.layer_ids.size()));
   Put<uint64_t>(&out, t.records.size());
+  if (version >= 2) Put<uint32_t>(&out, t.predict_k);
   for (uint32_t l : t.layer_ids) Put<uint32_t>(&out, l);
   for (const Record& r : t.records) {
     Put<uint32_t>(&out, r.layer);
     Put<uint32_t>(&out, r.rows);
     Put<uint32_t>(&out, r.request);
-    Put<uint32_t>(&out, r.is_prefill ? 1u : 0u);
+    Put<uint32_t>(&out, (r.is_prefill ? kFlagPrefill : 0u) | (r.has_row_requests ? kFlagRowRequests : 0u) |
+                            (r.has_predictions ? kFlagPredictions : 0u));
     auto ids = t.RecordIds(r);
     out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t));
+    if (r.has_row_requests)
+      out.append(reinterpret_cast<const char*>(t.row_requests.data() + r.row_request_offset),
+                 size_t{r.rows} * sizeof(uint32_t));
+    auto pred = t.RecordPredictions(r);
+    out.append(reinterpret_cast<const char*>(pred.data()), pred.size() * sizeof(uint16_t));
   }
   return WriteFileAtomic(path, out);
 }
@@ -78,9 +110,16 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
   c.Get(&t.top_k);
   c.Get(&n_layers);
   c.Get(&n_records);
-  if (version != kVersion) return bad("unsupported version " + std::to_string(version));
+  if (version == 0 || version > kMaxVersion)
+    return bad("unsupported version " + std::to_string(version) + " (this build reads 1 and 2)");
   if (t.top_k == 0 || t.num_experts == 0 || t.num_experts > 65536) return bad("invalid dimensions");
   if (n_records > data.size() / 16 + 1) return bad("record count exceeds the file size");
+  if (version >= 2) {
+    if (!c.Get(&t.predict_k)) return bad("truncated header");
+    if (t.predict_k > t.num_experts)
+      return bad("predict_k " + std::to_string(t.predict_k) + " exceeds " + std::to_string(t.num_experts) +
+                 " experts");
+  }
   for (uint32_t i = 0; i < n_layers; ++i) {
     uint32_t l;
     if (!c.Get(&l)) return bad("truncated layer list");
@@ -94,8 +133,16 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
       return bad("truncated at record " + std::to_string(i));
     uint64_t n = uint64_t{rows} * t.top_k;
     if (rows == 0 || c.pos + n * 2 > data.size()) return bad("truncated ids at record " + std::to_string(i));
-    Record r{layer, rows, request, (flags & 1u) != 0, t.ids.size()};
-    t.records.push_back(r);
+    const std::string at = " at record " + std::to_string(i);
+    if (version >= 2) {
+      if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions))
+        return bad("unknown flag bits 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%x", flags); return std::string(b); }() + at);
+      if ((flags & kFlagPredictions) && t.predict_k == 0)
+        return bad("predictions flagged" + at + " but the header's predict_k is 0");
+    } else {
+      flags &= kFlagPrefill;  // v1 readers ignored the other bits
+    }
+    Record r{layer, rows, request, (flags & kFlagPrefill) != 0, t.ids.size()};
     size_t old = t.ids.size();
     t.ids.resize(old + n);
     std::memcpy(t.ids.data() + old, data.data() + c.pos, n * 2);
@@ -107,6 +154,28 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
                    std::to_string(t.num_experts) + " experts");
       }
     }
+    if (flags & kFlagRowRequests) {
+      if (c.pos + uint64_t{rows} * 4 > data.size()) return bad("truncated row requests" + at);
+      r.has_row_requests = true;
+      r.row_request_offset = t.row_requests.size();
+      t.row_requests.resize(t.row_requests.size() + rows);
+      std::memcpy(t.row_requests.data() + r.row_request_offset, data.data() + c.pos, size_t{rows} * 4);
+      c.pos += size_t{rows} * 4;
+    }
+    if (flags & kFlagPredictions) {
+      uint64_t np = uint64_t{rows} * t.predict_k;
+      if (c.pos + np * 2 > data.size()) return bad("truncated predictions" + at);
+      r.has_predictions = true;
+      r.prediction_offset = t.predictions.size();
+      t.predictions.resize(t.predictions.size() + np);
+      std::memcpy(t.predictions.data() + r.prediction_offset, data.data() + c.pos, np * 2);
+      c.pos += np * 2;
+      for (uint64_t k = r.prediction_offset; k < t.predictions.size(); ++k)
+        if (t.predictions[k] >= t.num_experts)
+          return bad("predicted expert id " + std::to_string(t.predictions[k]) + at + " is not below " +
+                     std::to_string(t.num_experts) + " experts");
+    }
+    t.records.push_back(r);
   }
   if (c.pos != data.size()) return bad(std::to_string(data.size() - c.pos) + " trailing bytes");
   return t;
@@ -150,6 +219,9 @@ Result<Trace> Generate(const GenOptions& o) {
     return Error("trace: need 0 < top_k <= num_experts <= 65536");
   if (o.reuse < 0 || o.reuse > 1) return Error("trace: reuse must be within [0, 1]");
   if (o.requests == 0 || o.prompt_tokens + o.decode_tokens == 0) return Error("trace: no tokens to generate");
+  if (o.drift < 0 || o.drift > 1) return Error("trace: drift must be within [0, 1]");
+  if (o.predict_accuracy < 0 || o.predict_accuracy > 1 || o.predict_surprise < 0 || o.predict_surprise >= 1)
+    return Error("trace: prediction accuracy must be within [0, 1] and the surprise share within [0, 1)");
   Trace t;
   t.num_experts = o.num_experts;
   t.top_k = o.top_k;
@@ -157,77 +229,256 @@ Result<Trace> Generate(const GenOptions& o) {
   if (t.layer_ids.empty())
     for (uint32_t l = 1; l <= 92; ++l) t.layer_ids.push_back(l);
   std::sort(t.layer_ids.begin(), t.layer_ids.end());
+  if (o.predict) t.predict_k = o.top_k;
   const uint32_t L = static_cast<uint32_t>(t.layer_ids.size());
   const uint32_t E = o.num_experts, K = o.top_k;
   std::mt19937_64 rng(o.seed);
   std::vector<std::vector<double>> global(L);
   for (uint32_t l = 0; l < L; ++l) global[l] = ZipfWeights(E, o.skew, rng);
+  std::vector<std::vector<std::vector<double>>> domain(o.domains, std::vector<std::vector<double>>(L));
+  for (auto& d : domain)
+    for (uint32_t l = 0; l < L; ++l) d[l] = ZipfWeights(E, o.request_skew, rng);
   std::bernoulli_distribution keep(o.reuse);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  TrueDistribution* truth = o.truth;
+  if (truth) {
+    *truth = TrueDistribution{};
+    truth->reuse = o.reuse;
+    truth->top_k = K;
+  }
+
+  struct Req {
+    uint32_t id = 0, token = 0, prompt_done = 0, decoded = 0;
+    std::vector<std::vector<double>> w;  // [layer][expert]
+    std::vector<Sampler> samplers;
+    std::vector<std::vector<uint16_t>> prev;  // previous token's experts per layer
+  };
   std::vector<uint8_t> used(E);
-  for (uint32_t req = 0; req < o.requests; ++req) {
-    std::vector<Sampler> samplers(L);
+  auto start = [&](uint32_t id) {
+    Req q;
+    q.id = id;
+    q.w.resize(L);
+    q.samplers.resize(L);
+    q.prev.resize(L);
     for (uint32_t l = 0; l < L; ++l) {
-      std::vector<double> w = ZipfWeights(E, o.request_skew, rng);
-      for (uint32_t e = 0; e < E; ++e) w[e] *= global[l][e];
-      samplers[l].Build(w);
+      q.w[l] = o.domains ? domain[id % o.domains][l] : ZipfWeights(E, o.request_skew, rng);
+      for (uint32_t e = 0; e < E; ++e) q.w[l][e] *= global[l][e];
+      q.samplers[l].Build(q.w[l]);
     }
-    std::vector<std::vector<uint16_t>> prev(L);  // previous token's experts per layer
-    auto route = [&](uint32_t l, uint16_t* out) {
-      std::fill(used.begin(), used.end(), 0);
-      uint32_t n = 0;
-      for (uint16_t e : prev[l])
-        if (keep(rng)) { out[n++] = e; used[e] = 1; }
-      while (n < K) {
-        uint32_t e = samplers[l].Draw(rng);
-        if (used[e]) continue;
-        used[e] = 1;
-        out[n++] = static_cast<uint16_t>(e);
-      }
-      std::shuffle(out, out + K, rng);  // route order carries no meaning
-      prev[l].assign(out, out + K);
-    };
-    // Prompt: chunks of `prefill_chunk` rows (0: one token per record, flagged prefill).
-    uint32_t chunk = o.prefill_chunk == 0 ? 1 : o.prefill_chunk;
-    std::vector<uint16_t> buf;
-    for (uint32_t start = 0; start < o.prompt_tokens; start += chunk) {
-      uint32_t rows = std::min(chunk, o.prompt_tokens - start);
-      // Each token passes every layer; a chunk is one call per layer.
-      std::vector<std::vector<uint16_t>> per_layer(L, std::vector<uint16_t>(size_t{rows} * K));
-      for (uint32_t r = 0; r < rows; ++r)
-        for (uint32_t l = 0; l < L; ++l) route(l, per_layer[l].data() + size_t{r} * K);
-      for (uint32_t l = 0; l < L; ++l) t.Append(t.layer_ids[l], rows, req, true, per_layer[l]);
-    }
-    buf.resize(K);
-    for (uint32_t tok = 0; tok < o.decode_tokens; ++tok)
+    if (truth) {
+      std::vector<float> flat(size_t{L} * E);
       for (uint32_t l = 0; l < L; ++l) {
-        route(l, buf.data());
-        t.Append(t.layer_ids[l], 1, req, false, buf);
+        double sum = 0;
+        for (double x : q.w[l]) sum += x;
+        for (uint32_t e = 0; e < E; ++e) flat[size_t{l} * E + e] = static_cast<float>(q.w[l][e] / sum);
       }
+      if (truth->initial.size() <= id) truth->initial.resize(id + 1);
+      truth->initial[id] = std::move(flat);
+    }
+    return q;
+  };
+  // Slow popularity drift: before each token, drift * E random pairs of
+  // weights per layer trade places (the fraction is rounded at random).
+  auto drift = [&](Req& q) {
+    if (o.drift <= 0) return;
+    std::uniform_int_distribution<uint32_t> pick(0, E - 1);
+    for (uint32_t l = 0; l < L; ++l) {
+      double want = o.drift * E;
+      uint32_t n = static_cast<uint32_t>(want) + (unit(rng) < want - std::floor(want) ? 1 : 0);
+      for (uint32_t i = 0; i < n; ++i) {
+        uint32_t a = pick(rng), b = pick(rng);
+        std::swap(q.w[l][a], q.w[l][b]);
+        if (truth) truth->swaps.push_back({q.id, q.token, l, uint16_t(a), uint16_t(b)});
+      }
+      if (n) q.samplers[l].Build(q.w[l]);
+    }
+  };
+  auto route = [&](Req& q, uint32_t l, uint16_t* out) {
+    std::fill(used.begin(), used.end(), 0);
+    uint32_t n = 0;
+    for (uint16_t e : q.prev[l])
+      if (keep(rng)) { out[n++] = e; used[e] = 1; }
+    while (n < K) {
+      uint32_t e = q.samplers[l].Draw(rng);
+      if (used[e]) continue;
+      used[e] = 1;
+      out[n++] = static_cast<uint16_t>(e);
+    }
+    std::shuffle(out, out + K, rng);  // route order carries no meaning
+    q.prev[l].assign(out, out + K);
+  };
+  // Predicted ids for a row whose true next-layer experts are `next`: a
+  // share `predict_surprise` of rows gets nothing right (misses come in
+  // bursts, as when a token changes topic); the other rows keep each true
+  // expert with the probability that makes the mean accuracy
+  // `predict_accuracy`. Misses are filled with other experts drawn from the
+  // request's popularity (a plausible wrong guess).
+  const double keep_p =
+      std::min(1.0, o.predict_accuracy / std::max(1e-9, 1.0 - o.predict_surprise));
+  auto predict = [&](Req& q, uint32_t next_l, const uint16_t* next, uint16_t* out) {
+    std::fill(used.begin(), used.end(), 0);
+    for (uint32_t k = 0; k < K; ++k) used[next[k]] = 1;
+    bool surprise = unit(rng) < o.predict_surprise;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < K; ++k)
+      if (!surprise && unit(rng) < keep_p) out[n++] = next[k];
+    while (n < K) {
+      uint32_t e = q.samplers[next_l].Draw(rng);
+      if (used[e]) continue;
+      used[e] = 1;
+      out[n++] = static_cast<uint16_t>(e);
+    }
+  };
+  // One call per layer for `rows` tokens: routes every token through all
+  // layers first (a prediction for layer l needs layer l+1's routes).
+  std::vector<std::vector<uint16_t>> per_layer(L), pred(L);
+  std::vector<uint32_t> row_req;
+  auto emit = [&](std::vector<Req*>& reqs, bool prefill, bool per_row_requests) {
+    const uint32_t rows = static_cast<uint32_t>(reqs.size());
+    for (uint32_t l = 0; l < L; ++l) {
+      per_layer[l].resize(size_t{rows} * K);
+      pred[l].resize(size_t{rows} * K);
+    }
+    row_req.clear();
+    for (uint32_t r = 0; r < rows; ++r) {
+      Req& q = *reqs[r];
+      drift(q);
+      for (uint32_t l = 0; l < L; ++l) route(q, l, per_layer[l].data() + size_t{r} * K);
+      if (o.predict)
+        for (uint32_t l = 0; l + 1 < L; ++l)
+          predict(q, l + 1, per_layer[l + 1].data() + size_t{r} * K, pred[l].data() + size_t{r} * K);
+      ++q.token;
+      row_req.push_back(q.id);
+    }
+    for (uint32_t l = 0; l < L; ++l) {
+      t.Append(t.layer_ids[l], rows, reqs[0]->id, prefill, per_layer[l]);
+      if (per_row_requests) t.SetRowRequests(row_req);
+      if (o.predict && l + 1 < L) t.SetPredictions(pred[l]);
+    }
+  };
+
+  // Continuous batching: up to `concurrent` requests are active; a new one
+  // starts (its prompt as prefill calls) when one finishes. Decode steps
+  // give every active request one token, either as one call per token or
+  // (batched) one call per layer with a row per request.
+  const uint32_t chunk = o.prefill_chunk == 0 ? 1 : o.prefill_chunk;
+  const uint32_t concurrent = std::max<uint32_t>(1, o.concurrent);
+  std::vector<Req> active;
+  uint32_t next_id = 0;
+  std::vector<Req*> rows;
+  while (next_id < o.requests || !active.empty()) {
+    while (active.size() < concurrent && next_id < o.requests) {
+      active.push_back(start(next_id++));
+      Req& q = active.back();
+      while (q.prompt_done < o.prompt_tokens) {
+        uint32_t n = std::min(chunk, o.prompt_tokens - q.prompt_done);
+        // A chunk is n tokens of one request: rows of the same request.
+        rows.assign(n, &q);
+        emit(rows, true, false);
+        q.prompt_done += n;
+      }
+    }
+    if (o.batched) {
+      rows.clear();
+      for (Req& q : active)
+        if (q.decoded < o.decode_tokens) rows.push_back(&q);
+      if (!rows.empty()) emit(rows, false, true);
+      for (Req* q : rows) ++q->decoded;
+    } else {
+      for (Req& q : active)
+        if (q.decoded < o.decode_tokens) {
+          rows.assign(1, &q);
+          emit(rows, false, false);
+          ++q.decoded;
+        }
+    }
+    active.erase(std::remove_if(active.begin(), active.end(), [&](const Req& q) { return q.decoded >= o.decode_tokens; }),
+                 active.end());
   }
   return t;
 }
 
+std::vector<std::string> FamilyNames() {
+  return {"kimi", "drift", "interleaved", "batched", "layer-local", "prefill-burst"};
+}
+
+bool ApplyFamily(const std::string& name, GenOptions* o) {
+  GenOptions d;  // the defaults, with the caller's dimensions and seed
+  d.layer_ids = o->layer_ids;
+  d.num_experts = o->num_experts;
+  d.top_k = o->top_k;
+  d.seed = o->seed;
+  d.predict = o->predict;
+  d.predict_accuracy = o->predict_accuracy;
+  d.predict_surprise = o->predict_surprise;
+  d.truth = o->truth;
+  if (name == "kimi") {
+    // Defaults: 4 requests x (32 + 256) tokens one after another.
+  } else if (name == "drift") {
+    // One long request whose popularity wanders: ~0.5% of a layer's experts
+    // trade weights every token, so after ~200 tokens the favourites differ.
+    d.requests = 1;
+    d.prompt_tokens = 16;
+    d.decode_tokens = 1024;
+    d.drift = 0.005;
+  } else if (name == "interleaved" || name == "batched") {
+    // 16 short requests from 5 domains, 8 decoded side by side; a domain's
+    // requests favour the same experts.
+    d.requests = 16;
+    d.concurrent = 8;
+    d.domains = 5;
+    d.prompt_tokens = 8;
+    d.decode_tokens = 40;
+    d.batched = name == "batched";
+  } else if (name == "layer-local") {
+    // Each layer keeps most of its experts from token to token; popularity
+    // is nearly flat, so only recency tells the experts apart.
+    d.requests = 2;
+    d.prompt_tokens = 16;
+    d.decode_tokens = 256;
+    d.reuse = 0.8;
+    d.request_skew = 0.05;
+  } else if (name == "prefill-burst") {
+    // A 2,000-token prompt as chunked prefill (16 rows per call, so a call's
+    // distinct experts fit a 0.5% cache), then 256 decoded tokens.
+    d.requests = 1;
+    d.prompt_tokens = 2000;
+    d.prefill_chunk = 16;
+    d.decode_tokens = 256;
+  } else {
+    return false;
+  }
+  *o = d;
+  return true;
+}
+
 double MeasuredReuse(const Trace& t) {
-  // Compare consecutive tokens of the same request and layer.
-  std::vector<std::vector<uint16_t>> prev(t.layer_ids.size());
-  std::vector<uint32_t> prev_req(t.layer_ids.size(), UINT32_MAX);
+  // Compare consecutive tokens of the same request and layer, whatever
+  // other requests' rows come in between.
+  struct Key {
+    uint32_t request;
+    size_t layer;
+    bool operator<(const Key& k) const { return request != k.request ? request < k.request : layer < k.layer; }
+  };
+  std::map<Key, std::vector<uint16_t>> prev;
   uint64_t shared = 0, total = 0;
+  std::vector<uint16_t> cur, both;
   for (const Record& r : t.records) {
     auto it = std::lower_bound(t.layer_ids.begin(), t.layer_ids.end(), r.layer);
     if (it == t.layer_ids.end() || *it != r.layer) continue;
     size_t li = it - t.layer_ids.begin();
     auto ids = t.RecordIds(r);
     for (uint32_t row = 0; row < r.rows; ++row) {
-      std::vector<uint16_t> cur(ids.begin() + size_t{row} * t.top_k, ids.begin() + size_t{row + 1} * t.top_k);
+      cur.assign(ids.begin() + size_t{row} * t.top_k, ids.begin() + size_t{row + 1} * t.top_k);
       std::sort(cur.begin(), cur.end());
-      if (prev_req[li] == r.request) {
-        std::vector<uint16_t> both;
-        std::set_intersection(cur.begin(), cur.end(), prev[li].begin(), prev[li].end(), std::back_inserter(both));
+      auto [p, fresh] = prev.try_emplace(Key{t.RowRequest(r, row), li});
+      if (!fresh) {
+        both.clear();
+        std::set_intersection(cur.begin(), cur.end(), p->second.begin(), p->second.end(), std::back_inserter(both));
         shared += both.size();
         total += cur.size();
       }
-      prev[li] = std::move(cur);
-      prev_req[li] = r.request;
+      p->second = cur;
     }
   }
   return total ? static_cast<double>(shared) / static_cast<double>(total) : 0.0;

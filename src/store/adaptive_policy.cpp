@@ -1,0 +1,129 @@
+// "adaptive": a policy that follows whichever candidate is winning.
+//
+// No single rule wins on every workload (docs/store.md): per-layer quotas
+// with a one-token half-life win when a request's tokens come one after
+// another, SGLang's never-forgetting frequency wins when several requests
+// are interleaved token by token, plain LRU wins when layers keep their
+// experts and popularity is flat, and a global decayed frequency wins on
+// large caches. So the adaptive policy runs every candidate twice:
+// - as a shadow ("ghost") cache over a sample of the layers (every s-th
+//   layer, with the same share of the capacity), which measures what that
+//   candidate would hit on this workload right now, at a fraction of the
+//   cost (set dueling with layers as the sets);
+// - as a follower that ranks the residents of the real cache (it sees every
+//   use, insertion and removal of it).
+// Each miss evicts the victim of the leader: the candidate whose ghost has
+// the most hits over a sliding window (exponential decay). A challenger
+// takes over only when clearly ahead, so the cache is not churned by noise.
+// Protection (the call's keys, pinned keys) is the followers' usual
+// Protected() test, so the working set of an acquire and every pinned object
+// stay resident whatever the leader.
+#include <algorithm>
+#include <cmath>
+
+#include "store/policy.h"
+
+namespace k3pack::store {
+namespace {
+
+constexpr const char* kCandidates[] = {"quota-decay", "lru", "reuse-lfu-lru-v2", "decay-lfu"};
+constexpr size_t kNumCandidates = sizeof(kCandidates) / sizeof(kCandidates[0]);
+
+class Adaptive final : public Policy {
+ public:
+  Adaptive(const ObjectSpace& space, uint64_t cap) : Policy(space, cap) {
+    const uint32_t L = space.num_active_layers();
+    // About a dozen sampled layers: enough calls to compare candidates,
+    // little enough work (K3: every 7th of 92 layers).
+    stride_ = std::max<uint32_t>(1, L / 12);
+    const uint32_t phase = stride_ / 2;
+    sub_layer_.assign(L, -1);
+    ObjectSpace sub;
+    sub.num_experts = space.num_experts;
+    sub.top_k = space.top_k;
+    sub.num_layers_total = space.num_layers_total;
+    uint64_t sub_bytes = 0, all_bytes = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+      all_bytes += space.object_bytes[l];
+      if (l % stride_ != phase) continue;
+      sub_layer_[l] = static_cast<int32_t>(sub.active_layer_ids.size());
+      sub.active_layer_ids.push_back(space.active_layer_ids[l]);
+      sub.object_bytes.push_back(space.object_bytes[l]);
+      sub_bytes += space.object_bytes[l];
+    }
+    // The ghosts' capacity is the real one scaled by the sampled layers' share of the bytes.
+    const uint64_t sub_cap =
+        all_bytes ? static_cast<uint64_t>(double(cap) * double(sub_bytes) / double(all_bytes)) : cap;
+    for (size_t c = 0; c < kNumCandidates; ++c) {
+      auto f = MakePolicy(kCandidates[c], space, cap);
+      auto g = MakePolicy(kCandidates[c], sub, sub_cap);
+      followers_.push_back(std::move(f).value());
+      ghosts_.push_back(std::move(g).value());
+    }
+    score_.assign(kNumCandidates, 0.0);
+    alive_.assign(kNumCandidates, 1);
+  }
+  std::string name() const override { return "adaptive"; }
+  // The candidate currently followed (tests, stats).
+  const char* leader() const { return kCandidates[leader_]; }
+
+ protected:
+  void OnCall(std::span<const ObjectId> keys, bool is_prefill) override {
+    for (auto& f : followers_) f->FollowCall(keys, is_prefill);
+    if (keys.empty()) return;
+    const uint32_t li = space_.LayerIndexOf(keys[0]);
+    if (sub_layer_[li] < 0) return;
+    sub_keys_.clear();
+    const ObjectId base = static_cast<ObjectId>(sub_layer_[li]) * space_.num_experts;
+    for (ObjectId k : keys) sub_keys_.push_back(base + space_.ExpertOf(k));
+    gens_.assign(sub_keys_.size(), 1);
+    for (size_t c = 0; c < kNumCandidates; ++c) {
+      score_[c] *= kDecay;
+      if (!alive_[c]) continue;
+      // A ghost too small for a call (tiny caches) drops out of the race.
+      if (!ghosts_[c]->Access(sub_keys_, gens_, is_prefill, nullptr, &ar_).ok()) {
+        alive_[c] = 0;
+        score_[c] = -1;
+        continue;
+      }
+      for (uint8_t h : ar_.hit) score_[c] += h;
+    }
+    size_t best = leader_;
+    for (size_t c = 0; c < kNumCandidates; ++c)
+      if (alive_[c] && score_[c] > score_[best]) best = c;
+    // Hysteresis: 0.5% (and one hit) better before switching.
+    if (best != leader_ && (!alive_[leader_] || score_[best] > score_[leader_] * 1.005 + 1.0)) leader_ = best;
+  }
+  void OnHit(ObjectId k) override {
+    for (auto& f : followers_) f->FollowHit(k);
+  }
+  void OnInsert(ObjectId k, bool demand) override {
+    for (auto& f : followers_) f->FollowInsert(k, demand);
+  }
+  void OnRemove(ObjectId k) override {
+    for (auto& f : followers_) f->FollowRemove(k);
+  }
+  ObjectId PickVictim(bool is_prefill, std::span<const ObjectId> call, const PinCounts* pins) override {
+    return followers_[leader_]->FollowVictim(is_prefill, call, pins);
+  }
+
+ private:
+  static constexpr double kDecay = 1.0 - 1.0 / 2048.0;  // window ~2k sampled calls (~150 K3 tokens)
+  uint32_t stride_ = 1;
+  std::vector<int32_t> sub_layer_;  // active layer index -> ghost layer index, -1 if not sampled
+  std::vector<std::unique_ptr<Policy>> followers_, ghosts_;
+  std::vector<double> score_;
+  std::vector<uint8_t> alive_;
+  size_t leader_ = 0;
+  std::vector<ObjectId> sub_keys_;
+  std::vector<uint64_t> gens_;
+  AccessResult ar_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes) {
+  return std::make_unique<Adaptive>(space, capacity_bytes);
+}
+
+}  // namespace k3pack::store

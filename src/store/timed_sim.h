@@ -1,0 +1,75 @@
+// Timed replay of a trace (`k3pack trace sweep --timing`): what a policy,
+// with or without router look-ahead prefetch, costs in stall time and bytes.
+//
+// Model. One clock. Each acquire call waits until all its objects are
+// readable, then computes for `layer_compute_s` (decode; a prefill call of n
+// rows computes n times as long). The SSD serves reads first come first
+// served at `ssd_bytes_per_s` with at most `queue_depth` in flight; a read
+// completes `ssd_latency_s` after its last byte is transferred. A miss issues
+// a demand read when its call starts. With prefetch, when a call starts
+// computing, the predicted objects of the next layer (trace v2 predictions;
+// Belady gets the true next call) that are not resident are admitted into
+// the cache without evicting the call's own objects, and read; at most
+// `prefetch_budget_bytes` of speculative reads are in flight (0 = no cap).
+// An object counts as a hit only if its read had completed when the call
+// started: a prefetch that lands later is a miss (the call stalls for it)
+// and is counted in late_prefetches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "k3pack/error.h"
+#include "k3pack/trace.h"
+#include "store/object_space.h"
+#include "store/simulate.h"
+
+namespace k3pack::store {
+
+struct TimingOptions {
+  double layer_compute_s = 350e-6;   // one routed layer of a single-GPU decode step
+  double ssd_bytes_per_s = 7.0e9;    // one PCIe-4 NVMe
+  double ssd_latency_s = 80e-6;
+  uint32_t queue_depth = 16;
+  bool prefetch = false;
+  uint64_t prefetch_budget_bytes = 0;
+};
+
+struct TimedResult {
+  std::string policy;
+  bool prefetch = false;
+  uint64_t tokens = 0;
+  uint64_t accesses = 0;             // distinct objects per call, summed
+  uint64_t hits = 0;                 // resident and readable at acquire (stall-free)
+  uint64_t late_prefetches = 0;      // prefetched but still in flight at acquire (misses)
+  uint64_t bytes_read = 0;           // demand + prefetch
+  uint64_t prefetch_bytes = 0, prefetch_useful_bytes = 0, prefetch_wasted_bytes = 0;
+  double stall_s = 0;                // time calls waited for reads
+  double total_s = 0;                // end of the last call
+  double stall_free_fraction() const { return accesses ? double(hits) / double(accesses) : 0.0; }
+  double stall_per_token_s() const { return tokens ? stall_s / double(tokens) : 0.0; }
+  double bytes_per_token() const { return tokens ? double(bytes_read) / double(tokens) : 0.0; }
+};
+
+// `policy` is a policy name or "belady" (MIN with the true future; its
+// prefetch is perfect: the next call's objects).
+Result<TimedResult> SimulateTimed(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
+                                  const std::string& policy, uint64_t capacity_bytes, const TimingOptions& options);
+
+}  // namespace k3pack::store
+
+namespace k3pack::store {
+
+struct TimedRow {
+  uint64_t capacity_objects = 0;
+  TimedResult result;
+};
+// Every policy without and with prefetch, and Belady with perfect prefetch,
+// at every size; `threads` run jobs in parallel. Rows: size-major.
+Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
+                                         const std::vector<std::string>& policies,
+                                         const std::vector<uint64_t>& capacity_objects, const TimingOptions& options,
+                                         unsigned threads);
+std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects);
+
+}  // namespace k3pack::store

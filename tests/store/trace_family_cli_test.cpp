@@ -1,0 +1,70 @@
+// `k3pack trace gen --family`, `trace sweep --family all` and `--timing`
+// end to end through the built CLI, on small dimensions.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "store/synthetic_pack.h"
+#include "util/file.h"
+#include "../cli_run.h"
+
+namespace k3pack::store {
+namespace {
+
+using testing_cli::Cli;
+using testing_cli::CliRun;
+
+const std::string kSmall = " --layers 6 --experts 64 --top-k 4 --decode-tokens 30 --prompt-tokens 32";
+
+TEST(TraceFamilyCli, GenFamiliesAndBadFamily) {
+  std::string dir = testing::TinyPack::TempDir("families");
+  CliRun r = Cli("trace gen --family batched --predict --json --out " + dir + "/b.k3trace" + kSmall);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_NEAR(j["measured_reuse"].get<double>(), 0.3, 0.1) << "interleaved rows are matched by request";
+  CliRun bad = Cli("trace gen --family nope --out " + dir + "/x.k3trace");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("unknown trace family 'nope'"), std::string::npos) << bad.out;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TraceFamilyCli, SweepAllFamiliesWithBounds) {
+  std::string dir = testing::TinyPack::TempDir("sweep-all");
+  CliRun r = Cli("trace sweep --family all --json --sizes 64,128 --svg " + dir + "/p.svg" + kSmall);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out)["families"];
+  for (const char* f : {"kimi", "drift", "interleaved", "batched", "layer-local", "prefill-burst"}) {
+    ASSERT_TRUE(j.contains(f)) << f;
+    const auto& hr = j[f]["hit_rate"];
+    for (const char* s : {"lru", "reuse-lfu-lru-v2", "decay-lfu", "quota-decay", "adaptive", "belady", "informed"})
+      ASSERT_TRUE(hr.contains(s)) << f << " " << s;
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_LE(hr["informed"][i].get<double>(), hr["belady"][i].get<double>() + 1e-12) << f;
+      EXPECT_LE(hr["adaptive"][i].get<double>(), hr["belady"][i].get<double>() + 1e-12) << f;
+    }
+    EXPECT_TRUE(std::filesystem::exists(dir + "/p-" + std::string(f) + ".svg")) << f;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TraceFamilyCli, TimingReportsStallsAndPrefetch) {
+  std::string dir = testing::TinyPack::TempDir("timing");
+  CliRun r = Cli("trace sweep --timing --family kimi --policies lru --json --sizes 64 --svg " + dir + "/p.svg" + kSmall);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto rows = nlohmann::json::parse(r.out)["timing"];
+  ASSERT_EQ(rows.size(), 3u);  // lru without and with prefetch, Belady with perfect prefetch
+  EXPECT_EQ(rows[0]["prefetch"], false);
+  EXPECT_EQ(rows[0]["prefetch_useful_bytes"], 0);
+  EXPECT_EQ(rows[1]["prefetch"], true);
+  EXPECT_GT(rows[1]["prefetch_useful_bytes"].get<double>(), 0);
+  EXPECT_EQ(rows[2]["policy"], "belady");
+  // Prefetch hides reads behind compute: fewer stalls than demand-only LRU.
+  EXPECT_LT(rows[1]["stall_per_token_s"].get<double>(), rows[0]["stall_per_token_s"].get<double>());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace k3pack::store
