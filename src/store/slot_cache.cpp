@@ -59,6 +59,7 @@ struct SlotCache::Impl {
   UniqueFd fd, direct_fd;
   std::unique_ptr<IoEngine> engine;
   std::shared_ptr<ExpertStore> host;           // optional host-RAM tier
+  ObjectChecksums checksums;                   // direct reads only (the host tier checks its own)
   uint64_t slot_bytes = 0;
 
   // Slot memory.
@@ -86,7 +87,7 @@ struct SlotCache::Impl {
 
   // SGLang's counters, then k3pack's.
   uint64_t pack_reads = 0, pack_read_bytes = 0, pack_read_ns = 0, cache_hits = 0, cache_misses = 0,
-           cache_evictions = 0, io_errors = 0, h2d_bytes = 0;
+           cache_evictions = 0, io_errors = 0, h2d_bytes = 0, checksum_errors = 0, checksum_verified = 0;
   std::vector<uint64_t> route_calls, route_tokens;
   uint64_t waits_for_other_threads = 0, host_tier_copies = 0;
 
@@ -163,6 +164,10 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
     K3_ASSIGN_OR_RETURN(impl->host, ExpertStore::Open(pack_path, manifest_path, host));
   } else {
     K3_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(backend, static_cast<uint32_t>(opt.store.queue_depth)));
+    impl->checksums.mode = "off";
+    if (opt.store.verify_checksums) {
+      K3_ASSIGN_OR_RETURN(impl->checksums, LoadObjectChecksums(pack_path, impl->geo));
+    }
   }
   impl->generations.assign(s.num_objects(), 0);
   impl->route_calls.assign(s.num_layers_total, 0);
@@ -464,7 +469,13 @@ Status SlotCache::Impl::ReadInto(uint32_t li, const std::vector<std::pair<Object
     if (batch->errors[i]) {
       ++io_errors;
       if (!first) first = batch->errors[i];
+      continue;
     }
+    // Damaged bytes never reach a caller: the call fails and its misses are forgotten.
+    if (checksums.entry_crc32c.empty()) continue;
+    Status ok = CheckObjectBytes(geo, checksums.entry_crc32c, reads[i].first, reads[i].second);
+    ++(ok.ok() ? checksum_verified : checksum_errors);
+    if (!ok.ok() && !first) first = ok.error();
   }
   if (!first) return Status::OK();
   return *first;
@@ -601,6 +612,9 @@ nlohmann::json SlotCache::Snapshot() const {
   k["queue_depth"] = s.opt.store.queue_depth;
   k["queue_depth_max"] = s.engine ? s.engine->max_inflight() : 0;
   k["waits_for_other_threads"] = s.waits_for_other_threads;
+  k["checksums"] = s.host ? "by the host tier" : s.checksums.mode;
+  k["checksum_errors"] = s.checksum_errors;
+  k["checksum_verified_objects"] = s.checksum_verified;
   k["host_tier_bytes"] = s.opt.host_cache_bytes;
   k["host_tier_copies"] = s.host_tier_copies;
   if (s.host) {

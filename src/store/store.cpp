@@ -8,9 +8,7 @@
 #include <cstdio>
 
 #include "k3pack/pack.h"
-#include "pack/sidecars.h"
 #include "store/store_state.h"
-#include "util/crc32c.h"
 
 namespace k3pack::store {
 
@@ -20,32 +18,6 @@ const StoreInfo& ExpertStore::info() const { return impl_->info; }
 
 void ExpertStore::SetReadFaultHook(std::function<void(uint64_t, uint64_t, int64_t*)> hook) {
   impl_->engine->SetFaultHook(std::move(hook));
-}
-
-// The CRC32Cs of the digest sidecar, when it has them and belongs to this
-// pack. A missing, older (version 1) or foreign sidecar turns the check off
-// (the pack itself is valid for SGLang; the stats record why). A sidecar that
-// is present but damaged is an error: it is k3pack's own file.
-static Status LoadChecksums(const std::string& pack_path, ExpertStore::Impl* impl) {
-  const std::string path = pack::DigestsPathFor(pack_path);
-  if (!PathExists(path)) {
-    impl->checksum_mode = "unavailable: no digest sidecar " + path;
-    return Status::OK();
-  }
-  K3_ASSIGN_OR_RETURN(pack::PackDigests d, pack::ReadPackDigests(path));
-  if (d.index_count != impl->geo.index_count || d.index_sha256 != impl->geo.index_sha256 ||
-      d.pack_size != impl->geo.pack_size) {
-    impl->checksum_mode = "unavailable: digest sidecar " + path + " belongs to another pack (index differs)";
-    return Status::OK();
-  }
-  if (d.entry_crc32c.empty()) {
-    impl->checksum_mode = "unavailable: digest sidecar " + path +
-                          " predates per-object CRC32C (rebuild the pack's digests with this k3pack)";
-    return Status::OK();
-  }
-  impl->entry_crc32c = std::move(d.entry_crc32c);
-  impl->checksum_mode = std::string("crc32c (") + Crc32cImplementation() + ")";
-  return Status::OK();
 }
 
 Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_path, const std::string& manifest_path,
@@ -99,7 +71,11 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   impl->layer_misses.assign(s.num_active_layers(), 0);
   impl->prefetch_by_layer.resize(s.num_active_layers());
   impl->checksum_mode = "off";
-  if (opt.verify_checksums) K3_RETURN_IF_ERROR(LoadChecksums(pack_path, impl.get()));
+  if (opt.verify_checksums) {
+    K3_ASSIGN_OR_RETURN(ObjectChecksums sums, LoadObjectChecksums(pack_path, impl->geo));
+    impl->entry_crc32c = std::move(sums.entry_crc32c);
+    impl->checksum_mode = std::move(sums.mode);
+  }
 
   StoreInfo& info = impl->info;
   info.pack_path = pack_path;
@@ -125,25 +101,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
 // ------------------------------------------------------------------ helpers
 
 Status ExpertStore::Impl::CheckObject(ObjectId id, const uint8_t* bytes) const {
-  const uint32_t li = geo.space.LayerIndexOf(id);
-  for (uint32_t r = 0; r < 3; ++r) {
-    const uint64_t i = uint64_t{id} * 3 + r;
-    const uint32_t got = Crc32c(bytes + geo.role_offsets[li][r], geo.role_bytes[li][r]);
-    if (got != entry_crc32c[i]) {
-      static const char* kRole[3] = {"up", "gate", "down"};
-      char hex[32];
-      std::snprintf(hex, sizeof hex, "%08x != %08x", got, entry_crc32c[i]);
-      return Error("expert-pack object (layer " + std::to_string(geo.space.LayerOf(id)) + ", expert " +
-                       std::to_string(geo.space.ExpertOf(id)) + ") is damaged: " + kRole[r] + " payload at file offset " +
-                       std::to_string(geo.object_offsets[id] + geo.role_offsets[li][r]) + " of " +
-                       geo.resolved_pack_path + " has CRC32C " + hex + " (digest sidecar, entry " +
-                       std::to_string(i) + ")",
-                   ErrorKind::kOS, EIO)
-          .WithHint("the pack's bytes changed after it was built (disk error?); `k3pack verify --full` lists every "
-                    "damaged entry; rebuild the pack");
-    }
-  }
-  return Status::OK();
+  return CheckObjectBytes(geo, entry_crc32c, id, bytes);
 }
 
 uint64_t ExpertStore::Impl::Generation(ObjectId id) {

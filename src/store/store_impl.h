@@ -36,6 +36,21 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
 // sizes) without validating the pack: for trace generation and simulation.
 Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path);
 
+// The per-payload CRC32Cs of the pack's digest sidecar, when it has them and
+// belongs to this pack (`mode` says "crc32c (...)"). A missing, older
+// (version 1) or foreign sidecar leaves them empty and `mode` says why (the
+// pack itself is valid for SGLang); a sidecar that is present but damaged is
+// an error: it is k3pack's own file.
+struct ObjectChecksums {
+  std::vector<uint32_t> entry_crc32c;  // per index entry; empty = no check
+  std::string mode;
+};
+Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const PackGeometry& geo);
+// Checks one object's bytes (up | gate | down as in the pack) against them:
+// an error naming layer, expert, role and file offset.
+Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& entry_crc32c, ObjectId id,
+                        const uint8_t* bytes);
+
 // SGLang's per-object generation: first 8 bytes (little-endian) of
 // sha256("{index_sha256}:{layer}:{expert}"), 1 if that is 0.
 uint64_t ObjectGeneration(const std::string& index_sha256, uint32_t layer, uint32_t expert);

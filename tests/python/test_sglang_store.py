@@ -251,6 +251,45 @@ class CpuDevice(StoreCase):
         self.assertEqual(calls[self.layers[0]], 100)
         self.assertEqual(calls[self.layers[-1]], 100)
 
+    def test_damaged_object_is_refused_never_served(self):
+        """A flipped payload byte fails the acquire that reads it (the digest
+        sidecar's CRC32C), and the object never lands in a slot."""
+        tmp = _util.TempDir()
+        self.addCleanup(tmp.cleanup)
+        model = os.path.join(tmp.path, "model")
+        _util.synth(model)
+        built = k3pack.build(model, os.path.join(model, "config.json"), os.path.join(model, "tokenizer"),
+                             pack=os.path.join(tmp.path, "d.expert-major.pack"),
+                             manifest=os.path.join(tmp.path, "d.manifest.json"), profile="scaled",
+                             safety_margin_gib=0)
+        pack = built["pack"]["pack"]
+        layer, expert = self.layers[0], 5
+        with open(pack, "rb") as f:
+            f.seek(40 + ((layer - self.layers[0]) * self.experts + expert) * 3 * 152 + 136)
+            offset = struct.unpack("<Q", f.read(8))[0]
+        with open(pack, "r+b") as f:
+            f.seek(offset + 100)
+            b = f.read(1)
+            f.seek(offset + 100)
+            f.write(bytes([b[0] ^ 0xFF]))
+        store = KimiGGMLExpertPackStore(pack, manifest_path=built["manifest"], expected_layers=self.num_layers,
+                                        expected_experts=self.experts, expected_top_k=self.top_k,
+                                        cache_vram_mib=3, cache_vram_reserve_mib=1)
+        self.addCleanup(store.close)
+        store.initialize_device_cache("cpu")
+        ids = torch.tensor([[expert, 0, 1, 2][:self.top_k]])
+        with self.assertRaises(OSError) as e:
+            store.acquire(layer, ids)
+        self.assertIn(f"(layer {layer}, expert {expert}) is damaged", str(e.exception))
+        snap = store.snapshot()
+        self.assertEqual(snap["k3pack"]["checksum_errors"], 1)
+        self.assertEqual(snap["resident_experts"], 0)
+        # Healthy objects are still served.
+        healthy = torch.tensor([[6, 7, 8, 9][:self.top_k]])
+        _, slots = store.acquire(layer, healthy)
+        store.mark_used(slots)
+        self.assertGreater(store.snapshot()["k3pack"]["checksum_verified_objects"], 0)
+
     def test_install_into_sglang_replaces_the_store_class(self):
         import sys
         import types

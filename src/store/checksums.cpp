@@ -1,0 +1,56 @@
+// The store's read-path integrity check: per-payload CRC32Cs from the digest
+// sidecar, checked on every object read before anyone sees its bytes.
+#include <cstdio>
+
+#include "k3pack/pack.h"
+#include "pack/sidecars.h"
+#include "store/store_impl.h"
+#include "util/crc32c.h"
+
+namespace k3pack::store {
+
+Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const PackGeometry& geo) {
+  ObjectChecksums out;
+  const std::string path = pack::DigestsPathFor(pack_path);
+  if (!PathExists(path)) {
+    out.mode = "unavailable: no digest sidecar " + path;
+    return out;
+  }
+  K3_ASSIGN_OR_RETURN(pack::PackDigests d, pack::ReadPackDigests(path));
+  if (d.index_count != geo.index_count || d.index_sha256 != geo.index_sha256 || d.pack_size != geo.pack_size) {
+    out.mode = "unavailable: digest sidecar " + path + " belongs to another pack (index differs)";
+    return out;
+  }
+  if (d.entry_crc32c.empty()) {
+    out.mode = "unavailable: digest sidecar " + path +
+               " predates per-object CRC32C (rebuild the pack's digests with this k3pack)";
+    return out;
+  }
+  out.entry_crc32c = std::move(d.entry_crc32c);
+  out.mode = std::string("crc32c (") + Crc32cImplementation() + ")";
+  return out;
+}
+
+Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& entry_crc32c, ObjectId id,
+                        const uint8_t* bytes) {
+  const uint32_t li = geo.space.LayerIndexOf(id);
+  for (uint32_t r = 0; r < 3; ++r) {
+    const uint64_t i = uint64_t{id} * 3 + r;
+    const uint32_t got = Crc32c(bytes + geo.role_offsets[li][r], geo.role_bytes[li][r]);
+    if (got == entry_crc32c[i]) continue;
+    static const char* kRole[3] = {"up", "gate", "down"};
+    char hex[32];
+    std::snprintf(hex, sizeof hex, "%08x != %08x", got, entry_crc32c[i]);
+    return Error("expert-pack object (layer " + std::to_string(geo.space.LayerOf(id)) + ", expert " +
+                     std::to_string(geo.space.ExpertOf(id)) + ") is damaged: " + kRole[r] + " payload at file offset " +
+                     std::to_string(geo.object_offsets[id] + geo.role_offsets[li][r]) + " of " +
+                     geo.resolved_pack_path + " has CRC32C " + hex + " (digest sidecar, entry " + std::to_string(i) +
+                     ")",
+                 ErrorKind::kOS, EIO)
+        .WithHint("the pack's bytes changed after it was built (disk error?); `k3pack verify --full` lists every "
+                  "damaged entry; rebuild the pack");
+  }
+  return Status::OK();
+}
+
+}  // namespace k3pack::store
