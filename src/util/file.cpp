@@ -87,7 +87,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view content) {
   // Errors name `path`, the file the user asked for; the temporary name is
   // only in the hint.
   const std::string tmp = path + ".tmp";
-  const std::string via = "written through the temporary file " + tmp + ", renamed over " + path + " when complete";
+  const std::string via = "written to a temporary file beside it, renamed into place when complete";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Error::FromErrno("cannot write " + path, errno).WithHint(via);
   UniqueFd guard(fd);

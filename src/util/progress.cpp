@@ -135,10 +135,12 @@ void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete) 
         bar.resize(kWidth, '.');
         bar = " [" + bar + "]";
       }
-      // \033[K clears what a longer previous draw left behind.
+      // \033[K clears what a longer previous draw left behind. The line
+      // counts as open before the draw starts: a signal arriving during it
+      // (on any thread) still ends the line.
+      g_line_open.store(true);
       std::fprintf(out, "\r%s%s %s\033[K", p.phase.c_str(), bar.c_str(), text.c_str());
-      g_line_open.store(!complete);
-      if (complete) std::fprintf(out, "\n");
+      if (complete && g_line_open.exchange(false)) std::fprintf(out, "\n");
       break;
     }
     case ProgressMode::kLines:

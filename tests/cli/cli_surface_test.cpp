@@ -116,7 +116,7 @@ TEST_F(CliSurface, TraceSweepAndReplayShowJsonProgress) {
   ASSERT_EQ(r.code, 0) << r.err;
   ExpectFinished(JsonLines(r.err), "sweep", "simulations");
   const auto lines = JsonLines(r.err);
-  EXPECT_EQ(lines.back()["total_objects"], 10);  // (4 policies + Belady) x 2 sizes
+  EXPECT_EQ(lines.back()["total_objects"], 12);  // (5 policies + Belady) x 2 sizes
 }
 
 // pack/build, verify --full, load and trace replay on a real (tiny) pack.
@@ -253,7 +253,8 @@ TEST(SweepSizes, KimiSizedModelKeepsTheDefaultShares) {
   EXPECT_EQ(note, "");
   const uint64_t n = 92 * 896;
   EXPECT_EQ(sizes, (std::vector<uint64_t>{uint64_t(0.0054 * n), uint64_t(0.01 * n), uint64_t(0.02 * n),
-                                          uint64_t(0.035 * n), uint64_t(0.05 * n), uint64_t(0.08 * n)}));
+                                          uint64_t(0.035 * n), uint64_t(0.05 * n), uint64_t(0.08 * n),
+                                          uint64_t(0.12 * n), uint64_t(0.20 * n)}));
 }
 
 TEST(SweepSizes, TinyModelGetsEveryFittingSize) {
@@ -326,7 +327,7 @@ TEST_F(CliSurface, BashCompletionCompletesCommandsSubcommandsAndOptions) {
   };
   EXPECT_EQ(complete("k3pack bui", 1), "build\n");
   EXPECT_EQ(complete("k3pack trace re", 2), "replay\n");
-  EXPECT_EQ(complete("k3pack trace sweep --pro", 3), "--progress\n");
+  EXPECT_EQ(complete("k3pack trace sweep --progr", 3), "--progress\n");
   EXPECT_NE(complete("k3pack build --", 2).find("--tokenizer-dir"), std::string::npos);
   EXPECT_EQ(K3("completion zsh").code, 2);
 }

@@ -83,7 +83,9 @@ std::string* PackIntegrity::expected_;
 std::pair<int, std::string> RunAndSignal(const std::vector<std::string>& base_args, int sig, bool* signalled) {
   auto args = base_args;
   args.insert(args.end(), {"--progress", "json"});
-  Proc p = Spawn(args, {"K3PACK_THROTTLE_US=30000", "K3PACK_BATCH_BYTES=1"});
+  // Slow enough (48 objects x 100 ms on 2 threads) for a JSON progress line
+  // (at most one a second) to land in the middle of the copy.
+  Proc p = Spawn(args, {"K3PACK_THROTTLE_US=100000", "K3PACK_BATCH_BYTES=1"});
   std::string err, line;
   char buf[4096];
   ssize_t n;

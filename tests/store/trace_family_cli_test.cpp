@@ -20,12 +20,12 @@ const std::string kSmall = " --layers 6 --experts 64 --top-k 4 --decode-tokens 3
 
 TEST(TraceFamilyCli, GenFamiliesAndBadFamily) {
   std::string dir = testing::TinyPack::TempDir("families");
-  CliRun r = Cli("trace gen --family batched --predict --json --out " + dir + "/b.k3trace" + kSmall);
+  CliRun r = Cli("trace gen --family batched --predict --json --trace " + dir + "/b.k3trace" + kSmall);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["version"], 2);
   EXPECT_NEAR(j["measured_reuse"].get<double>(), 0.3, 0.1) << "interleaved rows are matched by request";
-  CliRun bad = Cli("trace gen --family nope --out " + dir + "/x.k3trace");
+  CliRun bad = Cli("trace gen --family nope --trace " + dir + "/x.k3trace");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("unknown trace family 'nope'"), std::string::npos) << bad.out;
   std::filesystem::remove_all(dir);
