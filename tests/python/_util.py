@@ -43,7 +43,7 @@ class TempDir:
         self._td.cleanup()
 
 
-def synth(out, fault=None, all_data=False, matrix_type=None):
+def synth(out, fault=None, all_data=False, matrix_type=None, force=False):
     """The tiny synthetic model into `out`: with the CLI's `synth` when it is
     built, else through the binding (k3pack.synth)."""
     if cli_has_command("synth"):
@@ -54,6 +54,8 @@ def synth(out, fault=None, all_data=False, matrix_type=None):
             args.append("--all-data")
         if matrix_type:
             args += ["--matrix-type", matrix_type]
+        if force:  # replace a model written with other options (the overwrite rule refuses otherwise)
+            args.append("--force")
         run_cli(*args)
         return
     import k3pack

@@ -424,7 +424,7 @@ class SynthModel(AdapterCase):
         shutil.copytree(self.clean, other)
         m = os.path.join(self.tmp.path, "other.json")
         oracle.write_json(m, oracle.source_manifest(k3pack.ShardSet.discover(other)))
-        _util.synth(other, matrix_type="Q4_0")
+        _util.synth(other, matrix_type="Q4_0", force=True)
         self.assert_same_error(m)
 
 
