@@ -33,11 +33,8 @@ void Say(bool json, const std::string& s) {
 }
 
 // Option values (a bad one is a usage error, exit 2).
-struct Values {
+struct Values : CopyValues {
   int64_t samples = 0;
-  double margin = 0;
-  pack::ProgressMode mode{};
-  int threads = 0;
 };
 
 Result<Values> ParseValues(const Args& args) {
@@ -45,10 +42,7 @@ Result<Values> ParseValues(const Args& args) {
   if (args.Has("--profile")) K3_RETURN_IF_ERROR(kimi::ParseProfile(args.Get("--profile")).status());
   K3_ASSIGN_OR_RETURN(v.samples, args.GetInt("--payload-samples"));
   if (v.samples < 0) return Error("--payload-samples must be non-negative");
-  K3_ASSIGN_OR_RETURN(v.margin, args.GetDouble("--safety-margin-gib"));
-  if (v.margin < 0) return Error("--safety-margin-gib must be non-negative");
-  K3_ASSIGN_OR_RETURN(v.mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  K3_ASSIGN_OR_RETURN(v.threads, ParseCopyThreads(args));
+  K3_ASSIGN_OR_RETURN(static_cast<CopyValues&>(v), ParseCopyValues(args));
   return v;
 }
 

@@ -24,19 +24,11 @@ namespace {
 constexpr const char* kCmd = "pack";
 
 // Option values (a bad one is a usage error, exit 2).
-struct Values {
-  double margin = 0;
-  pack::ProgressMode mode{};
-  int threads = 0;
-};
+using Values = CopyValues;
 
 Result<Values> ParseValues(const Args& args) {
-  Values v;
   if (args.Has("--profile")) K3_RETURN_IF_ERROR(kimi::ParseProfile(args.Get("--profile")).status());
-  K3_ASSIGN_OR_RETURN(v.margin, args.GetDouble("--safety-margin-gib"));
-  if (v.margin < 0) return Error("--safety-margin-gib must be non-negative");
-  K3_ASSIGN_OR_RETURN(v.mode, pack::ParseProgressMode(args.Get("--progress"), StderrIsTty()));
-  K3_ASSIGN_OR_RETURN(v.threads, ParseCopyThreads(args));
+  K3_ASSIGN_OR_RETURN(Values v, ParseCopyValues(args));
   if (args.Has("--force") && args.Has("--repair-damaged"))
     return Error("--force and --repair-damaged conflict: --force rebuilds the whole pack");
   return v;

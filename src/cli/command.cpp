@@ -199,6 +199,15 @@ std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::st
   return std::make_unique<ProgressReporter>(o);
 }
 
+Result<CopyValues> ParseCopyValues(const Args& args) {
+  CopyValues v;
+  K3_ASSIGN_OR_RETURN(v.margin, args.GetDouble("--safety-margin-gib"));
+  if (v.margin < 0) return Error("--safety-margin-gib must be non-negative");
+  K3_ASSIGN_OR_RETURN(v.mode, ProgressModeOf(args));
+  K3_ASSIGN_OR_RETURN(v.threads, ParseCopyThreads(args));
+  return v;
+}
+
 Result<int> ParseCopyThreads(const Args& args) {
   if (!args.Has("--threads")) return 0;
   K3_ASSIGN_OR_RETURN(int64_t t, args.GetInt("--threads"));

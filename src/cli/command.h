@@ -87,6 +87,13 @@ int ReportError(const std::string& command, const Error& error, int exit_code = 
 void AddCopyOptions(Args& args);
 // --threads as a copy-worker count (0 = the builder's default).
 Result<int> ParseCopyThreads(const Args& args);
+// The values of AddCopyOptions' options, checked (a bad one is a usage error).
+struct CopyValues {
+  double margin = 0;  // --safety-margin-gib
+  ProgressMode mode{};
+  int threads = 0;
+};
+Result<CopyValues> ParseCopyValues(const Args& args);
 
 // True when stderr is a terminal (progress bars) rather than a pipe (JSON lines).
 bool StderrIsTty();

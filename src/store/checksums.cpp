@@ -1,5 +1,9 @@
-// The store's read-path integrity check: per-payload CRC32Cs from the digest
-// sidecar, checked on every object read before anyone sees its bytes.
+// What both stores (ExpertStore, SlotCache) do alike once the pack passed
+// SGLang's checks: plan the reads, describe the pack, and the read-path
+// integrity check (per-payload CRC32Cs from the digest sidecar, checked on
+// every object read before anyone sees its bytes).
+#include <fcntl.h>
+
 #include <cstdio>
 
 #include "k3pack/pack.h"
@@ -8,6 +12,43 @@
 #include "util/crc32c.h"
 
 namespace k3pack::store {
+
+Result<ReadPlan> PlanObjectReads(const std::string& pack_path, const PackGeometry& geo, const StoreOptions& opt) {
+  ReadPlan plan;
+  const ObjectSpace& s = geo.space;
+  plan.ranges.resize(s.num_active_layers());
+  for (uint32_t li = 0; li < s.num_active_layers(); ++li)
+    plan.ranges[li] = ObjectReadRanges(s.object_bytes[li], static_cast<uint32_t>(opt.read_splits));
+  if (!opt.direct_io) return plan;
+  for (uint64_t off : geo.object_offsets)
+    if (off % 4096 != 0) return Error("expert-pack direct I/O requires aligned objects");
+  for (const auto& rs : plan.ranges)
+    for (const auto& r : rs)
+      if (r.start % 4096 != 0 || r.length % 4096 != 0)
+        return Error("expert-pack direct I/O requires aligned read ranges");
+  K3_ASSIGN_OR_RETURN(plan.direct_fd, OpenReadOnly(pack_path, O_DIRECT));
+  return plan;
+}
+
+StoreInfo DescribePack(const std::string& pack_path, const std::string& manifest_path, const PackGeometry& g) {
+  const ObjectSpace& s = g.space;
+  StoreInfo info;
+  info.pack_path = pack_path;
+  info.manifest_path = manifest_path;
+  info.profile = g.profile;
+  info.num_hidden_layers = s.num_layers_total;
+  info.num_experts = s.num_experts;
+  info.top_k = s.top_k;
+  info.active_layer_ids = s.active_layer_ids;
+  info.object_bytes = s.object_bytes;
+  info.role_offsets = g.role_offsets;
+  info.role_bytes = g.role_bytes;
+  info.index_sha256 = g.index_sha256;
+  info.index_count = g.index_count;
+  info.data_start = g.data_start;
+  info.pack_size = g.pack_size;
+  return info;
+}
 
 Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const PackGeometry& geo) {
   ObjectChecksums out;

@@ -143,21 +143,14 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
   const ObjectSpace& s = impl->geo.space;
   impl->opt = opt;
   impl->slot_bytes = s.max_object_bytes();
-  impl->ranges.resize(s.num_active_layers());
-  for (uint32_t li = 0; li < s.num_active_layers(); ++li)
-    impl->ranges[li] = ObjectReadRanges(s.object_bytes[li], static_cast<uint32_t>(opt.store.read_splits));
-  if (opt.store.direct_io) {
-    for (uint64_t off : impl->geo.object_offsets)
-      if (off % 4096 != 0) return Error("expert-pack direct I/O requires aligned objects");
-    for (const auto& rs : impl->ranges)
-      for (const auto& r : rs)
-        if (r.start % 4096 != 0 || r.length % 4096 != 0)
-          return Error("expert-pack direct I/O requires aligned read ranges");
-    if (impl->slot_bytes % 4096 != 0)
-      return Error("expert-pack direct I/O requires aligned staging")
-          .WithHint("each slot holds " + std::to_string(impl->slot_bytes) + " bytes, not a multiple of 4096");
-    K3_ASSIGN_OR_RETURN(impl->direct_fd, OpenReadOnly(pack_path, O_DIRECT));
+  {
+    K3_ASSIGN_OR_RETURN(ReadPlan plan, PlanObjectReads(pack_path, impl->geo, opt.store));
+    impl->ranges = std::move(plan.ranges);
+    impl->direct_fd = std::move(plan.direct_fd);
   }
+  if (opt.store.direct_io && impl->slot_bytes % 4096 != 0)
+    return Error("expert-pack direct I/O requires aligned staging")
+        .WithHint("each slot holds " + std::to_string(impl->slot_bytes) + " bytes, not a multiple of 4096");
   if (opt.host_cache_bytes > 0) {
     StoreOptions host = opt.store;
     host.cache_bytes = opt.host_cache_bytes;
@@ -174,21 +167,7 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
   impl->route_tokens.assign(s.num_layers_total, 0);
 
   StoreInfo& info = impl->info;
-  const PackGeometry& g = impl->geo;
-  info.pack_path = pack_path;
-  info.manifest_path = manifest_path;
-  info.profile = g.profile;
-  info.num_hidden_layers = s.num_layers_total;
-  info.num_experts = s.num_experts;
-  info.top_k = s.top_k;
-  info.active_layer_ids = s.active_layer_ids;
-  info.object_bytes = s.object_bytes;
-  info.role_offsets = g.role_offsets;
-  info.role_bytes = g.role_bytes;
-  info.index_sha256 = g.index_sha256;
-  info.index_count = g.index_count;
-  info.data_start = g.data_start;
-  info.pack_size = g.pack_size;
+  info = DescribePack(pack_path, manifest_path, impl->geo);
   info.cache_bytes = opt.host_cache_bytes;
   return std::unique_ptr<SlotCache>(new SlotCache(std::move(impl)));
 }

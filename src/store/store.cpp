@@ -39,17 +39,10 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   const PackGeometry& g = impl->geo;
   const ObjectSpace& s = g.space;
   impl->opt = opt;
-  impl->ranges.resize(s.num_active_layers());
-  for (uint32_t li = 0; li < s.num_active_layers(); ++li)
-    impl->ranges[li] = ObjectReadRanges(s.object_bytes[li], static_cast<uint32_t>(opt.read_splits));
-  if (opt.direct_io) {
-    for (uint64_t off : g.object_offsets)
-      if (off % 4096 != 0) return Error("expert-pack direct I/O requires aligned objects");
-    for (const auto& rs : impl->ranges)
-      for (const auto& r : rs)
-        if (r.start % 4096 != 0 || r.length % 4096 != 0)
-          return Error("expert-pack direct I/O requires aligned read ranges");
-    K3_ASSIGN_OR_RETURN(impl->direct_fd, OpenReadOnly(pack_path, O_DIRECT));
+  {
+    K3_ASSIGN_OR_RETURN(ReadPlan plan, PlanObjectReads(pack_path, g, opt));
+    impl->ranges = std::move(plan.ranges);
+    impl->direct_fd = std::move(plan.direct_fd);
   }
   const uint64_t largest = s.max_object_bytes();
   if (opt.cache_bytes < uint64_t{s.top_k} * largest)
@@ -78,20 +71,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   }
 
   StoreInfo& info = impl->info;
-  info.pack_path = pack_path;
-  info.manifest_path = manifest_path;
-  info.profile = g.profile;
-  info.num_hidden_layers = s.num_layers_total;
-  info.num_experts = s.num_experts;
-  info.top_k = s.top_k;
-  info.active_layer_ids = s.active_layer_ids;
-  info.object_bytes = s.object_bytes;
-  info.role_offsets = g.role_offsets;
-  info.role_bytes = g.role_bytes;
-  info.index_sha256 = g.index_sha256;
-  info.index_count = g.index_count;
-  info.data_start = g.data_start;
-  info.pack_size = g.pack_size;
+  info = DescribePack(pack_path, manifest_path, g);
   info.cache_bytes = opt.cache_bytes;
   info.effective_capacity_objects = opt.cache_bytes / largest;
   info.open_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

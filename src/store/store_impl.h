@@ -9,6 +9,7 @@
 
 #include "k3pack/error.h"
 #include "k3pack/store.h"
+#include "store/io_engine.h"
 #include "store/object_space.h"
 #include "util/file.h"
 
@@ -35,6 +36,18 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
 // The object space a manifest describes (dimensions, per-layer object
 // sizes) without validating the pack: for trace generation and simulation.
 Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path);
+
+// SGLang's read ranges (read_splits per object) for each active layer, after
+// its direct-I/O checks (aligned objects and ranges, its texts) when
+// `opt.direct_io`; `direct_fd` is then the pack opened with O_DIRECT.
+struct ReadPlan {
+  std::vector<std::vector<ReadRange>> ranges;  // per active layer
+  UniqueFd direct_fd;
+};
+Result<ReadPlan> PlanObjectReads(const std::string& pack_path, const PackGeometry& geo, const StoreOptions& opt);
+
+// What a caller of either store learns about the pack it opened.
+StoreInfo DescribePack(const std::string& pack_path, const std::string& manifest_path, const PackGeometry& geo);
 
 // The per-payload CRC32Cs of the pack's digest sidecar, when it has them and
 // belongs to this pack (`mode` says "crc32c (...)"). A missing, older
