@@ -65,4 +65,15 @@ void DistinctSorted(const ObjectSpace& space, uint32_t layer_index, const int64_
   out->erase(std::unique(out->begin(), out->end()), out->end());
 }
 
+Result<RouteCall> PrepareRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
+                               std::span<const int64_t> ids, std::optional<bool> is_prefill) {
+  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids));
+  RouteCall call;
+  call.rows = shape[0];
+  call.is_prefill = is_prefill.value_or(call.rows > 1);
+  call.layer_index = static_cast<uint32_t>(space.LayerIndex(layer));
+  DistinctSorted(space, call.layer_index, ids.data(), ids.size(), &call.keys);
+  return call;
+}
+
 }  // namespace k3pack::store

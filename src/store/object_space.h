@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,6 +53,18 @@ struct ObjectSpace {
 // printed as a Python tuple, e.g. `(1, 8)`.
 Status ValidateRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
                      std::span<const int64_t> ids);
+
+// One acquire call after SGLang's route checks: its rows, whether it counts
+// as prefill (SGLang's default: more than one row), its layer index and its
+// distinct objects in ascending order.
+struct RouteCall {
+  int64_t rows = 0;
+  bool is_prefill = false;
+  uint32_t layer_index = 0;
+  std::vector<ObjectId> keys;
+};
+Result<RouteCall> PrepareRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
+                               std::span<const int64_t> ids, std::optional<bool> is_prefill);
 
 // Distinct object ids of one route, ascending (SGLang processes keys in
 // ascending (layer, expert) order, deduplicated).

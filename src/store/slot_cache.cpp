@@ -284,12 +284,11 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
-  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids));
-  const int64_t rows = shape[0];
-  const bool is_prefill = is_prefill_opt.value_or(rows > 1);
-  const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
-  std::vector<ObjectId> keys;
-  DistinctSorted(space, li, ids.data(), ids.size(), &keys);
+  K3_ASSIGN_OR_RETURN(RouteCall call, PrepareRoute(space, layer, shape, ids, is_prefill_opt));
+  const int64_t rows = call.rows;
+  const bool is_prefill = call.is_prefill;
+  const uint32_t li = call.layer_index;
+  const std::vector<ObjectId>& keys = call.keys;
 
   std::unique_lock<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
@@ -359,14 +358,14 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   }
   // Pin the call for other threads before reading (the lock stays held:
   // one call's misses are read together, as SGLang does under its lock).
-  Impl::Holds call;
-  Impl::AddHolds(&call, keys, +1);
+  Impl::Holds held;
+  Impl::AddHolds(&held, keys, +1);
   Impl::AddHolds(&mine, keys, +1);
-  s.SetPins(call, +1);
+  s.SetPins(held, +1);
   Status load = s.LoadMisses(li, misses);
   if (!load.ok()) {
     forget_misses();
-    s.SetPins(call, -1);
+    s.SetPins(held, -1);
     Impl::AddHolds(&mine, keys, -1);
     s.cv.notify_all();
     return load.error();

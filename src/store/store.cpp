@@ -211,12 +211,11 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
                                          std::optional<bool> is_prefill_opt) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
-  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids));
-  const int64_t rows = shape[0];
-  const bool is_prefill = is_prefill_opt.value_or(rows > 1);
-  const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
-  std::vector<ObjectId> keys;
-  DistinctSorted(space, li, ids.data(), ids.size(), &keys);
+  K3_ASSIGN_OR_RETURN(RouteCall call, PrepareRoute(space, layer, shape, ids, is_prefill_opt));
+  const int64_t rows = call.rows;
+  const bool is_prefill = call.is_prefill;
+  const uint32_t li = call.layer_index;
+  const std::vector<ObjectId>& keys = call.keys;
 
   std::unique_lock<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
