@@ -60,4 +60,28 @@ if has doctor && has synth; then
   fi
 fi
 
+if ls python/k3pack/_k3pack*.so >/dev/null 2>&1; then
+  say "10. SGLang's expert store served by k3pack (k3pack.sglang.KimiGGMLExpertPackStore, CPU device)"
+  PYTHONPATH="$PWD/python" /usr/bin/python3 - "$OUT/kimi-k3-expert-pack.manifest.json" <<'PY'
+import json, sys
+import torch
+from k3pack.sglang import KimiGGMLExpertPackStore
+manifest = sys.argv[1]
+m = json.load(open(manifest))["model"]
+store = KimiGGMLExpertPackStore(json.load(open(manifest))["expert_pack"]["path"], manifest_path=manifest,
+                                expected_layers=m["num_hidden_layers"], expected_experts=m["num_experts"],
+                                expected_top_k=m["num_experts_per_token"], cache_vram_mib=8, cache_vram_reserve_mib=1)
+store.initialize_device_cache("cpu")
+layer, k = m["active_moe_layer_ids"][0], m["num_experts_per_token"]
+for step in range(3):  # what SGLang's MoE layer does per token: acquire, read device_cache[slots], mark_used
+    slots, slot_list = store.acquire(layer, torch.arange(k).reshape(1, k))
+    rows = store.device_cache.index_select(0, slots.long())
+    store.mark_used(slot_list)
+s = store.snapshot()
+print(f"slots {slot_list}; rows {tuple(rows.shape)}; hits {s['cache_hits']}, misses {s['cache_misses']}, "
+      f"pack reads {s['pack_reads']}, checksums {s['k3pack']['checksums']}")
+store.close()
+PY
+fi
+
 say "demo complete: outputs in $OUT"
