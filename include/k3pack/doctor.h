@@ -78,7 +78,7 @@ struct Report {
   std::vector<Finding> findings;
 
   size_t Count(Severity s) const;
-  // 0 healthy (no errors), 1 problems found, 2 unusable input.
+  // 0 healthy (no errors), 1 problems found or unusable input (status tells which).
   int ExitCode() const;
   nlohmann::json ToJson() const;  // schema kReportSchema, see docs/doctor.md
   std::string ToText() const;     // for people

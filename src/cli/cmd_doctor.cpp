@@ -13,7 +13,7 @@ int RunDoctor(const std::vector<std::string>& argv) {
       "doctor", "PATH... [--json] [--profile kimi-k3|scaled] [--model-config FILE] [--no-values]",
       "Diagnoses Kimi-K3 GGUF shard sets (a shard, a shard directory or a manifest JSON) and reports\n"
       "every problem found: severity, code, object, the SGLang error it would cause, what it means and\n"
-      "how to fix it. Exit code: 0 healthy, 1 problems found, 2 unusable input.");
+      "how to fix it. Exit code: 0 healthy, 1 problems found or unusable input, 2 usage error.");
   args.Positional("PATH", "GGUF shard, directory of shards, or *.manifest.json", 1, -1)
       .Flag("--json", "print the report as JSON (schema k3pack-doctor-v1, see docs)")
       .Option("--model-config", "config.json to check against (default: config.json beside the shards)")

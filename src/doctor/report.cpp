@@ -68,10 +68,9 @@ size_t Report::Count(Severity s) const {
   return static_cast<size_t>(std::count_if(findings.begin(), findings.end(), [&](const Finding& f) { return f.severity == s; }));
 }
 
-int Report::ExitCode() const {
-  if (unusable) return 2;
-  return Count(Severity::kError) > 0 ? 1 : 0;
-}
+// One exit-code rule for every command: 1 = the input is bad (unusable input
+// included; the JSON status tells the two apart), 2 is left to usage errors.
+int Report::ExitCode() const { return unusable || Count(Severity::kError) > 0 ? 1 : 0; }
 
 bool Report::Has(std::string_view code) const {
   return std::any_of(findings.begin(), findings.end(), [&](const Finding& f) { return f.code == code; });
@@ -91,7 +90,7 @@ nlohmann::json Report::ToJson() const {
   j["inputs"] = inputs;
   j["profile"] = kimi::ProfileName(profile);
   const int code = ExitCode();
-  j["status"] = code == 0 ? "healthy" : code == 1 ? "problems" : "unusable";
+  j["status"] = code == 0 ? "healthy" : unusable ? "unusable" : "problems";
   j["exit_code"] = code;
   j["summary"] = {{"errors", Count(Severity::kError)},
                   {"warnings", Count(Severity::kWarning)},

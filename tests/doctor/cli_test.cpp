@@ -21,11 +21,11 @@ TEST(DoctorCli, ExitCodes) {
   auto bad = TempDir("cli-exit-bad");
   Synth(bad, {Fault::kZeroSsmA});
   EXPECT_EQ(RunCli("doctor --profile scaled " + bad.string()).exit_code, 1);
-  EXPECT_EQ(RunCli("doctor " + (dir / "no-such-file.gguf").string()).exit_code, 2);
+  EXPECT_EQ(RunCli("doctor " + (dir / "no-such-file.gguf").string()).exit_code, 1);  // unusable input: exit 1, status "unusable"
   { std::ofstream(dir / "junk.bin") << "not a gguf"; }
-  EXPECT_EQ(RunCli("doctor " + (dir / "junk.bin").string()).exit_code, 2);
+  EXPECT_EQ(RunCli("doctor " + (dir / "junk.bin").string()).exit_code, 1);  // unusable input: exit 1, status "unusable"
   auto empty = TempDir("cli-exit-empty");
-  EXPECT_EQ(RunCli("doctor " + empty.string()).exit_code, 2);
+  EXPECT_EQ(RunCli("doctor " + empty.string()).exit_code, 1);  // unusable input: exit 1, status "unusable"
   EXPECT_EQ(RunCli("doctor --profile nope " + dir.string()).exit_code, 2);
   EXPECT_EQ(RunCli("doctor").exit_code, 2);  // PATH is required
   // Healthy and broken inputs together: problems found.
@@ -71,7 +71,7 @@ TEST(DoctorCli, JsonSchema) {
   EXPECT_EQ(h["findings"], nlohmann::json::array());
   auto u = nlohmann::json::parse(RunCli("doctor --json /no/such/path").out, nullptr, false);
   EXPECT_EQ(u["status"], "unusable");
-  EXPECT_EQ(u["exit_code"], 2);
+  EXPECT_EQ(u["exit_code"], 1);
 }
 
 TEST(DoctorCli, TextReportNamesCodeObjectSglangTextAndFix) {

@@ -84,7 +84,8 @@ TEST(DoctorManifest, NotJsonIsUnusable) {
   auto dir = TempDir("man-junk");
   { std::ofstream(dir / "m.json") << "{ not json"; }
   doctor::Report r = doctor::Diagnose({(dir / "m.json").string()});
-  EXPECT_EQ(r.ExitCode(), 2) << Dump(r);
+  EXPECT_EQ(r.ExitCode(), 1) << Dump(r);  // unusable input is a bad input (exit 1)
+  EXPECT_EQ(r.ToJson()["status"], "unusable");
   EXPECT_TRUE(r.Has("input-unrecognized"));
 }
 
