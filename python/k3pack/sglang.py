@@ -1,5 +1,7 @@
-"""Drop-in replacement for SGLang's
-sglang.srt.model_loader.kimi_k3_gguf.kimi_k3_nonexpert_weights_iterator.
+"""Drop-in replacements for SGLang's
+sglang.srt.model_loader.kimi_k3_gguf.kimi_k3_nonexpert_weights_iterator and
+sglang.srt.layers.moe.expert_pack.KimiGGMLExpertPackStore (the latter in
+_sglang_store.py); install_into_sglang(store=True) swaps both in.
 
     from k3pack.sglang import kimi_k3_nonexpert_weights_iterator
     for name, tensor in kimi_k3_nonexpert_weights_iterator(manifest_path):
