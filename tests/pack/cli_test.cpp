@@ -24,30 +24,12 @@ namespace {
 
 using testing::ReadAll;
 
-class PackCli : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    root_ = new std::string(testing::TempDir("cli"));
-    model_ = new testing::Model(testing::MakeModel(*root_ + "/model", 3));
-    expected_ = new std::string(testing::ExpectedPack(model_->experts));
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*root_);
-    delete model_;
-    delete expected_;
-    delete root_;
-  }
-  std::vector<std::string> PackArgs(const std::string& out) const {
-    return {"pack", "--gguf-dir", model_->dir, "--model-config", model_->config, "--profile", "scaled",
-            "--out", out, "--safety-margin-gib", "0", "--threads", "2"};
-  }
-  static std::string* root_;
-  static testing::Model* model_;
-  static std::string* expected_;
+struct PackCliModel {
+  static constexpr const char* kName = "cli";
+  static constexpr uint64_t kSeed = 3;
 };
-std::string* PackCli::root_;
-testing::Model* PackCli::model_;
-std::string* PackCli::expected_;
+
+class PackCli : public testing::SharedModelTest<PackCliModel> {};
 
 // objects_done of the checkpoint next to `out`, or -1 when there is none.
 int64_t CheckpointObjects(const std::string& out) {

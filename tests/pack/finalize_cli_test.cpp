@@ -46,19 +46,13 @@ CmdRun RunK3(const std::string& env, const std::vector<std::string>& args) {
   return r;
 }
 
-class PackFinalize : public ::testing::Test {
+struct PackFinalizeModel {
+  static constexpr const char* kName = "finalize";
+  static constexpr uint64_t kSeed = 5;
+};
+
+class PackFinalize : public testing::SharedModelTest<PackFinalizeModel> {
  protected:
-  static void SetUpTestSuite() {
-    root_ = new std::string(testing::TempDir("finalize"));
-    model_ = new testing::Model(testing::MakeModel(*root_ + "/model", 5));
-    expected_ = new std::string(testing::ExpectedPack(model_->experts));
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*root_);
-    delete model_;
-    delete expected_;
-    delete root_;
-  }
   static std::vector<std::string> Args(const std::string& command, const std::string& dir) {
     std::vector<std::string> a{command,       "--gguf-dir", model_->dir, "--model-config", model_->config,
                                "--profile",   "scaled",     "--out",     dir + "/x.pack",  "--safety-margin-gib",
@@ -68,13 +62,7 @@ class PackFinalize : public ::testing::Test {
     }
     return a;
   }
-  static std::string* root_;
-  static testing::Model* model_;
-  static std::string* expected_;
 };
-std::string* PackFinalize::root_;
-testing::Model* PackFinalize::model_;
-std::string* PackFinalize::expected_;
 
 TEST_F(PackFinalize, KillAfterEveryFinalizeStepThenRerunFinishesThroughPackAndBuild) {
   // Reference: one uninterrupted build, for the digest sidecar's bytes.

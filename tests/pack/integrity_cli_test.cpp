@@ -40,23 +40,13 @@ uint64_t Le(const std::string& b, uint64_t at, int k) {
   return v;
 }
 
-class PackIntegrity : public ::testing::Test {
+struct PackIntegrityModel {
+  static constexpr const char* kName = "integrity";
+  static constexpr uint64_t kSeed = 3;
+};
+
+class PackIntegrity : public testing::SharedModelTest<PackIntegrityModel> {
  protected:
-  static void SetUpTestSuite() {
-    root_ = new std::string(testing::TempDir("integrity"));
-    model_ = new testing::Model(testing::MakeModel(*root_ + "/model", 3));
-    expected_ = new std::string(testing::ExpectedPack(model_->experts));
-  }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*root_);
-    delete model_;
-    delete expected_;
-    delete root_;
-  }
-  static std::vector<std::string> PackArgs(const std::string& out) {
-    return {"pack", "--gguf-dir", model_->dir, "--model-config", model_->config, "--profile", "scaled",
-            "--out", out, "--safety-margin-gib", "0", "--threads", "2"};
-  }
   static std::vector<std::string> BuildArgs(const std::string& out) {
     return {"build", "--gguf-dir", model_->dir, "--model-config", model_->config, "--tokenizer-dir",
             model_->dir + "/tokenizer", "--profile", "scaled", "--out", out, "--manifest", out + ".json",
@@ -70,13 +60,7 @@ class PackIntegrity : public ::testing::Test {
     }
     return payload;
   }
-  static std::string* root_;
-  static testing::Model* model_;
-  static std::string* expected_;
 };
-std::string* PackIntegrity::root_;
-testing::Model* PackIntegrity::model_;
-std::string* PackIntegrity::expected_;
 
 // Runs `args` with a throttled copy and JSON progress, sends `sig` once the
 // finished prefix holds at least 2 objects; returns {exit status, stderr}.

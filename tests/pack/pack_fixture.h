@@ -99,4 +99,30 @@ inline std::string TempDir(const std::string& tag) {
   return buf.data();
 }
 
+// A test suite sharing one synthetic model (and the pack it must give) in a
+// temp dir: `Tag` names the dir (Tag::kName) and the model's seed (Tag::kSeed).
+template <typename Tag>
+class SharedModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new std::string(TempDir(Tag::kName));
+    model_ = new Model(MakeModel(*root_ + "/model", Tag::kSeed));
+    expected_ = new std::string(ExpectedPack(model_->experts));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*root_);
+    delete model_;
+    delete expected_;
+    delete root_;
+  }
+  // `k3pack pack` of the model into `out` (scaled profile, no space margin).
+  static std::vector<std::string> PackArgs(const std::string& out) {
+    return {"pack", "--gguf-dir", model_->dir, "--model-config", model_->config, "--profile", "scaled",
+            "--out", out, "--safety-margin-gib", "0", "--threads", "2"};
+  }
+  static inline std::string* root_ = nullptr;
+  static inline Model* model_ = nullptr;
+  static inline std::string* expected_ = nullptr;
+};
+
 }  // namespace k3pack::pack::testing
