@@ -134,17 +134,8 @@ void RewriteSpecs(const fs::path& src, const fs::path& dst,
   auto set = gguf::ShardSet::Open(src.string());
   ASSERT_TRUE(set.ok()) << set.error().message();
   const gguf::GgufFile& f0 = set->first();
-  const uint8_t* base = f0.mapping()->data();
   gguf::MetadataBuilder meta, per_shard;
-  const auto& kvs = f0.metadata();
-  for (size_t i = 0; i < kvs.size(); ++i) {
-    const auto& kv = kvs[i];
-    const uint64_t start = kv.offset + 8 + kv.key.size() + 4;
-    const uint64_t end = i + 1 < kvs.size() ? kvs[i + 1].offset : f0.tensors().front().info_offset;
-    if (kv.key.rfind("split.", 0) == 0) continue;
-    meta.Raw(kv.key, kv.value.type, std::string(reinterpret_cast<const char*>(base + start), end - start));
-  }
-  per_shard.Str("general.architecture", f0.architecture());
+  CopyShard0Metadata(f0, &meta, &per_shard);
   std::vector<gguf::TensorSpec> specs;
   std::vector<uint32_t> shard_of;
   for (const auto& loc : set->AllTensors()) {
