@@ -61,3 +61,27 @@ def synth(out, fault=None, all_data=False, matrix_type=None, force=False):
     import k3pack
 
     k3pack.synth(out, faults=[fault] if fault else [], all_data=all_data, matrix_type=matrix_type)
+
+
+class StandInModules:
+    """Empty stand-in modules (SGLang is not installed here) for the names
+    given, restored to what sys.modules held on exit."""
+
+    def __init__(self, *names):
+        self.names = names
+
+    def __enter__(self):
+        import types
+
+        self.saved = {n: sys.modules.get(n) for n in self.names}
+        for n in self.names:
+            sys.modules[n] = types.ModuleType(n)
+        return [sys.modules[n] for n in self.names]
+
+    def __exit__(self, *exc):
+        for n, m in self.saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+        return False

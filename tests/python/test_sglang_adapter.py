@@ -317,7 +317,6 @@ class InstallIntoSglang(unittest.TestCase):
 
     def test_patches_module_and_imported_names(self):
         import sys
-        import types
 
         import k3pack.sglang as adapter
 
@@ -325,24 +324,14 @@ class InstallIntoSglang(unittest.TestCase):
             yield from ()
 
         names = ["sglang", "sglang.srt", "sglang.srt.model_loader", adapter.SGLANG_MODULE, "fake_consumer"]
-        saved = {n: sys.modules.get(n) for n in names}
-        try:
-            for n in names[:-1]:
-                sys.modules[n] = types.ModuleType(n)
+        with _util.StandInModules(*names):
             sys.modules[adapter.SGLANG_MODULE].kimi_k3_nonexpert_weights_iterator = original
-            consumer = types.ModuleType("fake_consumer")
+            consumer = sys.modules["fake_consumer"]
             consumer.kimi_k3_nonexpert_weights_iterator = original
-            sys.modules["fake_consumer"] = consumer
             patched = adapter.install_into_sglang()
             self.assertEqual(patched, sorted([adapter.SGLANG_MODULE, "fake_consumer"]))
             # copy=True by default: SGLang gets fresh tensors, as from its own iterator.
             self.assertIs(consumer.kimi_k3_nonexpert_weights_iterator, adapter._copying_iterator)
-        finally:
-            for n, m in saved.items():
-                if m is None:
-                    sys.modules.pop(n, None)
-                else:
-                    sys.modules[n] = m
 
 
 class SynthModel(AdapterCase):

@@ -292,7 +292,6 @@ class CpuDevice(StoreCase):
 
     def test_install_into_sglang_replaces_the_store_class(self):
         import sys
-        import types
 
         import k3pack.sglang as adapter
 
@@ -301,26 +300,16 @@ class CpuDevice(StoreCase):
 
         names = ["sglang", "sglang.srt", "sglang.srt.model_loader", adapter.SGLANG_MODULE, "sglang.srt.layers",
                  "sglang.srt.layers.moe", adapter.SGLANG_STORE_MODULE, "fake_moe_method"]
-        saved = {n: sys.modules.get(n) for n in names}
-        try:
-            for n in names[:-1]:
-                sys.modules[n] = types.ModuleType(n)
+        with _util.StandInModules(*names):
             sys.modules[adapter.SGLANG_MODULE].kimi_k3_nonexpert_weights_iterator = lambda p: iter(())
             sys.modules[adapter.SGLANG_STORE_MODULE].KimiGGMLExpertPackStore = Original
-            consumer = types.ModuleType("fake_moe_method")
+            consumer = sys.modules["fake_moe_method"]
             consumer.KimiGGMLExpertPackStore = Original
-            sys.modules["fake_moe_method"] = consumer
             patched = adapter.install_into_sglang(store=True)
             self.assertIn(adapter.SGLANG_STORE_MODULE, patched)
             self.assertIn("fake_moe_method", patched)
             self.assertIs(consumer.KimiGGMLExpertPackStore, KimiGGMLExpertPackStore)
             self.assertIs(sys.modules[adapter.SGLANG_STORE_MODULE].KimiGGMLExpertPackStore, KimiGGMLExpertPackStore)
-        finally:
-            for n, m in saved.items():
-                if m is None:
-                    sys.modules.pop(n, None)
-                else:
-                    sys.modules[n] = m
 
 
 @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device here: the CUDA tests run on a GPU machine")
