@@ -1,0 +1,33 @@
+#include "k3pack/ep.h"
+
+namespace k3pack::ep {
+
+Status CheckRank(const Rank& rank, uint32_t num_experts) {
+  if (rank.size == 0) return Error("--ep-size must be at least 1, got 0");
+  if (rank.rank >= rank.size)
+    return Error("--ep-rank " + std::to_string(rank.rank) + " is out of range for --ep-size " +
+                 std::to_string(rank.size) + " (ranks are 0.." + std::to_string(rank.size - 1) + ")");
+  if (num_experts == 0 || num_experts % rank.size != 0)
+    return Error("--ep-size " + std::to_string(rank.size) + " does not divide the " + std::to_string(num_experts) +
+                 " routed experts per layer; SGLang's expert parallelism gives every rank the same number of "
+                 "experts, so the size must be a divisor of " +
+                 std::to_string(num_experts));
+  return Status::OK();
+}
+
+ExpertRange OwnedExperts(const Rank& rank, uint32_t num_experts) {
+  const uint32_t per_rank = num_experts / rank.size;
+  return ExpertRange{rank.rank * per_rank, (rank.rank + 1) * per_rank};
+}
+
+uint32_t OwnerOf(uint32_t expert, uint32_t num_experts, uint32_t ep_size) {
+  return expert / (num_experts / ep_size);
+}
+
+std::string Describe(const Rank& rank, uint32_t num_experts) {
+  const ExpertRange owned = OwnedExperts(rank, num_experts);
+  return "rank " + std::to_string(rank.rank) + " of " + std::to_string(rank.size) + " (experts " +
+         std::to_string(owned.first) + ".." + std::to_string(owned.end - 1) + ")";
+}
+
+}  // namespace k3pack::ep
