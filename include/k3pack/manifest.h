@@ -33,8 +33,9 @@
 namespace k3pack::manifest {
 
 inline constexpr std::string_view kManifestFormat = "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1";
-// Value of the "k3pack" extension's "profile" key.
+// Values of the "k3pack" extension's "profile" key.
 inline constexpr std::string_view kScaledProfileName = "scaled";
+inline constexpr std::string_view kKimiProfileName = "kimi-k3";
 
 // ------------------------------------------------------------------ reading
 
@@ -142,7 +143,9 @@ struct VerificationRecord {
   bool full_pack_hash = false;
 };
 
-// The k3pack extension (present only under --profile scaled).
+// The k3pack extension: present under --profile scaled (with layer_roles)
+// and on expert-parallel rank packs (with ep); absent on a plain kimi-k3
+// manifest. SGLang ignores it.
 struct LayerRoleInfo {
   std::string dtype;
   uint32_t dtype_id = 0;
@@ -153,9 +156,19 @@ struct LayerRolesRecord {
   uint64_t object_bytes = 0;
   std::array<LayerRoleInfo, 3> roles;  // up, gate, down
 };
+// The "ep" object of a rank pack's manifest: the pack holds only the bytes of
+// experts [first_expert, end_expert) of every layer (include/k3pack/ep.h).
+struct EpRecord {
+  uint32_t size = 1;
+  uint32_t rank = 0;
+  uint32_t first_expert = 0;
+  uint32_t end_expert = 0;  // exclusive
+};
 struct K3packExtension {
-  std::string profile;  // "scaled"
-  std::vector<LayerRolesRecord> layer_roles;  // one per active layer, in order
+  std::string profile;  // "scaled" | "kimi-k3"
+  std::vector<LayerRolesRecord> layer_roles;  // scaled: one per active layer, in order
+  std::optional<EpRecord> ep;                 // rank packs only
+  bool scaled() const { return profile == kScaledProfileName; }
 };
 
 struct Manifest {

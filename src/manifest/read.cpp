@@ -307,10 +307,28 @@ Result<std::optional<K3packExtension>> ParseK3packExtension(const json& manifest
   K3_ASSIGN_OR_RETURN(Obj ext, root.Child("k3pack"));
   K3packExtension e;
   K3_ASSIGN_OR_RETURN(e.profile, ext.Str("profile"));
-  if (e.profile != kScaledProfileName) {
-    return Error("manifest k3pack.profile: unknown profile '" + e.profile + "' (expected 'scaled')");
+  if (e.profile != kScaledProfileName && e.profile != kKimiProfileName) {
+    return Error("manifest k3pack.profile: unknown profile '" + e.profile + "' (expected 'scaled' or 'kimi-k3')");
   }
-  K3_ASSIGN_OR_RETURN(e.layer_roles, ParseList<LayerRolesRecord>(ext, "layer_roles", LayerRolesOf));
+  if (e.scaled()) {
+    K3_ASSIGN_OR_RETURN(e.layer_roles, ParseList<LayerRolesRecord>(ext, "layer_roles", LayerRolesOf));
+  }
+  if (ext.Has("ep")) {
+    K3_ASSIGN_OR_RETURN(Obj ep, ext.Child("ep"));
+    EpRecord r;
+    K3_ASSIGN_OR_RETURN(r.size, ep.Uint<uint32_t>("size"));
+    K3_ASSIGN_OR_RETURN(r.rank, ep.Uint<uint32_t>("rank"));
+    K3_ASSIGN_OR_RETURN(r.first_expert, ep.Uint<uint32_t>("first_expert"));
+    K3_ASSIGN_OR_RETURN(r.end_expert, ep.Uint<uint32_t>("end_expert"));
+    // The range must be the one ep.h assigns to (size, rank), whatever the
+    // expert count: equal blocks, rank r's starting at r blocks in.
+    const uint32_t count = r.end_expert - r.first_expert;
+    if (r.size == 0 || r.rank >= r.size || r.end_expert <= r.first_expert || r.first_expert != r.rank * count)
+      return Error("manifest k3pack.ep: experts [" + std::to_string(r.first_expert) + ", " +
+                   std::to_string(r.end_expert) + ") are not the block EP rank " + std::to_string(r.rank) + " of " +
+                   std::to_string(r.size) + " owns; the manifest was edited");
+    e.ep = r;
+  }
   return std::optional<K3packExtension>(std::move(e));
 }
 

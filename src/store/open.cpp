@@ -268,7 +268,7 @@ Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
   s.num_experts = static_cast<uint32_t>(experts);
   s.top_k = static_cast<uint32_t>(top_k);
   s.num_layers_total = static_cast<uint32_t>(layers_n);
-  if (ext) {
+  if (ext && ext->scaled()) {
     for (const auto& lr : ext->layer_roles) s.object_bytes.push_back(lr.object_bytes);
   } else {
     K3_ASSIGN_OR_RETURN(uint64_t ob, U64(*ep, "object_bytes"));
@@ -292,7 +292,7 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
     return Error("Kimi expert-pack manifest is incomplete or unsupported");
   g.format = std::string(manifest::kManifestFormat);
   K3_ASSIGN_OR_RETURN(auto ext, manifest::ParseK3packExtension(m));
-  const bool kimi = !ext.has_value();
+  const bool kimi = !ext.has_value() || !ext->scaled();
   g.profile = kimi ? "kimi-k3" : "scaled";
   K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
   // 3. hard constraints: SGLang's exact dict (top_k the literal 16 under

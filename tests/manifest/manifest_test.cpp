@@ -412,3 +412,25 @@ TEST(ManifestFullScale, K3StructureUnderKimiK3ProfileMatchesPython) {
   ASSERT_TRUE(parsed.ok()) << parsed.error().message();
   EXPECT_EQ(parsed->profile(), k3pack::kimi::Profile::kKimiK3);
 }
+
+namespace k3pack::manifest {
+namespace {
+
+TEST(ManifestExtension, ReadsTheRankOfAnExpertParallelPack) {
+  nlohmann::json m = {{"k3pack", {{"profile", "kimi-k3"}, {"ep", {{"size", 4}, {"rank", 2}, {"first_expert", 448}, {"end_expert", 672}}}}}};
+  auto ext = ParseK3packExtension(m);
+  ASSERT_TRUE(ext.ok()) << ext.error().message();
+  ASSERT_TRUE(ext->has_value());
+  EXPECT_FALSE((*ext)->scaled());
+  ASSERT_TRUE((*ext)->ep.has_value());
+  EXPECT_EQ((*ext)->ep->rank, 2u);
+  EXPECT_EQ((*ext)->ep->end_expert, 672u);
+
+  m["k3pack"]["ep"]["first_expert"] = 440;  // not rank 2's block
+  auto edited = ParseK3packExtension(m);
+  ASSERT_FALSE(edited.ok());
+  EXPECT_NE(edited.error().message().find("not the block EP rank 2 of 4 owns"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace k3pack::manifest
