@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 #include "k3pack/ggml_types.h"
 #include "k3pack/kimi.h"
 
@@ -96,6 +97,9 @@ struct DiagnoseOptions {
   // Compare pack payload samples with the GGUF when a manifest is given.
   int64_t pack_payload_samples = 6;
   std::function<void(const std::string&)> progress;  // status lines; may be empty
+  // Bytes and tensors of the value checks (the long part on a big set):
+  // phase "doctor values", unit "tensors". May be empty.
+  ProgressFn value_progress;
 };
 
 // Runs every check on each path (GGUF file, shard directory or manifest

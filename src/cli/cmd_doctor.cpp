@@ -40,11 +40,12 @@ int RunDoctor(const std::vector<std::string>& argv) {
       const std::string prefix = "doctor: ";
       progress->Note("doctor", s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s);
     };
+    opt.value_progress = progress->Fn();
   }
   const k3pack::doctor::Report report = k3pack::doctor::Diagnose(args.positionals(), opt);
   progress->Finish();
   if (args.Has("--json")) {
-    std::cout << report.ToJson().dump(2) << "\n";
+    k3pack::cli::PrintJson(report.ToJson());
   } else {
     std::cout << report.ToText();
   }

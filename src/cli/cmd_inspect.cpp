@@ -268,7 +268,7 @@ int RunInspect(const std::vector<std::string>& argv) {
   json j = ToJson(*in, StatsRequest{args.Has("--stats"), args.Get("--match"), progress.get()});
   if (args.Has("--summary") && !args.Has("--stats")) j.erase("tensors");
   if (args.Has("--json")) {
-    std::cout << j.dump(2) << "\n";
+    PrintJson(j);
     return 0;
   }
   for (auto& [key, v] : j["metadata"].items()) v["text"] = ValueText(v);

@@ -205,7 +205,7 @@ int RunLoad(const std::vector<std::string>& argv) {
                 {"peak_rss_bytes", PeakRssBytes()}};
     if (read_bytes && dump_dir.empty()) out["checksum"] = checksum;
     if (list) out["tensors"] = listing;
-    std::cout << out.dump(2) << "\n";
+    PrintJson(out);
     return 0;
   }
   std::cout << "manifest        " << args.Get("--manifest") << "\n"

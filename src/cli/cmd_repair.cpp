@@ -11,6 +11,7 @@
 #include "cli/profile.h"
 #include "k3pack/doctor.h"
 #include "util/file.h"
+#include "util/utf8.h"
 
 namespace {
 
@@ -119,11 +120,11 @@ int RunRepair(const std::vector<std::string>& argv) {
         files.push_back(k3pack::cli::kProfileSidecar);
     }
     k3pack::Status st = k3pack::WriteFileAtomic((fs::path(pos[1]) / kRepairRecord).string(),
-                                                nlohmann::json{{"recipe", recipe}, {"files", files}}.dump(2) + "\n");
+                                                k3pack::DumpJsonEscaped(nlohmann::json{{"recipe", recipe}, {"files", files}}) + "\n");
     if (!st.ok()) return k3pack::cli::ReportError("repair", st.error());
   }
   if (args.Has("--json")) {
-    std::cout << r->ToJson().dump(2) << "\n";
+    k3pack::cli::PrintJson(r->ToJson());
     return 0;
   }
   for (const auto& t : r->repaired) {

@@ -8,6 +8,7 @@
 #include "cli/output_rule.h"
 #include "cli/profile.h"
 #include "util/file.h"
+#include "util/utf8.h"
 #include "k3pack/synth.h"
 
 namespace k3pack::cli {
@@ -159,7 +160,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
                          {"written_by", "k3pack synth"},
                          {"synth_args", recipe},
                          {"note", "read by k3pack commands when --profile is not given"}};
-  Status st = WriteFileAtomic(sidecar, side.dump(2) + "\n");
+  Status st = WriteFileAtomic(sidecar, DumpJsonEscaped(side) + "\n");
   if (!st.ok()) return ReportError(kCmd, st.error());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -175,7 +176,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
                         {"faults", res->fault_notes},
                         {"profile", kimi::ProfileName(profile)},
                         {"seconds", secs}};
-    std::cout << j.dump(2) << "\n";
+    PrintJson(j);
   } else {
     std::cout << "wrote " << res->shard_paths.size() << " shards, " << res->tensor_count << " tensors, "
               << res->total_bytes << " bytes (apparent) to " << opts->out_dir << " in " << secs << " s\n"

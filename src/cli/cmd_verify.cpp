@@ -76,7 +76,7 @@ int RunVerify(const std::vector<std::string>& argv) {
   }
   const auto& j = *r;
   if (args.Has("--json")) {
-    std::cout << j.dump(2) << "\n";
+    PrintJson(j);
   } else {
     std::printf("EXPERT_PACK_VERIFIED path=%s index_sha256=%s\n", j["pack"].get<std::string>().c_str(),
                 j["index_sha256"].get<std::string>().c_str());

@@ -1,4 +1,5 @@
 #include "cli/command.h"
+#include "util/utf8.h"
 
 #include <unistd.h>
 
@@ -173,6 +174,8 @@ int ReportError(const std::string& command, const Error& error, int exit_code) {
   std::cerr << "k3pack " << command << ": error: " << error.message() << "\n";
   return exit_code;
 }
+
+void PrintJson(nlohmann::json j) { std::cout << DumpJsonEscaped(std::move(j)) << "\n"; }
 
 bool StderrIsTty() { return ::isatty(STDERR_FILENO) == 1; }
 

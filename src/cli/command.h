@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "k3pack/error.h"
 #include "util/progress.h"
 
@@ -81,6 +83,11 @@ inline constexpr int kExitInterrupted = 130;  // SIGINT; rerun the same command 
 // Prints "k3pack <cmd>: error: <message>" (message may be several lines)
 // and returns the exit code to use (1 by default).
 int ReportError(const std::string& command, const Error& error, int exit_code = 1);
+
+// Prints a command's JSON result on stdout (indent 2, newline). Strings that
+// are not UTF-8 (a path is bytes on Linux) are shown \xNN-escaped, as Python's
+// backslashreplace shows them, instead of making the dump throw.
+void PrintJson(nlohmann::json j);
 
 // The copy options `pack` and `build` share: --safety-margin-gib, --restart,
 // --threads, --progress.

@@ -42,7 +42,7 @@ void ReportAlreadyBuilt(const std::string& command, const std::string& path, boo
   const std::string line = "already built: " + path + " (use --force to rebuild)";
   if (json) {
     std::cerr << "k3pack " << command << ": " << line << "\n";
-    std::cout << nlohmann::json{{"already_built", true}, {"path", path}}.dump(2) << "\n";
+    PrintJson(nlohmann::json{{"already_built", true}, {"path", path}});
   } else {
     std::cout << line << "\n";
   }

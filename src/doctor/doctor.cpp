@@ -49,7 +49,7 @@ void ExamineView(const internal::ShardView& view, const DiagnoseOptions& options
   Mark(out.report(), "experts", model.spec.has_value() || model.dims.has_value());
   if (options.check_values) {
     say("doctor: checking tensor values");
-    internal::CheckValues(view, model, out);
+    internal::CheckValues(view, model, out, options.value_progress);
   }
   Mark(out.report(), "values", options.check_values, options.check_values ? "" : "disabled");
 }

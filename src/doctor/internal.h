@@ -91,7 +91,10 @@ struct ModelContext {
 };
 ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out);
 void CheckExperts(const ShardView& view, const ModelContext& model, const DiagnoseOptions& options, Collector& out);
-void CheckValues(const ShardView& view, const ModelContext& model, Collector& out);
+// `progress` (may be empty) gets the bytes and tensors decoded so far: on a
+// big set the value checks are what takes time (every ssm_a and small
+// vector is read from the shards).
+void CheckValues(const ShardView& view, const ModelContext& model, Collector& out, const ProgressFn& progress = {});
 
 // Per-ssm_a verdict used by both doctor and repair.
 struct SsmAVerdict {
@@ -101,7 +104,8 @@ struct SsmAVerdict {
   std::optional<SsmAStats> stats;  // when the values could be decoded
   std::vector<float> values;
 };
-std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view);
+// `decoded` (may be empty) is called with each tensor's byte count once it is read.
+std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view, const std::function<void(uint64_t)>& decoded = {});
 
 // A manifest path: checks the manifest. Returns what the GGUF examination
 // should look at, resolved as SGLang's loader resolves it: the listed shard

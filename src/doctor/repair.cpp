@@ -60,14 +60,11 @@ Result<uint64_t> CopySparse(int src, int dst, uint64_t size) {
 Status CopyFileAtomic(const std::string& from, const std::string& to, uint64_t* copied) {
   K3_ASSIGN_OR_RETURN(UniqueFd in, OpenReadOnly(from));
   K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(from));
-  const std::string tmp = to + ".tmp";
-  UniqueFd out(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (!out.valid()) return Error::FromErrno("cannot create " + tmp, errno);
-  K3_ASSIGN_OR_RETURN(uint64_t n, CopySparse(in.get(), out.get(), size));
-  if (copied) *copied += n;
-  if (::fsync(out.get()) != 0) return Error::FromErrno("fsync " + tmp, errno);
-  if (::rename(tmp.c_str(), to.c_str()) != 0) return Error::FromErrno("rename " + tmp, errno);
-  return Status::OK();
+  K3_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::Create(to, /*exclusive=*/true));
+  auto n = CopySparse(in.get(), out.fd(), size);
+  if (!n.ok()) return out.Fail(n.error());
+  if (copied) *copied += *n;
+  return out.Commit();
 }
 
 }  // namespace
@@ -151,15 +148,13 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     const internal::Shard& sh = view->shards[i];
     const std::string name = fs::path(sh.path).filename().string();
     const std::string final_path = (fs::path(out_dir) / name).string();
-    const std::string tmp = final_path + ".tmp";
     say("repair: writing " + final_path);
     K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
-    UniqueFd dst(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    // Errors name the shard being written (and the one read), not the temporary name.
-    const std::string writing = "cannot write " + final_path + " (a copy of " + sh.path + ")";
-    if (!dst.valid()) return Error::FromErrno(writing, errno);
-    auto n = CopySparse(src.get(), dst.get(), sh.size);
-    if (!n.ok()) return n.error().WithContext(writing);
+    K3_ASSIGN_OR_RETURN(AtomicFile dst, AtomicFile::Create(final_path, /*exclusive=*/true));
+    // Errors name the shard being written and the one read.
+    auto failed = [&](const Error& e) { return dst.Fail(e.WithContext("copying " + sh.path)); };
+    auto n = CopySparse(src.get(), dst.fd(), sh.size);
+    if (!n.ok()) return failed(n.error());
     result.bytes_copied += *n;
     for (const internal::SsmAVerdict* v : todo) {
       if (v->shard != i) continue;
@@ -167,15 +162,12 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
       for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
       K3_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodeFloatTensor(v->info->type, fixed));
       if (bytes.size() != v->info->nbytes) return Error("internal: re-encoded " + v->name + " has the wrong size");
-      if (Status st = PwriteFull(dst.get(), bytes.data(), bytes.size(), v->info->data_offset); !st.ok()) {
-        return st.error().WithContext(writing);
+      if (Status st = PwriteFull(dst.fd(), bytes.data(), bytes.size(), v->info->data_offset); !st.ok()) {
+        return failed(st.error());
       }
       result.repaired.push_back({v->name, final_path, v->info->data_offset, v->info->nbytes, *v->stats});
     }
-    if (::fsync(dst.get()) != 0) return Error::FromErrno(writing + ": fsync failed", errno);
-    if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-      return Error::FromErrno(writing + ": cannot rename " + tmp + " to it", errno);
-    }
+    K3_RETURN_IF_ERROR(dst.Commit());
     result.shards_written.push_back(final_path);
   }
   // Sidecars SGLang's tooling looks for beside the shards.

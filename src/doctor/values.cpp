@@ -118,7 +118,7 @@ constexpr const char* kNotNegExp = "Kimi-K3 GGUF ssm_a must contain only -exp(A_
 
 }  // namespace
 
-std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view) {
+std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view, const std::function<void(uint64_t)>& decoded) {
   std::vector<SsmAVerdict> out;
   for (const std::string& name : view.order) {
     if (!IsSsmAName(name)) continue;
@@ -139,14 +139,42 @@ std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view) {
           v.stats = ClassifySsmA(v.values);
         }
       }
+      if (decoded) decoded(loc.info->nbytes);
     }
     out.push_back(std::move(v));
   }
   return out;
 }
 
-void CheckValues(const ShardView& view, const ModelContext& m, Collector& out) {
-  for (const SsmAVerdict& v : ExamineSsmA(view)) {
+namespace {
+
+// Which tensors the small-vector scan decodes (ssm_a is examined apart).
+bool ScannedForNonFinite(const std::string& name, const gguf::TensorInfo& t, const Shard& sh) {
+  const bool res = name.size() > 17 && name.compare(name.size() - 17, 17, "_res_score.weight") == 0;
+  if (IsSsmAName(name) || t.nbytes > (64u << 20) || !sh.DataReadable(t)) return false;
+  return (res || t.n_dims == 1) && (t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16);
+}
+
+}  // namespace
+
+void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, const ProgressFn& progress) {
+  // Totals first, so a bar can show an ETA: every tensor this pass reads.
+  Progress p("doctor values", 0, 0, 0, 0, 0);
+  p.unit = "tensors";
+  for (const std::string& name : view.order) {
+    const Located& loc = *view.Find(name);
+    const Shard& sh = view.shards[loc.shard];
+    if ((IsSsmAName(name) && sh.DataReadable(*loc.info)) || ScannedForNonFinite(name, *loc.info, sh)) {
+      p.total_bytes += loc.info->nbytes;
+      ++p.total_objects;
+    }
+  }
+  auto advance = [&](uint64_t bytes) {
+    p.done_bytes += bytes;
+    ++p.done_objects;
+    if (progress) progress(p);
+  };
+  for (const SsmAVerdict& v : ExamineSsmA(view, advance)) {
     const gguf::TensorInfo& t = *v.info;
     const Shard& sh = view.shards[v.shard];
     if (!sh.DataReadable(t)) continue;  // reported as gguf-truncated
@@ -215,9 +243,9 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out) {
                            sh.path);
       f.details = {{"shape", t.shape()}};
     }
-    if (IsSsmAName(name) || t.nbytes > (64u << 20) || !sh.DataReadable(t)) continue;
-    if (!res && t.n_dims != 1) continue;
+    if (!ScannedForNonFinite(name, t, sh)) continue;
     auto vals = DecodeFloatTensor(t.type, sh.Bytes(t));
+    advance(t.nbytes);
     if (!vals) continue;
     uint64_t bad = 0;
     for (float x : *vals) bad += !std::isfinite(x);

@@ -154,17 +154,8 @@ Status WriteOne(const std::string& path, const std::vector<MetadataBuilder::Entr
   const uint64_t data_offset = Pad(head.size(), opts.alignment);
   head.resize(data_offset, '\0');
 
-  // Errors name `path` (the file asked for); the temporary name is in the hint.
-  const std::string tmp = path + ".tmp";
-  const std::string via = "written through the temporary file " + tmp + ", renamed over " + path + " when complete";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno("cannot write " + path, errno).WithHint(via);
-  UniqueFd guard(fd);
-  auto fail = [&](Status st) -> Status {
-    ::unlink(tmp.c_str());
-    return st.error().WithContext("cannot write " + path).WithHint(via);
-  };
-  if (Status st = PwriteFull(fd, head.data(), head.size(), 0); !st.ok()) return fail(st);
+  K3_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::Create(path));
+  K3_RETURN_IF_ERROR(out.Write(head.data(), head.size(), 0));
   std::vector<uint8_t> buf;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i]->fill) continue;  // hole
@@ -173,17 +164,14 @@ Status WriteOne(const std::string& path, const std::vector<MetadataBuilder::Entr
       const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), sizes[i] - done));
       std::memset(buf.data(), 0, n);
       tensors[i]->fill(done, std::span<uint8_t>(buf.data(), n));
-      if (Status st = PwriteFull(fd, buf.data(), n, data_offset + offsets[i] + done); !st.ok()) return fail(st);
+      K3_RETURN_IF_ERROR(out.Write(buf.data(), n, data_offset + offsets[i] + done));
       done += n;
     }
   }
-  if (::ftruncate(fd, static_cast<off_t>(data_offset + cursor)) != 0) {
-    return fail(Error::FromErrno("cannot size the file", errno));
+  if (::ftruncate(out.fd(), static_cast<off_t>(data_offset + cursor)) != 0) {
+    return out.Fail(Error::FromErrno("cannot size the file", errno));
   }
-  if (::fsync(fd) != 0) return fail(Error::FromErrno("fsync failed", errno));
-  guard = UniqueFd();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(Error::FromErrno("cannot rename " + tmp + " to it", errno));
-  return FsyncParentDir(path);
+  return out.Commit();
 }
 
 std::vector<MetadataBuilder::Entry> WithAlignment(std::vector<MetadataBuilder::Entry> kv, const WriteOptions& opts) {

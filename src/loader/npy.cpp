@@ -24,25 +24,18 @@ std::string NpyHeader(const NamedTensor& t) {
 }
 
 Status WriteNpy(const std::string& path, const NamedTensor& t) {
-  const std::string tmp = path + ".tmp";
-  // Errors name `path`, the file asked for, not its temporary name.
-  auto named = [&](const Status& st) -> Status { return st.error().WithContext("cannot write " + path); };
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno("cannot write " + path, errno);
-  UniqueFd owned(fd);
+  K3_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::Create(path));
   const std::string header = NpyHeader(t);
-  if (Status st = PwriteFull(fd, header.data(), header.size(), 0); !st.ok()) return named(st);
+  K3_RETURN_IF_ERROR(out.Write(header.data(), header.size(), 0));
   // In 64 MiB pieces, releasing each piece of a mapped view after writing,
   // so dumping a large tensor does not pin it all in memory.
   constexpr size_t kChunk = size_t{64} << 20;
   for (size_t off = 0; off < t.data.size(); off += kChunk) {
     const auto piece = t.data.subspan(off, std::min(kChunk, t.data.size() - off));
-    if (Status st = PwriteFull(fd, piece.data(), piece.size(), header.size() + off); !st.ok()) return named(st);
+    K3_RETURN_IF_ERROR(out.Write(piece.data(), piece.size(), header.size() + off));
     if (t.zero_copy) ReleasePages(piece);
   }
-  owned = UniqueFd();
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Error::FromErrno("cannot rename " + tmp + " to " + path, errno);
-  return Status::OK();
+  return out.Commit();
 }
 
 }  // namespace k3pack::loader

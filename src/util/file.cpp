@@ -83,28 +83,46 @@ Status FsyncParentDir(const std::string& path) {
   return FsyncPath(parent.string());
 }
 
+namespace {
+const char* const kAtomicHint = "written to a temporary file beside it (*.tmp), renamed into place when complete";
+}
+
+Result<AtomicFile> AtomicFile::Create(const std::string& path, bool exclusive) {
+  AtomicFile f;
+  f.path_ = path;
+  f.tmp_ = path + ".tmp";
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC);
+  f.fd_ = UniqueFd(::open(f.tmp_.c_str(), flags, 0644));
+  if (!f.fd_.valid()) return Error::FromErrno("cannot write " + path, errno).WithHint(kAtomicHint);
+  return f;
+}
+
+AtomicFile::~AtomicFile() {
+  if (!committed_ && !tmp_.empty() && fd_.valid()) ::unlink(tmp_.c_str());
+}
+
+Error AtomicFile::Fail(const Error& cause) const {
+  return cause.WithContext("cannot write " + path_).WithHint(kAtomicHint);
+}
+
+Status AtomicFile::Write(const void* buf, size_t n, uint64_t offset) {
+  Status st = PwriteFull(fd_.get(), buf, n, offset);
+  if (!st.ok()) return Fail(st.error());
+  return Status::OK();
+}
+
+Status AtomicFile::Commit() {
+  if (::fsync(fd_.get()) != 0) return Fail(Error::FromErrno("fsync failed", errno));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) return Fail(Error::FromErrno("cannot move it into place", errno));
+  committed_ = true;
+  fd_ = UniqueFd();
+  return FsyncParentDir(path_);
+}
+
 Status WriteFileAtomic(const std::string& path, std::string_view content) {
-  // Errors name `path`, the file the user asked for; the temporary name is
-  // only in the hint.
-  const std::string tmp = path + ".tmp";
-  const std::string via = "written to a temporary file beside it, renamed into place when complete";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::FromErrno("cannot write " + path, errno).WithHint(via);
-  UniqueFd guard(fd);
-  Status st = PwriteFull(fd, content.data(), content.size(), 0);
-  if (!st.ok()) st = st.error().WithContext("cannot write " + path).WithHint(via);
-  if (st.ok() && ::fsync(fd) != 0) st = Error::FromErrno("cannot write " + path + ": fsync failed", errno).WithHint(via);
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  guard = UniqueFd();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return Error::FromErrno("cannot write " + path + " (rename into place)", err);
-  }
-  return FsyncParentDir(path);
+  K3_ASSIGN_OR_RETURN(AtomicFile f, AtomicFile::Create(path));
+  K3_RETURN_IF_ERROR(f.Write(content.data(), content.size(), 0));
+  return f.Commit();
 }
 
 Result<std::string> ReadFileToString(const std::string& path) {

@@ -44,8 +44,36 @@ Status PwriteFull(int fd, const void* buf, size_t n, uint64_t offset);
 Status FsyncPath(const std::string& path);
 Status FsyncParentDir(const std::string& path);
 
-// Writes `content` to `<path>.tmp`, fsyncs it, renames it onto `path` and
+// The one temp-file + fsync + rename writer behind every k3pack output:
+// bytes go to `<path>.tmp`; Commit() fsyncs it, renames it onto `path` and
 // fsyncs the directory, so readers see either the old file or the new one.
+// Dropped without Commit() (an error path), the temporary file is removed.
+// Every error names `path`, the file the user asked for; the temporary name
+// appears only in the hint line.
+class AtomicFile {
+ public:
+  // exclusive: fail if the temporary file exists (another writer at work)
+  // instead of truncating it.
+  static Result<AtomicFile> Create(const std::string& path, bool exclusive = false);
+  AtomicFile(AtomicFile&& o) noexcept = default;
+  AtomicFile& operator=(AtomicFile&&) noexcept = default;
+  ~AtomicFile();
+
+  int fd() const { return fd_.get(); }
+  const std::string& path() const { return path_; }
+  Status Write(const void* buf, size_t n, uint64_t offset);  // PwriteFull, error names path()
+  // "cannot write <path>: <what>" with the hint; for callers' own failures.
+  Error Fail(const Error& cause) const;
+  Status Commit();
+
+ private:
+  AtomicFile() = default;
+  std::string path_, tmp_;
+  UniqueFd fd_;
+  bool committed_ = false;
+};
+
+// AtomicFile for a whole string.
 Status WriteFileAtomic(const std::string& path, std::string_view content);
 Result<std::string> ReadFileToString(const std::string& path);
 

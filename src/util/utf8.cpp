@@ -108,4 +108,9 @@ std::vector<std::string> EscapeInvalidUtf8Members(nlohmann::json& object) {
   return names;
 }
 
+std::string DumpJsonEscaped(nlohmann::json j, int indent) {
+  EscapeInvalidUtf8InJson(j);
+  return j.dump(indent);
+}
+
 }  // namespace k3pack

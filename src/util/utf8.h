@@ -27,6 +27,10 @@ std::string EscapeInvalidUtf8(std::string_view s);
 // escaped.
 size_t EscapeInvalidUtf8InJson(nlohmann::json& j);
 
+// j.dump(indent) after EscapeInvalidUtf8InJson: JSON text that cannot throw,
+// for every k3pack output that may hold a path (a path is bytes on Linux).
+std::string DumpJsonEscaped(nlohmann::json j, int indent = 2);
+
 // For a JSON object: escapes its members as above and returns the names of
 // the members that held anything not UTF-8 (a key among them is reported by
 // its escaped name). Callers record the list as the object's "not_utf8".

@@ -105,6 +105,8 @@ TEST_F(CliSurface, InspectStatsAndDoctorShowJsonProgress) {
   bool noted = false;
   for (const auto& j : JsonLines(r.err)) noted |= j.value("phase", "") == "doctor" && j.contains("note");
   EXPECT_TRUE(noted) << r.err;
+  // The value checks (what takes time on a big set) count bytes and tensors.
+  ExpectFinished(JsonLines(r.err), "doctor values", "tensors");
 }
 
 TEST_F(CliSurface, TraceSweepAndReplayShowJsonProgress) {
@@ -330,6 +332,25 @@ TEST_F(CliSurface, BashCompletionCompletesCommandsSubcommandsAndOptions) {
   EXPECT_EQ(complete("k3pack trace sweep --progr", 3), "--progress\n");
   EXPECT_NE(complete("k3pack build --", 2).find("--tokenizer-dir"), std::string::npos);
   EXPECT_EQ(K3("completion zsh").code, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// A path is bytes on Linux: a directory name that is not UTF-8 must come back
+// \xNN-escaped in --json output, never make the JSON dump abort the command.
+TEST_F(CliSurface, JsonOutputSurvivesPathsThatAreNotUtf8) {
+  const std::string odd = P("m\xff");  // passed to the shell as raw bytes
+  auto r = K3("synth --preset tiny --out '" + odd + "' --progress none --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(json::accept(r.out)) << r.out;
+  EXPECT_NE(r.out.find("m\\\\xff"), std::string::npos) << r.out;  // \xff, JSON-escaped backslash
+  r = K3("inspect '" + odd + "' --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(json::accept(r.out)) << r.out;
+  r = K3("doctor '" + odd + "' --json --progress none");
+  EXPECT_TRUE(json::accept(r.out)) << r.err;
 }
 
 }  // namespace
