@@ -135,7 +135,20 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   }
 
   // Sampled payload compare with the GGUF source.
-  const auto samples = SampleIndices(h.index_count, o.payload_samples);
+  std::vector<uint64_t> samples;
+  if (o.ep) {
+    // A rank pack: SGLang's spacing over the entries the rank owns (the
+    // others are holes by design), mapped back to entry indices.
+    K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
+    const ep::ExpertRange owned = ep::OwnedExperts(*o.ep, ex.num_experts);
+    const uint64_t per_layer = uint64_t{owned.count()} * kRoleCount;
+    for (uint64_t j : SampleIndices(per_layer * layout.num_layers(), o.payload_samples)) {
+      samples.push_back((j / per_layer) * ex.num_experts * kRoleCount + uint64_t{owned.first} * kRoleCount +
+                        j % per_layer);
+    }
+  } else {
+    samples = SampleIndices(h.index_count, o.payload_samples);
+  }
   {
     std::map<uint32_t, UniqueFd> shard_fds;
     IoBuffer a(4 << 20), b(4 << 20);
