@@ -206,6 +206,10 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
 // SGLang's sample selection: none for k <= 0, {0} for k == 1, else
 // round-half-even(i*(n-1)/(k-1)) for i in 0..k-1, duplicates removed.
 std::vector<uint64_t> SampleIndices(uint64_t index_count, int64_t k);
+// The entries to sample: SampleIndices over all entries, or, for a rank
+// pack, over the entries of the rank's experts (in entry order).
+std::vector<uint64_t> SampleEntries(uint64_t index_count, uint32_t num_experts, int64_t k,
+                                    const std::optional<ep::Rank>& ep);
 
 // The k3pack manifest extension's "layer_roles" list (one item per layer).
 nlohmann::json LayerRolesJson(const ExpertSet& experts);

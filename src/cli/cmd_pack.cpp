@@ -36,8 +36,6 @@ Result<Values> ParseValues(const Args& args) {
   if (args.Has("--force") && args.Has("--repair-damaged"))
     return Error("--force and --repair-damaged conflict: --force rebuilds the whole pack");
   K3_ASSIGN_OR_RETURN(v.ep, ParseEpOptions(args));
-  if (v.ep.given() && args.Has("--repair-damaged"))
-    return Error("--repair-damaged does not apply to rank packs (--ep-size): rebuild the rank pack with --force");
   return v;
 }
 

@@ -28,7 +28,6 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
     K3_RETURN_IF_ERROR(ep::CheckRank(*rank, plan.experts.num_experts));
     plan.ep = rank;
     plan.pack = pack::RankPackPath(plan.pack, *rank);
-    repair_existing = false;
   }
   plan.inputs = {{"--model-config", config}};
   for (const auto& s : plan.experts.shard_paths) plan.inputs.push_back({"source shard", s});

@@ -35,8 +35,8 @@ inline constexpr const char* kDefaultManifestName = "kimi-k3-expert-pack.manifes
 // With `repair_existing` the finished pack at --pack is not judged by the
 // overwrite rule: the caller repairs its damaged payloads (plan.repair).
 // With `rank`, the output is that rank's pack (pack::RankPackPath of --pack
-// or the default), judged as a rank pack; repair_existing does not apply
-// (RepairDamagedPayloads would fill the other ranks' holes).
+// or the default), judged as a rank pack (a repair rewrites only the rank's
+// own damaged payloads: its digest sidecar marks the others absent).
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false,
                           const std::optional<ep::Rank>& rank = std::nullopt);
 
