@@ -123,6 +123,9 @@ TEST_F(EpCli, BuildManifestsAndVerifyOfRankPacks) {
     EXPECT_EQ(ep_section, full_section);
     auto [vrc, verr] = RunCli({"verify", "--manifest", mpath, "--full", "--progress", "none"});
     EXPECT_EQ(vrc, 0) << verr;
+    // doctor samples only the rank's payloads too.
+    auto [drc, derr] = RunCli({"doctor", mpath, "--progress", "none"});
+    EXPECT_EQ(drc, 0) << derr;
   }
   // Rank 1 (experts 8..15): flip a byte of one owned payload, punch another.
   const PackLayout layout = *LayoutOf(model_->experts);
