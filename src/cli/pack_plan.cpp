@@ -53,6 +53,15 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
     vopts.payload_samples = 6;
     vopts.ep = plan.ep;
     auto valid = pack::ValidatePack(out, plan.experts, vopts);
+    if (valid.ok() && plan.ep) {
+      // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
+      auto d = pack::ReadPackDigests(pack::DigestsPathFor(out));
+      if (!d.ok() || !d->ep || d->ep->size != plan.ep->size || d->ep->rank != plan.ep->rank) {
+        plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
+                              ep::Describe(*plan.ep, plan.experts.num_experts);
+        return false;
+      }
+    }
     if (valid.ok()) {
       plan.valid_section = *valid;
       return true;

@@ -72,6 +72,27 @@ TEST_F(EpCli, RankAllEqualsSeparateRanks) {
   EXPECT_EQ(std::filesystem::last_write_time(a + "/m.ep2-of-4.pack"), before);
 }
 
+// A full pack (or another rank's) at a rank pack's path is not taken as that
+// rank's finished pack: only the rank's payloads are sampled, so the
+// sidecar's rank decides.
+TEST_F(EpCli, FullPackAtARankPathIsNotAlreadyBuilt) {
+  const std::string d = Dir("not-rank");
+  ASSERT_EQ(RunCli(Pack(d + "/m.pack")).first, 0);
+  std::filesystem::copy_file(d + "/m.pack", d + "/m.ep1-of-2.pack");
+  std::filesystem::copy_file(DigestsPathFor(d + "/m.pack"), DigestsPathFor(d + "/m.ep1-of-2.pack"));
+  auto [rc, err] = RunCli(Pack(d + "/m.pack", {"--ep-size", "2", "--ep-rank", "1"}));
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_NE(err.find("refusing to overwrite existing " + d + "/m.ep1-of-2.pack (--pack): it is not a valid pack of "
+                     "these shards: its digest sidecar does not record it as the pack of expert-parallel rank 1 of 2"),
+            std::string::npos)
+      << err;
+  auto [rc2, err2] = RunCli(Pack(d + "/m.pack", {"--ep-size", "2", "--ep-rank", "1", "--force"}));
+  EXPECT_EQ(rc2, 0) << err2;
+  auto digests = ReadPackDigests(DigestsPathFor(d + "/m.ep1-of-2.pack"));
+  ASSERT_TRUE(digests.ok() && digests->ep);
+  EXPECT_EQ(digests->ep->rank, 1u);
+}
+
 // A rank build killed after a checkpoint resumes from it on the rerun and
 // gives the bytes of an uninterrupted one.
 TEST_F(EpCli, InterruptedRankBuildResumes) {
