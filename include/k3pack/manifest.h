@@ -183,7 +183,10 @@ struct Manifest {
   TokenizerRecord tokenizer;
   VerificationRecord verification;
   std::optional<K3packExtension> k3pack;
-  kimi::Profile profile() const { return k3pack ? kimi::Profile::kScaled : kimi::Profile::kKimiK3; }
+  // A kimi-k3 rank pack's manifest has the extension too (profile "kimi-k3").
+  kimi::Profile profile() const {
+    return k3pack && k3pack->scaled() ? kimi::Profile::kScaled : kimi::Profile::kKimiK3;
+  }
 };
 
 // Section parsers. A missing key is ErrorKind::kKey with the message `'key'`
@@ -234,6 +237,10 @@ struct CreateOptions {
   std::function<void(const std::string&)> progress;
   // Byte progress of pack validation (the whole-pack hash is long); may be empty.
   pack::ProgressFn pack_progress;
+  // The pack is this expert-parallel rank's pack: recorded as k3pack.ep, and
+  // payload samples are taken among its experts. Unset: taken from the
+  // pack's digest sidecar when that is a rank pack's (version 3).
+  std::optional<ep::Rank> ep;
 };
 
 // SGLang's create_manifest: spec from config (+ GGUF cross-check), shard

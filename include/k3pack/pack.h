@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3pack/ep.h"
 #include "k3pack/error.h"
 #include "k3pack/ggml_types.h"
 #include "k3pack/kimi.h"
@@ -107,6 +108,11 @@ Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std:
 // "<dir>/<prefix>.expert-major.pack" for a shard path (§3).
 Result<std::string> DefaultPackPath(const std::string& any_shard_path);
 
+// The default name of a rank pack beside the full pack's: "X.pack" ->
+// "X.ep<R>-of-<N>.pack" (any other name gets ".ep<R>-of-<N>" appended), so
+// rank packs and the full pack never collide.
+std::string RankPackPath(const std::string& full_pack_path, const ep::Rank& rank);
+
 // ------------------------------------------------------------------ build
 
 // Progress of a long operation (include/k3pack/progress.h). Called from one
@@ -126,6 +132,12 @@ struct BuildOptions {
   bool hash_sources = false;
   ProgressFn progress;
   std::function<void(const std::string&)> log;  // human-readable status lines
+  // Expert-parallel rank pack: same header, index, size and offsets as the
+  // full pack, but only the payloads of the experts this rank owns are
+  // written (read once from the source); every other object is a hole. The
+  // digest sidecar is then version 3 (records of absent objects zero). The
+  // rank is part of the checkpoint's input fingerprint.
+  std::optional<ep::Rank> ep;
 };
 
 struct BuildResult {
@@ -175,6 +187,9 @@ struct ValidateOptions {
   int64_t payload_samples = 6;  // evenly spaced entries byte-compared with GGUF
   bool full_pack_hash = false;  // adds "sha256" of the whole pack
   ProgressFn progress;
+  // A rank pack: the samples are chosen (SGLang's spacing) among the entries
+  // the rank owns, since the others are holes by design.
+  std::optional<ep::Rank> ep;
 };
 
 // SGLang's validate_ggml_moe_pack (§6.2 texts, in SGLang's order). Returns
@@ -191,6 +206,10 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
 // SGLang's sample selection: none for k <= 0, {0} for k == 1, else
 // round-half-even(i*(n-1)/(k-1)) for i in 0..k-1, duplicates removed.
 std::vector<uint64_t> SampleIndices(uint64_t index_count, int64_t k);
+// The entries to sample: SampleIndices over all entries, or, for a rank
+// pack, over the entries of the rank's experts (in entry order).
+std::vector<uint64_t> SampleEntries(uint64_t index_count, uint32_t num_experts, int64_t k,
+                                    const std::optional<ep::Rank>& ep);
 
 // The k3pack manifest extension's "layer_roles" list (one item per layer).
 nlohmann::json LayerRolesJson(const ExpertSet& experts);
@@ -206,6 +225,18 @@ struct PackDigests {
   std::string index_sha256;  // hex
   std::vector<std::array<uint8_t, 32>> entry_sha256;
   std::vector<uint32_t> entry_crc32c;  // empty: no CRCs recorded (version 1)
+  // Version 3 (rank packs): the EP rank whose objects the pack holds and the
+  // experts per layer. The records of every other object are all zero (SHA
+  // and CRC) and mean "absent", not "the digest of these bytes".
+  std::optional<ep::Rank> ep;
+  uint32_t num_experts = 0;  // version 3 only
+  uint64_t data_start = 0;   // as recorded (0 in sidecars written by WritePackDigests before v3)
+  // False for an entry a rank pack does not hold (its records are not digests).
+  bool present(uint64_t entry_index) const {
+    if (!ep || num_experts == 0) return true;
+    const auto expert = static_cast<uint32_t>((entry_index / 3) % num_experts);
+    return ep::OwnedExperts(*ep, num_experts).contains(expert);
+  }
 };
 Result<PackDigests> ReadPackDigests(const std::string& digests_path);
 Status WritePackDigests(const std::string& digests_path, const PackDigests& digests);
@@ -216,11 +247,17 @@ struct VerifyOptions {
   std::vector<uint64_t> entries;  // empty = all entries
   int threads = 0;
   ProgressFn progress;
+  // A rank pack (else taken from a version-3 digest sidecar): entries of
+  // experts the rank does not own are skipped and counted, not verified.
+  std::optional<ep::Rank> ep;
 };
 
 struct VerifyResult {
   uint64_t entries_checked = 0;
   uint64_t bytes_checked = 0;
+  std::optional<ep::Rank> ep;     // set when a rank pack was verified
+  uint64_t unowned_entries = 0;   // skipped: another rank's (expected holes)
+  uint64_t unowned_bytes = 0;
   double seconds = 0;
   double MBps() const { return seconds > 0 ? bytes_checked / 1e6 / seconds : 0; }
 };
@@ -231,5 +268,31 @@ struct VerifyResult {
 // `expert-pack payload does not match digest sidecar for ...`.
 Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSet& experts,
                                     const VerifyOptions& options);
+// An owned payload of a rank pack that is damaged and entirely unallocated
+// says so: "... (entry i, offset o): it is a hole where rank R's data should be".
+
+// ------------------------------------------------------------ rank packs
+
+struct MergeOptions {
+  std::string out_path;  // the full pack to write (refused if it exists)
+  ProgressFn progress;
+};
+struct MergeResult {
+  std::string pack_path;
+  std::string digests_path;
+  uint32_t ep_size = 0;
+  uint64_t pack_bytes = 0;
+  uint64_t copied_bytes = 0;
+  std::string index_sha256;
+  double seconds = 0;
+};
+// Rebuilds the full pack from the N rank packs of one EP group (any order):
+// each must have a version-3 digest sidecar; their header + index bytes and
+// sizes must be identical, and ranks 0..N-1 must each be present exactly
+// once. Every owned payload is copied (data segments only) and checked
+// against its rank's SHA-256 on the way; the result is written to
+// `<out>.partial`, fsynced and renamed, then `<out>.digests` (version 2, as
+// a direct build writes it). The pack is byte-identical to a direct build.
+Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, const MergeOptions& options);
 
 }  // namespace k3pack::pack

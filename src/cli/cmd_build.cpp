@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "cli/command.h"
+#include "cli/ep_options.h"
 #include "cli/output_rule.h"
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
@@ -35,6 +37,7 @@ void Say(bool json, const std::string& s) {
 // Option values (a bad one is a usage error, exit 2).
 struct Values : CopyValues {
   int64_t samples = 0;
+  EpChoice ep;
 };
 
 Result<Values> ParseValues(const Args& args) {
@@ -43,6 +46,7 @@ Result<Values> ParseValues(const Args& args) {
   K3_ASSIGN_OR_RETURN(v.samples, args.GetInt("--payload-samples"));
   if (v.samples < 0) return Error("--payload-samples must be non-negative");
   K3_ASSIGN_OR_RETURN(static_cast<CopyValues&>(v), ParseCopyValues(args));
+  K3_ASSIGN_OR_RETURN(v.ep, ParseEpOptions(args));
   return v;
 }
 
@@ -82,7 +86,11 @@ bool ManifestRecordsPack(const std::string& manifest_path, const nlohmann::json&
          m->expert_pack.index_sha256 == section.value("index_sha256", std::string());
 }
 
-Result<nlohmann::json> Run(const Args& args, const Values& v) {
+// One pack and its manifest: the full pack, or the rank pack of `rank`.
+// `shard_sha256` carries whole-shard SHA-256s from one rank's build to the
+// next (--ep-rank all hashes the shards once).
+Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::optional<ep::Rank>& rank,
+                              std::map<std::string, std::string>* shard_sha256) {
   const bool json = args.Has("--json");
   const std::string tokenizer_dir = args.Get("--tokenizer-dir");
   // Preflight, before a byte is copied: tokenizer, config, shards, outputs.
@@ -91,7 +99,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   // damaged (never silently reuse a corrupt pack).
   // Mixed expert types only when asked for, as `k3pack pack`: SGLang's validator refuses them.
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
-                                              /*repair_existing=*/args.Has("--restart")));
+                                              /*repair_existing=*/args.Has("--restart"), rank));
   const kimi::Profile profile = plan.profile;
   const pack::ExpertSet& experts = plan.experts;
   const std::string out = plan.pack;
@@ -99,6 +107,11 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   std::string manifest_path = args.Get("--manifest");
   if (manifest_path.empty()) {
     manifest_path = (std::filesystem::path(out).parent_path() / kDefaultManifestName).string();
+  }
+  if (rank) {
+    // Beside the rank pack, one manifest per rank: the name gets .epR-of-N.
+    const std::filesystem::path mp(manifest_path);
+    manifest_path = (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
   }
   std::vector<NamedPath> inputs = plan.inputs;
   for (auto& f : FilesIn("a --tokenizer-dir file", tokenizer_dir)) inputs.push_back(std::move(f));
@@ -147,7 +160,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
     bopts.safety_margin_gib = v.margin;
     bopts.restart = args.Has("--restart");
     bopts.threads = v.threads;
-    bopts.hash_sources = !args.Has("--no-full-source-hashes");  // for the manifest, beside the copy
+    bopts.hash_sources = !args.Has("--no-full-source-hashes") && shard_sha256->empty();  // beside the copy
+    bopts.ep = rank;
     bopts.progress = pack::MakeProgressPrinter(v.mode);
     bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
@@ -164,8 +178,10 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   mo.full_source_hashes = !args.Has("--no-full-source-hashes");
   for (size_t i = 0; i < built.source_sha256.size() && i < experts.shard_paths.size(); ++i) {
     K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(experts.shard_paths[i]));
-    mo.known_shard_sha256[resolved] = built.source_sha256[i];
+    (*shard_sha256)[resolved] = built.source_sha256[i];
   }
+  mo.known_shard_sha256 = *shard_sha256;
+  mo.ep = rank;
   mo.full_pack_hash = args.Has("--full-pack-hash");
   mo.profile = profile;
   if (v.mode != pack::ProgressMode::kNone) {
@@ -186,6 +202,13 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   summary["pack_reused"] = reused;
   if (plan.repair) summary["damaged_rewritten"] = repaired;
   summary["profile"] = kimi::ProfileName(profile);
+  if (rank) summary["ep"] = m["k3pack"]["ep"];
+  if (mo.full_source_hashes) {
+    // The manifest hashed any shard it was not given: later ranks reuse them.
+    for (const auto& s : m["source"]["shards"]) {
+      if (s.contains("sha256") && s["sha256"].is_string()) (*shard_sha256)[s["path"].get<std::string>()] = s["sha256"];
+    }
+  }
   if (!reused) {
     summary["pack_seconds"] = built.seconds;
     summary["copied_bytes"] = built.copied_bytes;
@@ -194,12 +217,42 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   return summary;
 }
 
+Result<nlohmann::json> Run(const Args& args, const Values& v) {
+  std::map<std::string, std::string> shard_sha256;
+  if (!v.ep.given()) return RunOne(args, v, std::nullopt, &shard_sha256);
+  // --ep-rank all: the ranks one after another; each copies only its own
+  // experts' bytes, and the shards are hashed once for all manifests.
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const ep::Rank& rank : v.ep.Ranks()) {
+    K3_ASSIGN_OR_RETURN(nlohmann::json one, RunOne(args, v, rank, &shard_sha256));
+    ranks.push_back(std::move(one));
+  }
+  if (!v.ep.all) return ranks[0];
+  return nlohmann::json{{"ep_size", v.ep.size}, {"rank_builds", ranks}};
+}
+
+void PrintBuilt(const nlohmann::json& j, bool json_mode) {
+  if (j.contains("already_built")) {
+    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), json_mode);
+    return;
+  }
+  std::printf("EXPERT_PACK_READY path=%s size=%s%s\n", j["pack"].get<std::string>().c_str(),
+              j["pack_size"].dump().c_str(), j["pack_reused"].get<bool>() ? " (reused)" : "");
+  std::printf("MANIFEST_READY path=%s profile=%s entries=%s payload_samples_verified=%s%s\n",
+              j["manifest"].get<std::string>().c_str(), j["profile"].get<std::string>().c_str(),
+              j["pack_entries"].dump().c_str(), j["payload_samples_verified"].dump().c_str(),
+              j.contains("ep") ? (" ep_rank=" + j["ep"]["rank"].dump() + " ep_size=" + j["ep"]["size"].dump()).c_str()
+                               : "");
+}
+
 int RunBuild(const std::vector<std::string>& argv) {
   Args args(kCmd,
             "[--gguf-dir] DIR --model-config CONFIG --tokenizer-dir TOK [--pack PACK] [--manifest M.json] [options]",
             "Build the expert pack (resumable) and then write the SGLang adapter manifest, in one command.\n"
             "Everything is checked before a byte is copied. An interrupted build resumes; a finished pack with its\n"
-            "manifest is reported as already built; anything else at the output paths is refused without --force.");
+            "manifest is reported as already built; anything else at the output paths is refused without --force.\n"
+            "With --ep-size N --ep-rank R|all: expert-parallel rank packs (<pack stem>.epR-of-N.pack) and their\n"
+            "manifests (<manifest stem>.epR-of-N.manifest.json, with k3pack.ep recording the rank).");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards", std::nullopt, true)
       .PositionalAsOption("--gguf-dir")
       .Option("--model-config", "HF config.json of the model", std::nullopt, true)
@@ -218,6 +271,7 @@ int RunBuild(const std::vector<std::string>& argv) {
   AddProfileOption(args);
   AddForceFlag(args, "pack and manifest");
   AddCopyOptions(args);
+  AddEpOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto v = ParseValues(args);
@@ -231,12 +285,10 @@ int RunBuild(const std::vector<std::string>& argv) {
   }
   if (args.Has("--json")) {
     std::cout << manifest::PyJsonDumps(j, manifest::PyJsonStyle::kIndent2Ascii) << "\n";
+  } else if (j.contains("rank_builds")) {
+    for (const auto& one : j["rank_builds"]) PrintBuilt(one, false);
   } else {
-    std::printf("EXPERT_PACK_READY path=%s size=%s%s\n", j["pack"].get<std::string>().c_str(),
-                j["pack_size"].dump().c_str(), j["pack_reused"].get<bool>() ? " (reused)" : "");
-    std::printf("MANIFEST_READY path=%s profile=%s entries=%s payload_samples_verified=%s\n",
-                j["manifest"].get<std::string>().c_str(), j["profile"].get<std::string>().c_str(),
-                j["pack_entries"].dump().c_str(), j["payload_samples_verified"].dump().c_str());
+    PrintBuilt(j, false);
   }
   return 0;
 }

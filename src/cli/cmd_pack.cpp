@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/ep_options.h"
 #include "cli/output_rule.h"
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
@@ -24,19 +25,24 @@ namespace {
 constexpr const char* kCmd = "pack";
 
 // Option values (a bad one is a usage error, exit 2).
-using Values = CopyValues;
+struct Values : CopyValues {
+  EpChoice ep;
+};
 
 Result<Values> ParseValues(const Args& args) {
   if (args.Has("--profile")) K3_RETURN_IF_ERROR(kimi::ParseProfile(args.Get("--profile")).status());
-  K3_ASSIGN_OR_RETURN(Values v, ParseCopyValues(args));
+  Values v;
+  K3_ASSIGN_OR_RETURN(static_cast<CopyValues&>(v), ParseCopyValues(args));
   if (args.Has("--force") && args.Has("--repair-damaged"))
     return Error("--force and --repair-damaged conflict: --force rebuilds the whole pack");
+  K3_ASSIGN_OR_RETURN(v.ep, ParseEpOptions(args));
   return v;
 }
 
-Result<nlohmann::json> Run(const Args& args, const Values& v) {
+// One pack: the full pack, or the rank pack of `rank`.
+Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::optional<ep::Rank>& rank) {
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
-                                                args.Has("--repair-damaged")));
+                                                args.Has("--repair-damaged"), rank));
   const std::string out = plan.pack;
   if (args.Has("--repair-damaged")) {
     if (!plan.repair) {
@@ -51,6 +57,12 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   }
   const bool json = args.Has("--json");
   if (plan.action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
+  nlohmann::json ep_json;
+  if (rank) {
+    const ep::ExpertRange owned = ep::OwnedExperts(*rank, plan.experts.num_experts);
+    ep_json = {{"size", rank->size}, {"rank", rank->rank}, {"first_expert", owned.first},
+               {"end_expert", owned.end}};
+  }
   if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
   const pack::ExpertSet& experts = plan.experts;
   const kimi::Profile profile = plan.profile;
@@ -64,11 +76,13 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   bopts.threads = threads;
   bopts.progress = pack::MakeProgressPrinter(mode);
   bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack pack: %s\n", s.c_str()); };
+  bopts.ep = rank;
   if (!json) {
-    std::printf("building %s (%s, %llu entries) from %zu shard(s)\n", out.c_str(),
+    std::printf("building %s (%s, %llu entries) from %zu shard(s)%s\n", out.c_str(),
                 HumanBytes(experts.EstimatedPackBytes()).c_str(),
                 static_cast<unsigned long long>(experts.layers.size() * experts.num_experts * 3),
-                experts.shard_paths.size());
+                experts.shard_paths.size(),
+                rank ? (": expert-parallel " + ep::Describe(*rank, experts.num_experts)).c_str() : "");
     std::fflush(stdout);
   }
   K3_ASSIGN_OR_RETURN(pack::BuildResult r, pack::BuildPack(experts, bopts));
@@ -76,6 +90,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   // Re-validate as SGLang's preparation does (structure + 6 sampled payloads).
   pack::ValidateOptions vopts;
   vopts.payload_samples = 6;
+  vopts.ep = rank;
   K3_ASSIGN_OR_RETURN(nlohmann::json section, pack::ValidatePack(r.pack_path, experts, vopts));
   nlohmann::json res = {{"pack", r.pack_path},
                         {"digests", r.digests_path},
@@ -89,13 +104,51 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
                         {"bytes_per_second", r.seconds > 0 ? r.pack_bytes / r.seconds : 0.0},
                         {"payload_samples_verified", section["payload_samples_verified"]},
                         {"profile", kimi::ProfileName(profile)}};
+  if (rank) res["ep"] = ep_json;
   return res;
+}
+
+Result<nlohmann::json> Run(const Args& args, const Values& v) {
+  if (!v.ep.given()) return RunOne(args, v, std::nullopt);
+  // --ep-rank all: the ranks one after another; each reads only its own
+  // experts' bytes from the source, so the source is read once in all.
+  nlohmann::json packs = nlohmann::json::array();
+  for (const ep::Rank& rank : v.ep.Ranks()) {
+    K3_ASSIGN_OR_RETURN(nlohmann::json one, RunOne(args, v, rank));
+    if (!one.contains("ep")) one["ep"] = {{"size", rank.size}, {"rank", rank.rank}};
+    packs.push_back(std::move(one));
+  }
+  if (!v.ep.all) return packs[0];
+  return nlohmann::json{{"ep_size", v.ep.size}, {"rank_packs", packs}};
+}
+
+void PrintBuilt(const nlohmann::json& j, bool json_mode) {
+  if (j.contains("already_built")) {
+    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), json_mode);
+    return;
+  }
+  const double secs = j["seconds"].get<double>();
+  std::string ep;
+  if (j.contains("ep")) {
+    ep = " ep_rank=" + j["ep"]["rank"].dump() + " ep_size=" + j["ep"]["size"].dump() + " experts=" +
+         j["ep"]["first_expert"].dump() + ".." + std::to_string(j["ep"]["end_expert"].get<uint32_t>() - 1);
+  }
+  std::printf("EXPERT_PACK_READY path=%s entries=%llu size=%llu index_sha256=%s%s\n",
+              j["pack"].get<std::string>().c_str(), j["index_count"].get<unsigned long long>(),
+              j["size"].get<unsigned long long>(), j["index_sha256"].get<std::string>().c_str(), ep.c_str());
+  std::printf("  copied %s (+%s kept as holes) in %s, %s; digests: %s\n",
+              HumanBytes(j["copied_bytes"].get<uint64_t>()).c_str(),
+              HumanBytes(j["hole_bytes"].get<uint64_t>()).c_str(), HumanDuration(secs).c_str(),
+              HumanRate(j["bytes_per_second"].get<double>()).c_str(), j["digests"].get<std::string>().c_str());
 }
 
 int RunPack(const std::vector<std::string>& argv) {
   Args args(kCmd, "[--gguf-dir] DIR --model-config CONFIG [--pack PACK] [options]",
             "Build the expert-major GGMLMOEPACKv1 pack (byte-identical to SGLang's) from a Kimi GGUF shard set.\n"
-            "Crash-safe: an interrupted build continues from its checkpoint when the same command is rerun.");
+            "Crash-safe: an interrupted build continues from its checkpoint when the same command is rerun.\n"
+            "With --ep-size N --ep-rank R|all: expert-parallel rank packs (same header, index and offsets as the full\n"
+            "pack; only the rank's experts on disk, the rest holes), named <pack stem>.epR-of-N.pack; `k3pack ep-merge`\n"
+            "puts N of them back together.");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards (or one shard path)",
               std::nullopt, true)
       .PositionalAsOption("--gguf-dir")
@@ -109,6 +162,7 @@ int RunPack(const std::vector<std::string>& argv) {
   AddProfileOption(args);
   AddForceFlag(args, "pack (and its .digests)");
   AddCopyOptions(args);
+  AddEpOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto v = ParseValues(args);
@@ -133,15 +187,10 @@ int RunPack(const std::vector<std::string>& argv) {
   }
   if (args.Has("--json")) {
     std::cout << j.dump(2) << "\n";
+  } else if (j.contains("rank_packs")) {
+    for (const auto& one : j["rank_packs"]) PrintBuilt(one, false);
   } else {
-    const double secs = j["seconds"].get<double>();
-    std::printf("EXPERT_PACK_READY path=%s entries=%llu size=%llu index_sha256=%s\n",
-                j["pack"].get<std::string>().c_str(), j["index_count"].get<unsigned long long>(),
-                j["size"].get<unsigned long long>(), j["index_sha256"].get<std::string>().c_str());
-    std::printf("  copied %s (+%s kept as holes) in %s, %s; digests: %s\n",
-                HumanBytes(j["copied_bytes"].get<uint64_t>()).c_str(),
-                HumanBytes(j["hole_bytes"].get<uint64_t>()).c_str(), HumanDuration(secs).c_str(),
-                HumanRate(j["bytes_per_second"].get<double>()).c_str(), j["digests"].get<std::string>().c_str());
+    PrintBuilt(j, false);
   }
   return 0;
 }

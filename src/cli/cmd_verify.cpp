@@ -62,15 +62,22 @@ int RunVerify(const std::vector<std::string>& argv) {
     const std::string& msg = r.error().message();
     if (msg.find("expert-pack payload does not match") != std::string::npos && msg.find("\nhint:") == std::string::npos) {
       // Damaged payloads are repairable in place from the source shards.
-      std::string pack = "PACK", dir = "DIR";
+      std::string pack = "PACK", dir = "DIR", ep;
       if (auto m = manifest::ReadManifest(args.Get("--manifest")); m.ok()) {
         pack = m->expert_pack.path;
+        if (m->k3pack && m->k3pack->ep) {
+          // A rank pack is named after the full pack; give that name back.
+          const ep::Rank rank{m->k3pack->ep->size, m->k3pack->ep->rank};
+          const std::string tag = ".ep" + std::to_string(rank.rank) + "-of-" + std::to_string(rank.size) + ".pack";
+          if (pack.ends_with(tag)) pack = pack.substr(0, pack.size() - tag.size()) + ".pack";
+          ep = " --ep-size " + std::to_string(rank.size) + " --ep-rank " + std::to_string(rank.rank);
+        }
         if (!m->source.shards.empty()) dir = std::filesystem::path(m->source.shards.front().path).parent_path().string();
       }
       return ReportError(kCmd, r.error().WithHint(
                                    "rewrite exactly the damaged payloads from the GGUF source and re-verify them: "
                                    "`k3pack pack --repair-damaged --gguf-dir " + dir + " --model-config CONFIG --pack " +
-                                   pack + "` (or rerun `k3pack build` with --restart)"));
+                                   pack + ep + "` (or rerun `k3pack build` with --restart)"));
     }
     return ReportError(kCmd, WithMovedModelHint(r.error(), args.Get("--manifest")));
   }
@@ -84,6 +91,13 @@ int RunVerify(const std::vector<std::string>& argv) {
                 j["shards_checked"].get<size_t>(), j["payload_mode"].get<std::string>().c_str(),
                 j["entries_checked"].get<unsigned long long>(), HumanBytes(j["bytes_checked"].get<uint64_t>()).c_str(),
                 HumanDuration(j["seconds"].get<double>()).c_str(), j["mb_per_s"].get<double>());
+    if (j.contains("ep")) {
+      const auto& e = j["ep"];
+      std::printf("  expert-parallel rank %s of %s (experts %s..%u): %s entries of the other ranks skipped "
+                  "(holes by design)\n",
+                  e["rank"].dump().c_str(), e["size"].dump().c_str(), e["first_expert"].dump().c_str(),
+                  e["end_expert"].get<uint32_t>() - 1, e["unowned_entries"].dump().c_str());
+    }
   }
   return 0;
 }

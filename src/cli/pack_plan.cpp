@@ -11,7 +11,7 @@ namespace k3pack::cli {
 // The shared front half of `pack` and `build`: preflight the inputs, collect
 // the experts, pick the pack path, and apply the overwrite rule to it.
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
-                          bool repair_existing) {
+                          bool repair_existing, const std::optional<ep::Rank>& rank) {
   const std::string gguf_dir = args.Get("--gguf-dir"), config = args.Get("--model-config");
   K3_RETURN_IF_ERROR(CheckGgufDir("--gguf-dir", gguf_dir));
   K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", config));
@@ -23,6 +23,11 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
   plan.pack = args.Get("--pack");
   if (plan.pack.empty()) {
     K3_ASSIGN_OR_RETURN(plan.pack, pack::DefaultPackPath(plan.experts.shard_paths.front()));
+  }
+  if (rank) {
+    K3_RETURN_IF_ERROR(ep::CheckRank(*rank, plan.experts.num_experts));
+    plan.ep = rank;
+    plan.pack = pack::RankPackPath(plan.pack, *rank);
   }
   plan.inputs = {{"--model-config", config}};
   for (const auto& s : plan.experts.shard_paths) plan.inputs.push_back({"source shard", s});
@@ -46,7 +51,17 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
   spec.is_finished = [&]() -> Result<bool> {
     pack::ValidateOptions vopts;
     vopts.payload_samples = 6;
+    vopts.ep = plan.ep;
     auto valid = pack::ValidatePack(out, plan.experts, vopts);
+    if (valid.ok() && plan.ep) {
+      // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
+      auto d = pack::ReadPackDigests(pack::DigestsPathFor(out));
+      if (!d.ok() || !d->ep || d->ep->size != plan.ep->size || d->ep->rank != plan.ep->rank) {
+        plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
+                              ep::Describe(*plan.ep, plan.experts.num_experts);
+        return false;
+      }
+    }
     if (valid.ok()) {
       plan.valid_section = *valid;
       return true;

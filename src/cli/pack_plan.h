@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
+#include "k3pack/ep.h"
 #include "k3pack/pack.h"
 #include <nlohmann/json.hpp>
 
@@ -23,6 +24,7 @@ struct PackPlan {
   bool repair = false;  // repair_existing and a finished pack is there
   std::string invalid_reason;  // why an existing pack is not taken as finished
   nlohmann::json valid_section;  // kAlreadyBuilt: ValidatePack's expert_pack section
+  std::optional<ep::Rank> ep;    // a rank pack: `pack` is the rank's path
 };
 
 // SGLang's artifact name for the manifest, the default of every command.
@@ -32,7 +34,11 @@ inline constexpr const char* kDefaultManifestName = "kimi-k3-expert-pack.manifes
 // may differ by role/layer only when `allow_mixed_types`.
 // With `repair_existing` the finished pack at --pack is not judged by the
 // overwrite rule: the caller repairs its damaged payloads (plan.repair).
-Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false);
+// With `rank`, the output is that rank's pack (pack::RankPackPath of --pack
+// or the default), judged as a rank pack (a repair rewrites only the rank's
+// own damaged payloads: its digest sidecar marks the others absent).
+Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false,
+                          const std::optional<ep::Rank>& rank = std::nullopt);
 
 // --force: removes a finished pack and its .digests so BuildPack rebuilds it.
 Status RemovePackOutput(const std::string& pack_path);

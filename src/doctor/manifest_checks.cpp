@@ -65,6 +65,10 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const D
   }
   pack::ValidateOptions vo;
   vo.payload_samples = options.pack_payload_samples;
+  // A rank pack's manifest: sample only the rank's payloads (the others are holes by design).
+  if (auto ext = manifest::ParseK3packExtension(j); ext.ok() && *ext && (*ext)->ep) {
+    vo.ep = ep::Rank{(*ext)->ep->size, (*ext)->ep->rank};
+  }
   auto v = pack::ValidatePack(pack, *experts, vo);
   if (!v.ok()) {
     const std::string msg = v.error().message();

@@ -130,8 +130,22 @@ Result<json> CreateManifest(const CreateOptions& o) {
   collect.allow_mixed_types = o.profile == kimi::Profile::kScaled;
   K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExperts(shards, spec, collect));
   say("validating expert pack " + o.expert_pack);
+  std::optional<ep::Rank> rank = o.ep;
+  if (const std::string dpath = pack::DigestsPathFor(o.expert_pack); PathExists(dpath)) {
+    // A rank pack says so in its digest sidecar (version 3).
+    auto d = pack::ReadPackDigests(dpath);
+    if (d.ok() && d->ep) {
+      if (rank && (rank->size != d->ep->size || rank->rank != d->ep->rank)) {
+        return Error(o.expert_pack + " is the pack of expert-parallel " + ep::Describe(*d->ep, d->num_experts) +
+                     " (its digest sidecar says so), not of " + ep::Describe(*rank, experts.num_experts));
+      }
+      rank = d->ep;
+    }
+  }
+  if (rank) K3_RETURN_IF_ERROR(ep::CheckRank(*rank, experts.num_experts));
   pack::ValidateOptions vopts;
   vopts.payload_samples = o.payload_samples;
+  vopts.ep = rank;
   vopts.full_pack_hash = o.full_pack_hash;
   vopts.progress = o.pack_progress;
   K3_ASSIGN_OR_RETURN(json expert_pack, pack::ValidatePack(o.expert_pack, experts, vopts));
@@ -154,6 +168,13 @@ Result<json> CreateManifest(const CreateOptions& o) {
                        {"full_pack_hash", o.full_pack_hash}};
   if (o.profile == kimi::Profile::kScaled) {
     m["k3pack"] = {{"profile", std::string(kScaledProfileName)}, {"layer_roles", pack::LayerRolesJson(experts)}};
+  }
+  if (rank) {
+    // SGLang ignores the extra top-level key; its own sections are unchanged.
+    if (!m.contains("k3pack")) m["k3pack"] = {{"profile", std::string(kKimiProfileName)}};
+    const ep::ExpertRange owned = ep::OwnedExperts(*rank, experts.num_experts);
+    m["k3pack"]["ep"] = {{"size", rank->size}, {"rank", rank->rank}, {"first_expert", owned.first},
+                         {"end_expert", owned.end}};
   }
   return m;
 }

@@ -166,8 +166,22 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
 
   K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsOf(m));
 
+  // A rank pack's manifest names its rank (k3pack.ep): only its experts'
+  // payloads are checked; the others are holes by design.
+  std::optional<ep::Rank> rank;
+  if (m.k3pack && m.k3pack->ep) rank = ep::Rank{m.k3pack->ep->size, m.k3pack->ep->rank};
+  if (rank) {
+    K3_RETURN_IF_ERROR(ep::CheckRank(*rank, experts.num_experts));
+    const ep::ExpertRange owned = ep::OwnedExperts(*rank, experts.num_experts);
+    if (owned.first != m.k3pack->ep->first_expert || owned.end != m.k3pack->ep->end_expert) {
+      return Error("manifest k3pack.ep: experts [" + std::to_string(m.k3pack->ep->first_expert) + ", " +
+                   std::to_string(m.k3pack->ep->end_expert) + ") are not what " +
+                   ep::Describe(*rank, experts.num_experts) + " owns");
+    }
+  }
   pack::ValidateOptions vopts;
   vopts.payload_samples = 0;
+  vopts.ep = rank;
   auto validated = pack::ValidatePack(pack_path, experts, vopts);
   Status structure = validated.ok() ? CompareSection(*validated, raw.at("expert_pack")) : validated.status();
   if (!structure.ok()) {
@@ -184,6 +198,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
 
   pack::VerifyOptions o;
   o.progress = options.progress;
+  o.ep = rank;
   std::string payload_mode;
   if (full) {
     o.against_digests = true;
@@ -192,7 +207,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   } else {
     o.against_digests = false;
     o.against_source = true;
-    o.entries = pack::SampleIndices(fresh["index_count"].get<uint64_t>(), options.samples);
+    o.entries = pack::SampleEntries(fresh["index_count"].get<uint64_t>(), experts.num_experts, options.samples, rank);
     payload_mode = "samples";
   }
   pack::VerifyResult vr;
@@ -200,7 +215,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
     K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, o));
   }
   if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack")));
-  return nlohmann::json{{"manifest", manifest_path},
+  nlohmann::json out{{"manifest", manifest_path},
                         {"pack", pack_path},
                         {"structure", "ok"},
                         {"index_sha256", fresh["index_sha256"]},
@@ -211,6 +226,16 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                         {"bytes_checked", vr.bytes_checked},
                         {"seconds", vr.seconds},
                         {"mb_per_s", vr.MBps()}};
+  if (rank) {
+    // The other ranks' objects: expected holes, a count, not damage.
+    out["ep"] = {{"size", rank->size},
+                 {"rank", rank->rank},
+                 {"first_expert", m.k3pack->ep->first_expert},
+                 {"end_expert", m.k3pack->ep->end_expert},
+                 {"unowned_entries", vr.unowned_entries},
+                 {"unowned_bytes", vr.unowned_bytes}};
+  }
+  return out;
 }
 
 }  // namespace k3pack::manifest

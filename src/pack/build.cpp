@@ -127,7 +127,7 @@ struct PrefixCheck {
 // the first object that differs. Several threads; holes are not read.
 Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objects_done,
                                 const std::vector<Digest>& digests, std::vector<uint32_t>* crcs, bool have_crcs,
-                                int threads, const std::string& path) {
+                                int threads, const std::string& path, ep::ExpertRange written) {
   std::atomic<uint64_t> first_bad{objects_done}, next{0};
   std::mutex mu;
   std::optional<Error> error;
@@ -136,6 +136,8 @@ Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objec
   auto worker = [&] {
     IoBuffer buf(kChunk);
     for (uint64_t obj; (obj = next.fetch_add(1)) < objects_done && obj < first_bad.load();) {
+      // Another rank's object: a hole by design, its records zero.
+      if (!written.contains(static_cast<uint32_t>(obj % layout.num_experts()))) continue;
       for (uint64_t r = 0; r < kRoleCount; ++r) {
         const EntrySlot e = layout.Entry(obj * kRoleCount + r);
         uint32_t crc = 0;
@@ -191,15 +193,17 @@ Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objec
 }
 
 // Disk bytes still to be written: non-hole source bytes of objects >= from_object.
-uint64_t RemainingDataBytes(const ExpertSet& ex, const std::vector<UniqueFd>& src, uint64_t from_object) {
+uint64_t RemainingDataBytes(const ExpertSet& ex, const std::vector<UniqueFd>& src, uint64_t from_object,
+                            ep::ExpertRange written) {
   uint64_t total = 0;
   for (size_t li = 0; li < ex.layers.size(); ++li) {
     uint64_t first = li * ex.num_experts;
     uint64_t e0 = from_object > first ? std::min<uint64_t>(from_object - first, ex.num_experts) : 0;
-    if (e0 >= ex.num_experts) continue;
+    e0 = std::max<uint64_t>(e0, written.first);
+    if (e0 >= written.end) continue;
     for (const auto& t : ex.by_layer[li]) {
       uint64_t off = t.tensor.data_offset + e0 * t.expert_bytes;
-      uint64_t len = (ex.num_experts - e0) * t.expert_bytes;
+      uint64_t len = (written.end - e0) * t.expert_bytes;
       for (const auto& s : MapRange(src[t.tensor.shard_index].get(), off, len)) {
         if (!s.hole) total += s.length;
       }
@@ -222,12 +226,25 @@ uint64_t HeldBytes(const std::string& path, uint64_t from) {
   return held;
 }
 
+// Whether the filesystem keeps the unwritten payload area of `fd` as holes:
+// SEEK_HOLE from the first payload must land there (payloads are 4096-aligned
+// and nothing past the prefix is written yet on a fresh file; on a resumed one
+// the last object is a hole or the file's end). Test seam:
+// K3PACK_TEST_NO_SPARSE=1 answers no.
+bool SupportsHoles(int fd, const PackLayout& layout) {
+  if (EnvU64("K3PACK_TEST_NO_SPARSE").value_or(0) != 0) return false;
+  const off_t from = static_cast<off_t>(layout.data_start());
+  const off_t h = ::lseek(fd, from, SEEK_HOLE);
+  return h >= 0 && static_cast<uint64_t>(h) < layout.final_size();
+}
+
 // Seals the journal, renames it to <pack>.digests, renames the partial onto
 // the pack, removes the checkpoint. Each step is idempotent on rerun.
 // Test seam: K3PACK_TEST_KILL_IN_FINALIZE=k raises SIGKILL after step k (1:
 // journal sealed, 2: pack renamed, 3: digests renamed, checkpoint still there).
 Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journal_fd,
-                const std::vector<Digest>& digests, const std::vector<uint32_t>& crcs) {
+                const std::vector<Digest>& digests, const std::vector<uint32_t>& crcs,
+                const std::optional<ep::Rank>& ep) {
   const uint64_t kill_step = EnvU64("K3PACK_TEST_KILL_IN_FINALIZE").value_or(0);
   auto maybe_kill = [&](uint64_t step) {
     if (kill_step == step) ::raise(SIGKILL);
@@ -244,6 +261,12 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
   h.index_count = layout.index_count();
   h.pack_size = layout.final_size();
   h.data_start = layout.data_start();
+  if (ep) {
+    h.version = kDigestsRankVersion;
+    h.ep_size = ep->size;
+    h.ep_rank = ep->rank;
+    h.num_experts = layout.num_experts();
+  }
   FromHex(layout.IndexSha256(), h.index_sha256.data(), 32);
   // Records: the SHA-256s, then the CRC32Cs (little-endian, the host order).
   std::vector<uint8_t> records(digests.size() * (kDigestBytes + kCrcBytes));
@@ -307,7 +330,9 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   std::filesystem::create_directories(dir, ec);
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
   K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(p.lock));
-  K3_ASSIGN_OR_RETURN(std::string fingerprint, InputFingerprint(ex, layout));
+  if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
+  const ep::ExpertRange written = WrittenExperts(ex.num_experts, o.ep);
+  K3_ASSIGN_OR_RETURN(std::string fingerprint, InputFingerprint(ex, layout, o.ep));
 
   BuildResult result;
   result.pack_path = p.out;
@@ -378,7 +403,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   // partial without usable checkpoint is replaced.
   K3_ASSIGN_OR_RETURN(uint64_t avail, AvailableBytes(dir));
   const uint64_t margin = static_cast<uint64_t>(o.safety_margin_gib * 1024.0 * 1024.0 * 1024.0);
-  const uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done) + DigestsFileBytes(layout.index_count()) +
+  const uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done, written) + DigestsFileBytes(layout.index_count()) +
                             (resume ? 0 : layout.data_start());
   const uint64_t durable_end = !resume ? 0
                                : ckpt.objects_done < layout.object_count()
@@ -403,7 +428,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     log("checking the " + std::to_string(ckpt.objects_done) + " checkpointed objects of " + p.partial +
         " against their " + (have_crcs ? "CRC32C" : "SHA-256") + " records");
     K3_ASSIGN_OR_RETURN(PrefixCheck check, CheckPrefix(layout, pack_fd.get(), ckpt.objects_done, digests, &crcs,
-                                                       have_crcs, o.threads, p.partial));
+                                                       have_crcs, o.threads, p.partial, written));
     if (check.first_bad < ckpt.objects_done) {
       log("object " + std::to_string(check.first_bad) + " of " + p.partial + ", " + check.detail +
           ", changed since it was checkpointed; copying it and every later object again");
@@ -436,6 +461,12 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   // reserved now, while there is room (CheckpointFile).
   K3_ASSIGN_OR_RETURN(CheckpointFile ckpt_file, CheckpointFile::Create(p.checkpoint, ckpt, nullptr));
   if (!resume) K3_RETURN_IF_ERROR(CreateFresh(p, layout, &pack_fd, &journal_fd));
+  if (o.ep && !resume && !SupportsHoles(pack_fd.get(), layout)) {
+    // ftruncate extended the file with zeros the filesystem stores: correct
+    // bytes, but no disk saved.
+    log("the filesystem of " + p.partial + " does not support sparse files: the objects of the other ranks are " +
+        "written as zeros (the rank pack takes the full pack's disk space)");
+  }
   std::optional<SourceHasher> hasher;
   if (o.hash_sources) hasher.emplace(ex.shard_paths, std::max(1, std::min(4, o.threads > 0 ? o.threads : 4)));
   K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &crcs,
@@ -444,7 +475,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     log("finishing the SHA-256 of the source shards");
     K3_ASSIGN_OR_RETURN(result.source_sha256, hasher->Finish());
   }
-  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs));
+  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs, o.ep));
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   (void)lock;
   return result;

@@ -20,9 +20,15 @@ Result<PackLayout> LayoutOf(const ExpertSet& ex) {
   return PackLayout::Make(std::move(v), ex.num_experts);
 }
 
-Result<std::string> InputFingerprint(const ExpertSet& ex, const PackLayout& layout) {
+ep::ExpertRange WrittenExperts(uint32_t num_experts, const std::optional<ep::Rank>& ep) {
+  return ep ? ep::OwnedExperts(*ep, num_experts) : ep::ExpertRange{0, num_experts};
+}
+
+Result<std::string> InputFingerprint(const ExpertSet& ex, const PackLayout& layout, const std::optional<ep::Rank>& ep) {
   Sha256 h;
   h.Update("k3pack-pack-inputs-v1\n");
+  // Absent for a full pack, so full packs' fingerprints are unchanged.
+  if (ep) h.Update("ep " + std::to_string(ep->size) + " " + std::to_string(ep->rank) + "\n");
   h.Update("index_sha256 " + layout.IndexSha256() + "\nsize " + std::to_string(layout.final_size()) + "\n");
   for (size_t i = 0; i < ex.shard_paths.size(); ++i) {
     struct stat st;

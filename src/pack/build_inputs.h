@@ -38,7 +38,13 @@ Result<PackLayout> LayoutOf(const ExpertSet& experts);
 // Hex SHA-256 over what determines the pack's bytes: the layout (index
 // digest, size) and, per expert tensor, shard file name/size/mtime and the
 // tensor's place. Any change makes a checkpoint unusable.
-Result<std::string> InputFingerprint(const ExpertSet& experts, const PackLayout& layout);
+// A rank pack's rank is part of it, so a rank pack's checkpoint is never
+// taken for a full pack's (or another rank's).
+Result<std::string> InputFingerprint(const ExpertSet& experts, const PackLayout& layout,
+                                     const std::optional<ep::Rank>& ep = std::nullopt);
+
+// The experts whose objects a build writes: all of them, or those `ep` owns.
+ep::ExpertRange WrittenExperts(uint32_t num_experts, const std::optional<ep::Rank>& ep);
 
 // An exclusive flock on `<pack>.lock`, held while the object lives.
 class LockFile {

@@ -89,15 +89,20 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   const uint64_t n_entries = layout.index_count();
   int threads = o.threads > 0 ? o.threads : 4;
 
-  auto object_bytes = [&](uint64_t obj) {
+  // A rank pack writes only the objects of its experts; the others count as
+  // finished from the start (holes, records zero) and not in the progress.
+  const ep::ExpertRange written_experts = WrittenExperts(ex.num_experts, o.ep);
+  auto is_written = [&](uint64_t obj) { return written_experts.contains(static_cast<uint32_t>(obj % ex.num_experts)); };
+  auto object_bytes = [&](uint64_t obj) -> uint64_t {
+    if (!is_written(obj)) return 0;
     const auto& b = layout.layers()[obj / ex.num_experts].expert_bytes;
     return b[0] + b[1] + b[2];
   };
   uint64_t total_bytes = 0, done_bytes = 0;
-  for (uint64_t li = 0; li < layout.num_layers(); ++li) total_bytes += object_bytes(li * ex.num_experts) * ex.num_experts;
-  for (uint64_t obj = 0; obj < start; obj += ex.num_experts) {
-    done_bytes += object_bytes(obj) * std::min<uint64_t>(ex.num_experts, start - obj);
+  for (uint64_t li = 0; li < layout.num_layers(); ++li) {
+    total_bytes += object_bytes(li * ex.num_experts + written_experts.first) * written_experts.count();
   }
+  for (uint64_t obj = 0; obj < start; ++obj) done_bytes += object_bytes(obj);
 
   // Work unit: a batch of consecutive experts of one layer, so each role is
   // read with one large sequential read (batch_bytes per role at most).
@@ -114,8 +119,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     max_batch_bytes = std::max(max_batch_bytes, per * biggest);
     const uint64_t first = static_cast<uint64_t>(li) * ex.num_experts;
     uint32_t e = start > first ? static_cast<uint32_t>(std::min<uint64_t>(start - first, ex.num_experts)) : 0;
-    while (e < ex.num_experts) {
-      const uint32_t n = std::min(per, ex.num_experts - e);
+    e = std::max(e, written_experts.first);
+    while (e < written_experts.end) {
+      const uint32_t n = std::min(per, written_experts.end - e);
       batches.push_back({li, e, n});
       e += n;
     }
@@ -129,7 +135,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   if (static_cast<uint64_t>(threads) > batches.size()) threads = static_cast<int>(std::max<size_t>(1, batches.size()));
 
   std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
-  for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start ? 1 : 0, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start || !is_written(i) ? 1 : 0, std::memory_order_relaxed);
   std::atomic<uint64_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mu;

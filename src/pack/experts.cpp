@@ -235,6 +235,12 @@ Result<std::string> DefaultPackPath(const std::string& any_shard_path) {
   return dir + "/" + name->prefix + ".expert-major.pack";
 }
 
+std::string RankPackPath(const std::string& full, const ep::Rank& rank) {
+  const std::string tag = ".ep" + std::to_string(rank.rank) + "-of-" + std::to_string(rank.size);
+  if (full.size() > 5 && full.ends_with(".pack")) return full.substr(0, full.size() - 5) + tag + ".pack";
+  return full + tag;
+}
+
 nlohmann::json LayerRolesJson(const ExpertSet& experts) {
   nlohmann::json list = nlohmann::json::array();
   for (size_t li = 0; li < experts.layers.size(); ++li) {

@@ -65,6 +65,11 @@ std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader
   PutU64(out.data() + 40, h.data_start);
   std::memcpy(out.data() + 48, h.index_sha256.data(), 32);
   std::memcpy(out.data() + 80, h.records_sha256.data(), 32);
+  if (h.version >= kDigestsRankVersion) {
+    PutU32(out.data() + 112, h.ep_size);
+    PutU32(out.data() + 116, h.ep_rank);
+    PutU32(out.data() + 120, h.num_experts);
+  }
   return out;
 }
 
@@ -77,12 +82,22 @@ Result<PackDigests> ReadPackDigests(const std::string& path) {
   const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
   if (std::memcmp(p, kDigestsMagic.data(), 16) != 0) return bad("bad magic");
   const uint32_t version = GetU32(p + 16);
-  if ((version != 1 && version != 2) || GetU32(p + 20) != kDigestsHeaderBytes) return bad("unsupported version");
+  if (version < 1 || version > kDigestsRankVersion || GetU32(p + 20) != kDigestsHeaderBytes) {
+    return bad("unsupported version");
+  }
   const uint64_t record = version == 1 ? kDigestBytes : kDigestBytes + kCrcBytes;
   PackDigests d;
   d.index_count = GetU64(p + 24);
   d.pack_size = GetU64(p + 32);
+  d.data_start = GetU64(p + 40);
   d.index_sha256 = ToHex(p + 48, 32);
+  if (version >= kDigestsRankVersion) {
+    const ep::Rank rank{GetU32(p + 112), GetU32(p + 116)};
+    d.num_experts = GetU32(p + 120);
+    const Status st = ep::CheckRank(rank, d.num_experts);
+    if (!st.ok()) return bad("its expert-parallel rank is invalid: " + st.error().message());
+    d.ep = rank;
+  }
   if (d.index_count > (bytes.size() - kDigestsHeaderBytes) / record ||
       bytes.size() != kDigestsHeaderBytes + d.index_count * record) {
     return bad("size " + std::to_string(bytes.size()) + " does not hold " + std::to_string(d.index_count) +
@@ -113,8 +128,16 @@ Status WritePackDigests(const std::string& path, const PackDigests& d) {
   }
   DigestsHeader h;
   h.version = crcs ? 2 : 1;
+  if (d.ep) {
+    if (!crcs) return Error("WritePackDigests: a rank pack's sidecar (version 3) needs CRCs");
+    h.version = kDigestsRankVersion;
+    h.ep_size = d.ep->size;
+    h.ep_rank = d.ep->rank;
+    h.num_experts = d.num_experts;
+  }
   h.index_count = n;
   h.pack_size = d.pack_size;
+  h.data_start = d.data_start;
   if (!FromHex(d.index_sha256, h.index_sha256.data(), 32)) return Error("bad index_sha256 hex");
   h.records_sha256 = Sha256Raw(p + kDigestsHeaderBytes, out.size() - kDigestsHeaderBytes);
   auto head = EncodeDigestsHeader(h);

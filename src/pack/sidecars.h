@@ -24,9 +24,13 @@ inline constexpr std::array<uint8_t, 16> kDigestsMagic = {'K', '3', 'P', 'A', 'C
 inline constexpr uint64_t kDigestsHeaderBytes = 128;
 inline constexpr uint64_t kDigestBytes = 32;
 inline constexpr uint64_t kCrcBytes = 4;
-// Version 1: SHA-256 records only; version 2 (written now): SHA-256 records,
-// then CRC32C records. Readers accept both.
+// Version 1: SHA-256 records only; version 2 (written for full packs):
+// SHA-256 records, then CRC32C records; version 3 (written for EP rank packs):
+// version 2's records plus the rank in the header's last 16 bytes (u32
+// ep_size, ep_rank, num_experts, 0); the records of objects the rank does not
+// own are all zero. Readers accept all three.
 inline constexpr uint32_t kDigestsVersion = 2;
+inline constexpr uint32_t kDigestsRankVersion = 3;
 
 // Size of a version-2 sidecar (and of the build's journal) for n entries.
 inline uint64_t DigestsFileBytes(uint64_t n) { return kDigestsHeaderBytes + n * (kDigestBytes + kCrcBytes); }
@@ -42,6 +46,10 @@ struct DigestsHeader {
   uint64_t data_start = 0;
   std::array<uint8_t, 32> index_sha256{};    // raw
   std::array<uint8_t, 32> records_sha256{};  // SHA-256 of all records (v2: SHA then CRC); all zero = not sealed
+  // Version 3 only (ep_size >= 1): the rank pack's EP rank and experts per layer.
+  uint32_t ep_size = 0;
+  uint32_t ep_rank = 0;
+  uint32_t num_experts = 0;
 };
 
 std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader& h);

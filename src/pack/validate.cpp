@@ -40,6 +40,21 @@ std::vector<uint64_t> SampleIndices(uint64_t n, int64_t k) {
   return out;
 }
 
+std::vector<uint64_t> SampleEntries(uint64_t index_count, uint32_t num_experts, int64_t k,
+                                    const std::optional<ep::Rank>& ep) {
+  if (!ep || num_experts == 0) return SampleIndices(index_count, k);
+  // A rank pack: SGLang's spacing over the entries the rank owns (the others
+  // are holes by design), mapped back to entry indices.
+  const ep::ExpertRange owned = ep::OwnedExperts(*ep, num_experts);
+  const uint64_t per_layer = uint64_t{owned.count()} * kRoleCount;
+  const uint64_t layers = index_count / (uint64_t{num_experts} * kRoleCount);
+  std::vector<uint64_t> out;
+  for (uint64_t j : SampleIndices(per_layer * layers, k)) {
+    out.push_back((j / per_layer) * num_experts * kRoleCount + uint64_t{owned.first} * kRoleCount + j % per_layer);
+  }
+  return out;
+}
+
 Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSet& ex, const ValidateOptions& o) {
   if (!PathExists(pack_path)) {
     return Error("[Errno 2] No such file or directory: " + PyRepr(pack_path), ErrorKind::kFileNotFound, ENOENT);
@@ -135,7 +150,8 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   }
 
   // Sampled payload compare with the GGUF source.
-  const auto samples = SampleIndices(h.index_count, o.payload_samples);
+  if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
+  const auto samples = SampleEntries(h.index_count, ex.num_experts, o.payload_samples, o.ep);
   {
     std::map<uint32_t, UniqueFd> shard_fds;
     IoBuffer a(4 << 20), b(4 << 20);

@@ -47,16 +47,45 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
       src.push_back(std::move(fd));
     }
   }
-  std::vector<uint64_t> entries = o.entries;
-  if (entries.empty()) {
-    entries.resize(layout.index_count());
-    for (uint64_t i = 0; i < entries.size(); ++i) entries[i] = i;
+  // A rank pack (named by the caller or by its version-3 sidecar): the
+  // entries of other ranks' experts are holes by design, counted not checked.
+  std::optional<ep::Rank> rank = o.ep;
+  if (!rank && digests) rank = digests->ep;
+  if (rank && digests && digests->ep && (digests->ep->size != rank->size || digests->ep->rank != rank->rank)) {
+    return Error("digest sidecar " + DigestsPathFor(pack_path) + " is for expert-parallel " +
+                 ep::Describe(*digests->ep, ex.num_experts) + ", not " + ep::Describe(*rank, ex.num_experts));
+  }
+  if (rank) K3_RETURN_IF_ERROR(ep::CheckRank(*rank, ex.num_experts));
+  const ep::ExpertRange owned = WrittenExperts(ex.num_experts, rank);
+  std::vector<uint64_t> entries;
+  uint64_t unowned_entries = 0, unowned_bytes = 0;
+  auto select = [&](uint64_t i) -> Status {
+    if (i >= layout.index_count()) return Error("entry " + std::to_string(i) + " is out of range");
+    if (owned.contains(layout.Entry(i).expert)) {
+      entries.push_back(i);
+    } else {
+      ++unowned_entries;
+      unowned_bytes += layout.Entry(i).nbytes;
+    }
+    return Status::OK();
+  };
+  if (o.entries.empty()) {
+    for (uint64_t i = 0; i < layout.index_count(); ++i) K3_RETURN_IF_ERROR(select(i));
+  } else {
+    for (uint64_t i : o.entries) K3_RETURN_IF_ERROR(select(i));
   }
   uint64_t total_bytes = 0;
-  for (uint64_t i : entries) {
-    if (i >= layout.index_count()) return Error("entry " + std::to_string(i) + " is out of range");
-    total_bytes += layout.Entry(i).nbytes;
-  }
+  for (uint64_t i : entries) total_bytes += layout.Entry(i).nbytes;
+  // Names an owned payload of a rank pack that is entirely unallocated: the
+  // rank's bytes are missing, not altered.
+  auto hole_note = [&](const EntrySlot& s) -> std::string {
+    if (!rank) return "";
+    const auto segs = MapRange(pack_fd.get(), s.offset, s.nbytes);
+    if (segs.size() == 1 && segs[0].hole) {
+      return ": it is a hole where the data of " + ep::Describe(*rank, ex.num_experts) + " should be";
+    }
+    return "";
+  };
 
   std::atomic<uint64_t> next{0}, done_bytes{0}, done_entries{0}, hole_bytes{0};
   std::atomic<bool> stop{false};
@@ -86,7 +115,8 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
         if (!d.ok()) return fail(pos, d.error().WithContext(pack_path));
         if (std::memcmp(d->data(), digests->entry_sha256[s.entry_index].data(), 32) != 0) {
           mismatch(pos, "expert-pack payload does not match digest sidecar for " + what + " (entry " +
-                            std::to_string(s.entry_index) + ", offset " + std::to_string(s.offset) + ")");
+                            std::to_string(s.entry_index) + ", offset " + std::to_string(s.offset) + ")" +
+                            hole_note(s));
           continue;
         }
       }
@@ -100,7 +130,7 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
           auto same = RangesEqual(pack_fd.get(), s.offset, sfd, soff, s.nbytes, a, b);
           if (!same.ok()) return fail(pos, same.error());
           if (!*same) {
-            mismatch(pos, "expert-pack payload does not match GGUF source for " + what);
+            mismatch(pos, "expert-pack payload does not match GGUF source for " + what + hole_note(s));
             continue;
           }
         }
@@ -148,6 +178,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   VerifyResult r;
   r.entries_checked = done_entries.load();
   r.bytes_checked = done_bytes.load();
+  r.ep = rank;
+  r.unowned_entries = unowned_entries;
+  r.unowned_bytes = unowned_bytes;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (o.progress) o.progress({"verify", r.bytes_checked, total_bytes, r.entries_checked, entries.size(), r.seconds});
   return r;

@@ -1,0 +1,100 @@
+// k3pack ep-merge: the full expert pack from the N rank packs of one
+// expert-parallel group (pack::MergeRankPacks), byte-identical to a direct
+// `k3pack pack`, with its digest sidecar.
+#include <cstdio>
+#include <iostream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/output_rule.h"
+#include "cli/pack_plan.h"
+#include "cli/preflight.h"
+#include "k3pack/pack.h"
+#include "pack/progress.h"
+#include "util/format.h"
+
+namespace k3pack::cli {
+namespace {
+
+constexpr const char* kCmd = "ep-merge";
+
+// The full pack's name a rank pack's name was derived from (RankPackPath's
+// inverse): "X.ep2-of-4.pack" -> "X.pack"; empty when it is not such a name.
+std::string FullPackPathOf(const std::string& rank_pack) {
+  static const std::regex kTag(R"(^(.*)\.ep[0-9]+-of-[0-9]+\.pack$)");
+  std::smatch m;
+  return std::regex_match(rank_pack, m, kTag) ? m[1].str() + ".pack" : "";
+}
+
+Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
+  const std::vector<std::string>& ranks = args.positionals();
+  std::vector<NamedPath> inputs;
+  for (const auto& r : ranks) {
+    K3_RETURN_IF_ERROR(CheckInputExists("rank pack", r, ".pack"));
+    inputs.push_back({"rank pack", r});
+    inputs.push_back({"rank pack (its .digests)", pack::DigestsPathFor(r)});
+  }
+  std::string out = args.Get("--pack");
+  if (out.empty()) out = FullPackPathOf(ranks.front());
+  if (out.empty()) {
+    return Error("--pack is required: " + ranks.front() + " is not named <stem>.epR-of-N.pack, so the full pack's " +
+                 "name cannot be derived from it");
+  }
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs(
+      {{"--pack", out}, {"--pack (its .digests)", pack::DigestsPathFor(out)}, {"--pack (its .partial)",
+                                                                              pack::PartialPathFor(out)}},
+      inputs));
+  K3_RETURN_IF_ERROR(CheckOutputWritable("--pack", out));
+  OutputSpec spec;
+  spec.option = "--pack";
+  spec.path = out;
+  spec.force = args.Has("--force");
+  spec.why_refused = "the merge does not replace an existing pack";
+  K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
+  if (action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
+  pack::MergeOptions o;
+  o.out_path = out;
+  o.progress = pack::MakeProgressPrinter(mode);
+  K3_ASSIGN_OR_RETURN(pack::MergeResult r, pack::MergeRankPacks(ranks, o));
+  return nlohmann::json{{"pack", r.pack_path},       {"digests", r.digests_path}, {"ep_size", r.ep_size},
+                        {"size", r.pack_bytes},      {"copied_bytes", r.copied_bytes},
+                        {"index_sha256", r.index_sha256}, {"seconds", r.seconds}};
+}
+
+int RunEpMerge(const std::vector<std::string>& argv) {
+  Args args(kCmd, "RANK_PACK... [--pack FULL.pack] [--force] [--json]",
+            "Rebuild the full expert pack from the N rank packs of one expert-parallel group (written by\n"
+            "`k3pack pack --ep-size N --ep-rank R|all`), byte-identical to a direct `k3pack pack`. Checks that the\n"
+            "rank packs share the header and index and that ranks 0..N-1 are each given once; every payload is\n"
+            "checked against its rank's digest sidecar while it is copied. Writes FULL.pack.digests too.");
+  args.Positional("RANK_PACK", "the rank packs, any order (each with its .digests beside it)", 1, -1)
+      .Option("--pack", "output pack (default: the rank packs' name without .epR-of-N)", "")
+      .Flag("--json", "print the result as JSON");
+  AddForceFlag(args, "pack (and its .digests)");
+  AddProgressOption(args);
+  int code = 0;
+  if (!args.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
+  auto r = Run(args, *mode);
+  if (!r.ok()) return ReportError(kCmd, r.error());
+  const auto& j = *r;
+  if (args.Has("--json")) {
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("EXPERT_PACK_READY path=%s size=%llu index_sha256=%s merged_ranks=%u\n",
+                j["pack"].get<std::string>().c_str(), j["size"].get<unsigned long long>(),
+                j["index_sha256"].get<std::string>().c_str(), j["ep_size"].get<uint32_t>());
+    std::printf("  copied %s in %s; digests: %s\n", HumanBytes(j["copied_bytes"].get<uint64_t>()).c_str(),
+                HumanDuration(j["seconds"].get<double>()).c_str(), j["digests"].get<std::string>().c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+K3_COMMAND("ep-merge", "rebuild the full pack from N expert-parallel rank packs", RunEpMerge);
+
+}  // namespace k3pack::cli

@@ -1,0 +1,65 @@
+#include "cli/ep_options.h"
+
+#include "k3pack/kimi.h"
+
+namespace k3pack::cli {
+
+std::vector<ep::Rank> EpChoice::Ranks() const {
+  std::vector<ep::Rank> out;
+  if (!given()) return out;
+  if (!all) return {ep::Rank{size, *rank}};
+  for (uint32_t r = 0; r < size; ++r) out.push_back(ep::Rank{size, r});
+  return out;
+}
+
+void AddEpOptions(Args& args) {
+  args.Option("--ep-size", "write expert-parallel rank packs for N ranks (SGLang --ep-size N): each holds only "
+                           "its ranks' experts, the rest of the full pack's layout is holes")
+      .Option("--ep-rank", "with --ep-size: the rank R (0..N-1) to write, or `all` for the N rank packs; rank R's "
+                           "pack is <pack stem>.epR-of-N.pack");
+}
+
+Result<EpChoice> ParseEpOptions(const Args& args) {
+  EpChoice c;
+  const bool size = args.Has("--ep-size"), rank = args.Has("--ep-rank");
+  if (!size && !rank) return c;
+  if (!size) return Error("--ep-rank needs --ep-size");
+  if (!rank) return Error("--ep-size needs --ep-rank R (0..N-1) or --ep-rank all");
+  K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--ep-size"));
+  if (n < 1 || n > (int64_t{1} << 20)) return Error("--ep-size must be at least 1, got " + std::to_string(n));
+  c.size = static_cast<uint32_t>(n);
+  if (args.Get("--ep-rank") == "all") {
+    c.all = true;
+  } else {
+    auto r = args.GetInt("--ep-rank");
+    if (!r.ok()) return Error("--ep-rank must be an integer 0.." + std::to_string(n - 1) + " or `all`, got '" +
+                              args.Get("--ep-rank") + "'");
+    if (*r < 0) return Error("--ep-rank must be non-negative, got " + std::to_string(*r));
+    c.rank = static_cast<uint32_t>(std::min<int64_t>(*r, UINT32_MAX));
+  }
+  // The divisibility rule needs the expert count: take it from the config
+  // when it reads (a bad config is reported later, by the preflight).
+  uint32_t num_experts = 0;
+  for (kimi::Profile p : {kimi::Profile::kKimiK3, kimi::Profile::kScaled}) {
+    if (auto spec = kimi::LoadModelSpec(args.Get("--model-config"), p); spec.ok()) {
+      num_experts = spec->num_experts;
+      break;
+    }
+  }
+  if (num_experts != 0) {
+    for (const ep::Rank& r : c.Ranks()) K3_RETURN_IF_ERROR(ep::CheckRank(r, num_experts));
+  } else if (c.rank && *c.rank >= c.size) {
+    return ep::CheckRank(ep::Rank{c.size, *c.rank}, c.size);
+  }
+  return c;
+}
+
+std::string RankManifestName(const std::string& name, const ep::Rank& rank) {
+  const std::string tag = ".ep" + std::to_string(rank.rank) + "-of-" + std::to_string(rank.size);
+  const std::string ext = ".manifest.json";
+  if (name.size() > ext.size() && name.ends_with(ext)) return name.substr(0, name.size() - ext.size()) + tag + ext;
+  if (name.size() > 5 && name.ends_with(".json")) return name.substr(0, name.size() - 5) + tag + ".json";
+  return name + tag;
+}
+
+}  // namespace k3pack::cli

@@ -1,0 +1,36 @@
+// --ep-size N --ep-rank R|all of `k3pack pack` and `k3pack build`: which
+// expert-parallel rank packs to write (include/k3pack/ep.h has the ownership
+// rule). A rank pack's path is derived from the full pack's --pack path
+// (pack::RankPackPath: X.pack -> X.ep<R>-of-<N>.pack) and its manifest's from
+// the default manifest name (kimi-k3-expert-pack.ep<R>-of-<N>.manifest.json).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "k3pack/ep.h"
+
+namespace k3pack::cli {
+
+struct EpChoice {
+  uint32_t size = 0;            // 0: no --ep-size (a full pack)
+  std::optional<uint32_t> rank;  // unset with all
+  bool all = false;
+  bool given() const { return size != 0; }
+  // The ranks to write, in order (one, or 0..size-1 for all).
+  std::vector<ep::Rank> Ranks() const;
+};
+
+void AddEpOptions(Args& args);
+
+// Usage errors (exit 2): --ep-rank without --ep-size and the reverse, values
+// that are not integers (or "all"), and, when --model-config reads, what
+// ep::CheckRank says about the size/rank for the config's expert count.
+Result<EpChoice> ParseEpOptions(const Args& args);
+
+// "kimi-k3-expert-pack.manifest.json" -> "kimi-k3-expert-pack.ep2-of-4.manifest.json".
+std::string RankManifestName(const std::string& manifest_name, const ep::Rank& rank);
+
+}  // namespace k3pack::cli

@@ -1,0 +1,199 @@
+// MergeRankPacks: the full pack from the N rank packs of one EP group (see
+// k3pack/pack.h). A rank pack already has the full pack's header, index,
+// size and offsets, so the merge is: write that prefix once, then copy every
+// payload from the rank that owns its expert, checking it against that
+// rank's digest sidecar on the way. Padding and other ranks' holes stay
+// holes, so the result is the direct build's bytes.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "k3pack/pack.h"
+#include "pack/build_inputs.h"
+#include "pack/copy.h"
+#include "pack/format.h"
+#include "pack/sidecars.h"
+#include "util/file.h"
+
+namespace k3pack::pack {
+namespace {
+
+struct RankInput {
+  std::string path;
+  UniqueFd fd;
+  uint64_t size = 0;
+  PackDigests digests;
+};
+
+Result<RankInput> OpenRankPack(const std::string& path) {
+  RankInput in;
+  in.path = path;
+  K3_ASSIGN_OR_RETURN(in.fd, OpenReadOnly(path));
+  struct stat st;
+  if (::fstat(in.fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
+  in.size = static_cast<uint64_t>(st.st_size);
+  const std::string dpath = DigestsPathFor(path);
+  if (!PathExists(dpath)) {
+    return Error("rank pack " + path + " has no digest sidecar " + dpath, ErrorKind::kFileNotFound)
+        .WithHint("the merge needs each rank pack's .digests (written by `k3pack pack --ep-size N --ep-rank R`) to "
+                  "know its rank and to check its payloads");
+  }
+  K3_ASSIGN_OR_RETURN(in.digests, ReadPackDigests(dpath));
+  if (!in.digests.ep) {
+    return Error(path + " is not an expert-parallel rank pack: its digest sidecar " + dpath + " records no rank")
+        .WithHint("pass the N rank packs written by `k3pack pack --ep-size N --ep-rank R|all`");
+  }
+  if (in.digests.pack_size != in.size || in.digests.entry_crc32c.empty()) {
+    return Error("digest sidecar " + dpath + " does not belong to " + path + " (size differs)");
+  }
+  return in;
+}
+
+}  // namespace
+
+Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, const MergeOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (rank_packs.empty()) return Error("--ep-merge needs the rank packs to merge");
+  if (o.out_path.empty()) return Error("MergeRankPacks: no output path");
+  std::vector<RankInput> in;
+  for (const auto& p : rank_packs) {
+    K3_ASSIGN_OR_RETURN(RankInput r, OpenRankPack(p));
+    in.push_back(std::move(r));
+  }
+  // One group: same size, same rank count, each rank exactly once.
+  const uint32_t n = in[0].digests.ep->size;
+  const uint32_t num_experts = in[0].digests.num_experts;
+  std::vector<int> by_rank(n, -1);
+  for (size_t i = 0; i < in.size(); ++i) {
+    const ep::Rank rk = *in[i].digests.ep;
+    if (rk.size != n || in[i].digests.num_experts != num_experts) {
+      return Error("rank pack " + in[i].path + " is " + ep::Describe(rk, in[i].digests.num_experts) + " but " +
+                   in[0].path + " is " + ep::Describe(*in[0].digests.ep, num_experts) +
+                   ": the rank packs of one merge must come from one --ep-size");
+    }
+    if (by_rank[rk.rank] >= 0) {
+      return Error("rank " + std::to_string(rk.rank) + " of " + std::to_string(n) + " is given twice: " +
+                   in[by_rank[rk.rank]].path + " and " + in[i].path);
+    }
+    by_rank[rk.rank] = static_cast<int>(i);
+  }
+  std::string missing;
+  for (uint32_t r = 0; r < n; ++r) {
+    if (by_rank[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!missing.empty()) {
+    return Error("the rank packs do not cover all " + std::to_string(num_experts) + " experts: rank(s) " + missing +
+                 " of " + std::to_string(n) + " missing");
+  }
+
+  // The prefix (header + index + zero fill): read from the first, identical in all.
+  std::array<uint8_t, kHeaderBytes> hb{};
+  K3_ASSIGN_OR_RETURN(size_t hgot, PreadFull(in[0].fd.get(), hb.data(), hb.size(), 0));
+  if (hgot != hb.size()) return Error("rank pack " + in[0].path + " is shorter than the pack header");
+  K3_ASSIGN_OR_RETURN(PackHeader header, DecodeHeader(hb));
+  if (header.magic != kPackMagic || header.index_count != in[0].digests.index_count ||
+      header.data_start < kHeaderBytes + header.index_count * kEntryBytes || header.data_start > in[0].size) {
+    return Error("rank pack " + in[0].path + " has a header that does not match its digest sidecar");
+  }
+  std::vector<uint8_t> prefix(header.data_start);
+  K3_ASSIGN_OR_RETURN(size_t pgot, PreadFull(in[0].fd.get(), prefix.data(), prefix.size(), 0));
+  if (pgot != prefix.size()) return Error("short read of " + in[0].path);
+  const uint64_t index_end = kHeaderBytes + header.index_count * kEntryBytes;
+  const std::string index_sha = ToHex(Sha256Raw(prefix.data(), index_end).data(), 32);
+  std::vector<uint8_t> other(prefix.size());
+  for (auto& r : in) {
+    if (r.size != in[0].size || r.digests.index_sha256 != index_sha) {
+      return Error("rank pack " + r.path + " is not of the same pack as " + in[0].path +
+                   " (size or index digest differ)");
+    }
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(r.fd.get(), other.data(), other.size(), 0));
+    if (got != other.size() || other != prefix) {
+      return Error("rank pack " + r.path + " has a header/index that differs from " + in[0].path);
+    }
+  }
+
+  // Output: <out>.partial under the build's lock, then fsync + rename.
+  PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
+  std::error_code ec;
+  std::string dir = std::filesystem::path(p.out).parent_path().string();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(p.lock));
+  if (PathExists(p.out)) {
+    return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
+        .WithHint("pass --force to replace it, or write the merged pack to another --pack path");
+  }
+  if (::unlink(p.partial.c_str()) != 0 && errno != ENOENT) return Error::FromErrno("cannot remove " + p.partial, errno);
+  int raw = ::open(p.partial.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (raw < 0) return Error::FromErrno("cannot create " + p.partial, errno);
+  UniqueFd out(raw);
+  auto fail = [&](Error e) {
+    ::unlink(p.partial.c_str());
+    return e;
+  };
+  if (::ftruncate(out.get(), static_cast<off_t>(in[0].size)) != 0) {
+    return fail(Error::FromErrno("cannot size " + p.partial, errno));
+  }
+  if (Status st = PwriteFull(out.get(), prefix.data(), prefix.size(), 0); !st.ok()) return fail(st.error());
+
+  PackDigests merged;
+  merged.index_count = header.index_count;
+  merged.pack_size = in[0].size;
+  merged.data_start = header.data_start;
+  merged.index_sha256 = index_sha;
+  merged.entry_sha256.resize(header.index_count);
+  merged.entry_crc32c.resize(header.index_count);
+  uint64_t total = 0, done = 0;
+  std::vector<PackEntry> entries(header.index_count);
+  for (uint64_t i = 0; i < header.index_count; ++i) {
+    K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
+    if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= num_experts ||
+        entries[i].offset + entries[i].nbytes > in[0].size) {
+      return fail(Error("rank pack " + in[0].path + ": index entry " + std::to_string(i) + " is out of range"));
+    }
+    total += entries[i].nbytes;
+  }
+  IoBuffer buf(8 << 20);
+  CopyStats stats;
+  for (uint64_t i = 0; i < header.index_count; ++i) {
+    const PackEntry& e = entries[i];
+    const RankInput& src = in[by_rank[ep::OwnerOf(static_cast<uint32_t>(e.expert), num_experts, n)]];
+    auto sha = CopyAndHash(src.fd.get(), e.offset, out.get(), e.offset, e.nbytes, buf, &stats);
+    if (!sha.ok()) return fail(sha.error().WithContext(src.path));
+    if (*sha != src.digests.entry_sha256[i]) {
+      return fail(Error("rank pack " + src.path + ": payload " + e.name + " expert " + std::to_string(e.expert) +
+                        " (entry " + std::to_string(i) + ", offset " + std::to_string(e.offset) +
+                        ") does not match its digest sidecar")
+                      .WithHint("run `k3pack verify --full` on that rank's manifest and rebuild the rank pack"));
+    }
+    merged.entry_sha256[i] = *sha;
+    merged.entry_crc32c[i] = src.digests.entry_crc32c[i];
+    done += e.nbytes;
+    if (o.progress && (i % 256 == 0 || i + 1 == header.index_count)) {
+      o.progress({"merge", done, total, i + 1, header.index_count,
+                  std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
+    }
+  }
+  if (::fsync(out.get()) != 0) return fail(Error::FromErrno("fsync failed for " + p.partial, errno));
+  if (::rename(p.partial.c_str(), p.out.c_str()) != 0) {
+    return fail(Error::FromErrno("cannot rename " + p.partial + " to " + p.out, errno));
+  }
+  K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+  (void)lock;
+  MergeResult r;
+  r.pack_path = p.out;
+  r.digests_path = p.digests;
+  r.ep_size = n;
+  r.pack_bytes = in[0].size;
+  r.copied_bytes = stats.data_bytes;
+  r.index_sha256 = index_sha;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace k3pack::pack
