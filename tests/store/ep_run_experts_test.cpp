@@ -204,6 +204,21 @@ TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
   EXPECT_NE(text.out.find("rank 1 (experts 8..15)"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("the 2 ranks' summed partials equal the single store's output"), std::string::npos)
       << text.out;
+  // Over rank packs.
+  const std::string m0 = MakeRankPack(2, 0), m1 = MakeRankPack(2, 1);
+  CliRun packs = Cli("run-experts --manifest " + manifest_ + " --tokens 3 --ep-size 2 --json --rank-manifests " + m0 +
+                     "," + m1);
+  ASSERT_EQ(packs.code, 0) << packs.out;
+  auto pj = nlohmann::json::parse(packs.out.substr(packs.out.find('{')));
+  const auto& pr = pj["layers"][0]["ep"]["ranks"];
+  EXPECT_EQ(pr[1]["pack"], nlohmann::json::parse(std::ifstream(m1))["expert_pack"]["path"]);
+  EXPECT_TRUE(pj["layers"][0]["ep"]["matches_single_store"].get<bool>());
+  CliRun swapped = Cli("run-experts --manifest " + manifest_ + " --ep-size 2 --rank-manifests " + m1 + "," + m0);
+  EXPECT_NE(swapped.code, 0);
+  EXPECT_NE(swapped.out.find("EP rank mismatch"), std::string::npos) << swapped.out;
+  CliRun count = Cli("run-experts --manifest " + manifest_ + " --ep-size 4 --rank-manifests " + m0 + "," + m1);
+  EXPECT_EQ(count.code, 2) << count.out;
+  EXPECT_NE(count.out.find("--rank-manifests lists 2 manifests for --ep-size 4"), std::string::npos) << count.out;
   CliRun bad = Cli("run-experts --manifest " + manifest_ + " --ep-size 3");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--ep-size 3 does not divide the 16 routed experts"), std::string::npos) << bad.out;
