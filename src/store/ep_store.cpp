@@ -41,14 +41,15 @@ Status ResolveStoreRank(const std::optional<manifest::EpRecord>& recorded, const
   return Status::OK();
 }
 
-Status CheckOwnedRoutes(const PackGeometry& g, uint32_t layer, std::span<const int64_t> ids) {
-  if (g.ep.whole()) return Status::OK();
+Status CheckOwnedRoutes(const ep::Rank& rank, uint32_t num_experts, uint32_t layer, std::span<const int64_t> ids) {
+  if (rank.whole()) return Status::OK();
+  const ep::ExpertRange owned = ep::OwnedExperts(rank, num_experts);
   for (int64_t e : ids) {
     const uint32_t expert = static_cast<uint32_t>(e);
-    if (g.owned.contains(expert)) continue;
-    const uint32_t owner = ep::OwnerOf(expert, g.space.num_experts, g.ep.size);
+    if (owned.contains(expert)) continue;
+    const uint32_t owner = ep::OwnerOf(expert, num_experts, rank.size);
     return Error("layer " + std::to_string(layer) + " expert " + std::to_string(expert) +
-                 " is not served by this EP rank store, " + ep::Describe(g.ep, g.space.num_experts) + ": rank " +
+                 " is not served by this EP rank store, " + ep::Describe(rank, num_experts) + ": rank " +
                  std::to_string(owner) + " owns it; SGLang's EP never routes it here: a routing bug");
   }
   return Status::OK();

@@ -177,9 +177,10 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
 Status SlotCache::Impl::Attach(uint32_t slots) {
   if (slot_count() != 0) return Error("the expert slot cache is already attached to its memory", ErrorKind::kRuntime);
   const ObjectSpace& s = geo.space;
-  if (slots < WorkingSetObjects(geo))
+  if (slots < WorkingSetObjects(geo))  // min(top_k, owned experts)
     return Error("insufficient expert slots for one top-k expert working set: slots=" + std::to_string(slots) +
-                     ", top_k=" + std::to_string(WorkingSetObjects(geo)),
+                     ", top_k=" + std::to_string(s.top_k) +
+                     (geo.ep.whole() ? "" : ", owned experts=" + std::to_string(geo.owned.count())),
                  ErrorKind::kMemory);
   // One slot holds any object: the policy counts slots, not bytes.
   ObjectSpace uniform = s;

@@ -81,7 +81,10 @@ Status ResolveStoreRank(const std::optional<manifest::EpRecord>& recorded, const
 // A rank store's refusal of routes to experts it does not own (after
 // SGLang's route checks, before any I/O): names layer, expert, this rank and
 // the owner. OK for a whole store.
-Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> ids);
+Status CheckOwnedRoutes(const ep::Rank& rank, uint32_t num_experts, uint32_t layer, std::span<const int64_t> ids);
+inline Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> ids) {
+  return CheckOwnedRoutes(geo.ep, geo.space.num_experts, layer, ids);
+}
 // Whether a row of `width` routes fits this store: SGLang's exactly top_k,
 // or 1..top_k for a rank store (a token's share of its routes).
 bool RankShareRows(const PackGeometry& geo);
