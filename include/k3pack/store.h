@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3pack/ep.h"
 #include "k3pack/error.h"
 
 namespace k3pack::store {
@@ -55,6 +56,14 @@ struct StoreOptions {
   // supplies pinned memory, so copies to a GPU need no staging.
   std::function<void*(uint64_t bytes)> buffer_alloc;
   std::function<void(void* p, uint64_t bytes)> buffer_free;
+  // Expert parallelism: serve one EP rank, i.e. only the experts SGLang's EP
+  // gives it (k3pack/ep.h). Unset: the manifest's k3pack.ep for a rank pack,
+  // else every expert. Set on a rank pack, it must name the same rank; set on
+  // a full pack, the store is that rank's view of it. A rank store reads,
+  // caches and prefetches only owned experts; a route to any other expert is
+  // refused before any I/O (SGLang's EP never sends one: a routing bug). Ids
+  // stay global, and a row may hold 1..top_k routes (a token's share).
+  std::optional<ep::Rank> ep;
 };
 
 // One routed object's bytes, with the role views SGLang's kernels use.
@@ -87,6 +96,8 @@ struct StoreInfo {
   uint64_t cache_bytes = 0;
   uint64_t effective_capacity_objects = 0;     // resident objects that always fit (budget / largest object)
   double open_seconds = 0;
+  ep::Rank ep;                                 // size 1: every expert
+  ep::ExpertRange owned_experts;               // global ids this store serves
 };
 
 class ExpertStore {

@@ -14,6 +14,13 @@ adds, all keyword-only and off by default except where SGLang has no choice:
     reads without waiting (needs host_cache_mib > 0);
   * the device may be "cpu" (SGLang accepts only CUDA), so CPU inference and
     machines without a GPU run the same code path.
+  * ep_size / ep_rank: serve one expert-parallel rank (SGLang's EP blocks:
+    rank r owns experts [r*E/N, (r+1)*E/N)). Defaults: a rank pack's own rank
+    (its manifest's k3pack.ep), else the whole model. Ids stay global; a row
+    of topk_ids holds the token's routes to this rank (1..top_k of them), and
+    a route to an expert another rank owns raises ValueError naming layer,
+    expert, this rank and the owner, before any read (SGLang's EP never
+    sends one: a routing bug).
 torch is imported when the class is constructed.
 """
 
@@ -53,7 +60,8 @@ class KimiGGMLExpertPackStore:
                  expected_source_sha256=None, expected_model_identity_sha256=None, expected_config_sha256=None,
                  cache_vram_mib=18 * 1024, cache_vram_reserve_mib=3 * 1024, stage_slots=16, read_splits=READ_SPLITS,
                  direct_io=False, stats_flush_interval=0, verify_pack_sha256=False, stats_path=None,
-                 policy="reuse-lfu-lru-v2", io_backend="pread", host_cache_mib=0, prefetch=False):
+                 policy="reuse-lfu-lru-v2", io_backend="pread", host_cache_mib=0, prefetch=False, ep_size=None,
+                 ep_rank=None):
         self._cache = None
         self._closed = False
         self.pack_path = str(pack_path)
@@ -66,7 +74,8 @@ class KimiGGMLExpertPackStore:
             stage_slots=max(1, int(stage_slots)), host_cache_bytes=int(host_cache_mib) * _MIB,
             verify_pack_sha256=bool(verify_pack_sha256), cache_vram_reserve_mib=int(cache_vram_reserve_mib),
             expected_layers=int(expected_layers), expected_experts=int(expected_experts),
-            expected_top_k=int(expected_top_k))
+            expected_top_k=int(expected_top_k), ep_size=None if ep_size is None else int(ep_size),
+            ep_rank=None if ep_rank is None else int(ep_rank))
         with open(self.manifest_path, "rb") as f:
             manifest = json.load(f)
         # SGLang's synthesized header digests, compared like the shared store
@@ -91,6 +100,9 @@ class KimiGGMLExpertPackStore:
         self.expected_layers = int(expected_layers)
         self.expected_experts = int(expected_experts)
         self.top_k = self._engine.top_k
+        self.ep_size = self._engine.ep_size
+        self.ep_rank = self._engine.ep_rank
+        self.owned_experts = range(*self._engine.owned_experts)
         self.cache_vram_mib = int(cache_vram_mib)
         self.cache_vram_reserve_mib = int(cache_vram_reserve_mib)
         self.stage_slots = int(stage_slots)
@@ -139,7 +151,8 @@ class KimiGGMLExpertPackStore:
         else:
             free_bytes = budget
         slots = budget // self.object_payload_bytes
-        if slots < self.top_k:
+        # A rank's token never needs more than its owned experts resident.
+        if slots < min(self.top_k, len(self.owned_experts)):
             raise MemoryError(
                 f"insufficient free VRAM for one top-k expert working set: free={free_bytes}, "
                 f"object={self.object_payload_bytes}")
@@ -180,7 +193,10 @@ class KimiGGMLExpertPackStore:
         if layer not in self.active_moe_layer_ids:
             raise ValueError(f"layer {layer} is not an active routed MoE layer")
         shape = topk_ids.shape
-        if len(shape) != 2 or shape[-1] != self.top_k:
+        if self.ep_size > 1:
+            if len(shape) != 2 or not 1 <= shape[-1] <= self.top_k:
+                raise ValueError(f"an EP rank's routes must be 1..{self.top_k} per token; received shape {shape}")
+        elif len(shape) != 2 or shape[-1] != self.top_k:
             raise ValueError(f"runtime top-k must be exactly {self.top_k}; received shape {shape}")
         torch = _torch()
         if isinstance(topk_ids, torch.Tensor):

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "k3pack/ep.h"
 #include "k3pack/error.h"
 
 namespace k3py {
@@ -43,6 +45,15 @@ py::dtype Dtype(const char* typestr);
 // C-contiguous shape; `owner` is held by the array's base (a capsule).
 py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,
                        std::shared_ptr<const void> owner);
+
+// The ep_size / ep_rank keywords of the store bindings: both or neither
+// (neither: the manifest's k3pack.ep, else the whole model).
+inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank) {
+  if (!ep_size && !ep_rank) return std::nullopt;
+  if (!ep_size || !ep_rank)
+    Raise(k3pack::Error("ep_size and ep_rank go together: pass both (or neither, for a rank pack's own rank)"));
+  return k3pack::ep::Rank{*ep_size, *ep_rank};
+}
 
 // Registration of each binding file.
 void RegisterErrors(py::module_& m);

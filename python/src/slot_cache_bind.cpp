@@ -29,8 +29,10 @@ void RegisterSlotCache(py::module_& m) {
                        const std::string& io_backend, bool direct_io, int64_t read_splits, int64_t queue_depth,
                        int64_t stage_slots, uint64_t host_cache_bytes, bool verify_pack_sha256,
                        int64_t cache_vram_reserve_mib, std::optional<uint32_t> expected_layers,
-                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k) {
+                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
+                       std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank) {
              store::SlotCacheOptions o;
+             o.store.ep = EpRankArg(ep_size, ep_rank);
              o.store.policy = policy;
              o.store.io_backend = io_backend;
              o.store.direct_io = direct_io;
@@ -54,7 +56,13 @@ void RegisterSlotCache(py::module_& m) {
            py::arg("queue_depth") = 16, py::arg("stage_slots") = 16, py::arg("host_cache_bytes") = 0,
            py::arg("verify_pack_sha256") = false, py::arg("cache_vram_reserve_mib") = 0,
            py::arg("expected_layers") = py::none(), py::arg("expected_experts") = py::none(),
-           py::arg("expected_top_k") = py::none())
+           py::arg("expected_top_k") = py::none(), py::arg("ep_size") = py::none(),
+           py::arg("ep_rank") = py::none())
+      .def_property_readonly("ep_size", [](const store::SlotCache& c) { return c.info().ep.size; })
+      .def_property_readonly("ep_rank", [](const store::SlotCache& c) { return c.info().ep.rank; })
+      .def_property_readonly("owned_experts", [](const store::SlotCache& c) {
+        return py::make_tuple(c.info().owned_experts.first, c.info().owned_experts.end);
+      })
       .def_property_readonly("slot_bytes", &store::SlotCache::slot_bytes)
       .def_property_readonly("attached", &store::SlotCache::attached)
       .def_property_readonly("top_k", [](const store::SlotCache& c) { return c.info().top_k; })

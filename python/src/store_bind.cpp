@@ -99,8 +99,10 @@ void RegisterStore(py::module_& m) {
                        const std::string& policy, const std::string& io_backend, bool direct_io, int64_t read_splits,
                        int64_t queue_depth, int64_t stats_flush_interval, const std::string& stats_path,
                        bool verify_pack_sha256, std::optional<uint32_t> expected_layers,
-                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k) {
+                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
+                       std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank) {
              store::StoreOptions o;
+             o.ep = EpRankArg(ep_size, ep_rank);
              o.cache_bytes = cache_bytes;
              o.policy = policy;
              o.io_backend = io_backend;
@@ -124,7 +126,8 @@ void RegisterStore(py::module_& m) {
            py::arg("read_splits") = 1, py::arg("queue_depth") = 16, py::arg("stats_flush_interval") = 0,
            py::arg("stats_path") = "", py::arg("verify_pack_sha256") = false,
            py::arg("expected_layers") = py::none(), py::arg("expected_experts") = py::none(),
-           py::arg("expected_top_k") = py::none())
+           py::arg("expected_top_k") = py::none(), py::arg("ep_size") = py::none(),
+           py::arg("ep_rank") = py::none())
       .def("acquire", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array topk_ids,
                          std::optional<bool> is_prefill) {
         std::vector<int64_t> shape;
@@ -200,6 +203,9 @@ void RegisterStore(py::module_& m) {
         d["cache_bytes"] = i.cache_bytes;
         d["effective_capacity_objects"] = i.effective_capacity_objects;
         d["open_seconds"] = i.open_seconds;
+        d["ep_size"] = i.ep.size;
+        d["ep_rank"] = i.ep.rank;
+        d["owned_experts"] = py::make_tuple(i.owned_experts.first, i.owned_experts.end);
         return d;
       });
 }

@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/preflight.h"
+#include "k3pack/ep.h"
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/run_experts.h"
@@ -32,12 +33,38 @@ void PrintRun(const store::ExpertRunResult& r) {
               r.acquire_seconds, (unsigned long long)r.hits, (unsigned long long)r.misses,
               HumanBytes(r.bytes_read).c_str(), r.store_compute_seconds, r.store_sha256.c_str());
   std::printf("  source: compute %.4f s, sha256 %.16s\n", r.source_compute_seconds, r.source_sha256.c_str());
-  if (r.matches()) {
+  if (r.mismatched_values == 0) {
     std::printf("  OK: identical to the GGUF source, bit for bit (%zu values)\n", r.from_store.size());
   } else {
     std::printf("  MISMATCH: %llu of %zu values differ (max |diff| %g): the pack served wrong bytes for this layer\n",
                 (unsigned long long)r.mismatched_values, r.from_store.size(), r.max_abs_diff);
   }
+  if (r.ep_size <= 1) return;
+  for (const store::EpRankRun& k : r.ranks)
+    std::printf("  rank %u (experts %u..%u): %llu routes in %llu calls, hits %llu, misses %llu, %s read, %.4f s\n",
+                k.rank, k.first_expert, k.end_expert - 1, (unsigned long long)k.routes,
+                (unsigned long long)k.acquire_calls, (unsigned long long)k.hits, (unsigned long long)k.misses,
+                HumanBytes(k.bytes_read).c_str(), k.seconds);
+  if (r.rank_mismatched_values == 0) {
+    std::printf("  OK: the %u ranks' summed partials equal the single store's output, bit for bit (sha256 %.16s)\n",
+                r.ep_size, r.ranks_sha256.c_str());
+  } else {
+    std::printf("  MISMATCH: %llu of %zu values of the %u ranks' sum differ from the single store's\n",
+                (unsigned long long)r.rank_mismatched_values, r.from_ranks.size(), r.ep_size);
+  }
+}
+
+// "a,b,c" -> {"a", "b", "c"} (empty: none).
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (!s.empty() && start <= s.size()) {
+    size_t comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
 }
 
 int RunExperts(const std::vector<std::string>& argv) {
@@ -58,16 +85,29 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Flag("--direct", "O_DIRECT reads")
       .Option("--threads", "threads per matrix-vector product", "1")
       .Flag("--float-dots", "float dots on decoded rows instead of ggml's quantized-activation integer dots")
+      .Option("--ep-size", "also run each block as N expert-parallel ranks (one thread and rank store each) and\n"
+                           "check their summed partial outputs against the single store's, bit for bit", "1")
+      .Option("--rank-manifests", "with --ep-size N: the manifests of N rank packs, rank 0 first, comma-separated\n"
+                                  "(default: N rank stores over the full pack)")
       .Flag("--json", "print the results as JSON");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   auto tokens = a.GetInt("--tokens"), seed = a.GetInt("--seed"), mib = a.GetInt("--cache-mib"),
-       threads = a.GetInt("--threads");
-  for (auto* v : {&tokens, &seed, &mib, &threads}) {
+       threads = a.GetInt("--threads"), ep_size = a.GetInt("--ep-size");
+  for (auto* v : {&tokens, &seed, &mib, &threads, &ep_size}) {
     if (!v->ok()) return ReportError("run-experts", v->error(), 2);
   }
-  if (*tokens < 1 || *tokens > 1000000 || *mib < 1 || *threads < 1 || *seed < 0) {
-    return ReportError("run-experts", Error("--tokens, --cache-mib and --threads must be positive, --seed >= 0"), 2);
+  if (*tokens < 1 || *tokens > 1000000 || *mib < 1 || *threads < 1 || *seed < 0 || *ep_size < 1 ||
+      *ep_size > 65536) {
+    return ReportError("run-experts",
+                       Error("--tokens, --cache-mib, --threads and --ep-size must be positive, --seed >= 0"), 2);
+  }
+  const std::vector<std::string> rank_manifests = SplitCommas(a.Get("--rank-manifests"));
+  if (!rank_manifests.empty() && rank_manifests.size() != static_cast<size_t>(*ep_size)) {
+    return ReportError("run-experts",
+                       Error("--rank-manifests lists " + std::to_string(rank_manifests.size()) +
+                             " manifests for --ep-size " + std::to_string(*ep_size) + ": give one per rank, rank 0 first"),
+                       2);
   }
   if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("run-experts", e.error());
@@ -89,6 +129,23 @@ int RunExperts(const std::vector<std::string>& argv) {
   const std::string pack_path = a.Has("--pack") ? a.Get("--pack") : m->expert_pack.path;
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
   if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));
+
+  // The EP ranks' stores: over their rank packs, or rank views of the full pack.
+  std::vector<std::shared_ptr<store::ExpertStore>> rank_stores;
+  for (uint32_t rank = 0; *ep_size > 1 && rank < static_cast<uint32_t>(*ep_size); ++rank) {
+    store::StoreOptions ro = so;
+    ro.ep = ep::Rank{static_cast<uint32_t>(*ep_size), rank};
+    std::string rank_pack = pack_path, rank_manifest = a.Get("--manifest");
+    if (!rank_manifests.empty()) {
+      rank_manifest = rank_manifests[rank];
+      auto rm = manifest::ReadManifest(rank_manifest);
+      if (!rm.ok()) return ReportError("run-experts", rm.error());
+      rank_pack = rm->expert_pack.path;
+    }
+    auto rs = store::ExpertStore::Open(rank_pack, rank_manifest, ro);
+    if (!rs.ok()) return ReportError("run-experts", rs.error().WithContext("EP rank " + std::to_string(rank)));
+    rank_stores.push_back(*rs);
+  }
 
   std::vector<uint32_t> layers;
   const auto& active = (*st)->info().active_layer_ids;
@@ -115,11 +172,12 @@ int RunExperts(const std::vector<std::string>& argv) {
   o.seed = static_cast<uint64_t>(*seed);
   o.threads = static_cast<int>(*threads);
   o.quantize_activations = !a.Has("--float-dots");
+  o.ep_size = static_cast<uint32_t>(*ep_size);
   json runs = json::array();
   bool all_match = true;
   for (uint32_t layer : layers) {
     o.layer = layer;
-    auto r = store::RunRoutedExperts(**st, *source, o);
+    auto r = store::RunRoutedExperts(**st, *source, o, rank_stores);
     if (!r.ok()) return ReportError("run-experts", r.error());
     all_match = all_match && r->matches();
     if (a.Has("--json")) {
@@ -127,6 +185,9 @@ int RunExperts(const std::vector<std::string>& argv) {
     } else {
       PrintRun(*r);
     }
+  }
+  for (auto& rs : rank_stores) {
+    if (Status c = rs->Close(); !c.ok()) return ReportError("run-experts", c.error());
   }
   Status closed = (*st)->Close();
   if (!closed.ok()) return ReportError("run-experts", closed.error());

@@ -47,6 +47,8 @@ StoreInfo DescribePack(const std::string& pack_path, const std::string& manifest
   info.index_count = g.index_count;
   info.data_start = g.data_start;
   info.pack_size = g.pack_size;
+  info.ep = g.ep;
+  info.owned_experts = g.owned;
   return info;
 }
 

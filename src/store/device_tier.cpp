@@ -9,6 +9,7 @@
 #include "store/device_copier.h"
 #include "store/device_slots.h"
 #include "store/object_space.h"
+#include "store/store_impl.h"
 
 namespace k3pack::store {
 
@@ -142,9 +143,11 @@ Result<std::unique_ptr<DeviceExpertTier>> DeviceExpertTier::Open(std::shared_ptr
 
   s.slot_bytes = (s.space.max_object_bytes() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
   const uint64_t slot_count = std::min<uint64_t>(options.device_bytes / s.slot_bytes, 0xfffffffeull);
-  if (slot_count < s.space.top_k)
+  // An EP rank's token never needs more than its owned experts (the host store's rank).
+  const uint32_t working_set = std::min(s.space.top_k, s.host->info().owned_experts.count());
+  if (slot_count < working_set)
     return Error("device budget holds " + std::to_string(slot_count) + " objects of " + std::to_string(s.slot_bytes) +
-                     " bytes, fewer than one token's top_k=" + std::to_string(s.space.top_k) +
+                     " bytes, fewer than one token's top_k=" + std::to_string(working_set) +
                      " working set: device_bytes=" + std::to_string(options.device_bytes),
                  ErrorKind::kMemory);
   void* base = nullptr;
@@ -176,7 +179,10 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
                                                     std::span<const int64_t> shape) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
-  K3_RETURN_IF_ERROR(ValidateRoute(s.space, layer, shape, ids));
+  // The host store's EP rank holds here too, before any slot is placed.
+  const ep::Rank& rank = s.host->info().ep;
+  K3_RETURN_IF_ERROR(ValidateRoute(s.space, layer, shape, ids, !rank.whole()));
+  K3_RETURN_IF_ERROR(CheckOwnedRoutes(rank, s.space.num_experts, layer, ids));
   const uint32_t li = static_cast<uint32_t>(s.space.LayerIndex(layer));
   std::vector<ObjectId> keys;
   DistinctSorted(s.space, li, ids.data(), ids.size(), &keys);

@@ -42,10 +42,13 @@ static std::string ShapeRepr(std::span<const int64_t> shape) {
 }
 
 Status ValidateRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
-                     std::span<const int64_t> ids) {
+                     std::span<const int64_t> ids, bool rank_share) {
   if (space.LayerIndex(layer) < 0)
     return Error("layer " + std::to_string(layer) + " is not an active routed MoE layer");
-  if (shape.size() != 2 || shape[1] != static_cast<int64_t>(space.top_k))
+  if (rank_share && (shape.size() != 2 || shape[1] < 1 || shape[1] > static_cast<int64_t>(space.top_k)))
+    return Error("an EP rank's routes must be 1.." + std::to_string(space.top_k) + " per token; received shape " +
+                 ShapeRepr(shape));
+  if (!rank_share && (shape.size() != 2 || shape[1] != static_cast<int64_t>(space.top_k)))
     return Error("runtime top-k must be exactly " + std::to_string(space.top_k) + "; received shape " +
                  ShapeRepr(shape));
   if (static_cast<int64_t>(ids.size()) != shape[0] * shape[1])
@@ -66,8 +69,8 @@ void DistinctSorted(const ObjectSpace& space, uint32_t layer_index, const int64_
 }
 
 Result<RouteCall> PrepareRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
-                               std::span<const int64_t> ids, std::optional<bool> is_prefill) {
-  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids));
+                               std::span<const int64_t> ids, std::optional<bool> is_prefill, bool rank_share) {
+  K3_RETURN_IF_ERROR(ValidateRoute(space, layer, shape, ids, rank_share));
   RouteCall call;
   call.rows = shape[0];
   call.is_prefill = is_prefill.value_or(call.rows > 1);

@@ -50,9 +50,12 @@ struct ObjectSpace {
 //   `runtime top-k must be exactly {top_k}; received shape {shape}`
 //   `route contains an out-of-range expert id`
 // `shape` is the id array's shape (must be 2-D [tokens, top_k]); it is
-// printed as a Python tuple, e.g. `(1, 8)`.
+// printed as a Python tuple, e.g. `(1, 8)`. `rank_share`: an EP rank
+// store's call, whose rows hold 1..top_k routes (a token's routes to this
+// rank); a wrong width is then `an EP rank's routes must be 1..{top_k} per
+// token; received shape {shape}`.
 Status ValidateRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
-                     std::span<const int64_t> ids);
+                     std::span<const int64_t> ids, bool rank_share = false);
 
 // One acquire call after SGLang's route checks: its rows, whether it counts
 // as prefill (SGLang's default: more than one row), its layer index and its
@@ -64,7 +67,8 @@ struct RouteCall {
   std::vector<ObjectId> keys;
 };
 Result<RouteCall> PrepareRoute(const ObjectSpace& space, uint32_t layer, std::span<const int64_t> shape,
-                               std::span<const int64_t> ids, std::optional<bool> is_prefill);
+                               std::span<const int64_t> ids, std::optional<bool> is_prefill,
+                               bool rank_share = false);
 
 // Distinct object ids of one route, ascending (SGLang processes keys in
 // ascending (layer, expert) order, deduplicated).

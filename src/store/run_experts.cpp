@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
+#include "k3pack/ep.h"
 #include "k3pack/gguf.h"
 #include "k3pack/moe.h"
 #include "k3pack/quant.h"
@@ -86,11 +88,51 @@ Result<moe::MoeConfig> ConfigFor(const gguf::ShardSet& set, const LayerTensors& 
   return cfg;
 }
 
+// The routes of `routing` that EP rank `rank` of `ep_size` owns, in router order.
+moe::Routing RankShare(const moe::Routing& routing, uint32_t num_experts, uint32_t ep_size, uint32_t rank) {
+  moe::Routing share;
+  for (size_t i = 0; i < routing.experts.size(); ++i) {
+    if (ep::OwnerOf(routing.experts[i], num_experts, ep_size) != rank) continue;
+    share.experts.push_back(routing.experts[i]);
+    share.weights.push_back(routing.weights[i]);
+  }
+  return share;
+}
+
+// One rank's partial output: its routes summed from zero in router order.
+Result<std::vector<float>> PartialForward(uint32_t layer, const moe::Routing& share, std::span<const float> x_lat,
+                                          const moe::ExpertSource& src, const moe::MoeConfig& cfg) {
+  if (share.experts.empty()) return std::vector<float>(static_cast<size_t>(cfg.latent), 0.0f);
+  return moe::RoutedForward(layer, share, x_lat, src, cfg);
+}
+
+// The fixed reduction: partials added rank 0..N-1 to a zero vector.
+std::vector<float> ReduceRanks(const std::vector<std::vector<float>>& partials, size_t n) {
+  std::vector<float> out(n, 0.0f);
+  for (const auto& p : partials)
+    for (size_t i = 0; i < n; ++i) out[i] += p[i];
+  return out;
+}
+
 }  // namespace
 
 Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSet& source,
-                                         const ExpertRunOptions& o) {
+                                         const ExpertRunOptions& o,
+                                         const std::vector<std::shared_ptr<ExpertStore>>& rank_stores) {
   if (o.tokens == 0) return Error("run-experts: --tokens must be at least 1");
+  const uint32_t N = o.ep_size;
+  K3_RETURN_IF_ERROR(ep::CheckRank({N, 0}, store.info().num_experts));
+  if (N > 1 && rank_stores.size() != N)
+    return Error("run-experts --ep-size " + std::to_string(N) + " needs " + std::to_string(N) + " rank stores, got " +
+                 std::to_string(rank_stores.size()));
+  for (uint32_t r = 0; N > 1 && r < N; ++r) {
+    const StoreInfo& ri = rank_stores[r]->info();
+    if (ri.ep.size != N || ri.ep.rank != r || ri.index_sha256 != store.info().index_sha256)
+      return Error("run-experts: rank store " + std::to_string(r) + " (" + ri.pack_path + ") serves " +
+                   ep::Describe(ri.ep, ri.num_experts) + " of a pack with index " + ri.index_sha256.substr(0, 12) +
+                   ", not rank " + std::to_string(r) + " of " + std::to_string(N) + " of " +
+                   store.info().index_sha256.substr(0, 12));
+  }
   K3_ASSIGN_OR_RETURN(LayerTensors t, FindLayer(source, o.layer));
   const StoreInfo& info = store.info();
   K3_ASSIGN_OR_RETURN(moe::MoeConfig cfg, ConfigFor(source, t, info, o));
@@ -142,11 +184,17 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
   r.misses = after["cache_misses"].get<uint64_t>() - before["cache_misses"].get<uint64_t>();
   r.bytes_read = after["pack_read_bytes"].get<uint64_t>() - before["pack_read_bytes"].get<uint64_t>();
 
+  // Every path sums in the fixed order (see the header): per rank, then ranks 0..N-1.
   auto run = [&](auto&& weights_of, std::vector<float>* out, double* seconds) -> Status {
     auto t1 = Clock::now();
     for (uint32_t k = 0; k < o.tokens; ++k) {
       moe::ExpertSource src = [&, k](uint32_t, uint32_t e) { return weights_of(k, e); };
-      K3_ASSIGN_OR_RETURN(auto y, moe::RoutedForward(o.layer, routing[k], x_lat[k], src, cfg));
+      std::vector<std::vector<float>> partials(N);
+      for (uint32_t rank = 0; rank < N; ++rank) {
+        K3_ASSIGN_OR_RETURN(partials[rank], PartialForward(o.layer, RankShare(routing[k], cfg.num_experts, N, rank),
+                                                           x_lat[k], src, cfg));
+      }
+      std::vector<float> y = ReduceRanks(partials, static_cast<size_t>(r.latent));
       out->insert(out->end(), y.begin(), y.end());
     }
     *seconds = Since(t1);
@@ -181,7 +229,93 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
   }
   r.store_sha256 = FloatsSha256(r.from_store);
   r.source_sha256 = FloatsSha256(r.from_source);
+  if (N == 1) return r;
+
+  // The EP run: rank r's thread serves, from its own store, the routes it owns.
+  r.ep_size = N;
+  r.ranks.resize(N);
+  std::vector<std::vector<std::vector<float>>> partials(N);  // [rank][token]
+  std::vector<Status> status(N);
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < N; ++rank) {
+    threads.emplace_back([&, rank] {
+      ExpertStore& rs = *rank_stores[rank];
+      EpRankRun& run_r = r.ranks[rank];
+      run_r.rank = rank;
+      run_r.first_expert = rs.info().owned_experts.first;
+      run_r.end_expert = rs.info().owned_experts.end;
+      run_r.pack_path = rs.info().pack_path;
+      const nlohmann::json b = rs.Snapshot();
+      auto t2 = Clock::now();
+      status[rank] = [&]() -> Status {
+        for (uint32_t k = 0; k < o.tokens; ++k) {
+          const moe::Routing share = RankShare(routing[k], cfg.num_experts, N, rank);
+          if (share.experts.empty()) {
+            partials[rank].emplace_back(static_cast<size_t>(r.latent), 0.0f);
+            continue;
+          }
+          std::vector<int64_t> mine(share.experts.begin(), share.experts.end());
+          const int64_t shape2[2] = {1, static_cast<int64_t>(mine.size())};
+          K3_ASSIGN_OR_RETURN(Acquisition a, rs.Acquire(o.layer, mine, shape2));
+          ++run_r.acquire_calls;
+          run_r.routes += mine.size();
+          moe::ExpertSource src = [&](uint32_t, uint32_t e) -> Result<moe::ExpertWeights> {
+            for (const ExpertView& v : a.routes)
+              if (v.expert == e) return typed({v.up, v.gate, v.down});
+            return Error("run-experts: expert " + std::to_string(e) + " was not acquired by rank " +
+                         std::to_string(rank));
+          };
+          auto y = PartialForward(o.layer, share, x_lat[k], src, cfg);
+          Status released = rs.MarkUsed(a);
+          if (!y.ok()) return y.error();
+          K3_RETURN_IF_ERROR(released);
+          partials[rank].push_back(std::move(*y));
+        }
+        return Status::OK();
+      }();
+      run_r.seconds = Since(t2);
+      const nlohmann::json e = rs.Snapshot();
+      run_r.hits = e["cache_hits"].get<uint64_t>() - b["cache_hits"].get<uint64_t>();
+      run_r.misses = e["cache_misses"].get<uint64_t>() - b["cache_misses"].get<uint64_t>();
+      run_r.bytes_read = e["pack_read_bytes"].get<uint64_t>() - b["pack_read_bytes"].get<uint64_t>();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t rank = 0; rank < N; ++rank)
+    if (!status[rank].ok()) return status[rank].error().WithContext("run-experts EP rank " + std::to_string(rank));
+  for (uint32_t k = 0; k < o.tokens; ++k) {
+    std::vector<std::vector<float>> token(N);
+    for (uint32_t rank = 0; rank < N; ++rank) token[rank] = std::move(partials[rank][k]);
+    std::vector<float> y = ReduceRanks(token, static_cast<size_t>(r.latent));
+    r.from_ranks.insert(r.from_ranks.end(), y.begin(), y.end());
+  }
+  for (size_t i = 0; i < r.from_ranks.size(); ++i)
+    if (std::memcmp(&r.from_ranks[i], &r.from_store[i], sizeof(float)) != 0) ++r.rank_mismatched_values;
+  r.ranks_sha256 = FloatsSha256(r.from_ranks);
   return r;
+}
+
+static nlohmann::json EpRunJson(const ExpertRunResult& r) {
+  if (r.ep_size <= 1) return nullptr;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const EpRankRun& k : r.ranks)
+    ranks.push_back({{"rank", k.rank},
+                     {"first_expert", k.first_expert},
+                     {"end_expert", k.end_expert},
+                     {"pack", k.pack_path},
+                     {"routes", k.routes},
+                     {"acquire_calls", k.acquire_calls},
+                     {"cache_hits", k.hits},
+                     {"cache_misses", k.misses},
+                     {"bytes_read", k.bytes_read},
+                     {"seconds", k.seconds}});
+  return {{"ep_size", r.ep_size},
+          {"reduction_order", "per token: each rank's routes summed from zero in router order, then ranks 0.." +
+                                  std::to_string(r.ep_size - 1) + " added in order"},
+          {"ranks", ranks},
+          {"ranks_output_sha256", r.ranks_sha256},
+          {"mismatched_values_vs_single_store", r.rank_mismatched_values},
+          {"matches_single_store", r.rank_mismatched_values == 0}};
 }
 
 nlohmann::json ExpertRunJson(const ExpertRunResult& r) {
@@ -206,7 +340,8 @@ nlohmann::json ExpertRunJson(const ExpertRunResult& r) {
           {"source_compute_seconds", r.source_compute_seconds},
           {"cache_hits", r.hits},
           {"cache_misses", r.misses},
-          {"bytes_read", r.bytes_read}};
+          {"bytes_read", r.bytes_read},
+          {"ep", EpRunJson(r)}};
 }
 
 }  // namespace k3pack::store

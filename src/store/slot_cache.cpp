@@ -177,9 +177,10 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
 Status SlotCache::Impl::Attach(uint32_t slots) {
   if (slot_count() != 0) return Error("the expert slot cache is already attached to its memory", ErrorKind::kRuntime);
   const ObjectSpace& s = geo.space;
-  if (slots < s.top_k)
+  if (slots < WorkingSetObjects(geo))  // min(top_k, owned experts)
     return Error("insufficient expert slots for one top-k expert working set: slots=" + std::to_string(slots) +
-                     ", top_k=" + std::to_string(s.top_k),
+                     ", top_k=" + std::to_string(s.top_k) +
+                     (geo.ep.whole() ? "" : ", owned experts=" + std::to_string(geo.owned.count())),
                  ErrorKind::kMemory);
   // One slot holds any object: the policy counts slots, not bytes.
   ObjectSpace uniform = s;
@@ -284,7 +285,9 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
-  K3_ASSIGN_OR_RETURN(RouteCall call, PrepareRoute(space, layer, shape, ids, is_prefill_opt));
+  K3_ASSIGN_OR_RETURN(RouteCall call,
+                      PrepareRoute(space, layer, shape, ids, is_prefill_opt, RankShareRows(s.geo)));
+  K3_RETURN_IF_ERROR(CheckOwnedRoutes(s.geo, layer, ids));
   const int64_t rows = call.rows;
   const bool is_prefill = call.is_prefill;
   const uint32_t li = call.layer_index;
@@ -595,6 +598,7 @@ nlohmann::json SlotCache::Snapshot() const {
   k["checksum_verified_objects"] = s.checksum_verified;
   k["host_tier_bytes"] = s.opt.host_cache_bytes;
   k["host_tier_copies"] = s.host_tier_copies;
+  k["ep"] = EpSnapshot(s.geo);
   if (s.host) {
     // The pack is read by the host tier: its reads are the store's reads.
     nlohmann::json h = s.host->Snapshot();

@@ -79,6 +79,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["checksums"] = checksum_mode;
   k["checksum_errors"] = checksum_errors;
   k["checksum_verified_objects"] = checksum_verified;
+  k["ep"] = EpSnapshot(geo);
   j["k3pack"] = k;
   return j;
 }

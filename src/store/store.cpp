@@ -45,12 +45,15 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
     impl->direct_fd = std::move(plan.direct_fd);
   }
   const uint64_t largest = s.max_object_bytes();
-  if (opt.cache_bytes < uint64_t{s.top_k} * largest)
+  // A rank store's token never needs more than its owned experts resident.
+  const uint64_t working_set = WorkingSetObjects(g);
+  if (opt.cache_bytes < working_set * largest)
     return Error("insufficient expert cache budget for one top-k expert working set: budget=" +
                      std::to_string(opt.cache_bytes) + ", object=" + std::to_string(largest),
                  ErrorKind::kMemory)
-        .WithHint("the cache must hold top_k (" + std::to_string(s.top_k) + ") objects: at least " +
-                  std::to_string((uint64_t{s.top_k} * largest + (1 << 20) - 1) >> 20) + " MiB");
+        .WithHint("the cache must hold " + std::string(g.ep.whole() ? "top_k (" : "min(top_k, owned experts) (") +
+                  std::to_string(working_set) + ") objects: at least " +
+                  std::to_string((working_set * largest + (1 << 20) - 1) >> 20) + " MiB");
   K3_ASSIGN_OR_RETURN(impl->policy, MakePolicy(opt.policy, s, opt.cache_bytes));
   K3_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(backend, static_cast<uint32_t>(opt.queue_depth)));
   impl->pool = std::make_shared<BufferPool>(opt.cache_bytes, BufferAllocator{opt.buffer_alloc, opt.buffer_free});
@@ -211,7 +214,9 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
                                          std::optional<bool> is_prefill_opt) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
-  K3_ASSIGN_OR_RETURN(RouteCall call, PrepareRoute(space, layer, shape, ids, is_prefill_opt));
+  K3_ASSIGN_OR_RETURN(RouteCall call,
+                      PrepareRoute(space, layer, shape, ids, is_prefill_opt, RankShareRows(s.geo)));
+  K3_RETURN_IF_ERROR(CheckOwnedRoutes(s.geo, layer, ids));
   const int64_t rows = call.rows;
   const bool is_prefill = call.is_prefill;
   const uint32_t li = call.layer_index;
@@ -342,6 +347,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
   if (space.LayerIndex(layer) < 0) return ValidateRoute(space, layer, shape, {});
   for (int64_t e : ids)
     if (e < 0 || e >= static_cast<int64_t>(space.num_experts)) return Error("route contains an out-of-range expert id");
+  K3_RETURN_IF_ERROR(CheckOwnedRoutes(s.geo, layer, ids));
   const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
   std::vector<ObjectId> keys;
   DistinctSorted(space, li, ids.data(), ids.size(), &keys);

@@ -4,10 +4,14 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "k3pack/ep.h"
 #include "k3pack/error.h"
+#include "k3pack/manifest.h"
 #include "k3pack/store.h"
 #include "store/io_engine.h"
 #include "store/object_space.h"
@@ -26,6 +30,11 @@ struct PackGeometry {
   std::string index_sha256;                          // manifest's (== computed)
   uint64_t index_count = 0, data_start = 0, pack_size = 0, alignment = 0;
   std::string inventory_sha256, config_sha256;
+  // The EP rank served (size 1: all experts), its experts, and where the
+  // rank came from: "none", "manifest", "option" or "manifest and option".
+  ep::Rank ep;
+  ep::ExpertRange owned;
+  std::string ep_source = "none";
 };
 
 // Every start-up check of SGLang's KimiGGMLExpertPackStore (spec §2.7/§7.2),
@@ -63,6 +72,27 @@ Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const 
 // an error naming layer, expert, role and file offset.
 Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& entry_crc32c, ObjectId id,
                         const uint8_t* bytes);
+
+// The EP rank a store serves: the manifest's k3pack.ep (a rank pack) and
+// StoreOptions::ep must agree when both are given; the error names both.
+// Checked after every SGLang check (k3pack's own rule). Sets geo->ep/owned.
+Status ResolveStoreRank(const std::optional<manifest::EpRecord>& recorded, const std::optional<ep::Rank>& option,
+                        const std::string& manifest_path, PackGeometry* geo);
+// A rank store's refusal of routes to experts it does not own (after
+// SGLang's route checks, before any I/O): names layer, expert, this rank and
+// the owner. OK for a whole store.
+Status CheckOwnedRoutes(const ep::Rank& rank, uint32_t num_experts, uint32_t layer, std::span<const int64_t> ids);
+inline Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> ids) {
+  return CheckOwnedRoutes(geo.ep, geo.space.num_experts, layer, ids);
+}
+// Whether a row of `width` routes fits this store: SGLang's exactly top_k,
+// or 1..top_k for a rank store (a token's share of its routes).
+bool RankShareRows(const PackGeometry& geo);
+// The smallest working set one token may need resident: top_k objects, or
+// for a rank store min(top_k, owned experts).
+uint32_t WorkingSetObjects(const PackGeometry& geo);
+// k3pack.ep in a snapshot: size, rank, owned range, owned objects and bytes.
+nlohmann::json EpSnapshot(const PackGeometry& geo);
 
 // SGLang's per-object generation: first 8 bytes (little-endian) of
 // sha256("{index_sha256}:{layer}:{expert}"), 1 if that is 0.

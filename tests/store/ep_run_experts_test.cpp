@@ -1,0 +1,228 @@
+// Issue 15, `run-experts --ep-size N`: a layer's routed block run as N EP
+// ranks (one thread and rank store each), whose partial outputs summed in the
+// fixed order (ranks 0..N-1) equal the single store's output bit for bit; a
+// rank pack serving a wrong byte breaks that equality.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/ep.h"
+#include "k3pack/gguf.h"
+#include "k3pack/pack.h"
+#include "k3pack/run_experts.h"
+#include "pack/format.h"
+#include "util/file.h"
+#include "../cli_run.h"
+
+namespace k3pack::store {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_cli::Cli;
+using testing_cli::CliRun;
+
+class EpRunExpertsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!fs::exists(K3PACK_BIN)) return;
+    dir_ = (fs::temp_directory_path() / ("k3-ep-run-experts-" + std::to_string(getpid()))).string();
+    fs::remove_all(dir_);
+    const std::string model = dir_ + "/model";
+    CliRun s = Cli("synth --preset tiny --seed 7 --out " + model);
+    ASSERT_EQ(s.code, 0) << s.out;
+    CliRun b = Cli("build --gguf-dir " + model + " --model-config " + model + "/config.json --tokenizer-dir " + model +
+                   "/tokenizer --profile scaled --manifest " + dir_ + "/m.json --progress none");
+    ASSERT_EQ(b.code, 0) << b.out;
+    manifest_ = dir_ + "/m.json";
+    pack_ = nlohmann::json::parse(std::ifstream(manifest_))["expert_pack"]["path"].get<std::string>();
+  }
+  static void TearDownTestSuite() {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  void SetUp() override {
+    if (manifest_.empty()) GTEST_SKIP() << "k3pack CLI not built";
+  }
+
+  static std::shared_ptr<ExpertStore> Open(const std::string& pack, const std::string& manifest,
+                                           std::optional<ep::Rank> rank = std::nullopt) {
+    StoreOptions o;
+    o.ep = rank;
+    auto st = ExpertStore::Open(pack, manifest, o);
+    EXPECT_TRUE(st.ok()) << st.error().message();
+    return st.ok() ? *st : nullptr;
+  }
+
+  // Rank `r` of `n`'s pack: the full pack with every unowned object a hole,
+  // k3pack.ep in its manifest; no digest sidecar (so damage shows in outputs).
+  // `corrupt_expert` >= 0: also invert 4 KiB of that owned expert's down
+  // projection in every layer.
+  static std::string MakeRankPack(uint32_t n, uint32_t r, int corrupt_expert = -1) {
+    const std::string tag = dir_ + "/rank" + std::to_string(r) + "of" + std::to_string(n) +
+                            (corrupt_expert >= 0 ? "-bad" : "");
+    const std::string pack = tag + ".expert-major.pack", manifest = tag + ".manifest.json";
+    fs::copy_file(pack_, pack, fs::copy_options::overwrite_existing);
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest_));
+    const uint32_t experts = m["model"]["num_experts"].get<uint32_t>();
+    const ep::ExpertRange owned = ep::OwnedExperts({n, r}, experts);
+    UniqueFd fd(::open(pack.c_str(), O_RDWR));
+    std::vector<uint8_t> hb(pack::kHeaderBytes);
+    EXPECT_EQ(*PreadFull(fd.get(), hb.data(), hb.size(), 0), hb.size());
+    const auto h = *pack::DecodeHeader(hb);
+    for (uint64_t i = 0; i < h.index_count; ++i) {
+      std::vector<uint8_t> eb(pack::kEntryBytes);
+      EXPECT_EQ(*PreadFull(fd.get(), eb.data(), eb.size(), pack::kHeaderBytes + i * pack::kEntryBytes), eb.size());
+      const auto e = *pack::DecodeEntry(eb);
+      const uint32_t expert = static_cast<uint32_t>(e.expert);
+      if (!owned.contains(expert)) {
+        // Whole 4096-byte blocks inside the payload become holes; the rest is zeroed.
+        std::vector<uint8_t> zeros(e.nbytes, 0);
+        EXPECT_TRUE(PwriteFull(fd.get(), zeros.data(), zeros.size(), e.offset).ok());
+        const uint64_t first = (e.offset + 4095) / 4096 * 4096, end = (e.offset + e.nbytes) / 4096 * 4096;
+        if (end > first) {
+          EXPECT_EQ(::fallocate(fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+                                static_cast<off_t>(end - first)),
+                    0);
+        }
+      } else if (static_cast<int>(expert) == corrupt_expert && e.name.find("ffn_down_exps") != std::string::npos) {
+        std::vector<uint8_t> bytes(4096);
+        const uint64_t at = e.offset + e.nbytes / 2;
+        EXPECT_EQ(*PreadFull(fd.get(), bytes.data(), bytes.size(), at), bytes.size());
+        for (uint8_t& c : bytes) c = static_cast<uint8_t>(~c);
+        EXPECT_TRUE(PwriteFull(fd.get(), bytes.data(), bytes.size(), at).ok());
+      }
+    }
+    m["expert_pack"]["path"] = pack;
+    m["k3pack"]["ep"] = {{"size", n}, {"rank", r}, {"first_expert", owned.first}, {"end_expert", owned.end}};
+    std::ofstream(manifest) << m.dump(2);
+    return manifest;
+  }
+
+  static gguf::ShardSet Source() { return std::move(gguf::ShardSet::Open(dir_ + "/model")).value(); }
+
+  static inline std::string dir_, manifest_, pack_;
+};
+
+TEST_F(EpRunExpertsTest, RanksSumToTheSingleStoreBitForBit) {
+  auto single = Open(pack_, manifest_);
+  ASSERT_TRUE(single);
+  gguf::ShardSet source = Source();
+  for (uint32_t n : {1u, 2u, 4u, 8u}) {
+    for (uint32_t layer : single->info().active_layer_ids) {
+      SCOPED_TRACE("--ep-size " + std::to_string(n) + " layer " + std::to_string(layer));
+      std::vector<std::shared_ptr<ExpertStore>> ranks;
+      for (uint32_t r = 0; n > 1 && r < n; ++r) ranks.push_back(Open(pack_, manifest_, ep::Rank{n, r}));
+      ExpertRunOptions o;
+      o.layer = layer;
+      o.tokens = 6;
+      o.seed = 3 + layer;
+      o.ep_size = n;
+      auto run = RunRoutedExperts(*single, source, o, ranks);
+      ASSERT_TRUE(run.ok()) << run.error().message();
+      EXPECT_EQ(run->mismatched_values, 0u) << "the single store differs from the source";
+      if (n == 1) {
+        EXPECT_TRUE(run->ranks.empty());
+        continue;
+      }
+      ASSERT_EQ(run->from_ranks.size(), run->from_store.size());
+      EXPECT_EQ(run->rank_mismatched_values, 0u);
+      EXPECT_EQ(run->ranks_sha256, run->store_sha256);
+      EXPECT_TRUE(run->matches());
+      // Every route went to its owner, and only there.
+      uint64_t routes = 0;
+      ASSERT_EQ(run->ranks.size(), n);
+      for (const EpRankRun& k : run->ranks) {
+        routes += k.routes;
+        EXPECT_EQ(k.first_expert, k.rank * (16 / n));
+      }
+      EXPECT_EQ(routes, uint64_t{6} * run->top_k);
+    }
+  }
+}
+
+TEST_F(EpRunExpertsTest, RankPacksServeTheSameAndDamageShows) {
+  auto single = Open(pack_, manifest_);
+  ASSERT_TRUE(single);
+  gguf::ShardSet source = Source();
+  const uint32_t layer = single->info().active_layer_ids.front();
+  ExpertRunOptions o;
+  o.layer = layer;
+  o.tokens = 8;
+  o.seed = 5;
+  o.ep_size = 4;
+  // First find a routed expert of rank 2 to damage later.
+  std::vector<std::shared_ptr<ExpertStore>> ranks;
+  for (uint32_t r = 0; r < 4; ++r) {
+    const std::string m = MakeRankPack(4, r);
+    ranks.push_back(Open(nlohmann::json::parse(std::ifstream(m))["expert_pack"]["path"], m));
+    ASSERT_TRUE(ranks.back());
+  }
+  auto run = RunRoutedExperts(*single, source, o, ranks);
+  ASSERT_TRUE(run.ok()) << run.error().message();
+  EXPECT_EQ(run->rank_mismatched_values, 0u);
+  int victim = -1;
+  for (const auto& experts : run->routed)
+    for (uint32_t e : experts)
+      if (ep::OwnerOf(e, 16, 4) == 2) victim = static_cast<int>(e);
+  ASSERT_GE(victim, 0) << "no token routed to rank 2";
+  uint64_t read = 0;
+  for (const EpRankRun& k : run->ranks) read += k.bytes_read;
+  EXPECT_EQ(read, run->bytes_read) << "each rank reads its own distinct objects, all of them";
+
+  const std::string bad = MakeRankPack(4, 2, victim);
+  ranks[2] = Open(nlohmann::json::parse(std::ifstream(bad))["expert_pack"]["path"], bad);
+  ASSERT_TRUE(ranks[2]);
+  auto damaged = RunRoutedExperts(*single, source, o, ranks);
+  ASSERT_TRUE(damaged.ok()) << damaged.error().message();
+  EXPECT_GT(damaged->rank_mismatched_values, 0u);
+  EXPECT_FALSE(damaged->matches());
+
+  // Ranks in the wrong order are refused.
+  std::swap(ranks[0], ranks[1]);
+  auto swapped = RunRoutedExperts(*single, source, o, ranks);
+  ASSERT_FALSE(swapped.ok());
+  EXPECT_NE(swapped.error().message().find("rank store 0"), std::string::npos) << swapped.error().message();
+}
+
+TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
+  CliRun r = Cli("run-experts --manifest " + manifest_ + " --tokens 4 --ep-size 4 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  ASSERT_TRUE(j["all_match"].get<bool>());
+  const auto& ep = j["layers"][0]["ep"];
+  EXPECT_EQ(ep["ep_size"], 4);
+  EXPECT_EQ(ep["ranks"].size(), 4u);
+  EXPECT_TRUE(ep["matches_single_store"].get<bool>());
+  EXPECT_EQ(ep["ranks_output_sha256"], j["layers"][0]["store_output_sha256"]);
+  CliRun text = Cli("run-experts --manifest " + manifest_ + " --tokens 2 --ep-size 2");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("rank 1 (experts 8..15)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("the 2 ranks' summed partials equal the single store's output"), std::string::npos)
+      << text.out;
+  // Over rank packs.
+  const std::string m0 = MakeRankPack(2, 0), m1 = MakeRankPack(2, 1);
+  CliRun packs = Cli("run-experts --manifest " + manifest_ + " --tokens 3 --ep-size 2 --json --rank-manifests " + m0 +
+                     "," + m1);
+  ASSERT_EQ(packs.code, 0) << packs.out;
+  auto pj = nlohmann::json::parse(packs.out.substr(packs.out.find('{')));
+  const auto& pr = pj["layers"][0]["ep"]["ranks"];
+  EXPECT_EQ(pr[1]["pack"], nlohmann::json::parse(std::ifstream(m1))["expert_pack"]["path"]);
+  EXPECT_TRUE(pj["layers"][0]["ep"]["matches_single_store"].get<bool>());
+  CliRun swapped = Cli("run-experts --manifest " + manifest_ + " --ep-size 2 --rank-manifests " + m1 + "," + m0);
+  EXPECT_NE(swapped.code, 0);
+  EXPECT_NE(swapped.out.find("EP rank mismatch"), std::string::npos) << swapped.out;
+  CliRun count = Cli("run-experts --manifest " + manifest_ + " --ep-size 4 --rank-manifests " + m0 + "," + m1);
+  EXPECT_EQ(count.code, 2) << count.out;
+  EXPECT_NE(count.out.find("--rank-manifests lists 2 manifests for --ep-size 4"), std::string::npos) << count.out;
+  CliRun bad = Cli("run-experts --manifest " + manifest_ + " --ep-size 3");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--ep-size 3 does not divide the 16 routed experts"), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace k3pack::store
