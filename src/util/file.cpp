@@ -84,7 +84,7 @@ Status FsyncParentDir(const std::string& path) {
 }
 
 namespace {
-const char* const kAtomicHint = "written to a temporary file beside it (*.tmp), renamed into place when complete";
+const char* const kAtomicHint = "written to a temporary file beside it, renamed into place when complete";
 }
 
 Result<AtomicFile> AtomicFile::Create(const std::string& path, bool exclusive) {
