@@ -64,6 +64,20 @@ Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const 
     out.mode = "unavailable: digest sidecar " + path + " belongs to another pack (index differs)";
     return out;
   }
+  // A rank pack's sidecar says which experts the file holds: a store that
+  // would serve others would read holes and call them damage.
+  if (d.ep && d.num_experts == geo.space.num_experts) {
+    const ep::ExpertRange held = ep::OwnedExperts(*d.ep, d.num_experts);
+    if (geo.owned.first < held.first || geo.owned.end > held.end) {
+      const std::string serves =
+          geo.ep.whole() ? "every expert" : "EP " + ep::Describe(geo.ep, geo.space.num_experts);
+      return Error(geo.resolved_pack_path + " holds only the experts of EP " + ep::Describe(*d.ep, d.num_experts) +
+                   " (its digest sidecar " + path + " says so), but this store would serve " + serves)
+          .WithHint("open it with its rank manifest (the one whose k3pack.ep names the rank), or pass ep_rank=" +
+                    std::to_string(d.ep->rank) + " and ep_size=" + std::to_string(d.ep->size) +
+                    "; the full pack is rebuilt from all ranks with `k3pack ep-merge`");
+    }
+  }
   if (d.entry_crc32c.empty()) {
     out.mode = "unavailable: digest sidecar " + path +
                " predates per-object CRC32C (rebuild the pack's digests with this k3pack)";

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "k3pack/ep.h"
+#include "k3pack/pack.h"
 #include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
 #include "store/synthetic_pack.h"
@@ -174,6 +175,39 @@ TEST(EpStore, ExplicitRankMustAgreeWithTheRankPack) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message().find("--ep-size 3 does not divide the 16 routed experts"), std::string::npos)
       << bad.error().message();
+}
+
+// A rank pack opened with the full pack's manifest (no k3pack.ep): its
+// version-3 digest sidecar still says which experts the file holds, so the
+// store refuses to serve the holes instead of calling them damage later.
+TEST(EpStore, RankSidecarRefusesAStoreThatWouldServeOtherRanks) {
+  TinyPack p(Spec(), "ep-sidecar");
+  MakeRankPack(p, {4, 1});
+  const std::string sidecar = pack::DigestsPathFor(p.pack);
+  auto d = pack::ReadPackDigests(sidecar);
+  ASSERT_TRUE(d.ok()) << d.error().message();
+  d->ep = ep::Rank{4, 1};
+  d->num_experts = p.spec().experts;
+  for (uint64_t i = 0; i < d->index_count; ++i) {
+    if (d->present(i)) continue;
+    d->entry_sha256[i] = {};
+    d->entry_crc32c[i] = 0;
+  }
+  ASSERT_TRUE(pack::WritePackDigests(sidecar, *d).ok());
+  p.json["k3pack"].erase("ep");  // the full pack's manifest
+  p.Save();
+  auto whole = ExpertStore::Open(p.pack, p.manifest, Opts());
+  ASSERT_FALSE(whole.ok());
+  EXPECT_NE(whole.error().message().find(" holds only the experts of EP rank 1 of 4 (experts 4..7)"), std::string::npos)
+      << whole.error().message();
+  EXPECT_NE(whole.error().message().find("but this store would serve every expert"), std::string::npos);
+  EXPECT_NE(whole.error().message().find("ep_rank=1 and ep_size=4"), std::string::npos);
+  auto other = ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{4, 2}));
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.error().message().find("would serve EP rank 2 of 4"), std::string::npos) << other.error().message();
+  // Its own rank (or a finer rank inside the same block) opens.
+  EXPECT_TRUE(ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{4, 1})).ok());
+  EXPECT_TRUE(ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{8, 3})).ok());
 }
 
 TEST(EpStore, ManifestRangeMustBeTheRanksBlock) {
