@@ -119,6 +119,11 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   inputs.push_back({"--pack (its .digests)", pack::DigestsPathFor(out)});
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", manifest_path}}, inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", manifest_path));
+  {
+    std::vector<NamedPath> recorded = inputs;
+    recorded.push_back({"--manifest", manifest_path});
+    K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(recorded));
+  }
   OutputSpec mspec;
   mspec.option = "--manifest";
   mspec.path = manifest_path;

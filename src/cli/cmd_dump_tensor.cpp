@@ -145,7 +145,7 @@ int RunDumpTensor(const std::vector<std::string>& argv) {
       out["stats"] = {{"min", stats->min}, {"max", stats->max}, {"mean", stats->mean},
                       {"nan_count", stats->nan_count}, {"inf_count", stats->inf_count}, {"count", stats->count}};
     }
-    std::cout << out.dump() << "\n";
+    std::cout << DumpJsonEscaped(std::move(out), -1) << "\n";
     return 0;
   }
   std::string shape;

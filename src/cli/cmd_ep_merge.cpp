@@ -82,7 +82,7 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;
   if (args.Has("--json")) {
-    std::cout << j.dump(2) << "\n";
+    PrintJson(j);
   } else {
     std::printf("EXPERT_PACK_READY path=%s size=%llu index_sha256=%s merged_ranks=%u\n",
                 j["pack"].get<std::string>().c_str(), j["size"].get<unsigned long long>(),

@@ -68,6 +68,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   }
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
+  inputs.push_back({"--manifest", output});
+  K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(inputs));
 
   if (v.mode != pack::ProgressMode::kNone) {
     // Step lines on a terminal or with json; logs get the 10 s lines only.

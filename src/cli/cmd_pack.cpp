@@ -172,7 +172,7 @@ int RunPack(const std::vector<std::string>& argv) {
   const auto& j = *r;
   if (j.contains("repaired_damaged")) {
     if (args.Has("--json")) {
-      std::cout << j.dump(2) << "\n";
+      PrintJson(j);
       return kExitOk;
     }
     for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
@@ -186,7 +186,7 @@ int RunPack(const std::vector<std::string>& argv) {
     return kExitOk;
   }
   if (args.Has("--json")) {
-    std::cout << j.dump(2) << "\n";
+    PrintJson(j);
   } else if (j.contains("rank_packs")) {
     for (const auto& one : j["rank_packs"]) PrintBuilt(one, false);
   } else {

@@ -192,8 +192,7 @@ int RunExperts(const std::vector<std::string>& argv) {
   Status closed = (*st)->Close();
   if (!closed.ok()) return ReportError("run-experts", closed.error());
   if (a.Has("--json")) {
-    std::cout << json{{"pack", pack_path}, {"gguf", gguf_path}, {"all_match", all_match}, {"layers", runs}}.dump(2)
-              << "\n";
+    PrintJson(json{{"pack", pack_path}, {"gguf", gguf_path}, {"all_match", all_match}, {"layers", runs}});
   } else if (layers.size() > 1) {
     std::printf("%zu layers: %s\n", layers.size(), all_match ? "all identical to the GGUF source" : "MISMATCHES found");
   }

@@ -10,6 +10,7 @@
 
 #include "k3pack/manifest.h"
 #include "util/file.h"
+#include "util/utf8.h"
 
 namespace k3pack::cli {
 
@@ -152,6 +153,19 @@ Status CheckOutputWritable(const std::string& option, const std::string& path) {
     const int err = errno;
     return Error::FromErrno(option + " " + path + ": cannot write in " + dir.string(), err)
         .WithHint("the directory is read-only for you; pass " + option + " elsewhere");
+  }
+  return Status::OK();
+}
+
+Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths) {
+  for (const NamedPath& p : paths) {
+    std::error_code ec;
+    const std::string abs = fs::absolute(p.path, ec).string();
+    const std::string& shown = ec ? p.path : abs;
+    if (IsValidUtf8(shown)) continue;
+    return Error(p.option + " " + EscapeInvalidUtf8(shown) +
+                 " is not valid UTF-8, and the manifest records it: SGLang reads the manifest as UTF-8 JSON")
+        .WithHint("move or rename it to a UTF-8 path (the bytes shown as \\xNN are not UTF-8), then rerun");
   }
   return Status::OK();
 }

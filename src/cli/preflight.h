@@ -38,6 +38,12 @@ Status CheckOutputWritable(const std::string& option, const std::string& path);
 
 // No output path is one of the inputs (same file by inode, or the same path
 // once resolved). Inputs that are directories also cover every file in them.
+// Every path a manifest records (shards, pack, config, tokenizer files, the
+// manifest itself) must be UTF-8: SGLang reads the manifest as UTF-8 JSON.
+// Checked before the build copies anything; the error names the option and
+// shows the path with its odd bytes \xNN-escaped.
+Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
+
 Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
 // An input file/dir named by `option` exists; when it does not, the error

@@ -351,6 +351,20 @@ TEST_F(CliSurface, JsonOutputSurvivesPathsThatAreNotUtf8) {
   EXPECT_TRUE(json::accept(r.out)) << r.out;
   r = K3("doctor '" + odd + "' --json --progress none");
   EXPECT_TRUE(json::accept(r.out)) << r.err;
+  // pack --json names the odd path escaped.
+  r = K3("pack --gguf-dir '" + odd + "' --model-config '" + odd + "/config.json' --pack " + P("p.pack") +
+         " --progress none --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(json::accept(r.out)) << r.out;
+  // build records the shard paths in the manifest, which SGLang reads as
+  // UTF-8: refused in preflight, before a byte of the pack is written.
+  r = K3("build --gguf-dir '" + odd + "' --model-config '" + odd + "/config.json' --tokenizer-dir '" + odd +
+         "/tokenizer' --pack " + P("b.pack") + " --progress none");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("is not valid UTF-8, and the manifest records it"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("m\\xff"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(P("b.pack")));
+  EXPECT_FALSE(fs::exists(P("b.pack.partial")));
 }
 
 }  // namespace
