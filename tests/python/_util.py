@@ -63,6 +63,23 @@ def synth(out, fault=None, all_data=False, matrix_type=None, force=False):
     k3pack.synth(out, faults=[fault] if fault else [], all_data=all_data, matrix_type=matrix_type)
 
 
+def build_tiny(tmp):
+    """The tiny model synthesized into `tmp`/model and built (scaled profile)
+    into `tmp`/tiny.expert-major.pack + tiny.manifest.json; returns
+    (pack path, manifest path, manifest document)."""
+    import json
+    import k3pack
+
+    model = os.path.join(tmp, "model")
+    synth(model)
+    built = k3pack.build(model, os.path.join(model, "config.json"), os.path.join(model, "tokenizer"),
+                         pack=os.path.join(tmp, "tiny.expert-major.pack"),
+                         manifest=os.path.join(tmp, "tiny.manifest.json"), profile="scaled", safety_margin_gib=0)
+    with open(built["manifest"]) as f:
+        doc = json.load(f)
+    return built["pack"]["pack"], built["manifest"], doc
+
+
 class StandInModules:
     """Empty stand-in modules (SGLang is not installed here) for the names
     given, restored to what sys.modules held on exit."""

@@ -30,16 +30,7 @@ class EpStoreCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = _util.TempDir()
-        model = os.path.join(cls.tmp.path, "model")
-        _util.synth(model)
-        built = k3pack.build(model, os.path.join(model, "config.json"), os.path.join(model, "tokenizer"),
-                             pack=os.path.join(cls.tmp.path, "tiny.expert-major.pack"),
-                             manifest=os.path.join(cls.tmp.path, "tiny.manifest.json"), profile="scaled",
-                             safety_margin_gib=0)
-        cls.pack = built["pack"]["pack"]
-        cls.manifest = built["manifest"]
-        with open(cls.manifest) as f:
-            cls.doc = json.load(f)
+        cls.pack, cls.manifest, cls.doc = _util.build_tiny(cls.tmp.path)
         cls.layers = cls.doc["model"]["active_moe_layer_ids"]
         cls.num_layers = cls.doc["model"]["num_hidden_layers"]
         cls.experts = cls.doc["model"]["num_experts"]

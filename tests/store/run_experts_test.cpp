@@ -18,6 +18,7 @@
 #include "k3pack/run_experts.h"
 #include "pack/format.h"
 #include "../cli_run.h"
+#include "built_tiny_model.h"
 
 namespace k3pack::store {
 namespace {
@@ -27,27 +28,9 @@ namespace fs = std::filesystem;
 using testing_cli::Cli;
 using testing_cli::CliRun;
 
-class RunExpertsTest : public ::testing::Test {
+class RunExpertsTest : public testing_model::BuiltTinyModelTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!fs::exists(K3PACK_BIN)) return;
-    dir_ = (fs::temp_directory_path() / ("k3-run-experts-" + std::to_string(getpid()))).string();
-    fs::remove_all(dir_);
-    const std::string model = dir_ + "/model";
-    CliRun s = Cli("synth --preset tiny --seed 7 --out " + model);
-    ASSERT_EQ(s.code, 0) << s.out;
-    CliRun b = Cli("build --gguf-dir " + model + " --model-config " + model + "/config.json --tokenizer-dir " + model +
-                   "/tokenizer --profile scaled --manifest " + dir_ + "/m.json --progress none");
-    ASSERT_EQ(b.code, 0) << b.out;
-    manifest_ = dir_ + "/m.json";
-    pack_ = nlohmann::json::parse(std::ifstream(manifest_))["expert_pack"]["path"].get<std::string>();
-  }
-  static void TearDownTestSuite() {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-  void SetUp() override {
-    if (manifest_.empty()) GTEST_SKIP() << "k3pack CLI not built";
-  }
+  static void SetUpTestSuite() { BuildModel("k3-run-experts"); }
 
   static std::shared_ptr<ExpertStore> OpenStore() {
     auto st = ExpertStore::Open(pack_, manifest_);
@@ -89,7 +72,6 @@ class RunExpertsTest : public ::testing::Test {
     FAIL() << "no pack entry " << want << " expert " << expert;
   }
 
-  static inline std::string dir_, manifest_, pack_;
 };
 
 TEST_F(RunExpertsTest, EveryLayerMatchesTheSourceBitForBit) {
