@@ -223,17 +223,10 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
 }
 
 Result<nlohmann::json> Run(const Args& args, const Values& v) {
+  // The shards are hashed once for all the ranks' manifests.
   std::map<std::string, std::string> shard_sha256;
-  if (!v.ep.given()) return RunOne(args, v, std::nullopt, &shard_sha256);
-  // --ep-rank all: the ranks one after another; each copies only its own
-  // experts' bytes, and the shards are hashed once for all manifests.
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const ep::Rank& rank : v.ep.Ranks()) {
-    K3_ASSIGN_OR_RETURN(nlohmann::json one, RunOne(args, v, rank, &shard_sha256));
-    ranks.push_back(std::move(one));
-  }
-  if (!v.ep.all) return ranks[0];
-  return nlohmann::json{{"ep_size", v.ep.size}, {"rank_builds", ranks}};
+  return RunPerRank(v.ep, "rank_builds",
+                    [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank, &shard_sha256); });
 }
 
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {

@@ -109,17 +109,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
 }
 
 Result<nlohmann::json> Run(const Args& args, const Values& v) {
-  if (!v.ep.given()) return RunOne(args, v, std::nullopt);
-  // --ep-rank all: the ranks one after another; each reads only its own
-  // experts' bytes from the source, so the source is read once in all.
-  nlohmann::json packs = nlohmann::json::array();
-  for (const ep::Rank& rank : v.ep.Ranks()) {
-    K3_ASSIGN_OR_RETURN(nlohmann::json one, RunOne(args, v, rank));
-    if (!one.contains("ep")) one["ep"] = {{"size", rank.size}, {"rank", rank.rank}};
-    packs.push_back(std::move(one));
-  }
-  if (!v.ep.all) return packs[0];
-  return nlohmann::json{{"ep_size", v.ep.size}, {"rank_packs", packs}};
+  return RunPerRank(v.ep, "rank_packs", [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank); });
 }
 
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {

@@ -12,6 +12,19 @@ std::vector<ep::Rank> EpChoice::Ranks() const {
   return out;
 }
 
+Result<nlohmann::json> RunPerRank(const EpChoice& choice, const std::string& list_key,
+                                  const std::function<Result<nlohmann::json>(std::optional<ep::Rank>)>& one) {
+  if (!choice.given()) return one(std::nullopt);
+  nlohmann::json results = nlohmann::json::array();
+  for (const ep::Rank& rank : choice.Ranks()) {
+    K3_ASSIGN_OR_RETURN(nlohmann::json r, one(rank));
+    if (!r.contains("ep")) r["ep"] = {{"size", rank.size}, {"rank", rank.rank}};
+    results.push_back(std::move(r));
+  }
+  if (!choice.all) return results[0];
+  return nlohmann::json{{"ep_size", choice.size}, {list_key, results}};
+}
+
 void AddEpOptions(Args& args) {
   args.Option("--ep-size", "write expert-parallel rank packs for N ranks (SGLang --ep-size N): each holds only "
                            "its ranks' experts, the rest of the full pack's layout is holes")

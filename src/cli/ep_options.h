@@ -5,6 +5,7 @@
 // the default manifest name (kimi-k3-expert-pack.ep<R>-of-<N>.manifest.json).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,14 @@ struct EpChoice {
 };
 
 void AddEpOptions(Args& args);
+
+// Runs `one` for the whole model (no --ep-size) or for each chosen rank, one
+// after another: each rank copies only its own experts' bytes, so the source
+// is read once in all. One rank's result is returned as is; with --ep-rank
+// all they are gathered as {"ep_size": N, `list_key`: [...]}, each carrying
+// its "ep" {size, rank}.
+Result<nlohmann::json> RunPerRank(const EpChoice& choice, const std::string& list_key,
+                                  const std::function<Result<nlohmann::json>(std::optional<ep::Rank>)>& one);
 
 // Usage errors (exit 2): --ep-rank without --ep-size and the reverse, values
 // that are not integers (or "all"), and, when --model-config reads, what
