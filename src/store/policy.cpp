@@ -12,6 +12,9 @@ Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
 
 bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
   if (pins != nullptr && (*pins)[key] != 0) return true;
+  // Call keys are sorted and all of one layer: most candidates (other layers)
+  // fall outside their range, which is two compares instead of a search.
+  if (call_keys.empty() || key < call_keys.front() || key > call_keys.back()) return false;
   return std::binary_search(call_keys.begin(), call_keys.end(), key);
 }
 
