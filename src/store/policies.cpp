@@ -96,8 +96,9 @@ class Lru final : public Policy {
 // Objects ordered by (normalized score, ~use sequence, id): the decayed
 // frequency policies' ranking. A std::set, since a victim search walks it
 // from the front past protected keys; each member's node is remembered, so
-// re-ranking moves the node (no search, no allocation) and inserts next to
-// the end first (a fresh use usually ranks last).
+// re-ranking moves the node (no search) and inserts next to the end first (a
+// fresh use usually ranks last); removed nodes are kept for the next insert,
+// so a warm cache allocates nothing.
 class ScoreOrder {
  public:
   using Key = std::tuple<double, uint64_t, ObjectId>;
@@ -105,18 +106,24 @@ class ScoreOrder {
   explicit ScoreOrder(uint64_t objects) : where_(objects) {}
   void Place(Set& set, ObjectId k, double norm, uint64_t seq, bool member) {
     Key key{norm, ~seq, k};
+    Set::node_type node;
     if (member) {
-      auto node = set.extract(where_[k]);
-      node.value() = key;
-      where_[k] = set.insert(set.end(), std::move(node));
+      node = set.extract(where_[k]);
+    } else if (!spare_.empty()) {
+      node = std::move(spare_.back());
+      spare_.pop_back();
     } else {
       where_[k] = set.emplace_hint(set.end(), key);
+      return;
     }
+    node.value() = key;
+    where_[k] = set.insert(set.end(), std::move(node));
   }
-  void Remove(Set& set, ObjectId k) { set.erase(where_[k]); }
+  void Remove(Set& set, ObjectId k) { spare_.push_back(set.extract(where_[k])); }
 
  private:
   std::vector<Set::iterator> where_;
+  std::vector<Set::node_type> spare_;
 };
 
 // Ours: frequency with exponential decay (an LRFU-style score), remembered
