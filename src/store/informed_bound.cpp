@@ -140,6 +140,10 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
     if (call_keys.size() > slots)
       return Error("informed bound: a call needs " + std::to_string(call_keys.size()) +
                    " objects but the cache holds " + std::to_string(slots));
+    // The call's keys are protected: they leave the order for the call (a
+    // victim search never meets them) and return with their scores after.
+    for (ObjectId k : call_keys)
+      if (resident[k]) order.Erase(k);
     for (ObjectId k : call_keys) {
       if (resident[k]) {
         ++res.hits;
@@ -150,8 +154,7 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
       ++res.layer_misses[li];
       res.bytes_read += space.Cost(k);
       if (count == slots) {
-        const ObjectId victim = order.FirstNot(
-            [&](ObjectId o) { return std::binary_search(call_keys.begin(), call_keys.end(), o); });
+        const ObjectId victim = order.FirstNot([](ObjectId) { return false; });
         if (victim == decltype(order)::kNone) return Error(kCannotEvictText, ErrorKind::kRuntime);
         resident[victim] = 0;
         order.Erase(victim);
@@ -160,9 +163,9 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
       }
       resident[k] = 1;
       score_of[k] = score(k);
-      order.Set(k, {score_of[k], k});
       ++count;
     }
+    for (ObjectId k : call_keys) order.Set(k, {score_of[k], k});
   }
   return res;
 }
