@@ -7,8 +7,10 @@
 #include "cli/command.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
+#include "k3pack/ep.h"
 #include "k3pack/manifest.h"
 #include "k3pack/trace.h"
+#include "store/ep_sweep.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
 #include "store/timed_sim.h"
@@ -365,6 +367,8 @@ int RunSweep(const std::vector<std::string>& argv) {
               "trace-sweep.svg")
       .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
       .Option("--threads", "simulation threads", "2")
+      .Option("--ep-size", "expert-parallel ranks: each rank replays only the routes to its experts with its own "
+              "cache; --sizes are per rank (no plot, no informed bound)")
       .Flag("--timing", "timed replay instead: stall time, bytes and prefetch per token (generated traces get predictions)")
       .Option("--compute-us", "--timing: compute time of one routed layer per decode call (prefill: per row)", "350")
       .Option("--ssd-gbps", "--timing: SSD read bandwidth, GB/s", "7")
@@ -386,6 +390,14 @@ int RunSweep(const std::vector<std::string>& argv) {
     std::stringstream ss(a.Get("--policies"));
     std::string p;
     while (std::getline(ss, p, ',')) policies.push_back(p);
+  }
+  uint32_t ep_size = 0;  // 0: no --ep-size
+  if (a.Has("--ep-size")) {
+    auto n = a.GetInt("--ep-size");
+    if (!n.ok()) return ReportError("trace sweep", n.error(), 2);
+    if (*n < 0 || *n > UINT32_MAX) return ReportError("trace sweep", Error("--ep-size must be at least 1, got " + a.Get("--ep-size")), 2);
+    if (a.Has("--timing")) return ReportError("trace sweep", Error("--ep-size and --timing cannot be combined"), 2);
+    ep_size = static_cast<uint32_t>(*n);
   }
   std::vector<std::string> families;
   if (a.Has("--trace")) families.push_back("");
@@ -416,6 +428,10 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (!space.ok()) return ReportError("trace sweep", space.error());
     auto seq = store::BuildCallSeq(t, *space);
     if (!seq.ok()) return ReportError("trace sweep", seq.error());
+    if (ep_size != 0) {
+      if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts); !st.ok())
+        return ReportError("trace sweep", st.error(), 2);
+    }
     std::vector<uint64_t> sizes;
     if (a.Has("--sizes")) {
       auto l = ParseList(a.Get("--sizes"), "--sizes");
@@ -423,7 +439,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       sizes = *l;
     } else {
       std::string note;
-      sizes = store::DefaultSweepSizes(*space, &note);
+      // With --ep-size the defaults are shares of one rank's objects.
+      sizes = store::DefaultSweepSizes(ep_size ? store::RankSpace(*space, ep_size) : *space, &note);
       if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
     }
     if (a.Has("--timing")) {
@@ -462,6 +479,15 @@ int RunSweep(const std::vector<std::string>& argv) {
       continue;
     }
     const bool bounds = !a.Has("--no-belady");
+    if (ep_size != 0) {
+      auto table = store::EpSweep(*seq, *space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads));
+      if (!table.ok()) return ReportError("trace sweep", table.error());
+      json j = store::EpSweepJson(*table);
+      if (families.size() > 1) all[family] = j;
+      else all = j;
+      text += (family.empty() ? std::string() : family + ": ") + store::EpSweepText(*table);
+      continue;
+    }
     auto progress = StartProgress(*mode, "trace sweep");
     auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, bounds && have_truth ? &truth : nullptr,
                               static_cast<unsigned>(*threads), progress->Fn());

@@ -2,14 +2,15 @@
 //
 // An object's score changes only when it enters or leaves a request's
 // previous-token set at its layer, when its weight drifts, or when requests
-// start or finish; so residents sit in one ordered set by score and only
+// start or finish; so residents sit in one RankedSet by score and only
 // those objects are re-scored (everything on a change of the active set).
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <set>
+#include <utility>
 
 #include "store/policy.h"
+#include "store/ranked_set.h"
 #include "store/simulate.h"
 
 namespace k3pack::store {
@@ -56,7 +57,7 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
   std::vector<uint32_t> active;
   std::vector<uint8_t> resident(space.num_objects(), 0);
   std::vector<float> score_of(space.num_objects(), 0.0f);
-  std::set<std::pair<float, ObjectId>> order;  // residents by score
+  RankedSet<std::pair<float, ObjectId>> order(space.num_objects());  // residents, lowest score first
   uint64_t count = 0;
 
   auto score = [&](ObjectId o) {
@@ -76,9 +77,8 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
   };
   auto rescore = [&](ObjectId o) {
     if (!resident[o]) return;
-    order.erase({score_of[o], o});
     score_of[o] = score(o);
-    order.insert({score_of[o], o});
+    order.Set(o, {score_of[o], o});
   };
 
   std::vector<uint16_t> row, old;
@@ -132,14 +132,18 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
       }
     }
     if (changed) {
-      order.clear();
+      order.Clear();
       for (ObjectId o = 0; o < space.num_objects(); ++o)
-        if (resident[o]) order.insert({score_of[o] = score(o), o});
+        if (resident[o]) order.Set(o, {score_of[o] = score(o), o});
     }
     std::span<const ObjectId> call_keys(seq.keys.data() + c.begin, c.end - c.begin);
     if (call_keys.size() > slots)
       return Error("informed bound: a call needs " + std::to_string(call_keys.size()) +
                    " objects but the cache holds " + std::to_string(slots));
+    // The call's keys are protected: they leave the order for the call (a
+    // victim search never meets them) and return with their scores after.
+    for (ObjectId k : call_keys)
+      if (resident[k]) order.Erase(k);
     for (ObjectId k : call_keys) {
       if (resident[k]) {
         ++res.hits;
@@ -150,19 +154,18 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
       ++res.layer_misses[li];
       res.bytes_read += space.Cost(k);
       if (count == slots) {
-        auto it = order.begin();
-        while (it != order.end() && std::binary_search(call_keys.begin(), call_keys.end(), it->second)) ++it;
-        if (it == order.end()) return Error(kCannotEvictText, ErrorKind::kRuntime);
-        resident[it->second] = 0;
-        order.erase(it);
+        const ObjectId victim = order.FirstNot([](ObjectId) { return false; });
+        if (victim == decltype(order)::kNone) return Error(kCannotEvictText, ErrorKind::kRuntime);
+        resident[victim] = 0;
+        order.Erase(victim);
         --count;
         ++res.evictions;
       }
       resident[k] = 1;
       score_of[k] = score(k);
-      order.insert({score_of[k], k});
       ++count;
     }
+    for (ObjectId k : call_keys) order.Set(k, {score_of[k], k});
   }
   return res;
 }

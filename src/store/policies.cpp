@@ -1,5 +1,6 @@
 // The concrete replacement policies (see policy.h for the contract).
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -37,13 +38,17 @@ class ReuseLfuLruV2 final : public Policy {
   }
   void OnHit(ObjectId k) override { Touch(k); }
   void OnInsert(ObjectId k, bool) override { Touch(k); }
-  void OnRemove(ObjectId k) override { lists_.Unlink(k); }
+  void OnRemove(ObjectId k) override { Unlink(k); }
   ObjectId PickVictim(bool is_prefill, std::span<const ObjectId> call, const PinCounts* pins) override {
-    for (uint32_t f = 0; f < 256; ++f) {
-      uint32_t id = is_prefill ? lists_.tail(f) : lists_.head(f);
-      while (id != ListFamily::kNil) {
-        if (!Protected(id, call, pins)) return id;
-        id = is_prefill ? lists_.prev(id) : lists_.next(id);
+    // Non-empty frequency lists, lowest first (a bit per list).
+    for (uint32_t w = 0; w < 4; ++w) {
+      for (uint64_t bits = nonempty_[w]; bits != 0; bits &= bits - 1) {
+        const uint32_t f = w * 64 + static_cast<uint32_t>(std::countr_zero(bits));
+        uint32_t id = is_prefill ? lists_.tail(f) : lists_.head(f);
+        while (id != ListFamily::kNil) {
+          if (!Protected(id, call, pins)) return id;
+          id = is_prefill ? lists_.prev(id) : lists_.next(id);
+        }
       }
     }
     return kNoObject;
@@ -51,13 +56,21 @@ class ReuseLfuLruV2 final : public Policy {
 
  private:
   void Touch(ObjectId k) {
-    lists_.Unlink(k);
+    Unlink(k);
     slot_freq_[k] = key_freq_[k];
     lists_.PushBack(slot_freq_[k], k);
+    nonempty_[slot_freq_[k] / 64] |= uint64_t{1} << (slot_freq_[k] % 64);
+  }
+  void Unlink(ObjectId k) {
+    if (!lists_.Linked(k)) return;
+    const uint32_t f = slot_freq_[k];
+    lists_.Unlink(k);
+    if (lists_.head(f) == ListFamily::kNil) nonempty_[f / 64] &= ~(uint64_t{1} << (f % 64));
   }
   std::vector<uint8_t> key_freq_;
   std::vector<uint8_t> slot_freq_;
   ListFamily lists_;
+  uint64_t nonempty_[4] = {0, 0, 0, 0};
 };
 
 // Plain LRU: the victim is the least recently used unprotected object.
@@ -80,6 +93,39 @@ class Lru final : public Policy {
   ListFamily lists_;
 };
 
+// Objects ordered by (normalized score, ~use sequence, id): the decayed
+// frequency policies' ranking. A std::set, since a victim search walks it
+// from the front past protected keys; each member's node is remembered, so
+// re-ranking moves the node (no search) and inserts next to the end first (a
+// fresh use usually ranks last); removed nodes are kept for the next insert,
+// so a warm cache allocates nothing.
+class ScoreOrder {
+ public:
+  using Key = std::tuple<double, uint64_t, ObjectId>;
+  using Set = std::set<Key>;
+  explicit ScoreOrder(uint64_t objects) : where_(objects) {}
+  void Place(Set& set, ObjectId k, double norm, uint64_t seq, bool member) {
+    Key key{norm, ~seq, k};
+    Set::node_type node;
+    if (member) {
+      node = set.extract(where_[k]);
+    } else if (!spare_.empty()) {
+      node = std::move(spare_.back());
+      spare_.pop_back();
+    } else {
+      where_[k] = set.emplace_hint(set.end(), key);
+      return;
+    }
+    node.value() = key;
+    where_[k] = set.insert(set.end(), std::move(node));
+  }
+  void Remove(Set& set, ObjectId k) { spare_.push_back(set.extract(where_[k])); }
+
+ private:
+  std::vector<Set::iterator> where_;
+  std::vector<Set::node_type> spare_;
+};
+
 // Ours: frequency with exponential decay (an LRFU-style score), remembered
 // for evicted objects too, with newest-first eviction among equal scores.
 //   score(k, now) = sum over past uses u of 2^-((now - u) / half_life)
@@ -98,14 +144,14 @@ class DecayLfu final : public Policy {
       : Policy(space, cap),
         rate_(std::log(2.0) / (half_life_tokens * std::max<uint32_t>(1, space.num_active_layers()))),
         norm_(space.num_objects(), -std::numeric_limits<double>::infinity()),
-        seq_(space.num_objects(), 0) {}
+        where_(space.num_objects()) {}
   std::string name() const override { return "decay-lfu"; }
 
  protected:
   void OnCall(std::span<const ObjectId>, bool) override { now_ += 1.0; }
   void OnHit(ObjectId k) override { Bump(k, true); }
   void OnInsert(ObjectId k, bool) override { Bump(k, false); }
-  void OnRemove(ObjectId k) override { order_.erase({norm_[k], ~seq_[k], k}); }
+  void OnRemove(ObjectId k) override { where_.Remove(order_, k); }
   ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
     for (const auto& [n, s, id] : order_)
       if (!Protected(id, call, pins)) return id;
@@ -114,19 +160,17 @@ class DecayLfu final : public Policy {
 
  private:
   void Bump(ObjectId k, bool resident) {
-    if (resident) order_.erase({norm_[k], ~seq_[k], k});
     double t = now_ * rate_;
     double current = std::isinf(norm_[k]) ? 0.0 : std::exp(norm_[k] - t);
     norm_[k] = std::log(current + 1.0) + t;
-    seq_[k] = ++seq_counter_;
-    order_.insert({norm_[k], ~seq_[k], k});
+    where_.Place(order_, k, norm_[k], ++seq_counter_, resident);
   }
   double rate_;
   double now_ = 0;
   uint64_t seq_counter_ = 0;
   std::vector<double> norm_;
-  std::vector<uint64_t> seq_;
-  std::set<std::tuple<double, uint64_t, ObjectId>> order_;
+  ScoreOrder::Set order_;
+  ScoreOrder where_;
 };
 
 
@@ -152,9 +196,13 @@ class QuotaDecay final : public Policy {
         now_(space.num_active_layers(), 0.0),
         layer_bytes_(space.num_active_layers(), 0),
         norm_(space.num_objects(), -std::numeric_limits<double>::infinity()),
-        seq_(space.num_objects(), 0),
-        order_(space.num_active_layers()) {
+        order_(space.num_active_layers()),
+        where_(space.num_objects()) {
     quota_ = space.num_active_layers() ? cap / space.num_active_layers() : cap;
+    while (leaves_ < space.num_active_layers()) leaves_ *= 2;
+    winner_.assign(2 * leaves_, 0);
+    for (uint32_t i = 0; i < leaves_; ++i) winner_[leaves_ + i] = i;
+    for (uint32_t n = leaves_; n-- > 1;) winner_[n] = Better(winner_[2 * n], winner_[2 * n + 1]);
   }
   std::string name() const override { return "quota-decay"; }
 
@@ -164,19 +212,30 @@ class QuotaDecay final : public Policy {
   }
   void OnHit(ObjectId k) override { Bump(k, true); }
   void OnInsert(ObjectId k, bool) override {
-    layer_bytes_[space_.LayerIndexOf(k)] += space_.Cost(k);
+    const uint32_t l = space_.LayerIndexOf(k);
+    layer_bytes_[l] += space_.Cost(k);
     Bump(k, false);
+    Replay(l);
   }
   void OnRemove(ObjectId k) override {
     uint32_t l = space_.LayerIndexOf(k);
-    order_[l].erase({norm_[k], ~seq_[k], k});
+    where_.Remove(order_[l], k);
     layer_bytes_[l] -= space_.Cost(k);
+    Replay(l);
   }
   ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
-    // Layers by excess over their quota, largest first; first evictable object wins.
+    // Layers by excess over their quota, largest first (the first layer among
+    // equals); first evictable object wins. The tournament tree gives the
+    // first choice; only when that layer's residents are all protected are
+    // the others ranked by a scan.
     uint32_t L = space_.num_active_layers();
+    const uint32_t first = winner_[1];
+    if (first >= L || order_[first].empty()) return kNoObject;
+    for (const auto& [n, s, id] : order_[first])
+      if (!Protected(id, call, pins)) return id;
     tried_.assign(L, 0);
-    for (uint32_t round = 0; round < L; ++round) {
+    tried_[first] = 1;
+    for (uint32_t round = 1; round < L; ++round) {
       int64_t best_excess = INT64_MIN;
       uint32_t best = UINT32_MAX;
       for (uint32_t l = 0; l < L; ++l) {
@@ -195,21 +254,35 @@ class QuotaDecay final : public Policy {
  private:
   void Bump(ObjectId k, bool resident) {
     uint32_t l = space_.LayerIndexOf(k);
-    if (resident) order_[l].erase({norm_[k], ~seq_[k], k});
     double t = now_[l] * rate_;
     double current = std::isinf(norm_[k]) ? 0.0 : std::exp(norm_[k] - t);
     norm_[k] = std::log(current + 1.0) + t;
-    seq_[k] = ++seq_counter_;
-    order_[l].insert({norm_[k], ~seq_[k], k});
+    where_.Place(order_[l], k, norm_[k], ++seq_counter_, resident);
   }
+  // Tournament tree over the layers: winner_[n] is the layer with the most
+  // bytes (the lower index among equals) under node n; empty layers and the
+  // padding leaves never win against a layer with residents.
+  int64_t Weight(uint32_t l) const {
+    if (l >= space_.num_active_layers()) return -2;
+    return order_[l].empty() ? -1 : static_cast<int64_t>(layer_bytes_[l]);
+  }
+  uint32_t Better(uint32_t a, uint32_t b) const {
+    const int64_t wa = Weight(a), wb = Weight(b);
+    return wb > wa || (wb == wa && b < a) ? b : a;
+  }
+  void Replay(uint32_t l) {
+    for (uint32_t n = (leaves_ + l) / 2; n >= 1; n /= 2) winner_[n] = Better(winner_[2 * n], winner_[2 * n + 1]);
+  }
+  uint32_t leaves_ = 1;
+  std::vector<uint32_t> winner_;
   double rate_;
   uint64_t quota_ = 0;
   uint64_t seq_counter_ = 0;
   std::vector<double> now_;
   std::vector<uint64_t> layer_bytes_;
   std::vector<double> norm_;
-  std::vector<uint64_t> seq_;
-  std::vector<std::set<std::tuple<double, uint64_t, ObjectId>>> order_;
+  std::vector<ScoreOrder::Set> order_;
+  ScoreOrder where_;
   std::vector<uint8_t> tried_;
 };
 

@@ -12,6 +12,10 @@ Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
 
 bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
   if (pins != nullptr && (*pins)[key] != 0) return true;
+  if (marked_ != nullptr && call_keys.data() == marked_) return call_mark_[key] == call_serial_;
+  // Call keys are sorted and all of one layer: most candidates (other layers)
+  // fall outside their range, which is two compares instead of a search.
+  if (call_keys.empty() || key < call_keys.front() || key > call_keys.back()) return false;
   return std::binary_search(call_keys.begin(), call_keys.end(), key);
 }
 
@@ -45,6 +49,17 @@ Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> 
   out->hit.assign(keys.size(), 0);
   out->evicted.clear();
   out->evictions = 0;
+  if (call_mark_.empty()) call_mark_.assign(space_.num_objects(), 0);
+  if (++call_serial_ == 0) {  // wrapped: old marks could alias the new serial
+    std::fill(call_mark_.begin(), call_mark_.end(), 0);
+    call_serial_ = 1;
+  }
+  for (ObjectId k : keys) call_mark_[k] = call_serial_;
+  marked_ = keys.data();
+  struct Unmark {
+    const ObjectId*& p;
+    ~Unmark() { p = nullptr; }
+  } unmark{marked_};
   OnCall(keys, is_prefill);
   for (size_t i = 0; i < keys.size(); ++i) {
     ObjectId key = keys[i];

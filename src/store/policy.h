@@ -93,6 +93,13 @@ class Policy {
   bool MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins,
                 std::vector<ObjectId>* evicted);
 
+  // The keys of the Access call in progress, marked per object so that
+  // Protected() is one load for them (a victim search in the call's own
+  // layer meets them often); marked_ is null outside Access.
+  std::vector<uint32_t> call_mark_;
+  uint32_t call_serial_ = 0;
+  const ObjectId* marked_ = nullptr;
+
   uint64_t capacity_bytes_;
   uint64_t used_bytes_ = 0;
   uint64_t resident_count_ = 0;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -88,8 +89,19 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   if (belady && space.uniform()) t.series.push_back("belady");
   if (trace && truth && space.uniform()) t.series.push_back("informed");
   t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
-  // One job per (series, size); simulations are independent.
+  // One job per (series, size); simulations are independent. The slowest
+  // series go first, so no thread is left alone with one at the end.
   const size_t jobs = t.series.size() * sizes.size();
+  std::vector<size_t> series_order(t.series.size());
+  for (size_t s = 0; s < series_order.size(); ++s) series_order[s] = s;
+  auto cost = [](const std::string& name) {
+    static const char* kSlowestFirst[] = {"adaptive", "informed", "quota-decay", "decay-lfu", "belady"};
+    for (size_t r = 0; r < std::size(kSlowestFirst); ++r)
+      if (name == kSlowestFirst[r]) return r;
+    return std::size(kSlowestFirst);
+  };
+  std::stable_sort(series_order.begin(), series_order.end(),
+                   [&](size_t x, size_t y) { return cost(t.series[x]) < cost(t.series[y]); });
   std::atomic<size_t> next{0};
   std::mutex mu;
   Progress pr;
@@ -99,7 +111,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   std::optional<Error> first_error;
   auto work = [&] {
     for (size_t j; (j = next.fetch_add(1)) < jobs;) {
-      const size_t s = j / sizes.size(), i = j % sizes.size();
+      const size_t s = series_order[j / sizes.size()], i = j % sizes.size();
       const std::string& name = t.series[s];
       Result<SimResult> r = name == "belady"     ? SimulateBelady(seq, space, sizes[i])
                             : name == "informed" ? SimulateInformed(*trace, seq, space, sizes[i], *truth)

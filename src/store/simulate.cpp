@@ -1,9 +1,10 @@
 #include "store/simulate.h"
 
 #include <algorithm>
-#include <set>
+#include <utility>
 
 #include "store/policy.h"
+#include "store/ranked_set.h"
 
 namespace k3pack::store {
 
@@ -89,9 +90,9 @@ Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, u
       last[seq.keys[p]] = p;
     }
   }
-  std::vector<uint64_t> resident_next(space.num_objects(), kNever);
   std::vector<uint8_t> resident(space.num_objects(), 0);
-  std::set<std::pair<uint64_t, ObjectId>> order;  // evictable residents by next use
+  // Evictable residents, farthest next use (then highest id) first.
+  RankedSet<std::pair<uint64_t, uint32_t>> order(space.num_objects());
   uint64_t count = 0;
   for (const auto& c : seq.calls) {
     if (c.end - c.begin > slots)
@@ -100,7 +101,7 @@ Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, u
     // Protect the call's resident keys by taking them out of the evictable set.
     for (uint64_t p = c.begin; p < c.end; ++p) {
       ObjectId k = seq.keys[p];
-      if (resident[k]) order.erase({resident_next[k], k});
+      if (resident[k]) order.Erase(k);
     }
     for (uint64_t p = c.begin; p < c.end; ++p) {
       ObjectId k = seq.keys[p];
@@ -113,9 +114,9 @@ Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, u
       ++res.layer_misses[c.layer_index];
       res.bytes_read += space.Cost(k);
       if (count == slots) {
-        auto victim = std::prev(order.end());
-        resident[victim->second] = 0;
-        order.erase(victim);
+        const ObjectId victim = order.FirstNot([](ObjectId) { return false; });
+        resident[victim] = 0;
+        order.Erase(victim);
         --count;
         ++res.evictions;
       }
@@ -124,8 +125,7 @@ Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, u
     }
     for (uint64_t p = c.begin; p < c.end; ++p) {
       ObjectId k = seq.keys[p];
-      resident_next[k] = next_use[p];
-      order.insert({next_use[p], k});
+      order.Set(k, {~next_use[p], ~k});
     }
   }
   return res;
