@@ -214,7 +214,7 @@ int RunGen(const std::vector<std::string>& argv) {
             {"measured_reuse", reuse}, {"seed", o.seed}, {"family", a.Get("--family")},
             {"version", t->version()}};
   if (a.Has("--json")) {
-    std::cout << j.dump(2) << "\n";
+    PrintJson(j);
   } else {
     std::printf("wrote %s (%s, format v%u): %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
                 out.c_str(), a.Get("--family").c_str(), t->version(), t->records.size(),
@@ -258,8 +258,24 @@ int RunReplay(const std::vector<std::string>& argv) {
     if (!space.ok()) return ReportError("trace replay", space.error());
     auto seq = store::BuildCallSeq(*t, *space);
     if (!seq.ok()) return ReportError("trace replay", seq.error());
-    auto r = store::Simulate(*seq, *space, a.Get("--policy"), cache_bytes);
-    if (!r.ok()) return ReportError("trace replay", r.error());
+    // Progress in calls simulated: the policy's run, then Belady's.
+    auto progress = StartProgress(*mode, "trace replay");
+    const bool belady = space->uniform();
+    Progress p;
+    p.phase = "simulate";
+    p.unit = "calls";
+    p.total_objects = seq->calls.size() * (belady ? 2 : 1);
+    auto calls_done = [&](uint64_t base) {
+      return [&, base](uint64_t done) {
+        p.done_objects = base + done;
+        progress->Update(p);
+      };
+    };
+    auto r = store::Simulate(*seq, *space, a.Get("--policy"), cache_bytes, calls_done(0));
+    if (!r.ok()) {
+      progress->Finish();
+      return ReportError("trace replay", r.error());
+    }
     report = {{"policy", r->policy},
               {"simulate", true},
               {"cache_bytes", cache_bytes},
@@ -271,10 +287,13 @@ int RunReplay(const std::vector<std::string>& argv) {
               {"tokens", seq->tokens},
               {"bytes_read", r->bytes_read},
               {"bytes_per_token", seq->tokens ? double(r->bytes_read) / double(seq->tokens) : 0.0}};
-    if (space->uniform() && r->capacity_objects >= space->top_k) {
-      auto b = store::SimulateBelady(*seq, *space, r->capacity_objects);
+    if (belady && r->capacity_objects >= space->top_k) {
+      auto b = store::SimulateBelady(*seq, *space, r->capacity_objects, calls_done(seq->calls.size()));
       if (b.ok()) report["belady_hit_rate"] = b->hit_rate();
     }
+    p.done_objects = p.total_objects;  // also when Belady could not run
+    progress->Update(p);
+    progress->Finish();
   } else {
     if (!a.Has("--manifest")) return ReportError("trace replay", Error("--manifest is required without --simulate"), 2);
     store::ReplayOptions o;
@@ -319,7 +338,7 @@ int RunReplay(const std::vector<std::string>& argv) {
     report = std::move(r).value();
   }
   if (a.Has("--json")) {
-    std::cout << report.dump(2) << "\n";
+    PrintJson(report);
     return 0;
   }
   std::printf("policy %s, cache %llu MiB = %llu experts (effective capacity)\n",
@@ -508,7 +527,7 @@ int RunSweep(const std::vector<std::string>& argv) {
     text += title + "\n" + store::SweepText(*table) + "plot: " + svg + "\n";
   }
   if (a.Has("--json")) {
-    std::cout << (families.size() > 1 ? json{{"families", all}} : all).dump(2) << "\n";
+    PrintJson((families.size() > 1 ? json{{"families", all}} : all));
   } else {
     std::cout << text;
   }

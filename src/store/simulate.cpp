@@ -50,13 +50,22 @@ static SimResult NewResult(const std::string& name, const ObjectSpace& space, ui
   return r;
 }
 
+namespace {
+constexpr uint64_t kCallsPerReport = 4096;
+void ReportCalls(const CallsDoneFn& calls_done, uint64_t done, uint64_t total) {
+  if (calls_done && (done % kCallsPerReport == 0 || done == total)) calls_done(done);
+}
+}  // namespace
+
 Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const std::string& name,
-                           uint64_t capacity_bytes) {
+                           uint64_t capacity_bytes, const CallsDoneFn& calls_done) {
   K3_ASSIGN_OR_RETURN(auto policy, MakePolicy(name, space, capacity_bytes));
   SimResult res = NewResult(policy->name(), space, capacity_bytes);
   AccessResult ar;
   std::vector<uint64_t> gens;
+  uint64_t done = 0;
   for (const auto& c : seq.calls) {
+    ReportCalls(calls_done, done++, seq.calls.size());
     std::span<const ObjectId> keys(seq.keys.data() + c.begin, c.end - c.begin);
     gens.assign(keys.size(), 1);
     Status st = policy->Access(keys, gens, c.is_prefill, nullptr, &ar);
@@ -73,10 +82,12 @@ Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const s
     }
     res.evictions += ar.evictions;
   }
+  ReportCalls(calls_done, done, seq.calls.size());
   return res;
 }
 
-Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots) {
+Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots,
+                                 const CallsDoneFn& calls_done) {
   SimResult res = NewResult("belady", space, slots * space.max_object_bytes());
   res.capacity_objects = slots;
   const uint64_t n = seq.keys.size();
@@ -93,8 +104,9 @@ Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, u
   std::vector<uint8_t> resident(space.num_objects(), 0);
   // Evictable residents, farthest next use (then highest id) first.
   RankedSet<std::pair<uint64_t, uint32_t>> order(space.num_objects());
-  uint64_t count = 0;
+  uint64_t count = 0, done = 0;
   for (const auto& c : seq.calls) {
+    ReportCalls(calls_done, done++, seq.calls.size());
     if (c.end - c.begin > slots)
       return Error("Belady: a call needs " + std::to_string(c.end - c.begin) + " objects but the cache holds " +
                    std::to_string(slots));
@@ -128,6 +140,7 @@ Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, u
       order.Set(k, {~next_use[p], ~k});
     }
   }
+  ReportCalls(calls_done, done, seq.calls.size());
   return res;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,13 +45,18 @@ struct SimResult {
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 
+// `calls_done` (may be empty) is told how many of seq.calls were simulated,
+// every few thousand calls and at the end: progress for long traces.
+using CallsDoneFn = std::function<void(uint64_t calls_done)>;
+
 Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const std::string& policy,
-                           uint64_t capacity_bytes);
+                           uint64_t capacity_bytes, const CallsDoneFn& calls_done = {});
 
 // Belady's MIN for slot capacity `slots`: on a miss with a full cache, evict
 // the resident object (outside the current call) whose next use is farthest
 // away. Optimal for one object size; requires slots >= the largest call.
-Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots);
+Result<SimResult> SimulateBelady(const CallSeq& seq, const ObjectSpace& space, uint64_t slots,
+                                 const CallsDoneFn& calls_done = {});
 
 }  // namespace k3pack::store
 

@@ -119,6 +119,11 @@ TEST_F(CliSurface, TraceSweepAndReplayShowJsonProgress) {
   ExpectFinished(JsonLines(r.err), "sweep", "simulations");
   const auto lines = JsonLines(r.err);
   EXPECT_EQ(lines.back()["total_objects"], 12);  // (5 policies + Belady) x 2 sizes
+  // replay --simulate: the policy's calls, then Belady's.
+  r = K3("trace replay --simulate --trace " + P("t.trace") + " --object-bytes 4096 --cache-mib 1 --progress json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "simulate", "calls");
+  EXPECT_TRUE(json::parse(r.out).contains("belady_hit_rate")) << r.out;
 }
 
 // pack/build, verify --full, load and trace replay on a real (tiny) pack.
