@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -52,6 +53,21 @@ void UpdateZeros(Hasher* ctx, uint64_t n) {
     n -= k;
   }
 }
+
+// Adds the seconds since it was made to *acc on destruction (phase timers).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* acc) : acc_(acc), t0_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    if (acc_) *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double* acc_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 Error ShortRead(const char* what, uint64_t offset, uint64_t remaining) {
   return Error(std::string(what) + " at offset " + std::to_string(offset) + "; " + std::to_string(remaining) +
@@ -231,29 +247,36 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
   }
   if (buf.size() < len) return Error("CopySlices: buffer too small", ErrorKind::kRuntime);
   uint8_t* b = buf.data();
-  for (const Segment& s : segs) {
-    const uint64_t at = s.offset - src_off;
-    if (s.hole) {
-      std::memset(b + at, 0, s.length);
-      if (stats) stats->hole_bytes += s.length;
-      continue;
+  {
+    PhaseTimer timer(stats ? &stats->read_s : nullptr);
+    for (const Segment& s : segs) {
+      const uint64_t at = s.offset - src_off;
+      if (s.hole) {
+        std::memset(b + at, 0, s.length);
+        if (stats) stats->hole_bytes += s.length;
+        continue;
+      }
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + at, s.length, s.offset));
+      if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
+      if (stats) stats->data_bytes += s.length;
     }
-    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + at, s.length, s.offset));
-    if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
-    if (stats) stats->data_bytes += s.length;
   }
   size_t seg = 0;
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t lo = src_off + i * slice_bytes, hi = lo + slice_bytes;
     while (seg < segs.size() && segs[seg].offset + segs[seg].length <= lo) ++seg;
     bool any_data = false;
-    for (size_t k = seg; k < segs.size() && segs[k].offset < hi; ++k) {
-      if (segs[k].hole) continue;
-      any_data = true;
-      const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
-      K3_RETURN_IF_ERROR(dst.Write(b + (a - src_off), z - a, dst_off(i) + (a - lo)));
+    {
+      PhaseTimer timer(stats ? &stats->write_s : nullptr);
+      for (size_t k = seg; k < segs.size() && segs[k].offset < hi; ++k) {
+        if (segs[k].hole) continue;
+        any_data = true;
+        const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
+        K3_RETURN_IF_ERROR(dst.Write(b + (a - src_off), z - a, dst_off(i) + (a - lo)));
+      }
     }
     if (any_data) {
+      PhaseTimer timer(stats ? &stats->hash_s : nullptr);
       Hasher h;
       h.Update(b + (lo - src_off), slice_bytes);
       digests[i * digest_stride] = h.Final();

@@ -80,6 +80,9 @@ class OutputFile {
 struct CopyStats {
   uint64_t data_bytes = 0;
   uint64_t hole_bytes = 0;
+  // Thread-time per phase of CopySlices (seconds), so a build can say where
+  // its time went (BuildResult::phases).
+  double read_s = 0, write_s = 0, hash_s = 0;
 };
 
 // Copies src[src_off, +n) to dst[dst_off, +n), keeping source holes as holes
