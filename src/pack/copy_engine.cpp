@@ -141,6 +141,17 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       e += n;
     }
   }
+  // O_DIRECT views of the shards (see CopySlices). Not while SourceHasher
+  // reads the same shards: it relies on the copy's reads filling the page
+  // cache it then reads from. K3PACK_DIRECT_READ=0 reads through the page
+  // cache (bench seam); so does a filesystem without O_DIRECT (tmpfs).
+  std::vector<UniqueFd> direct(src.size());
+  if (!o.hash_sources && EnvU64("K3PACK_DIRECT_READ").value_or(1) != 0) {
+    for (size_t i = 0; i < src.size(); ++i) {
+      auto fd = OpenReadOnly(ex.shard_paths[i], O_DIRECT);
+      if (fd.ok()) direct[i] = std::move(*fd);
+    }
+  }
   std::vector<uint64_t> src_size(src.size());
   for (size_t i = 0; i < src.size(); ++i) {
     struct stat st;
@@ -162,7 +173,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   double read_s = 0, write_s = 0, hash_s = 0, ckpt_s = 0;  // summed under mu
 
   auto worker = [&]() {
-    IoBuffer buf(max_batch_bytes);
+    IoBuffer buf(max_batch_bytes + kDirectSlack);
     CopyStats stats;
     while (!stop.load()) {
       const uint64_t bi = next.fetch_add(1);
@@ -180,7 +191,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
                         t.tensor.data_offset + static_cast<uint64_t>(bt.e0) * t.expert_bytes, t.expert_bytes, bt.n,
                         pack_out, [&](uint32_t i) { return base + stride * i; }, buf,
                         digests->data() + obj0 * kRoleCount + ri, crcs->data() + obj0 * kRoleCount + ri, kRoleCount,
-                        &stats);
+                        &stats, direct[t.tensor.shard_index].get());
         if (!st.ok()) {
           st = st.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(bt.e0) + ".." +
                                       std::to_string(bt.e0 + bt.n - 1));
