@@ -275,7 +275,9 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
     PhaseTimer timer(stats ? &stats->read_s : nullptr);
     for (const Segment& s : segs) {
       if (s.hole) continue;
-      if (!direct || !ReadDirect(direct_src, s.offset, s.length, src_off, b)) {
+      if (direct && ReadDirect(direct_src, s.offset, s.length, src_off, b)) {
+        if (stats) stats->direct_bytes += s.length;
+      } else {
         K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + (s.offset - src_off), s.length, s.offset));
         if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
       }

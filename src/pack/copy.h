@@ -80,6 +80,7 @@ class OutputFile {
 struct CopyStats {
   uint64_t data_bytes = 0;
   uint64_t hole_bytes = 0;
+  uint64_t direct_bytes = 0;  // data bytes read with O_DIRECT (CopySlices' direct_src)
   // Thread-time per phase of CopySlices (seconds), so a build can say where
   // its time went (BuildResult::phases).
   double read_s = 0, write_s = 0, hash_s = 0;
