@@ -9,8 +9,10 @@
 // non-routed tensors (real bytes, or holes with --holes) plus routed
 // aggregates (holes, never read) and a manifest beside it.
 //
-// Per mode, best of R, once with a cold page cache (POSIX_FADV_DONTNEED on
-// every shard before each run) and once warm, with the growth of peak RSS:
+// R rounds (each round runs every mode once), once with a cold page cache
+// (POSIX_FADV_DONTNEED on every shard before each run) and once warm; per
+// mode the median time, the median and range of its ratio to the baseline
+// run of the same round, and the growth of peak RSS:
 //   raw pread    the baseline: exactly the emitted byte ranges read with
 //                pread into one reused buffer, POSIX_FADV_SEQUENTIAL;
 //   memcpy-map   the same ranges memcpy-ed out of fresh read-only mappings;
@@ -287,31 +289,48 @@ int main(int argc, char** argv) {
       {"loader copy=true (pread)", stream(copy, false)},
   };
 
-  std::printf("non-routed bytes   %.3f GB in %zu shard(s), largest tensor %.1f MiB, best of %d\n",
+  std::printf("non-routed bytes   %.3f GB in %zu shard(s), largest tensor %.1f MiB, median of %d rounds\n",
               static_cast<double>(total) / 1e9, ranges.size(), static_cast<double>(max_tensor) / (1 << 20), repeat);
-  std::printf("%-28s %6s %10s %9s %9s %14s\n", "mode", "cache", "GB/s", "seconds", "x pread", "peak RSS +MiB");
+  std::printf("%-28s %6s %10s %9s %20s %14s\n", "mode", "cache", "GB/s", "seconds", "x pread (range)",
+              "peak RSS +MiB");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
   for (const bool cold : {true, false}) {
-    double baseline = 0;
-    for (const Mode& m : modes) {
-      double best = 1e30;
-      uint64_t bytes = 0;
-      ResetPeakRss();
-      const uint64_t rss0 = CurrentRss();
-      for (int r = 0; r < repeat; ++r) {
+    // Rounds of every mode in turn, so each mode's ratio is paired with the
+    // baseline run just before it (load changes between rounds cancel out).
+    std::vector<std::vector<double>> secs(modes.size());
+    std::vector<uint64_t> peak_growth(modes.size(), 0), bytes(modes.size(), 0);
+    for (int r = 0; r < repeat; ++r) {
+      for (size_t i = 0; i < modes.size(); ++i) {
+        ResetPeakRss();
+        const uint64_t rss0 = CurrentRss();
         if (cold) drop_cache();
         const double t0 = Now();
-        bytes = m.run();
-        best = std::min(best, Now() - t0);
+        bytes[i] = modes[i].run();
+        secs[i].push_back(Now() - t0);
+        const uint64_t peak = PeakRssNow();
+        peak_growth[i] = std::max(peak_growth[i], peak > rss0 ? peak - rss0 : 0);
       }
-      const uint64_t peak = PeakRssNow();
-      if (baseline == 0) baseline = best;
-      const uint64_t want = &m - modes.data() < 2 ? view_total : total;
-      if (bytes != want) std::printf("warning: %s consumed %llu bytes, expected %llu\n", m.name,
-                                     static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(want));
-      std::printf("%-28s %6s %10.2f %9.3f %8.2fx %14.1f\n", m.name, cold ? "cold" : "warm",
-                  static_cast<double>(total) / best / 1e9, best, baseline / best,
-                  peak > rss0 ? static_cast<double>(peak - rss0) / (1 << 20) : 0.0);
     }
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const uint64_t want = i < 2 ? view_total : total;
+      if (bytes[i] != want) std::printf("warning: %s consumed %llu bytes, expected %llu\n", modes[i].name,
+                                        static_cast<unsigned long long>(bytes[i]), static_cast<unsigned long long>(want));
+      std::vector<double> ratio;
+      for (int r = 0; r < repeat; ++r) ratio.push_back(secs[0][r] / secs[i][r]);
+      const double t = median(secs[i]);
+      std::printf("%-28s %6s %10.2f %9.3f %7.2fx (%.2f-%.2f) %14.1f\n", modes[i].name, cold ? "cold" : "warm",
+                  static_cast<double>(total) / t / 1e9, t, median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+                  *std::max_element(ratio.begin(), ratio.end()), static_cast<double>(peak_growth[i]) / (1 << 20));
+    }
+  }
+  {
+    std::string load;
+    std::ifstream la("/proc/loadavg");
+    std::getline(la, load);
+    std::printf("load average at the end: %s\n", load.c_str());
   }
   std::printf("(cold: POSIX_FADV_DONTNEED on every shard before each run; x pread = raw pread time / mode time,\n"
               " target >= 0.8; peak RSS = growth of VmHWM over the mode, reused buffer %.1f MiB; peak RSS of the\n"

@@ -152,6 +152,13 @@ struct BuildResult {
   uint64_t rewritten_objects = 0;  // checkpointed objects whose bytes had changed, copied again
   std::vector<std::string> source_sha256;  // hex, by shard index; empty unless hash_sources
   double seconds = 0;
+  // Where the time went. read/write/hash are thread-seconds summed over the
+  // copy workers (they overlap each other and the coordinator); checkpoint
+  // and finalize are wall seconds the coordinator spent in fdatasync +
+  // checkpoint writes, and in the closing fsyncs + renames.
+  struct Phases {
+    double copy_wall = 0, read = 0, write = 0, hash = 0, checkpoint = 0, finalize = 0;
+  } phases;
 };
 
 // Writes the pack to `<out>.partial` (exclusive lock `<out>.lock` held

@@ -475,7 +475,9 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     log("finishing the SHA-256 of the source shards");
     K3_ASSIGN_OR_RETURN(result.source_sha256, hasher->Finish());
   }
+  const auto f0 = Clock::now();
   K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs, o.ep));
+  result.phases.finalize = std::chrono::duration<double>(Clock::now() - f0).count();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   (void)lock;
   return result;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -51,6 +52,42 @@ void UpdateZeros(Hasher* ctx, uint64_t n) {
     ctx->Update(ZeroBlock(), k);
     n -= k;
   }
+}
+
+// Adds the seconds since it was made to *acc on destruction (phase timers).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double* acc) : acc_(acc), t0_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    if (acc_) *acc_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double* acc_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// Reads src[off, +n) with O_DIRECT into dst (dst[x - base] = src[x]; the
+// block-aligned range around it is read, so dst must have room for up to a
+// block on either side and be aligned like the file offsets). False when the
+// device refuses (EINVAL on odd alignment, ...) or the read comes up short:
+// the caller then reads the range through the page cache, which also
+// produces the exact short-read error.
+bool ReadDirect(int fd, uint64_t off, uint64_t n, uint64_t base, uint8_t* dst) {
+  const uint64_t a = off & ~(kDirectAlign - 1);
+  const uint64_t z = (off + n + kDirectAlign - 1) & ~(kDirectAlign - 1);
+  uint8_t* p = dst - static_cast<ptrdiff_t>(base - a);  // a >= base rounded down
+  uint64_t done = 0;
+  while (a + done < off + n) {
+    const ssize_t r = ::pread(fd, p + done, z - a - done, static_cast<off_t>(a + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += static_cast<uint64_t>(r);
+    if (done % kDirectAlign != 0 && a + done < off + n) return false;  // short mid-file: next offset unaligned
+  }
+  return true;
 }
 
 Error ShortRead(const char* what, uint64_t offset, uint64_t remaining) {
@@ -212,7 +249,7 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
 Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
                   const OutputFile& dst,
                   const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  uint32_t* crcs, size_t digest_stride, CopyStats* stats) {
+                  uint32_t* crcs, size_t digest_stride, CopyStats* stats, int direct_src) {
   const uint64_t len = slice_bytes * n;
   if (src_off + len > src_size) {
     const uint64_t have = src_size > src_off ? src_size - src_off : 0;
@@ -229,31 +266,46 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
     if (stats) stats->hole_bytes += len;
     return Status::OK();
   }
-  if (buf.size() < len) return Error("CopySlices: buffer too small", ErrorKind::kRuntime);
-  uint8_t* b = buf.data();
-  for (const Segment& s : segs) {
-    const uint64_t at = s.offset - src_off;
-    if (s.hole) {
-      std::memset(b + at, 0, s.length);
-      if (stats) stats->hole_bytes += s.length;
-      continue;
+  const bool direct = direct_src >= 0 && buf.size() >= len + kDirectSlack;
+  if (!direct && buf.size() < len) return Error("CopySlices: buffer too small", ErrorKind::kRuntime);
+  // With O_DIRECT, b is placed so that every block-aligned file offset maps
+  // to a block-aligned address in buf (b[x] holds src[src_off + x]).
+  uint8_t* b = direct ? buf.data() + kDirectAlign + src_off % kDirectAlign : buf.data();
+  {
+    PhaseTimer timer(stats ? &stats->read_s : nullptr);
+    for (const Segment& s : segs) {
+      if (s.hole) continue;
+      if (direct && ReadDirect(direct_src, s.offset, s.length, src_off, b)) {
+        if (stats) stats->direct_bytes += s.length;
+      } else {
+        K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + (s.offset - src_off), s.length, s.offset));
+        if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
+      }
+      if (stats) stats->data_bytes += s.length;
     }
-    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + at, s.length, s.offset));
-    if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
-    if (stats) stats->data_bytes += s.length;
+    // After the data: an aligned direct read may spill past its segment.
+    for (const Segment& s : segs) {
+      if (!s.hole) continue;
+      std::memset(b + (s.offset - src_off), 0, s.length);
+      if (stats) stats->hole_bytes += s.length;
+    }
   }
   size_t seg = 0;
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t lo = src_off + i * slice_bytes, hi = lo + slice_bytes;
     while (seg < segs.size() && segs[seg].offset + segs[seg].length <= lo) ++seg;
     bool any_data = false;
-    for (size_t k = seg; k < segs.size() && segs[k].offset < hi; ++k) {
-      if (segs[k].hole) continue;
-      any_data = true;
-      const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
-      K3_RETURN_IF_ERROR(dst.Write(b + (a - src_off), z - a, dst_off(i) + (a - lo)));
+    {
+      PhaseTimer timer(stats ? &stats->write_s : nullptr);
+      for (size_t k = seg; k < segs.size() && segs[k].offset < hi; ++k) {
+        if (segs[k].hole) continue;
+        any_data = true;
+        const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
+        K3_RETURN_IF_ERROR(dst.Write(b + (a - src_off), z - a, dst_off(i) + (a - lo)));
+      }
     }
     if (any_data) {
+      PhaseTimer timer(stats ? &stats->hash_s : nullptr);
       Hasher h;
       h.Update(b + (lo - src_off), slice_bytes);
       digests[i * digest_stride] = h.Final();

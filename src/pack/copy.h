@@ -80,6 +80,10 @@ class OutputFile {
 struct CopyStats {
   uint64_t data_bytes = 0;
   uint64_t hole_bytes = 0;
+  uint64_t direct_bytes = 0;  // data bytes read with O_DIRECT (CopySlices' direct_src)
+  // Thread-time per phase of CopySlices (seconds), so a build can say where
+  // its time went (BuildResult::phases).
+  double read_s = 0, write_s = 0, hash_s = 0;
 };
 
 // Copies src[src_off, +n) to dst[dst_off, +n), keeping source holes as holes
@@ -95,11 +99,21 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
 // SHA-256 in digests[i * digest_stride] and its CRC32C in
 // crcs[i * digest_stride]. `src_size` is the source file size
 // (a range past it is SGLang's short-GGUF-read EOFError). buf must hold
-// n * slice_bytes bytes.
+// n * slice_bytes bytes, plus kDirectSlack to read through `direct_src`.
+//
+// direct_src: the same file opened with O_DIRECT, or -1. Reading it moves
+// the bytes from the disk straight into buf: no copy out of the page cache
+// and no cache pages to allocate and evict, which is CPU the hashing needs
+// on a small machine. Any range it cannot read is read through `src`.
 Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
                   const OutputFile& dst,
                   const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  uint32_t* crcs, size_t digest_stride, CopyStats* stats);
+                  uint32_t* crcs, size_t digest_stride, CopyStats* stats, int direct_src = -1);
+
+// O_DIRECT alignment CopySlices assumes (the logical block size of every
+// common device divides it), and the extra buffer it needs for direct reads.
+inline constexpr uint64_t kDirectAlign = 4096;
+inline constexpr uint64_t kDirectSlack = 3 * kDirectAlign;
 
 // SHA-256 of fd[off, +n), hole-aware. Short read: `short read at offset {o}; {r} bytes remain`.
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats);

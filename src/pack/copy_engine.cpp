@@ -60,6 +60,19 @@ class StopSignals {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
+// Starts writeback of objects [obj0, obj0+n) of the pack without waiting
+// for it. Left alone, the kernel holds the dirty pages until its dirty
+// threshold or the next fdatasync, so the disk idles while the sources are
+// read and the closing fsync then writes everything at once (`cp` + sync
+// works that way); started per batch, the writes stream out beside the
+// reads and the checkpoints' fdatasync finds little left to do.
+void StartWriteback(int fd, const PackLayout& layout, uint64_t obj0, uint32_t n) {
+  const uint64_t lo = layout.Entry(obj0 * kRoleCount).offset;
+  const EntrySlot last = layout.Entry((obj0 + n) * kRoleCount - 1);
+  const uint64_t hi = last.offset + last.nbytes;
+  if (hi > lo) ::sync_file_range(fd, static_cast<off_t>(lo), static_cast<off_t>(hi - lo), SYNC_FILE_RANGE_WRITE);
+}
+
 }  // namespace
 
 int InterruptExitCode(const Error& e) {
@@ -78,6 +91,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   const uint64_t ckpt_bytes = EnvU64("K3PACK_CHECKPOINT_BYTES").value_or(1ull << 30);
   const auto ckpt_interval = std::chrono::milliseconds(EnvU64("K3PACK_CHECKPOINT_MS").value_or(5000));
   const uint64_t throttle_us = EnvU64("K3PACK_THROTTLE_US").value_or(0);
+  // Bench seam: K3PACK_EARLY_WRITEBACK=0 leaves writeback to the kernel.
+  const bool early_writeback = EnvU64("K3PACK_EARLY_WRITEBACK").value_or(1) != 0;
   // Test seam: a real SIGKILL once this run has written N objects (0: before
   // the first), wherever the checkpoints happen to be.
   const auto kill_after = EnvU64("K3PACK_TEST_KILL_AFTER_OBJECTS");
@@ -126,6 +141,17 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       e += n;
     }
   }
+  // O_DIRECT views of the shards (see CopySlices). Not while SourceHasher
+  // reads the same shards: it relies on the copy's reads filling the page
+  // cache it then reads from. K3PACK_DIRECT_READ=0 reads through the page
+  // cache (bench seam); so does a filesystem without O_DIRECT (tmpfs).
+  std::vector<UniqueFd> direct(src.size());
+  if (!o.hash_sources && EnvU64("K3PACK_DIRECT_READ").value_or(1) != 0) {
+    for (size_t i = 0; i < src.size(); ++i) {
+      auto fd = OpenReadOnly(ex.shard_paths[i], O_DIRECT);
+      if (fd.ok()) direct[i] = std::move(*fd);
+    }
+  }
   std::vector<uint64_t> src_size(src.size());
   for (size_t i = 0; i < src.size(); ++i) {
     struct stat st;
@@ -144,9 +170,10 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   std::atomic<uint64_t> data_bytes{0}, hole_bytes{0};
   std::atomic<uint64_t> written{0};  // bytes actually written (holes excluded)
   std::atomic<uint64_t> objects_copied{0};
+  double read_s = 0, write_s = 0, hash_s = 0, ckpt_s = 0;  // summed under mu
 
   auto worker = [&]() {
-    IoBuffer buf(max_batch_bytes);
+    IoBuffer buf(max_batch_bytes + kDirectSlack);
     CopyStats stats;
     while (!stop.load()) {
       const uint64_t bi = next.fetch_add(1);
@@ -164,13 +191,14 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
                         t.tensor.data_offset + static_cast<uint64_t>(bt.e0) * t.expert_bytes, t.expert_bytes, bt.n,
                         pack_out, [&](uint32_t i) { return base + stride * i; }, buf,
                         digests->data() + obj0 * kRoleCount + ri, crcs->data() + obj0 * kRoleCount + ri, kRoleCount,
-                        &stats);
+                        &stats, direct[t.tensor.shard_index].get());
         if (!st.ok()) {
           st = st.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(bt.e0) + ".." +
                                       std::to_string(bt.e0 + bt.n - 1));
           break;
         }
       }
+      if (st.ok() && early_writeback && stats.data_bytes != written_before) StartWriteback(pack_fd, layout, obj0, bt.n);
       if (st.ok()) {
         st = journal_out.Write(digests->data() + obj0 * kRoleCount, bt.n * kRoleCount * kDigestBytes,
                                kDigestsHeaderBytes + obj0 * kRoleCount * kDigestBytes);
@@ -195,6 +223,10 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     }
     data_bytes += stats.data_bytes;
     hole_bytes += stats.hole_bytes;
+    std::lock_guard<std::mutex> lock(mu);
+    read_s += stats.read_s;
+    write_s += stats.write_s;
+    hash_s += stats.hash_s;
   };
 
   std::vector<std::thread> pool;
@@ -214,6 +246,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     }
   };
   auto checkpoint = [&]() -> Status {
+    const auto c0 = Clock::now();
     if (::fdatasync(pack_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.partial, errno);
     if (::fdatasync(journal_fd) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
     ckpt.objects_done = watermark;
@@ -228,6 +261,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     ckpt_watermark = watermark;
     written_at_ckpt = written.load();
     last_ckpt_time = Clock::now();
+    ckpt_s += std::chrono::duration<double>(last_ckpt_time - c0).count();
     if (crash_after && watermark >= *crash_after) ::_exit(86);  // test seam: simulated crash
     return Status::OK();
   };
@@ -290,6 +324,11 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   K3_RETURN_IF_ERROR(status);
   result->copied_bytes = data_bytes.load();
   result->hole_bytes = hole_bytes.load();
+  result->phases.copy_wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  result->phases.read = read_s;
+  result->phases.write = write_s;
+  result->phases.hash = hash_s;
+  result->phases.checkpoint = ckpt_s;
   return Status::OK();
 }
 
