@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../cli_run.h"
+#include "../scratch_dir.h"
 #include "util/sha256.h"
 
 namespace k3cli {
@@ -24,13 +25,7 @@ inline std::string Q(const std::string& s) {
   return out + "'";
 }
 
-inline std::string Root() {
-  static const std::string root = [] {
-    std::string tmpl = (fs::temp_directory_path() / "k3cli-XXXXXX").string();
-    return std::string(::mkdtemp(tmpl.data()));
-  }();
-  return root;
-}
+inline std::string Root() { return k3pack::testing_scratch::ProcessScratchDir("k3cli"); }
 
 // The synthetic tiny model (3 shards, config.json, tokenizer/), written once.
 inline const std::string& BaseModel() {

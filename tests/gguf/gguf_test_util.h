@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "../scratch_dir.h"
+
 namespace k3test {
 
 struct Bytes {
@@ -38,8 +40,8 @@ inline Bytes Header(uint32_t version, int64_t n_tensors, int64_t n_kv) {
 }
 
 inline std::filesystem::path TempDir(const std::string& tag) {
-  auto p = std::filesystem::temp_directory_path() /
-           ("k3pack-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(rand()));
+  auto p = std::filesystem::path(k3pack::testing_scratch::ProcessScratchDir("k3pack-test")) /
+           (tag + "-" + std::to_string(rand()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;

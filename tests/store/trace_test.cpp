@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../scratch_dir.h"
 #include "k3pack/trace.h"
 #include "store/simulate.h"
 #include "util/file.h"
@@ -12,9 +13,7 @@ namespace k3pack::trace {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("k3-trace-test-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return (std::filesystem::path(testing_scratch::ProcessScratchDir("k3-trace-test")) / name).string();
 }
 
 GenOptions Small() {

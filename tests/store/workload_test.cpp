@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <random>
 
+#include "../scratch_dir.h"
 #include "k3pack/trace.h"
 #include "store/policy.h"
 #include "store/simulate.h"
@@ -16,9 +17,7 @@ namespace k3pack::store {
 namespace {
 
 std::string TempPath(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("k3-workload-test-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+  return (std::filesystem::path(testing_scratch::ProcessScratchDir("k3-workload-test")) / name).string();
 }
 
 trace::GenOptions SmallFamily(const std::string& family) {
