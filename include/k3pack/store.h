@@ -64,6 +64,24 @@ struct StoreOptions {
   // refused before any I/O (SGLang's EP never sends one: a routing bug). Ids
   // stay global, and a row may hold 1..top_k routes (a token's share).
   std::optional<ep::Rank> ep;
+  // Prefetch() (docs/store.md, "Prefetch policy"). "staged" (default): a
+  // speculative read lands in a staging area outside the cache; the next
+  // Acquire() of that layer takes the objects it routes to (inserted through
+  // the policy exactly as demand misses, without a read of their own) and
+  // drops the rest, so prefetch never evicts an object demand-only caching
+  // would have kept. "cache": the older rule, reads go into the cache through
+  // the policy (may evict residents), pinned until the next Acquire() of
+  // that layer.
+  std::string prefetch_mode = "staged";
+  // Staged mode: bytes of staged objects (queued, in flight or ready, and
+  // dropped reads still in flight); a prefetch past it is refused (counted).
+  // 0: two top-k working sets of the largest object.
+  uint64_t prefetch_budget_bytes = 0;
+  // Staged mode: speculative reads submitted at once; the rest wait in the
+  // store and are cancelled (never issued) if the acquire they were for no
+  // longer needs them. 0: half of queue_depth (at least 1), so demand reads
+  // always find room in the engine.
+  int64_t prefetch_queue_depth = 0;
 };
 
 // One routed object's bytes, with the role views SGLang's kernels use.
@@ -122,8 +140,11 @@ class ExpertStore {
   Status MarkUsed(Acquisition& acquisition);
 
   // Starts reading the given experts of `layer` (any count, duplicates ok)
-  // into the cache without waiting. The objects stay pinned until the next
-  // Acquire() of that layer, which waits on them if still in flight.
+  // without waiting, for the next Acquire() of that layer, which waits on
+  // the ones it routes to if they are still in flight. Where they land
+  // depends on StoreOptions::prefetch_mode (staged: outside the cache,
+  // dropped at that acquire if not routed to; cache: in the cache, pinned
+  // until that acquire). Objects already resident are not read.
   Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids);
 
   // SGLang's stats dict (same keys) plus k3pack's under "k3pack".

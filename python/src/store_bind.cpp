@@ -100,9 +100,14 @@ void RegisterStore(py::module_& m) {
                        int64_t queue_depth, int64_t stats_flush_interval, const std::string& stats_path,
                        bool verify_pack_sha256, std::optional<uint32_t> expected_layers,
                        std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
-                       std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank) {
+                       std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank,
+                       const std::string& prefetch_mode, uint64_t prefetch_budget_bytes,
+                       int64_t prefetch_queue_depth) {
              store::StoreOptions o;
              o.ep = EpRankArg(ep_size, ep_rank);
+             o.prefetch_mode = prefetch_mode;
+             o.prefetch_budget_bytes = prefetch_budget_bytes;
+             o.prefetch_queue_depth = prefetch_queue_depth;
              o.cache_bytes = cache_bytes;
              o.policy = policy;
              o.io_backend = io_backend;
@@ -127,7 +132,8 @@ void RegisterStore(py::module_& m) {
            py::arg("stats_path") = "", py::arg("verify_pack_sha256") = false,
            py::arg("expected_layers") = py::none(), py::arg("expected_experts") = py::none(),
            py::arg("expected_top_k") = py::none(), py::arg("ep_size") = py::none(),
-           py::arg("ep_rank") = py::none())
+           py::arg("ep_rank") = py::none(), py::arg("prefetch_mode") = "staged",
+           py::arg("prefetch_budget_bytes") = 0, py::arg("prefetch_queue_depth") = 0)
       .def("acquire", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array topk_ids,
                          std::optional<bool> is_prefill) {
         std::vector<int64_t> shape;

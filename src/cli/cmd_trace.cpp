@@ -394,6 +394,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--ssd-latency-us", "--timing: SSD latency per read", "80")
       .Option("--queue-depth", "--timing: SSD reads in flight", "16")
       .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
+      .Flag("--staged", "--timing: also prefetch with the store's staging rule (reads outside the cache)")
       .Flag("--json", "print the table as JSON");
   AddGenOptions(a);
   AddProgressOption(a);
@@ -476,12 +477,14 @@ int RunSweep(const std::vector<std::string>& argv) {
       to.ssd_latency_s = *lat * 1e-6;
       to.queue_depth = static_cast<uint32_t>(*qd);
       to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
+      to.prefetch_staged = a.Has("--staged");
       auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));
       if (!rows.ok()) return ReportError("trace sweep", rows.error());
       json j = json::array();
       for (const auto& row : *rows) {
         const auto& r = row.result;
         j.push_back({{"capacity_objects", row.capacity_objects}, {"policy", r.policy}, {"prefetch", r.prefetch},
+                     {"staged", r.staged},
                      {"stall_per_token_s", r.stall_per_token_s()}, {"bytes_per_token", r.bytes_per_token()},
                      {"stall_free_fraction", r.stall_free_fraction()}, {"late_prefetches", r.late_prefetches},
                      {"prefetch_useful_bytes", r.prefetch_useful_bytes},

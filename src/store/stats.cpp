@@ -76,6 +76,26 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["prefetch_issued"] = prefetch_issued;
   k["prefetch_useful"] = prefetch_useful;
   k["prefetch_wasted"] = prefetch_wasted;
+  // The prefetch policy's accounting: issued = useful + wasted + cancelled +
+  // still staged (+ failed reads); refused prefetches were never issued.
+  json pf = json::object();
+  pf["mode"] = staged_mode ? "staged" : "cache";
+  pf["budget_bytes"] = staged_mode ? prefetch_budget : 0;
+  pf["queue_depth"] = staged_mode ? prefetch_depth : 0;
+  pf["issued"] = prefetch_issued;
+  pf["issued_bytes"] = prefetch_issued_bytes;
+  pf["useful"] = prefetch_useful;
+  pf["useful_bytes"] = prefetch_useful_bytes;
+  pf["wasted"] = prefetch_wasted;
+  pf["wasted_bytes"] = prefetch_wasted_bytes;
+  pf["refused"] = prefetch_refused;
+  pf["refused_bytes"] = prefetch_refused_bytes;
+  pf["cancelled"] = prefetch_cancelled;
+  pf["cancelled_bytes"] = prefetch_cancelled_bytes;
+  pf["staged_bytes"] = staged_bytes;
+  pf["staged_bytes_max"] = staged_bytes_max;
+  pf["inflight"] = spec_inflight;
+  k["prefetch"] = pf;
   k["checksums"] = checksum_mode;
   k["checksum_errors"] = checksum_errors;
   k["checksum_verified_objects"] = checksum_verified;

@@ -35,6 +35,9 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   if (opt.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
   if (static_cast<bool>(opt.buffer_alloc) != static_cast<bool>(opt.buffer_free))
     return Error("StoreOptions.buffer_alloc and buffer_free must be set together");
+  if (opt.prefetch_mode != "staged" && opt.prefetch_mode != "cache")
+    return Error("unknown prefetch mode '" + opt.prefetch_mode + "' (known: staged, cache)");
+  if (opt.prefetch_queue_depth < 0) return Error("prefetch queue depth cannot be negative");
   K3_ASSIGN_OR_RETURN(IoBackend backend, ParseIoBackend(opt.io_backend));
   const PackGeometry& g = impl->geo;
   const ObjectSpace& s = g.space;
@@ -66,6 +69,12 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   impl->layer_hits.assign(s.num_active_layers(), 0);
   impl->layer_misses.assign(s.num_active_layers(), 0);
   impl->prefetch_by_layer.resize(s.num_active_layers());
+  impl->staged_mode = opt.prefetch_mode == "staged";
+  impl->prefetch_budget = opt.prefetch_budget_bytes ? opt.prefetch_budget_bytes : 2 * working_set * largest;
+  impl->prefetch_depth = opt.prefetch_queue_depth ? static_cast<uint64_t>(opt.prefetch_queue_depth)
+                                                  : static_cast<uint64_t>(std::max<int64_t>(1, opt.queue_depth / 2));
+  impl->staged.resize(s.num_objects());
+  impl->staged_by_layer.resize(s.num_active_layers());
   impl->checksum_mode = "off";
   if (opt.verify_checksums) {
     K3_ASSIGN_OR_RETURN(ObjectChecksums sums, LoadObjectChecksums(pack_path, impl->geo));
@@ -109,7 +118,10 @@ void ExpertStore::Impl::Unpin(ObjectId id) {
 
 void ExpertStore::Impl::DropEntry(ObjectId id, bool evicted) {
   std::shared_ptr<Entry>& e = entries[id];
-  if (e && e->prefetched && !e->used) ++prefetch_wasted;
+  if (e && e->prefetched && !e->used) {
+    ++prefetch_wasted;
+    prefetch_wasted_bytes += geo.space.Cost(id);
+  }
   if (evicted) ++cache_evictions;
   e.reset();
 }
@@ -143,13 +155,21 @@ std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId 
   auto e = std::make_shared<Entry>();
   e->id = id;
   e->prefetched = prefetched;
-  const uint32_t li = geo.space.LayerIndexOf(id);
-  e->buffer = pool->Get(geo.space.object_bytes[li]);
   entries[id] = e;
+  SubmitRead(e);
+  return e;
+}
+
+// mu held.
+void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
+  const ObjectId id = e->id;
+  const uint32_t li = geo.space.LayerIndexOf(id);
+  e->submitted = true;
+  e->buffer = pool->Get(geo.space.object_bytes[li]);
   ++loading;
   if (!e->buffer) {
     FinishRead(e, {Error("cannot allocate an expert buffer", ErrorKind::kMemory), 0, 0, 0});
-    return e;
+    return;
   }
   auto read = std::make_unique<ObjectRead>();
   read->fd = opt.direct_io ? direct_fd.get() : fd.get();
@@ -175,7 +195,6 @@ std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId 
     FinishRead(e, r);
   };
   engine->Submit(std::move(read));
-  return e;
 }
 
 // mu held.
@@ -189,10 +208,12 @@ void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const Object
   if (r.status.ok() && !entry_crc32c.empty()) ++checksum_verified;
   if (r.status.ok()) {
     e->state = Entry::kReady;
+    if (e->prefetched && staged_mode) FinishStagedRead(e, true);
   } else {
     ++(checksum_failed ? checksum_errors : io_errors);
     e->state = Entry::kFailed;
     e->error = r.status.error();
+    if (e->prefetched && staged_mode) FinishStagedRead(e, false);
     // Never serve or keep the bytes: forget the object.
     if (entries[e->id] == e) {
       if (pins[e->id] != 0) pinned_resident_bytes -= geo.space.Cost(e->id);
@@ -262,16 +283,23 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
       ++s.cache_hits;
       ++s.layer_hits[li];
       call_entries[i] = s.entries[k];
-      if (call_entries[i]->prefetched && !call_entries[i]->used) ++s.prefetch_useful;
+      if (call_entries[i]->prefetched && !call_entries[i]->used) {
+        ++s.prefetch_useful;
+        s.prefetch_useful_bytes += space.Cost(k);
+      }
     } else {
+      // A miss for the policy either way (staging never changes what the
+      // cache holds); a staged object only saves the read.
       ++s.cache_misses;
       ++s.layer_misses[li];
       s.BecameResident(k);
-      call_entries[i] = s.StartRead(k, false);
+      std::shared_ptr<Impl::Entry> staged = s.staged_mode ? s.TakeStaged(k) : nullptr;
+      call_entries[i] = staged ? std::move(staged) : s.StartRead(k, false);
     }
     call_entries[i]->used = true;
     s.Pin(k);
   }
+  if (s.staged_mode) s.DropStaged(li);  // what this call did not route to
   ++s.active_acquisitions;
   ++s.active_by_thread[std::this_thread::get_id()];
   const std::thread::id owner = std::this_thread::get_id();
@@ -353,6 +381,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
   DistinctSorted(space, li, ids.data(), ids.size(), &keys);
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+  if (s.staged_mode) return s.StagePrefetch(li, keys);
   std::vector<ObjectId> evicted;
   for (ObjectId k : keys) {
     if (!s.policy->Resident(k)) {
@@ -362,6 +391,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
       if (!admitted) continue;  // everything is pinned: skip, the acquire will read it
       s.BecameResident(k);
       ++s.prefetch_issued;
+      s.prefetch_issued_bytes += space.Cost(k);
       s.StartRead(k, true);
     }
     if (!s.prefetch_pinned[k]) {
@@ -381,6 +411,9 @@ Status ExpertStore::Close() {
     std::unique_lock<std::mutex> lock(s.mu);
     if (s.closed) return Status::OK();
     s.closed = true;
+    // Staged objects no acquire will take: queued reads are cancelled.
+    for (uint32_t l = 0; l < s.staged_by_layer.size(); ++l) s.DropStaged(l);
+    s.spec_queue.clear();
     s.cv.wait(lock, [&] { return s.loading == 0; });
   }
   s.engine->Shutdown();
@@ -389,6 +422,7 @@ Status ExpertStore::Close() {
     for (auto& e : s.entries)
       if (e && e->prefetched && !e->used) {
         ++s.prefetch_wasted;
+        s.prefetch_wasted_bytes += s.geo.space.Cost(e->id);
         e->used = true;  // counted once
       }
     snapshot = s.SnapshotLocked();

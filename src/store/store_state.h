@@ -2,6 +2,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <map>
@@ -26,6 +27,11 @@ struct ExpertStore::Impl {
     std::optional<Error> error;
     bool prefetched = false;  // brought in by Prefetch()
     bool used = false;        // acquired at least once since it was read
+    // Staged prefetch (prefetch_mode "staged"): the entry lives in `staged`
+    // until an acquire takes it (into `entries`) or drops it.
+    bool submitted = false;    // its read went to the engine
+    bool speculative_io = false;  // submitted as a speculative read (counts against the prefetch queue depth)
+    bool dropped = false;      // left staging untaken; an in-flight read is discarded when it lands
   };
   static constexpr size_t kMaxLatencySamples = 1 << 20;
 
@@ -64,6 +70,18 @@ struct ExpertStore::Impl {
   std::vector<uint64_t> layer_hits, layer_misses;  // per active layer
   std::vector<uint64_t> latency_ns;
   uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;
+  // Staged prefetch (guarded by mu).
+  bool staged_mode = true;
+  uint64_t prefetch_budget = 0;                  // resolved StoreOptions::prefetch_budget_bytes
+  uint64_t prefetch_depth = 1;                   // resolved StoreOptions::prefetch_queue_depth
+  std::vector<std::shared_ptr<Entry>> staged;    // per ObjectId; null = not staged
+  std::vector<std::vector<ObjectId>> staged_by_layer;
+  std::deque<std::shared_ptr<Entry>> spec_queue; // staged, read not yet submitted
+  uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished
+  uint64_t staged_bytes = 0, staged_bytes_max = 0;  // charged against prefetch_budget
+  uint64_t prefetch_issued_bytes = 0, prefetch_useful_bytes = 0, prefetch_wasted_bytes = 0;
+  uint64_t prefetch_refused = 0, prefetch_refused_bytes = 0;      // budget full
+  uint64_t prefetch_cancelled = 0, prefetch_cancelled_bytes = 0;  // dropped before their read was issued
   uint64_t checksum_errors = 0, checksum_verified = 0;
 
   uint64_t Generation(ObjectId id);
@@ -75,6 +93,19 @@ struct ExpertStore::Impl {
   void EndAcquisition(std::thread::id owner);
   bool Fits(std::span<const ObjectId> keys) const;
   std::shared_ptr<Entry> StartRead(ObjectId id, bool prefetched);
+  // Allocates e's buffer and hands its read to the engine.
+  void SubmitRead(const std::shared_ptr<Entry>& e);
+  // Staged prefetch (staged_prefetch.cpp).
+  Status StagePrefetch(uint32_t layer_index, std::span<const ObjectId> keys);
+  // Takes staged object `id` for an acquire (null if not staged): it becomes
+  // the cache's entry, its read submitted now if it was still queued.
+  std::shared_ptr<Entry> TakeStaged(ObjectId id);
+  // Drops what is still staged for a layer: queued reads are cancelled,
+  // ready objects freed, in-flight reads discarded when they land.
+  void DropStaged(uint32_t layer_index);
+  void PumpSpeculative();
+  // A staged entry's read finished (mu held): bookkeeping before FinishRead.
+  void FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok);
   void FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r, bool checksum_failed = false);
   // The object's bytes against its CRC32Cs (engine thread, no lock needed:
   // entry_crc32c is immutable). An error names layer, expert and offset.

@@ -97,7 +97,9 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   TimedResult r;
   r.policy = policy->name();
   r.prefetch = o.prefetch;
+  r.staged = o.prefetch && o.prefetch_staged && !min;
   r.tokens = seq.tokens;
+  const bool staging = r.staged;
   Ssd ssd(o);
   const uint64_t n = space.num_objects();
   std::vector<double> ready(n, 0.0);
@@ -109,6 +111,11 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   std::vector<int64_t> pred_ids;
   std::vector<std::pair<double, uint64_t>> spec_inflight;  // (done, bytes) of speculative reads
   std::vector<ObjectId> spec_pinned;  // this call's prefetches, pinned until the next call starts
+  // Staging (prefetch_staged): per object, whether staged and when its read
+  // lands; per layer, what is staged for its next call.
+  std::vector<uint8_t> staged(n, 0);
+  std::vector<std::vector<ObjectId>> staged_by_layer(space.num_active_layers());
+  uint64_t staged_bytes = 0;
   double now = 0;
   auto drop = [&](ObjectId k) {
     if (speculative[k]) {
@@ -133,6 +140,19 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     for (size_t i = 0; i < keys.size(); ++i) {
       ObjectId k = keys[i];
       ++r.accesses;
+      if (staging && !ar.hit[i] && staged[k]) {
+        // Taken from staging: a miss for the policy, but no second read.
+        staged[k] = 0;
+        staged_bytes -= space.Cost(k);
+        r.prefetch_useful_bytes += space.Cost(k);
+        if (ready[k] <= now) {
+          ++r.hits;
+        } else {
+          ++r.late_prefetches;
+          call_ready = std::max(call_ready, ready[k]);
+        }
+        continue;
+      }
       if (ar.hit[i]) {
         if (speculative[k]) {
           r.prefetch_useful_bytes += space.Cost(k);
@@ -149,6 +169,19 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       ready[k] = ssd.Read(now, space.Cost(k));
       r.bytes_read += space.Cost(k);
       call_ready = std::max(call_ready, ready[k]);
+    }
+    if (staging && !keys.empty()) {
+      // What this call did not route to is dropped; a read still in flight
+      // keeps its budget charge until it lands.
+      auto& list = staged_by_layer[space.LayerIndexOf(keys.front())];
+      for (ObjectId k : list) {
+        if (!staged[k]) continue;
+        staged[k] = 0;
+        staged_bytes -= space.Cost(k);
+        r.prefetch_wasted_bytes += space.Cost(k);
+        if (o.prefetch_budget_bytes && ready[k] > now) spec_inflight.push_back({ready[k], space.Cost(k)});
+      }
+      list.clear();
     }
     r.stall_s += call_ready - now;
     now = call_ready;
@@ -171,6 +204,22 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       for (ObjectId k : keys) ++pins[k];
       for (ObjectId k : predicted) {
         if (policy->Resident(k)) continue;
+        if (staging) {
+          if (staged[k]) continue;
+          if (o.prefetch_budget_bytes) {
+            uint64_t held = staged_bytes;
+            std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
+            for (const auto& e : spec_inflight) held += e.second;
+            if (held + space.Cost(k) > o.prefetch_budget_bytes) break;
+          }
+          ready[k] = ssd.Read(now, space.Cost(k));
+          staged[k] = 1;
+          staged_bytes += space.Cost(k);
+          staged_by_layer[space.LayerIndexOf(k)].push_back(k);
+          r.bytes_read += space.Cost(k);
+          r.prefetch_bytes += space.Cost(k);
+          continue;
+        }
         if (o.prefetch_budget_bytes) {
           uint64_t in_flight = 0;
           std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
@@ -193,7 +242,10 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     }
     now += o.layer_compute_s * (call.is_prefill ? double(call.rows) : 1.0);
   }
-  for (ObjectId k = 0; k < n; ++k) drop(k);  // never used before the end
+  for (ObjectId k = 0; k < n; ++k) {  // never used before the end
+    drop(k);
+    if (staged[k]) r.prefetch_wasted_bytes += space.Cost(k);
+  }
   r.total_s = now;
   return r;
 }
@@ -209,15 +261,16 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
   struct Job {
     uint64_t size;
     std::string policy;
-    bool prefetch;
+    bool prefetch, staged;
   };
   std::vector<Job> jobs;
   for (uint64_t s : sizes) {
     for (const auto& p : policies) {
-      jobs.push_back({s, p, false});
-      jobs.push_back({s, p, true});
+      jobs.push_back({s, p, false, false});
+      jobs.push_back({s, p, true, false});
+      if (base.prefetch_staged) jobs.push_back({s, p, true, true});
     }
-    jobs.push_back({s, "belady", true});
+    jobs.push_back({s, "belady", true, false});
   }
   std::vector<TimedRow> rows(jobs.size());
   std::atomic<size_t> next{0};
@@ -227,6 +280,7 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
     for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
       TimingOptions o = base;
       o.prefetch = jobs[j].prefetch;
+      o.prefetch_staged = jobs[j].staged;
       auto r = SimulateTimed(t, seq, space, jobs[j].policy, jobs[j].size * space.max_object_bytes(), o);
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok()) {
@@ -257,7 +311,7 @@ std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects) {
     std::snprintf(buf, sizeof buf, "%8llu %6.2f%% %-17s %8s %12.3f %10.1f %9.1f%% %11.1f %11.1f\n",
                   (unsigned long long)row.capacity_objects,
                   100.0 * double(row.capacity_objects) / double(std::max<uint64_t>(1, num_objects)), r.policy.c_str(),
-                  r.prefetch ? "yes" : "no", 1e3 * r.stall_per_token_s(), r.bytes_per_token() / 1e6,
+                  r.staged ? "staged" : r.prefetch ? "yes" : "no", 1e3 * r.stall_per_token_s(), r.bytes_per_token() / 1e6,
                   100.0 * r.stall_free_fraction(), double(r.prefetch_useful_bytes) / tok / 1e6,
                   double(r.prefetch_wasted_bytes) / tok / 1e6);
     out += buf;

@@ -14,6 +14,15 @@
 // An object counts as a hit only if its read had completed when the call
 // started: a prefetch that lands later is a miss (the call stalls for it)
 // and is counted in late_prefetches.
+//
+// `prefetch_staged` applies the store's staging rule (StoreOptions::
+// prefetch_mode "staged") instead: predicted objects are read into a staging
+// area, not admitted to the cache; the next call of that layer takes those it
+// routes to (the policy sees a demand miss, no second read) and drops the
+// rest (wasted). The cache then evolves exactly as without prefetch, so hits
+// are never below demand-only. The budget caps staged bytes (taken or not
+// yet dropped, and dropped reads still in flight); reads are issued at once
+// (the store's speculative queue depth and cancellation are not modelled).
 #pragma once
 
 #include <cstdint>
@@ -33,11 +42,13 @@ struct TimingOptions {
   uint32_t queue_depth = 16;
   bool prefetch = false;
   uint64_t prefetch_budget_bytes = 0;
+  bool prefetch_staged = false;
 };
 
 struct TimedResult {
   std::string policy;
   bool prefetch = false;
+  bool staged = false;
   uint64_t tokens = 0;
   uint64_t accesses = 0;             // distinct objects per call, summed
   uint64_t hits = 0;                 // resident and readable at acquire (stall-free)
@@ -64,8 +75,9 @@ struct TimedRow {
   uint64_t capacity_objects = 0;
   TimedResult result;
 };
-// Every policy without and with prefetch, and Belady with perfect prefetch,
-// at every size; `threads` run jobs in parallel. Rows: size-major.
+// Every policy without and with prefetch (into the cache, and staged when
+// `base.prefetch_staged`), and Belady with perfect prefetch, at every size;
+// `threads` run jobs in parallel. Rows: size-major.
 Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
                                          const std::vector<std::string>& policies,
                                          const std::vector<uint64_t>& capacity_objects, const TimingOptions& options,

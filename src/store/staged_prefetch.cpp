@@ -1,0 +1,101 @@
+// Staged prefetch (StoreOptions::prefetch_mode "staged"): speculative reads
+// land outside the cache, so a wrong or unused guess can never displace an
+// object that demand caching would have kept.
+//
+// Life of a staged object: Prefetch() accepts it if the staging budget has
+// room (else it is refused and counted) and queues its read; at most
+// prefetch_depth speculative reads are with the engine at once, the rest wait
+// here. The next Acquire() of its layer either takes it (the policy sees a
+// demand miss and inserts it as one, but no second read is made; a read
+// still queued is submitted at once) or drops it: a queued read is cancelled
+// (never issued), a finished one freed, one in flight discarded when it
+// lands. Every function here runs with `mu` held.
+#include <algorithm>
+
+#include "store/store_state.h"
+
+namespace k3pack::store {
+
+Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys) {
+  for (ObjectId k : keys) {
+    if (policy->Resident(k) || staged[k]) continue;  // nothing to read
+    const uint64_t cost = geo.space.Cost(k);
+    if (staged_bytes + cost > prefetch_budget) {
+      ++prefetch_refused;
+      prefetch_refused_bytes += cost;
+      continue;
+    }
+    auto e = std::make_shared<Entry>();
+    e->id = k;
+    e->prefetched = true;
+    staged[k] = e;
+    staged_by_layer[li].push_back(k);
+    staged_bytes += cost;
+    staged_bytes_max = std::max(staged_bytes_max, staged_bytes);
+    ++prefetch_issued;
+    prefetch_issued_bytes += cost;
+    spec_queue.push_back(std::move(e));
+  }
+  PumpSpeculative();
+  return Status::OK();
+}
+
+void ExpertStore::Impl::PumpSpeculative() {
+  while (!closed && spec_inflight < prefetch_depth && !spec_queue.empty()) {
+    std::shared_ptr<Entry> e = std::move(spec_queue.front());
+    spec_queue.pop_front();
+    if (e->submitted || e->dropped) continue;  // taken (read on demand) or cancelled
+    e->speculative_io = true;
+    ++spec_inflight;
+    SubmitRead(e);
+  }
+}
+
+std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::TakeStaged(ObjectId id) {
+  std::shared_ptr<Entry> e = std::move(staged[id]);
+  if (!e) return nullptr;
+  staged_bytes -= geo.space.Cost(id);
+  ++prefetch_useful;
+  prefetch_useful_bytes += geo.space.Cost(id);
+  entries[id] = e;
+  if (!e->submitted) SubmitRead(e);  // still queued: the acquire needs it now
+  return e;
+}
+
+void ExpertStore::Impl::DropStaged(uint32_t li) {
+  for (ObjectId id : staged_by_layer[li]) {
+    std::shared_ptr<Entry> e = std::move(staged[id]);
+    if (!e) continue;  // taken, or listed twice
+    const uint64_t cost = geo.space.Cost(id);
+    e->dropped = true;
+    if (!e->submitted) {
+      ++prefetch_cancelled;
+      prefetch_cancelled_bytes += cost;
+      staged_bytes -= cost;
+      continue;
+    }
+    ++prefetch_wasted;
+    prefetch_wasted_bytes += cost;
+    // A read in flight keeps its buffer (and its charge) until it lands.
+    if (e->state != Entry::kLoading) staged_bytes -= cost;
+  }
+  staged_by_layer[li].clear();
+}
+
+void ExpertStore::Impl::FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok) {
+  if (e->speculative_io) {
+    e->speculative_io = false;
+    --spec_inflight;
+  }
+  const uint64_t cost = geo.space.Cost(e->id);
+  if (e->dropped) {
+    staged_bytes -= cost;  // the discarded read's charge
+  } else if (!ok && staged[e->id] == e) {
+    // Failed before anyone took it: forget it; the acquire reads on demand.
+    staged[e->id].reset();
+    staged_bytes -= cost;
+  }
+  PumpSpeculative();
+}
+
+}  // namespace k3pack::store

@@ -1,0 +1,56 @@
+"""k3pack.ExpertStore's prefetch policy keywords (docs/store.md, "Prefetch policy")."""
+
+import unittest
+
+import _util  # noqa: F401  (import path)
+
+import k3pack
+import numpy as np
+
+
+class StorePrefetchTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = _util.TempDir()
+        cls.pack, cls.manifest, doc = _util.build_tiny(cls.tmp.path)
+        cls.layers = doc["model"]["active_moe_layer_ids"]
+        cls.top_k = doc["model"]["num_experts_per_token"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_staged_prefetch_is_taken_or_dropped(self):
+        k = self.top_k
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20, prefetch_mode="staged",
+                                prefetch_queue_depth=1) as store:
+            layer = self.layers[0]
+            store.prefetch(layer, np.arange(k + 1))  # k of them used below, one not
+            store.acquire_token(layer, np.arange(k)).mark_used()
+            pf = store.snapshot()["k3pack"]["prefetch"]
+            self.assertEqual(pf["mode"], "staged")
+            self.assertEqual(pf["queue_depth"], 1)
+            self.assertEqual(pf["issued"], k + 1)
+            self.assertEqual(pf["useful"], k)
+            self.assertEqual(pf["wasted"] + pf["cancelled"], 1)
+            snap = store.snapshot()
+            self.assertEqual(snap["cache_misses"], k)  # served from staging, still policy misses
+
+    def test_budget_refuses_and_mode_is_checked(self):
+        one = None
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
+            one = store.info["object_bytes"][0]
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20, prefetch_budget_bytes=one) as store:
+            store.prefetch(self.layers[0], np.arange(3))
+            pf = store.snapshot()["k3pack"]["prefetch"]
+            self.assertEqual((pf["issued"], pf["refused"]), (1, 2))
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20, prefetch_mode="cache") as store:
+            store.prefetch(self.layers[0], np.arange(2))
+            self.assertEqual(store.snapshot()["k3pack"]["prefetch"]["mode"], "cache")
+        with self.assertRaises(Exception) as cm:
+            k3pack.ExpertStore(self.pack, self.manifest, prefetch_mode="eager")
+        self.assertIn("unknown prefetch mode 'eager' (known: staged, cache)", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
