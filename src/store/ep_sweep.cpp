@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "k3pack/ep.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 
@@ -93,10 +94,7 @@ Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const
       out = std::move(res).value();
     }
   };
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  RunOnThreads(threads, work);
   if (first_error) return *first_error;
   return t;
 }

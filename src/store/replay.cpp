@@ -10,6 +10,8 @@
 #include <optional>
 #include <thread>
 
+#include "util/threads.h"
+
 namespace k3pack::store {
 
 using nlohmann::json;
@@ -127,10 +129,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
       if (progress) progress(pr);
     }
   };
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  RunOnThreads(threads, work);
   if (first_error) return *first_error;
   return t;
 }

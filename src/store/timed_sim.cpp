@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "store/policy.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 namespace {
@@ -291,10 +292,7 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
       rows[j] = {jobs[j].size, *r};
     }
   };
-  std::vector<std::thread> pool;
-  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
-  work();
-  for (auto& th : pool) th.join();
+  RunOnThreads(threads, work);
   if (first_error) return *first_error;
   return rows;
 }

@@ -1,0 +1,21 @@
+// Running one work loop on several threads, the calling thread included: the
+// shape of every sweep that pulls jobs from a shared counter.
+#pragma once
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+namespace k3pack {
+
+// Calls `work` on max(1, threads) threads (threads - 1 new ones plus the
+// caller) and returns once every call has returned.
+template <typename Work>
+void RunOnThreads(unsigned threads, Work&& work) {
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back([&work] { work(); });
+  work();
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace k3pack
