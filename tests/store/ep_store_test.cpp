@@ -24,6 +24,7 @@
 #include "k3pack/pack.h"
 #include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
+#include "open_ok.h"
 #include "store/synthetic_pack.h"
 #include "util/sha256.h"
 
@@ -31,6 +32,7 @@ namespace k3pack::store {
 namespace {
 
 using testing::PatternByte;
+using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
 
@@ -73,12 +75,6 @@ StoreOptions Opts(std::optional<ep::Rank> rank = std::nullopt) {
   o.queue_depth = 4;
   o.ep = rank;
   return o;
-}
-
-std::shared_ptr<ExpertStore> OpenOk(const TinyPack& p, const StoreOptions& o) {
-  auto r = ExpertStore::Open(p.pack, p.manifest, o);
-  EXPECT_TRUE(r.ok()) << r.error().message();
-  return r.ok() ? *r : nullptr;
 }
 
 Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids) {

@@ -9,12 +9,14 @@
 #include <thread>
 
 #include "k3pack/store.h"
+#include "open_ok.h"
 #include "store/synthetic_pack.h"
 
 namespace k3pack::store {
 namespace {
 
 using testing::PatternByte;
+using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
 
@@ -24,12 +26,6 @@ StoreOptions Opts(uint64_t objects, const std::string& policy = "reuse-lfu-lru-v
   o.policy = policy;
   o.queue_depth = 4;
   return o;
-}
-
-std::shared_ptr<ExpertStore> OpenOk(const TinyPack& p, const StoreOptions& o) {
-  auto s = ExpertStore::Open(p.pack, p.manifest, o);
-  EXPECT_TRUE(s.ok()) << s.error().message();
-  return s.ok() ? *s : nullptr;
 }
 
 // Every byte of every role view equals the pack's pattern.

@@ -11,12 +11,14 @@
 #include <thread>
 
 #include "k3pack/store.h"
+#include "open_ok.h"
 #include "store/synthetic_pack.h"
 
 namespace k3pack::store {
 namespace {
 
 using testing::PatternByte;
+using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
 
@@ -28,12 +30,6 @@ StoreOptions Opts(uint64_t objects, const std::string& policy = "lru") {
   o.policy = policy;
   o.queue_depth = 4;
   return o;
-}
-
-std::shared_ptr<ExpertStore> OpenOk(const TinyPack& p, const StoreOptions& o) {
-  auto s = ExpertStore::Open(p.pack, p.manifest, o);
-  EXPECT_TRUE(s.ok()) << s.error().message();
-  return s.ok() ? *s : nullptr;
 }
 
 // One decode token (top-2) at `layer`, released at once; checks the bytes.

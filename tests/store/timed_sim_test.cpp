@@ -5,45 +5,14 @@
 #include "k3pack/trace.h"
 #include "store/simulate.h"
 #include "store/timed_sim.h"
+#include "timed_tiny.h"
 
 namespace k3pack::store {
 namespace {
 
-// Two layers (1, 2) of 4 experts, top-1, 1,000-byte objects. The SSD moves
-// 1e6 B/s (1 ms per object), no latency, one read at a time.
-trace::Trace Tiny(uint16_t predicted_for_layer2) {
-  trace::Trace t;
-  t.num_experts = 4;
-  t.top_k = 1;
-  t.layer_ids = {1, 2};
-  t.predict_k = 1;
-  for (int token = 0; token < 2; ++token) {
-    uint16_t a[1] = {0}, b[1] = {1}, p[1] = {predicted_for_layer2};
-    t.Append(1, 1, 0, false, a);
-    t.SetPredictions(p);
-    t.Append(2, 1, 0, false, b);  // the last layer carries no prediction
-  }
-  return t;
-}
-
-TimingOptions Opts(double compute_ms, bool prefetch) {
-  TimingOptions o;
-  o.layer_compute_s = compute_ms * 1e-3;
-  o.ssd_bytes_per_s = 1e6;
-  o.ssd_latency_s = 0;
-  o.queue_depth = 1;
-  o.prefetch = prefetch;
-  return o;
-}
-
-TimedResult Timed(const trace::Trace& t, const std::string& policy, const TimingOptions& o, uint64_t slots = 4) {
-  ObjectSpace space = SpaceForTrace(t, 1000);
-  auto seq = BuildCallSeq(t, space);
-  EXPECT_TRUE(seq.ok());
-  auto r = SimulateTimed(t, *seq, space, policy, slots * 1000, o);
-  EXPECT_TRUE(r.ok()) << r.error().message();
-  return *r;
-}
+using timed_tiny::Opts;
+using timed_tiny::Tiny;
+using timed_tiny::Timed;
 
 TEST(TimedSim, DemandOnlyByHand) {
   // call0 (L1 e0) t=0: miss, read 0->1 ms, stall 1; compute to 1.5.
