@@ -460,7 +460,8 @@ int RunSweep(const std::vector<std::string>& argv) {
     } else {
       std::string note;
       // With --ep-size the defaults are shares of one rank's objects.
-      sizes = store::DefaultSweepSizes(ep_size ? store::RankSpace(*space, ep_size) : *space, &note);
+      sizes = ep_size ? store::DefaultSweepSizes(store::RankSpace(*space, ep_size), &note, "each EP rank")
+                      : store::DefaultSweepSizes(*space, &note);
       if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
     }
     if (a.Has("--timing")) {

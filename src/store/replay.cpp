@@ -134,7 +134,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   return t;
 }
 
-std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note) {
+std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note, const std::string& owner) {
   static constexpr double kShares[] = {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.20};
   const uint64_t n = space.num_objects();
   const uint64_t top_k = std::max<uint64_t>(1, space.top_k);
@@ -160,7 +160,7 @@ std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* n
   }
   std::string list;
   for (uint64_t s : fit) list += (list.empty() ? "" : ",") + std::to_string(s);
-  *note = "the model has only " + std::to_string(n) + " expert objects (top_k " + std::to_string(space.top_k) +
+  *note = owner + " has only " + std::to_string(n) + " expert objects (top_k " + std::to_string(space.top_k) +
           "): the default sizes, 0.54%-20% of them, are " + std::to_string(uint64_t(kShares[0] * double(n))) + "-" +
           std::to_string(uint64_t(kShares[7] * double(n))) +
           " objects and would give identical rows (a cache below top_k holds less than one token's experts); "

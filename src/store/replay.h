@@ -49,7 +49,10 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
 // 12 and 20% of all objects (the Kimi-K3 range). A model too small for them
 // (sizes below top_k, which all behave alike, or repeats) gets distinct sizes
 // from top_k up instead, and `note` says so; otherwise it is cleared.
-std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note);
+// `owner` names whose objects `space` holds in the note ("the model", or
+// "each EP rank" when the sizes are a rank's).
+std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note,
+                                        const std::string& owner = "the model");
 std::string SweepText(const SweepTable& t);
 nlohmann::json SweepJson(const SweepTable& t);
 // Hit rate vs cache size, one polyline per series.
