@@ -55,7 +55,13 @@ Status CheckOwnedRoutes(const ep::Rank& rank, uint32_t num_experts, uint32_t lay
   return Status::OK();
 }
 
-bool RankShareRows(const PackGeometry& g) { return !g.ep.whole(); }
+Result<RouteCall> PrepareStoreRoute(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
+                                    std::span<const int64_t> ids, std::optional<bool> is_prefill) {
+  K3_ASSIGN_OR_RETURN(RouteCall call,
+                      PrepareRoute(geo.space, layer, shape, ids, is_prefill, /*rank_share=*/!geo.ep.whole()));
+  K3_RETURN_IF_ERROR(CheckOwnedRoutes(geo, layer, ids));
+  return call;
+}
 
 uint32_t WorkingSetObjects(const PackGeometry& g) { return std::min(g.space.top_k, g.owned.count()); }
 

@@ -285,9 +285,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
-  K3_ASSIGN_OR_RETURN(RouteCall call,
-                      PrepareRoute(space, layer, shape, ids, is_prefill_opt, RankShareRows(s.geo)));
-  K3_RETURN_IF_ERROR(CheckOwnedRoutes(s.geo, layer, ids));
+  K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
   const int64_t rows = call.rows;
   const bool is_prefill = call.is_prefill;
   const uint32_t li = call.layer_index;

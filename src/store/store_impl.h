@@ -85,9 +85,11 @@ Status CheckOwnedRoutes(const ep::Rank& rank, uint32_t num_experts, uint32_t lay
 inline Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> ids) {
   return CheckOwnedRoutes(geo.ep, geo.space.num_experts, layer, ids);
 }
-// Whether a row of `width` routes fits this store: SGLang's exactly top_k,
-// or 1..top_k for a rank store (a token's share of its routes).
-bool RankShareRows(const PackGeometry& geo);
+// One acquire's route checks for a store over `geo`: SGLang's (PrepareRoute;
+// a row is exactly top_k routes, or 1..top_k on a rank store, a token's share
+// of its routes), then the rank's ownership (CheckOwnedRoutes).
+Result<RouteCall> PrepareStoreRoute(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
+                                    std::span<const int64_t> ids, std::optional<bool> is_prefill);
 // The smallest working set one token may need resident: top_k objects, or
 // for a rank store min(top_k, owned experts).
 uint32_t WorkingSetObjects(const PackGeometry& geo);
