@@ -117,7 +117,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
     }
   }
 
-  // Output: <out>.partial under the build's lock, then fsync + rename.
+  // Output under the build's lock (no build or merge of the same path runs beside it).
   PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
   std::error_code ec;
   std::string dir = std::filesystem::path(p.out).parent_path().string();
@@ -127,18 +127,12 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
         .WithHint("pass --force to replace it, or write the merged pack to another --pack path");
   }
-  if (::unlink(p.partial.c_str()) != 0 && errno != ENOENT) return Error::FromErrno("cannot remove " + p.partial, errno);
-  int raw = ::open(p.partial.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (raw < 0) return Error::FromErrno("cannot create " + p.partial, errno);
-  UniqueFd out(raw);
-  auto fail = [&](Error e) {
-    ::unlink(p.partial.c_str());
-    return e;
-  };
-  if (::ftruncate(out.get(), static_cast<off_t>(in[0].size)) != 0) {
-    return fail(Error::FromErrno("cannot size " + p.partial, errno));
+  // Written beside the output and renamed into place; dropped on any error.
+  K3_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::Create(p.out));
+  if (::ftruncate(out.fd(), static_cast<off_t>(in[0].size)) != 0) {
+    return out.Fail(Error::FromErrno("cannot size the file", errno));
   }
-  if (Status st = PwriteFull(out.get(), prefix.data(), prefix.size(), 0); !st.ok()) return fail(st.error());
+  K3_RETURN_IF_ERROR(out.Write(prefix.data(), prefix.size(), 0));
 
   PackDigests merged;
   merged.index_count = header.index_count;
@@ -153,7 +147,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
     K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
     if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= num_experts ||
         entries[i].offset + entries[i].nbytes > in[0].size) {
-      return fail(Error("rank pack " + in[0].path + ": index entry " + std::to_string(i) + " is out of range"));
+      return Error("rank pack " + in[0].path + ": index entry " + std::to_string(i) + " is out of range");
     }
     total += entries[i].nbytes;
   }
@@ -162,13 +156,13 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   for (uint64_t i = 0; i < header.index_count; ++i) {
     const PackEntry& e = entries[i];
     const RankInput& src = in[by_rank[ep::OwnerOf(static_cast<uint32_t>(e.expert), num_experts, n)]];
-    auto sha = CopyAndHash(src.fd.get(), e.offset, out.get(), e.offset, e.nbytes, buf, &stats);
-    if (!sha.ok()) return fail(sha.error().WithContext(src.path));
+    auto sha = CopyAndHash(src.fd.get(), e.offset, out.fd(), e.offset, e.nbytes, buf, &stats);
+    if (!sha.ok()) return out.Fail(sha.error().WithContext("copying from " + src.path));
     if (*sha != src.digests.entry_sha256[i]) {
-      return fail(Error("rank pack " + src.path + ": payload " + e.name + " expert " + std::to_string(e.expert) +
+      return Error("rank pack " + src.path + ": payload " + e.name + " expert " + std::to_string(e.expert) +
                         " (entry " + std::to_string(i) + ", offset " + std::to_string(e.offset) +
                         ") does not match its digest sidecar")
-                      .WithHint("run `k3pack verify --full` on that rank's manifest and rebuild the rank pack"));
+          .WithHint("run `k3pack verify --full` on that rank's manifest and rebuild the rank pack");
     }
     merged.entry_sha256[i] = *sha;
     merged.entry_crc32c[i] = src.digests.entry_crc32c[i];
@@ -178,11 +172,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
                   std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
     }
   }
-  if (::fsync(out.get()) != 0) return fail(Error::FromErrno("fsync failed for " + p.partial, errno));
-  if (::rename(p.partial.c_str(), p.out.c_str()) != 0) {
-    return fail(Error::FromErrno("cannot rename " + p.partial + " to " + p.out, errno));
-  }
-  K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  K3_RETURN_IF_ERROR(out.Commit());
   K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
   (void)lock;
   MergeResult r;
