@@ -61,8 +61,13 @@ SsmAStats ClassifySsmA(std::span<const float> v) {
   return s;
 }
 
+namespace {
+// The types DecodeFloatTensor reads.
+bool IsPlainFloat(GgmlType type) { return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16; }
+}  // namespace
+
 std::optional<std::vector<float>> DecodeFloatTensor(GgmlType type, std::span<const uint8_t> bytes) {
-  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16) return std::nullopt;
+  if (!IsPlainFloat(type)) return std::nullopt;
   const size_t esize = type == GgmlType::F32 ? 4 : 2;
   auto r = quant::DequantizeRows(type, bytes, static_cast<int64_t>(bytes.size() / esize), 1);
   if (!r.ok()) return std::nullopt;
@@ -152,7 +157,7 @@ namespace {
 bool ScannedForNonFinite(const std::string& name, const gguf::TensorInfo& t, const Shard& sh) {
   const bool res = name.size() > 17 && name.compare(name.size() - 17, 17, "_res_score.weight") == 0;
   if (IsSsmAName(name) || t.nbytes > (64u << 20) || !sh.DataReadable(t)) return false;
-  return (res || t.n_dims == 1) && (t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16);
+  return (res || t.n_dims == 1) && IsPlainFloat(t.type);
 }
 
 }  // namespace
