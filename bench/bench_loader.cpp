@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_args.h"
 #include "k3pack/gguf.h"
 #include "k3pack/loader.h"
 #include "util/file.h"
@@ -171,19 +172,18 @@ int main(int argc, char** argv) {
   uint64_t mib = 1024;
   int repeat = 3;
   bool holes = false;
+  const char* usage = "bench_loader [--manifest M | --gguf DIR] [--mib N] [--repeat R] [--dir D] [--holes]";
+  bench::ExitOnHelp(argc, argv, usage);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
     if (a == "--manifest") manifest = next();
     else if (a == "--gguf") gguf_dir = next();
-    else if (a == "--mib") mib = std::stoull(next());
-    else if (a == "--repeat") repeat = std::stoi(next());
+    else if (a == "--mib") mib = bench::PositiveArg(next().c_str(), usage);
+    else if (a == "--repeat") repeat = static_cast<int>(bench::PositiveArg(next().c_str(), usage));
     else if (a == "--dir") dir = next();
     else if (a == "--holes") holes = true;
-    else {
-      std::fprintf(stderr, "usage: bench_loader [--manifest M | --gguf DIR] [--mib N] [--repeat R] [--dir D] [--holes]\n");
-      return 2;
-    }
+    else bench::ExitUsage(usage);
   }
   bool cleanup = false;
   if (!gguf_dir.empty()) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "k3pack/manifest.h"
@@ -93,10 +94,13 @@ double BaselineRead(const gguf::ShardSet& shards, const std::string& pack_path, 
 int main(int argc, char** argv) {
   std::string work;
   int repeat = 3;
+  const char* usage = "bench_manifest [WORK_DIR] [--repeat N]";
+  bench::ExitOnHelp(argc, argv, usage);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--repeat" && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
-    else work = a;
+    if (a == "--repeat" && i + 1 < argc) repeat = static_cast<int>(bench::PositiveArg(argv[++i], usage));
+    else if (work.empty()) work = bench::PositionalArg(argv[i], usage);
+    else bench::ExitUsage(usage);
   }
   bool temp = work.empty();
   if (temp) work = (fs::temp_directory_path() / ("bench_manifest-" + std::to_string(getpid()))).string();

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <thread>
 
+#include "bench_args.h"
 #include "k3pack/store.h"
 #include "k3pack/trace.h"
 #include "store/policy.h"
@@ -121,8 +122,11 @@ double StoreMisses(const testing::TinyPack& p, uint64_t objects, uint64_t obj_by
 }  // namespace
 
 int main(int argc, char** argv) {
-  const uint64_t objects = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
-  const int depth = argc > 2 ? std::atoi(argv[2]) : 16;
+  const char* usage = "bench_store [objects (default 64)] [queue_depth (default 16)]";
+  bench::ExitOnHelp(argc, argv, usage);
+  if (argc > 3) bench::ExitUsage(usage);
+  const uint64_t objects = argc > 1 ? bench::PositiveArg(argv[1], usage) : 64;
+  const int depth = argc > 2 ? static_cast<int>(bench::PositiveArg(argv[2], usage)) : 16;
   std::printf("== bench_store ==\n");
 
   // 1. Miss-path throughput. K3-sized objects (11,956,224 bytes), 2 layers.
