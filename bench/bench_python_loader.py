@@ -13,7 +13,11 @@ warm, best of --repeat, through
      stream with pread (what SGLang's torch.tensor() copies give), the
      consumer holding each until the next, as SGLang's loop does;
   5. k3pack.sglang.kimi_k3_nonexpert_weights_iterator(copy=True) when torch
-     is installed.
+     is installed;
+  6. SGLang's load loop: the same iterator with every tensor copied into a
+     parameter (param.copy_), and the same loop over a model of SGLang's own
+     iterator (bench/sglang_iterator_ref.py: numpy.memmap views copied by
+     torch.tensor(), as gguf-py + SGLang do), with the ratio between them.
 Each line prints GB/s, the ratio to the baseline of the same run and cache
 state (target >= 0.8) and the growth of peak RSS over the mode (VmHWM reset
 through /proc/self/clear_refs). Ratios are printed, never asserted.
@@ -108,7 +112,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=1024, help="hidden size of the synthesized model")
     ap.add_argument("--keep", help="directory for the synthesized model (kept)")
-    ap.add_argument("--modes", default="pread,views,copyto,copy,torch")
+    ap.add_argument("--modes", default="pread,views,copyto,copy,torch,sglang-loop,sglang-ref")
     args = ap.parse_args()
 
     tmp = None
@@ -211,6 +215,28 @@ def main():
             return b
 
         modes.append(("torch", "k3pack.sglang iterator copy=True", torch_copy))
+
+        # SGLang's load loop: every yielded tensor copied into its parameter
+        # (one preallocated buffer per dtype and size stands in for the
+        # model's parameters, which would not fit in this machine's memory).
+        torch_params = {}
+
+        def into_params(pairs):
+            b = 0
+            for name, t in pairs:
+                key = (t.dtype, t.numel())
+                dst = torch_params.get(key)
+                if dst is None:
+                    dst = torch_params[key] = torch.empty(t.numel(), dtype=t.dtype)
+                dst.copy_(t.reshape(-1))
+                b += t.numel() * t.element_size()
+            return b
+
+        modes.append(("sglang-loop", "k3pack.sglang copy=True + param copy", lambda: into_params(it(manifest, copy=True))))
+        import sglang_iterator_ref
+
+        modes.append(("sglang-ref", "SGLang-model iterator + param copy",
+                      lambda: into_params(sglang_iterator_ref.iterate(shard_paths))))
     except ImportError:
         pass
     wanted = set(args.modes.split(","))
@@ -221,6 +247,7 @@ def main():
           % (count, emitted / 2**20, largest / 2**20, sum(n for s in ranges.values() for _, n in s) / 2**20,
              args.repeat))
     print("%-40s %5s %9s %9s %8s %13s" % ("path", "cache", "GB/s", "seconds", "x pread", "peak RSS +MiB"))
+    loop_times = {}
     for cold in (True, False):
         base = None
         for key, label, fn in modes:
@@ -236,10 +263,17 @@ def main():
                 best = dt if best is None else min(best, dt)
             peak = max(0, status_bytes("VmHWM:") - rss0)
             base = base or best
+            loop_times[(key, cold)] = best
             print("%-40s %5s %9.2f %9.3f %7.2fx %13.1f" % (label, "cold" if cold else "warm", nbytes / best / 1e9,
                                                           best, base / best, peak / 2**20))
     print("(x pread = baseline time / mode time; peak RSS = growth of VmHWM during the mode; the copyto buffers"
           " are allocated once, in the first run)")
+    for cold in (True, False):
+        ours, ref = loop_times.get(("sglang-loop", cold)), loop_times.get(("sglang-ref", cold))
+        if ours and ref:
+            print("SGLang's loop (%s): k3pack %.3f s, SGLang-model iterator %.3f s: %.2fx (target >= 10x against"
+                  " SGLang itself; the model is faster than SGLang, see bench/sglang_iterator_ref.py)"
+                  % ("cold" if cold else "warm", ours, ref, ref / ours))
     if tmp:
         import shutil
 
