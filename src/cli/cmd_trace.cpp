@@ -1,5 +1,6 @@
 // `k3pack trace gen|replay|sweep`: synthetic routing traces, replay on the
 // real store (or policy-only simulation), and policy sweeps vs Belady.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "k3pack/manifest.h"
 #include "k3pack/trace.h"
 #include "store/ep_sweep.h"
+#include "store/policy.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
 #include "store/timed_sim.h"
@@ -491,6 +493,14 @@ int RunSweep(const std::vector<std::string>& argv) {
                            2);
       to.device_bytes = static_cast<uint64_t>(*dev) << 20;
       to.device_policy = a.Get("--device-policy");
+      if (const auto known = store::PolicyNames();
+          std::find(known.begin(), known.end(), to.device_policy) == known.end()) {
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        return ReportError("trace sweep",
+                           Error("--device-policy '" + to.device_policy + "' is not a cache policy (known: " + list + ")"),
+                           2);
+      }
       to.h2d_bytes_per_s = *h2d * 1e9;
       to.h2d_latency_s = *h2d_lat * 1e-6;
       auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));

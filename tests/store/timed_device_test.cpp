@@ -9,6 +9,9 @@
 #include "store/simulate.h"
 #include "store/timed_sim.h"
 #include "timed_tiny.h"
+#include "../cli_run.h"
+
+#include <nlohmann/json.hpp>
 
 namespace k3pack::store {
 namespace {
@@ -178,6 +181,36 @@ TEST(TimedDevice, TooSmallADeviceIsRefused) {
   EXPECT_NE(r.error().message().find("device tier (999 bytes) cannot hold a call's working set of 1000 bytes"),
             std::string::npos)
       << r.error().message();
+}
+
+TEST(TimedDevice, CliReportsCopiesPerToken) {
+  using testing_cli::Cli;
+  const std::string gen = "trace sweep --timing --layers 2 --experts 16 --top-k 2 --requests 1 --prompt-tokens 0 "
+                          "--decode-tokens 8 --object-bytes 4096 --sizes 8 --policies lru";
+  // 0.03 MiB is not an integer: a usage error; so is an unknown device policy.
+  EXPECT_EQ(Cli(gen + " --device-mib 0.03").code, 2);
+  auto bad = Cli(gen + " --device-mib 1 --device-policy nope");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--device-policy 'nope'"), std::string::npos) << bad.out;
+  // A 1 MiB device holds 256 objects of 4 KiB: all 32, so every route after
+  // the first use of its object is a device hit.
+  auto text = Cli(gen + " --device-mib 1");
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("device tier: 1 MiB = 256 objects"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("H2D MB/tok"), std::string::npos) << text.out;
+  auto js = Cli(gen + " --device-mib 1 --json");
+  ASSERT_EQ(js.code, 0) << js.out;
+  auto j = nlohmann::json::parse(js.out.substr(js.out.find('{')));
+  EXPECT_EQ(j["device"]["bytes"], 1u << 20);
+  for (const auto& row : j["timing"]) {
+    EXPECT_EQ(row["device_policy"], row["policy"] == "belady" ? "belady" : "lru");
+    // Each distinct object is copied once (it never leaves the device), read once.
+    EXPECT_DOUBLE_EQ(row["bytes_copied_per_token"].get<double>(), row["bytes_per_token"].get<double>());
+  }
+  // Without a device tier the JSON has no device fields and the text no H2D column.
+  auto plain = Cli(gen);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("H2D"), std::string::npos) << plain.out;
 }
 
 }  // namespace
