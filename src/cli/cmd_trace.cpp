@@ -29,6 +29,16 @@ int Usage() {
   return 2;
 }
 
+// A name `flag` gives must be a cache policy: a usage error up front (exit 2),
+// not a failure after the trace has been read.
+Status CheckPolicyName(const std::string& flag, const std::string& name) {
+  const auto known = store::PolicyNames();
+  if (std::find(known.begin(), known.end(), name) != known.end()) return Status::OK();
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+  return Error(flag + ": unknown cache policy '" + name + "' (known: " + list + ")");
+}
+
 Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string& what) {
   std::vector<uint64_t> out;
   std::stringstream ss(s);
@@ -415,7 +425,10 @@ int RunSweep(const std::vector<std::string>& argv) {
   {
     std::stringstream ss(a.Get("--policies"));
     std::string p;
-    while (std::getline(ss, p, ',')) policies.push_back(p);
+    while (std::getline(ss, p, ',')) {
+      if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+      policies.push_back(p);
+    }
   }
   uint32_t ep_size = 0;  // 0: no --ep-size
   if (a.Has("--ep-size")) {
@@ -493,14 +506,8 @@ int RunSweep(const std::vector<std::string>& argv) {
                            2);
       to.device_bytes = static_cast<uint64_t>(*dev) << 20;
       to.device_policy = a.Get("--device-policy");
-      if (const auto known = store::PolicyNames();
-          std::find(known.begin(), known.end(), to.device_policy) == known.end()) {
-        std::string list;
-        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        return ReportError("trace sweep",
-                           Error("--device-policy '" + to.device_policy + "' is not a cache policy (known: " + list + ")"),
-                           2);
-      }
+      if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
+        return ReportError("trace sweep", st.error(), 2);
       to.h2d_bytes_per_s = *h2d * 1e9;
       to.h2d_latency_s = *h2d_lat * 1e-6;
       auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));

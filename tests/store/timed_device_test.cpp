@@ -191,7 +191,12 @@ TEST(TimedDevice, CliReportsCopiesPerToken) {
   EXPECT_EQ(Cli(gen + " --device-mib 0.03").code, 2);
   auto bad = Cli(gen + " --device-mib 1 --device-policy nope");
   EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--device-policy 'nope'"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--device-policy: unknown cache policy 'nope'"), std::string::npos) << bad.out;
+  // The same rule for --policies, before the trace is generated.
+  const std::string no_policies = gen.substr(0, gen.find(" --policies"));
+  auto bad_list = Cli(no_policies + " --policies lru,nope");
+  EXPECT_EQ(bad_list.code, 2) << bad_list.out;
+  EXPECT_NE(bad_list.out.find("--policies: unknown cache policy 'nope'"), std::string::npos) << bad_list.out;
   // A 1 MiB device holds 256 objects of 4 KiB: all 32, so every route after
   // the first use of its object is a device hit.
   auto text = Cli(gen + " --device-mib 1");
