@@ -25,7 +25,7 @@ namespace {
 Result<uint64_t> CopySparse(int src, int dst, uint64_t size) {
   uint64_t copied = 0;
   std::vector<uint8_t> buf;
-  for (const pack::Segment& seg : pack::MapRange(src, 0, size)) {
+  for (const Segment& seg : MapRange(src, 0, size)) {
     if (seg.hole) continue;
     uint64_t done = 0;
     bool plain = false;

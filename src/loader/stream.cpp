@@ -283,13 +283,40 @@ struct NonExpertStream::Impl {
         .WithHint("SGLang's A_log loader takes only these shapes; the converter writes ne {H}");
   }
 
+  // pread of [off, off+n) into dst, except that holes of a sparse file are
+  // zero-filled instead of read: their bytes are zeros by definition, and
+  // reading them makes the kernel build and copy zero page-cache pages
+  // (~0.3-0.5 GB/s on the development VM against memset's ~10 GB/s). The
+  // count is short where the file ends early, as with one pread.
+  static Result<size_t> ReadSkippingHoles(int fd, uint8_t* dst, size_t n, uint64_t off) {
+    const std::vector<Segment> segs = MapRange(fd, off, n);
+    if (segs.size() == 1 && !segs[0].hole) return PreadFull(fd, dst, n, off);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return Error::FromErrno("fstat failed", errno);
+    const uint64_t file_end = static_cast<uint64_t>(st.st_size);
+    size_t got = 0;
+    for (const Segment& s : segs) {
+      uint8_t* at = dst + (s.offset - off);
+      const uint64_t len = std::min<uint64_t>(s.length, file_end > s.offset ? file_end - s.offset : 0);
+      if (s.hole) {
+        std::memset(at, 0, len);
+      } else {
+        K3_ASSIGN_OR_RETURN(size_t k, PreadFull(fd, at, len, s.offset));
+        if (k != len) return got + k;
+      }
+      got += len;
+      if (len != s.length) break;  // the file ends inside this segment
+    }
+    return got;
+  }
+
   // Copy mode: the tensor's bytes read with pread into a fresh buffer (never
   // through the mapping, so nothing is mapped in), then dropped from the
   // page cache when asked to.
   Result<std::shared_ptr<uint8_t>> ReadCopy(const gguf::TensorInfo& t, std::span<const uint8_t> raw) {
     const uint64_t off = static_cast<uint64_t>(raw.data() - shard->mapping()->data());
     std::shared_ptr<uint8_t> buf = CopyBuffer(raw.size());
-    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd_for_fadvise, buf.get(), raw.size(), off));
+    K3_ASSIGN_OR_RETURN(size_t got, ReadSkippingHoles(fd_for_fadvise, buf.get(), raw.size(), off));
     if (got != raw.size()) {
       return Error("Kimi-K3 GGUF shard is missing or changed: " + shard_record->path, ErrorKind::kFileNotFound, ENOENT)
           .WithHint("the file ended after " + std::to_string(off + got) + " bytes while reading " + t.name);

@@ -17,18 +17,9 @@
 #include <vector>
 
 #include "k3pack/error.h"
+#include "util/file.h"  // Segment, MapRange
 
 namespace k3pack::pack {
-
-struct Segment {
-  uint64_t offset = 0;  // absolute in the file
-  uint64_t length = 0;
-  bool hole = false;
-};
-
-// Data/hole segments covering [offset, offset+length) of `fd` (holes only
-// where the filesystem reports them; everything is data otherwise).
-std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length);
 
 // SHA-256 of `n` zero bytes (memoized by n).
 std::array<uint8_t, 32> ZeroSha256(uint64_t n);

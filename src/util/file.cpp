@@ -184,4 +184,42 @@ Result<std::string> ResolvePath(const std::string& path) {
   return p.string();
 }
 
+std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length) {
+  std::vector<Segment> out;
+  const uint64_t end = offset + length;
+  uint64_t pos = offset;
+  auto push = [&](uint64_t a, uint64_t b, bool hole) {
+    if (b <= a) return;
+    if (!out.empty() && out.back().hole == hole && out.back().offset + out.back().length == a) {
+      out.back().length += b - a;
+    } else {
+      out.push_back({a, b - a, hole});
+    }
+  };
+  while (pos < end) {
+    off_t d = ::lseek(fd, static_cast<off_t>(pos), SEEK_DATA);
+    if (d < 0) {
+      if (errno == ENXIO) {
+        push(pos, end, true);  // no data beyond pos (or pos past EOF: reads fail later)
+      } else {
+        push(pos, end, false);  // SEEK_DATA unsupported: treat as data
+      }
+      break;
+    }
+    auto data = static_cast<uint64_t>(d);
+    if (data >= end) {
+      push(pos, end, true);
+      break;
+    }
+    push(pos, data, true);
+    off_t h = ::lseek(fd, d, SEEK_HOLE);
+    uint64_t hole = h < 0 ? end : static_cast<uint64_t>(h);
+    if (hole > end) hole = end;
+    if (hole <= data) hole = end;  // defensive: never loop forever
+    push(data, hole, false);
+    pos = hole;
+  }
+  return out;
+}
+
 }  // namespace k3pack

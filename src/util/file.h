@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "k3pack/error.h"
 
@@ -40,6 +41,18 @@ bool PathExists(const std::string& path);
 Result<size_t> PreadFull(int fd, void* buf, size_t n, uint64_t offset);
 // Writes all `n` bytes at `offset` or fails.
 Status PwriteFull(int fd, const void* buf, size_t n, uint64_t offset);
+
+// A byte range of a file that is data or a hole.
+struct Segment {
+  uint64_t offset = 0;  // absolute in the file
+  uint64_t length = 0;
+  bool hole = false;
+};
+
+// Data/hole segments covering [offset, offset+length) of `fd` (holes only
+// where the filesystem reports them through SEEK_DATA/SEEK_HOLE; everything
+// is data otherwise). Readers use it to skip holes: their bytes are zeros.
+std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length);
 
 Status FsyncPath(const std::string& path);
 Status FsyncParentDir(const std::string& path);

@@ -1,5 +1,10 @@
 // LoadOptions::copy: the same tensors as the zero-copy stream, each in a
 // fresh, writable buffer of its own that was read with pread (no mapping).
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <set>
 
 #include "loader_fixture.h"
@@ -99,6 +104,66 @@ TEST(StreamCopy, BuffersOutliveTheStream) {
   for (size_t i = 0; i < views.size(); ++i) {
     EXPECT_EQ(0, std::memcmp(copies[i].data.data(), views[i].data.data(), views[i].data.size())) << views[i].name;
   }
+}
+
+// Copy mode zero-fills the holes of a sparse shard instead of reading them:
+// the bytes must be exactly what a read (or the mapping) gives, zeros in the
+// holes and the file's bytes around them, for holes inside, at the start
+// and at the end of a tensor.
+TEST(StreamCopy, HolesOfASparseShardReadAsZeros) {
+  TempDir dir("copy-holes");
+  std::vector<gguf::TensorSpec> t;
+  t.push_back(Typed("token_embd.weight", GgmlType::Q8_0, {4096, 96}, 9));  // 417,792 bytes
+  t.push_back(F32Tensor("blk.0.attn_norm.weight", {32}, Ramp(32, 1.0f, 0.01f)));
+  json m;
+  std::vector<std::string> shards;
+  const std::string manifest = WriteModel(dir.path, t, {0, 0}, &m, &shards);
+  uint64_t off = 0, n = 0;
+  for (const auto& r : m["source"]["tensors"]) {
+    if (r["name"] == "token_embd.weight") {
+      off = r["data_offset"];  // absolute in the shard file
+      n = r["nbytes"];
+    }
+  }
+  const uint64_t block = 4096, first = (off + block - 1) / block * block;
+  int fd = ::open(shards[0].c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  // Three holes: the tensor's first whole block, two blocks in the middle,
+  // and its last whole block.
+  const std::vector<std::pair<uint64_t, uint64_t>> holes = {
+      {first, block}, {first + 20 * block, 2 * block}, {(off + n) / block * block - block, block}};
+  for (auto [a, len] : holes) {
+    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(a), static_cast<off_t>(len)) != 0) {
+      ::close(fd);
+      GTEST_SKIP() << "this filesystem cannot punch holes";
+    }
+  }
+  const bool has_hole = [&] {
+    for (const Segment& s : MapRange(fd, off, n)) {
+      if (s.hole) return true;
+    }
+    return false;
+  }();
+  ::close(fd);
+  if (!has_hole) GTEST_SKIP() << "this filesystem does not report holes (SEEK_HOLE)";
+
+  const auto views = DrainWith(manifest, {});
+  LoadOptions o;
+  o.copy = true;
+  const auto copies = DrainWith(manifest, o);
+  ASSERT_EQ(views.size(), copies.size());
+  bool saw_zero_block = false;
+  for (size_t i = 0; i < views.size(); ++i) {
+    ASSERT_EQ(copies[i].data.size(), views[i].data.size());
+    EXPECT_EQ(0, std::memcmp(copies[i].data.data(), views[i].data.data(), views[i].data.size())) << views[i].name;
+    if (views[i].data.size() == n) {
+      const uint8_t* p = copies[i].data.data() + (first + 20 * block - off);
+      saw_zero_block = std::all_of(p, p + 2 * block, [](uint8_t b) { return b == 0; }) &&
+                       !std::all_of(p - block, p, [](uint8_t b) { return b == 0; });
+    }
+  }
+  EXPECT_TRUE(saw_zero_block) << "the middle hole should read as zeros between data";
+
 }
 
 // populate only changes how pages come in (MADV_POPULATE_READ): the same
