@@ -29,6 +29,20 @@ class NextUseMin final : public Policy {
   }
   std::string name() const override { return "belady"; }
   void SetCall(uint64_t c) { call_ = c; }
+  // MIN with prefetch: reading `k` ahead is worth it only if the cache has
+  // room or the victim it would evict is not needed before `k`. One layer
+  // ahead this always holds (k is needed at the next call, the earliest
+  // possible use); a token ahead it keeps MIN from evicting objects needed
+  // sooner.
+  bool WorthAdmitting(ObjectId k, const PinCounts* pins) const {
+    if (used_bytes() + space().Cost(k) <= capacity_bytes()) return true;
+    const auto& u = uses_[k];
+    auto it = std::upper_bound(u.begin(), u.end(), static_cast<uint32_t>(call_));
+    const uint64_t nk = it == u.end() ? UINT64_MAX : *it;
+    for (auto v = order_.rbegin(); v != order_.rend(); ++v)
+      if (!Protected(v->second, {}, pins)) return v->first >= nk;
+    return false;
+  }
 
  protected:
   void OnHit(ObjectId k) override { Track(k); }
@@ -344,6 +358,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
             for (const auto& e : spec_inflight) in_flight += e.second;
             if (in_flight + space.Cost(k) > o.prefetch_budget_bytes) break;
           }
+          if (min && !min->WorthAdmitting(k, &pins)) continue;
           evicted.clear();
           bool admitted = policy->Admit(k, 1, &pins, &evicted);
           for (ObjectId v : evicted) drop(v);
@@ -359,6 +374,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         if (!tiered || staging) continue;
         // On to the device, without evicting this call's objects or the
         // batch's: copied once its host copy is readable.
+        if (device_min && !device_min->WorthAdmitting(k, &dev_pins)) continue;
         evicted.clear();
         if (!device->Admit(k, 1, &dev_pins, &evicted)) continue;
         dev_ready[k] = link.Copy(std::max(now, ready[k]), space.Cost(k));

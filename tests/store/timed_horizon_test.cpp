@@ -130,6 +130,30 @@ TEST(TimedHorizon, BeladyPrefetchesTheTrueNextCallOfTheSameLayer) {
   EXPECT_EQ(r.prefetch_wasted_bytes, 0u);
 }
 
+TEST(TimedHorizon, BeladyNeverPrefetchesOverAnObjectNeededSooner) {
+  // Token 0: L1 e0, L2 e1; token 1: L1 e0, L2 e3; two slots.
+  // c0 t=0: miss L1 e0, read 0->1, stall 1; its next-layer-1 call needs e0 (resident): nothing; compute to 1.6.
+  // c1 t=1.6: miss L2 e1, read 1.6->2.6, stall 1; now 2.6. Prefetching L2 e3 (needed at c3) would evict
+  //    L1 e0 (needed at c2, sooner; L2 e1 is the call's own): not worth it, skipped. Compute to 3.2.
+  // c2 t=3.2: hit L1 e0; compute to 3.8.
+  // c3 t=3.8: miss L2 e3, read 3.8->4.8, stall 1.
+  // (Admitting it would evict e0: c2 would miss, read 3.6->4.6, 3.4 ms of stall and 4,000 bytes.)
+  trace::Trace t;
+  t.num_experts = 4;
+  t.top_k = 1;
+  t.layer_ids = {1, 2};
+  for (uint16_t second : {1, 3}) {
+    uint16_t a[1] = {0}, b[1] = {second};
+    t.Append(1, 1, 0, false, a);
+    t.Append(2, 1, 0, false, b);
+  }
+  TimedResult r = Timed(t, "belady", TokenOpts(0.6), /*slots=*/2);
+  EXPECT_EQ(r.hits, 1u);
+  EXPECT_NEAR(r.stall_s, 3e-3, 1e-12);
+  EXPECT_EQ(r.bytes_read, 3000u);
+  EXPECT_EQ(r.prefetch_bytes, 0u);
+}
+
 TEST(TimedHorizon, NoNextTokenPredictionsMeansDemandOnly) {
   // A trace with next-layer predictions only: the token horizon issues
   // nothing, so the run equals the demand-only one (timed_sim_test's
