@@ -44,6 +44,10 @@ struct ExpertRunOptions {
   // rule itself) and keep its top `predict_k` experts (0: top_k).
   std::optional<uint32_t> predict_layer;
   uint32_t predict_k = 0;
+  // RunLayerStack only: also record next-token predictions (trace flag bit
+  // 3). A proxy: each layer's own router on the token's own MoE input (its
+  // top predict_k), standing in for a predictor of the next token's route.
+  bool predict_next_token = false;
 };
 
 // One EP rank's share of an --ep-size run.
@@ -120,6 +124,9 @@ struct LayerStackResult {
   // were predicted; per predicted layer too (index i: layers[i + 1]).
   uint64_t predicted_routes = 0, predicted_right = 0;
   std::vector<uint64_t> layer_routes, layer_right;
+  // predict_next_token: routes of every token but the first, and how many of
+  // them the previous token's proxy prediction (same layer) held.
+  uint64_t next_token_routes = 0, next_token_right = 0;
   double accuracy() const { return predicted_routes ? double(predicted_right) / double(predicted_routes) : 0.0; }
 };
 Result<LayerStackResult> RunLayerStack(ExpertStore& store, const gguf::ShardSet& source,

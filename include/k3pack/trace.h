@@ -11,8 +11,9 @@
 //   u32 layer_ids[num_layers], then per record: u32 layer, u32 rows,
 //   u32 request, u32 flags, u16 expert_ids[rows * top_k] (row-major),
 //   [flag bit 1: u32 row_requests[rows]], [flag bit 2: u16
-//   predicted[rows * predict_k]]. Flag bit 0 = prefill; bits 1 and 2 exist
-//   only in v2. A writer emits v1 when no record uses a v2 field.
+//   predicted[rows * predict_k]], [flag bit 3: u16 next_token[rows *
+//   predict_k]]. Flag bit 0 = prefill; bits 1-3 exist only in v2. A writer
+//   emits v1 when no record uses a v2 field.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +32,15 @@ struct Record {
   uint32_t request = 0;
   bool is_prefill = false;
   uint64_t offset = 0;     // into Trace::ids
-  // v2: the request of each row (batched calls of several requests), and
-  // predicted expert ids of the next routed layer for each row.
+  // v2: the request of each row (batched calls of several requests),
+  // predicted expert ids of the next routed layer for each row, and
+  // predicted ids of this layer for each row's request's next token.
   bool has_row_requests = false;
   bool has_predictions = false;
+  bool has_token_predictions = false;
   uint64_t row_request_offset = 0;  // into Trace::row_requests
   uint64_t prediction_offset = 0;   // into Trace::predictions
+  uint64_t token_prediction_offset = 0;  // into Trace::token_predictions
 };
 
 struct Trace {
@@ -48,6 +52,7 @@ struct Trace {
   uint32_t predict_k = 0;            // v2: predicted ids per row (0: no predictions)
   std::vector<uint32_t> row_requests;
   std::vector<uint16_t> predictions;
+  std::vector<uint16_t> token_predictions;
 
   std::span<const uint16_t> RecordIds(const Record& r) const {
     return {ids.data() + r.offset, static_cast<size_t>(r.rows) * top_k};
@@ -61,11 +66,17 @@ struct Trace {
     if (!r.has_predictions) return {};
     return {predictions.data() + r.prediction_offset, static_cast<size_t>(r.rows) * predict_k};
   }
+  // Predicted ids of this layer at each row's next token (predict_k each); empty without.
+  std::span<const uint16_t> RecordTokenPredictions(const Record& r) const {
+    if (!r.has_token_predictions) return {};
+    return {token_predictions.data() + r.token_prediction_offset, static_cast<size_t>(r.rows) * predict_k};
+  }
   uint64_t num_routes() const { return ids.size(); }   // token x layer x top_k entries
   void Append(uint32_t layer, uint32_t rows, uint32_t request, bool prefill, std::span<const uint16_t> route_ids);
   // v2 fields of the last appended record.
   void SetRowRequests(std::span<const uint32_t> requests);
   void SetPredictions(std::span<const uint16_t> predicted);   // rows * predict_k ids
+  void SetTokenPredictions(std::span<const uint16_t> predicted);  // rows * predict_k ids
   uint32_t version() const;   // 2 when any v2 field is used, else 1
 };
 
@@ -112,6 +123,10 @@ struct GenOptions {
   bool predict = false;
   double predict_accuracy = 0.95;    // mean share of the next layer's experts predicted
   double predict_surprise = 0.0;     // share of rows where every prediction misses (correlated misses)
+  // Predicted ids of the same layer for each row's request's next token (v2),
+  // with the same accuracy model; drawn from a separate random stream, so
+  // the routes and next-layer predictions are those of the same trace without.
+  bool predict_next_token = false;
   TrueDistribution* truth = nullptr; // filled when not null
 };
 

@@ -95,6 +95,8 @@ int RunExperts(const std::vector<std::string>& argv) {
                              "stream) and write their routes as a trace (format v2) with router look-ahead: per\n"
                              "row, layer L+1's router applied to layer L's MoE input (docs/store.md)")
       .Option("--predict-k", "with --trace-out: predicted experts per row (default: top_k)")
+      .Flag("--predict-next-token", "with --trace-out: also record next-token predictions (a proxy: each layer's\n"
+                                    "own router on the token's own MoE input; docs/store.md)")
       .Flag("--force", "replace an existing --trace-out file")
       .Flag("--json", "print the results as JSON");
   int code = 0;
@@ -125,6 +127,8 @@ int RunExperts(const std::vector<std::string>& argv) {
     if (*pk < 1 || *pk > 65536) return ReportError("run-experts", Error("--predict-k must be at least 1"), 2);
     predict_k = *pk;
   }
+  if (a.Has("--predict-next-token") && trace_out.empty())
+    return ReportError("run-experts", Error("--predict-next-token needs --trace-out"), 2);
   if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("run-experts", e.error());
   }
@@ -211,6 +215,7 @@ int RunExperts(const std::vector<std::string>& argv) {
       return ReportError("run-experts", Error("--predict-k " + std::to_string(predict_k) + " exceeds the " +
                                               std::to_string(experts) + " experts per layer"), 2);
     o.predict_k = static_cast<uint32_t>(predict_k);
+    o.predict_next_token = a.Has("--predict-next-token");
     auto stack = store::RunLayerStack(**st, *source, o, layers, rank_stores);
     if (!stack.ok()) return ReportError("run-experts", stack.error());
     for (const auto& r : stack->layers) {
@@ -234,6 +239,11 @@ int RunExperts(const std::vector<std::string>& argv) {
       } else {
         std::printf("router look-ahead: one layer only, nothing to predict\n");
       }
+      if (o.predict_next_token)
+        std::printf("next-token proxy (each layer's router on the previous token's input): %llu of %llu routes "
+                    "predicted (%.1f%%)\n",
+                    (unsigned long long)stack->next_token_right, (unsigned long long)stack->next_token_routes,
+                    100.0 * double(stack->next_token_right) / double(std::max<uint64_t>(1, stack->next_token_routes)));
       std::printf("wrote %s (format v%u): %zu records\n", trace_out.c_str(), stack->trace.version(),
                   stack->trace.records.size());
     }

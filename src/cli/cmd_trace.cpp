@@ -77,10 +77,13 @@ bool SameTrace(const trace::Trace& a, const trace::Trace& b) {
   for (size_t i = 0; i < a.records.size(); ++i) {
     const trace::Record &x = a.records[i], &y = b.records[i];
     if (x.layer != y.layer || x.rows != y.rows || x.request != y.request || x.is_prefill != y.is_prefill ||
-        x.offset != y.offset)
+        x.offset != y.offset || x.has_row_requests != y.has_row_requests ||
+        x.has_predictions != y.has_predictions || x.has_token_predictions != y.has_token_predictions)
       return false;
   }
-  return true;
+  // The v2 fields too: predictions can change while the routes stay the same.
+  return a.predict_k == b.predict_k && a.row_requests == b.row_requests && a.predictions == b.predictions &&
+         a.token_predictions == b.token_predictions;
 }
 
 // An SVG written by an earlier `trace sweep` (its title line is ours).
@@ -132,6 +135,8 @@ void AddGenOptions(Args& a) {
       .Flag("--predict", "record predicted next-layer expert ids (trace format v2)")
       .Option("--predict-accuracy", "mean share of next-layer experts predicted right", "0.95")
       .Option("--predict-surprise", "share of rows whose predictions all miss (correlated misses)", "0")
+      .Flag("--predict-next-token", "record predicted ids of the same layer for each row's next token (format v2;\n"
+                                    "same accuracy model, its own random stream: routes unchanged)")
       .Option("--seed", "random seed", "1");
 }
 
@@ -160,6 +165,7 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
     o->top_k = s.top_k;
   }
   o->predict = a.Has("--predict");
+  o->predict_next_token = a.Has("--predict-next-token");
   K3_ASSIGN_OR_RETURN(o->predict_accuracy, a.GetDouble("--predict-accuracy"));
   K3_ASSIGN_OR_RETURN(o->predict_surprise, a.GetDouble("--predict-surprise"));
   if (!trace::ApplyFamily(family, o)) {
@@ -407,6 +413,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--queue-depth", "--timing: SSD reads in flight", "16")
       .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
       .Flag("--staged", "--timing: also prefetch with the store's staging rule (reads outside the cache)")
+      .Option("--horizon", "--timing: what a call's prefetch predicts: layer (the next layer) | token (this layer\n"
+              "at the request's next token; generated traces get --predict-next-token)", "layer")
       .Option("--device-mib", "--timing: device (VRAM) tier in front of the host cache, MiB (0: none)", "0")
       .Option("--device-policy", "--timing: the device tier's policy (lru: the GPU tier's slots)", "lru")
       .Option("--h2d-gbps", "--timing: host-to-device copy bandwidth, GB/s (PCIe-4 x16)", "25")
@@ -438,6 +446,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (a.Has("--timing")) return ReportError("trace sweep", Error("--ep-size and --timing cannot be combined"), 2);
     ep_size = static_cast<uint32_t>(*n);
   }
+  const std::string horizon = a.Get("--horizon");
+  if (horizon != "layer" && horizon != "token")
+    return ReportError("trace sweep", Error("--horizon must be layer or token, got '" + horizon + "'"), 2);
   std::vector<std::string> families;
   if (a.Has("--trace")) families.push_back("");
   else if (a.Get("--family") == "all") families = trace::FamilyNames();
@@ -458,6 +469,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
       o.truth = &truth;
       if (a.Has("--timing")) o.predict = true;
+      if (a.Has("--timing") && a.Get("--horizon") == "token") o.predict_next_token = true;
       auto r = trace::Generate(o);
       if (!r.ok()) return ReportError("trace sweep", r.error());
       t = std::move(r).value();
@@ -498,6 +510,15 @@ int RunSweep(const std::vector<std::string>& argv) {
       to.queue_depth = static_cast<uint32_t>(*qd);
       to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
       to.prefetch_staged = a.Has("--staged");
+      if (horizon == "token") {
+        to.lookahead = store::TimingOptions::Lookahead::kNextToken;
+        // Without next-token predictions every policy's prefetch row would
+        // silently equal demand-only.
+        if (std::none_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_token_predictions; }))
+          return ReportError("trace sweep", Error(a.Get("--trace") + ": the trace has no next-token predictions, "
+                                                  "which --horizon token replays")
+                                                .WithHint("write it with `k3pack trace gen --predict-next-token`"));
+      }
       auto dev = a.GetInt("--device-mib");
       auto h2d = a.GetDouble("--h2d-gbps"), h2d_lat = a.GetDouble("--h2d-latency-us");
       if (!dev.ok() || !h2d.ok() || !h2d_lat.ok() || *dev < 0 || *h2d <= 0 || *h2d_lat < 0)
@@ -528,16 +549,18 @@ int RunSweep(const std::vector<std::string>& argv) {
           j.back()["prefetch_copied_bytes"] = r.prefetch_copied_bytes;
         }
       }
-      json fj = {{"timing", j}, {"tokens", seq->tokens}};
+      json fj = {{"timing", j}, {"tokens", seq->tokens}, {"horizon", horizon}};
       if (to.device_bytes)
         fj["device"] = {{"bytes", to.device_bytes}, {"policy", to.device_policy},
                         {"h2d_bytes_per_s", to.h2d_bytes_per_s}, {"h2d_latency_s", to.h2d_latency_s}};
       if (families.size() > 1) all[family] = fj;
       else all = fj;
       char head[256];
-      std::snprintf(head, sizeof head, "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens\n",
+      std::snprintf(head, sizeof head,
+                    "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens, "
+                    "prefetch horizon: next %s\n",
                     family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
-                    (unsigned long long)seq->tokens);
+                    (unsigned long long)seq->tokens, horizon.c_str());
       text += head;
       if (to.device_bytes) {
         std::snprintf(head, sizeof head, "device tier: %llu MiB = %llu objects (%.2f%%), %s, H2D %.1f GB/s, %.0f us\n",

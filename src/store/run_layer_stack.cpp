@@ -47,20 +47,47 @@ Result<LayerStackResult> RunLayerStack(ExpertStore& store, const gguf::ShardSet&
     out.predicted_right += right;
   }
 
+  // Next-token proxy: the same router on the same MoE input. The stack's
+  // tokens are independent draws, not a decoded sequence, so its accuracy
+  // says little; it exercises the trace field and the timed replay.
+  std::vector<std::vector<std::vector<uint32_t>>> next_guess;  // [layer][token]
+  if (options.predict_next_token) {
+    next_guess.resize(out.layers.size());
+    for (size_t i = 0; i < out.layers.size(); ++i) {
+      const ExpertRunResult& r = out.layers[i];
+      const size_t h = static_cast<size_t>(r.hidden);
+      for (uint32_t k = 0; k < r.tokens; ++k) {
+        std::span<const float> x(r.hidden_in.data() + k * h, h);
+        K3_ASSIGN_OR_RETURN(auto g, RouteHidden(source, r.layer, x, out.predict_k));
+        if (k > 0)
+          for (uint32_t e : r.routed[k]) {
+            ++out.next_token_routes;
+            out.next_token_right += std::count(next_guess[i].back().begin(), next_guess[i].back().end(), e);
+          }
+        next_guess[i].push_back(std::move(g));
+      }
+    }
+  }
+
   // The trace: the tokens decoded one after another, one record per layer.
   trace::Trace& t = out.trace;
   t.num_experts = first.num_experts;
   t.top_k = first.top_k;
   t.layer_ids = layers;
-  t.predict_k = layers.size() > 1 ? out.predict_k : 0;
+  t.predict_k = layers.size() > 1 || options.predict_next_token ? out.predict_k : 0;
   std::vector<uint16_t> ids, guess;
   for (uint32_t k = 0; k < first.tokens; ++k) {
-    for (const ExpertRunResult& r : out.layers) {
+    for (size_t i = 0; i < out.layers.size(); ++i) {
+      const ExpertRunResult& r = out.layers[i];
       ids.assign(r.routed[k].begin(), r.routed[k].end());
       t.Append(r.layer, 1, 0, false, ids);
       if (!r.predicted.empty()) {
         guess.assign(r.predicted[k].begin(), r.predicted[k].end());
         t.SetPredictions(guess);
+      }
+      if (!next_guess.empty()) {
+        guess.assign(next_guess[i][k].begin(), next_guess[i][k].end());
+        t.SetTokenPredictions(guess);
       }
     }
   }
@@ -80,7 +107,16 @@ nlohmann::json LayerStackJson(const LayerStackResult& r) {
           {"routes", r.predicted_routes},
           {"predicted", r.predicted_right},
           {"accuracy", r.predicted_routes ? nlohmann::json(r.accuracy()) : nlohmann::json(nullptr)},
-          {"per_layer", per}};
+          {"per_layer", per},
+          {"next_token",
+           r.next_token_routes == 0 && r.trace.token_predictions.empty()
+               ? nlohmann::json(nullptr)
+               : nlohmann::json{{"proxy", "same_layer_router_on_same_input"},
+                                {"routes", r.next_token_routes},
+                                {"predicted", r.next_token_right},
+                                {"accuracy", r.next_token_routes ? nlohmann::json(double(r.next_token_right) /
+                                                                                  double(r.next_token_routes))
+                                                                 : nlohmann::json(nullptr)}}}};
 }
 
 }  // namespace k3pack::store

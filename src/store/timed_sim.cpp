@@ -29,6 +29,20 @@ class NextUseMin final : public Policy {
   }
   std::string name() const override { return "belady"; }
   void SetCall(uint64_t c) { call_ = c; }
+  // MIN with prefetch: reading `k` ahead is worth it only if the cache has
+  // room or the victim it would evict is not needed before `k`. One layer
+  // ahead this always holds (k is needed at the next call, the earliest
+  // possible use); a token ahead it keeps MIN from evicting objects needed
+  // sooner.
+  bool WorthAdmitting(ObjectId k, const PinCounts* pins) const {
+    if (used_bytes() + space().Cost(k) <= capacity_bytes()) return true;
+    const auto& u = uses_[k];
+    auto it = std::upper_bound(u.begin(), u.end(), static_cast<uint32_t>(call_));
+    const uint64_t nk = it == u.end() ? UINT64_MAX : *it;
+    for (auto v = order_.rbegin(); v != order_.rend(); ++v)
+      if (!Protected(v->second, {}, pins)) return v->first >= nk;
+    return false;
+  }
 
  protected:
   void OnHit(ObjectId k) override { Track(k); }
@@ -156,6 +170,26 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   std::vector<std::pair<double, uint64_t>> spec_inflight;  // (done, bytes) of speculative reads
   std::vector<ObjectId> spec_pinned;  // this call's prefetches, pinned until the next call starts
   std::vector<ObjectId> dev_pinned;   // the same on the device
+  // Next-token look-ahead: per layer index, the prefetches pinned until the
+  // next call of that layer starts (host and device).
+  const bool token_ahead = o.lookahead == TimingOptions::Lookahead::kNextToken;
+  const size_t num_layers = t.layer_ids.size();
+  std::vector<std::vector<ObjectId>> pinned_at(token_ahead ? num_layers + 1 : 0), dev_pinned_at(pinned_at.size());
+  // Belady's perfect next-token prefetch: the next call of the same layer.
+  std::vector<uint64_t> next_same_layer;
+  auto layer_index = [&](uint64_t c) {
+    return static_cast<size_t>(std::lower_bound(t.layer_ids.begin(), t.layer_ids.end(), t.records[c].layer) -
+                               t.layer_ids.begin());
+  };
+  if (token_ahead && min) {
+    next_same_layer.assign(seq.calls.size(), UINT64_MAX);
+    std::vector<uint64_t> last(num_layers + 1, UINT64_MAX);
+    for (uint64_t c = seq.calls.size(); c-- > 0;) {
+      size_t li = layer_index(c);
+      next_same_layer[c] = last[li];
+      last[li] = c;
+    }
+  }
   std::vector<std::pair<double, ObjectId>> copies;  // (source ready, object) of this call's device misses
   // Staging (prefetch_staged): per object, whether staged and when its read
   // lands; per layer, what is staged for its next call.
@@ -181,6 +215,13 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     spec_pinned.clear();
     for (ObjectId k : dev_pinned) --dev_pins[k];
     dev_pinned.clear();
+    const size_t li = layer_index(c);
+    if (token_ahead) {
+      for (ObjectId k : pinned_at[li]) --pins[k];
+      pinned_at[li].clear();
+      for (ObjectId k : dev_pinned_at[li]) --dev_pins[k];
+      dev_pinned_at[li].clear();
+    }
     double call_ready = now;
     // With a device tier the call is served from the device; only its
     // device misses are acquired from the host tier (as the slot cache and
@@ -269,22 +310,26 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     }
     r.stall_s += call_ready - now;
     now = call_ready;
-    // Look-ahead: start reads for the next layer's predicted objects while this call computes.
+    // Look-ahead: start reads for the next layer's (or, with next-token
+    // look-ahead, the next token's same layer's) predicted objects while
+    // this call computes.
     if (o.prefetch && c + 1 < seq.calls.size()) {
       predicted.clear();
-      const auto& next = seq.calls[c + 1];
       if (min) {
-        predicted.assign(seq.keys.begin() + next.begin, seq.keys.begin() + next.end);
+        const uint64_t nc = token_ahead ? next_same_layer[c] : c + 1;
+        if (nc != UINT64_MAX)
+          predicted.assign(seq.keys.begin() + seq.calls[nc].begin, seq.keys.begin() + seq.calls[nc].end);
       } else {
         const auto& rec = t.records[c];
-        auto p = t.RecordPredictions(rec);
-        const auto pos = std::lower_bound(t.layer_ids.begin(), t.layer_ids.end(), rec.layer);
-        if (!p.empty() && pos + 1 < t.layer_ids.end()) {
+        auto p = token_ahead ? t.RecordTokenPredictions(rec) : t.RecordPredictions(rec);
+        const size_t target = token_ahead ? li : li + 1;
+        if (!p.empty() && target < num_layers) {
           pred_ids.assign(p.begin(), p.end());
-          DistinctSorted(space, static_cast<uint32_t>(pos + 1 - t.layer_ids.begin()), pred_ids.data(),
-                         pred_ids.size(), &predicted);
+          DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &predicted);
         }
       }
+      std::vector<ObjectId>& pin_list = token_ahead ? pinned_at[li] : spec_pinned;
+      std::vector<ObjectId>& dev_pin_list = token_ahead ? dev_pinned_at[li] : dev_pinned;
       for (ObjectId k : keys) ++pins[k];
       if (tiered)
         for (ObjectId k : keys) ++dev_pins[k];
@@ -313,6 +358,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
             for (const auto& e : spec_inflight) in_flight += e.second;
             if (in_flight + space.Cost(k) > o.prefetch_budget_bytes) break;
           }
+          if (min && !min->WorthAdmitting(k, &pins)) continue;
           evicted.clear();
           bool admitted = policy->Admit(k, 1, &pins, &evicted);
           for (ObjectId v : evicted) drop(v);
@@ -320,7 +366,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
           ready[k] = ssd.Read(now, space.Cost(k));
           speculative[k] = 1;
           ++pins[k];
-          spec_pinned.push_back(k);
+          pin_list.push_back(k);
           r.bytes_read += space.Cost(k);
           r.prefetch_bytes += space.Cost(k);
           if (o.prefetch_budget_bytes) spec_inflight.push_back({ready[k], space.Cost(k)});
@@ -328,13 +374,14 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         if (!tiered || staging) continue;
         // On to the device, without evicting this call's objects or the
         // batch's: copied once its host copy is readable.
+        if (device_min && !device_min->WorthAdmitting(k, &dev_pins)) continue;
         evicted.clear();
         if (!device->Admit(k, 1, &dev_pins, &evicted)) continue;
         dev_ready[k] = link.Copy(std::max(now, ready[k]), space.Cost(k));
         r.bytes_copied += space.Cost(k);
         r.prefetch_copied_bytes += space.Cost(k);
         ++dev_pins[k];
-        dev_pinned.push_back(k);
+        dev_pin_list.push_back(k);
       }
       for (ObjectId k : keys) --pins[k];
       if (tiered)

@@ -11,6 +11,15 @@
 // Belady gets the true next call) that are not resident are admitted into
 // the cache without evicting the call's own objects, and read; at most
 // `prefetch_budget_bytes` of speculative reads are in flight (0 = no cap).
+// With `lookahead` kNextToken the predictions issued when a call starts
+// computing are instead its rows' predictions for the same layer at the
+// request's next token (trace v2 next-token predictions; Belady gets the
+// true next call of the same layer): a whole token of look-ahead instead of
+// one layer. Their objects stay pinned against other prefetches until the
+// next call of that layer starts (a demand miss can still evict them); the
+// budget and staging rules are the same. Staged objects are taken or dropped
+// by the next call of their layer, which is the same request's next token
+// only when requests do not interleave.
 // An object counts as a hit only if its read had completed when the call
 // started: a prefetch that lands later is a miss (the call stalls for it)
 // and is counted in late_prefetches.
@@ -58,6 +67,8 @@ struct TimingOptions {
   bool prefetch = false;
   uint64_t prefetch_budget_bytes = 0;
   bool prefetch_staged = false;
+  enum class Lookahead { kNextLayer, kNextToken };
+  Lookahead lookahead = Lookahead::kNextLayer;
   // Device tier (0: none; the host tier serves the calls).
   uint64_t device_bytes = 0;
   std::string device_policy = "lru";

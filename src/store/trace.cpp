@@ -14,7 +14,8 @@ namespace {
 
 constexpr char kMagic[8] = {'K', '3', 'T', 'R', 'A', 'C', 'E', '\0'};
 constexpr uint32_t kMaxVersion = 2;
-constexpr uint32_t kFlagPrefill = 1u, kFlagRowRequests = 2u, kFlagPredictions = 4u;
+constexpr uint32_t kFlagPrefill = 1u, kFlagRowRequests = 2u, kFlagPredictions = 4u,
+                   kFlagTokenPredictions = 8u;
 
 template <typename T>
 void Put(std::string* s, T v) {
@@ -57,10 +58,17 @@ void Trace::SetPredictions(std::span<const uint16_t> predicted) {
   predictions.insert(predictions.end(), predicted.begin(), predicted.end());
 }
 
+void Trace::SetTokenPredictions(std::span<const uint16_t> predicted) {
+  Record& r = records.back();
+  r.has_token_predictions = true;
+  r.token_prediction_offset = token_predictions.size();
+  token_predictions.insert(token_predictions.end(), predicted.begin(), predicted.end());
+}
+
 uint32_t Trace::version() const {
   if (predict_k != 0) return 2;
   for (const Record& r : records)
-    if (r.has_row_requests || r.has_predictions) return 2;
+    if (r.has_row_requests || r.has_predictions || r.has_token_predictions) return 2;
   return 1;
 }
 
@@ -81,7 +89,8 @@ Status WriteTrace(const std::string& path, const Trace& t) {
     Put<uint32_t>(&out, r.rows);
     Put<uint32_t>(&out, r.request);
     Put<uint32_t>(&out, (r.is_prefill ? kFlagPrefill : 0u) | (r.has_row_requests ? kFlagRowRequests : 0u) |
-                            (r.has_predictions ? kFlagPredictions : 0u));
+                            (r.has_predictions ? kFlagPredictions : 0u) |
+                            (r.has_token_predictions ? kFlagTokenPredictions : 0u));
     auto ids = t.RecordIds(r);
     out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t));
     if (r.has_row_requests)
@@ -89,6 +98,8 @@ Status WriteTrace(const std::string& path, const Trace& t) {
                  size_t{r.rows} * sizeof(uint32_t));
     auto pred = t.RecordPredictions(r);
     out.append(reinterpret_cast<const char*>(pred.data()), pred.size() * sizeof(uint16_t));
+    auto next = t.RecordTokenPredictions(r);
+    out.append(reinterpret_cast<const char*>(next.data()), next.size() * sizeof(uint16_t));
   }
   return WriteFileAtomic(path, out);
 }
@@ -102,8 +113,8 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
   auto bad = [&](const std::string& why) { return Error(path + ": not a k3pack trace: " + why); };
   if (data.size() < 32 || std::memcmp(data.data(), kMagic, 8) != 0) return bad("bad magic");
   Cursor c{data, 8};
-  uint32_t version, n_layers;
-  uint64_t n_records;
+  uint32_t version = 0, n_layers = 0;
+  uint64_t n_records = 0;
   Trace t;
   c.Get(&version);
   c.Get(&t.num_experts);
@@ -135,10 +146,12 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
     if (rows == 0 || c.pos + n * 2 > data.size()) return bad("truncated ids at record " + std::to_string(i));
     const std::string at = " at record " + std::to_string(i);
     if (version >= 2) {
-      if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions))
+      if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions | kFlagTokenPredictions))
         return bad("unknown flag bits 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%x", flags); return std::string(b); }() + at);
       if ((flags & kFlagPredictions) && t.predict_k == 0)
         return bad("predictions flagged" + at + " but the header's predict_k is 0");
+      if ((flags & kFlagTokenPredictions) && t.predict_k == 0)
+        return bad("next-token predictions flagged" + at + " but the header's predict_k is 0");
     } else {
       flags &= kFlagPrefill;  // v1 readers ignored the other bits
     }
@@ -162,18 +175,27 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
       std::memcpy(t.row_requests.data() + r.row_request_offset, data.data() + c.pos, size_t{rows} * 4);
       c.pos += size_t{rows} * 4;
     }
-    if (flags & kFlagPredictions) {
+    // Predicted ids (next layer, then next token): rows * predict_k, each below num_experts.
+    auto read_predicted = [&](const std::string& kind, std::vector<uint16_t>* dst, uint64_t* offset) -> Status {
       uint64_t np = uint64_t{rows} * t.predict_k;
-      if (c.pos + np * 2 > data.size()) return bad("truncated predictions" + at);
-      r.has_predictions = true;
-      r.prediction_offset = t.predictions.size();
-      t.predictions.resize(t.predictions.size() + np);
-      std::memcpy(t.predictions.data() + r.prediction_offset, data.data() + c.pos, np * 2);
+      if (c.pos + np * 2 > data.size()) return bad("truncated " + kind + "predictions" + at);
+      *offset = dst->size();
+      dst->resize(dst->size() + np);
+      std::memcpy(dst->data() + *offset, data.data() + c.pos, np * 2);
       c.pos += np * 2;
-      for (uint64_t k = r.prediction_offset; k < t.predictions.size(); ++k)
-        if (t.predictions[k] >= t.num_experts)
-          return bad("predicted expert id " + std::to_string(t.predictions[k]) + at + " is not below " +
+      for (uint64_t k = *offset; k < dst->size(); ++k)
+        if ((*dst)[k] >= t.num_experts)
+          return bad(kind + "predicted expert id " + std::to_string((*dst)[k]) + at + " is not below " +
                      std::to_string(t.num_experts) + " experts");
+      return Status::OK();
+    };
+    if (flags & kFlagPredictions) {
+      K3_RETURN_IF_ERROR(read_predicted("", &t.predictions, &r.prediction_offset));
+      r.has_predictions = true;
+    }
+    if (flags & kFlagTokenPredictions) {
+      K3_RETURN_IF_ERROR(read_predicted("next-token ", &t.token_predictions, &r.token_prediction_offset));
+      r.has_token_predictions = true;
     }
     t.records.push_back(r);
   }
@@ -229,7 +251,7 @@ Result<Trace> Generate(const GenOptions& o) {
   if (t.layer_ids.empty())
     for (uint32_t l = 1; l <= 92; ++l) t.layer_ids.push_back(l);
   std::sort(t.layer_ids.begin(), t.layer_ids.end());
-  if (o.predict) t.predict_k = o.top_k;
+  if (o.predict || o.predict_next_token) t.predict_k = o.top_k;
   const uint32_t L = static_cast<uint32_t>(t.layer_ids.size());
   const uint32_t E = o.num_experts, K = o.top_k;
   std::mt19937_64 rng(o.seed);
@@ -252,7 +274,12 @@ Result<Trace> Generate(const GenOptions& o) {
     std::vector<std::vector<double>> w;  // [layer][expert]
     std::vector<Sampler> samplers;
     std::vector<std::vector<uint16_t>> prev;  // previous token's experts per layer
+    // predict_next_token: per layer, where the previous token's row keeps
+    // its next-token predictions in Trace::token_predictions (filled once
+    // this token is routed).
+    std::vector<uint64_t> pending;
   };
+  constexpr uint64_t kNone = UINT64_MAX;
   std::vector<uint8_t> used(E);
   auto start = [&](uint32_t id) {
     Req q;
@@ -260,6 +287,7 @@ Result<Trace> Generate(const GenOptions& o) {
     q.w.resize(L);
     q.samplers.resize(L);
     q.prev.resize(L);
+    if (o.predict_next_token) q.pending.assign(L, kNone);
     for (uint32_t l = 0; l < L; ++l) {
       q.w[l] = o.domains ? domain[id % o.domains][l] : ZipfWeights(E, o.request_skew, rng);
       for (uint32_t e = 0; e < E; ++e) q.w[l][e] *= global[l][e];
@@ -312,18 +340,22 @@ Result<Trace> Generate(const GenOptions& o) {
   // bursts, as when a token changes topic); the other rows keep each true
   // expert with the probability that makes the mean accuracy
   // `predict_accuracy`. Misses are filled with other experts drawn from the
-  // request's popularity (a plausible wrong guess).
+  // request's popularity (a plausible wrong guess). Without `next` (a
+  // request's last token has no next one, but its predictor still runs)
+  // every id is such a guess.
   const double keep_p =
       std::min(1.0, o.predict_accuracy / std::max(1e-9, 1.0 - o.predict_surprise));
-  auto predict = [&](Req& q, uint32_t next_l, const uint16_t* next, uint16_t* out) {
+  auto predict = [&](std::mt19937_64& g, Req& q, uint32_t next_l, const uint16_t* next, uint16_t* out) {
     std::fill(used.begin(), used.end(), 0);
-    for (uint32_t k = 0; k < K; ++k) used[next[k]] = 1;
-    bool surprise = unit(rng) < o.predict_surprise;
     uint32_t n = 0;
-    for (uint32_t k = 0; k < K; ++k)
-      if (!surprise && unit(rng) < keep_p) out[n++] = next[k];
+    if (next) {
+      for (uint32_t k = 0; k < K; ++k) used[next[k]] = 1;
+      bool surprise = unit(g) < o.predict_surprise;
+      for (uint32_t k = 0; k < K; ++k)
+        if (!surprise && unit(g) < keep_p) out[n++] = next[k];
+    }
     while (n < K) {
-      uint32_t e = q.samplers[next_l].Draw(rng);
+      uint32_t e = q.samplers[next_l].Draw(g);
       if (used[e]) continue;
       used[e] = 1;
       out[n++] = static_cast<uint16_t>(e);
@@ -333,8 +365,15 @@ Result<Trace> Generate(const GenOptions& o) {
   // layers first (a prediction for layer l needs layer l+1's routes).
   std::vector<std::vector<uint16_t>> per_layer(L), pred(L);
   std::vector<uint32_t> row_req;
+  // Next-token predictions use their own stream: turning them on leaves the
+  // routes and the next-layer predictions as they were.
+  std::mt19937_64 next_rng(o.seed ^ 0x9e3779b97f4a7c15ull);
   auto emit = [&](std::vector<Req*>& reqs, bool prefill, bool per_row_requests) {
     const uint32_t rows = static_cast<uint32_t>(reqs.size());
+    // This call's records keep their next-token predictions here, filled
+    // when each row's request routes its next token.
+    const uint64_t token_base = t.token_predictions.size();
+    if (o.predict_next_token) t.token_predictions.resize(token_base + uint64_t{L} * rows * K);
     for (uint32_t l = 0; l < L; ++l) {
       per_layer[l].resize(size_t{rows} * K);
       pred[l].resize(size_t{rows} * K);
@@ -346,7 +385,13 @@ Result<Trace> Generate(const GenOptions& o) {
       for (uint32_t l = 0; l < L; ++l) route(q, l, per_layer[l].data() + size_t{r} * K);
       if (o.predict)
         for (uint32_t l = 0; l + 1 < L; ++l)
-          predict(q, l + 1, per_layer[l + 1].data() + size_t{r} * K, pred[l].data() + size_t{r} * K);
+          predict(rng, q, l + 1, per_layer[l + 1].data() + size_t{r} * K, pred[l].data() + size_t{r} * K);
+      if (o.predict_next_token)
+        for (uint32_t l = 0; l < L; ++l) {
+          if (q.pending[l] != kNone)
+            predict(next_rng, q, l, per_layer[l].data() + size_t{r} * K, t.token_predictions.data() + q.pending[l]);
+          q.pending[l] = token_base + (uint64_t{l} * rows + r) * K;
+        }
       ++q.token;
       row_req.push_back(q.id);
     }
@@ -354,7 +399,18 @@ Result<Trace> Generate(const GenOptions& o) {
       t.Append(t.layer_ids[l], rows, reqs[0]->id, prefill, per_layer[l]);
       if (per_row_requests) t.SetRowRequests(row_req);
       if (o.predict && l + 1 < L) t.SetPredictions(pred[l]);
+      if (o.predict_next_token) {
+        t.records.back().has_token_predictions = true;
+        t.records.back().token_prediction_offset = token_base + uint64_t{l} * rows * K;
+      }
     }
+  };
+  // A finished request's last token still gets next-token predictions: the
+  // predictor does not know the request ends, so they are all guesses.
+  auto finish = [&](Req& q) {
+    if (!o.predict_next_token) return;
+    for (uint32_t l = 0; l < L; ++l)
+      if (q.pending[l] != kNone) predict(next_rng, q, l, nullptr, t.token_predictions.data() + q.pending[l]);
   };
 
   // Continuous batching: up to `concurrent` requests are active; a new one
@@ -392,6 +448,8 @@ Result<Trace> Generate(const GenOptions& o) {
           ++q.decoded;
         }
     }
+    for (Req& q : active)
+      if (q.decoded >= o.decode_tokens) finish(q);
     active.erase(std::remove_if(active.begin(), active.end(), [&](const Req& q) { return q.decoded >= o.decode_tokens; }),
                  active.end());
   }
@@ -411,6 +469,7 @@ bool ApplyFamily(const std::string& name, GenOptions* o) {
   d.predict = o->predict;
   d.predict_accuracy = o->predict_accuracy;
   d.predict_surprise = o->predict_surprise;
+  d.predict_next_token = o->predict_next_token;
   d.truth = o->truth;
   if (name == "kimi") {
     // Defaults: 4 requests x (32 + 256) tokens one after another.

@@ -272,5 +272,61 @@ TEST_F(RouterLookaheadTest, CliWritesTheTraceAndTheTimedSweepReplaysIt) {
             0u);
 }
 
+// The next-token proxy (--predict-next-token): every record carries the
+// layer's own router on the token's own input, top predict_k, the rule
+// restated here; its accuracy is counted against the next token's routes.
+TEST_F(RouterLookaheadTest, NextTokenProxyIsTheLayersOwnRouterOnTheSameInput) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  gguf::ShardSet source = Source();
+  const auto layers = store->info().active_layer_ids;
+  ExpertRunOptions o;
+  o.tokens = 4;
+  o.predict_k = 6;
+  o.predict_next_token = true;
+  auto stack = RunLayerStack(*store, source, o, layers);
+  ASSERT_TRUE(stack.ok()) << stack.error().message();
+  const trace::Trace& t = stack->trace;
+  EXPECT_EQ(t.predict_k, 6u);
+  uint64_t routes = 0, right = 0;
+  for (uint32_t k = 0; k < o.tokens; ++k)
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const trace::Record& r = t.records[k * layers.size() + i];
+      ASSERT_TRUE(r.has_token_predictions);
+      const auto& run = stack->layers[i];
+      std::span<const float> x(run.hidden_in.data() + k * run.hidden, static_cast<size_t>(run.hidden));
+      auto want = TopK(source, layers[i], x, 6);
+      auto got = t.RecordTokenPredictions(r);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin(), want.end())) << "token " << k << " layer " << i;
+      // The proxy's first top_k are the token's own routes.
+      EXPECT_TRUE(std::equal(run.routed[k].begin(), run.routed[k].end(), got.begin()));
+      if (k == 0) continue;
+      auto prev = t.RecordTokenPredictions(t.records[(k - 1) * layers.size() + i]);
+      for (uint16_t e : t.RecordIds(r)) {
+        ++routes;
+        right += std::count(prev.begin(), prev.end(), e);
+      }
+    }
+  EXPECT_EQ(stack->next_token_routes, routes);
+  EXPECT_EQ(stack->next_token_right, right);
+  auto j = LayerStackJson(*stack);
+  EXPECT_EQ(j["next_token"]["routes"], routes);
+  const std::string path = dir_ + "/next-token.trace";
+  ASSERT_TRUE(trace::WriteTrace(path, t).ok());
+  auto back = trace::ReadTrace(path);
+  ASSERT_TRUE(back.ok()) << back.error().message();
+  EXPECT_EQ(back->token_predictions, t.token_predictions);
+  ASSERT_TRUE(store->Close().ok());
+  EXPECT_EQ(Cli("run-experts --manifest " + manifest_ + " --predict-next-token").code, 2);
+  auto cli = Cli("run-experts --manifest " + manifest_ + " --all-layers --tokens 3 --predict-next-token --trace-out " +
+                 dir_ + "/cli-next.trace --json");
+  ASSERT_EQ(cli.code, 0) << cli.out;
+  auto cj = nlohmann::json::parse(cli.out.substr(cli.out.find('{')));
+  EXPECT_EQ(cj["prediction"]["next_token"]["proxy"], "same_layer_router_on_same_input");
+  auto sweep = Cli("trace sweep --timing --horizon token --trace " + dir_ + "/cli-next.trace --manifest " + manifest_ +
+                   " --policies lru --sizes 8 --json");
+  EXPECT_EQ(sweep.code, 0) << sweep.out;
+}
+
 }  // namespace
 }  // namespace k3pack::store

@@ -167,7 +167,7 @@ TEST(TraceV2, ReaderAcceptsGoodAndRejectsBadInput) {
   EXPECT_EQ(ok->RecordPredictions(ok->records[0])[1], 6u);
   ExpectError(V2(0, 0, "", 3), "unsupported version 3");
   ExpectError(V2(9, 0, ""), "predict_k 9 exceeds 8 experts");
-  ExpectError(V2(2, 8, ""), "unknown flag bits 0x8 at record 0");
+  ExpectError(V2(2, 16, ""), "unknown flag bits 0x10 at record 0");
   ExpectError(V2(0, 4, U16s({1, 2, 3, 4})), "predictions flagged at record 0 but the header's predict_k is 0");
   ExpectError(V2(2, 2, U32s({7})), "truncated row requests at record 0");
   ExpectError(V2(2, 4, U16s({1, 2, 3})), "truncated predictions at record 0");
@@ -178,6 +178,32 @@ TEST(TraceV2, ReaderAcceptsGoodAndRejectsBadInput) {
   ASSERT_TRUE(v1.ok()) << v1.error().message();
   EXPECT_TRUE(v1->records[0].is_prefill);
   EXPECT_FALSE(v1->records[0].has_row_requests);
+}
+
+// Flag bit 3: predicted ids of the same layer at each row's next token,
+// after the next-layer predictions; checked by the same rules.
+TEST(TraceV2, NextTokenPredictionsReadAndRejectBadInput) {
+  auto ok = trace::ParseTrace(V2(2, 4 | 8, U16s({5, 6, 1, 0}) + U16s({7, 3, 2, 4})), "t.k3trace");
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  ASSERT_TRUE(ok->records[0].has_token_predictions);
+  EXPECT_EQ(ok->RecordPredictions(ok->records[0])[0], 5u);
+  EXPECT_EQ(ok->RecordTokenPredictions(ok->records[0])[0], 7u);
+  EXPECT_EQ(ok->RecordTokenPredictions(ok->records[0])[3], 4u);
+  auto only = trace::ParseTrace(V2(1, 8, U16s({6, 5})), "t.k3trace");
+  ASSERT_TRUE(only.ok()) << only.error().message();
+  EXPECT_TRUE(only->RecordPredictions(only->records[0]).empty());
+  EXPECT_EQ(only->RecordTokenPredictions(only->records[0])[1], 5u);
+  ExpectError(V2(0, 8, U16s({1, 2, 3, 4})), "next-token predictions flagged at record 0 but the header's predict_k is 0");
+  ExpectError(V2(9, 8, U16s({1, 2})), "predict_k 9 exceeds 8 experts");
+  ExpectError(V2(2, 8, ""), "truncated next-token predictions at record 0");  // flag without data
+  ExpectError(V2(2, 8, U16s({1, 2, 3})), "truncated next-token predictions at record 0");
+  ExpectError(V2(2, 4 | 8, U16s({1, 2, 3, 4}) + U16s({1})), "truncated next-token predictions at record 0");
+  ExpectError(V2(2, 8, U16s({1, 2, 3, 9})), "next-token predicted expert id 9 at record 0 is not below 8 experts");
+  ExpectError(V2(2, 8, U16s({1, 2, 3, 4, 5})), "2 trailing bytes");
+  // A v1 file's bit 3 was never defined: ignored, nothing more is read.
+  auto v1 = trace::ParseTrace(V2(0, 8, "", 1), "t.k3trace");
+  ASSERT_TRUE(v1.ok()) << v1.error().message();
+  EXPECT_FALSE(v1->records[0].has_token_predictions);
 }
 
 // The adaptive policy on random calls with random pins: never over capacity,
