@@ -60,6 +60,24 @@ std::future<void> HashPool::Submit(std::function<void()> job) {
   return done;
 }
 
+bool HashPool::RunOne() {
+  std::packaged_task<void()> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (jobs_.empty()) return false;
+    job = std::move(jobs_.front());
+    jobs_.pop_front();
+  }
+  job();
+  return true;
+}
+
+void HashPool::Wait(std::future<void>& done) {
+  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    if (!RunOne()) done.wait();
+  }
+}
+
 BatchSpan SpanOf(const PackLayout& layout, uint32_t li, uint32_t e0, uint32_t n) {
   const uint64_t lo = layout.ObjectOffset(li, e0);
   const uint64_t end = layout.ObjectOffset(li, e0 + n - 1) + layout.ObjectBytes(li);
@@ -163,7 +181,7 @@ Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchB
     K3_RETURN_IF_ERROR(io.out->Write(stage + (run.a - span.lo), run.z - run.a, run.a, run.data));
   }
   if (stats) stats->write_s += SecondsSince(w0);
-  for (auto& j : pending) j.wait();
+  for (auto& j : pending) pool->Wait(j);
   if (stats) {
     for (double s : hash_s) stats->hash_s += s;
   }

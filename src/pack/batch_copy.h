@@ -38,10 +38,15 @@ class HashPool {
   HashPool& operator=(const HashPool&) = delete;
   // The returned future is ready once `job` has run.
   std::future<void> Submit(std::function<void()> job);
+  // Waits for `done`, running queued jobs on the calling thread meanwhile
+  // (a copy thread waiting for its hashes hashes too, instead of idling
+  // while the pool's threads catch up).
+  void Wait(std::future<void>& done);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  bool RunOne();  // runs the oldest queued job here; false when none is queued
   std::deque<std::packaged_task<void()>> jobs_;
   bool closing_ = false;
   std::vector<std::thread> threads_;
