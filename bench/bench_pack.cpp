@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(copy_dir);
     std::filesystem::create_directories(copy_dir);
     dropped = DropCaches(model->shard_paths);
-    const double cpu0 = CpuSeconds(RUSAGE_CHILDREN) + CpuSeconds(RUSAGE_SELF);
+    const double cpu0 = CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN);
     const auto t0 = Clock::now();
     if (use_direct) {
       if (!DirectCopy(model->shard_paths, copy_dir)) return 0;
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s)  load %s\n", r, use_direct ? "direct" : "cp",
-                cp_bytes / s / 1e6, s, CpuSeconds(RUSAGE_CHILDREN) + CpuSeconds(RUSAGE_SELF) - cpu0,
+                cp_bytes / s / 1e6, s, CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN) - cpu0,
                 LoadAvg().c_str());
     std::filesystem::remove_all(copy_dir);
     return cp_bytes / s / 1e6;
