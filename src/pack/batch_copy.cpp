@@ -78,6 +78,11 @@ void HashPool::Wait(std::future<void>& done) {
   }
 }
 
+BatchBuffers::BatchBuffers(uint64_t read_bytes, uint64_t stage_bytes, bool staged) {
+  for (uint32_t r = 0; r < (staged ? 1 : kRoleCount); ++r) reads.push_back(std::make_unique<IoBuffer>(read_bytes + kDirectSlack));
+  if (staged) stage = std::make_unique<IoBuffer>(stage_bytes);
+}
+
 BatchSpan SpanOf(const PackLayout& layout, uint32_t li, uint32_t e0, uint32_t n) {
   const uint64_t lo = layout.ObjectOffset(li, e0);
   const uint64_t end = layout.ObjectOffset(li, e0 + n - 1) + layout.ObjectBytes(li);
@@ -88,13 +93,16 @@ Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchB
                  std::array<uint8_t, 32>* digests, uint32_t* crcs, CopyStats* stats) {
   const PackLayout& layout = *io.layout;
   const BatchSpan span = SpanOf(layout, li, e0, n);
-  if (span.hi - span.lo > buf.stage.size()) return Error("CopyBatch: stage buffer too small", ErrorKind::kRuntime);
-  uint8_t* stage = buf.stage.data();
+  const bool staged = buf.stage != nullptr;
+  if (staged && span.hi - span.lo > buf.stage->size()) {
+    return Error("CopyBatch: stage buffer too small", ErrorKind::kRuntime);
+  }
+  uint8_t* stage = staged ? buf.stage->data() : nullptr;
   std::vector<Run> runs;
   std::array<double, kRoleCount> hash_s{};
   std::vector<std::future<void>> pending;
-  // Every way out waits for the hash jobs: they read the stage buffer and
-  // write the caller's records.
+  // Every way out waits for the hash jobs: they read the buffers and write
+  // the caller's records.
   struct WaitAll {
     std::vector<std::future<void>>& jobs;
     ~WaitAll() {
@@ -105,7 +113,7 @@ Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchB
   } wait_all{pending};
 
   // The zero fill between payloads (and after the last, up to the block end).
-  for (uint32_t i = 0; i < n; ++i) {
+  for (uint32_t i = 0; staged && i < n; ++i) {
     for (size_t k = 0; k < kRoleOrder.size(); ++k) {
       const EntrySlot s = layout.Slot(li, e0 + i, kRoleOrder[k]);
       const uint64_t next = k + 1 < kRoleOrder.size() ? layout.Slot(li, e0 + i, kRoleOrder[k + 1]).offset
@@ -121,27 +129,34 @@ Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchB
     const uint32_t shard = t.tensor.shard_index;
     const uint64_t slice = t.expert_bytes;
     const uint64_t src_off = t.tensor.data_offset + static_cast<uint64_t>(e0) * slice;
-    auto in = ReadSource(io.src[shard], io.src_size[shard], src_off, slice * n, buf.read, stats, io.direct_src[shard]);
+    auto in = ReadSource(io.src[shard], io.src_size[shard], src_off, slice * n, *buf.reads[staged ? 0 : ri], stats,
+                         io.direct_src[shard]);
     if (!in.ok()) {
       return in.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(e0) + ".." +
                                     std::to_string(e0 + n - 1));
     }
-    // Gather the slices into pack order; note which hold data and where.
+    // Staged: gather the slices into pack order and note where their data
+    // goes. Unstaged: write each slice's data where it belongs.
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<uint8_t> has_data(n, 0);
-    std::vector<uint64_t> dst(n);
+    std::vector<const uint8_t*> bytes(n, nullptr);  // slice i's bytes, for the hash
     size_t seg = 0;
-    for (uint32_t i = 0; i < n; ++i) {
-      dst[i] = layout.Slot(li, e0 + i, r).offset;
-      if (!in->bytes) continue;  // all hole: nothing to write, zeros to hash
-      std::memcpy(stage + (dst[i] - span.lo), in->bytes + static_cast<uint64_t>(i) * slice, slice);
+    for (uint32_t i = 0; in->bytes && i < n; ++i) {  // all hole: nothing to write, zeros to hash
+      const uint64_t dst = layout.Slot(li, e0 + i, r).offset;
+      const uint8_t* from = in->bytes + static_cast<uint64_t>(i) * slice;
+      if (staged) std::memcpy(stage + (dst - span.lo), from, slice);
+      bytes[i] = staged ? stage + (dst - span.lo) : from;
       const uint64_t lo = src_off + static_cast<uint64_t>(i) * slice, hi = lo + slice;
       while (seg < in->segs.size() && in->segs[seg].offset + in->segs[seg].length <= lo) ++seg;
       for (size_t k = seg; k < in->segs.size() && in->segs[k].offset < hi; ++k) {
         const Segment& sg = in->segs[k];
         if (sg.hole) continue;
         const uint64_t a = std::max(lo, sg.offset), z = std::min(hi, sg.offset + sg.length);
-        runs.push_back({dst[i] + (a - lo), dst[i] + (z - lo), z - a});
+        if (staged) {
+          runs.push_back({dst + (a - lo), dst + (z - lo), z - a});
+        } else {
+          K3_RETURN_IF_ERROR(io.out->Write(from + (a - lo), z - a, dst + (a - lo)));
+        }
         has_data[i] = 1;
       }
     }
@@ -151,7 +166,7 @@ Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchB
       for (uint32_t i = 0; i < n; ++i) {
         const size_t at = static_cast<size_t>(i) * kRoleCount + ri;
         if (has_data[i]) {
-          HashSlice(stage + (dst[i] - span.lo), slice, &digests[at], &crcs[at]);
+          HashSlice(bytes[i], slice, &digests[at], &crcs[at]);
         } else {
           digests[at] = ZeroSha256(slice);
           crcs[at] = ZeroCrc32c(slice);
@@ -161,7 +176,8 @@ Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchB
     }));
   }
 
-  // Whole blocks around the data, merged: one write for a batch without holes.
+  // Staged: whole blocks around the data, merged: one write for a batch
+  // without holes.
   const auto w0 = std::chrono::steady_clock::now();
   for (Run& run : runs) {
     run.a = std::max(span.lo, AlignDown(run.a));

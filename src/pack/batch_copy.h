@@ -10,6 +10,9 @@
 // contiguous, block-aligned range: one write, which can bypass the page
 // cache (O_DIRECT) and so needs neither the copy into cache pages nor their
 // writeback and eviction, CPU the hashing needs on a small machine.
+// Through the page cache (no O_DIRECT on the pack's filesystem, or
+// K3PACK_DIRECT_WRITE=0) the batch is not staged: the kernel copies the
+// bytes anyway, so each slice is written from the read buffer.
 // Why a hash pool: the hashing of role r runs while role r + 1 is read and
 // while the batch is written, instead of after them.
 #pragma once
@@ -19,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -62,11 +66,15 @@ struct BatchIo {
   const OutputFile* out = nullptr;  // the partial pack
 };
 
-// A worker's buffers: `read` holds one role's slices of a batch (plus
-// kDirectSlack), `stage` the batch's objects in pack order.
+// A worker's buffers. Staged (the pack written with O_DIRECT): reads[0]
+// holds one role's slices of a batch (plus kDirectSlack), `stage` the
+// batch's objects in pack order. Unstaged (the pack written through the page
+// cache, which is a copy already; a gather would be a second one): one read
+// buffer per role, the slices written from there, no stage.
 struct BatchBuffers {
-  BatchBuffers(uint64_t read_bytes, uint64_t stage_bytes) : read(read_bytes + kDirectSlack), stage(stage_bytes) {}
-  IoBuffer read, stage;
+  BatchBuffers(uint64_t read_bytes, uint64_t stage_bytes, bool staged);
+  std::vector<std::unique_ptr<IoBuffer>> reads;
+  std::unique_ptr<IoBuffer> stage;  // null when unstaged
 };
 
 // The pack bytes [lo, hi) objects (li, e0 .. e0+n-1) span, hi rounded up to
@@ -78,10 +86,11 @@ BatchSpan SpanOf(const PackLayout& layout, uint32_t li, uint32_t e0, uint32_t n)
 
 // Copies objects (active layer li, experts e0 .. e0+n-1): stores the SHA-256
 // and CRC32C of entry (obj0 * 3 + k) in digests[k] and crcs[k], for
-// k < 3n. Source holes stay holes: only the blocks that hold source data are
-// written (the zero fill between payloads and any hole bytes sharing a block
-// with data are written as zeros, as a partial-block write would leave them).
-// The budget of io.out is charged the payload bytes only.
+// k < 3n. Source holes stay holes: staged, only the blocks that hold source
+// data are written (the zero fill between payloads and any hole bytes
+// sharing a block with data are written as zeros, as a partial-block write
+// would leave them), and the budget of io.out is charged the payload bytes
+// only; unstaged, only the data bytes are written.
 Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchBuffers& buf, HashPool* pool,
                  std::array<uint8_t, 32>* digests, uint32_t* crcs, CopyStats* stats);
 

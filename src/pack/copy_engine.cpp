@@ -199,7 +199,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   double read_s = 0, write_s = 0, hash_s = 0, ckpt_s = 0;  // summed under mu
 
   auto worker = [&]() {
-    BatchBuffers buf(max_batch_bytes, max_stage_bytes);
+    BatchBuffers buf(max_batch_bytes, max_stage_bytes, pack_out.direct());
     CopyStats stats;
     while (!stop.load()) {
       const uint64_t bi = next.fetch_add(1);
