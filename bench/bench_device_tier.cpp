@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench_args.h"
 #include "k3pack/device_tier.h"
 #include "k3pack/store.h"
 #include "store/cuda_runtime.h"
@@ -81,7 +82,10 @@ double ColdFill(const std::shared_ptr<ExpertStore>& host, uint64_t objects, uint
 }  // namespace
 
 int main(int argc, char** argv) {
-  const uint64_t objects = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
+  const char* usage = "bench_device_tier [objects (default 64, a multiple of 16)]";
+  bench::ExitOnHelp(argc, argv, usage);
+  if (argc > 2) bench::ExitUsage(usage);
+  const uint64_t objects = argc > 1 ? bench::PositiveArg(argv[1], usage) : 64;
   if (objects < kTopK || objects % kTopK != 0) {
     std::fprintf(stderr, "objects must be a positive multiple of %u\n", kTopK);
     return 2;

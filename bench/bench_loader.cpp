@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_args.h"
 #include "k3pack/gguf.h"
 #include "k3pack/loader.h"
 #include "util/file.h"
@@ -171,19 +172,18 @@ int main(int argc, char** argv) {
   uint64_t mib = 1024;
   int repeat = 3;
   bool holes = false;
+  const char* usage = "bench_loader [--manifest M | --gguf DIR] [--mib N] [--repeat R] [--dir D] [--holes]";
+  bench::ExitOnHelp(argc, argv, usage);
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
     if (a == "--manifest") manifest = next();
     else if (a == "--gguf") gguf_dir = next();
-    else if (a == "--mib") mib = std::stoull(next());
-    else if (a == "--repeat") repeat = std::stoi(next());
+    else if (a == "--mib") mib = bench::PositiveArg(next().c_str(), usage);
+    else if (a == "--repeat") repeat = static_cast<int>(bench::PositiveArg(next().c_str(), usage));
     else if (a == "--dir") dir = next();
     else if (a == "--holes") holes = true;
-    else {
-      std::fprintf(stderr, "usage: bench_loader [--manifest M | --gguf DIR] [--mib N] [--repeat R] [--dir D] [--holes]\n");
-      return 2;
-    }
+    else bench::ExitUsage(usage);
   }
   bool cleanup = false;
   if (!gguf_dir.empty()) {
@@ -229,7 +229,20 @@ int main(int argc, char** argv) {
   struct Mode {
     const char* name;
     std::function<uint64_t()> run;  // returns the bytes consumed
+    bool raw = false;               // reads each stored range once (view_total), not the emitted total
   };
+  // O_DIRECT reads need block-aligned offsets, lengths and memory: an
+  // aligned buffer, each range widened to 4 KiB blocks (the extra bytes are
+  // not counted). Null where the filesystem refuses O_DIRECT (tmpfs).
+  constexpr uint64_t kBlock = 4096;
+  const bool direct_ok = [&] {
+    if (ranges.empty()) return false;
+    auto fd = OpenReadOnly(ranges.front().path, O_DIRECT);
+    return fd.ok();
+  }();
+  std::unique_ptr<uint8_t, decltype(&std::free)> direct_buf(
+      static_cast<uint8_t*>(std::aligned_alloc(kBlock, (dst.size() + 2 * kBlock) / kBlock * kBlock)), &std::free);
+  const uint64_t direct_chunk = dst.size() / kBlock * kBlock;
   // The raw modes read each distinct stored range once; the stream also
   // hands out computed tensors and second views of one range.
   uint64_t view_total = 0;
@@ -255,7 +268,7 @@ int main(int argc, char** argv) {
   loader::LoadOptions populate, copy;
   populate.populate = true;
   copy.copy = true;
-  const std::vector<Mode> modes = {
+  std::vector<Mode> modes = {
       // Baseline: the same byte ranges read with pread into one reused
       // buffer, POSIX_FADV_SEQUENTIAL on each shard (no checks, no names).
       {"raw pread (baseline)",
@@ -275,7 +288,8 @@ int main(int argc, char** argv) {
            }
          }
          return n;
-       }},
+       },
+       true},
       {"memcpy from fresh maps",
        [&]() -> uint64_t {
          for (const Range& rg : ranges) {
@@ -283,11 +297,34 @@ int main(int argc, char** argv) {
            for (auto [off, n] : rg.spans) copy_view(map->data() + off, n);
          }
          return view_total;
-       }},
+       },
+       true},
       {"loader zero-copy + memcpy", stream({}, true)},
       {"loader populate + memcpy", stream(populate, true)},
       {"loader copy=true (pread)", stream(copy, false)},
   };
+  if (direct_ok) {
+    // Second baseline: the same ranges with O_DIRECT (no page cache at all),
+    // in aligned chunks of the reused buffer's size.
+    modes.insert(modes.begin() + 1, Mode{"raw O_DIRECT pread", [&]() -> uint64_t {
+      uint64_t n = 0;
+      for (const Range& rg : ranges) {
+        auto fd = OpenReadOnly(rg.path, O_DIRECT).value();
+        for (auto [off, len] : rg.spans) {
+          const uint64_t a = off / kBlock * kBlock, z = (off + len + kBlock - 1) / kBlock * kBlock;
+          for (uint64_t pos = a; pos < z;) {
+            const size_t k = static_cast<size_t>(std::min<uint64_t>(direct_chunk, z - pos));
+            const ssize_t got = ::pread(fd.get(), direct_buf.get(), k, static_cast<off_t>(pos));
+            if (got <= 0) break;
+            const uint64_t lo = std::max(pos, off), hi = std::min(pos + static_cast<uint64_t>(got), off + len);
+            if (hi > lo) n += hi - lo;
+            pos += static_cast<uint64_t>(got);
+          }
+        }
+      }
+      return n;
+    }, true});
+  }
 
   std::printf("non-routed bytes   %.3f GB in %zu shard(s), largest tensor %.1f MiB, median of %d rounds\n",
               static_cast<double>(total) / 1e9, ranges.size(), static_cast<double>(max_tensor) / (1 << 20), repeat);
@@ -315,7 +352,7 @@ int main(int argc, char** argv) {
       }
     }
     for (size_t i = 0; i < modes.size(); ++i) {
-      const uint64_t want = i < 2 ? view_total : total;
+      const uint64_t want = modes[i].raw ? view_total : total;
       if (bytes[i] != want) std::printf("warning: %s consumed %llu bytes, expected %llu\n", modes[i].name,
                                         static_cast<unsigned long long>(bytes[i]), static_cast<unsigned long long>(want));
       std::vector<double> ratio;
@@ -332,6 +369,7 @@ int main(int argc, char** argv) {
     std::getline(la, load);
     std::printf("load average at the end: %s\n", load.c_str());
   }
+  if (!direct_ok) std::printf("(no O_DIRECT baseline: the filesystem of the shards refuses O_DIRECT)\n");
   std::printf("(cold: POSIX_FADV_DONTNEED on every shard before each run; x pread = raw pread time / mode time,\n"
               " target >= 0.8; peak RSS = growth of VmHWM over the mode, reused buffer %.1f MiB; peak RSS of the\n"
               " whole process %.1f MiB)\n",

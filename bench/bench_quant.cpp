@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "k3pack/quant.h"
 
 using namespace k3pack;
@@ -113,18 +114,17 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string types;
   bool json = false, matvec = true;
+  const char* usage = "bench_quant [--elements N] [--reps R] [--threads T] [--types A,B] [--json] [--no-matvec]";
+  bench::ExitOnHelp(argc, argv, usage);
   for (int i = 1; i < argc; ++i) {
     const bool has = i + 1 < argc;
-    if (!std::strcmp(argv[i], "--elements") && has) n = std::strtoull(argv[++i], nullptr, 10);
-    else if (!std::strcmp(argv[i], "--reps") && has) reps = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--threads") && has) threads = std::max(1, std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--elements") && has) n = bench::PositiveArg(argv[++i], usage);
+    else if (!std::strcmp(argv[i], "--reps") && has) reps = static_cast<int>(bench::PositiveArg(argv[++i], usage));
+    else if (!std::strcmp(argv[i], "--threads") && has) threads = static_cast<int>(bench::PositiveArg(argv[++i], usage));
     else if (!std::strcmp(argv[i], "--types") && has) types = argv[++i];
     else if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--no-matvec")) matvec = false;
-    else {
-      std::fprintf(stderr, "usage: bench_quant [--elements N] [--reps R] [--threads T] [--types A,B] [--json] [--no-matvec]\n");
-      return 2;
-    }
+    else bench::ExitUsage(usage);
   }
   n = n / 256 * 256;
   std::printf("bench_quant: %llu elements per run, best of %d, ISA %s, %d thread(s) for the MT columns\n",

@@ -16,7 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
+#include "bench_args.h"
 #include "k3pack/store.h"
 #include "k3pack/trace.h"
 #include "store/policy.h"
@@ -118,11 +120,34 @@ double StoreMisses(const testing::TinyPack& p, uint64_t objects, uint64_t obj_by
   return double(bytes) / secs / 1e9;
 }
 
+// Paired rounds: ratio b/a per round, so load that changes between rounds
+// cancels; the median and range over the rounds are printed.
+struct PairedRounds {
+  std::vector<double> a, b;
+  void Add(double x, double y) {
+    if (x > 0 && y > 0) a.push_back(x), b.push_back(y);
+  }
+  static double Median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? -1 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  }
+  std::vector<double> Ratios() const {
+    std::vector<double> r;
+    for (size_t i = 0; i < a.size(); ++i) r.push_back(b[i] / a[i]);
+    std::sort(r.begin(), r.end());
+    return r;
+  }
+  bool empty() const { return a.empty(); }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const uint64_t objects = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
-  const int depth = argc > 2 ? std::atoi(argv[2]) : 16;
+  const char* usage = "bench_store [objects (default 64)] [queue_depth (default 16)]";
+  bench::ExitOnHelp(argc, argv, usage);
+  if (argc > 3) bench::ExitUsage(usage);
+  const uint64_t objects = argc > 1 ? bench::PositiveArg(argv[1], usage) : 64;
+  const int depth = argc > 2 ? static_cast<int>(bench::PositiveArg(argv[2], usage)) : 16;
   std::printf("== bench_store ==\n");
 
   // 1. Miss-path throughput. K3-sized objects (11,956,224 bytes), 2 layers.
@@ -142,23 +167,26 @@ int main(int argc, char** argv) {
   if (Status st = p.WriteDigestSidecar(); !st.ok()) std::printf("  sidecar: %s\n", st.error().message().c_str());
   std::printf("\n1. miss-path read throughput, queue depth %d (store / raw pread, same objects)\n", depth);
   // The machine may be shared and noisy: each pair is measured `reps` times
-  // back to back (raw, then store) and the best of each is kept.
+  // back to back (raw, then store); the ratio is taken per round.
   const int reps = 3;
   for (bool direct : {false, true}) {
     for (const char* io : {"pread", "uring"}) {
-      double raw = -1, st = -1;
+      PairedRounds pr;
       for (int r = 0; r < reps; ++r) {
         if (direct) DropCache(p.pack);
-        raw = std::max(raw, RawPread(p, n, obj, depth, direct));
+        const double raw = RawPread(p, n, obj, depth, direct);
         if (direct) DropCache(p.pack);
-        st = std::max(st, StoreMisses(p, n, obj, depth, direct, io));
+        pr.Add(raw, StoreMisses(p, n, obj, depth, direct, io));
       }
-      if (raw <= 0 || st <= 0) {
+      if (pr.empty()) {
         std::printf("  %-8s %-6s skipped (O_DIRECT unsupported?)\n", direct ? "O_DIRECT" : "buffered", io);
         continue;
       }
-      std::printf("  %-8s store[%-5s] %6.2f GB/s   raw pread %6.2f GB/s   ratio %.2fx (target >= 0.9x; best of %d)\n",
-                  direct ? "O_DIRECT" : "buffered", io, st, raw, st / raw, reps);
+      const auto ratios = pr.Ratios();
+      std::printf("  %-8s store[%-5s] %6.2f GB/s   raw pread %6.2f GB/s   ratio %.2fx (range %.2f-%.2fx; "
+                  "target >= 0.9x; medians of %zu paired rounds)\n",
+                  direct ? "O_DIRECT" : "buffered", io, PairedRounds::Median(pr.b), PairedRounds::Median(pr.a),
+                  PairedRounds::Median(ratios), ratios.front(), ratios.back(), ratios.size());
     }
   }
 
@@ -172,17 +200,20 @@ int main(int argc, char** argv) {
     std::printf("\n1b. CRC32C check on every miss (%s: %.1f GB/s on one core; sink %08x)\n", Crc32cImplementation(),
                 8.0 * double(obj) / Seconds(tc) / 1e9, sink);
     for (bool direct : {false, true}) {
-      double on = -1, off = -1;
+      PairedRounds pr;  // a: unchecked, b: checked
       for (int r = 0; r < reps; ++r) {
         if (direct) DropCache(p.pack);
-        off = std::max(off, StoreMisses(p, n, obj, depth, direct, "uring", false));
+        const double off = StoreMisses(p, n, obj, depth, direct, "uring", false);
         if (direct) DropCache(p.pack);
-        on = std::max(on, StoreMisses(p, n, obj, depth, direct, "uring", true));
+        pr.Add(off, StoreMisses(p, n, obj, depth, direct, "uring", true));
       }
-      if (on <= 0 || off <= 0) continue;
-      std::printf("  %-8s store[uring] checked %6.2f GB/s   unchecked %6.2f GB/s   ratio %.3fx (cost %.1f%%; "
-                  "target <= 3%%; best of %d)\n",
-                  direct ? "O_DIRECT" : "buffered", on, off, on / off, 100.0 * (1.0 - on / off), reps);
+      if (pr.empty()) continue;
+      const auto ratios = pr.Ratios();
+      const double ratio = PairedRounds::Median(ratios);
+      std::printf("  %-8s store[uring] checked %6.2f GB/s   unchecked %6.2f GB/s   ratio %.3fx (range %.2f-%.2fx; "
+                  "cost %.1f%%; target <= 3%%; medians of %zu paired rounds)\n",
+                  direct ? "O_DIRECT" : "buffered", PairedRounds::Median(pr.b), PairedRounds::Median(pr.a), ratio,
+                  ratios.front(), ratios.back(), 100.0 * (1.0 - ratio), ratios.size());
     }
   }
 

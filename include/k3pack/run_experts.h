@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 
 #include "k3pack/error.h"
 #include "k3pack/store.h"
+#include "k3pack/trace.h"
 
 namespace k3pack::gguf {
 class ShardSet;
@@ -31,6 +34,16 @@ struct ExpertRunOptions {
   // > 1: also run the block as ep_size EP ranks, one thread each with its own
   // rank store, and sum their partial outputs (see RunRoutedExperts).
   uint32_t ep_size = 1;
+  // The block's input hidden states, tokens x hidden (row-major); null: N(0, 1)
+  // from `seed`.
+  const std::vector<float>* hidden = nullptr;
+  // Fill ExpertRunResult::hidden_out (the residual stream after the block).
+  bool residual_out = false;
+  // Router look-ahead: also route each token's input hidden state through
+  // layer `predict_layer`'s router (ffn_gate_inp + exp_probs_b, the routing
+  // rule itself) and keep its top `predict_k` experts (0: top_k).
+  std::optional<uint32_t> predict_layer;
+  uint32_t predict_k = 0;
 };
 
 // One EP rank's share of an --ep-size run.
@@ -47,6 +60,9 @@ struct ExpertRunResult {
   uint32_t layer = 0, tokens = 0, top_k = 0, num_experts = 0;
   int64_t hidden = 0, latent = 0, inter = 0;
   std::vector<std::vector<uint32_t>> routed;  // per token: chosen experts, best first
+  std::vector<float> hidden_in;                // tokens x hidden: the block's input
+  std::vector<float> hidden_out;               // residual_out: hidden_in + ffn_routed_up . from_store
+  std::vector<std::vector<uint32_t>> predicted;  // predict_layer: per token, its predicted experts, best first
   std::vector<float> from_store, from_source;  // tokens x latent, row-major
   uint64_t mismatched_values = 0;              // bitwise differences
   double max_abs_diff = 0;
@@ -80,5 +96,35 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
                                          const std::vector<std::shared_ptr<ExpertStore>>& rank_stores = {});
 
 nlohmann::json ExpertRunJson(const ExpertRunResult& r);
+
+// Layer `layer`'s routing decision for hidden state `x`: its `k` experts with
+// the highest selection score (sigmoid(ffn_gate_inp . x) + exp_probs_b), best
+// first, exactly as the routed block chooses them (k = top_k gives its routes).
+Result<std::vector<uint32_t>> RouteHidden(const gguf::ShardSet& source, uint32_t layer, std::span<const float> x,
+                                          uint32_t k);
+
+// `layers` (ascending routed layers) run as one stack for the same tokens:
+// layer i's input is layer i-1's residual stream (its input plus its routed
+// block's output through ffn_routed_up; attention, norms and shared experts
+// are left out), the first layer's is N(0, 1) from options.seed. Each layer
+// but the last also predicts the next one's routes by applying that layer's
+// router to its own input (the MoE input: known when its acquire is made,
+// one layer before the predicted acquire). The trace (format v2) holds the
+// tokens decoded one after another: per token, one record per layer with
+// its routes and predictions (predict_k ids per row).
+struct LayerStackResult {
+  std::vector<ExpertRunResult> layers;
+  trace::Trace trace;
+  uint32_t predict_k = 0;
+  // Routes of every predicted layer (all but the first) and how many of them
+  // were predicted; per predicted layer too (index i: layers[i + 1]).
+  uint64_t predicted_routes = 0, predicted_right = 0;
+  std::vector<uint64_t> layer_routes, layer_right;
+  double accuracy() const { return predicted_routes ? double(predicted_right) / double(predicted_routes) : 0.0; }
+};
+Result<LayerStackResult> RunLayerStack(ExpertStore& store, const gguf::ShardSet& source,
+                                       const ExpertRunOptions& options, const std::vector<uint32_t>& layers,
+                                       const std::vector<std::shared_ptr<ExpertStore>>& rank_stores = {});
+nlohmann::json LayerStackJson(const LayerStackResult& r);
 
 }  // namespace k3pack::store

@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/run_experts.h"
+#include "k3pack/trace.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -89,6 +91,11 @@ int RunExperts(const std::vector<std::string>& argv) {
                            "check their summed partial outputs against the single store's, bit for bit", "1")
       .Option("--rank-manifests", "with --ep-size N: the manifests of N rank packs, rank 0 first, comma-separated\n"
                                   "(default: N rank stores over the full pack)")
+      .Option("--trace-out", "run the layers as one stack (each layer's input is the previous layer's residual\n"
+                             "stream) and write their routes as a trace (format v2) with router look-ahead: per\n"
+                             "row, layer L+1's router applied to layer L's MoE input (docs/store.md)")
+      .Option("--predict-k", "with --trace-out: predicted experts per row (default: top_k)")
+      .Flag("--force", "replace an existing --trace-out file")
       .Flag("--json", "print the results as JSON");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
@@ -109,8 +116,29 @@ int RunExperts(const std::vector<std::string>& argv) {
                              " manifests for --ep-size " + std::to_string(*ep_size) + ": give one per rank, rank 0 first"),
                        2);
   }
+  const std::string trace_out = a.Get("--trace-out");
+  int64_t predict_k = 0;
+  if (a.Has("--predict-k")) {
+    auto pk = a.GetInt("--predict-k");
+    if (!pk.ok()) return ReportError("run-experts", pk.error(), 2);
+    if (trace_out.empty()) return ReportError("run-experts", Error("--predict-k needs --trace-out"), 2);
+    if (*pk < 1 || *pk > 65536) return ReportError("run-experts", Error("--predict-k must be at least 1"), 2);
+    predict_k = *pk;
+  }
   if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("run-experts", e.error());
+  }
+  if (!trace_out.empty()) {
+    // Checked before any work; a trace is never taken as already written
+    // (it depends on the run), so an existing file needs --force.
+    if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
+    OutputSpec spec;
+    spec.option = "--trace-out";
+    spec.path = trace_out;
+    spec.force = a.Has("--force");
+    spec.why_refused = "run-experts does not overwrite a file";
+    auto action = DecideOutput(spec);
+    if (!action.ok()) return ReportError("run-experts", action.error());
   }
   auto m = manifest::ReadManifest(a.Get("--manifest"));
   if (!m.ok()) return ReportError("run-experts", m.error());
@@ -175,8 +203,45 @@ int RunExperts(const std::vector<std::string>& argv) {
   o.ep_size = static_cast<uint32_t>(*ep_size);
   json runs = json::array();
   bool all_match = true;
+  json prediction = nullptr;
+  size_t ran = 0;  // layers run
+  if (!trace_out.empty()) {
+    const uint32_t experts = (*st)->info().num_experts;
+    if (predict_k > static_cast<int64_t>(experts))
+      return ReportError("run-experts", Error("--predict-k " + std::to_string(predict_k) + " exceeds the " +
+                                              std::to_string(experts) + " experts per layer"), 2);
+    o.predict_k = static_cast<uint32_t>(predict_k);
+    auto stack = store::RunLayerStack(**st, *source, o, layers, rank_stores);
+    if (!stack.ok()) return ReportError("run-experts", stack.error());
+    for (const auto& r : stack->layers) {
+      ++ran;
+      all_match = all_match && r.matches();
+      if (a.Has("--json")) runs.push_back(store::ExpertRunJson(r));
+      else PrintRun(r);
+    }
+    if (Status w = trace::WriteTrace(trace_out, stack->trace); !w.ok()) return ReportError("run-experts", w.error());
+    prediction = store::LayerStackJson(*stack);
+    prediction["trace"] = trace_out;
+    if (!a.Has("--json")) {
+      if (stack->predicted_routes) {
+        std::printf("router look-ahead (layer L+1's router on layer L's MoE input, top-%u): %llu of %llu routes "
+                    "predicted (%.1f%%)\n",
+                    stack->predict_k, (unsigned long long)stack->predicted_right,
+                    (unsigned long long)stack->predicted_routes, 100.0 * stack->accuracy());
+        for (size_t i = 0; i < stack->layer_routes.size(); ++i)
+          std::printf("  layer %u -> %u: %.1f%%\n", stack->layers[i].layer, stack->layers[i + 1].layer,
+                      100.0 * double(stack->layer_right[i]) / double(std::max<uint64_t>(1, stack->layer_routes[i])));
+      } else {
+        std::printf("router look-ahead: one layer only, nothing to predict\n");
+      }
+      std::printf("wrote %s (format v%u): %zu records\n", trace_out.c_str(), stack->trace.version(),
+                  stack->trace.records.size());
+    }
+    layers.clear();  // done
+  }
   for (uint32_t layer : layers) {
     o.layer = layer;
+    ++ran;
     auto r = store::RunRoutedExperts(**st, *source, o, rank_stores);
     if (!r.ok()) return ReportError("run-experts", r.error());
     all_match = all_match && r->matches();
@@ -192,9 +257,12 @@ int RunExperts(const std::vector<std::string>& argv) {
   Status closed = (*st)->Close();
   if (!closed.ok()) return ReportError("run-experts", closed.error());
   if (a.Has("--json")) {
-    PrintJson(json{{"pack", pack_path}, {"gguf", gguf_path}, {"all_match", all_match}, {"layers", runs}});
-  } else if (layers.size() > 1) {
-    std::printf("%zu layers: %s\n", layers.size(), all_match ? "all identical to the GGUF source" : "MISMATCHES found");
+    json j{{"pack", pack_path}, {"gguf", gguf_path}, {"all_match", all_match}, {"layers", runs}};
+    if (!prediction.is_null()) j["prediction"] = prediction;
+    PrintJson(j);
+  } else if (ran > 1) {
+    std::printf("%zu layers: %s\n", ran,
+                all_match ? "all identical to the GGUF source" : "MISMATCHES found");
   }
   return all_match ? 0 : 1;
 }

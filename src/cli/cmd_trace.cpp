@@ -1,5 +1,6 @@
 // `k3pack trace gen|replay|sweep`: synthetic routing traces, replay on the
 // real store (or policy-only simulation), and policy sweeps vs Belady.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "k3pack/manifest.h"
 #include "k3pack/trace.h"
 #include "store/ep_sweep.h"
+#include "store/policy.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
 #include "store/timed_sim.h"
@@ -25,6 +27,16 @@ constexpr const char* kCmd = "trace";
 int Usage() {
   std::cerr << "usage: k3pack trace <gen|replay|sweep> [options]   (k3pack trace <sub> --help)\n";
   return 2;
+}
+
+// A name `flag` gives must be a cache policy: a usage error up front (exit 2),
+// not a failure after the trace has been read.
+Status CheckPolicyName(const std::string& flag, const std::string& name) {
+  const auto known = store::PolicyNames();
+  if (std::find(known.begin(), known.end(), name) != known.end()) return Status::OK();
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+  return Error(flag + ": unknown cache policy '" + name + "' (known: " + list + ")");
 }
 
 Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string& what) {
@@ -395,6 +407,10 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--queue-depth", "--timing: SSD reads in flight", "16")
       .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
       .Flag("--staged", "--timing: also prefetch with the store's staging rule (reads outside the cache)")
+      .Option("--device-mib", "--timing: device (VRAM) tier in front of the host cache, MiB (0: none)", "0")
+      .Option("--device-policy", "--timing: the device tier's policy (lru: the GPU tier's slots)", "lru")
+      .Option("--h2d-gbps", "--timing: host-to-device copy bandwidth, GB/s (PCIe-4 x16)", "25")
+      .Option("--h2d-latency-us", "--timing: latency per host-to-device copy", "10")
       .Flag("--json", "print the table as JSON");
   AddGenOptions(a);
   AddProgressOption(a);
@@ -409,7 +425,10 @@ int RunSweep(const std::vector<std::string>& argv) {
   {
     std::stringstream ss(a.Get("--policies"));
     std::string p;
-    while (std::getline(ss, p, ',')) policies.push_back(p);
+    while (std::getline(ss, p, ',')) {
+      if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+      policies.push_back(p);
+    }
   }
   uint32_t ep_size = 0;  // 0: no --ep-size
   if (a.Has("--ep-size")) {
@@ -479,6 +498,18 @@ int RunSweep(const std::vector<std::string>& argv) {
       to.queue_depth = static_cast<uint32_t>(*qd);
       to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
       to.prefetch_staged = a.Has("--staged");
+      auto dev = a.GetInt("--device-mib");
+      auto h2d = a.GetDouble("--h2d-gbps"), h2d_lat = a.GetDouble("--h2d-latency-us");
+      if (!dev.ok() || !h2d.ok() || !h2d_lat.ok() || *dev < 0 || *h2d <= 0 || *h2d_lat < 0)
+        return ReportError("trace sweep",
+                           Error("--device-mib and --h2d-latency-us must be non-negative numbers, --h2d-gbps positive"),
+                           2);
+      to.device_bytes = static_cast<uint64_t>(*dev) << 20;
+      to.device_policy = a.Get("--device-policy");
+      if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
+        return ReportError("trace sweep", st.error(), 2);
+      to.h2d_bytes_per_s = *h2d * 1e9;
+      to.h2d_latency_s = *h2d_lat * 1e-6;
       auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));
       if (!rows.ok()) return ReportError("trace sweep", rows.error());
       json j = json::array();
@@ -490,15 +521,32 @@ int RunSweep(const std::vector<std::string>& argv) {
                      {"stall_free_fraction", r.stall_free_fraction()}, {"late_prefetches", r.late_prefetches},
                      {"prefetch_useful_bytes", r.prefetch_useful_bytes},
                      {"prefetch_wasted_bytes", r.prefetch_wasted_bytes}, {"tokens", r.tokens}});
+        if (to.device_bytes) {
+          j.back()["device_policy"] = r.device_policy;
+          j.back()["host_hits"] = r.host_hits;
+          j.back()["bytes_copied_per_token"] = r.copied_per_token();
+          j.back()["prefetch_copied_bytes"] = r.prefetch_copied_bytes;
+        }
       }
       json fj = {{"timing", j}, {"tokens", seq->tokens}};
+      if (to.device_bytes)
+        fj["device"] = {{"bytes", to.device_bytes}, {"policy", to.device_policy},
+                        {"h2d_bytes_per_s", to.h2d_bytes_per_s}, {"h2d_latency_s", to.h2d_latency_s}};
       if (families.size() > 1) all[family] = fj;
       else all = fj;
       char head[256];
       std::snprintf(head, sizeof head, "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens\n",
                     family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
                     (unsigned long long)seq->tokens);
-      text += head + store::TimedText(*rows, space->num_objects());
+      text += head;
+      if (to.device_bytes) {
+        std::snprintf(head, sizeof head, "device tier: %llu MiB = %llu objects (%.2f%%), %s, H2D %.1f GB/s, %.0f us\n",
+                      (unsigned long long)*dev, (unsigned long long)(to.device_bytes / space->max_object_bytes()),
+                      100.0 * double(to.device_bytes / space->max_object_bytes()) / double(space->num_objects()),
+                      to.device_policy.c_str(), *h2d, *h2d_lat);
+        text += head;
+      }
+      text += store::TimedText(*rows, space->num_objects());
       continue;
     }
     const bool bounds = !a.Has("--no-belady");

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -48,8 +49,36 @@ Result<std::vector<float>> Decode(const SourceTensor& t) {
 std::string FloatsSha256(const std::vector<float>& v) { return Sha256Hex(v.data(), v.size() * sizeof(float)); }
 
 struct LayerTensors {
-  SourceTensor router, bias, latent_down, up, gate, down;
+  SourceTensor router, bias, latent_down, latent_up, up, gate, down;
 };
+
+// A layer's router: ffn_gate_inp and the decoded exp_probs_b (empty without).
+struct Router {
+  uint32_t layer = 0;
+  SourceTensor weight;
+  std::vector<float> bias;
+};
+
+Result<Router> LoadRouter(const gguf::ShardSet& set, uint32_t layer) {
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  Router r;
+  r.layer = layer;
+  K3_ASSIGN_OR_RETURN(r.weight, Find(set, p + "ffn_gate_inp.weight", true));
+  K3_ASSIGN_OR_RETURN(SourceTensor bias, Find(set, p + "exp_probs_b.bias", false));
+  if (bias.info) {
+    K3_ASSIGN_OR_RETURN(r.bias, Decode(bias));
+  }
+  return r;
+}
+
+// The router's decision for x under `cfg` (its top_k chosen; weights as the block uses them).
+Result<moe::Routing> RouteWith(const Router& r, std::span<const float> x, const moe::MoeConfig& cfg) {
+  if (r.weight.info->ne[0] != static_cast<int64_t>(x.size()))
+    return Error("blk." + std::to_string(r.layer) + ".ffn_gate_inp.weight takes " +
+                 std::to_string(r.weight.info->ne[0]) + " values, the hidden state has " + std::to_string(x.size()));
+  K3_ASSIGN_OR_RETURN(auto logits, moe::RouterLogits(r.weight.info->type, r.weight.bytes, x, cfg.num_experts));
+  return moe::Route(logits, r.bias, cfg);
+}
 
 Result<LayerTensors> FindLayer(const gguf::ShardSet& set, uint32_t layer) {
   const std::string p = "blk." + std::to_string(layer) + ".";
@@ -60,6 +89,7 @@ Result<LayerTensors> FindLayer(const gguf::ShardSet& set, uint32_t layer) {
   K3_ASSIGN_OR_RETURN(t.router, Find(set, p + "ffn_gate_inp.weight", true));
   K3_ASSIGN_OR_RETURN(t.bias, Find(set, p + "exp_probs_b.bias", false));
   K3_ASSIGN_OR_RETURN(t.latent_down, Find(set, p + "ffn_routed_down.weight", false));
+  K3_ASSIGN_OR_RETURN(t.latent_up, Find(set, p + "ffn_routed_up.weight", false));
   return t;
 }
 
@@ -148,22 +178,41 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
     return Error("blk." + std::to_string(o.layer) + ".ffn_routed_down.weight is missing and the hidden size " +
                  std::to_string(r.hidden) + " differs from the experts' input size " + std::to_string(r.latent));
   }
-  std::vector<float> bias;
+  Router router{o.layer, t.router, {}};
   if (t.bias.info) {
-    K3_ASSIGN_OR_RETURN(bias, Decode(t.bias));
+    K3_ASSIGN_OR_RETURN(router.bias, Decode(t.bias));
+  }
+  std::optional<Router> next;  // the look-ahead's router
+  moe::MoeConfig next_cfg = cfg;
+  if (o.predict_layer) {
+    K3_ASSIGN_OR_RETURN(next, LoadRouter(source, *o.predict_layer));
+    next_cfg.num_experts = static_cast<uint32_t>(next->weight.info->ne[1]);
+    next_cfg.top_k = o.predict_k ? o.predict_k : cfg.top_k;
   }
 
   // Hidden states -> router decisions and latent inputs, from the source.
+  const size_t hidden = static_cast<size_t>(r.hidden);
+  if (o.hidden && o.hidden->size() != size_t{o.tokens} * hidden)
+    return Error("run-experts: layer " + std::to_string(o.layer) + " was given " + std::to_string(o.hidden->size()) +
+                 " hidden values for " + std::to_string(o.tokens) + " tokens of " + std::to_string(hidden));
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<moe::Routing> routing(o.tokens);
   std::vector<std::vector<float>> x_lat(o.tokens);
   std::vector<int64_t> ids;
   for (uint32_t k = 0; k < o.tokens; ++k) {
-    std::vector<float> x(static_cast<size_t>(r.hidden));
-    for (float& v : x) v = normal(rng);
-    K3_ASSIGN_OR_RETURN(auto logits, moe::RouterLogits(t.router.info->type, t.router.bytes, x, cfg.num_experts));
-    K3_ASSIGN_OR_RETURN(routing[k], moe::Route(logits, bias, cfg));
+    std::vector<float> x(hidden);
+    if (o.hidden) {
+      std::copy_n(o.hidden->begin() + static_cast<std::ptrdiff_t>(k * hidden), hidden, x.begin());
+    } else {
+      for (float& v : x) v = normal(rng);
+    }
+    r.hidden_in.insert(r.hidden_in.end(), x.begin(), x.end());
+    K3_ASSIGN_OR_RETURN(routing[k], RouteWith(router, x, cfg));
+    if (next) {
+      K3_ASSIGN_OR_RETURN(moe::Routing guess, RouteWith(*next, x, next_cfg));
+      r.predicted.push_back(std::move(guess.experts));
+    }
     if (t.latent_down.info) {
       K3_ASSIGN_OR_RETURN(x_lat[k], moe::RouterLogits(t.latent_down.info->type, t.latent_down.bytes, x,
                                                       static_cast<uint32_t>(r.latent)));
@@ -229,6 +278,23 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
   }
   r.store_sha256 = FloatsSha256(r.from_store);
   r.source_sha256 = FloatsSha256(r.from_source);
+  if (o.residual_out) {
+    // The residual stream after the block: x + W_up . y (y is the latent output).
+    if (!t.latent_up.info && r.latent != r.hidden)
+      return Error("blk." + std::to_string(o.layer) + ".ffn_routed_up.weight is missing and the experts' output size " +
+                   std::to_string(r.latent) + " differs from the hidden size " + std::to_string(r.hidden));
+    r.hidden_out = r.hidden_in;
+    for (uint32_t k = 0; k < o.tokens; ++k) {
+      std::span<const float> y(r.from_store.data() + size_t{k} * static_cast<size_t>(r.latent),
+                               static_cast<size_t>(r.latent));
+      std::vector<float> up(y.begin(), y.end());
+      if (t.latent_up.info) {
+        K3_ASSIGN_OR_RETURN(up, moe::RouterLogits(t.latent_up.info->type, t.latent_up.bytes, y,
+                                                  static_cast<uint32_t>(r.hidden)));
+      }
+      for (size_t i = 0; i < hidden; ++i) r.hidden_out[k * hidden + i] += up[i];
+    }
+  }
   if (N == 1) return r;
 
   // The EP run: rank r's thread serves, from its own store, the routes it owns.
@@ -293,6 +359,16 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
     if (std::memcmp(&r.from_ranks[i], &r.from_store[i], sizeof(float)) != 0) ++r.rank_mismatched_values;
   r.ranks_sha256 = FloatsSha256(r.from_ranks);
   return r;
+}
+
+Result<std::vector<uint32_t>> RouteHidden(const gguf::ShardSet& source, uint32_t layer, std::span<const float> x,
+                                          uint32_t k) {
+  K3_ASSIGN_OR_RETURN(Router router, LoadRouter(source, layer));
+  moe::MoeConfig cfg;
+  cfg.num_experts = static_cast<uint32_t>(router.weight.info->ne[1]);
+  cfg.top_k = k;
+  K3_ASSIGN_OR_RETURN(moe::Routing routing, RouteWith(router, x, cfg));
+  return routing.experts;
 }
 
 static nlohmann::json EpRunJson(const ExpertRunResult& r) {

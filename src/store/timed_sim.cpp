@@ -79,6 +79,21 @@ class Ssd {
   std::priority_queue<double, std::vector<double>, std::greater<double>> inflight_;
 };
 
+// The host-to-device link: one copy engine, FIFO at a fixed bandwidth.
+class Link {
+ public:
+  explicit Link(const TimingOptions& o) : o_(o) {}
+  // Returns when a copy of `bytes` whose source is ready at `t` lands.
+  double Copy(double t, uint64_t bytes) {
+    busy_until_ = std::max(t, busy_until_) + double(bytes) / o_.h2d_bytes_per_s;
+    return busy_until_ + o_.h2d_latency_s;
+  }
+
+ private:
+  const TimingOptions& o_;
+  double busy_until_ = 0;
+};
+
 }  // namespace
 
 Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, const ObjectSpace& space,
@@ -86,32 +101,62 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   if (seq.calls.size() != t.records.size()) return Error("timed replay: call sequence does not match the trace");
   if (o.ssd_bytes_per_s <= 0 || o.layer_compute_s < 0 || o.ssd_latency_s < 0)
     return Error("timed replay: bandwidth must be positive and times non-negative");
-  std::unique_ptr<Policy> policy;
+  const bool tiered = o.device_bytes != 0;
+  if (tiered && (o.h2d_bytes_per_s <= 0 || o.h2d_latency_s < 0))
+    return Error("timed replay: the host-to-device bandwidth must be positive and its latency non-negative");
+  if (tiered) {
+    // Every call's objects must fit on the device together (they are its working set).
+    uint64_t need = 0;
+    for (const auto& call : seq.calls) {
+      uint64_t bytes = 0;
+      for (uint64_t p = call.begin; p < call.end; ++p) bytes += space.Cost(seq.keys[p]);
+      need = std::max(need, bytes);
+    }
+    if (o.device_bytes < need)
+      return Error("timed replay: the device tier (" + std::to_string(o.device_bytes) +
+                   " bytes) cannot hold a call's working set of " + std::to_string(need) + " bytes")
+          .WithHint("give the device tier at least " + std::to_string((need + (1u << 20) - 1) >> 20) + " MiB");
+  }
+  std::unique_ptr<Policy> policy, device;
   NextUseMin* min = nullptr;
+  NextUseMin* device_min = nullptr;
   if (name == "belady") {
     auto p = std::make_unique<NextUseMin>(space, capacity_bytes, seq);
     min = p.get();
     policy = std::move(p);
+    if (tiered) {
+      auto d = std::make_unique<NextUseMin>(space, o.device_bytes, seq);
+      device_min = d.get();
+      device = std::move(d);
+    }
   } else {
     K3_ASSIGN_OR_RETURN(policy, MakePolicy(name, space, capacity_bytes));
+    if (tiered) {
+      K3_ASSIGN_OR_RETURN(device, MakePolicy(o.device_policy, space, o.device_bytes));
+    }
   }
   TimedResult r;
   r.policy = policy->name();
   r.prefetch = o.prefetch;
   r.staged = o.prefetch && o.prefetch_staged && !min;
   r.tokens = seq.tokens;
+  if (tiered) r.device_policy = device->name();
   const bool staging = r.staged;
   Ssd ssd(o);
+  Link link(o);
   const uint64_t n = space.num_objects();
-  std::vector<double> ready(n, 0.0);
+  std::vector<double> ready(n, 0.0);       // when the host copy is readable
+  std::vector<double> dev_ready(tiered ? n : 0, 0.0);  // when the device copy is
   std::vector<uint8_t> speculative(n, 0);  // prefetched, not yet used
-  PinCounts pins(n, 0);
+  PinCounts pins(n, 0), dev_pins(tiered ? n : 0, 0);
   std::vector<uint64_t> gens;
-  AccessResult ar;
-  std::vector<ObjectId> evicted, predicted;
+  AccessResult ar, dar;
+  std::vector<ObjectId> evicted, predicted, host_keys;
   std::vector<int64_t> pred_ids;
   std::vector<std::pair<double, uint64_t>> spec_inflight;  // (done, bytes) of speculative reads
   std::vector<ObjectId> spec_pinned;  // this call's prefetches, pinned until the next call starts
+  std::vector<ObjectId> dev_pinned;   // the same on the device
+  std::vector<std::pair<double, ObjectId>> copies;  // (source ready, object) of this call's device misses
   // Staging (prefetch_staged): per object, whether staged and when its read
   // lands; per layer, what is staged for its next call.
   std::vector<uint8_t> staged(n, 0);
@@ -128,53 +173,91 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     const auto& call = seq.calls[c];
     std::span<const ObjectId> keys(seq.keys.data() + call.begin, call.end - call.begin);
     if (min) min->SetCall(c);
+    if (device_min) device_min->SetCall(c);
     // Prefetched objects stay pinned until the call they were read for
     // starts (like the store's live prefetches), so one batch of
     // prefetches cannot evict its own members.
     for (ObjectId k : spec_pinned) --pins[k];
     spec_pinned.clear();
-    gens.assign(keys.size(), 1);
-    Status st = policy->Access(keys, gens, call.is_prefill, nullptr, &ar);
-    if (!st.ok()) return st.error();
-    for (ObjectId v : ar.evicted) drop(v);
+    for (ObjectId k : dev_pinned) --dev_pins[k];
+    dev_pinned.clear();
     double call_ready = now;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      ObjectId k = keys[i];
-      ++r.accesses;
+    // With a device tier the call is served from the device; only its
+    // device misses are acquired from the host tier (as the slot cache and
+    // the device tier do), then copied.
+    std::span<const ObjectId> hkeys = keys;
+    if (tiered) {
+      gens.assign(keys.size(), 1);
+      Status st = device->Access(keys, gens, call.is_prefill, nullptr, &dar);
+      if (!st.ok()) return st.error().WithContext("timed replay, device tier");
+      host_keys.clear();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        ++r.accesses;
+        if (!dar.hit[i]) {
+          host_keys.push_back(keys[i]);
+          continue;
+        }
+        if (speculative[keys[i]]) {  // read and copied by a prefetch, used here
+          r.prefetch_useful_bytes += space.Cost(keys[i]);
+          speculative[keys[i]] = 0;
+        }
+        if (dev_ready[keys[i]] <= now) {
+          ++r.hits;
+        } else {
+          ++r.late_prefetches;  // its prefetch copy is still on the link
+          call_ready = std::max(call_ready, dev_ready[keys[i]]);
+        }
+      }
+      hkeys = host_keys;
+      copies.clear();
+    }
+    ar.hit.clear();
+    if (!tiered || !hkeys.empty()) {
+      gens.assign(hkeys.size(), 1);
+      Status st = policy->Access(hkeys, gens, call.is_prefill, nullptr, &ar);
+      if (!st.ok()) return st.error();
+      for (ObjectId v : ar.evicted) drop(v);
+    }
+    for (size_t i = 0; i < hkeys.size(); ++i) {
+      ObjectId k = hkeys[i];
+      if (!tiered) ++r.accesses;
+      bool demand = false;
       if (staging && !ar.hit[i] && staged[k]) {
         // Taken from staging: a miss for the policy, but no second read.
         staged[k] = 0;
         staged_bytes -= space.Cost(k);
         r.prefetch_useful_bytes += space.Cost(k);
-        if (ready[k] <= now) {
-          ++r.hits;
-        } else {
-          ++r.late_prefetches;
-          call_ready = std::max(call_ready, ready[k]);
-        }
-        continue;
-      }
-      if (ar.hit[i]) {
+      } else if (ar.hit[i]) {
         if (speculative[k]) {
           r.prefetch_useful_bytes += space.Cost(k);
           speculative[k] = 0;
         }
-        if (ready[k] <= now) {
-          ++r.hits;
-        } else {
-          ++r.late_prefetches;  // resident but its read is still in flight: a miss
-          call_ready = std::max(call_ready, ready[k]);
-        }
-        continue;
+      } else {
+        ready[k] = ssd.Read(now, space.Cost(k));
+        r.bytes_read += space.Cost(k);
+        demand = true;
       }
-      ready[k] = ssd.Read(now, space.Cost(k));
-      r.bytes_read += space.Cost(k);
-      call_ready = std::max(call_ready, ready[k]);
+      if (!demand) {
+        if (ready[k] <= now) {
+          ++(tiered ? r.host_hits : r.hits);
+        } else {
+          ++r.late_prefetches;  // resident or staged but its read is still in flight: a miss
+        }
+      }
+      if (tiered) copies.push_back({std::max(now, ready[k]), k});
+      else call_ready = std::max(call_ready, ready[k]);
     }
-    if (staging && !keys.empty()) {
-      // What this call did not route to is dropped; a read still in flight
-      // keeps its budget charge until it lands.
-      auto& list = staged_by_layer[space.LayerIndexOf(keys.front())];
+    // Device misses are copied as their host copies become ready.
+    std::sort(copies.begin(), copies.end());
+    for (auto [at, k] : copies) {
+      dev_ready[k] = link.Copy(at, space.Cost(k));
+      r.bytes_copied += space.Cost(k);
+      call_ready = std::max(call_ready, dev_ready[k]);
+    }
+    if (staging && !hkeys.empty()) {
+      // What this host acquire did not route to is dropped; a read still in
+      // flight keeps its budget charge until it lands.
+      auto& list = staged_by_layer[space.LayerIndexOf(hkeys.front())];
       for (ObjectId k : list) {
         if (!staged[k]) continue;
         staged[k] = 0;
@@ -203,43 +286,59 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         }
       }
       for (ObjectId k : keys) ++pins[k];
+      if (tiered)
+        for (ObjectId k : keys) ++dev_pins[k];
       for (ObjectId k : predicted) {
-        if (policy->Resident(k)) continue;
-        if (staging) {
-          if (staged[k]) continue;
-          if (o.prefetch_budget_bytes) {
-            uint64_t held = staged_bytes;
-            std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
-            for (const auto& e : spec_inflight) held += e.second;
-            if (held + space.Cost(k) > o.prefetch_budget_bytes) break;
+        if (tiered && device->Resident(k)) continue;
+        if (!policy->Resident(k)) {
+          if (staging) {
+            if (staged[k]) continue;
+            if (o.prefetch_budget_bytes) {
+              uint64_t held = staged_bytes;
+              std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
+              for (const auto& e : spec_inflight) held += e.second;
+              if (held + space.Cost(k) > o.prefetch_budget_bytes) break;
+            }
+            ready[k] = ssd.Read(now, space.Cost(k));
+            staged[k] = 1;
+            staged_bytes += space.Cost(k);
+            staged_by_layer[space.LayerIndexOf(k)].push_back(k);
+            r.bytes_read += space.Cost(k);
+            r.prefetch_bytes += space.Cost(k);
+            continue;  // staging feeds the host tier only, as the store's Prefetch()
           }
+          if (o.prefetch_budget_bytes) {
+            uint64_t in_flight = 0;
+            std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
+            for (const auto& e : spec_inflight) in_flight += e.second;
+            if (in_flight + space.Cost(k) > o.prefetch_budget_bytes) break;
+          }
+          evicted.clear();
+          bool admitted = policy->Admit(k, 1, &pins, &evicted);
+          for (ObjectId v : evicted) drop(v);
+          if (!admitted) continue;
           ready[k] = ssd.Read(now, space.Cost(k));
-          staged[k] = 1;
-          staged_bytes += space.Cost(k);
-          staged_by_layer[space.LayerIndexOf(k)].push_back(k);
+          speculative[k] = 1;
+          ++pins[k];
+          spec_pinned.push_back(k);
           r.bytes_read += space.Cost(k);
           r.prefetch_bytes += space.Cost(k);
-          continue;
+          if (o.prefetch_budget_bytes) spec_inflight.push_back({ready[k], space.Cost(k)});
         }
-        if (o.prefetch_budget_bytes) {
-          uint64_t in_flight = 0;
-          std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
-          for (const auto& e : spec_inflight) in_flight += e.second;
-          if (in_flight + space.Cost(k) > o.prefetch_budget_bytes) break;
-        }
+        if (!tiered || staging) continue;
+        // On to the device, without evicting this call's objects or the
+        // batch's: copied once its host copy is readable.
         evicted.clear();
-        bool admitted = policy->Admit(k, 1, &pins, &evicted);
-        for (ObjectId v : evicted) drop(v);
-        if (!admitted) continue;
-        ready[k] = ssd.Read(now, space.Cost(k));
-        speculative[k] = 1;
-        ++pins[k];
-        spec_pinned.push_back(k);
-        r.bytes_read += space.Cost(k);
-        r.prefetch_bytes += space.Cost(k);
-        if (o.prefetch_budget_bytes) spec_inflight.push_back({ready[k], space.Cost(k)});
+        if (!device->Admit(k, 1, &dev_pins, &evicted)) continue;
+        dev_ready[k] = link.Copy(std::max(now, ready[k]), space.Cost(k));
+        r.bytes_copied += space.Cost(k);
+        r.prefetch_copied_bytes += space.Cost(k);
+        ++dev_pins[k];
+        dev_pinned.push_back(k);
       }
       for (ObjectId k : keys) --pins[k];
+      if (tiered)
+        for (ObjectId k : keys) --dev_pins[k];
     }
     now += o.layer_compute_s * (call.is_prefill ? double(call.rows) : 1.0);
   }
@@ -299,20 +398,25 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
 
 std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects) {
   std::string out;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%8s %7s %-17s %8s %12s %10s %10s %11s %11s\n", "objects", "share", "policy",
-                "prefetch", "stall ms/tok", "MB/tok", "stall-free", "useful MB/t", "wasted MB/t");
+  char buf[320];
+  const bool tiered = !rows.empty() && !rows.front().result.device_policy.empty();
+  std::snprintf(buf, sizeof buf, "%8s %7s %-17s %8s %12s %10s %10s %11s %11s%s\n", "objects", "share", "policy",
+                "prefetch", "stall ms/tok", "MB/tok", "stall-free", "useful MB/t", "wasted MB/t",
+                tiered ? "  H2D MB/tok" : "");
   out += buf;
   for (const auto& row : rows) {
     const TimedResult& r = row.result;
     const double tok = double(std::max<uint64_t>(1, r.tokens));
-    std::snprintf(buf, sizeof buf, "%8llu %6.2f%% %-17s %8s %12.3f %10.1f %9.1f%% %11.1f %11.1f\n",
-                  (unsigned long long)row.capacity_objects,
-                  100.0 * double(row.capacity_objects) / double(std::max<uint64_t>(1, num_objects)), r.policy.c_str(),
-                  r.staged ? "staged" : r.prefetch ? "yes" : "no", 1e3 * r.stall_per_token_s(), r.bytes_per_token() / 1e6,
-                  100.0 * r.stall_free_fraction(), double(r.prefetch_useful_bytes) / tok / 1e6,
-                  double(r.prefetch_wasted_bytes) / tok / 1e6);
+    int len = std::snprintf(buf, sizeof buf, "%8llu %6.2f%% %-17s %8s %12.3f %10.1f %9.1f%% %11.1f %11.1f",
+                            (unsigned long long)row.capacity_objects,
+                            100.0 * double(row.capacity_objects) / double(std::max<uint64_t>(1, num_objects)),
+                            r.policy.c_str(), r.staged ? "staged" : r.prefetch ? "yes" : "no",
+                            1e3 * r.stall_per_token_s(), r.bytes_per_token() / 1e6, 100.0 * r.stall_free_fraction(),
+                            double(r.prefetch_useful_bytes) / tok / 1e6, double(r.prefetch_wasted_bytes) / tok / 1e6);
+    if (tiered && len > 0 && size_t(len) < sizeof buf)
+      std::snprintf(buf + len, sizeof buf - size_t(len), " %12.1f", r.copied_per_token() / 1e6);
     out += buf;
+    out += "\n";
   }
   return out;
 }

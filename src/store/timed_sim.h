@@ -23,6 +23,21 @@
 // are never below demand-only. The budget caps staged bytes (taken or not
 // yet dropped, and dropped reads still in flight); reads are issued at once
 // (the store's speculative queue depth and cancellation are not modelled).
+//
+// Device tier (`device_bytes` > 0): the call is served from a device cache
+// of that size run by `device_policy` (the DeviceExpertTier's slots are
+// "lru"). Device hits cost nothing once their copy has landed; device misses
+// are acquired from the host tier exactly as the slot cache does (the host
+// policy sees only the device misses, as one call: a host hit, a staged
+// take, or an SSD read) and copied over one host-to-device link (FIFO,
+// `h2d_bytes_per_s`, `h2d_latency_s` per copy) as their host copies become
+// readable; the call waits for its last copy. So only a device hit whose
+// copy landed before the acquire is stall-free (`hits`); `host_hits` counts
+// device misses whose host copy was ready. With prefetch into the cache the
+// predicted objects also go on to the device (admitted without evicting the
+// call's own objects, copied once read); staged prefetch stops at the host
+// tier, as the store's Prefetch() does behind a slot cache. Belady runs MIN
+// at both tiers (next use in the whole trace).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +58,11 @@ struct TimingOptions {
   bool prefetch = false;
   uint64_t prefetch_budget_bytes = 0;
   bool prefetch_staged = false;
+  // Device tier (0: none; the host tier serves the calls).
+  uint64_t device_bytes = 0;
+  std::string device_policy = "lru";
+  double h2d_bytes_per_s = 25e9;     // PCIe-4 x16
+  double h2d_latency_s = 10e-6;      // per copy
 };
 
 struct TimedResult {
@@ -51,15 +71,20 @@ struct TimedResult {
   bool staged = false;
   uint64_t tokens = 0;
   uint64_t accesses = 0;             // distinct objects per call, summed
-  uint64_t hits = 0;                 // resident and readable at acquire (stall-free)
+  std::string device_policy;         // empty: no device tier
+  uint64_t hits = 0;                 // resident and readable at acquire (stall-free; tiered: on the device)
   uint64_t late_prefetches = 0;      // prefetched but still in flight at acquire (misses)
   uint64_t bytes_read = 0;           // demand + prefetch
   uint64_t prefetch_bytes = 0, prefetch_useful_bytes = 0, prefetch_wasted_bytes = 0;
+  uint64_t host_hits = 0;            // tiered: device misses whose host copy was readable at acquire
+  uint64_t bytes_copied = 0;         // tiered: host to device, demand + prefetch
+  uint64_t prefetch_copied_bytes = 0;
   double stall_s = 0;                // time calls waited for reads
   double total_s = 0;                // end of the last call
   double stall_free_fraction() const { return accesses ? double(hits) / double(accesses) : 0.0; }
   double stall_per_token_s() const { return tokens ? stall_s / double(tokens) : 0.0; }
   double bytes_per_token() const { return tokens ? double(bytes_read) / double(tokens) : 0.0; }
+  double copied_per_token() const { return tokens ? double(bytes_copied) / double(tokens) : 0.0; }
 };
 
 // `policy` is a policy name or "belady" (MIN with the true future; its
