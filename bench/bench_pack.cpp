@@ -38,6 +38,8 @@
 #include "k3pack/pack.h"
 #include "k3pack/synth.h"
 
+#include "bench_args.h"
+
 using namespace k3pack;
 using Clock = std::chrono::steady_clock;
 
@@ -139,37 +141,24 @@ int main(int argc, char** argv) {
   int runs = 3, threads = 4;
   bool with_direct = true;
   const char* usage =
-      "usage: bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]\n"
+      "bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]\n"
       "  pack build of ~N MiB of experts (default 1024) vs cp + sync of the same bytes, and\n"
       "  (unless --no-direct) the build writing with O_DIRECT vs an O_DIRECT copy; R paired\n"
-      "  runs (default 3), page cache dropped before each step; DIR: a temp dir by default\n";
+      "  runs (default 3), page cache dropped before each step; DIR: a temp dir by default";
+  bench::ExitOnHelp(argc, argv, usage);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
-      return 0;
-    }
     if (a == "--no-direct") {
       with_direct = false;
       continue;
     }
-    const bool takes_value = a == "--dir" || a == "--mib" || a == "--runs" || a == "--threads";
-    if (!takes_value || i + 1 >= argc) {
-      std::fprintf(stderr, "bench_pack: %s: %s\n%s", a.c_str(), takes_value ? "missing value" : "unknown option",
-                   usage);
-      return 2;
-    }
-    const std::string v = argv[++i];
-    char* end = nullptr;
-    const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-    if (a != "--dir" && (v.empty() || *end != '\0' || x == 0 || x > (1ull << 20))) {
-      std::fprintf(stderr, "bench_pack: %s %s: expected a positive integer\n%s", a.c_str(), v.c_str(), usage);
-      return 2;
-    }
-    if (a == "--dir") dir = v;
-    else if (a == "--mib") mib = x;
-    else if (a == "--runs") runs = static_cast<int>(x);
-    else threads = static_cast<int>(x);
+    if (i + 1 >= argc) bench::ExitUsage(usage);
+    const char* v = argv[++i];
+    if (a == "--dir") dir = bench::PositionalArg(v, usage);
+    else if (a == "--mib") mib = bench::PositiveArg(v, usage);
+    else if (a == "--runs") runs = static_cast<int>(bench::PositiveArg(v, usage));
+    else if (a == "--threads") threads = static_cast<int>(bench::PositiveArg(v, usage));
+    else bench::ExitUsage(usage);
   }
   if (dir.empty()) {
     char tmpl[] = "/tmp/k3pack-bench-pack-XXXXXX";
