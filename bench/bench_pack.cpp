@@ -1,17 +1,24 @@
-// Pack build throughput next to `cp` of the same byte volume on the same
-// filesystem, in the same run.
+// Pack build throughput next to a plain copy of the same byte volume on the
+// same filesystem, in the same run.
 //
-//   bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T]
+//   bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]
 //
 // Writes a synthetic model whose routed experts total about N MiB (default
-// 1024) into DIR (default: a temp dir beside /tmp), then alternates
-//   cp:   `cp` of the GGUF shards (same byte volume as the pack) + fsync
-//   pack: BuildPack (copies, SHA-256 of every payload, checkpoints, fsyncs)
-// R times each (default 3), dropping the page cache before every run
-// (drop_caches when permitted, otherwise POSIX_FADV_DONTNEED on the inputs),
-// and prints each run's ratio pack/cp (paired, so load changes between runs
-// cancel out), where the pack's time went, and the median ratio with its
-// range and the load average (target: >= 0.95 in every run).
+// 1024) into DIR (default: a temp dir beside /tmp), then, R times (default
+// 3), dropping the page cache before every step (drop_caches when
+// permitted, otherwise POSIX_FADV_DONTNEED on the inputs):
+//   cp:     `cp` of the GGUF shards (same byte volume as the pack) + sync
+//   pack:   BuildPack as `k3pack pack` runs it (copies, SHA-256 and CRC32C
+//           of every payload, checkpoints, fsyncs)
+//   direct: an O_DIRECT copy of the shards (16 MiB O_DIRECT reads, each
+//           written with O_DIRECT, one at a time, as `dd iflag=direct
+//           oflag=direct bs=16M conv=fdatasync` does) + fdatasync
+//   pack-direct: BuildPack writing the pack with O_DIRECT
+//           (K3PACK_DIRECT_WRITE=1); --no-direct skips this pair
+// and prints each run's ratios pack/cp and pack-direct/direct (paired, so
+// load changes between runs cancel out), where the pack's time went, and the
+// median ratios with their range and the load average (target: >= 0.95 in
+// every run).
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -22,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +37,8 @@
 #include "k3pack/kimi.h"
 #include "k3pack/pack.h"
 #include "k3pack/synth.h"
+
+#include "bench_args.h"
 
 using namespace k3pack;
 using Clock = std::chrono::steady_clock;
@@ -80,6 +90,43 @@ double Median(std::vector<double> v) {
   return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// Copies every file into `to_dir` with O_DIRECT reads and writes of up to
+// 16 MiB, one at a time (the tail shorter than a block through the page
+// cache), and fdatasyncs each. False on any error.
+bool DirectCopy(const std::vector<std::string>& files, const std::string& to_dir) {
+  constexpr size_t kChunk = 16u << 20, kAlign = 4096;
+  void* mem = nullptr;
+  if (posix_memalign(&mem, kAlign, kChunk) != 0) return false;
+  std::unique_ptr<void, decltype(&std::free)> guard(mem, &std::free);
+  auto* buf = static_cast<uint8_t*>(mem);
+  for (const auto& f : files) {
+    const std::string to = to_dir + "/" + std::filesystem::path(f).filename().string();
+    const int in = ::open(f.c_str(), O_RDONLY | O_DIRECT);
+    const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+    const int out_tail = ::open(to.c_str(), O_WRONLY);
+    bool ok = in >= 0 && out >= 0 && out_tail >= 0;
+    for (off_t off = 0; ok;) {
+      const ssize_t r = ::pread(in, buf, kChunk, off);
+      if (r <= 0) {
+        ok = r == 0;
+        break;
+      }
+      const size_t whole = static_cast<size_t>(r) / kAlign * kAlign;
+      ok = (whole == 0 || ::pwrite(out, buf, whole, off) == static_cast<ssize_t>(whole)) &&
+           (whole == static_cast<size_t>(r) ||
+            ::pwrite(out_tail, buf + whole, r - whole, off + static_cast<off_t>(whole)) ==
+                static_cast<ssize_t>(r - whole));
+      off += r;
+    }
+    ok = ok && ::fdatasync(out_tail) == 0;
+    for (int fd : {in, out, out_tail}) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
 uint64_t TotalSize(const std::vector<std::string>& files) {
   uint64_t t = 0;
   for (const auto& f : files) t += std::filesystem::file_size(f);
@@ -92,16 +139,26 @@ int main(int argc, char** argv) {
   std::string dir;
   uint64_t mib = 1024;
   int runs = 3, threads = 4;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--mib") mib = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--runs") runs = std::atoi(argv[i + 1]);
-    else if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T]\n");
-      return 2;
+  bool with_direct = true;
+  const char* usage =
+      "bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]\n"
+      "  pack build of ~N MiB of experts (default 1024) vs cp + sync of the same bytes, and\n"
+      "  (unless --no-direct) the build writing with O_DIRECT vs an O_DIRECT copy; R paired\n"
+      "  runs (default 3), page cache dropped before each step; DIR: a temp dir by default";
+  bench::ExitOnHelp(argc, argv, usage);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-direct") {
+      with_direct = false;
+      continue;
     }
+    if (i + 1 >= argc) bench::ExitUsage(usage);
+    const char* v = argv[++i];
+    if (a == "--dir") dir = bench::PositionalArg(v, usage);
+    else if (a == "--mib") mib = bench::PositiveArg(v, usage);
+    else if (a == "--runs") runs = static_cast<int>(bench::PositiveArg(v, usage));
+    else if (a == "--threads") threads = static_cast<int>(bench::PositiveArg(v, usage));
+    else bench::ExitUsage(usage);
   }
   if (dir.empty()) {
     char tmpl[] = "/tmp/k3pack-bench-pack-XXXXXX";
@@ -143,56 +200,95 @@ int main(int argc, char** argv) {
   std::printf("pack: %.1f MiB, cp volume (all shards): %.1f MiB, filesystem of %s\n", pack_bytes / 1048576.0,
               cp_bytes / 1048576.0, dir.c_str());
 
-  std::vector<double> cp_rate, pack_rate, ratio;
+  // One series per pair: the baseline's and the pack's rates, their ratios.
+  struct Series {
+    const char* base_name;
+    const char* pack_name;
+    std::vector<double> base_rate, pack_rate, ratio;
+  };
+  Series buffered{"cp", "pack", {}, {}, {}}, direct{"direct", "pack-direct", {}, {}, {}};
   bool dropped = false;
   const std::string out = dir + "/bench.expert-major.pack";
-  for (int r = 0; r < runs; ++r) {
-    // cp
-    std::filesystem::remove_all(dir + "/cp");
-    std::filesystem::create_directories(dir + "/cp");
-    dropped = DropCaches(model->shard_paths);
-    const double cp_cpu0 = CpuSeconds(RUSAGE_CHILDREN);
-    auto t0 = Clock::now();
-    std::string cmd = "cp";
-    for (const auto& p : model->shard_paths) cmd += " '" + p + "'";
-    cmd += " '" + dir + "/cp/' && sync -f '" + dir + "/cp'";
-    if (std::system(cmd.c_str()) != 0) return 1;
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    cp_rate.push_back(cp_bytes / s / 1e6);
-    std::printf("run %d: cp   %8.1f MB/s (%.2f s, %.2f CPU-s)  load %s\n", r, cp_bytes / s / 1e6, s,
-                CpuSeconds(RUSAGE_CHILDREN) - cp_cpu0, LoadAvg().c_str());
-    std::filesystem::remove_all(dir + "/cp");
+  const std::string copy_dir = dir + "/cp";
 
-    // pack
+  // The baseline: cp + sync, or the O_DIRECT copy. Returns MB/s, 0 on error.
+  auto run_base = [&](int r, bool use_direct) -> double {
+    std::filesystem::remove_all(copy_dir);
+    std::filesystem::create_directories(copy_dir);
+    dropped = DropCaches(model->shard_paths);
+    const double cpu0 = CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN);
+    const auto t0 = Clock::now();
+    if (use_direct) {
+      if (!DirectCopy(model->shard_paths, copy_dir)) return 0;
+    } else {
+      std::string cmd = "cp";
+      for (const auto& p : model->shard_paths) cmd += " '" + p + "'";
+      cmd += " '" + copy_dir + "/' && sync -f '" + copy_dir + "'";
+      if (std::system(cmd.c_str()) != 0) return 0;
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s)  load %s\n", r, use_direct ? "direct" : "cp",
+                cp_bytes / s / 1e6, s, CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN) - cpu0,
+                LoadAvg().c_str());
+    std::filesystem::remove_all(copy_dir);
+    return cp_bytes / s / 1e6;
+  };
+  // The build; direct_write: force K3PACK_DIRECT_WRITE=1 (else as set).
+  auto run_pack = [&](int r, bool direct_write, double base_rate, Series* series) -> bool {
     for (const auto& f : {out, pack::DigestsPathFor(out)}) std::filesystem::remove(f);
     DropCaches(model->shard_paths);
+    const char* was = std::getenv("K3PACK_DIRECT_WRITE");
+    const std::string saved = was ? was : "";
+    if (direct_write) ::setenv("K3PACK_DIRECT_WRITE", "1", 1);
     pack::BuildOptions bo;
     bo.out_path = out;
     bo.safety_margin_gib = 0;
     bo.threads = threads;
-    const double pack_cpu0 = CpuSeconds(RUSAGE_SELF);
-    t0 = Clock::now();
+    const double cpu0 = CpuSeconds(RUSAGE_SELF);
+    const auto t0 = Clock::now();
     auto b = pack::BuildPack(*experts, bo);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (direct_write) {
+      if (was) ::setenv("K3PACK_DIRECT_WRITE", saved.c_str(), 1);
+      else ::unsetenv("K3PACK_DIRECT_WRITE");
+    }
     if (!b.ok()) {
       std::fprintf(stderr, "pack: %s\n", b.error().message().c_str());
+      return false;
+    }
+    series->base_rate.push_back(base_rate);
+    series->pack_rate.push_back(pack_bytes / s / 1e6);
+    series->ratio.push_back(series->pack_rate.back() / base_rate);
+    const auto& ph = b->phases;
+    std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s, %d threads; copy %.2f s wall, thread-s: read %.2f "
+                "stage+write %.2f hash %.2f; checkpoints %.2f s, finalize %.2f s)  ratio %.2fx\n",
+                r, series->pack_name, series->pack_rate.back(), s, CpuSeconds(RUSAGE_SELF) - cpu0, threads,
+                ph.copy_wall, ph.read, ph.write, ph.hash, ph.checkpoint, ph.finalize, series->ratio.back());
+    return true;
+  };
+
+  for (int r = 0; r < runs; ++r) {
+    double base = run_base(r, false);
+    if (base <= 0 || !run_pack(r, false, base, &buffered)) return 1;
+    if (!with_direct) continue;
+    base = run_base(r, true);
+    if (base <= 0) {
+      std::fprintf(stderr, "direct copy failed (no O_DIRECT on %s?); rerun with --no-direct\n", dir.c_str());
       return 1;
     }
-    s = std::chrono::duration<double>(Clock::now() - t0).count();
-    pack_rate.push_back(pack_bytes / s / 1e6);
-    ratio.push_back(pack_rate.back() / cp_rate.back());
-    const auto& ph = b->phases;
-    const double pack_cpu = CpuSeconds(RUSAGE_SELF) - pack_cpu0;
-    std::printf("run %d: pack %8.1f MB/s (%.2f s, %.2f CPU-s, %d threads; copy %.2f s wall, thread-s: read %.2f write %.2f "
-                "hash %.2f; checkpoints %.2f s, finalize %.2f s)  ratio %.2fx\n",
-                r, pack_rate.back(), s, pack_cpu, threads, ph.copy_wall, ph.read, ph.write, ph.hash, ph.checkpoint,
-                ph.finalize, ratio.back());
+    if (!run_pack(r, true, base, &direct)) return 1;
   }
-  std::printf("page cache: %s\n", dropped ? "dropped (drop_caches) before every run"
+  std::printf("page cache: %s\n", dropped ? "dropped (drop_caches) before every step"
                                           : "inputs evicted with POSIX_FADV_DONTNEED (drop_caches not permitted)");
-  std::printf("median of %d: cp %.1f MB/s, pack %.1f MB/s; ratio pack/cp (paired per run) = %.2fx, range "
-              "%.2f-%.2fx; load %s (target >= 0.95x in every run)\n",
-              runs, Median(cp_rate), Median(pack_rate), Median(ratio), *std::min_element(ratio.begin(), ratio.end()),
-              *std::max_element(ratio.begin(), ratio.end()), LoadAvg().c_str());
+  for (const Series* sr : {&buffered, &direct}) {
+    if (sr->ratio.empty()) continue;
+    const int below = static_cast<int>(std::count_if(sr->ratio.begin(), sr->ratio.end(), [](double x) { return x < 0.95; }));
+    std::printf("median of %d: %s %.1f MB/s, %s %.1f MB/s; ratio %s/%s (paired per run) = %.2fx, range %.2f-%.2fx; "
+                "%d of %d runs below 0.95x; load %s\n",
+                runs, sr->base_name, Median(sr->base_rate), sr->pack_name, Median(sr->pack_rate), sr->pack_name,
+                sr->base_name, Median(sr->ratio), *std::min_element(sr->ratio.begin(), sr->ratio.end()),
+                *std::max_element(sr->ratio.begin(), sr->ratio.end()), below, runs, LoadAvg().c_str());
+  }
   std::filesystem::remove_all(dir);
   return 0;
 }

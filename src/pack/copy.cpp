@@ -107,18 +107,33 @@ std::optional<uint64_t> WriteBudget::FromEnv() {
   return static_cast<uint64_t>(x);
 }
 
-Status OutputFile::Write(const void* data, size_t n, uint64_t offset) const {
+Status OutputFile::Write(const void* data, size_t n, uint64_t offset, std::optional<uint64_t> counted) const {
   size_t allowed = n;
   if (budget_ && budget_->limit) {
     // Like a filling disk: the write that crosses the limit is partial.
-    const uint64_t before = budget_->used.fetch_add(n);
+    const uint64_t charge = counted.value_or(n);
+    const uint64_t before = budget_->used.fetch_add(charge);
     const uint64_t limit = *budget_->limit;
-    allowed = before >= limit ? 0 : static_cast<size_t>(std::min<uint64_t>(n, limit - before));
+    if (before + charge > limit) allowed = before >= limit ? 0 : static_cast<size_t>(std::min<uint64_t>(n, limit - before));
   }
-  if (allowed > 0) {
-    Status st = PwriteFull(fd_, data, allowed, offset);
+  auto aligned = [](uint64_t x) { return x % kDirectAlign == 0; };
+  size_t done = 0;
+  if (allowed == n && direct_fd_ >= 0 && aligned(reinterpret_cast<uintptr_t>(data)) && aligned(offset)) {
+    // The whole blocks go direct; a tail shorter than a block (the end of
+    // the file) is written through the page cache. EINVAL: the device wants
+    // another alignment (or the filesystem took O_DIRECT at open but refuses
+    // it here); the buffered write below does it all.
+    const size_t head = n - n % kDirectAlign;
+    Status st = head ? PwriteFull(direct_fd_, data, head, offset) : Status::OK();
+    if (!st.ok() && st.error().sys_errno() != EINVAL) {
+      return Error::FromErrno("cannot write " + path_ + " at offset " + std::to_string(offset), st.error().sys_errno());
+    }
+    if (st.ok()) done = head;
+  }
+  if (done < allowed) {
+    Status st = PwriteFull(fd_, static_cast<const uint8_t*>(data) + done, allowed - done, offset + done);
     if (!st.ok()) {
-      return Error::FromErrno("cannot write " + path_ + " at offset " + std::to_string(offset),
+      return Error::FromErrno("cannot write " + path_ + " at offset " + std::to_string(offset + done),
                               st.error().sys_errno());
     }
   }
@@ -208,50 +223,60 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
   return out;
 }
 
-Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
-                  const OutputFile& dst,
-                  const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  uint32_t* crcs, size_t digest_stride, CopyStats* stats, int direct_src) {
-  const uint64_t len = slice_bytes * n;
+Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uint64_t len, IoBuffer& buf,
+                               CopyStats* stats, int direct_src) {
   if (src_off + len > src_size) {
     const uint64_t have = src_size > src_off ? src_size - src_off : 0;
     return ShortRead("short GGUF read", src_off + have, len - have);
   }
-  const auto segs = MapRange(src, src_off, len);
-  if (segs.size() == 1 && segs[0].hole) {
+  SourceRange out;
+  out.segs = MapRange(src, src_off, len);
+  if (out.segs.size() == 1 && out.segs[0].hole) {
+    if (stats) stats->hole_bytes += len;
+    return out;  // nothing to read: bytes stays null
+  }
+  const bool direct = direct_src >= 0 && buf.size() >= len + kDirectSlack;
+  if (!direct && buf.size() < len) return Error("ReadSource: buffer too small", ErrorKind::kRuntime);
+  // With O_DIRECT, b is placed so that every block-aligned file offset maps
+  // to a block-aligned address in buf (b[x] holds src[src_off + x]).
+  uint8_t* b = direct ? buf.data() + kDirectAlign + src_off % kDirectAlign : buf.data();
+  PhaseTimer timer(stats ? &stats->read_s : nullptr);
+  for (const Segment& s : out.segs) {
+    if (s.hole) continue;
+    if (direct && ReadDirect(direct_src, s.offset, s.length, src_off, b)) {
+      if (stats) stats->direct_bytes += s.length;
+    } else {
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + (s.offset - src_off), s.length, s.offset));
+      if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
+    }
+    if (stats) stats->data_bytes += s.length;
+  }
+  // After the data: an aligned direct read may spill past its segment.
+  for (const Segment& s : out.segs) {
+    if (!s.hole) continue;
+    std::memset(b + (s.offset - src_off), 0, s.length);
+    if (stats) stats->hole_bytes += s.length;
+  }
+  out.bytes = b;
+  return out;
+}
+
+Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
+                  const OutputFile& dst,
+                  const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
+                  uint32_t* crcs, size_t digest_stride, CopyStats* stats, int direct_src) {
+  K3_ASSIGN_OR_RETURN(SourceRange in, ReadSource(src, src_size, src_off, slice_bytes * n, buf, stats, direct_src));
+  const std::vector<Segment>& segs = in.segs;
+  if (!in.bytes) {
     const auto zero = ZeroSha256(slice_bytes);
     const uint32_t zero_crc = ZeroCrc32c(slice_bytes);
     for (uint32_t i = 0; i < n; ++i) {
       digests[i * digest_stride] = zero;
       crcs[i * digest_stride] = zero_crc;
     }
-    if (stats) stats->hole_bytes += len;
     return Status::OK();
   }
-  const bool direct = direct_src >= 0 && buf.size() >= len + kDirectSlack;
-  if (!direct && buf.size() < len) return Error("CopySlices: buffer too small", ErrorKind::kRuntime);
-  // With O_DIRECT, b is placed so that every block-aligned file offset maps
-  // to a block-aligned address in buf (b[x] holds src[src_off + x]).
-  uint8_t* b = direct ? buf.data() + kDirectAlign + src_off % kDirectAlign : buf.data();
-  {
-    PhaseTimer timer(stats ? &stats->read_s : nullptr);
-    for (const Segment& s : segs) {
-      if (s.hole) continue;
-      if (direct && ReadDirect(direct_src, s.offset, s.length, src_off, b)) {
-        if (stats) stats->direct_bytes += s.length;
-      } else {
-        K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, b + (s.offset - src_off), s.length, s.offset));
-        if (got != s.length) return ShortRead("short GGUF read", s.offset + got, src_off + len - s.offset - got);
-      }
-      if (stats) stats->data_bytes += s.length;
-    }
-    // After the data: an aligned direct read may spill past its segment.
-    for (const Segment& s : segs) {
-      if (!s.hole) continue;
-      std::memset(b + (s.offset - src_off), 0, s.length);
-      if (stats) stats->hole_bytes += s.length;
-    }
-  }
+  const uint8_t* b = in.bytes;
   size_t seg = 0;
   for (uint32_t i = 0; i < n; ++i) {
     const uint64_t lo = src_off + i * slice_bytes, hi = lo + slice_bytes;
@@ -268,16 +293,20 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
     }
     if (any_data) {
       PhaseTimer timer(stats ? &stats->hash_s : nullptr);
-      Hasher h;
-      h.Update(b + (lo - src_off), slice_bytes);
-      digests[i * digest_stride] = h.Final();
-      crcs[i * digest_stride] = Crc32c(b + (lo - src_off), slice_bytes);
+      HashSlice(b + (lo - src_off), slice_bytes, &digests[i * digest_stride], &crcs[i * digest_stride]);
     } else {
       digests[i * digest_stride] = ZeroSha256(slice_bytes);
       crcs[i * digest_stride] = ZeroCrc32c(slice_bytes);
     }
   }
   return Status::OK();
+}
+
+void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint32_t* crc) {
+  Hasher h;
+  h.Update(p, n);
+  *sha = h.Final();
+  *crc = Crc32c(p, n);
 }
 
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats) {

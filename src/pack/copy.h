@@ -56,14 +56,21 @@ struct WriteBudget {
 // `cannot write <pack>.partial at offset N: No space left on device`.
 class OutputFile {
  public:
-  OutputFile(int fd, std::string path, WriteBudget* budget = nullptr)
-      : fd_(fd), path_(std::move(path)), budget_(budget) {}
-  Status Write(const void* data, size_t n, uint64_t offset) const;
+  // direct_fd: the same file opened with O_DIRECT, or -1. Writes whose
+  // address, length and offset are all kDirectAlign-aligned go through it
+  // (no copy into the page cache, no writeback to wait for); any other
+  // write, and any the device refuses, goes through `fd`.
+  OutputFile(int fd, std::string path, WriteBudget* budget = nullptr, int direct_fd = -1)
+      : fd_(fd), direct_fd_(direct_fd), path_(std::move(path)), budget_(budget) {}
+  // `counted`: the bytes of the write the budget charges (the payload bytes
+  // of a staged run that also carries zero fill); n when unset.
+  Status Write(const void* data, size_t n, uint64_t offset, std::optional<uint64_t> counted = std::nullopt) const;
   int fd() const { return fd_; }
+  bool direct() const { return direct_fd_ >= 0; }
   const std::string& path() const { return path_; }
 
  private:
-  int fd_;
+  int fd_, direct_fd_;
   std::string path_;
   WriteBudget* budget_;
 };
@@ -105,6 +112,23 @@ Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_b
 // common device divides it), and the extra buffer it needs for direct reads.
 inline constexpr uint64_t kDirectAlign = 4096;
 inline constexpr uint64_t kDirectSlack = 3 * kDirectAlign;
+
+// The bytes of src[src_off, +len) as ReadSource leaves them in a buffer:
+// bytes[x] = src[src_off + x], holes zeroed; null when the whole range is a
+// hole (nothing read). segs: the range's data/hole segments.
+struct SourceRange {
+  const uint8_t* bytes = nullptr;
+  std::vector<Segment> segs;
+};
+
+// Reads src[src_off, +len) into buf the way CopySlices does (one read per
+// data segment, through `direct_src` with O_DIRECT when buf has kDirectSlack
+// to spare; a range past `src_size` is SGLang's short-GGUF-read EOFError).
+Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uint64_t len, IoBuffer& buf,
+                               CopyStats* stats, int direct_src = -1);
+
+// SHA-256 and CRC32C of one payload.
+void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint32_t* crc);
 
 // SHA-256 of fd[off, +n), hole-aware. Short read: `short read at offset {o}; {r} bytes remain`.
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats);

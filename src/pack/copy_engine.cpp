@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "pack/batch_copy.h"
 #include "pack/build_inputs.h"
 #include "pack/checkpoint_file.h"
 #include "pack/copy.h"
@@ -99,7 +100,16 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   if (kill_after && *kill_after == 0) ::raise(SIGKILL);
   WriteBudget budget;
   budget.limit = WriteBudget::FromEnv();
-  const OutputFile pack_out(pack_fd, p.partial, &budget), journal_out(journal_fd, p.journal, &budget);
+  // The staged batches are written with O_DIRECT where the filesystem allows
+  // it (see batch_copy.h); K3PACK_DIRECT_WRITE=0 writes them through the page
+  // cache (bench seam), as does a filesystem without O_DIRECT.
+  UniqueFd pack_direct;
+  if (EnvU64("K3PACK_DIRECT_WRITE").value_or(1) != 0) {
+    const int fd = ::open(p.partial.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (fd >= 0) pack_direct = UniqueFd(fd);
+  }
+  const OutputFile pack_out(pack_fd, p.partial, &budget, pack_direct.get()),
+      journal_out(journal_fd, p.journal, &budget);
   ckpt_file->set_budget(&budget);
   const uint64_t n_entries = layout.index_count();
   int threads = o.threads > 0 ? o.threads : 4;
@@ -126,7 +136,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     uint32_t ali, e0, n;
   };
   std::vector<Batch> batches;
-  uint64_t max_batch_bytes = 0;
+  uint64_t max_batch_bytes = 0, max_stage_bytes = 0;
   for (uint32_t li = 0; li < layout.num_layers(); ++li) {
     const auto& eb = layout.layers()[li].expert_bytes;
     const uint64_t biggest = std::max({eb[0], eb[1], eb[2]});
@@ -137,11 +147,13 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     e = std::max(e, written_experts.first);
     while (e < written_experts.end) {
       const uint32_t n = std::min(per, written_experts.end - e);
+      const BatchSpan span = SpanOf(layout, li, e, n);
+      max_stage_bytes = std::max(max_stage_bytes, (span.hi - span.lo + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
       batches.push_back({li, e, n});
       e += n;
     }
   }
-  // O_DIRECT views of the shards (see CopySlices). Not while SourceHasher
+  // O_DIRECT views of the shards (see ReadSource). Not while SourceHasher
   // reads the same shards: it relies on the copy's reads filling the page
   // cache it then reads from. K3PACK_DIRECT_READ=0 reads through the page
   // cache (bench seam); so does a filesystem without O_DIRECT (tmpfs).
@@ -159,6 +171,20 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     src_size[i] = static_cast<uint64_t>(st.st_size);
   }
   if (static_cast<uint64_t>(threads) > batches.size()) threads = static_cast<int>(std::max<size_t>(1, batches.size()));
+  BatchIo io;
+  io.ex = &ex;
+  io.layout = &layout;
+  io.out = &pack_out;
+  for (size_t i = 0; i < src.size(); ++i) {
+    io.src.push_back(src[i].get());
+    io.direct_src.push_back(direct[i].get());
+  }
+  io.src_size = src_size;
+  // The hashing runs on threads of its own, one per core (at most 4), so it
+  // overlaps the reads and writes of the copy threads.
+  const int hash_threads = static_cast<int>(EnvU64("K3PACK_HASH_THREADS").value_or(
+      std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4)));
+  HashPool hash_pool(hash_threads);
 
   std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
   for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start || !is_written(i) ? 1 : 0, std::memory_order_relaxed);
@@ -173,7 +199,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   double read_s = 0, write_s = 0, hash_s = 0, ckpt_s = 0;  // summed under mu
 
   auto worker = [&]() {
-    IoBuffer buf(max_batch_bytes + kDirectSlack);
+    BatchBuffers buf(max_batch_bytes, max_stage_bytes, pack_out.direct());
     CopyStats stats;
     while (!stop.load()) {
       const uint64_t bi = next.fetch_add(1);
@@ -181,24 +207,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       const Batch bt = batches[bi];
       const uint64_t obj0 = static_cast<uint64_t>(bt.ali) * ex.num_experts + bt.e0;
       const uint64_t written_before = stats.data_bytes;
-      Status st;
-      for (Role r : kRoleOrder) {
-        const auto ri = static_cast<uint32_t>(r);
-        const ExpertTensor& t = ex.by_layer[bt.ali][ri];
-        const uint64_t base = layout.Slot(bt.ali, bt.e0, r).offset;
-        const uint64_t stride = bt.n > 1 ? layout.Slot(bt.ali, bt.e0 + 1, r).offset - base : 0;
-        st = CopySlices(src[t.tensor.shard_index].get(), src_size[t.tensor.shard_index],
-                        t.tensor.data_offset + static_cast<uint64_t>(bt.e0) * t.expert_bytes, t.expert_bytes, bt.n,
-                        pack_out, [&](uint32_t i) { return base + stride * i; }, buf,
-                        digests->data() + obj0 * kRoleCount + ri, crcs->data() + obj0 * kRoleCount + ri, kRoleCount,
-                        &stats, direct[t.tensor.shard_index].get());
-        if (!st.ok()) {
-          st = st.error().WithContext(t.shard_path + ": " + t.tensor.name + " experts " + std::to_string(bt.e0) + ".." +
-                                      std::to_string(bt.e0 + bt.n - 1));
-          break;
-        }
-      }
-      if (st.ok() && early_writeback && stats.data_bytes != written_before) StartWriteback(pack_fd, layout, obj0, bt.n);
+      Status st = CopyBatch(io, bt.ali, bt.e0, bt.n, buf, &hash_pool, digests->data() + obj0 * kRoleCount,
+                            crcs->data() + obj0 * kRoleCount, &stats);
+      if (st.ok() && early_writeback && !pack_out.direct() && stats.data_bytes != written_before) StartWriteback(pack_fd, layout, obj0, bt.n);
       if (st.ok()) {
         st = journal_out.Write(digests->data() + obj0 * kRoleCount, bt.n * kRoleCount * kDigestBytes,
                                kDigestsHeaderBytes + obj0 * kRoleCount * kDigestBytes);

@@ -39,5 +39,24 @@ TEST(Crc32c, DispatchedEqualsPortableAtEveryLengthAndAlignment) {
   std::cout << "[   INFO   ] CRC32C implementation: " << Crc32cImplementation() << "\n";
 }
 
+// The dispatched version splits large buffers into three interleaved
+// streams (blocks of 3 x 8 KiB and 3 x 256 bytes) and joins their CRCs:
+// lengths around and across those block sizes, at odd alignments and with a
+// running CRC, give the portable values.
+TEST(Crc32c, InterleavedStreamsEqualPortableForLargeBuffers) {
+  std::mt19937 rng(17);
+  std::vector<uint8_t> buf(200000);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  std::vector<size_t> lengths = {767, 768, 769, 24575, 24576, 24577, 24576 + 768, 49152 + 767, 199990};
+  for (int i = 0; i < 40; ++i) lengths.push_back(rng() % 199990);
+  for (size_t n : lengths) {
+    for (size_t align : {0, 1, 5, 8}) {
+      ASSERT_EQ(Crc32c(buf.data() + align, n), Crc32cPortable(buf.data() + align, n)) << align << " " << n;
+      ASSERT_EQ(Crc32c(buf.data() + align, n, 0x12345678u), Crc32cPortable(buf.data() + align, n, 0x12345678u))
+          << align << " " << n;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace k3pack
