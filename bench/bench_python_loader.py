@@ -25,7 +25,7 @@ through /proc/self/clear_refs). Ratios are printed, never asserted.
     python3 bench/bench_python_loader.py                  # synthesizes a model (needs the CLI)
     python3 bench/bench_python_loader.py --manifest M.json
     python3 bench/bench_python_loader.py --gguf DIR       # e.g. `k3pack synth --preset k3-structure`
-Options: --repeat N, --hidden N (synth size), --keep DIR, --modes a,b.
+Options: --repeat N, --hidden N (synth size), --keep DIR, --modes a,b, --cache both|cold|warm.
 """
 
 import argparse
@@ -102,6 +102,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=1024, help="hidden size of the synthesized model")
     ap.add_argument("--keep", help="directory for the synthesized model (kept)")
+    ap.add_argument("--cache", choices=("both", "cold", "warm"), default="both",
+                    help="page-cache states to measure (a model larger than memory is cold either way)")
     ap.add_argument("--modes", default="pread,views,copyto,copy,torch,sglang-loop,sglang-ref")
     args = ap.parse_args()
 
@@ -238,7 +240,7 @@ def main():
     print("%-40s %5s %9s %9s %8s %13s %13s" % ("path", "cache", "GB/s", "median s", "x pread", "x range",
                                                "peak RSS +MiB"))
     loop_ratios = {}
-    for cold in (True, False):
+    for cold in {"both": (True, False), "cold": (True,), "warm": (False,)}[args.cache]:
         # Rounds: each runs every mode once, so a mode's ratio is paired with
         # the baseline of its own round (robust to load that changes between
         # rounds); medians and ranges over the rounds are printed.
