@@ -8,11 +8,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
+#include "k3pack/gguf.h"
+#include "k3pack/store.h"
 
 namespace k3pack::store::testing_model {
 
@@ -42,6 +45,18 @@ class BuiltTinyModelTest : public ::testing::Test {
   }
   void SetUp() override {
     if (manifest_.empty()) GTEST_SKIP() << "k3pack CLI not built";
+  }
+
+  static std::shared_ptr<ExpertStore> OpenStore() {
+    auto st = ExpertStore::Open(pack_, manifest_);
+    EXPECT_TRUE(st.ok()) << st.error().message();
+    return st.ok() ? *st : nullptr;
+  }
+  // The GGUF source the pack was built from.
+  static gguf::ShardSet Source() {
+    auto s = gguf::ShardSet::Open(dir_ + "/model");
+    EXPECT_TRUE(s.ok()) << s.error().message();
+    return std::move(s).value();
   }
 
   static inline std::string dir_, manifest_, pack_;

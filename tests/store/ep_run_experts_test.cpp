@@ -86,7 +86,6 @@ class EpRunExpertsTest : public testing_model::BuiltTinyModelTest {
     return manifest;
   }
 
-  static gguf::ShardSet Source() { return std::move(gguf::ShardSet::Open(dir_ + "/model")).value(); }
 
 };
 

@@ -29,16 +29,6 @@ class RouterLookaheadTest : public testing_model::BuiltTinyModelTest {
  protected:
   static void SetUpTestSuite() { BuildModel("k3-router-lookahead"); }
 
-  static std::shared_ptr<ExpertStore> OpenStore() {
-    auto st = ExpertStore::Open(pack_, manifest_);
-    EXPECT_TRUE(st.ok()) << st.error().message();
-    return st.ok() ? *st : nullptr;
-  }
-  static gguf::ShardSet Source() {
-    auto s = gguf::ShardSet::Open(dir_ + "/model");
-    EXPECT_TRUE(s.ok()) << s.error().message();
-    return std::move(s).value();
-  }
   static std::span<const uint8_t> Bytes(const gguf::ShardSet& set, const std::string& name,
                                         const gguf::TensorInfo** info) {
     auto loc = set.FindTensor(name);

@@ -32,16 +32,6 @@ class RunExpertsTest : public testing_model::BuiltTinyModelTest {
  protected:
   static void SetUpTestSuite() { BuildModel("k3-run-experts"); }
 
-  static std::shared_ptr<ExpertStore> OpenStore() {
-    auto st = ExpertStore::Open(pack_, manifest_);
-    EXPECT_TRUE(st.ok()) << st.error().message();
-    return st.ok() ? *st : nullptr;
-  }
-  static gguf::ShardSet Source() {
-    auto s = gguf::ShardSet::Open(dir_ + "/model");
-    EXPECT_TRUE(s.ok()) << s.error().message();
-    return std::move(s).value();
-  }
 
   // Corrupts the middle of (layer, expert)'s down projection in the pack.
   static void CorruptDown(uint32_t layer, uint32_t expert) {

@@ -11,6 +11,7 @@
 
 #include "../cli_run.h"
 #include "../scratch_dir.h"
+#include "small_family.h"
 #include "k3pack/trace.h"
 #include "store/synthetic_pack.h"
 
@@ -20,20 +21,11 @@ namespace {
 using testing_cli::Cli;
 using testing_cli::CliRun;
 
-trace::GenOptions Small(const std::string& family) {
-  trace::GenOptions o;
-  o.layer_ids = {1, 2, 3, 4, 5, 6};
-  o.num_experts = 64;
-  o.top_k = 4;
-  EXPECT_TRUE(trace::ApplyFamily(family, &o)) << family;
-  o.decode_tokens = std::min<uint32_t>(o.decode_tokens, 60);
-  o.prompt_tokens = std::min<uint32_t>(o.prompt_tokens, 64);
-  return o;
-}
+using testing_traces::SmallFamily;
 
 TEST(TraceNextToken, PredictsTheSameLayerAtTheRequestsNextToken) {
   for (const char* f : {"kimi", "interleaved", "batched", "prefill-burst"}) {
-    trace::GenOptions o = Small(f);
+    trace::GenOptions o = SmallFamily(f);
     o.predict = true;
     o.predict_accuracy = 0.8;
     auto plain = trace::Generate(o);
@@ -72,7 +64,7 @@ TEST(TraceNextToken, PredictsTheSameLayerAtTheRequestsNextToken) {
 }
 
 TEST(TraceNextToken, WithoutNextLayerPredictionsAndFileRoundTrip) {
-  trace::GenOptions o = Small("kimi");
+  trace::GenOptions o = SmallFamily("kimi");
   o.predict_next_token = true;
   auto t = trace::Generate(o);
   ASSERT_TRUE(t.ok());

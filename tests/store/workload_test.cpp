@@ -8,6 +8,7 @@
 #include <random>
 
 #include "../scratch_dir.h"
+#include "small_family.h"
 #include "k3pack/trace.h"
 #include "store/policy.h"
 #include "store/simulate.h"
@@ -20,16 +21,7 @@ std::string TempPath(const std::string& name) {
   return (std::filesystem::path(testing_scratch::ProcessScratchDir("k3-workload-test")) / name).string();
 }
 
-trace::GenOptions SmallFamily(const std::string& family) {
-  trace::GenOptions o;
-  o.layer_ids = {1, 2, 3, 4, 5, 6};
-  o.num_experts = 64;
-  o.top_k = 4;
-  EXPECT_TRUE(trace::ApplyFamily(family, &o)) << family;
-  o.decode_tokens = std::min<uint32_t>(o.decode_tokens, 60);
-  o.prompt_tokens = std::min<uint32_t>(o.prompt_tokens, 64);
-  return o;
-}
+using testing_traces::SmallFamily;
 
 TEST(TraceFamilies, ShapesOfEachFamily) {
   for (const auto& f : trace::FamilyNames()) {
