@@ -26,8 +26,12 @@
 namespace k3pack::store {
 namespace {
 
-constexpr const char* kCandidates[] = {"quota-decay", "lru", "reuse-lfu-lru-v2", "decay-lfu"};
+// The last candidate needs to know each row's request: it takes part only
+// once calls carry request ids (CallRows), so without them the adaptive
+// policy is exactly the four-candidate race.
+constexpr const char* kCandidates[] = {"quota-decay", "lru", "reuse-lfu-lru-v2", "decay-lfu", "request-aware"};
 constexpr size_t kNumCandidates = sizeof(kCandidates) / sizeof(kCandidates[0]);
+constexpr size_t kRequestAware = kNumCandidates - 1;
 
 class Adaptive final : public Policy {
  public:
@@ -62,6 +66,7 @@ class Adaptive final : public Policy {
     }
     score_.assign(kNumCandidates, 0.0);
     alive_.assign(kNumCandidates, 1);
+    alive_[kRequestAware] = 0;  // until a call carries request ids
   }
   std::string name() const override { return "adaptive"; }
   // The candidate currently followed (tests, stats).
@@ -69,7 +74,13 @@ class Adaptive final : public Policy {
 
  protected:
   void OnCall(std::span<const ObjectId> keys, bool is_prefill) override {
-    for (auto& f : followers_) f->FollowCall(keys, is_prefill);
+    const CallRows* rows = call_rows();
+    if (rows != nullptr && !seen_requests_) {
+      seen_requests_ = true;
+      alive_[kRequestAware] = 1;
+    }
+    for (size_t c = 0; c < kNumCandidates; ++c)
+      if (c != kRequestAware || rows != nullptr) followers_[c]->FollowCall(keys, is_prefill, rows);
     if (keys.empty()) return;
     const uint32_t li = space_.LayerIndexOf(keys[0]);
     if (sub_layer_[li] < 0) return;
@@ -77,11 +88,17 @@ class Adaptive final : public Policy {
     const ObjectId base = static_cast<ObjectId>(sub_layer_[li]) * space_.num_experts;
     for (ObjectId k : keys) sub_keys_.push_back(base + space_.ExpertOf(k));
     gens_.assign(sub_keys_.size(), 1);
+    CallRows sub_rows;
+    if (rows != nullptr) {
+      sub_row_keys_.clear();
+      for (ObjectId k : rows->keys) sub_row_keys_.push_back(base + space_.ExpertOf(k));
+      sub_rows = {sub_row_keys_, rows->requests, rows->width};
+    }
     for (size_t c = 0; c < kNumCandidates; ++c) {
       score_[c] *= kDecay;
-      if (!alive_[c]) continue;
+      if (!alive_[c] || (c == kRequestAware && rows == nullptr)) continue;
       // A ghost too small for a call (tiny caches) drops out of the race.
-      if (!ghosts_[c]->Access(sub_keys_, gens_, is_prefill, nullptr, &ar_).ok()) {
+      if (!ghosts_[c]->Access(sub_keys_, gens_, is_prefill, nullptr, &ar_, rows ? &sub_rows : nullptr).ok()) {
         alive_[c] = 0;
         score_[c] = -1;
         continue;
@@ -115,7 +132,8 @@ class Adaptive final : public Policy {
   std::vector<double> score_;
   std::vector<uint8_t> alive_;
   size_t leader_ = 0;
-  std::vector<ObjectId> sub_keys_;
+  bool seen_requests_ = false;
+  std::vector<ObjectId> sub_keys_, sub_row_keys_;
   std::vector<uint64_t> gens_;
   AccessResult ar_;
 };
