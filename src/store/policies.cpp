@@ -298,8 +298,9 @@ Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const Object
   if (name == "lru") return std::unique_ptr<Policy>(new Lru(space, capacity_bytes));
   if (name == "decay-lfu") return std::unique_ptr<Policy>(new DecayLfu(space, capacity_bytes, 8.0));
   if (name == "adaptive") return MakeAdaptivePolicy(space, capacity_bytes);
-  if (name == "request-aware")
-    return MakeRequestAwarePolicy(space, capacity_bytes, getenv("K3_RA_HL") ? atof(getenv("K3_RA_HL")) : 64.0);
+  // Half-life 64 tokens: long enough to learn a request's favourites, short
+  // enough to follow a drifting one (docs/store.md).
+  if (name == "request-aware") return MakeRequestAwarePolicy(space, capacity_bytes, 64.0);
   if (name == "quota-decay") {
     // Half-life: one token, or as many tokens as the cache holds token
     // working sets (92 x 16 objects for K3) when it is larger than one.

@@ -133,8 +133,11 @@ inline constexpr ObjectId kNoObject = 0xffffffffu;
 // "quota-decay", "request-aware", "adaptive" (ours).
 std::vector<std::string> PolicyNames();
 // The adaptive policy (adaptive_policy.cpp): follows whichever candidate
-// policy is winning on shadow caches of a sample of layers.
-std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes);
+// policy is winning on shadow caches of a sample of layers. `candidates`:
+// policy names (empty: quota-decay, lru, reuse-lfu-lru-v2, decay-lfu and
+// request-aware, which races only once calls carry request ids).
+std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes,
+                                           std::span<const char* const> candidates = {});
 // The request-aware policy (request_policy.cpp): ranks objects by their
 // estimated chance of being routed at the next token of an active request;
 // route counts decay with `half_life_tokens` (0: never).

@@ -148,7 +148,7 @@ class RequestAware final : public Policy {
  private:
   static constexpr double kReuseDecay = 1.0 - 1.0 / 4096.0;  // rows
   static constexpr double kPrior = 2.0;                      // tokens of a flat popularity
-  static constexpr double kRenormShare = 0.15;  // re-rank a layer when its token count grew by this
+  static constexpr double kRenormShare = 0.08;  // re-rank a layer when its token count grew by this
   static constexpr uint32_t kMaxRequests = 256, kMaxClusters = 64;
 
   struct Cluster {

@@ -134,7 +134,8 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     for (ObjectId k : spec_pinned) --pins[k];
     spec_pinned.clear();
     gens.assign(keys.size(), 1);
-    Status st = policy->Access(keys, gens, call.is_prefill, nullptr, &ar);
+    CallRows rows;
+    Status st = policy->Access(keys, gens, call.is_prefill, nullptr, &ar, RowsOf(seq, c, &rows));
     if (!st.ok()) return st.error();
     for (ObjectId v : ar.evicted) drop(v);
     double call_ready = now;
