@@ -69,10 +69,10 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
   };
   if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o))
     Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
-  if (py::hasattr(o, "__index__")) {
-    one(o);
-  } else if (py::isinstance<py::iterable>(o)) {
+  if (py::isinstance<py::iterable>(o)) {  // a list, tuple or array: one per row
     for (py::handle h : o) one(h);
+  } else if (py::hasattr(o, "__index__")) {  // an int or a numpy integer
+    one(o);
   } else {
     Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
   }
