@@ -49,7 +49,8 @@ class RequestAware final : public Policy {
         gamma_(half_life_tokens > 0 ? std::exp2(-1.0 / half_life_tokens) : 1.0),
         order_(space.num_objects()),
         stamp_of_(space.num_objects(), 0),
-        resident_(space.num_objects(), 0) {}
+        resident_(space.num_objects(), 0),
+        prev_mask_(space.num_objects(), 0) {}
   std::string name() const override { return "request-aware"; }
 
  protected:
@@ -90,6 +91,11 @@ class RequestAware final : public Policy {
       }
       for (uint16_t e : prev) touched_.push_back(space_.Id(l, e));
       for (uint16_t e : cur_) touched_.push_back(space_.Id(l, e));
+      if (q.pos < 64) {  // the active requests' previous-token masks (see Score)
+        const uint64_t bit = uint64_t{1} << q.pos;
+        for (uint16_t e : prev) prev_mask_[space_.Id(l, e)] &= ~bit;
+        for (uint16_t e : cur_) prev_mask_[space_.Id(l, e)] |= bit;
+      }
       old_.swap(prev);
       prev = cur_;
       Cluster& c = clusters_[q.cluster];
@@ -110,6 +116,7 @@ class RequestAware final : public Policy {
     }
     if (active_changed_) {
       active_changed_ = false;
+      RebuildMasks();
       for (uint32_t a : active_)
         for (uint32_t li = 0; li < L_; ++li) Snapshot(clusters_[reqs_[a].cluster], li);
       for (uint32_t li = 0; li < L_; ++li) RerankLayer(li);
@@ -165,6 +172,7 @@ class RequestAware final : public Policy {
     uint32_t cluster = 0;
     uint64_t last_call = 0;
     bool active = false;
+    uint32_t pos = 64;  // index in active_ when below 64 (its bit in prev_mask_)
     std::vector<std::vector<uint16_t>> prev;  // per layer, sorted
   };
 
@@ -200,12 +208,14 @@ class RequestAware final : public Policy {
     if (!q.active) {
       q.active = true;
       active_.push_back(r);
+      q.pos = static_cast<uint32_t>(active_.size() - 1);
       active_changed_ = true;
     }
     return r;
   }
   void Deactivate(uint32_t r) {
     reqs_[r].active = false;
+    reqs_[r].pos = 64;
     active_.erase(std::find(active_.begin(), active_.end(), r));
     active_changed_ = true;
   }
@@ -263,15 +273,32 @@ class RequestAware final : public Policy {
     const uint32_t l = space_.LayerIndexOf(o);
     const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(o));
     double none = 1.0;
-    for (uint32_t r : active_) {
-      const Req& q = reqs_[r];
+    const uint64_t mask = prev_mask_[o];
+    for (size_t i = 0; i < active_.size(); ++i) {
+      const Req& q = reqs_[active_[i]];
       const Cluster& c = clusters_[q.cluster];
       const double fresh = std::min(1.0, double(c.counts[size_t{l} * E_ + e]) * c.a[l] + c.b[l]);
-      const auto& pv = q.prev[l];
-      const double p = std::binary_search(pv.begin(), pv.end(), e) ? rho_ + (1.0 - rho_) * fresh : fresh;
-      none *= 1.0 - p;
+      bool in_prev;
+      if (i < 64) {
+        in_prev = (mask >> i) & 1;
+      } else {
+        const auto& pv = q.prev[l];
+        in_prev = std::binary_search(pv.begin(), pv.end(), e);
+      }
+      none *= 1.0 - (in_prev ? rho_ + (1.0 - rho_) * fresh : fresh);
     }
     return static_cast<float>(1.0 - none);
+  }
+  // prev_mask_[o] bit i: active_[i] routed o at its previous token (i < 64).
+  void RebuildMasks() {
+    std::fill(prev_mask_.begin(), prev_mask_.end(), 0);
+    for (auto& q : reqs_) q.pos = 64;
+    for (size_t i = 0; i < active_.size() && i < 64; ++i) {
+      Req& q = reqs_[active_[i]];
+      q.pos = static_cast<uint32_t>(i);
+      for (uint32_t l = 0; l < L_; ++l)
+        for (uint16_t e : q.prev[l]) prev_mask_[space_.Id(l, e)] |= uint64_t{1} << i;
+    }
   }
   // Ties (new requests know nothing yet) evict the least recently used.
   void Place(ObjectId k) { order_.Set(k, {Score(k), stamp_of_[k]}); }
@@ -294,6 +321,7 @@ class RequestAware final : public Policy {
   RankedSet<std::pair<float, uint64_t>> order_;
   std::vector<uint64_t> stamp_of_;  // last use, per object
   std::vector<uint8_t> resident_;
+  std::vector<uint64_t> prev_mask_;
   // The keys of the last call stay out of the order until the next call:
   // they are protected during their call anyway (a victim search would have
   // to step over them, and a chunked prefill call's many low-ranked keys made
