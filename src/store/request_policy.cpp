@@ -5,13 +5,13 @@
 // A request's next route at a layer is, to a good approximation, either one
 // of its own previous token's experts at that layer (routers keep some
 // experts from token to token) or a draw from its own popularity. So the
-// policy keeps, per request: its previous token's experts per layer; per
-// request "family" (a cluster of requests that route alike, see Join): a
-// decayed count of every (layer, expert) route; and one global reuse rate
-// rho (the share of a row's routes its request's previous token at that
-// layer also had). For request r and object o = (layer l, expert e):
-//   pi   = count(l, e) / tokens(l)  (smoothed), the per-token route chance
-//   q    = pi (1 - rho) / (1 - rho pi), the chance of a fresh draw
+// policy keeps, per request: its previous token's experts per layer; a
+// count table (a Cluster: one per request today; requests of one domain
+// could share one) of its arrivals, the routes its previous token at that
+// layer did not have, decayed per token; and one global reuse rate rho (the
+// share of a row's routes its request's previous token at that layer also
+// had). For request r and object o = (layer l, expert e):
+//   q    = arrivals(l, e) / tokens(l), smoothed: the chance of a fresh draw
 //   p_r  = rho + (1 - rho) q  if e was in r's previous token at l, else q
 //   score(o) = 1 - prod over active requests r of (1 - p_r)
 // which is the distribution-informed bound's rule with learned estimates
@@ -162,7 +162,7 @@ class RequestAware final : public Policy {
     std::vector<float> counts;         // [layer][expert], times up[layer] at the count
     std::vector<double> up;            // per layer: gamma^-tokens
     std::vector<uint32_t> tokens;      // per layer
-    // Scoring snapshot per layer: pi = counts * a + b, taken at snap_tokens.
+    // Scoring snapshot per layer: q = counts * a + b, taken at snap_tokens.
     std::vector<double> a, b, snap_n;
     std::vector<uint32_t> snap_tokens;
     uint64_t last_use = 0;
