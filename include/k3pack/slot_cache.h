@@ -70,9 +70,10 @@ class SlotCache {
   bool attached() const;
 
   // `stream`: the caller's current cudaStream_t (CUDA only; null = default).
+  // `request_ids`: as ExpertStore::Acquire's (empty: unknown).
   Result<std::vector<int32_t>> Acquire(uint32_t layer, std::span<const int64_t> expert_ids,
                                        std::span<const int64_t> shape, std::optional<bool> is_prefill,
-                                       void* stream = nullptr);
+                                       void* stream = nullptr, std::span<const uint64_t> request_ids = {});
   Status MarkUsed(std::span<const int32_t> slots, void* stream = nullptr);
   // Starts host-tier reads of `expert_ids` (needs a host tier).
   Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids);

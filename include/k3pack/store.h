@@ -132,8 +132,12 @@ class ExpertStore {
   // is_prefill defaults to tokens > 1 (SGLang). Errors: SGLang's texts for
   // an inactive layer, a wrong top-k width, an out-of-range id, an eviction
   // that would drop the active working set, and short/failed reads.
+  // `request_ids` (optional): the request of the call (one id) or of each
+  // row; the "request-aware" and "adaptive" policies learn per request from
+  // them. Empty: unknown (every policy behaves as without them).
   Result<Acquisition> Acquire(uint32_t layer, std::span<const int64_t> expert_ids, std::span<const int64_t> shape,
-                              std::optional<bool> is_prefill = std::nullopt);
+                              std::optional<bool> is_prefill = std::nullopt,
+                              std::span<const uint64_t> request_ids = {});
   // Convenience for one decode token: ids.size() must be top_k.
   Result<Acquisition> AcquireToken(uint32_t layer, std::span<const int64_t> expert_ids);
   // Releases the call's objects for eviction; may flush stats. Idempotent.

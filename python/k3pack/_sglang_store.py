@@ -184,9 +184,11 @@ class KimiGGMLExpertPackStore:
             return 0
         return _torch().cuda.current_stream(self._device).cuda_stream
 
-    def acquire(self, layer, topk_ids, *, is_prefill=None):
+    def acquire(self, layer, topk_ids, *, is_prefill=None, request_ids=None):
         """Slots of topk_ids' routes in route order (duplicates kept), as an
-        int32 tensor on the cache's device and as a list."""
+        int32 tensor on the cache's device and as a list. request_ids
+        (k3pack's, optional): the call's request id or one per row, for the
+        request-aware and adaptive policies; None = unknown."""
         if self._cache is None:
             raise RuntimeError("expert device cache is not initialized")
         layer = int(layer)
@@ -205,7 +207,7 @@ class KimiGGMLExpertPackStore:
         else:
             ids = np.asarray(topk_ids)
         try:
-            slots = self._engine.acquire(layer, ids, is_prefill, self._stream())
+            slots = self._engine.acquire(layer, ids, is_prefill, self._stream(), request_ids)
         except ValueError:  # a route check: SGLang counts no call
             raise
         except BaseException:

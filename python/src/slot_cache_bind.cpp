@@ -79,19 +79,22 @@ void RegisterSlotCache(py::module_& m) {
         Check(c.AttachCuda(Pointer(address), slots, device));
       }, py::arg("address"), py::arg("slot_count"), py::arg("device"))
       .def("acquire", [](store::SlotCache& c, uint32_t layer, py::array ids, std::optional<bool> is_prefill,
-                         uintptr_t stream) {
+                         uintptr_t stream, py::object request_ids) {
         std::vector<int64_t> shape;
         std::vector<int64_t> v = Int64s(ids, &shape);
+        std::vector<uint64_t> requests = RequestIdsArg(request_ids);
         k3pack::Result<std::vector<int32_t>> r = [&] {
           py::gil_scoped_release nogil;
-          return c.Acquire(layer, v, shape, is_prefill, Pointer(stream));
+          return c.Acquire(layer, v, shape, is_prefill, Pointer(stream), requests);
         }();
         std::vector<int32_t> slots = Unwrap(std::move(r));
         py::array_t<int32_t> out(static_cast<py::ssize_t>(slots.size()));
         std::copy(slots.begin(), slots.end(), out.mutable_data());
         return out;
       }, py::arg("layer"), py::arg("topk_ids"), py::arg("is_prefill") = py::none(), py::arg("stream") = 0,
-         "topk_ids: int array [tokens, top_k]; returns int32 slots in route order")
+         py::arg("request_ids") = py::none(),
+         "topk_ids: int array [tokens, top_k]; request_ids: None, the call's request id or one per row; returns "
+         "int32 slots in route order")
       .def("mark_used", [](store::SlotCache& c, py::array slots, uintptr_t stream) {
         py::array_t<int32_t, py::array::c_style | py::array::forcecast> v(slots);
         std::vector<int32_t> s(v.data(), v.data() + v.size());

@@ -135,16 +135,20 @@ void RegisterStore(py::module_& m) {
            py::arg("ep_rank") = py::none(), py::arg("prefetch_mode") = "staged",
            py::arg("prefetch_budget_bytes") = 0, py::arg("prefetch_queue_depth") = 0)
       .def("acquire", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array topk_ids,
-                         std::optional<bool> is_prefill) {
+                         std::optional<bool> is_prefill, py::object request_ids) {
         std::vector<int64_t> shape;
         std::vector<int64_t> ids = Ids(topk_ids, &shape);
+        std::vector<uint64_t> requests = RequestIdsArg(request_ids);
         k3pack::Result<store::Acquisition> r = [&] {
           py::gil_scoped_release nogil;
-          return self->Acquire(layer, ids, shape, is_prefill);
+          return self->Acquire(layer, ids, shape, is_prefill, requests);
         }();
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("topk_ids"), py::kw_only(), py::arg("is_prefill") = py::none(),
-         "topk_ids: integer array [tokens, top_k]; returns an Acquisition (views in route order)")
+         py::arg("request_ids") = py::none(),
+         "topk_ids: integer array [tokens, top_k]; request_ids: None (unknown), the call's request id or one per "
+         "row (the request-aware and adaptive policies learn from them); returns an Acquisition (views in route "
+         "order)")
       .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array expert_ids) {
         std::vector<int64_t> shape;
         std::vector<int64_t> ids = Ids(expert_ids, &shape);

@@ -249,7 +249,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--manifest", "adapter manifest (required unless --simulate)")
       .Option("--pack", "expert pack (default: the manifest's expert_pack.path)")
       .Option("--cache-mib", "host cache budget in MiB", std::nullopt, true)
-      .Option("--policy", "reuse-lfu-lru-v2 | lru | decay-lfu | quota-decay | adaptive", "reuse-lfu-lru-v2")
+      .Option("--policy", "reuse-lfu-lru-v2 | lru | decay-lfu | quota-decay | request-aware | adaptive", "reuse-lfu-lru-v2")
       .Option("--io", "pread | uring", "pread")
       .Flag("--direct", "O_DIRECT reads")
       .Option("--read-splits", "ranges per object read", "1")

@@ -20,18 +20,27 @@
 // stay resident whatever the leader.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 
 #include "store/policy.h"
 
 namespace k3pack::store {
 namespace {
 
-constexpr const char* kCandidates[] = {"quota-decay", "lru", "reuse-lfu-lru-v2", "decay-lfu"};
-constexpr size_t kNumCandidates = sizeof(kCandidates) / sizeof(kCandidates[0]);
+// The last candidate needs to know each row's request: it takes part only
+// once calls carry request ids (CallRows), so without them the adaptive
+// policy is exactly the four-candidate race.
+constexpr const char* kCandidates[] = {"quota-decay", "lru", "reuse-lfu-lru-v2", "decay-lfu", "request-aware"};
+constexpr size_t kNone = SIZE_MAX;
 
 class Adaptive final : public Policy {
  public:
-  Adaptive(const ObjectSpace& space, uint64_t cap) : Policy(space, cap) {
+  Adaptive(const ObjectSpace& space, uint64_t cap, std::span<const char* const> candidates)
+      : Policy(space, cap), names_(candidates.begin(), candidates.end()) {
+    n_ = names_.size();
+    for (size_t c = 0; c < n_; ++c)
+      if (names_[c] == "request-aware") request_aware_ = c;
     const uint32_t L = space.num_active_layers();
     // About a dozen sampled layers: enough calls to compare candidates,
     // little enough work (K3: every 7th of 92 layers).
@@ -54,22 +63,29 @@ class Adaptive final : public Policy {
     // The ghosts' capacity is the real one scaled by the sampled layers' share of the bytes.
     const uint64_t sub_cap =
         all_bytes ? static_cast<uint64_t>(double(cap) * double(sub_bytes) / double(all_bytes)) : cap;
-    for (size_t c = 0; c < kNumCandidates; ++c) {
-      auto f = MakePolicy(kCandidates[c], space, cap);
-      auto g = MakePolicy(kCandidates[c], sub, sub_cap);
+    for (size_t c = 0; c < n_; ++c) {
+      auto f = MakePolicy(names_[c], space, cap);
+      auto g = MakePolicy(names_[c], sub, sub_cap);
       followers_.push_back(std::move(f).value());
       ghosts_.push_back(std::move(g).value());
     }
-    score_.assign(kNumCandidates, 0.0);
-    alive_.assign(kNumCandidates, 1);
+    score_.assign(n_, 0.0);
+    alive_.assign(n_, 1);
+    if (request_aware_ != kNone) alive_[request_aware_] = 0;  // until a call carries request ids
   }
   std::string name() const override { return "adaptive"; }
   // The candidate currently followed (tests, stats).
-  const char* leader() const { return kCandidates[leader_]; }
+  const std::string& leader() const { return names_[leader_]; }
 
  protected:
   void OnCall(std::span<const ObjectId> keys, bool is_prefill) override {
-    for (auto& f : followers_) f->FollowCall(keys, is_prefill);
+    const CallRows* rows = call_rows();
+    if (rows != nullptr && !seen_requests_ && request_aware_ != kNone) {
+      seen_requests_ = true;
+      alive_[request_aware_] = 1;
+    }
+    for (size_t c = 0; c < n_; ++c)
+      if (c != request_aware_ || rows != nullptr) followers_[c]->FollowCall(keys, is_prefill, rows);
     if (keys.empty()) return;
     const uint32_t li = space_.LayerIndexOf(keys[0]);
     if (sub_layer_[li] < 0) return;
@@ -77,11 +93,17 @@ class Adaptive final : public Policy {
     const ObjectId base = static_cast<ObjectId>(sub_layer_[li]) * space_.num_experts;
     for (ObjectId k : keys) sub_keys_.push_back(base + space_.ExpertOf(k));
     gens_.assign(sub_keys_.size(), 1);
-    for (size_t c = 0; c < kNumCandidates; ++c) {
+    CallRows sub_rows;
+    if (rows != nullptr) {
+      sub_row_keys_.clear();
+      for (ObjectId k : rows->keys) sub_row_keys_.push_back(base + space_.ExpertOf(k));
+      sub_rows = {sub_row_keys_, rows->requests, rows->width};
+    }
+    for (size_t c = 0; c < n_; ++c) {
       score_[c] *= kDecay;
-      if (!alive_[c]) continue;
+      if (!alive_[c] || (c == request_aware_ && rows == nullptr)) continue;
       // A ghost too small for a call (tiny caches) drops out of the race.
-      if (!ghosts_[c]->Access(sub_keys_, gens_, is_prefill, nullptr, &ar_).ok()) {
+      if (!ghosts_[c]->Access(sub_keys_, gens_, is_prefill, nullptr, &ar_, rows ? &sub_rows : nullptr).ok()) {
         alive_[c] = 0;
         score_[c] = -1;
         continue;
@@ -89,7 +111,7 @@ class Adaptive final : public Policy {
       for (uint8_t h : ar_.hit) score_[c] += h;
     }
     size_t best = leader_;
-    for (size_t c = 0; c < kNumCandidates; ++c)
+    for (size_t c = 0; c < n_; ++c)
       if (alive_[c] && score_[c] > score_[best]) best = c;
     // Hysteresis: 0.5% (and one hit) better before switching.
     if (best != leader_ && (!alive_[leader_] || score_[best] > score_[leader_] * 1.005 + 1.0)) leader_ = best;
@@ -109,21 +131,26 @@ class Adaptive final : public Policy {
 
  private:
   static constexpr double kDecay = 1.0 - 1.0 / 2048.0;  // window ~2k sampled calls (~150 K3 tokens)
+  std::vector<std::string> names_;
+  size_t n_ = 0, request_aware_ = kNone;
   uint32_t stride_ = 1;
   std::vector<int32_t> sub_layer_;  // active layer index -> ghost layer index, -1 if not sampled
   std::vector<std::unique_ptr<Policy>> followers_, ghosts_;
   std::vector<double> score_;
   std::vector<uint8_t> alive_;
   size_t leader_ = 0;
-  std::vector<ObjectId> sub_keys_;
+  bool seen_requests_ = false;
+  std::vector<ObjectId> sub_keys_, sub_row_keys_;
   std::vector<uint64_t> gens_;
   AccessResult ar_;
 };
 
 }  // namespace
 
-std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes) {
-  return std::make_unique<Adaptive>(space, capacity_bytes);
+std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes,
+                                           std::span<const char* const> candidates) {
+  if (candidates.empty()) candidates = kCandidates;
+  return std::make_unique<Adaptive>(space, capacity_bytes, candidates);
 }
 
 }  // namespace k3pack::store

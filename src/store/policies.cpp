@@ -289,7 +289,7 @@ class QuotaDecay final : public Policy {
 }  // namespace
 
 std::vector<std::string> PolicyNames() {
-  return {"reuse-lfu-lru-v2", "lru", "decay-lfu", "quota-decay", "adaptive"};
+  return {"reuse-lfu-lru-v2", "lru", "decay-lfu", "quota-decay", "request-aware", "adaptive"};
 }
 
 Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const ObjectSpace& space,
@@ -298,6 +298,9 @@ Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const Object
   if (name == "lru") return std::unique_ptr<Policy>(new Lru(space, capacity_bytes));
   if (name == "decay-lfu") return std::unique_ptr<Policy>(new DecayLfu(space, capacity_bytes, 8.0));
   if (name == "adaptive") return MakeAdaptivePolicy(space, capacity_bytes);
+  // Half-life 64 tokens: long enough to learn a request's favourites, short
+  // enough to follow a drifting one (docs/store.md).
+  if (name == "request-aware") return MakeRequestAwarePolicy(space, capacity_bytes, 64.0);
   if (name == "quota-decay") {
     // Half-life: one token, or as many tokens as the cache holds token
     // working sets (92 x 16 objects for K3) when it is larger than one.

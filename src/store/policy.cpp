@@ -45,7 +45,7 @@ bool Policy::MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> 
 }
 
 Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> generations, bool is_prefill,
-                      const PinCounts* pins, AccessResult* out) {
+                      const PinCounts* pins, AccessResult* out, const CallRows* rows) {
   out->hit.assign(keys.size(), 0);
   out->evicted.clear();
   out->evictions = 0;
@@ -60,7 +60,9 @@ Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> 
     const ObjectId*& p;
     ~Unmark() { p = nullptr; }
   } unmark{marked_};
+  rows_ = rows;
   OnCall(keys, is_prefill);
+  rows_ = nullptr;
   for (size_t i = 0; i < keys.size(); ++i) {
     ObjectId key = keys[i];
     if (resident_[key] && generation_[key] == generations[i]) {

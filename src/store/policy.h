@@ -31,6 +31,18 @@ struct AccessResult {
   uint64_t evictions = 0;          // == evicted.size() (a stale reuse counts too)
 };
 
+// Who asked for one acquire call's routes, for policies that keep per-request
+// state: `keys` holds every row's routes as ObjectIds (rows x width, route
+// order, duplicates kept), `requests` the request of each row, or one id
+// for all rows. A call without it (nullptr) is of unknown requests.
+struct CallRows {
+  std::span<const ObjectId> keys;
+  std::span<const uint64_t> requests;
+  uint32_t width = 0;
+  uint32_t rows() const { return width ? static_cast<uint32_t>(keys.size() / width) : 0; }
+  uint64_t request(uint32_t row) const { return requests.size() == 1 ? requests[0] : requests[row]; }
+};
+
 // SGLang's text when every resident object is protected.
 inline constexpr const char* kCannotEvictText = "expert cache cannot evict the active top-k working set";
 
@@ -45,8 +57,9 @@ class Policy {
   // resident afterwards; the call's own keys are never chosen as victims.
   // Fails with kCannotEvictText (RuntimeError) when no victim exists; like
   // SGLang, keys processed before the failure keep their new state.
+  // `rows` (may be null): the call's routes by request (see CallRows).
   Status Access(std::span<const ObjectId> keys, std::span<const uint64_t> generations, bool is_prefill,
-                const PinCounts* pins, AccessResult* out);
+                const PinCounts* pins, AccessResult* out, const CallRows* rows = nullptr);
 
   // Prefetch admission: makes `key` resident without counting a use.
   // Returns false if it is resident already or if not enough unprotected
@@ -66,7 +79,11 @@ class Policy {
   // residents of a cache someone else manages (the adaptive policy keeps one
   // follower per candidate and evicts with the current leader's choice). The
   // caller reports every use, insertion and removal of that cache.
-  void FollowCall(std::span<const ObjectId> keys, bool is_prefill) { OnCall(keys, is_prefill); }
+  void FollowCall(std::span<const ObjectId> keys, bool is_prefill, const CallRows* rows = nullptr) {
+    rows_ = rows;
+    OnCall(keys, is_prefill);
+    rows_ = nullptr;
+  }
   void FollowHit(ObjectId key) { OnHit(key); }
   void FollowInsert(ObjectId key, bool demand) { OnInsert(key, demand); }
   void FollowRemove(ObjectId key) { OnRemove(key); }
@@ -75,7 +92,8 @@ class Policy {
   }
 
  protected:
-  // Hooks. OnCall sees every call's keys before any hit/miss processing.
+  // Hooks. OnCall sees every call's keys before any hit/miss processing;
+  // call_rows() is the call's CallRows there (null when not given).
   virtual void OnCall(std::span<const ObjectId> keys, bool is_prefill) { (void)keys; (void)is_prefill; }
   virtual void OnHit(ObjectId key) = 0;
   virtual void OnInsert(ObjectId key, bool demand) = 0;  // demand=false: prefetch admission
@@ -84,6 +102,7 @@ class Policy {
   virtual ObjectId PickVictim(bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins) = 0;
 
   bool Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const;
+  const CallRows* call_rows() const { return rows_; }
 
   const ObjectSpace space_;
 
@@ -99,6 +118,7 @@ class Policy {
   std::vector<uint32_t> call_mark_;
   uint32_t call_serial_ = 0;
   const ObjectId* marked_ = nullptr;
+  const CallRows* rows_ = nullptr;  // during OnCall only
 
   uint64_t capacity_bytes_;
   uint64_t used_bytes_ = 0;
@@ -110,11 +130,19 @@ class Policy {
 inline constexpr ObjectId kNoObject = 0xffffffffu;
 
 // Policy names: "reuse-lfu-lru-v2" (SGLang's), "lru", "decay-lfu",
-// "quota-decay", "adaptive" (ours).
+// "quota-decay", "request-aware", "adaptive" (ours).
 std::vector<std::string> PolicyNames();
 // The adaptive policy (adaptive_policy.cpp): follows whichever candidate
-// policy is winning on shadow caches of a sample of layers.
-std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes);
+// policy is winning on shadow caches of a sample of layers. `candidates`:
+// policy names (empty: quota-decay, lru, reuse-lfu-lru-v2, decay-lfu and
+// request-aware, which races only once calls carry request ids).
+std::unique_ptr<Policy> MakeAdaptivePolicy(const ObjectSpace& space, uint64_t capacity_bytes,
+                                           std::span<const char* const> candidates = {});
+// The request-aware policy (request_policy.cpp): ranks objects by their
+// estimated chance of being routed at the next token of an active request;
+// route counts decay with `half_life_tokens` (0: never).
+std::unique_ptr<Policy> MakeRequestAwarePolicy(const ObjectSpace& space, uint64_t capacity_bytes,
+                                               double half_life_tokens);
 Result<std::unique_ptr<Policy>> MakePolicy(const std::string& name, const ObjectSpace& space,
                                            uint64_t capacity_bytes);
 

@@ -26,6 +26,7 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
                  ") do not match the pack (" + std::to_string(info.num_experts) + ", " + std::to_string(info.top_k) +
                  ")");
   std::vector<int64_t> ids, ahead;
+  std::vector<uint64_t> requests;
   auto start = std::chrono::steady_clock::now();
   const bool oracle = o.prefetch == "oracle-lookahead";
   const size_t n = t.records.size();
@@ -47,7 +48,9 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
     auto r = t.RecordIds(rec);
     ids.assign(r.begin(), r.end());
     int64_t shape[2] = {rec.rows, t.top_k};
-    auto acq = store->Acquire(rec.layer, ids, shape, rec.is_prefill);
+    requests.clear();
+    for (uint32_t row = 0; row < rec.rows; ++row) requests.push_back(t.RowRequest(rec, row));
+    auto acq = store->Acquire(rec.layer, ids, shape, rec.is_prefill, requests);
     if (!acq.ok()) return acq.error().WithContext("trace record " + std::to_string(i));
     K3_RETURN_IF_ERROR(store->MarkUsed(*acq));
     if (o.progress && (i % 1024 == 0 || i + 1 == n)) o.progress(i + 1, n);

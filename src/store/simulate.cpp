@@ -20,6 +20,7 @@ ObjectSpace SpaceForTrace(const trace::Trace& t, uint64_t object_bytes) {
 
 Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
   CallSeq seq;
+  seq.route_width = t.top_k;
   std::vector<int64_t> ids;
   std::vector<ObjectId> distinct;
   const uint32_t first_layer = space.active_layer_ids.empty() ? 0 : space.active_layer_ids.front();
@@ -32,12 +33,24 @@ Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
     if (!st.ok()) return st.error().WithContext("trace record " + std::to_string(i));
     uint32_t li = static_cast<uint32_t>(space.LayerIndex(r.layer));
     DistinctSorted(space, li, ids.data(), ids.size(), &distinct);
-    seq.calls.push_back({li, r.is_prefill, r.rows, seq.keys.size(), seq.keys.size() + distinct.size()});
+    seq.calls.push_back({li, r.is_prefill, r.rows, seq.keys.size(), seq.keys.size() + distinct.size(),
+                         seq.row_keys.size(), seq.row_requests.size()});
+    for (int64_t e : ids) seq.row_keys.push_back(space.Id(li, static_cast<uint32_t>(e)));
+    for (uint32_t row = 0; row < r.rows; ++row) seq.row_requests.push_back(t.RowRequest(r, row));
     seq.keys.insert(seq.keys.end(), distinct.begin(), distinct.end());
     seq.routes += ids.size();
     if (r.layer == first_layer) seq.tokens += r.rows;
   }
   return seq;
+}
+
+const CallRows* RowsOf(const CallSeq& seq, size_t i, CallRows* storage) {
+  if (!seq.has_rows()) return nullptr;
+  const auto& c = seq.calls[i];
+  storage->keys = {seq.row_keys.data() + c.route_begin, size_t{c.rows} * seq.route_width};
+  storage->requests = {seq.row_requests.data() + c.row_begin, c.rows};
+  storage->width = seq.route_width;
+  return storage;
 }
 
 static SimResult NewResult(const std::string& name, const ObjectSpace& space, uint64_t cap) {
@@ -63,12 +76,14 @@ Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const s
   SimResult res = NewResult(policy->name(), space, capacity_bytes);
   AccessResult ar;
   std::vector<uint64_t> gens;
+  CallRows rows;
   uint64_t done = 0;
   for (const auto& c : seq.calls) {
+    const CallRows* call_rows = RowsOf(seq, done, &rows);
     ReportCalls(calls_done, done++, seq.calls.size());
     std::span<const ObjectId> keys(seq.keys.data() + c.begin, c.end - c.begin);
     gens.assign(keys.size(), 1);
-    Status st = policy->Access(keys, gens, c.is_prefill, nullptr, &ar);
+    Status st = policy->Access(keys, gens, c.is_prefill, nullptr, &ar, call_rows);
     if (!st.ok()) return st.error();
     for (size_t i = 0; i < keys.size(); ++i) {
       if (ar.hit[i]) {

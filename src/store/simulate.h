@@ -12,6 +12,7 @@
 #include "k3pack/error.h"
 #include "k3pack/trace.h"
 #include "store/object_space.h"
+#include "store/policy.h"
 
 namespace k3pack::store {
 
@@ -23,15 +24,25 @@ struct CallSeq {
     bool is_prefill;
     uint32_t rows;
     uint64_t begin, end;  // into keys
+    uint64_t route_begin = 0;  // into row_keys (rows x route_width)
+    uint64_t row_begin = 0;    // into row_requests (one per row)
   };
   std::vector<Call> calls;
   std::vector<ObjectId> keys;
+  // Every row's routes as ObjectIds and the request of each row, for
+  // request-aware policies (CallRows); empty when not recorded (EP ranks).
+  std::vector<ObjectId> row_keys;
+  std::vector<uint64_t> row_requests;
+  uint32_t route_width = 0;
+  bool has_rows() const { return route_width != 0; }
   uint64_t routes = 0;    // token x top_k entries, duplicates included
   uint64_t tokens = 0;    // decode/prefill tokens (rows of the first layer's calls)
 };
 
 // Checks each record with SGLang's route rules and reduces it.
 Result<CallSeq> BuildCallSeq(const trace::Trace& trace, const ObjectSpace& space);
+// The CallRows of call `i` (null when `seq` has no rows); `storage` backs it.
+const CallRows* RowsOf(const CallSeq& seq, size_t i, CallRows* storage);
 // The object space a trace implies when no manifest is given (K3 object size).
 ObjectSpace SpaceForTrace(const trace::Trace& trace, uint64_t object_bytes = 11956224);
 

@@ -281,11 +281,15 @@ void SlotCache::Impl::FreeSlot(uint32_t slot) {
 
 Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const int64_t> ids,
                                                 std::span<const int64_t> shape, std::optional<bool> is_prefill_opt,
-                                                void* stream) {
+                                                void* stream, std::span<const uint64_t> request_ids) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
   K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
+  std::vector<ObjectId> row_keys;
+  CallRows rows_storage;
+  K3_ASSIGN_OR_RETURN(const CallRows* call_rows,
+                      StoreCallRows(space, call, ids, request_ids, &row_keys, &rows_storage));
   const int64_t rows = call.rows;
   const bool is_prefill = call.is_prefill;
   const uint32_t li = call.layer_index;
@@ -310,7 +314,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
   const size_t free_before = s.free_slots.size();
   AccessResult ar;
-  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar);
+  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows);
   s.SetPins(mine, +1);
   // Evicted objects give up their slots, in eviction order; misses take the
   // free slots first (lowest index), then those slots in that order.

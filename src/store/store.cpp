@@ -232,10 +232,14 @@ Result<Acquisition> ExpertStore::AcquireToken(uint32_t layer, std::span<const in
 }
 
 Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t> ids, std::span<const int64_t> shape,
-                                         std::optional<bool> is_prefill_opt) {
+                                         std::optional<bool> is_prefill_opt, std::span<const uint64_t> request_ids) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
+  std::vector<ObjectId> row_keys;
+  CallRows rows_storage;
+  K3_ASSIGN_OR_RETURN(const CallRows* call_rows,
+                      StoreCallRows(space, call, ids, request_ids, &row_keys, &rows_storage));
   const int64_t rows = call.rows;
   const bool is_prefill = call.is_prefill;
   const uint32_t li = call.layer_index;
@@ -266,7 +270,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   std::vector<uint64_t> gens(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
   AccessResult ar;
-  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar);
+  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows);
   for (ObjectId v : ar.evicted) s.DropEntry(v, true);
   if (!st.ok()) {
     // Keys the policy took in before failing have no bytes: forget them.

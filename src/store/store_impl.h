@@ -15,6 +15,7 @@
 #include "k3pack/store.h"
 #include "store/io_engine.h"
 #include "store/object_space.h"
+#include "store/policy.h"
 #include "util/file.h"
 
 namespace k3pack::store {
@@ -90,6 +91,12 @@ inline Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::spa
 // of its routes), then the rank's ownership (CheckOwnedRoutes).
 Result<RouteCall> PrepareStoreRoute(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
                                     std::span<const int64_t> ids, std::optional<bool> is_prefill);
+// The policy's CallRows for an acquire's optional request ids (empty:
+// unknown, null result; else one id for the call or one per row, a
+// ValueError otherwise); `keys` backs the result's route keys.
+Result<const CallRows*> StoreCallRows(const ObjectSpace& space, const RouteCall& call, std::span<const int64_t> ids,
+                                      std::span<const uint64_t> request_ids, std::vector<ObjectId>* keys,
+                                      CallRows* out);
 // The smallest working set one token may need resident: top_k objects, or
 // for a rank store min(top_k, owned experts).
 uint32_t WorkingSetObjects(const PackGeometry& geo);

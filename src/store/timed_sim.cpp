@@ -255,7 +255,10 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     ar.hit.clear();
     if (!tiered || !hkeys.empty()) {
       gens.assign(hkeys.size(), 1);
-      Status st = policy->Access(hkeys, gens, call.is_prefill, nullptr, &ar);
+      // The call's rows (request ids) describe `keys`; behind a device tier
+      // the host sees only the device misses, without ids, as in the store.
+      CallRows rows;
+      Status st = policy->Access(hkeys, gens, call.is_prefill, nullptr, &ar, tiered ? nullptr : RowsOf(seq, c, &rows));
       if (!st.ok()) return st.error();
       for (ObjectId v : ar.evicted) drop(v);
     }

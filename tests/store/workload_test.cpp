@@ -257,7 +257,7 @@ TEST(AdaptivePolicy, FollowsTheBestCandidateOnEachFamily) {
     ASSERT_TRUE(seq.ok());
     for (uint64_t slots : {70u, 250u}) {
       double best = 0;
-      for (const char* p : {"lru", "reuse-lfu-lru-v2", "decay-lfu", "quota-decay"})
+      for (const char* p : {"lru", "reuse-lfu-lru-v2", "decay-lfu", "quota-decay", "request-aware"})
         best = std::max(best, Simulate(*seq, space, p, slots * 4096)->hit_rate());
       double adaptive = Simulate(*seq, space, "adaptive", slots * 4096)->hit_rate();
       EXPECT_GE(adaptive, best - 0.03) << f << " at " << slots;

@@ -1,0 +1,26 @@
+// The request ids of a store acquire, as the policy's CallRows.
+#include <string>
+
+#include "store/store_impl.h"
+
+namespace k3pack::store {
+
+Result<const CallRows*> StoreCallRows(const ObjectSpace& space, const RouteCall& call, std::span<const int64_t> ids,
+                                      std::span<const uint64_t> request_ids, std::vector<ObjectId>* keys,
+                                      CallRows* out) {
+  if (request_ids.empty()) return static_cast<const CallRows*>(nullptr);  // unknown: today's behaviour
+  const uint64_t rows = static_cast<uint64_t>(call.rows);
+  if (request_ids.size() != 1 && request_ids.size() != rows)
+    return Error("request_ids must hold one id for the call or one per row; received " +
+                     std::to_string(request_ids.size()) + " for " + std::to_string(rows) + " rows",
+                 ErrorKind::kValue);
+  keys->clear();
+  // PrepareRoute has checked every id: in range, rows x width.
+  for (int64_t e : ids) keys->push_back(space.Id(call.layer_index, static_cast<uint32_t>(e)));
+  out->keys = *keys;
+  out->requests = request_ids;
+  out->width = rows ? static_cast<uint32_t>(ids.size() / rows) : 0;
+  return static_cast<const CallRows*>(out);
+}
+
+}  // namespace k3pack::store

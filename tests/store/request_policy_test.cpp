@@ -1,0 +1,179 @@
+// The request-aware policy and request ids through the adaptive policy and
+// the store: invariants with random rows and pins, a hand-built trace where
+// knowing the request keeps the right object, the adaptive policy without
+// request ids being exactly the four-candidate race, and the store's
+// request_ids argument.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "k3pack/store.h"
+#include "open_ok.h"
+#include "store/policy.h"
+#include "store/simulate.h"
+#include "store/synthetic_pack.h"
+
+namespace k3pack::store {
+namespace {
+
+// Random calls of several interleaved requests (rows of 1..3 tokens), random
+// pins: never over capacity, every call's keys resident after it, pinned
+// objects never evicted; for request-aware and for adaptive with rows.
+TEST(RequestAwarePolicy, CapacityAndPinsHold) {
+  ObjectSpace space = ObjectSpace::Uniform(12, 16, 4, 4096, 1);
+  for (const char* name : {"request-aware", "adaptive"}) {
+    std::mt19937_64 rng(11);
+    for (uint64_t slots : {10u, 40u, 120u}) {
+      auto made = MakePolicy(name, space, slots * 4096);
+      ASSERT_TRUE(made.ok());
+      auto& p = *made;
+      PinCounts pins(space.num_objects(), 0);
+      std::vector<ObjectId> pinned;
+      AccessResult ar;
+      for (int call = 0; call < 3000; ++call) {
+        const uint32_t layer = call % 12;
+        const uint32_t rows = 1 + uint32_t(rng() % 3);
+        std::vector<ObjectId> row_keys;
+        std::vector<uint64_t> requests;
+        for (uint32_t r = 0; r < rows; ++r) {
+          requests.push_back(rng() % 7);
+          std::vector<ObjectId> row;
+          while (row.size() < 4) {
+            ObjectId k = space.Id(layer, uint32_t(rng() % 16));
+            if (std::find(row.begin(), row.end(), k) == row.end()) row.push_back(k);
+          }
+          row_keys.insert(row_keys.end(), row.begin(), row.end());
+        }
+        std::vector<ObjectId> keys = row_keys;
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        std::vector<uint64_t> gens(keys.size(), 1);
+        CallRows cr{row_keys, requests, 4};
+        // Every tenth call comes without request ids (an unknown caller).
+        Status st = p->Access(keys, gens, rows > 1, &pins, &ar, call % 10 == 0 ? nullptr : &cr);
+        if (!st.ok()) {
+          EXPECT_EQ(st.message(), kCannotEvictText);
+          EXPECT_GE(pinned.size() + keys.size(), slots - 4) << "only fails when pins fill the cache";
+        }
+        EXPECT_LE(p->used_bytes(), p->capacity_bytes());
+        if (st.ok()) {
+          for (ObjectId k : keys) EXPECT_TRUE(p->Resident(k)) << name;
+        }
+        for (ObjectId v : ar.evicted) EXPECT_EQ(pins[v], 0u) << name << ": evicted a pinned object";
+        for (ObjectId k : pinned) EXPECT_TRUE(p->Resident(k));
+        if (st.ok() && rng() % 5 == 0 && pinned.size() + 12 < slots / 2) {
+          for (ObjectId k : keys) { ++pins[k]; pinned.push_back(k); }
+        } else if (!pinned.empty() && rng() % 3 == 0) {
+          --pins[pinned.back()];
+          pinned.pop_back();
+        }
+      }
+    }
+  }
+}
+
+// One layer, top-1, two slots. Request A routes expert 0 on every token;
+// request B routes a new expert on every token and calls twice as often:
+//   A:0  B:1  B:2  A:0  B:3  B:4  A:0 ...
+// At each B call the residents are 0 and B's previous expert. B has never
+// kept an expert, A always has; A's expert 0 has been drawn once in A's few
+// tokens, B's previous expert once in B's twice as many, so A's expert is
+// the likelier next route and stays. LRU evicts it (B's expert is newer), so
+// A misses every time; knowing the requests, every A call after the first
+// hits. Without request ids the same policy sees one stream and loses it.
+TEST(RequestAwarePolicy, KeepsTheExpertItsRequestReturnsTo) {
+  ObjectSpace space = ObjectSpace::Uniform(1, 64, 1, 4096, 1);
+  struct Call { uint64_t request; ObjectId expert; };
+  std::vector<Call> calls;
+  ObjectId next_b = 1;
+  for (int round = 0; round < 20; ++round) {
+    calls.push_back({0, 0});
+    calls.push_back({1, next_b++});
+    calls.push_back({1, next_b++});
+  }
+  auto a_hits = [&](const char* name, bool with_rows) {
+    auto p = std::move(MakePolicy(name, space, 2 * 4096)).value();
+    AccessResult ar;
+    uint32_t hits = 0;
+    for (const Call& c : calls) {
+      std::vector<ObjectId> keys = {c.expert};
+      std::vector<uint64_t> gens = {1}, req = {c.request};
+      CallRows rows{keys, req, 1};
+      EXPECT_TRUE(p->Access(keys, gens, false, nullptr, &ar, with_rows ? &rows : nullptr).ok());
+      if (c.request == 0) hits += ar.hit[0];
+    }
+    return hits;
+  };
+  EXPECT_EQ(a_hits("request-aware", true), 19u);  // all but A's first token
+  EXPECT_EQ(a_hits("lru", true), 0u);
+  EXPECT_LT(a_hits("request-aware", false), 19u);
+}
+
+// Without request ids the adaptive policy must be today's: the race of the
+// four request-less candidates. Same evictions, call by call, as a policy
+// built with only those four; with request ids it does differ.
+TEST(AdaptivePolicy, WithoutRequestIdsIsTheFourCandidateRace) {
+  trace::GenOptions o;
+  ASSERT_TRUE(trace::ApplyFamily("interleaved", &o));
+  o.layer_ids.clear();
+  for (uint32_t l = 1; l <= 24; ++l) o.layer_ids.push_back(l);
+  o.num_experts = 64;
+  o.top_k = 4;
+  auto t = trace::Generate(o);
+  ASSERT_TRUE(t.ok());
+  ObjectSpace space = SpaceForTrace(*t, 4096);
+  auto seq = BuildCallSeq(*t, space);
+  ASSERT_TRUE(seq.ok());
+  const char* four[] = {"quota-decay", "lru", "reuse-lfu-lru-v2", "decay-lfu"};
+  for (uint64_t slots : {40u, 150u}) {
+    auto full = MakeAdaptivePolicy(space, slots * 4096);
+    auto base = MakeAdaptivePolicy(space, slots * 4096, four);
+    auto with_rows = MakeAdaptivePolicy(space, slots * 4096);
+    AccessResult a, b, c;
+    std::vector<uint64_t> gens;
+    CallRows rows;
+    uint64_t differ = 0;
+    for (size_t i = 0; i < seq->calls.size(); ++i) {
+      const auto& call = seq->calls[i];
+      std::span<const ObjectId> keys(seq->keys.data() + call.begin, call.end - call.begin);
+      gens.assign(keys.size(), 1);
+      ASSERT_TRUE(full->Access(keys, gens, call.is_prefill, nullptr, &a).ok());
+      ASSERT_TRUE(base->Access(keys, gens, call.is_prefill, nullptr, &b).ok());
+      ASSERT_EQ(a.evicted, b.evicted) << "call " << i << " at " << slots;
+      ASSERT_EQ(a.hit, b.hit);
+      ASSERT_TRUE(with_rows->Access(keys, gens, call.is_prefill, nullptr, &c, RowsOf(*seq, i, &rows)).ok());
+      differ += c.evicted != a.evicted;
+    }
+    EXPECT_GT(differ, 0u) << "request ids changed nothing at " << slots;
+  }
+}
+
+// The store's request_ids: one id or one per row; another count is a
+// ValueError naming the rule; the policy sees them (same hits as without on
+// a fresh store is not required, only that both forms work).
+TEST(StoreRequestIds, OneOrOnePerRow) {
+  testing::TinyPack p(testing::TinySpec{});
+  StoreOptions o;
+  o.cache_bytes = 6 * 12288;
+  o.policy = "adaptive";
+  auto s = testing::OpenOk(p, o);
+  ASSERT_NE(s, nullptr);
+  std::vector<int64_t> ids = {5, 1, 2, 3};
+  int64_t shape[2] = {2, 2};
+  const uint64_t one[] = {7}, per_row[] = {7, 8}, three[] = {1, 2, 3};
+  for (std::span<const uint64_t> r : {std::span<const uint64_t>(), std::span<const uint64_t>(one),
+                                      std::span<const uint64_t>(per_row)}) {
+    auto a = s->Acquire(1, ids, shape, std::nullopt, r);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    EXPECT_EQ(a->routes.size(), 4u);
+    ASSERT_TRUE(s->MarkUsed(*a).ok());
+  }
+  auto bad = s->Acquire(1, ids, shape, std::nullopt, three);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().kind(), ErrorKind::kValue);
+  EXPECT_EQ(bad.error().message(), "request_ids must hold one id for the call or one per row; received 3 for 2 rows");
+}
+
+}  // namespace
+}  // namespace k3pack::store
