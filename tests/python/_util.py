@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.environ.get("K3PACK_PYTHON_DIR", os.path.join(REPO, "python")))
@@ -78,6 +79,22 @@ def build_tiny(tmp):
     with open(built["manifest"]) as f:
         doc = json.load(f)
     return built["pack"]["pack"], built["manifest"], doc
+
+
+class TinyPackTestCase(unittest.TestCase):
+    """A test case with the tiny model built once per class: cls.pack,
+    cls.manifest, cls.doc, cls.layers (active MoE layer ids), cls.top_k."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = TempDir()
+        cls.pack, cls.manifest, cls.doc = build_tiny(cls.tmp.path)
+        cls.layers = cls.doc["model"]["active_moe_layer_ids"]
+        cls.top_k = cls.doc["model"]["num_experts_per_token"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
 
 
 class StandInModules:

@@ -8,18 +8,7 @@ import k3pack
 import numpy as np
 
 
-class StorePrefetchTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = _util.TempDir()
-        cls.pack, cls.manifest, doc = _util.build_tiny(cls.tmp.path)
-        cls.layers = doc["model"]["active_moe_layer_ids"]
-        cls.top_k = doc["model"]["num_experts_per_token"]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
+class StorePrefetchTest(_util.TinyPackTestCase):
     def test_staged_prefetch_is_taken_or_dropped(self):
         k = self.top_k
         with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20, prefetch_mode="staged",

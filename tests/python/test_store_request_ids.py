@@ -8,18 +8,7 @@ import k3pack
 import numpy as np
 
 
-class StoreRequestIdsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = _util.TempDir()
-        cls.pack, cls.manifest, doc = _util.build_tiny(cls.tmp.path)
-        cls.layers = doc["model"]["active_moe_layer_ids"]
-        cls.top_k = doc["model"]["num_experts_per_token"]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
+class StoreRequestIdsTest(_util.TinyPackTestCase):
     def test_forms_and_errors(self):
         k, layer = self.top_k, self.layers[0]
         ids = np.arange(2 * k).reshape(2, k)
