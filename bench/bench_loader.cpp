@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_args.h"
+#include "bench_measure.h"
 #include "k3pack/gguf.h"
 #include "k3pack/loader.h"
 #include "util/file.h"
@@ -217,12 +218,7 @@ int main(int argc, char** argv) {
     }
   };
   auto drop_cache = [&] {
-    for (const Range& rg : ranges) {
-      auto fd = OpenReadOnly(rg.path);
-      if (!fd.ok()) continue;
-      ::fdatasync(fd->get());  // dirty pages (a model just written) cannot be dropped
-      ::posix_fadvise(fd->get(), 0, 0, POSIX_FADV_DONTNEED);
-    }
+    for (const Range& rg : ranges) bench::EvictFromPageCache(rg.path);
   };
 
   // The modes, each consuming exactly the emitted bytes.
@@ -330,10 +326,7 @@ int main(int argc, char** argv) {
               static_cast<double>(total) / 1e9, ranges.size(), static_cast<double>(max_tensor) / (1 << 20), repeat);
   std::printf("%-28s %6s %10s %9s %20s %14s\n", "mode", "cache", "GB/s", "seconds", "x pread (range)",
               "peak RSS +MiB");
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-  };
+  using bench::Median;
   for (const bool cold : {true, false}) {
     // Rounds of every mode in turn, so each mode's ratio is paired with the
     // baseline run just before it (load changes between rounds cancel out).
@@ -357,18 +350,13 @@ int main(int argc, char** argv) {
                                         static_cast<unsigned long long>(bytes[i]), static_cast<unsigned long long>(want));
       std::vector<double> ratio;
       for (int r = 0; r < repeat; ++r) ratio.push_back(secs[0][r] / secs[i][r]);
-      const double t = median(secs[i]);
+      const double t = Median(secs[i]);
       std::printf("%-28s %6s %10.2f %9.3f %7.2fx (%.2f-%.2f) %14.1f\n", modes[i].name, cold ? "cold" : "warm",
-                  static_cast<double>(total) / t / 1e9, t, median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+                  static_cast<double>(total) / t / 1e9, t, Median(ratio), *std::min_element(ratio.begin(), ratio.end()),
                   *std::max_element(ratio.begin(), ratio.end()), static_cast<double>(peak_growth[i]) / (1 << 20));
     }
   }
-  {
-    std::string load;
-    std::ifstream la("/proc/loadavg");
-    std::getline(la, load);
-    std::printf("load average at the end: %s\n", load.c_str());
-  }
+  std::printf("load average at the end: %s\n", bench::LoadAverage().c_str());
   if (!direct_ok) std::printf("(no O_DIRECT baseline: the filesystem of the shards refuses O_DIRECT)\n");
   std::printf("(cold: POSIX_FADV_DONTNEED on every shard before each run; x pread = raw pread time / mode time,\n"
               " target >= 0.8; peak RSS = growth of VmHWM over the mode, reused buffer %.1f MiB; peak RSS of the\n"

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "bench_measure.h"
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "k3pack/manifest.h"
@@ -91,19 +92,6 @@ double BaselineRead(const gguf::ShardSet& shards, const std::string& pack_path, 
   return dt;
 }
 
-void DropCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,9 +141,9 @@ int main(int argc, char** argv) {
   // again before the manifest (the files are written by now, so nothing
   // dirty stays). Each round pairs the manifest with the baseline before it.
   auto drop_all = [&] {
-    for (const auto& f : shards.shards()) DropCache(f->path());
-    DropCache(pack_path);
-    for (const auto& e : fs::directory_iterator(mo.tokenizer_dir)) DropCache(e.path().string());
+    for (const auto& f : shards.shards()) bench::EvictFromPageCache(f->path());
+    bench::EvictFromPageCache(pack_path);
+    for (const auto& e : fs::directory_iterator(mo.tokenizer_dir)) bench::EvictFromPageCache(e.path().string());
   };
   std::vector<double> base_s[2], total_s[2];  // [cold]
   nlohmann::json m;
@@ -210,18 +198,13 @@ int main(int argc, char** argv) {
     std::sort(ratio.begin(), ratio.end());
     std::printf("  %s: baseline raw pread of metadata + pack index %.3f s; k3pack manifest (scan + validate + write) "
                 "%.3f s = %.2fx the baseline (range %.2f-%.2fx; target <= 0.6 s, SGLang 11.67 s cold)\n",
-                cold ? "cold" : "warm", Median(base_s[cold]), Median(total_s[cold]), Median(ratio), ratio.front(),
+                cold ? "cold" : "warm", bench::Median(base_s[cold]), bench::Median(total_s[cold]), bench::Median(ratio), ratio.front(),
                 ratio.back());
   }
   std::printf("  warm breakdown (best of %d): shard open/parse %.3f s | source inventory %.3f s | expert collect %.3f s "
               "| pack validate (6 samples) %.3f s [0 samples %.3f s] | tokenizer %.3f s | serialize %.3f s\n",
               repeat, best_open, best_scan, best_collect, best_validate, best_validate0, best_tok, best_write);
-  {
-    std::string load;
-    std::ifstream la("/proc/loadavg");
-    std::getline(la, load);
-    std::printf("  load average at the end: %s\n", load.c_str());
-  }
+  std::printf("  load average at the end: %s\n", bench::LoadAverage().c_str());
   if (temp) {
     std::error_code ec;
     fs::remove_all(work, ec);

@@ -39,6 +39,7 @@
 #include "k3pack/synth.h"
 
 #include "bench_args.h"
+#include "bench_measure.h"
 
 using namespace k3pack;
 using Clock = std::chrono::steady_clock;
@@ -53,27 +54,8 @@ bool DropCaches(const std::vector<std::string>& files) {
     ::close(fd);
     if (ok) return true;
   }
-  for (const auto& f : files) {
-    int in = ::open(f.c_str(), O_RDONLY);
-    if (in >= 0) {
-      ::posix_fadvise(in, 0, 0, POSIX_FADV_DONTNEED);
-      ::close(in);
-    }
-  }
+  for (const auto& f : files) bench::EvictFromPageCache(f);
   return false;
-}
-
-std::string LoadAvg() {
-  char buf[128] = {0};
-  int fd = ::open("/proc/loadavg", O_RDONLY);
-  if (fd < 0) return "?";
-  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  // "1.00 0.90 0.80 2/100 1234": the three averages.
-  size_t cut = 0;
-  for (int sp = 0; sp < 3 && cut != std::string::npos; ++sp) cut = s.find(' ', cut + (sp ? 1 : 0));
-  return s.substr(0, cut);
 }
 
 // CPU seconds (user + system) of this process or of its waited-for children.
@@ -82,12 +64,6 @@ double CpuSeconds(int who) {
   ::getrusage(who, &ru);
   auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
   return sec(ru.ru_utime) + sec(ru.ru_stime);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // Copies every file into `to_dir` with O_DIRECT reads and writes of up to
@@ -229,7 +205,7 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s)  load %s\n", r, use_direct ? "direct" : "cp",
                 cp_bytes / s / 1e6, s, CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN) - cpu0,
-                LoadAvg().c_str());
+                bench::LoadAverage().c_str());
     std::filesystem::remove_all(copy_dir);
     return cp_bytes / s / 1e6;
   };
@@ -285,9 +261,9 @@ int main(int argc, char** argv) {
     const int below = static_cast<int>(std::count_if(sr->ratio.begin(), sr->ratio.end(), [](double x) { return x < 0.95; }));
     std::printf("median of %d: %s %.1f MB/s, %s %.1f MB/s; ratio %s/%s (paired per run) = %.2fx, range %.2f-%.2fx; "
                 "%d of %d runs below 0.95x; load %s\n",
-                runs, sr->base_name, Median(sr->base_rate), sr->pack_name, Median(sr->pack_rate), sr->pack_name,
-                sr->base_name, Median(sr->ratio), *std::min_element(sr->ratio.begin(), sr->ratio.end()),
-                *std::max_element(sr->ratio.begin(), sr->ratio.end()), below, runs, LoadAvg().c_str());
+                runs, sr->base_name, bench::Median(sr->base_rate), sr->pack_name, bench::Median(sr->pack_rate), sr->pack_name,
+                sr->base_name, bench::Median(sr->ratio), *std::min_element(sr->ratio.begin(), sr->ratio.end()),
+                *std::max_element(sr->ratio.begin(), sr->ratio.end()), below, runs, bench::LoadAverage().c_str());
   }
   std::filesystem::remove_all(dir);
   return 0;

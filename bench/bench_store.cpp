@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "bench_measure.h"
 #include "k3pack/store.h"
 #include "k3pack/trace.h"
 #include "store/policy.h"
@@ -33,15 +34,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-void DropCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
-}
 
 // Raw baseline: `depth` threads, each preading whole objects into its own aligned buffer.
 double RawPread(const testing::TinyPack& p, uint64_t objects, uint64_t obj_bytes, int depth, bool direct) {
@@ -127,10 +119,7 @@ struct PairedRounds {
   void Add(double x, double y) {
     if (x > 0 && y > 0) a.push_back(x), b.push_back(y);
   }
-  static double Median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? -1 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-  }
+  static double Median(const std::vector<double>& v) { return bench::Median(v); }
   std::vector<double> Ratios() const {
     std::vector<double> r;
     for (size_t i = 0; i < a.size(); ++i) r.push_back(b[i] / a[i]);
@@ -173,9 +162,9 @@ int main(int argc, char** argv) {
     for (const char* io : {"pread", "uring"}) {
       PairedRounds pr;
       for (int r = 0; r < reps; ++r) {
-        if (direct) DropCache(p.pack);
+        if (direct) bench::EvictFromPageCache(p.pack);
         const double raw = RawPread(p, n, obj, depth, direct);
-        if (direct) DropCache(p.pack);
+        if (direct) bench::EvictFromPageCache(p.pack);
         pr.Add(raw, StoreMisses(p, n, obj, depth, direct, io));
       }
       if (pr.empty()) {
@@ -202,9 +191,9 @@ int main(int argc, char** argv) {
     for (bool direct : {false, true}) {
       PairedRounds pr;  // a: unchecked, b: checked
       for (int r = 0; r < reps; ++r) {
-        if (direct) DropCache(p.pack);
+        if (direct) bench::EvictFromPageCache(p.pack);
         const double off = StoreMisses(p, n, obj, depth, direct, "uring", false);
-        if (direct) DropCache(p.pack);
+        if (direct) bench::EvictFromPageCache(p.pack);
         pr.Add(off, StoreMisses(p, n, obj, depth, direct, "uring", true));
       }
       if (pr.empty()) continue;
@@ -263,8 +252,7 @@ int main(int argc, char** argv) {
     times.push_back((*s)->info().open_seconds);
   }
   if (!times.empty()) {
-    std::sort(times.begin(), times.end());
-    std::printf("  median %.3f s over %zu opens (target <= 0.25 s; SGLang 4.64 s on 2 vCPU)\n", times[times.size() / 2],
+    std::printf("  median %.3f s over %zu opens (target <= 0.25 s; SGLang 4.64 s on 2 vCPU)\n", bench::Median(times),
                 times.size());
   }
   return 0;
