@@ -137,6 +137,12 @@ int main(int argc, char** argv) {
   if (argc > 3) bench::ExitUsage(usage);
   const uint64_t objects = argc > 1 ? bench::PositiveArg(argv[1], usage) : 64;
   const int depth = argc > 2 ? static_cast<int>(bench::PositiveArg(argv[2], usage)) : 16;
+  if (objects < 32) {
+    // Two layers of at least top_k = 16 experts each: a smaller pack is not a Kimi-K3 pack the store opens.
+    std::fprintf(stderr, "bench_store: objects must be at least 32 (two layers of >= 16 experts), got %llu\n",
+                 static_cast<unsigned long long>(objects));
+    return 2;
+  }
   std::printf("== bench_store ==\n");
 
   // 1. Miss-path throughput. K3-sized objects (11,956,224 bytes), 2 layers.
