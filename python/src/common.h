@@ -60,21 +60,22 @@ inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<uint32_t> ep_size
 inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
   std::vector<uint64_t> out;
   if (o.is_none()) return out;
+  const auto bad = [] {
+    Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
+  };
   auto one = [&](const py::handle& h) {
-    if (!py::isinstance<py::int_>(h) && !py::hasattr(h, "__index__"))
-      Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
+    if (!py::isinstance<py::int_>(h) && !py::hasattr(h, "__index__")) bad();
     const long long v = py::int_(py::reinterpret_borrow<py::object>(h)).cast<long long>();
     if (v < 0) Raise(k3pack::Error("request_ids must be non-negative", k3pack::ErrorKind::kValue));
     out.push_back(static_cast<uint64_t>(v));
   };
-  if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o))
-    Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
+  if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o)) bad();
   if (py::isinstance<py::iterable>(o)) {  // a list, tuple or array: one per row
     for (py::handle h : o) one(h);
   } else if (py::hasattr(o, "__index__")) {  // an int or a numpy integer
     one(o);
   } else {
-    Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
+    bad();
   }
   return out;
 }
