@@ -261,47 +261,6 @@ Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uin
   return out;
 }
 
-Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
-                  const OutputFile& dst,
-                  const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  uint32_t* crcs, size_t digest_stride, CopyStats* stats, int direct_src) {
-  K3_ASSIGN_OR_RETURN(SourceRange in, ReadSource(src, src_size, src_off, slice_bytes * n, buf, stats, direct_src));
-  const std::vector<Segment>& segs = in.segs;
-  if (!in.bytes) {
-    const auto zero = ZeroSha256(slice_bytes);
-    const uint32_t zero_crc = ZeroCrc32c(slice_bytes);
-    for (uint32_t i = 0; i < n; ++i) {
-      digests[i * digest_stride] = zero;
-      crcs[i * digest_stride] = zero_crc;
-    }
-    return Status::OK();
-  }
-  const uint8_t* b = in.bytes;
-  size_t seg = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    const uint64_t lo = src_off + i * slice_bytes, hi = lo + slice_bytes;
-    while (seg < segs.size() && segs[seg].offset + segs[seg].length <= lo) ++seg;
-    bool any_data = false;
-    {
-      PhaseTimer timer(stats ? &stats->write_s : nullptr);
-      for (size_t k = seg; k < segs.size() && segs[k].offset < hi; ++k) {
-        if (segs[k].hole) continue;
-        any_data = true;
-        const uint64_t a = std::max(lo, segs[k].offset), z = std::min(hi, segs[k].offset + segs[k].length);
-        K3_RETURN_IF_ERROR(dst.Write(b + (a - src_off), z - a, dst_off(i) + (a - lo)));
-      }
-    }
-    if (any_data) {
-      PhaseTimer timer(stats ? &stats->hash_s : nullptr);
-      HashSlice(b + (lo - src_off), slice_bytes, &digests[i * digest_stride], &crcs[i * digest_stride]);
-    } else {
-      digests[i * digest_stride] = ZeroSha256(slice_bytes);
-      crcs[i * digest_stride] = ZeroCrc32c(slice_bytes);
-    }
-  }
-  return Status::OK();
-}
-
 void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint32_t* crc) {
   Hasher h;
   h.Update(p, n);

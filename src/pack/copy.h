@@ -11,7 +11,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,8 +77,8 @@ class OutputFile {
 struct CopyStats {
   uint64_t data_bytes = 0;
   uint64_t hole_bytes = 0;
-  uint64_t direct_bytes = 0;  // data bytes read with O_DIRECT (CopySlices' direct_src)
-  // Thread-time per phase of CopySlices (seconds), so a build can say where
+  uint64_t direct_bytes = 0;  // data bytes read with O_DIRECT (ReadSource's direct_src)
+  // Thread-time per phase of the builder's copy (seconds), so a build can say where
   // its time went (BuildResult::phases).
   double read_s = 0, write_s = 0, hash_s = 0;
 };
@@ -91,24 +90,7 @@ struct CopyStats {
 Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
                                             IoBuffer& buf, CopyStats* stats);
 
-// Batched form used by the builder: copies `n` consecutive slices of
-// `slice_bytes` starting at src[src_off] (one large read per data segment)
-// to dst offsets dst_off(i), writing only the data parts, and stores slice i's
-// SHA-256 in digests[i * digest_stride] and its CRC32C in
-// crcs[i * digest_stride]. `src_size` is the source file size
-// (a range past it is SGLang's short-GGUF-read EOFError). buf must hold
-// n * slice_bytes bytes, plus kDirectSlack to read through `direct_src`.
-//
-// direct_src: the same file opened with O_DIRECT, or -1. Reading it moves
-// the bytes from the disk straight into buf: no copy out of the page cache
-// and no cache pages to allocate and evict, which is CPU the hashing needs
-// on a small machine. Any range it cannot read is read through `src`.
-Status CopySlices(int src, uint64_t src_size, uint64_t src_off, uint64_t slice_bytes, uint32_t n,
-                  const OutputFile& dst,
-                  const std::function<uint64_t(uint32_t)>& dst_off, IoBuffer& buf, std::array<uint8_t, 32>* digests,
-                  uint32_t* crcs, size_t digest_stride, CopyStats* stats, int direct_src = -1);
-
-// O_DIRECT alignment CopySlices assumes (the logical block size of every
+// O_DIRECT alignment ReadSource assumes (the logical block size of every
 // common device divides it), and the extra buffer it needs for direct reads.
 inline constexpr uint64_t kDirectAlign = 4096;
 inline constexpr uint64_t kDirectSlack = 3 * kDirectAlign;
@@ -121,9 +103,12 @@ struct SourceRange {
   std::vector<Segment> segs;
 };
 
-// Reads src[src_off, +len) into buf the way CopySlices does (one read per
-// data segment, through `direct_src` with O_DIRECT when buf has kDirectSlack
-// to spare; a range past `src_size` is SGLang's short-GGUF-read EOFError).
+// Reads src[src_off, +len) into buf (one read per data segment, holes zeroed,
+// through `direct_src` with O_DIRECT when buf has kDirectSlack to spare: the
+// bytes go from the disk straight into buf, with no page-cache pages to
+// allocate and evict, which is CPU the hashing needs on a small machine; any
+// range O_DIRECT cannot read is read through `src`). A range past `src_size`
+// is SGLang's short-GGUF-read EOFError.
 Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uint64_t len, IoBuffer& buf,
                                CopyStats* stats, int direct_src = -1);
 
