@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <unordered_set>
@@ -24,6 +23,7 @@
 #include "loader/manifest_view.h"
 #include "manifest/recorded_inputs.h"
 #include "loader/values.h"
+#include "util/buffer_pool.h"
 #include "util/file.h"
 
 namespace k3pack::loader {
@@ -53,76 +53,29 @@ std::pair<uintptr_t, uintptr_t> PageRange(const uint8_t* p, size_t n) {
   return {b, e};
 }
 
-// Big copy-mode buffers the consumer has released, kept (up to kPoolBytes
-// in all) for the next tensors. A fresh buffer costs a page fault and the
-// kernel's zeroing per page before pread can fill it, ~25 % of a warm
-// copy-mode stream; a recycled one is already mapped. Process-wide and
-// never destroyed, so a buffer released at exit (a Python tensor outliving
-// the stream) still has somewhere to go. The bound keeps the memory a
-// copying consumer pays small next to the largest tensor.
-class BufferPool {
- public:
-  static constexpr size_t kHuge = size_t{2} << 20;
-  static constexpr size_t kPoolBytes = size_t{128} << 20;
-
-  static BufferPool& Get() {
-    static auto* pool = new BufferPool;
-    return *pool;
-  }
-
-  // A buffer of at least `rounded` bytes (a multiple of kHuge) but not much
-  // more (a huge recycled buffer would pin memory for a small tensor).
-  uint8_t* Take(size_t rounded, size_t* cap) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto best = free_.end();
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second >= rounded && it->second <= rounded + rounded / 4 &&
-          (best == free_.end() || it->second < best->second)) {
-        best = it;
-      }
-    }
-    if (best == free_.end()) return nullptr;
-    uint8_t* p = best->first;
-    *cap = best->second;
-    held_ -= best->second;
-    free_.erase(best);
-    return p;
-  }
-
-  void Give(uint8_t* p, size_t cap) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (held_ + cap <= kPoolBytes) {
-        free_.emplace_back(p, cap);
-        held_ += cap;
-        return;
-      }
-    }
-    std::free(p);
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::pair<uint8_t*, size_t>> free_;
-  size_t held_ = 0;
-};
-
 // A buffer for copy mode, not zeroed (pread fills every byte). Big ones are
 // 2 MiB aligned and marked MADV_HUGEPAGE, so filling them takes one page
 // fault per 2 MiB instead of one per 4 KiB where the kernel has transparent
-// huge pages in madvise mode, and are recycled through BufferPool.
+// huge pages in madvise mode, and come from a process-wide BufferPool: a
+// fresh buffer costs a page fault and the kernel's zeroing per page before
+// pread can fill it (~25 % of a warm copy-mode stream), a recycled one is
+// already mapped. The pool keeps at most 128 MiB of released buffers, so the
+// memory a copying consumer pays stays small next to the largest tensor; it
+// is never destroyed, so a buffer released at exit (a Python tensor
+// outliving the stream) still has somewhere to go.
 std::shared_ptr<uint8_t> CopyBuffer(size_t n) {
-  constexpr size_t kHuge = BufferPool::kHuge;
+  constexpr size_t kHuge = size_t{2} << 20;
   if (n < 2 * kHuge) return std::shared_ptr<uint8_t>(new uint8_t[std::max<size_t>(n, 1)], std::default_delete<uint8_t[]>());
-  const size_t rounded = (n + kHuge - 1) / kHuge * kHuge;
-  size_t cap = rounded;
-  uint8_t* p = BufferPool::Get().Take(rounded, &cap);
-  if (!p) {
-    p = static_cast<uint8_t*>(std::aligned_alloc(kHuge, rounded));
-    if (!p) throw std::bad_alloc();
-    ::madvise(p, rounded, MADV_HUGEPAGE);  // best effort
-  }
-  return std::shared_ptr<uint8_t>(p, [cap](uint8_t* q) { BufferPool::Get().Give(q, cap); });
+  static const auto* pool = new std::shared_ptr<BufferPool>(std::make_shared<BufferPool>(
+      size_t{128} << 20, BufferAllocator{[](uint64_t bytes) -> void* {
+                                           void* p = std::aligned_alloc(kHuge, bytes);
+                                           if (p) ::madvise(p, bytes, MADV_HUGEPAGE);  // best effort
+                                           return p;
+                                         },
+                                         [](void* p, uint64_t) { std::free(p); }}));
+  std::shared_ptr<uint8_t> buf = (*pool)->Get((n + kHuge - 1) / kHuge * kHuge);
+  if (!buf) throw std::bad_alloc();
+  return buf;
 }
 
 void Advise(const uint8_t* p, size_t n, int advice) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "k3pack/store.h"
-#include "store/buffer_pool.h"
+#include "util/buffer_pool.h"
 #include "store/io_engine.h"
 #include "store/policy.h"
 #include "store/store_impl.h"

@@ -1,8 +1,8 @@
-#include "store/buffer_pool.h"
+#include "util/buffer_pool.h"
 
 #include <cstdlib>
 
-namespace k3pack::store {
+namespace k3pack {
 
 uint8_t* BufferPool::Allocate(const BufferAllocator& a, uint64_t bytes) {
   if (a.allocate) return static_cast<uint8_t*>(a.allocate(bytes));
@@ -64,4 +64,4 @@ void BufferPool::Release(uint8_t* p, uint64_t bytes) {
   free_bytes_ += bytes;
 }
 
-}  // namespace k3pack::store
+}  // namespace k3pack

@@ -1,6 +1,8 @@
-// 4096-aligned object buffers (posix_memalign), recycled by size so steady
-// state never returns to the allocator (a fresh 11 MiB buffer costs ~2,900
-// page faults, about as long as reading it from a fast SSD).
+// Big buffers recycled by size, so a steady state of same-sized buffers never
+// returns to the allocator: a fresh 11 MiB buffer costs ~2,900 page faults,
+// about as long as reading it from a fast SSD. The expert store's object
+// buffers (4096-aligned, O_DIRECT reads land in them) and the loader's
+// copy-mode tensors (2 MiB-aligned huge pages) come from one.
 #pragma once
 
 #include <cstdint>
@@ -10,10 +12,10 @@
 #include <mutex>
 #include <vector>
 
-namespace k3pack::store {
+namespace k3pack {
 
-// Where buffers come from; empty functions mean posix_memalign / free.
-// Allocations must be 4096-aligned (O_DIRECT reads land in them).
+// Where buffers come from; empty functions mean 4096-aligned posix_memalign
+// and free.
 struct BufferAllocator {
   std::function<void*(uint64_t bytes)> allocate;
   std::function<void(void* p, uint64_t bytes)> release;
@@ -25,8 +27,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   explicit BufferPool(uint64_t max_free_bytes, BufferAllocator allocator = {})
       : max_free_(max_free_bytes), allocator_(std::make_shared<const BufferAllocator>(std::move(allocator))) {}
   ~BufferPool();
-  // A buffer of at least `bytes` (rounded up to 4096); returned to the pool
-  // when the last reference drops. Null if memory is exhausted.
+  // A buffer of at least `bytes` (rounded up to 4096; a released buffer is
+  // reused for the same rounded size); returned to the pool when the last
+  // reference drops, even after the pool itself is gone (then freed). Null
+  // if memory is exhausted.
   std::shared_ptr<uint8_t> Get(uint64_t bytes);
   uint64_t allocated_bytes() const;
 
@@ -43,4 +47,4 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::map<uint64_t, std::vector<uint8_t*>> free_;
 };
 
-}  // namespace k3pack::store
+}  // namespace k3pack
