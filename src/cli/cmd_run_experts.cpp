@@ -124,7 +124,8 @@ int RunExperts(const std::vector<std::string>& argv) {
     auto pk = a.GetInt("--predict-k");
     if (!pk.ok()) return ReportError("run-experts", pk.error(), 2);
     if (trace_out.empty()) return ReportError("run-experts", Error("--predict-k needs --trace-out"), 2);
-    if (*pk < 1 || *pk > 65536) return ReportError("run-experts", Error("--predict-k must be at least 1"), 2);
+    if (*pk < 1 || *pk > 65536)
+      return ReportError("run-experts", Error("--predict-k must be in 1..65536, got " + a.Get("--predict-k")), 2);
     predict_k = *pk;
   }
   if (a.Has("--predict-next-token") && trace_out.empty())
@@ -159,6 +160,14 @@ int RunExperts(const std::vector<std::string>& argv) {
   so.io_backend = a.Get("--io");
   so.direct_io = a.Has("--direct");
   const std::string pack_path = a.Has("--pack") ? a.Get("--pack") : m->expert_pack.path;
+  if (!trace_out.empty()) {
+    std::vector<NamedPath> inputs = {{"--manifest", a.Get("--manifest")}, {"--pack", pack_path},
+                                     {"--gguf-dir", gguf_path}};
+    for (const auto& sh : m->source.shards) inputs.push_back({"source shard", sh.path});
+    for (const auto& rm : rank_manifests) inputs.push_back({"--rank-manifests", rm});
+    if (Status e = CheckOutputsAreNotInputs({{"--trace-out", trace_out}}, inputs); !e.ok())
+      return ReportError("run-experts", e.error(), 2);
+  }
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
   if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));
 

@@ -249,6 +249,13 @@ TEST_F(RouterLookaheadTest, CliWritesTheTraceAndTheTimedSweepReplaysIt) {
   EXPECT_EQ(Cli("run-experts --manifest " + manifest_ + " --all-layers --tokens 6 --trace-out " + out + " --force").code,
             0);
   EXPECT_EQ(Cli("run-experts --manifest " + manifest_ + " --predict-k 3").code, 2);
+  // Not even --force makes an input (the manifest, the pack) the trace's output.
+  for (const std::string& input : {manifest_, pack_}) {
+    auto clash = Cli("run-experts --manifest " + manifest_ + " --all-layers --trace-out " + input + " --force");
+    EXPECT_EQ(clash.code, 2) << clash.out;
+    EXPECT_NE(clash.out.find("is an input"), std::string::npos) << clash.out;
+  }
+  EXPECT_TRUE(std::filesystem::exists(manifest_) && std::filesystem::file_size(pack_) > 0);
 
   auto sweep = Cli("trace sweep --timing --trace " + out + " --manifest " + manifest_ +
                    " --policies lru --sizes 8 --json");
