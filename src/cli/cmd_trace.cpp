@@ -92,10 +92,22 @@ bool IsOurPlot(const std::string& path) {
   return text.ok() && text->rfind("<svg", 0) == 0 && text->find("hit rate vs cache size") != std::string::npos;
 }
 
+// An output of a trace command is never one of its inputs (--manifest, or
+// the --trace a sweep reads), not even with --force.
+Status NotAnInput(const Args& a, const std::string& option, const std::string& path,
+                  std::initializer_list<const char*> input_options) {
+  std::vector<NamedPath> inputs;
+  for (const char* in : input_options) {
+    if (a.Has(in) && !a.Get(in).empty()) inputs.push_back({in, a.Get(in)});
+  }
+  return CheckOutputsAreNotInputs({{option, path}}, inputs);
+}
+
 // The overwrite rule for a plot: it is regenerated from the table; an
 // existing file is replaced only when it is one of ours (an earlier sweep's
 // plot) or with --force, never a user's file.
 Status WritePlot(const Args& a, const std::string& path, const std::string& svg) {
+  K3_RETURN_IF_ERROR(NotAnInput(a, "--svg", path, {"--trace", "--manifest"}));
   OutputSpec spec;
   spec.option = "--svg";
   spec.path = path;
@@ -209,6 +221,7 @@ int RunGen(const std::vector<std::string>& argv) {
   // file already holds exactly these records; anything else is refused
   // (a shard or a manifest passed as --trace by mistake is never replaced).
   if (Status w = CheckOutputWritable("--trace", out); !w.ok()) return ReportError("trace gen", w.error());
+  if (Status in = NotAnInput(a, "--trace", out, {"--manifest"}); !in.ok()) return ReportError("trace gen", in.error(), 2);
   OutputSpec spec;
   spec.option = "--trace";
   spec.path = out;

@@ -210,6 +210,22 @@ TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + user_svg + " (--svg)")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
+  // A trace command's output is never its input, even with --force: a
+  // sweep's plot over the --trace it reads, a trace over a --manifest.
+  const std::string inputs = Root() + "/ow-inputs";
+  fs::remove_all(inputs);
+  fs::create_directories(inputs);
+  const std::string trace = inputs + "/in.trace", manifest = inputs + "/in.manifest.json";
+  ASSERT_EQ(Cli("trace gen --layers 2 --experts 32 --top-k 2 --decode-tokens 4 --trace " + Q(trace)).code, 0);
+  ASSERT_EQ(Build(m, "--manifest " + Q(manifest) + " --pack " + Q(inputs + "/in.pack")).code, 0);
+  const auto inputs_before = Snapshot(inputs);
+  r = Cli("trace sweep --trace " + Q(trace) + " --sizes 4 --force --svg " + Q(trace));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "is an input (--trace)")) << r.out;
+  r = Cli("trace gen --manifest " + Q(manifest) + " --decode-tokens 4 --force --trace " + Q(manifest));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "is an input (--manifest)")) << r.out;
+  EXPECT_EQ(Snapshot(inputs), inputs_before);
 
   // repair: a second identical run is already built; a foreign OUT is refused.
   const std::string broken = Root() + "/ow-broken", out = Root() + "/ow-repaired";
