@@ -67,6 +67,7 @@ class Adaptive final : public Policy {
       auto f = MakePolicy(names_[c], space, cap);
       auto g = MakePolicy(names_[c], sub, sub_cap);
       followers_.push_back(std::move(f).value());
+      followers_.back()->ShareCallMarks(*this);
       ghosts_.push_back(std::move(g).value());
     }
     score_.assign(n_, 0.0);
@@ -115,6 +116,9 @@ class Adaptive final : public Policy {
       if (alive_[c] && score_[c] > score_[best]) best = c;
     // Hysteresis: 0.5% (and one hit) better before switching.
     if (best != leader_ && (!alive_[leader_] || score_[best] > score_[leader_] * 1.005 + 1.0)) leader_ = best;
+  }
+  void OnCallEnd() override {
+    for (auto& f : followers_) f->FollowCallEnd();
   }
   void OnHit(ObjectId k) override {
     for (auto& f : followers_) f->FollowHit(k);

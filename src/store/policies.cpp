@@ -4,11 +4,11 @@
 #include <climits>
 #include <cmath>
 #include <limits>
-#include <set>
-#include <tuple>
+#include <utility>
 
 #include "store/intrusive_list.h"
 #include "store/policy.h"
+#include "store/ranked_set.h"
 
 namespace k3pack::store {
 namespace {
@@ -93,38 +93,13 @@ class Lru final : public Policy {
   ListFamily lists_;
 };
 
-// Objects ordered by (normalized score, ~use sequence, id): the decayed
-// frequency policies' ranking. A std::set, since a victim search walks it
-// from the front past protected keys; each member's node is remembered, so
-// re-ranking moves the node (no search) and inserts next to the end first (a
-// fresh use usually ranks last); removed nodes are kept for the next insert,
-// so a warm cache allocates nothing.
-class ScoreOrder {
- public:
-  using Key = std::tuple<double, uint64_t, ObjectId>;
-  using Set = std::set<Key>;
-  explicit ScoreOrder(uint64_t objects) : where_(objects) {}
-  void Place(Set& set, ObjectId k, double norm, uint64_t seq, bool member) {
-    Key key{norm, ~seq, k};
-    Set::node_type node;
-    if (member) {
-      node = set.extract(where_[k]);
-    } else if (!spare_.empty()) {
-      node = std::move(spare_.back());
-      spare_.pop_back();
-    } else {
-      where_[k] = set.emplace_hint(set.end(), key);
-      return;
-    }
-    node.value() = key;
-    where_[k] = set.insert(set.end(), std::move(node));
-  }
-  void Remove(Set& set, ObjectId k) { spare_.push_back(set.extract(where_[k])); }
-
- private:
-  std::vector<Set::iterator> where_;
-  std::vector<Set::node_type> spare_;
-};
+// The decayed-frequency policies' ranking: (normalized score, ~use
+// sequence), lowest first; the sequence makes keys unique and ranks the
+// newest first among equal scores. A call's own keys are held out of it
+// until the call ends (they are protected), so a victim search never walks
+// past them.
+using ScoreKey = std::pair<double, uint64_t>;
+using ScoreOrder = RankedSet<ScoreKey>;
 
 // Ours: frequency with exponential decay (an LRFU-style score), remembered
 // for evicted objects too, with newest-first eviction among equal scores.
@@ -137,40 +112,42 @@ class ScoreOrder {
 // lets a returning object beat one-off visitors (plain LRU cycles through
 // all of them and hits nothing once a token's working set exceeds the cache).
 // Scores are stored as log(score) + now*ln2/half_life, which does not change
-// with time, so resident objects stay ordered in a std::set without updates.
+// with time, so resident objects stay ordered without updates.
 class DecayLfu final : public Policy {
  public:
   DecayLfu(const ObjectSpace& space, uint64_t cap, double half_life_tokens)
       : Policy(space, cap),
         rate_(std::log(2.0) / (half_life_tokens * std::max<uint32_t>(1, space.num_active_layers()))),
         norm_(space.num_objects(), -std::numeric_limits<double>::infinity()),
-        where_(space.num_objects()) {}
+        order_(space.num_objects()) {}
   std::string name() const override { return "decay-lfu"; }
 
  protected:
-  void OnCall(std::span<const ObjectId>, bool) override { now_ += 1.0; }
-  void OnHit(ObjectId k) override { Bump(k, true); }
-  void OnInsert(ObjectId k, bool) override { Bump(k, false); }
-  void OnRemove(ObjectId k) override { where_.Remove(order_, k); }
+  void OnCall(std::span<const ObjectId> keys, bool) override {
+    now_ += 1.0;
+    for (ObjectId k : keys) order_.Hold(k);
+  }
+  void OnCallEnd() override { order_.ReleaseHeld(); }
+  void OnHit(ObjectId k) override { Bump(k); }
+  void OnInsert(ObjectId k, bool) override { Bump(k); }
+  void OnRemove(ObjectId k) override { order_.Erase(k); }
   ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
-    for (const auto& [n, s, id] : order_)
-      if (!Protected(id, call, pins)) return id;
-    return kNoObject;
+    const uint32_t v = order_.FirstNot([&](uint32_t id) { return Protected(id, call, pins); });
+    return v == ScoreOrder::kNone ? kNoObject : v;
   }
 
  private:
-  void Bump(ObjectId k, bool resident) {
+  void Bump(ObjectId k) {
     double t = now_ * rate_;
     double current = std::isinf(norm_[k]) ? 0.0 : std::exp(norm_[k] - t);
     norm_[k] = std::log(current + 1.0) + t;
-    where_.Place(order_, k, norm_[k], ++seq_counter_, resident);
+    order_.Set(k, {norm_[k], ~++seq_counter_});
   }
   double rate_;
   double now_ = 0;
   uint64_t seq_counter_ = 0;
   std::vector<double> norm_;
-  ScoreOrder::Set order_;
-  ScoreOrder where_;
+  ScoreOrder order_;
 };
 
 
@@ -195,11 +172,14 @@ class QuotaDecay final : public Policy {
         rate_(std::log(2.0) / half_life_calls),
         now_(space.num_active_layers(), 0.0),
         layer_bytes_(space.num_active_layers(), 0),
-        norm_(space.num_objects(), -std::numeric_limits<double>::infinity()),
-        order_(space.num_active_layers()),
-        where_(space.num_objects()) {
+        norm_(space.num_objects(), -std::numeric_limits<double>::infinity()) {
+    // One ranking per layer, over its experts.
+    order_.reserve(space.num_active_layers());
+    for (uint32_t l = 0; l < space.num_active_layers(); ++l) order_.emplace_back(space.num_experts);
     quota_ = space.num_active_layers() ? cap / space.num_active_layers() : cap;
     while (leaves_ < space.num_active_layers()) leaves_ *= 2;
+    weight_.assign(leaves_, -2);
+    for (uint32_t l = 0; l < space.num_active_layers(); ++l) weight_[l] = -1;
     winner_.assign(2 * leaves_, 0);
     for (uint32_t i = 0; i < leaves_; ++i) winner_[leaves_ + i] = i;
     for (uint32_t n = leaves_; n-- > 1;) winner_[n] = Better(winner_[2 * n], winner_[2 * n + 1]);
@@ -208,34 +188,46 @@ class QuotaDecay final : public Policy {
 
  protected:
   void OnCall(std::span<const ObjectId> keys, bool) override {
-    if (!keys.empty()) now_[space_.LayerIndexOf(keys[0])] += 1.0;
+    if (keys.empty()) return;
+    held_layer_ = space_.LayerIndexOf(keys[0]);  // a call's keys are all of one layer
+    now_[held_layer_] += 1.0;
+    for (ObjectId k : keys) order_[held_layer_].Hold(space_.ExpertOf(k));
   }
-  void OnHit(ObjectId k) override { Bump(k, true); }
+  void OnCallEnd() override {
+    if (held_layer_ != kNoLayer) order_[held_layer_].ReleaseHeld();
+    held_layer_ = kNoLayer;
+  }
+  void OnHit(ObjectId k) override { Bump(k); }
   void OnInsert(ObjectId k, bool) override {
     const uint32_t l = space_.LayerIndexOf(k);
     layer_bytes_[l] += space_.Cost(k);
-    Bump(k, false);
+    Bump(k);
     Replay(l);
   }
   void OnRemove(ObjectId k) override {
     uint32_t l = space_.LayerIndexOf(k);
-    where_.Remove(order_[l], k);
+    order_[l].Erase(space_.ExpertOf(k));
     layer_bytes_[l] -= space_.Cost(k);
     Replay(l);
   }
   ObjectId PickVictim(bool, std::span<const ObjectId> call, const PinCounts* pins) override {
     // Layers by excess over their quota, largest first (the first layer among
     // equals); first evictable object wins. The tournament tree gives the
-    // first choice; only when that layer's residents are all protected are
-    // the others ranked by a scan.
-    uint32_t L = space_.num_active_layers();
+    // first choice and, when all of that layer's residents are protected (a
+    // call's own layer, held out of its ranking), the second; only when that
+    // one fails too (pinned objects) are the others ranked by a scan.
+    const uint32_t L = space_.num_active_layers();
     const uint32_t first = winner_[1];
     if (first >= L || order_[first].empty()) return kNoObject;
-    for (const auto& [n, s, id] : order_[first])
-      if (!Protected(id, call, pins)) return id;
+    ObjectId v = FirstEvictable(first, call, pins);
+    if (v != kNoObject) return v;
+    const uint32_t second = WinnerWithout(first);
+    if (second >= L || order_[second].empty()) return kNoObject;
+    v = FirstEvictable(second, call, pins);
+    if (v != kNoObject) return v;
     tried_.assign(L, 0);
-    tried_[first] = 1;
-    for (uint32_t round = 1; round < L; ++round) {
+    tried_[first] = tried_[second] = 1;
+    for (uint32_t round = 2; round < L; ++round) {
       int64_t best_excess = INT64_MIN;
       uint32_t best = UINT32_MAX;
       for (uint32_t l = 0; l < L; ++l) {
@@ -244,36 +236,49 @@ class QuotaDecay final : public Policy {
         if (excess > best_excess) { best_excess = excess; best = l; }
       }
       if (best == UINT32_MAX) break;
-      for (const auto& [n, s, id] : order_[best])
-        if (!Protected(id, call, pins)) return id;
+      v = FirstEvictable(best, call, pins);
+      if (v != kNoObject) return v;
       tried_[best] = 1;
     }
     return kNoObject;
   }
 
  private:
-  void Bump(ObjectId k, bool resident) {
+  static constexpr uint32_t kNoLayer = UINT32_MAX;
+  ObjectId FirstEvictable(uint32_t l, std::span<const ObjectId> call, const PinCounts* pins) {
+    const uint32_t e = order_[l].FirstNot([&](uint32_t x) { return Protected(space_.Id(l, x), call, pins); });
+    return e == ScoreOrder::kNone ? kNoObject : space_.Id(l, e);
+  }
+  void Bump(ObjectId k) {
     uint32_t l = space_.LayerIndexOf(k);
     double t = now_[l] * rate_;
     double current = std::isinf(norm_[k]) ? 0.0 : std::exp(norm_[k] - t);
     norm_[k] = std::log(current + 1.0) + t;
-    where_.Place(order_[l], k, norm_[k], ++seq_counter_, resident);
+    order_[l].Set(space_.ExpertOf(k), {norm_[k], ~++seq_counter_});
   }
   // Tournament tree over the layers: winner_[n] is the layer with the most
-  // bytes (the lower index among equals) under node n; empty layers and the
-  // padding leaves never win against a layer with residents.
-  int64_t Weight(uint32_t l) const {
-    if (l >= space_.num_active_layers()) return -2;
-    return order_[l].empty() ? -1 : static_cast<int64_t>(layer_bytes_[l]);
-  }
+  // bytes (the lower index among equals) under node n; empty layers (weight
+  // -1) and the padding leaves (-2) never win against a layer with residents.
   uint32_t Better(uint32_t a, uint32_t b) const {
-    const int64_t wa = Weight(a), wb = Weight(b);
+    const int64_t wa = weight_[a], wb = weight_[b];
     return wb > wa || (wb == wa && b < a) ? b : a;
   }
   void Replay(uint32_t l) {
+    weight_[l] = order_[l].empty() ? -1 : static_cast<int64_t>(layer_bytes_[l]);
     for (uint32_t n = (leaves_ + l) / 2; n >= 1; n /= 2) winner_[n] = Better(winner_[2 * n], winner_[2 * n + 1]);
   }
+  // The tree's winner if layer `skip` took no part: along skip's path to the
+  // root, its siblings' winners are exactly the other layers' subtrees.
+  uint32_t WinnerWithout(uint32_t skip) const {
+    uint32_t best = kNoLayer;
+    for (uint32_t n = leaves_ + skip; n > 1; n /= 2) {
+      const uint32_t other = winner_[n ^ 1];
+      best = best == kNoLayer ? other : Better(best, other);
+    }
+    return best;
+  }
   uint32_t leaves_ = 1;
+  std::vector<int64_t> weight_;  // per leaf
   std::vector<uint32_t> winner_;
   double rate_;
   uint64_t quota_ = 0;
@@ -281,8 +286,8 @@ class QuotaDecay final : public Policy {
   std::vector<double> now_;
   std::vector<uint64_t> layer_bytes_;
   std::vector<double> norm_;
-  std::vector<ScoreOrder::Set> order_;
-  ScoreOrder where_;
+  std::vector<ScoreOrder> order_;
+  uint32_t held_layer_ = kNoLayer;
   std::vector<uint8_t> tried_;
 };
 

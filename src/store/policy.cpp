@@ -12,7 +12,8 @@ Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
 
 bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
   if (pins != nullptr && (*pins)[key] != 0) return true;
-  if (marked_ != nullptr && call_keys.data() == marked_) return call_mark_[key] == call_serial_;
+  const Policy& m = *marks_owner_;
+  if (m.marked_ != nullptr && call_keys.data() == m.marked_) return m.call_mark_[key] == m.call_serial_;
   // Call keys are sorted and all of one layer: most candidates (other layers)
   // fall outside their range, which is two compares instead of a search.
   if (call_keys.empty() || key < call_keys.front() || key > call_keys.back()) return false;
@@ -56,13 +57,16 @@ Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> 
   }
   for (ObjectId k : keys) call_mark_[k] = call_serial_;
   marked_ = keys.data();
-  struct Unmark {
-    const ObjectId*& p;
-    ~Unmark() { p = nullptr; }
-  } unmark{marked_};
   rows_ = rows;
   OnCall(keys, is_prefill);
   rows_ = nullptr;
+  struct EndCall {
+    Policy* p;
+    ~EndCall() {
+      p->marked_ = nullptr;
+      p->OnCallEnd();
+    }
+  } end_call{this};
   for (size_t i = 0; i < keys.size(); ++i) {
     ObjectId key = keys[i];
     if (resident_[key] && generation_[key] == generations[i]) {

@@ -84,6 +84,10 @@ class Policy {
     OnCall(keys, is_prefill);
     rows_ = nullptr;
   }
+  void FollowCallEnd() { OnCallEnd(); }
+  // A follower's victim searches get the owner's call keys: Protected() then
+  // reads the owner's per-object marks instead of searching the keys.
+  void ShareCallMarks(const Policy& owner) { marks_owner_ = &owner; }
   void FollowHit(ObjectId key) { OnHit(key); }
   void FollowInsert(ObjectId key, bool demand) { OnInsert(key, demand); }
   void FollowRemove(ObjectId key) { OnRemove(key); }
@@ -95,6 +99,9 @@ class Policy {
   // Hooks. OnCall sees every call's keys before any hit/miss processing;
   // call_rows() is the call's CallRows there (null when not given).
   virtual void OnCall(std::span<const ObjectId> keys, bool is_prefill) { (void)keys; (void)is_prefill; }
+  // The call OnCall announced is over (also when it failed): its keys are no
+  // longer protected.
+  virtual void OnCallEnd() {}
   virtual void OnHit(ObjectId key) = 0;
   virtual void OnInsert(ObjectId key, bool demand) = 0;  // demand=false: prefetch admission
   virtual void OnRemove(ObjectId key) = 0;
@@ -118,7 +125,8 @@ class Policy {
   std::vector<uint32_t> call_mark_;
   uint32_t call_serial_ = 0;
   const ObjectId* marked_ = nullptr;
-  const CallRows* rows_ = nullptr;  // during OnCall only
+  const Policy* marks_owner_ = this;  // whose marks Protected() reads
+  const CallRows* rows_ = nullptr;    // during OnCall only
 
   uint64_t capacity_bytes_;
   uint64_t used_bytes_ = 0;

@@ -14,6 +14,14 @@
 // are unique among members (every user puts a sequence number or the id in
 // them): the top, once its key is current, is the minimum, because every
 // other member's current key is at least its heap key.
+//
+// Holding: an acquire call's own keys are protected until it ends, and a
+// victim search that meets them first (fresh inserts rank lowest among
+// equal scores) would walk past them on every miss of the call. Hold()
+// takes an id out of the heap until ReleaseHeld(); meanwhile Set/Erase
+// keep its key and membership, and the release puts every held member back
+// with its current key: with unique keys that is exactly the order keeping
+// them would have given.
 #pragma once
 
 #include <algorithm>
@@ -31,13 +39,16 @@ class RankedSet {
   static constexpr uint32_t kNone = 0xffffffffu;
 
   // Members are indices 0..objects-1.
-  explicit RankedSet(uint64_t objects) : pos_(objects, kNone), key_(objects) {}
+  explicit RankedSet(uint64_t objects) : pos_(objects, kNone), key_(objects), held_(objects, 0) {}
 
   // Inserts `id` with rank `key`, or re-ranks it.
   void Set(uint32_t id, const Key& key) {
     key_[id] = key;
     const uint32_t p = pos_[id];
-    if (p == kNone) {
+    if (held_[id]) {
+      if (p == kNone) ++held_members_;
+      pos_[id] = kHeldOut;
+    } else if (p == kNone) {
       heap_.push_back({key, id});
       pos_[id] = static_cast<uint32_t>(heap_.size() - 1);
       Up(pos_[id]);
@@ -49,14 +60,43 @@ class RankedSet {
   void Erase(uint32_t id) {
     const uint32_t p = pos_[id];
     if (p == kNone) return;
+    if (p == kHeldOut) {
+      pos_[id] = kNone;
+      --held_members_;
+      return;
+    }
     RemoveAt(p);
   }
   void Clear() {
+    ReleaseHeld();
     for (const Entry& e : heap_) pos_[e.id] = kNone;
     heap_.clear();
   }
   bool Contains(uint32_t id) const { return pos_[id] != kNone; }
-  uint64_t size() const { return heap_.size(); }
+  // Members, held ones included.
+  uint64_t size() const { return heap_.size() + held_members_; }
+  bool empty() const { return size() == 0; }
+
+  // Keeps `id` (a member or not yet) out of FirstNot until ReleaseHeld().
+  void Hold(uint32_t id) {
+    if (held_[id]) return;
+    held_[id] = 1;
+    held_ids_.push_back(id);
+    if (pos_[id] == kNone) return;
+    RemoveAt(pos_[id]);
+    pos_[id] = kHeldOut;
+    ++held_members_;
+  }
+  void ReleaseHeld() {
+    for (uint32_t id : held_ids_) {
+      held_[id] = 0;
+      if (pos_[id] != kHeldOut) continue;
+      pos_[id] = kNone;
+      --held_members_;
+      Set(id, key_[id]);
+    }
+    held_ids_.clear();
+  }
 
   // The lowest-ranked member for which skip(id) is false, or kNone; the
   // membership is unchanged (skipped members are put back).
@@ -74,16 +114,17 @@ class RankedSet {
         found = top.id;
         break;
       }
-      held_.push_back(top.id);
+      skipped_.push_back(top.id);
       RemoveAt(0);
     }
-    for (uint32_t id : held_) Set(id, key_[id]);
-    held_.clear();
+    for (uint32_t id : skipped_) Set(id, key_[id]);
+    skipped_.clear();
     return found;
   }
 
  private:
   static constexpr uint32_t kArity = 4;
+  static constexpr uint32_t kHeldOut = 0xfffffffeu;  // pos_ of a held member
   struct Entry {
     Key key;
     uint32_t id;
@@ -133,9 +174,11 @@ class RankedSet {
   }
 
   std::vector<Entry> heap_;
-  std::vector<uint32_t> pos_;  // per index: heap position, kNone = not a member
+  std::vector<uint32_t> pos_;  // per index: heap position, kNone = not a member, kHeldOut
   std::vector<Key> key_;       // per index: current key (heap key may be lower)
-  std::vector<uint32_t> held_;
+  std::vector<uint8_t> held_;  // per index: held until ReleaseHeld()
+  std::vector<uint32_t> held_ids_, skipped_;
+  uint64_t held_members_ = 0;
 };
 
 }  // namespace k3pack::store

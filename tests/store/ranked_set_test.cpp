@@ -26,9 +26,10 @@ TEST(RankedSet, OrdersLikeStdSetUnderRandomUpdates) {
   std::set<std::pair<int, uint32_t>> ref;
   std::vector<int> key(n, 0);
   std::vector<uint8_t> in(n, 0);
+  std::set<uint32_t> held;  // out of FirstNot until released, members or not
   for (int step = 0; step < 20000; ++step) {
     const uint32_t id = rng() % n;
-    switch (rng() % 4) {
+    switch (rng() % 6) {
       case 0:
       case 1: {  // insert or re-rank
         if (in[id]) ref.erase({key[id], id});
@@ -48,13 +49,23 @@ TEST(RankedSet, OrdersLikeStdSetUnderRandomUpdates) {
         for (int j = 0; j < 3; ++j) skip.insert(uint32_t(rng() % n));
         uint32_t want = RankedSet<std::pair<int, uint32_t>>::kNone;
         for (const auto& [k, i] : ref)
-          if (!skip.count(i)) {
+          if (!skip.count(i) && !held.count(i)) {
             want = i;
             break;
           }
         ASSERT_EQ(rs.FirstNot([&](uint32_t i) { return skip.count(i) != 0; }), want) << "step " << step;
         break;
       }
+      case 4:
+        rs.Hold(id);
+        held.insert(id);
+        break;
+      case 5:
+        if (rng() % 4 == 0) {
+          rs.ReleaseHeld();
+          held.clear();
+        }
+        break;
     }
     ASSERT_EQ(rs.size(), ref.size());
     ASSERT_EQ(rs.Contains(id), in[id] != 0);
@@ -155,6 +166,10 @@ TEST(RankedPolicies, DecayPoliciesMatchTheirStdSetStatement) {
       auto made = MakePolicy(per_layer ? "quota-decay" : "decay-lfu", space, slots * kObj);
       ASSERT_TRUE(made.ok());
       auto& p = *made;
+      // The same rule as the adaptive policy's only candidate: a follower
+      // ranking the adaptive's cache (its call keys' marks are shared).
+      const char* solo_name[] = {per_layer ? "quota-decay" : "decay-lfu"};
+      auto solo = MakeAdaptivePolicy(space, slots * kObj, solo_name);
       const double quota_half_life = std::max(1.0, double(slots) / double(layers * top_k));
       LiteralDecay ref(space, slots * kObj, per_layer, per_layer ? quota_half_life : 8.0);
       PinCounts pins(space.num_objects(), 0);
@@ -171,12 +186,30 @@ TEST(RankedPolicies, DecayPoliciesMatchTheirStdSetStatement) {
         if (keys.size() + 2 > slots) keys.resize(slots - 2);
         std::fill(pins.begin(), pins.end(), 0);
         if (rng() % 3 == 0) pins[rng() % space.num_objects()] = 1;
+        // Now and then a key's slot was rewritten (a stale generation).
         std::vector<uint64_t> gens(keys.size(), 1);
+        for (auto& g : gens)
+          if (rng() % 50 == 0) g = 2;
         Status a = p->Access(keys, gens, rows > 1, &pins, &got);
         Status b = ref.Access(keys, gens, rows > 1, &pins, &want);
+        AccessResult followed;
+        Status c = solo->Access(keys, gens, rows > 1, &pins, &followed);
         ASSERT_EQ(a.ok(), b.ok());
+        ASSERT_EQ(c.ok(), b.ok());
+        ASSERT_EQ(followed.evicted, want.evicted) << "adaptive(" << p->name() << ") seed " << seed << " call " << call;
         ASSERT_EQ(got.hit, want.hit) << p->name() << " seed " << seed << " call " << call;
         ASSERT_EQ(got.evicted, want.evicted) << p->name() << " seed " << seed << " call " << call;
+        // Prefetch admissions between calls: the last call's keys are
+        // evictable again.
+        if (rng() % 4 == 0) {
+          const ObjectId k = ObjectId(rng() % space.num_objects());
+          std::vector<ObjectId> ev_got, ev_want;
+          ASSERT_EQ(p->Admit(k, 1, &pins, &ev_got), ref.Admit(k, 1, &pins, &ev_want));
+          ASSERT_EQ(ev_got, ev_want) << p->name() << " seed " << seed << " admit after call " << call;
+          std::vector<ObjectId> ev_solo;
+          solo->Admit(k, 1, &pins, &ev_solo);
+          ASSERT_EQ(ev_solo, ev_want) << "adaptive(" << p->name() << ") seed " << seed << " admit after call " << call;
+        }
       }
     }
   }
