@@ -24,7 +24,10 @@ namespace {
 // - protected = every key of the current call.
 // Resident objects sit in one list per frequency value, each in LRU order, so
 // "first minimum along the LRU walk" is the head (or tail) of the lowest
-// non-empty list: the same victim as SGLang's linear walk, in O(1).
+// non-empty list: the same victim as SGLang's linear walk, in O(1). Keys a
+// call touches join their lists when the call ends, in the order touched:
+// they are protected meanwhile, and a prefill walk (newest first) would
+// otherwise pass every one of them on each miss of the call.
 class ReuseLfuLruV2 final : public Policy {
  public:
   ReuseLfuLruV2(const ObjectSpace& space, uint64_t cap)
@@ -35,6 +38,12 @@ class ReuseLfuLruV2 final : public Policy {
  protected:
   void OnCall(std::span<const ObjectId> keys, bool) override {
     for (ObjectId k : keys) key_freq_[k] = key_freq_[k] < 255 ? key_freq_[k] + 1 : 255;
+    in_call_ = true;
+  }
+  void OnCallEnd() override {
+    in_call_ = false;
+    for (ObjectId k : touched_) Link(k);
+    touched_.clear();
   }
   void OnHit(ObjectId k) override { Touch(k); }
   void OnInsert(ObjectId k, bool) override { Touch(k); }
@@ -58,6 +67,10 @@ class ReuseLfuLruV2 final : public Policy {
   void Touch(ObjectId k) {
     Unlink(k);
     slot_freq_[k] = key_freq_[k];
+    if (in_call_) touched_.push_back(k);
+    else Link(k);
+  }
+  void Link(ObjectId k) {
     lists_.PushBack(slot_freq_[k], k);
     nonempty_[slot_freq_[k] / 64] |= uint64_t{1} << (slot_freq_[k] % 64);
   }
@@ -71,6 +84,8 @@ class ReuseLfuLruV2 final : public Policy {
   std::vector<uint8_t> slot_freq_;
   ListFamily lists_;
   uint64_t nonempty_[4] = {0, 0, 0, 0};
+  bool in_call_ = false;
+  std::vector<ObjectId> touched_;  // this call's keys, linked when it ends
 };
 
 // Plain LRU: the victim is the least recently used unprotected object.
