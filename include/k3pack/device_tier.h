@@ -67,8 +67,12 @@ class DeviceExpertTier {
 
   // Same routing contract and errors as ExpertStore::Acquire. On return the
   // bytes of every route are on the device (all copies complete).
+  // `request_ids` (optional, as ExpertStore::Acquire's: one id for the call
+  // or one per row): the host store's acquire of the device misses carries
+  // them, each missed object as a route of the first row that asked for it,
+  // so a request-aware host policy learns from what reaches it.
   Result<DeviceAcquisition> Acquire(uint32_t layer, std::span<const int64_t> expert_ids,
-                                    std::span<const int64_t> shape);
+                                    std::span<const int64_t> shape, std::span<const uint64_t> request_ids = {});
   // Lets the acquisition's slots be replaced again. Idempotent.
   Status Release(DeviceAcquisition& acquisition);
 

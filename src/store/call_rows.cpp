@@ -5,15 +5,19 @@
 
 namespace k3pack::store {
 
+Status CheckRequestIdCount(uint64_t count, uint64_t rows) {
+  if (count == 0 || count == 1 || count == rows) return Status::OK();
+  return Error("request_ids must hold one id for the call or one per row; received " + std::to_string(count) +
+                   " for " + std::to_string(rows) + " rows",
+               ErrorKind::kValue);
+}
+
 Result<const CallRows*> StoreCallRows(const ObjectSpace& space, const RouteCall& call, std::span<const int64_t> ids,
                                       std::span<const uint64_t> request_ids, std::vector<ObjectId>* keys,
                                       CallRows* out) {
   if (request_ids.empty()) return static_cast<const CallRows*>(nullptr);  // unknown: today's behaviour
   const uint64_t rows = static_cast<uint64_t>(call.rows);
-  if (request_ids.size() != 1 && request_ids.size() != rows)
-    return Error("request_ids must hold one id for the call or one per row; received " +
-                     std::to_string(request_ids.size()) + " for " + std::to_string(rows) + " rows",
-                 ErrorKind::kValue);
+  K3_RETURN_IF_ERROR(CheckRequestIdCount(request_ids.size(), rows));
   keys->clear();
   // PrepareRoute has checked every id: in range, rows x width.
   for (int64_t e : ids) keys->push_back(space.Id(call.layer_index, static_cast<uint32_t>(e)));

@@ -8,6 +8,7 @@
 #include "store/cuda_runtime.h"
 #include "store/device_copier.h"
 #include "store/device_slots.h"
+#include "store/miss_rows.h"
 #include "store/object_space.h"
 #include "store/store_impl.h"
 
@@ -86,20 +87,24 @@ struct DeviceExpertTier::Impl {
 
   uint8_t* SlotAddress(uint32_t slot) const { return device_base + uint64_t{slot} * slot_bytes; }
 
-  // Reads the missed objects through the host store and copies them into their slots.
-  Status Load(uint32_t layer, std::span<const int64_t> experts, std::span<const uint32_t> target_slots) {
-    const int64_t top_k = space.top_k;
-    std::vector<int64_t> ids(experts.begin(), experts.end());
-    const int64_t rows = (static_cast<int64_t>(ids.size()) + top_k - 1) / top_k;
-    ids.resize(static_cast<size_t>(rows * top_k), ids.back());  // the host store keeps duplicates
-    const int64_t shape[2] = {rows, top_k};
+  // Reads the missed objects through the host store and copies them into
+  // their slots. `requests` (empty: unknown): each missed object's request;
+  // the host call then has rows of one request each.
+  Status Load(uint32_t layer, std::span<const int64_t> experts, std::span<const uint32_t> target_slots,
+              std::span<const uint64_t> requests) {
+    const size_t top_k = space.top_k;
+    std::vector<int64_t> ids;
+    std::vector<uint64_t> row_requests;
+    std::vector<size_t> route_of;  // missed object -> its route in the host call
+    MissRows(experts, requests, top_k, &ids, &row_requests, &route_of);
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / top_k), static_cast<int64_t>(top_k)};
     auto t0 = std::chrono::steady_clock::now();
-    K3_ASSIGN_OR_RETURN(Acquisition from_host, host->Acquire(layer, ids, shape, false));
+    K3_ASSIGN_OR_RETURN(Acquisition from_host, host->Acquire(layer, ids, shape, false, row_requests));
     host_seconds += SecondsSince(t0);
 
     std::vector<CopyJob> jobs(experts.size());
     for (size_t j = 0; j < jobs.size(); ++j) {
-      const auto& bytes = from_host.routes[j].bytes;
+      const auto& bytes = from_host.routes[route_of[j]].bytes;
       jobs[j] = {bytes.data(), SlotAddress(target_slots[j]), bytes.size(),
                  PinnedRegistry::Get().Contains(bytes.data(), bytes.size())};
     }
@@ -176,7 +181,8 @@ Status DeviceExpertTier::UsePinnedHostBuffers(StoreOptions& options) {
 }
 
 Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<const int64_t> ids,
-                                                    std::span<const int64_t> shape) {
+                                                    std::span<const int64_t> shape,
+                                                    std::span<const uint64_t> request_ids) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
   // The host store's EP rank holds here too, before any slot is placed.
@@ -184,6 +190,7 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
   K3_RETURN_IF_ERROR(ValidateRoute(s.space, layer, shape, ids, !rank.whole()));
   K3_RETURN_IF_ERROR(CheckOwnedRoutes(rank, s.space.num_experts, layer, ids));
   const uint32_t li = static_cast<uint32_t>(s.space.LayerIndex(layer));
+  K3_RETURN_IF_ERROR(CheckRequestIdCount(request_ids.size(), static_cast<uint64_t>(shape[0])));
   std::vector<ObjectId> keys;
   DistinctSorted(s.space, li, ids.data(), ids.size(), &keys);
   K3_ASSIGN_OR_RETURN(auto placed, s.slots->Place(keys));
@@ -192,15 +199,19 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
   a.layer = layer;
   std::vector<int64_t> missed_experts;
   std::vector<uint32_t> missed_slots;
+  std::vector<uint64_t> missed_requests;
   for (size_t i = 0; i < keys.size(); ++i) {
     a.slots.push_back(placed[i].slot);
     if (placed[i].load) {
       missed_experts.push_back(s.space.ExpertOf(keys[i]));
       missed_slots.push_back(placed[i].slot);
+      if (!request_ids.empty())
+        missed_requests.push_back(FirstRowRequest(ids, static_cast<size_t>(shape[1]), request_ids,
+                                                  static_cast<int64_t>(s.space.ExpertOf(keys[i]))));
     }
   }
   if (!missed_experts.empty()) {
-    Status st = s.Load(layer, missed_experts, missed_slots);
+    Status st = s.Load(layer, missed_experts, missed_slots, missed_requests);
     if (!st.ok()) {
       for (uint32_t slot : missed_slots) s.slots->Forget(slot);  // never serve a slot whose copy failed
       s.slots->Release(a.slots);

@@ -91,6 +91,8 @@ inline Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::spa
 // of its routes), then the rank's ownership (CheckOwnedRoutes).
 Result<RouteCall> PrepareStoreRoute(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
                                     std::span<const int64_t> ids, std::optional<bool> is_prefill);
+// An acquire's request ids hold none, one for the call or one per row.
+Status CheckRequestIdCount(uint64_t count, uint64_t rows);
 // The policy's CallRows for an acquire's optional request ids (empty:
 // unknown, null result; else one id for the call or one per row, a
 // ValueError otherwise); `keys` backs the result's route keys.

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "store/miss_rows.h"
 #include "store/policy.h"
 #include "util/threads.h"
 
@@ -165,7 +166,9 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   PinCounts pins(n, 0), dev_pins(tiered ? n : 0, 0);
   std::vector<uint64_t> gens;
   AccessResult ar, dar;
-  std::vector<ObjectId> evicted, predicted, host_keys;
+  std::vector<ObjectId> evicted, predicted, host_keys, miss_routes;
+  std::vector<uint64_t> miss_requests, miss_row_requests;
+  std::vector<size_t> miss_route_of;
   std::vector<int64_t> pred_ids;
   std::vector<std::pair<double, uint64_t>> spec_inflight;  // (done, bytes) of speculative reads
   std::vector<ObjectId> spec_pinned;  // this call's prefetches, pinned until the next call starts
@@ -256,9 +259,20 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     if (!tiered || !hkeys.empty()) {
       gens.assign(hkeys.size(), 1);
       // The call's rows (request ids) describe `keys`; behind a device tier
-      // the host sees only the device misses, without ids, as in the store.
-      CallRows rows;
-      Status st = policy->Access(hkeys, gens, call.is_prefill, nullptr, &ar, tiered ? nullptr : RowsOf(seq, c, &rows));
+      // the host sees only the device misses, each in a row of the first
+      // request that asked for it, as the device tier passes them on.
+      CallRows rows, miss_rows;
+      const CallRows* host_rows = RowsOf(seq, c, &rows);
+      if (tiered && host_rows != nullptr) {
+        miss_requests.clear();
+        for (ObjectId k : hkeys) miss_requests.push_back(FirstRowRequest(host_rows->keys, host_rows->width,
+                                                                         host_rows->requests, k));
+        MissRows(hkeys, std::span<const uint64_t>(miss_requests), host_rows->width, &miss_routes, &miss_row_requests,
+                 &miss_route_of);
+        miss_rows = {miss_routes, miss_row_requests, host_rows->width};
+        host_rows = &miss_rows;
+      }
+      Status st = policy->Access(hkeys, gens, call.is_prefill, nullptr, &ar, host_rows);
       if (!st.ok()) return st.error();
       for (ObjectId v : ar.evicted) drop(v);
     }

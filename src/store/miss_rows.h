@@ -1,0 +1,51 @@
+// The call a tier behind another one sees: only the front tier's misses
+// reach it. With request ids, each missed object goes on as a route of the
+// first row (request) of the call that asked for it, in rows of one request
+// each (padded to the route width with the row's last route: acquires keep
+// duplicates), so a request-aware policy behind the front still learns per
+// request. Used by the device tier and by its model in the timed replay.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace k3pack::store {
+
+// The request of the first row of `routes` (rows x width) holding `item`;
+// `requests` holds one id for the call or one per row.
+template <typename T>
+uint64_t FirstRowRequest(std::span<const T> routes, size_t width, std::span<const uint64_t> requests, T item) {
+  if (requests.size() == 1) return requests[0];
+  const size_t at = static_cast<size_t>(std::find(routes.begin(), routes.end(), item) - routes.begin());
+  return requests[at / width];
+}
+
+// Lays `misses` out as rows of `width` routes. `requests`: each miss's
+// request (empty: unknown, one group and no row requests). `route_of[j]` is
+// the route that carries misses[j].
+template <typename T>
+void MissRows(std::span<const T> misses, std::span<const uint64_t> requests, size_t width, std::vector<T>* routes,
+              std::vector<uint64_t>* row_requests, std::vector<size_t>* route_of) {
+  std::vector<size_t> order(misses.size());
+  for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+  if (!requests.empty())
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return requests[x] < requests[y]; });
+  routes->clear();
+  row_requests->clear();
+  route_of->assign(misses.size(), 0);
+  for (size_t g = 0; g < order.size();) {
+    size_t end = requests.empty() ? order.size() : g + 1;
+    while (end < order.size() && requests[order[end]] == requests[order[g]]) ++end;
+    for (size_t j = g; j < end; ++j) {
+      (*route_of)[order[j]] = routes->size();
+      routes->push_back(misses[order[j]]);
+    }
+    while (routes->size() % width != 0) routes->push_back(routes->back());
+    if (!requests.empty()) row_requests->resize(routes->size() / width, requests[order[g]]);
+    g = end;
+  }
+}
+
+}  // namespace k3pack::store
