@@ -80,6 +80,9 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
     K3_ASSIGN_OR_RETURN(ObjectChecksums sums, LoadObjectChecksums(pack_path, impl->geo));
     impl->entry_crc32c = std::move(sums.entry_crc32c);
     impl->checksum_mode = std::move(sums.mode);
+    // The pread backend checks on its own `queue_depth` threads already.
+    if (backend == IoBackend::kUring && !impl->entry_crc32c.empty())
+      impl->verify_pool = std::make_unique<TaskPool>(static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
   }
 
   StoreInfo& info = impl->info;
@@ -180,21 +183,29 @@ void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
   read->layer = geo.space.active_layer_ids[li];
   read->expert = geo.space.ExpertOf(id);
   read->done = [this, e](const ObjectReadResult& r) {
-    // The check runs here, on the engine thread, before anyone can see the bytes.
-    if (r.status.ok() && !entry_crc32c.empty()) {
-      Status bad = CheckObject(e->id, e->buffer.get());
-      if (!bad.ok()) {
-        ObjectReadResult damaged = r;
-        damaged.status = bad;
-        std::lock_guard<std::mutex> lock(mu);
-        FinishRead(e, damaged, true);
-        return;
-      }
+    if (verify_pool && r.status.ok()) {
+      verify_pool->Submit([this, e, r] { CheckAndFinish(e, r); });
+      return;
     }
-    std::lock_guard<std::mutex> lock(mu);
-    FinishRead(e, r);
+    CheckAndFinish(e, r);
   };
   engine->Submit(std::move(read));
+}
+
+void ExpertStore::Impl::CheckAndFinish(const std::shared_ptr<Entry>& e, const ObjectReadResult& r) {
+  // Before anyone can see the bytes.
+  if (r.status.ok() && !entry_crc32c.empty()) {
+    Status bad = CheckObject(e->id, e->buffer.get());
+    if (!bad.ok()) {
+      ObjectReadResult damaged = r;
+      damaged.status = bad;
+      std::lock_guard<std::mutex> lock(mu);
+      FinishRead(e, damaged, true);
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  FinishRead(e, r);
 }
 
 // mu held.
