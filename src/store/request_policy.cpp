@@ -29,6 +29,7 @@
 // rounds of every active request through every layer.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 #include <utility>
 
@@ -46,11 +47,13 @@ class RequestAware final : public Policy {
       : Policy(space, cap),
         L_(space.num_active_layers()),
         E_(space.num_experts),
-        gamma_(half_life_tokens > 0 ? std::exp2(-1.0 / half_life_tokens) : 1.0),
+        gamma_{half_life_tokens > 0 ? std::exp2(-1.0 / half_life_tokens) : 1.0, std::exp2(-1.0 / kLongHalfLife)},
         order_(space.num_objects()),
         stamp_of_(space.num_objects(), 0),
         resident_(space.num_objects(), 0),
-        prev_mask_(space.num_objects(), 0) {}
+        prev_mask_(space.num_objects(), 0) {
+    global_.Reset(L_, E_);
+  }
   std::string name() const override { return "request-aware"; }
 
  protected:
@@ -96,17 +99,21 @@ class RequestAware final : public Policy {
         for (uint16_t e : prev) prev_mask_[space_.Id(l, e)] &= ~bit;
         for (uint16_t e : cur_) prev_mask_[space_.Id(l, e)] |= bit;
       }
-      old_.swap(prev);
-      prev = cur_;
-      Cluster& c = clusters_[q.cluster];
-      c.tokens[l] += 1;
-      c.up[l] /= gamma_;
-      float* counts = c.counts.data() + size_t{l} * E_;
       // Only arrivals count (routes the request's previous token at this
       // layer did not have): a kept expert says little about popularity.
+      arrivals_.clear();
       for (uint16_t e : cur_)
-        if (!std::binary_search(old_.begin(), old_.end(), e)) counts[e] += static_cast<float>(c.up[l]);
+        if (!std::binary_search(prev.begin(), prev.end(), e)) arrivals_.push_back(e);
+      prev = cur_;
+      Cluster& c = clusters_[q.cluster];
+      // Both judgements score the row before it is counted (a prediction).
+      if (l % kJudgeStride == 0) JudgeMemory(c, l);
+      if (q.probe_arrivals != kNotProbing) Probe(q, l);
+      c.tokens[l] += 1;
+      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_);
+      global_.Count(l, E_, gamma_[1], arrivals_);
       touched_clusters_.push_back(q.cluster);
+      if (q.probe_arrivals != kNotProbing) MaybeJoin(r);
     }
     Expire();
     const double rho = Rho();
@@ -157,14 +164,89 @@ class RequestAware final : public Policy {
   static constexpr double kPrior = 2.0;                      // tokens of a flat popularity
   static constexpr double kRenormShare = 0.08;  // re-rank a layer when its token count grew by this
   static constexpr uint32_t kMaxRequests = 256, kMaxClusters = 64;
+  // The long memory: long enough to learn a steady request's tail of
+  // favourites, finite so that a pooled table still forgets over hours.
+  static constexpr double kLongHalfLife = 1024.0;  // tokens
+  // Which memory ranks a cluster is judged on every kJudgeStride-th layer,
+  // by a decayed Brier-score difference (window ~kJudgeWindow judged rows).
+  static constexpr uint32_t kJudgeStride = 4;
+  static constexpr double kJudgeDecay = 1.0 - 1.0 / 512.0;
+  // Pooling: a new request's first arrivals (kProbeMin up to kProbeMax) are
+  // scored under every other cluster's table and under the global one; it
+  // joins the best cluster once that predicts its routes better than the
+  // global table by kJoinNats per route (log-likelihood ratio).
+  static constexpr uint32_t kProbeMin = 256, kProbeMax = 4096;
+  static constexpr uint32_t kNotProbing = UINT32_MAX;
+  static constexpr double kJoinGain = 0.06, kJoinZ = 4.0;
+  static constexpr double kProbeAlpha = 0.5;  // pseudo-routes per expert in the probe's tables
 
+  // Decayed arrival counts per (layer, expert) at one half-life. Stored
+  // counts are scaled by up[layer] = gamma^-rows so a row's decay is one
+  // multiply per layer, not per expert.
+  struct Memory {
+    std::vector<float> counts;  // [layer][expert], times up[layer]
+    std::vector<double> up;     // per layer: gamma^-rows
+    std::vector<double> n;      // per layer: decayed rows (tokens) counted
+    std::vector<double> sum;    // per layer: sum of stored counts
+    std::vector<double> sq;     // per layer: sum of squared stored counts (Brier score)
+    void Reset(uint32_t L, uint32_t E) {
+      counts.assign(size_t{L} * E, 0.0f);
+      up.assign(L, 1.0);
+      n.assign(L, 0.0);
+      sum.assign(L, 0.0);
+      sq.assign(L, 0.0);
+    }
+    void Count(uint32_t l, uint32_t E, double gamma, const std::vector<uint16_t>& arrivals) {
+      up[l] /= gamma;
+      n[l] = n[l] * gamma + 1.0;
+      const double u = up[l];
+      float* row = counts.data() + size_t{l} * E;
+      for (uint16_t e : arrivals) {
+        sq[l] += (2.0 * row[e] + u) * u;
+        sum[l] += u;
+        row[e] += static_cast<float>(u);
+      }
+    }
+    // Keeps the stored counts within float range.
+    void Rebase(uint32_t l, uint32_t E) {
+      if (up[l] <= 1e12) return;
+      const double s = 1.0 / up[l];
+      float* row = counts.data() + size_t{l} * E;
+      for (uint32_t e = 0; e < E; ++e) row[e] *= static_cast<float>(s);
+      sum[l] *= s;
+      sq[l] *= s * s;
+      up[l] = 1.0;
+    }
+    // Adds `o`'s counts at layer l (another table of the same half-life).
+    void Absorb(const Memory& o, uint32_t l, uint32_t E) {
+      const double s = up[l] / o.up[l];
+      float* row = counts.data() + size_t{l} * E;
+      const float* other = o.counts.data() + size_t{l} * E;
+      sum[l] = sq[l] = 0;
+      for (uint32_t e = 0; e < E; ++e) {
+        row[e] += static_cast<float>(other[e] * s);
+        sum[l] += row[e];
+        sq[l] += double(row[e]) * row[e];
+      }
+      n[l] += o.n[l];
+    }
+    // The probe's smoothed share of a layer's arrivals that go to e.
+    double Share(uint32_t l, uint32_t E, uint16_t e) const {
+      return (counts[size_t{l} * E + e] + kProbeAlpha * up[l]) / (sum[l] + kProbeAlpha * up[l] * E);
+    }
+  };
+  // A count table shared by the requests judged alike (one per request
+  // until it joins another's), with a short and a long memory.
   struct Cluster {
-    std::vector<float> counts;         // [layer][expert], times up[layer] at the count
-    std::vector<double> up;            // per layer: gamma^-tokens
-    std::vector<uint32_t> tokens;      // per layer
-    // Scoring snapshot per layer: q = counts * a + b, taken at snap_tokens.
+    Memory mem[2];                  // [0]: the policy's half-life, [1]: kLongHalfLife
+    bool use_long = false;          // which memory ranks
+    double judge = 0;               // decayed Brier score, long minus short
+    const float* live = nullptr;    // mem[use_long].counts
+    std::vector<uint32_t> tokens;   // per layer
+    // Scoring snapshot per layer: q = live * a + b, taken at snap_tokens.
     std::vector<double> a, b, snap_n;
     std::vector<uint32_t> snap_tokens;
+    uint32_t members = 0;           // requests whose table this is
     uint64_t last_use = 0;
   };
   struct Req {
@@ -174,6 +256,10 @@ class RequestAware final : public Policy {
     bool active = false;
     uint32_t pos = 64;  // index in active_ when below 64 (its bit in prev_mask_)
     std::vector<std::vector<uint16_t>> prev;  // per layer, sorted
+    // Pooling probe: routes scored so far (kNotProbing once decided), the
+    // log-likelihood of them under each cluster's table and the global one.
+    uint32_t probe_arrivals = kNotProbing;
+    std::vector<double> gain, gain_sq;
   };
 
   double Rho() const { return (reuse_num_ + 0.3 * 16) / (reuse_den_ + 16); }
@@ -195,11 +281,18 @@ class RequestAware final : public Policy {
         if (r == UINT32_MAX) r = 0;  // more active requests than slots: share the first
         slot_of_.erase(reqs_[r].id);
         if (reqs_[r].active) Deactivate(r);
+        --clusters_[reqs_[r].cluster].members;
       }
+      const uint32_t c = NewCluster();
       Req& q = reqs_[r];
       q.id = id;
       q.prev.assign(L_, {});
-      q.cluster = NewCluster();
+      q.cluster = c;
+      ++clusters_[c].members;
+      // Probe only when there is another table to join.
+      q.probe_arrivals = clusters_.size() > 1 ? 0 : kNotProbing;
+      q.gain.assign(clusters_.size(), 0.0);
+      q.gain_sq.assign(clusters_.size(), 0.0);
       slot_of_[id] = r;
     }
     Req& q = reqs_[r];
@@ -231,6 +324,8 @@ class RequestAware final : public Policy {
       }
     }
   }
+  // A fresh cluster: a new one, else the least recently used that no active
+  // request ranks with (one no request joined any more first).
   uint32_t NewCluster() {
     uint32_t c = UINT32_MAX;
     if (clusters_.size() < kMaxClusters) {
@@ -239,36 +334,133 @@ class RequestAware final : public Policy {
     } else {
       std::vector<uint8_t> used(clusters_.size(), 0);
       for (uint32_t r : active_) used[reqs_[r].cluster] = 1;
+      auto older = [&](uint32_t i, uint32_t j) {
+        const bool fi = clusters_[i].members == 0, fj = clusters_[j].members == 0;
+        return fi != fj ? fi : clusters_[i].last_use < clusters_[j].last_use;
+      };
       for (uint32_t i = 0; i < clusters_.size(); ++i)
-        if (!used[i] && (c == UINT32_MAX || clusters_[i].last_use < clusters_[c].last_use)) c = i;
+        if (!used[i] && (c == UINT32_MAX || older(i, c))) c = i;
       if (c == UINT32_MAX) return 0;  // all in use: share
+      // Probes that scored against the old table must not join the new one.
+      for (uint32_t r : active_)
+        if (reqs_[r].probe_arrivals != kNotProbing && c < reqs_[r].gain.size())
+          reqs_[r].gain[c] = -std::numeric_limits<double>::infinity();
     }
     Cluster& cl = clusters_[c];
-    cl.counts.assign(size_t{L_} * E_, 0.0f);
-    cl.up.assign(L_, 1.0);
+    for (Memory& m : cl.mem) m.Reset(L_, E_);
+    cl.use_long = false;
+    cl.judge = 0;
+    cl.live = cl.mem[0].counts.data();
     cl.tokens.assign(L_, 0);
     cl.a.assign(L_, 0.0);
     cl.b.assign(L_, 0.0);
     cl.snap_n.assign(L_, 0.0);
     cl.snap_tokens.assign(L_, 0);
+    cl.members = 0;
     for (uint32_t l = 0; l < L_; ++l) Snapshot(cl, l);
     cl.last_use = calls_;
     return c;
   }
   void Snapshot(Cluster& c, uint32_t l) {
-    if (c.up[l] > 1e12) {  // rebase the stored counts (float range)
-      const float s = static_cast<float>(1.0 / c.up[l]);
-      float* counts = c.counts.data() + size_t{l} * E_;
-      for (uint32_t e = 0; e < E_; ++e) counts[e] *= s;
-      c.up[l] = 1.0;
-    }
-    const uint32_t t = c.tokens[l];
-    const double n = gamma_ < 1.0 ? (1.0 - std::pow(gamma_, t)) / (1.0 - gamma_) : double(t);
-    c.a[l] = 1.0 / (c.up[l] * (n + kPrior));
+    for (Memory& m : c.mem) m.Rebase(l, E_);
+    const Memory& m = c.mem[c.use_long];
+    const double n = m.n[l];
+    c.a[l] = 1.0 / (m.up[l] * (n + kPrior));
     c.b[l] = kPrior * double(space_.top_k) * (1.0 - rho_) / double(E_) / (n + kPrior);
     c.snap_n[l] = n + kPrior;
-    c.snap_tokens[l] = t;
+    c.snap_tokens[l] = c.tokens[l];
   }
+
+  // Which memory predicts this cluster's routes better: a request whose
+  // favourites drift needs the short one, a steady (or long pooled) one
+  // learns its tail only with the long one. Each judged row adds the
+  // difference of the Brier scores of the row's arrivals (as indicators
+  // over the layer's experts) under the two memories' per-token estimates;
+  // the policy ranks with the memory ahead.
+  void JudgeMemory(Cluster& c, uint32_t l) {
+    const double base = kPrior * double(space_.top_k) * (1.0 - rho_) / double(E_);
+    double score[2];
+    for (int i = 0; i < 2; ++i) {
+      const Memory& m = c.mem[i];
+      const double inv = 1.0 / m.up[l], norm = 1.0 / (m.n[l] + kPrior);
+      // 2 * sum over arrivals of q(e), minus sum over all experts of q(e)^2.
+      double hit = 0;
+      const float* row = m.counts.data() + size_t{l} * E_;
+      for (uint16_t e : arrivals_) hit += row[e] * inv + base;
+      const double sq = m.sq[l] * inv * inv + 2.0 * base * m.sum[l] * inv + double(E_) * base * base;
+      score[i] = 2.0 * hit * norm - sq * norm * norm;
+    }
+    c.judge = c.judge * kJudgeDecay + (score[1] - score[0]);
+    const bool want = c.judge > 0;
+    if (want != c.use_long) {
+      c.use_long = want;
+      c.live = c.mem[want].counts.data();
+      active_changed_ = true;  // every layer re-snapshotted and re-ranked
+    }
+  }
+
+  // Scores this row's arrivals under every other cluster's long table
+  // against the global one. A table's score for a route to e is
+  // E * share(e) - 1: zero on average over a route unrelated to the table
+  // (the shares sum to one), however sparse or skewed the table; positive
+  // where the routes go to the table's favourites.
+  void Probe(Req& q, uint32_t l) {
+    const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(q.gain.size()), static_cast<uint32_t>(clusters_.size()));
+    gx_.clear();
+    for (uint16_t e : arrivals_) gx_.push_back(double(E_) * global_.Share(l, E_, e));
+    for (uint32_t ci = 0; ci < n; ++ci) {
+      if (ci == q.cluster || clusters_[ci].members == 0) continue;
+      const Memory& m = clusters_[ci].mem[1];
+      if (m.sum[l] <= 0) continue;
+      for (size_t i = 0; i < arrivals_.size(); ++i) {
+        const double d = double(E_) * m.Share(l, E_, arrivals_[i]) - gx_[i];
+        q.gain[ci] += d;
+        q.gain_sq[ci] += d * d;
+      }
+    }
+    q.probe_arrivals += static_cast<uint32_t>(arrivals_.size());
+  }
+  // Joins the cluster whose table beats the global one by kJoinGain per
+  // route on average, at kJoinZ standard errors; gives up after kProbeMax.
+  void MaybeJoin(uint32_t r) {
+    Req& q = reqs_[r];
+    if (q.probe_arrivals < kProbeMin) return;
+    uint32_t best = UINT32_MAX;
+    const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(q.gain.size()), static_cast<uint32_t>(clusters_.size()));
+    for (uint32_t ci = 0; ci < n; ++ci)
+      if (ci != q.cluster && clusters_[ci].members > 0 && (best == UINT32_MAX || q.gain[ci] > q.gain[best])) best = ci;
+    bool join = false;
+    if (best != UINT32_MAX && clusters_[q.cluster].members == 1) {
+      const double k = q.probe_arrivals, mean = q.gain[best] / k;
+      const double var = std::max(0.0, q.gain_sq[best] / k - mean * mean);
+      join = mean >= kJoinGain && mean * mean * k >= kJoinZ * kJoinZ * var;
+    }
+    if (join) {
+      Join(r, best);
+    } else if (q.probe_arrivals < kProbeMax) {
+      return;
+    }
+    q.probe_arrivals = kNotProbing;
+    std::vector<double>().swap(q.gain);
+    std::vector<double>().swap(q.gain_sq);
+  }
+  // The request's counts move into cluster `to`, which it ranks with from now on.
+  void Join(uint32_t r, uint32_t to) {
+    Req& q = reqs_[r];
+    Cluster& from = clusters_[q.cluster];
+    Cluster& c = clusters_[to];
+    for (uint32_t l = 0; l < L_; ++l) {
+      for (int m = 0; m < 2; ++m) c.mem[m].Absorb(from.mem[m], l, E_);
+      c.tokens[l] += from.tokens[l];
+    }
+    from.members = 0;
+    from.last_use = 0;
+    q.cluster = to;
+    ++c.members;
+    c.last_use = calls_;
+    active_changed_ = true;
+  }
+
   float Score(ObjectId o) const {
     const uint32_t l = space_.LayerIndexOf(o);
     const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(o));
@@ -277,7 +469,7 @@ class RequestAware final : public Policy {
     for (size_t i = 0; i < active_.size(); ++i) {
       const Req& q = reqs_[active_[i]];
       const Cluster& c = clusters_[q.cluster];
-      const double fresh = std::min(1.0, double(c.counts[size_t{l} * E_ + e]) * c.a[l] + c.b[l]);
+      const double fresh = std::min(1.0, double(c.live[size_t{l} * E_ + e]) * c.a[l] + c.b[l]);
       bool in_prev;
       if (i < 64) {
         in_prev = (mask >> i) & 1;
@@ -310,7 +502,7 @@ class RequestAware final : public Policy {
   }
 
   const uint32_t L_, E_;
-  const double gamma_;
+  const double gamma_[2];  // per row: short (the policy's half-life), long
   uint64_t calls_ = 0, stamp_ = 0;
   double reuse_num_ = 0, reuse_den_ = 0, rho_ = 0.3;
   bool active_changed_ = false;
@@ -318,6 +510,7 @@ class RequestAware final : public Policy {
   std::unordered_map<uint64_t, uint32_t> slot_of_;
   std::vector<uint32_t> active_;
   std::vector<Cluster> clusters_;
+  Memory global_;  // every request's arrivals, long memory: the probe's reference
   RankedSet<std::pair<float, uint64_t>> order_;
   std::vector<uint64_t> stamp_of_;  // last use, per object
   std::vector<uint8_t> resident_;
@@ -330,7 +523,8 @@ class RequestAware final : public Policy {
   std::vector<ObjectId> pending_;
   std::vector<ObjectId> touched_;
   std::vector<uint32_t> touched_clusters_;
-  std::vector<uint16_t> cur_, old_;
+  std::vector<uint16_t> cur_, arrivals_;
+  std::vector<double> gx_;
 };
 
 }  // namespace
