@@ -51,8 +51,8 @@ class RequestAware final : public Policy {
         order_(space.num_objects()),
         stamp_of_(space.num_objects(), 0),
         resident_(space.num_objects(), 0),
-        prev_mask_(space.num_objects(), 0) {
-    global_.Reset(L_, E_);
+        prev_mask_(space.num_objects(), 0),
+        mark_(space.num_experts, 0) {
   }
   std::string name() const override { return "request-aware"; }
 
@@ -80,16 +80,24 @@ class RequestAware final : public Policy {
     for (uint32_t row = 0; row < rows->rows(); ++row) {
       const uint32_t r = Touch(rows->request(row));
       Req& q = reqs_[r];
-      cur_.clear();
-      for (ObjectId k : rows->keys.subspan(size_t{row} * rows->width, rows->width))
-        cur_.push_back(static_cast<uint16_t>(space_.ExpertOf(k)));
-      std::sort(cur_.begin(), cur_.end());
-      cur_.erase(std::unique(cur_.begin(), cur_.end()), cur_.end());
+      // mark_[e]: 2 * row serial if e was in the previous token, + 1 once
+      // seen in this row (a row's distinct experts, no sort).
       auto& prev = q.prev[l];
+      const uint32_t was = mark_serial_ += 2;
+      for (uint16_t e : prev) mark_[e] = was;
+      cur_.clear();
+      arrivals_.clear();
+      // Only arrivals count (routes the request's previous token at this
+      // layer did not have): a kept expert says little about popularity.
+      for (ObjectId k : rows->keys.subspan(size_t{row} * rows->width, rows->width)) {
+        const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(k));
+        if (mark_[e] == was + 1) continue;
+        if (mark_[e] != was) arrivals_.push_back(e);
+        mark_[e] = was + 1;
+        cur_.push_back(e);
+      }
       if (!prev.empty()) {
-        uint32_t shared = 0;
-        for (uint16_t e : cur_) shared += std::binary_search(prev.begin(), prev.end(), e);
-        reuse_num_ = reuse_num_ * kReuseDecay + shared;
+        reuse_num_ = reuse_num_ * kReuseDecay + double(cur_.size() - arrivals_.size());
         reuse_den_ = reuse_den_ * kReuseDecay + double(cur_.size());
       }
       for (uint16_t e : prev) touched_.push_back(space_.Id(l, e));
@@ -99,11 +107,6 @@ class RequestAware final : public Policy {
         for (uint16_t e : prev) prev_mask_[space_.Id(l, e)] &= ~bit;
         for (uint16_t e : cur_) prev_mask_[space_.Id(l, e)] |= bit;
       }
-      // Only arrivals count (routes the request's previous token at this
-      // layer did not have): a kept expert says little about popularity.
-      arrivals_.clear();
-      for (uint16_t e : cur_)
-        if (!std::binary_search(prev.begin(), prev.end(), e)) arrivals_.push_back(e);
       prev = cur_;
       Cluster& c = clusters_[q.cluster];
       // Both judgements score the row before it is counted (a prediction).
@@ -111,7 +114,6 @@ class RequestAware final : public Policy {
       if (q.probe_arrivals != kNotProbing) Probe(q, l);
       c.tokens[l] += 1;
       for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_);
-      global_.Count(l, E_, gamma_[1], arrivals_);
       touched_clusters_.push_back(q.cluster);
       if (q.probe_arrivals != kNotProbing) MaybeJoin(r);
     }
@@ -255,7 +257,7 @@ class RequestAware final : public Policy {
     uint64_t last_call = 0;
     bool active = false;
     uint32_t pos = 64;  // index in active_ when below 64 (its bit in prev_mask_)
-    std::vector<std::vector<uint16_t>> prev;  // per layer, sorted
+    std::vector<std::vector<uint16_t>> prev;  // per layer, distinct experts
     // Pooling probe: routes scored so far (kNotProbing once decided), the
     // log-likelihood of them under each cluster's table and the global one.
     uint32_t probe_arrivals = kNotProbing;
@@ -400,25 +402,35 @@ class RequestAware final : public Policy {
   }
 
   // Scores this row's arrivals under every other cluster's long table
-  // against the global one. A table's score for a route to e is
-  // E * share(e) - 1: zero on average over a route unrelated to the table
-  // (the shares sum to one), however sparse or skewed the table; positive
-  // where the routes go to the table's favourites.
+  // against the global one (all clusters' long tables together). A table's
+  // score for a route to e is E * share(e) - 1: zero on average over routes
+  // unrelated to the table (the shares sum to one), however sparse or
+  // skewed the table; positive where the routes go to its favourites.
   void Probe(Req& q, uint32_t l) {
     const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(q.gain.size()), static_cast<uint32_t>(clusters_.size()));
-    gx_.clear();
-    for (uint16_t e : arrivals_) gx_.push_back(double(E_) * global_.Share(l, E_, e));
+    const size_t A = arrivals_.size();
+    gx_.assign(A, 0.0);
+    double total = 0;
+    for (const Cluster& c : clusters_) {
+      if (c.members == 0) continue;
+      const Memory& m = c.mem[1];
+      const double inv = 1.0 / m.up[l];
+      const float* row = m.counts.data() + size_t{l} * E_;
+      for (size_t i = 0; i < A; ++i) gx_[i] += row[arrivals_[i]] * inv;
+      total += m.sum[l] * inv;
+    }
+    for (size_t i = 0; i < A; ++i) gx_[i] = double(E_) * (gx_[i] + kProbeAlpha) / (total + kProbeAlpha * E_);
     for (uint32_t ci = 0; ci < n; ++ci) {
       if (ci == q.cluster || clusters_[ci].members == 0) continue;
       const Memory& m = clusters_[ci].mem[1];
       if (m.sum[l] <= 0) continue;
-      for (size_t i = 0; i < arrivals_.size(); ++i) {
+      for (size_t i = 0; i < A; ++i) {
         const double d = double(E_) * m.Share(l, E_, arrivals_[i]) - gx_[i];
         q.gain[ci] += d;
         q.gain_sq[ci] += d * d;
       }
     }
-    q.probe_arrivals += static_cast<uint32_t>(arrivals_.size());
+    q.probe_arrivals += static_cast<uint32_t>(A);
   }
   // Joins the cluster whose table beats the global one by kJoinGain per
   // route on average, at kJoinZ standard errors; gives up after kProbeMax.
@@ -475,7 +487,7 @@ class RequestAware final : public Policy {
         in_prev = (mask >> i) & 1;
       } else {
         const auto& pv = q.prev[l];
-        in_prev = std::binary_search(pv.begin(), pv.end(), e);
+        in_prev = std::find(pv.begin(), pv.end(), e) != pv.end();
       }
       none *= 1.0 - (in_prev ? rho_ + (1.0 - rho_) * fresh : fresh);
     }
@@ -510,7 +522,6 @@ class RequestAware final : public Policy {
   std::unordered_map<uint64_t, uint32_t> slot_of_;
   std::vector<uint32_t> active_;
   std::vector<Cluster> clusters_;
-  Memory global_;  // every request's arrivals, long memory: the probe's reference
   RankedSet<std::pair<float, uint64_t>> order_;
   std::vector<uint64_t> stamp_of_;  // last use, per object
   std::vector<uint8_t> resident_;
@@ -525,6 +536,8 @@ class RequestAware final : public Policy {
   std::vector<uint32_t> touched_clusters_;
   std::vector<uint16_t> cur_, arrivals_;
   std::vector<double> gx_;
+  std::vector<uint32_t> mark_;  // per expert, see OnCall
+  uint32_t mark_serial_ = 0;
 };
 
 }  // namespace
