@@ -169,9 +169,9 @@ class RequestAware final : public Policy {
   // The long memory: long enough to learn a steady request's tail of
   // favourites, finite so that a pooled table still forgets over hours.
   static constexpr double kLongHalfLife = 1024.0;  // tokens
-  // Which memory ranks a cluster is judged on every kJudgeStride-th layer,
-  // by a decayed Brier-score difference (window ~kJudgeWindow judged rows).
-  static constexpr uint32_t kJudgeStride = 4;
+  // Which memory ranks a cluster is judged on every kJudgeStride-th layer
+  // (window ~512 judged rows), kJudgePairs pairs per arrival.
+  static constexpr uint32_t kJudgeStride = 4, kJudgePairs = 4;
   static constexpr double kJudgeDecay = 1.0 - 1.0 / 512.0;
   // Pooling: a new request's first arrivals (kProbeMin up to kProbeMax) are
   // scored under every other cluster's table and under the global one; it
@@ -190,24 +190,19 @@ class RequestAware final : public Policy {
     std::vector<double> up;     // per layer: gamma^-rows
     std::vector<double> n;      // per layer: decayed rows (tokens) counted
     std::vector<double> sum;    // per layer: sum of stored counts
-    std::vector<double> sq;     // per layer: sum of squared stored counts (Brier score)
     void Reset(uint32_t L, uint32_t E) {
       counts.assign(size_t{L} * E, 0.0f);
       up.assign(L, 1.0);
       n.assign(L, 0.0);
       sum.assign(L, 0.0);
-      sq.assign(L, 0.0);
     }
     void Count(uint32_t l, uint32_t E, double gamma, const std::vector<uint16_t>& arrivals) {
       up[l] /= gamma;
       n[l] = n[l] * gamma + 1.0;
       const double u = up[l];
       float* row = counts.data() + size_t{l} * E;
-      for (uint16_t e : arrivals) {
-        sq[l] += (2.0 * row[e] + u) * u;
-        sum[l] += u;
-        row[e] += static_cast<float>(u);
-      }
+      for (uint16_t e : arrivals) row[e] += static_cast<float>(u);
+      sum[l] += u * double(arrivals.size());
     }
     // Keeps the stored counts within float range.
     void Rebase(uint32_t l, uint32_t E) {
@@ -216,7 +211,6 @@ class RequestAware final : public Policy {
       float* row = counts.data() + size_t{l} * E;
       for (uint32_t e = 0; e < E; ++e) row[e] *= static_cast<float>(s);
       sum[l] *= s;
-      sq[l] *= s * s;
       up[l] = 1.0;
     }
     // Adds `o`'s counts at layer l (another table of the same half-life).
@@ -224,12 +218,8 @@ class RequestAware final : public Policy {
       const double s = up[l] / o.up[l];
       float* row = counts.data() + size_t{l} * E;
       const float* other = o.counts.data() + size_t{l} * E;
-      sum[l] = sq[l] = 0;
-      for (uint32_t e = 0; e < E; ++e) {
-        row[e] += static_cast<float>(other[e] * s);
-        sum[l] += row[e];
-        sq[l] += double(row[e]) * row[e];
-      }
+      for (uint32_t e = 0; e < E; ++e) row[e] += static_cast<float>(other[e] * s);
+      sum[l] += o.sum[l] * s;
       n[l] += o.n[l];
     }
     // The probe's smoothed share of a layer's arrivals that go to e.
@@ -242,7 +232,7 @@ class RequestAware final : public Policy {
   struct Cluster {
     Memory mem[2];                  // [0]: the policy's half-life, [1]: kLongHalfLife
     bool use_long = false;          // which memory ranks
-    double judge = 0;               // decayed Brier score, long minus short
+    double judge = 0;               // decayed pair score, long minus short
     const float* live = nullptr;    // mem[use_long].counts
     std::vector<uint32_t> tokens;   // per layer
     // Scoring snapshot per layer: q = live * a + b, taken at snap_tokens.
@@ -373,26 +363,30 @@ class RequestAware final : public Policy {
     c.snap_tokens[l] = c.tokens[l];
   }
 
-  // Which memory predicts this cluster's routes better: a request whose
+  // Which memory ranks this cluster's routes better: a request whose
   // favourites drift needs the short one, a steady (or long pooled) one
-  // learns its tail only with the long one. Each judged row adds the
-  // difference of the Brier scores of the row's arrivals (as indicators
-  // over the layer's experts) under the two memories' per-token estimates;
-  // the policy ranks with the memory ahead.
+  // learns its tail only with the long one. What eviction needs is the
+  // order, so each judged row scores both memories on pairs: each arrival
+  // against kJudgePairs experts drawn at random from those the row did not
+  // route, +1 where the memory counts the arrival higher, -1 where lower
+  // (the area under its ROC curve). A proper score of the counts as
+  // probabilities (Brier) favoured the long memory's smoother but stale
+  // counts on fast drift. The policy ranks with the memory ahead.
   void JudgeMemory(Cluster& c, uint32_t l) {
-    const double base = kPrior * double(space_.top_k) * (1.0 - rho_) / double(E_);
-    double score[2];
-    for (int i = 0; i < 2; ++i) {
-      const Memory& m = c.mem[i];
-      const double inv = 1.0 / m.up[l], norm = 1.0 / (m.n[l] + kPrior);
-      // 2 * sum over arrivals of q(e), minus sum over all experts of q(e)^2.
-      double hit = 0;
-      const float* row = m.counts.data() + size_t{l} * E_;
-      for (uint16_t e : arrivals_) hit += row[e] * inv + base;
-      const double sq = m.sq[l] * inv * inv + 2.0 * base * m.sum[l] * inv + double(E_) * base * base;
-      score[i] = 2.0 * hit * norm - sq * norm * norm;
-    }
-    c.judge = c.judge * kJudgeDecay + (score[1] - score[0]);
+    const float* s = c.mem[0].counts.data() + size_t{l} * E_;
+    const float* g = c.mem[1].counts.data() + size_t{l} * E_;
+    const uint32_t routed = mark_serial_ + 1;  // this row's experts (see OnCall)
+    double d = 0;
+    for (uint16_t e : arrivals_)
+      for (uint32_t k = 0; k < kJudgePairs; ++k) {
+        rng_ ^= rng_ << 13;
+        rng_ ^= rng_ >> 7;
+        rng_ ^= rng_ << 17;
+        const uint32_t f = static_cast<uint32_t>(rng_ % E_);
+        if (mark_[f] == routed) continue;
+        d += ((g[e] > g[f]) - (g[e] < g[f])) - ((s[e] > s[f]) - (s[e] < s[f]));
+      }
+    c.judge = c.judge * kJudgeDecay + d;
     const bool want = c.judge > 0;
     if (want != c.use_long) {
       c.use_long = want;
@@ -538,6 +532,7 @@ class RequestAware final : public Policy {
   std::vector<double> gx_;
   std::vector<uint32_t> mark_;  // per expert, see OnCall
   uint32_t mark_serial_ = 0;
+  uint64_t rng_ = 0x9e3779b97f4a7c15ull;
 };
 
 }  // namespace
