@@ -6,11 +6,10 @@
 // of its own previous token's experts at that layer (routers keep some
 // experts from token to token) or a draw from its own popularity. So the
 // policy keeps, per request: its previous token's experts per layer; a
-// count table (a Cluster: one per request today; requests of one domain
-// could share one) of its arrivals, the routes its previous token at that
-// layer did not have, decayed per token; and one global reuse rate rho (the
-// share of a row's routes its request's previous token at that layer also
-// had). For request r and object o = (layer l, expert e):
+// count table (a Cluster) of its arrivals, the routes its previous token at
+// that layer did not have, decayed per token; and one global reuse rate rho
+// (the share of a row's routes its request's previous token at that layer
+// also had). For request r and object o = (layer l, expert e):
 //   q    = arrivals(l, e) / tokens(l), smoothed: the chance of a fresh draw
 //   p_r  = rho + (1 - rho) q  if e was in r's previous token at l, else q
 //   score(o) = 1 - prod over active requests r of (1 - p_r)
@@ -23,12 +22,30 @@
 // objects are re-scored (a layer at a time when its normalization has moved
 // by a few percent, everything when the active set or rho changes).
 //
+// Learning faster than one request's own routes allow:
+// - Pooling. Requests of one kind (a domain, a task) favour the same
+//   experts, and a short request is over before it has taught its own
+//   table much. A new request's first routes (256 to 4,096 arrivals, a few
+//   K3 tokens) are scored against every other cluster's table and against
+//   the global one (all tables together); once one cluster's table gives
+//   them a clearly larger share than the global table (by 0.06 of a flat
+//   share per route, at 4 standard errors) the request's counts move into
+//   it and the two rank with one pooled table. The global table is the
+//   reference so that popularity every request shares (a skewed router)
+//   does not make unrelated requests look alike.
+// - Two memories. Each table counts with the policy's half-life (short)
+//   and with 1,024 tokens (long): a steady request learns its tail of
+//   favourites only with the long one, a drifting one needs the short
+//   one. A cluster ranks with the memory that orders its arrivals better
+//   (JudgeMemory).
+//
 // Requests come from CallRows; a call without them is one row of the
 // request "unknown" (the call's distinct experts), so the policy degrades to
 // a single stream. A request is active until it has not called for two
 // rounds of every active request through every layer.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 #include <utility>
 
@@ -46,11 +63,13 @@ class RequestAware final : public Policy {
       : Policy(space, cap),
         L_(space.num_active_layers()),
         E_(space.num_experts),
-        gamma_(half_life_tokens > 0 ? std::exp2(-1.0 / half_life_tokens) : 1.0),
+        gamma_{half_life_tokens > 0 ? std::exp2(-1.0 / half_life_tokens) : 1.0, std::exp2(-1.0 / kLongHalfLife)},
         order_(space.num_objects()),
         stamp_of_(space.num_objects(), 0),
         resident_(space.num_objects(), 0),
-        prev_mask_(space.num_objects(), 0) {}
+        prev_mask_(space.num_objects(), 0),
+        mark_(space.num_experts, 0) {
+  }
   std::string name() const override { return "request-aware"; }
 
  protected:
@@ -77,16 +96,24 @@ class RequestAware final : public Policy {
     for (uint32_t row = 0; row < rows->rows(); ++row) {
       const uint32_t r = Touch(rows->request(row));
       Req& q = reqs_[r];
-      cur_.clear();
-      for (ObjectId k : rows->keys.subspan(size_t{row} * rows->width, rows->width))
-        cur_.push_back(static_cast<uint16_t>(space_.ExpertOf(k)));
-      std::sort(cur_.begin(), cur_.end());
-      cur_.erase(std::unique(cur_.begin(), cur_.end()), cur_.end());
+      // mark_[e]: 2 * row serial if e was in the previous token, + 1 once
+      // seen in this row (a row's distinct experts, no sort).
       auto& prev = q.prev[l];
+      const uint32_t was = mark_serial_ += 2;
+      for (uint16_t e : prev) mark_[e] = was;
+      cur_.clear();
+      arrivals_.clear();
+      // Only arrivals count (routes the request's previous token at this
+      // layer did not have): a kept expert says little about popularity.
+      for (ObjectId k : rows->keys.subspan(size_t{row} * rows->width, rows->width)) {
+        const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(k));
+        if (mark_[e] == was + 1) continue;
+        if (mark_[e] != was) arrivals_.push_back(e);
+        mark_[e] = was + 1;
+        cur_.push_back(e);
+      }
       if (!prev.empty()) {
-        uint32_t shared = 0;
-        for (uint16_t e : cur_) shared += std::binary_search(prev.begin(), prev.end(), e);
-        reuse_num_ = reuse_num_ * kReuseDecay + shared;
+        reuse_num_ = reuse_num_ * kReuseDecay + double(cur_.size() - arrivals_.size());
         reuse_den_ = reuse_den_ * kReuseDecay + double(cur_.size());
       }
       for (uint16_t e : prev) touched_.push_back(space_.Id(l, e));
@@ -96,17 +123,15 @@ class RequestAware final : public Policy {
         for (uint16_t e : prev) prev_mask_[space_.Id(l, e)] &= ~bit;
         for (uint16_t e : cur_) prev_mask_[space_.Id(l, e)] |= bit;
       }
-      old_.swap(prev);
       prev = cur_;
       Cluster& c = clusters_[q.cluster];
+      // Both judgements score the row before it is counted (a prediction).
+      if (l % kJudgeStride == 0) JudgeMemory(c, l);
+      if (q.probe_arrivals != kNotProbing) Probe(q, l);
       c.tokens[l] += 1;
-      c.up[l] /= gamma_;
-      float* counts = c.counts.data() + size_t{l} * E_;
-      // Only arrivals count (routes the request's previous token at this
-      // layer did not have): a kept expert says little about popularity.
-      for (uint16_t e : cur_)
-        if (!std::binary_search(old_.begin(), old_.end(), e)) counts[e] += static_cast<float>(c.up[l]);
+      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_);
       touched_clusters_.push_back(q.cluster);
+      if (q.probe_arrivals != kNotProbing) MaybeJoin(r);
     }
     Expire();
     const double rho = Rho();
@@ -157,14 +182,79 @@ class RequestAware final : public Policy {
   static constexpr double kPrior = 2.0;                      // tokens of a flat popularity
   static constexpr double kRenormShare = 0.08;  // re-rank a layer when its token count grew by this
   static constexpr uint32_t kMaxRequests = 256, kMaxClusters = 64;
+  // The long memory: long enough to learn a steady request's tail of
+  // favourites, finite so that a pooled table still forgets over hours.
+  static constexpr double kLongHalfLife = 1024.0;  // tokens
+  // Which memory ranks a cluster is judged on every kJudgeStride-th layer
+  // (window ~512 judged rows), kJudgePairs pairs per arrival.
+  static constexpr uint32_t kJudgeStride = 4, kJudgePairs = 4;
+  static constexpr double kJudgeDecay = 1.0 - 1.0 / 512.0;
+  // Pooling: a new request's first arrivals (kProbeMin up to kProbeMax) are
+  // scored under every other cluster's table and under the global one; it
+  // joins the best cluster once that predicts its routes better than the
+  // global table by kJoinNats per route (log-likelihood ratio).
+  static constexpr uint32_t kProbeMin = 256, kProbeMax = 4096;
+  static constexpr uint32_t kNotProbing = UINT32_MAX;
+  static constexpr double kJoinGain = 0.06, kJoinZ = 4.0;
+  static constexpr double kProbeAlpha = 0.5;  // pseudo-routes per expert in the probe's tables
 
+  // Decayed arrival counts per (layer, expert) at one half-life. Stored
+  // counts are scaled by up[layer] = gamma^-rows so a row's decay is one
+  // multiply per layer, not per expert.
+  struct Memory {
+    std::vector<float> counts;  // [layer][expert], times up[layer]
+    std::vector<double> up;     // per layer: gamma^-rows
+    std::vector<double> n;      // per layer: decayed rows (tokens) counted
+    std::vector<double> sum;    // per layer: sum of stored counts
+    void Reset(uint32_t L, uint32_t E) {
+      counts.assign(size_t{L} * E, 0.0f);
+      up.assign(L, 1.0);
+      n.assign(L, 0.0);
+      sum.assign(L, 0.0);
+    }
+    void Count(uint32_t l, uint32_t E, double gamma, const std::vector<uint16_t>& arrivals) {
+      up[l] /= gamma;
+      n[l] = n[l] * gamma + 1.0;
+      const double u = up[l];
+      float* row = counts.data() + size_t{l} * E;
+      for (uint16_t e : arrivals) row[e] += static_cast<float>(u);
+      sum[l] += u * double(arrivals.size());
+    }
+    // Keeps the stored counts within float range.
+    void Rebase(uint32_t l, uint32_t E) {
+      if (up[l] <= 1e12) return;
+      const double s = 1.0 / up[l];
+      float* row = counts.data() + size_t{l} * E;
+      for (uint32_t e = 0; e < E; ++e) row[e] *= static_cast<float>(s);
+      sum[l] *= s;
+      up[l] = 1.0;
+    }
+    // Adds `o`'s counts at layer l (another table of the same half-life).
+    void Absorb(const Memory& o, uint32_t l, uint32_t E) {
+      const double s = up[l] / o.up[l];
+      float* row = counts.data() + size_t{l} * E;
+      const float* other = o.counts.data() + size_t{l} * E;
+      for (uint32_t e = 0; e < E; ++e) row[e] += static_cast<float>(other[e] * s);
+      sum[l] += o.sum[l] * s;
+      n[l] += o.n[l];
+    }
+    // The probe's smoothed share of a layer's arrivals that go to e.
+    double Share(uint32_t l, uint32_t E, uint16_t e) const {
+      return (counts[size_t{l} * E + e] + kProbeAlpha * up[l]) / (sum[l] + kProbeAlpha * up[l] * E);
+    }
+  };
+  // A count table shared by the requests judged alike (one per request
+  // until it joins another's), with a short and a long memory.
   struct Cluster {
-    std::vector<float> counts;         // [layer][expert], times up[layer] at the count
-    std::vector<double> up;            // per layer: gamma^-tokens
-    std::vector<uint32_t> tokens;      // per layer
-    // Scoring snapshot per layer: q = counts * a + b, taken at snap_tokens.
+    Memory mem[2];                  // [0]: the policy's half-life, [1]: kLongHalfLife
+    bool use_long = false;          // which memory ranks
+    double judge = 0;               // decayed pair score, long minus short
+    const float* live = nullptr;    // mem[use_long].counts
+    std::vector<uint32_t> tokens;   // per layer
+    // Scoring snapshot per layer: q = live * a + b, taken at snap_tokens.
     std::vector<double> a, b, snap_n;
     std::vector<uint32_t> snap_tokens;
+    uint32_t members = 0;           // requests whose table this is
     uint64_t last_use = 0;
   };
   struct Req {
@@ -173,7 +263,11 @@ class RequestAware final : public Policy {
     uint64_t last_call = 0;
     bool active = false;
     uint32_t pos = 64;  // index in active_ when below 64 (its bit in prev_mask_)
-    std::vector<std::vector<uint16_t>> prev;  // per layer, sorted
+    std::vector<std::vector<uint16_t>> prev;  // per layer, distinct experts
+    // Pooling probe: routes scored so far (kNotProbing once decided), the
+    // log-likelihood of them under each cluster's table and the global one.
+    uint32_t probe_arrivals = kNotProbing;
+    std::vector<double> gain, gain_sq;
   };
 
   double Rho() const { return (reuse_num_ + 0.3 * 16) / (reuse_den_ + 16); }
@@ -195,11 +289,18 @@ class RequestAware final : public Policy {
         if (r == UINT32_MAX) r = 0;  // more active requests than slots: share the first
         slot_of_.erase(reqs_[r].id);
         if (reqs_[r].active) Deactivate(r);
+        --clusters_[reqs_[r].cluster].members;
       }
+      const uint32_t c = NewCluster();
       Req& q = reqs_[r];
       q.id = id;
       q.prev.assign(L_, {});
-      q.cluster = NewCluster();
+      q.cluster = c;
+      ++clusters_[c].members;
+      // Probe only when there is another table to join.
+      q.probe_arrivals = clusters_.size() > 1 ? 0 : kNotProbing;
+      q.gain.assign(clusters_.size(), 0.0);
+      q.gain_sq.assign(clusters_.size(), 0.0);
       slot_of_[id] = r;
     }
     Req& q = reqs_[r];
@@ -231,6 +332,8 @@ class RequestAware final : public Policy {
       }
     }
   }
+  // A fresh cluster: a new one, else the least recently used that no active
+  // request ranks with (one no request joined any more first).
   uint32_t NewCluster() {
     uint32_t c = UINT32_MAX;
     if (clusters_.size() < kMaxClusters) {
@@ -239,36 +342,147 @@ class RequestAware final : public Policy {
     } else {
       std::vector<uint8_t> used(clusters_.size(), 0);
       for (uint32_t r : active_) used[reqs_[r].cluster] = 1;
+      auto older = [&](uint32_t i, uint32_t j) {
+        const bool fi = clusters_[i].members == 0, fj = clusters_[j].members == 0;
+        return fi != fj ? fi : clusters_[i].last_use < clusters_[j].last_use;
+      };
       for (uint32_t i = 0; i < clusters_.size(); ++i)
-        if (!used[i] && (c == UINT32_MAX || clusters_[i].last_use < clusters_[c].last_use)) c = i;
+        if (!used[i] && (c == UINT32_MAX || older(i, c))) c = i;
       if (c == UINT32_MAX) return 0;  // all in use: share
+      // Probes that scored against the old table must not join the new one.
+      for (uint32_t r : active_)
+        if (reqs_[r].probe_arrivals != kNotProbing && c < reqs_[r].gain.size())
+          reqs_[r].gain[c] = -std::numeric_limits<double>::infinity();
     }
     Cluster& cl = clusters_[c];
-    cl.counts.assign(size_t{L_} * E_, 0.0f);
-    cl.up.assign(L_, 1.0);
+    for (Memory& m : cl.mem) m.Reset(L_, E_);
+    cl.use_long = false;
+    cl.judge = 0;
+    cl.live = cl.mem[0].counts.data();
     cl.tokens.assign(L_, 0);
     cl.a.assign(L_, 0.0);
     cl.b.assign(L_, 0.0);
     cl.snap_n.assign(L_, 0.0);
     cl.snap_tokens.assign(L_, 0);
+    cl.members = 0;
     for (uint32_t l = 0; l < L_; ++l) Snapshot(cl, l);
     cl.last_use = calls_;
     return c;
   }
   void Snapshot(Cluster& c, uint32_t l) {
-    if (c.up[l] > 1e12) {  // rebase the stored counts (float range)
-      const float s = static_cast<float>(1.0 / c.up[l]);
-      float* counts = c.counts.data() + size_t{l} * E_;
-      for (uint32_t e = 0; e < E_; ++e) counts[e] *= s;
-      c.up[l] = 1.0;
-    }
-    const uint32_t t = c.tokens[l];
-    const double n = gamma_ < 1.0 ? (1.0 - std::pow(gamma_, t)) / (1.0 - gamma_) : double(t);
-    c.a[l] = 1.0 / (c.up[l] * (n + kPrior));
+    for (Memory& m : c.mem) m.Rebase(l, E_);
+    const Memory& m = c.mem[c.use_long];
+    const double n = m.n[l];
+    c.a[l] = 1.0 / (m.up[l] * (n + kPrior));
     c.b[l] = kPrior * double(space_.top_k) * (1.0 - rho_) / double(E_) / (n + kPrior);
     c.snap_n[l] = n + kPrior;
-    c.snap_tokens[l] = t;
+    c.snap_tokens[l] = c.tokens[l];
   }
+
+  // Which memory ranks this cluster's routes better: a request whose
+  // favourites drift needs the short one, a steady (or long pooled) one
+  // learns its tail only with the long one. What eviction needs is the
+  // order, so each judged row scores both memories on pairs: each arrival
+  // against kJudgePairs experts drawn at random from those the row did not
+  // route, +1 where the memory counts the arrival higher, -1 where lower
+  // (the area under its ROC curve). A proper score of the counts as
+  // probabilities (Brier) favoured the long memory's smoother but stale
+  // counts on fast drift. The policy ranks with the memory ahead.
+  void JudgeMemory(Cluster& c, uint32_t l) {
+    const float* s = c.mem[0].counts.data() + size_t{l} * E_;
+    const float* g = c.mem[1].counts.data() + size_t{l} * E_;
+    const uint32_t routed = mark_serial_ + 1;  // this row's experts (see OnCall)
+    double d = 0;
+    for (uint16_t e : arrivals_)
+      for (uint32_t k = 0; k < kJudgePairs; ++k) {
+        rng_ ^= rng_ << 13;
+        rng_ ^= rng_ >> 7;
+        rng_ ^= rng_ << 17;
+        const uint32_t f = static_cast<uint32_t>(rng_ % E_);
+        if (mark_[f] == routed) continue;
+        d += ((g[e] > g[f]) - (g[e] < g[f])) - ((s[e] > s[f]) - (s[e] < s[f]));
+      }
+    c.judge = c.judge * kJudgeDecay + d;
+    const bool want = c.judge > 0;
+    if (want != c.use_long) {
+      c.use_long = want;
+      c.live = c.mem[want].counts.data();
+      active_changed_ = true;  // every layer re-snapshotted and re-ranked
+    }
+  }
+
+  // Scores this row's arrivals under every other cluster's long table
+  // against the global one (all clusters' long tables together). A table's
+  // score for a route to e is E * share(e) - 1: zero on average over routes
+  // unrelated to the table (the shares sum to one), however sparse or
+  // skewed the table; positive where the routes go to its favourites.
+  void Probe(Req& q, uint32_t l) {
+    const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(q.gain.size()), static_cast<uint32_t>(clusters_.size()));
+    const size_t A = arrivals_.size();
+    gx_.assign(A, 0.0);
+    double total = 0;
+    for (const Cluster& c : clusters_) {
+      if (c.members == 0) continue;
+      const Memory& m = c.mem[1];
+      const double inv = 1.0 / m.up[l];
+      const float* row = m.counts.data() + size_t{l} * E_;
+      for (size_t i = 0; i < A; ++i) gx_[i] += row[arrivals_[i]] * inv;
+      total += m.sum[l] * inv;
+    }
+    for (size_t i = 0; i < A; ++i) gx_[i] = double(E_) * (gx_[i] + kProbeAlpha) / (total + kProbeAlpha * E_);
+    for (uint32_t ci = 0; ci < n; ++ci) {
+      if (ci == q.cluster || clusters_[ci].members == 0) continue;
+      const Memory& m = clusters_[ci].mem[1];
+      if (m.sum[l] <= 0) continue;
+      for (size_t i = 0; i < A; ++i) {
+        const double d = double(E_) * m.Share(l, E_, arrivals_[i]) - gx_[i];
+        q.gain[ci] += d;
+        q.gain_sq[ci] += d * d;
+      }
+    }
+    q.probe_arrivals += static_cast<uint32_t>(A);
+  }
+  // Joins the cluster whose table beats the global one by kJoinGain per
+  // route on average, at kJoinZ standard errors; gives up after kProbeMax.
+  void MaybeJoin(uint32_t r) {
+    Req& q = reqs_[r];
+    if (q.probe_arrivals < kProbeMin) return;
+    uint32_t best = UINT32_MAX;
+    const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(q.gain.size()), static_cast<uint32_t>(clusters_.size()));
+    for (uint32_t ci = 0; ci < n; ++ci)
+      if (ci != q.cluster && clusters_[ci].members > 0 && (best == UINT32_MAX || q.gain[ci] > q.gain[best])) best = ci;
+    bool join = false;
+    if (best != UINT32_MAX && clusters_[q.cluster].members == 1) {
+      const double k = q.probe_arrivals, mean = q.gain[best] / k;
+      const double var = std::max(0.0, q.gain_sq[best] / k - mean * mean);
+      join = mean >= kJoinGain && mean * mean * k >= kJoinZ * kJoinZ * var;
+    }
+    if (join) {
+      Join(r, best);
+    } else if (q.probe_arrivals < kProbeMax) {
+      return;
+    }
+    q.probe_arrivals = kNotProbing;
+    std::vector<double>().swap(q.gain);
+    std::vector<double>().swap(q.gain_sq);
+  }
+  // The request's counts move into cluster `to`, which it ranks with from now on.
+  void Join(uint32_t r, uint32_t to) {
+    Req& q = reqs_[r];
+    Cluster& from = clusters_[q.cluster];
+    Cluster& c = clusters_[to];
+    for (uint32_t l = 0; l < L_; ++l) {
+      for (int m = 0; m < 2; ++m) c.mem[m].Absorb(from.mem[m], l, E_);
+      c.tokens[l] += from.tokens[l];
+    }
+    from.members = 0;
+    from.last_use = 0;
+    q.cluster = to;
+    ++c.members;
+    c.last_use = calls_;
+    active_changed_ = true;
+  }
+
   float Score(ObjectId o) const {
     const uint32_t l = space_.LayerIndexOf(o);
     const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(o));
@@ -277,13 +491,13 @@ class RequestAware final : public Policy {
     for (size_t i = 0; i < active_.size(); ++i) {
       const Req& q = reqs_[active_[i]];
       const Cluster& c = clusters_[q.cluster];
-      const double fresh = std::min(1.0, double(c.counts[size_t{l} * E_ + e]) * c.a[l] + c.b[l]);
+      const double fresh = std::min(1.0, double(c.live[size_t{l} * E_ + e]) * c.a[l] + c.b[l]);
       bool in_prev;
       if (i < 64) {
         in_prev = (mask >> i) & 1;
       } else {
         const auto& pv = q.prev[l];
-        in_prev = std::binary_search(pv.begin(), pv.end(), e);
+        in_prev = std::find(pv.begin(), pv.end(), e) != pv.end();
       }
       none *= 1.0 - (in_prev ? rho_ + (1.0 - rho_) * fresh : fresh);
     }
@@ -310,7 +524,7 @@ class RequestAware final : public Policy {
   }
 
   const uint32_t L_, E_;
-  const double gamma_;
+  const double gamma_[2];  // per row: short (the policy's half-life), long
   uint64_t calls_ = 0, stamp_ = 0;
   double reuse_num_ = 0, reuse_den_ = 0, rho_ = 0.3;
   bool active_changed_ = false;
@@ -330,7 +544,11 @@ class RequestAware final : public Policy {
   std::vector<ObjectId> pending_;
   std::vector<ObjectId> touched_;
   std::vector<uint32_t> touched_clusters_;
-  std::vector<uint16_t> cur_, old_;
+  std::vector<uint16_t> cur_, arrivals_;
+  std::vector<double> gx_;
+  std::vector<uint32_t> mark_;  // per expert, see OnCall
+  uint32_t mark_serial_ = 0;
+  uint64_t rng_ = 0x9e3779b97f4a7c15ull;
 };
 
 }  // namespace
