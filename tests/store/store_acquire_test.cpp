@@ -293,6 +293,11 @@ void Hammer(const TinyPack& p, const StoreOptions& o, bool all_fit) {
   EXPECT_EQ(single_failures.load(), 0);
   ASSERT_TRUE(single->Close().ok());
   auto m = multi->Snapshot(), s1 = single->Snapshot();
+  for (const auto* j : {&m, &s1}) {
+    if ((*j)["k3pack"]["checksums"].get<std::string>().rfind("crc32c", 0) != 0) continue;
+    EXPECT_EQ((*j)["k3pack"]["checksum_verified_objects"], (*j)["pack_reads"]) << "every read checked";
+    EXPECT_EQ((*j)["k3pack"]["checksum_errors"], 0);
+  }
   EXPECT_EQ(m["route_calls_by_layer"], s1["route_calls_by_layer"]);
   EXPECT_EQ(m["cache_hits"].get<uint64_t>() + m["cache_misses"].get<uint64_t>(),
             s1["cache_hits"].get<uint64_t>() + s1["cache_misses"].get<uint64_t>());
@@ -327,6 +332,20 @@ TEST(StoreConcurrency, EightThreadsWithEviction) {
     StoreOptions o = Opts(6, policy);  // < 8 threads x 2: callers must wait for each other
     o.io_backend = "uring";
     o.read_splits = 2;
+    Hammer(p, o, false);
+  }
+}
+
+// With the digest sidecar every io_uring read is checked on the store's
+// verify pool before its waiters wake (TSan stage: the hand-off between the
+// reaping thread, the pool and the callers).
+TEST(StoreConcurrency, EightThreadsChecksummedOnTheVerifyPool) {
+  TinyPack p(TinySpec{});
+  ASSERT_TRUE(p.WriteDigestSidecar(true).ok());
+  for (const char* mode : {"staged", "cache"}) {
+    StoreOptions o = Opts(6, "lru");
+    o.io_backend = "uring";
+    o.prefetch_mode = mode;
     Hammer(p, o, false);
   }
 }
