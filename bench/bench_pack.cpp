@@ -4,9 +4,9 @@
 //   bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]
 //
 // Writes a synthetic model whose routed experts total about N MiB (default
-// 1024) into DIR (default: a temp dir beside /tmp), then, R times (default
-// 3), dropping the page cache before every step (drop_caches when
-// permitted, otherwise POSIX_FADV_DONTNEED on the inputs):
+// 1024) into DIR (default: a temp dir beside /tmp), then runs one warm-up
+// round (printed, not counted) and R rounds (default 5) of two pairs, dropping the page cache before every step
+// (drop_caches when permitted, otherwise POSIX_FADV_DONTNEED on the inputs):
 //   cp:     `cp` of the GGUF shards (same byte volume as the pack) + sync
 //   pack:   BuildPack as `k3pack pack` runs it (copies, SHA-256 and CRC32C
 //           of every payload, checkpoints, fsyncs)
@@ -15,10 +15,14 @@
 //           oflag=direct bs=16M conv=fdatasync` does) + fdatasync
 //   pack-direct: BuildPack writing the pack with O_DIRECT
 //           (K3PACK_DIRECT_WRITE=1); --no-direct skips this pair
-// and prints each run's ratios pack/cp and pack-direct/direct (paired, so
-// load changes between runs cancel out), where the pack's time went, and the
-// median ratios with their range and the load average (target: >= 0.95 in
-// every run).
+// Within a pair the order alternates round by round (baseline first in even
+// rounds, the build first in odd ones), so neither side always follows the
+// other's writes. It prints each round's ratios pack/cp and
+// pack-direct/direct (paired, so load changes between rounds cancel out),
+// where the pack's time went, the median ratios with their range, and the
+// baselines' own spread (min-max MB/s): on a virtual disk the baseline alone
+// can vary 2x between consecutive rounds, which bounds how far a single
+// round's ratio can be trusted (target: >= 0.95 in every round).
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -114,13 +118,14 @@ uint64_t TotalSize(const std::vector<std::string>& files) {
 int main(int argc, char** argv) {
   std::string dir;
   uint64_t mib = 1024;
-  int runs = 3, threads = 4;
+  int runs = 5, threads = 4;
   bool with_direct = true;
   const char* usage =
       "bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]\n"
       "  pack build of ~N MiB of experts (default 1024) vs cp + sync of the same bytes, and\n"
       "  (unless --no-direct) the build writing with O_DIRECT vs an O_DIRECT copy; R paired\n"
-      "  runs (default 3), page cache dropped before each step; DIR: a temp dir by default";
+      "  rounds (default 5, the order within a pair alternating), page cache dropped before each\n"
+      "  step; DIR: a temp dir by default";
   bench::ExitOnHelp(argc, argv, usage);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -188,8 +193,13 @@ int main(int argc, char** argv) {
   const std::string copy_dir = dir + "/cp";
 
   // The baseline: cp + sync, or the O_DIRECT copy. Returns MB/s, 0 on error.
-  auto run_base = [&](int r, bool use_direct) -> double {
+  // Every step starts from the same state: neither side's output on disk.
+  auto clean = [&] {
     std::filesystem::remove_all(copy_dir);
+    for (const auto& f : {out, pack::DigestsPathFor(out)}) std::filesystem::remove(f);
+  };
+  auto run_base = [&](int r, bool use_direct) -> double {
+    clean();
     std::filesystem::create_directories(copy_dir);
     dropped = DropCaches(model->shard_paths);
     const double cpu0 = CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN);
@@ -210,8 +220,9 @@ int main(int argc, char** argv) {
     return cp_bytes / s / 1e6;
   };
   // The build; direct_write: force K3PACK_DIRECT_WRITE=1 (else as set).
-  auto run_pack = [&](int r, bool direct_write, double base_rate, Series* series) -> bool {
-    for (const auto& f : {out, pack::DigestsPathFor(out)}) std::filesystem::remove(f);
+  // Returns MB/s, 0 on error.
+  auto run_pack = [&](int r, bool direct_write, const char* name) -> double {
+    clean();
     DropCaches(model->shard_paths);
     const char* was = std::getenv("K3PACK_DIRECT_WRITE");
     const std::string saved = was ? was : "";
@@ -230,39 +241,63 @@ int main(int argc, char** argv) {
     }
     if (!b.ok()) {
       std::fprintf(stderr, "pack: %s\n", b.error().message().c_str());
-      return false;
+      return 0;
     }
-    series->base_rate.push_back(base_rate);
-    series->pack_rate.push_back(pack_bytes / s / 1e6);
-    series->ratio.push_back(series->pack_rate.back() / base_rate);
     const auto& ph = b->phases;
     std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s, %d threads; copy %.2f s wall, thread-s: read %.2f "
-                "stage+write %.2f hash %.2f; checkpoints %.2f s, finalize %.2f s)  ratio %.2fx\n",
-                r, series->pack_name, series->pack_rate.back(), s, CpuSeconds(RUSAGE_SELF) - cpu0, threads,
-                ph.copy_wall, ph.read, ph.write, ph.hash, ph.checkpoint, ph.finalize, series->ratio.back());
+                "stage+write %.2f hash %.2f; checkpoints %.2f s, finalize %.2f s)  load %s\n",
+                r, name, pack_bytes / s / 1e6, s, CpuSeconds(RUSAGE_SELF) - cpu0, threads, ph.copy_wall, ph.read,
+                ph.write, ph.hash, ph.checkpoint, ph.finalize, bench::LoadAverage().c_str());
+    return pack_bytes / s / 1e6;
+  };
+  // One round of a pair, in the order the round's parity gives.
+  auto run_pair = [&](int r, bool use_direct, Series* series) -> bool {
+    double base = 0, built = 0;
+    for (int step = 0; step < 2; ++step) {
+      if ((step == 0) == ((r & 1) == 0)) {
+        base = run_base(r, use_direct);
+        if (base <= 0) {
+          if (use_direct) std::fprintf(stderr, "direct copy failed (no O_DIRECT on %s?); rerun with --no-direct\n", dir.c_str());
+          return false;
+        }
+      } else if ((built = run_pack(r, use_direct, series->pack_name)) <= 0) {
+        return false;
+      }
+    }
+    series->base_rate.push_back(base);
+    series->pack_rate.push_back(built);
+    series->ratio.push_back(built / base);
+    std::printf("run %d: ratio %s/%s %.2fx (%s first)\n", r, series->pack_name, series->base_name,
+                series->ratio.back(), (r & 1) == 0 ? series->base_name : series->pack_name);
     return true;
   };
 
+  // A warm-up round first, not counted: the first step after the synthetic
+  // model was written reads it while the host still caches it and reuses
+  // memory the drop has just freed, which made round 0's cp (always the
+  // first step before) up to 2x faster than any later cp.
+  {
+    Series w_buffered{"cp", "pack", {}, {}, {}}, w_direct{"direct", "pack-direct", {}, {}, {}};
+    std::printf("warm-up round (not counted):\n");
+    if (!run_pair(-1, false, &w_buffered)) return 1;
+    if (with_direct && !run_pair(-1, true, &w_direct)) return 1;
+  }
   for (int r = 0; r < runs; ++r) {
-    double base = run_base(r, false);
-    if (base <= 0 || !run_pack(r, false, base, &buffered)) return 1;
-    if (!with_direct) continue;
-    base = run_base(r, true);
-    if (base <= 0) {
-      std::fprintf(stderr, "direct copy failed (no O_DIRECT on %s?); rerun with --no-direct\n", dir.c_str());
-      return 1;
-    }
-    if (!run_pack(r, true, base, &direct)) return 1;
+    if (!run_pair(r, false, &buffered)) return 1;
+    if (with_direct && !run_pair(r, true, &direct)) return 1;
   }
   std::printf("page cache: %s\n", dropped ? "dropped (drop_caches) before every step"
                                           : "inputs evicted with POSIX_FADV_DONTNEED (drop_caches not permitted)");
   for (const Series* sr : {&buffered, &direct}) {
     if (sr->ratio.empty()) continue;
     const int below = static_cast<int>(std::count_if(sr->ratio.begin(), sr->ratio.end(), [](double x) { return x < 0.95; }));
-    std::printf("median of %d: %s %.1f MB/s, %s %.1f MB/s; ratio %s/%s (paired per run) = %.2fx, range %.2f-%.2fx; "
-                "%d of %d runs below 0.95x; load %s\n",
-                runs, sr->base_name, bench::Median(sr->base_rate), sr->pack_name, bench::Median(sr->pack_rate), sr->pack_name,
-                sr->base_name, bench::Median(sr->ratio), *std::min_element(sr->ratio.begin(), sr->ratio.end()),
+    auto [bmin, bmax] = std::minmax_element(sr->base_rate.begin(), sr->base_rate.end());
+    auto [pmin, pmax] = std::minmax_element(sr->pack_rate.begin(), sr->pack_rate.end());
+    std::printf("median of %d: %s %.1f MB/s (range %.1f-%.1f, max/min %.2f), %s %.1f MB/s (range %.1f-%.1f, max/min "
+                "%.2f); ratio %s/%s (paired per round) = %.2fx, range %.2f-%.2fx; %d of %d rounds below 0.95x; load %s\n",
+                runs, sr->base_name, bench::Median(sr->base_rate), *bmin, *bmax, *bmax / *bmin, sr->pack_name,
+                bench::Median(sr->pack_rate), *pmin, *pmax, *pmax / *pmin, sr->pack_name, sr->base_name,
+                bench::Median(sr->ratio), *std::min_element(sr->ratio.begin(), sr->ratio.end()),
                 *std::max_element(sr->ratio.begin(), sr->ratio.end()), below, runs, bench::LoadAverage().c_str());
   }
   std::filesystem::remove_all(dir);

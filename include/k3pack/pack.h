@@ -125,7 +125,7 @@ struct BuildOptions {
   double safety_margin_gib = 2.0;  // free space required beyond the pack size
   bool restart = false;           // discard an existing partial build
   int threads = 0;                // copies in flight; 0 = auto
-  uint64_t chunk_bytes = 16ull << 20;  // read size per role per batch of experts
+  uint64_t chunk_bytes = 8ull << 20;  // read size per role per batch of experts (see docs/FORMATS.md)
   // Also compute each whole source shard's SHA-256 (BuildResult::source_sha256),
   // on threads of their own beside the copy, so the manifest need not read
   // the shards again.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <openssl/evp.h>
 #include <unistd.h>
@@ -144,8 +145,17 @@ Status OutputFile::Write(const void* data, size_t n, uint64_t offset, std::optio
 }
 
 IoBuffer::IoBuffer(size_t bytes) : size_(bytes) {
+  // A buffer of several MiB is aligned to 2 MiB and asks for transparent
+  // huge pages (the default policy here is madvise-only): the copy's
+  // buffers take one fault per 2 MiB instead of 512, and every O_DIRECT
+  // request pins and releases a few large folios instead of thousands of
+  // 4 KiB pages (perf of a 1 GiB build: page faults, page pinning and bio
+  // page release were ~8% of its CPU time).
+  constexpr size_t kHuge = 2u << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 4096;
   void* p = nullptr;
-  if (posix_memalign(&p, 4096, bytes ? bytes : 4096) != 0) p = nullptr;
+  if (posix_memalign(&p, align, bytes ? bytes : 4096) != 0) p = nullptr;
+  if (p && align == kHuge) ::madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // a hint; failure is harmless
   data_ = static_cast<uint8_t*>(p);
 }
 IoBuffer::~IoBuffer() { std::free(data_); }
