@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <cstring>
 #include <string>
 
@@ -22,62 +23,6 @@ struct Run {
 
 }  // namespace
 
-HashPool::HashPool(int threads) {
-  for (int i = 0; i < std::max(1, threads); ++i) {
-    threads_.emplace_back([this] {
-      while (true) {
-        std::packaged_task<void()> job;
-        {
-          std::unique_lock<std::mutex> lock(mu_);
-          cv_.wait(lock, [this] { return closing_ || !jobs_.empty(); });
-          if (jobs_.empty()) return;  // closing, and nothing left to run
-          job = std::move(jobs_.front());
-          jobs_.pop_front();
-        }
-        job();
-      }
-    });
-  }
-}
-
-HashPool::~HashPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    closing_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
-}
-
-std::future<void> HashPool::Submit(std::function<void()> job) {
-  std::packaged_task<void()> task(std::move(job));
-  std::future<void> done = task.get_future();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(task));
-  }
-  cv_.notify_one();
-  return done;
-}
-
-bool HashPool::RunOne() {
-  std::packaged_task<void()> job;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (jobs_.empty()) return false;
-    job = std::move(jobs_.front());
-    jobs_.pop_front();
-  }
-  job();
-  return true;
-}
-
-void HashPool::Wait(std::future<void>& done) {
-  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-    if (!RunOne()) done.wait();
-  }
-}
-
 BatchBuffers::BatchBuffers(uint64_t read_bytes, uint64_t stage_bytes, bool staged) {
   for (uint32_t r = 0; r < (staged ? 1 : kRoleCount); ++r) reads.push_back(std::make_unique<IoBuffer>(read_bytes + kDirectSlack));
   if (staged) stage = std::make_unique<IoBuffer>(stage_bytes);
@@ -89,7 +34,7 @@ BatchSpan SpanOf(const PackLayout& layout, uint32_t li, uint32_t e0, uint32_t n)
   return {lo, std::min(AlignUp(end), layout.final_size())};
 }
 
-Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchBuffers& buf, HashPool* pool,
+Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchBuffers& buf, TaskPool* pool,
                  std::array<uint8_t, 32>* digests, uint32_t* crcs, CopyStats* stats) {
   const PackLayout& layout = *io.layout;
   const BatchSpan span = SpanOf(layout, li, e0, n);

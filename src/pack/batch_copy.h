@@ -17,44 +17,18 @@
 // while the batch is written, instead of after them.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <future>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "k3pack/pack.h"
 #include "pack/copy.h"
 #include "pack/format.h"
+#include "util/task_pool.h"
 
 namespace k3pack::pack {
-
-// Runs jobs on a fixed set of threads, in submission order.
-class HashPool {
- public:
-  explicit HashPool(int threads);
-  ~HashPool();
-  HashPool(const HashPool&) = delete;
-  HashPool& operator=(const HashPool&) = delete;
-  // The returned future is ready once `job` has run.
-  std::future<void> Submit(std::function<void()> job);
-  // Waits for `done`, running queued jobs on the calling thread meanwhile
-  // (a copy thread waiting for its hashes hashes too, instead of idling
-  // while the pool's threads catch up).
-  void Wait(std::future<void>& done);
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool RunOne();  // runs the oldest queued job here; false when none is queued
-  std::deque<std::packaged_task<void()>> jobs_;
-  bool closing_ = false;
-  std::vector<std::thread> threads_;
-};
 
 // What every batch reads from and writes to (shared, read-only).
 struct BatchIo {
@@ -91,7 +65,7 @@ BatchSpan SpanOf(const PackLayout& layout, uint32_t li, uint32_t e0, uint32_t n)
 // sharing a block with data are written as zeros, as a partial-block write
 // would leave them), and the budget of io.out is charged the payload bytes
 // only; unstaged, only the data bytes are written.
-Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchBuffers& buf, HashPool* pool,
+Status CopyBatch(const BatchIo& io, uint32_t li, uint32_t e0, uint32_t n, BatchBuffers& buf, TaskPool* pool,
                  std::array<uint8_t, 32>* digests, uint32_t* crcs, CopyStats* stats);
 
 }  // namespace k3pack::pack

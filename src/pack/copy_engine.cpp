@@ -184,7 +184,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   // overlaps the reads and writes of the copy threads.
   const int hash_threads = static_cast<int>(EnvU64("K3PACK_HASH_THREADS").value_or(
       std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4)));
-  HashPool hash_pool(hash_threads);
+  TaskPool hash_pool(hash_threads);
 
   std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
   for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start || !is_written(i) ? 1 : 0, std::memory_order_relaxed);
