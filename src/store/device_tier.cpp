@@ -205,12 +205,12 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
     if (placed[i].load) {
       missed_experts.push_back(s.space.ExpertOf(keys[i]));
       missed_slots.push_back(placed[i].slot);
-      if (!request_ids.empty())
-        missed_requests.push_back(FirstRowRequest(ids, static_cast<size_t>(shape[1]), request_ids,
-                                                  static_cast<int64_t>(s.space.ExpertOf(keys[i]))));
     }
   }
   if (!missed_experts.empty()) {
+    if (!request_ids.empty())
+      FirstRowRequests(ids, static_cast<size_t>(shape[1]), request_ids, std::span<const int64_t>(missed_experts),
+                       &missed_requests);
     Status st = s.Load(layer, missed_experts, missed_slots, missed_requests);
     if (!st.ok()) {
       for (uint32_t slot : missed_slots) s.slots->Forget(slot);  // never serve a slot whose copy failed

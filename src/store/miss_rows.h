@@ -13,13 +13,22 @@
 
 namespace k3pack::store {
 
-// The request of the first row of `routes` (rows x width) holding `item`;
-// `requests` holds one id for the call or one per row.
+// The request of each of `items` (ascending, each among `routes`): that of
+// the first row of `routes` (rows x width) holding it, in one pass over the
+// routes; `requests` holds one id for the call or one per row.
 template <typename T>
-uint64_t FirstRowRequest(std::span<const T> routes, size_t width, std::span<const uint64_t> requests, T item) {
-  if (requests.size() == 1) return requests[0];
-  const size_t at = static_cast<size_t>(std::find(routes.begin(), routes.end(), item) - routes.begin());
-  return requests[at / width];
+void FirstRowRequests(std::span<const T> routes, size_t width, std::span<const uint64_t> requests,
+                      std::span<const T> items, std::vector<uint64_t>* out) {
+  out->assign(items.size(), requests.empty() ? 0 : requests[0]);
+  if (requests.size() <= 1) return;
+  std::vector<uint8_t> found(items.size(), 0);
+  for (size_t i = 0; i < routes.size(); ++i) {
+    const auto it = std::lower_bound(items.begin(), items.end(), routes[i]);
+    if (it == items.end() || *it != routes[i]) continue;
+    const size_t j = static_cast<size_t>(it - items.begin());
+    if (!found[j]) (*out)[j] = requests[i / width];
+    found[j] = 1;
+  }
 }
 
 // Lays `misses` out as rows of `width` routes. `requests`: each miss's

@@ -264,9 +264,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       CallRows rows, miss_rows;
       const CallRows* host_rows = RowsOf(seq, c, &rows);
       if (tiered && host_rows != nullptr) {
-        miss_requests.clear();
-        for (ObjectId k : hkeys) miss_requests.push_back(FirstRowRequest(host_rows->keys, host_rows->width,
-                                                                         host_rows->requests, k));
+        FirstRowRequests(host_rows->keys, host_rows->width, host_rows->requests, hkeys, &miss_requests);
         MissRows(hkeys, std::span<const uint64_t>(miss_requests), host_rows->width, &miss_routes, &miss_row_requests,
                  &miss_route_of);
         miss_rows = {miss_routes, miss_row_requests, host_rows->width};

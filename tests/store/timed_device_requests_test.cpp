@@ -35,8 +35,7 @@ uint64_t HostHitsBehindLru(const CallSeq& seq, const ObjectSpace& space, uint64_
     CallRows rows, host_rows;
     const CallRows* r = with_requests ? RowsOf(seq, i, &rows) : nullptr;
     if (r != nullptr) {
-      miss_requests.clear();
-      for (ObjectId k : misses) miss_requests.push_back(FirstRowRequest(r->keys, r->width, r->requests, k));
+      FirstRowRequests(r->keys, r->width, r->requests, std::span<const ObjectId>(misses), &miss_requests);
       MissRows(std::span<const ObjectId>(misses), std::span<const uint64_t>(miss_requests), r->width, &routes,
                &row_requests, &route_of);
       host_rows = {routes, row_requests, r->width};
