@@ -413,6 +413,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54,1,2,3.5,5,8,12,20% of all objects; on a model too small for those, sizes from top_k up)")
       .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay,adaptive")
       .Flag("--no-belady", "skip Belady's optimum and the informed bound")
+      .Flag("--learner", "also the learning reference (generated traces): the informed bound's rule told each\n"
+            "request's popularity values but not which expert holds which, learned from its routes (slower)")
       .Option("--svg", "write the plot here (with --family all: one per family, named PATH-FAMILY.svg)",
               "trace-sweep.svg")
       .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
@@ -459,6 +461,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (a.Has("--timing")) return ReportError("trace sweep", Error("--ep-size and --timing cannot be combined"), 2);
     ep_size = static_cast<uint32_t>(*n);
   }
+  if (a.Has("--learner") && (a.Has("--trace") || a.Has("--ep-size") || a.Has("--timing")))
+    return ReportError("trace sweep", Error("--learner needs a generated trace (--family) and cannot be combined "
+                                            "with --trace, --ep-size or --timing"), 2);
   const std::string horizon = a.Get("--horizon");
   if (horizon != "layer" && horizon != "token")
     return ReportError("trace sweep", Error("--horizon must be layer or token, got '" + horizon + "'"), 2);
@@ -596,8 +601,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       continue;
     }
     auto progress = StartProgress(*mode, "trace sweep");
-    auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, bounds && have_truth ? &truth : nullptr,
-                              static_cast<unsigned>(*threads), progress->Fn());
+    auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, have_truth ? &truth : nullptr,
+                              static_cast<unsigned>(*threads), progress->Fn(), a.Has("--learner"));
     progress->Finish();
     if (!table.ok()) return ReportError("trace sweep", table.error());
     std::string title = (family.empty() ? std::string() : family + ": ") + "hit rate vs cache size, " +

@@ -86,13 +86,15 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
 
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
                          const std::vector<uint64_t>& sizes, bool belady, const trace::Trace* trace,
-                         const trace::TrueDistribution* truth, unsigned threads, const ProgressFn& progress) {
+                         const trace::TrueDistribution* truth, unsigned threads, const ProgressFn& progress,
+                         bool learner) {
   SweepTable t;
   t.capacity_objects = sizes;
   t.num_objects = space.num_objects();
   t.series = policies;
   if (belady && space.uniform()) t.series.push_back("belady");
-  if (trace && truth && space.uniform()) t.series.push_back("informed");
+  if (belady && trace && truth && space.uniform()) t.series.push_back("informed");
+  if (learner && trace && truth && space.uniform()) t.series.push_back("learner");
   t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
   // One job per (series, size); simulations are independent. The slowest
   // series go first, so no thread is left alone with one at the end.
@@ -100,7 +102,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   std::vector<size_t> series_order(t.series.size());
   for (size_t s = 0; s < series_order.size(); ++s) series_order[s] = s;
   auto cost = [](const std::string& name) {
-    static const char* kSlowestFirst[] = {"adaptive", "informed", "quota-decay", "decay-lfu", "belady"};
+    static const char* kSlowestFirst[] = {"learner", "adaptive", "informed", "quota-decay", "decay-lfu", "belady"};
     for (size_t r = 0; r < std::size(kSlowestFirst); ++r)
       if (name == kSlowestFirst[r]) return r;
     return std::size(kSlowestFirst);
@@ -120,6 +122,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
       const std::string& name = t.series[s];
       Result<SimResult> r = name == "belady"     ? SimulateBelady(seq, space, sizes[i])
                             : name == "informed" ? SimulateInformed(*trace, seq, space, sizes[i], *truth)
+                            : name == "learner"  ? SimulateLearner(*trace, seq, space, sizes[i], *truth)
                                                  : Simulate(seq, space, name, sizes[i] * space.max_object_bytes());
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok()) {

@@ -85,4 +85,14 @@ namespace k3pack::store {
 Result<SimResult> SimulateInformed(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
                                    uint64_t slots, const trace::TrueDistribution& truth);
 
+// The learning reference: the informed bound's rule when each request is
+// told only its popularity values (and its drift rate), not which expert
+// holds which, and learns that per expert from its own routes with the best
+// estimate the routes allow (LevelPosterior). The gap between the informed
+// bound and it is what no learner of one request's routes can close; a
+// policy that pools requests of one kind can beat it, since it learns each
+// request alone.
+Result<SimResult> SimulateLearner(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
+                                  uint64_t slots, const trace::TrueDistribution& truth);
+
 }  // namespace k3pack::store
