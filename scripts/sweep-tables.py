@@ -2,18 +2,20 @@
 """Markdown tables of `k3pack trace sweep --family all --json` (docs/store.md).
 
     k3pack trace sweep --family all --svg docs/plots/trace-sweep.svg --json \\
-        --policies lru,reuse-lfu-lru-v2,decay-lfu,quota-decay,request-aware,adaptive > sweep.json
+        --policies lru,reuse-lfu-lru-v2,decay-lfu,quota-decay,request-aware,adaptive --learner > sweep.json
     scripts/sweep-tables.py sweep.json
 
 One table per family: every policy's hit rate, Belady, the informed bound,
-adaptive's ratios to both and its gap to the best other policy, in points.
+the learning reference (with --learner), adaptive's ratios to them and its
+gap to the best other policy, in points.
 """
 import json
 import sys
 
 COLUMNS = [("lru", "lru"), ("reuse-lfu-lru-v2", "SGLang"), ("decay-lfu", "decay-lfu"),
            ("quota-decay", "quota-decay"), ("request-aware", "request-aware"), ("adaptive", "**adaptive**"),
-           ("belady", "Belady"), ("informed", "informed")]
+           ("belady", "Belady"), ("informed", "informed"), ("learner", "learner")]
+BOUNDS = ("belady", "informed", "learner")
 
 
 def table(name, fam):
@@ -22,7 +24,7 @@ def table(name, fam):
     out = ["`%s` (%d tokens, measured reuse %.1f%%):" % (name, fam["tokens"], 100 * fam["measured_reuse"]), ""]
     head = ["cache (objects / share)"] + [t for _, t in cols]
     if "adaptive" in rates:
-        head += ["adaptive / Belady"] * ("belady" in rates) + ["adaptive / informed"] * ("informed" in rates)
+        head += ["adaptive / %s" % title for k, title in cols if k in BOUNDS]
         head += ["adaptive - best other"]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "---:|" * len(head))
@@ -33,10 +35,10 @@ def table(name, fam):
             row.append("**%s**" % v if k == "adaptive" else v)
         if "adaptive" in rates:
             a = rates["adaptive"][i]
-            for bound in ("belady", "informed"):
+            for bound in BOUNDS:
                 if bound in rates:
                     row.append("%.2fx" % (a / rates[bound][i]) if rates[bound][i] > 0 else "-")
-            others = [rates[k][i] for k, _ in cols if k not in ("adaptive", "belady", "informed")]
+            others = [rates[k][i] for k, _ in cols if k not in ("adaptive",) + BOUNDS]
             row.append("%+.1f" % (100 * (a - max(others))) if others else "-")
         out.append("| " + " | ".join(row) + " |")
     return "\n".join(out)
