@@ -495,6 +495,11 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     auto space = SpaceFor(a, t);
     if (!space.ok()) return ReportError("trace sweep", space.error());
+    if (a.Has("--learner") && !space->uniform())
+      return ReportError("trace sweep", Error("--learner needs objects of one size, and the objects of " +
+                                              a.Get("--manifest") + " differ in size")
+                                            .WithHint("leave out --manifest and give the dimensions with --layers, "
+                                                      "--experts and --top-k"), 2);
     auto seq = store::BuildCallSeq(t, *space);
     if (!seq.ok()) return ReportError("trace sweep", seq.error());
     if (ep_size != 0) {

@@ -122,6 +122,7 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
     // This call's rows become their requests' previous tokens at this layer;
     // the first layer advances their token count (and popularity drift).
     auto ids = t.RecordIds(rec);
+    bool rescore_layer = false;  // once after the rows, however many moved the whole layer
     for (uint32_t row_i = 0; row_i < rec.rows; ++row_i) {
       uint32_t q = t.RowRequest(rec, row_i);
       Req& r = reqs[q];
@@ -130,13 +131,10 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
       const bool whole_layer = model.Route(q, li, r.prev[li], row);
       old.swap(r.prev[li]);
       r.prev[li] = row;
-      if (!changed) {
-        if (whole_layer) {
-          for (uint32_t e = 0; e < E; ++e) rescore(space.Id(li, e));
-        } else {
-          for (uint16_t e : old) rescore(space.Id(li, e));
-          for (uint16_t e : row) rescore(space.Id(li, e));
-        }
+      rescore_layer |= whole_layer;
+      if (!changed && !rescore_layer) {
+        for (uint16_t e : old) rescore(space.Id(li, e));
+        for (uint16_t e : row) rescore(space.Id(li, e));
       }
       if (li == 0) {
         ++r.tokens;
@@ -145,6 +143,8 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
         });
       }
     }
+    if (rescore_layer && !changed)
+      for (uint32_t e = 0; e < E; ++e) rescore(space.Id(li, e));
     if (changed) {
       order.Clear();
       for (ObjectId o = 0; o < space.num_objects(); ++o)

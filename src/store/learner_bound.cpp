@@ -31,6 +31,9 @@ LevelPosterior::LevelPosterior(std::span<const float> weights, uint32_t max_leve
   for (uint32_t e = 0; e < E_; ++e)
     for (size_t b = 0; b < levels_.size(); ++b) belief_[e * levels_.size() + b] = float(prior_[b]);
   seen_.assign(E_, 0);
+  arrive_.resize(levels_.size());
+  stay_.resize(levels_.size());
+  for (double share : prior_) mix_.push_back(float(change_ * share));
 }
 
 void LevelPosterior::Observe(std::span<const uint16_t> prev, std::span<const uint16_t> row) {
@@ -39,32 +42,30 @@ void LevelPosterior::Observe(std::span<const uint16_t> prev, std::span<const uin
   for (uint16_t e : prev) seen_[e] = 1;
   uint32_t draws = 0;
   for (uint16_t e : row) {
-    if (seen_[e] == 1) continue;  // kept from the previous token
+    if (seen_[e]) continue;  // the previous token had it (or a repeated id)
     seen_[e] = 2;
     ++draws;
   }
-  std::vector<float> arrive(B), stay(B), prior(B);
   for (size_t b = 0; b < B; ++b) {
     const double p = 1.0 - std::pow(1.0 - std::min(1.0, levels_[b]), double(draws));
-    arrive[b] = float(p);
-    stay[b] = float(1.0 - p);
-    prior[b] = float(change_ * prior_[b]);
+    arrive_[b] = float(p);
+    stay_[b] = float(1.0 - p);
   }
   const float keep = float(1.0 - change_);
   for (uint32_t e = 0; e < E_; ++e) {
     float* x = &belief_[size_t{e} * B];
     if (seen_[e] != 1) {
-      const float* lik = seen_[e] == 2 ? arrive.data() : stay.data();
+      const float* lik = seen_[e] == 2 ? arrive_.data() : stay_.data();
       float sum = 0;
       for (size_t b = 0; b < B; ++b) sum += x[b] *= lik[b];
       // An observation every level rules out (underflow) resets the belief to the groups' shares.
       const float scale = sum > 0 ? keep / sum : 0.0f;
       if (sum > 0)
-        for (size_t b = 0; b < B; ++b) x[b] = x[b] * scale + prior[b];
+        for (size_t b = 0; b < B; ++b) x[b] = x[b] * scale + mix_[b];
       else
         for (size_t b = 0; b < B; ++b) x[b] = float(prior_[b]);
     } else {
-      for (size_t b = 0; b < B; ++b) x[b] = x[b] * keep + prior[b];
+      for (size_t b = 0; b < B; ++b) x[b] = x[b] * keep + mix_[b];
     }
   }
   for (uint16_t e : prev) seen_[e] = 0;
@@ -79,6 +80,24 @@ double LevelPosterior::Fresh(uint32_t e, double draws) const {
   return p;
 }
 
+std::vector<double> DriftChangeRates(const trace::Trace& t, const CallSeq& seq, const trace::TrueDistribution& truth,
+                                     uint32_t L, uint32_t E) {
+  // A swap gives two experts each other's weights, and another expert's
+  // weight is a draw from the layer's values: per layer and token an
+  // expert's weight is replaced with chance 2 swaps / E.
+  std::vector<uint64_t> tokens(truth.initial.size(), 0), swaps(truth.initial.size(), 0);
+  for (uint64_t i = 0; i < seq.calls.size() && i < t.records.size(); ++i)
+    if (seq.calls[i].layer_index == 0)
+      for (uint32_t row = 0; row < t.records[i].rows; ++row)
+        if (uint32_t q = t.RowRequest(t.records[i], row); q < tokens.size()) ++tokens[q];
+  for (const auto& s : truth.swaps)
+    if (s.request < swaps.size()) ++swaps[s.request];
+  std::vector<double> rate(truth.initial.size(), 0.0);
+  for (size_t q = 0; q < rate.size(); ++q)
+    if (tokens[q] && L && E) rate[q] = std::min(1.0, 2.0 * double(swaps[q]) / (double(L) * double(E) * double(tokens[q])));
+  return rate;
+}
+
 namespace {
 
 constexpr uint32_t kLevels = 16;
@@ -86,21 +105,7 @@ constexpr uint32_t kLevels = 16;
 class LearnerModel {
  public:
   LearnerModel(const trace::Trace& t, const CallSeq& seq, const trace::TrueDistribution& truth, uint32_t L, uint32_t E)
-      : truth_(truth), L_(L), E_(E), posts_(truth.initial.size()), change_(truth.initial.size(), 0.0) {
-    // The drift rate each request is told: a swap replaces two experts'
-    // weights, so an expert's weight changes with chance 2 swaps / E per
-    // layer and token.
-    std::vector<uint64_t> tokens(truth.initial.size(), 0), swaps(truth.initial.size(), 0);
-    for (uint64_t i = 0; i < seq.calls.size() && i < t.records.size(); ++i)
-      if (seq.calls[i].layer_index == 0)
-        for (uint32_t row = 0; row < t.records[i].rows; ++row)
-          if (uint32_t q = t.RowRequest(t.records[i], row); q < tokens.size()) ++tokens[q];
-    for (const auto& s : truth.swaps)
-      if (s.request < swaps.size()) ++swaps[s.request];
-    for (size_t q = 0; q < change_.size(); ++q)
-      if (tokens[q])
-        change_[q] = std::min(1.0, 2.0 * double(swaps[q]) / (double(L_) * double(E_) * double(tokens[q])));
-  }
+      : truth_(truth), L_(L), E_(E), posts_(truth.initial.size()), change_(DriftChangeRates(t, seq, truth, L, E)) {}
   void Start(uint32_t q) {
     posts_[q].clear();
     for (uint32_t l = 0; l < L_; ++l)

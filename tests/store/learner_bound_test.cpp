@@ -41,7 +41,37 @@ TEST(LevelPosterior, ArrivalsAndAbsencesMoveTheBeliefAndKeptExpertsDoNot) {
   // Expert 2: (0.41*0.4, 0.59*0.1) / 0.223 then mixed.
   EXPECT_NEAR(p.Belief(2, 0), 0.9 * (0.164 / 0.223) + 0.05, 1e-6);
   // Expert 1 stayed away again: (0.41*0.6, 0.59*0.9) / 0.777 then mixed.
-  EXPECT_NEAR(p.Belief(1, 0), 0.9 * (0.246 / 0.777) + 0.05, 1e-6);
+  const double b1 = 0.9 * (0.246 / 0.777) + 0.05;
+  EXPECT_NEAR(p.Belief(1, 0), b1, 1e-6);
+  // Third token drops expert 0 (no evidence: the previous token had it) and
+  // brings two new experts, 1 and 3: m = 2, arrival chance 1 - (1 - level)^2
+  // = 0.64 at 0.4 and 0.19 at 0.1.
+  const double b0 = p.Belief(0, 0), b3 = p.Belief(3, 0);
+  const std::vector<uint16_t> third = {1, 2, 3};
+  p.Observe(second, third);
+  EXPECT_NEAR(p.Belief(0, 0), 0.9 * b0 + 0.05, 1e-6);
+  auto arrived = [](double hi) { return 0.9 * (hi * 0.64 / (hi * 0.64 + (1 - hi) * 0.19)) + 0.05; };
+  EXPECT_NEAR(p.Belief(1, 0), arrived(b1), 1e-6);
+  EXPECT_NEAR(p.Belief(3, 0), arrived(b3), 1e-6);
+}
+
+TEST(LevelPosterior, TheDriftRateIsTwoSwapsPerExpertAndToken) {
+  trace::TrueDistribution truth;
+  trace::GenOptions o = testing_traces::SmallFamily("drift");
+  o.drift = 0.05;  // 3.2 swaps per layer and token among 64 experts
+  o.truth = &truth;
+  auto t = trace::Generate(o);
+  ASSERT_TRUE(t.ok());
+  ObjectSpace space = SpaceForTrace(*t, 4096);
+  auto seq = BuildCallSeq(*t, space);
+  ASSERT_TRUE(seq.ok());
+  auto rate = DriftChangeRates(*t, *seq, truth, space.num_active_layers(), space.num_experts);
+  ASSERT_EQ(rate.size(), 1u);
+  EXPECT_NEAR(rate[0], 2 * o.drift, 0.1 * o.drift);
+  o.drift = 0;
+  t = trace::Generate(o);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(DriftChangeRates(*t, *BuildCallSeq(*t, space), truth, space.num_active_layers(), space.num_experts)[0], 0);
 }
 
 TEST(LevelPosterior, AFlatLayerHasOneLevelAndNothingToLearn) {
@@ -96,6 +126,23 @@ TEST(LearnerBound, LearnsASteadyRequestsFavourites) {
   EXPECT_LE(learner->hit_rate(), informed->hit_rate() + 0.01);
   // A cache of 60 random objects of 384 holds a route with chance 60/384.
   EXPECT_GT(learner->hit_rate(), 2 * 60.0 / 384.0);
+}
+
+TEST(LearnerBound, BatchedAndPrefillRowsAreLearnedRowByRow) {
+  // Records of several rows (a batched decode step of several requests, a
+  // prefill chunk of one request's tokens): the learner stays within the
+  // informed bound's reach and well above a cache of random objects.
+  for (const char* family : {"batched", "prefill-burst"}) {
+    trace::GenOptions o = testing_traces::SmallFamily(family);
+    o.reuse = 0;
+    o.request_skew = 1.2;
+    const uint64_t slots = 60;
+    auto learner = Replay(o, slots, true), informed = Replay(o, slots, false);
+    ASSERT_TRUE(learner.ok() && informed.ok()) << family;
+    EXPECT_LE(learner->hit_rate(), informed->hit_rate() + 0.02) << family;
+    EXPECT_GE(learner->hit_rate(), 0.85 * informed->hit_rate()) << family;
+    EXPECT_GT(learner->hit_rate(), 1.5 * 60.0 / 384.0) << family;
+  }
 }
 
 TEST(LearnerBound, SweepFlagAddsTheSeriesAndRefusesTracesWithoutTruth) {
