@@ -87,11 +87,11 @@ Result<SimResult> SimulateInformed(const trace::Trace& trace, const CallSeq& seq
 
 // The learning reference: the informed bound's rule when each request is
 // told only its popularity values (and its drift rate), not which expert
-// holds which, and learns that per expert from its own routes with the best
-// estimate the routes allow (LevelPosterior). The gap between the informed
-// bound and it is what no learner of one request's routes can close; a
-// policy that pools requests of one kind can beat it, since it learns each
-// request alone.
+// holds which, and learns that per expert from its own routes with a close
+// approximation of the Bayes estimate (LevelPosterior). The gap between the
+// informed bound and it is what learning costs that rule; it is a
+// reference, not a bound: other rules (recency, pooling requests of one
+// kind, which it does not) can beat it.
 Result<SimResult> SimulateLearner(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
                                   uint64_t slots, const trace::TrueDistribution& truth);
 
