@@ -212,7 +212,16 @@ int RunSynth(const std::vector<std::string>& argv_in) {
     auto text = ReadFileToString(sidecar);
     if (!text.ok()) return false;
     nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-    return !j.is_discarded() && j.is_object() && j.value("synth_options", nlohmann::json()) == recipe;
+    if (j.is_discarded() || !j.is_object()) return false;
+    if (j.contains("synth_options")) return j["synth_options"] == recipe;
+    // Written by an earlier k3pack, which recorded the arguments as given:
+    // the same arguments are still the same model.
+    nlohmann::json args_given = nlohmann::json::array();
+    for (const auto& a : argv) {
+      if (a != "--force" && a != "--json") args_given.push_back(a);
+    }
+    for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
+    return j.value("synth_args", nlohmann::json()) == args_given;
   };
   spec.why_refused = "it is not a model written by `k3pack synth` with these options";
   if (PathExists(marker)) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace k3cli {
 namespace {
 
@@ -59,6 +61,22 @@ TEST(SynthGuardCli, AlreadyBuiltComparesTheEffectiveOptions) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite")) << r.out;
   EXPECT_EQ(Snapshot(d), first);
+}
+
+// A model whose sidecar an earlier k3pack wrote (the arguments as given) is
+// still recognized by the same arguments.
+TEST(SynthGuardCli, SidecarOfAnEarlierVersionStillCounts) {
+  const std::string d = Root() + "/sg-legacy";
+  fs::remove_all(d);
+  ASSERT_EQ(Cli("synth --seed 2 --out " + Q(d)).code, 0);
+  std::ofstream(d + "/k3pack-profile.json")
+      << R"({"profile": "scaled", "written_by": "k3pack synth", "synth_args": ["--seed", "2", "--out", )"
+      << nlohmann::json(d).dump() << "]}\n";
+  CliRun r = Cli("synth --seed 2 --out " + Q(d));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built")) << r.out;
+  r = Cli("synth --seed 3 --out " + Q(d));
+  EXPECT_EQ(r.code, 1) << r.out;
 }
 
 TEST(SynthGuardCli, RerunAfterAnInterruptStartsOver) {
