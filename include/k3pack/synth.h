@@ -113,6 +113,12 @@ struct SynthResult {
   std::vector<std::string> fault_notes;
 };
 
+// How many tensors WriteSynthModel would write for `opts` (faults that add
+// or remove a tensor included), after every check it makes before writing
+// except those of out_dir and the shard count: for a caller that checks
+// `shards` (at most one shard per tensor) before it touches out_dir.
+Result<uint64_t> PlannedTensorCount(const SynthOptions& opts);
+
 // Writes the model. Existing `<prefix>-NNNNN-of-NNNNN.gguf` files in out_dir
 // are removed first so a directory always holds exactly one set.
 Result<SynthResult> WriteSynthModel(const SynthOptions& opts);

@@ -1,5 +1,7 @@
 // k3pack synth: writes a synthetic Kimi-K3 split GGUF set + config + tokenizer.
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +17,10 @@ namespace k3pack::cli {
 namespace {
 
 constexpr const char* kCmd = "synth";
+// Present in --out while a synth writes it (removed once the sidecar is
+// written): a directory holding it is an interrupted or failed synth, which
+// the next synth into it starts over.
+constexpr const char* kPartialMarker = ".k3pack-synth.partial";
 
 // Overrides a dimension when its option was given.
 Status SetDim(const Args& args, const std::string& opt, uint32_t* field) {
@@ -31,6 +37,7 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
   o.prefix = args.Get("--prefix");
   if (args.Has("--seed")) {
     K3_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("--seed"));
+    if (seed < 0) return Error("--seed must be a non-negative integer, got " + args.Get("--seed"));
     o.seed = static_cast<uint64_t>(seed);
   }
   synth::SynthDims& d = o.dims;
@@ -67,7 +74,78 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
     }
   }
   if (args.Has("--all-data")) o.hole_threshold_bytes = UINT64_MAX;
+  // The writer's rules on these values, checked here to name the option.
+  if (d.num_layers <= d.first_k_dense)
+    return Error("--layers must be at least " + std::to_string(d.first_k_dense + 1) + " (" +
+                 std::to_string(d.first_k_dense) + " dense layer(s), then at least one MoE layer), got " +
+                 std::to_string(d.num_layers));
+  if (d.top_k > d.num_experts)
+    return Error("--top-k " + std::to_string(d.top_k) + " must be at most --experts (" +
+                 std::to_string(d.num_experts) + ")");
+  if (o.shards > 99999) return Error("--shards must be in 1..99999, got " + std::to_string(o.shards));
+  K3_ASSIGN_OR_RETURN(uint64_t tensors, synth::PlannedTensorCount(o));
+  if (o.shards > tensors)
+    return Error("--shards " + std::to_string(o.shards) + " is more than the model's " + std::to_string(tensors) +
+                 " tensors (every shard holds at least one)");
   return o;
+}
+
+// The options that decide the model's bytes, normalized: the same model is
+// recognized whatever the spelling of --out, the order of the flags, or
+// whether a default was given explicitly (--progress, --json and --force
+// change nothing in it).
+nlohmann::json EffectiveOptions(const synth::SynthOptions& o) {
+  using nlohmann::json;
+  const synth::SynthDims& d = o.dims;
+  auto types = [](const synth::ExpertTypes& t) {
+    return json::array({GgmlTypeName(t.up), GgmlTypeName(t.gate), GgmlTypeName(t.down)});
+  };
+  json layer_types = json::object();
+  for (const auto& [layer, t] : o.layer_expert_types) layer_types[std::to_string(layer)] = types(t);
+  std::vector<std::string> faults;
+  for (synth::Fault f : o.faults) faults.emplace_back(synth::FaultName(f));
+  std::sort(faults.begin(), faults.end());
+  faults.erase(std::unique(faults.begin(), faults.end()), faults.end());
+  json dims = {{"num_layers", d.num_layers},
+               {"first_k_dense", d.first_k_dense},
+               {"num_experts", d.num_experts},
+               {"top_k", d.top_k},
+               {"num_shared_experts", d.num_shared_experts},
+               {"hidden", d.hidden},
+               {"latent", d.latent},
+               {"moe_intermediate", d.moe_intermediate},
+               {"dense_intermediate", d.dense_intermediate},
+               {"heads", d.heads},
+               {"head_dim", d.head_dim},
+               {"qk_rope", d.qk_rope},
+               {"q_lora_rank", d.q_lora_rank},
+               {"kv_lora_rank", d.kv_lora_rank},
+               {"conv_kernel", d.conv_kernel},
+               {"vocab", d.vocab},
+               {"context_length", d.context_length},
+               {"attn_res_block_size", d.attn_res_block_size},
+               {"mla_layers", d.mla_layers ? json(*d.mla_layers) : json()}};
+  return {{"prefix", o.prefix},
+          {"seed", o.seed},
+          {"dims", dims},
+          {"shards", o.shards},
+          {"expert_types", types(o.expert_types)},
+          {"layer_expert_types", layer_types},
+          {"matrix_type", GgmlTypeName(o.matrix_type)},
+          {"hole_threshold_bytes", o.hole_threshold_bytes},
+          {"faults", faults}};
+}
+
+// An interrupted synth's temp files (`<name>.tmp` of the atomic writers) in
+// --out and its tokenizer/: ours to remove before starting over.
+void RemoveTempFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const fs::path& d : {fs::path(dir), fs::path(dir) / "tokenizer"}) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      if (e.is_regular_file(ec) && e.path().extension() == ".tmp") fs::remove(e.path(), ec);
+    }
+  }
 }
 
 int RunSynth(const std::vector<std::string>& argv_in) {
@@ -114,17 +192,17 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  // Every value is checked before --out is looked at.
   auto opts = BuildOptions(args, layer_types);
   if (!opts.ok()) return ReportError(kCmd, opts.error(), kExitUsage);
+  auto mode = ProgressModeOf(args);
+  if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
 
   // The options that determine the bytes: an existing model written with the
   // same ones is the finished output (its sidecar records them).
-  nlohmann::json recipe = nlohmann::json::array();
-  for (const auto& a : argv) {
-    if (a != "--force" && a != "--json") recipe.push_back(a);
-  }
-  for (const auto& l : layer_types) recipe.push_back("--layer-expert-types=" + l);
+  const nlohmann::json recipe = EffectiveOptions(*opts);
   const std::string sidecar = opts->out_dir + "/" + kProfileSidecar;
+  const std::string marker = opts->out_dir + "/" + kPartialMarker;
   OutputSpec spec;
   spec.option = "--out";
   spec.path = opts->out_dir;
@@ -134,17 +212,38 @@ int RunSynth(const std::vector<std::string>& argv_in) {
     auto text = ReadFileToString(sidecar);
     if (!text.ok()) return false;
     nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-    return !j.is_discarded() && j.is_object() && j.value("synth_args", nlohmann::json()) == recipe;
+    if (j.is_discarded() || !j.is_object()) return false;
+    if (j.contains("synth_options")) return j["synth_options"] == recipe;
+    // Written by an earlier k3pack, which recorded the arguments as given:
+    // the same arguments are still the same model.
+    nlohmann::json args_given = nlohmann::json::array();
+    for (const auto& a : argv) {
+      if (a != "--force" && a != "--json") args_given.push_back(a);
+    }
+    for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
+    return j.value("synth_args", nlohmann::json()) == args_given;
   };
   spec.why_refused = "it is not a model written by `k3pack synth` with these options";
-  auto action = DecideOutput(spec);
-  if (!action.ok()) return ReportError(kCmd, action.error());
-  if (*action == OutputAction::kAlreadyBuilt) {
-    ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"));
-    return kExitOk;
+  if (PathExists(marker)) {
+    // Our own interrupted (or failed) write: start over, as its message said.
+    std::cerr << "k3pack synth: note: " << opts->out_dir << " holds an interrupted synth; starting over\n";
+    RemoveTempFiles(opts->out_dir);
+  } else {
+    auto action = DecideOutput(spec);
+    if (!action.ok()) return ReportError(kCmd, action.error());
+    if (*action == OutputAction::kAlreadyBuilt) {
+      ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"));
+      return kExitOk;
+    }
   }
-  auto mode = ProgressModeOf(args);
-  if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
+  // Marked before the first byte, and the old sidecar dropped: until the new
+  // sidecar is written the directory is no finished model.
+  std::error_code ec;
+  std::filesystem::create_directories(opts->out_dir, ec);
+  if (ec) return ReportError(kCmd, Error("cannot create directory " + opts->out_dir + ": " + ec.message()));
+  Status marked = WriteFileAtomic(marker, "k3pack synth is writing this directory; the next synth into it starts over\n");
+  if (!marked.ok()) return ReportError(kCmd, marked.error());
+  std::filesystem::remove(sidecar, ec);
   auto progress = StartProgress(*mode, kCmd);
   opts->progress = progress->Fn();
 
@@ -158,10 +257,11 @@ int RunSynth(const std::vector<std::string>& argv_in) {
                                     : kimi::Profile::kScaled;
   nlohmann::json side = {{"profile", kimi::ProfileName(profile)},
                          {"written_by", "k3pack synth"},
-                         {"synth_args", recipe},
+                         {"synth_options", recipe},
                          {"note", "read by k3pack commands when --profile is not given"}};
   Status st = WriteFileAtomic(sidecar, DumpJsonEscaped(side) + "\n");
   if (!st.ok()) return ReportError(kCmd, st.error());
+  std::filesystem::remove(marker, ec);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (args.Has("--json")) {

@@ -15,6 +15,7 @@
 #include "store/policy.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
+#include "store/io_engine.h"
 #include "store/timed_sim.h"
 #include "util/file.h"
 
@@ -54,6 +55,7 @@ Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string&
     }
   }
   if (out.empty()) return Error(what + " is empty");
+  if (std::find(out.begin(), out.end(), 0) != out.end()) return Error(what + " values must be at least 1, got '" + s + "'");
   return out;
 }
 
@@ -105,22 +107,48 @@ Status NotAnInput(const Args& a, const std::string& option, const std::string& p
 
 // The overwrite rule for a plot: it is regenerated from the table; an
 // existing file is replaced only when it is one of ours (an earlier sweep's
-// plot) or with --force, never a user's file.
-Status WritePlot(const Args& a, const std::string& path, const std::string& svg) {
+// plot) or with --force, never a user's file. Checked for every plot before
+// the sweep runs, so a refusal leaves no plot of the run written.
+Status CheckPlotPath(const Args& a, const std::string& path) {
   K3_RETURN_IF_ERROR(NotAnInput(a, "--svg", path, {"--trace", "--manifest"}));
   OutputSpec spec;
   spec.option = "--svg";
   spec.path = path;
   spec.force = a.Has("--force");
-  spec.is_finished = [&]() -> Result<bool> {
-    auto old = ReadFileToString(path);
-    return old.ok() && *old == svg;
-  };
   spec.why_refused = "it is not a plot written by `k3pack trace sweep`";
   auto action = DecideOutput(spec);
-  if (!action.ok() && IsOurPlot(path)) action = OutputAction::kReplace;  // our own earlier plot: refreshed
-  if (!action.ok()) return action.error();
-  return *action == OutputAction::kAlreadyBuilt ? Status::OK() : WriteFileAtomic(path, svg);
+  if (!action.ok() && IsOurPlot(path)) return Status::OK();  // our own earlier plot: refreshed
+  return action.ok() ? Status::OK() : Status(action.error());
+}
+
+// An existing file is kept when it already holds these bytes.
+Status WritePlot(const std::string& path, const std::string& svg) {
+  auto old = ReadFileToString(path);
+  if (old.ok() && *old == svg) return Status::OK();
+  return WriteFileAtomic(path, svg);
+}
+
+// A stats JSON written by an earlier k3pack store (the snapshot's own keys).
+bool IsOurStats(const std::string& path) {
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return false;
+  json j = json::parse(*text, nullptr, false);
+  return j.is_object() && j.contains("cache_policy") && j.contains("k3pack") && j["k3pack"].is_object() &&
+         j["k3pack"].contains("effective_capacity_experts");
+}
+
+// The overwrite rule for `trace replay --stats`: the stats of a run are
+// never "already built"; an existing file is replaced only when an earlier
+// k3pack run wrote it, or with --force; an input is never replaced.
+Status CheckStatsPath(const Args& a, const std::string& path) {
+  OutputSpec spec;
+  spec.option = "--stats";
+  spec.path = path;
+  spec.force = a.Has("--force");
+  spec.why_refused = "it is not a stats file written by a k3pack store";
+  auto action = DecideOutput(spec);
+  if (!action.ok() && IsOurStats(path)) return Status::OK();
+  return action.ok() ? Status::OK() : Status(action.error());
 }
 
 // Generator options shared by `trace gen` and `trace sweep`.
@@ -162,6 +190,8 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
   };
   uint32_t layers = 0, first = 0, seed = 0;
   K3_RETURN_IF_ERROR(get_u32("--layers", &layers));
+  // No layers would leave the generator its default (92 of them).
+  if (layers == 0) return Error("--layers must be at least 1, got 0");
   K3_RETURN_IF_ERROR(get_u32("--first-layer", &first));
   K3_RETURN_IF_ERROR(get_u32("--experts", &o->num_experts));
   K3_RETURN_IF_ERROR(get_u32("--top-k", &o->top_k));
@@ -195,6 +225,22 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
     if (a.Has(name)) {
       K3_ASSIGN_OR_RETURN(*dst, a.GetDouble(name));
     }
+  // The generator's own rules, checked here to name the option (a usage
+  // error); a --family preset only sets values within them.
+  auto within = [&](const char* name, double v, bool open_top = false) -> Status {
+    if (v >= 0 && (open_top ? v < 1 : v <= 1)) return Status::OK();
+    return Error(std::string(name) + " must be within [0, 1" + (open_top ? ")" : "]") + ", got " + a.Get(name));
+  };
+  K3_RETURN_IF_ERROR(within("--reuse", o->reuse));
+  K3_RETURN_IF_ERROR(within("--drift", o->drift));
+  K3_RETURN_IF_ERROR(within("--predict-accuracy", o->predict_accuracy));
+  K3_RETURN_IF_ERROR(within("--predict-surprise", o->predict_surprise, true));
+  if (o->top_k == 0 || o->top_k > o->num_experts || o->num_experts > 65536)
+    return Error("--top-k must be in 1..--experts and --experts at most 65536, got --top-k " +
+                 std::to_string(o->top_k) + " --experts " + std::to_string(o->num_experts));
+  if (o->requests == 0) return Error("--requests must be at least 1");
+  if (o->prompt_tokens + o->decode_tokens == 0)
+    return Error("--prompt-tokens and --decode-tokens are both 0: no tokens to generate");
   return Status::OK();
 }
 
@@ -270,6 +316,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--prefetch", "none | oracle-lookahead (prefetch the next record's experts)", "none")
       .Option("--lookahead", "records ahead for oracle-lookahead", "1")
       .Option("--stats", "write the store's stats JSON here at close")
+      .Flag("--force", "replace an existing --stats file that is not a k3pack stats file")
       .Option("--object-bytes", "object size for --simulate without --manifest", "11956224")
       .Flag("--simulate", "policy only, no I/O")
       .Flag("--json", "print the report as JSON");
@@ -278,10 +325,24 @@ int RunReplay(const std::vector<std::string>& argv) {
   if (!a.Parse(argv, &code)) return code;
   auto mode = ProgressModeOf(a);
   if (!mode.ok()) return ReportError("trace replay", mode.error(), 2);
-  auto t = trace::ReadTrace(a.Get("--trace"));
-  if (!t.ok()) return ReportError("trace replay", t.error());
   auto mib = a.GetInt("--cache-mib");
   if (!mib.ok() || *mib <= 0) return ReportError("trace replay", Error("--cache-mib must be a positive integer"), 2);
+  // Every named value is checked before the trace is read (usage errors).
+  if (Status st = CheckPolicyName("--policy", a.Get("--policy")); !st.ok())
+    return ReportError("trace replay", st.error(), 2);
+  if (auto io = store::ParseIoBackend(a.Get("--io")); !io.ok())
+    return ReportError("trace replay", Error("--io: " + io.error().message()), 2);
+  if (a.Get("--prefetch") != "none" && a.Get("--prefetch") != "oracle-lookahead")
+    return ReportError("trace replay", Error("--prefetch: unknown prefetch mode '" + a.Get("--prefetch") +
+                                             "' (known: none, oracle-lookahead)"), 2);
+  auto splits = a.GetInt("--read-splits"), depth = a.GetInt("--queue-depth"), look = a.GetInt("--lookahead");
+  for (auto [name, v] : {std::pair{"--read-splits", &splits}, {"--queue-depth", &depth}, {"--lookahead", &look}}) {
+    if (!v->ok()) return ReportError("trace replay", v->error(), 2);
+    if (**v < 1 || **v > INT32_MAX)
+      return ReportError("trace replay", Error(std::string(name) + " must be a positive integer, got " + a.Get(name)), 2);
+  }
+  auto t = trace::ReadTrace(a.Get("--trace"));
+  if (!t.ok()) return ReportError("trace replay", t.error());
   const uint64_t cache_bytes = static_cast<uint64_t>(*mib) << 20;
   json report;
   if (a.Has("--simulate")) {
@@ -345,9 +406,16 @@ int RunReplay(const std::vector<std::string>& argv) {
     o.store.io_backend = a.Get("--io");
     o.store.direct_io = a.Has("--direct");
     o.store.stats_path = a.Get("--stats");
-    auto splits = a.GetInt("--read-splits"), depth = a.GetInt("--queue-depth"), look = a.GetInt("--lookahead");
-    if (!splits.ok() || !depth.ok() || !look.ok() || *look < 1)
-      return ReportError("trace replay", Error("--read-splits, --queue-depth and --lookahead must be integers (lookahead >= 1)"), 2);
+    if (!o.store.stats_path.empty()) {
+      const std::string& stats = o.store.stats_path;
+      if (Status w = CheckOutputWritable("--stats", stats); !w.ok()) return ReportError("trace replay", w.error());
+      if (Status in = CheckOutputsAreNotInputs({{"--stats", stats}}, {{"--trace", a.Get("--trace")},
+                                                                      {"--manifest", o.manifest_path},
+                                                                      {"--pack", o.pack_path}});
+          !in.ok())
+        return ReportError("trace replay", in.error(), 2);
+      if (Status st = CheckStatsPath(a, stats); !st.ok()) return ReportError("trace replay", st.error());
+    }
     o.store.read_splits = *splits;
     o.store.queue_depth = *depth;
     o.prefetch = a.Get("--prefetch");
@@ -471,6 +539,24 @@ int RunSweep(const std::vector<std::string>& argv) {
   if (a.Has("--trace")) families.push_back("");
   else if (a.Get("--family") == "all") families = trace::FamilyNames();
   else families.push_back(a.Get("--family"));
+  std::vector<uint64_t> given_sizes;
+  if (a.Has("--sizes")) {
+    auto l = ParseList(a.Get("--sizes"), "--sizes");
+    if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
+    given_sizes = *l;
+  }
+  // Every plot path is checked before the first simulation, and the plots
+  // are written only once every family has run: a refusal or a failure
+  // leaves none of this run's plots behind.
+  const bool plots = ep_size == 0 && !a.Has("--timing");
+  auto plot_path = [&](const std::string& family) {
+    return families.size() > 1 ? PerFamilyPath(a.Get("--svg"), family) : a.Get("--svg");
+  };
+  if (plots) {
+    for (const std::string& family : families)
+      if (Status st = CheckPlotPath(a, plot_path(family)); !st.ok()) return ReportError("trace sweep", st.error());
+  }
+  std::vector<std::pair<std::string, std::string>> plot_files;  // path, SVG
   json all = json::object();
   std::string text;
   for (const std::string& family : families) {
@@ -506,17 +592,27 @@ int RunSweep(const std::vector<std::string>& argv) {
       if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts); !st.ok())
         return ReportError("trace sweep", st.error(), 2);
     }
-    std::vector<uint64_t> sizes;
-    if (a.Has("--sizes")) {
-      auto l = ParseList(a.Get("--sizes"), "--sizes");
-      if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
-      sizes = *l;
-    } else {
+    std::vector<uint64_t> sizes = given_sizes;
+    // The least cache that serves every call: a call's distinct objects are
+    // co-resident (a batched call or a prefill chunk: up to rows x top_k).
+    // With --ep-size a smaller size is reported as unavailable per rank.
+    const uint64_t least = store::LargestCall(*seq);
+    if (!a.Has("--sizes")) {
       std::string note;
       // With --ep-size the defaults are shares of one rank's objects.
       sizes = ep_size ? store::DefaultSweepSizes(store::RankSpace(*space, ep_size), &note, "each EP rank")
-                      : store::DefaultSweepSizes(*space, &note);
+                      : store::DefaultSweepSizes(*space, &note, "the model", least);
       if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
+    } else if (ep_size == 0) {
+      const uint64_t smallest = *std::min_element(sizes.begin(), sizes.end());
+      if (smallest < least)
+        return ReportError("trace sweep",
+                           Error("--sizes " + std::to_string(smallest) + " is below the largest call of " +
+                                 (family.empty() ? "--trace " + a.Get("--trace") : "family " + family) + ": " +
+                                 std::to_string(least) + " distinct objects stay co-resident while it runs")
+                               .WithHint("pass --sizes of at least " + std::to_string(least) +
+                                         " (a batched call or a prefill chunk needs up to rows x top_k objects)"),
+                           2);
     }
     if (a.Has("--timing")) {
       store::TimingOptions to;
@@ -613,9 +709,8 @@ int RunSweep(const std::vector<std::string>& argv) {
     std::string title = (family.empty() ? std::string() : family + ": ") + "hit rate vs cache size, " +
                         std::to_string(t.layer_ids.size()) + " layers x top-" + std::to_string(t.top_k) + " of " +
                         std::to_string(t.num_experts) + ", " + std::to_string(seq->tokens) + " tokens";
-    std::string svg = families.size() > 1 ? PerFamilyPath(a.Get("--svg"), family) : a.Get("--svg");
-    Status st = WritePlot(a, svg, store::SweepSvg(*table, title));
-    if (!st.ok()) return ReportError("trace sweep", st.error());
+    const std::string svg = plot_path(family);
+    plot_files.emplace_back(svg, store::SweepSvg(*table, title));
     json j = store::SweepJson(*table);
     j["svg"] = svg;
     j["tokens"] = seq->tokens;
@@ -623,6 +718,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (families.size() > 1) all[family] = j;
     else all = j;
     text += title + "\n" + store::SweepText(*table) + "plot: " + svg + "\n";
+  }
+  for (const auto& [path, svg] : plot_files) {
+    if (Status st = WritePlot(path, svg); !st.ok()) return ReportError("trace sweep", st.error());
   }
   if (a.Has("--json")) {
     PrintJson((families.size() > 1 ? json{{"families", all}} : all));

@@ -178,15 +178,23 @@ std::vector<float> SsmAValues(uint64_t seed, int64_t n, std::optional<Fault> fau
   return v;
 }
 
-}  // namespace
+// What WriteSynthModel writes, decided before any byte is: the checked
+// dimensions, the tensor table with the faults that change it applied, and
+// the SSM faults by tensor.
+struct ModelPlan {
+  SynthDims d;
+  std::vector<ExpectedTensor> table;
+  SynthResult res;  // mla_layers and the planned fault notes
+  std::map<std::string, Fault> ssm_faults;
+};
 
-Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
-  if (o.out_dir.empty()) return Error("synth: no output directory given");
+Result<ModelPlan> PlanModel(const SynthOptions& o) {
   if (o.prefix.empty() || o.prefix.find('/') != std::string::npos) {
     return Error("synth: prefix '" + o.prefix + "' must be a non-empty file name without '/'");
   }
-  if (o.shards < 1 || o.shards > 99999) return Error("synth: shard count must be in 1..99999");
-  SynthDims d = o.dims;
+  ModelPlan p;
+  SynthDims& d = p.d;
+  d = o.dims;
   K3_RETURN_IF_ERROR(kimi::ValidateDims(d));
   std::vector<uint32_t> mla, kda;
   for (uint32_t il = 0; il < d.num_layers; ++il) (IsMlaLayer(d, il) ? mla : kda).push_back(il);
@@ -197,9 +205,9 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   plan.embedding = o.matrix_type;
   plan.experts = o.expert_types;
   plan.layer_experts = o.layer_expert_types;
-  K3_ASSIGN_OR_RETURN(std::vector<ExpectedTensor> table, kimi::ExpectedTensors(d, plan));
-
-  SynthResult res;
+  K3_ASSIGN_OR_RETURN(p.table, kimi::ExpectedTensors(d, plan));
+  std::vector<ExpectedTensor>& table = p.table;
+  SynthResult& res = p.res;
   res.mla_layers = mla;
   const uint32_t first_moe = d.first_k_dense, last_moe = d.num_layers - 1;
   auto find = [&](const std::string& name) {
@@ -230,7 +238,7 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
     table.insert(find(p + "ffn_norm.weight") + 1, extra);
     res.fault_notes.push_back("unknown-tensor-name: extra tensor " + extra.name);
   }
-  std::map<std::string, Fault> ssm_faults;
+  std::map<std::string, Fault>& ssm_faults = p.ssm_faults;
   const Fault ssm_kinds[] = {Fault::kRawSsmA, Fault::kNanSsmA, Fault::kZeroSsmA};
   for (size_t k = 0; k < 3; ++k) {
     if (!Has(o, ssm_kinds[k])) continue;
@@ -243,6 +251,24 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
     }
     res.fault_notes.push_back(std::string(FaultName(ssm_kinds[k])) + ": " + name);
   }
+  return p;
+}
+
+}  // namespace
+
+Result<uint64_t> PlannedTensorCount(const SynthOptions& o) {
+  K3_ASSIGN_OR_RETURN(ModelPlan p, PlanModel(o));
+  return p.table.size();
+}
+
+Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
+  if (o.out_dir.empty()) return Error("synth: no output directory given");
+  if (o.shards < 1 || o.shards > 99999) return Error("synth: shard count must be in 1..99999");
+  K3_ASSIGN_OR_RETURN(ModelPlan plan, PlanModel(o));
+  const SynthDims& d = plan.d;
+  const std::vector<ExpectedTensor>& table = plan.table;
+  SynthResult& res = plan.res;
+  const std::map<std::string, Fault>& ssm_faults = plan.ssm_faults;
   if (o.shards > table.size()) {
     return Error("synth: " + std::to_string(o.shards) + " shards requested for only " + std::to_string(table.size()) +
                  " tensors");

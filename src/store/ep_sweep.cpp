@@ -40,16 +40,6 @@ CallSeq RankCallSeq(const CallSeq& seq, const ObjectSpace& space, uint32_t ep_si
   return out;
 }
 
-namespace {
-
-uint64_t LargestCall(const CallSeq& seq) {
-  uint64_t m = 0;
-  for (const auto& c : seq.calls) m = std::max<uint64_t>(m, c.end - c.begin);
-  return m;
-}
-
-}  // namespace
-
 Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
                              const std::vector<uint64_t>& sizes, uint32_t ep_size, bool belady, unsigned threads) {
   K3_RETURN_IF_ERROR(ep::CheckRank(ep::Rank{ep_size, 0}, space.num_experts));

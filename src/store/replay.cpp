@@ -140,19 +140,21 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   return t;
 }
 
-std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note, const std::string& owner) {
+std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note, const std::string& owner,
+                                        uint64_t min_objects) {
   static constexpr double kShares[] = {0.0054, 0.01, 0.02, 0.035, 0.05, 0.08, 0.12, 0.20};
   const uint64_t n = space.num_objects();
   const uint64_t top_k = std::max<uint64_t>(1, space.top_k);
+  // No size below what one call needs: top_k for one token, more for a
+  // batched call or a prefill chunk (its objects stay co-resident).
+  const uint64_t lo = std::max(top_k, min_objects);
   std::vector<uint64_t> sizes;
-  for (double f : kShares) sizes.push_back(std::max<uint64_t>(top_k, uint64_t(f * double(n))));
+  for (double f : kShares) sizes.push_back(std::max<uint64_t>(lo, uint64_t(f * double(n))));
   note->clear();
   if (std::adjacent_find(sizes.begin(), sizes.end()) == sizes.end()) return sizes;
-  // Geometric steps from top_k (the least cache that holds one token's
-  // experts) to 20% of the objects, or 6 x top_k when that is more, capped at
-  // all objects.
-  const uint64_t lo = top_k;
-  const uint64_t hi = std::max(lo, std::min(n, std::max(uint64_t(0.20 * double(n)), 6 * top_k)));
+  // Geometric steps from lo (the least cache that serves every call) to 20%
+  // of the objects, or 6 x lo when that is more, capped at all objects.
+  const uint64_t hi = std::max(lo, std::min(n, std::max(uint64_t(0.20 * double(n)), 6 * lo)));
   std::vector<uint64_t> fit;
   for (int i = 0; i < 6; ++i) {
     const double v = double(lo) * std::pow(double(hi) / double(lo), i / 5.0);
@@ -166,11 +168,13 @@ std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* n
   }
   std::string list;
   for (uint64_t s : fit) list += (list.empty() ? "" : ",") + std::to_string(s);
+  const std::string why = lo > top_k ? "a cache below the largest call's " + std::to_string(lo) +
+                                           " distinct objects cannot serve that call"
+                                     : "a cache below top_k holds less than one token's experts";
   *note = owner + " has only " + std::to_string(n) + " expert objects (top_k " + std::to_string(space.top_k) +
           "): the default sizes, 0.54%-20% of them, are " + std::to_string(uint64_t(kShares[0] * double(n))) + "-" +
-          std::to_string(uint64_t(kShares[7] * double(n))) +
-          " objects and would give identical rows (a cache below top_k holds less than one token's experts); "
-          "using " + list + " instead (pass --sizes to choose)";
+          std::to_string(uint64_t(kShares[7] * double(n))) + " objects and would give identical rows (" + why +
+          "); using " + list + " instead (pass --sizes to choose)";
   return fit;
 }
 

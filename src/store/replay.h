@@ -51,9 +51,11 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
 // (sizes below top_k, which all behave alike, or repeats) gets distinct sizes
 // from top_k up instead, and `note` says so; otherwise it is cleared.
 // `owner` names whose objects `space` holds in the note ("the model", or
-// "each EP rank" when the sizes are a rank's).
+// "each EP rank" when the sizes are a rank's). No size is below
+// `min_objects` (LargestCall of the trace: a batched call or a prefill chunk
+// needs up to rows x top_k objects co-resident) nor below top_k.
 std::vector<uint64_t> DefaultSweepSizes(const ObjectSpace& space, std::string* note,
-                                        const std::string& owner = "the model");
+                                        const std::string& owner = "the model", uint64_t min_objects = 0);
 std::string SweepText(const SweepTable& t);
 nlohmann::json SweepJson(const SweepTable& t);
 // Hit rate vs cache size, one polyline per series.

@@ -44,6 +44,12 @@ Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
   return seq;
 }
 
+uint64_t LargestCall(const CallSeq& seq) {
+  uint64_t m = 0;
+  for (const auto& c : seq.calls) m = std::max<uint64_t>(m, c.end - c.begin);
+  return m;
+}
+
 const CallRows* RowsOf(const CallSeq& seq, size_t i, CallRows* storage) {
   if (!seq.has_rows()) return nullptr;
   const auto& c = seq.calls[i];

@@ -41,6 +41,10 @@ struct CallSeq {
 
 // Checks each record with SGLang's route rules and reduces it.
 Result<CallSeq> BuildCallSeq(const trace::Trace& trace, const ObjectSpace& space);
+// The distinct objects of the largest call: the least cache, in objects, that
+// can serve every call (a call's objects stay co-resident while it runs; a
+// batched decode call or a prefill chunk holds up to rows x top_k of them).
+uint64_t LargestCall(const CallSeq& seq);
 // The CallRows of call `i` (null when `seq` has no rows); `storage` backs it.
 const CallRows* RowsOf(const CallSeq& seq, size_t i, CallRows* storage);
 // The object space a trace implies when no manifest is given (K3 object size).
