@@ -130,12 +130,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   spec.path = opts->out_dir;
   spec.directory = true;
   spec.force = args.Has("--force");
-  spec.is_finished = [&]() -> Result<bool> {
-    auto text = ReadFileToString(sidecar);
-    if (!text.ok()) return false;
-    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-    return !j.is_discarded() && j.is_object() && j.value("synth_args", nlohmann::json()) == recipe;
-  };
+  spec.is_finished = [&]() -> Result<bool> { return kimi::SynthSidecarRecords(opts->out_dir, recipe); };
   spec.why_refused = "it is not a model written by `k3pack synth` with these options";
   auto action = DecideOutput(spec);
   if (!action.ok()) return ReportError(kCmd, action.error());
@@ -152,16 +147,9 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   auto res = synth::WriteSynthModel(*opts);
   progress->Finish();
   if (!res.ok()) return ReportError(kCmd, res.error());
-  // Record the profile the model passes, so later commands need no --profile.
-  const kimi::Profile profile = kimi::LoadModelSpec(res->config_path, kimi::Profile::kKimiK3).ok()
-                                    ? kimi::Profile::kKimiK3
-                                    : kimi::Profile::kScaled;
-  nlohmann::json side = {{"profile", kimi::ProfileName(profile)},
-                         {"written_by", "k3pack synth"},
-                         {"synth_args", recipe},
-                         {"note", "read by k3pack commands when --profile is not given"}};
-  Status st = WriteFileAtomic(sidecar, DumpJsonEscaped(side) + "\n");
-  if (!st.ok()) return ReportError(kCmd, st.error());
+  auto recorded = kimi::WriteSynthSidecar(opts->out_dir, res->config_path, recipe);
+  if (!recorded.ok()) return ReportError(kCmd, recorded.error());
+  const kimi::Profile profile = *recorded;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (args.Has("--json")) {
