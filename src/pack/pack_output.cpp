@@ -54,8 +54,8 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   if (!action.ok()) {
     if (!plan.invalid_reason.empty()) {
       // The validator's text says what is wrong with it; the hint what to do.
-      return Error("refusing to overwrite existing " + out + " (" + opt + "): it is not a valid pack of these shards: " +
-                       plan.invalid_reason,
+      return Error("refusing to overwrite existing " + out + " (" + opt +
+                       "): it is not a valid pack of these shards: " + plan.invalid_reason,
                    ErrorKind::kFileExists)
           .WithHint("pass " + req.force_option + " to rebuild it, " + req.repair_hint +
                     " when only payloads are damaged, or another " + opt + " path");

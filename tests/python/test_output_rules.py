@@ -47,7 +47,8 @@ class OutputRules(unittest.TestCase):
 
     def copy_model(self, name):
         d = self.fresh_dir(name)
-        shutil.copytree(self.model, d, ignore=shutil.ignore_patterns("*.pack", "*.digests", "*.lock", "*.manifest.json"))
+        outputs = shutil.ignore_patterns("*.pack", "*.digests", "*.lock", "*.manifest.json")
+        shutil.copytree(self.model, d, ignore=outputs)
         return d
 
     # Finding 1: build/create_manifest never write over an input or a user's file.
