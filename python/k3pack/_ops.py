@@ -34,18 +34,29 @@ def dequantize_tensor(source, name):
     return _k3pack.dequantize(source.tensor_data(name), t.type_id)
 
 
-def build(gguf_dir, model_config, tokenizer_dir, *, pack=None, manifest=None, profile="kimi-k3",
-          payload_samples=6, progress=None, log=None, **build_options):
+def build(gguf_dir, model_config, tokenizer_dir, *, pack=None, manifest=None, profile=None,
+          payload_samples=6, full_source_hashes=True, force=False, progress=None, log=None, **build_options):
     """GGUF shards -> expert pack -> adapter manifest in one call, with
-    `k3pack build`'s defaults: the pack beside the shards
+    `k3pack build`'s defaults and output rules: the pack beside the shards
     (<prefix>.expert-major.pack), the manifest beside the pack
-    (kimi-k3-expert-pack.manifest.json, SGLang's name).
-    Returns {"pack": build result dict, "manifest": path, "document": manifest dict}."""
-    result = _k3pack.build_pack(gguf_dir, model_config, out=pack or "", profile=profile, progress=progress,
-                                log=log, **build_options)
-    pack_path = result["pack"]
-    if manifest is None:
-        manifest = os.path.join(os.path.dirname(pack_path), "kimi-k3-expert-pack.manifest.json")
-    doc = _k3pack.create_manifest(gguf_dir, pack_path, model_config, tokenizer_dir, output=manifest, profile=profile,
-                                  payload_samples=payload_samples)
-    return {"pack": result, "manifest": manifest, "document": doc}
+    (kimi-k3-expert-pack.manifest.json, SGLang's name); the profile, when
+    None, is the one recorded by k3pack.synth / a manifest, else kimi-k3.
+    Both paths are checked before a byte is written: neither may be an input;
+    a valid pack with its manifest is "already built" and left as it is;
+    anything else there is refused (FileExistsError) unless force=True.
+    Returns {"pack": build result dict, "manifest": path, "document": manifest
+    dict, "already_built": bool}."""
+    plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
+                               profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
+                               force=force)
+    if plan["already_built"]:
+        if log is not None:
+            log("already built: %s (use force=True to rebuild)" % plan["manifest"])
+        return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
+                "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True}
+    result = _k3pack.build_pack(gguf_dir, model_config, out=plan["pack"], profile=plan["profile"], force=force,
+                                progress=progress, log=log, **build_options)
+    doc = _k3pack.create_manifest(gguf_dir, result["pack"], model_config, tokenizer_dir, output=plan["manifest"],
+                                  profile=plan["profile"], payload_samples=payload_samples,
+                                  full_source_hashes=full_source_hashes, force=force)
+    return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False}

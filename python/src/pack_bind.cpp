@@ -5,12 +5,18 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <filesystem>
+
 #include "common.h"
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "kimi/profile_sidecar.h"
+#include "manifest/manifest_output.h"
+#include "pack/pack_output.h"
 #include "util/file.h"
+#include "util/output_guard.h"
 #include "util/sha256.h"
 
 namespace k3py {
@@ -23,6 +29,7 @@ namespace gguf = k3pack::gguf;
 using k3pack::Error;
 using k3pack::Result;
 using k3pack::Status;
+using k3pack::OutputAction;
 
 py::object JsonToPython(const nlohmann::json& j) {
   return py::module_::import("json").attr("loads")(j.dump());
@@ -73,13 +80,38 @@ std::function<void(const std::string&)> LineCallback(py::object fn) {
 
 kimi::Profile ProfileArg(const std::string& name) { return Unwrap(kimi::ParseProfile(name)); }
 
+// profile=None: the one recorded beside the inputs (a manifest's k3pack
+// section, or the sidecar k3pack.synth writes), else kimi-k3 - as the CLI
+// does without --profile.
+kimi::Profile ProfileArg(const py::object& name, const std::vector<std::string>& near) {
+  if (!name.is_none()) return ProfileArg(name.cast<std::string>());
+  return Unwrap(kimi::ProfileRecordedNear(near));
+}
+
+// The overwrite rule of `k3pack pack` for build_pack(out=...) and build(pack=...):
+// spelled with the Python keywords.
+pack::PackOutputRequest PackRequest(const std::string& option, const std::string& out,
+                                    const std::string& model_config, const pack::ExpertSet& experts, bool force) {
+  pack::PackOutputRequest req;
+  req.path = out;
+  req.option = option;
+  req.force_option = "force=True";
+  req.repair_hint = "`k3pack pack --repair-damaged`";
+  req.force = force;
+  req.inputs = {{"model_config", model_config}};
+  for (const auto& s : experts.shard_paths) req.inputs.push_back({"source shard", s});
+  return req;
+}
+
+const manifest::InputNames kPyInputNames{"gguf_dir", "expert_pack", "model_config", "tokenizer_dir"};
+
 }  // namespace
 
 void RegisterPack(py::module_& m) {
   m.def("build_pack", [](const std::string& gguf_dir, const std::string& model_config, const std::string& out,
-                         const std::string& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
-                         int threads, py::object progress, py::object log) {
-    kimi::Profile p = ProfileArg(profile);
+                         const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
+                         int threads, py::object progress, py::object log, bool force) {
+    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
     pack::BuildOptions o;
     o.out_path = out;
     o.safety_margin_gib = safety_margin_gib;
@@ -87,6 +119,7 @@ void RegisterPack(py::module_& m) {
     o.threads = threads;
     o.progress = ProgressCallback(progress);
     o.log = LineCallback(log);
+    pack::PackOutputPlan plan;
     Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
       py::gil_scoped_release nogil;
       pack::CollectOptions copts;
@@ -95,10 +128,27 @@ void RegisterPack(py::module_& m) {
       if (o.out_path.empty()) {
         K3_ASSIGN_OR_RETURN(o.out_path, pack::DefaultPackPath(experts.shard_paths.front()));
       }
+      // `k3pack pack`'s rule, before BuildPack creates its lock file beside the output.
+      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(PackRequest("out", o.out_path, model_config, experts, force),
+                                                     experts));
+      if (plan.action == OutputAction::kAlreadyBuilt) return pack::BuildResult{};
+      if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(pack::RemovePackOutput(o.out_path));
       return pack::BuildPack(experts, o);
     }();
     pack::BuildResult b = Unwrap(std::move(r));
     py::dict d;
+    if (plan.action == OutputAction::kAlreadyBuilt) {
+      // A valid pack of these shards is there: nothing was written (the CLI's "already built").
+      const nlohmann::json& v = plan.valid_section;
+      d["already_built"] = true;
+      d["pack"] = o.out_path;
+      d["digests"] = pack::DigestsPathFor(o.out_path);
+      d["size"] = v.value("size", uint64_t{0});
+      d["index_count"] = v.value("index_count", uint64_t{0});
+      d["index_sha256"] = v.value("index_sha256", std::string());
+      return d;
+    }
+    d["already_built"] = false;
     d["pack"] = b.pack_path;
     d["digests"] = b.digests_path;
     d["size"] = b.pack_bytes;
@@ -110,10 +160,66 @@ void RegisterPack(py::module_& m) {
     d["seconds"] = b.seconds;
     return d;
   }, py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(), py::arg("out") = "",
-     py::arg("profile") = "kimi-k3", py::arg("allow_mixed_types") = false, py::arg("safety_margin_gib") = 2.0,
+     py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false, py::arg("safety_margin_gib") = 2.0,
      py::arg("restart") = false, py::arg("threads") = 0, py::arg("progress") = py::none(),
-     py::arg("log") = py::none(),
-     "build the expert-major pack (resumable; `k3pack pack`); out='' = <dir>/<prefix>.expert-major.pack");
+     py::arg("log") = py::none(), py::arg("force") = false,
+     "build the expert-major pack (resumable; `k3pack pack`); out='' = <dir>/<prefix>.expert-major.pack. "
+     "As the CLI: out must not be an input; a valid pack of these shards there is reported "
+     "(already_built=True) and kept; anything else there is refused unless force=True");
+
+  m.def("_plan_build", [](const std::string& gguf_dir, const std::string& model_config,
+                          const std::string& tokenizer_dir, const std::string& pack_arg,
+                          const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
+                          bool force) {
+    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
+    std::string out = pack_arg, manifest_path = manifest_arg;
+    pack::PackOutputPlan plan;
+    OutputAction maction{};
+    Status st = [&]() -> Status {
+      py::gil_scoped_release nogil;
+      pack::CollectOptions copts;
+      copts.allow_mixed_types = allow_mixed_types;
+      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
+      if (out.empty()) {
+        K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
+      }
+      pack::PackOutputRequest req = PackRequest("pack", out, model_config, experts, force);
+      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
+      // `k3pack build`'s manifest rule: none of the inputs, the pack included.
+      if (manifest_path.empty()) {
+        manifest_path = (std::filesystem::path(out).parent_path() / manifest::kDefaultManifestName).string();
+      }
+      std::vector<k3pack::NamedPath> inputs = req.inputs;
+      for (auto& f : k3pack::FilesIn("a tokenizer_dir file", tokenizer_dir)) inputs.push_back(std::move(f));
+      inputs.push_back({"pack", out});
+      inputs.push_back({"pack (its .digests)", pack::DigestsPathFor(out)});
+      K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"manifest", manifest_path}}, inputs));
+      K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("manifest", manifest_path));
+      k3pack::OutputSpec mspec;
+      mspec.option = "manifest";
+      mspec.path = manifest_path;
+      mspec.force = force;
+      mspec.force_option = "force=True";
+      mspec.is_finished = [&]() -> Result<bool> {
+        return plan.action == OutputAction::kAlreadyBuilt &&
+               manifest::ManifestRecordsPack(manifest_path, plan.valid_section);
+      };
+      mspec.why_refused = "it is not the manifest of this pack";
+      K3_ASSIGN_OR_RETURN(maction, k3pack::DecideOutput(mspec));
+      return Status::OK();
+    }();
+    Check(st);
+    py::dict d;
+    d["pack"] = out;
+    d["manifest"] = manifest_path;
+    d["profile"] = kimi::ProfileName(p);
+    d["already_built"] = maction == OutputAction::kAlreadyBuilt;
+    return d;
+  }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
+     py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,
+     py::arg("force") = false,
+     "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
+     "the profile, and whether both are already built");
 
   m.def("validate_pack", [](const std::string& pack_path, const std::string& gguf_dir, const std::string& model_config,
                             const std::string& profile, py::object allow_mixed_types, int64_t payload_samples,
@@ -139,29 +245,50 @@ void RegisterPack(py::module_& m) {
 
   m.def("create_manifest", [](const std::string& gguf_dir, const std::string& expert_pack,
                               const std::string& model_config, const std::string& tokenizer_dir,
-                              const std::string& output, const std::string& profile, int64_t payload_samples,
-                              bool full_source_hashes, bool full_pack_hash, py::object progress) {
+                              const std::string& output, const py::object& profile, int64_t payload_samples,
+                              bool full_source_hashes, bool full_pack_hash, py::object progress, bool force) {
     manifest::CreateOptions o;
     o.gguf_dir = gguf_dir;
     o.expert_pack = expert_pack;
     o.model_config = model_config;
     o.tokenizer_dir = tokenizer_dir;
-    o.profile = ProfileArg(profile);
+    o.profile = ProfileArg(profile, {expert_pack, model_config, gguf_dir});
     o.payload_samples = payload_samples;
     o.full_source_hashes = full_source_hashes;
     o.full_pack_hash = full_pack_hash;
     o.progress = LineCallback(progress);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
+      if (!output.empty()) {
+        // `k3pack manifest`'s rule: the output is none of the inputs.
+        K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs(
+            {{"output", output}},
+            manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames)));
+        K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
+      }
       K3_ASSIGN_OR_RETURN(nlohmann::json doc, manifest::CreateManifest(o));
-      if (!output.empty()) K3_RETURN_IF_ERROR(manifest::WriteManifest(output, doc));
+      if (output.empty()) return doc;
+      k3pack::OutputSpec spec;
+      spec.option = "output";
+      spec.path = output;
+      spec.force = force;
+      spec.force_option = "force=True";
+      spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, doc); };
+      spec.why_refused = "it differs from the manifest of these inputs";
+      K3_ASSIGN_OR_RETURN(OutputAction action, k3pack::DecideOutput(spec));
+      // Already built: the file is left as it is, and is what is returned.
+      if (action == OutputAction::kAlreadyBuilt) return manifest::ReadManifestJson(output);
+      K3_RETURN_IF_ERROR(manifest::WriteManifest(output, doc));
       return doc;
     }();
     return JsonToPython(Unwrap(std::move(r)));
   }, py::arg("gguf_dir"), py::arg("expert_pack"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(),
-     py::arg("output") = "", py::arg("profile") = "kimi-k3", py::arg("payload_samples") = 6,
-     py::arg("full_source_hashes") = false, py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
-     "SGLang's create_manifest; writes it byte-compatibly to `output` when given; returns the document");
+     py::arg("output") = "", py::arg("profile") = py::none(), py::arg("payload_samples") = 6,
+     py::arg("full_source_hashes") = true, py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
+     py::arg("force") = false,
+     "SGLang's create_manifest; writes it byte-compatibly to `output` when given (as `k3pack manifest`: not an "
+     "input; the same manifest there is kept; anything else there is refused unless force=True); returns the "
+     "document");
 
   m.def("serialize_manifest", [](py::object doc) {
     std::string text = py::module_::import("json").attr("dumps")(doc).cast<std::string>();

@@ -2,8 +2,15 @@
 // so Python code and tests can make models without the CLI.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
 #include "common.h"
 #include "k3pack/synth.h"
+#include "kimi/profile_sidecar.h"
+#include "util/output_guard.h"
 
 namespace k3py {
 
@@ -13,7 +20,7 @@ void RegisterSynth(py::module_& m) {
   m.def("synth", [](const std::string& out_dir, const std::string& preset, uint64_t seed,
                     const std::vector<std::string>& faults, bool all_data, std::optional<uint32_t> shards,
                     std::optional<std::string> matrix_type, std::optional<uint32_t> hidden,
-                    std::optional<uint32_t> vocab) {
+                    std::optional<uint32_t> vocab, bool force) {
     synth::SynthOptions o = Unwrap(synth::PresetOptions(preset));
     o.out_dir = out_dir;
     o.seed = seed;
@@ -27,12 +34,45 @@ void RegisterSynth(py::module_& m) {
       if (!t) throw py::value_error("unknown ggml type '" + *matrix_type + "'");
       o.matrix_type = *t;
     }
-    k3pack::Result<synth::SynthResult> r = [&] {
+    // The options that determine the bytes (not the directory): an existing
+    // model written with the same ones, by this call or `k3pack synth`, is
+    // the finished output.
+    const nlohmann::json recipe = k3pack::kimi::SynthRecipe(o);
+    k3pack::OutputSpec spec;
+    spec.option = "out_dir";
+    spec.path = out_dir;
+    spec.directory = true;
+    spec.force = force;
+    spec.force_option = "force=True";
+    spec.is_finished = [&]() -> k3pack::Result<bool> { return k3pack::kimi::SynthSidecarRecords(out_dir, recipe); };
+    spec.why_refused = "it is not a model written by k3pack.synth with these options";
+    const k3pack::OutputAction action = Unwrap(k3pack::DecideOutput(spec));
+    namespace fs = std::filesystem;
+    py::dict d;
+    d["out_dir"] = out_dir;
+    if (action == k3pack::OutputAction::kAlreadyBuilt) {
+      // Nothing is written; the paths are those of the model already there.
+      std::vector<std::string> shards_found;
+      std::error_code ec;
+      for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+        if (it->path().extension() == ".gguf") shards_found.push_back(it->path().string());
+      }
+      std::sort(shards_found.begin(), shards_found.end());
+      d["already_built"] = true;
+      d["shards"] = shards_found;
+      d["config"] = (fs::path(out_dir) / "config.json").string();
+      d["tokenizer_dir"] = (fs::path(out_dir) / "tokenizer").string();
+      return d;
+    }
+    k3pack::Result<synth::SynthResult> r = [&]() -> k3pack::Result<synth::SynthResult> {
       py::gil_scoped_release nogil;
-      return synth::WriteSynthModel(o);
+      K3_ASSIGN_OR_RETURN(synth::SynthResult res, synth::WriteSynthModel(o));
+      // The profile the model passes, recorded so later calls need none.
+      K3_RETURN_IF_ERROR(k3pack::kimi::WriteSynthSidecar(out_dir, res.config_path, recipe).status());
+      return res;
     }();
     synth::SynthResult s = Unwrap(std::move(r));
-    py::dict d;
+    d["already_built"] = false;
     d["shards"] = s.shard_paths;
     d["config"] = s.config_path;
     d["tokenizer_dir"] = s.tokenizer_dir;
@@ -44,7 +84,10 @@ void RegisterSynth(py::module_& m) {
   }, py::arg("out_dir"), py::kw_only(), py::arg("preset") = "tiny", py::arg("seed") = 0,
      py::arg("faults") = std::vector<std::string>{}, py::arg("all_data") = false, py::arg("shards") = py::none(),
      py::arg("matrix_type") = py::none(), py::arg("hidden") = py::none(), py::arg("vocab") = py::none(),
-     "write a synthetic Kimi-K3 GGUF set + config.json + tokenizer/ (like `k3pack synth`)");
+     py::arg("force") = false,
+     "write a synthetic Kimi-K3 GGUF set + config.json + tokenizer/ + k3pack-profile.json (like `k3pack synth`: "
+     "a non-empty out_dir is refused unless force=True; the same model already there is reported, "
+     "already_built=True)");
   m.def("synth_faults", [] {
     std::vector<std::string> out;
     for (synth::Fault f : synth::AllFaults()) out.emplace_back(synth::FaultName(f));

@@ -17,6 +17,7 @@
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 #include "pack/progress.h"
 #include "pack/repair_damaged.h"
@@ -76,16 +77,6 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
                 "--allow-unsupported to build the pack anyway");
 }
 
-// An existing manifest is the finished output of this build when it reads
-// back and records this very pack (path, size, index digest).
-bool ManifestRecordsPack(const std::string& manifest_path, const nlohmann::json& section) {
-  auto m = manifest::ReadManifest(manifest_path);
-  if (!m.ok() || !m->complete || section.is_null()) return false;
-  return m->expert_pack.path == section.value("path", std::string()) &&
-         m->expert_pack.size == section.value("size", uint64_t{0}) &&
-         m->expert_pack.index_sha256 == section.value("index_sha256", std::string());
-}
-
 // One pack and its manifest: the full pack, or the rank pack of `rank`.
 // `shard_sha256` carries whole-shard SHA-256s from one rank's build to the
 // next (--ep-rank all hashes the shards once).
@@ -129,7 +120,8 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   mspec.path = manifest_path;
   mspec.force = args.Has("--force");
   mspec.is_finished = [&]() -> Result<bool> {
-    return plan.action == OutputAction::kAlreadyBuilt && ManifestRecordsPack(manifest_path, plan.valid_section);
+    return plan.action == OutputAction::kAlreadyBuilt &&
+           manifest::ManifestRecordsPack(manifest_path, plan.valid_section);
   };
   // --restart replaces the manifest of the pack it re-checks.
   if (plan.repair && PathExists(manifest_path)) {

@@ -12,6 +12,7 @@
 #include "cli/profile.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 #include "pack/progress.h"
 #include "util/file.h"
@@ -20,16 +21,6 @@ namespace k3pack::cli {
 namespace {
 
 constexpr const char* kCmd = "manifest";
-
-// The same manifest, ignoring when it was written.
-bool SameManifest(const std::string& path, nlohmann::json fresh) {
-  auto old = manifest::ReadManifestJson(path);
-  if (!old.ok()) return false;
-  nlohmann::json o = *old;
-  o.erase("created_at");
-  fresh.erase("created_at");
-  return o == fresh;
-}
 
 struct Values {
   kimi::Profile profile{};
@@ -55,17 +46,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_RETURN_IF_ERROR(CheckInputExists("--pack", o.expert_pack, ".pack"));
   K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", o.model_config));
   K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", o.tokenizer_dir));
-  std::vector<NamedPath> inputs = {{"--model-config", o.model_config},
-                                   {"--pack", o.expert_pack},
-                                   {"--pack (its .digests)", pack::DigestsPathFor(o.expert_pack)}};
-  for (auto& f : FilesIn("a --tokenizer-dir file", o.tokenizer_dir)) inputs.push_back(std::move(f));
-  if (std::filesystem::is_directory(o.gguf_dir)) {
-    for (auto& f : FilesIn("a shard in --gguf-dir", o.gguf_dir)) {
-      if (std::filesystem::path(f.path).extension() == ".gguf") inputs.push_back(std::move(f));
-    }
-  } else {
-    inputs.push_back({"--gguf-dir", o.gguf_dir});
-  }
+  std::vector<NamedPath> inputs =
+      manifest::ManifestInputs(o.gguf_dir, o.expert_pack, o.model_config, o.tokenizer_dir);
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
   inputs.push_back({"--manifest", output});
@@ -82,7 +64,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   spec.option = "--manifest";
   spec.path = output;
   spec.force = args.Has("--force");
-  spec.is_finished = [&]() -> Result<bool> { return SameManifest(output, m); };
+  spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, m); };
   spec.why_refused = "it differs from the manifest of these inputs";
   K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"manifest", output}};

@@ -90,52 +90,6 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
   return o;
 }
 
-// The options that decide the model's bytes, normalized: the same model is
-// recognized whatever the spelling of --out, the order of the flags, or
-// whether a default was given explicitly (--progress, --json and --force
-// change nothing in it).
-nlohmann::json EffectiveOptions(const synth::SynthOptions& o) {
-  using nlohmann::json;
-  const synth::SynthDims& d = o.dims;
-  auto types = [](const synth::ExpertTypes& t) {
-    return json::array({GgmlTypeName(t.up), GgmlTypeName(t.gate), GgmlTypeName(t.down)});
-  };
-  json layer_types = json::object();
-  for (const auto& [layer, t] : o.layer_expert_types) layer_types[std::to_string(layer)] = types(t);
-  std::vector<std::string> faults;
-  for (synth::Fault f : o.faults) faults.emplace_back(synth::FaultName(f));
-  std::sort(faults.begin(), faults.end());
-  faults.erase(std::unique(faults.begin(), faults.end()), faults.end());
-  json dims = {{"num_layers", d.num_layers},
-               {"first_k_dense", d.first_k_dense},
-               {"num_experts", d.num_experts},
-               {"top_k", d.top_k},
-               {"num_shared_experts", d.num_shared_experts},
-               {"hidden", d.hidden},
-               {"latent", d.latent},
-               {"moe_intermediate", d.moe_intermediate},
-               {"dense_intermediate", d.dense_intermediate},
-               {"heads", d.heads},
-               {"head_dim", d.head_dim},
-               {"qk_rope", d.qk_rope},
-               {"q_lora_rank", d.q_lora_rank},
-               {"kv_lora_rank", d.kv_lora_rank},
-               {"conv_kernel", d.conv_kernel},
-               {"vocab", d.vocab},
-               {"context_length", d.context_length},
-               {"attn_res_block_size", d.attn_res_block_size},
-               {"mla_layers", d.mla_layers ? json(*d.mla_layers) : json()}};
-  return {{"prefix", o.prefix},
-          {"seed", o.seed},
-          {"dims", dims},
-          {"shards", o.shards},
-          {"expert_types", types(o.expert_types)},
-          {"layer_expert_types", layer_types},
-          {"matrix_type", GgmlTypeName(o.matrix_type)},
-          {"hole_threshold_bytes", o.hole_threshold_bytes},
-          {"faults", faults}};
-}
-
 // An interrupted synth's temp files (`<name>.tmp` of the atomic writers) in
 // --out and its tokenizer/: ours to remove before starting over.
 void RemoveTempFiles(const std::string& dir) {
@@ -200,7 +154,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
 
   // The options that determine the bytes: an existing model written with the
   // same ones is the finished output (its sidecar records them).
-  const nlohmann::json recipe = EffectiveOptions(*opts);
+  const nlohmann::json recipe = kimi::SynthRecipe(*opts);
   const std::string sidecar = opts->out_dir + "/" + kProfileSidecar;
   const std::string marker = opts->out_dir + "/" + kPartialMarker;
   OutputSpec spec;
@@ -208,21 +162,14 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   spec.path = opts->out_dir;
   spec.directory = true;
   spec.force = args.Has("--force");
-  spec.is_finished = [&]() -> Result<bool> {
-    auto text = ReadFileToString(sidecar);
-    if (!text.ok()) return false;
-    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return false;
-    if (j.contains("synth_options")) return j["synth_options"] == recipe;
-    // Written by an earlier k3pack, which recorded the arguments as given:
-    // the same arguments are still the same model.
-    nlohmann::json args_given = nlohmann::json::array();
-    for (const auto& a : argv) {
-      if (a != "--force" && a != "--json") args_given.push_back(a);
-    }
-    for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
-    return j.value("synth_args", nlohmann::json()) == args_given;
-  };
+  // A sidecar of an earlier k3pack recorded the arguments as given: the
+  // same arguments are still the same model.
+  nlohmann::json args_given = nlohmann::json::array();
+  for (const auto& a : argv) {
+    if (a != "--force" && a != "--json") args_given.push_back(a);
+  }
+  for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
+  spec.is_finished = [&]() -> Result<bool> { return kimi::SynthSidecarRecords(opts->out_dir, recipe, args_given); };
   spec.why_refused = "it is not a model written by `k3pack synth` with these options";
   if (PathExists(marker)) {
     // Our own interrupted (or failed) write: start over, as its message said.
@@ -251,16 +198,9 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   auto res = synth::WriteSynthModel(*opts);
   progress->Finish();
   if (!res.ok()) return ReportError(kCmd, res.error());
-  // Record the profile the model passes, so later commands need no --profile.
-  const kimi::Profile profile = kimi::LoadModelSpec(res->config_path, kimi::Profile::kKimiK3).ok()
-                                    ? kimi::Profile::kKimiK3
-                                    : kimi::Profile::kScaled;
-  nlohmann::json side = {{"profile", kimi::ProfileName(profile)},
-                         {"written_by", "k3pack synth"},
-                         {"synth_options", recipe},
-                         {"note", "read by k3pack commands when --profile is not given"}};
-  Status st = WriteFileAtomic(sidecar, DumpJsonEscaped(side) + "\n");
-  if (!st.ok()) return ReportError(kCmd, st.error());
+  auto recorded = kimi::WriteSynthSidecar(opts->out_dir, res->config_path, recipe);
+  if (!recorded.ok()) return ReportError(kCmd, recorded.error());
+  const kimi::Profile profile = *recorded;
   std::filesystem::remove(marker, ec);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

@@ -8,37 +8,18 @@
 //   - it exists otherwise: refuse, naming the option, unless --force.
 #pragma once
 
-#include <functional>
 #include <string>
 
 #include "cli/command.h"
 #include "k3pack/error.h"
+#include "util/output_guard.h"
 
 namespace k3pack::cli {
 
-enum class OutputAction {
-  kWrite,         // nothing there: write it
-  kResume,        // a resumable partial is there: continue it
-  kAlreadyBuilt,  // the finished output is there and valid: nothing to do
-  kReplace,       // something is there and --force was given: rebuild it
-};
-
-struct OutputSpec {
-  std::string option;  // the option naming the output ("--pack"), for messages
-  std::string path;
-  bool force = false;
-  bool directory = false;    // the output is a directory: an empty one counts as absent
-  bool has_partial = false;  // a resumable partial of this output exists
-  // Says whether an existing output is the finished, valid result of the
-  // same inputs; unset: an existing output is never taken as finished.
-  std::function<Result<bool>()> is_finished;
-  // Appended to the refusal ("it is not a pack built from these shards").
-  std::string why_refused;
-};
-
-// Applies the rule. The refusal is ErrorKind::kFileExists, names the option
-// and says to pass --force or another path.
-Result<OutputAction> DecideOutput(const OutputSpec& spec);
+// The rule itself is shared with the Python binding (util/output_guard.h).
+using k3pack::DecideOutput;
+using k3pack::OutputAction;
+using k3pack::OutputSpec;
 
 // Adds --force ("replace an existing output") to a command's options.
 void AddForceFlag(Args& args, const std::string& what);

@@ -11,6 +11,7 @@
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
 #include "k3pack/pack.h"
+#include "manifest/manifest_output.h"
 #include <nlohmann/json.hpp>
 
 namespace k3pack::cli {
@@ -28,7 +29,7 @@ struct PackPlan {
 };
 
 // SGLang's artifact name for the manifest, the default of every command.
-inline constexpr const char* kDefaultManifestName = "kimi-k3-expert-pack.manifest.json";
+using manifest::kDefaultManifestName;
 
 // Uses --gguf-dir, --model-config, --pack, --profile, --force. Expert types
 // may differ by role/layer only when `allow_mixed_types`.

@@ -1,7 +1,5 @@
 #include "cli/preflight.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -39,12 +37,6 @@ bool NamesKimi(const nlohmann::json& j) {
 std::string Describe(const nlohmann::json& j) {
   if (auto it = j.find("model_type"); it != j.end() && it->is_string()) return "model_type '" + it->get<std::string>() + "'";
   return "no model_type";
-}
-
-bool SameFile(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
 }  // namespace
@@ -138,25 +130,6 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
       .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
 }
 
-Status CheckOutputWritable(const std::string& option, const std::string& path) {
-  // The writers create missing directories: what must be writable is the
-  // nearest one that exists.
-  fs::path dir = fs::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  std::error_code ec;
-  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
-  if (!fs::is_directory(dir, ec)) {
-    return Error(option + " " + path + ": " + dir.string() + " is not a directory", ErrorKind::kFileExists)
-        .WithHint("pass " + option + " in a directory");
-  }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    const int err = errno;
-    return Error::FromErrno(option + " " + path + ": cannot write in " + dir.string(), err)
-        .WithHint("the directory is read-only for you; pass " + option + " elsewhere");
-  }
-  return Status::OK();
-}
-
 Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths) {
   for (const NamedPath& p : paths) {
     std::error_code ec;
@@ -166,19 +139,6 @@ Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths) {
     return Error(p.option + " " + EscapeInvalidUtf8(shown) +
                  " is not valid UTF-8, and the manifest records it: SGLang reads the manifest as UTF-8 JSON")
         .WithHint("move or rename it to a UTF-8 path (the bytes shown as \\xNN are not UTF-8), then rerun");
-  }
-  return Status::OK();
-}
-
-Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
-  for (const NamedPath& out : outputs) {
-    if (out.path.empty()) continue;
-    for (const NamedPath& in : inputs) {
-      if (in.path.empty() || !SameFile(out.path, in.path)) continue;
-      return Error(out.option + " " + out.path + " is an input (" + in.option + "); writing it would destroy it",
-                   ErrorKind::kFileExists)
-          .WithHint("pass " + out.option + " a new path that is not one of the inputs");
-    }
   }
   return Status::OK();
 }
@@ -218,16 +178,6 @@ Error WithMovedModelHint(const Error& e, const std::string& manifest_path) {
   return e.WithHint(std::to_string(gone.size()) + " file(s) the manifest records are gone (first: " + gone.front() +
                     "); if the model directory was moved or renamed, rerun `k3pack build` in its new place to write "
                     "a new manifest (a valid pack there is reused)");
-}
-
-std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir) {
-  std::vector<NamedPath> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code e;
-    if (it->is_regular_file(e)) out.push_back({label, it->path().string()});
-  }
-  return out;
 }
 
 }  // namespace k3pack::cli

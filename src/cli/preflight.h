@@ -8,13 +8,16 @@
 #include <vector>
 
 #include "k3pack/error.h"
+#include "util/output_guard.h"
 
 namespace k3pack::cli {
 
-struct NamedPath {
-  std::string option;  // "--model-config", "source shard", ...
-  std::string path;
-};
+// Shared with the Python binding (util/output_guard.h): the output-is-not-an-
+// input and writable-directory checks, and FilesIn.
+using k3pack::CheckOutputsAreNotInputs;
+using k3pack::CheckOutputWritable;
+using k3pack::FilesIn;
+using k3pack::NamedPath;
 
 // --model-config: a readable file (not a directory) holding a JSON object that
 // is a Kimi HF config (model_type / architectures name Kimi, top level or in
@@ -31,20 +34,11 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir);
 // names that folder and the --gguf-dir to pass.
 Status CheckGgufDir(const std::string& option, const std::string& path);
 
-// The directory an output is written in (or its nearest existing ancestor,
-// the writers create the rest) is writable; a read-only model directory is
-// reported with the option to pass elsewhere.
-Status CheckOutputWritable(const std::string& option, const std::string& path);
-
-// No output path is one of the inputs (same file by inode, or the same path
-// once resolved). Inputs that are directories also cover every file in them.
 // Every path a manifest records (shards, pack, config, tokenizer files, the
 // manifest itself) must be UTF-8: SGLang reads the manifest as UTF-8 JSON.
 // Checked before the build copies anything; the error names the option and
 // shows the path with its odd bytes \xNN-escaped.
 Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
-
-Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
 // An input file/dir named by `option` exists; when it does not, the error
 // lists the candidates found beside it (names ending in `suffix`).
@@ -54,8 +48,5 @@ Status CheckInputExists(const std::string& option, const std::string& path, cons
 // manifest names (pack, shards) are gone, as after moving the model directory,
 // adds a hint saying so and to rerun `k3pack build` (unless `e` has a hint).
 Error WithMovedModelHint(const Error& e, const std::string& manifest_path);
-
-// Every regular file in `dir` (one level), as NamedPaths labelled `label`.
-std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);
 
 }  // namespace k3pack::cli

@@ -9,10 +9,11 @@
 
 #include "cli/command.h"
 #include "k3pack/kimi.h"
+#include "kimi/profile_sidecar.h"
 
 namespace k3pack::cli {
 
-inline constexpr const char* kProfileSidecar = "k3pack-profile.json";
+using kimi::kProfileSidecar;  // kimi/profile_sidecar.h, shared with the Python binding
 
 // Adds --profile with the help text saying how it is found when omitted.
 void AddProfileOption(Args& args);

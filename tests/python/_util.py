@@ -61,7 +61,7 @@ def synth(out, fault=None, all_data=False, matrix_type=None, force=False):
         return
     import k3pack
 
-    k3pack.synth(out, faults=[fault] if fault else [], all_data=all_data, matrix_type=matrix_type)
+    k3pack.synth(out, faults=[fault] if fault else [], all_data=all_data, matrix_type=matrix_type, force=force)
 
 
 def build_tiny(tmp):

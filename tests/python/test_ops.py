@@ -213,9 +213,11 @@ class PackManifestStore(unittest.TestCase):
                 checked.add(t.type)
         self.assertEqual(checked, set(decoders))
 
-    def test_rebuild_refuses_to_overwrite(self):
-        with self.assertRaises(FileExistsError):
-            k3pack.build_pack(self.model, self.config, out=self.pack, profile="scaled", safety_margin_gib=0)
+    def test_rebuild_is_already_built(self):
+        # As `k3pack pack`: the valid pack of these shards is reported and kept (test_output_rules.py).
+        r = k3pack.build_pack(self.model, self.config, out=self.pack, profile="scaled", safety_margin_gib=0)
+        self.assertTrue(r["already_built"])
+        self.assertEqual(r["index_sha256"], self.built["pack"]["index_sha256"])
 
     def test_stream_from_real_manifest_matches_oracle(self):
         want = [(n, v) for n, v, _ in oracle.sglang_nonexpert_weights(self.manifest)]

@@ -1,0 +1,47 @@
+#include "manifest/manifest_output.h"
+
+#include <filesystem>
+
+#include "k3pack/manifest.h"
+#include "k3pack/pack.h"
+
+namespace k3pack::manifest {
+
+namespace fs = std::filesystem;
+
+std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::string& pack_path,
+                                      const std::string& model_config, const std::string& tokenizer_dir,
+                                      const InputNames& names) {
+  std::vector<NamedPath> inputs = {{names.model_config, model_config},
+                                   {names.pack, pack_path},
+                                   {names.pack + " (its .digests)", pack::DigestsPathFor(pack_path)}};
+  for (auto& f : FilesIn("a " + names.tokenizer_dir + " file", tokenizer_dir)) inputs.push_back(std::move(f));
+  std::error_code ec;
+  if (fs::is_directory(gguf_dir, ec)) {
+    for (auto& f : FilesIn("a shard in " + names.gguf_dir, gguf_dir)) {
+      if (fs::path(f.path).extension() == ".gguf") inputs.push_back(std::move(f));
+    }
+  } else {
+    inputs.push_back({names.gguf_dir, gguf_dir});
+  }
+  return inputs;
+}
+
+bool SameManifest(const std::string& path, nlohmann::json fresh) {
+  auto old = ReadManifestJson(path);
+  if (!old.ok()) return false;
+  nlohmann::json o = *old;
+  o.erase("created_at");
+  fresh.erase("created_at");
+  return o == fresh;
+}
+
+bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section) {
+  auto m = ReadManifest(path);
+  if (!m.ok() || !m->complete || section.is_null()) return false;
+  return m->expert_pack.path == section.value("path", std::string()) &&
+         m->expert_pack.size == section.value("size", uint64_t{0}) &&
+         m->expert_pack.index_sha256 == section.value("index_sha256", std::string());
+}
+
+}  // namespace k3pack::manifest

@@ -1,0 +1,41 @@
+// The overwrite rule (util/output_guard.h) applied to a manifest path, shared
+// by `k3pack manifest`, `k3pack build` and the Python binding: what counts as
+// an input the manifest must not replace, and when an existing manifest is
+// the finished output ("already built").
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "util/output_guard.h"
+
+namespace k3pack::manifest {
+
+// SGLang's artifact name for the manifest, the default of every writer.
+inline constexpr const char* kDefaultManifestName = "kimi-k3-expert-pack.manifest.json";
+
+// How the caller names the inputs in its messages.
+struct InputNames {
+  std::string gguf_dir = "--gguf-dir";
+  std::string pack = "--pack";
+  std::string model_config = "--model-config";
+  std::string tokenizer_dir = "--tokenizer-dir";
+};
+
+// Every file a manifest of these inputs reads: the config, the pack and its
+// .digests, each tokenizer file, and the shards (each .gguf in `gguf_dir`, or
+// `gguf_dir` itself when it names a shard).
+std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::string& pack,
+                                      const std::string& model_config, const std::string& tokenizer_dir,
+                                      const InputNames& names = {});
+
+// The manifest at `path` is `fresh`, ignoring when it was written.
+bool SameManifest(const std::string& path, nlohmann::json fresh);
+
+// The manifest at `path` is complete and records this very pack (`section`:
+// ValidatePack's expert_pack section: path, size, index digest).
+bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section);
+
+}  // namespace k3pack::manifest

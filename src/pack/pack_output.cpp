@@ -1,0 +1,78 @@
+#include "pack/pack_output.h"
+
+#include <filesystem>
+
+#include "util/file.h"
+
+namespace k3pack::pack {
+
+Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts) {
+  const std::string& out = req.path;
+  const std::string& opt = req.option;
+  // Before anything is created beside the pack (its lock file included).
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{opt, out},
+                                              {opt + " (its .digests)", DigestsPathFor(out)},
+                                              {opt + " (its .partial)", PartialPathFor(out)},
+                                              {opt + " (its .lock)", LockPathFor(out)}},
+                                             req.inputs));
+  K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
+  PackOutputPlan plan;
+  const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
+  if (req.repair_existing && !has_partial && PathExists(out)) {
+    plan.repair = true;
+    return plan;
+  }
+  OutputSpec spec;
+  spec.option = opt;
+  spec.path = out;
+  spec.force = req.force;
+  spec.force_option = req.force_option;
+  spec.has_partial = has_partial;
+  spec.is_finished = [&]() -> Result<bool> {
+    ValidateOptions vopts;
+    vopts.payload_samples = 6;
+    vopts.ep = req.ep;
+    auto valid = ValidatePack(out, experts, vopts);
+    if (valid.ok() && req.ep) {
+      // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
+      auto d = ReadPackDigests(DigestsPathFor(out));
+      if (!d.ok() || !d->ep || d->ep->size != req.ep->size || d->ep->rank != req.ep->rank) {
+        plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
+                              ep::Describe(*req.ep, experts.num_experts);
+        return false;
+      }
+    }
+    if (valid.ok()) {
+      plan.valid_section = *valid;
+      return true;
+    }
+    plan.invalid_reason = valid.error().message();
+    return false;
+  };
+  spec.why_refused = "it is not a valid pack of these shards";
+  auto action = DecideOutput(spec);
+  if (!action.ok()) {
+    if (!plan.invalid_reason.empty()) {
+      // The validator's text says what is wrong with it; the hint what to do.
+      return Error("refusing to overwrite existing " + out + " (" + opt +
+                       "): it is not a valid pack of these shards: " + plan.invalid_reason,
+                   ErrorKind::kFileExists)
+          .WithHint("pass " + req.force_option + " to rebuild it, " + req.repair_hint +
+                    " when only payloads are damaged, or another " + opt + " path");
+    }
+    return action.error();
+  }
+  plan.action = *action;
+  return plan;
+}
+
+Status RemovePackOutput(const std::string& pack_path) {
+  for (const std::string& p : {pack_path, DigestsPathFor(pack_path)}) {
+    std::error_code ec;
+    std::filesystem::remove(p, ec);
+    if (ec) return Error::FromErrno("cannot remove " + p + " to rebuild it (--force)", ec.value());
+  }
+  return Status::OK();
+}
+
+}  // namespace k3pack::pack

@@ -1,0 +1,46 @@
+// The overwrite rule (util/output_guard.h) applied to a pack path, shared by
+// `k3pack pack`, `k3pack build` and the Python binding's build_pack/build:
+// the pack and its sidecars are none of the inputs (checked before a lock
+// file is created), the directory is writable, and an existing pack is
+// resumed, reported as already built (it validates against these shards),
+// replaced (force) or refused.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "k3pack/ep.h"
+#include "k3pack/pack.h"
+#include "util/output_guard.h"
+
+namespace k3pack::pack {
+
+struct PackOutputRequest {
+  std::string path;                       // the pack (a rank pack's own path for `ep`)
+  std::vector<NamedPath> inputs;          // config + shards
+  std::string option = "--pack";          // how the caller names the pack, for messages
+  std::string force_option = "--force";   // how the caller spells force
+  // What else the refusal of a damaged pack suggests.
+  std::string repair_hint = "--repair-damaged (pack) or --restart (build)";
+  bool force = false;
+  // A finished pack is not judged: the caller repairs its damaged payloads.
+  bool repair_existing = false;
+  std::optional<ep::Rank> ep;
+};
+
+struct PackOutputPlan {
+  OutputAction action = OutputAction::kWrite;
+  bool repair = false;            // repair_existing and a finished pack is there
+  std::string invalid_reason;     // why an existing pack is not taken as finished
+  nlohmann::json valid_section;   // kAlreadyBuilt: ValidatePack's expert_pack section
+};
+
+Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts);
+
+// Force: removes a finished pack and its .digests so BuildPack rebuilds it.
+Status RemovePackOutput(const std::string& pack_path);
+
+}  // namespace k3pack::pack

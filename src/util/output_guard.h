@@ -1,0 +1,65 @@
+// The output rules every k3pack writer applies, shared by the CLI commands
+// and the Python binding (so `k3pack.build(...)` refuses what `k3pack build`
+// refuses, with the same texts). A user's file is never replaced by accident:
+//   - no output is one of the inputs (CheckOutputsAreNotInputs);
+//   - the output does not exist (an empty directory counts as absent): write;
+//   - a resumable partial of it exists (`<pack>.partial` + checkpoint): resume;
+//   - it exists and is the finished, valid result of the same inputs: report
+//     "already built" and do nothing;
+//   - it exists otherwise: refuse, naming the option, unless forced.
+// Option names are the caller's: "--pack" and "--force" for the CLI, the
+// keyword ("out", "force=True") for Python.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack {
+
+struct NamedPath {
+  std::string option;  // "--model-config", "source shard", ...
+  std::string path;
+};
+
+enum class OutputAction {
+  kWrite,         // nothing there: write it
+  kResume,        // a resumable partial is there: continue it
+  kAlreadyBuilt,  // the finished output is there and valid: nothing to do
+  kReplace,       // something is there and force was given: rebuild it
+};
+
+struct OutputSpec {
+  std::string option;  // the option naming the output ("--pack"), for messages
+  std::string path;
+  bool force = false;
+  std::string force_option = "--force";  // how the caller spells force, for the hint
+  bool directory = false;    // the output is a directory: an empty one counts as absent
+  bool has_partial = false;  // a resumable partial of this output exists
+  // Says whether an existing output is the finished, valid result of the
+  // same inputs; unset: an existing output is never taken as finished.
+  std::function<Result<bool>()> is_finished;
+  // Appended to the refusal ("it is not a pack built from these shards").
+  std::string why_refused;
+};
+
+// Applies the rule. The refusal is ErrorKind::kFileExists, names the option
+// and says to pass force or another path.
+Result<OutputAction> DecideOutput(const OutputSpec& spec);
+
+// No output path is one of the inputs (same file by inode, or the same path
+// once resolved). Inputs that are directories also cover every file in them.
+// The refusal: "OPTION PATH is an input (INPUT); writing it would destroy it".
+Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+
+// The directory an output is written in (or its nearest existing ancestor,
+// the writers create the rest) is writable; a read-only model directory is
+// reported with the option to pass elsewhere.
+Status CheckOutputWritable(const std::string& option, const std::string& path);
+
+// Every regular file in `dir` (one level), as NamedPaths labelled `label`.
+std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);
+
+}  // namespace k3pack
