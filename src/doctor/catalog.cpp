@@ -239,7 +239,9 @@ const std::vector<Diagnosis> kCatalog = {
      "`k3pack build --restart`); otherwise rebuild the pack and its manifest with `k3pack build ... --force` "
      "(the finding gives the command)."},
     {"pack-index-digest", E, "ValueError", "The pack index no longer hashes to the manifest's index_sha256.",
-     "Regenerate the manifest for this pack (or rebuild the pack)."},
+     "If the pack was rebuilt on purpose, regenerate the manifest for it; if its header/index was damaged "
+     "(bytes SGLang's validator skips, e.g. a name's NUL padding), `k3pack build --restart` (or `k3pack pack "
+     "--repair-damaged`) rewrites it from the shards' layout."},
     {"check-skipped", I, "", "A group of checks could not run (the message says why).",
      "Fix the errors reported before it, then run doctor again."},
 };

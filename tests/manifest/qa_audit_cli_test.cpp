@@ -243,6 +243,13 @@ TEST_F(QaAudit, BuildNamesDamagedPackAndRestartRepairsIt) {
     EXPECT_TRUE(k3test::ReadFile(PackOf(dir)) == original);
     r = RunCmd(Bin() + " verify --full --progress none --manifest " + Q(ManifestOf(dir)));
     EXPECT_EQ(r.rc, 0) << r.out;
+    // The other repair named: `pack --repair-damaged` (manifest untouched).
+    FlipBytes(PackOf(dir), c.at, 16);
+    r = RunCmd(Bin() + " pack --repair-damaged --progress none --gguf-dir " + Q(dir) + " --model-config " +
+               Q(dir + "/config.json"));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_TRUE(k3test::ReadFile(PackOf(dir)) == original);
+    EXPECT_EQ(Verify(ManifestOf(dir)).rc, 0);
   }
 }
 
