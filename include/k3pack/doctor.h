@@ -94,6 +94,9 @@ struct DiagnoseOptions {
   std::string config_path;
   // Check tensor values (ssm_a, residual scores, small F32 vectors).
   bool check_values = true;
+  // With check_values false: still check the ssm_a values (a few KiB per
+  // layer), which SGLang's loader rejects at start-up (`k3pack build`).
+  bool check_ssm_a = false;
   // Compare pack payload samples with the GGUF when a manifest is given.
   int64_t pack_payload_samples = 6;
   std::function<void(const std::string&)> progress;  // status lines; may be empty

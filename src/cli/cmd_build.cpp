@@ -19,6 +19,8 @@
 #include "k3pack/pack.h"
 #include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
+#include "pack/build_inputs.h"
+#include "pack/format.h"
 #include "pack/progress.h"
 #include "pack/repair_damaged.h"
 #include "util/file.h"
@@ -53,13 +55,15 @@ Result<Values> ParseValues(const Args& args) {
 
 // What doctor reports as errors (SGLang refuses or mis-loads; e.g. BF16 matrices): a
 // pack of such a checkpoint builds fine and then fails at server start, so
-// building it is refused unless --allow-unsupported. Value checks are left to
-// `k3pack doctor` (they read every small tensor).
+// building it is refused unless --allow-unsupported. Of the value checks only
+// ssm_a runs here (small tensors, and SGLang's loader rejects raw A_log, NaN or
+// zeros); the rest are left to `k3pack doctor` (they read every small tensor).
 Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   doctor::DiagnoseOptions dopt;
   dopt.profile = plan.profile;
   dopt.config_path = args.Get("--model-config");
   dopt.check_values = false;
+  dopt.check_ssm_a = true;
   const std::string where = plan.experts.shard_paths.front();
   const doctor::Report report = doctor::Diagnose({where}, dopt);
   std::vector<const doctor::Finding*> fatal;
@@ -75,6 +79,33 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
                (first.sglang_error.empty() ? "" : " (SGLang: " + first.sglang_error + ")"))
       .WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
                 "--allow-unsupported to build the pack anyway");
+}
+
+// The manifest is refused although it records this very pack and is what
+// these shards give (its index digest is the layout's): then the pack is what
+// changed, e.g. bytes SGLang's validator skips (a name's NUL padding) or an
+// unsampled payload. Say so and name the in-place repair; else `refused`.
+Error ExplainManifestRefusal(const Error& refused, const std::string& manifest_path, const PackPlan& plan) {
+  auto m = manifest::ReadManifest(manifest_path);
+  if (!m.ok() || !m->complete) return refused;
+  auto recorded = ResolvePath(m->expert_pack.path);
+  auto here = ResolvePath(plan.pack);
+  auto layout = pack::LayoutOf(plan.experts);
+  if (!recorded.ok() || !here.ok() || *recorded != *here || !layout.ok() ||
+      m->expert_pack.index_sha256 != layout->IndexSha256()) {
+    return refused;
+  }
+  std::string what = plan.invalid_reason;
+  if (plan.action == OutputAction::kAlreadyBuilt) {
+    what = "its header/index hashes to " + plan.valid_section.value("index_sha256", std::string("?")) +
+           ", the manifest and the layout of these shards say " + m->expert_pack.index_sha256;
+  }
+  if (what.empty()) return refused;
+  return Error("refusing to overwrite existing " + manifest_path + " (--manifest): it is the manifest of this pack, " +
+                   "and the pack " + plan.pack + " is damaged: " + what,
+               ErrorKind::kFileExists)
+      .WithHint("repair the pack in place and keep this manifest: rerun `k3pack build` with --restart (or "
+                "`k3pack pack --repair-damaged`), then `k3pack verify --manifest " + manifest_path + "`");
 }
 
 // One pack and its manifest: the full pack, or the rank pack of `rank`.
@@ -129,7 +160,9 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     if (old.ok()) mspec.force = true;
   }
   mspec.why_refused = "it is not the manifest of this pack";
-  K3_ASSIGN_OR_RETURN(OutputAction maction, DecideOutput(mspec));
+  auto decided = DecideOutput(mspec);
+  if (!decided.ok()) return ExplainManifestRefusal(decided.error(), manifest_path, plan);
+  const OutputAction maction = *decided;
   if (maction == OutputAction::kAlreadyBuilt) {
     return nlohmann::json{{"already_built", true}, {"manifest", manifest_path}, {"pack", out}};
   }

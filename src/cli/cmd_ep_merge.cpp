@@ -12,6 +12,7 @@
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
 #include "k3pack/pack.h"
+#include "pack/merge.h"
 #include "pack/progress.h"
 #include "util/format.h"
 
@@ -51,8 +52,22 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
   spec.option = "--pack";
   spec.path = out;
   spec.force = args.Has("--force");
-  spec.why_refused = "the merge does not replace an existing pack";
-  K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
+  // A finished merge of these rank packs is reported as built, as the other
+  // writers do; anything else there is refused without --force.
+  std::string why_not;
+  spec.is_finished = [&]() -> Result<bool> {
+    K3_ASSIGN_OR_RETURN(why_not, pack::WhyNotMergedPack(ranks, out));
+    return why_not.empty();
+  };
+  spec.why_refused = "it is not the merge of these rank packs";
+  auto decided = DecideOutput(spec);
+  if (!decided.ok() && !why_not.empty()) {
+    return Error(decided.error().message().substr(0, decided.error().message().find('\n')) + ": " + why_not,
+                 decided.error().kind())
+        .WithHint("pass --force to merge again, or write the merged pack to another --pack path");
+  }
+  K3_ASSIGN_OR_RETURN(OutputAction action, std::move(decided));
+  if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
   if (action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
   pack::MergeOptions o;
   o.out_path = out;
@@ -81,6 +96,10 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   auto r = Run(args, *mode);
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;
+  if (j.contains("already_built")) {
+    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"));
+    return kExitOk;
+  }
   if (args.Has("--json")) {
     PrintJson(j);
   } else {

@@ -15,12 +15,44 @@
 #include "k3pack/manifest.h"
 #include "k3pack/run_experts.h"
 #include "k3pack/trace.h"
+#include "manifest/recorded_inputs.h"
+#include "util/file.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
 namespace {
 
 using nlohmann::json;
+
+// --gguf-dir must hold the shards the manifest records (count, then each
+// shard's size, header digest and tensor records, as verify compares them),
+// checked before any run: another model's shards would otherwise make every
+// layer differ and look like wrong bytes served from the pack.
+Status CheckGgufDirHoldsRecordedShards(const std::string& gguf_dir, const std::string& manifest_path) {
+  K3_ASSIGN_OR_RETURN(std::vector<std::string> paths, gguf::ShardSet::Discover(gguf_dir));
+  K3_ASSIGN_OR_RETURN(json raw, manifest::ReadManifestJson(manifest_path));
+  json source = raw.at("source");  // ReadManifest has checked the section
+  json& shards = source["shards"];
+  const std::string hint =
+      "run-experts compares the pack with these shards, so another model's would make every output differ; pass "
+      "the shard directory of the model the manifest was built from, or omit --gguf-dir to use the recorded shards";
+  if (!shards.is_array() || shards.size() != paths.size()) {
+    return Error("--gguf-dir " + gguf_dir + " holds " + std::to_string(paths.size()) + " shard(s), the manifest " +
+                 manifest_path + " records " + std::to_string(shards.is_array() ? shards.size() : 0))
+        .WithHint(hint);
+  }
+  for (size_t i = 0; i < paths.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(paths[i]));  // the manifest records resolved paths
+    shards[i]["path"] = resolved;
+  }
+  K3_ASSIGN_OR_RETURN(manifest::SourceDifference diff, manifest::CompareSourceWithShards(source));
+  if (diff.kind == manifest::SourceDifference::Kind::kNone) return Status::OK();
+  const Status why = manifest::SourceDifferenceStatus(diff);
+  const std::string what = why.ok() ? diff.detail : why.error().message().substr(0, why.error().message().find('\n'));
+  return Error("--gguf-dir " + gguf_dir + " does not hold the shards the manifest " + manifest_path +
+               " records: " + what)
+      .WithHint(hint);
+}
 
 void PrintRun(const store::ExpertRunResult& r) {
   std::printf("layer %u: %u token(s) x top-%u of %u experts (hidden %lld -> latent %lld, intermediate %lld)\n",
@@ -154,6 +186,10 @@ int RunExperts(const std::vector<std::string>& argv) {
   }
   auto source = gguf::ShardSet::Open(gguf_path);
   if (!source.ok()) return ReportError("run-experts", WithMovedModelHint(source.error(), a.Get("--manifest")));
+  if (!a.Get("--gguf-dir").empty()) {
+    if (Status same = CheckGgufDirHoldsRecordedShards(gguf_path, a.Get("--manifest")); !same.ok())
+      return ReportError("run-experts", same.error());
+  }
 
   store::StoreOptions so;
   so.cache_bytes = static_cast<uint64_t>(*mib) << 20;

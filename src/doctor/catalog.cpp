@@ -231,12 +231,17 @@ const std::vector<Diagnosis> kCatalog = {
     {"pack-missing", E, "FileNotFoundError", "The expert pack the manifest names does not exist.",
      "Build it with `k3pack pack`, or fix expert_pack.path."},
     {"pack-size", E, "ValueError", "The expert pack's size differs from the manifest.",
-     "Rebuild the pack (`k3pack pack --restart`) and regenerate the manifest."},
+     "Rebuild the pack and its manifest with `k3pack build DIR --model-config CONFIG --tokenizer-dir TOK --force` "
+     "(the finding names the paths); a pack whose size changed cannot be repaired in place."},
     {"pack-invalid", E, "ValueError",
      "The expert pack fails SGLang's validation (header, index order, alignment or payload samples).",
-     "Rebuild the pack with `k3pack pack --restart`."},
+     "Damaged payloads only (\"payload does not match GGUF source\"): `k3pack pack --repair-damaged` (or "
+     "`k3pack build --restart`); otherwise rebuild the pack and its manifest with `k3pack build ... --force` "
+     "(the finding gives the command)."},
     {"pack-index-digest", E, "ValueError", "The pack index no longer hashes to the manifest's index_sha256.",
-     "Regenerate the manifest for this pack (or rebuild the pack)."},
+     "If the pack was rebuilt on purpose, regenerate the manifest for it; if its header/index was damaged "
+     "(bytes SGLang's validator skips, e.g. a name's NUL padding), `k3pack build --restart` (or `k3pack pack "
+     "--repair-damaged`) rewrites it from the shards' layout."},
     {"check-skipped", I, "", "A group of checks could not run (the message says why).",
      "Fix the errors reported before it, then run doctor again."},
 };

@@ -47,11 +47,12 @@ void ExamineView(const internal::ShardView& view, const DiagnoseOptions& options
        model.expected.empty() ? "no kimi-k3.* layout; only SGLang's name table was applied" : "");
   internal::CheckExperts(view, model, options, out);
   Mark(out.report(), "experts", model.spec.has_value() || model.dims.has_value());
-  if (options.check_values) {
-    say("doctor: checking tensor values");
-    internal::CheckValues(view, model, out, options.value_progress);
+  if (options.check_values || options.check_ssm_a) {
+    say(options.check_values ? "doctor: checking tensor values" : "doctor: checking ssm_a values");
+    internal::CheckValues(view, model, out, options.value_progress, /*ssm_a_only=*/!options.check_values);
   }
-  Mark(out.report(), "values", options.check_values, options.check_values ? "" : "disabled");
+  Mark(out.report(), "values", options.check_values || options.check_ssm_a,
+       options.check_values ? "" : options.check_ssm_a ? "ssm_a only" : "disabled");
 }
 
 void ExamineGguf(const std::string& path, const DiagnoseOptions& options, internal::Collector& out) {

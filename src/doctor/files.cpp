@@ -306,14 +306,18 @@ void CheckSplit(const ShardView& view, Collector& out) {
     auto count = get("split.count");
     auto no = get("split.no");
     auto tcount = get("split.tensors.count");
-    if (no && *no != static_cast<int64_t>(i)) {
+    // The index the file's name gives it: its position in a complete set
+    // (SGLang's rule). With a shard missing (shard-set-incomplete) the
+    // positions shift, so the name's number is the fact to compare with.
+    const int64_t index = s.name ? static_cast<int64_t>(s.name->number) - 1 : static_cast<int64_t>(i);
+    if (no && *no != index) {
       Finding& fd = out.Add("split-no-mismatch", s.path,
-                            "split.no is " + std::to_string(*no) + " but the file is shard index " + std::to_string(i) +
-                                " (number " + std::to_string(i + 1) + " in its name)",
+                            "split.no is " + std::to_string(*no) + " but the file is shard index " +
+                                std::to_string(index) + " (number " + std::to_string(index + 1) + " in its name)",
                             "GGUF split.no mismatch for " + rpath + ": " + std::to_string(*no) + " != " +
-                                std::to_string(i),
+                                std::to_string(index),
                             s.path);
-      fd.details = {{"split_no", *no}, {"shard_index", i}};
+      fd.details = {{"split_no", *no}, {"shard_index", index}};
     }
     const bool has_arch = f.Find("general.architecture") != nullptr;
     if (!has_arch && i > 0) {

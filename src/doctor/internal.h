@@ -94,7 +94,10 @@ void CheckExperts(const ShardView& view, const ModelContext& model, const Diagno
 // `progress` (may be empty) gets the bytes and tensors decoded so far: on a
 // big set the value checks are what takes time (every ssm_a and small
 // vector is read from the shards).
-void CheckValues(const ShardView& view, const ModelContext& model, Collector& out, const ProgressFn& progress = {});
+// `ssm_a_only`: only the ssm_a tensors (what SGLang's loader transforms and
+// rejects), not the residual scores or the non-finite scan of small vectors.
+void CheckValues(const ShardView& view, const ModelContext& model, Collector& out, const ProgressFn& progress = {},
+                 bool ssm_a_only = false);
 
 // Per-ssm_a verdict used by both doctor and repair.
 struct SsmAVerdict {

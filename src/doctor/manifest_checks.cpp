@@ -33,9 +33,40 @@ std::string Dotted(std::initializer_list<const char*> path) {
   return s;
 }
 
-// SGLang's pack validation, run on the manifest's own records.
-void ValidatePackAgainstManifest(const json& j, const std::string& pack, const DiagnoseOptions& options,
-                                 Collector& out) {
+// The commands that repair the manifest's pack, with its own paths: a pack
+// whose structure or size changed is rebuilt with its manifest (`build
+// --force`; `pack --restart` refuses a finished pack and `--repair-damaged`
+// needs the layout intact), damaged payloads are rewritten in place.
+std::string RebuildCommand(const json& j, const std::string& pack, const std::string& manifest_path) {
+  auto str = [&](std::initializer_list<const char*> path, const char* fallback) {
+    const json* v = At(j, path);
+    return v != nullptr && v->is_string() ? v->get<std::string>() : std::string(fallback);
+  };
+  std::string dir = "GGUF_DIR";
+  if (const json* s = At(j, {"source", "shards"}); s && s->is_array() && !s->empty() && (*s)[0].contains("path") &&
+                                                    (*s)[0]["path"].is_string()) {
+    dir = fs::path((*s)[0]["path"].get<std::string>()).parent_path().string();
+  }
+  return "`k3pack build " + dir + " --model-config " + str({"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
+         str({"tokenizer", "path"}, "TOKENIZER_DIR") + " --pack " + pack + " --manifest " + manifest_path + " --force`";
+}
+
+std::string RepairPayloadsCommand(const json& j, const std::string& pack) {
+  std::string dir = "GGUF_DIR";
+  if (const json* s = At(j, {"source", "shards"}); s && s->is_array() && !s->empty() && (*s)[0].contains("path") &&
+                                                    (*s)[0]["path"].is_string()) {
+    dir = fs::path((*s)[0]["path"].get<std::string>()).parent_path().string();
+  }
+  const json* cfg = At(j, {"model", "config_path"});
+  return "`k3pack pack --repair-damaged --gguf-dir " + dir + " --model-config " +
+         (cfg && cfg->is_string() ? cfg->get<std::string>() : std::string("CONFIG")) + " --pack " + pack + "`";
+}
+
+// SGLang's pack validation, run on the manifest's own records. Without the
+// recorded source shards (`shards_intact` false) the payload samples, which
+// read them, are skipped: a missing shard is not a damaged pack.
+void ValidatePackAgainstManifest(const json& j, const std::string& pack, const std::string& manifest_path,
+                                 bool shards_intact, const DiagnoseOptions& options, Collector& out) {
   const json* model = At(j, {"model"});
   auto source = manifest::ParseSourceRecord(j.contains("source") ? j["source"] : json());
   if (model == nullptr || !source.ok() || !model->contains("active_moe_layer_ids") ||
@@ -65,6 +96,12 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const D
   }
   pack::ValidateOptions vo;
   vo.payload_samples = options.pack_payload_samples;
+  if (!shards_intact && vo.payload_samples > 0) {
+    vo.payload_samples = 0;
+    out.Add("check-skipped", "expert pack payload samples",
+            "the manifest's source shards are missing or changed (reported above), so pack payloads were not "
+            "compared with them");
+  }
   // A rank pack's manifest: sample only the rank's payloads (the others are holes by design).
   if (auto ext = manifest::ParseK3packExtension(j); ext.ok() && *ext && (*ext)->ep) {
     vo.ep = ep::Rank{(*ext)->ep->size, (*ext)->ep->rank};
@@ -72,7 +109,13 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const D
   auto v = pack::ValidatePack(pack, *experts, vo);
   if (!v.ok()) {
     const std::string msg = v.error().message();
-    out.Add("pack-invalid", pack, msg, msg.substr(0, msg.find('\n')), pack);
+    Finding& f = out.Add("pack-invalid", pack, msg, msg.substr(0, msg.find('\n')), pack);
+    if (msg.rfind("expert-pack payload does not match GGUF source", 0) == 0) {
+      f.fix = "Rewrite the damaged payloads from the source shards: " + RepairPayloadsCommand(j, pack) +
+              " (or rerun `k3pack build` with --restart).";
+    } else {
+      f.fix = "Rebuild the pack and its manifest: " + RebuildCommand(j, pack, manifest_path) + ".";
+    }
   }
 }
 
@@ -174,10 +217,12 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
       }
     }
   }
+  bool shards_intact = shards != nullptr && shards->is_array();
   if (shards && shards->is_array()) {
     for (const json& s : *shards) {
       if (!s.contains("path") || !s["path"].is_string() || !s.contains("size") || !s.contains("index")) {
         out.Add("manifest-invalid", "source.shards[]", "shard record without path/size/index", "'path'", manifest_path);
+        shards_intact = false;
         continue;
       }
       const std::string path = s["path"];
@@ -189,6 +234,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
                 !size.ok() ? "the file is missing"
                            : "size is " + std::to_string(*size) + ", the manifest says " + s["size"].dump(),
                 "Kimi-K3 GGUF shard is missing or changed: " + path, path);
+        shards_intact = false;
         continue;
       }
       auto f = gguf::GgufFile::Open(path);
@@ -236,8 +282,11 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     } else {
       const json* psize = need({"expert_pack", "size"});
       if (psize && *psize != *size) {
-        out.Add("pack-size", pack, "size is " + std::to_string(*size) + ", the manifest says " + psize->dump(),
-                "Kimi expert-pack size does not match its manifest", pack);
+        Finding& f = out.Add("pack-size", pack,
+                             "size is " + std::to_string(*size) + ", the manifest says " + psize->dump(),
+                             "Kimi expert-pack size does not match its manifest", pack);
+        f.fix = "Rebuild the pack and its manifest: " + RebuildCommand(j, pack, manifest_path) +
+                " (a pack whose size changed cannot be repaired in place).";
       }
       const json* count = need({"expert_pack", "index_count"});
       const json* digest = need({"expert_pack", "index_sha256"});
@@ -250,7 +299,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
                   "Kimi expert-pack index SHA-256 does not match manifest", pack);
         }
       }
-      ValidatePackAgainstManifest(j, pack, options, out);
+      ValidatePackAgainstManifest(j, pack, manifest_path, shards_intact, options, out);
     }
   }
   return targets;

@@ -372,7 +372,14 @@ struct NonExpertStream::Impl {
       out.shape = view.shape;
       switch (target.transform) {
         case kimi::TargetTransform::kALog: {
-          K3_ASSIGN_OR_RETURN(auto values, ALogFromSsmA(view.dtype, raw));
+          auto a_log = ALogFromSsmA(view.dtype, raw);
+          if (!a_log.ok()) {
+            // SGLang's text names neither the tensor nor the file; the hint does.
+            return a_log.error().WithHint("tensor " + t.name + " in " + shard_record->path +
+                                          "; `k3pack doctor` says what its values look like and whether "
+                                          "`k3pack repair --fix ssm-a` can rewrite them");
+          }
+          std::vector<uint8_t> values = std::move(*a_log);
           K3_RETURN_IF_ERROR(CheckSsmAShape(t, view.shape));
           auto buf = std::make_shared<std::vector<uint8_t>>(std::move(values));
           out.data = {buf->data(), buf->size()};

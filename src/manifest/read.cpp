@@ -363,6 +363,12 @@ Result<Manifest> ReadManifest(const std::string& path) {
   K3_ASSIGN_OR_RETURN(json j, ReadManifestJson(path));
   auto m = ParseManifest(j);
   if (!m.ok() && m.error().kind() != ErrorKind::kKey) return m.error().WithContext(path);
+  if (!m.ok() && m.error().message().find('\n') == std::string::npos) {
+    // SGLang's loader raises a bare KeyError (the key's repr, the first line);
+    // the hint says which file lacks it.
+    return m.error().WithHint("manifest " + path + " has no key " + m.error().message() +
+                              " that SGLang's loader reads; regenerate it with `k3pack manifest`");
+  }
   return m;
 }
 

@@ -46,6 +46,36 @@ Result<pack::ExpertSet> ExpertsOf(const Manifest& m) {
 
 namespace {
 
+// SGLang's store checks 3-5 (spec §2.7), which read only the manifest:
+// hard_constraints is exactly SGLang's dict (under every profile), and for
+// K3 the dimensions are (93, 896, 16) with active layers 1..92. A manifest
+// edited there would pass every comparison with the pack and the source, yet
+// the server refuses it at start-up; its texts come first, a hint names the file.
+Status CheckLoaderManifestRules(const nlohmann::json& raw, const Manifest& m, const std::string& manifest_path) {
+  if (!raw.contains("hard_constraints") || !HardConstraintsMatch(raw.at("hard_constraints"))) {
+    return Error("Kimi manifest hard constraints do not match runtime policy")
+        .WithHint(manifest_path + ": hard_constraints is " +
+                  (raw.contains("hard_constraints") ? raw.at("hard_constraints").dump() : std::string("missing")) +
+                  ", SGLang's loader requires exactly " + HardConstraintsJson().dump() +
+                  "; regenerate the manifest with `k3pack manifest`");
+  }
+  if (m.profile() != kimi::Profile::kKimiK3) return Status::OK();  // the store holds a scaled pack to itself
+  const auto& md = m.model;
+  if (md.num_hidden_layers != 93 || md.num_experts != 896 || md.num_experts_per_token != 16) {
+    return Error("Kimi expert-pack dimensions (" + std::to_string(md.num_hidden_layers) + ", " +
+                 std::to_string(md.num_experts) + ", " + std::to_string(md.num_experts_per_token) +
+                 ") != (93, 896, 16); Top-K is immutable at 16")
+        .WithHint(manifest_path + ": model.num_hidden_layers / num_experts / num_experts_per_token");
+  }
+  bool active_ok = md.active_moe_layer_ids.size() == 92;
+  for (size_t i = 0; active_ok && i < 92; ++i) active_ok = md.active_moe_layer_ids[i] == i + 1;
+  if (!active_ok) {
+    return Error("Kimi active routed MoE layers must be exactly 1..92")
+        .WithHint(manifest_path + ": model.active_moe_layer_ids");
+  }
+  return Status::OK();
+}
+
 // The validator's fresh view of the pack must equal what the manifest recorded.
 Status CompareSection(const nlohmann::json& fresh, const nlohmann::json& recorded) {
   for (const char* key : {"size", "index_count", "data_start", "index_sha256", "object_bytes", "roles", "magic",
@@ -153,6 +183,17 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                  ErrorKind::kFileNotFound);
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
+  K3_RETURN_IF_ERROR(CheckLoaderManifestRules(raw, m, manifest_path));
+  // SGLang's store check 7, before any byte of the pack is read: a truncated
+  // or replaced pack is named as such, not by the first entry it cuts off.
+  K3_ASSIGN_OR_RETURN(uint64_t pack_size, FileSize(pack_path));
+  if (pack_size != m.expert_pack.size) {
+    return Error("Kimi expert-pack size does not match its manifest")
+        .WithHint(pack_path + " is " + std::to_string(pack_size) + " bytes, the manifest " + manifest_path +
+                  " records " + std::to_string(m.expert_pack.size) +
+                  ": the pack was truncated or replaced; rebuild the pack and its manifest with `k3pack build "
+                  "--force` (or, if the pack is the one you want, regenerate the manifest with `k3pack manifest`)");
+  }
   // Every input the manifest records a digest of, against the files, with the
   // writer's functions (recorded_inputs.h): the shards (size, header digest,
   // whole-file digest with --full when recorded), every source.tensors record,
@@ -185,9 +226,10 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   auto validated = pack::ValidatePack(pack_path, experts, vopts);
   Status structure = validated.ok() ? CompareSection(*validated, raw.at("expert_pack")) : validated.status();
   if (!structure.ok()) {
-    const std::string where = LocatePrefixDamage(pack_path, experts);
+    std::string where = LocatePrefixDamage(pack_path, experts);
     const Error& e = structure.error();
-    if (where.empty()) return e;
+    // SGLang's validator texts name an entry, not the file.
+    if (e.message().find(pack_path) == std::string::npos) where += (where.empty() ? "" : "\n") + ("pack: " + pack_path);
     // First line unchanged (SGLang's text where it has one), then the location.
     const size_t nl = e.message().find('\n');
     const std::string msg = nl == std::string::npos ? e.message() + "\n" + where

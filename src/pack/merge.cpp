@@ -16,8 +16,10 @@
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
 #include "pack/format.h"
+#include "pack/merge.h"
 #include "pack/sidecars.h"
 #include "util/file.h"
+#include "util/sha256.h"
 
 namespace k3pack::pack {
 namespace {
@@ -53,22 +55,31 @@ Result<RankInput> OpenRankPack(const std::string& path) {
   return in;
 }
 
-}  // namespace
-
-Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, const MergeOptions& o) {
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  if (rank_packs.empty()) return Error("--ep-merge needs the rank packs to merge");
-  if (o.out_path.empty()) return Error("MergeRankPacks: no output path");
+// The rank packs of one group, checked: each rank once, one header and
+// index (the full pack's prefix, read from the first).
+struct Group {
   std::vector<RankInput> in;
+  std::vector<int> by_rank;
+  uint32_t n = 0;
+  uint32_t num_experts = 0;
+  PackHeader header;
+  std::vector<uint8_t> prefix;  // [0, data_start)
+  std::string index_sha;
+};
+
+Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
+  if (rank_packs.empty()) return Error("--ep-merge needs the rank packs to merge");
+  Group g;
+  std::vector<RankInput>& in = g.in;
   for (const auto& p : rank_packs) {
     K3_ASSIGN_OR_RETURN(RankInput r, OpenRankPack(p));
     in.push_back(std::move(r));
   }
   // One group: same size, same rank count, each rank exactly once.
-  const uint32_t n = in[0].digests.ep->size;
-  const uint32_t num_experts = in[0].digests.num_experts;
-  std::vector<int> by_rank(n, -1);
+  const uint32_t n = g.n = in[0].digests.ep->size;
+  const uint32_t num_experts = g.num_experts = in[0].digests.num_experts;
+  std::vector<int>& by_rank = g.by_rank;
+  by_rank.assign(n, -1);
   for (size_t i = 0; i < in.size(); ++i) {
     const ep::Rank rk = *in[i].digests.ep;
     if (rk.size != n || in[i].digests.num_experts != num_experts) {
@@ -95,16 +106,18 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   std::array<uint8_t, kHeaderBytes> hb{};
   K3_ASSIGN_OR_RETURN(size_t hgot, PreadFull(in[0].fd.get(), hb.data(), hb.size(), 0));
   if (hgot != hb.size()) return Error("rank pack " + in[0].path + " is shorter than the pack header");
-  K3_ASSIGN_OR_RETURN(PackHeader header, DecodeHeader(hb));
+  K3_ASSIGN_OR_RETURN(g.header, DecodeHeader(hb));
+  const PackHeader& header = g.header;
   if (header.magic != kPackMagic || header.index_count != in[0].digests.index_count ||
       header.data_start < kHeaderBytes + header.index_count * kEntryBytes || header.data_start > in[0].size) {
     return Error("rank pack " + in[0].path + " has a header that does not match its digest sidecar");
   }
-  std::vector<uint8_t> prefix(header.data_start);
+  std::vector<uint8_t>& prefix = g.prefix;
+  prefix.resize(header.data_start);
   K3_ASSIGN_OR_RETURN(size_t pgot, PreadFull(in[0].fd.get(), prefix.data(), prefix.size(), 0));
   if (pgot != prefix.size()) return Error("short read of " + in[0].path);
   const uint64_t index_end = kHeaderBytes + header.index_count * kEntryBytes;
-  const std::string index_sha = ToHex(Sha256Raw(prefix.data(), index_end).data(), 32);
+  const std::string& index_sha = g.index_sha = ToHex(Sha256Raw(prefix.data(), index_end).data(), 32);
   std::vector<uint8_t> other(prefix.size());
   for (auto& r : in) {
     if (r.size != in[0].size || r.digests.index_sha256 != index_sha) {
@@ -116,6 +129,22 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
       return Error("rank pack " + r.path + " has a header/index that differs from " + in[0].path);
     }
   }
+  return g;
+}
+
+}  // namespace
+
+Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, const MergeOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (o.out_path.empty()) return Error("MergeRankPacks: no output path");
+  K3_ASSIGN_OR_RETURN(Group g, OpenGroup(rank_packs));
+  const std::vector<RankInput>& in = g.in;
+  const std::vector<int>& by_rank = g.by_rank;
+  const uint32_t n = g.n, num_experts = g.num_experts;
+  const PackHeader& header = g.header;
+  const std::vector<uint8_t>& prefix = g.prefix;
+  const std::string& index_sha = g.index_sha;
 
   // Output under the build's lock (no build or merge of the same path runs beside it).
   PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
@@ -184,6 +213,46 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   r.index_sha256 = index_sha;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
+}
+
+Result<std::string> WhyNotMergedPack(const std::vector<std::string>& rank_packs, const std::string& pack_path) {
+  K3_ASSIGN_OR_RETURN(Group g, OpenGroup(rank_packs));
+  const std::string dpath = DigestsPathFor(pack_path);
+  auto d = ReadPackDigests(dpath);
+  if (!d.ok()) return "its digest sidecar " + dpath + " is missing or unreadable";
+  const uint64_t count = g.header.index_count;
+  if (d->ep || d->pack_size != g.in[0].size || d->index_sha256 != g.index_sha || d->entry_sha256.size() != count) {
+    return "its digest sidecar " + dpath + " is not the full pack's of these rank packs";
+  }
+  auto size = FileSize(pack_path);
+  if (!size.ok() || *size != g.in[0].size) return std::string("its size differs from the rank packs'");
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(pack_path));
+  std::vector<uint8_t> prefix(g.prefix.size());
+  K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), prefix.data(), prefix.size(), 0));
+  if (got != prefix.size() || prefix != g.prefix) return std::string("its header/index differs from the rank packs'");
+  // Every payload's recorded digest is its owner's; a few payloads are hashed
+  // (evenly spaced, as the build's already-built check samples them).
+  std::vector<PackEntry> entries(count);
+  for (uint64_t i = 0; i < count; ++i) {
+    K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({g.prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
+    if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= g.num_experts) {
+      return "index entry " + std::to_string(i) + " is out of range";
+    }
+    const RankInput& owner = g.in[g.by_rank[ep::OwnerOf(static_cast<uint32_t>(entries[i].expert), g.num_experts, g.n)]];
+    if (d->entry_sha256[i] != owner.digests.entry_sha256[i]) {
+      return "its digest sidecar differs from rank pack " + owner.path + " at entry " + std::to_string(i);
+    }
+  }
+  constexpr uint64_t kSamples = 6;
+  for (uint64_t k = 0; k < kSamples && count > 0; ++k) {
+    const uint64_t i = count == 1 ? 0 : k * (count - 1) / (kSamples - 1);
+    K3_ASSIGN_OR_RETURN(std::string sha, Sha256FileRange(pack_path, entries[i].offset, entries[i].nbytes));
+    if (sha != ToHex(d->entry_sha256[i].data(), 32)) {
+      return "payload " + entries[i].name + " expert " + std::to_string(entries[i].expert) + " (entry " +
+             std::to_string(i) + ") does not match its digest";
+    }
+  }
+  return std::string();
 }
 
 }  // namespace k3pack::pack

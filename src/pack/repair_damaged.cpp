@@ -9,6 +9,7 @@
 
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
+#include "util/file.h"
 
 namespace k3pack::pack {
 
@@ -35,6 +36,24 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     return Error("pack " + pack_path + " does not have the layout of these shards (index or size differ): its index "
                  "or header is damaged, not only payloads")
         .WithHint("rebuild the pack with --force");
+  }
+  // 0. The header and index: SGLang's validator ignores some of their bytes
+  // (a name's NUL padding), yet they change the index digest the manifest
+  // records. The shards' layout gives the exact bytes (the sidecar's index
+  // digest, checked above), so a prefix that differs is rewritten in place.
+  RepairDamagedResult r;
+  {
+    const std::vector<uint8_t> want = layout.EncodePrefix();
+    std::vector<uint8_t> have(want.size());
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, have.data(), have.size(), 0));
+    if (got != have.size() || have != want) {
+      uint64_t first = 0;
+      while (first < got && have[first] == want[first]) ++first;
+      K3_RETURN_IF_ERROR(PwriteFull(fd, want.data(), want.size(), 0));
+      if (::fsync(fd) != 0) return Error::FromErrno("cannot fsync " + pack_path, errno);
+      r.repaired.push_back("the header/index (bytes from " + std::to_string(first) +
+                           " differed from the layout of these shards)");
+    }
   }
   std::vector<UniqueFd> src;
   for (const auto& p : ex.shard_paths) {
@@ -63,7 +82,6 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   }
 
   // 2. Rewrite each from its source slice; the copy must hash to the record.
-  RepairDamagedResult r;
   for (uint64_t i : damaged) {
     const EntrySlot s = layout.Entry(i);
     const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];

@@ -4,7 +4,10 @@
 // zeroed and copied again from its source slice (holes kept), its new digest
 // must equal the recorded one (else the source changed since the build), the
 // pack is fsynced and the repaired entries are verified again against both
-// the sidecar and the source. The builder's lock is held throughout.
+// the sidecar and the source. A header/index whose bytes differ from the
+// layout of these shards (e.g. a name's NUL padding, which SGLang's validator
+// skips but the index digest covers) is rewritten first. The builder's lock
+// is held throughout.
 #pragma once
 
 #include <string>

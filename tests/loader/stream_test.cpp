@@ -219,31 +219,37 @@ Error StreamError(const std::string& manifest, const LoadOptions& o = {}, std::v
   return *err;
 }
 
+// The first line: SGLang's text (a k3pack hint line may follow).
+std::string FirstLine(const Error& e) { return e.message().substr(0, e.message().find('\n')); }
+
 TEST(StreamErrors, SsmAValues) {
   TempDir dir("ssma");
   auto nan = SsmA(4);
   nan[2] = std::nanf("");
   Error e = StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, nan)));
-  EXPECT_EQ(e.message(), "Kimi-K3 GGUF ssm_a must contain finite floating values");
+  EXPECT_EQ(FirstLine(e), "Kimi-K3 GGUF ssm_a must contain finite floating values");
   EXPECT_EQ(e.kind(), ErrorKind::kValue);
+  // SGLang's text first, then a hint naming the tensor and its file.
+  EXPECT_NE(e.message().find("\nhint: tensor blk.0.ssm_a in "), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find(".gguf"), std::string::npos) << e.message();
 
   auto inf = SsmA(4);
   inf[0] = -INFINITY;
-  EXPECT_EQ(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, inf))).message(),
+  EXPECT_EQ(FirstLine(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, inf)))),
             "Kimi-K3 GGUF ssm_a must contain finite floating values");
 
   auto zero = SsmA(4);
   zero[3] = 0.0f;
-  EXPECT_EQ(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, zero))).message(),
+  EXPECT_EQ(FirstLine(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, zero)))),
             "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values");
   // Raw A_log (mixed signs) instead of -exp(A_log).
-  EXPECT_EQ(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, {-0.3f, 0.2f, -1.0f, 0.7f}))).message(),
+  EXPECT_EQ(FirstLine(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, {-0.3f, 0.2f, -1.0f, 0.7f})))),
             "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values");
   // A NaN is reported as "finite" even when a positive value comes first (torch checks isfinite first).
-  EXPECT_EQ(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, {1.0f, -1.0f, -1.0f, NAN}))).message(),
+  EXPECT_EQ(FirstLine(StreamError(OneTensorModel(dir.path, F32Tensor("blk.0.ssm_a", {4}, {1.0f, -1.0f, -1.0f, NAN})))),
             "Kimi-K3 GGUF ssm_a must contain finite floating values");
   // A quantized ssm_a is not floating data.
-  EXPECT_EQ(StreamError(OneTensorModel(dir.path, Typed("blk.0.ssm_a", GgmlType::Q8_0, {32}))).message(),
+  EXPECT_EQ(FirstLine(StreamError(OneTensorModel(dir.path, Typed("blk.0.ssm_a", GgmlType::Q8_0, {32})))),
             "Kimi-K3 GGUF ssm_a must contain finite floating values");
 }
 
@@ -302,7 +308,7 @@ TEST(StreamErrors, SsmAHalfAndBFloat) {
   // SGLang sees BF16 as bytes and rejects it.
   LoadOptions compat;
   compat.sglang_compat = true;
-  EXPECT_EQ(StreamError(bm, compat).message(), "Kimi-K3 GGUF ssm_a must contain finite floating values");
+  EXPECT_EQ(FirstLine(StreamError(bm, compat)), "Kimi-K3 GGUF ssm_a must contain finite floating values");
 }
 
 TEST(StreamErrors, ResidualScoreMustBeAVector) {

@@ -6,6 +6,8 @@
 #include <linux/falloc.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "k3pack/ep.h"
@@ -189,7 +191,8 @@ TEST_F(EpCli, BuildManifestsAndVerifyOfRankPacks) {
 }
 
 // ep-merge: the full pack's name comes from the rank packs' names, the
-// result is the direct build byte for byte; an existing output is refused.
+// result is the direct build byte for byte; a rerun on the finished merge is
+// reported as built (exit 0, as every writer), a changed output is refused.
 TEST_F(EpCli, EpMergeRebuildsTheFullPack) {
   const std::string full = Dir("m-full"), d = Dir("m-ep");
   ASSERT_EQ(RunCli(Pack(full + "/m.pack")).first, 0);
@@ -200,9 +203,27 @@ TEST_F(EpCli, EpMergeRebuildsTheFullPack) {
   ASSERT_EQ(rc, 0) << err;
   EXPECT_TRUE(ReadAll(d + "/m.pack") == ReadAll(full + "/m.pack"));
   EXPECT_TRUE(ReadAll(DigestsPathFor(d + "/m.pack")) == ReadAll(DigestsPathFor(full + "/m.pack")));
-  auto [rc2, err2] = RunCli(args);
-  EXPECT_EQ(rc2, 1);
-  EXPECT_NE(err2.find("refusing to overwrite existing " + d + "/m.pack (--pack)"), std::string::npos) << err2;
+  std::vector<std::string> again = args;
+  again.push_back("--json");  // the "already built" line then goes to stderr
+  auto [rc2, err2] = RunCli(again);
+  EXPECT_EQ(rc2, 0) << err2;
+  EXPECT_NE(err2.find("already built: " + d + "/m.pack"), std::string::npos) << err2;
+  // A damaged first payload (one of the sampled ones): no longer the merge.
+  {
+    std::string bytes = ReadAll(d + "/m.pack");
+    uint64_t data_start = 0;
+    for (int i = 7; i >= 0; --i) data_start = (data_start << 8) | static_cast<uint8_t>(bytes[32 + i]);
+    std::fstream f(d + "/m.pack", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(data_start));
+    const char c = static_cast<char>(bytes[data_start] ^ 0x5a);
+    f.write(&c, 1);
+  }
+  auto [rc3, err3] = RunCli(args);
+  EXPECT_EQ(rc3, 1);
+  EXPECT_NE(err3.find("refusing to overwrite existing " + d + "/m.pack (--pack): it is not the merge of these rank "
+                      "packs: payload"),
+            std::string::npos)
+      << err3;
   args.push_back("--force");
   EXPECT_EQ(RunCli(args).first, 0);
   EXPECT_TRUE(ReadAll(d + "/m.pack") == ReadAll(full + "/m.pack"));

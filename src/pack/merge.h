@@ -1,0 +1,18 @@
+// Internals of the rank-pack merge shared with `k3pack ep-merge`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "k3pack/error.h"
+
+namespace k3pack::pack {
+
+// Whether `pack_path` is the finished merge of these rank packs (empty
+// string) or why not: its digest sidecar is the full pack's with every
+// owner's entry digests, its size and header/index equal theirs, and six
+// evenly spaced payloads hash to their digests. An Error only for rank packs
+// that cannot be merged (the checks of MergeRankPacks).
+Result<std::string> WhyNotMergedPack(const std::vector<std::string>& rank_packs, const std::string& pack_path);
+
+}  // namespace k3pack::pack
