@@ -169,13 +169,9 @@ int RunExperts(const std::vector<std::string>& argv) {
     // Checked before any work; a trace is never taken as already written
     // (it depends on the run), so an existing file needs --force.
     if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
-    OutputSpec spec;
-    spec.option = "--trace-out";
-    spec.path = trace_out;
-    spec.force = a.Has("--force");
-    spec.why_refused = "run-experts does not overwrite a file";
-    auto action = DecideOutput(spec);
-    if (!action.ok()) return ReportError("run-experts", action.error());
+    if (Status o = CheckRegeneratedOutput(a, "--trace-out", trace_out, "run-experts does not overwrite a file");
+        !o.ok())
+      return ReportError("run-experts", o.error());
   }
   auto m = manifest::ReadManifest(a.Get("--manifest"));
   if (!m.ok()) return ReportError("run-experts", m.error());

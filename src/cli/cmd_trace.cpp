@@ -111,14 +111,7 @@ Status NotAnInput(const Args& a, const std::string& option, const std::string& p
 // the sweep runs, so a refusal leaves no plot of the run written.
 Status CheckPlotPath(const Args& a, const std::string& path) {
   K3_RETURN_IF_ERROR(NotAnInput(a, "--svg", path, {"--trace", "--manifest"}));
-  OutputSpec spec;
-  spec.option = "--svg";
-  spec.path = path;
-  spec.force = a.Has("--force");
-  spec.why_refused = "it is not a plot written by `k3pack trace sweep`";
-  auto action = DecideOutput(spec);
-  if (!action.ok() && IsOurPlot(path)) return Status::OK();  // our own earlier plot: refreshed
-  return action.ok() ? Status::OK() : Status(action.error());
+  return CheckRegeneratedOutput(a, "--svg", path, "it is not a plot written by `k3pack trace sweep`", IsOurPlot);
 }
 
 // An existing file is kept when it already holds these bytes.
@@ -141,14 +134,7 @@ bool IsOurStats(const std::string& path) {
 // never "already built"; an existing file is replaced only when an earlier
 // k3pack run wrote it, or with --force; an input is never replaced.
 Status CheckStatsPath(const Args& a, const std::string& path) {
-  OutputSpec spec;
-  spec.option = "--stats";
-  spec.path = path;
-  spec.force = a.Has("--force");
-  spec.why_refused = "it is not a stats file written by a k3pack store";
-  auto action = DecideOutput(spec);
-  if (!action.ok() && IsOurStats(path)) return Status::OK();
-  return action.ok() ? Status::OK() : Status(action.error());
+  return CheckRegeneratedOutput(a, "--stats", path, "it is not a stats file written by a k3pack store", IsOurStats);
 }
 
 // Generator options shared by `trace gen` and `trace sweep`.

@@ -20,4 +20,16 @@ void ReportAlreadyBuilt(const std::string& command, const std::string& path, boo
   }
 }
 
+Status CheckRegeneratedOutput(const Args& args, const std::string& option, const std::string& path,
+                              const std::string& why_refused, const std::function<bool(const std::string&)>& is_ours) {
+  OutputSpec spec;
+  spec.option = option;
+  spec.path = path;
+  spec.force = args.Has("--force");
+  spec.why_refused = why_refused;
+  auto action = DecideOutput(spec);
+  if (!action.ok() && is_ours && is_ours(path)) return Status::OK();
+  return action.ok() ? Status::OK() : Status(action.error());
+}
+
 }  // namespace k3pack::cli

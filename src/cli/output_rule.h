@@ -8,6 +8,7 @@
 //   - it exists otherwise: refuse, naming the option, unless --force.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "cli/command.h"
@@ -28,5 +29,12 @@ void AddForceFlag(Args& args, const std::string& what);
 // `json` the line goes to stderr and stdout gets {"already_built": true,
 // "path": PATH} (stdout stays valid JSON).
 void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json);
+
+// The rule for an output each run regenerates (a plot, a run's stats, a
+// trace), which is never "already built": an existing file is replaced only
+// when `is_ours` says an earlier k3pack run wrote it, or with --force.
+Status CheckRegeneratedOutput(const Args& args, const std::string& option, const std::string& path,
+                              const std::string& why_refused,
+                              const std::function<bool(const std::string&)>& is_ours = {});
 
 }  // namespace k3pack::cli
