@@ -34,7 +34,7 @@ Result<nlohmann::json> Run(const Args& args) {
 }
 
 int RunVerify(const std::vector<std::string>& argv) {
-  Args args(kCmd, "k3pack verify --manifest M.json [--samples N | --full [--against-source]] [--json]",
+  Args args(kCmd, "--manifest M.json [--samples N | --full [--against-source]] [--json]",
             "Verify an expert pack against its manifest: source shards unchanged (size + header digest), pack\n"
             "structure (SGLang's validator) and index digest, then payloads: N evenly spaced entries byte-compared\n"
             "with the GGUF source (default 6), or every payload against the <pack>.digests sidecar (--full).");

@@ -57,7 +57,11 @@ std::string Args::Usage() const {
   os << "  --help\n      show this help and exit\n";
   if (!deprecated_.empty()) {
     os << "\ndeprecated spellings (still accepted):";
-    for (const auto& [old_name, name] : deprecated_) os << " " << old_name << " = " << name << ";";
+    const char* sep = " ";
+    for (const auto& [old_name, name] : deprecated_) {
+      os << sep << old_name << " = " << name;
+      sep = "; ";
+    }
     os << "\n";
   }
   return os.str();

@@ -36,6 +36,16 @@ int main(int argc, char** argv) {
     std::cout << k3pack::cli::ManPage(top.str());
     return 0;
   }
+  // `k3pack help CMD` is `k3pack CMD --help`; an unknown CMD is a usage error.
+  if (argc == 3 && std::string(argv[1]) == "help") {
+    const auto& cmds = k3pack::cli::Commands();
+    auto it = cmds.find(argv[2]);
+    if (it == cmds.end()) {
+      std::cerr << "k3pack help: unknown command '" << argv[2] << "' (run `k3pack --help` for the list)\n";
+      return 2;
+    }
+    return it->second.run({"--help"});
+  }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     PrintHelp();

@@ -372,4 +372,18 @@ TEST_F(CliSurface, JsonOutputSurvivesPathsThatAreNotUtf8) {
   EXPECT_FALSE(fs::exists(P("b.pack.partial")));
 }
 
+TEST_F(CliSurface, HelpCommandIsTheCommandsHelpAndUsageLinesNameTheCommandOnce) {
+  // `k3pack help CMD` prints CMD's own help; an unknown CMD is a usage error.
+  CliResult pack = K3("help pack");
+  EXPECT_EQ(pack.code, 0);
+  EXPECT_EQ(pack.out, K3("pack --help").out);
+  EXPECT_NE(pack.out.find("--model-config"), std::string::npos) << pack.out;
+  EXPECT_EQ(K3("help bogus").code, 2);
+  for (const char* cmd : {"verify", "pack", "build", "manifest", "load", "doctor", "repair", "synth", "inspect"}) {
+    const std::string out = K3(std::string(cmd) + " --help").out;
+    EXPECT_EQ(out.find("usage: k3pack " + std::string(cmd) + " k3pack"), std::string::npos) << out;
+    EXPECT_EQ(out.find(";\n"), std::string::npos) << cmd << ": a list ends with a stray ';'";
+  }
+}
+
 }  // namespace
