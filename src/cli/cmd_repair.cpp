@@ -86,6 +86,15 @@ int RunRepair(const std::vector<std::string>& argv) {
     };
     spec.why_refused = "it holds other files";
     auto action = k3pack::cli::DecideOutput(spec);
+    if (!action.ok() && !RecordIn(pos[1])) {
+      // Not an earlier repair's output: --force would be refused too, so the
+      // hint does not offer it.
+      return k3pack::cli::ReportError(
+          "repair", k3pack::Error("refusing to overwrite non-empty directory " + pos[1] +
+                                      " (OUT): it holds other files, not the output of an earlier `k3pack repair`",
+                                  k3pack::ErrorKind::kFileExists)
+                        .WithHint("k3pack only replaces its own output; pass a new or empty directory as OUT"));
+    }
     if (!action.ok()) return k3pack::cli::ReportError("repair", action.error());
     if (*action == OutputAction::kAlreadyBuilt) {
       k3pack::cli::ReportAlreadyBuilt("repair", pos[1], args.Has("--json"));

@@ -243,6 +243,7 @@ TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
   r = Cli("repair " + Q(broken) + " " + Q(m) + " --fix ssm-a");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite non-empty directory " + m + " (OUT)")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "--force")) << "the hint must not offer what is refused next:\n" << r.out;
   r = Cli("repair " + Q(broken) + " " + Q(m) + " --fix ssm-a --force");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "is not the output of an earlier `k3pack repair`")) << r.out;
