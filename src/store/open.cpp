@@ -358,7 +358,9 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   auto resolved_pack = ResolvePath(pack_path);
   auto resolved_manifest_pack = ResolvePath(ep_path);
   if (!resolved_pack.ok() || !resolved_manifest_pack.ok() || *resolved_pack != *resolved_manifest_pack)
-    return Error("Kimi manifest expert-pack path does not match pack_path");
+    return Error("Kimi manifest expert-pack path does not match pack_path")
+        .WithHint("the manifest records the pack at " + ep_path + ", the pack given is " + pack_path +
+                  " (a copied or moved pack needs a manifest written for it: `k3pack manifest` or `k3pack build`)");
   g.resolved_pack_path = *resolved_pack;
   K3_ASSIGN_OR_RETURN(uint64_t ep_size, U64(*ep, "size"));
   K3_ASSIGN_OR_RETURN(uint64_t file_size, FileSize(pack_path));
