@@ -202,6 +202,17 @@ int RunExperts(const std::vector<std::string>& argv) {
   }
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
   if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));
+  if (const ep::Rank rank = (*st)->info().ep; !rank.whole()) {
+    // A rank pack serves only its own experts, and the run routes to all.
+    return ReportError("run-experts",
+                       Error(a.Get("--manifest") + " is the manifest of a rank pack, " +
+                             ep::Describe(rank, (*st)->info().num_experts) +
+                             ": it serves only that rank's experts, and run-experts routes tokens to every expert")
+                           .WithHint("pass the full pack's manifest, with --ep-size " + std::to_string(rank.size) +
+                                     " --rank-manifests <the " + std::to_string(rank.size) +
+                                     " rank manifests, rank 0 first> to run through the rank packs"),
+                       2);
+  }
 
   // The EP ranks' stores: over their rank packs, or rank views of the full pack.
   std::vector<std::shared_ptr<store::ExpertStore>> rank_stores;

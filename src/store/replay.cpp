@@ -25,6 +25,18 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
     return Error("trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " + std::to_string(t.top_k) +
                  ") do not match the pack (" + std::to_string(info.num_experts) + ", " + std::to_string(info.top_k) +
                  ")");
+  if (!info.ep.whole()) {
+    // A rank pack serves only its own experts; a whole trace routes to all.
+    const ep::ExpertRange owned = info.owned_experts;
+    for (const auto& r : t.records)
+      for (uint16_t e : t.RecordIds(r))
+        if (!owned.contains(e))
+          return Error(o.manifest_path + " is the manifest of a rank pack, " + ep::Describe(info.ep, info.num_experts) +
+                       ", and the trace routes layer " + std::to_string(r.layer) + " expert " + std::to_string(e) +
+                       ", which another rank serves")
+              .WithHint("replay on the full pack's manifest (`trace sweep --ep-size " + std::to_string(info.ep.size) +
+                        "` simulates each rank's cache)");
+  }
   std::vector<int64_t> ids, ahead;
   std::vector<uint64_t> requests;
   auto start = std::chrono::steady_clock::now();

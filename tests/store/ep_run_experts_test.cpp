@@ -200,6 +200,19 @@ TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
   CliRun count = Cli("run-experts --manifest " + manifest_ + " --ep-size 4 --rank-manifests " + m0 + "," + m1);
   EXPECT_EQ(count.code, 2) << count.out;
   EXPECT_NE(count.out.find("--rank-manifests lists 2 manifests for --ep-size 4"), std::string::npos) << count.out;
+  // A rank pack's manifest in place of the full one: refused up front with
+  // the way to run through rank packs, not at the first foreign route.
+  CliRun rank_only = Cli("run-experts --manifest " + m1 + " --tokens 2");
+  EXPECT_EQ(rank_only.code, 2) << rank_only.out;
+  EXPECT_NE(rank_only.out.find("is the manifest of a rank pack"), std::string::npos) << rank_only.out;
+  EXPECT_NE(rank_only.out.find("--ep-size 2 --rank-manifests"), std::string::npos) << rank_only.out;
+  const std::string trace = dir_ + "/whole.k3trace";
+  ASSERT_EQ(Cli("trace gen --manifest " + manifest_ + " --trace " + trace +
+                " --requests 1 --prompt-tokens 1 --decode-tokens 4").code, 0);
+  CliRun replay = Cli("trace replay --trace " + trace + " --manifest " + m1 + " --cache-mib 64");
+  EXPECT_EQ(replay.code, 1) << replay.out;
+  EXPECT_NE(replay.out.find("is the manifest of a rank pack"), std::string::npos) << replay.out;
+  EXPECT_NE(replay.out.find("which another rank serves"), std::string::npos) << replay.out;
   CliRun bad = Cli("run-experts --manifest " + manifest_ + " --ep-size 3");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--ep-size 3 does not divide the 16 routed experts"), std::string::npos) << bad.out;
