@@ -263,6 +263,22 @@ int RunInspect(const std::vector<std::string>& argv) {
   if (args.Has("--match") && !args.Has("--stats")) {
     return ReportError("inspect", Error("--match only applies with --stats"), 2);
   }
+  if (args.Has("--match")) {
+    // A filter that matches nothing would print a table without a single
+    // statistic, which reads like success.
+    size_t count = 0, matching = 0;
+    for (const auto& f : in->files)
+      for (const auto& t : f->tensors()) {
+        ++count;
+        matching += t.name.find(args.Get("--match")) != std::string::npos;
+      }
+    if (matching == 0)
+      return ReportError("inspect", Error("--match '" + args.Get("--match") + "': no tensor name of " + in->label +
+                                          " contains it (" + std::to_string(count) + " tensors)")
+                                        .WithHint("--match takes part of a tensor name, e.g. blk.1.ffn_gate_exps or "
+                                                  "ssm_a; `k3pack inspect " + args.positionals()[0] +
+                                                  "` lists them"));
+  }
   std::unique_ptr<ProgressReporter> progress;
   if (args.Has("--stats")) progress = StartProgress(*mode, "inspect");
   json j = ToJson(*in, StatsRequest{args.Has("--stats"), args.Get("--match"), progress.get()});

@@ -82,6 +82,12 @@ int RunVerify(const std::vector<std::string>& argv) {
     return ReportError(kCmd, WithMovedModelHint(r.error(), args.Get("--manifest")));
   }
   const auto& j = *r;
+  if (args.Has("--samples") && j.value("payload_mode", "") == "samples" &&
+      *args.GetInt("--samples") > j.value("entries_checked", int64_t{0})) {
+    // Nothing is silently capped: say that the request covered every entry.
+    std::cerr << "k3pack verify: note: --samples " << args.Get("--samples") << " is more than the "
+              << j.value("entries_checked", int64_t{0}) << " entries there are to sample: every one was checked\n";
+  }
   if (args.Has("--json")) {
     PrintJson(j);
   } else {

@@ -213,6 +213,18 @@ TEST_F(QaAudit, VerifyNamesTruncatedPackAndMissingKey) {
   EXPECT_NE(r.out.find("manifest " + copy + " has no key 'source'"), std::string::npos) << r.out;
 }
 
+// More samples than entries: every entry is checked, and the run says so
+// instead of capping the request silently.
+TEST_F(QaAudit, VerifySaysWhenSamplesCoverEveryEntry) {
+  const std::string dir = Built("samples");
+  auto r = RunCmd(Bin() + " verify --progress none --manifest " + Q(ManifestOf(dir)) + " --samples 100000");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("note: --samples 100000 is more than the 144 entries"), std::string::npos) << r.out;
+  r = RunCmd(Bin() + " verify --progress none --manifest " + Q(ManifestOf(dir)) + " --samples 3");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;
+}
+
 // Item 5: a pack damaged where SGLang's validator does not look (a name's NUL
 // padding in the index) or in a payload: build names the pack as damaged,
 // not its manifest as foreign, and `build --restart` repairs it in place.

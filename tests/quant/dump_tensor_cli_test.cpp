@@ -141,6 +141,9 @@ TEST_F(DumpTensorCli, InspectStatsSummarizesDecodedValues) {
   EXPECT_NE(only.out.find("decoded values"), std::string::npos) << only.out;
   EXPECT_NE(only.out.find("q.weight"), std::string::npos);
   EXPECT_EQ(RunCli(path_ + " --match q", "inspect").code, 2) << "--match without --stats is a usage error";
+  CliRun none = RunCli(path_ + " --stats --match nothing.like.this", "inspect");
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_NE(none.out.find("no tensor name of"), std::string::npos) << none.out;
 }
 
 }  // namespace
