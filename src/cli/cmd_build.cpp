@@ -4,6 +4,7 @@
 // resumes; the overwrite rule (output_rule.h) covers pack and manifest.
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <iostream>
 #include <map>
 
@@ -158,6 +159,22 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   if (plan.repair && PathExists(manifest_path)) {
     auto old = manifest::ReadManifest(manifest_path);
     if (old.ok()) mspec.force = true;
+  }
+  // The manifest of a moved or renamed model directory: it records this very
+  // pack (the same index digest), but none of the files it records is where
+  // it says. It points at nothing, so writing the new one loses nothing; the
+  // pack there is reused (what WithMovedModelHint tells the user to do).
+  if (!mspec.force && plan.action == OutputAction::kAlreadyBuilt && PathExists(manifest_path)) {
+    auto old = manifest::ReadManifest(manifest_path);
+    if (old.ok() && old->complete &&
+        old->expert_pack.index_sha256 == plan.valid_section.value("index_sha256", std::string()) &&
+        !PathExists(old->expert_pack.path) &&
+        std::none_of(old->source.shards.begin(), old->source.shards.end(),
+                     [](const auto& sh) { return PathExists(sh.path); })) {
+      std::cerr << "k3pack build: note: " << manifest_path << " records this pack at " << old->expert_pack.path
+                << ", where none of its files is any more (the model was moved): writing a new manifest\n";
+      mspec.force = true;
+    }
   }
   mspec.why_refused = "it is not the manifest of this pack";
   auto decided = DecideOutput(mspec);

@@ -213,6 +213,27 @@ TEST_F(QaAudit, VerifyNamesTruncatedPackAndMissingKey) {
   EXPECT_NE(r.out.find("manifest " + copy + " has no key 'source'"), std::string::npos) << r.out;
 }
 
+// A moved model directory: the manifest there records the same pack at the
+// old place, where nothing is any more. Rebuilding in the new place writes a
+// new manifest and reuses the pack (no rebuild); a copy whose original is
+// still in place keeps the refusal (that manifest still describes a model).
+TEST_F(QaAudit, BuildInAMovedModelDirectoryReusesThePack) {
+  const std::string from = Built("moved-from"), to = *root_ / "moved-to";
+  fs::rename(from, to);
+  const auto pack_time = fs::last_write_time(PackOf(to));
+  auto r = Build(to);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("the model was moved"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(reused)"), std::string::npos) << r.out;
+  EXPECT_EQ(fs::last_write_time(PackOf(to)), pack_time);
+  EXPECT_EQ(Verify(ManifestOf(to)).rc, 0);
+  const std::string copy = *root_ / "copied";
+  fs::copy(to, copy, fs::copy_options::recursive);
+  r = Build(copy);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("refusing to overwrite"), std::string::npos) << r.out;
+}
+
 // More samples than entries: every entry is checked, and the run says so
 // instead of capping the request silently.
 TEST_F(QaAudit, VerifySaysWhenSamplesCoverEveryEntry) {
