@@ -119,7 +119,7 @@ std::string ProgressReporter::Describe(const Progress& p, double now, std::optio
   return s;
 }
 
-void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete) {
+void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete, bool stopped) {
   std::FILE* out = options_.out;
   std::optional<double> eta;
   double rate_bytes = 0, rate_items = 0;
@@ -140,11 +140,12 @@ void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete) 
       // (on any thread) still ends the line.
       g_line_open.store(true);
       std::fprintf(out, "\r%s%s %s\033[K", p.phase.c_str(), bar.c_str(), text.c_str());
-      if (complete && g_line_open.exchange(false)) std::fprintf(out, "\n");
+      if ((complete || stopped) && g_line_open.exchange(false)) std::fprintf(out, "\n");
       break;
     }
     case ProgressMode::kLines:
-      std::fprintf(out, "%s: %s%s  (%s elapsed)\n", p.phase.c_str(), complete ? "done, " : "", text.c_str(),
+      std::fprintf(out, "%s: %s%s  (%s elapsed)\n", p.phase.c_str(), complete ? "done, " : stopped ? "stopped, " : "",
+                   text.c_str(),
                    HumanDuration(now - start_).c_str());
       any_line_ = true;
       break;
@@ -160,6 +161,7 @@ void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete) 
                           {"objects_per_s", rate_items},
                           {"eta_s", eta ? nlohmann::json(*eta) : nlohmann::json(nullptr)},
                           {"done", complete}};
+      if (stopped) j["stopped"] = true;
       std::fprintf(out, "%s\n", j.dump().c_str());
       break;
     }
@@ -181,8 +183,9 @@ void ProgressReporter::Update(const Progress& p) {
     complete_shown_ = false;
     if (options_.mode == ProgressMode::kJson) last_emit_ = -1e300;  // a new phase is announced at once
   }
-  if (p.final) {  // stopped early: show where, and end a bar's line
-    EmitLocked(p, now, true);
+  if (p.final) {  // the last update: show where it ended, and end a bar's line
+    const bool complete = Complete(p);
+    EmitLocked(p, now, complete, !complete);
     return;
   }
   const bool complete = Complete(p);

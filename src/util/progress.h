@@ -63,7 +63,9 @@ class ProgressReporter {
  private:
   std::string Describe(const Progress& p, double now, std::optional<double>* eta, double* rate_bytes,
                        double* rate_items) const;
-  void EmitLocked(const Progress& p, double now, bool complete);
+  // `stopped`: the work ended before it was complete (Progress::final on an
+  // interrupt or error): the line ends, and nothing says "done".
+  void EmitLocked(const Progress& p, double now, bool complete, bool stopped = false);
 
   Options options_;
   std::mutex mu_;

@@ -127,6 +127,28 @@ TEST(ProgressReporter, JsonLinesThrottledToOneASecondPlusTheLast) {
   EXPECT_EQ(last["total_bytes"], 300);
 }
 
+TEST(ProgressReporter, AStoppedRunIsNeverReportedDone) {
+  // The last report of a run stopped early (Ctrl-C, an error) says where it
+  // stopped; "done" stays false, in JSON and in lines.
+  Harness json, lines;
+  {
+    ProgressReporter j(json.Opts(ProgressMode::kJson)), l(lines.Opts(ProgressMode::kLines));
+    json.now = lines.now = 20;
+    Progress p = Bytes(256, 384);
+    j.Update(p);
+    l.Update(p);
+    p.final = true;
+    j.Update(p);
+    l.Update(p);
+  }
+  auto last = nlohmann::json::parse(json.Lines().back());
+  EXPECT_EQ(last["done"], false) << json.Text();
+  EXPECT_EQ(last["stopped"], true) << json.Text();
+  EXPECT_EQ(last["done_bytes"], 256);
+  EXPECT_EQ(lines.Text().find("done,"), std::string::npos) << lines.Text();
+  EXPECT_NE(lines.Text().find("stopped, "), std::string::npos) << lines.Text();
+}
+
 TEST(ProgressReporter, EtaHiddenUntilMeaningful) {
   Harness h;
   ProgressReporter r(h.Opts(ProgressMode::kJson));
