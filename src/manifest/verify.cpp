@@ -9,6 +9,7 @@
 
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/loader_rules.h"
 #include "manifest/recorded_inputs.h"
 #include "pack/build_inputs.h"
 #include "util/file.h"
@@ -45,36 +46,6 @@ Result<pack::ExpertSet> ExpertsOf(const Manifest& m) {
 }
 
 namespace {
-
-// SGLang's store checks 3-5 (spec §2.7), which read only the manifest:
-// hard_constraints is exactly SGLang's dict (under every profile), and for
-// K3 the dimensions are (93, 896, 16) with active layers 1..92. A manifest
-// edited there would pass every comparison with the pack and the source, yet
-// the server refuses it at start-up; its texts come first, a hint names the file.
-Status CheckLoaderManifestRules(const nlohmann::json& raw, const Manifest& m, const std::string& manifest_path) {
-  if (!raw.contains("hard_constraints") || !HardConstraintsMatch(raw.at("hard_constraints"))) {
-    return Error("Kimi manifest hard constraints do not match runtime policy")
-        .WithHint(manifest_path + ": hard_constraints is " +
-                  (raw.contains("hard_constraints") ? raw.at("hard_constraints").dump() : std::string("missing")) +
-                  ", SGLang's loader requires exactly " + HardConstraintsJson().dump() +
-                  "; regenerate the manifest with `k3pack manifest`");
-  }
-  if (m.profile() != kimi::Profile::kKimiK3) return Status::OK();  // the store holds a scaled pack to itself
-  const auto& md = m.model;
-  if (md.num_hidden_layers != 93 || md.num_experts != 896 || md.num_experts_per_token != 16) {
-    return Error("Kimi expert-pack dimensions (" + std::to_string(md.num_hidden_layers) + ", " +
-                 std::to_string(md.num_experts) + ", " + std::to_string(md.num_experts_per_token) +
-                 ") != (93, 896, 16); Top-K is immutable at 16")
-        .WithHint(manifest_path + ": model.num_hidden_layers / num_experts / num_experts_per_token");
-  }
-  bool active_ok = md.active_moe_layer_ids.size() == 92;
-  for (size_t i = 0; active_ok && i < 92; ++i) active_ok = md.active_moe_layer_ids[i] == i + 1;
-  if (!active_ok) {
-    return Error("Kimi active routed MoE layers must be exactly 1..92")
-        .WithHint(manifest_path + ": model.active_moe_layer_ids");
-  }
-  return Status::OK();
-}
 
 // The validator's fresh view of the pack must equal what the manifest recorded.
 Status CompareSection(const nlohmann::json& fresh, const nlohmann::json& recorded) {
@@ -183,7 +154,13 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                  ErrorKind::kFileNotFound);
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
-  K3_RETURN_IF_ERROR(CheckLoaderManifestRules(raw, m, manifest_path));
+  // SGLang's store checks on the manifest alone: a manifest edited there
+  // passes every comparison below, yet the server refuses it at start-up.
+  if (auto rules = CheckLoaderManifestRules(raw); !rules.ok()) {
+    return rules.error().WithHint(manifest_path + ": SGLang's store refuses this manifest when it starts (it checks "
+                                  "complete/format, hard_constraints, the model dimensions and the active layers); "
+                                  "regenerate it with `k3pack manifest` or `k3pack build`");
+  }
   // SGLang's store check 7, before any byte of the pack is read: a truncated
   // or replaced pack is named as such, not by the first entry it cuts off.
   K3_ASSIGN_OR_RETURN(uint64_t pack_size, FileSize(pack_path));

@@ -11,6 +11,8 @@
 
 #include "k3pack/ggml_types.h"
 #include "k3pack/manifest.h"
+#include "manifest/json_fields.h"
+#include "manifest/loader_rules.h"
 #include "pack/format.h"
 #include "store/store_impl.h"
 #include "util/pyrepr.h"
@@ -21,55 +23,12 @@ namespace {
 
 using nlohmann::json;
 
-Error KeyErr(const std::string& key) { return Error("'" + key + "'", ErrorKind::kKey); }
-
-Result<const json*> At(const json& j, const std::string& key) {
-  if (!j.is_object()) return Error("manifest value holding '" + key + "' is not an object");
-  auto it = j.find(key);
-  if (it == j.end()) return KeyErr(key);
-  return &*it;
-}
-
-Result<uint64_t> U64(const json& j, const std::string& key) {
-  K3_ASSIGN_OR_RETURN(const json* v, At(j, key));
-  if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0))
-    return Error("manifest key '" + key + "' must be a non-negative integer, got " + v->dump());
-  return v->get<uint64_t>();
-}
-
-Result<std::string> Str(const json& j, const std::string& key) {
-  K3_ASSIGN_OR_RETURN(const json* v, At(j, key));
-  if (!v->is_string()) return Error("manifest key '" + key + "' must be a string, got " + v->dump());
-  return v->get<std::string>();
-}
-
-// Python truthiness of a dict.get() result.
-bool Truthy(const json& j, const std::string& key) {
-  if (!j.is_object() || !j.contains(key)) return false;
-  const json& v = j[key];
-  if (v.is_boolean()) return v.get<bool>();
-  if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>() != 0;
-  if (v.is_number_float()) return v.get<double>() != 0.0;
-  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
-  return false;
-}
-
-std::string Tuple3(uint64_t a, uint64_t b, uint64_t c) {
-  return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
-}
+using manifest::fields::At;
+using manifest::fields::KeyErr;
+using manifest::fields::Str;
+using manifest::fields::U64;
 
 constexpr const char* kRoleNames[3] = {"up", "gate", "down"};
-
-// SGLang writes the K3 layer set as "1..92"; the same form for any
-// consecutive run, else the Python list.
-std::string LayerRangeText(const std::vector<uint32_t>& layers) {
-  bool consecutive = !layers.empty();
-  for (size_t i = 1; consecutive && i < layers.size(); ++i) consecutive = layers[i] == layers[i - 1] + 1;
-  if (consecutive) return std::to_string(layers.front()) + ".." + std::to_string(layers.back());
-  std::string s = "[";
-  for (size_t i = 0; i < layers.size(); ++i) s += (i ? ", " : "") + std::to_string(layers[i]);
-  return s + "]";
-}
 
 // SGLang's checks 9 and 10 on expert_pack.roles / object_bytes (both
 // profiles), then the per-layer role sizes the entry walk checks: the same
@@ -287,71 +246,19 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
     return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
                  ErrorKind::kFileNotFound);
   K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
-  // 2. complete + format.
-  if (!Truthy(m, "complete") || !m.is_object() || !m.contains("format") || m["format"] != manifest::kManifestFormat)
-    return Error("Kimi expert-pack manifest is incomplete or unsupported");
+  // 2-5. the checks on the manifest alone.
+  manifest::ExpectedDims expected;
+  expected.layers = opt.expected_layers;
+  expected.experts = opt.expected_experts;
+  expected.top_k = opt.expected_top_k;
+  K3_ASSIGN_OR_RETURN(manifest::LoaderLayout layout, manifest::CheckLoaderManifestRules(m, expected));
   g.format = std::string(manifest::kManifestFormat);
-  K3_ASSIGN_OR_RETURN(auto ext, manifest::ParseK3packExtension(m));
-  const bool kimi = !ext.has_value() || !ext->scaled();
+  const bool kimi = layout.kimi;
   g.profile = kimi ? "kimi-k3" : "scaled";
-  K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
-  // 3. hard constraints: SGLang's exact dict (top_k the literal 16 under
-  // every profile), compared as Python compares dicts. The runtime top-k is
-  // model.num_experts_per_token (step 4), never this field.
-  if (!m.contains("hard_constraints") || !manifest::HardConstraintsMatch(m["hard_constraints"])) {
-    Error e("Kimi manifest hard constraints do not match runtime policy");
-    const json* hc = m.contains("hard_constraints") ? &m["hard_constraints"] : nullptr;
-    if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model->is_object() &&
-        model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&
-        (*hc)["top_k"] != 16)
-      return e.WithHint("hard_constraints.top_k is the model's top-k, as k3pack wrote it before it wrote SGLang's "
-                        "literal 16; regenerate the manifest with `k3pack manifest`");
-    return e;
-  }
-  // 4. dimensions.
-  K3_ASSIGN_OR_RETURN(uint64_t layers_n, U64(*model, "num_hidden_layers"));
-  K3_ASSIGN_OR_RETURN(uint64_t experts_n, U64(*model, "num_experts"));
-  K3_ASSIGN_OR_RETURN(uint64_t top_k, U64(*model, "num_experts_per_token"));
-  uint64_t want_layers = opt.expected_layers.value_or(kimi ? 93 : layers_n);
-  uint64_t want_experts = opt.expected_experts.value_or(kimi ? 896 : experts_n);
-  uint64_t want_top_k = opt.expected_top_k.value_or(kimi ? 16 : top_k);
-  if (layers_n != want_layers || experts_n != want_experts || top_k != want_top_k || (kimi && want_top_k != 16) ||
-      experts_n == 0 || experts_n > 65536 || top_k == 0 || top_k > experts_n)
-    return Error("Kimi expert-pack dimensions " + Tuple3(layers_n, experts_n, top_k) + " != " +
-                 Tuple3(want_layers, want_experts, want_top_k) + "; Top-K is immutable at 16");
-  // 5. active layers.
-  K3_ASSIGN_OR_RETURN(const json* active_j, At(*model, "active_moe_layer_ids"));
-  std::vector<uint32_t> active;
-  bool active_ok = active_j->is_array() && !active_j->empty();
-  if (active_ok) {
-    for (const auto& v : *active_j) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(layers_n) ||
-          (!active.empty() && v.get<int64_t>() <= int64_t(active.back()))) {
-        active_ok = false;
-        break;
-      }
-      active.push_back(v.get<uint32_t>());
-    }
-  }
-  if (kimi) {
-    active_ok = active.size() == 92;
-    for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
-    if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
-  } else {
-    // SGLang holds the list to the layers the pack was built for (1..92 for
-    // K3); a scaled pack's are the ones its k3pack.layer_roles records.
-    std::vector<uint32_t> want;
-    for (const auto& lr : ext->layer_roles) want.push_back(lr.layer);
-    if (!active_ok || active != want) {
-      Error e("Kimi active routed MoE layers must be exactly " + LayerRangeText(want));
-      if (!active_ok)
-        return e.WithHint("model.active_moe_layer_ids must be ascending layer ids below num_hidden_layers (" +
-                          std::to_string(layers_n) + ")");
-      return e.WithHint("model.active_moe_layer_ids has " + std::to_string(active.size()) + " layers (" +
-                        LayerRangeText(active) + "), but k3pack.layer_roles records " + std::to_string(want.size()) +
-                        ", one per active routed layer of the pack");
-    }
-  }
+  const auto& ext = layout.ext;
+  const uint64_t layers_n = layout.num_layers, experts_n = layout.num_experts, top_k = layout.top_k;
+  const std::vector<uint32_t>& active = layout.active;
+  const json* model = &m.at("model");  // present: the checks read it
   // 6-8. pack path, size, physical role order.
   K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
   K3_ASSIGN_OR_RETURN(std::string ep_path, Str(*ep, "path"));

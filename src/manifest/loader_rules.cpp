@@ -1,0 +1,102 @@
+#include "manifest/loader_rules.h"
+
+#include <string>
+
+#include "manifest/json_fields.h"
+
+namespace k3pack::manifest {
+namespace {
+
+using nlohmann::json;
+using fields::At;
+using fields::U64;
+
+std::string Tuple3(uint64_t a, uint64_t b, uint64_t c) {
+  return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
+}
+
+// SGLang writes the K3 layer set as "1..92"; the same form for any
+// consecutive run, else the Python list.
+std::string LayerRangeText(const std::vector<uint32_t>& layers) {
+  bool consecutive = !layers.empty();
+  for (size_t i = 1; consecutive && i < layers.size(); ++i) consecutive = layers[i] == layers[i - 1] + 1;
+  if (consecutive) return std::to_string(layers.front()) + ".." + std::to_string(layers.back());
+  std::string s = "[";
+  for (size_t i = 0; i < layers.size(); ++i) s += (i ? ", " : "") + std::to_string(layers[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims& expected) {
+  LoaderLayout out;
+  // 2. complete + format.
+  if (!fields::Truthy(m, "complete") || !m.is_object() || !m.contains("format") || m["format"] != kManifestFormat)
+    return Error("Kimi expert-pack manifest is incomplete or unsupported");
+  K3_ASSIGN_OR_RETURN(out.ext, ParseK3packExtension(m));
+  const bool kimi = out.kimi = !out.ext.has_value() || !out.ext->scaled();
+  K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
+  // 3. hard constraints: SGLang's exact dict (top_k the literal 16 under
+  // every profile), compared as Python compares dicts. The runtime top-k is
+  // model.num_experts_per_token (step 4), never this field.
+  if (!m.contains("hard_constraints") || !HardConstraintsMatch(m["hard_constraints"])) {
+    Error e("Kimi manifest hard constraints do not match runtime policy");
+    const json* hc = m.contains("hard_constraints") ? &m["hard_constraints"] : nullptr;
+    if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model->is_object() &&
+        model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&
+        (*hc)["top_k"] != 16)
+      return e.WithHint("hard_constraints.top_k is the model's top-k, as k3pack wrote it before it wrote SGLang's "
+                        "literal 16; regenerate the manifest with `k3pack manifest`");
+    return e;
+  }
+  // 4. dimensions.
+  K3_ASSIGN_OR_RETURN(const uint64_t layers_n, U64(*model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(const uint64_t experts_n, U64(*model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(const uint64_t top_k, U64(*model, "num_experts_per_token"));
+  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : layers_n);
+  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : experts_n);
+  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : top_k);
+  if (layers_n != want_layers || experts_n != want_experts || top_k != want_top_k || (kimi && want_top_k != 16) ||
+      experts_n == 0 || experts_n > 65536 || top_k == 0 || top_k > experts_n)
+    return Error("Kimi expert-pack dimensions " + Tuple3(layers_n, experts_n, top_k) + " != " +
+                 Tuple3(want_layers, want_experts, want_top_k) + "; Top-K is immutable at 16");
+  out.num_layers = layers_n;
+  out.num_experts = experts_n;
+  out.top_k = top_k;
+  // 5. active layers.
+  K3_ASSIGN_OR_RETURN(const json* active_j, At(*model, "active_moe_layer_ids"));
+  std::vector<uint32_t>& active = out.active;
+  bool active_ok = active_j->is_array() && !active_j->empty();
+  if (active_ok) {
+    for (const auto& v : *active_j) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(layers_n) ||
+          (!active.empty() && v.get<int64_t>() <= int64_t(active.back()))) {
+        active_ok = false;
+        break;
+      }
+      active.push_back(v.get<uint32_t>());
+    }
+  }
+  if (kimi) {
+    active_ok = active.size() == 92;
+    for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
+    if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
+  } else {
+    // SGLang holds the list to the layers the pack was built for (1..92 for
+    // K3); a scaled pack's are the ones its k3pack.layer_roles records.
+    std::vector<uint32_t> want;
+    for (const auto& lr : out.ext->layer_roles) want.push_back(lr.layer);
+    if (!active_ok || active != want) {
+      Error e("Kimi active routed MoE layers must be exactly " + LayerRangeText(want));
+      if (!active_ok)
+        return e.WithHint("model.active_moe_layer_ids must be ascending layer ids below num_hidden_layers (" +
+                          std::to_string(layers_n) + ")");
+      return e.WithHint("model.active_moe_layer_ids has " + std::to_string(active.size()) + " layers (" +
+                        LayerRangeText(active) + "), but k3pack.layer_roles records " + std::to_string(want.size()) +
+                        ", one per active routed layer of the pack");
+    }
+  }
+  return out;
+}
+
+}  // namespace k3pack::manifest
