@@ -18,6 +18,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -150,7 +151,9 @@ struct BuildResult {
   uint64_t hole_bytes = 0;     // payload bytes kept as holes (sparse source)
   uint64_t resumed_objects = 0;  // objects taken over from a checkpoint
   uint64_t rewritten_objects = 0;  // checkpointed objects whose bytes had changed, copied again
-  std::vector<std::string> source_sha256;  // hex, by shard index; empty unless hash_sources
+  // Whole-shard SHA-256 (hex) by resolved shard path, the form
+  // manifest::CreateOptions::known_shard_sha256 takes; empty unless hash_sources.
+  std::map<std::string, std::string> source_sha256;
   double seconds = 0;
   // Where the time went. read/write/hash are thread-seconds summed over the
   // copy workers (they overlap each other and the coordinator); checkpoint

@@ -54,9 +54,11 @@ def build(gguf_dir, model_config, tokenizer_dir, *, pack=None, manifest=None, pr
             log("already built: %s (use force=True to rebuild)" % plan["manifest"])
         return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
                 "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True}
+    # The shards are hashed beside the copy (one read of them, as `k3pack build`), not again by the manifest.
     result = _k3pack.build_pack(gguf_dir, model_config, out=plan["pack"], profile=plan["profile"], force=force,
-                                progress=progress, log=log, **build_options)
+                                progress=progress, log=log, hash_sources=full_source_hashes, **build_options)
     doc = _k3pack.create_manifest(gguf_dir, result["pack"], model_config, tokenizer_dir, output=plan["manifest"],
                                   profile=plan["profile"], payload_samples=payload_samples,
-                                  full_source_hashes=full_source_hashes, force=force)
+                                  full_source_hashes=full_source_hashes, force=force,
+                                  known_shard_sha256=result.get("source_sha256", {}))
     return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False}

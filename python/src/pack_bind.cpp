@@ -110,13 +110,14 @@ const manifest::InputNames kPyInputNames{"gguf_dir", "expert_pack", "model_confi
 void RegisterPack(py::module_& m) {
   m.def("build_pack", [](const std::string& gguf_dir, const std::string& model_config, const std::string& out,
                          const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
-                         int threads, py::object progress, py::object log, bool force) {
+                         int threads, py::object progress, py::object log, bool force, bool hash_sources) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
     pack::BuildOptions o;
     o.out_path = out;
     o.safety_margin_gib = safety_margin_gib;
     o.restart = restart;
     o.threads = threads;
+    o.hash_sources = hash_sources;
     o.progress = ProgressCallback(progress);
     o.log = LineCallback(log);
     pack::PackOutputPlan plan;
@@ -158,14 +159,17 @@ void RegisterPack(py::module_& m) {
     d["hole_bytes"] = b.hole_bytes;
     d["resumed_objects"] = b.resumed_objects;
     d["seconds"] = b.seconds;
+    if (hash_sources) d["source_sha256"] = b.source_sha256;
     return d;
   }, py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(), py::arg("out") = "",
      py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false, py::arg("safety_margin_gib") = 2.0,
      py::arg("restart") = false, py::arg("threads") = 0, py::arg("progress") = py::none(),
-     py::arg("log") = py::none(), py::arg("force") = false,
+     py::arg("log") = py::none(), py::arg("force") = false, py::arg("hash_sources") = false,
      "build the expert-major pack (resumable; `k3pack pack`); out='' = <dir>/<prefix>.expert-major.pack. "
      "As the CLI: out must not be an input; a valid pack of these shards there is reported "
-     "(already_built=True) and kept; anything else there is refused unless force=True");
+     "(already_built=True) and kept; anything else there is refused unless force=True. "
+     "hash_sources=True also hashes every whole shard beside the copy (one read of the shards) and returns "
+     "source_sha256 {resolved shard path: hex}, which create_manifest(known_shard_sha256=...) takes");
 
   m.def("_plan_build", [](const std::string& gguf_dir, const std::string& model_config,
                           const std::string& tokenizer_dir, const std::string& pack_arg,
@@ -246,7 +250,8 @@ void RegisterPack(py::module_& m) {
   m.def("create_manifest", [](const std::string& gguf_dir, const std::string& expert_pack,
                               const std::string& model_config, const std::string& tokenizer_dir,
                               const std::string& output, const py::object& profile, int64_t payload_samples,
-                              bool full_source_hashes, bool full_pack_hash, py::object progress, bool force) {
+                              bool full_source_hashes, bool full_pack_hash, py::object progress, bool force,
+                              std::map<std::string, std::string> known_shard_sha256) {
     manifest::CreateOptions o;
     o.gguf_dir = gguf_dir;
     o.expert_pack = expert_pack;
@@ -257,6 +262,7 @@ void RegisterPack(py::module_& m) {
     o.full_source_hashes = full_source_hashes;
     o.full_pack_hash = full_pack_hash;
     o.progress = LineCallback(progress);
+    o.known_shard_sha256 = std::move(known_shard_sha256);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
       if (!output.empty()) {
@@ -285,10 +291,11 @@ void RegisterPack(py::module_& m) {
   }, py::arg("gguf_dir"), py::arg("expert_pack"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(),
      py::arg("output") = "", py::arg("profile") = py::none(), py::arg("payload_samples") = 6,
      py::arg("full_source_hashes") = true, py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
-     py::arg("force") = false,
+     py::arg("force") = false, py::arg("known_shard_sha256") = std::map<std::string, std::string>{},
      "SGLang's create_manifest; writes it byte-compatibly to `output` when given (as `k3pack manifest`: not an "
      "input; the same manifest there is kept; anything else there is refused unless force=True); returns the "
-     "document");
+     "document. known_shard_sha256 {resolved shard path: hex} (build_pack(hash_sources=True)'s source_sha256): "
+     "those shards are not read again for full_source_hashes");
 
   m.def("serialize_manifest", [](py::object doc) {
     std::string text = py::module_::import("json").attr("dumps")(doc).cast<std::string>();

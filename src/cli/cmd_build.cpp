@@ -223,10 +223,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   mo.tokenizer_dir = tokenizer_dir;
   mo.payload_samples = v.samples;
   mo.full_source_hashes = !args.Has("--no-full-source-hashes");
-  for (size_t i = 0; i < built.source_sha256.size() && i < experts.shard_paths.size(); ++i) {
-    K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(experts.shard_paths[i]));
-    (*shard_sha256)[resolved] = built.source_sha256[i];
-  }
+  shard_sha256->insert(built.source_sha256.begin(), built.source_sha256.end());
   mo.known_shard_sha256 = *shard_sha256;
   mo.ep = rank;
   mo.full_pack_hash = args.Has("--full-pack-hash");

@@ -26,6 +26,7 @@
 #include "pack/sidecars.h"
 #include "pack/source_hash.h"
 #include "util/crc32c.h"
+#include "util/file.h"
 #include "util/sha256.h"
 
 namespace k3pack::pack {
@@ -473,7 +474,11 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
                              &ckpt_file, &result));
   if (hasher) {
     log("finishing the SHA-256 of the source shards");
-    K3_ASSIGN_OR_RETURN(result.source_sha256, hasher->Finish());
+    K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish());
+    for (size_t i = 0; i < by_index.size() && i < ex.shard_paths.size(); ++i) {
+      K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(ex.shard_paths[i]));
+      result.source_sha256[resolved] = by_index[i];
+    }
   }
   const auto f0 = Clock::now();
   K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs, o.ep));

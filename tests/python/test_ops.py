@@ -181,6 +181,30 @@ class PackManifestStore(unittest.TestCase):
             self.assertEqual(f.read(), k3pack.serialize_manifest(doc))
         self.assertTrue(self.progress)
 
+    def test_build_hashes_the_shards_once_beside_the_copy(self):
+        # k3pack.build hashes every whole shard during the pack copy and hands the
+        # digests to the manifest, as `k3pack build` does: one read of the shards.
+        shards = [os.path.realpath(p) for p in k3pack.ShardSet.discover(self.model)]
+        want = {}
+        for p in shards:
+            with open(p, "rb") as f:
+                want[p] = hashlib.sha256(f.read()).hexdigest()
+        self.assertEqual(self.built["pack"]["source_sha256"], want)
+        recorded = {os.path.realpath(s["path"]): s["sha256"] for s in self.built["document"]["source"]["shards"]}
+        self.assertEqual(recorded, want)
+
+    def test_create_manifest_takes_known_shard_hashes_without_reading(self):
+        # A digest given in known_shard_sha256 is recorded as given (the shard is
+        # not read again): a made-up value shows it was used.
+        shards = [os.path.realpath(p) for p in k3pack.ShardSet.discover(self.model)]
+        made_up = {shards[0]: "ab" * 32}
+        doc = k3pack.create_manifest(self.model, self.pack, self.config, os.path.join(self.model, "tokenizer"),
+                                     profile="scaled", known_shard_sha256=made_up)
+        recorded = {os.path.realpath(s["path"]): s["sha256"] for s in doc["source"]["shards"]}
+        self.assertEqual(recorded[shards[0]], "ab" * 32)
+        for p in shards[1:]:
+            self.assertEqual(recorded[p], self.built["pack"]["source_sha256"][p])
+
     def test_pack_payloads_equal_gguf_slices(self):
         entries, _ = self.pack_index()
         shards = [oracle.OracleGGUF(p) for p in k3pack.ShardSet.discover(self.model)]
