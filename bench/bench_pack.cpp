@@ -15,6 +15,10 @@
 //           oflag=direct bs=16M conv=fdatasync` does) + fdatasync
 //   pack-direct: BuildPack writing the pack with O_DIRECT
 //           (K3PACK_DIRECT_WRITE=1); --no-direct skips this pair
+//   direct-x8: the O_DIRECT copy with 8 chunks in flight (8 threads, each
+//           reading a chunk and writing it), paired with pack-direct again: a
+//           plain copier that keeps the device busy and does no work of its
+//           own (no hashing, no checkpoints)
 // Within a pair the order alternates round by round (baseline first in even
 // rounds, the build first in odd ones), so neither side always follows the
 // other's writes. It prints each round's ratios pack/cp and
@@ -29,12 +33,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "k3pack/gguf.h"
@@ -71,33 +77,47 @@ double CpuSeconds(int who) {
 }
 
 // Copies every file into `to_dir` with O_DIRECT reads and writes of up to
-// 16 MiB, one at a time (the tail shorter than a block through the page
-// cache), and fdatasyncs each. False on any error.
-bool DirectCopy(const std::vector<std::string>& files, const std::string& to_dir) {
+// 16 MiB (the tail shorter than a block through the page cache), and
+// fdatasyncs each. `depth` threads each copy every depth-th chunk, so up to
+// depth reads and writes are in flight together: depth 1 is `dd
+// iflag=direct oflag=direct`; depth 8 is a plain copier that keeps the
+// device busy. False on any error.
+bool DirectCopy(const std::vector<std::string>& files, const std::string& to_dir, int depth) {
   constexpr size_t kChunk = 16u << 20, kAlign = 4096;
-  void* mem = nullptr;
-  if (posix_memalign(&mem, kAlign, kChunk) != 0) return false;
-  std::unique_ptr<void, decltype(&std::free)> guard(mem, &std::free);
-  auto* buf = static_cast<uint8_t*>(mem);
+  std::vector<std::unique_ptr<void, decltype(&std::free)>> bufs;
+  for (int t = 0; t < depth; ++t) {
+    void* mem = nullptr;
+    if (posix_memalign(&mem, kAlign, kChunk) != 0) return false;
+    bufs.emplace_back(mem, &std::free);
+  }
   for (const auto& f : files) {
     const std::string to = to_dir + "/" + std::filesystem::path(f).filename().string();
     const int in = ::open(f.c_str(), O_RDONLY | O_DIRECT);
     const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
     const int out_tail = ::open(to.c_str(), O_WRONLY);
-    bool ok = in >= 0 && out >= 0 && out_tail >= 0;
-    for (off_t off = 0; ok;) {
-      const ssize_t r = ::pread(in, buf, kChunk, off);
-      if (r <= 0) {
-        ok = r == 0;
-        break;
+    std::atomic<bool> ok = in >= 0 && out >= 0 && out_tail >= 0;
+    const off_t size = ok ? static_cast<off_t>(std::filesystem::file_size(f)) : 0;
+    auto copy_chunks = [&](int t) {
+      auto* buf = static_cast<uint8_t*>(bufs[t].get());
+      for (off_t off = static_cast<off_t>(t) * kChunk; ok && off < size; off += static_cast<off_t>(depth) * kChunk) {
+        const ssize_t r = ::pread(in, buf, kChunk, off);
+        if (r <= 0) {
+          ok = false;
+          break;
+        }
+        const size_t whole = static_cast<size_t>(r) / kAlign * kAlign;
+        if (!((whole == 0 || ::pwrite(out, buf, whole, off) == static_cast<ssize_t>(whole)) &&
+              (whole == static_cast<size_t>(r) ||
+               ::pwrite(out_tail, buf + whole, r - whole, off + static_cast<off_t>(whole)) ==
+                   static_cast<ssize_t>(r - whole)))) {
+          ok = false;
+        }
       }
-      const size_t whole = static_cast<size_t>(r) / kAlign * kAlign;
-      ok = (whole == 0 || ::pwrite(out, buf, whole, off) == static_cast<ssize_t>(whole)) &&
-           (whole == static_cast<size_t>(r) ||
-            ::pwrite(out_tail, buf + whole, r - whole, off + static_cast<off_t>(whole)) ==
-                static_cast<ssize_t>(r - whole));
-      off += r;
-    }
+    };
+    std::vector<std::thread> workers;
+    for (int t = 1; t < depth; ++t) workers.emplace_back(copy_chunks, t);
+    copy_chunks(0);
+    for (auto& w : workers) w.join();
     ok = ok && ::fdatasync(out_tail) == 0;
     for (int fd : {in, out, out_tail}) {
       if (fd >= 0) ::close(fd);
@@ -123,7 +143,8 @@ int main(int argc, char** argv) {
   const char* usage =
       "bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]\n"
       "  pack build of ~N MiB of experts (default 1024) vs cp + sync of the same bytes, and\n"
-      "  (unless --no-direct) the build writing with O_DIRECT vs an O_DIRECT copy; R paired\n"
+      "  (unless --no-direct) the build writing with O_DIRECT vs an O_DIRECT copy, one chunk and\n"
+      "  8 chunks in flight; R paired\n"
       "  rounds (default 5, the order within a pair alternating), page cache dropped before each\n"
       "  step; DIR: a temp dir by default";
   bench::ExitOnHelp(argc, argv, usage);
@@ -182,12 +203,17 @@ int main(int argc, char** argv) {
               cp_bytes / 1048576.0, dir.c_str());
 
   // One series per pair: the baseline's and the pack's rates, their ratios.
+  // base_depth: 0 = cp + sync; n > 0 = an O_DIRECT copy with n chunks in
+  // flight, against the build writing with O_DIRECT.
   struct Series {
     const char* base_name;
     const char* pack_name;
-    std::vector<double> base_rate, pack_rate, ratio;
+    int base_depth;
+    std::vector<double> base_rate = {}, pack_rate = {}, ratio = {};
   };
-  Series buffered{"cp", "pack", {}, {}, {}}, direct{"direct", "pack-direct", {}, {}, {}};
+  constexpr int kCeilingDepth = 8;
+  Series buffered{"cp", "pack", 0}, direct{"direct", "pack-direct", 1},
+      ceiling{"direct-x8", "pack-direct", kCeilingDepth};
   bool dropped = false;
   const std::string out = dir + "/bench.expert-major.pack";
   const std::string copy_dir = dir + "/cp";
@@ -198,14 +224,15 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(copy_dir);
     for (const auto& f : {out, pack::DigestsPathFor(out)}) std::filesystem::remove(f);
   };
-  auto run_base = [&](int r, bool use_direct) -> double {
+  auto run_base = [&](int r, const Series& sr) -> double {
+    const bool use_direct = sr.base_depth > 0;
     clean();
     std::filesystem::create_directories(copy_dir);
     dropped = DropCaches(model->shard_paths);
     const double cpu0 = CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN);
     const auto t0 = Clock::now();
     if (use_direct) {
-      if (!DirectCopy(model->shard_paths, copy_dir)) return 0;
+      if (!DirectCopy(model->shard_paths, copy_dir, sr.base_depth)) return 0;
     } else {
       std::string cmd = "cp";
       for (const auto& p : model->shard_paths) cmd += " '" + p + "'";
@@ -213,7 +240,7 @@ int main(int argc, char** argv) {
       if (std::system(cmd.c_str()) != 0) return 0;
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s)  load %s\n", r, use_direct ? "direct" : "cp",
+    std::printf("run %d: %-11s %8.1f MB/s (%.2f s, %.2f CPU-s)  load %s\n", r, sr.base_name,
                 cp_bytes / s / 1e6, s, CpuSeconds(use_direct ? RUSAGE_SELF : RUSAGE_CHILDREN) - cpu0,
                 bench::LoadAverage().c_str());
     std::filesystem::remove_all(copy_dir);
@@ -251,11 +278,12 @@ int main(int argc, char** argv) {
     return pack_bytes / s / 1e6;
   };
   // One round of a pair, in the order the round's parity gives.
-  auto run_pair = [&](int r, bool use_direct, Series* series) -> bool {
+  auto run_pair = [&](int r, Series* series) -> bool {
+    const bool use_direct = series->base_depth > 0;
     double base = 0, built = 0;
     for (int step = 0; step < 2; ++step) {
       if ((step == 0) == ((r & 1) == 0)) {
-        base = run_base(r, use_direct);
+        base = run_base(r, *series);
         if (base <= 0) {
           if (use_direct) std::fprintf(stderr, "direct copy failed (no O_DIRECT on %s?); rerun with --no-direct\n", dir.c_str());
           return false;
@@ -277,18 +305,19 @@ int main(int argc, char** argv) {
   // memory the drop has just freed, which made round 0's cp (always the
   // first step before) up to 2x faster than any later cp.
   {
-    Series w_buffered{"cp", "pack", {}, {}, {}}, w_direct{"direct", "pack-direct", {}, {}, {}};
+    Series w_buffered = buffered, w_direct = direct;
     std::printf("warm-up round (not counted):\n");
-    if (!run_pair(-1, false, &w_buffered)) return 1;
-    if (with_direct && !run_pair(-1, true, &w_direct)) return 1;
+    if (!run_pair(-1, &w_buffered)) return 1;
+    if (with_direct && !run_pair(-1, &w_direct)) return 1;
   }
   for (int r = 0; r < runs; ++r) {
-    if (!run_pair(r, false, &buffered)) return 1;
-    if (with_direct && !run_pair(r, true, &direct)) return 1;
+    if (!run_pair(r, &buffered)) return 1;
+    if (with_direct && !run_pair(r, &direct)) return 1;
+    if (with_direct && !run_pair(r, &ceiling)) return 1;
   }
   std::printf("page cache: %s\n", dropped ? "dropped (drop_caches) before every step"
                                           : "inputs evicted with POSIX_FADV_DONTNEED (drop_caches not permitted)");
-  for (const Series* sr : {&buffered, &direct}) {
+  for (const Series* sr : {&buffered, &direct, &ceiling}) {
     if (sr->ratio.empty()) continue;
     const int below = static_cast<int>(std::count_if(sr->ratio.begin(), sr->ratio.end(), [](double x) { return x < 0.95; }));
     auto [bmin, bmax] = std::minmax_element(sr->base_rate.begin(), sr->base_rate.end());
@@ -299,6 +328,11 @@ int main(int argc, char** argv) {
                 bench::Median(sr->pack_rate), *pmin, *pmax, *pmax / *pmin, sr->pack_name, sr->base_name,
                 bench::Median(sr->ratio), *std::min_element(sr->ratio.begin(), sr->ratio.end()),
                 *std::max_element(sr->ratio.begin(), sr->ratio.end()), below, runs, bench::LoadAverage().c_str());
+  }
+  if (!ceiling.ratio.empty()) {
+    std::printf("direct-x8 copies with %d O_DIRECT reads and writes in flight and does no work of its own; "
+                "pack-direct/direct-x8 compares the build, with its hashing, checkpoints and fsyncs, to a plain "
+                "copier that keeps the device busy\n", kCeilingDepth);
   }
   std::filesystem::remove_all(dir);
   return 0;
