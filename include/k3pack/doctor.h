@@ -74,6 +74,10 @@ struct Report {
   kimi::Profile profile = kimi::Profile::kKimiK3;
   bool unusable = false;  // an input could not be read at all (exit 2)
   std::vector<std::string> files;  // GGUF files examined, in order
+  // The directories whose shards were examined (absolute; for a manifest, the
+  // directories of the shards it records), so a report says which copy of a
+  // model it describes.
+  std::vector<std::string> shard_dirs;
   uint64_t tensors_examined = 0;
   std::vector<CheckRun> checks;
   std::vector<Finding> findings;

@@ -302,6 +302,7 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Flag("--full-source-hashes", "record the SHA-256 of every whole shard (the default; computed beside the copy)")
       .Flag("--no-full-source-hashes", "do not record whole-shard SHA-256s (then same-size edits outside the "
                                        "metadata go unnoticed)")
+      .Exclusive({"--full-source-hashes", "--no-full-source-hashes"})
       .Flag("--full-pack-hash", "record the SHA-256 of the whole pack")
       .Flag("--allow-unsupported", "build even when doctor finds errors SGLang raises on (e.g. BF16 matrices)")
       .Flag("--json", "print only the result as JSON (otherwise text)");

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/stats_json.h"
 #include "util/utf8.h"
 #include "k3pack/gguf.h"
 #include "k3pack/quant.h"
@@ -142,8 +143,7 @@ int RunDumpTensor(const std::vector<std::string>& argv) {
     }
     out["values"] = std::move(vals);
     if (stats) {
-      out["stats"] = {{"min", stats->min}, {"max", stats->max}, {"mean", stats->mean},
-                      {"nan_count", stats->nan_count}, {"inf_count", stats->inf_count}, {"count", stats->count}};
+      out["stats"] = TensorStatsJson(*stats);
     }
     std::cout << DumpJsonEscaped(std::move(out), -1) << "\n";
     return 0;

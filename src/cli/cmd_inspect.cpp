@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/stats_json.h"
 #include "k3pack/gguf.h"
 #include "k3pack/quant.h"
 #include "util/format.h"
@@ -120,11 +121,12 @@ Result<Inspected> OpenForInspect(const std::string& path, bool file_only) {
 // have no decoder, so a script never mistakes "not computed" for zeros.
 json StatsJson(const gguf::GgufFile& f, const gguf::TensorInfo& t) {
   if (!quant::CanDequantize(t.type)) return {{"error", "no decoder for " + std::string(GgmlTypeName(t.type))}};
-  if (t.ne[0] <= 0) return {{"min", nullptr}, {"max", nullptr}, {"mean", nullptr}, {"nan", 0}, {"inf", 0}, {"count", 0}};
+  if (t.ne[0] <= 0) {
+    return {{"min", nullptr}, {"max", nullptr}, {"mean", nullptr}, {"nan_count", 0}, {"inf_count", 0}, {"count", 0}};
+  }
   auto st = quant::ComputeStats(t.type, f.TensorData(t), t.ne[0], static_cast<uint64_t>(t.n_elements() / t.ne[0]));
   if (!st.ok()) return {{"error", st.error().message()}};
-  return {{"min", st->min}, {"max", st->max}, {"mean", st->mean}, {"nan", st->nan_count}, {"inf", st->inf_count},
-          {"count", st->count}};
+  return TensorStatsJson(*st);
 }
 
 struct StatsRequest {
@@ -234,7 +236,7 @@ void PrintText(const json& j, bool with_tensors) {
     auto num = [&](const char* k) { return st[k].is_number() ? st[k].get<double>() : NAN; };
     std::printf("  %-44s %-8s %13.6g %13.6g %13.6g %6llu %6llu\n", ShownName(t).c_str(),
                 t["type"].get<std::string>().c_str(), num("min"), num("max"), num("mean"),
-                (unsigned long long)st["nan"].get<uint64_t>(), (unsigned long long)st["inf"].get<uint64_t>());
+                (unsigned long long)st["nan_count"].get<uint64_t>(), (unsigned long long)st["inf_count"].get<uint64_t>());
   }
   std::cout << "\nbytes by type:\n";
   for (const auto& [type, v] : j["bytes_by_type"].items()) {

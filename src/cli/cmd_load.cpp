@@ -91,7 +91,13 @@ int RunLoad(const std::vector<std::string>& argv) {
       .Flag("--no-read", "do not read tensor bytes (walk and check only)")
       .Flag("--copy", "read every tensor with pread into a fresh buffer instead of handing out map views")
       .Flag("--populate", "map each tensor's pages in with one MADV_POPULATE_READ instead of page faults")
-      .Flag("--quiet", "deprecated: same as --progress none");
+      .Flag("--quiet", "deprecated: same as --progress none")
+      .Exclusive({"--summary", "--dump", "--json"})
+      .Exclusive({"--no-read", "--copy"}, "--copy reads every tensor into a fresh buffer")
+      .Exclusive({"--no-read", "--populate"}, "--populate reads every tensor's pages in")
+      .Exclusive({"--no-read", "--dump"}, "--dump reads every tensor to write it")
+      .Exclusive({"--copy", "--populate"}, "--populate maps the views that --copy replaces with fresh buffers")
+      .Exclusive({"--quiet", "--progress"}, "--quiet is the old spelling of --progress none");
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
@@ -100,11 +106,6 @@ int RunLoad(const std::vector<std::string>& argv) {
   if (args.Has("--quiet")) {
     std::cerr << "k3pack load: note: --quiet is deprecated and will be removed; use --progress none\n";
     *mode = ProgressMode::kNone;
-  }
-  const int modes = args.Has("--summary") + args.Has("--dump") + args.Has("--json");
-  if (modes > 1) {
-    std::cerr << "k3pack load: error: --summary, --dump and --json are mutually exclusive\n" << args.Usage();
-    return 2;
   }
   const bool as_json = args.Has("--json");
   const bool list = args.Has("--list");

@@ -93,6 +93,7 @@ int RunManifest(const std::vector<std::string>& argv) {
       .Flag("--full-source-hashes", "record the SHA-256 of every whole shard (the default; reads all shards)")
       .Flag("--no-full-source-hashes", "skip the whole-shard SHA-256s (then same-size edits outside the "
                                        "metadata go unnoticed)")
+      .Exclusive({"--full-source-hashes", "--no-full-source-hashes"})
       .Flag("--full-pack-hash", "also record the SHA-256 of the whole pack (reads the whole pack)")
       .Option("--progress", "auto | bar | json | none (on stderr)", "auto")
       .Flag("--json", "print SGLang's JSON summary (otherwise text)");

@@ -33,8 +33,6 @@ Result<Values> ParseValues(const Args& args) {
   if (args.Has("--profile")) K3_RETURN_IF_ERROR(kimi::ParseProfile(args.Get("--profile")).status());
   Values v;
   K3_ASSIGN_OR_RETURN(static_cast<CopyValues&>(v), ParseCopyValues(args));
-  if (args.Has("--force") && args.Has("--repair-damaged"))
-    return Error("--force and --repair-damaged conflict: --force rebuilds the whole pack");
   K3_ASSIGN_OR_RETURN(v.ep, ParseEpOptions(args));
   return v;
 }
@@ -153,6 +151,7 @@ int RunPack(const std::vector<std::string>& argv) {
   AddForceFlag(args, "pack (and its .digests)");
   AddCopyOptions(args);
   AddEpOptions(args);
+  args.Exclusive({"--force", "--repair-damaged"}, "--force rebuilds the whole pack");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   auto v = ParseValues(args);

@@ -130,7 +130,8 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Flag("--predict-next-token", "with --trace-out: also record next-token predictions (a proxy: each layer's\n"
                                     "own router on the token's own MoE input; docs/store.md)")
       .Flag("--force", "replace an existing --trace-out file")
-      .Flag("--json", "print the results as JSON");
+      .Flag("--json", "print the results as JSON")
+      .Exclusive({"--layer", "--all-layers"});
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   auto tokens = a.GetInt("--tokens"), seed = a.GetInt("--seed"), mib = a.GetInt("--cache-mib"),

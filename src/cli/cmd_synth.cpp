@@ -104,7 +104,7 @@ void RemoveTempFiles(const std::string& dir) {
 
 int RunSynth(const std::vector<std::string>& argv_in) {
   // --layer-expert-types may repeat; collect every occurrence before the
-  // strict parser (which keeps only the last value of an option) sees them.
+  // strict parser (which refuses an option given twice with two values) sees them.
   std::vector<std::string> argv, layer_types;
   for (size_t i = 0; i < argv_in.size(); ++i) {
     const std::string& a = argv_in[i];

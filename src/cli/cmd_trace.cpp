@@ -306,6 +306,10 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--object-bytes", "object size for --simulate without --manifest", "11956224")
       .Flag("--simulate", "policy only, no I/O")
       .Flag("--json", "print the report as JSON");
+  // --simulate reads nothing: the options of the real store's reads would be ignored.
+  for (const char* io : {"--pack", "--io", "--direct", "--read-splits", "--queue-depth"}) {
+    a.Exclusive({"--simulate", io}, "--simulate runs the policy only, without reads");
+  }
   AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;

@@ -42,7 +42,8 @@ int RunVerify(const std::vector<std::string>& argv) {
       .Option("--samples", "evenly spaced payloads compared with the GGUF source (default 6)")
       .Flag("--full", "hash every payload and compare with the digest sidecar")
       .Flag("--against-source", "with --full: also compare every payload with the GGUF source")
-      .Flag("--json", "print the result as JSON");
+      .Flag("--json", "print the result as JSON")
+      .Exclusive({"--samples", "--full"}, "--full checks every payload against its digest instead of sampling");
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
@@ -50,7 +51,6 @@ int RunVerify(const std::vector<std::string>& argv) {
   Status usage = [&]() -> Status {
     if (args.Has("--against-source") && !args.Has("--full")) return Error("--against-source needs --full");
     if (args.Has("--samples")) {
-      if (args.Has("--full")) return Error("--samples and --full are mutually exclusive");
       K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--samples"));
       if (n < 0) return Error("--samples must be non-negative");
     }

@@ -41,6 +41,24 @@ Args& Args::PositionalAsOption(const std::string& name) {
   return *this;
 }
 
+Args& Args::Exclusive(std::vector<std::string> names, std::string why) {
+  exclusive_.push_back({std::move(names), std::move(why)});
+  return *this;
+}
+
+namespace {
+
+// "--a and --b", "--a, --b and --c".
+std::string AndList(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) {
+    s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  }
+  return s;
+}
+
+}  // namespace
+
 std::string Args::Usage() const {
   std::ostringstream os;
   os << "usage: k3pack " << command_ << " " << usage_ << "\n\n" << description_ << "\n";
@@ -55,6 +73,16 @@ std::string Args::Usage() const {
     os << "\n";
   }
   os << "  --help\n      show this help and exit\n";
+  if (!exclusive_.empty()) {
+    // One line, not indented: the help generator reads indented "--" lines as options.
+    os << "\nnot together:";
+    const char* sep = " ";
+    for (const ExclusiveGroup& g : exclusive_) {
+      os << sep << AndList(g.names);
+      sep = "; ";
+    }
+    os << "\n";
+  }
   if (!deprecated_.empty()) {
     os << "\ndeprecated spellings (still accepted):";
     const char* sep = " ";
@@ -90,26 +118,32 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
         value = a.substr(eq + 1);
         inline_value = true;
       }
+      const std::string spelling = name;
       if (auto dep = deprecated_.find(name); dep != deprecated_.end()) {
         std::cerr << "k3pack " << command_ << ": note: " << name << " is deprecated; use " << dep->second << "\n";
-        if (values_.count(dep->second)) return fail(name + " and " + dep->second + " are the same option; give it once");
         name = dep->second;
-      } else if (values_.count(name) && std::any_of(deprecated_.begin(), deprecated_.end(), [&](const auto& d) {
-                   return d.second == name;
-                 })) {
-        return fail(name + " given twice (also under an older spelling)");
       }
       auto it = specs_.find(name);
       if (it == specs_.end()) return fail("unknown option " + name);
-      if (it->second.is_flag) {
-        if (inline_value) return fail(name + " takes no value");
-        values_[name] = "1";
-        continue;
-      }
-      if (!inline_value) {
+      if (it->second.is_flag && inline_value) return fail(name + " takes no value");
+      if (!it->second.is_flag && !inline_value) {
         if (i + 1 >= argv.size()) return fail(name + " needs a value");
         value = argv[++i];
       }
+      if (it->second.is_flag) value = "1";
+      if (auto seen = spelled_.find(name); seen != spelled_.end()) {
+        // Never "last one wins": a repeated option is a typo or two scripts'
+        // arguments glued together, and either value could be the meant one.
+        if (seen->second != spelling) {
+          const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
+          return fail(older + " and " + name + " are the same option; give it once");
+        }
+        if (values_.at(name) != value) {
+          return fail(name + " given twice, as '" + values_.at(name) + "' and '" + value + "'; give it once");
+        }
+        continue;  // a flag, or the same value again
+      }
+      spelled_[name] = spelling;
       values_[name] = value;
       continue;
     }
@@ -121,6 +155,15 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     }
     values_[positional_option_] = positionals_.front();
     positionals_.erase(positionals_.begin());
+  }
+  for (const ExclusiveGroup& g : exclusive_) {
+    std::vector<std::string> given;
+    for (const std::string& n : g.names) {
+      if (values_.count(n)) given.push_back(n);
+    }
+    if (given.size() > 1) {
+      return fail(AndList(given) + " cannot be used together" + (g.why.empty() ? "" : ": " + g.why));
+    }
   }
   for (const auto& [name, spec] : specs_) {
     if (spec.required && !values_.count(name)) return fail("missing required option " + name);

@@ -18,6 +18,10 @@ namespace k3pack::cli {
 
 // Declarative options: declare, then Parse(). Unknown options, missing
 // values and missing required options are errors; `--help` prints usage.
+// An option given twice with different values is an error naming both (the
+// same value twice is accepted: a script that repeats itself means one
+// thing); a flag given twice is harmless. Options declared Exclusive() are
+// refused together.
 class Args {
  public:
   Args(std::string command, std::string usage_line, std::string description)
@@ -37,6 +41,10 @@ class Args {
   // A single positional argument may stand for option `name` (the main
   // input: `k3pack pack DIR` = `k3pack pack --gguf-dir DIR`).
   Args& PositionalAsOption(const std::string& name);
+  // At most one of `names` (options or flags) may be given: two of them is a
+  // usage error naming both, followed by `why` when not empty. Listed in the
+  // help as "not together".
+  Args& Exclusive(std::vector<std::string> names, std::string why = {});
 
   // Returns false and prints to stderr (exit code 2) on a usage error, or
   // prints help (exit code 0) on --help; `exit_code` says which.
@@ -52,6 +60,7 @@ class Args {
 
  private:
   struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; };
+  struct ExclusiveGroup { std::vector<std::string> names; std::string why; };
   std::string command_, usage_, description_;
   std::map<std::string, Spec> specs_;
   std::vector<std::string> order_;
@@ -61,6 +70,8 @@ class Args {
   std::vector<std::string> positionals_;
   std::map<std::string, std::string> deprecated_;  // old spelling -> current
   std::string positional_option_;
+  std::map<std::string, std::string> spelled_;  // option -> the spelling it was given under
+  std::vector<ExclusiveGroup> exclusive_;
 };
 
 using CommandFn = std::function<int(const std::vector<std::string>& argv)>;

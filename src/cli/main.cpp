@@ -17,7 +17,9 @@ void PrintHelp() {
   }
   std::cout << "\noptions:\n"
                "  -V, --version show the version, git revision and build type\n"
-               "  -h, --help    show this help (`k3pack help --man` prints it all as a man page)\n";
+               "  -h, --help    show this help (`k3pack help --man` prints it all as a man page)\n"
+               "An option given twice must have the same value both times (a flag may repeat); options that\n"
+               "contradict each other are refused together (each command's --help lists them under \"not together\").\n";
   std::cout << "\nexit codes (every command):\n"
                "  0    done (also: the output is already built)\n"
                "  1    the input is bad or a check failed\n"

@@ -228,6 +228,13 @@ const std::vector<Diagnosis> kCatalog = {
      "A shard's header bytes no longer hash to the manifest's metadata_sha256 (SGLang does not check this, "
      "k3pack does): the shard was rewritten.",
      "Regenerate the manifest for the current shards."},
+    {"manifest-source-record", E, "",
+     "A record of the manifest's source section (a shard's tensor_count or metadata_nbytes, a tensor's offset, "
+     "size, shape or shard, the summary, or inventory_sha256) differs from what the shards hold, while their "
+     "sizes, headers and tensor names match: the manifest was edited after it was written. `k3pack verify` and "
+     "the loader's verify_metadata refuse it.",
+     "Rewrite the manifest from the files it records with `k3pack manifest ... --force` (the finding gives the "
+     "command with its paths; the pack is kept)."},
     {"pack-missing", E, "FileNotFoundError", "The expert pack the manifest names does not exist.",
      "Build it with `k3pack pack`, or fix expert_pack.path."},
     {"pack-size", E, "ValueError", "The expert pack's size differs from the manifest.",

@@ -34,6 +34,15 @@ bool LooksLikeJson(const std::string& path) {
   return n.ok() && *n == 1 && c == '{';
 }
 
+// Records a shard directory the report covers (absolute, once).
+void AddShardDir(Report& r, const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir.empty() ? "." : dir, ec);
+  const std::string shown = (ec ? fs::path(dir) : p).lexically_normal().string();
+  std::string trimmed = shown.size() > 1 && shown.back() == '/' ? shown.substr(0, shown.size() - 1) : shown;
+  if (std::find(r.shard_dirs.begin(), r.shard_dirs.end(), trimmed) == r.shard_dirs.end()) r.shard_dirs.push_back(trimmed);
+}
+
 void ExamineView(const internal::ShardView& view, const DiagnoseOptions& options, internal::Collector& out) {
   auto say = [&](const std::string& s) {
     if (options.progress) options.progress(s);
@@ -59,6 +68,7 @@ void ExamineGguf(const std::string& path, const DiagnoseOptions& options, intern
   if (options.progress) options.progress("doctor: examining " + path);
   auto view = internal::DiscoverAndOpen(path, out);
   Mark(out.report(), "files", view.has_value());
+  if (view) AddShardDir(out.report(), view->dir);
   if (view) ExamineView(*view, options, out);
 }
 
@@ -88,6 +98,8 @@ Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& op
       internal::ManifestTargets targets = internal::CheckManifest(path, options, out);
       Mark(report, "manifest", true);
       if (targets.shard_paths.empty()) continue;
+      // The shards the manifest records, wherever they are (not the manifest's directory).
+      for (const std::string& s : targets.shard_paths) AddShardDir(report, fs::path(s).parent_path().string());
       const std::string key = fs::weakly_canonical(targets.shard_paths.front(), ec).parent_path().string();
       if (!examined.insert(key).second) continue;
       ExamineListed(targets, options, out);

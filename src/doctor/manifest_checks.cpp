@@ -9,6 +9,7 @@
 #include "doctor/internal.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/recorded_inputs.h"
 #include "util/sha256.h"
 
 namespace k3pack::doctor::internal {
@@ -33,33 +34,97 @@ std::string Dotted(std::initializer_list<const char*> path) {
   return s;
 }
 
+// A string the manifest records at `path`, or `fallback` (a placeholder the
+// user fills in) when it does not.
+std::string StringAt(const json& j, std::initializer_list<const char*> path, const char* fallback) {
+  const json* v = At(j, path);
+  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string(fallback);
+}
+
+// The directory of the first recorded shard (the --gguf-dir of the commands below).
+std::string ShardDirOf(const json& j) {
+  if (const json* s = At(j, {"source", "shards"}); s && s->is_array() && !s->empty() && (*s)[0].contains("path") &&
+                                                    (*s)[0]["path"].is_string()) {
+    return fs::path((*s)[0]["path"].get<std::string>()).parent_path().string();
+  }
+  return "GGUF_DIR";
+}
+
 // The commands that repair the manifest's pack, with its own paths: a pack
 // whose structure or size changed is rebuilt with its manifest (`build
 // --force`; `pack --restart` refuses a finished pack and `--repair-damaged`
 // needs the layout intact), damaged payloads are rewritten in place.
 std::string RebuildCommand(const json& j, const std::string& pack, const std::string& manifest_path) {
-  auto str = [&](std::initializer_list<const char*> path, const char* fallback) {
-    const json* v = At(j, path);
-    return v != nullptr && v->is_string() ? v->get<std::string>() : std::string(fallback);
-  };
-  std::string dir = "GGUF_DIR";
-  if (const json* s = At(j, {"source", "shards"}); s && s->is_array() && !s->empty() && (*s)[0].contains("path") &&
-                                                    (*s)[0]["path"].is_string()) {
-    dir = fs::path((*s)[0]["path"].get<std::string>()).parent_path().string();
-  }
-  return "`k3pack build " + dir + " --model-config " + str({"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
-         str({"tokenizer", "path"}, "TOKENIZER_DIR") + " --pack " + pack + " --manifest " + manifest_path + " --force`";
+  return "`k3pack build " + ShardDirOf(j) + " --model-config " + StringAt(j, {"model", "config_path"}, "CONFIG") +
+         " --tokenizer-dir " + StringAt(j, {"tokenizer", "path"}, "TOKENIZER_DIR") + " --pack " + pack +
+         " --manifest " + manifest_path + " --force`";
 }
 
 std::string RepairPayloadsCommand(const json& j, const std::string& pack) {
-  std::string dir = "GGUF_DIR";
-  if (const json* s = At(j, {"source", "shards"}); s && s->is_array() && !s->empty() && (*s)[0].contains("path") &&
-                                                    (*s)[0]["path"].is_string()) {
-    dir = fs::path((*s)[0]["path"].get<std::string>()).parent_path().string();
+  return "`k3pack pack --repair-damaged --gguf-dir " + ShardDirOf(j) + " --model-config " +
+         StringAt(j, {"model", "config_path"}, "CONFIG") + " --pack " + pack + "`";
+}
+
+// The command that rewrites the manifest from the files it records, keeping
+// the pack: the fix for records edited by hand.
+std::string RewriteManifestCommand(const json& j, const std::string& manifest_path) {
+  std::string profile;
+  if (const json* p = At(j, {"k3pack", "profile"}); p && p->is_string()) profile = " --profile " + p->get<std::string>();
+  return "`k3pack manifest --gguf-dir " + ShardDirOf(j) + " --pack " + StringAt(j, {"expert_pack", "path"}, "PACK") +
+         " --model-config " + StringAt(j, {"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
+         StringAt(j, {"tokenizer", "path"}, "TOKENIZER_DIR") + profile + " --manifest " + manifest_path + " --force`";
+}
+
+// The manifest's source records (every shard and tensor record, the summary
+// and inventory_sha256) against the shards, with the comparison verify runs
+// (manifest/recorded_inputs.h), cheap form: sizes and header digests, no
+// whole-file hashing. What the shard loop of CheckManifest already reports
+// (a missing, resized or re-headed shard, changed tensor names or types) is
+// left to it.
+void CheckSourceRecords(const json& j, const std::string& manifest_path, Collector& out) {
+  using Kind = manifest::SourceDifference::Kind;
+  auto diffs = manifest::CompareSourceWithShardsAll(j.at("source"));
+  if (!diffs.ok()) {
+    out.Add("manifest-invalid", "source", diffs.error().message(), {}, manifest_path);
+    return;
   }
-  const json* cfg = At(j, {"model", "config_path"});
-  return "`k3pack pack --repair-damaged --gguf-dir " + dir + " --model-config " +
-         (cfg && cfg->is_string() ? cfg->get<std::string>() : std::string("CONFIG")) + " --pack " + pack + "`";
+  const std::string rewrite = RewriteManifestCommand(j, manifest_path);
+  for (const manifest::SourceDifference& d : *diffs) {
+    if (d.kind == Kind::kShardMissing || d.kind == Kind::kShardUnreadable ||
+        (d.kind == Kind::kShard && (d.field == "size" || d.field == "metadata_sha256")) ||
+        (d.kind == Kind::kTensorSet && !d.tensor.empty()) || (d.kind == Kind::kTensor && d.field == "dtype")) {
+      continue;  // reported by the shard loop (or the GGUF examination)
+    }
+    std::string record = "source.inventory_sha256", object = record;
+    if (d.kind == Kind::kShard) {
+      record = "source.shards[" + d.shard_path + "]";
+      object = d.shard_path;
+    } else if (d.kind == Kind::kTensor) {
+      record = "source.tensors[" + d.tensor + "]";
+      object = d.tensor;
+    } else if (d.kind == Kind::kTensorSet) {
+      record = object = "source.tensors";
+    } else if (d.kind == Kind::kSummary) {
+      record = object = "source.summary";
+    }
+    const bool one_field = d.kind == Kind::kShard || d.kind == Kind::kTensor || d.kind == Kind::kSummary;
+    std::string message = record + (one_field ? "." + d.field : std::string()) + ": " + d.detail;
+    if (d.kind == Kind::kInventory && !d.unhashed_sha256.empty()) {
+      message += "; every record doctor recomputed matches, so the digest itself or the whole-file sha256 recorded "
+                 "for one of " + std::to_string(d.unhashed_sha256.size()) +
+                 " shard(s) was edited (doctor does not hash whole shards)";
+    }
+    Finding& f = out.Add("manifest-source-record", object, message, {}, d.shard_path.empty() ? manifest_path : d.shard_path);
+    f.details = {{"record", record}, {"field", d.field}};
+    if (!d.shard_path.empty()) f.details["shard"] = d.shard_path;
+    if (!d.tensor.empty()) f.details["tensor"] = d.tensor;
+    f.fix = "Rewrite the manifest from the files it records (the pack is kept): " + rewrite + ".";
+    if (!d.unhashed_sha256.empty()) {
+      f.details["unhashed_sha256"] = d.unhashed_sha256;
+      f.fix += " To see which shard's recorded sha256 differs first, `k3pack verify --manifest " + manifest_path +
+               " --full` hashes every shard.";
+    }
+  }
 }
 
 // SGLang's pack validation, run on the manifest's own records. Without the
@@ -218,6 +283,14 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     }
   }
   bool shards_intact = shards != nullptr && shards->is_array();
+  // A shard whose names, types or header no longer match its record: the
+  // manifest is rewritten for the shards as they are; should the pack no
+  // longer match them, `manifest` says so and the rebuild is the fix.
+  const std::string rewrite = RewriteManifestCommand(j, manifest_path);
+  auto pack_of = [&] { return StringAt(j, {"expert_pack", "path"}, "PACK"); };
+  const std::string regenerate = "Regenerate the manifest for the shards as they are: " + rewrite +
+                                 " (if it reports that the pack no longer matches them, rebuild both: " +
+                                 RebuildCommand(j, pack_of(), manifest_path) + ").";
   if (shards && shards->is_array()) {
     for (const json& s : *shards) {
       if (!s.contains("path") || !s["path"].is_string() || !s.contains("size") || !s.contains("index")) {
@@ -230,10 +303,17 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
       targets.shard_paths.push_back(path);  // the loader opens the recorded path, wherever it is
       auto size = FileSize(path);
       if (!size.ok() || *size != s["size"].get<uint64_t>()) {
-        out.Add("manifest-shard-changed", path,
-                !size.ok() ? "the file is missing"
-                           : "size is " + std::to_string(*size) + ", the manifest says " + s["size"].dump(),
-                "Kimi-K3 GGUF shard is missing or changed: " + path, path);
+        Finding& f = out.Add("manifest-shard-changed", path,
+                             !size.ok() ? "the file is missing"
+                                        : "size is " + std::to_string(*size) + ", the manifest says " + s["size"].dump(),
+                             "Kimi-K3 GGUF shard is missing or changed: " + path, path);
+        f.details = {{"record", "source.shards[" + path + "]"}, {"field", size.ok() ? "size" : "path"}};
+        if (size.ok()) {
+          // Another size means other tensor bytes: the pack is rebuilt with its
+          // manifest (a record edited by hand is rewritten by the same command).
+          f.fix = "Restore the shard the manifest was written for, or rebuild the pack and its manifest for the "
+                  "shard as it is: " + RebuildCommand(j, pack_of(), manifest_path) + ".";
+        }
         shards_intact = false;
         continue;
       }
@@ -254,22 +334,27 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
                                   std::to_string(removed.size()) + " listed but absent",
                               "Kimi-K3 GGUF shard inventory changed: " + path, path);
         fd.details = {{"not_in_manifest", added}, {"absent", removed}};
+        fd.fix = regenerate;
       }
       for (const auto& [n, dtype] : here) {
         auto it = listed.find(n);
         if (it != listed.end() && it->second != dtype) {
           out.Add("manifest-tensor-type", n, "type is " + dtype + ", the manifest says " + it->second,
-                  "Kimi-K3 GGUF tensor type changed: " + n, path);
+                  "Kimi-K3 GGUF tensor type changed: " + n, path)
+              .fix = regenerate;
         }
       }
       if (s.contains("metadata_nbytes") && s.contains("metadata_sha256")) {
         auto digest = Sha256FileRange(path, 0, s["metadata_nbytes"].get<uint64_t>());
         if (digest.ok() && *digest != s["metadata_sha256"]) {
-          out.Add("manifest-metadata-changed", path, "header bytes hash to " + *digest, {}, path);
+          out.Add("manifest-metadata-changed", path, "header bytes hash to " + *digest, {}, path).fix = regenerate;
         }
       }
     }
   }
+  // Every other recorded field (offsets, shapes, counts, the summary, the
+  // inventory digest), as `k3pack verify` compares them.
+  if (shards && shards->is_array() && tensors && tensors->is_array()) CheckSourceRecords(j, manifest_path, out);
 
   // The pack: presence, size and index digest.
   const json* ppath = need({"expert_pack", "path"});

@@ -98,6 +98,7 @@ nlohmann::json Report::ToJson() const {
                   {"files", files.size()},
                   {"tensors", tensors_examined}};
   j["files"] = files;
+  j["shard_dirs"] = shard_dirs;
   nlohmann::json cj = nlohmann::json::array();
   for (const CheckRun& c : checks) {
     cj.push_back({{"name", c.name}, {"ran", c.ran}, {"note", c.note}});
@@ -175,6 +176,7 @@ std::string Report::ToText() const {
     os << "  fix:     " << shown(f.fix) << "\n\n";
   }
   const size_t e = Count(Severity::kError), w = Count(Severity::kWarning);
+  for (const std::string& d : shard_dirs) os << "shards checked in " << shown(d) << "\n";
   os << "checked " << files.size() << " file(s), " << tensors_examined << " tensor(s); ";
   for (const CheckRun& c : checks) {
     if (!c.ran) os << "[" << c.name << " skipped] ";

@@ -53,13 +53,30 @@ std::string Detail(const json& now, const json& then, const std::string& key) {
 
 }  // namespace
 
-Result<SourceDifference> CompareSourceWithShards(const json& source, const SourceCheckOptions& options) {
+namespace {
+
+// Every difference in `out`, in report order; with `all` false it stops at
+// the first one. A shard that is missing, has another size or header, or no
+// longer parses ends the comparison after the shard loop: the records below
+// need every shard scanned.
+Status CompareSource(const json& source, const SourceCheckOptions& options, bool all,
+                     std::vector<SourceDifference>* out) {
   K3_ASSIGN_OR_RETURN(const json* shards, Member(source, "shards", "source"));
   K3_ASSIGN_OR_RETURN(const json* tensors, Member(source, "tensors", "source"));
   if (!shards->is_array() || shards->empty()) return Error("manifest source.shards: expected a non-empty list");
   if (!tensors->is_array()) return Error("manifest source.tensors: expected a list");
+  // Records a difference; true when the caller wants no more (only the first).
+  auto found = [&](Kind kind, std::string shard, std::string tensor, std::string field, std::string detail) {
+    SourceDifference d;
+    d.kind = kind;
+    d.shard_path = std::move(shard);
+    d.tensor = std::move(tensor);
+    d.field = std::move(field);
+    d.detail = std::move(detail);
+    out->push_back(std::move(d));
+    return !all;
+  };
 
-  SourceDifference d;
   std::vector<std::shared_ptr<const gguf::GgufFile>> files;
   std::vector<std::string> paths;
   for (size_t i = 0; i < shards->size(); ++i) {
@@ -68,51 +85,50 @@ Result<SourceDifference> CompareSourceWithShards(const json& source, const Sourc
     if (!p->is_string()) return Error("manifest source.shards[" + std::to_string(i) + "].path: expected a string");
     const std::string path = p->get<std::string>();
     paths.push_back(path);
-    d.shard_path = path;
-    d.kind = Kind::kShard;
     if (!PathExists(path)) {
-      d.kind = Kind::kShardMissing;
-      d.detail = "the file is missing";
-      return d;
+      if (found(Kind::kShardMissing, path, "", "", "the file is missing")) return Status::OK();
+      continue;
     }
     // Size and header digest from the raw bytes first: they name the change
     // even when the file no longer parses (truncated, header bytes flipped).
     K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(path));
     const json now_size = {{"size", size}};
     if (then.contains("size") && now_size["size"] != then["size"]) {
-      d.field = "size";
-      d.detail = Detail(now_size, then, "size");
-      return d;
+      if (found(Kind::kShard, path, "", "size", Detail(now_size, then, "size"))) return Status::OK();
+      continue;
     }
     if (then.contains("metadata_nbytes") && then["metadata_nbytes"].is_number_unsigned() &&
         then.contains("metadata_sha256") && then["metadata_nbytes"].get<uint64_t>() <= size) {
       K3_ASSIGN_OR_RETURN(std::string meta, Sha256FileRange(path, 0, then["metadata_nbytes"].get<uint64_t>()));
       const json now_meta = {{"metadata_sha256", meta}};
       if (now_meta["metadata_sha256"] != then["metadata_sha256"]) {
-        d.field = "metadata_sha256";
-        d.detail = Detail(now_meta, then, "metadata_sha256");
-        return d;
+        if (found(Kind::kShard, path, "", "metadata_sha256", Detail(now_meta, then, "metadata_sha256"))) {
+          return Status::OK();
+        }
+        continue;
       }
     }
     gguf::ReadOptions ro;
     ro.require_packed_offsets = false;  // what the loader accepts
     auto f = gguf::GgufFile::Open(path, ro);
     if (!f.ok()) {
-      d.kind = Kind::kShardUnreadable;
-      d.detail = "it is no longer a readable GGUF file: " + f.error().message();
-      return d;
+      if (found(Kind::kShardUnreadable, path, "", "", "it is no longer a readable GGUF file: " + f.error().message())) {
+        return Status::OK();
+      }
+      continue;
     }
     files.push_back(*f);
   }
-  d = SourceDifference{};
+  if (!out->empty()) return Status::OK();
   // The writer's own scan; whole-file digests are added below, only where recorded.
   K3_ASSIGN_OR_RETURN(json fresh, ScanSourceJson(files));
 
   bool any_whole = false;
+  std::vector<std::string> unhashed;  // shards whose recorded sha256 was taken as recorded
   for (size_t i = 0; i < shards->size(); ++i) {
     const json& then = (*shards)[i];
     json& now = fresh["shards"][i];
-    d.shard_path = paths[i];
+    any_whole = any_whole || then.contains("sha256");
     // Cheap fields first; size before the header digest, as SGLang's reader
     // checks only the size.
     json then_cheap = then;
@@ -120,38 +136,33 @@ Result<SourceDifference> CompareSourceWithShards(const json& source, const Sourc
     const std::string key = FirstDifferentKey(now, then_cheap, {"size", "metadata_sha256", "metadata_nbytes",
                                                                 "tensor_count", "index", "path"});
     if (!key.empty()) {
-      d.kind = Kind::kShard;
-      d.field = key;
-      d.detail = Detail(now, then, key);
-      return d;
+      if (found(Kind::kShard, paths[i], "", key, Detail(now, then, key))) return Status::OK();
+      continue;
     }
     if (then.contains("sha256")) {
-      any_whole = true;
       if (options.whole_files) {
         K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(paths[i]));
         now["sha256"] = whole;
         if (now["sha256"] != then["sha256"]) {
-          d.kind = Kind::kShard;
-          d.field = "sha256";
-          d.detail = Detail(now, then, "sha256");
-          return d;
+          if (found(Kind::kShard, paths[i], "", "sha256", Detail(now, then, "sha256"))) return Status::OK();
         }
       } else {
         now["sha256"] = then["sha256"];
+        unhashed.push_back(paths[i]);
       }
     }
   }
   fresh["summary"]["full_source_hashes"] = any_whole;
 
   // Tensor records, by name (the writer sorts them by name).
-  std::map<std::string, const json*> recorded, found;
+  std::map<std::string, const json*> recorded, scanned;
   for (const json& t : *tensors) {
     if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) {
       return Error("manifest source.tensors: every record needs a string 'name'");
     }
     recorded.emplace(t["name"].get<std::string>(), &t);
   }
-  for (const json& t : fresh["tensors"]) found.emplace(t["name"].get<std::string>(), &t);
+  for (const json& t : fresh["tensors"]) scanned.emplace(t["name"].get<std::string>(), &t);
   auto shard_of = [&](const json& t) -> std::string {
     if (t.contains("shard_index") && t["shard_index"].is_number_unsigned() &&
         t["shard_index"].get<uint64_t>() < paths.size()) {
@@ -159,55 +170,71 @@ Result<SourceDifference> CompareSourceWithShards(const json& source, const Sourc
     }
     return "";
   };
-  for (const auto& [name, t] : found) {
-    if (recorded.count(name) == 0) {
-      d = {Kind::kTensorSet, shard_of(*t), name, "name",
-           "tensor " + name + " is in the shard but not in the manifest's source.tensors"};
-      return d;
+  for (const auto& [name, t] : scanned) {
+    if (recorded.count(name) == 0 &&
+        found(Kind::kTensorSet, shard_of(*t), name, "name",
+               "tensor " + name + " is in the shard but not in the manifest's source.tensors")) {
+      return Status::OK();
     }
   }
   for (const auto& [name, t] : recorded) {
-    if (found.count(name) == 0) {
-      d = {Kind::kTensorSet, shard_of(*t), name, "name",
-           "tensor " + name + " is recorded in the manifest but is in no shard"};
-      return d;
+    if (scanned.count(name) == 0 &&
+        found(Kind::kTensorSet, shard_of(*t), name, "name",
+               "tensor " + name + " is recorded in the manifest but is in no shard")) {
+      return Status::OK();
     }
   }
-  for (const auto& [name, now] : found) {
-    const json& then = *recorded.at(name);
+  for (const auto& [name, now] : scanned) {
+    auto then = recorded.find(name);
+    if (then == recorded.end()) continue;  // reported above
     const std::string key =
-        FirstDifferentKey(*now, then, {"shard_index", "dtype", "dtype_id", "shape", "data_offset", "nbytes"});
-    if (!key.empty()) {
-      d = {Kind::kTensor, shard_of(*now), name, key, Detail(*now, then, key)};
-      return d;
+        FirstDifferentKey(*now, *then->second, {"shard_index", "dtype", "dtype_id", "shape", "data_offset", "nbytes"});
+    if (!key.empty() && found(Kind::kTensor, shard_of(*now), name, key, Detail(*now, *then->second, key))) {
+      return Status::OK();
     }
   }
-  if (tensors->size() != found.size()) {
-    d = {Kind::kTensorSet, "", "", "name",
-         "source.tensors has " + std::to_string(tensors->size()) + " records for " + std::to_string(found.size()) +
-             " tensors (a tensor is recorded twice)"};
-    return d;
+  if (tensors->size() != recorded.size() &&
+      found(Kind::kTensorSet, "", "", "name",
+             "source.tensors has " + std::to_string(tensors->size()) + " records for " +
+                 std::to_string(recorded.size()) + " tensors (a tensor is recorded twice)")) {
+    return Status::OK();
   }
 
   if (const json* summary = source.contains("summary") ? &source["summary"] : nullptr) {
     const std::string skey = FirstDifferentKey(fresh["summary"], *summary,
                                                {"architecture", "shard_count", "tensor_count", "total_bytes",
                                                 "full_source_hashes"});
-    if (!skey.empty()) {
-      d = {Kind::kSummary, "", "", skey, Detail(fresh["summary"], *summary, skey)};
-      return d;
+    if (!skey.empty() && found(Kind::kSummary, "", "", skey, Detail(fresh["summary"], *summary, skey))) {
+      return Status::OK();
     }
   }
+  // The digest only means something once every record matches.
+  if (!out->empty()) return Status::OK();
   fresh.erase("inventory_sha256");
   const json inventory = CanonicalSha256(fresh);  // as the writer: before the key exists
   const json recorded_inventory = source.value("inventory_sha256", json());
   if (source.contains("inventory_sha256") && inventory != recorded_inventory) {
-    d = {Kind::kInventory, "", "", "inventory_sha256",
-         "inventory_sha256 recomputed from the shards is " + Show(inventory) + ", the manifest records " +
-             Show(recorded_inventory)};
-    return d;
+    found(Kind::kInventory, "", "", "inventory_sha256",
+          "inventory_sha256 recomputed from the shards is " + Show(inventory) + ", the manifest records " +
+              Show(recorded_inventory));
+    out->back().unhashed_sha256 = std::move(unhashed);
   }
-  return SourceDifference{};
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<SourceDifference> CompareSourceWithShards(const json& source, const SourceCheckOptions& options) {
+  std::vector<SourceDifference> d;
+  K3_RETURN_IF_ERROR(CompareSource(source, options, /*all=*/false, &d));
+  return d.empty() ? SourceDifference{} : d.front();
+}
+
+Result<std::vector<SourceDifference>> CompareSourceWithShardsAll(const json& source,
+                                                                 const SourceCheckOptions& options) {
+  std::vector<SourceDifference> d;
+  K3_RETURN_IF_ERROR(CompareSource(source, options, /*all=*/true, &d));
+  return d;
 }
 
 Status SourceDifferenceStatus(const SourceDifference& d) {
@@ -238,10 +265,18 @@ Status SourceDifferenceStatus(const SourceDifference& d) {
       return Error("manifest source.summary does not match the GGUF shards: " + d.detail)
           .WithHint("the shards match their records, so the manifest's summary was edited; rewrite the manifest "
                     "(`k3pack manifest`)");
-    case Kind::kInventory:
-      return Error("manifest source.inventory_sha256 does not match the GGUF shards: " + d.detail)
-          .WithHint("every shard and tensor record matches the shards, so the recorded digest itself was changed; "
-                    "rewrite the manifest (`k3pack manifest`)");
+    case Kind::kInventory: {
+      Error e("manifest source.inventory_sha256 does not match the GGUF shards: " + d.detail);
+      if (!d.unhashed_sha256.empty()) {
+        // The whole-file digests were not recomputed: one of them may be the edit.
+        return e.WithHint("every record recomputed from the shards matches, so the recorded digest itself or the "
+                          "whole-file sha256 recorded for one of " + std::to_string(d.unhashed_sha256.size()) +
+                          " shard(s) was changed; `k3pack verify --full` hashes the shards and names one that "
+                          "differs; else rewrite the manifest (`k3pack manifest`)");
+      }
+      return e.WithHint("every shard and tensor record matches the shards, so the recorded digest itself was changed; "
+                        "rewrite the manifest (`k3pack manifest`)");
+    }
   }
   return Status::OK();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +40,10 @@ struct SourceDifference {
   std::string tensor;      // kTensorSet / kTensor: the tensor name
   std::string field;       // the field that differs
   std::string detail;      // "<field> is <now>, the manifest records <then>" (or what is missing)
+  // kInventory without SourceCheckOptions::whole_files: the shards whose
+  // recorded whole-file sha256 was taken as recorded (not hashed), so an
+  // edit there is one explanation of the digest mismatch.
+  std::vector<std::string> unhashed_sha256;
 };
 
 struct SourceCheckOptions {
@@ -54,6 +59,14 @@ struct SourceCheckOptions {
 // finally inventory_sha256. An Error only for a manifest it cannot read
 // (missing keys, wrong types) or a scan failure.
 Result<SourceDifference> CompareSourceWithShards(const nlohmann::json& source, const SourceCheckOptions& options = {});
+// Every difference, in the same order (the first is CompareSourceWithShards'
+// answer): each shard that is missing, changed size or header, or no longer
+// parses (then nothing further: the records need every shard scanned); else
+// each shard record, added or missing tensor, tensor record, the summary,
+// and inventory_sha256 when every record matches. Empty when none. For
+// reports that list every problem (doctor).
+Result<std::vector<SourceDifference>> CompareSourceWithShardsAll(const nlohmann::json& source,
+                                                                 const SourceCheckOptions& options = {});
 
 // k3pack verify's wording of a SourceDifference (OK for kNone).
 Status SourceDifferenceStatus(const SourceDifference& d);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "k3pack/gguf.h"
 #include "../cli_run.h"
@@ -129,10 +130,10 @@ TEST_F(DumpTensorCli, InspectStatsSummarizesDecodedValues) {
   EXPECT_EQ(stats["q.weight"]["min"].get<double>(), -7.75);
   EXPECT_EQ(stats["q.weight"]["max"].get<double>(), 31.0);
   EXPECT_DOUBLE_EQ(stats["q.weight"]["mean"].get<double>(), (496.0 - 0.25 * 496.0) / 64.0);
-  EXPECT_EQ(stats["q.weight"]["nan"], 0);
+  EXPECT_EQ(stats["q.weight"]["nan_count"], 0);
   // NaN and inf are counted, not folded into min/max/mean.
-  EXPECT_EQ(stats["odd.weight"]["nan"], 1);
-  EXPECT_EQ(stats["odd.weight"]["inf"], 1);
+  EXPECT_EQ(stats["odd.weight"]["nan_count"], 1);
+  EXPECT_EQ(stats["odd.weight"]["inf_count"], 1);
   EXPECT_EQ(stats["odd.weight"]["min"].get<double>(), -2.0);
   EXPECT_EQ(stats["odd.weight"]["max"].get<double>(), 1.0);
 
@@ -144,6 +145,31 @@ TEST_F(DumpTensorCli, InspectStatsSummarizesDecodedValues) {
   CliRun none = RunCli(path_ + " --stats --match nothing.like.this", "inspect");
   EXPECT_EQ(none.code, 1) << none.out;
   EXPECT_NE(none.out.find("no tensor name of"), std::string::npos) << none.out;
+}
+
+// inspect --stats --json and dump-tensor --stats --json describe the same
+// tensor with the same keys and values; the keys are those of
+// quant::TensorStats and the Python API's k3pack.tensor_stats (test_ops.py).
+TEST_F(DumpTensorCli, InspectAndDumpTensorStatsUseTheSameKeys) {
+  CliRun in = RunCli(path_ + " --stats --json", "inspect");
+  ASSERT_EQ(in.code, 0) << in.out;
+  std::map<std::string, nlohmann::json> by_inspect;
+  const nlohmann::json inspected = nlohmann::json::parse(in.out);
+  for (const auto& t : inspected["tensors"]) by_inspect[t["name"].get<std::string>()] = t["stats"];
+  const std::vector<std::string> keys = {"count", "inf_count", "max", "mean", "min", "nan_count"};
+  for (const std::string name : {"a.weight", "q.weight", "odd.weight"}) {
+    SCOPED_TRACE(name);
+    CliRun d = RunCli(path_ + " " + name + " --rows 0: --stats --json");
+    ASSERT_EQ(d.code, 0) << d.out;
+    const nlohmann::json dumped = nlohmann::json::parse(d.out)["stats"];
+    std::vector<std::string> got;
+    for (const auto& [k, v] : dumped.items()) got.push_back(k);
+    EXPECT_EQ(got, keys) << dumped.dump();
+    EXPECT_EQ(by_inspect[name], dumped) << "inspect: " << by_inspect[name].dump() << "\ndump-tensor: " << dumped.dump();
+  }
+  // The tensor with a NaN and an inf shows both counts under both commands.
+  EXPECT_EQ(by_inspect["odd.weight"]["nan_count"], 1);
+  EXPECT_EQ(by_inspect["odd.weight"]["inf_count"], 1);
 }
 
 }  // namespace
