@@ -338,6 +338,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   out.ticket = ++s.next_ticket;
   out.distinct_objects = keys;
   out.owner = owner;
+  out.store = this;
   out.routes.reserve(ids.size());
   const auto& off = s.geo.role_offsets[li];
   const auto& rb = s.geo.role_bytes[li];
@@ -366,6 +367,11 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (a.ticket == 0) return Status::OK();
+    // Another store's ticket would unpin objects here that this store never
+    // pinned and mark the call released, leaving the owner's pins held.
+    if (a.store != this)
+      return Error("this Acquisition belongs to another ExpertStore: release it through the store that "
+                   "acquired it (in Python, acquisition.mark_used())");
     a.ticket = 0;
     for (ObjectId k : a.distinct_objects) s.Unpin(k);
     s.EndAcquisition(a.owner);
