@@ -26,6 +26,7 @@ torch is imported when the class is constructed.
 
 import json
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -63,14 +64,15 @@ def _write_stats_file(snapshot, path):
     os.replace(tmp, path)
 
 
-def _finish(engine, stats_path):
+def _finish(engine, stats_path, stats_lock):
     """close()'s work; also run at interpreter exit (SGLang's atexit(close))
     and when a store that was never closed is garbage-collected. It holds no
     reference to the store, so an unclosed store's slot memory, pack fd and
     read threads are freed with it."""
     try:
         if stats_path:
-            _write_stats_file(engine.snapshot(), stats_path)
+            with stats_lock:
+                _write_stats_file(engine.snapshot(), stats_path)
     finally:
         engine.close()
 
@@ -162,7 +164,10 @@ class KimiGGMLExpertPackStore:
         # SGLang registers atexit(self.close), which keeps every store alive
         # until exit; a finalizer holds only the engine, so a store that is
         # dropped unclosed frees its slots, fd and read threads.
-        self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path)
+        # Stats writes share <stats>.<pid>.tmp: one at a time (threads'
+        # mark_used flushes used to race: a rename failed, FileNotFoundError).
+        self._stats_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock)
 
     @staticmethod
     def _role_map(values):
@@ -276,8 +281,10 @@ class KimiGGMLExpertPackStore:
         self._engine.mark_used(slots.reshape(-1), self._stream())
         if self.stats_path and self.stats_flush_interval > 0:
             if self._route_calls - self._last_flush >= self.stats_flush_interval:
-                self._write_stats()
-                self._last_flush = self._route_calls
+                with self._stats_lock:
+                    if self._route_calls - self._last_flush >= self.stats_flush_interval:  # not done meanwhile
+                        self._last_flush = self._route_calls
+                        self._write_stats()
 
     def prefetch(self, layer, expert_ids):
         """k3pack extra: start host-tier reads of a layer's experts (e.g. the

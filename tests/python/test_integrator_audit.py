@@ -151,6 +151,52 @@ class IntegratorAudit(_util.TinyPackTestCase):
             store.initialize_device_cache("cpu")
             store.acquire(self.layers[0], torch.arange(self.top_k).reshape(1, self.top_k))
 
+    # ------------------------------------------------------------ threads
+
+    def test_concurrent_stats_flushes_never_fail(self):
+        """With stats_flush_interval=1, threads' mark_used flushes shared one
+        temporary file: about a quarter of the calls raised FileNotFoundError
+        (drop-in and ExpertStore alike)."""
+        import json
+        import threading
+
+        layer_count = len(self.layers)
+        dropin = self.dropin(cache_vram_mib=12, stats_path=os.path.join(self.tmp.path, "flush", "a.json"),
+                             stats_flush_interval=1)
+        self.addCleanup(dropin.close)
+        dropin.initialize_device_cache("cpu")
+        store = self.expert_store(objects=12, stats_path=os.path.join(self.tmp.path, "flush", "b.json"),
+                                  stats_flush_interval=1)
+
+        def dropin_call(layer, ids):
+            _, slots = dropin.acquire(layer, torch.from_numpy(ids))
+            dropin.mark_used(slots)
+
+        def store_call(layer, ids):
+            store.acquire(layer, ids).mark_used()
+
+        for call, path in ((dropin_call, dropin.stats_path), (store_call, os.path.join(self.tmp.path, "flush",
+                                                                                         "b.json"))):
+            errors = []
+
+            def work(seed):
+                rng = np.random.default_rng(seed)
+                for _ in range(150):
+                    try:
+                        call(self.layers[seed % layer_count],
+                             rng.choice(self.experts, self.top_k, replace=False).reshape(1, self.top_k))
+                    except Exception as exc:  # noqa: BLE001  (every failure is the finding)
+                        errors.append(repr(exc))
+
+            threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors[:3], [], f"{len(errors)} of 600 calls failed")
+            with open(path) as f:
+                self.assertEqual(sum(json.load(f)["route_calls_by_layer"]) > 0, True)
+
     # ------------------------------------------------------------ arguments
 
     def test_bad_arguments_are_value_errors_naming_the_argument(self):
