@@ -261,6 +261,33 @@ class IntegratorAudit(_util.TinyPackTestCase):
             dropin.acquire(layer, torch.from_numpy(ids), request_ids=2 ** 64)
         self.assertEqual(str(cm.exception), "request_ids must be below 2**64")
 
+    # ------------------------------------------------------------ dtypes
+
+    def test_to_torch_and_a_log_refuse_a_dtype_that_is_not_the_arrays(self):
+        """to_torch(float32 array, "bfloat16") gave a bfloat16 tensor of twice
+        the length from the float's bytes; ssm_a_to_a_log(float32, dtype=
+        "bfloat16") computed on those reinterpreted values, and dtype="float16"
+        on a float32 array was ignored."""
+        values = np.array([-1.0, -2.0], dtype=np.float32)
+        with self.assertRaises(TypeError) as cm:
+            k3pack.sglang.to_torch(values, "bfloat16")
+        self.assertIn("bfloat16 values must be uint16 bit patterns", str(cm.exception))
+        with self.assertRaises(TypeError):
+            k3pack.sglang.to_torch(values, "float16")
+        with self.assertRaises(TypeError) as cm:
+            k3pack.ssm_a_to_a_log(values, dtype="bfloat16")
+        self.assertIn("takes uint16 bit patterns", str(cm.exception))
+        with self.assertRaises(TypeError):
+            k3pack.ssm_a_to_a_log(values, dtype="float16")
+        # What k3pack hands out still converts, and a matching name is fine.
+        bf16 = np.array([0x3F80, 0xC000], dtype=np.uint16)  # 1.0, -2.0
+        self.assertEqual(k3pack.sglang.to_torch(bf16, "bfloat16").float().tolist(), [1.0, -2.0])
+        self.assertEqual(k3pack.sglang.to_torch(values, "float32").tolist(), [-1.0, -2.0])
+        np.testing.assert_array_equal(k3pack.ssm_a_to_a_log(values, dtype="float32"),
+                                      k3pack.ssm_a_to_a_log(values))
+        self.assertEqual(k3pack.ssm_a_to_a_log(np.array([0xBF80], dtype=np.uint16), dtype="bfloat16").tolist(),
+                         [0])  # log(-(-1.0)) = 0, as bfloat16 bits
+
     # ------------------------------------------------------------ docs
 
     def test_every_public_callable_has_a_docstring(self):
