@@ -292,7 +292,8 @@ class IntegratorAudit(_util.TinyPackTestCase):
 
     def test_every_public_callable_has_a_docstring(self):
         """pybind11 gives a bare signature line when no doc is bound; several
-        methods and every Acquisition / ExpertView attribute had only that."""
+        methods, every Acquisition / ExpertView attribute and NonExpertStream's
+        stats / manifest_path had only that."""
 
         def text(doc):
             lines = (doc or "").strip().splitlines()
@@ -301,7 +302,8 @@ class IntegratorAudit(_util.TinyPackTestCase):
             return "\n".join(lines).strip()
 
         missing = []
-        for cls in (k3pack.ExpertStore, k3pack.Acquisition, k3pack.ExpertView, KimiGGMLExpertPackStore):
+        for cls in (k3pack.ExpertStore, k3pack.Acquisition, k3pack.ExpertView, KimiGGMLExpertPackStore,
+                    k3pack.NonExpertStream, k3pack.NonExpertTensor):
             if not text(cls.__doc__):
                 missing.append(cls.__name__)
             for name, member in vars(cls).items():
