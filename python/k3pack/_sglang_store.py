@@ -161,12 +161,12 @@ class KimiGGMLExpertPackStore:
         self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
         self._device = None
         self._slot_count = 0
-        # SGLang registers atexit(self.close), which keeps every store alive
-        # until exit; a finalizer holds only the engine, so a store that is
-        # dropped unclosed frees its slots, fd and read threads.
         # Stats writes share <stats>.<pid>.tmp: one at a time (threads'
         # mark_used flushes used to race: a rename failed, FileNotFoundError).
         self._stats_lock = threading.Lock()
+        # SGLang registers atexit(self.close), which keeps every store alive
+        # until exit; a finalizer holds only the engine, so a store that is
+        # dropped unclosed frees its slots, fd and read threads.
         self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock)
 
     @staticmethod
@@ -283,8 +283,8 @@ class KimiGGMLExpertPackStore:
             if self._route_calls - self._last_flush >= self.stats_flush_interval:
                 with self._stats_lock:
                     if self._route_calls - self._last_flush >= self.stats_flush_interval:  # not done meanwhile
-                        self._last_flush = self._route_calls
                         self._write_stats()
+                        self._last_flush = self._route_calls
 
     def prefetch(self, layer, expert_ids):
         """k3pack extra: start host-tier reads of a layer's experts (e.g. the
