@@ -100,6 +100,7 @@ struct Acquisition {
   std::vector<uint32_t> distinct_objects;      // internal: what MarkUsed releases
   uint64_t ticket = 0;                         // 0 once released
   std::thread::id owner;                       // internal: the acquiring thread
+  const void* store = nullptr;                 // internal: the ExpertStore that handed it out
 };
 
 // Layout facts a caller (or binding) needs.

@@ -64,7 +64,12 @@ def ssm_a_to_a_log(values, dtype=None):
 
     arr = np.asarray(values)
     if dtype == "bfloat16":
+        # A view of other bytes as bfloat16 would be other values, silently.
+        if arr.dtype.kind not in "iu" or arr.dtype.itemsize != 2:
+            raise TypeError(f"dtype='bfloat16' takes uint16 bit patterns, got a {arr.dtype} array")
         arr = arr.view(np.uint16)
+    elif dtype is not None and np.dtype(dtype) != arr.dtype:
+        raise TypeError(f"dtype={dtype!r} does not match the array's dtype {arr.dtype} (None: the array's own)")
     elif arr.dtype == np.uint16:
         raise TypeError("uint16 input must say dtype='bfloat16'")
     return _k3pack.ssm_a_to_a_log(arr)

@@ -24,9 +24,10 @@ adds, all keyword-only and off by default except where SGLang has no choice:
 torch is imported when the class is constructed.
 """
 
-import atexit
 import json
 import os
+import threading
+import weakref
 
 import numpy as np
 
@@ -53,8 +54,39 @@ def _torch():
     return torch
 
 
+def _write_stats_file(snapshot, path):
+    """SGLang's _write_stats: json.dumps(indent=2, sort_keys=True) to
+    <path>.<pid>.tmp, then replace."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _finish(engine, stats_path, stats_lock):
+    """close()'s work; also run at interpreter exit (SGLang's atexit(close))
+    and when a store that was never closed is garbage-collected. It holds no
+    reference to the store, so an unclosed store's slot memory, pack fd and
+    read threads are freed with it."""
+    try:
+        if stats_path:
+            with stats_lock:
+                _write_stats_file(engine.snapshot(), stats_path)
+    finally:
+        engine.close()
+
+
 class KimiGGMLExpertPackStore:
-    """Drop-in for SGLang's KimiGGMLExpertPackStore (see the module docstring)."""
+    """Drop-in for SGLang's KimiGGMLExpertPackStore (see the module docstring).
+
+    KimiGGMLExpertPackStore(pack_path, *, manifest_path, expected_layers,
+    expected_experts, expected_top_k, ...) runs SGLang's start-up checks on
+    the pack and manifest, with its texts; initialize_device_cache(device)
+    allocates the slots; acquire(layer, topk_ids) / mark_used(slots) serve a
+    MoE layer's call; snapshot() / close() as SGLang's. k3pack's keywords
+    (policy, io_backend, host_cache_mib, prefetch, ep_size, ep_rank) are
+    described in docs/python.md."""
 
     def __init__(self, pack_path, *, manifest_path, expected_layers, expected_experts, expected_top_k,
                  expected_source_sha256=None, expected_model_identity_sha256=None, expected_config_sha256=None,
@@ -62,10 +94,14 @@ class KimiGGMLExpertPackStore:
                  direct_io=False, stats_flush_interval=0, verify_pack_sha256=False, stats_path=None,
                  policy="reuse-lfu-lru-v2", io_backend="pread", host_cache_mib=0, prefetch=False, ep_size=None,
                  ep_rank=None):
+        """Runs SGLang's start-up checks (manifest, header, every index entry,
+        index digest, configured digests, budgets), with its texts."""
         self._cache = None
         self._closed = False
         self.pack_path = str(pack_path)
         self.manifest_path = str(manifest_path)
+        if int(host_cache_mib) < 0:  # k3pack's keyword: checked before the C++ side sees a negative size
+            raise ValueError(f"host_cache_mib must be 0 (no host tier) or positive, got {host_cache_mib}")
         # The pack checks (manifest, header, every index entry, index digest)
         # run in C++, in SGLang's order and with its texts.
         self._engine = _k3pack.SlotCache(
@@ -125,7 +161,13 @@ class KimiGGMLExpertPackStore:
         self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
         self._device = None
         self._slot_count = 0
-        atexit.register(self.close)
+        # Stats writes share <stats>.<pid>.tmp: one at a time (threads'
+        # mark_used flushes used to race: a rename failed, FileNotFoundError).
+        self._stats_lock = threading.Lock()
+        # SGLang registers atexit(self.close), which keeps every store alive
+        # until exit; a finalizer holds only the engine, so a store that is
+        # dropped unclosed frees its slots, fd and read threads.
+        self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock)
 
     @staticmethod
     def _role_map(values):
@@ -173,6 +215,8 @@ class KimiGGMLExpertPackStore:
 
     @property
     def device_cache(self):
+        """The slot tensor, uint8 [slots, object_payload_bytes] on the cache's
+        device; a slot from acquire() indexes its rows."""
         if self._cache is None:
             raise RuntimeError("raw expert device cache is not initialized")
         return self._cache
@@ -202,13 +246,16 @@ class KimiGGMLExpertPackStore:
             raise ValueError(f"runtime top-k must be exactly {self.top_k}; received shape {shape}")
         torch = _torch()
         if isinstance(topk_ids, torch.Tensor):
-            # SGLang moves the routes to the host too; the C++ side takes any integer dtype.
+            # SGLang moves the routes to the host too; the C++ side takes any
+            # integer dtype and refuses float and bool ones (TypeError).
             ids = topk_ids.numpy() if topk_ids.device.type == "cpu" else topk_ids.to("cpu").numpy()
         else:
             ids = np.asarray(topk_ids)
+        if is_prefill is not None:
+            is_prefill = bool(is_prefill)  # SGLang uses its truth value (a 0-d tensor, numpy bool, ...)
         try:
             slots = self._engine.acquire(layer, ids, is_prefill, self._stream(), request_ids)
-        except ValueError:  # a route check: SGLang counts no call
+        except (ValueError, TypeError):  # a route or argument check: SGLang counts no call
             raise
         except BaseException:
             self._route_calls += 1
@@ -224,17 +271,20 @@ class KimiGGMLExpertPackStore:
         """Ends a call: its slots may be replaced once the work queued on the
         current stream now has finished."""
         if isinstance(slot_indices, (list, tuple)):
-            slots = np.array(slot_indices, dtype=np.int32)
+            slots = np.asarray(slot_indices)
         else:
             torch = _torch()
             if isinstance(slot_indices, torch.Tensor):
                 slot_indices = slot_indices.to("cpu").numpy()
-            slots = np.asarray(slot_indices, dtype=np.int32)
-        self._engine.mark_used(slots, self._stream())
+            slots = np.asarray(slot_indices)
+        # The C++ side checks the slots (integers, in range).
+        self._engine.mark_used(slots.reshape(-1), self._stream())
         if self.stats_path and self.stats_flush_interval > 0:
             if self._route_calls - self._last_flush >= self.stats_flush_interval:
-                self._write_stats()
-                self._last_flush = self._route_calls
+                with self._stats_lock:
+                    if self._route_calls - self._last_flush >= self.stats_flush_interval:  # not done meanwhile
+                        self._write_stats()
+                        self._last_flush = self._route_calls
 
     def prefetch(self, layer, expert_ids):
         """k3pack extra: start host-tier reads of a layer's experts (e.g. the
@@ -243,29 +293,24 @@ class KimiGGMLExpertPackStore:
             raise ValueError("prefetch is off: construct the store with prefetch=True and host_cache_mib > 0")
         torch = _torch()
         if isinstance(expert_ids, torch.Tensor):
-            expert_ids = expert_ids.detach().to("cpu", torch.int64).numpy()
-        self._engine.prefetch(int(layer), np.asarray(expert_ids, dtype=np.int64).reshape(-1))
+            expert_ids = expert_ids.detach().to("cpu").numpy()
+        # Not cast here: the C++ side refuses float and bool ids (TypeError).
+        self._engine.prefetch(int(layer), np.asarray(expert_ids).reshape(-1))
 
     # ------------------------------------------------------------ stats
 
     def snapshot(self):
+        """SGLang's stats dict (same keys, spec 7.7) plus k3pack's under "k3pack"."""
         return self._engine.snapshot()
 
     def _write_stats(self):
-        path = self.stats_path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(json.dumps(self.snapshot(), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        _write_stats_file(self.snapshot(), self.stats_path)
 
     def close(self):
+        """Writes the stats file (when stats_path is set) and closes the pack;
+        idempotent. Also runs at interpreter exit, as SGLang's atexit(close).
+        acquire() then raises RuntimeError("expert store is closed")."""
         if self._closed:
             return
         self._closed = True
-        try:
-            if self.stats_path:
-                self._write_stats()
-        finally:
-            self._engine.close()
-            atexit.unregister(self.close)
+        self._finalizer()

@@ -57,12 +57,19 @@ def _torch_module():
 
 def to_torch(array, dtype_name, copy=False):
     """numpy array (as k3pack hands it out) -> torch tensor of dtype_name.
-    copy=False shares the (read-only) memory; copy=True makes a fresh,
-    writable tensor (one plain memcpy, like SGLang's torch.tensor())."""
+    dtype_name is the record's dtype ("bfloat16": the array holds uint16 bit
+    patterns; otherwise it must name the array's own dtype: TypeError if
+    not, rather than a tensor of reinterpreted bytes). copy=False shares the
+    (read-only) memory; copy=True makes a fresh, writable tensor (one plain
+    memcpy, like SGLang's torch.tensor())."""
     torch = _torch_module()
     if dtype_name == "bfloat16":
         # numpy has no bfloat16: reinterpret the uint16 bits.
+        if array.dtype.kind not in "iu" or array.dtype.itemsize != 2:
+            raise TypeError(f"to_torch: bfloat16 values must be uint16 bit patterns, got a {array.dtype} array")
         array = array.view(np.int16)
+    elif np.dtype(dtype_name) != array.dtype:
+        raise TypeError(f"to_torch: dtype_name {dtype_name!r} does not match the array's dtype {array.dtype}")
     if copy:
         tensor = torch.from_numpy(np.array(array))
     else:

@@ -47,12 +47,19 @@ py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape
                        std::shared_ptr<const void> owner);
 
 // The ep_size / ep_rank keywords of the store bindings: both or neither
-// (neither: the manifest's k3pack.ep, else the whole model).
-inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank) {
+// (neither: the manifest's k3pack.ep, else the whole model). Their ranges are
+// checked here so that the messages name the keywords (the library's names
+// the CLI's --ep-size / --ep-rank); divisibility is the library's check.
+inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
   if (!ep_size && !ep_rank) return std::nullopt;
   if (!ep_size || !ep_rank)
     Raise(k3pack::Error("ep_size and ep_rank go together: pass both (or neither, for a rank pack's own rank)"));
-  return k3pack::ep::Rank{*ep_size, *ep_rank};
+  if (*ep_size < 1 || *ep_size > int64_t{UINT32_MAX})
+    Raise(k3pack::Error("ep_size must be at least 1, got " + std::to_string(*ep_size)));
+  if (*ep_rank < 0 || *ep_rank >= *ep_size)
+    Raise(k3pack::Error("ep_rank " + std::to_string(*ep_rank) + " is out of range for ep_size " +
+                        std::to_string(*ep_size) + " (ranks are 0.." + std::to_string(*ep_size - 1) + ")"));
+  return k3pack::ep::Rank{static_cast<uint32_t>(*ep_size), static_cast<uint32_t>(*ep_rank)};
 }
 
 // The request_ids keyword of acquire: None (unknown), one non-negative int
@@ -65,9 +72,22 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
   };
   auto one = [&](const py::handle& h) {
     if (!py::isinstance<py::int_>(h) && !py::hasattr(h, "__index__")) bad();
-    const long long v = py::int_(py::reinterpret_borrow<py::object>(h)).cast<long long>();
-    if (v < 0) Raise(k3pack::Error("request_ids must be non-negative", k3pack::ErrorKind::kValue));
-    out.push_back(static_cast<uint64_t>(v));
+    py::int_ i(py::reinterpret_borrow<py::object>(h));
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (overflow < 0 || (overflow == 0 && v < 0))
+      Raise(k3pack::Error("request_ids must be non-negative", k3pack::ErrorKind::kValue));
+    if (overflow == 0) {
+      out.push_back(static_cast<uint64_t>(v));
+      return;
+    }
+    // Past int64: an unsigned 64-bit id still fits; anything larger cannot.
+    const unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      Raise(k3pack::Error("request_ids must be below 2**64", k3pack::ErrorKind::kValue));
+    }
+    out.push_back(static_cast<uint64_t>(u));
   };
   if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o)) bad();
   if (py::isinstance<py::iterable>(o)) {  // a list, tuple or array: one per row
@@ -78,6 +98,35 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
     bad();
   }
   return out;
+}
+
+// An integer id argument of the stores (topk_ids, expert_ids, slot indices):
+// anything numpy.asarray takes (a numpy array, a CPU torch tensor, a list) of
+// an integer dtype, as int64 values in C order; `shape` (optional) gets its
+// shape. A float or bool array is a TypeError naming `arg`: casting it would
+// turn expert 3.7 into expert 3 and serve the wrong expert without a word.
+// An empty array may have any dtype (np.asarray([[]]) is float64).
+inline std::vector<int64_t> IntegerIdsArg(const py::handle& obj, const char* arg,
+                                          std::vector<int64_t>* shape = nullptr) {
+  py::array a = py::isinstance<py::array>(obj) ? py::reinterpret_borrow<py::array>(obj)
+                                               : py::array(py::module_::import("numpy").attr("asarray")(obj));
+  const char kind = a.dtype().kind();
+  if (a.size() != 0 && kind != 'i' && kind != 'u')
+    throw py::type_error(std::string(arg) + " must hold integers (expert ids / slots), got dtype " +
+                         py::str(a.dtype()).cast<std::string>());
+  py::array_t<int64_t, py::array::c_style | py::array::forcecast> v(a);
+  if (shape) shape->assign(v.shape(), v.shape() + v.ndim());
+  return std::vector<int64_t>(v.data(), v.data() + v.size());
+}
+
+// A layer id argument: any int. One that no layer can have (negative, or
+// past 32 bits) is SGLang's inactive-layer ValueError rather than pybind11's
+// "incompatible function arguments" TypeError.
+inline uint32_t LayerArg(int64_t layer) {
+  if (layer < 0 || layer > int64_t{UINT32_MAX})
+    Raise(k3pack::Error("layer " + std::to_string(layer) + " is not an active routed MoE layer",
+                        k3pack::ErrorKind::kValue));
+  return static_cast<uint32_t>(layer);
 }
 
 // Registration of each binding file.

@@ -84,7 +84,8 @@ void RegisterLoader(py::module_& m) {
       .def_readonly("array", &PyNamedTensor::array, "read-only numpy array (zero-copy where possible)")
       .def_readonly("zero_copy", &PyNamedTensor::zero_copy, "array is a view into the shard's memory map")
       .def_readonly("source_type", &PyNamedTensor::source_type, "GGUF storage type name")
-      .def_readonly("shard_index", &PyNamedTensor::shard_index)
+      .def_readonly("shard_index", &PyNamedTensor::shard_index,
+                    "the source shard's index in the manifest's source.shards (0-based)")
       .def("__repr__", [](const PyNamedTensor& t) {
         return "NonExpertTensor(" + t.name + ", " + t.dtype + ", " +
                py::str(t.array.attr("shape")).cast<std::string>() + ")";
@@ -112,7 +113,8 @@ void RegisterLoader(py::module_& m) {
              return s;
            }),
            py::arg("manifest_path"), py::arg("sglang_compat") = false, py::arg("verify_metadata") = false,
-           py::arg("release_pages") = true, py::arg("drop_page_cache") = false, py::arg("copy") = false)
+           py::arg("release_pages") = true, py::arg("drop_page_cache") = false, py::arg("copy") = false,
+           "opens the manifest's shards with SGLang's checks (its texts); the options: k3pack.nonexpert_tensors")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](PyStream& s) {
         k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {
@@ -124,8 +126,17 @@ void RegisterLoader(py::module_& m) {
         if (!t) throw py::stop_iteration();
         return Convert(std::move(*t));
       })
-      .def_property_readonly("stats", [](const PyStream& s) { return StatsDict(s.stream->stats()); })
-      .def_property_readonly("manifest_path", [](const PyStream& s) { return s.stream->manifest_path(); });
+      .def_property_readonly("stats", [](const PyStream& s) {
+        loader::LoadStats now;
+        {
+          py::gil_scoped_release nogil;  // __next__ on another thread updates them under mu
+          std::lock_guard<std::mutex> lock(*s.mu);
+          now = s.stream->stats();
+        }
+        return StatsDict(now);
+      }, "counters so far: shards opened, tensors emitted, zero-copy / computed / copied bytes, routed skipped")
+      .def_property_readonly("manifest_path", [](const PyStream& s) { return s.stream->manifest_path(); },
+                             "the adapter manifest being streamed");
 
   m.def("ssm_a_to_a_log", [](py::array values) {
     // float32 / float16 arrays (bfloat16: pass uint16 bits with dtype='bfloat16' via the Python wrapper).

@@ -4,6 +4,9 @@
 // call is one C++ call with the GIL released: no per-route Python work.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <climits>
+
 #include "common.h"
 #include "k3pack/slot_cache.h"
 
@@ -11,12 +14,6 @@ namespace k3py {
 namespace {
 
 namespace store = k3pack::store;
-
-std::vector<int64_t> Int64s(const py::array& a, std::vector<int64_t>* shape) {
-  py::array_t<int64_t, py::array::c_style | py::array::forcecast> v(a);
-  if (shape) shape->assign(v.shape(), v.shape() + v.ndim());
-  return std::vector<int64_t>(v.data(), v.data() + v.size());
-}
 
 void* Pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
@@ -30,7 +27,7 @@ void RegisterSlotCache(py::module_& m) {
                        int64_t stage_slots, uint64_t host_cache_bytes, bool verify_pack_sha256,
                        int64_t cache_vram_reserve_mib, std::optional<uint32_t> expected_layers,
                        std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
-                       std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank) {
+                       std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
              store::SlotCacheOptions o;
              o.store.ep = EpRankArg(ep_size, ep_rank);
              o.store.policy = policy;
@@ -43,7 +40,7 @@ void RegisterSlotCache(py::module_& m) {
              o.store.expected_layers = expected_layers;
              o.store.expected_experts = expected_experts;
              o.store.expected_top_k = expected_top_k;
-             o.stage_slots = stage_slots > 0 ? static_cast<uint32_t>(stage_slots) : 0;
+             o.stage_slots = stage_slots > 0 ? static_cast<uint32_t>(std::min<int64_t>(stage_slots, UINT32_MAX)) : 0;
              o.cache_vram_reserve_mib = cache_vram_reserve_mib;
              k3pack::Result<std::unique_ptr<store::SlotCache>> r = [&] {
                py::gil_scoped_release nogil;
@@ -78,10 +75,11 @@ void RegisterSlotCache(py::module_& m) {
       .def("attach_cuda", [](store::SlotCache& c, uintptr_t address, uint32_t slots, int device) {
         Check(c.AttachCuda(Pointer(address), slots, device));
       }, py::arg("address"), py::arg("slot_count"), py::arg("device"))
-      .def("acquire", [](store::SlotCache& c, uint32_t layer, py::array ids, std::optional<bool> is_prefill,
+      .def("acquire", [](store::SlotCache& c, int64_t layer_arg, py::object ids, std::optional<bool> is_prefill,
                          uintptr_t stream, py::object request_ids) {
+        const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> shape;
-        std::vector<int64_t> v = Int64s(ids, &shape);
+        std::vector<int64_t> v = IntegerIdsArg(ids, "topk_ids", &shape);
         std::vector<uint64_t> requests = RequestIdsArg(request_ids);
         k3pack::Result<std::vector<int32_t>> r = [&] {
           py::gil_scoped_release nogil;
@@ -95,9 +93,10 @@ void RegisterSlotCache(py::module_& m) {
          py::arg("request_ids") = py::none(),
          "topk_ids: int array [tokens, top_k]; request_ids: None, the call's request id or one per row; returns "
          "int32 slots in route order")
-      .def("mark_used", [](store::SlotCache& c, py::array slots, uintptr_t stream) {
-        py::array_t<int32_t, py::array::c_style | py::array::forcecast> v(slots);
-        std::vector<int32_t> s(v.data(), v.data() + v.size());
+      .def("mark_used", [](store::SlotCache& c, py::object slots, uintptr_t stream) {
+        std::vector<int32_t> s;
+        for (int64_t v : IntegerIdsArg(slots, "slot_indices"))  // out of int32: still "out of range" below
+          s.push_back(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
         k3pack::Status st;
         {
           py::gil_scoped_release nogil;
@@ -105,8 +104,9 @@ void RegisterSlotCache(py::module_& m) {
         }
         Check(st);
       }, py::arg("slots"), py::arg("stream") = 0)
-      .def("prefetch", [](store::SlotCache& c, uint32_t layer, py::array ids) {
-        std::vector<int64_t> v = Int64s(ids, nullptr);
+      .def("prefetch", [](store::SlotCache& c, int64_t layer_arg, py::object ids) {
+        const uint32_t layer = LayerArg(layer_arg);
+        std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
         k3pack::Status st;
         {
           py::gil_scoped_release nogil;
@@ -115,8 +115,15 @@ void RegisterSlotCache(py::module_& m) {
         Check(st);
       }, py::arg("layer"), py::arg("expert_ids"))
       .def("snapshot", [](const store::SlotCache& c) {
-        return py::module_::import("json").attr("loads")(c.Snapshot().dump());
-      })
+        // Snapshot() waits for the cache's lock, which an acquire on another
+        // thread holds while it reads: never wait for it holding the GIL.
+        std::string text;
+        {
+          py::gil_scoped_release nogil;
+          text = c.Snapshot().dump();
+        }
+        return py::module_::import("json").attr("loads")(text);
+      }, "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
       .def("close", [](store::SlotCache& c) {
         k3pack::Status st;
         {

@@ -1,7 +1,9 @@
 // k3pack.ExpertStore (binds include/k3pack/store.h): SGLang's
 // KimiGGMLExpertPackStore as a host-memory expert cache. acquire() returns
 // the expert objects' bytes as read-only numpy views (zero-copy into the
-// cache); a view stays valid after mark_used() or eviction.
+// cache); a view stays valid after mark_used() or eviction. An Acquisition
+// that is dropped without mark_used() is released when it is destroyed, so
+// an exception between acquire and mark_used never pins objects for good.
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -14,10 +16,6 @@ namespace {
 
 namespace store = k3pack::store;
 
-py::object JsonToPython(const nlohmann::json& j) {
-  return py::module_::import("json").attr("loads")(j.dump());
-}
-
 struct PyRoute {
   uint32_t layer = 0, expert = 0;
   py::object bytes, up, gate, down;
@@ -27,7 +25,26 @@ struct PyAcquisition {
   std::shared_ptr<store::ExpertStore> owner;
   store::Acquisition acq;
   std::vector<PyRoute> routes;
+  PyAcquisition() = default;
+  PyAcquisition(const PyAcquisition&) = delete;
+  PyAcquisition& operator=(const PyAcquisition&) = delete;
+  // Unreleased pins would protect these objects from eviction for the rest
+  // of the store's life (every later acquire that needs their room fails).
+  ~PyAcquisition() {
+    if (owner && acq.ticket != 0) (void)owner->MarkUsed(acq);
+  }
 };
+
+// Releases `a` (idempotent) without the GIL: MarkUsed may write the stats
+// file when stats_flush_interval is due.
+void Release(store::ExpertStore& st, PyAcquisition& a) {
+  k3pack::Status status;
+  {
+    py::gil_scoped_release nogil;
+    status = st.MarkUsed(a.acq);
+  }
+  Check(status);
+}
 
 py::object View(std::span<const uint8_t> s, const std::shared_ptr<const void>& owner) {
   return ReadOnlyView(Dtype("|u1"), {static_cast<int64_t>(s.size())}, s.data(), owner);
@@ -44,63 +61,77 @@ std::shared_ptr<PyAcquisition> Wrap(std::shared_ptr<store::ExpertStore> st, stor
   return out;
 }
 
-std::vector<int64_t> Ids(const py::array& ids, std::vector<int64_t>* shape) {
-  py::array_t<int64_t, py::array::c_style | py::array::forcecast> a(ids);
-  shape->assign(a.shape(), a.shape() + a.ndim());
-  return std::vector<int64_t>(a.data(), a.data() + a.size());
+py::object Snapshot(const store::ExpertStore& self) {
+  std::string text;
+  {
+    py::gil_scoped_release nogil;  // waits for the store's lock
+    text = self.Snapshot().dump();
+  }
+  return py::module_::import("json").attr("loads")(text);
+}
+
+void CloseStore(store::ExpertStore& self) {
+  k3pack::Status st;
+  {
+    py::gil_scoped_release nogil;  // waits for reads in flight, writes the stats file
+    st = self.Close();
+  }
+  Check(st);
 }
 
 }  // namespace
 
 void RegisterStore(py::module_& m) {
-  py::class_<PyRoute>(m, "ExpertView", "One routed expert object: whole bytes and the up/gate/down role views.")
-      .def_readonly("layer", &PyRoute::layer)
-      .def_readonly("expert", &PyRoute::expert)
-      .def_readonly("bytes", &PyRoute::bytes)
-      .def_readonly("up", &PyRoute::up)
-      .def_readonly("gate", &PyRoute::gate)
-      .def_readonly("down", &PyRoute::down)
+  py::class_<PyRoute>(m, "ExpertView",
+                      "One routed expert object: whole bytes and the up/gate/down role views (read-only uint8 "
+                      "numpy arrays, zero-copy into the store's cache; they keep their bytes alive after "
+                      "mark_used, eviction and close).")
+      .def_readonly("layer", &PyRoute::layer, "the layer id of the route")
+      .def_readonly("expert", &PyRoute::expert, "the global expert id of the route")
+      .def_readonly("bytes", &PyRoute::bytes, "the whole object, in the pack's physical order up | gate | down")
+      .def_readonly("up", &PyRoute::up, "the up projection's GGML blocks")
+      .def_readonly("gate", &PyRoute::gate, "the gate projection's GGML blocks")
+      .def_readonly("down", &PyRoute::down, "the down projection's GGML blocks")
       .def("__repr__", [](const PyRoute& r) {
         return "ExpertView(layer=" + std::to_string(r.layer) + ", expert=" + std::to_string(r.expert) + ")";
       });
 
   py::class_<PyAcquisition, std::shared_ptr<PyAcquisition>>(m, "Acquisition",
                                                            "The result of ExpertStore.acquire: views in route order.")
-      .def_property_readonly("layer", [](const PyAcquisition& a) { return a.acq.layer; })
-      .def_property_readonly("routes", [](const PyAcquisition& a) { return a.routes; })
+      .def_property_readonly("layer", [](const PyAcquisition& a) { return a.acq.layer; }, "the layer acquired")
+      .def_property_readonly("routes", [](const PyAcquisition& a) { return a.routes; },
+                             "a list of ExpertView, one per route in route order (tokens x top_k, duplicates kept)")
       .def_property_readonly("experts", [](const PyAcquisition& a) {
         std::vector<uint32_t> e;
         for (const auto& r : a.routes) e.push_back(r.expert);
         return e;
-      })
-      .def_property_readonly("released", [](const PyAcquisition& a) { return a.acq.ticket == 0; })
-      .def("__len__", [](const PyAcquisition& a) { return a.routes.size(); })
-      .def("__getitem__", [](const PyAcquisition& a, size_t i) {
-        if (i >= a.routes.size()) throw py::index_error();
-        return a.routes[i];
-      })
-      .def("mark_used", [](PyAcquisition& a) {
-        k3pack::Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = a.owner->MarkUsed(a.acq);
-        }
-        Check(st);
-      }, "release this call's objects for eviction (idempotent)")
-      .def("__enter__", [](py::object self) { return self; })
+      }, "the expert id of each route, in route order")
+      .def_property_readonly("released", [](const PyAcquisition& a) { return a.acq.ticket == 0; },
+                             "True once mark_used() (or the with block) has released the call")
+      .def("__len__", [](const PyAcquisition& a) { return a.routes.size(); }, "the number of routes")
+      .def("__getitem__", [](const PyAcquisition& a, py::ssize_t i) {
+        const auto n = static_cast<py::ssize_t>(a.routes.size());
+        if (i < 0) i += n;  // Python's negative indexing
+        if (i < 0 || i >= n) throw py::index_error("Acquisition index out of range");
+        return a.routes[static_cast<size_t>(i)];
+      }, "the ExpertView of route i (negative i counts from the end)")
+      .def("mark_used", [](PyAcquisition& a) { Release(*a.owner, a); },
+           "release this call's objects for eviction (idempotent); the views stay valid. An Acquisition "
+           "dropped without it is released when it is garbage-collected")
+      .def("__enter__", [](py::object self) { return self; }, "returns the Acquisition itself")
       .def("__exit__", [](PyAcquisition& a, py::args) {
-        Check(a.owner->MarkUsed(a.acq));
+        Release(*a.owner, a);
         return false;
-      });
+      }, "mark_used()");
 
   py::class_<store::ExpertStore, std::shared_ptr<store::ExpertStore>>(
       m, "ExpertStore", "Host-memory expert cache over a GGMLMOEPACKv1 pack (SGLang's store semantics).")
-      .def(py::init([](const std::string& pack_path, const std::string& manifest_path, uint64_t cache_bytes,
+      .def(py::init([](const std::string& pack_path, const std::string& manifest_path, int64_t cache_bytes,
                        const std::string& policy, const std::string& io_backend, bool direct_io, int64_t read_splits,
                        int64_t queue_depth, int64_t stats_flush_interval, const std::string& stats_path,
                        bool verify_pack_sha256, std::optional<uint32_t> expected_layers,
                        std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
-                       std::optional<uint32_t> ep_size, std::optional<uint32_t> ep_rank,
+                       std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank,
                        const std::string& prefetch_mode, uint64_t prefetch_budget_bytes,
                        int64_t prefetch_queue_depth) {
              store::StoreOptions o;
@@ -108,7 +139,7 @@ void RegisterStore(py::module_& m) {
              o.prefetch_mode = prefetch_mode;
              o.prefetch_budget_bytes = prefetch_budget_bytes;
              o.prefetch_queue_depth = prefetch_queue_depth;
-             o.cache_bytes = cache_bytes;
+             o.cache_bytes = cache_bytes < 0 ? 0 : static_cast<uint64_t>(cache_bytes);  // < 0: SGLang's 'must be positive'
              o.policy = policy;
              o.io_backend = io_backend;
              o.direct_io = direct_io;
@@ -133,11 +164,14 @@ void RegisterStore(py::module_& m) {
            py::arg("expected_layers") = py::none(), py::arg("expected_experts") = py::none(),
            py::arg("expected_top_k") = py::none(), py::arg("ep_size") = py::none(),
            py::arg("ep_rank") = py::none(), py::arg("prefetch_mode") = "staged",
-           py::arg("prefetch_budget_bytes") = 0, py::arg("prefetch_queue_depth") = 0)
-      .def("acquire", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array topk_ids,
+           py::arg("prefetch_budget_bytes") = 0, py::arg("prefetch_queue_depth") = 0,
+           "opens the pack after SGLang's start-up checks (manifest, header, every index entry, index digest); "
+           "cache_bytes: the host-memory budget of resident objects; the other options: docs/python.md")
+      .def("acquire", [](std::shared_ptr<store::ExpertStore> self, int64_t layer_arg, py::object topk_ids,
                          std::optional<bool> is_prefill, py::object request_ids) {
+        const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> shape;
-        std::vector<int64_t> ids = Ids(topk_ids, &shape);
+        std::vector<int64_t> ids = IntegerIdsArg(topk_ids, "topk_ids", &shape);
         std::vector<uint64_t> requests = RequestIdsArg(request_ids);
         k3pack::Result<store::Acquisition> r = [&] {
           py::gil_scoped_release nogil;
@@ -146,21 +180,21 @@ void RegisterStore(py::module_& m) {
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("topk_ids"), py::kw_only(), py::arg("is_prefill") = py::none(),
          py::arg("request_ids") = py::none(),
-         "topk_ids: integer array [tokens, top_k]; request_ids: None (unknown), the call's request id or one per "
-         "row (the request-aware and adaptive policies learn from them); returns an Acquisition (views in route "
-         "order)")
-      .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, uint32_t layer, py::array expert_ids) {
-        std::vector<int64_t> shape;
-        std::vector<int64_t> ids = Ids(expert_ids, &shape);
+         "topk_ids: integer array [tokens, top_k] (numpy, a CPU torch tensor or nested lists); request_ids: None "
+         "(unknown), the call's request id or one per row (the request-aware and adaptive policies learn from "
+         "them); returns an Acquisition (views in route order). Release it with mark_used() or a with block")
+      .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, int64_t layer_arg, py::object expert_ids) {
+        const uint32_t layer = LayerArg(layer_arg);
+        std::vector<int64_t> ids = IntegerIdsArg(expert_ids, "expert_ids");
         k3pack::Result<store::Acquisition> r = [&] {
           py::gil_scoped_release nogil;
           return self->AcquireToken(layer, ids);
         }();
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("expert_ids"), "one decode token: exactly top_k expert ids")
-      .def("prefetch", [](store::ExpertStore& self, uint32_t layer, py::array ids) {
-        std::vector<int64_t> shape;
-        std::vector<int64_t> v = Ids(ids, &shape);
+      .def("prefetch", [](store::ExpertStore& self, int64_t layer_arg, py::object ids) {
+        const uint32_t layer = LayerArg(layer_arg);
+        std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
         k3pack::Status st;
         {
           py::gil_scoped_release nogil;
@@ -168,31 +202,25 @@ void RegisterStore(py::module_& m) {
         }
         Check(st);
       }, py::arg("layer"), py::arg("expert_ids"), "start reading experts of `layer` without waiting")
-      .def("mark_used", [](store::ExpertStore& self, PyAcquisition& a) {
+      .def("mark_used", [](store::ExpertStore& self, PyAcquisition& a) { Release(self, a); }, py::arg("acquisition"), "release an Acquisition of this store (the same as acquisition.mark_used())")
+      .def("snapshot", &Snapshot, "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
+      .def("stats", &Snapshot, "the same as snapshot()")
+      .def("write_stats", [](const store::ExpertStore& self) {
         k3pack::Status st;
         {
           py::gil_scoped_release nogil;
-          st = self.MarkUsed(a.acq);
+          st = self.WriteStats();
         }
         Check(st);
-      }, py::arg("acquisition"))
-      .def("snapshot", [](const store::ExpertStore& self) { return JsonToPython(self.Snapshot()); },
-           "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
-      .def("stats", [](const store::ExpertStore& self) { return JsonToPython(self.Snapshot()); })
-      .def("write_stats", [](const store::ExpertStore& self) { Check(self.WriteStats()); })
-      .def("close", [](store::ExpertStore& self) {
-        k3pack::Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = self.Close();
-        }
-        Check(st);
-      })
-      .def("__enter__", [](py::object self) { return self; })
+      }, "write the stats file now (stats_path must be set; SGLang's format, temp file then rename)")
+      .def("close", &CloseStore,
+           "wait for reads in flight, write the stats file (when stats_path is set) and close the pack; idempotent. "
+           "Views already handed out stay valid; acquire and prefetch then raise RuntimeError")
+      .def("__enter__", [](py::object self) { return self; }, "returns the store itself")
       .def("__exit__", [](store::ExpertStore& self, py::args) {
-        Check(self.Close());
+        CloseStore(self);
         return false;
-      })
+      }, "close()")
       .def_property_readonly("info", [](const store::ExpertStore& self) {
         const store::StoreInfo& i = self.info();
         py::dict d;
@@ -217,7 +245,8 @@ void RegisterStore(py::module_& m) {
         d["ep_rank"] = i.ep.rank;
         d["owned_experts"] = py::make_tuple(i.owned_experts.first, i.owned_experts.end);
         return d;
-      });
+      }, "the pack's layout facts (a dict: layers, experts, top_k, object and role bytes per active layer, "
+         "index digest, cache budget, EP rank ...)");
 }
 
 }  // namespace k3py

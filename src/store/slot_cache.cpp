@@ -135,12 +135,17 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
   auto impl = std::make_unique<Impl>();
   K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt.store, impl->fd.get()));
-  if (opt.store.queue_depth <= 0 || opt.store.read_splits <= 0 || opt.stage_slots == 0 ||
-      opt.stage_slots > kMaxStageSlots)
+  if (opt.store.queue_depth <= 0 || opt.store.read_splits <= 0 || opt.stage_slots == 0)
     return Error("expert cache and staging budgets, and read splits, must be positive");
+  if (opt.stage_slots > kMaxStageSlots)  // SGLang has no limit: say it is ours
+    return Error("stage_slots must be at most " + std::to_string(kMaxStageSlots) + " (k3pack's limit), got " +
+                 std::to_string(opt.stage_slots));
   if (opt.store.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
   K3_ASSIGN_OR_RETURN(IoBackend backend, ParseIoBackend(opt.store.io_backend));
   const ObjectSpace& s = impl->geo.space;
+  // The policy is made when the slots are attached; an unknown name is
+  // refused here, at construction, as ExpertStore::Open refuses it.
+  K3_RETURN_IF_ERROR(MakePolicy(opt.store.policy, s, s.max_object_bytes()).status());
   impl->opt = opt;
   impl->slot_bytes = s.max_object_bytes();
   {

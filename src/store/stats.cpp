@@ -104,7 +104,13 @@ json ExpertStore::Impl::SnapshotLocked() const {
   return j;
 }
 
-Status ExpertStore::Impl::WriteStatsJson(const json& snapshot) const {
+Status ExpertStore::Impl::WriteStatsJson() const {
+  std::lock_guard<std::mutex> writing(stats_mu);
+  json snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    snapshot = SnapshotLocked();
+  }
   return WriteFileAtomic(opt.stats_path, manifest::PyJsonDumps(snapshot, manifest::PyJsonStyle::kIndent2Ascii) + "\n");
 }
 
@@ -115,7 +121,7 @@ json ExpertStore::Snapshot() const {
 
 Status ExpertStore::WriteStats() const {
   if (impl_->opt.stats_path.empty()) return Error("no stats path was configured");
-  return impl_->WriteStatsJson(Snapshot());
+  return impl_->WriteStatsJson();
 }
 
 }  // namespace k3pack::store

@@ -338,6 +338,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   out.ticket = ++s.next_ticket;
   out.distinct_objects = keys;
   out.owner = owner;
+  out.store = this;
   out.routes.reserve(ids.size());
   const auto& off = s.geo.role_offsets[li];
   const auto& rb = s.geo.role_bytes[li];
@@ -362,10 +363,14 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
 
 Status ExpertStore::MarkUsed(Acquisition& a) {
   Impl& s = *impl_;
-  nlohmann::json snapshot;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (a.ticket == 0) return Status::OK();
+    // Another store's ticket would unpin objects here that this store never
+    // pinned and mark the call released, leaving the owner's pins held.
+    if (a.store != this)
+      return Error("this Acquisition belongs to another ExpertStore: release it through the store that "
+                   "acquired it (in Python, acquisition.mark_used())");
     a.ticket = 0;
     for (ObjectId k : a.distinct_objects) s.Unpin(k);
     s.EndAcquisition(a.owner);
@@ -376,9 +381,8 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
         calls - s.last_flush_calls < static_cast<uint64_t>(s.opt.stats_flush_interval))
       return Status::OK();
     s.last_flush_calls = calls;
-    snapshot = s.SnapshotLocked();
   }
-  return s.WriteStatsJson(snapshot);
+  return s.WriteStatsJson();
 }
 
 Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
@@ -419,7 +423,6 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
 
 Status ExpertStore::Close() {
   Impl& s = *impl_;
-  nlohmann::json snapshot;
   {
     std::unique_lock<std::mutex> lock(s.mu);
     if (s.closed) return Status::OK();
@@ -438,9 +441,8 @@ Status ExpertStore::Close() {
         s.prefetch_wasted_bytes += s.geo.space.Cost(e->id);
         e->used = true;  // counted once
       }
-    snapshot = s.SnapshotLocked();
   }
-  Status st = s.opt.stats_path.empty() ? Status::OK() : s.WriteStatsJson(snapshot);
+  Status st = s.opt.stats_path.empty() ? Status::OK() : s.WriteStatsJson();
   s.fd = UniqueFd();
   s.direct_fd = UniqueFd();
   return st;

@@ -119,7 +119,12 @@ struct ExpertStore::Impl {
   // and offset.
   Status CheckObject(ObjectId id, const uint8_t* bytes) const;
   nlohmann::json SnapshotLocked() const;
-  Status WriteStatsJson(const nlohmann::json& snapshot) const;
+  // Writes the stats file from a snapshot taken now. Serialized by
+  // stats_mu (always taken before mu, never while holding it): concurrent
+  // flushes from several threads' MarkUsed used to share the temporary file
+  // (one's rename then failed, or the file mixed two snapshots).
+  Status WriteStatsJson() const;
+  mutable std::mutex stats_mu;
 };
 
 }  // namespace k3pack::store
