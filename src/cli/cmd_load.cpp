@@ -91,7 +91,8 @@ int RunLoad(const std::vector<std::string>& argv) {
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
   args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
       .Flag("--summary", "print a summary (the default)")
-      .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR)")
+      .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR; the same dump already there is "
+                        "reported as already built)")
       .Flag("--force", "with --dump: write into a non-empty DIR (files of the same name are replaced)")
       .Flag("--json", "print the summary as JSON")
       .Flag("--list", "also list every emitted tensor (name, dtype, shape, kind)")

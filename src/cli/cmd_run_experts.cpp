@@ -120,11 +120,13 @@ OutputSpec TraceOutSpec(const Args& a, const std::string& path, const std::strin
 // refused without --force.
 Result<OutputAction> WriteTraceOut(const Args& a, const std::string& path, const trace::Trace& t) {
   const std::string bytes = trace::EncodeTrace(t);
+  auto holds_bytes = [&] {
+    auto old = ReadFileToString(path);
+    return old.ok() && *old == bytes;
+  };
   K3_ASSIGN_OR_RETURN(OutputAction action,
-                      DecideOutput(TraceOutSpec(a, path, "it is not the trace of this run (other options or inputs)", [&] {
-                        auto old = ReadFileToString(path);
-                        return old.ok() && *old == bytes;
-                      })));
+                      DecideOutput(TraceOutSpec(a, path, "it is not the trace of this run (other options or inputs)",
+                                                holds_bytes)));
   if (action != OutputAction::kAlreadyBuilt) K3_RETURN_IF_ERROR(WriteFileAtomic(path, bytes));
   return action;
 }
@@ -157,7 +159,7 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Option("--predict-k", "with --trace-out: predicted experts per row (default: top_k)")
       .Flag("--predict-next-token", "with --trace-out: also record next-token predictions (a proxy: each layer's\n"
                                     "own router on the token's own MoE input; docs/store.md)")
-      .Flag("--force", "replace an existing --trace-out file")
+      .Flag("--force", "replace an existing --trace-out file (the same trace already there is reported)")
       .Flag("--json", "print the results as JSON");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
@@ -312,7 +314,8 @@ int RunExperts(const std::vector<std::string>& argv) {
     prediction["trace"] = trace_out;
     if (already_built) {
       prediction["trace_already_built"] = true;
-      if (a.Has("--json")) std::cerr << "k3pack run-experts: already built: " << trace_out << " (use --force to rebuild)\n";
+      if (a.Has("--json"))
+        std::cerr << "k3pack run-experts: already built: " << trace_out << " (use --force to rebuild)\n";
     }
     if (!a.Has("--json")) {
       if (stack->predicted_routes) {

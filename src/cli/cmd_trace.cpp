@@ -301,7 +301,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--queue-depth", "reads in flight", "16")
       .Option("--prefetch", "none | oracle-lookahead (prefetch the next record's experts)", "none")
       .Option("--lookahead", "records ahead for oracle-lookahead", "1")
-      .Option("--stats", "write the store's stats JSON here at close")
+      .Option("--stats", "write the store's stats JSON here at close (not with --simulate: no store)")
       .Flag("--force", "replace an existing --stats file that is not a k3pack stats file")
       .Option("--object-bytes", "object size for --simulate without --manifest", "11956224")
       .Flag("--simulate", "policy only, no I/O")
