@@ -1,13 +1,15 @@
-// A Ctrl-C (SIGINT) or SIGTERM that reaches `pack` / `build` before their
-// first step is the same clean stop as one during the copy: one line, exit
-// 130 / 143, and files the same command continues from. Before, the copy
-// phase's handler was the only one, so a signal in the first few
-// milliseconds killed the process without a word.
+// A Ctrl-C (SIGINT) or SIGTERM that reaches `pack` / `build` outside the
+// copy is the same clean stop as one during it: one line, exit 130 / 143,
+// and files the same command continues from. Before, the copy phase's
+// handler was the only one: a signal in the first few milliseconds killed
+// the process without a word, and one just after the copy's last look at
+// it was recorded and then ignored (the run went on and exited 0).
 //
-// Deterministic without timing: K3PACK_TEST_STOP_AT_START=1 makes the
-// command stop itself (SIGSTOP) at the moment it starts; the test waits for
-// that stop, sends the real signal (pending while the process is stopped)
-// and continues it, so the signal is delivered exactly there.
+// Deterministic without timing: K3PACK_TEST_STOP_AT_START=1 (at the start)
+// and K3PACK_TEST_STOP_AFTER_COPY=1 (after the copy's last batch) make the
+// command stop itself (SIGSTOP); the test waits for that stop, sends the
+// real signal (pending while the process is stopped) and continues it, so
+// the signal is delivered exactly there.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -24,12 +26,12 @@ namespace {
 
 using testing::ReadAll;
 
-struct EarlySignalModel {
-  static constexpr const char* kName = "early-signal";
+struct SignalOutsideCopyModel {
+  static constexpr const char* kName = "signal-outside-copy";
   static constexpr uint64_t kSeed = 5;
 };
 
-class EarlySignal : public testing::SharedModelTest<EarlySignalModel> {
+class SignalOutsideCopy : public testing::SharedModelTest<SignalOutsideCopyModel> {
  protected:
   static std::vector<std::string> BuildArgs(const std::string& out) {
     return {"build", "--gguf-dir", model_->dir, "--model-config", model_->config, "--tokenizer-dir",
@@ -39,20 +41,21 @@ class EarlySignal : public testing::SharedModelTest<EarlySignalModel> {
 };
 
 struct Outcome {
-  bool stopped_at_start = false;  // the seam stopped the process
+  bool stopped = false;  // the seam stopped the process
   bool exited = false;            // exited (rather than died of a signal)
   int code = -1;                  // exit status, or 128 + the killing signal
   std::string err;
 };
 
-// Runs `args`, delivers `sig` while the command is stopped at its start,
-// continues it and collects its stderr and exit status.
-Outcome SignalAtStart(const std::vector<std::string>& args, int sig) {
+// Runs `args` with the test seam `seam` (NAME=1), delivers `sig` while the
+// command is stopped there, continues it and collects its stderr and exit
+// status.
+Outcome SignalWhereStopped(const std::vector<std::string>& args, const std::string& seam, int sig) {
   Outcome o;
-  Proc p = Spawn(args, {"K3PACK_TEST_STOP_AT_START=1"});
+  Proc p = Spawn(args, {seam});
   int status = 0;
   if (waitpid(p.pid, &status, WUNTRACED) == p.pid && WIFSTOPPED(status)) {
-    o.stopped_at_start = true;
+    o.stopped = true;
     ::kill(p.pid, sig);  // pending until the process runs again
     ::kill(p.pid, SIGCONT);
     char buf[4096];
@@ -79,13 +82,13 @@ int64_t CheckpointObjectsDone(const std::string& out) {
 // A fresh `pack` stopped by SIGINT before its first step: the message and
 // 130, nothing written (not even the lock file the build takes first), and
 // the same command then builds the pack.
-TEST_F(EarlySignal, SigintBeforeTheFirstStepOfPackIsACleanStop) {
+TEST_F(SignalOutsideCopy, SigintBeforeTheFirstStepOfPackIsACleanStop) {
   const std::string dir = *root_ + "/fresh";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string out = dir + "/e.pack";
-  Outcome o = SignalAtStart(PackArgs(out), SIGINT);
-  ASSERT_TRUE(o.stopped_at_start) << "the test seam did not stop the command:\n" << o.err;
+  Outcome o = SignalWhereStopped(PackArgs(out), "K3PACK_TEST_STOP_AT_START=1", SIGINT);
+  ASSERT_TRUE(o.stopped) << "the test seam did not stop the command:\n" << o.err;
   EXPECT_TRUE(o.exited) << "k3pack died of the signal instead of stopping cleanly:\n" << o.err;
   EXPECT_EQ(o.code, 130) << o.err;
   EXPECT_NE(o.err.find("k3pack pack: interrupted; rerun the same command to continue"), std::string::npos) << o.err;
@@ -99,7 +102,7 @@ TEST_F(EarlySignal, SigintBeforeTheFirstStepOfPackIsACleanStop) {
 // `build` with a checkpointed partial from an earlier crash, stopped by
 // SIGTERM before its first step: 143 and the message; the partial and its
 // checkpoint are untouched, and the rerun resumes from the checkpoint.
-TEST_F(EarlySignal, SigtermBeforeTheFirstStepOfBuildKeepsTheResumableState) {
+TEST_F(SignalOutsideCopy, SigtermBeforeTheFirstStepOfBuildKeepsTheResumableState) {
   const std::string dir = *root_ + "/resume";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
@@ -110,8 +113,8 @@ TEST_F(EarlySignal, SigtermBeforeTheFirstStepOfBuildKeepsTheResumableState) {
   ASSERT_GE(done, 4) << err0;
   const std::string partial = ReadAll(PartialPathFor(out)), checkpoint = ReadAll(CheckpointPathFor(out));
 
-  Outcome o = SignalAtStart(BuildArgs(out), SIGTERM);
-  ASSERT_TRUE(o.stopped_at_start) << "the test seam did not stop the command:\n" << o.err;
+  Outcome o = SignalWhereStopped(BuildArgs(out), "K3PACK_TEST_STOP_AT_START=1", SIGTERM);
+  ASSERT_TRUE(o.stopped) << "the test seam did not stop the command:\n" << o.err;
   EXPECT_TRUE(o.exited) << "k3pack died of the signal instead of stopping cleanly:\n" << o.err;
   EXPECT_EQ(o.code, 143) << o.err;
   EXPECT_NE(o.err.find("k3pack build: interrupted; rerun the same command to continue"), std::string::npos) << o.err;
@@ -126,6 +129,28 @@ TEST_F(EarlySignal, SigtermBeforeTheFirstStepOfBuildKeepsTheResumableState) {
       << err;
   EXPECT_TRUE(ReadAll(out) == *expected_) << "pack bytes differ from the expected pack";
   EXPECT_TRUE(PathExists(out + ".json"));
+}
+
+// A SIGINT just after the copy's last look at the signal (every object is
+// copied and checkpointed, the pack not yet finalized): a clean stop, not a
+// signal recorded and ignored; the rerun finishes the pack.
+TEST_F(SignalOutsideCopy, SigintJustAfterTheCopyIsACleanStopNotIgnored) {
+  const std::string dir = *root_ + "/after-copy";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/e.pack";
+  Outcome o = SignalWhereStopped(PackArgs(out), "K3PACK_TEST_STOP_AFTER_COPY=1", SIGINT);
+  ASSERT_TRUE(o.stopped) << "the test seam did not stop the command:\n" << o.err;
+  EXPECT_TRUE(o.exited) << "k3pack died of the signal instead of stopping cleanly:\n" << o.err;
+  EXPECT_EQ(o.code, 130) << "the signal was ignored:\n" << o.err;
+  EXPECT_NE(o.err.find("k3pack pack: interrupted; rerun the same command to continue"), std::string::npos) << o.err;
+  EXPECT_FALSE(PathExists(out));
+  EXPECT_EQ(CheckpointObjectsDone(out), static_cast<int64_t>(model_->experts.layers.size() * model_->experts.num_experts));
+
+  auto [rc, err] = RunCli(PackArgs(out));
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_TRUE(ReadAll(out) == *expected_) << "pack bytes differ from the expected pack";
+  EXPECT_FALSE(PathExists(CheckpointPathFor(out)));
 }
 
 }  // namespace
