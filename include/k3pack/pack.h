@@ -174,7 +174,9 @@ struct BuildResult {
 //
 // SIGINT/SIGTERM during the copy stop it cleanly: the durable prefix is
 // checkpointed and the error reads "interrupted; rerun the same command to
-// resume from object N of T" (InterruptExitCode: 130 / 143).
+// resume from object N of T" (InterruptExitCode: 130 / 143). One that comes
+// after the copy's last look at it is raised again for the handler the
+// caller had in place, never dropped.
 //
 // Test seams (environment): K3PACK_FAKE_FREE_BYTES=N overrides the free
 // space; K3PACK_CRASH_AFTER_OBJECTS=N calls _exit(86) right after the

@@ -81,6 +81,8 @@ struct Trace {
 };
 
 Status WriteTrace(const std::string& path, const Trace& trace);
+// The bytes WriteTrace writes (to compare a run's trace with an existing file).
+std::string EncodeTrace(const Trace& trace);
 Result<Trace> ReadTrace(const std::string& path);
 // The same from bytes in memory; `path` only labels errors.
 Result<Trace> ParseTrace(std::string_view data, const std::string& path);

@@ -283,6 +283,7 @@ void PrintBuilt(const nlohmann::json& j, bool json_mode) {
 }
 
 int RunBuild(const std::vector<std::string>& argv) {
+  StopCleanlyOnSignals(kCmd);  // before any work: an early Ctrl-C is a clean stop too
   Args args(kCmd,
             "[--gguf-dir] DIR --model-config CONFIG --tokenizer-dir TOK [--pack PACK] [--manifest M.json] [options]",
             "Build the expert pack (resumable) and then write the SGLang adapter manifest, in one command.\n"

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -74,13 +75,24 @@ std::string SafeFileName(const std::string& name) {
   return s;
 }
 
+// The first entry of `dir` that is not a regular .npy file (what a dump
+// holds), or "" when there is none.
+std::string FirstNonNpyEntry(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec) || e.is_symlink(ec) || e.path().extension() != ".npy") return e.path().string();
+  }
+  return "";
+}
+
 int RunLoad(const std::vector<std::string>& argv) {
   Args args("load", "--manifest M [--summary | --dump DIR | --json] [--verify-metadata]",
             "Streams the non-routed weights named by an adapter manifest in SGLang's exact order and form\n"
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
   args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
       .Flag("--summary", "print a summary (the default)")
-      .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR)")
+      .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR; the same dump already there is "
+                        "reported as already built)")
       .Flag("--force", "with --dump: write into a non-empty DIR (files of the same name are replaced)")
       .Flag("--json", "print the summary as JSON")
       .Flag("--list", "also list every emitted tensor (name, dtype, shape, kind)")
@@ -114,18 +126,40 @@ int RunLoad(const std::vector<std::string>& argv) {
   if (Status e = CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("load", e.error());
   }
+  // The overwrite rule for the dump (output_rule.h). Which files a run
+  // writes is known only as the tensors stream, so a non-empty DIR holding
+  // only .npy files is a candidate for "already built": the rerun compares
+  // each tensor's .npy bytes with the file instead of writing it, and DIR is
+  // already built when it holds exactly those files (left untouched);
+  // anything else is refused without --force.
+  bool compare_dump = false;
+  auto dump_refusal = [&](const std::string& why) {
+    OutputSpec spec;
+    spec.option = "--dump";
+    spec.path = dump_dir;
+    spec.directory = true;
+    spec.why_refused = why;
+    auto action = DecideOutput(spec);
+    return action.ok() ? Error("internal: " + dump_dir + " was not refused") : action.error();
+  };
   if (!dump_dir.empty()) {
+    const std::string foreign = FirstNonNpyEntry(dump_dir);
     OutputSpec spec;
     spec.option = "--dump";
     spec.path = dump_dir;
     spec.directory = true;
     spec.force = args.Has("--force");
+    spec.is_finished = [&]() -> Result<bool> { return foreign.empty(); };
+    spec.why_refused = "it holds " + foreign + ", which `k3pack load --dump` does not write";
     auto action = DecideOutput(spec);
     if (!action.ok()) return ReportError("load", action.error());
+    compare_dump = *action == OutputAction::kAlreadyBuilt;
     std::error_code ec;
     std::filesystem::create_directories(dump_dir, ec);
     if (ec) return ReportError("load", Error("cannot create dump directory " + dump_dir + ": " + ec.message()));
   }
+  std::set<std::string> dump_files;  // the files this run writes (or compared)
+  std::string dump_differs;           // compare_dump: why DIR is not this run's dump
 
   loader::LoadOptions opts;
   opts.verify_metadata = args.Has("--verify-metadata");
@@ -159,7 +193,20 @@ int RunLoad(const std::vector<std::string>& argv) {
     pr.done_bytes = bytes;
     progress->Update(pr);
     if (!dump_dir.empty()) {
-      K3_RETURN_IF_ERROR(loader::WriteNpy(dump_dir + "/" + SafeFileName(t.name) + ".npy", t));
+      const std::string file = SafeFileName(t.name) + ".npy", path = dump_dir + "/" + file;
+      const bool first = dump_files.insert(file).second;
+      if (compare_dump) {
+        K3_ASSIGN_OR_RETURN(bool same, loader::NpyFileHolds(path, t));
+        if (!same || !first) {
+          // Stops the stream: the rerun's dump is not the one there.
+          dump_differs = path + (!first                      ? " would be written twice by this run"
+                                 : std::filesystem::exists(path) ? " differs from what this run writes"
+                                                                 : " is missing");
+          return Error(dump_differs);
+        }
+      } else {
+        K3_RETURN_IF_ERROR(loader::WriteNpy(path, t));
+      }
     } else if (read_bytes) {
       checksum = checksum * 31 + TouchAndSum(t);
     }
@@ -181,6 +228,19 @@ int RunLoad(const std::vector<std::string>& argv) {
     progress->Update(pr);
   }
   progress->Finish();
+  if (compare_dump && dump_differs.empty() && st.ok()) {
+    // Every file of this run's dump is there with its bytes; DIR is that
+    // dump only if it holds nothing else.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dump_dir, ec)) {
+      if (!dump_files.contains(e.path().filename().string())) {
+        dump_differs = e.path().string() + " is not written by this run";
+        break;
+      }
+    }
+  }
+  if (!dump_differs.empty())
+    return ReportError("load", dump_refusal("it is not the dump of this run (" + dump_differs + ")"));
   if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();
@@ -224,7 +284,11 @@ int RunLoad(const std::vector<std::string>& argv) {
   std::snprintf(rate, sizeof rate, "%.3f s, %.2f GB/s", secs, gbps);
   std::cout << "\ntime            " << rate << (read_bytes || !dump_dir.empty() ? "" : " (bytes not read)") << "\n"
             << "peak RSS        " << Bytes(PeakRssBytes()) << "\n";
-  if (!dump_dir.empty()) std::cout << "dumped to       " << dump_dir << "\n";
+  if (compare_dump) {
+    ReportAlreadyBuilt("load", dump_dir, false);
+  } else if (!dump_dir.empty()) {
+    std::cout << "dumped to       " << dump_dir << "\n";
+  }
   return 0;
 }
 

@@ -131,6 +131,7 @@ void PrintBuilt(const nlohmann::json& j, bool json_mode) {
 }
 
 int RunPack(const std::vector<std::string>& argv) {
+  StopCleanlyOnSignals(kCmd);  // before any work: an early Ctrl-C is a clean stop too
   Args args(kCmd, "[--gguf-dir] DIR --model-config CONFIG [--pack PACK] [options]",
             "Build the expert-major GGMLMOEPACKv1 pack (byte-identical to SGLang's) from a Kimi GGUF shard set.\n"
             "Crash-safe: an interrupted build continues from its checkpoint when the same command is rerun.\n"

@@ -4,6 +4,7 @@
 // source tensors. Prints the outputs' checksums and timing.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -101,6 +102,35 @@ std::vector<std::string> SplitCommas(const std::string& s) {
   return out;
 }
 
+// The overwrite rule for --trace-out, the shared one (output_rule.h):
+// `is_this_run` says whether the existing file is what this run writes.
+OutputSpec TraceOutSpec(const Args& a, const std::string& path, const std::string& why_refused,
+                        std::function<bool()> is_this_run) {
+  OutputSpec spec;
+  spec.option = "--trace-out";
+  spec.path = path;
+  spec.force = a.Has("--force");
+  spec.why_refused = why_refused;
+  spec.is_finished = [is_this_run = std::move(is_this_run)]() -> Result<bool> { return is_this_run(); };
+  return spec;
+}
+
+// Writes this run's trace unless the file already holds exactly its bytes
+// (then it is left untouched: kAlreadyBuilt); any other existing file is
+// refused without --force.
+Result<OutputAction> WriteTraceOut(const Args& a, const std::string& path, const trace::Trace& t) {
+  const std::string bytes = trace::EncodeTrace(t);
+  auto holds_bytes = [&] {
+    auto old = ReadFileToString(path);
+    return old.ok() && *old == bytes;
+  };
+  K3_ASSIGN_OR_RETURN(OutputAction action,
+                      DecideOutput(TraceOutSpec(a, path, "it is not the trace of this run (other options or inputs)",
+                                                holds_bytes)));
+  if (action != OutputAction::kAlreadyBuilt) K3_RETURN_IF_ERROR(WriteFileAtomic(path, bytes));
+  return action;
+}
+
 int RunExperts(const std::vector<std::string>& argv) {
   Args a("run-experts", "--manifest M [--layer L | --all-layers] [--tokens N] [options]",
          "Run Kimi-K3 routed-expert blocks (router, top-k, SiTU experts, weighted sum) for N synthetic tokens with\n"
@@ -129,7 +159,7 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Option("--predict-k", "with --trace-out: predicted experts per row (default: top_k)")
       .Flag("--predict-next-token", "with --trace-out: also record next-token predictions (a proxy: each layer's\n"
                                     "own router on the token's own MoE input; docs/store.md)")
-      .Flag("--force", "replace an existing --trace-out file")
+      .Flag("--force", "replace an existing --trace-out file (the same trace already there is reported)")
       .Flag("--json", "print the results as JSON")
       .Exclusive({"--layer", "--all-layers"});
   int code = 0;
@@ -167,12 +197,13 @@ int RunExperts(const std::vector<std::string>& argv) {
     return ReportError("run-experts", e.error());
   }
   if (!trace_out.empty()) {
-    // Checked before any work; a trace is never taken as already written
-    // (it depends on the run), so an existing file needs --force.
+    // Checked before any work. The trace is known only once the layers ran:
+    // an existing file that is not a k3pack trace at all is refused now, a
+    // trace is compared with this run's after it (WriteTraceOut).
     if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
-    if (Status o = CheckRegeneratedOutput(a, "--trace-out", trace_out, "run-experts does not overwrite a file");
-        !o.ok())
-      return ReportError("run-experts", o.error());
+    auto action = DecideOutput(TraceOutSpec(a, trace_out, "it is not a k3pack trace",
+                                            [&] { return trace::ReadTrace(trace_out).ok(); }));
+    if (!action.ok()) return ReportError("run-experts", action.error());
   }
   auto m = manifest::ReadManifest(a.Get("--manifest"));
   if (!m.ok()) return ReportError("run-experts", m.error());
@@ -277,9 +308,16 @@ int RunExperts(const std::vector<std::string>& argv) {
       if (a.Has("--json")) runs.push_back(store::ExpertRunJson(r));
       else PrintRun(r);
     }
-    if (Status w = trace::WriteTrace(trace_out, stack->trace); !w.ok()) return ReportError("run-experts", w.error());
+    auto written = WriteTraceOut(a, trace_out, stack->trace);
+    if (!written.ok()) return ReportError("run-experts", written.error());
+    const bool already_built = *written == OutputAction::kAlreadyBuilt;
     prediction = store::LayerStackJson(*stack);
     prediction["trace"] = trace_out;
+    if (already_built) {
+      prediction["trace_already_built"] = true;
+      if (a.Has("--json"))
+        std::cerr << "k3pack run-experts: already built: " << trace_out << " (use --force to rebuild)\n";
+    }
     if (!a.Has("--json")) {
       if (stack->predicted_routes) {
         std::printf("router look-ahead (layer L+1's router on layer L's MoE input, top-%u): %llu of %llu routes "
@@ -297,8 +335,12 @@ int RunExperts(const std::vector<std::string>& argv) {
                     "predicted (%.1f%%)\n",
                     (unsigned long long)stack->next_token_right, (unsigned long long)stack->next_token_routes,
                     100.0 * double(stack->next_token_right) / double(std::max<uint64_t>(1, stack->next_token_routes)));
-      std::printf("wrote %s (format v%u): %zu records\n", trace_out.c_str(), stack->trace.version(),
-                  stack->trace.records.size());
+      if (already_built) {
+        ReportAlreadyBuilt("run-experts", trace_out, false);
+      } else {
+        std::printf("wrote %s (format v%u): %zu records\n", trace_out.c_str(), stack->trace.version(),
+                    stack->trace.records.size());
+      }
     }
     layers.clear();  // done
   }

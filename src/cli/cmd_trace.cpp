@@ -301,7 +301,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--queue-depth", "reads in flight", "16")
       .Option("--prefetch", "none | oracle-lookahead (prefetch the next record's experts)", "none")
       .Option("--lookahead", "records ahead for oracle-lookahead", "1")
-      .Option("--stats", "write the store's stats JSON here at close")
+      .Option("--stats", "write the store's stats JSON here at close (not with --simulate: no store)")
       .Flag("--force", "replace an existing --stats file that is not a k3pack stats file")
       .Option("--object-bytes", "object size for --simulate without --manifest", "11956224")
       .Flag("--simulate", "policy only, no I/O")
@@ -325,6 +325,17 @@ int RunReplay(const std::vector<std::string>& argv) {
   if (a.Get("--prefetch") != "none" && a.Get("--prefetch") != "oracle-lookahead")
     return ReportError("trace replay", Error("--prefetch: unknown prefetch mode '" + a.Get("--prefetch") +
                                              "' (known: none, oracle-lookahead)"), 2);
+  // --stats is the expert store's snapshot (SGLang's keys: pack reads, read
+  // times, I/O backend, residency); --simulate opens no store and reads
+  // nothing, so there is no such file to write. Its numbers (hits, misses,
+  // evictions, bytes a store would read) are the report, --json included.
+  if (a.Has("--simulate") && a.Has("--stats"))
+    return ReportError("trace replay",
+                       Error("--stats and --simulate conflict: --stats writes the expert store's stats, and "
+                             "--simulate runs the policy without a store")
+                           .WithHint("drop --stats (--json prints the simulation's report), or drop --simulate and "
+                                     "pass --manifest to replay on the store"),
+                       2);
   auto splits = a.GetInt("--read-splits"), depth = a.GetInt("--queue-depth"), look = a.GetInt("--lookahead");
   for (auto [name, v] : {std::pair{"--read-splits", &splits}, {"--queue-depth", &depth}, {"--lookahead", &look}}) {
     if (!v->ok()) return ReportError("trace replay", v->error(), 2);

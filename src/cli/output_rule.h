@@ -1,6 +1,7 @@
 // The one overwrite rule of every k3pack command that writes an output
 // (pack, build, manifest, synth, trace gen, trace sweep --svg, repair,
-// load --dump). A user's file is never replaced by accident:
+// load --dump, run-experts --trace-out). A user's file is never replaced by
+// accident:
 //   - the output does not exist (an empty directory counts as absent): write;
 //   - a resumable partial of it exists (`<pack>.partial` + checkpoint): resume;
 //   - it exists and is the finished, valid result of the same inputs: report

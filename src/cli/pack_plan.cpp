@@ -1,9 +1,13 @@
 #include "cli/pack_plan.h"
 
+#include <csignal>
+#include <cstdlib>
+
 #include "cli/preflight.h"
 #include "cli/profile.h"
 #include "pack/pack_output.h"
 #include "util/file.h"
+#include "util/progress.h"
 
 namespace k3pack::cli {
 
@@ -45,5 +49,11 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
 }
 
 Status RemovePackOutput(const std::string& pack_path) { return pack::RemovePackOutput(pack_path); }
+
+void StopCleanlyOnSignals(const std::string& command) {
+  ExitOnStopSignals("k3pack " + command + ": interrupted; rerun the same command to continue");
+  const char* seam = std::getenv("K3PACK_TEST_STOP_AT_START");
+  if (seam != nullptr && std::string(seam) == "1") ::raise(SIGSTOP);
+}
 
 }  // namespace k3pack::cli

@@ -44,4 +44,14 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
 // --force: removes a finished pack and its .digests so BuildPack rebuilds it.
 Status RemovePackOutput(const std::string& pack_path);
 
+// The first thing `pack` and `build` do, before any work: from here on a
+// SIGINT / SIGTERM ends the command with one line, "k3pack CMD: interrupted;
+// rerun the same command to continue", and exit 130 / 143, never a bare
+// death by signal. Outside the copy (which checkpoints on its own, see
+// RunCopy) the files on disk are at every moment ones the rerun continues
+// from, as after a `kill -9`. Test seam: K3PACK_TEST_STOP_AT_START=1 makes
+// the process stop itself (SIGSTOP) right after installing the handler,
+// before its first step, so a test can send a real signal at that moment.
+void StopCleanlyOnSignals(const std::string& command);
+
 }  // namespace k3pack::cli

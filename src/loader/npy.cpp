@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "util/file.h"
 
@@ -36,6 +38,28 @@ Status WriteNpy(const std::string& path, const NamedTensor& t) {
     if (t.zero_copy) ReleasePages(piece);
   }
   return out.Commit();
+}
+
+Result<bool> NpyFileHolds(const std::string& path, const NamedTensor& t) {
+  const std::string header = NpyHeader(t);
+  auto size = FileSize(path);
+  if (!size.ok() || *size != header.size() + t.data.size()) return false;
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+  std::string buf(header.size(), '\0');
+  K3_ASSIGN_OR_RETURN(size_t n, PreadFull(fd.get(), buf.data(), buf.size(), 0));
+  if (n != buf.size() || buf != header) return false;
+  // In pieces, releasing each piece of a mapped view after comparing it (as
+  // WriteNpy does), so a large tensor is never held in memory whole.
+  constexpr size_t kChunk = size_t{16} << 20;
+  buf.resize(std::min(kChunk, t.data.size()));
+  bool same = true;
+  for (size_t off = 0; off < t.data.size() && same; off += kChunk) {
+    const auto piece = t.data.subspan(off, std::min(kChunk, t.data.size() - off));
+    K3_ASSIGN_OR_RETURN(n, PreadFull(fd.get(), buf.data(), piece.size(), header.size() + off));
+    same = n == piece.size() && std::memcmp(buf.data(), piece.data(), piece.size()) == 0;
+    if (t.zero_copy) ReleasePages(piece);
+  }
+  return same;
 }
 
 }  // namespace k3pack::loader

@@ -19,4 +19,9 @@ std::string NpyHeader(const NamedTensor& t);
 // output, not a product).
 Status WriteNpy(const std::string& path, const NamedTensor& t);
 
+// Whether `path` holds exactly the bytes WriteNpy(path, t) writes (false
+// when it is missing or differs), compared in pieces: how a rerun of
+// `load --dump` recognises the dump it would write.
+Result<bool> NpyFileHolds(const std::string& path, const NamedTensor& t);
+
 }  // namespace k3pack::loader

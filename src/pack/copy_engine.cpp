@@ -50,15 +50,25 @@ class StopSignals {
     ::sigaction(SIGINT, &sa, &old_int_);
     ::sigaction(SIGTERM, &sa, &old_term_);
   }
+  // A signal that came after the copy's last look at it (its last batch was
+  // done) is not lost: once the handlers in place before the copy are back,
+  // it is raised again for them (pack/build: the clean stop of
+  // ExitOnStopSignals; elsewhere what the caller chose, or the default).
   ~StopSignals() {
     ::sigaction(SIGINT, &old_int_, nullptr);
     ::sigaction(SIGTERM, &old_term_, nullptr);
+    const int sig = g_stop_signal.load();
+    if (sig != 0 && !reported_) ::raise(sig);
   }
+  // The copy returns an error for this run (the signal's own, or another):
+  // the signal needs no second delivery.
+  void Reported() { reported_ = true; }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
   struct sigaction old_int_ {}, old_term_ {};
+  bool reported_ = false;
 };
 
 // Starts writeback of objects [obj0, obj0+n) of the pack without waiting
@@ -307,7 +317,11 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   stop.store(true);
   cv.notify_all();
   for (auto& t : pool) t.join();
+  // Test seam: the copy finished without a signal; stop here, after its last
+  // look at one, so a test can deliver a real signal at this moment.
+  if (!first_error && !interrupted && EnvU64("K3PACK_TEST_STOP_AFTER_COPY").value_or(0) == 1) ::raise(SIGSTOP);
   if (first_error || interrupted) {
+    stop_signals.Reported();
     // Keep what is already written (the disk filled up, or the user stopped
     // the build): checkpoint the finished prefix so the rerun resumes there
     // instead of starting over. The checkpoint's space is reserved (see

@@ -72,7 +72,7 @@ uint32_t Trace::version() const {
   return 1;
 }
 
-Status WriteTrace(const std::string& path, const Trace& t) {
+std::string EncodeTrace(const Trace& t) {
   std::string out;
   out.reserve(40 + t.layer_ids.size() * 4 + t.records.size() * 16 + t.ids.size() * 2);
   out.append(kMagic, 8);
@@ -101,8 +101,10 @@ Status WriteTrace(const std::string& path, const Trace& t) {
     auto next = t.RecordTokenPredictions(r);
     out.append(reinterpret_cast<const char*>(next.data()), next.size() * sizeof(uint16_t));
   }
-  return WriteFileAtomic(path, out);
+  return out;
 }
+
+Status WriteTrace(const std::string& path, const Trace& t) { return WriteFileAtomic(path, EncodeTrace(t)); }
 
 Result<Trace> ReadTrace(const std::string& path) {
   K3_ASSIGN_OR_RETURN(std::string data, ReadFileToString(path));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <initializer_list>
 
 #include <nlohmann/json.hpp>
 
@@ -36,13 +37,23 @@ std::string ItemRate(double per_s, const std::string& unit) {
   return buf;
 }
 
-extern "C" void OnInterrupt(int) {
+extern "C" void OnInterrupt(int sig) {
   ProgressEndLineForSignal();
   if (g_interrupt_len) {
     ssize_t ignored = ::write(STDERR_FILENO, g_interrupt_message, g_interrupt_len);
     (void)ignored;
   }
-  ::_exit(130);
+  ::_exit(128 + sig);  // 130 for SIGINT, 143 for SIGTERM
+}
+
+void InstallInterruptHandler(const std::string& message, std::initializer_list<int> signals) {
+  const std::string m = message + "\n";
+  g_interrupt_len = std::min(m.size(), sizeof g_interrupt_message);
+  std::memcpy(g_interrupt_message, m.data(), g_interrupt_len);
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : signals) ::sigaction(sig, &sa, nullptr);
 }
 
 }  // namespace
@@ -252,14 +263,8 @@ void ProgressEndLineForSignal() {
   }
 }
 
-void ExitOnInterrupt(const std::string& message) {
-  const std::string m = message + "\n";
-  g_interrupt_len = std::min(m.size(), sizeof g_interrupt_message);
-  std::memcpy(g_interrupt_message, m.data(), g_interrupt_len);
-  struct sigaction sa {};
-  sa.sa_handler = OnInterrupt;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, nullptr);
-}
+void ExitOnInterrupt(const std::string& message) { InstallInterruptHandler(message, {SIGINT}); }
+
+void ExitOnStopSignals(const std::string& message) { InstallInterruptHandler(message, {SIGINT, SIGTERM}); }
 
 }  // namespace k3pack

@@ -89,4 +89,11 @@ void ProgressEndLineForSignal();
 // `message` (plus a newline) to stderr and exit with 130.
 void ExitOnInterrupt(const std::string& message);
 
+// For pack and build, whose files on disk can be resumed at every moment
+// (the state a `kill -9` leaves is one the rerun continues from): on SIGINT
+// or SIGTERM, end the bar line, print `message` and exit 128 + the signal
+// (130 / 143). Installed before any work; the copy phase puts its own
+// checkpointing handler in place while it runs and restores this one after.
+void ExitOnStopSignals(const std::string& message);
+
 }  // namespace k3pack

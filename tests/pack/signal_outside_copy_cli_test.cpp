@@ -1,0 +1,157 @@
+// A Ctrl-C (SIGINT) or SIGTERM that reaches `pack` / `build` outside the
+// copy is the same clean stop as one during it: one line, exit 130 / 143,
+// and files the same command continues from. Before, the copy phase's
+// handler was the only one: a signal in the first few milliseconds killed
+// the process without a word, and one just after the copy's last look at
+// it was recorded and then ignored (the run went on and exited 0).
+//
+// Deterministic without timing: K3PACK_TEST_STOP_AT_START=1 (at the start)
+// and K3PACK_TEST_STOP_AFTER_COPY=1 (after the copy's last batch) make the
+// command stop itself (SIGSTOP); the test waits for that stop, sends the
+// real signal (pending while the process is stopped) and continues it, so
+// the signal is delivered exactly there.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "pack_fixture.h"
+#include "spawn.h"
+#include "util/file.h"
+
+namespace k3pack::pack {
+namespace {
+
+using testing::ReadAll;
+
+struct SignalOutsideCopyModel {
+  static constexpr const char* kName = "signal-outside-copy";
+  static constexpr uint64_t kSeed = 5;
+};
+
+class SignalOutsideCopy : public testing::SharedModelTest<SignalOutsideCopyModel> {
+ protected:
+  static std::vector<std::string> BuildArgs(const std::string& out) {
+    return {"build", "--gguf-dir", model_->dir, "--model-config", model_->config, "--tokenizer-dir",
+            model_->dir + "/tokenizer", "--profile", "scaled", "--out", out, "--manifest", out + ".json",
+            "--safety-margin-gib", "0", "--threads", "2"};
+  }
+};
+
+struct Outcome {
+  bool stopped = false;  // the seam stopped the process
+  bool exited = false;            // exited (rather than died of a signal)
+  int code = -1;                  // exit status, or 128 + the killing signal
+  std::string err;
+};
+
+// Runs `args` with the test seam `seam` (NAME=1), delivers `sig` while the
+// command is stopped there, continues it and collects its stderr and exit
+// status.
+Outcome SignalWhereStopped(const std::vector<std::string>& args, const std::string& seam, int sig) {
+  Outcome o;
+  Proc p = Spawn(args, {seam});
+  int status = 0;
+  if (waitpid(p.pid, &status, WUNTRACED) == p.pid && WIFSTOPPED(status)) {
+    o.stopped = true;
+    ::kill(p.pid, sig);  // pending until the process runs again
+    ::kill(p.pid, SIGCONT);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(p.err_fd, buf, sizeof buf)) > 0) o.err.append(buf, static_cast<size_t>(n));
+    waitpid(p.pid, &status, 0);
+  } else {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(p.err_fd, buf, sizeof buf)) > 0) o.err.append(buf, static_cast<size_t>(n));
+  }
+  close(p.err_fd);
+  o.exited = WIFEXITED(status);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+  return o;
+}
+
+int64_t CheckpointObjectsDone(const std::string& out) {
+  auto j = nlohmann::json::parse(ReadAll(CheckpointPathFor(out)), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("objects_done")) return -1;
+  return j["objects_done"].get<int64_t>();
+}
+
+// A fresh `pack` stopped by SIGINT before its first step: the message and
+// 130, nothing written (not even the lock file the build takes first), and
+// the same command then builds the pack.
+TEST_F(SignalOutsideCopy, SigintBeforeTheFirstStepOfPackIsACleanStop) {
+  const std::string dir = *root_ + "/fresh";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/e.pack";
+  Outcome o = SignalWhereStopped(PackArgs(out), "K3PACK_TEST_STOP_AT_START=1", SIGINT);
+  ASSERT_TRUE(o.stopped) << "the test seam did not stop the command:\n" << o.err;
+  EXPECT_TRUE(o.exited) << "k3pack died of the signal instead of stopping cleanly:\n" << o.err;
+  EXPECT_EQ(o.code, 130) << o.err;
+  EXPECT_NE(o.err.find("k3pack pack: interrupted; rerun the same command to continue"), std::string::npos) << o.err;
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the stop came before the first step, yet something was written";
+
+  auto [rc, err] = RunCli(PackArgs(out));
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_TRUE(ReadAll(out) == *expected_) << "pack bytes differ from the expected pack";
+}
+
+// `build` with a checkpointed partial from an earlier crash, stopped by
+// SIGTERM before its first step: 143 and the message; the partial and its
+// checkpoint are untouched, and the rerun resumes from the checkpoint.
+TEST_F(SignalOutsideCopy, SigtermBeforeTheFirstStepOfBuildKeepsTheResumableState) {
+  const std::string dir = *root_ + "/resume";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/e.pack";
+  auto [rc0, err0] = RunCli(BuildArgs(out), {"K3PACK_CRASH_AFTER_OBJECTS=4", "K3PACK_BATCH_BYTES=1"});
+  ASSERT_EQ(rc0, 86) << err0;
+  const int64_t done = CheckpointObjectsDone(out);
+  ASSERT_GE(done, 4) << err0;
+  const std::string partial = ReadAll(PartialPathFor(out)), checkpoint = ReadAll(CheckpointPathFor(out));
+
+  Outcome o = SignalWhereStopped(BuildArgs(out), "K3PACK_TEST_STOP_AT_START=1", SIGTERM);
+  ASSERT_TRUE(o.stopped) << "the test seam did not stop the command:\n" << o.err;
+  EXPECT_TRUE(o.exited) << "k3pack died of the signal instead of stopping cleanly:\n" << o.err;
+  EXPECT_EQ(o.code, 143) << o.err;
+  EXPECT_NE(o.err.find("k3pack build: interrupted; rerun the same command to continue"), std::string::npos) << o.err;
+  EXPECT_TRUE(ReadAll(PartialPathFor(out)) == partial);
+  EXPECT_EQ(ReadAll(CheckpointPathFor(out)), checkpoint);
+  EXPECT_FALSE(PathExists(out));
+
+  auto [rc, err] = RunCli(BuildArgs(out));
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_NE(err.find("resuming " + PartialPathFor(out) + " at object " + std::to_string(done) + " of "),
+            std::string::npos)
+      << err;
+  EXPECT_TRUE(ReadAll(out) == *expected_) << "pack bytes differ from the expected pack";
+  EXPECT_TRUE(PathExists(out + ".json"));
+}
+
+// A SIGINT just after the copy's last look at the signal (every object is
+// copied and checkpointed, the pack not yet finalized): a clean stop, not a
+// signal recorded and ignored; the rerun finishes the pack.
+TEST_F(SignalOutsideCopy, SigintJustAfterTheCopyIsACleanStopNotIgnored) {
+  const std::string dir = *root_ + "/after-copy";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/e.pack";
+  Outcome o = SignalWhereStopped(PackArgs(out), "K3PACK_TEST_STOP_AFTER_COPY=1", SIGINT);
+  ASSERT_TRUE(o.stopped) << "the test seam did not stop the command:\n" << o.err;
+  EXPECT_TRUE(o.exited) << "k3pack died of the signal instead of stopping cleanly:\n" << o.err;
+  EXPECT_EQ(o.code, 130) << "the signal was ignored:\n" << o.err;
+  EXPECT_NE(o.err.find("k3pack pack: interrupted; rerun the same command to continue"), std::string::npos) << o.err;
+  EXPECT_FALSE(PathExists(out));
+  EXPECT_EQ(CheckpointObjectsDone(out), static_cast<int64_t>(model_->experts.layers.size() * model_->experts.num_experts));
+
+  auto [rc, err] = RunCli(PackArgs(out));
+  ASSERT_EQ(rc, 0) << err;
+  EXPECT_TRUE(ReadAll(out) == *expected_) << "pack bytes differ from the expected pack";
+  EXPECT_FALSE(PathExists(CheckpointPathFor(out)));
+}
+
+}  // namespace
+}  // namespace k3pack::pack
