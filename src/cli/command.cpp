@@ -46,13 +46,18 @@ Args& Args::Exclusive(std::vector<std::string> names, std::string why) {
   return *this;
 }
 
+Args& Args::Requires(std::string name, std::vector<std::string> needs, std::string why) {
+  requires_.push_back({std::move(name), std::move(needs), std::move(why)});
+  return *this;
+}
+
 namespace {
 
-// "--a and --b", "--a, --b and --c".
-std::string AndList(const std::vector<std::string>& names) {
+// "--a and --b", "--a, --b and --c" (or "--a or --b" with `last` " or ").
+std::string AndList(const std::vector<std::string>& names, const char* last = " and ") {
   std::string s;
   for (size_t i = 0; i < names.size(); ++i) {
-    s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+    s += (i == 0 ? "" : i + 1 == names.size() ? last : ", ") + names[i];
   }
   return s;
 }
@@ -80,6 +85,21 @@ std::string Args::Usage() const {
     for (const ExclusiveGroup& g : exclusive_) {
       os << sep << AndList(g.names);
       sep = "; ";
+    }
+    os << "\n";
+  }
+  if (!requires_.empty()) {
+    // Also one line; options that need the same companion are listed together
+    // ("--a and --b need --timing"), so a command with many reads short.
+    os << "\nneeds:";
+    const char* sep = " ";
+    for (size_t i = 0; i < requires_.size();) {
+      std::vector<std::string> names;
+      size_t j = i;
+      for (; j < requires_.size() && requires_[j].needs == requires_[i].needs; ++j) names.push_back(requires_[j].name);
+      os << sep << AndList(names) << (names.size() > 1 ? " need " : " needs ") << AndList(requires_[i].needs, " or ");
+      sep = "; ";
+      i = j;
     }
     os << "\n";
   }
@@ -163,6 +183,12 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     }
     if (given.size() > 1) {
       return fail(AndList(given) + " cannot be used together" + (g.why.empty() ? "" : ": " + g.why));
+    }
+  }
+  for (const Requirement& r : requires_) {
+    if (!values_.count(r.name)) continue;
+    if (std::none_of(r.needs.begin(), r.needs.end(), [&](const std::string& n) { return values_.count(n) > 0; })) {
+      return fail(r.name + " needs " + AndList(r.needs, " or ") + (r.why.empty() ? "" : " (" + r.why + ")"));
     }
   }
   for (const auto& [name, spec] : specs_) {

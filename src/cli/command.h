@@ -21,7 +21,8 @@ namespace k3pack::cli {
 // An option given twice with different values is an error naming both (the
 // same value twice is accepted: a script that repeats itself means one
 // thing); a flag given twice is harmless. Options declared Exclusive() are
-// refused together.
+// refused together; an option declared Requires() is refused without its
+// companion.
 class Args {
  public:
   Args(std::string command, std::string usage_line, std::string description)
@@ -45,6 +46,11 @@ class Args {
   // usage error naming both, followed by `why` when not empty. Listed in the
   // help as "not together".
   Args& Exclusive(std::vector<std::string> names, std::string why = {});
+  // `name` only means something together with one of `needs` (options or
+  // flags): given without any of them, it would be silently ignored, so it
+  // is a usage error naming both, followed by `why` when not empty. Listed
+  // in the help under "needs".
+  Args& Requires(std::string name, std::vector<std::string> needs, std::string why = {});
 
   // Returns false and prints to stderr (exit code 2) on a usage error, or
   // prints help (exit code 0) on --help; `exit_code` says which.
@@ -61,6 +67,7 @@ class Args {
  private:
   struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; };
   struct ExclusiveGroup { std::vector<std::string> names; std::string why; };
+  struct Requirement { std::string name; std::vector<std::string> needs; std::string why; };
   std::string command_, usage_, description_;
   std::map<std::string, Spec> specs_;
   std::vector<std::string> order_;
@@ -72,6 +79,7 @@ class Args {
   std::string positional_option_;
   std::map<std::string, std::string> spelled_;  // option -> the spelling it was given under
   std::vector<ExclusiveGroup> exclusive_;
+  std::vector<Requirement> requires_;
 };
 
 using CommandFn = std::function<int(const std::vector<std::string>& argv)>;
