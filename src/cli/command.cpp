@@ -17,6 +17,11 @@ Args& Args::Option(const std::string& name, const std::string& help, std::option
   return *this;
 }
 
+Args& Args::Repeatable(const std::string& name) {
+  specs_.at(name).repeatable = true;
+  return *this;
+}
+
 Args& Args::Flag(const std::string& name, const std::string& help) {
   specs_[name] = {help, std::nullopt, false, true};
   order_.push_back(name);
@@ -74,6 +79,7 @@ std::string Args::Usage() const {
     os << "  " << name << (s.is_flag ? "" : " VALUE") << "\n      " << s.help;
     if (name == positional_option_) os << " (or give it as the argument)";
     if (s.required) os << " (required)";
+    if (s.repeatable) os << " (repeatable)";
     if (s.def && !s.def->empty()) os << " [default: " << *s.def << "]";
     os << "\n";
   }
@@ -151,6 +157,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
         value = argv[++i];
       }
       if (it->second.is_flag) value = "1";
+      if (it->second.repeatable) all_values_[name].push_back(value);
       if (auto seen = spelled_.find(name); seen != spelled_.end()) {
         // Never "last one wins": a repeated option is a typo or two scripts'
         // arguments glued together, and either value could be the meant one.
@@ -158,6 +165,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
           const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
           return fail(older + " and " + name + " are the same option; give it once");
         }
+        if (it->second.repeatable) continue;
         if (values_.at(name) != value) {
           return fail(name + " given twice, as '" + values_.at(name) + "' and '" + value + "'; give it once");
         }
@@ -206,6 +214,11 @@ std::optional<std::string> Args::GetOpt(const std::string& name) const {
   if (auto it = values_.find(name); it != values_.end()) return it->second;
   if (auto it = specs_.find(name); it != specs_.end() && it->second.def) return it->second.def;
   return std::nullopt;
+}
+
+std::vector<std::string> Args::GetAll(const std::string& name) const {
+  auto it = all_values_.find(name);
+  return it == all_values_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string Args::Get(const std::string& name) const { return GetOpt(name).value_or(""); }
