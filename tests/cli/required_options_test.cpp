@@ -43,6 +43,8 @@ TEST(RequiredOptions, LoneDependentOptionIsRefusedNamingBoth) {
       {"run-experts --manifest " + Q(manifest) + " --force", "--force needs --trace-out"},
       {"run-experts --manifest " + Q(manifest) + " --rank-manifests " + Q(manifest), "--rank-manifests needs --ep-size"},
       {"inspect " + Q(Shard(m, 1)) + " --match blk", "--match needs --stats"},
+      {"verify --manifest " + Q(manifest) + " --against-source",
+       "--against-source needs --full (samples are always compared with the source)"},
       {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --force",
        "--force needs --stats"},
       {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --lookahead 2",
