@@ -255,6 +255,7 @@ int RunInspect(const std::vector<std::string>& argv) {
   args.Flag("--file-only", "inspect only this file, not the shard set it belongs to");
   args.Flag("--stats", "decode tensors and report min/max/mean and NaN/inf counts");
   args.Option("--match", "with --stats: only tensors whose name contains TEXT");
+  args.Requires("--match", {"--stats"}, "it selects the tensors whose statistics are computed");
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
@@ -262,9 +263,6 @@ int RunInspect(const std::vector<std::string>& argv) {
   if (!mode.ok()) return ReportError("inspect", mode.error(), 2);
   auto in = OpenForInspect(args.positionals()[0], args.Has("--file-only"));
   if (!in.ok()) return ReportError("inspect", in.error());
-  if (args.Has("--match") && !args.Has("--stats")) {
-    return ReportError("inspect", Error("--match only applies with --stats"), 2);
-  }
   if (args.Has("--match")) {
     // A filter that matches nothing would print a table without a single
     // statistic, which reads like success.

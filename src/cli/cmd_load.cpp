@@ -109,7 +109,8 @@ int RunLoad(const std::vector<std::string>& argv) {
       .Exclusive({"--no-read", "--populate"}, "--populate reads every tensor's pages in")
       .Exclusive({"--no-read", "--dump"}, "--dump reads every tensor to write it")
       .Exclusive({"--copy", "--populate"}, "--populate maps the views that --copy replaces with fresh buffers")
-      .Exclusive({"--quiet", "--progress"}, "--quiet is the old spelling of --progress none");
+      .Exclusive({"--quiet", "--progress"}, "--quiet is the old spelling of --progress none")
+      .Requires("--force", {"--dump"}, "it only applies to the dump directory");
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;

@@ -161,7 +161,11 @@ int RunExperts(const std::vector<std::string>& argv) {
                                     "own router on the token's own MoE input; docs/store.md)")
       .Flag("--force", "replace an existing --trace-out file (the same trace already there is reported)")
       .Flag("--json", "print the results as JSON")
-      .Exclusive({"--layer", "--all-layers"});
+      .Exclusive({"--layer", "--all-layers"})
+      .Requires("--predict-k", {"--trace-out"}, "predictions are recorded only in the trace")
+      .Requires("--predict-next-token", {"--trace-out"}, "predictions are recorded only in the trace")
+      .Requires("--force", {"--trace-out"}, "it only applies to the trace file")
+      .Requires("--rank-manifests", {"--ep-size"}, "they are the manifests of the --ep-size ranks");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   auto tokens = a.GetInt("--tokens"), seed = a.GetInt("--seed"), mib = a.GetInt("--cache-mib"),
@@ -186,13 +190,10 @@ int RunExperts(const std::vector<std::string>& argv) {
   if (a.Has("--predict-k")) {
     auto pk = a.GetInt("--predict-k");
     if (!pk.ok()) return ReportError("run-experts", pk.error(), 2);
-    if (trace_out.empty()) return ReportError("run-experts", Error("--predict-k needs --trace-out"), 2);
     if (*pk < 1 || *pk > 65536)
       return ReportError("run-experts", Error("--predict-k must be in 1..65536, got " + a.Get("--predict-k")), 2);
     predict_k = *pk;
   }
-  if (a.Has("--predict-next-token") && trace_out.empty())
-    return ReportError("run-experts", Error("--predict-next-token needs --trace-out"), 2);
   if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("run-experts", e.error());
   }

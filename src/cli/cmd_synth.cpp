@@ -103,20 +103,6 @@ void RemoveTempFiles(const std::string& dir) {
 }
 
 int RunSynth(const std::vector<std::string>& argv_in) {
-  // --layer-expert-types may repeat; collect every occurrence before the
-  // strict parser (which refuses an option given twice with two values) sees them.
-  std::vector<std::string> argv, layer_types;
-  for (size_t i = 0; i < argv_in.size(); ++i) {
-    const std::string& a = argv_in[i];
-    const std::string opt = "--layer-expert-types";
-    if (a == opt && i + 1 < argv_in.size()) {
-      layer_types.push_back(argv_in[++i]);
-    } else if (a.rfind(opt + "=", 0) == 0) {
-      layer_types.push_back(a.substr(opt.size() + 1));
-    } else {
-      argv.push_back(a);
-    }
-  }
   std::string faults;
   for (synth::Fault f : synth::AllFaults()) faults += (faults.empty() ? "" : ", ") + std::string(synth::FaultName(f));
   Args args(kCmd, "--out DIR [--preset tiny|k3-structure] [options]",
@@ -137,7 +123,8 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Option("--vocab", "override: vocabulary size")
       .Option("--shards", "override: number of shards")
       .Option("--expert-types", "routed expert types up,gate,down", "Q2_K,Q2_K,Q3_K")
-      .Option("--layer-expert-types", "per-layer override L:up,gate,down (repeatable, or ';'-separated)")
+      .Option("--layer-expert-types", "per-layer override L:up,gate,down (or several, ';'-separated)")
+      .Repeatable("--layer-expert-types")
       .Option("--matrix-type", "type of the other 2-D weights (falls back like llama-quantize)", "Q8_0")
       .Option("--fault", "inject defects (comma-separated): " + faults)
       .Flag("--all-data", "write real data for every tensor (no sparse holes)")
@@ -145,7 +132,8 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Flag("--json", "print the result as JSON");
   AddProgressOption(args);
   int code = 0;
-  if (!args.Parse(argv, &code)) return code;
+  if (!args.Parse(argv_in, &code)) return code;
+  const std::vector<std::string> layer_types = args.GetAll("--layer-expert-types");
   // Every value is checked before --out is looked at.
   auto opts = BuildOptions(args, layer_types);
   if (!opts.ok()) return ReportError(kCmd, opts.error(), kExitUsage);
@@ -162,11 +150,16 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   spec.path = opts->out_dir;
   spec.directory = true;
   spec.force = args.Has("--force");
-  // A sidecar of an earlier k3pack recorded the arguments as given: the
-  // same arguments are still the same model.
+  // A sidecar of an earlier k3pack recorded the arguments as given, with the
+  // per-layer types moved last: the same arguments are still the same model.
   nlohmann::json args_given = nlohmann::json::array();
-  for (const auto& a : argv) {
-    if (a != "--force" && a != "--json") args_given.push_back(a);
+  for (size_t i = 0; i < argv_in.size(); ++i) {
+    const std::string& a = argv_in[i];
+    if (a == "--layer-expert-types") {
+      ++i;  // its value, recorded below
+    } else if (a.rfind("--layer-expert-types=", 0) != 0 && a != "--force" && a != "--json") {
+      args_given.push_back(a);
+    }
   }
   for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
   spec.is_finished = [&]() -> Result<bool> { return kimi::SynthSidecarRecords(opts->out_dir, recipe, args_given); };

@@ -166,6 +166,12 @@ void AddGenOptions(Args& a) {
       .Option("--seed", "random seed", "1");
 }
 
+// The generator's prediction knobs mean nothing unless predictions are
+// written: `by` are the options that ask for them.
+void RequirePredictions(Args& a, const std::vector<std::string>& by) {
+  a.Requires("--predict-accuracy", by).Requires("--predict-surprise", by);
+}
+
 Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOptions* o) {
   auto get_u32 = [&](const char* name, uint32_t* dst) -> Status {
     auto v = a.GetInt(name);
@@ -241,6 +247,7 @@ int RunGen(const std::vector<std::string>& argv) {
       .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)");
   AddGenOptions(a);
   a.Flag("--json", "print the summary as JSON");
+  RequirePredictions(a, {"--predict", "--predict-next-token"});
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   trace::GenOptions o;
@@ -310,6 +317,9 @@ int RunReplay(const std::vector<std::string>& argv) {
   for (const char* io : {"--pack", "--io", "--direct", "--read-splits", "--queue-depth"}) {
     a.Exclusive({"--simulate", io}, "--simulate runs the policy only, without reads");
   }
+  a.Requires("--force", {"--stats"}, "it only applies to the stats file")
+      .Requires("--lookahead", {"--prefetch"}, "it is how far oracle-lookahead prefetches")
+      .Requires("--object-bytes", {"--simulate"}, "a replay reads the manifest's objects");
   AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
@@ -506,6 +516,12 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Flag("--json", "print the table as JSON");
   AddGenOptions(a);
   AddProgressOption(a);
+  for (const char* timing : {"--compute-us", "--ssd-gbps", "--ssd-latency-us", "--queue-depth", "--prefetch-budget-mib",
+                             "--staged", "--horizon", "--device-mib", "--device-policy", "--h2d-gbps", "--h2d-latency-us"}) {
+    a.Requires(timing, {"--timing"});
+  }
+  // --timing generates the predictions it replays.
+  RequirePredictions(a, {"--predict", "--predict-next-token", "--timing"});
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   auto mode = ProgressModeOf(a);

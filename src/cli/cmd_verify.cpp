@@ -43,13 +43,13 @@ int RunVerify(const std::vector<std::string>& argv) {
       .Flag("--full", "hash every payload and compare with the digest sidecar")
       .Flag("--against-source", "with --full: also compare every payload with the GGUF source")
       .Flag("--json", "print the result as JSON")
-      .Exclusive({"--samples", "--full"}, "--full checks every payload against its digest instead of sampling");
+      .Exclusive({"--samples", "--full"}, "--full checks every payload against its digest instead of sampling")
+      .Requires("--against-source", {"--full"}, "samples are always compared with the source");
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   // Usage errors (exit 2): conflicting flags and bad values.
   Status usage = [&]() -> Status {
-    if (args.Has("--against-source") && !args.Has("--full")) return Error("--against-source needs --full");
     if (args.Has("--samples")) {
       K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--samples"));
       if (n < 0) return Error("--samples must be non-negative");

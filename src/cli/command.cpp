@@ -17,6 +17,11 @@ Args& Args::Option(const std::string& name, const std::string& help, std::option
   return *this;
 }
 
+Args& Args::Repeatable(const std::string& name) {
+  specs_.at(name).repeatable = true;
+  return *this;
+}
+
 Args& Args::Flag(const std::string& name, const std::string& help) {
   specs_[name] = {help, std::nullopt, false, true};
   order_.push_back(name);
@@ -46,13 +51,18 @@ Args& Args::Exclusive(std::vector<std::string> names, std::string why) {
   return *this;
 }
 
+Args& Args::Requires(std::string name, std::vector<std::string> needs, std::string why) {
+  requires_.push_back({std::move(name), std::move(needs), std::move(why)});
+  return *this;
+}
+
 namespace {
 
-// "--a and --b", "--a, --b and --c".
-std::string AndList(const std::vector<std::string>& names) {
+// "--a and --b", "--a, --b and --c" (or "--a or --b" with `last` " or ").
+std::string AndList(const std::vector<std::string>& names, const char* last = " and ") {
   std::string s;
   for (size_t i = 0; i < names.size(); ++i) {
-    s += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+    s += (i == 0 ? "" : i + 1 == names.size() ? last : ", ") + names[i];
   }
   return s;
 }
@@ -69,6 +79,7 @@ std::string Args::Usage() const {
     os << "  " << name << (s.is_flag ? "" : " VALUE") << "\n      " << s.help;
     if (name == positional_option_) os << " (or give it as the argument)";
     if (s.required) os << " (required)";
+    if (s.repeatable) os << " (repeatable)";
     if (s.def && !s.def->empty()) os << " [default: " << *s.def << "]";
     os << "\n";
   }
@@ -80,6 +91,21 @@ std::string Args::Usage() const {
     for (const ExclusiveGroup& g : exclusive_) {
       os << sep << AndList(g.names);
       sep = "; ";
+    }
+    os << "\n";
+  }
+  if (!requires_.empty()) {
+    // Also one line; options that need the same companion are listed together
+    // ("--a and --b need --timing"), so a command with many reads short.
+    os << "\nneeds:";
+    const char* sep = " ";
+    for (size_t i = 0; i < requires_.size();) {
+      std::vector<std::string> names;
+      size_t j = i;
+      for (; j < requires_.size() && requires_[j].needs == requires_[i].needs; ++j) names.push_back(requires_[j].name);
+      os << sep << AndList(names) << (names.size() > 1 ? " need " : " needs ") << AndList(requires_[i].needs, " or ");
+      sep = "; ";
+      i = j;
     }
     os << "\n";
   }
@@ -131,6 +157,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
         value = argv[++i];
       }
       if (it->second.is_flag) value = "1";
+      if (it->second.repeatable) all_values_[name].push_back(value);
       if (auto seen = spelled_.find(name); seen != spelled_.end()) {
         // Never "last one wins": a repeated option is a typo or two scripts'
         // arguments glued together, and either value could be the meant one.
@@ -138,6 +165,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
           const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
           return fail(older + " and " + name + " are the same option; give it once");
         }
+        if (it->second.repeatable) continue;
         if (values_.at(name) != value) {
           return fail(name + " given twice, as '" + values_.at(name) + "' and '" + value + "'; give it once");
         }
@@ -165,6 +193,12 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
       return fail(AndList(given) + " cannot be used together" + (g.why.empty() ? "" : ": " + g.why));
     }
   }
+  for (const Requirement& r : requires_) {
+    if (!values_.count(r.name)) continue;
+    if (std::none_of(r.needs.begin(), r.needs.end(), [&](const std::string& n) { return values_.count(n) > 0; })) {
+      return fail(r.name + " needs " + AndList(r.needs, " or ") + (r.why.empty() ? "" : " (" + r.why + ")"));
+    }
+  }
   for (const auto& [name, spec] : specs_) {
     if (spec.required && !values_.count(name)) return fail("missing required option " + name);
   }
@@ -180,6 +214,11 @@ std::optional<std::string> Args::GetOpt(const std::string& name) const {
   if (auto it = values_.find(name); it != values_.end()) return it->second;
   if (auto it = specs_.find(name); it != specs_.end() && it->second.def) return it->second.def;
   return std::nullopt;
+}
+
+std::vector<std::string> Args::GetAll(const std::string& name) const {
+  auto it = all_values_.find(name);
+  return it == all_values_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string Args::Get(const std::string& name) const { return GetOpt(name).value_or(""); }

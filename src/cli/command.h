@@ -18,10 +18,11 @@ namespace k3pack::cli {
 
 // Declarative options: declare, then Parse(). Unknown options, missing
 // values and missing required options are errors; `--help` prints usage.
-// An option given twice with different values is an error naming both (the
-// same value twice is accepted: a script that repeats itself means one
-// thing); a flag given twice is harmless. Options declared Exclusive() are
-// refused together.
+// An option given twice with different values is an error naming both,
+// unless it is declared Repeatable() (the same value twice is accepted: a
+// script that repeats itself means one thing); a flag given twice is harmless. Options declared Exclusive() are
+// refused together; an option declared Requires() is refused without its
+// companion.
 class Args {
  public:
   Args(std::string command, std::string usage_line, std::string description)
@@ -30,6 +31,10 @@ class Args {
   // `--name VALUE` (also `--name=VALUE`).
   Args& Option(const std::string& name, const std::string& help, std::optional<std::string> default_value = std::nullopt,
                bool required = false);
+  // Option `name`, declared above, may be given more than once: every value
+  // is kept, in order (GetAll), instead of a second value being refused.
+  // Marked "(repeatable)" in the help.
+  Args& Repeatable(const std::string& name);
   // `--name` boolean switch.
   Args& Flag(const std::string& name, const std::string& help);
   // Positional arguments: `min`..`max` of them (max < 0: unbounded).
@@ -45,6 +50,11 @@ class Args {
   // usage error naming both, followed by `why` when not empty. Listed in the
   // help as "not together".
   Args& Exclusive(std::vector<std::string> names, std::string why = {});
+  // `name` only means something together with one of `needs` (options or
+  // flags): given without any of them, it would be silently ignored, so it
+  // is a usage error naming both, followed by `why` when not empty. Listed
+  // in the help under "needs".
+  Args& Requires(std::string name, std::vector<std::string> needs, std::string why = {});
 
   // Returns false and prints to stderr (exit code 2) on a usage error, or
   // prints help (exit code 0) on --help; `exit_code` says which.
@@ -53,25 +63,29 @@ class Args {
   bool Has(const std::string& name) const;                 // option given or flag set
   std::string Get(const std::string& name) const;          // value or default ("" if none)
   std::optional<std::string> GetOpt(const std::string& name) const;
+  std::vector<std::string> GetAll(const std::string& name) const;  // a Repeatable option's values, in order
   Result<int64_t> GetInt(const std::string& name) const;   // parses, names the option on error
   Result<double> GetDouble(const std::string& name) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
   std::string Usage() const;
 
  private:
-  struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; };
+  struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; bool repeatable = false; };
   struct ExclusiveGroup { std::vector<std::string> names; std::string why; };
+  struct Requirement { std::string name; std::vector<std::string> needs; std::string why; };
   std::string command_, usage_, description_;
   std::map<std::string, Spec> specs_;
   std::vector<std::string> order_;
   std::string pos_name_, pos_help_;
   int pos_min_ = 0, pos_max_ = 0;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> all_values_;  // Repeatable options
   std::vector<std::string> positionals_;
   std::map<std::string, std::string> deprecated_;  // old spelling -> current
   std::string positional_option_;
   std::map<std::string, std::string> spelled_;  // option -> the spelling it was given under
   std::vector<ExclusiveGroup> exclusive_;
+  std::vector<Requirement> requires_;
 };
 
 using CommandFn = std::function<int(const std::vector<std::string>& argv)>;

@@ -19,7 +19,8 @@ void PrintHelp() {
                "  -V, --version show the version, git revision and build type\n"
                "  -h, --help    show this help (`k3pack help --man` prints it all as a man page)\n"
                "An option given twice must have the same value both times (a flag may repeat); options that\n"
-               "contradict each other are refused together (each command's --help lists them under \"not together\").\n";
+               "contradict each other are refused together (each command's --help lists them under \"not together\"),\n"
+               "and one that only applies with another is refused without it (listed under \"needs\").\n";
   std::cout << "\nexit codes (every command):\n"
                "  0    done (also: the output is already built)\n"
                "  1    the input is bad or a check failed\n"

@@ -81,7 +81,7 @@ TEST(TraceGuardCli, ReplayBadValuesAreUsageErrorsNamingTheOption) {
   ReplayFixture f;
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--policy", "foo"}, {"--io", "foo"}, {"--prefetch", "foo"}, {"--read-splits", "0"},
-           {"--queue-depth", "0"}, {"--lookahead", "0"}}) {
+           {"--queue-depth", "0"}, {"--lookahead", "0 --prefetch oracle-lookahead"}}) {
     CliRun r = Cli(f.Replay(flag + " " + value));
     EXPECT_EQ(r.code, 2) << flag << ": " << r.out;
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << ": " << r.out;
@@ -104,8 +104,8 @@ TEST(TraceGuardCli, GenAndSweepRefuseZeroLayers) {
 TEST(TraceGuardCli, GenValuesOutOfRangeAreUsageErrorsNamingTheOption) {
   const std::string dir = testing::TinyPack::TempDir("guard-gen");
   const std::string base = "trace gen --trace " + dir + "/x.k3trace --layers 2 --experts 16 --top-k 4 ";
-  for (const std::string bad : {"--reuse 1.5", "--reuse -0.1", "--drift 2", "--predict-accuracy 1.1",
-                                 "--predict-surprise 1", "--top-k 17", "--requests 0"}) {
+  for (const std::string bad : {"--reuse 1.5", "--reuse -0.1", "--drift 2", "--predict-accuracy 1.1 --predict",
+                                 "--predict-surprise 1 --predict", "--top-k 17", "--requests 0"}) {
     CliRun r = Cli(base + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
     EXPECT_NE(r.out.find(bad.substr(0, bad.find(' '))), std::string::npos) << bad << ": " << r.out;

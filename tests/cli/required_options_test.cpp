@@ -1,0 +1,121 @@
+// Options that only mean something with another one (Args::Requires in
+// src/cli/command.h): given alone they used to be silently ignored (`load
+// --force` without --dump, `trace sweep --compute-us` without --timing); now
+// they are usage errors naming both options, before any file is read or
+// written. With the companion the option is accepted and takes effect, and
+// each command's --help lists the rule under "needs:".
+#include <fstream>
+
+#include "cli_fixture.h"
+
+namespace k3cli {
+namespace {
+
+const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
+
+// A small generated trace, `extra` appended.
+std::string TraceGen(const std::string& trace, const std::string& extra = "") {
+  return "trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 --seed 3 --trace " + Q(trace) +
+         " " + extra;
+}
+const std::string kSweepModel = " --layers 2 --experts 8 --top-k 2 --requests 1 --prompt-tokens 0 --decode-tokens 8 "
+                                "--object-bytes 4096 --sizes 4 --policies lru --progress none ";
+
+TEST(RequiredOptions, LoneDependentOptionIsRefusedNamingBoth) {
+  const std::string m = FreshModel("requires-alone");
+  ASSERT_EQ(Build(m).code, 0);
+  const std::string manifest = m + "/" + kManifestName;
+  const std::string d = Root() + "/requires-alone-out";
+  fs::create_directories(d);
+  const std::string trace = d + "/t.k3t";
+  ASSERT_EQ(Cli(TraceGen(trace)).code, 0);
+  const auto model_before = Snapshot(m);
+  const auto out_before = Snapshot(d);
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      // Most of these ran to exit 0 before, the option doing nothing.
+      {"load --manifest " + Q(manifest) + " --progress none --force",
+       "--force needs --dump (it only applies to the dump directory)"},
+      {"run-experts --manifest " + Q(manifest) + " --predict-k 2", "--predict-k needs --trace-out"},
+      {"run-experts --manifest " + Q(manifest) + " --predict-next-token", "--predict-next-token needs --trace-out"},
+      {"run-experts --manifest " + Q(manifest) + " --force", "--force needs --trace-out"},
+      {"run-experts --manifest " + Q(manifest) + " --rank-manifests " + Q(manifest), "--rank-manifests needs --ep-size"},
+      {"inspect " + Q(Shard(m, 1)) + " --match blk", "--match needs --stats"},
+      {"verify --manifest " + Q(manifest) + " --against-source",
+       "--against-source needs --full (samples are always compared with the source)"},
+      {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --force",
+       "--force needs --stats"},
+      {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --lookahead 2",
+       "--lookahead needs --prefetch"},
+      {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --object-bytes 4096",
+       "--object-bytes needs --simulate"},
+      {"trace sweep" + kSweepModel + "--compute-us 100 --svg " + Q(d + "/s.svg"), "--compute-us needs --timing"},
+      {"trace sweep" + kSweepModel + "--horizon token --svg " + Q(d + "/s.svg"), "--horizon needs --timing"},
+      {"trace sweep" + kSweepModel + "--staged --svg " + Q(d + "/s.svg"), "--staged needs --timing"},
+      {"trace sweep" + kSweepModel + "--predict-surprise 0.1 --svg " + Q(d + "/s.svg"),
+       "--predict-surprise needs --predict, --predict-next-token or --timing"},
+      {TraceGen(d + "/p.k3t", "--predict-accuracy 0.5"), "--predict-accuracy needs --predict or --predict-next-token"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    CliRun r = Cli(c.args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: " + c.message)) << r.out;
+  }
+  EXPECT_EQ(Snapshot(m), model_before) << "a refused command changed the model directory";
+  EXPECT_EQ(Snapshot(d), out_before) << "a refused command wrote a file";
+}
+
+TEST(RequiredOptions, WithItsCompanionTheOptionIsAcceptedAndTakesEffect) {
+  const std::string m = FreshModel("requires-with");
+  ASSERT_EQ(Build(m).code, 0);
+  const std::string manifest = m + "/" + kManifestName;
+  const std::string d = Root() + "/requires-with-out";
+  fs::create_directories(d + "/dump");
+  {
+    std::ofstream(d + "/dump/other.txt") << "kept\n";
+  }
+  // --force with --dump: the non-empty directory is written into.
+  CliRun r = Cli("load --manifest " + Q(manifest) + " --progress none --dump " + Q(d + "/dump"));
+  EXPECT_EQ(r.code, 1) << "a non-empty --dump directory needs --force: " << r.out;
+  r = Cli("load --manifest " + Q(manifest) + " --progress none --dump " + Q(d + "/dump") + " --force");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_GT(Snapshot(d + "/dump").size(), 1u) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/dump/other.txt"));
+  // --predict-accuracy with --predict (one of the companions is enough).
+  const std::string trace = d + "/t.k3t";
+  r = Cli(TraceGen(trace, "--predict --predict-accuracy 0.5 --json"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(trace));
+  // --object-bytes with --simulate.
+  r = Cli("trace replay --simulate --trace " + Q(trace) + " --object-bytes 4096 --cache-mib 1 --json --progress none");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // --compute-us and --horizon with --timing.
+  r = Cli("trace sweep --timing" + kSweepModel + "--compute-us 100 --horizon layer --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // --match with --stats.
+  r = Cli("inspect " + Q(Shard(m, 1)) + " --stats --match blk --json --progress none");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+TEST(RequiredOptions, HelpListsWhatEachOptionNeeds) {
+  CliRun help = Cli("load --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(Contains(help.out, "\nneeds: --force needs --dump\n")) << help.out;
+  // Options that need the same companion are listed together.
+  help = Cli("trace sweep --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(Contains(help.out, "\nneeds: --compute-us, --ssd-gbps, --ssd-latency-us, --queue-depth, "
+                                 "--prefetch-budget-mib, --staged, --horizon, --device-mib, --device-policy, "
+                                 "--h2d-gbps and --h2d-latency-us need --timing; --predict-accuracy and "
+                                 "--predict-surprise need --predict, --predict-next-token or --timing\n"))
+      << help.out;
+  help = Cli("run-experts --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_TRUE(Contains(help.out, "--predict-k, --predict-next-token and --force need --trace-out")) << help.out;
+}
+
+}  // namespace
+}  // namespace k3cli
