@@ -317,6 +317,12 @@ int RunReplay(const std::vector<std::string>& argv) {
   for (const char* io : {"--pack", "--io", "--direct", "--read-splits", "--queue-depth"}) {
     a.Exclusive({"--simulate", io}, "--simulate runs the policy only, without reads");
   }
+  // --stats is the expert store's snapshot (SGLang's keys: pack reads, read
+  // times, I/O backend); a simulation opens no store. Its numbers (hits,
+  // misses, evictions, bytes a store would read) are the report.
+  a.Exclusive({"--simulate", "--stats"},
+              "--stats writes the expert store's stats and --simulate opens no store (--json prints the "
+              "simulation's report)");
   a.Requires("--force", {"--stats"}, "it only applies to the stats file")
       .Requires("--lookahead", {"--prefetch"}, "it is how far oracle-lookahead prefetches")
       .Requires("--object-bytes", {"--simulate"}, "a replay reads the manifest's objects");
@@ -335,17 +341,6 @@ int RunReplay(const std::vector<std::string>& argv) {
   if (a.Get("--prefetch") != "none" && a.Get("--prefetch") != "oracle-lookahead")
     return ReportError("trace replay", Error("--prefetch: unknown prefetch mode '" + a.Get("--prefetch") +
                                              "' (known: none, oracle-lookahead)"), 2);
-  // --stats is the expert store's snapshot (SGLang's keys: pack reads, read
-  // times, I/O backend, residency); --simulate opens no store and reads
-  // nothing, so there is no such file to write. Its numbers (hits, misses,
-  // evictions, bytes a store would read) are the report, --json included.
-  if (a.Has("--simulate") && a.Has("--stats"))
-    return ReportError("trace replay",
-                       Error("--stats and --simulate conflict: --stats writes the expert store's stats, and "
-                             "--simulate runs the policy without a store")
-                           .WithHint("drop --stats (--json prints the simulation's report), or drop --simulate and "
-                                     "pass --manifest to replay on the store"),
-                       2);
   auto splits = a.GetInt("--read-splits"), depth = a.GetInt("--queue-depth"), look = a.GetInt("--lookahead");
   for (auto [name, v] : {std::pair{"--read-splits", &splits}, {"--queue-depth", &depth}, {"--lookahead", &look}}) {
     if (!v->ok()) return ReportError("trace replay", v->error(), 2);
