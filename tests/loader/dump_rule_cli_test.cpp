@@ -4,11 +4,10 @@
 // is refused naming --dump and --force; --force writes. Before, every rerun
 // was refused as if DIR were someone else's.
 #include <sys/stat.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <map>
 
+#include "../cli_run.h"
 #include "loader_fixture.h"
 #include "util/file.h"
 
@@ -17,22 +16,7 @@ namespace {
 
 using namespace testing;  // NOLINT
 
-struct LoadRun {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
-
-LoadRun Load(const std::string& args) {
-  LoadRun r;
-  FILE* p = ::popen((std::string(K3PACK_BIN) + " load " + args + " --progress none 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+testing_cli::CliRun Load(const std::string& args) { return testing_cli::Cli("load " + args + " --progress none"); }
 
 // A small model whose A_log values depend on `a0` (so two models dump
 // different bytes); returns the manifest path.
@@ -76,7 +60,7 @@ void AgeFiles(const std::string& dir) {
 TEST(LoadDumpRule, SameRerunIsAlreadyBuiltAndLeavesTheDumpUntouched) {
   TempDir dir("dump-same");
   const std::string m = Model(dir.path + "/a", -1.0f), out = dir.path + "/dump";
-  LoadRun r = Load("--manifest " + m + " --dump " + out);
+  testing_cli::CliRun r = Load("--manifest " + m + " --dump " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("dumped to       " + out), std::string::npos) << r.out;
   AgeFiles(out);
@@ -99,7 +83,7 @@ TEST(LoadDumpRule, AnotherDumpIsRefusedNamingTheOptionAndForceReplacesIt) {
   const auto before = State(out);
 
   // Another model's dump: one file differs.
-  LoadRun r = Load("--manifest " + m2 + " --dump " + out);
+  testing_cli::CliRun r = Load("--manifest " + m2 + " --dump " + out);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("refusing to overwrite non-empty directory " + out + " (--dump)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("model.layers.0.self_attn.A_log.npy differs from what this run writes"), std::string::npos)
