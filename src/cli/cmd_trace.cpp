@@ -314,7 +314,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Flag("--simulate", "policy only, no I/O")
       .Flag("--json", "print the report as JSON");
   // --simulate reads nothing: the options of the real store's reads would be ignored.
-  for (const char* io : {"--pack", "--io", "--direct", "--read-splits", "--queue-depth"}) {
+  for (const char* io : {"--pack", "--io", "--direct", "--read-splits", "--queue-depth", "--prefetch"}) {
     a.Exclusive({"--simulate", io}, "--simulate runs the policy only, without reads");
   }
   // --stats is the expert store's snapshot (SGLang's keys: pack reads, read
@@ -517,6 +517,17 @@ int RunSweep(const std::vector<std::string>& argv) {
   }
   // --timing generates the predictions it replays.
   RequirePredictions(a, {"--predict", "--predict-next-token", "--timing"});
+  // The timed and the expert-parallel sweeps are tables of their own: no
+  // plot, and the timed one always reports Belady with perfect prefetch.
+  a.Exclusive({"--timing", "--ep-size"}, "the timed replay models one store");
+  for (const char* mode : {"--timing", "--ep-size"}) {
+    for (const char* plot : {"--svg", "--force"}) a.Exclusive({mode, plot}, std::string(mode) + " writes no plot");
+  }
+  a.Exclusive({"--timing", "--no-belady"}, "the timed table's optimum is Belady with perfect prefetch");
+  a.Exclusive({"--learner", "--trace"}, "the learning reference needs a generated trace (--family)");
+  for (const char* mode : {"--ep-size", "--timing"}) {
+    a.Exclusive({"--learner", mode}, "the learning reference is a column of the plain sweep");
+  }
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   auto mode = ProgressModeOf(a);
@@ -538,12 +549,8 @@ int RunSweep(const std::vector<std::string>& argv) {
     auto n = a.GetInt("--ep-size");
     if (!n.ok()) return ReportError("trace sweep", n.error(), 2);
     if (*n < 0 || *n > UINT32_MAX) return ReportError("trace sweep", Error("--ep-size must be at least 1, got " + a.Get("--ep-size")), 2);
-    if (a.Has("--timing")) return ReportError("trace sweep", Error("--ep-size and --timing cannot be combined"), 2);
     ep_size = static_cast<uint32_t>(*n);
   }
-  if (a.Has("--learner") && (a.Has("--trace") || a.Has("--ep-size") || a.Has("--timing")))
-    return ReportError("trace sweep", Error("--learner needs a generated trace (--family) and cannot be combined "
-                                            "with --trace, --ep-size or --timing"), 2);
   const std::string horizon = a.Get("--horizon");
   if (horizon != "layer" && horizon != "token")
     return ReportError("trace sweep", Error("--horizon must be layer or token, got '" + horizon + "'"), 2);

@@ -29,15 +29,16 @@ void AddEpOptions(Args& args) {
   args.Option("--ep-size", "write expert-parallel rank packs for N ranks (SGLang --ep-size N): each holds only "
                            "its ranks' experts, the rest of the full pack's layout is holes")
       .Option("--ep-rank", "with --ep-size: the rank R (0..N-1) to write, or `all` for the N rank packs; rank R's "
-                           "pack is <pack stem>.epR-of-N.pack");
+                           "pack is <pack stem>.epR-of-N.pack")
+      .Requires("--ep-rank", {"--ep-size"}, "a rank is one of N")
+      .Requires("--ep-size", {"--ep-rank"}, "give the rank R (0..N-1) to write, or `all`");
 }
 
 Result<EpChoice> ParseEpOptions(const Args& args) {
   EpChoice c;
   const bool size = args.Has("--ep-size"), rank = args.Has("--ep-rank");
   if (!size && !rank) return c;
-  if (!size) return Error("--ep-rank needs --ep-size");
-  if (!rank) return Error("--ep-size needs --ep-rank R (0..N-1) or --ep-rank all");
+  if (!size || !rank) return Error("--ep-size and --ep-rank go together");  // declared Requires: parse refuses first
   K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--ep-size"));
   if (n < 1 || n > (int64_t{1} << 20)) return Error("--ep-size must be at least 1, got " + std::to_string(n));
   c.size = static_cast<uint32_t>(n);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "pack/batch_copy.h"
 #include "pack/build_inputs.h"
@@ -47,8 +48,12 @@ class StopSignals {
     sa.sa_handler = OnStopSignal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
+    // An ignored signal stays ignored (a background job's SIGINT): the
+    // caller chose to run on through it.
+    for (auto [sig, old] : {std::pair{SIGINT, &old_int_}, std::pair{SIGTERM, &old_term_}}) {
+      ::sigaction(sig, nullptr, old);
+      if (old->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+    }
   }
   // A signal that came after the copy's last look at it (its last batch was
   // done) is not lost: once the handlers in place before the copy are back,

@@ -53,7 +53,14 @@ void InstallInterruptHandler(const std::string& message, std::initializer_list<i
   struct sigaction sa {};
   sa.sa_handler = OnInterrupt;
   sigemptyset(&sa.sa_mask);
-  for (int sig : signals) ::sigaction(sig, &sa, nullptr);
+  for (int sig : signals) {
+    // A signal the caller ignores stays ignored: a shell starts background
+    // jobs (`cmd &`, nohup) with SIGINT ignored so that a Ctrl-C meant for the
+    // foreground does not stop them.
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 }  // namespace

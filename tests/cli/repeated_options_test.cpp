@@ -102,5 +102,38 @@ TEST(ExclusiveOptions, ContradictingOptionsAreRefusedNamingBoth) {
   EXPECT_TRUE(Contains(help.out, "--no-read and --copy")) << help.out;
 }
 
+// The sweep's timed and expert-parallel modes write no plot and the timed
+// one always computes its optimum: the options they would ignore are
+// refused, before any trace is generated or plot path created.
+TEST(ExclusiveOptions, SweepModesRefuseThePlotOptions) {
+  const std::string d = Root() + "/sweep-modes";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string svg = d + "/p.svg";
+  struct Case {
+    std::string args, first, second;
+  };
+  const std::vector<Case> cases = {
+      {"--timing --svg " + Q(svg), "--timing", "--svg"},
+      {"--ep-size 2 --svg " + Q(svg), "--ep-size", "--svg"},
+      {"--timing --force", "--timing", "--force"},
+      {"--ep-size 2 --force", "--ep-size", "--force"},
+      {"--timing --no-belady", "--timing", "--no-belady"},
+      {"--timing --ep-size 2", "--timing", "--ep-size"},
+      {"--learner --ep-size 2", "--learner", "--ep-size"},
+      {"--learner --timing", "--learner", "--timing"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    CliRun r = Cli("trace sweep --family kimi --layers 2 --experts 8 --top-k 2 --sizes 4 " + c.args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: " + c.first + " and " + c.second + " cannot be used together")) << r.out;
+  }
+  CliRun r = Cli("trace replay --trace t.k3t --cache-mib 1 --simulate --prefetch oracle-lookahead");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: --simulate and --prefetch cannot be used together")) << r.out;
+  EXPECT_TRUE(fs::is_empty(d)) << "a refused sweep wrote something";
+}
+
 }  // namespace
 }  // namespace k3cli

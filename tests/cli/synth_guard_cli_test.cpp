@@ -82,7 +82,11 @@ TEST(SynthGuardCli, SidecarOfAnEarlierVersionStillCounts) {
 TEST(SynthGuardCli, RerunAfterAnInterruptStartsOver) {
   const std::string d = Root() + "/sg-int";
   fs::remove_all(d);
-  const std::string cmd = std::string(K3PACK_BIN) + " synth --out " + Q(d) + " --experts 256 --all-data --progress none";
+  // The shell starts a background job with SIGINT ignored (and k3pack
+  // leaves an ignored SIGINT ignored): perl restores the default first, as
+  // for a command run in the foreground.
+  const std::string cmd = "perl -e '$SIG{INT} = q(DEFAULT); exec @ARGV or die' -- " + std::string(K3PACK_BIN) +
+                          " synth --out " + Q(d) + " --experts 256 --all-data --progress none";
   // SIGINT once the first shard's temp file is there (mid-write).
   CliRun r = Cli("--version >/dev/null; ( " + cmd + " & pid=$!; i=0; "
                  "while ! ls " + Q(d) + "/*.tmp >/dev/null 2>&1 && kill -0 $pid 2>/dev/null && [ $i -lt 3000 ]; "

@@ -243,7 +243,7 @@ TEST_F(EpCli, BadEpOptionsAreUsageErrors) {
       {{"--ep-size", "4", "--ep-rank", "x"}, "--ep-rank must be an integer 0..3 or `all`, got 'x'"},
       {{"--ep-size", "4", "--ep-rank", "-1"}, "--ep-rank must be non-negative, got -1"},
       {{"--ep-rank", "1"}, "--ep-rank needs --ep-size"},
-      {{"--ep-size", "4"}, "--ep-size needs --ep-rank R (0..N-1) or --ep-rank all"},
+      {{"--ep-size", "4"}, "--ep-size needs --ep-rank (give the rank R (0..N-1) to write, or `all`)"},
   };
   for (const auto& c : cases) {
     for (auto args : {Pack(d + "/m.pack", c.extra), Build(d + "/m.pack", c.extra)}) {

@@ -153,5 +153,31 @@ TEST_F(SignalOutsideCopy, SigintJustAfterTheCopyIsACleanStopNotIgnored) {
   EXPECT_FALSE(PathExists(CheckpointPathFor(out)));
 }
 
+// A background job's SIGINT (ignored by the shell that started it, `cmd &`)
+// stays ignored: a Ctrl-C meant for the foreground neither stops the build
+// before its first step nor during the copy. SIGTERM still stops it.
+TEST_F(SignalOutsideCopy, AnIgnoredSigintStaysIgnored) {
+  struct sigaction ignore {}, saved {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(::sigaction(SIGINT, &ignore, &saved), 0);  // inherited by the child across exec
+  for (const char* seam : {"K3PACK_TEST_STOP_AT_START=1", "K3PACK_TEST_STOP_AFTER_COPY=1"}) {
+    const std::string dir = *root_ + "/ignored-" + std::string(seam).substr(17, 5);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const std::string out = dir + "/e.pack";
+    Outcome o = SignalWhereStopped(PackArgs(out), seam, SIGINT);
+    EXPECT_TRUE(o.stopped) << seam << ": the test seam did not stop the command:\n" << o.err;
+    EXPECT_EQ(o.code, 0) << seam << ": an ignored SIGINT stopped the build:\n" << o.err;
+    EXPECT_TRUE(ReadAll(out) == *expected_) << seam << ": pack bytes differ from the expected pack";
+  }
+  const std::string dir = *root_ + "/ignored-term";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Outcome o = SignalWhereStopped(PackArgs(dir + "/e.pack"), "K3PACK_TEST_STOP_AT_START=1", SIGTERM);
+  ::sigaction(SIGINT, &saved, nullptr);
+  EXPECT_EQ(o.code, 143) << o.err;
+}
+
 }  // namespace
 }  // namespace k3pack::pack

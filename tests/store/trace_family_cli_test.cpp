@@ -52,7 +52,7 @@ TEST(TraceFamilyCli, SweepAllFamiliesWithBounds) {
 
 TEST(TraceFamilyCli, TimingReportsStallsAndPrefetch) {
   std::string dir = testing::TinyPack::TempDir("timing");
-  CliRun r = Cli("trace sweep --timing --family kimi --policies lru --json --sizes 64 --svg " + dir + "/p.svg" + kSmall);
+  CliRun r = Cli("trace sweep --timing --family kimi --policies lru --json --sizes 64 " + kSmall);
   ASSERT_EQ(r.code, 0) << r.out;
   auto rows = nlohmann::json::parse(r.out)["timing"];
   ASSERT_EQ(rows.size(), 3u);  // lru without and with prefetch, Belady with perfect prefetch
