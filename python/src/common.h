@@ -50,6 +50,10 @@ py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape
 // (neither: the manifest's k3pack.ep, else the whole model). Their ranges are
 // checked here so that the messages name the keywords (the library's names
 // the CLI's --ep-size / --ep-rank); divisibility is the library's check.
+// What the library's EP errors call the size and rank from Python: the
+// keywords, not the CLI's flags (StoreOptions::ep_names).
+inline constexpr k3pack::ep::RankNames kEpKeywordNames{"ep_size", "ep_rank"};
+
 inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
   if (!ep_size && !ep_rank) return std::nullopt;
   if (!ep_size || !ep_rank)
