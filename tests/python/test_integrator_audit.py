@@ -296,9 +296,13 @@ class IntegratorAudit(_util.TinyPackTestCase):
         stats / manifest_path had only that (and, found later, most GGUFFile /
         GGUFTensor / ShardSet members, read_manifest and synth_faults)."""
 
+        import re
+
         def text(doc):
             lines = (doc or "").strip().splitlines()
-            if lines and "(self:" in lines[0]:  # pybind11's signature line
+            # pybind11's signature line: "(self: ..." for members, "name(args) -> type" for functions
+            # (read_manifest and synth_faults had only that).
+            if lines and ("(self:" in lines[0] or re.fullmatch(r"[A-Za-z_]\w*\(.*\)( -> .+)?", lines[0])):
                 lines = lines[1:]
             return "\n".join(lines).strip()
 
