@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "k3pack/error.h"
 
@@ -35,9 +36,20 @@ struct ExpertRange {
   bool contains(uint32_t expert) const { return expert >= first && expert < end; }
 };
 
+// What CheckRank's errors call the size and the rank, so each surface names
+// its own argument: the CLI its flags (kCliNames), the Python module its
+// keywords; the default names the values neutrally (a manifest's record, a
+// library caller).
+struct RankNames {
+  std::string_view size = "EP size";
+  std::string_view rank = "EP rank";
+};
+inline constexpr RankNames kCliNames{"--ep-size", "--ep-rank"};
+
 // Checks size >= 1, rank < size and num_experts % size == 0; the error names
-// the rule ("--ep-size 3 does not divide the 896 routed experts ...").
-Status CheckRank(const Rank& rank, uint32_t num_experts);
+// the rule ("EP size 3 does not divide the 896 routed experts ...", with
+// kCliNames "--ep-size 3 does not divide ...").
+Status CheckRank(const Rank& rank, uint32_t num_experts, const RankNames& names = {});
 
 // The experts `rank` owns. Precondition: CheckRank(rank, num_experts).ok().
 ExpertRange OwnedExperts(const Rank& rank, uint32_t num_experts);

@@ -64,6 +64,9 @@ struct StoreOptions {
   // refused before any I/O (SGLang's EP never sends one: a routing bug). Ids
   // stay global, and a row may hold 1..top_k routes (a token's share).
   std::optional<ep::Rank> ep;
+  // What errors about `ep` call its size and rank (the Python module passes
+  // its keywords ep_size / ep_rank); by default neutral ("EP size").
+  ep::RankNames ep_names;
   // Prefetch() (docs/store.md, "Prefetch policy"). "staged" (default): a
   // speculative read lands in a staging area outside the cache; the next
   // Acquire() of that layer takes the objects it routes to (inserted through

@@ -164,6 +164,7 @@ class KimiGGMLExpertPackStore:
         # Stats writes share <stats>.<pid>.tmp: one at a time (threads'
         # mark_used flushes used to race: a rename failed, FileNotFoundError).
         self._stats_lock = threading.Lock()
+        self._init_lock = threading.Lock()  # initialize_device_cache: one attach
         # SGLang registers atexit(self.close), which keeps every store alive
         # until exit; a finalizer holds only the engine, so a store that is
         # dropped unclosed frees its slots, fd and read threads.
@@ -179,9 +180,16 @@ class KimiGGMLExpertPackStore:
     def initialize_device_cache(self, device):
         """SGLang's sizing on CUDA: min(cache_vram_mib, free - reserve) //
         object bytes slots, at least top-k. On "cpu" the budget is
-        cache_vram_mib (no free-memory probe)."""
-        if self._cache is not None:
-            return
+        cache_vram_mib (no free-memory probe). Safe from several threads:
+        one attaches the cache, the others wait for it and return, as a
+        second call does."""
+        # Two threads both passing the check used to attach twice: the
+        # second attach failed ("already attached").
+        with self._init_lock:
+            if self._cache is None:
+                self._attach_device_cache(device)
+
+    def _attach_device_cache(self, device):
         torch = _torch()
         device = torch.device(device)
         if device.type not in ("cuda", "cpu"):
@@ -209,9 +217,10 @@ class KimiGGMLExpertPackStore:
             skip = (-flat.data_ptr()) % _ALIGN
             cache = flat[skip:skip + slots * self.object_payload_bytes].view(slots, self.object_payload_bytes)
             self._engine.attach_host(cache.data_ptr(), slots)
-        self._cache = cache
+        # _cache last: the other methods test it without the lock.
         self._device = device
         self._slot_count = slots
+        self._cache = cache
 
     @property
     def device_cache(self):

@@ -46,10 +46,16 @@ py::dtype Dtype(const char* typestr);
 py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,
                        std::shared_ptr<const void> owner);
 
+// What the library's EP errors (ep::CheckRank) call the size and rank from
+// Python: the keywords, not the CLI's flags. The store bindings pass them as
+// StoreOptions::ep_names.
+inline constexpr k3pack::ep::RankNames kEpKeywordNames{"ep_size", "ep_rank"};
+
 // The ep_size / ep_rank keywords of the store bindings: both or neither
 // (neither: the manifest's k3pack.ep, else the whole model). Their ranges are
-// checked here so that the messages name the keywords (the library's names
-// the CLI's --ep-size / --ep-rank); divisibility is the library's check.
+// checked here, before the values are narrowed to uint32 (a negative rank
+// must not wrap); divisibility by the expert count is the library's check,
+// at open, in the same words (kEpKeywordNames).
 inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
   if (!ep_size && !ep_rank) return std::nullopt;
   if (!ep_size || !ep_rank)

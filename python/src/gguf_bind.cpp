@@ -176,23 +176,31 @@ PyGguf OpenGguf(const std::string& path, bool packed) {
 
 void RegisterGguf(py::module_& m) {
   py::class_<PyTensor>(m, "GGUFTensor", "One tensor info of a GGUF file (shape in GGUF ne order).")
-      .def_property_readonly("name", [](const PyTensor& t) { return Utf8(t.info.name); })
-      .def_property_readonly("type", [](const PyTensor& t) { return std::string(k3pack::GgmlTypeName(t.info.type)); })
-      .def_property_readonly("type_id", [](const PyTensor& t) { return static_cast<uint32_t>(t.info.type); })
+      .def_property_readonly("name", [](const PyTensor& t) { return Utf8(t.info.name); },
+                             "tensor name (bytes that are not UTF-8 shown as U+FFFD)")
+      .def_property_readonly("type", [](const PyTensor& t) { return std::string(k3pack::GgmlTypeName(t.info.type)); },
+                             "ggml type name of the data ('Q2_K', 'F32', 'BF16', ...)")
+      .def_property_readonly("type_id", [](const PyTensor& t) { return static_cast<uint32_t>(t.info.type); },
+                             "ggml type id as stored in the tensor info")
       .def_property_readonly("shape", [](const PyTensor& t) { return ShapeTuple(t.info); },
                              "GGUF ne order, ne[0] (the contiguous axis) first, n_dims entries")
-      .def_property_readonly("n_dims", [](const PyTensor& t) { return t.info.n_dims; })
-      .def_property_readonly("n_elements", [](const PyTensor& t) { return t.info.n_elements(); })
+      .def_property_readonly("n_dims", [](const PyTensor& t) { return t.info.n_dims; },
+                             "number of dimensions stored in the file (the length of shape)")
+      .def_property_readonly("n_elements", [](const PyTensor& t) { return t.info.n_elements(); },
+                             "product of the extents; 0 when any extent is 0")
       .def_property_readonly("offset", [](const PyTensor& t) { return t.info.offset; },
                              "offset relative to the data section")
       .def_property_readonly("data_offset", [](const PyTensor& t) { return t.info.data_offset; },
                              "absolute file offset of the first byte")
-      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info.nbytes; })
-      .def_property_readonly("row_bytes", [](const PyTensor& t) { return t.info.row_bytes(); })
+      .def_property_readonly("nbytes", [](const PyTensor& t) { return t.info.nbytes; },
+                             "bytes of the tensor's data, without the padding to the alignment")
+      .def_property_readonly("row_bytes", [](const PyTensor& t) { return t.info.row_bytes(); },
+                             "bytes of one row along ne[0]: ne[0] / block size * type size")
       .def_property_readonly("shard_index", [](const PyTensor& t) -> py::object {
         return t.shard_index < 0 ? py::object(py::none()) : py::object(py::int_(t.shard_index));
-      })
-      .def_property_readonly("path", [](const PyTensor& t) { return t.path; })
+      }, "0-based shard holding the tensor (ShardSet), or None for a tensor of a lone GGUFFile")
+      .def_property_readonly("path", [](const PyTensor& t) { return t.path; },
+                             "path of the GGUF file that holds the tensor")
       .def("__repr__", [](const PyTensor& t) {
         return "GGUFTensor(" + t.info.name + ", " + std::string(k3pack::GgmlTypeName(t.info.type)) + ", " +
                py::str(ShapeTuple(t.info)).cast<std::string>() + ", nbytes=" + std::to_string(t.info.nbytes) + ")";
@@ -200,14 +208,19 @@ void RegisterGguf(py::module_& m) {
 
   py::class_<PyGguf>(m, "GGUFFile",
                      "A memory-mapped, strictly checked GGUF file. Tensor data are zero-copy numpy views.")
-      .def(py::init(&OpenGguf), py::arg("path"), py::arg("require_packed_offsets") = true)
-      .def_property_readonly("path", [](const PyGguf& g) { return g.file->path(); })
-      .def_property_readonly("version", [](const PyGguf& g) { return g.file->version(); })
-      .def_property_readonly("alignment", [](const PyGguf& g) { return g.file->alignment(); })
+      .def(py::init(&OpenGguf), py::arg("path"), py::arg("require_packed_offsets") = true,
+           "maps `path` and checks its header, metadata and tensor infos (GGUF v2 or v3, little-endian; errors "
+           "name the byte offset). require_packed_offsets=True is ggml's rule: tensor offsets packed in info "
+           "order, each padded to the alignment; False accepts any aligned offsets")
+      .def_property_readonly("path", [](const PyGguf& g) { return g.file->path(); }, "the path the file was opened as")
+      .def_property_readonly("version", [](const PyGguf& g) { return g.file->version(); }, "GGUF version (2 or 3)")
+      .def_property_readonly("alignment", [](const PyGguf& g) { return g.file->alignment(); },
+                             "tensor data alignment in bytes: general.alignment, else 32")
       .def_property_readonly("data_offset", [](const PyGguf& g) { return g.file->data_offset(); },
                              "aligned start of the tensor data section (SGLang's metadata_nbytes)")
-      .def_property_readonly("file_size", [](const PyGguf& g) { return g.file->file_size(); })
-      .def_property_readonly("architecture", [](const PyGguf& g) { return g.file->architecture(); })
+      .def_property_readonly("file_size", [](const PyGguf& g) { return g.file->file_size(); }, "file size in bytes")
+      .def_property_readonly("architecture", [](const PyGguf& g) { return g.file->architecture(); },
+                             "general.architecture, or '' when the key is absent or not a string")
       .def_property_readonly("metadata", [](const PyGguf& g) {
         py::dict d;
         for (const auto& kv : g.file->metadata()) d[Utf8(kv.key)] = ValueToPython(kv.value);
@@ -230,14 +243,15 @@ void RegisterGguf(py::module_& m) {
         out.reserve(g.file->tensors().size());
         for (const auto& t : g.file->tensors()) out.push_back({t, -1, g.file->path()});
         return out;
-      })
+      }, "every tensor info (GGUFTensor), in the file's order")
       .def("tensor", [](const PyGguf& g, const std::string& name) {
         const gguf::TensorInfo* t = g.file->FindTensor(name);
         if (!t) throw py::key_error(name);
         return PyTensor{*t, -1, g.file->path()};
-      }, py::arg("name"))
-      .def("__contains__", [](const PyGguf& g, const std::string& name) { return g.file->FindTensor(name) != nullptr; })
-      .def("__len__", [](const PyGguf& g) { return g.file->tensors().size(); })
+      }, py::arg("name"), "the GGUFTensor called `name`; KeyError when there is none")
+      .def("__contains__", [](const PyGguf& g, const std::string& name) { return g.file->FindTensor(name) != nullptr; },
+           "whether the file has a tensor of that name")
+      .def("__len__", [](const PyGguf& g) { return g.file->tensors().size(); }, "number of tensors")
       .def("tensor_data", [](const PyGguf& g, const std::string& name, const std::string& layout) {
         const gguf::TensorInfo* t = g.file->FindTensor(name);
         if (!t) throw py::key_error(name);
@@ -268,15 +282,19 @@ void RegisterGguf(py::module_& m) {
         std::vector<PyGguf> out;
         for (const auto& f : s.set.shards()) out.push_back({f});
         return out;
-      })
+      }, "the shards as GGUFFile objects, in shard order (split.no 0 first)")
       .def_property_readonly("paths", [](const PyShardSet& s) {
         std::vector<std::string> out;
         for (const auto& f : s.set.shards()) out.push_back(f->path());
         return out;
-      })
-      .def_property_readonly("prefix", [](const PyShardSet& s) { return s.set.prefix(); })
-      .def_property_readonly("directory", [](const PyShardSet& s) { return s.set.directory(); })
-      .def_property_readonly("tensor_count", [](const PyShardSet& s) { return s.set.tensor_count(); })
+      }, "the shard paths, in shard order")
+      .def_property_readonly("prefix", [](const PyShardSet& s) { return s.set.prefix(); },
+                             "file name before '-NNNNN-of-NNNNN.gguf'; for an unsplit file, its name without "
+                             "the extension")
+      .def_property_readonly("directory", [](const PyShardSet& s) { return s.set.directory(); },
+                             "the folder of the shards")
+      .def_property_readonly("tensor_count", [](const PyShardSet& s) { return s.set.tensor_count(); },
+                             "number of tensors in all shards together")
       .def_property_readonly("metadata", [](const PyShardSet& s) {
         py::dict d;
         for (const auto& kv : s.set.first().metadata()) d[Utf8(kv.key)] = ValueToPython(kv.value);
@@ -292,14 +310,17 @@ void RegisterGguf(py::module_& m) {
         auto loc = s.set.FindTensor(name);
         if (!loc) throw py::key_error(name);
         return PyTensor{*loc->info, loc->shard_index, s.set.shards()[loc->shard_index]->path()};
-      }, py::arg("name"))
-      .def("__contains__", [](const PyShardSet& s, const std::string& name) { return s.set.FindTensor(name).has_value(); })
-      .def("__len__", [](const PyShardSet& s) { return s.set.tensor_count(); })
+      }, py::arg("name"), "the GGUFTensor called `name`, from whichever shard holds it; KeyError when none does")
+      .def("__contains__", [](const PyShardSet& s, const std::string& name) { return s.set.FindTensor(name).has_value(); },
+           "whether any shard has a tensor of that name")
+      .def("__len__", [](const PyShardSet& s) { return s.set.tensor_count(); }, "number of tensors in all shards")
       .def("tensor_data", [](const PyShardSet& s, const std::string& name, const std::string& layout) {
         auto loc = s.set.FindTensor(name);
         if (!loc) throw py::key_error(name);
         return TensorView(s.set.shards()[loc->shard_index], *loc->info, layout);
-      }, py::arg("name"), py::arg("layout") = "gguf");
+      }, py::arg("name"), py::arg("layout") = "gguf",
+         "read-only numpy view of the tensor's bytes in its shard, in the layouts of GGUFFile.tensor_data; "
+         "KeyError when no shard has the tensor");
 
   m.def("ggml_type_info", [](py::object key) {
     if (py::isinstance<py::str>(key)) {

@@ -304,7 +304,10 @@ void RegisterPack(py::module_& m) {
 
   m.def("read_manifest", [](const std::string& path) {
     return JsonToPython(Unwrap(manifest::ReadManifestJson(path)));
-  }, py::arg("path"));
+  }, py::arg("path"),
+     "the manifest file's JSON as dicts and lists, parsed but not checked (ExpertStore and verify_pack check "
+     "it); a missing file is FileNotFoundError, text that is not JSON a ValueError naming the file and the "
+     "parser's position");
 
   m.def("verify_pack", [](const std::string& manifest_path, bool full, int64_t samples, bool against_source,
                           py::object progress) {

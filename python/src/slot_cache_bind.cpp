@@ -30,6 +30,7 @@ void RegisterSlotCache(py::module_& m) {
                        std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
              store::SlotCacheOptions o;
              o.store.ep = EpRankArg(ep_size, ep_rank);
+             o.store.ep_names = kEpKeywordNames;
              o.store.policy = policy;
              o.store.io_backend = io_backend;
              o.store.direct_io = direct_io;

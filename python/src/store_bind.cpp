@@ -136,6 +136,7 @@ void RegisterStore(py::module_& m) {
                        int64_t prefetch_queue_depth) {
              store::StoreOptions o;
              o.ep = EpRankArg(ep_size, ep_rank);
+             o.ep_names = kEpKeywordNames;
              o.prefetch_mode = prefetch_mode;
              o.prefetch_budget_bytes = prefetch_budget_bytes;
              o.prefetch_queue_depth = prefetch_queue_depth;

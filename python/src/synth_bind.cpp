@@ -92,7 +92,7 @@ void RegisterSynth(py::module_& m) {
     std::vector<std::string> out;
     for (synth::Fault f : synth::AllFaults()) out.emplace_back(synth::FaultName(f));
     return out;
-  });
+  }, "the names synth(faults=[...]) accepts, one per defect it can inject ('raw-ssm-a', ...)");
 }
 
 }  // namespace k3py

@@ -252,6 +252,7 @@ int RunExperts(const std::vector<std::string>& argv) {
   for (uint32_t rank = 0; *ep_size > 1 && rank < static_cast<uint32_t>(*ep_size); ++rank) {
     store::StoreOptions ro = so;
     ro.ep = ep::Rank{static_cast<uint32_t>(*ep_size), rank};
+    ro.ep_names = ep::kCliNames;  // a bad size is this command's --ep-size
     std::string rank_pack = pack_path, rank_manifest = a.Get("--manifest");
     if (!rank_manifests.empty()) {
       rank_manifest = rank_manifests[rank];

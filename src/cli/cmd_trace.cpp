@@ -608,7 +608,7 @@ int RunSweep(const std::vector<std::string>& argv) {
     auto seq = store::BuildCallSeq(t, *space);
     if (!seq.ok()) return ReportError("trace sweep", seq.error());
     if (ep_size != 0) {
-      if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts); !st.ok())
+      if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts, ep::kCliNames); !st.ok())
         return ReportError("trace sweep", st.error(), 2);
     }
     std::vector<uint64_t> sizes = given_sizes;

@@ -61,9 +61,9 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
     }
   }
   if (num_experts != 0) {
-    for (const ep::Rank& r : c.Ranks()) K3_RETURN_IF_ERROR(ep::CheckRank(r, num_experts));
+    for (const ep::Rank& r : c.Ranks()) K3_RETURN_IF_ERROR(ep::CheckRank(r, num_experts, ep::kCliNames));
   } else if (c.rank && *c.rank >= c.size) {
-    return ep::CheckRank(ep::Rank{c.size, *c.rank}, c.size);
+    return ep::CheckRank(ep::Rank{c.size, *c.rank}, c.size, ep::kCliNames);
   }
   return c;
 }

@@ -28,7 +28,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
     K3_ASSIGN_OR_RETURN(plan.pack, pack::DefaultPackPath(plan.experts.shard_paths.front()));
   }
   if (rank) {
-    K3_RETURN_IF_ERROR(ep::CheckRank(*rank, plan.experts.num_experts));
+    K3_RETURN_IF_ERROR(ep::CheckRank(*rank, plan.experts.num_experts, ep::kCliNames));
     plan.ep = rank;
     plan.pack = pack::RankPackPath(plan.pack, *rank);
   }

@@ -2,13 +2,14 @@
 
 namespace k3pack::ep {
 
-Status CheckRank(const Rank& rank, uint32_t num_experts) {
-  if (rank.size == 0) return Error("--ep-size must be at least 1, got 0");
+Status CheckRank(const Rank& rank, uint32_t num_experts, const RankNames& names) {
+  const std::string size(names.size), rank_name(names.rank);
+  if (rank.size == 0) return Error(size + " must be at least 1, got 0");
   if (rank.rank >= rank.size)
-    return Error("--ep-rank " + std::to_string(rank.rank) + " is out of range for --ep-size " +
+    return Error(rank_name + " " + std::to_string(rank.rank) + " is out of range for " + size + " " +
                  std::to_string(rank.size) + " (ranks are 0.." + std::to_string(rank.size - 1) + ")");
   if (num_experts == 0 || num_experts % rank.size != 0)
-    return Error("--ep-size " + std::to_string(rank.size) + " does not divide the " + std::to_string(num_experts) +
+    return Error(size + " " + std::to_string(rank.size) + " does not divide the " + std::to_string(num_experts) +
                  " routed experts per layer; SGLang's expert parallelism gives every rank the same number of "
                  "experts, so the size must be a divisor of " +
                  std::to_string(num_experts));

@@ -8,7 +8,7 @@
 namespace k3pack::store {
 
 Status ResolveStoreRank(const std::optional<manifest::EpRecord>& recorded, const std::optional<ep::Rank>& option,
-                        const std::string& manifest_path, PackGeometry* g) {
+                        const std::string& manifest_path, PackGeometry* g, const ep::RankNames& names) {
   const uint32_t experts = g->space.num_experts;
   std::optional<ep::Rank> from_manifest;
   if (recorded) {
@@ -25,7 +25,7 @@ Status ResolveStoreRank(const std::optional<manifest::EpRecord>& recorded, const
                    std::to_string(want.end) + ") of " + std::to_string(experts) + " experts: the manifest was edited");
   }
   if (option) {
-    Status ok = ep::CheckRank(*option, experts);
+    Status ok = ep::CheckRank(*option, experts, names);
     if (!ok.ok()) return ok;
     if (from_manifest && (from_manifest->size != option->size || from_manifest->rank != option->rank))
       return Error("EP rank mismatch: the store was opened as " + ep::Describe(*option, experts) + ", but " +

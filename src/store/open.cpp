@@ -339,7 +339,8 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   K3_ASSIGN_OR_RETURN(g.inventory_sha256, Str(*source, "inventory_sha256"));
   K3_ASSIGN_OR_RETURN(g.config_sha256, Str(*model, "config_sha256"));
   // k3pack's own: the EP rank this store serves (a rank pack's, or the caller's).
-  K3_RETURN_IF_ERROR(ResolveStoreRank(ext ? ext->ep : std::optional<manifest::EpRecord>(), opt.ep, manifest_path, &g));
+  K3_RETURN_IF_ERROR(ResolveStoreRank(ext ? ext->ep : std::optional<manifest::EpRecord>(), opt.ep, manifest_path, &g,
+                                      opt.ep_names));
   return g;
 }
 

@@ -151,7 +151,7 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
                                          const std::vector<std::shared_ptr<ExpertStore>>& rank_stores) {
   if (o.tokens == 0) return Error("run-experts: --tokens must be at least 1");
   const uint32_t N = o.ep_size;
-  K3_RETURN_IF_ERROR(ep::CheckRank({N, 0}, store.info().num_experts));
+  K3_RETURN_IF_ERROR(ep::CheckRank({N, 0}, store.info().num_experts, ep::kCliNames));  // the CLI's --ep-size
   if (N > 1 && rank_stores.size() != N)
     return Error("run-experts --ep-size " + std::to_string(N) + " needs " + std::to_string(N) + " rank stores, got " +
                  std::to_string(rank_stores.size()));

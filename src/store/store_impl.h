@@ -77,8 +77,9 @@ Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& en
 // The EP rank a store serves: the manifest's k3pack.ep (a rank pack) and
 // StoreOptions::ep must agree when both are given; the error names both.
 // Checked after every SGLang check (k3pack's own rule). Sets geo->ep/owned.
+// `names`: what an error about `option` calls its size and rank.
 Status ResolveStoreRank(const std::optional<manifest::EpRecord>& recorded, const std::optional<ep::Rank>& option,
-                        const std::string& manifest_path, PackGeometry* geo);
+                        const std::string& manifest_path, PackGeometry* geo, const ep::RankNames& names = {});
 // A rank store's refusal of routes to experts it does not own (after
 // SGLang's route checks, before any I/O): names layer, expert, this rank and
 // the owner. OK for a whole store.

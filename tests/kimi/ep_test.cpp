@@ -23,12 +23,28 @@ TEST(ExpertParallel, RanksTileTheExpertsInOrder) {
 TEST(ExpertParallel, RefusesSizesThatDoNotDivideAndRanksOutOfRange) {
   const Status bad_size = CheckRank({3, 0}, 896);
   ASSERT_FALSE(bad_size.ok());
-  EXPECT_NE(bad_size.message().find("--ep-size 3 does not divide the 896"), std::string::npos);
+  EXPECT_EQ(bad_size.message().rfind("EP size 3 does not divide the 896", 0), 0u) << bad_size.message();
   const Status bad_rank = CheckRank({4, 4}, 896);
   ASSERT_FALSE(bad_rank.ok());
-  EXPECT_NE(bad_rank.message().find("--ep-rank 4 is out of range for --ep-size 4"), std::string::npos);
+  EXPECT_EQ(bad_rank.message(), "EP rank 4 is out of range for EP size 4 (ranks are 0..3)");
   EXPECT_FALSE(CheckRank({0, 0}, 896).ok());
   EXPECT_EQ(Describe({4, 2}, 896), "rank 2 of 4 (experts 448..671)");
+}
+
+// Each surface names its own argument: the CLI its flags, the Python module
+// its keywords; the rule and the numbers are the same.
+TEST(ExpertParallel, ErrorsNameTheCallersArguments) {
+  EXPECT_EQ(CheckRank({3, 0}, 896, kCliNames).message().rfind("--ep-size 3 does not divide the 896", 0), 0u);
+  EXPECT_EQ(CheckRank({4, 4}, 896, kCliNames).message(),
+            "--ep-rank 4 is out of range for --ep-size 4 (ranks are 0..3)");
+  EXPECT_EQ(CheckRank({0, 0}, 896, kCliNames).message(), "--ep-size must be at least 1, got 0");
+  const RankNames py{"ep_size", "ep_rank"};
+  EXPECT_EQ(CheckRank({3, 0}, 896, py).message().rfind("ep_size 3 does not divide the 896 routed experts", 0), 0u);
+  EXPECT_EQ(CheckRank({4, 4}, 896, py).message(), "ep_rank 4 is out of range for ep_size 4 (ranks are 0..3)");
+  for (const RankNames& names : {RankNames{}, py})
+    for (const Rank& r : {Rank{3, 0}, Rank{4, 4}, Rank{0, 0}})
+      EXPECT_EQ(CheckRank(r, 896, names).message().find("--ep-"), std::string::npos)
+          << CheckRank(r, 896, names).message();
 }
 
 }  // namespace

@@ -263,11 +263,11 @@ TEST_F(EpPack, FingerprintIncludesTheRank) {
 TEST_F(EpPack, InvalidRankIsRefusedWithEpsText) {
   auto r = BuildPack(model_->experts, Opts(*root_ + "/bad/m.pack", ep::Rank{3, 0}));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message().rfind("--ep-size 3 does not divide the 16 routed experts", 0), 0u)
+  EXPECT_EQ(r.error().message().rfind("EP size 3 does not divide the 16 routed experts", 0), 0u)
       << r.error().message();
   auto r2 = BuildPack(model_->experts, Opts(*root_ + "/bad/m.pack", ep::Rank{4, 4}));
   ASSERT_FALSE(r2.ok());
-  EXPECT_NE(r2.error().message().find("--ep-rank 4 is out of range for --ep-size 4"), std::string::npos);
+  EXPECT_NE(r2.error().message().find("EP rank 4 is out of range for EP size 4"), std::string::npos);
 }
 
 // Without sparse-file support the other ranks' objects are zeros on disk:
