@@ -83,7 +83,8 @@ def build_tiny(tmp):
 
 class TinyPackTestCase(unittest.TestCase):
     """A test case with the tiny model built once per class: cls.pack,
-    cls.manifest, cls.doc, cls.layers (active MoE layer ids), cls.top_k."""
+    cls.manifest, cls.doc, cls.layers (active MoE layer ids), cls.top_k,
+    cls.num_layers, cls.experts, cls.object_bytes; dropin() opens the drop-in store."""
 
     @classmethod
     def setUpClass(cls):
@@ -91,6 +92,19 @@ class TinyPackTestCase(unittest.TestCase):
         cls.pack, cls.manifest, cls.doc = build_tiny(cls.tmp.path)
         cls.layers = cls.doc["model"]["active_moe_layer_ids"]
         cls.top_k = cls.doc["model"]["num_experts_per_token"]
+        cls.num_layers = cls.doc["model"]["num_hidden_layers"]
+        cls.experts = cls.doc["model"]["num_experts"]
+        cls.object_bytes = cls.doc["expert_pack"]["object_bytes"]
+
+    def dropin(self, **kw):
+        """The SGLang drop-in store on the tiny pack (6 MiB of slots unless
+        given); not closed here: tests of an unclosed store drop it."""
+        from k3pack.sglang import KimiGGMLExpertPackStore
+
+        kw.setdefault("cache_vram_mib", 6)
+        kw.setdefault("cache_vram_reserve_mib", 1)
+        return KimiGGMLExpertPackStore(self.pack, manifest_path=self.manifest, expected_layers=self.num_layers,
+                                       expected_experts=self.experts, expected_top_k=self.top_k, **kw)
 
     @classmethod
     def tearDownClass(cls):

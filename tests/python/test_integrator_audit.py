@@ -27,20 +27,6 @@ def fd_count():
 
 
 class IntegratorAudit(_util.TinyPackTestCase):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        model = cls.doc["model"]
-        cls.num_layers = model["num_hidden_layers"]
-        cls.experts = model["num_experts"]
-        cls.object_bytes = cls.doc["expert_pack"]["object_bytes"]
-
-    def dropin(self, **kw):
-        kw.setdefault("cache_vram_mib", 6)
-        kw.setdefault("cache_vram_reserve_mib", 1)
-        return KimiGGMLExpertPackStore(self.pack, manifest_path=self.manifest, expected_layers=self.num_layers,
-                                       expected_experts=self.experts, expected_top_k=self.top_k, **kw)
-
     def expert_store(self, objects=None, **kw):
         if objects is not None:
             kw["cache_bytes"] = objects * self.object_bytes

@@ -11,22 +11,11 @@ import _util  # noqa: F401  (import path)
 import torch
 
 import k3pack
-from k3pack.sglang import KimiGGMLExpertPackStore
 
 
 class IntegratorLeftovers(_util.TinyPackTestCase):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        model = cls.doc["model"]
-        cls.num_layers = model["num_hidden_layers"]
-        cls.experts = model["num_experts"]
-
     def dropin(self, **kw):
-        kw.setdefault("cache_vram_mib", 6)
-        kw.setdefault("cache_vram_reserve_mib", 1)
-        store = KimiGGMLExpertPackStore(self.pack, manifest_path=self.manifest, expected_layers=self.num_layers,
-                                        expected_experts=self.experts, expected_top_k=self.top_k, **kw)
+        store = super().dropin(**kw)
         self.addCleanup(store.close)
         return store
 
