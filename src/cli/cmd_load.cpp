@@ -134,21 +134,13 @@ int RunLoad(const std::vector<std::string>& argv) {
   // already built when it holds exactly those files (left untouched);
   // anything else is refused without --force.
   bool compare_dump = false;
-  auto dump_refusal = [&](const std::string& why) {
-    OutputSpec spec;
-    spec.option = "--dump";
-    spec.path = dump_dir;
-    spec.directory = true;
-    spec.why_refused = why;
-    auto action = DecideOutput(spec);
-    return action.ok() ? Error("internal: " + dump_dir + " was not refused") : action.error();
-  };
+  OutputSpec dump_spec;
+  dump_spec.option = "--dump";
+  dump_spec.path = dump_dir;
+  dump_spec.directory = true;
   if (!dump_dir.empty()) {
     const std::string foreign = FirstNonNpyEntry(dump_dir);
-    OutputSpec spec;
-    spec.option = "--dump";
-    spec.path = dump_dir;
-    spec.directory = true;
+    OutputSpec spec = dump_spec;
     spec.force = args.Has("--force");
     spec.is_finished = [&]() -> Result<bool> { return foreign.empty(); };
     spec.why_refused = "it holds " + foreign + ", which `k3pack load --dump` does not write";
@@ -240,8 +232,10 @@ int RunLoad(const std::vector<std::string>& argv) {
       }
     }
   }
-  if (!dump_differs.empty())
-    return ReportError("load", dump_refusal("it is not the dump of this run (" + dump_differs + ")"));
+  if (!dump_differs.empty()) {
+    dump_spec.why_refused = "it is not the dump of this run (" + dump_differs + ")";
+    return ReportError("load", RefuseExisting(dump_spec));
+  }
   if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();

@@ -10,8 +10,10 @@ void AddForceFlag(Args& args, const std::string& what) {
   args.Flag("--force", "replace an existing " + what + " (otherwise refused; a finished valid one is reported)");
 }
 
+std::string AlreadyBuiltLine(const std::string& path) { return "already built: " + path + " (use --force to rebuild)"; }
+
 void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json) {
-  const std::string line = "already built: " + path + " (use --force to rebuild)";
+  const std::string line = AlreadyBuiltLine(path);
   if (json) {
     std::cerr << "k3pack " << command << ": " << line << "\n";
     PrintJson(nlohmann::json{{"already_built", true}, {"path", path}});

@@ -22,6 +22,10 @@ namespace k3pack::cli {
 using k3pack::DecideOutput;
 using k3pack::OutputAction;
 using k3pack::OutputSpec;
+using k3pack::RefuseExisting;
+
+// "already built: PATH (use --force to rebuild)".
+std::string AlreadyBuiltLine(const std::string& path);
 
 // Adds --force ("replace an existing output") to a command's options.
 void AddForceFlag(Args& args, const std::string& what);

@@ -14,12 +14,12 @@
 #include <memory>
 #include <mutex>
 #include <thread>
-#include <utility>
 
 #include "pack/batch_copy.h"
 #include "pack/build_inputs.h"
 #include "pack/checkpoint_file.h"
 #include "pack/copy.h"
+#include "util/progress.h"
 
 namespace k3pack::pack {
 namespace {
@@ -44,16 +44,8 @@ class StopSignals {
  public:
   StopSignals() {
     g_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = OnStopSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    // An ignored signal stays ignored (a background job's SIGINT): the
-    // caller chose to run on through it.
-    for (auto [sig, old] : {std::pair{SIGINT, &old_int_}, std::pair{SIGTERM, &old_term_}}) {
-      ::sigaction(sig, nullptr, old);
-      if (old->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
-    }
+    InstallUnlessIgnored(SIGINT, OnStopSignal, SA_RESTART, &old_int_);
+    InstallUnlessIgnored(SIGTERM, OnStopSignal, SA_RESTART, &old_term_);
   }
   // A signal that came after the copy's last look at it (its last batch was
   // done) is not lost: once the handlers in place before the copy are back,

@@ -37,6 +37,10 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec) {
     K3_ASSIGN_OR_RETURN(bool finished, spec.is_finished());
     if (finished) return OutputAction::kAlreadyBuilt;
   }
+  return RefuseExisting(spec);
+}
+
+Error RefuseExisting(const OutputSpec& spec) {
   std::string what = spec.directory ? "non-empty directory " : "existing ";
   return Error("refusing to overwrite " + what + spec.path + " (" + spec.option + ")" +
                    (spec.why_refused.empty() ? "" : ": " + spec.why_refused),

@@ -49,6 +49,10 @@ struct OutputSpec {
 // and says to pass force or another path.
 Result<OutputAction> DecideOutput(const OutputSpec& spec);
 
+// The rule's refusal of an existing output, for a caller that finds out
+// only later (e.g. while comparing) that the output is not its own.
+Error RefuseExisting(const OutputSpec& spec);
+
 // No output path is one of the inputs (same file by inode, or the same path
 // once resolved). Inputs that are directories also cover every file in them.
 // The refusal: "OPTION PATH is an input (INPUT); writing it would destroy it".

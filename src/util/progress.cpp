@@ -50,17 +50,7 @@ void InstallInterruptHandler(const std::string& message, std::initializer_list<i
   const std::string m = message + "\n";
   g_interrupt_len = std::min(m.size(), sizeof g_interrupt_message);
   std::memcpy(g_interrupt_message, m.data(), g_interrupt_len);
-  struct sigaction sa {};
-  sa.sa_handler = OnInterrupt;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : signals) {
-    // A signal the caller ignores stays ignored: a shell starts background
-    // jobs (`cmd &`, nohup) with SIGINT ignored so that a Ctrl-C meant for the
-    // foreground does not stop them.
-    struct sigaction old {};
-    if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
-    ::sigaction(sig, &sa, nullptr);
-  }
+  for (int sig : signals) InstallUnlessIgnored(sig, OnInterrupt);
 }
 
 }  // namespace
@@ -273,5 +263,17 @@ void ProgressEndLineForSignal() {
 void ExitOnInterrupt(const std::string& message) { InstallInterruptHandler(message, {SIGINT}); }
 
 void ExitOnStopSignals(const std::string& message) { InstallInterruptHandler(message, {SIGINT, SIGTERM}); }
+
+void InstallUnlessIgnored(int sig, void (*handler)(int), int flags, struct sigaction* old) {
+  struct sigaction previous {};
+  ::sigaction(sig, nullptr, &previous);
+  if (old != nullptr) *old = previous;
+  if (previous.sa_handler == SIG_IGN) return;
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = flags;
+  ::sigaction(sig, &sa, nullptr);
+}
 
 }  // namespace k3pack

@@ -9,6 +9,8 @@
 //   * none.
 #pragma once
 
+#include <signal.h>
+
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -95,5 +97,12 @@ void ExitOnInterrupt(const std::string& message);
 // (130 / 143). Installed before any work; the copy phase puts its own
 // checkpointing handler in place while it runs and restores this one after.
 void ExitOnStopSignals(const std::string& message);
+
+// Puts `handler` in place for `sig` and returns the previous disposition in
+// `*old` (when given), unless the process ignores `sig`: an ignored signal
+// stays ignored, as a shell starts background jobs (`cmd &`, nohup) with
+// SIGINT ignored so that a Ctrl-C meant for the foreground does not stop
+// them. Every stop handler k3pack installs goes through here.
+void InstallUnlessIgnored(int sig, void (*handler)(int), int flags = 0, struct sigaction* old = nullptr);
 
 }  // namespace k3pack
