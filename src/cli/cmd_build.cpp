@@ -9,6 +9,7 @@
 #include <map>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/ep_options.h"
 #include "cli/output_rule.h"
 #include "cli/pack_plan.h"
@@ -285,7 +286,7 @@ void PrintBuilt(const nlohmann::json& j, bool json_mode) {
 int RunBuild(const std::vector<std::string>& argv) {
   StopCleanlyOnSignals(kCmd);  // before any work: an early Ctrl-C is a clean stop too
   Args args(kCmd,
-            "[--gguf-dir] DIR --model-config CONFIG --tokenizer-dir TOK [--pack PACK] [--manifest M.json] [options]",
+            "[--gguf-dir] DIR [--model-config CONFIG] [--tokenizer-dir TOK] [--pack PACK] [--manifest M.json] [options]",
             "Build the expert pack (resumable) and then write the SGLang adapter manifest, in one command.\n"
             "Everything is checked before a byte is copied. An interrupted build resumes; a finished pack with its\n"
             "manifest is reported as already built; anything else at the output paths is refused without --force.\n"
@@ -293,8 +294,8 @@ int RunBuild(const std::vector<std::string>& argv) {
             "manifests (<manifest stem>.epR-of-N.manifest.json, with k3pack.ep recording the rank).");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards", std::nullopt, true)
       .PositionalAsOption("--gguf-dir")
-      .Option("--model-config", "HF config.json of the model", std::nullopt, true)
-      .Option("--tokenizer-dir", "tokenizer/config directory the server loads", std::nullopt, true)
+      .Option("--model-config", "HF config.json of the model (default: config.json beside the shards, else the tokenizer directory's)")
+      .Option("--tokenizer-dir", "tokenizer/config directory the server loads (default: found beside the shards as SGLang's server finds it)")
       .Option("--pack", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
       .Deprecated("--out", "--pack")
       .Option("--manifest", std::string("manifest path (default: ") + kDefaultManifestName + " beside the pack)", "")
@@ -313,6 +314,8 @@ int RunBuild(const std::vector<std::string>& argv) {
   AddEpOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true}); !s.ok())
+    return ReportError(kCmd, s.error(), kExitUsage);
   auto v = ParseValues(args);
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
   auto r = Run(args, *v);

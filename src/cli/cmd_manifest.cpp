@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/output_rule.h"
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
@@ -75,17 +76,17 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
 
 int RunManifest(const std::vector<std::string>& argv) {
   Args args(kCmd,
-            "[--gguf-dir] DIR --pack PACK --model-config CONFIG --tokenizer-dir TOK [--manifest M.json] [options]",
+            "[--gguf-dir] DIR [--pack PACK] [--model-config CONFIG] [--tokenizer-dir TOK] [--manifest M.json] [options]",
             "Prepare the small, zero-copy Kimi K3 GGUF/expert-pack adapter manifest "
             "(SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1, byte-compatible with SGLang's prepare_kimi_manifest.py).\n"
             "With --json prints SGLang's JSON summary on stdout, otherwise a line of text.");
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards", std::nullopt, true)
       .PositionalAsOption("--gguf-dir")
-      .Option("--pack", "the GGMLMOEPACKv1 pack built from these shards", std::nullopt, true)
+      .Option("--pack", "the GGMLMOEPACKv1 pack built from these shards (default: <dir>/<prefix>.expert-major.pack, where `k3pack pack` writes it)")
       .Deprecated("--expert-pack", "--pack")
-      .Option("--model-config", "HF config.json of the model (its text_config is used when present)", std::nullopt,
-              true)
-      .Option("--tokenizer-dir", "tokenizer/config directory the server loads", std::nullopt, true)
+      .Option("--model-config", "HF config.json of the model (its text_config is used when present; default: "
+                                "config.json beside the shards, else the tokenizer directory's)")
+      .Option("--tokenizer-dir", "tokenizer/config directory the server loads (default: found beside the shards as SGLang's server finds it)")
       .Option("--manifest", std::string("manifest path, written atomically (default: ") + kDefaultManifestName +
                                 " beside the pack)")
       .Deprecated("--output", "--manifest")
@@ -101,6 +102,8 @@ int RunManifest(const std::vector<std::string>& argv) {
   AddForceFlag(args, "manifest");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true, .pack = true}); !s.ok())
+    return ReportError(kCmd, s.error(), kExitUsage);
   Values v;
   Status usage = [&]() -> Status {
     K3_ASSIGN_OR_RETURN(v.profile, ResolveProfile(args, {args.Get("--pack"), args.Get("--model-config"),

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/ep_options.h"
 #include "cli/output_rule.h"
 #include "cli/pack_plan.h"
@@ -132,7 +133,7 @@ void PrintBuilt(const nlohmann::json& j, bool json_mode) {
 
 int RunPack(const std::vector<std::string>& argv) {
   StopCleanlyOnSignals(kCmd);  // before any work: an early Ctrl-C is a clean stop too
-  Args args(kCmd, "[--gguf-dir] DIR --model-config CONFIG [--pack PACK] [options]",
+  Args args(kCmd, "[--gguf-dir] DIR [--model-config CONFIG] [--pack PACK] [options]",
             "Build the expert-major GGMLMOEPACKv1 pack (byte-identical to SGLang's) from a Kimi GGUF shard set.\n"
             "Crash-safe: an interrupted build continues from its checkpoint when the same command is rerun.\n"
             "With --ep-size N --ep-rank R|all: expert-parallel rank packs (same header, index and offsets as the full\n"
@@ -141,7 +142,7 @@ int RunPack(const std::vector<std::string>& argv) {
   args.Option("--gguf-dir", "directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards (or one shard path)",
               std::nullopt, true)
       .PositionalAsOption("--gguf-dir")
-      .Option("--model-config", "HF config.json of the model", std::nullopt, true)
+      .Option("--model-config", "HF config.json of the model (default: config.json beside the shards, else the tokenizer directory's)")
       .Option("--pack", "pack path (default: <dir>/<prefix>.expert-major.pack beside the shards)", "")
       .Deprecated("--out", "--pack")
       .Flag("--allow-mixed-types", "allow expert dtypes to differ by role or layer (scaled profile)")
@@ -155,6 +156,8 @@ int RunPack(const std::vector<std::string>& argv) {
   args.Exclusive({"--force", "--repair-damaged"}, "--force rebuilds the whole pack");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  if (Status s = FillImpliedInputs(args, kCmd, {.model_config = true}); !s.ok())
+    return ReportError(kCmd, s.error(), kExitUsage);
   auto v = ParseValues(args);
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
   auto r = Run(args, *v);

@@ -223,6 +223,10 @@ std::vector<std::string> Args::GetAll(const std::string& name) const {
 
 std::string Args::Get(const std::string& name) const { return GetOpt(name).value_or(""); }
 
+void Args::Fill(const std::string& name, std::string value) {
+  if (auto it = specs_.find(name); it != specs_.end() && !values_.count(name)) it->second.def = std::move(value);
+}
+
 Result<int64_t> Args::GetInt(const std::string& name) const {
   std::string v = Get(name);
   int64_t out = 0;

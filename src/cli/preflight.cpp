@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/manifest.h"
+#include "manifest/tokenizer_dir.h"
 #include "util/file.h"
 #include "util/utf8.h"
 
@@ -74,9 +75,7 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return Error(option + " " + dir + " is not a directory").WithHint(fix);
   // SGLang's test of a tokenizer directory, and the text it raises.
   const fs::path d(dir);
-  const bool has_tok = fs::is_regular_file(d / "tokenizer.json", ec) || fs::is_regular_file(d / "tiktoken.model", ec) ||
-                       fs::is_regular_file(d / "tokenizer_config.json", ec);
-  if (!fs::is_regular_file(d / "config.json", ec) || !has_tok) {
+  if (!manifest::IsKimiTokenizerDir(dir)) {
     return Error("Kimi tokenizer directory is invalid: " + dir)
         .WithHint(option + " needs config.json and one of tokenizer.json, tiktoken.model, tokenizer_config.json; " +
                   fix);

@@ -1,0 +1,134 @@
+// `k3pack build DIR` on SGLang's layout: the tokenizer directory and the
+// model config are found where SGLang's server finds them (spec 8.4 step 3:
+// <shard dir>/tokenizer, <shard dir>/../kimi-k3-tokenizer, the sorted
+// <shard dir>/../*tokenizer* directories; its config.json is the model's),
+// every filled path is said on stderr, and when none or several qualify the
+// command stops with SGLang's text before it writes anything. Before, build,
+// pack and manifest refused to start without --model-config and
+// --tokenizer-dir (and manifest without --pack).
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.h"
+
+namespace k3cli {
+namespace {
+
+const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
+const std::string kQuiet = " --progress none --safety-margin-gib 0 --profile scaled ";
+
+// A manifest without its creation time, which is all two runs may differ in.
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream f(path);
+  nlohmann::json j = nlohmann::json::parse(f);
+  j.erase("created_at");
+  return j;
+}
+
+// The model's shards alone in `root`/gguf, nothing else beside them.
+std::string ShardsOnly(const std::string& root) {
+  fs::remove_all(root);
+  fs::create_directories(root + "/gguf");
+  for (int i = 1; i <= 3; ++i) fs::copy_file(Shard(BaseModel(), i), root + "/gguf/" + fs::path(Shard(BaseModel(), i)).filename().string());
+  return root + "/gguf";
+}
+
+TEST(ImpliedInputs, BuildWithOnlyTheShardDirectoryUsesTheFilesBesideItAndSaysSo) {
+  const std::string m = FreshModel("implied-beside");
+  CliRun r = Cli("build" + kQuiet + Q(m));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "using --tokenizer-dir " + m + "/tokenizer (")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "using --model-config " + m + "/config.json (config.json beside the shards)")) << r.out;
+  const nlohmann::json j = ReadJson(m + "/" + kManifestName);
+  EXPECT_EQ(j["tokenizer"]["path"].get<std::string>(), fs::canonical(m + "/tokenizer").string());
+
+  // The same manifest as with every input given.
+  CliRun explicit_run = Cli("manifest --progress none " + Q(m) + " --pack " + Q(m + "/KIMI-K3-SYNTH.expert-major.pack") +
+                            " --model-config " + Q(m + "/config.json") + " --tokenizer-dir " + Q(m + "/tokenizer") +
+                            " --manifest " + Q(m + "/explicit.json"));
+  ASSERT_EQ(explicit_run.code, 0) << explicit_run.out;
+  EXPECT_FALSE(Contains(explicit_run.out, "using --")) << "given inputs are never replaced: " << explicit_run.out;
+  EXPECT_TRUE(ReadJson(m + "/explicit.json") == j) << "the manifest differs from the one with every input given";
+
+  // manifest alone finds the pack `pack` wrote too.
+  CliRun alone = Cli("manifest --progress none " + Q(m) + " --manifest " + Q(m + "/alone.json"));
+  ASSERT_EQ(alone.code, 0) << alone.out;
+  EXPECT_TRUE(Contains(alone.out, "using --pack " + m + "/KIMI-K3-SYNTH.expert-major.pack (")) << alone.out;
+  EXPECT_TRUE(ReadJson(m + "/alone.json") == j) << "the manifest differs from the one with every input given";
+}
+
+TEST(ImpliedInputs, TokenizerBesideTheShardDirectoryGivesTheModelConfigToo) {
+  const std::string root = Root() + "/implied-sibling";
+  const std::string gguf = ShardsOnly(root);
+  // kimi-k3-tokenizer is both SGLang's second candidate and a *tokenizer*
+  // match: one directory, so one candidate.
+  fs::copy(BaseModel() + "/tokenizer", root + "/kimi-k3-tokenizer", fs::copy_options::recursive);
+  CliRun r = Cli("build" + kQuiet + Q(gguf));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "using --tokenizer-dir " + root + "/kimi-k3-tokenizer (")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "using --model-config " + root + "/kimi-k3-tokenizer/config.json (the tokenizer "
+                              "directory's config.json")) << r.out;
+  EXPECT_TRUE(fs::exists(gguf + "/" + kManifestName));
+
+  // pack alone: no config.json beside the shards, so the tokenizer's.
+  CliRun p = Cli("pack" + kQuiet + Q(gguf) + " --pack " + Q(root + "/other.pack"));
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_TRUE(Contains(p.out, "using --model-config " + root + "/kimi-k3-tokenizer/config.json")) << p.out;
+}
+
+TEST(ImpliedInputs, NoneOrSeveralCandidatesStopWithSGLangsTextBeforeAnyWrite) {
+  const std::string root = Root() + "/implied-none";
+  const std::string gguf = ShardsOnly(root);
+  const auto before = Snapshot(root);
+  CliRun none = Cli("build" + kQuiet + Q(gguf));
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_TRUE(Contains(none.out, "error: could not uniquely derive Kimi tokenizer beside " + gguf + "; candidates: none\n"))
+      << none.out;
+  EXPECT_TRUE(Contains(none.out, "pass --tokenizer-dir TOK")) << none.out;
+  CliRun pack = Cli("pack" + kQuiet + Q(gguf));
+  EXPECT_EQ(pack.code, 2) << pack.out;
+  EXPECT_TRUE(Contains(pack.out, "--model-config not given, and no config.json found for it: no " + gguf +
+                                     "/config.json, and could not uniquely derive Kimi tokenizer beside " + gguf))
+      << pack.out;
+  EXPECT_TRUE(Contains(pack.out, "pass --model-config CONFIG")) << pack.out;
+
+  // Two valid directories: SGLang refuses to choose, and so does k3pack. A
+  // directory that is not a tokenizer (no tokenizer file) is no candidate.
+  fs::copy(BaseModel() + "/tokenizer", root + "/a-tokenizer", fs::copy_options::recursive);
+  fs::copy(BaseModel() + "/tokenizer", root + "/b-tokenizer", fs::copy_options::recursive);
+  fs::create_directories(root + "/c-tokenizer");
+  fs::copy_file(BaseModel() + "/tokenizer/config.json", root + "/c-tokenizer/config.json");
+  const auto before_two = Snapshot(root);
+  CliRun two = Cli("build" + kQuiet + Q(gguf));
+  EXPECT_EQ(two.code, 2) << two.out;
+  EXPECT_TRUE(Contains(two.out, "error: could not uniquely derive Kimi tokenizer beside " + gguf +
+                                    "; candidates: a-tokenizer, b-tokenizer\n"))
+      << two.out;
+  EXPECT_EQ(Snapshot(root), before_two) << "a refused build writes nothing";
+  fs::remove_all(root + "/a-tokenizer");
+  fs::remove_all(root + "/b-tokenizer");
+  fs::remove_all(root + "/c-tokenizer");
+  EXPECT_EQ(Snapshot(root), before);
+
+  // Given explicitly, a tokenizer directory is used whatever lies beside the shards.
+  CliRun given = Cli("build" + kQuiet + Q(gguf) + " --tokenizer-dir " + Q(BaseModel() + "/tokenizer"));
+  ASSERT_EQ(given.code, 0) << given.out;
+  EXPECT_FALSE(Contains(given.out, "using --tokenizer-dir")) << given.out;
+  EXPECT_TRUE(Contains(given.out, "using --model-config " + BaseModel() + "/tokenizer/config.json")) << given.out;
+}
+
+TEST(ImpliedInputs, HelpShowsTheDefaultsAndTheUsageLineMarksThemOptional) {
+  for (const std::string cmd : {"build", "manifest", "pack"}) {
+    CliRun h = Cli(cmd + " --help");
+    ASSERT_EQ(h.code, 0) << h.out;
+    EXPECT_TRUE(Contains(h.out, "[--model-config CONFIG]")) << cmd << ": " << h.out;
+    EXPECT_TRUE(Contains(h.out, "default: config.json beside the shards, else the tokenizer directory's")) << h.out;
+    if (cmd != "pack") {
+      EXPECT_TRUE(Contains(h.out, "[--tokenizer-dir TOK]")) << h.out;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace k3cli
