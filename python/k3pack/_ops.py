@@ -34,18 +34,31 @@ def dequantize_tensor(source, name):
     return _k3pack.dequantize(source.tensor_data(name), t.type_id)
 
 
-def build(gguf_dir, model_config, tokenizer_dir, *, pack=None, manifest=None, profile=None,
+def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifest=None, profile=None,
           payload_samples=6, full_source_hashes=True, force=False, progress=None, log=None, **build_options):
     """GGUF shards -> expert pack -> adapter manifest in one call, with
     `k3pack build`'s defaults and output rules: the pack beside the shards
     (<prefix>.expert-major.pack), the manifest beside the pack
     (kimi-k3-expert-pack.manifest.json, SGLang's name); the profile, when
     None, is the one recorded by k3pack.synth / a manifest, else kimi-k3.
-    Both paths are checked before a byte is written: neither may be an input;
-    a valid pack with its manifest is "already built" and left as it is;
-    anything else there is refused (FileExistsError) unless force=True.
-    Returns {"pack": build result dict, "manifest": path, "document": manifest
-    dict, "already_built": bool}."""
+    tokenizer_dir, when None, is found where SGLang's server finds it
+    (<shard dir>/tokenizer, <shard dir>/../kimi-k3-tokenizer, the sorted
+    <shard dir>/../*tokenizer* directories; none or several: RuntimeError
+    with SGLang's text), and model_config is config.json beside the shards,
+    else the tokenizer directory's; each one found is passed to `log` and
+    returned under "inputs". Both outputs are checked before a byte is
+    written: neither may be an input; a valid pack with its manifest is
+    "already built" and left as it is; anything else there is refused
+    (FileExistsError) unless force=True. Returns {"pack": build result dict,
+    "manifest": path, "document": manifest dict, "already_built": bool,
+    "inputs": {"model_config": path, "tokenizer_dir": path}}."""
+    model_config, tokenizer_dir, found = _k3pack._implied_inputs(
+        os.fspath(gguf_dir), "" if model_config is None else os.fspath(model_config),
+        "" if tokenizer_dir is None else os.fspath(tokenizer_dir), True)
+    for keyword, path, why in found:
+        if log is not None:
+            log("using %s=%s (%s)" % (keyword, path, why))
+    inputs = {"model_config": model_config, "tokenizer_dir": tokenizer_dir}
     plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
                                profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
                                force=force)
@@ -53,7 +66,7 @@ def build(gguf_dir, model_config, tokenizer_dir, *, pack=None, manifest=None, pr
         if log is not None:
             log("already built: %s (use force=True to rebuild)" % plan["manifest"])
         return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
-                "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True}
+                "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True, "inputs": inputs}
     # The shards are hashed beside the copy (one read of them, as `k3pack build`), not again by the manifest.
     result = _k3pack.build_pack(gguf_dir, model_config, out=plan["pack"], profile=plan["profile"], force=force,
                                 progress=progress, log=log, hash_sources=full_source_hashes, **build_options)
@@ -61,4 +74,4 @@ def build(gguf_dir, model_config, tokenizer_dir, *, pack=None, manifest=None, pr
                                   profile=plan["profile"], payload_samples=payload_samples,
                                   full_source_hashes=full_source_hashes, force=force,
                                   known_shard_sha256=result.get("source_sha256", {}))
-    return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False}
+    return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False, "inputs": inputs}

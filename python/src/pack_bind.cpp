@@ -14,6 +14,7 @@
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
 #include "manifest/manifest_output.h"
+#include "manifest/tokenizer_dir.h"
 #include "pack/pack_output.h"
 #include "util/file.h"
 #include "util/output_guard.h"
@@ -246,6 +247,28 @@ void RegisterPack(py::module_& m) {
      py::arg("profile") = "kimi-k3", py::arg("allow_mixed_types") = py::none(), py::arg("payload_samples") = 6,
      py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
      "SGLang's validate_ggml_moe_pack: returns the manifest's expert_pack section");
+
+  m.def("_implied_inputs", [](const std::string& gguf_dir, const std::string& model_config,
+                              const std::string& tokenizer_dir, bool want_tokenizer) {
+    py::list used;
+    auto note = [&](const char* keyword, const manifest::ImpliedPath& found) {
+      used.append(py::make_tuple(keyword, found.path, found.why));
+    };
+    std::string tok = tokenizer_dir, config = model_config;
+    if (want_tokenizer && tok.empty()) {
+      manifest::ImpliedPath found = Unwrap(manifest::ImpliedTokenizerDir(gguf_dir, kPyInputNames));
+      tok = found.path;
+      note("tokenizer_dir", found);
+    }
+    if (config.empty()) {
+      manifest::ImpliedPath found = Unwrap(manifest::ImpliedModelConfig(gguf_dir, tok, kPyInputNames));
+      config = found.path;
+      note("model_config", found);
+    }
+    return py::make_tuple(config, tok, used);
+  }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::arg("want_tokenizer"),
+     "(model_config, tokenizer_dir, [(keyword, path, why)]): the inputs left empty, found as `k3pack build` "
+     "finds them (SGLang's server's tokenizer rule; config.json beside the shards or in the tokenizer dir)");
 
   m.def("create_manifest", [](const std::string& gguf_dir, const std::string& expert_pack,
                               const std::string& model_config, const std::string& tokenizer_dir,

@@ -8,6 +8,17 @@ namespace k3pack::manifest {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+fs::path ShardDir(const std::string& gguf_path) {
+  std::error_code ec;
+  fs::path p(gguf_path);
+  if (!fs::is_directory(p, ec)) p = p.parent_path();
+  return p.empty() ? fs::path(".") : p;
+}
+
+}  // namespace
+
 bool IsKimiTokenizerDir(const std::string& dir) {
   std::error_code ec;
   const fs::path d(dir);
@@ -20,9 +31,7 @@ bool IsKimiTokenizerDir(const std::string& dir) {
 
 Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
   std::error_code ec;
-  fs::path shard_dir(gguf_path);
-  if (!fs::is_directory(shard_dir, ec)) shard_dir = shard_dir.parent_path();
-  if (shard_dir.empty()) shard_dir = ".";
+  const fs::path shard_dir = ShardDir(gguf_path);
   // The parent is taken from the path as given, as SGLang's Path.parent
   // does, except where the path has none to give ("m", ".", ".."): then it
   // is the real parent directory.
@@ -53,6 +62,38 @@ Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
   for (const auto& v : valid) names += (names.empty() ? "" : ", ") + v.filename().string();
   return Error("could not uniquely derive Kimi tokenizer beside " + shard_dir.string() +
                "; candidates: " + (names.empty() ? "none" : names));
+}
+
+Result<ImpliedPath> ImpliedTokenizerDir(const std::string& gguf_path, const InputNames& names) {
+  auto tok = DeriveTokenizerDir(gguf_path);
+  if (!tok.ok()) {
+    return Error(tok.error().message(), ErrorKind::kRuntime)
+        .WithHint("pass " + names.tokenizer_dir + " with the Kimi tokenizer directory (config.json + tokenizer.json, "
+                  "tiktoken.model or tokenizer_config.json). Without it k3pack looks where SGLang's server does: "
+                  "<shard dir>/tokenizer, <shard dir>/../kimi-k3-tokenizer and <shard dir>/../*tokenizer*");
+  }
+  return ImpliedPath{*tok, "the Kimi tokenizer directory beside the shards, found as SGLang's server finds it"};
+}
+
+Result<ImpliedPath> ImpliedModelConfig(const std::string& gguf_path, const std::string& tokenizer_dir,
+                                       const InputNames& names) {
+  std::error_code ec;
+  const fs::path beside = ShardDir(gguf_path) / "config.json";
+  if (fs::is_regular_file(beside, ec)) return ImpliedPath{beside.string(), "config.json beside the shards"};
+  std::string tok = tokenizer_dir, why_not;
+  if (tok.empty()) {
+    auto derived = DeriveTokenizerDir(gguf_path);
+    if (derived.ok()) tok = *derived;
+    else why_not = derived.error().message();
+  }
+  const fs::path in_tok = fs::path(tok) / "config.json";
+  if (tok.empty() || !fs::is_regular_file(in_tok, ec)) {
+    if (why_not.empty()) why_not = "no " + in_tok.string();
+    return Error(names.model_config + " not given, and no config.json found for it: no " + beside.string() +
+                 ", and " + why_not)
+        .WithHint("pass " + names.model_config + " with the Kimi-K3 model's HF config.json");
+  }
+  return ImpliedPath{in_tok.string(), "the tokenizer directory's config.json, as SGLang's server uses it"};
 }
 
 }  // namespace k3pack::manifest

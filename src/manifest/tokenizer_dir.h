@@ -6,6 +6,7 @@
 #include <string>
 
 #include "k3pack/error.h"
+#include "manifest/manifest_output.h"
 
 namespace k3pack::manifest {
 
@@ -19,5 +20,20 @@ bool IsKimiTokenizerDir(const std::string& dir);
 // several: SGLang's RuntimeError text, "could not uniquely derive Kimi
 // tokenizer beside <shard dir>; candidates: <names or none>".
 Result<std::string> DeriveTokenizerDir(const std::string& gguf_path);
+
+// An input the shard set implies when it is not given, and why, for the
+// caller to say ("using --tokenizer-dir m/tokenizer (<why>)").
+struct ImpliedPath {
+  std::string path, why;
+};
+
+// DeriveTokenizerDir, its failure a RuntimeError (as SGLang raises it) with
+// a hint naming how to pass the directory (`names`: the caller's words).
+Result<ImpliedPath> ImpliedTokenizerDir(const std::string& gguf_path, const InputNames& names);
+// config.json beside the shards (what `doctor` reads), else the tokenizer
+// directory's (`tokenizer_dir`, or the derived one when empty): the file
+// SGLang's server builds its model metadata from.
+Result<ImpliedPath> ImpliedModelConfig(const std::string& gguf_path, const std::string& tokenizer_dir,
+                                       const InputNames& names);
 
 }  // namespace k3pack::manifest
