@@ -85,13 +85,13 @@ TEST(ImpliedInputs, NoneOrSeveralCandidatesStopWithSGLangsTextBeforeAnyWrite) {
   EXPECT_EQ(none.code, 2) << none.out;
   EXPECT_TRUE(Contains(none.out, "error: could not uniquely derive Kimi tokenizer beside " + gguf + "; candidates: none\n"))
       << none.out;
-  EXPECT_TRUE(Contains(none.out, "pass --tokenizer-dir TOK")) << none.out;
+  EXPECT_TRUE(Contains(none.out, "pass --tokenizer-dir with the Kimi tokenizer directory")) << none.out;
   CliRun pack = Cli("pack" + kQuiet + Q(gguf));
   EXPECT_EQ(pack.code, 2) << pack.out;
   EXPECT_TRUE(Contains(pack.out, "--model-config not given, and no config.json found for it: no " + gguf +
                                      "/config.json, and could not uniquely derive Kimi tokenizer beside " + gguf))
       << pack.out;
-  EXPECT_TRUE(Contains(pack.out, "pass --model-config CONFIG")) << pack.out;
+  EXPECT_TRUE(Contains(pack.out, "pass --model-config with the Kimi-K3 model's HF config.json")) << pack.out;
 
   // Two valid directories: SGLang refuses to choose, and so does k3pack. A
   // directory that is not a tokenizer (no tokenizer file) is no candidate.
