@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/loader.h"
@@ -86,10 +87,12 @@ std::string FirstNonNpyEntry(const std::string& dir) {
 }
 
 int RunLoad(const std::vector<std::string>& argv) {
-  Args args("load", "--manifest M [--summary | --dump DIR | --json] [--verify-metadata]",
+  Args args("load", "[--manifest] M.json|DIR [--summary | --dump DIR | --json] [--verify-metadata]",
             "Streams the non-routed weights named by an adapter manifest in SGLang's exact order and form\n"
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
-  args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1)", std::nullopt, true)
+  args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1), or the directory holding it under "
+                              "SGLang's name (or give it as the argument)", std::nullopt, true)
+      .PositionalAsOption("--manifest")
       .Flag("--summary", "print a summary (the default)")
       .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR; the same dump already there is "
                         "reported as already built)")
@@ -114,6 +117,7 @@ int RunLoad(const std::vector<std::string>& argv) {
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  ManifestInDirectory(args, "load");
   auto mode = ProgressModeOf(args);
   if (!mode.ok()) return ReportError("load", mode.error(), 2);
   if (args.Has("--quiet")) {

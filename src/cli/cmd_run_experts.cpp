@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
@@ -132,11 +133,13 @@ Result<OutputAction> WriteTraceOut(const Args& a, const std::string& path, const
 }
 
 int RunExperts(const std::vector<std::string>& argv) {
-  Args a("run-experts", "--manifest M [--layer L | --all-layers] [--tokens N] [options]",
+  Args a("run-experts", "[--manifest] M.json|DIR [--layer L | --all-layers] [--tokens N] [options]",
          "Run Kimi-K3 routed-expert blocks (router, top-k, SiTU experts, weighted sum) for N synthetic tokens with\n"
          "the expert bytes served by the expert store from the pack, and check the outputs bit for bit against the\n"
          "same blocks computed straight from the GGUF source tensors. Exit code 1 when any output differs.");
-  a.Option("--manifest", "adapter manifest (pack path and source shards come from it)", std::nullopt, true)
+  a.Option("--manifest", "adapter manifest (pack path and source shards come from it), or the directory holding it "
+                           "under SGLang's name (or give it as the argument)", std::nullopt, true)
+      .PositionalAsOption("--manifest")
       .Option("--layer", "routed layer to run (default: the first active MoE layer)")
       .Flag("--all-layers", "run every active MoE layer")
       .Option("--tokens", "tokens per layer (one acquire of tokens x top_k routes)", "1")
@@ -168,6 +171,7 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Requires("--rank-manifests", {"--ep-size"}, "they are the manifests of the --ep-size ranks");
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  ManifestInDirectory(a, "run-experts");
   auto tokens = a.GetInt("--tokens"), seed = a.GetInt("--seed"), mib = a.GetInt("--cache-mib"),
        threads = a.GetInt("--threads"), ep_size = a.GetInt("--ep-size");
   for (auto* v : {&tokens, &seed, &mib, &threads, &ep_size}) {

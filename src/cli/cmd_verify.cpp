@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/preflight.h"
 #include "k3pack/manifest.h"
 #include "util/format.h"
@@ -34,11 +35,13 @@ Result<nlohmann::json> Run(const Args& args) {
 }
 
 int RunVerify(const std::vector<std::string>& argv) {
-  Args args(kCmd, "--manifest M.json [--samples N | --full [--against-source]] [--json]",
+  Args args(kCmd, "[--manifest] M.json|DIR [--samples N | --full [--against-source]] [--json]",
             "Verify an expert pack against its manifest: source shards unchanged (size + header digest), pack\n"
             "structure (SGLang's validator) and index digest, then payloads: N evenly spaced entries byte-compared\n"
             "with the GGUF source (default 6), or every payload against the <pack>.digests sidecar (--full).");
-  args.Option("--manifest", "manifest JSON written by `k3pack manifest` / `k3pack build`", std::nullopt, true)
+  args.Option("--manifest", "manifest JSON written by `k3pack manifest` / `k3pack build`, or the directory holding "
+                              "it under SGLang's name (or give it as the argument)", std::nullopt, true)
+      .PositionalAsOption("--manifest")
       .Option("--samples", "evenly spaced payloads compared with the GGUF source (default 6)")
       .Flag("--full", "hash every payload and compare with the digest sidecar")
       .Flag("--against-source", "with --full: also compare every payload with the GGUF source")
@@ -48,6 +51,7 @@ int RunVerify(const std::vector<std::string>& argv) {
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  ManifestInDirectory(args, kCmd);
   // Usage errors (exit 2): conflicting flags and bad values.
   Status usage = [&]() -> Status {
     if (args.Has("--samples")) {

@@ -223,8 +223,12 @@ std::vector<std::string> Args::GetAll(const std::string& name) const {
 
 std::string Args::Get(const std::string& name) const { return GetOpt(name).value_or(""); }
 
-void Args::Fill(const std::string& name, std::string value) {
-  if (auto it = specs_.find(name); it != specs_.end() && !values_.count(name)) it->second.def = std::move(value);
+void Args::Set(const std::string& name, std::string value) {
+  if (auto given = values_.find(name); given != values_.end()) {
+    given->second = std::move(value);
+  } else if (auto it = specs_.find(name); it != specs_.end()) {
+    it->second.def = std::move(value);
+  }
 }
 
 Result<int64_t> Args::GetInt(const std::string& name) const {

@@ -68,9 +68,10 @@ class Args {
   Result<double> GetDouble(const std::string& name) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
   std::string Usage() const;
-  // Gives option `name`, declared and not given, a value found after
-  // parsing (an input the other inputs imply); Has() stays false.
-  void Fill(const std::string& name, std::string value);
+  // Sets declared option `name` after parsing: an input the other inputs
+  // imply, or what a given value stands for (a directory for the manifest
+  // in it). Has() still says whether the user gave the option.
+  void Set(const std::string& name, std::string value);
 
  private:
   struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; bool repeatable = false; };

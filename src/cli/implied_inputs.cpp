@@ -29,23 +29,32 @@ Status FillImpliedInputs(Args& args, const std::string& command, ImpliedInputs w
   const manifest::InputNames names;  // the CLI's option names
   if (which.tokenizer_dir && !args.Has("--tokenizer-dir")) {
     K3_ASSIGN_OR_RETURN(manifest::ImpliedPath tok, manifest::ImpliedTokenizerDir(gguf, names));
-    args.Fill("--tokenizer-dir", tok.path);
+    args.Set("--tokenizer-dir", tok.path);
     Announce(command, "--tokenizer-dir", tok);
   }
   if (which.model_config && !args.Has("--model-config")) {
     K3_ASSIGN_OR_RETURN(manifest::ImpliedPath config,
                         manifest::ImpliedModelConfig(gguf, args.Get("--tokenizer-dir"), names));
-    args.Fill("--model-config", config.path);
+    args.Set("--model-config", config.path);
     Announce(command, "--model-config", config);
   }
   if (which.pack && !args.Has("--pack")) {
     K3_ASSIGN_OR_RETURN(auto shards, gguf::ShardSet::Discover(gguf));
     if (shards.empty()) return Error("no GGUF shards in " + gguf).WithHint("pass --gguf-dir DIR holding the shards");
     K3_ASSIGN_OR_RETURN(std::string pack, pack::DefaultPackPath(shards.front()));
-    args.Fill("--pack", pack);
+    args.Set("--pack", pack);
     Announce(command, "--pack", {pack, "the pack `k3pack pack` writes beside the shards"});
   }
   return Status::OK();
+}
+
+void ManifestInDirectory(Args& args, const std::string& command) {
+  const std::string given = args.Get("--manifest");
+  std::error_code ec;
+  if (given.empty() || !fs::is_directory(given, ec)) return;
+  const std::string path = (fs::path(given) / manifest::kDefaultManifestName).string();
+  args.Set("--manifest", path);
+  Announce(command, "--manifest", {path, "the manifest `k3pack build` writes in " + given});
 }
 
 }  // namespace k3pack::cli

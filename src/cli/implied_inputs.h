@@ -22,4 +22,9 @@ struct ImpliedInputs {
 // input that cannot be found is an error naming the option to pass.
 Status FillImpliedInputs(Args& args, const std::string& command, ImpliedInputs which);
 
+// A --manifest that names a directory stands for the manifest `build` and
+// `manifest` write there under SGLang's name; the path used is announced.
+// (A directory without one is then reported as a missing manifest file.)
+void ManifestInDirectory(Args& args, const std::string& command);
+
 }  // namespace k3pack::cli

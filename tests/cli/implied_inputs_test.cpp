@@ -118,6 +118,30 @@ TEST(ImpliedInputs, NoneOrSeveralCandidatesStopWithSGLangsTextBeforeAnyWrite) {
   EXPECT_TRUE(Contains(given.out, "using --model-config " + BaseModel() + "/tokenizer/config.json")) << given.out;
 }
 
+// After `k3pack build DIR`, the commands that read its manifest take DIR
+// (or the manifest) as their argument. Before, each needed --manifest with
+// the full file path.
+TEST(ImpliedInputs, ManifestReadersTakeTheDirectoryBuildWroteInto) {
+  const std::string m = FreshModel("implied-manifest-dir");
+  ASSERT_EQ(Cli("build" + kQuiet + Q(m)).code, 0);
+  const std::string manifest = m + "/" + kManifestName;
+  for (const std::string cmd : {"verify", "load", "run-experts"}) {
+    const std::string quiet = cmd == "run-experts" ? " " : " --progress none ";
+    CliRun r = Cli(cmd + quiet + Q(m));
+    EXPECT_EQ(r.code, 0) << cmd << ": " << r.out;
+    EXPECT_TRUE(Contains(r.out, "using --manifest " + manifest + " (the manifest `k3pack build` writes in " + m + ")"))
+        << cmd << ": " << r.out;
+    CliRun file = Cli(cmd + quiet + Q(manifest));
+    EXPECT_EQ(file.code, 0) << cmd << ": " << file.out;
+    EXPECT_FALSE(Contains(file.out, "using --manifest")) << file.out;
+  }
+  const std::string empty = Root() + "/implied-manifest-empty";
+  fs::create_directories(empty);
+  CliRun none = Cli("verify " + Q(empty));
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_TRUE(Contains(none.out, "error: --manifest " + empty + "/" + kManifestName + " does not exist")) << none.out;
+}
+
 TEST(ImpliedInputs, HelpShowsTheDefaultsAndTheUsageLineMarksThemOptional) {
   for (const std::string cmd : {"build", "manifest", "pack"}) {
     CliRun h = Cli(cmd + " --help");
