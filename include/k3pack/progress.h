@@ -1,5 +1,6 @@
 // Progress of a long operation, as every k3pack engine reports it (pack
-// build, verify, synth, trace replay/sweep, load, inspect --stats, doctor).
+// build, verify, synth, trace replay/sweep, load, inspect --stats, doctor,
+// run-experts).
 // Engines only fill this struct; how it is shown (bar, periodic lines, JSON
 // lines) is the command line's business (src/util/progress.h).
 #pragma once

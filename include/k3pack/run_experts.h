@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 #include "k3pack/store.h"
 #include "k3pack/trace.h"
 
@@ -48,7 +49,14 @@ struct ExpertRunOptions {
   // 3). A proxy: each layer's own router on the token's own MoE input (its
   // top predict_k), standing in for a predictor of the next token's route.
   bool predict_next_token = false;
+  // RunLayerStack only: told after each layer (phase "run", unit "layers"),
+  // for a caller that shows progress on a long stack.
+  ProgressFn progress;
 };
+
+// The progress report of `done` of `total` layers run (phase "run", unit
+// "layers"): what RunLayerStack and the command line's layer loop report.
+Progress LayerProgress(size_t done, size_t total);
 
 // One EP rank's share of an --ep-size run.
 struct EpRankRun {

@@ -169,9 +169,12 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Requires("--predict-next-token", {"--trace-out"}, "predictions are recorded only in the trace")
       .Requires("--force", {"--trace-out"}, "it only applies to the trace file")
       .Requires("--rank-manifests", {"--ep-size"}, "they are the manifests of the --ep-size ranks");
+  AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
   ManifestInDirectory(a, "run-experts");
+  auto progress_mode = ProgressModeOf(a);
+  if (!progress_mode.ok()) return ReportError("run-experts", progress_mode.error(), kExitUsage);
   auto tokens = a.GetInt("--tokens"), seed = a.GetInt("--seed"), mib = a.GetInt("--cache-mib"),
        threads = a.GetInt("--threads"), ep_size = a.GetInt("--ep-size");
   for (auto* v : {&tokens, &seed, &mib, &threads, &ep_size}) {
@@ -295,6 +298,10 @@ int RunExperts(const std::vector<std::string>& argv) {
   o.threads = static_cast<int>(*threads);
   o.quantize_activations = !a.Has("--float-dots");
   o.ep_size = static_cast<uint32_t>(*ep_size);
+  // Layers take seconds to minutes each at Kimi-K3's dimensions: the run
+  // shows how many of them are done.
+  auto progress = StartProgress(*progress_mode, "run-experts");
+  o.progress = progress->Fn();
   json runs = json::array();
   bool all_match = true;
   json prediction = nullptr;
@@ -307,6 +314,7 @@ int RunExperts(const std::vector<std::string>& argv) {
     o.predict_k = static_cast<uint32_t>(predict_k);
     o.predict_next_token = a.Has("--predict-next-token");
     auto stack = store::RunLayerStack(**st, *source, o, layers, rank_stores);
+    progress->Finish();
     if (!stack.ok()) return ReportError("run-experts", stack.error());
     for (const auto& r : stack->layers) {
       ++ran;
@@ -350,16 +358,23 @@ int RunExperts(const std::vector<std::string>& argv) {
     }
     layers.clear();  // done
   }
-  for (uint32_t layer : layers) {
-    o.layer = layer;
+  std::vector<store::ExpertRunResult> finished;
+  if (o.progress && !layers.empty()) o.progress(store::LayerProgress(0, layers.size()));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    o.layer = layers[i];
     ++ran;
     auto r = store::RunRoutedExperts(**st, *source, o, rank_stores);
     if (!r.ok()) return ReportError("run-experts", r.error());
+    if (o.progress) o.progress(store::LayerProgress(i + 1, layers.size()));
     all_match = all_match && r->matches();
+    finished.push_back(std::move(*r));
+  }
+  progress->Finish();  // the bar's line ends before the results are printed
+  for (const auto& r : finished) {
     if (a.Has("--json")) {
-      runs.push_back(store::ExpertRunJson(*r));
+      runs.push_back(store::ExpertRunJson(r));
     } else {
-      PrintRun(*r);
+      PrintRun(r);
     }
   }
   for (auto& rs : rank_stores) {

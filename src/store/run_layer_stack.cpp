@@ -7,6 +7,12 @@
 
 namespace k3pack::store {
 
+Progress LayerProgress(size_t done, size_t total) {
+  Progress p("run", 0, 0, done, total, 0);
+  p.unit = "layers";
+  return p;
+}
+
 Result<LayerStackResult> RunLayerStack(ExpertStore& store, const gguf::ShardSet& source,
                                        const ExpertRunOptions& options, const std::vector<uint32_t>& layers,
                                        const std::vector<std::shared_ptr<ExpertStore>>& rank_stores) {
@@ -26,6 +32,7 @@ Result<LayerStackResult> RunLayerStack(ExpertStore& store, const gguf::ShardSet&
     hidden = std::move(r.hidden_out);
     r.hidden_out.clear();
     out.layers.push_back(std::move(r));
+    if (options.progress) options.progress(LayerProgress(i + 1, layers.size()));
   }
   const ExpertRunResult& first = out.layers.front();
   out.predict_k = options.predict_k ? options.predict_k : first.top_k;

@@ -1,6 +1,7 @@
 // The one progress reporter of the command line: every long command (pack,
-// build, verify, synth, trace replay/sweep, load, inspect --stats, doctor)
-// shows its k3pack::Progress through it, so they all look and behave alike:
+// build, verify, synth, trace replay/sweep, load, inspect --stats, doctor
+// and run-experts) shows its k3pack::Progress through it, so they all look
+// and behave alike:
 //   * bar   (a terminal): one redrawn line with a bar, rate and ETA; the ETA
 //           is hidden until it means something, holes are not throughput;
 //   * lines (auto when stderr is not a terminal): one line every 10 s, so

@@ -147,6 +147,13 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
   r = K3("load --manifest " + P("m.json") + " --progress json");
   ASSERT_EQ(r.code, 0) << r.err;
   ExpectFinished(JsonLines(r.err), "load", "shards");
+  // run-experts: layers done, in both of its loops (the layer list and the stack).
+  r = K3("run-experts --manifest " + P("m.json") + " --all-layers --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "run", "layers");
+  r = K3("run-experts --manifest " + P("m.json") + " --all-layers --trace-out " + P("stack.trace") + " --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "run", "layers");
   ASSERT_EQ(K3("trace gen --manifest " + P("m.json") + " --requests 1 --decode-tokens 16 --out " + P("t.trace")).code,
             0);
   r = K3("trace replay --trace " + P("t.trace") + " --manifest " + P("m.json") + " --cache-mib 64 --progress json");
@@ -175,7 +182,7 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
 TEST_F(CliSurface, ProgressValueIsCheckedOnEveryLongCommand) {
   for (const std::string& cmd : std::vector<std::string>{"synth --out " + P("x"), "trace sweep", "trace replay --trace t --cache-mib 1",
                                 "inspect " + P("x") + " --stats", "load --manifest m.json", "doctor " + P("x"),
-                                "verify --manifest m.json --full"}) {
+                                "verify --manifest m.json --full", "run-experts --manifest m.json"}) {
     auto r = K3(cmd + " --progress sometimes");
     EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
     EXPECT_NE(r.err.find("--progress must be one of auto, bar, json, none"), std::string::npos) << cmd << "\n" << r.err;
