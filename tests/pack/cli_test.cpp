@@ -216,8 +216,11 @@ TEST_F(PackCli, RefusalsAndExitCodes) {
   auto [rc, err] = RunCli(PackArgs(out), {"K3PACK_FAKE_FREE_BYTES=4096"});
   EXPECT_EQ(rc, 1);
   EXPECT_NE(err.find("insufficient space for Kimi Expert Pack: available=4096, required="), std::string::npos) << err;
-  auto [rc2, err2] = RunCli({"pack", "--gguf-dir", model_->dir});
-  EXPECT_EQ(rc2, 2) << err2;  // usage: --model-config missing
+  // (--model-config may be left out: config.json beside the shards is used,
+  // tests/cli/implied_inputs_test.cpp.)
+  auto [rc2, err2] = RunCli({"pack", "--model-config", model_->dir + "/config.json"});
+  EXPECT_EQ(rc2, 2) << err2;  // usage: --gguf-dir missing
+  EXPECT_NE(err2.find("missing required option --gguf-dir"), std::string::npos) << err2;
   auto [rc3, err3] = RunCli(PackArgs(out));
   ASSERT_EQ(rc3, 0) << err3;
   // The same command again: the finished pack is reported, not rebuilt.
