@@ -263,7 +263,9 @@ Result<uint64_t> PlannedTensorCount(const SynthOptions& o) {
 
 Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   if (o.out_dir.empty()) return Error("synth: no output directory given");
-  if (o.shards < 1 || o.shards > 99999) return Error("synth: shard count must be in 1..99999");
+  if (o.shards < 1 || o.shards > 65535) {
+    return Error("synth: shard count must be in 1..65535 (split.count is UINT16)");
+  }
   K3_ASSIGN_OR_RETURN(ModelPlan plan, PlanModel(o));
   const SynthDims& d = plan.d;
   const std::vector<ExpectedTensor>& table = plan.table;

@@ -100,3 +100,21 @@ TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
 
 }  // namespace
 }  // namespace k3pack::kimi
+
+namespace k3pack::synth {
+namespace {
+
+// split.count is UINT16: a synthetic set cannot have more than 65535 shards,
+// and saying so beats any later error about the tensor count.
+TEST(SynthLimits, ShardCountFitsSplitCount) {
+  auto o = PresetOptions("tiny");
+  ASSERT_TRUE(o.ok());
+  o->out_dir = "/proc/k3pack-never-written";
+  o->shards = 65536;
+  auto r = WriteSynthModel(*o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("1..65535"), std::string::npos) << r.error().message();
+}
+
+}  // namespace
+}  // namespace k3pack::synth
