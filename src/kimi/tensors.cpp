@@ -248,6 +248,36 @@ int64_t OptInt(const gguf::GgufFile& f, const std::string& key, int64_t def) {
   return i && *i >= 0 && *i <= UINT32_MAX ? *i : def;
 }
 
+// feed_forward_length as llama.cpp's get_key_or_arr reads it: a scalar, or
+// one entry per layer. The table has one dense width, so the dense layers
+// must agree; without dense layers the width is unused (the largest entry).
+Result<int64_t> DenseFeedForward(const gguf::GgufFile& f, const std::string& key, uint32_t layers,
+                                 uint32_t first_dense) {
+  const gguf::Value* v = f.Find(key);
+  if (v == nullptr || v->type != gguf::ValueType::kArray) return OptInt(f, key, 0);
+  if (v->array_type == gguf::ValueType::kString || v->array_count != layers) {
+    return Error(f.path() + ": metadata key " + key + " must be an integer or an integer array of block_count (" +
+                 std::to_string(layers) + ") entries");
+  }
+  int64_t width = 0;
+  for (uint32_t il = 0; il < layers; ++il) {
+    const int64_t x = v->ArrayInt(il);
+    if (x < 0 || x > UINT32_MAX) {
+      return Error(f.path() + ": metadata key " + key + "[" + std::to_string(il) + "] is out of range");
+    }
+    if (il < first_dense) {
+      if (il > 0 && x != width) {
+        return Error(f.path() + ": metadata key " + key + " gives dense layers different widths (" +
+                     std::to_string(width) + " and " + std::to_string(x) + "); one width per model is supported");
+      }
+      width = x;
+    } else if (first_dense == 0) {
+      width = std::max(width, x);
+    }
+  }
+  return width;
+}
+
 }  // namespace
 
 Result<SynthDims> DimsFromGguf(const gguf::GgufFile& f) {
@@ -279,7 +309,8 @@ Result<SynthDims> DimsFromGguf(const gguf::GgufFile& f) {
   d.first_k_dense = u(OptInt(f, a + "leading_dense_block_count", 0));
   d.latent = u(OptInt(f, a + "expert_latent_length", 0));
   if (d.latent == 0) d.latent = d.hidden;
-  d.dense_intermediate = u(OptInt(f, a + "feed_forward_length", 0));
+  K3_ASSIGN_OR_RETURN(int64_t ff, DenseFeedForward(f, a + "feed_forward_length", d.num_layers, d.first_k_dense));
+  d.dense_intermediate = u(ff);
   d.qk_rope = u(OptInt(f, a + "rope.dimension_count", 0));
   // llama.cpp sizes the MLA heads from these two keys (dk = dn + dr, dv),
   // independently of kda.head_dim; absent keys keep head_dim (K3's value).

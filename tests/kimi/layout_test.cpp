@@ -98,6 +98,68 @@ TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
   EXPECT_NE(db.error().message().find("attention.key_length_mla"), std::string::npos) << db.error().message();
 }
 
+// llama.cpp reads feed_forward_length with get_key_or_arr: a per-layer array
+// (length block_count) is as valid as a scalar. The dense layers' entry sizes
+// ffn_gate/up/down; MoE layers' entries are not used by Kimi-K3.
+TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
+  const std::string a = "kimi-k3.";
+  auto base = [&](gguf::MetadataBuilder& m) {
+    m.Str("general.architecture", "kimi-k3");
+    m.U32(a + "block_count", 3);
+    m.U32(a + "embedding_length", 512);
+    m.U32(a + "vocab_size", 512);
+    m.U32(a + "attention.head_count", 4);
+    m.I32Array(a + "attention.head_count_kv", {0, 0, 1});
+    m.U32(a + "attention.q_lora_rank", 256);
+    m.U32(a + "attention.kv_lora_rank", 256);
+    m.U32(a + "rope.dimension_count", 32);
+    m.U32(a + "ssm.conv_kernel", 4);
+    m.U32(a + "kda.head_dim", 64);
+    m.U32(a + "expert_count", 8);
+    m.U32(a + "expert_used_count", 2);
+    m.U32(a + "expert_feed_forward_length", 256);
+    m.U32(a + "expert_shared_count", 1);
+    m.U32(a + "leading_dense_block_count", 2);
+    m.U32(a + "expert_latent_length", 256);
+    m.U32(a + "attn_res.block_size", 2);
+  };
+  const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-ff";
+  fs::create_directories(dir);
+  auto dims_of = [&](const gguf::MetadataBuilder& m, const std::string& name) {
+    const std::string path = (dir / name).string();
+    EXPECT_TRUE(gguf::WriteGguf(path, m, {}).ok());
+    auto f = gguf::GgufFile::Open(path);
+    EXPECT_TRUE(f.ok());
+    return DimsFromGguf(**f);
+  };
+  gguf::MetadataBuilder arr;
+  base(arr);
+  arr.I32Array(a + "feed_forward_length", {768, 768, 0});
+  auto d = dims_of(arr, "ff-array.gguf");
+  ASSERT_TRUE(d.ok()) << d.error().message();
+  EXPECT_EQ(d->dense_intermediate, 768u);
+  auto table = ExpectedTensors(*d);
+  ASSERT_TRUE(table.ok()) << table.error().message();
+  auto s = Shapes(*table);
+  EXPECT_EQ(s["blk.1.ffn_down.weight"], (std::vector<int64_t>{768, 512}));
+
+  // Dense layers of different widths cannot be one table: refused by name.
+  gguf::MetadataBuilder mixed;
+  base(mixed);
+  mixed.U32Array(a + "feed_forward_length", {768, 1024, 0});
+  auto dm = dims_of(mixed, "ff-mixed.gguf");
+  ASSERT_FALSE(dm.ok());
+  EXPECT_NE(dm.error().message().find("feed_forward_length"), std::string::npos) << dm.error().message();
+
+  // An array whose length is not block_count is refused, as llama.cpp does.
+  gguf::MetadataBuilder shortarr;
+  base(shortarr);
+  shortarr.I32Array(a + "feed_forward_length", {768, 768});
+  auto ds = dims_of(shortarr, "ff-short.gguf");
+  ASSERT_FALSE(ds.ok());
+  EXPECT_NE(ds.error().message().find("feed_forward_length"), std::string::npos) << ds.error().message();
+}
+
 }  // namespace
 }  // namespace k3pack::kimi
 
