@@ -255,7 +255,10 @@ Result<int64_t> DenseFeedForward(const gguf::GgufFile& f, const std::string& key
                                  uint32_t first_dense) {
   const gguf::Value* v = f.Find(key);
   if (v == nullptr || v->type != gguf::ValueType::kArray) return OptInt(f, key, 0);
-  if (v->array_type == gguf::ValueType::kString || v->array_count != layers) {
+  const gguf::ValueType et = v->array_type;
+  const bool integer = et != gguf::ValueType::kString && et != gguf::ValueType::kBool &&
+                       et != gguf::ValueType::kFloat32 && et != gguf::ValueType::kFloat64;
+  if (!integer || v->array_count != layers) {
     return Error(f.path() + ": metadata key " + key + " must be an integer or an integer array of block_count (" +
                  std::to_string(layers) + ") entries");
   }
