@@ -34,7 +34,7 @@ struct SynthDims {
   uint32_t moe_intermediate = 1024;    // expert_feed_forward_length (Fe)
   uint32_t dense_intermediate = 1024;  // feed_forward_length (F), dense layers only
   uint32_t heads = 4;                  // attention.head_count (H), KDA and MLA
-  uint32_t head_dim = 64;              // kda.head_dim (Dk); also MLA qk_nope and v_head
+  uint32_t head_dim = 64;              // kda.head_dim (Dk); MLA qk_nope / v_head unless set below
   uint32_t qk_rope = 32;               // rope.dimension_count (dr)
   uint32_t q_lora_rank = 256;          // attention.q_lora_rank (qr)
   uint32_t kv_lora_rank = 256;         // attention.kv_lora_rank (kr)
@@ -45,7 +45,14 @@ struct SynthDims {
   // 0-based MLA (full-attention) layers; every other layer is KDA. nullopt =
   // K3's pattern: (il + 1) % 4 == 0, plus the last layer.
   std::optional<std::vector<uint32_t>> mla_layers;
+  // MLA head sizes: qk_nope (dn = attention.key_length_mla - dr) and v_head
+  // (attention.value_length_mla). 0 = head_dim, as in Kimi-K3 where all
+  // three are 128.
+  uint32_t mla_qk_nope = 0;
+  uint32_t mla_v_head = 0;
 };
+inline uint32_t MlaQkNope(const SynthDims& d) { return d.mla_qk_nope != 0 ? d.mla_qk_nope : d.head_dim; }
+inline uint32_t MlaVHead(const SynthDims& d) { return d.mla_v_head != 0 ? d.mla_v_head : d.head_dim; }
 
 SynthDims TinyDims();          // 4 layers, 16 experts, top-4, hidden 512 (the test model)
 SynthDims K3StructureDims();   // the real Kimi-K3: 93 layers, 896 experts, 24 MLA + 69 KDA

@@ -82,7 +82,8 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
   if (d.top_k > d.num_experts)
     return Error("--top-k " + std::to_string(d.top_k) + " must be at most --experts (" +
                  std::to_string(d.num_experts) + ")");
-  if (o.shards > 99999) return Error("--shards must be in 1..99999, got " + std::to_string(o.shards));
+  if (o.shards > 65535)
+    return Error("--shards must be in 1..65535 (split.count is UINT16), got " + std::to_string(o.shards));
   K3_ASSIGN_OR_RETURN(uint64_t tensors, synth::PlannedTensorCount(o));
   if (o.shards > tensors)
     return Error("--shards " + std::to_string(o.shards) + " is more than the model's " + std::to_string(tensors) +

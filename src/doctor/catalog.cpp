@@ -116,7 +116,9 @@ const std::vector<Diagnosis> kCatalog = {
      "coverage check (Kimi-K3 GGUF did not initialize all model parameters) fails.",
      "Re-convert or re-download; if a near-miss name exists it is reported as tensor-name-misspelled."},
     {"tensor-shape-mismatch", E, "ValueError",
-     "The tensor's shape (GGUF ne order) differs from what the kimi-k3.* metadata implies.",
+     "The tensor's shape (GGUF ne order) differs from what the kimi-k3.* metadata implies (MLA head sizes "
+     "come from attention.key_length_mla and value_length_mla; a KDA conv1d may be {C, 1, Di} or the "
+     "converter's {C, 1, Di, 1}).",
      "Re-convert the model; the metadata and the tensors come from different configurations."},
     {"tensor-must-be-float", E, "RuntimeError",
      "This tensor feeds an unquantized module (norm, router, conv, A_log, dt_bias, residual score); SGLang "

@@ -156,9 +156,11 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
     if (it != m.expected.end()) {
       const kimi::ExpectedTensor& want = it->second;
       const bool value_checked = want.role == kimi::TensorRole::kSsmA || want.role == kimi::TensorRole::kResScore;
-      if (!value_checked && t.shape() != want.ne) {
+      if (!value_checked && !want.ShapeMatches(t.shape())) {
         Finding& f = out.Add("tensor-shape-mismatch", name,
-                             "shape " + NeList(t.shape()) + ", the metadata implies " + NeList(want.ne), {}, file);
+                             "shape " + NeList(t.shape()) + ", the metadata implies " + NeList(want.ne) +
+                                 (want.alt_ne.empty() ? "" : " or " + NeList(want.alt_ne)),
+                             {}, file);
         f.details = {{"shape", t.shape()}, {"expected", want.ne}};
       }
       const GgmlTypeInfo* ti = GgmlTypeInfoFor(t.type);

@@ -19,7 +19,9 @@ constexpr size_t kMaxNameBytes = 63;                // GGML_MAX_NAME - 1
 constexpr uint32_t kMaxDims = 4;
 // Smallest possible encodings, used to bound counts before reserving memory.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;
-constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
+// Name length, n_dims, type, offset: ggml accepts n_dims == 0 (a one-element
+// tensor), which has no extents at all.
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;
 
 uint64_t Pad(uint64_t x, uint64_t n) { return (x + n - 1) / n * n; }
 
@@ -137,6 +139,9 @@ class Parser {
     }
     pos_ = 4;
     K3_ASSIGN_OR_RETURN(uint32_t version, Read<uint32_t>("version"));
+    // gguf.cpp's order: 0 is simply bad, other values with zero low bits are
+    // another byte order.
+    if (version == 0) return Fail(4, "bad GGUF version 0");
     if ((version & 0xFFFF) == 0) {
       return Fail(4, "GGUF version field " + std::to_string(version) +
                          " looks byte-swapped: big-endian GGUF files are not supported (convert it to little-endian)");

@@ -4,8 +4,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "k3pack/gguf.h"
@@ -112,16 +115,36 @@ Status ValidateTensor(const TensorSpec& t, uint64_t* nbytes) {
   if (info == nullptr || info->block_size == 0) {
     return Error("cannot write tensor '" + t.name + "': invalid ggml type");
   }
-  uint64_t n = 1;
+  bool empty = false;
   for (int64_t d : t.ne) {
     if (d < 0) return Error("cannot write tensor '" + t.name + "': negative dimension");
-    n *= static_cast<uint64_t>(d);
+    empty = empty || d == 0;
+  }
+  // ggml's reader guard (skipped, as there, for an empty tensor): each
+  // partial product of the extents must stay below INT64_MAX.
+  uint64_t n = 1;
+  for (size_t j = 0; j < t.ne.size(); ++j) {
+    const auto d = static_cast<uint64_t>(t.ne[j]);
+    if (!empty && j > 0 && static_cast<uint64_t>(INT64_MAX) / d <= n) {
+      return Error("cannot write tensor '" + t.name + "': element count overflows int64");
+    }
+    n = empty ? 0 : n * d;
   }
   if (t.ne[0] % info->block_size != 0) {
     return Error("cannot write tensor '" + t.name + "': ne[0]=" + std::to_string(t.ne[0]) +
                  " is not a multiple of the " + info->name + " block size " + std::to_string(info->block_size));
   }
   *nbytes = n / info->block_size * info->type_size;
+  return Status::OK();
+}
+
+// ggml's reader refuses a file (and llama.cpp a split set) naming a tensor
+// twice; checked over everything to be written before any file is created.
+Status CheckUniqueNames(const std::vector<TensorSpec>& tensors) {
+  std::unordered_set<std::string_view> seen;
+  for (const TensorSpec& t : tensors) {
+    if (!seen.insert(t.name).second) return Error("cannot write GGUF: duplicate tensor name '" + t.name + "'");
+  }
   return Status::OK();
 }
 
@@ -194,6 +217,7 @@ std::vector<MetadataBuilder::Entry> WithAlignment(std::vector<MetadataBuilder::E
 
 Status WriteGguf(const std::string& path, const MetadataBuilder& meta, const std::vector<TensorSpec>& tensors,
                  const WriteOptions& opts) {
+  K3_RETURN_IF_ERROR(CheckUniqueNames(tensors));
   std::vector<const TensorSpec*> ptrs;
   for (const auto& t : tensors) ptrs.push_back(&t);
   return WriteOne(path, WithAlignment(meta.entries(), opts), ptrs, opts);
@@ -209,7 +233,11 @@ Result<std::vector<std::string>> WriteGgufSplit(const std::string& dir, const st
     if (i > 0 && shard_of[i] < shard_of[i - 1]) return Error("WriteGgufSplit: shard_of must be non-decreasing");
     count = std::max(count, shard_of[i] + 1);
   }
-  if (count > 99999) return Error("WriteGgufSplit: at most 99999 shards");
+  // split.no / split.count are UINT16 (and the file names have 5 digits).
+  if (count > 65535) {
+    return Error("WriteGgufSplit: at most 65535 shards (split.count is UINT16), asked for " + std::to_string(count));
+  }
+  K3_RETURN_IF_ERROR(CheckUniqueNames(tensors));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error::FromErrno("cannot create directory " + dir, ec.value());

@@ -137,8 +137,8 @@ gguf::MetadataBuilder BuildMetadata(const SynthOptions& o, const SynthDims& d, c
   m.F32(a + "attention.layer_norm_rms_epsilon", 1e-5f);
   m.U32(a + "attention.key_length", d.kv_lora_rank + d.qk_rope);
   m.U32(a + "attention.value_length", d.kv_lora_rank);
-  m.U32(a + "attention.key_length_mla", d.head_dim + d.qk_rope);
-  m.U32(a + "attention.value_length_mla", d.head_dim);
+  m.U32(a + "attention.key_length_mla", MlaQkNope(d) + d.qk_rope);
+  m.U32(a + "attention.value_length_mla", MlaVHead(d));
   m.U32(a + "attention.q_lora_rank", d.q_lora_rank);
   m.U32(a + "attention.kv_lora_rank", d.kv_lora_rank);
   m.U32(a + "rope.dimension_count", d.qk_rope);
@@ -263,7 +263,9 @@ Result<uint64_t> PlannedTensorCount(const SynthOptions& o) {
 
 Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   if (o.out_dir.empty()) return Error("synth: no output directory given");
-  if (o.shards < 1 || o.shards > 99999) return Error("synth: shard count must be in 1..99999");
+  if (o.shards < 1 || o.shards > 65535) {
+    return Error("synth: shard count must be in 1..65535 (split.count is UINT16)");
+  }
   K3_ASSIGN_OR_RETURN(ModelPlan plan, PlanModel(o));
   const SynthDims& d = plan.d;
   const std::vector<ExpectedTensor>& table = plan.table;

@@ -104,10 +104,12 @@ class TableBuilder {
  public:
   TableBuilder(const SynthDims& d, const TypePlan& p) : d_(d), p_(p) {}
 
-  Status Add(std::string name, std::vector<int64_t> ne, TensorRole role, int32_t layer) {
+  Status Add(std::string name, std::vector<int64_t> ne, TensorRole role, int32_t layer,
+             std::vector<int64_t> alt_ne = {}) {
     ExpectedTensor t;
     t.name = std::move(name);
     t.ne = std::move(ne);
+    t.alt_ne = std::move(alt_ne);
     t.role = role;
     t.layer = layer;
     GgmlType want = GgmlType::F32;
@@ -162,7 +164,7 @@ Result<std::vector<ExpectedTensor>> ExpectedTensors(const SynthDims& d, const Ty
   }
   const int64_t E = d.hidden, V = d.vocab, H = d.heads, Dk = d.head_dim, Di = int64_t{d.heads} * d.head_dim;
   const int64_t C = d.conv_kernel, qr = d.q_lora_rank, kr = d.kv_lora_rank, dr = d.qk_rope;
-  const int64_t dn = d.head_dim, dv = d.head_dim, dk = dn + dr;
+  const int64_t dn = synth::MlaQkNope(d), dv = synth::MlaVHead(d), dk = dn + dr;
   const int64_t F = d.dense_intermediate, Fe = d.moe_intermediate, X = d.num_experts, L = d.latent;
   const int64_t Fs = Fe * std::max<int64_t>(d.num_shared_experts, 1);
   const bool res = d.attn_res_block_size > 0;
@@ -186,7 +188,7 @@ Result<std::vector<ExpectedTensor>> ExpectedTensors(const SynthDims& d, const Ty
       K3_RETURN_IF_ERROR(b.Add(p + "attn_output.weight", {H * dv, E}, R::kMatrix, l));
     } else {
       for (const char* qkv : {"q", "k", "v"}) {
-        K3_RETURN_IF_ERROR(b.Add(p + "ssm_conv1d_" + qkv + ".weight", {C, 1, Di}, R::kConv, l));
+        K3_RETURN_IF_ERROR(b.Add(p + "ssm_conv1d_" + qkv + ".weight", {C, 1, Di}, R::kConv, l, {C, 1, Di, 1}));
       }
       for (const char* qkv : {"q", "k", "v"}) {
         K3_RETURN_IF_ERROR(b.Add(p + "attn_" + qkv + ".weight", {E, Di}, R::kMatrix, l));
@@ -246,6 +248,39 @@ int64_t OptInt(const gguf::GgufFile& f, const std::string& key, int64_t def) {
   return i && *i >= 0 && *i <= UINT32_MAX ? *i : def;
 }
 
+// feed_forward_length as llama.cpp's get_key_or_arr reads it: a scalar, or
+// one entry per layer. The table has one dense width, so the dense layers
+// must agree; without dense layers the width is unused (the largest entry).
+Result<int64_t> DenseFeedForward(const gguf::GgufFile& f, const std::string& key, uint32_t layers,
+                                 uint32_t first_dense) {
+  const gguf::Value* v = f.Find(key);
+  if (v == nullptr || v->type != gguf::ValueType::kArray) return OptInt(f, key, 0);
+  const gguf::ValueType et = v->array_type;
+  const bool integer = et != gguf::ValueType::kString && et != gguf::ValueType::kBool &&
+                       et != gguf::ValueType::kFloat32 && et != gguf::ValueType::kFloat64;
+  if (!integer || v->array_count != layers) {
+    return Error(f.path() + ": metadata key " + key + " must be an integer or an integer array of block_count (" +
+                 std::to_string(layers) + ") entries");
+  }
+  int64_t width = 0;
+  for (uint32_t il = 0; il < layers; ++il) {
+    const int64_t x = v->ArrayInt(il);
+    if (x < 0 || x > UINT32_MAX) {
+      return Error(f.path() + ": metadata key " + key + "[" + std::to_string(il) + "] is out of range");
+    }
+    if (il < first_dense) {
+      if (il > 0 && x != width) {
+        return Error(f.path() + ": metadata key " + key + " gives dense layers different widths (" +
+                     std::to_string(width) + " and " + std::to_string(x) + "); one width per model is supported");
+      }
+      width = x;
+    } else if (first_dense == 0) {
+      width = std::max(width, x);
+    }
+  }
+  return width;
+}
+
 }  // namespace
 
 Result<SynthDims> DimsFromGguf(const gguf::GgufFile& f) {
@@ -277,8 +312,24 @@ Result<SynthDims> DimsFromGguf(const gguf::GgufFile& f) {
   d.first_k_dense = u(OptInt(f, a + "leading_dense_block_count", 0));
   d.latent = u(OptInt(f, a + "expert_latent_length", 0));
   if (d.latent == 0) d.latent = d.hidden;
-  d.dense_intermediate = u(OptInt(f, a + "feed_forward_length", 0));
+  K3_ASSIGN_OR_RETURN(int64_t ff, DenseFeedForward(f, a + "feed_forward_length", d.num_layers, d.first_k_dense));
+  d.dense_intermediate = u(ff);
   d.qk_rope = u(OptInt(f, a + "rope.dimension_count", 0));
+  // llama.cpp sizes the MLA heads from these two keys (dk = dn + dr, dv),
+  // independently of kda.head_dim; absent keys keep head_dim (K3's value).
+  if (f.Find(a + "attention.key_length_mla") != nullptr) {
+    K3_ASSIGN_OR_RETURN(int64_t dk_mla, ReqInt(f, a + "attention.key_length_mla"));
+    if (dk_mla <= d.qk_rope) {
+      return Error(f.path() + ": metadata key " + a + "attention.key_length_mla (" + std::to_string(dk_mla) +
+                   ") must exceed rope.dimension_count (" + std::to_string(d.qk_rope) +
+                   "): the MLA key head is the nope part plus the rope part");
+    }
+    d.mla_qk_nope = u(dk_mla - d.qk_rope);
+  }
+  if (f.Find(a + "attention.value_length_mla") != nullptr) {
+    K3_ASSIGN_OR_RETURN(int64_t dv_mla, ReqInt(f, a + "attention.value_length_mla"));
+    d.mla_v_head = u(dv_mla);
+  }
   d.q_lora_rank = u(OptInt(f, a + "attention.q_lora_rank", 0));
   d.context_length = u(OptInt(f, a + "context_length", 0));
   d.vocab = u(OptInt(f, a + "vocab_size", 0));

@@ -57,6 +57,14 @@ struct ExpectedTensor {
   GgmlType type = GgmlType::F32;
   TensorRole role = TensorRole::kMatrix;
   int32_t layer = -1;       // -1 = top level
+  // A second shape llama.cpp's loader accepts for the same bytes, empty when
+  // there is none: conv1d is {C, 1, Di, 1} as the Python converter writes it
+  // (it keeps trailing 1s) and {C, 1, Di} after llama-quantize.
+  std::vector<int64_t> alt_ne = {};
+
+  bool ShapeMatches(const std::vector<int64_t>& shape) const {
+    return shape == ne || (!alt_ne.empty() && shape == alt_ne);
+  }
 };
 
 // Storage types for the non-F32 roles.

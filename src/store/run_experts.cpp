@@ -115,6 +115,22 @@ Result<moe::MoeConfig> ConfigFor(const gguf::ShardSet& set, const LayerTensors& 
   if (const gguf::Value* v = set.first().Find(arch + ".expert_weights_scale")) {
     cfg.expert_weights_scale = static_cast<float>(v->AsFloat().value_or(1.0));
   }
+  // SiTU's constants are model hyperparameters (llama.cpp requires both
+  // keys); MoeConfig's defaults are Kimi-K3's 4 and 25.
+  if (const gguf::Value* v = set.first().Find(arch + ".activation.situ_beta")) {
+    cfg.situ_beta = static_cast<float>(v->AsFloat().value_or(cfg.situ_beta));
+  }
+  if (const gguf::Value* v = set.first().Find(arch + ".activation.situ_linear_beta")) {
+    cfg.situ_lambda = static_cast<float>(v->AsFloat().value_or(cfg.situ_lambda));
+  }
+  // moe::Route implements sigmoid gating only (Kimi-K3's, id 2).
+  if (const gguf::Value* v = set.first().Find(arch + ".expert_gating_func")) {
+    if (v->AsInt() != std::optional<int64_t>(2)) {
+      return Error(set.first().path() + ": " + arch + ".expert_gating_func is " +
+                   (v->AsInt() ? std::to_string(*v->AsInt()) : std::string(gguf::ValueTypeName(v->type))) +
+                   "; only sigmoid routing (2, Kimi-K3's) is implemented");
+    }
+  }
   return cfg;
 }
 

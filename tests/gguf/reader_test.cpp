@@ -59,7 +59,7 @@ TEST(GgufReader, RejectsBadMagicAndVersions) {
   for (uint32_t v : {0u, 4u}) {
     b = x.b;
     std::memcpy(&b[4], &v, 4);
-    ExpectReject(b, v == 0 ? "byte-swapped" : "unsupported GGUF version 4");
+    ExpectReject(b, v == 0 ? "bad GGUF version 0" : "unsupported GGUF version 4");
   }
   b = x.b;
   uint32_t one = 1;
