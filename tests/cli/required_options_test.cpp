@@ -23,12 +23,21 @@ std::string TraceGen(const std::string& trace, const std::string& extra = "") {
 const std::string kSweepModel = " --layers 2 --experts 8 --top-k 2 --requests 1 --prompt-tokens 0 --decode-tokens 8 "
                                 "--object-bytes 4096 --sizes 4 --policies lru --progress none ";
 
+// A built model (its directory and manifest) and an empty output directory.
+struct Workspace {
+  std::string model, manifest, out;
+};
+Workspace BuiltModel(const std::string& tag) {
+  Workspace w{FreshModel(tag), "", Root() + "/" + tag + "-out"};
+  EXPECT_EQ(Build(w.model).code, 0);
+  w.manifest = w.model + "/" + kManifestName;
+  fs::create_directories(w.out);
+  return w;
+}
+
 TEST(RequiredOptions, LoneDependentOptionIsRefusedNamingBoth) {
-  const std::string m = FreshModel("requires-alone");
-  ASSERT_EQ(Build(m).code, 0);
-  const std::string manifest = m + "/" + kManifestName;
-  const std::string d = Root() + "/requires-alone-out";
-  fs::create_directories(d);
+  const Workspace w = BuiltModel("requires-alone");
+  const std::string &m = w.model, &manifest = w.manifest, &d = w.out;
   const std::string trace = d + "/t.k3t";
   ASSERT_EQ(Cli(TraceGen(trace)).code, 0);
   const auto model_before = Snapshot(m);
@@ -125,11 +134,8 @@ TEST(RequiredOptions, HelpListsWhatEachOptionNeeds) {
 // accepted and the look-ahead ignored. Declared with
 // Args::RequiresValueOtherThan; refused naming both options and the value.
 TEST(RequiredOptions, ACompanionsInertValueIsRefusedNamingBothAndTheValue) {
-  const std::string m = FreshModel("requires-value");
-  ASSERT_EQ(Build(m).code, 0);
-  const std::string manifest = m + "/" + kManifestName;
-  const std::string d = Root() + "/requires-value-out";
-  fs::create_directories(d);
+  const Workspace w = BuiltModel("requires-value");
+  const std::string &manifest = w.manifest, &d = w.out;
   const std::string trace = d + "/t.k3t";
   ASSERT_EQ(Cli("trace gen --manifest " + Q(manifest) + " --requests 1 --decode-tokens 4 --seed 3 --trace " + Q(trace))
                 .code,
