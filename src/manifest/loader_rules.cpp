@@ -32,7 +32,9 @@ bool FormatSupported(const json& m) {
   return m.is_object() && m.contains("format") && m["format"] == kManifestFormat;
 }
 
-bool MarkedComplete(const json& m) { return m.is_object() && m.contains("complete") && fields::PyTruthy(m["complete"]); }
+bool MarkedComplete(const json& m) {
+  return m.is_object() && m.contains("complete") && fields::PyTruthy(m["complete"]);
+}
 
 Status CheckStoreFormatAndComplete(const json& m) {
   if (!MarkedComplete(m) || !FormatSupported(m)) return Error("Kimi expert-pack manifest is incomplete or unsupported");
