@@ -136,9 +136,8 @@ std::string Args::Usage() const {
     for (size_t i = 0; i < requires_.size();) {
       std::vector<std::string> names;
       size_t j = i;
-      for (; j < requires_.size() && requires_[j].needs == requires_[i].needs && requires_[j].inert == requires_[i].inert;
-           ++j)
-        names.push_back(requires_[j].name);
+      auto same = [&](const Requirement& a, const Requirement& b) { return a.needs == b.needs && a.inert == b.inert; };
+      for (; j < requires_.size() && same(requires_[j], requires_[i]); ++j) names.push_back(requires_[j].name);
       os << sep << AndList(names) << (names.size() > 1 ? " need " : " needs ")
          << NeedsText(requires_[i].needs, requires_[i].inert);
       sep = "; ";
