@@ -182,10 +182,15 @@ class KimiGGMLExpertPackStore:
         object bytes slots, at least top-k. On "cpu" the budget is
         cache_vram_mib (no free-memory probe). Safe from several threads:
         one attaches the cache, the others wait for it and return, as a
-        second call does."""
+        second call does. After close() it raises RuntimeError("expert
+        store is closed"); a close() on another thread waits for a call
+        in progress."""
         # Two threads both passing the check used to attach twice: the
-        # second attach failed ("already attached").
+        # second attach failed ("already attached"). close() takes the same
+        # lock, so a store is never attached after (or while) it is closed.
         with self._init_lock:
+            if self._closed:
+                raise RuntimeError("expert store is closed")
             if self._cache is None:
                 self._attach_device_cache(device)
 
@@ -318,8 +323,12 @@ class KimiGGMLExpertPackStore:
     def close(self):
         """Writes the stats file (when stats_path is set) and closes the pack;
         idempotent. Also runs at interpreter exit, as SGLang's atexit(close).
-        acquire() then raises RuntimeError("expert store is closed")."""
-        if self._closed:
-            return
-        self._closed = True
+        acquire() and initialize_device_cache() then raise
+        RuntimeError("expert store is closed"). An initialize_device_cache()
+        running on another thread finishes first (its cache is then closed
+        with the store)."""
+        with self._init_lock:
+            if self._closed:
+                return
+            self._closed = True
         self._finalizer()

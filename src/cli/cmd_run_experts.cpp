@@ -168,7 +168,7 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Requires("--predict-k", {"--trace-out"}, "predictions are recorded only in the trace")
       .Requires("--predict-next-token", {"--trace-out"}, "predictions are recorded only in the trace")
       .Requires("--force", {"--trace-out"}, "it only applies to the trace file")
-      .Requires("--rank-manifests", {"--ep-size"}, "they are the manifests of the --ep-size ranks");
+      .RequiresValueOtherThan("--rank-manifests", "--ep-size", "1", "they are the manifests of the --ep-size ranks");
   AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;

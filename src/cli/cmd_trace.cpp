@@ -324,7 +324,7 @@ int RunReplay(const std::vector<std::string>& argv) {
               "--stats writes the expert store's stats and --simulate opens no store (--json prints the "
               "simulation's report)");
   a.Requires("--force", {"--stats"}, "it only applies to the stats file")
-      .Requires("--lookahead", {"--prefetch"}, "it is how far oracle-lookahead prefetches")
+      .RequiresValueOtherThan("--lookahead", "--prefetch", "none", "it is how far oracle-lookahead prefetches")
       .Requires("--object-bytes", {"--simulate"}, "a replay reads the manifest's objects");
   AddProgressOption(a);
   int code = 0;
@@ -517,6 +517,10 @@ int RunSweep(const std::vector<std::string>& argv) {
   }
   // --timing generates the predictions it replays.
   RequirePredictions(a, {"--predict", "--predict-next-token", "--timing"});
+  // The device tier's options describe a tier that --device-mib 0 leaves out.
+  for (const char* device : {"--device-policy", "--h2d-gbps", "--h2d-latency-us"}) {
+    a.RequiresValueOtherThan(device, "--device-mib", "0", "there is no device tier without one");
+  }
   // The timed and the expert-parallel sweeps are tables of their own: no
   // plot, and the timed one always reports Belady with perfect prefetch.
   a.Exclusive({"--timing", "--ep-size"}, "the timed replay models one store");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
@@ -52,7 +53,12 @@ Args& Args::Exclusive(std::vector<std::string> names, std::string why) {
 }
 
 Args& Args::Requires(std::string name, std::vector<std::string> needs, std::string why) {
-  requires_.push_back({std::move(name), std::move(needs), std::move(why)});
+  requires_.push_back({std::move(name), std::move(needs), std::move(why), std::nullopt});
+  return *this;
+}
+
+Args& Args::RequiresValueOtherThan(std::string name, std::string companion, std::string inert, std::string why) {
+  requires_.push_back({std::move(name), {std::move(companion)}, std::move(why), std::move(inert)});
   return *this;
 }
 
@@ -67,7 +73,35 @@ std::string AndList(const std::vector<std::string>& names, const char* last = " 
   return s;
 }
 
+// The same value, as text or, when both read whole as numbers, as numbers
+// ("0" and "0.0", "1" and "01").
+bool SameValue(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto number = [](const std::string& s, double* out) {
+    if (s.empty()) return false;
+    char* end = nullptr;
+    *out = std::strtod(s.c_str(), &end);
+    return end == s.c_str() + s.size();
+  };
+  double x = 0, y = 0;
+  return number(a, &x) && number(b, &y) && x == y;
+}
+
+// What a requirement reads in the help and the refusal: "--x or --y", or
+// "--prefetch other than none".
+std::string NeedsText(const std::vector<std::string>& needs, const std::optional<std::string>& inert) {
+  return AndList(needs, " or ") + (inert ? " other than " + *inert : "");
+}
+
 }  // namespace
+
+bool Args::Satisfies(const Requirement& r) const {
+  if (r.inert) {
+    const std::optional<std::string> v = GetOpt(r.needs.front());
+    return v.has_value() && !SameValue(*v, *r.inert);
+  }
+  return std::any_of(r.needs.begin(), r.needs.end(), [&](const std::string& n) { return values_.count(n) > 0; });
+}
 
 std::string Args::Usage() const {
   std::ostringstream os;
@@ -102,8 +136,10 @@ std::string Args::Usage() const {
     for (size_t i = 0; i < requires_.size();) {
       std::vector<std::string> names;
       size_t j = i;
-      for (; j < requires_.size() && requires_[j].needs == requires_[i].needs; ++j) names.push_back(requires_[j].name);
-      os << sep << AndList(names) << (names.size() > 1 ? " need " : " needs ") << AndList(requires_[i].needs, " or ");
+      auto same = [&](const Requirement& a, const Requirement& b) { return a.needs == b.needs && a.inert == b.inert; };
+      for (; j < requires_.size() && same(requires_[j], requires_[i]); ++j) names.push_back(requires_[j].name);
+      os << sep << AndList(names) << (names.size() > 1 ? " need " : " needs ")
+         << NeedsText(requires_[i].needs, requires_[i].inert);
       sep = "; ";
       i = j;
     }
@@ -194,10 +230,20 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     }
   }
   for (const Requirement& r : requires_) {
-    if (!values_.count(r.name)) continue;
-    if (std::none_of(r.needs.begin(), r.needs.end(), [&](const std::string& n) { return values_.count(n) > 0; })) {
-      return fail(r.name + " needs " + AndList(r.needs, " or ") + (r.why.empty() ? "" : " (" + r.why + ")"));
+    if (!values_.count(r.name) || Satisfies(r)) continue;
+    std::string msg = r.name + " needs " + NeedsText(r.needs, r.inert) + (r.why.empty() ? "" : " (" + r.why + ")");
+    if (r.inert) {
+      // Name the value that makes it meaningless, and where it came from.
+      const std::string& companion = r.needs.front();
+      if (values_.count(companion)) {
+        msg += ", but " + companion + " " + values_.at(companion) + " was given";
+      } else if (GetOpt(companion)) {
+        msg += ", but " + companion + " is " + Get(companion) + " by default";
+      } else {
+        msg += ", but " + companion + " was not given";
+      }
     }
+    return fail(msg);
   }
   for (const auto& [name, spec] : specs_) {
     if (spec.required && !values_.count(name)) return fail("missing required option " + name);

@@ -55,6 +55,12 @@ class Args {
   // is a usage error naming both, followed by `why` when not empty. Listed
   // in the help under "needs".
   Args& Requires(std::string name, std::vector<std::string> needs, std::string why = {});
+  // `name` only means something when option `companion` has a value other
+  // than `inert` (its default counts when it is not given): `--lookahead`
+  // with `--prefetch none`. Values are compared as text, or as numbers when
+  // both read as numbers ("0" = "0.0"). Refused naming both options and the
+  // value; listed under "needs" as "--name needs --companion other than V".
+  Args& RequiresValueOtherThan(std::string name, std::string companion, std::string inert, std::string why = {});
 
   // Returns false and prints to stderr (exit code 2) on a usage error, or
   // prints help (exit code 0) on --help; `exit_code` says which.
@@ -76,7 +82,13 @@ class Args {
  private:
   struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; bool repeatable = false; };
   struct ExclusiveGroup { std::vector<std::string> names; std::string why; };
-  struct Requirement { std::string name; std::vector<std::string> needs; std::string why; };
+  struct Requirement {
+    std::string name;
+    std::vector<std::string> needs;
+    std::string why;
+    std::optional<std::string> inert;  // RequiresValueOtherThan: needs[0]'s value that satisfies nothing
+  };
+  bool Satisfies(const Requirement& r) const;
   std::string command_, usage_, description_;
   std::map<std::string, Spec> specs_;
   std::vector<std::string> order_;

@@ -217,7 +217,8 @@ const std::vector<Diagnosis> kCatalog = {
     {"manifest-dimensions", E, "ValueError",
      "The manifest's model dimensions are not Kimi-K3's (93 layers, 896 experts, top-16) or its active "
      "layers are not 1..92; SGLang's store refuses it under the kimi-k3 profile. Under scaled: the active "
-     "layers differ from the ones the pack was built for (k3pack.layer_roles).",
+     "layers differ from the ones the pack was built for (k3pack.layer_roles), or the expert count or top-k "
+     "is one no store opens (experts 1..65536, top-k 1..experts).",
      "Use --profile scaled for scaled-down models, or regenerate the manifest from the real model."},
     {"manifest-shard-changed", E, "FileNotFoundError",
      "A shard the manifest lists is missing or its size changed since the manifest was written.",

@@ -9,6 +9,7 @@
 #include "doctor/internal.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/loader_rules.h"
 #include "manifest/recorded_inputs.h"
 #include "util/sha256.h"
 
@@ -32,6 +33,14 @@ std::string Dotted(std::initializer_list<const char*> path) {
   std::string s;
   for (const char* k : path) s += (s.empty() ? "" : ".") + std::string(k);
   return s;
+}
+
+// A rule's error as a finding shows it: SGLang's text (the first line), and
+// k3pack's hint, if any, after the finding's own message.
+std::string FirstLine(const Error& e) { return e.message().substr(0, e.message().find('\n')); }
+std::string HintOf(const Error& e) {
+  const size_t at = e.message().find("\nhint: ");
+  return at == std::string::npos ? std::string() : "; " + e.message().substr(at + 7);
 }
 
 // A string the manifest records at `path`, or `fallback` (a placeholder the
@@ -184,6 +193,65 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
   }
 }
 
+// The store's and the non-expert loader's checks on the manifest alone,
+// every one a manifest breaks (the loaders stop at the first). The rules are
+// the loaders' own functions; `options.profile` says which constants hold (a
+// scaled manifest checked under kimi-k3 is held to SGLang's K3 rules). Keys
+// that are missing were reported by `need`.
+template <typename Need>
+void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::string& manifest_path, Need&& need,
+                      Collector& out) {
+  const bool kimi = options.profile == kimi::Profile::kKimiK3;
+  const json* format = At(j, {"format"});
+  if (!manifest::FormatSupported(j)) {
+    out.Add("manifest-format", "format", format == nullptr ? "no format key" : "format is " + format->dump(),
+            "Kimi-K3 manifest format is unsupported", manifest_path);
+  }
+  const json* complete = At(j, {"complete"});
+  if (!manifest::MarkedComplete(j)) {
+    out.Add("manifest-incomplete", "complete", complete == nullptr ? "no complete key" : "complete is " + complete->dump(),
+            "Kimi-K3 manifest is incomplete", manifest_path);
+  }
+  if (Status hc = manifest::CheckHardConstraints(j, kimi); !hc.ok()) {
+    const json* v = At(j, {"hard_constraints"});
+    out.Add("manifest-hard-constraints", "hard_constraints",
+            (v == nullptr ? std::string("no hard_constraints key") : "hard_constraints is " + v->dump()) +
+                HintOf(hc.error()),
+            FirstLine(hc.error()), manifest_path);
+  }
+  const json* layers = need({"model", "num_hidden_layers"});
+  const json* experts = need({"model", "num_experts"});
+  const json* topk = need({"model", "num_experts_per_token"});
+  const json* active = need({"model", "active_moe_layer_ids"});
+  const json* model = At(j, {"model"});
+  if (model == nullptr) return;
+  if (auto dims = manifest::CheckDimensions(*model, kimi); !dims.ok() && layers && experts && topk) {
+    out.Add("manifest-dimensions", "model",
+            "layers/experts/top-k are " + layers->dump() + "/" + experts->dump() + "/" + topk->dump() +
+                HintOf(dims.error()),
+            FirstLine(dims.error()), manifest_path);
+  }
+  if (active == nullptr) return;
+  std::vector<manifest::LayerRolesRecord> roles;
+  if (!kimi) {
+    // The store holds a scaled manifest's list to the layers the pack was
+    // built for, which its k3pack.layer_roles records: without them (or
+    // without a layer count to bound the ids) there is nothing to hold it to.
+    auto ext = manifest::ParseK3packExtension(j);
+    if (!ext.ok() || !*ext || (*ext)->layer_roles.empty() || !layers || !layers->is_number_unsigned()) return;
+    roles = (*ext)->layer_roles;
+  }
+  if (auto ids = manifest::CheckActiveLayers(*model, kimi, kimi ? 0 : layers->get<uint64_t>(), roles); !ids.ok()) {
+    std::string detail = "active layers are not 1..92";
+    if (!kimi) {
+      json want = json::array();
+      for (const auto& lr : roles) want.push_back(lr.layer);
+      detail = "active layers are " + active->dump() + ", k3pack.layer_roles records " + want.dump();
+    }
+    out.Add("manifest-dimensions", "model.active_moe_layer_ids", detail, FirstLine(ids.error()), manifest_path);
+  }
+}
+
 }  // namespace
 
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
@@ -209,66 +277,14 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     return v;
   };
 
-  const json* format = At(j, {"format"});
-  if (format == nullptr || !format->is_string() || *format != manifest::kManifestFormat) {
-    out.Add("manifest-format", "format",
-            format == nullptr ? "no format key" : "format is " + format->dump(),
-            "Kimi-K3 manifest format is unsupported", manifest_path);
-  }
-  const json* complete = At(j, {"complete"});
-  if (complete == nullptr || !complete->is_boolean() || !complete->get<bool>()) {
-    out.Add("manifest-incomplete", "complete", complete == nullptr ? "no complete key" : "complete is " + complete->dump(),
-            "Kimi-K3 manifest is incomplete", manifest_path);
-  }
-  // SGLang's dict, top_k 16 under every profile, compared with Python equality.
-  if (const json* hc = need({"hard_constraints"}); hc && !manifest::HardConstraintsMatch(*hc)) {
-    out.Add("manifest-hard-constraints", "hard_constraints", "hard_constraints is " + hc->dump(),
-            "Kimi manifest hard constraints do not match runtime policy", manifest_path);
-  }
-  const json* layers = need({"model", "num_hidden_layers"});
-  const json* experts = need({"model", "num_experts"});
-  const json* topk = need({"model", "num_experts_per_token"});
-  const json* active = need({"model", "active_moe_layer_ids"});
-  if (options.profile == kimi::Profile::kKimiK3) {
-    if (layers && experts && topk && (*layers != 93 || *experts != 896 || *topk != 16)) {
-      out.Add("manifest-dimensions", "model",
-              "layers/experts/top-k are " + layers->dump() + "/" + experts->dump() + "/" + topk->dump(),
-              "Kimi expert-pack dimensions (" + layers->dump() + ", " + experts->dump() + ", " + topk->dump() +
-                  ") != (93, 896, 16); Top-K is immutable at 16",
-              manifest_path);
-    }
-    json want = json::array();
-    for (int l = 1; l <= 92; ++l) want.push_back(l);
-    if (active && *active != want) {
-      out.Add("manifest-dimensions", "model.active_moe_layer_ids", "active layers are not 1..92",
-              "Kimi active routed MoE layers must be exactly 1..92", manifest_path);
-    }
-  }
+  // SGLang's manifest-only rules, each through its one implementation
+  // (manifest/loader_rules.h), each reported on its own.
+  CheckLoaderRules(j, options, manifest_path, need, out);
 
   ManifestTargets targets;
   if (const json* cp = At(j, {"model", "config_path"}); cp && cp->is_string()) {
     std::error_code ec;
     if (fs::is_regular_file(cp->get<std::string>(), ec)) targets.config_path = *cp;
-  }
-  if (options.profile == kimi::Profile::kScaled && active && active->is_array()) {
-    // The store holds the list to the layers the pack was built for, which a
-    // scaled manifest's k3pack.layer_roles records (SGLang's 1..92 for K3).
-    const json* roles = At(j, {"k3pack", "layer_roles"});
-    if (roles && roles->is_array() && !roles->empty()) {
-      json want = json::array();
-      for (const json& lr : *roles) want.push_back(lr.value("layer", json()));
-      bool consecutive = true;
-      for (size_t i = 1; i < want.size(); ++i) {
-        consecutive = consecutive && want[i].is_number_unsigned() && want[i - 1].is_number_unsigned() &&
-                      want[i].get<uint64_t>() == want[i - 1].get<uint64_t>() + 1;
-      }
-      if (*active != want && consecutive && want.front().is_number_unsigned()) {
-        out.Add("manifest-dimensions", "model.active_moe_layer_ids",
-                "active layers are " + active->dump() + ", k3pack.layer_roles records " + want.dump(),
-                "Kimi active routed MoE layers must be exactly " + want.front().dump() + ".." + want.back().dump(),
-                manifest_path);
-      }
-    }
   }
 
   // Shards: presence and size, names and types per shard, header digest.

@@ -1,6 +1,7 @@
 #include "loader/manifest_view.h"
 
 #include "k3pack/manifest.h"
+#include "manifest/loader_rules.h"
 #include "util/file.h"
 #include "util/pyrepr.h"
 
@@ -39,28 +40,12 @@ Result<uint32_t> ToIndex(uint64_t v, const std::string& where) {
 
 }  // namespace
 
-bool PyTruthy(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return false;
-    case json::value_t::boolean: return v.get<bool>();
-    case json::value_t::number_integer: return v.get<int64_t>() != 0;
-    case json::value_t::number_unsigned: return v.get<uint64_t>() != 0;
-    case json::value_t::number_float: return v.get<double>() != 0.0;
-    case json::value_t::string: return !v.get_ref<const std::string&>().empty();
-    case json::value_t::array:
-    case json::value_t::object: return !v.empty();
-    default: return true;
-  }
-}
-
 Result<StreamManifest> ParseStreamManifest(const json& doc) {
   // manifest.get("format") / manifest.get("complete"): a missing key reads
   // as None, so both checks come before any KeyError.
-  const json* format = doc.is_object() && doc.contains("format") ? &doc["format"] : nullptr;
-  if (!format || !format->is_string() || format->get_ref<const std::string&>() != manifest::kManifestFormat) {
-    return Error("Kimi-K3 manifest format is unsupported");
-  }
-  if (!doc.contains("complete") || !PyTruthy(doc["complete"])) return Error("Kimi-K3 manifest is incomplete");
+  // The store's step 2 conditions (manifest/loader_rules.h), this loader's texts.
+  if (!manifest::FormatSupported(doc)) return Error("Kimi-K3 manifest format is unsupported");
+  if (!manifest::MarkedComplete(doc)) return Error("Kimi-K3 manifest is incomplete");
 
   K3_ASSIGN_OR_RETURN(const json* source, Get(doc, "source", "manifest"));
   K3_ASSIGN_OR_RETURN(const json* tensors, Get(*source, "tensors", "source"));

@@ -34,9 +34,6 @@ struct StreamManifest {
   std::map<uint32_t, std::vector<StreamTensorRecord>> tensors_by_shard;
 };
 
-// Python truthiness of a JSON value (null, false, 0, "", [], {} are false).
-bool PyTruthy(const nlohmann::json& v);
-
 // Format/complete checks, then the records. A missing key is a KeyError
 // whose message is the key's repr ("'shard_index'"), as Python's would be.
 Result<StreamManifest> ParseStreamManifest(const nlohmann::json& doc);

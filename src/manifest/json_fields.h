@@ -35,15 +35,20 @@ inline Result<std::string> Str(const nlohmann::json& j, const std::string& key) 
   return v->get<std::string>();
 }
 
-// Python truthiness of a dict.get() result.
-inline bool Truthy(const nlohmann::json& j, const std::string& key) {
-  if (!j.is_object() || !j.contains(key)) return false;
-  const nlohmann::json& v = j[key];
-  if (v.is_boolean()) return v.get<bool>();
-  if (v.is_number_integer() || v.is_number_unsigned()) return v.get<int64_t>() != 0;
-  if (v.is_number_float()) return v.get<double>() != 0.0;
-  if (v.is_string() || v.is_array() || v.is_object()) return !v.empty();
-  return false;
+// Python truthiness of a JSON value: null, false, 0, 0.0, "", [] and {} are
+// false, everything else true.
+inline bool PyTruthy(const nlohmann::json& v) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::null: return false;
+    case nlohmann::json::value_t::boolean: return v.get<bool>();
+    case nlohmann::json::value_t::number_integer: return v.get<int64_t>() != 0;
+    case nlohmann::json::value_t::number_unsigned: return v.get<uint64_t>() != 0;
+    case nlohmann::json::value_t::number_float: return v.get<double>() != 0.0;
+    case nlohmann::json::value_t::string: return !v.get_ref<const std::string&>().empty();
+    case nlohmann::json::value_t::array:
+    case nlohmann::json::value_t::object: return !v.empty();
+    default: return true;
+  }
 }
 
 }  // namespace k3pack::manifest::fields

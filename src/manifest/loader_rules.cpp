@@ -28,48 +28,64 @@ std::string LayerRangeText(const std::vector<uint32_t>& layers) {
 
 }  // namespace
 
-Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims& expected) {
-  LoaderLayout out;
-  // 2. complete + format.
-  if (!fields::Truthy(m, "complete") || !m.is_object() || !m.contains("format") || m["format"] != kManifestFormat)
-    return Error("Kimi expert-pack manifest is incomplete or unsupported");
-  K3_ASSIGN_OR_RETURN(out.ext, ParseK3packExtension(m));
-  const bool kimi = out.kimi = !out.ext.has_value() || !out.ext->scaled();
-  K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
-  // 3. hard constraints: SGLang's exact dict (top_k the literal 16 under
-  // every profile), compared as Python compares dicts. The runtime top-k is
-  // model.num_experts_per_token (step 4), never this field.
-  if (!m.contains("hard_constraints") || !HardConstraintsMatch(m["hard_constraints"])) {
-    Error e("Kimi manifest hard constraints do not match runtime policy");
-    const json* hc = m.contains("hard_constraints") ? &m["hard_constraints"] : nullptr;
-    if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model->is_object() &&
-        model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&
-        (*hc)["top_k"] != 16)
-      return e.WithHint("hard_constraints.top_k is the model's top-k, as k3pack wrote it before it wrote SGLang's "
-                        "literal 16; regenerate the manifest with `k3pack manifest`");
-    return e;
-  }
-  // 4. dimensions.
-  K3_ASSIGN_OR_RETURN(const uint64_t layers_n, U64(*model, "num_hidden_layers"));
-  K3_ASSIGN_OR_RETURN(const uint64_t experts_n, U64(*model, "num_experts"));
-  K3_ASSIGN_OR_RETURN(const uint64_t top_k, U64(*model, "num_experts_per_token"));
-  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : layers_n);
-  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : experts_n);
-  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : top_k);
-  if (layers_n != want_layers || experts_n != want_experts || top_k != want_top_k || (kimi && want_top_k != 16) ||
-      experts_n == 0 || experts_n > 65536 || top_k == 0 || top_k > experts_n)
-    return Error("Kimi expert-pack dimensions " + Tuple3(layers_n, experts_n, top_k) + " != " +
+bool FormatSupported(const json& m) {
+  return m.is_object() && m.contains("format") && m["format"] == kManifestFormat;
+}
+
+bool MarkedComplete(const json& m) {
+  return m.is_object() && m.contains("complete") && fields::PyTruthy(m["complete"]);
+}
+
+Status CheckStoreFormatAndComplete(const json& m) {
+  if (!MarkedComplete(m) || !FormatSupported(m)) return Error("Kimi expert-pack manifest is incomplete or unsupported");
+  return Status::OK();
+}
+
+Status CheckHardConstraints(const json& m, bool kimi) {
+  // SGLang's exact dict (top_k the literal 16 under every profile), compared
+  // as Python compares dicts. The runtime top-k is model.num_experts_per_token
+  // (step 4), never this field.
+  if (m.is_object() && m.contains("hard_constraints") && HardConstraintsMatch(m["hard_constraints"]))
+    return Status::OK();
+  Error e("Kimi manifest hard constraints do not match runtime policy");
+  const json* hc = m.is_object() && m.contains("hard_constraints") ? &m["hard_constraints"] : nullptr;
+  const json* model = m.is_object() && m.contains("model") ? &m["model"] : nullptr;
+  if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model != nullptr && model->is_object() &&
+      model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&
+      (*hc)["top_k"] != 16)
+    return e.WithHint("hard_constraints.top_k is the model's top-k, as k3pack wrote it before it wrote SGLang's "
+                      "literal 16; regenerate the manifest with `k3pack manifest`");
+  return e;
+}
+
+bool DimensionsUsable(uint64_t experts, uint64_t top_k) {
+  return experts != 0 && experts <= 65536 && top_k != 0 && top_k <= experts;
+}
+
+Result<ModelDims> CheckDimensions(const json& model, bool kimi, const ExpectedDims& expected) {
+  ModelDims d;
+  K3_ASSIGN_OR_RETURN(d.layers, U64(model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(d.experts, U64(model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(d.top_k, U64(model, "num_experts_per_token"));
+  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : d.layers);
+  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : d.experts);
+  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : d.top_k);
+  if (d.layers != want_layers || d.experts != want_experts || d.top_k != want_top_k || (kimi && want_top_k != 16) ||
+      !DimensionsUsable(d.experts, d.top_k))
+    return Error("Kimi expert-pack dimensions " + Tuple3(d.layers, d.experts, d.top_k) + " != " +
                  Tuple3(want_layers, want_experts, want_top_k) + "; Top-K is immutable at 16");
-  out.num_layers = layers_n;
-  out.num_experts = experts_n;
-  out.top_k = top_k;
-  // 5. active layers.
-  K3_ASSIGN_OR_RETURN(const json* active_j, At(*model, "active_moe_layer_ids"));
-  std::vector<uint32_t>& active = out.active;
+  return d;
+}
+
+Result<std::vector<uint32_t>> CheckActiveLayers(const json& model, bool kimi, uint64_t num_layers,
+                                                const std::vector<LayerRolesRecord>& layer_roles) {
+  K3_ASSIGN_OR_RETURN(const json* active_j, At(model, "active_moe_layer_ids"));
+  std::vector<uint32_t> active;
   bool active_ok = active_j->is_array() && !active_j->empty();
   if (active_ok) {
     for (const auto& v : *active_j) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(layers_n) ||
+      // Under kimi the list is held to 1..92 below, whatever num_hidden_layers says.
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || (!kimi && v.get<int64_t>() >= int64_t(num_layers)) ||
           (!active.empty() && v.get<int64_t>() <= int64_t(active.back()))) {
         active_ok = false;
         break;
@@ -78,24 +94,45 @@ Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims&
     }
   }
   if (kimi) {
-    active_ok = active.size() == 92;
+    active_ok = active_ok && active.size() == 92;
     for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
     if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
-  } else {
-    // SGLang holds the list to the layers the pack was built for (1..92 for
-    // K3); a scaled pack's are the ones its k3pack.layer_roles records.
-    std::vector<uint32_t> want;
-    for (const auto& lr : out.ext->layer_roles) want.push_back(lr.layer);
-    if (!active_ok || active != want) {
-      Error e("Kimi active routed MoE layers must be exactly " + LayerRangeText(want));
-      if (!active_ok)
-        return e.WithHint("model.active_moe_layer_ids must be ascending layer ids below num_hidden_layers (" +
-                          std::to_string(layers_n) + ")");
-      return e.WithHint("model.active_moe_layer_ids has " + std::to_string(active.size()) + " layers (" +
-                        LayerRangeText(active) + "), but k3pack.layer_roles records " + std::to_string(want.size()) +
-                        ", one per active routed layer of the pack");
-    }
+    return active;
   }
+  // SGLang holds the list to the layers the pack was built for (1..92 for
+  // K3); a scaled pack's are the ones its k3pack.layer_roles records.
+  std::vector<uint32_t> want;
+  for (const auto& lr : layer_roles) want.push_back(lr.layer);
+  if (!active_ok || active != want) {
+    Error e("Kimi active routed MoE layers must be exactly " + LayerRangeText(want));
+    if (!active_ok)
+      return e.WithHint("model.active_moe_layer_ids must be ascending layer ids below num_hidden_layers (" +
+                        std::to_string(num_layers) + ")");
+    return e.WithHint("model.active_moe_layer_ids has " + std::to_string(active.size()) + " layers (" +
+                      LayerRangeText(active) + "), but k3pack.layer_roles records " + std::to_string(want.size()) +
+                      ", one per active routed layer of the pack");
+  }
+  return active;
+}
+
+Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims& expected) {
+  LoaderLayout out;
+  // 2. complete + format.
+  K3_RETURN_IF_ERROR(CheckStoreFormatAndComplete(m));
+  K3_ASSIGN_OR_RETURN(out.ext, ParseK3packExtension(m));
+  const bool kimi = out.kimi = !out.ext.has_value() || !out.ext->scaled();
+  K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
+  // 3. hard constraints.
+  K3_RETURN_IF_ERROR(CheckHardConstraints(m, kimi));
+  // 4. dimensions.
+  K3_ASSIGN_OR_RETURN(const ModelDims dims, CheckDimensions(*model, kimi, expected));
+  out.num_layers = dims.layers;
+  out.num_experts = dims.experts;
+  out.top_k = dims.top_k;
+  // 5. active layers.
+  K3_ASSIGN_OR_RETURN(out.active,
+                      CheckActiveLayers(*model, kimi, dims.layers, kimi ? std::vector<LayerRolesRecord>{}
+                                                                         : out.ext->layer_roles));
   return out;
 }
 

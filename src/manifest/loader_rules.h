@@ -5,6 +5,11 @@
 // edited there passes every comparison with the pack and the source yet the
 // server refuses it. Under the "scaled" profile the Kimi-K3 constants give way
 // to the manifest's own dimensions and its k3pack.layer_roles.
+//
+// Each rule is also callable on its own: `doctor` reports every rule a
+// manifest breaks (not only the first), and the non-expert stream states
+// step 2's conditions with texts of its own. Every reader calls these, so a
+// rule exists once.
 #pragma once
 
 #include <cstdint>
@@ -32,5 +37,32 @@ struct ExpectedDims {
 };
 
 Result<LoaderLayout> CheckLoaderManifestRules(const nlohmann::json& m, const ExpectedDims& expected = {});
+
+// --- The rules one by one (`kimi`: the Kimi-K3 constants hold; false: scaled).
+
+// Step 2's two conditions, as Python reads `manifest.get(...)`: `format` is
+// the adapter format; `complete` is true by Python's truth rules (1 and
+// "yes" are, 0, "" and null are not). The store says both with one text
+// (CheckStoreFormatAndComplete), the non-expert loader with one each.
+bool FormatSupported(const nlohmann::json& m);
+bool MarkedComplete(const nlohmann::json& m);
+// Step 2 with the store's text.
+Status CheckStoreFormatAndComplete(const nlohmann::json& m);
+// Step 3: SGLang's exact hard_constraints dict (a missing one fails too).
+Status CheckHardConstraints(const nlohmann::json& m, bool kimi);
+// Step 4: model.num_hidden_layers / num_experts / num_experts_per_token
+// against `expected` (unset: K3's under kimi, the manifest's own otherwise)
+// and the sizes any store needs. A missing key is a KeyError (ErrorKind::kKey).
+struct ModelDims {
+  uint64_t layers = 0, experts = 0, top_k = 0;
+};
+// The sizes step 4 holds every profile to: 1..65536 experts (an expert id
+// is 16 bits), a top-k of 1..experts.
+bool DimensionsUsable(uint64_t experts, uint64_t top_k);
+Result<ModelDims> CheckDimensions(const nlohmann::json& model, bool kimi, const ExpectedDims& expected = {});
+// Step 5: model.active_moe_layer_ids is exactly 1..92 (kimi) or the layers
+// `layer_roles` records (scaled; ids below `num_layers`).
+Result<std::vector<uint32_t>> CheckActiveLayers(const nlohmann::json& model, bool kimi, uint64_t num_layers,
+                                                const std::vector<LayerRolesRecord>& layer_roles = {});
 
 }  // namespace k3pack::manifest

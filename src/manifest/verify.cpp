@@ -144,16 +144,16 @@ Status CheckWholePackDigest(const std::string& pack_path, const nlohmann::json& 
 Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const VerifyPackOptions& options) {
   const bool full = options.full;
   if (options.samples < 0) return Error("samples must be non-negative");
+  K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
+  // Step 2 of the store's checks first: a JSON file that is no finished
+  // manifest is named as such, not by a key it lacks.
+  K3_RETURN_IF_ERROR(CheckStoreFormatAndComplete(raw));
   K3_ASSIGN_OR_RETURN(Manifest m, ReadManifest(manifest_path));
-  if (!m.complete || m.format != kManifestFormat) {
-    return Error("Kimi expert-pack manifest is incomplete or unsupported");
-  }
   const std::string pack_path = m.expert_pack.path;
   if (!PathExists(pack_path)) {
     return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
                  ErrorKind::kFileNotFound);
   }
-  K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
   // SGLang's store checks on the manifest alone: a manifest edited there
   // passes every comparison below, yet the server refuses it at start-up.
   if (auto rules = CheckLoaderManifestRules(raw); !rules.ok()) {

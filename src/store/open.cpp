@@ -221,7 +221,7 @@ Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
   K3_ASSIGN_OR_RETURN(uint64_t experts, U64(*model, "num_experts"));
   K3_ASSIGN_OR_RETURN(uint64_t top_k, U64(*model, "num_experts_per_token"));
   K3_ASSIGN_OR_RETURN(const json* active, At(*model, "active_moe_layer_ids"));
-  if (!active->is_array() || experts == 0 || experts > 65536 || top_k == 0 || top_k > experts)
+  if (!active->is_array() || !manifest::DimensionsUsable(experts, top_k))
     return Error(manifest_path + ": model dimensions are unusable for a trace");
   for (const auto& v : *active) s.active_layer_ids.push_back(v.get<uint32_t>());
   s.num_experts = static_cast<uint32_t>(experts);

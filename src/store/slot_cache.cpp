@@ -201,6 +201,9 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
 Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
+  // After Close nothing would ever release what an attach takes (the CUDA
+  // path's events, stream and pinned staging), nor serve from it.
+  if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (base == nullptr) return Error("expert slot memory is null");
   if (s.opt.store.direct_io && reinterpret_cast<uintptr_t>(base) % 4096 != 0)
     return Error("expert-pack direct I/O requires aligned staging")
@@ -213,6 +216,7 @@ Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
 Status SlotCache::AttachCuda(void* device_base, uint32_t slot_count, int device) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (device_base == nullptr) return Error("expert slot memory is null");
   K3_ASSIGN_OR_RETURN(s.rt, cuda::LoadRuntime());
   K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->SetDevice(device), "cudaSetDevice"));

@@ -6,6 +6,8 @@
 // each command's --help lists the rule under "needs:".
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_fixture.h"
 
 namespace k3cli {
@@ -21,12 +23,21 @@ std::string TraceGen(const std::string& trace, const std::string& extra = "") {
 const std::string kSweepModel = " --layers 2 --experts 8 --top-k 2 --requests 1 --prompt-tokens 0 --decode-tokens 8 "
                                 "--object-bytes 4096 --sizes 4 --policies lru --progress none ";
 
+// A built model (its directory and manifest) and an empty output directory.
+struct Workspace {
+  std::string model, manifest, out;
+};
+Workspace BuiltModel(const std::string& tag) {
+  Workspace w{FreshModel(tag), "", Root() + "/" + tag + "-out"};
+  EXPECT_EQ(Build(w.model).code, 0);
+  w.manifest = w.model + "/" + kManifestName;
+  fs::create_directories(w.out);
+  return w;
+}
+
 TEST(RequiredOptions, LoneDependentOptionIsRefusedNamingBoth) {
-  const std::string m = FreshModel("requires-alone");
-  ASSERT_EQ(Build(m).code, 0);
-  const std::string manifest = m + "/" + kManifestName;
-  const std::string d = Root() + "/requires-alone-out";
-  fs::create_directories(d);
+  const Workspace w = BuiltModel("requires-alone");
+  const std::string &m = w.model, &manifest = w.manifest, &d = w.out;
   const std::string trace = d + "/t.k3t";
   ASSERT_EQ(Cli(TraceGen(trace)).code, 0);
   const auto model_before = Snapshot(m);
@@ -110,11 +121,72 @@ TEST(RequiredOptions, HelpListsWhatEachOptionNeeds) {
   EXPECT_TRUE(Contains(help.out, "\nneeds: --compute-us, --ssd-gbps, --ssd-latency-us, --queue-depth, "
                                  "--prefetch-budget-mib, --staged, --horizon, --device-mib, --device-policy, "
                                  "--h2d-gbps and --h2d-latency-us need --timing; --predict-accuracy and "
-                                 "--predict-surprise need --predict, --predict-next-token or --timing\n"))
+                                 "--predict-surprise need --predict, --predict-next-token or --timing; "
+                                 "--device-policy, --h2d-gbps and --h2d-latency-us need --device-mib other than 0\n"))
       << help.out;
   help = Cli("run-experts --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_TRUE(Contains(help.out, "--predict-k, --predict-next-token and --force need --trace-out")) << help.out;
+}
+
+// A companion that is given (or defaulted) with the one value that makes the
+// option do nothing: `trace replay --prefetch none --lookahead 2` was
+// accepted and the look-ahead ignored. Declared with
+// Args::RequiresValueOtherThan; refused naming both options and the value.
+TEST(RequiredOptions, ACompanionsInertValueIsRefusedNamingBothAndTheValue) {
+  const Workspace w = BuiltModel("requires-value");
+  const std::string &manifest = w.manifest, &d = w.out;
+  const std::string trace = d + "/t.k3t";
+  ASSERT_EQ(Cli("trace gen --manifest " + Q(manifest) + " --requests 1 --decode-tokens 4 --seed 3 --trace " + Q(trace))
+                .code,
+            0);
+  const auto out_before = Snapshot(d);
+  const std::string replay = "trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 64 ";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {replay + "--prefetch none --lookahead 2",
+       "--lookahead needs --prefetch other than none (it is how far oracle-lookahead prefetches), but --prefetch "
+       "none was given"},
+      {replay + "--lookahead 2", "--lookahead needs --prefetch other than none (it is how far oracle-lookahead "
+                                 "prefetches), but --prefetch is none by default"},
+      {"run-experts --manifest " + Q(manifest) + " --ep-size 1 --rank-manifests " + Q(manifest),
+       "--rank-manifests needs --ep-size other than 1 (they are the manifests of the --ep-size ranks), but "
+       "--ep-size 1 was given"},
+      {"run-experts --manifest " + Q(manifest) + " --rank-manifests " + Q(manifest),
+       "--rank-manifests needs --ep-size other than 1 (they are the manifests of the --ep-size ranks), but "
+       "--ep-size is 1 by default"},
+      {"trace sweep --timing" + kSweepModel + "--device-policy lru",
+       "--device-policy needs --device-mib other than 0 (there is no device tier without one), but --device-mib is 0 "
+       "by default"},
+      // The same number in another spelling is the same value.
+      {"trace sweep --timing" + kSweepModel + "--device-mib 00 --h2d-gbps 10",
+       "--h2d-gbps needs --device-mib other than 0 (there is no device tier without one), but --device-mib 00 was "
+       "given"},
+      // Without --timing the first rule still speaks first.
+      {"trace sweep" + kSweepModel + "--h2d-latency-us 5 --svg " + Q(d + "/s.svg"), "--h2d-latency-us needs --timing"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    CliRun r = Cli(c.args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: " + c.message + "\n")) << r.out;
+  }
+  EXPECT_EQ(Snapshot(d), out_before) << "a refused command wrote a file";
+  // With a value that gives them meaning they are accepted and take effect.
+  CliRun r = Cli(replay + "--prefetch oracle-lookahead --lookahead 2 --json --progress none");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto report = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  EXPECT_GT(report.value("prefetch_useful", 0) + report.value("prefetch_wasted", 0), 0) << r.out;
+  r = Cli("trace sweep --timing" + kSweepModel + "--device-mib 1 --device-policy lru --h2d-gbps 10 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "\"device_policy\"")) << r.out;
+  // The help lists the value under "needs:".
+  CliRun help = Cli("trace replay --help");
+  EXPECT_TRUE(Contains(help.out, "--lookahead needs --prefetch other than none")) << help.out;
+  help = Cli("run-experts --help");
+  EXPECT_TRUE(Contains(help.out, "--rank-manifests needs --ep-size other than 1")) << help.out;
 }
 
 }  // namespace

@@ -89,5 +89,41 @@ TEST(DoctorManifest, NotJsonIsUnusable) {
   EXPECT_TRUE(r.Has("input-unrecognized"));
 }
 
+// Doctor's manifest checks are the loaders' own rules (manifest/loader_rules):
+// where its restated copies differed from what the store and the non-expert
+// loader do, it now says what they say.
+TEST(DoctorManifest, LoaderRulesAreTheLoadersOwn) {
+  Prepared p = Prepare("man-rules");
+  const nlohmann::json good = nlohmann::json::parse(ReadAll(p.manifest));
+  auto diagnose_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    std::ofstream(p.manifest, std::ios::trunc) << j.dump(2);
+    return Scaled({p.manifest.string()});
+  };
+  // `complete` is Python's truth value: 1 is complete for both loaders (doctor
+  // used to want the boolean true), "" is not.
+  doctor::Report r = diagnose_with([](nlohmann::json& j) { j["complete"] = 1; });
+  EXPECT_FALSE(r.Has("manifest-incomplete")) << Dump(r);
+  r = diagnose_with([](nlohmann::json& j) { j["complete"] = ""; });
+  ASSERT_TRUE(r.Has("manifest-incomplete")) << Dump(r);
+  EXPECT_EQ(r.With("manifest-incomplete")[0]->sglang_error, "Kimi-K3 manifest is incomplete");
+  // No hard_constraints: the store's "do not match" (doctor said KeyError 'hard_constraints').
+  r = diagnose_with([](nlohmann::json& j) { j.erase("hard_constraints"); });
+  ASSERT_TRUE(r.Has("manifest-hard-constraints")) << Dump(r);
+  EXPECT_EQ(r.With("manifest-hard-constraints")[0]->sglang_error,
+            "Kimi manifest hard constraints do not match runtime policy");
+  EXPECT_FALSE(r.Has("manifest-invalid")) << Dump(r);
+  // Scaled: a top-k above the expert count, which the store refuses under
+  // every profile (doctor checked dimensions under kimi-k3 only).
+  r = diagnose_with([](nlohmann::json& j) { j["model"]["num_experts_per_token"] = 17; });
+  ASSERT_TRUE(r.Has("manifest-dimensions")) << Dump(r);
+  EXPECT_EQ(r.With("manifest-dimensions")[0]->sglang_error,
+            "Kimi expert-pack dimensions (4, 16, 17) != (4, 16, 17); Top-K is immutable at 16");
+  // The unedited manifest is healthy again.
+  r = diagnose_with([](nlohmann::json&) {});
+  EXPECT_EQ(r.ExitCode(), 0) << Dump(r);
+}
+
 }  // namespace
 }  // namespace dtest

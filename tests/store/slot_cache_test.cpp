@@ -242,6 +242,35 @@ TEST(SlotCache, CudaPathOnEmulatedRuntime) {
   EXPECT_EQ(testing::EmulatedCuda::live_streams.load(), 0);
 }
 
+// An attach after Close (the drop-in's initialize_device_cache racing its
+// close) used to succeed: the cache took the slots of a closed store, and on
+// CUDA created events, a stream and pinned staging that nothing released.
+TEST(SlotCache, AttachAfterCloseIsRefusedAndTakesNothing) {
+  testing::ScopedEmulatedCuda emulated;
+  TinyPack p(Spec(), "slots-closed");
+  auto host = OpenCache(p);
+  ASSERT_TRUE(host->Close().ok());
+  AlignedSlots mem(4, host->slot_bytes());
+  Status st = host->AttachHost(mem.base, 4);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().message(), "expert store is closed");
+  EXPECT_EQ(st.error().kind(), ErrorKind::kRuntime);
+  EXPECT_FALSE(host->attached());
+  auto cuda = OpenCache(p);
+  ASSERT_TRUE(cuda->Close().ok());
+  void* device = nullptr;
+  ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, 4 * cuda->slot_bytes()), 0);
+  st = cuda->AttachCuda(device, 4, 0);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().message(), "expert store is closed");
+  EXPECT_FALSE(cuda->attached());
+  cuda.reset();  // the destructor's Close is a no-op: nothing may be left
+  testing::EmulatedCuda::Get().Free(device);
+  EXPECT_EQ(testing::EmulatedCuda::live_events.load(), 0);
+  EXPECT_EQ(testing::EmulatedCuda::live_pinned.load(), 0);
+  EXPECT_EQ(testing::EmulatedCuda::live_streams.load(), 0);
+}
+
 TEST(SlotCache, FailedCopyIsNeverServed) {
   testing::ScopedEmulatedCuda emulated;
   TinyPack p(Spec(), "slots-fail");
