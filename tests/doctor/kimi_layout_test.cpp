@@ -1,5 +1,5 @@
 // Layout facts of llama.cpp's Kimi-K3 loader that the doctor must accept
-// (AUDIT-gguf.md section 3): shapes written by the Python converter, which
+// (docs/CONFORMANCE.md, Kimi-K3 layout): shapes written by the Python converter, which
 // keeps trailing dimensions of size 1, and MLA head sizes that differ from
 // the KDA head size.
 #include "doctor_test_util.h"

@@ -1,5 +1,5 @@
 // Conformance of the GGUF reader with ggml's gguf.cpp on files llama.cpp
-// accepts but that sit at the edges of the format (AUDIT-gguf.md).
+// accepts but that sit at the edges of the format (docs/CONFORMANCE.md).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,14 +12,7 @@
 using namespace k3pack;
 using k3test::Bytes;
 using k3test::Header;
-
-namespace {
-
-Result<std::shared_ptr<const gguf::GgufFile>> ParseBytes(const std::string& b) {
-  return gguf::GgufFile::Parse(MappedFile::FromBytes("crafted.gguf", b));
-}
-
-}  // namespace
+using k3test::ParseBytes;
 
 // gguf.cpp accepts n_dims == 0 (every ne is 1: a one-element tensor). Such a
 // tensor info is 24 bytes plus its name, so with general.alignment = 1 and

@@ -7,8 +7,15 @@
 #include <vector>
 
 #include "../scratch_dir.h"
+#include "k3pack/gguf.h"
+#include "util/file.h"
 
 namespace k3test {
+
+// Parses a crafted image in memory, as the reader parses a mapped file.
+inline k3pack::Result<std::shared_ptr<const k3pack::gguf::GgufFile>> ParseBytes(const std::string& b) {
+  return k3pack::gguf::GgufFile::Parse(k3pack::MappedFile::FromBytes("crafted.gguf", b));
+}
 
 struct Bytes {
   std::string b;

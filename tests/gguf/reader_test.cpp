@@ -12,12 +12,9 @@
 using namespace k3pack;
 using k3test::Bytes;
 using k3test::Header;
+using k3test::ParseBytes;
 
 namespace {
-
-Result<std::shared_ptr<const gguf::GgufFile>> ParseBytes(const std::string& b) {
-  return gguf::GgufFile::Parse(MappedFile::FromBytes("crafted.gguf", b));
-}
 
 // Expects a parse failure whose message names the file and contains `rule`.
 void ExpectReject(const std::string& b, const std::string& rule) {

@@ -1,5 +1,5 @@
 // The writer refuses what ggml's reader would refuse, before it writes
-// anything (AUDIT-gguf.md section 1).
+// anything (docs/CONFORMANCE.md, GGUF reader).
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -1,5 +1,5 @@
 // The Kimi-K3 tensor table read back from kimi-k3.* metadata, checked
-// against llama.cpp's loader shapes (AUDIT-gguf.md section 3).
+// against llama.cpp's loader shapes (docs/CONFORMANCE.md, "Kimi-K3 layout").
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -21,6 +21,23 @@ std::map<std::string, std::vector<int64_t>> Shapes(const std::vector<ExpectedTen
   return m;
 }
 
+// The kimi-k3.* keys every test model here shares: `kv` is
+// attention.head_count_kv per layer (0: KDA), the first `dense` layers dense.
+void SmallKimiMetadata(gguf::MetadataBuilder& m, const std::vector<int32_t>& kv, uint32_t dense) {
+  const std::string a = "kimi-k3.";
+  m.Str("general.architecture", "kimi-k3");
+  m.U32(a + "block_count", static_cast<uint32_t>(kv.size()));
+  m.I32Array(a + "attention.head_count_kv", kv);
+  m.U32(a + "leading_dense_block_count", dense);
+  const std::pair<const char*, uint32_t> sizes[] = {
+      {"embedding_length", 512},       {"vocab_size", 512},          {"attention.head_count", 4},
+      {"attention.q_lora_rank", 256},  {"attention.kv_lora_rank", 256}, {"rope.dimension_count", 32},
+      {"ssm.conv_kernel", 4},          {"kda.head_dim", 64},         {"expert_count", 8},
+      {"expert_used_count", 2},        {"expert_feed_forward_length", 256}, {"expert_shared_count", 1},
+      {"expert_latent_length", 256},   {"attn_res.block_size", 2}};
+  for (const auto& [key, value] : sizes) m.U32(a + key, value);
+}
+
 // Two layers: 0 KDA + dense FFN, 1 MLA + MoE. The MLA head sizes come from
 // attention.key_length_mla (dk = dn + dr) and value_length_mla (dv), not
 // from kda.head_dim: llama.cpp builds attn_q_b {qr, H*dk}, attn_k_b
@@ -30,27 +47,10 @@ std::map<std::string, std::vector<int64_t>> Shapes(const std::vector<ExpectedTen
 TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
   const std::string a = "kimi-k3.";
   gguf::MetadataBuilder m;
-  m.Str("general.architecture", "kimi-k3");
-  m.U32(a + "block_count", 2);
-  m.U32(a + "embedding_length", 512);
+  SmallKimiMetadata(m, {0, 1}, 1);
   m.U32(a + "feed_forward_length", 1024);
-  m.U32(a + "vocab_size", 512);
-  m.U32(a + "attention.head_count", 4);
-  m.I32Array(a + "attention.head_count_kv", {0, 1});
   m.U32(a + "attention.key_length_mla", 96 + 32);
   m.U32(a + "attention.value_length_mla", 48);
-  m.U32(a + "attention.q_lora_rank", 256);
-  m.U32(a + "attention.kv_lora_rank", 256);
-  m.U32(a + "rope.dimension_count", 32);
-  m.U32(a + "ssm.conv_kernel", 4);
-  m.U32(a + "kda.head_dim", 64);
-  m.U32(a + "expert_count", 8);
-  m.U32(a + "expert_used_count", 2);
-  m.U32(a + "expert_feed_forward_length", 256);
-  m.U32(a + "expert_shared_count", 1);
-  m.U32(a + "leading_dense_block_count", 1);
-  m.U32(a + "expert_latent_length", 256);
-  m.U32(a + "attn_res.block_size", 2);
   const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-mla";
   fs::create_directories(dir);
   const std::string path = (dir / "mla.gguf").string();
@@ -103,26 +103,7 @@ TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
 // ffn_gate/up/down; MoE layers' entries are not used by Kimi-K3.
 TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
   const std::string a = "kimi-k3.";
-  auto base = [&](gguf::MetadataBuilder& m) {
-    m.Str("general.architecture", "kimi-k3");
-    m.U32(a + "block_count", 3);
-    m.U32(a + "embedding_length", 512);
-    m.U32(a + "vocab_size", 512);
-    m.U32(a + "attention.head_count", 4);
-    m.I32Array(a + "attention.head_count_kv", {0, 0, 1});
-    m.U32(a + "attention.q_lora_rank", 256);
-    m.U32(a + "attention.kv_lora_rank", 256);
-    m.U32(a + "rope.dimension_count", 32);
-    m.U32(a + "ssm.conv_kernel", 4);
-    m.U32(a + "kda.head_dim", 64);
-    m.U32(a + "expert_count", 8);
-    m.U32(a + "expert_used_count", 2);
-    m.U32(a + "expert_feed_forward_length", 256);
-    m.U32(a + "expert_shared_count", 1);
-    m.U32(a + "leading_dense_block_count", 2);
-    m.U32(a + "expert_latent_length", 256);
-    m.U32(a + "attn_res.block_size", 2);
-  };
+  auto base = [&](gguf::MetadataBuilder& m) { SmallKimiMetadata(m, {0, 0, 1}, 2); };
   const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-ff";
   fs::create_directories(dir);
   auto dims_of = [&](const gguf::MetadataBuilder& m, const std::string& name) {

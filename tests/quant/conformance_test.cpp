@@ -1,6 +1,6 @@
 // Hand-checked vectors for the edges of ggml's scalar conversions that the
 // known-answer blocks do not reach: signed zeros, NaN payloads, subnormals,
-// the extremes of the E8M0 and UE4M3 scales (AUDIT-gguf.md section 2).
+// the extremes of the E8M0 and UE4M3 scales (docs/CONFORMANCE.md, Quant).
 // Every code path the CPU has must give the same bits.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // run-experts takes the model's MoE hyperparameters from the GGUF: the SiTU
 // constants (kimi-k3.activation.situ_beta / situ_linear_beta) and the gating
-// function, which only sigmoid (2) may be (AUDIT-gguf.md section 3).
+// function, which only sigmoid (2) may be (docs/CONFORMANCE.md, Kimi-K3 layout).
 #include <gtest/gtest.h>
 
 #include <cstring>
