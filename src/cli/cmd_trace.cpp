@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/implied_inputs.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
@@ -294,13 +295,13 @@ int RunGen(const std::vector<std::string>& argv) {
 }
 
 int RunReplay(const std::vector<std::string>& argv) {
-  Args a("trace replay", "--trace T --cache-mib N [--manifest M] [options]",
+  Args a("trace replay", "--trace T [--manifest M.json|DIR] [--cache-mib N] [options]",
          "Replays a trace on the real expert store (real reads from the pack) and reports hit rate, bytes per\n"
          "token, read throughput and latency. With --simulate only the policy runs (no pack, no I/O).");
   a.Option("--trace", "trace file (k3pack trace gen)", std::nullopt, true)
-      .Option("--manifest", "adapter manifest (required unless --simulate)")
+      .Option("--manifest", "adapter manifest, or the directory holding it under SGLang's name (required unless --simulate)")
       .Option("--pack", "expert pack (default: the manifest's expert_pack.path)")
-      .Option("--cache-mib", "host cache budget in MiB", std::nullopt, true)
+      .Option("--cache-mib", "host cache budget in MiB (SGLang's loader default, cache_vram_mib)", "4096")
       .Option("--policy", "reuse-lfu-lru-v2 | lru | decay-lfu | quota-decay | request-aware | adaptive", "reuse-lfu-lru-v2")
       .Option("--io", "pread | uring", "pread")
       .Flag("--direct", "O_DIRECT reads")
@@ -329,6 +330,7 @@ int RunReplay(const std::vector<std::string>& argv) {
   AddProgressOption(a);
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  ManifestInDirectory(a, "trace replay");
   auto mode = ProgressModeOf(a);
   if (!mode.ok()) return ReportError("trace replay", mode.error(), 2);
   auto mib = a.GetInt("--cache-mib");

@@ -135,6 +135,14 @@ TEST(ImpliedInputs, ManifestReadersTakeTheDirectoryBuildWroteInto) {
     EXPECT_EQ(file.code, 0) << cmd << ": " << file.out;
     EXPECT_FALSE(Contains(file.out, "using --manifest")) << file.out;
   }
+  // trace replay too, with SGLang's default cache budget (cache_vram_mib 4096) when none is given.
+  const std::string trace = Root() + "/implied-manifest-dir.k3t";
+  ASSERT_EQ(Cli("trace gen --manifest " + Q(manifest) + " --requests 1 --decode-tokens 4 --trace " + Q(trace)).code, 0);
+  CliRun replay = Cli("trace replay --progress none --trace " + Q(trace) + " --manifest " + Q(m));
+  EXPECT_EQ(replay.code, 0) << replay.out;
+  EXPECT_TRUE(Contains(replay.out, "using --manifest " + manifest + " (")) << replay.out;
+  EXPECT_TRUE(Contains(replay.out, "cache 4096 MiB")) << replay.out;
+
   const std::string empty = Root() + "/implied-manifest-empty";
   fs::create_directories(empty);
   CliRun none = Cli("verify " + Q(empty));
