@@ -218,12 +218,29 @@ Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::Model
   return CollectExperts(SourceTensorsOf(shards), paths, spec, options);
 }
 
+Result<ExpertSet> CollectCheckedExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
+                                        const CollectOptions& options) {
+  // SGLang's expert checks run first, so a fault they catch gets their text
+  // (a 895-expert checkpoint whose metadata says so is SGLang's "unexpected
+  // expert shape", not k3pack's metadata line); the cross-check of the config
+  // against the GGUF metadata, which SGLang does not make, follows, and its
+  // finding is the hint of SGLang's error when both fail.
+  Status cross = kimi::CrossCheckGguf(spec, shards);
+  auto experts = CollectExperts(shards, spec, options);
+  if (!experts.ok()) {
+    if (cross.ok()) return experts.error();
+    const std::string& m = cross.error().message();
+    return experts.error().WithHint(m.substr(0, m.find('\n')));
+  }
+  if (!cross.ok()) return cross.error();
+  return experts;
+}
+
 Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std::string& model_config,
                                          kimi::Profile profile, const CollectOptions& options) {
   K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(model_config, profile));
   K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(gguf_dir));
-  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
-  return CollectExperts(shards, spec, options);
+  return CollectCheckedExperts(shards, spec, options);
 }
 
 Result<std::string> DefaultPackPath(const std::string& any_shard_path) {
