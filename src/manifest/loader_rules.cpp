@@ -1,15 +1,16 @@
 #include "manifest/loader_rules.h"
 
+#include <optional>
 #include <string>
 
 #include "manifest/json_fields.h"
+#include "manifest/pyjson.h"
 
 namespace k3pack::manifest {
 namespace {
 
 using nlohmann::json;
 using fields::At;
-using fields::U64;
 
 std::string Tuple3(uint64_t a, uint64_t b, uint64_t c) {
   return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
@@ -49,17 +50,33 @@ Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims&
                         "literal 16; regenerate the manifest with `k3pack manifest`");
     return e;
   }
-  // 4. dimensions.
-  K3_ASSIGN_OR_RETURN(const uint64_t layers_n, U64(*model, "num_hidden_layers"));
-  K3_ASSIGN_OR_RETURN(const uint64_t experts_n, U64(*model, "num_experts"));
-  K3_ASSIGN_OR_RETURN(const uint64_t top_k, U64(*model, "num_experts_per_token"));
-  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : layers_n);
-  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : experts_n);
-  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : top_k);
-  if (layers_n != want_layers || experts_n != want_experts || top_k != want_top_k || (kimi && want_top_k != 16) ||
-      experts_n == 0 || experts_n > 65536 || top_k == 0 || top_k > experts_n)
-    return Error("Kimi expert-pack dimensions " + Tuple3(layers_n, experts_n, top_k) + " != " +
-                 Tuple3(want_layers, want_experts, want_top_k) + "; Top-K is immutable at 16");
+  // 4. dimensions: SGLang compares the tuple (num_hidden_layers, num_experts,
+  // num_experts_per_token) with the expected one as Python compares values
+  // (93.0 == 93), and prints both with Python's repr, whatever the manifest
+  // holds there (a negative number, a string).
+  K3_ASSIGN_OR_RETURN(const json* layers_j, At(*model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(const json* experts_j, At(*model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(const json* top_k_j, At(*model, "num_experts_per_token"));
+  auto as_count = [](const json& v) -> std::optional<uint64_t> {
+    if (v.is_number_unsigned()) return v.get<uint64_t>();
+    if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
+    return std::nullopt;
+  };
+  const std::optional<uint64_t> layers_v = as_count(*layers_j), experts_v = as_count(*experts_j),
+                                top_k_v = as_count(*top_k_j);
+  // Under the scaled profile the manifest's own values are expected (they
+  // must be counts); under kimi-k3 SGLang's constants.
+  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : layers_v.value_or(0));
+  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : experts_v.value_or(0));
+  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : top_k_v.value_or(0));
+  const bool equal = PyJsonEqual(*layers_j, json(want_layers)) && PyJsonEqual(*experts_j, json(want_experts)) &&
+                     PyJsonEqual(*top_k_j, json(want_top_k));
+  const uint64_t layers_n = want_layers, experts_n = want_experts, top_k = want_top_k;
+  if (!equal || (kimi && want_top_k != 16) || (!kimi && (!layers_v || !experts_v || !top_k_v)) || experts_n == 0 ||
+      experts_n > 65536 || top_k == 0 || top_k > experts_n)
+    return Error("Kimi expert-pack dimensions (" + PyReprJson(*layers_j) + ", " + PyReprJson(*experts_j) + ", " +
+                 PyReprJson(*top_k_j) + ") != " + Tuple3(want_layers, want_experts, want_top_k) +
+                 "; Top-K is immutable at 16");
   out.num_layers = layers_n;
   out.num_experts = experts_n;
   out.top_k = top_k;
@@ -78,9 +95,13 @@ Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims&
     }
   }
   if (kimi) {
-    active_ok = active.size() == 92;
-    for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
-    if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
+    // Python's == against 1..92: the whole list (an extra element after a
+    // correct 1..92 prefix is a mismatch), 1.0 == 1.
+    json want = json::array();
+    for (uint32_t l = 1; l <= 92; ++l) want.push_back(l);
+    if (!PyJsonEqual(*active_j, want)) return Error("Kimi active routed MoE layers must be exactly 1..92");
+    active.clear();
+    for (uint32_t l = 1; l <= 92; ++l) active.push_back(l);
   } else {
     // SGLang holds the list to the layers the pack was built for (1..92 for
     // K3); a scaled pack's are the ones its k3pack.layer_roles records.

@@ -13,6 +13,7 @@
 #include "k3pack/manifest.h"
 #include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
+#include "manifest/pyjson.h"
 #include "pack/format.h"
 #include "store/store_impl.h"
 #include "util/pyrepr.h"
@@ -45,13 +46,19 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
   static const std::pair<const char*, uint64_t> kK3Types[3] = {{"Q2_K", 10}, {"Q2_K", 10}, {"Q3_K", 11}};
   for (int r = 0; r < 3; ++r) {
     K3_ASSIGN_OR_RETURN(const json* role, At(*roles, kRoleNames[r]));
-    K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
-    K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
     Error unsupported(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
     if (kimi) {
-      if (dtype != kK3Types[r].first || dtype_id != kK3Types[r].second) return unsupported;
+      // Python's != on whatever the manifest holds: a dtype_id of "10" or a
+      // dtype of 10 is SGLang's "unsupported", 10.0 is 10.
+      K3_ASSIGN_OR_RETURN(const json* dtype_j, At(*role, "dtype"));
+      K3_ASSIGN_OR_RETURN(const json* dtype_id_j, At(*role, "dtype_id"));
+      if (!manifest::PyJsonEqual(*dtype_j, json(kK3Types[r].first)) ||
+          !manifest::PyJsonEqual(*dtype_id_j, json(kK3Types[r].second)))
+        return unsupported;
       continue;
     }
+    K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
+    K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
     auto type = GgmlTypeFromName(dtype);
     if (!type || static_cast<uint64_t>(*type) != dtype_id)
       return unsupported.WithHint("expert_pack.roles." + std::string(kRoleNames[r]) + " says dtype " + PyRepr(dtype) +
@@ -269,9 +276,10 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
         .WithHint("the manifest records the pack at " + ep_path + ", the pack given is " + pack_path +
                   " (a copied or moved pack needs a manifest written for it: `k3pack manifest` or `k3pack build`)");
   g.resolved_pack_path = *resolved_pack;
-  K3_ASSIGN_OR_RETURN(uint64_t ep_size, U64(*ep, "size"));
+  K3_ASSIGN_OR_RETURN(const json* ep_size, At(*ep, "size"));
   K3_ASSIGN_OR_RETURN(uint64_t file_size, FileSize(pack_path));
-  if (ep_size != file_size) return Error("Kimi expert-pack size does not match its manifest");
+  // Python's != : any other value or kind of value is a mismatch.
+  if (!manifest::PyJsonEqual(*ep_size, json(file_size))) return Error("Kimi expert-pack size does not match its manifest");
   g.pack_size = file_size;
   K3_ASSIGN_OR_RETURN(const json* order, At(*ep, "physical_role_order"));
   if (*order != json::array({"up", "gate", "down"})) return Error("Kimi expert-pack physical role order is unsupported");
