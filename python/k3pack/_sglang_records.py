@@ -107,11 +107,11 @@ class PackEntries(Mapping):
             os.close(fd)
         name, _, _, offset, nbytes = _ENTRY.unpack(raw)
         types = self._per_layer.get(layer, {}).get(role) or self._roles[role]
-        dtype = types["dtype"]
+        dtype = str(types["dtype"])
         entry = ExpertPackEntry(
             layer=layer, expert=expert, role_id=role_id, role=role,
             tensor_name=name.split(b"\0", 1)[0].decode("utf-8"), dtype_id=int(types["dtype_id"]), dtype=dtype,
-            shape=tuple(self._roles[role]["logical_shape"]), pack_offset=offset, pack_nbytes=nbytes,
+            shape=tuple(int(v) for v in self._roles[role]["logical_shape"]), pack_offset=offset, pack_nbytes=nbytes,
             source_slice_offset=0, source_slice_nbytes=nbytes, checksum="", quant_scheme=dtype,
             transform_id="identity-v1", block_size=256,
             generation=object_generation(self._index_sha256, layer, expert))

@@ -163,17 +163,18 @@ class KimiGGMLExpertPackStore:
         self.role_nbytes = self._role_map(self._engine.role_bytes[0])
         self.role_bytes = self.role_nbytes["gate"]
         self.index_sha256 = self._engine.index_sha256
-        self.pack_sha256 = manifest["expert_pack"].get("sha256", self.index_sha256)
+        # SGLang: str(expert_pack.get("sha256") or the index digest).
+        self.pack_sha256 = str(manifest["expert_pack"].get("sha256") or self.index_sha256)
         # What SGLang's store gives the code around it (spec §7.2-§7.3): the
         # synthesized header, the entry records (its MoE method reads their
         # shapes), the mutable stats dict (its loader adds dense_bytes).
         layers = sorted(self.active_moe_layer_ids)
         self.header = PackHeader(
             flags=3, index_count=len(layers) * self._engine.num_experts * 3,
-            data_start=manifest["expert_pack"]["data_start"], alignment=manifest["expert_pack"]["alignment"],
+            data_start=int(manifest["expert_pack"]["data_start"]), alignment=int(manifest["expert_pack"]["alignment"]),
             num_layers=self.expected_layers, num_experts=self._engine.num_experts, top_k=self.top_k, role_count=3,
-            model_identity_sha256="0" * 64, source_blob_sha256=manifest["source"]["inventory_sha256"],
-            config_sha256=manifest["model"]["config_sha256"])
+            model_identity_sha256="0" * 64, source_blob_sha256=str(manifest["source"]["inventory_sha256"]),
+            config_sha256=str(manifest["model"]["config_sha256"]))
         self.entries = PackEntries(self.pack_path, manifest, layers, self._engine.num_experts, self.index_sha256)
         self.stats = StoreStats(self._engine)
         self.stats_path = os.path.abspath(os.path.expanduser(str(stats_path))) if stats_path else None
@@ -268,7 +269,8 @@ class KimiGGMLExpertPackStore:
         layer = int(layer)
         if layer not in self.active_moe_layer_ids:
             raise ValueError(f"layer {layer} is not an active routed MoE layer")
-        shape = topk_ids.shape
+        # SGLang prints tuple(topk_ids.shape): (1, 3), not torch.Size([1, 3]).
+        shape = tuple(topk_ids.shape)
         if self.ep_size > 1:
             if len(shape) != 2 or not 1 <= shape[-1] <= self.top_k:
                 raise ValueError(f"an EP rank's routes must be 1..{self.top_k} per token; received shape {shape}")

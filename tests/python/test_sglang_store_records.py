@@ -95,5 +95,41 @@ class SglangStoreRecords(_util.TinyPackTestCase):
                 self.assertEqual(json.load(f)["dense_bytes"], 12345)
 
 
+class SglangStoreTexts(_util.TinyPackTestCase):
+    def test_top_k_shape_is_printed_as_a_tuple(self):
+        # SGLang formats tuple(topk_ids.shape): "(1, 3)", not "torch.Size([1, 3])".
+        import torch
+
+        store = self.dropin()
+        try:
+            store.initialize_device_cache("cpu")
+            for shape, text in (((1, self.top_k - 1), f"(1, {self.top_k - 1})"), ((self.top_k,), f"({self.top_k},)")):
+                with self.assertRaises(ValueError) as e:
+                    store.acquire(self.layers[0], torch.zeros(shape, dtype=torch.int64))
+                self.assertEqual(str(e.exception), f"runtime top-k must be exactly {self.top_k}; received shape {text}")
+        finally:
+            store.close()
+
+    def test_pack_sha256_falls_back_to_the_index_digest_when_empty(self):
+        # SGLang: str(expert_pack.get("sha256") or index digest).
+        tmp = _util.TempDir()
+        self.addCleanup(tmp.cleanup)
+        with open(self.manifest, encoding="utf-8") as f:
+            doc = json.load(f)
+        doc["expert_pack"]["sha256"] = ""
+        edited = f"{tmp.path}/m.json"
+        with open(edited, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+        from k3pack.sglang import KimiGGMLExpertPackStore
+
+        store = KimiGGMLExpertPackStore(self.pack, manifest_path=edited, expected_layers=self.num_layers,
+                                        expected_experts=self.experts, expected_top_k=self.top_k,
+                                        cache_vram_mib=6, cache_vram_reserve_mib=1)
+        try:
+            self.assertEqual(store.pack_sha256, doc["expert_pack"]["index_sha256"])
+        finally:
+            store.close()
+
+
 if __name__ == "__main__":
     unittest.main()
