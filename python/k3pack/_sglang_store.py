@@ -26,6 +26,7 @@ torch is imported when the class is constructed.
 
 import json
 import os
+import pathlib
 import threading
 import weakref
 
@@ -177,7 +178,8 @@ class KimiGGMLExpertPackStore:
             config_sha256=str(manifest["model"]["config_sha256"]))
         self.entries = PackEntries(self.pack_path, manifest, layers, self._engine.num_experts, self.index_sha256)
         self.stats = StoreStats(self._engine)
-        self.stats_path = os.path.abspath(os.path.expanduser(str(stats_path))) if stats_path else None
+        # SGLang: Path(stats_path).resolve() (symlinks resolved, no "~" expansion).
+        self.stats_path = str(pathlib.Path(os.fspath(stats_path)).resolve()) if stats_path else None
         self._last_flush = 0
         self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
         self._device = None

@@ -131,5 +131,22 @@ class SglangStoreTexts(_util.TinyPackTestCase):
             store.close()
 
 
+class SglangStorePaths(_util.TinyPackTestCase):
+    def test_stats_path_is_resolved_like_pathlib(self):
+        import os
+
+        tmp = _util.TempDir()
+        self.addCleanup(tmp.cleanup)
+        real = os.path.join(tmp.path, "real")
+        os.mkdir(real)
+        os.symlink(real, os.path.join(tmp.path, "link"))
+        store = self.dropin(stats_path=os.path.join(tmp.path, "link", "s.json"))
+        try:
+            self.assertEqual(store.stats_path, os.path.join(os.path.realpath(real), "s.json"))
+        finally:
+            store.close()
+        self.assertTrue(os.path.exists(os.path.join(real, "s.json")))
+
+
 if __name__ == "__main__":
     unittest.main()
