@@ -1,10 +1,8 @@
 #include "manifest/loader_rules.h"
 
-#include <optional>
 #include <string>
 
 #include "manifest/json_fields.h"
-#include "manifest/pyjson.h"
 
 namespace k3pack::manifest {
 namespace {
@@ -50,32 +48,25 @@ Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims&
                         "literal 16; regenerate the manifest with `k3pack manifest`");
     return e;
   }
-  // 4. dimensions: SGLang compares the tuple (num_hidden_layers, num_experts,
-  // num_experts_per_token) with the expected one as Python compares values
-  // (93.0 == 93), and prints both with Python's repr, whatever the manifest
-  // holds there (a negative number, a string).
-  K3_ASSIGN_OR_RETURN(const json* layers_j, At(*model, "num_hidden_layers"));
-  K3_ASSIGN_OR_RETURN(const json* experts_j, At(*model, "num_experts"));
-  K3_ASSIGN_OR_RETURN(const json* top_k_j, At(*model, "num_experts_per_token"));
-  auto as_count = [](const json& v) -> std::optional<uint64_t> {
-    if (v.is_number_unsigned()) return v.get<uint64_t>();
-    if (v.is_number_integer() && v.get<int64_t>() >= 0) return static_cast<uint64_t>(v.get<int64_t>());
-    return std::nullopt;
-  };
-  const std::optional<uint64_t> layers_v = as_count(*layers_j), experts_v = as_count(*experts_j),
-                                top_k_v = as_count(*top_k_j);
-  // Under the scaled profile the manifest's own values are expected (they
-  // must be counts); under kimi-k3 SGLang's constants.
-  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : layers_v.value_or(0));
-  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : experts_v.value_or(0));
-  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : top_k_v.value_or(0));
-  const bool equal = PyJsonEqual(*layers_j, json(want_layers)) && PyJsonEqual(*experts_j, json(want_experts)) &&
-                     PyJsonEqual(*top_k_j, json(want_top_k));
+  // 4. dimensions: SGLang builds the tuple (int(num_hidden_layers),
+  // int(num_experts), int(num_experts_per_token)) (Python int(): "16" and
+  // 16.0 are 16; "x" is int()'s ValueError) and compares it with the
+  // expected one, printing both tuples.
+  K3_ASSIGN_OR_RETURN(const int64_t layers_i, fields::IntAt(*model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(const int64_t experts_i, fields::IntAt(*model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(const int64_t top_k_i, fields::IntAt(*model, "num_experts_per_token"));
+  // Under the scaled profile the manifest's own values are expected; under
+  // kimi-k3 SGLang's constants.
+  const bool counts = layers_i >= 0 && experts_i >= 0 && top_k_i >= 0;
+  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : counts ? uint64_t(layers_i) : 0);
+  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : counts ? uint64_t(experts_i) : 0);
+  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : counts ? uint64_t(top_k_i) : 0);
+  const bool equal = counts && uint64_t(layers_i) == want_layers && uint64_t(experts_i) == want_experts &&
+                     uint64_t(top_k_i) == want_top_k;
   const uint64_t layers_n = want_layers, experts_n = want_experts, top_k = want_top_k;
-  if (!equal || (kimi && want_top_k != 16) || (!kimi && (!layers_v || !experts_v || !top_k_v)) || experts_n == 0 ||
-      experts_n > 65536 || top_k == 0 || top_k > experts_n)
-    return Error("Kimi expert-pack dimensions (" + PyReprJson(*layers_j) + ", " + PyReprJson(*experts_j) + ", " +
-                 PyReprJson(*top_k_j) + ") != " + Tuple3(want_layers, want_experts, want_top_k) +
+  if (!equal || (kimi && want_top_k != 16) || experts_n == 0 || experts_n > 65536 || top_k == 0 || top_k > experts_n)
+    return Error("Kimi expert-pack dimensions (" + std::to_string(layers_i) + ", " + std::to_string(experts_i) + ", " +
+                 std::to_string(top_k_i) + ") != " + Tuple3(want_layers, want_experts, want_top_k) +
                  "; Top-K is immutable at 16");
   out.num_layers = layers_n;
   out.num_experts = experts_n;
@@ -95,11 +86,19 @@ Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims&
     }
   }
   if (kimi) {
-    // Python's == against 1..92: the whole list (an extra element after a
-    // correct 1..92 prefix is a mismatch), 1.0 == 1.
-    json want = json::array();
-    for (uint32_t l = 1; l <= 92; ++l) want.push_back(l);
-    if (!PyJsonEqual(*active_j, want)) return Error("Kimi active routed MoE layers must be exactly 1..92");
+    // tuple(int(v) for v in the list) against 1..92: every element through
+    // int() first (its error first), then the whole tuple (an extra element
+    // after a correct 1..92 prefix is a mismatch).
+    std::vector<int64_t> ints;
+    if (active_j->is_array()) {
+      for (const auto& v : *active_j) {
+        K3_ASSIGN_OR_RETURN(int64_t i, fields::PyInt(v));
+        ints.push_back(i);
+      }
+    }
+    bool same = active_j->is_array() && ints.size() == 92;
+    for (size_t i = 0; same && i < 92; ++i) same = ints[i] == int64_t(i) + 1;
+    if (!same) return Error("Kimi active routed MoE layers must be exactly 1..92");
     active.clear();
     for (uint32_t l = 1; l <= 92; ++l) active.push_back(l);
   } else {
