@@ -414,6 +414,17 @@ TEST_F(ManifestErrors, ShardIsNamedByItsResolvedPath) {
             "Kimi-K3 GGUF shard is missing or changed: " + fs::canonical(shards[1]).string());
 }
 
+TEST_F(ManifestErrors, IndexesAndSizesGoThroughPythonInt) {
+  // SGLang: int(record["shard_index"]), int(shard["index"]), int(shard["size"]).
+  json m = manifest;
+  for (auto& t : m["source"]["tensors"]) t["shard_index"] = std::to_string(t["shard_index"].get<int>());
+  m["source"]["shards"][0]["index"] = 0.0;
+  m["source"]["shards"][1]["size"] = std::to_string(m["source"]["shards"][1]["size"].get<uint64_t>());
+  EXPECT_EQ(StreamError(Rewrite(m)).message(), "<no error>");
+  m["source"]["shards"][1]["size"] = "big";
+  EXPECT_EQ(StreamError(Rewrite(m)).message(), "invalid literal for int() with base 10: 'big'");
+}
+
 TEST_F(ManifestErrors, InventoryChanged) {
   json m = manifest;
   json extra = m["source"]["tensors"][0];
