@@ -101,8 +101,14 @@ std::array<uint32_t, 3> ExpectedScaledExpertTypes(const std::vector<std::array<u
 Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
                                  const CollectOptions& options = {});
 std::vector<SourceTensor> SourceTensorsOf(const gguf::ShardSet& shards);
+// CollectExperts, then kimi::CrossCheckGguf (config vs GGUF metadata, k3pack's
+// own check): SGLang's expert errors come first, the cross-check's finding as
+// their hint; a checkpoint only the cross-check refuses gets its error.
+Result<ExpertSet> CollectCheckedExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
+                                        const CollectOptions& options = {});
 // What `k3pack pack` / `build` start from: open the shard set in `gguf_dir`,
-// load the model config under `profile`, cross-check the two, collect.
+// load the model config under `profile`, collect and cross-check
+// (CollectCheckedExperts).
 Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std::string& model_config,
                                          kimi::Profile profile, const CollectOptions& options = {});
 

@@ -26,12 +26,14 @@ torch is imported when the class is constructed.
 
 import json
 import os
+import pathlib
 import threading
 import weakref
 
 import numpy as np
 
 from . import _k3pack
+from ._sglang_records import PackEntries, PackHeader, StoreStats
 
 __all__ = ["KimiGGMLExpertPackStore", "READ_SPLITS"]
 
@@ -64,7 +66,14 @@ def _write_stats_file(snapshot, path):
     os.replace(tmp, path)
 
 
-def _finish(engine, stats_path, stats_lock):
+def _snapshot(engine, extra):
+    """The engine's stats plus the keys callers set through store.stats."""
+    snap = engine.snapshot()
+    snap.update(extra)
+    return snap
+
+
+def _finish(engine, stats_path, stats_lock, extra):
     """close()'s work; also run at interpreter exit (SGLang's atexit(close))
     and when a store that was never closed is garbage-collected. It holds no
     reference to the store, so an unclosed store's slot memory, pack fd and
@@ -72,7 +81,7 @@ def _finish(engine, stats_path, stats_lock):
     try:
         if stats_path:
             with stats_lock:
-                _write_stats_file(engine.snapshot(), stats_path)
+                _write_stats_file(_snapshot(engine, extra), stats_path)
     finally:
         engine.close()
 
@@ -155,8 +164,22 @@ class KimiGGMLExpertPackStore:
         self.role_nbytes = self._role_map(self._engine.role_bytes[0])
         self.role_bytes = self.role_nbytes["gate"]
         self.index_sha256 = self._engine.index_sha256
-        self.pack_sha256 = manifest["expert_pack"].get("sha256", self.index_sha256)
-        self.stats_path = os.path.abspath(os.path.expanduser(str(stats_path))) if stats_path else None
+        # SGLang: str(expert_pack.get("sha256") or the index digest).
+        self.pack_sha256 = str(manifest["expert_pack"].get("sha256") or self.index_sha256)
+        # What SGLang's store gives the code around it (spec §7.2-§7.3): the
+        # synthesized header, the entry records (its MoE method reads their
+        # shapes), the mutable stats dict (its loader adds dense_bytes).
+        layers = sorted(self.active_moe_layer_ids)
+        self.header = PackHeader(
+            flags=3, index_count=len(layers) * self._engine.num_experts * 3,
+            data_start=int(manifest["expert_pack"]["data_start"]), alignment=int(manifest["expert_pack"]["alignment"]),
+            num_layers=self.expected_layers, num_experts=self._engine.num_experts, top_k=self.top_k, role_count=3,
+            model_identity_sha256="0" * 64, source_blob_sha256=str(manifest["source"]["inventory_sha256"]),
+            config_sha256=str(manifest["model"]["config_sha256"]))
+        self.entries = PackEntries(self.pack_path, manifest, layers, self._engine.num_experts, self.index_sha256)
+        self.stats = StoreStats(self._engine)
+        # SGLang: Path(stats_path).resolve() (symlinks resolved, no "~" expansion).
+        self.stats_path = str(pathlib.Path(os.fspath(stats_path)).resolve()) if stats_path else None
         self._last_flush = 0
         self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
         self._device = None
@@ -168,7 +191,8 @@ class KimiGGMLExpertPackStore:
         # SGLang registers atexit(self.close), which keeps every store alive
         # until exit; a finalizer holds only the engine, so a store that is
         # dropped unclosed frees its slots, fd and read threads.
-        self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock)
+        self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock,
+                                           self.stats.extra)
 
     @staticmethod
     def _role_map(values):
@@ -252,7 +276,8 @@ class KimiGGMLExpertPackStore:
         layer = int(layer)
         if layer not in self.active_moe_layer_ids:
             raise ValueError(f"layer {layer} is not an active routed MoE layer")
-        shape = topk_ids.shape
+        # SGLang prints tuple(topk_ids.shape): (1, 3), not torch.Size([1, 3]).
+        shape = tuple(topk_ids.shape)
         if self.ep_size > 1:
             if len(shape) != 2 or not 1 <= shape[-1] <= self.top_k:
                 raise ValueError(f"an EP rank's routes must be 1..{self.top_k} per token; received shape {shape}")
@@ -314,8 +339,9 @@ class KimiGGMLExpertPackStore:
     # ------------------------------------------------------------ stats
 
     def snapshot(self):
-        """SGLang's stats dict (same keys, spec 7.7) plus k3pack's under "k3pack"."""
-        return self._engine.snapshot()
+        """SGLang's stats dict (same keys, spec 7.7) plus k3pack's under "k3pack"
+        and any key set through store.stats (e.g. SGLang's dense_bytes)."""
+        return _snapshot(self._engine, self.stats.extra)
 
     def _write_stats(self):
         _write_stats_file(self.snapshot(), self.stats_path)

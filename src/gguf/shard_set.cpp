@@ -162,46 +162,53 @@ Result<ShardSet> ShardSet::Open(const std::string& path, const ShardSetOptions& 
   else set.prefix_ = fs::path(paths.front()).stem().string();
   set.dir_ = fs::path(paths.front()).parent_path().string();
 
-  for (const auto& p : paths) {
-    K3_ASSIGN_OR_RETURN(auto f, GgufFile::Open(p, opts.read));
-    set.shards_.push_back(std::move(f));
-  }
-
+  // SGLang's scan_gguf_shards, shard by shard: open, the four required keys
+  // (split.count, split.no, split.tensors.count, general.architecture),
+  // split.no, agreement with shard 0, then the shard's tensor names against
+  // the earlier shards'. Only after the last shard: split.count against the
+  // files, split.tensors.count against the tensors, the architecture. So of
+  // two faults the one SGLang meets first is reported (a damaged shard 3
+  // does not hide a split.no error in shard 1).
   int64_t split_count = 1, tensors_count = -1;
-  const std::string arch0 = set.shards_.front()->architecture();
-  for (size_t i = 0; i < set.shards_.size(); ++i) {
-    const GgufFile& f = *set.shards_[i];
+  std::string arch0;
+  std::unordered_map<std::string_view, uint32_t> seen;
+  size_t total = 0;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(auto opened, GgufFile::Open(paths[i], opts.read));
+    set.shards_.push_back(std::move(opened));
+    const GgufFile& f = *set.shards_.back();
+    if (i == 0) arch0 = f.architecture();
     const bool has_split = f.Find("split.count") != nullptr;
-    if (!numbered && !has_split) continue;  // plain single file: llama.cpp needs no split keys
-    K3_ASSIGN_OR_RETURN(int64_t count, RequiredInt(f, "split.count"));
-    K3_ASSIGN_OR_RETURN(int64_t no, RequiredInt(f, "split.no"));
-    K3_ASSIGN_OR_RETURN(int64_t tcount, RequiredInt(f, "split.tensors.count"));
-    if (no != static_cast<int64_t>(i)) {
-      return Error("GGUF split.no mismatch for " + f.path() + ": " + std::to_string(no) + " != " + std::to_string(i));
-    }
-    const std::string arch = f.architecture();
-    if (i == 0) {
-      if (f.Find("general.architecture") == nullptr) {
+    if (numbered || has_split) {  // plain single file: llama.cpp needs no split keys
+      K3_ASSIGN_OR_RETURN(int64_t count, RequiredInt(f, "split.count"));
+      K3_ASSIGN_OR_RETURN(int64_t no, RequiredInt(f, "split.no"));
+      K3_ASSIGN_OR_RETURN(int64_t tcount, RequiredInt(f, "split.tensors.count"));
+      // A later shard may lack general.architecture (llama.cpp's gguf-split
+      // writes the model's keys into the first shard only): k3pack accepts
+      // that, SGLang does not (doctor's architecture-first-shard-only).
+      if (i == 0 && f.Find("general.architecture") == nullptr) {
         return Error("GGUF metadata is missing required field 'general.architecture'").WithHint("in " + f.path());
       }
-      split_count = count;
-      tensors_count = tcount;
-    } else if (count != split_count || tcount != tensors_count ||
-               (f.Find("general.architecture") != nullptr && arch != arch0)) {
-      return Error("GGUF split metadata mismatch at " + f.path());
+      if (no != static_cast<int64_t>(i)) {
+        return Error("GGUF split.no mismatch for " + f.path() + ": " + std::to_string(no) + " != " + std::to_string(i));
+      }
+      const std::string arch = f.architecture();
+      if (i == 0) {
+        split_count = count;
+        tensors_count = tcount;
+      } else if (count != split_count || tcount != tensors_count ||
+                 (f.Find("general.architecture") != nullptr && arch != arch0)) {
+        return Error("GGUF split metadata mismatch at " + f.path());
+      }
+    }
+    for (const TensorInfo& t : f.tensors()) {
+      if (!seen.emplace(t.name, 0).second) return Error("duplicate GGUF tensor across shards: " + t.name);
+      ++total;
     }
   }
   if (split_count != static_cast<int64_t>(set.shards_.size())) {
     return Error("GGUF split.count=" + std::to_string(split_count) + ", found " + std::to_string(set.shards_.size()) +
                  " files");
-  }
-  std::unordered_map<std::string_view, uint32_t> seen;
-  size_t total = 0;
-  for (const auto& f : set.shards_) {
-    for (const TensorInfo& t : f->tensors()) {
-      if (!seen.emplace(t.name, 0).second) return Error("duplicate GGUF tensor across shards: " + t.name);
-      ++total;
-    }
   }
   if (tensors_count >= 0 && tensors_count != static_cast<int64_t>(total)) {
     return Error("GGUF split.tensors.count=" + std::to_string(tensors_count) + ", found " + std::to_string(total));

@@ -9,43 +9,11 @@
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "util/file.h"
+#include "util/pyint.h"
 #include "util/pyrepr.h"
 
 namespace k3pack::kimi {
 namespace {
-
-// Python int(x) for the value kinds a JSON config can hold.
-Result<int64_t> PyInt(const nlohmann::json& v, const std::string& key) {
-  auto bad = [&](const std::string& why) {
-    return Error("model config key '" + key + "' " + why + ": " + v.dump());
-  };
-  if (v.is_boolean()) return static_cast<int64_t>(v.get<bool>());
-  if (v.is_number_integer()) {
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return bad("is out of range");
-    }
-    return v.get<int64_t>();
-  }
-  if (v.is_number_float()) {
-    const double d = v.get<double>();
-    if (!std::isfinite(d) || std::fabs(d) > 9.0e18) return bad("is not a finite integer");
-    return static_cast<int64_t>(std::trunc(d));  // int() truncates toward zero
-  }
-  if (v.is_string()) {
-    std::string s = v.get<std::string>();
-    const auto b = s.find_first_not_of(" \t\n\r\f\v");
-    const auto e = s.find_last_not_of(" \t\n\r\f\v");
-    if (b != std::string::npos) {
-      std::string_view t(s.data() + b, e - b + 1);
-      if (!t.empty() && t[0] == '+') t.remove_prefix(1);
-      int64_t out = 0;
-      auto r = std::from_chars(t.data(), t.data() + t.size(), out);
-      if (r.ec == std::errc() && r.ptr == t.data() + t.size() && !t.empty()) return out;
-    }
-    return bad("is not an integer");
-  }
-  return bad("must be an integer");
-}
 
 template <typename T>
 Result<T> InRange(int64_t v, const std::string& key) {
@@ -90,11 +58,14 @@ Result<ModelSpec> ModelSpecFromConfig(const nlohmann::json& config, Profile prof
   for (int i = 0; i < 8; ++i) {
     auto it = text->find(kIntKeys[i]);
     if (it == text->end()) return Error(PyRepr(kIntKeys[i]), ErrorKind::kKey);
-    K3_ASSIGN_OR_RETURN(v[i], PyInt(*it, kIntKeys[i]));
+    // SGLang's from_config: int(text_config[key]), Python's own error text.
+    auto value = k3pack::PyInt(*it);
+    if (!value.ok()) return value.error().WithHint("model config key '" + std::string(kIntKeys[i]) + "'");
+    v[i] = *value;
   }
   auto act_it = text->find("hidden_act");
   if (act_it == text->end()) return Error(PyRepr("hidden_act"), ErrorKind::kKey);
-  std::string act = act_it->is_string() ? act_it->get<std::string>() : act_it->dump();  // str(x)
+  std::string act = k3pack::PyStr(*act_it);  // str(x): None, True, 1
 
   if (profile == Profile::kKimiK3) {
     const bool match = v[0] == kK3NumHiddenLayers && v[1] == kK3FirstKDenseReplace && v[2] == kK3NumExperts &&
@@ -161,8 +132,12 @@ Result<ModelSpec> LoadModelSpec(const std::string& config_path, Profile profile)
     return Error(config_path + ": model config is not valid JSON: " + e.what());
   }
   auto spec = ModelSpecFromConfig(config, profile);
-  if (!spec.ok() && spec.error().kind() != ErrorKind::kKey &&
-      spec.error().message().rfind("Kimi K3 ", 0) != 0) {
+  // SGLang's texts stay verbatim: KeyError, the invariant texts, int()'s.
+  const auto python_text = [](const std::string& m) {
+    return m.rfind("Kimi K3 ", 0) == 0 || m.rfind("invalid literal for int()", 0) == 0 ||
+           m.rfind("int() argument must be", 0) == 0 || m.rfind("cannot convert float", 0) == 0;
+  };
+  if (!spec.ok() && spec.error().kind() != ErrorKind::kKey && !python_text(spec.error().message())) {
     return spec.error().WithContext(config_path);  // SGLang's texts stay verbatim
   }
   return spec;

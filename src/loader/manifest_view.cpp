@@ -3,6 +3,7 @@
 #include "k3pack/manifest.h"
 #include "manifest/loader_rules.h"
 #include "util/file.h"
+#include "util/pyint.h"
 #include "util/pyrepr.h"
 
 namespace k3pack::loader {
@@ -20,11 +21,13 @@ Result<const json*> Get(const json& obj, const std::string& key, const std::stri
   return &*it;
 }
 
+// int(obj[key]) as SGLang's iterator reads shard_index / index / size
+// ("3", 3.0 and 3 are 3; int()'s own error otherwise). A negative value
+// matches no shard and no file size: UINT64_MAX stands for it.
 Result<uint64_t> GetUnsigned(const json& obj, const std::string& key, const std::string& where) {
   K3_ASSIGN_OR_RETURN(const json* v, Get(obj, key, where));
-  if (v->is_number_unsigned()) return v->get<uint64_t>();
-  if (v->is_number_integer() && v->get<int64_t>() >= 0) return static_cast<uint64_t>(v->get<int64_t>());
-  return Error("manifest " + where + "." + key + ": expected a non-negative integer, got " + v->dump());
+  K3_ASSIGN_OR_RETURN(int64_t i, k3pack::PyInt(*v));
+  return i < 0 ? UINT64_MAX : static_cast<uint64_t>(i);
 }
 
 Result<std::string> GetString(const json& obj, const std::string& key, const std::string& where) {
@@ -34,7 +37,8 @@ Result<std::string> GetString(const json& obj, const std::string& key, const std
 }
 
 Result<uint32_t> ToIndex(uint64_t v, const std::string& where) {
-  if (v > UINT32_MAX) return Error("manifest " + where + ": index " + std::to_string(v) + " is out of range");
+  if (v == UINT64_MAX) return UINT32_MAX;  // negative: a shard no record names
+  if (v >= UINT32_MAX) return Error("manifest " + where + ": index " + std::to_string(v) + " is out of range");
   return static_cast<uint32_t>(v);
 }
 

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <deque>
 #include <new>
 #include <unordered_map>
@@ -143,7 +144,11 @@ struct NonExpertStream::Impl {
 
   Status OpenShard(const StreamShardRecord& rec) {
     CloseShard();
-    const Error missing("Kimi-K3 GGUF shard is missing or changed: " + rec.path, ErrorKind::kFileNotFound, ENOENT);
+    // SGLang names the shard as Path(shard["path"]).resolve().
+    std::error_code resolve_ec;
+    std::string shown = std::filesystem::weakly_canonical(std::filesystem::absolute(rec.path), resolve_ec).string();
+    if (resolve_ec || shown.empty()) shown = rec.path;
+    const Error missing("Kimi-K3 GGUF shard is missing or changed: " + shown, ErrorKind::kFileNotFound, ENOENT);
     struct stat st;
     if (::stat(rec.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != rec.size) {
       return missing;
@@ -163,7 +168,7 @@ struct NonExpertStream::Impl {
       if (!same) break;
       same = records.count(t.name) != 0;
     }
-    if (!same) return Error("Kimi-K3 GGUF shard inventory changed: " + rec.path);
+    if (!same) return Error("Kimi-K3 GGUF shard inventory changed: " + shown);
 
     if (!head_count) {
       if (const gguf::Value* v = shard->Find("kimi-k3.attention.head_count")) {
@@ -412,6 +417,9 @@ struct NonExpertStream::Impl {
           break;
       }
       out.name = kimi::RuntimeName(target.name, quantized);
+      // SGLang checks the runtime name before its qweight_type companion:
+      // a repeated quantized target is named by its qweight.
+      if (seen.count(out.name)) return Error("duplicate Kimi-K3 target parameter: " + out.name);
       if (quantized) {
         NamedTensor type_scalar;
         type_scalar.name = kimi::QweightTypeName(out.name);

@@ -118,7 +118,6 @@ Result<json> CreateManifest(const CreateOptions& o) {
   K3_ASSIGN_OR_RETURN(std::string gguf_dir, ResolveExisting(o.gguf_dir));
   say("scanning GGUF shards in " + gguf_dir);
   K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(gguf_dir));
-  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
   ScanOptions scan_opts;
   scan_opts.full_source_hashes = o.full_source_hashes;
   scan_opts.known_sha256 = o.known_shard_sha256;
@@ -128,7 +127,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   // Routed experts (§6.1 coverage/shape/dtype checks) and the pack.
   pack::CollectOptions collect;
   collect.allow_mixed_types = o.profile == kimi::Profile::kScaled;
-  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExperts(shards, spec, collect));
+  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectCheckedExperts(shards, spec, collect));
   say("validating expert pack " + o.expert_pack);
   std::optional<ep::Rank> rank = o.ep;
   if (const std::string dpath = pack::DigestsPathFor(o.expert_pack); PathExists(dpath)) {

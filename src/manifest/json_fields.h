@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/error.h"
+#include "util/pyint.h"
 
 namespace k3pack::manifest::fields {
 
@@ -49,6 +50,20 @@ inline bool PyTruthy(const nlohmann::json& v) {
     case nlohmann::json::value_t::object: return !v.empty();
     default: return true;
   }
+}
+
+// Python int() on a JSON value: util/pyint.h.
+using k3pack::PyInt;
+
+// int(obj[key]): a bare KeyError when missing, then PyInt.
+inline Result<int64_t> IntAt(const nlohmann::json& j, const std::string& key) {
+  K3_ASSIGN_OR_RETURN(const nlohmann::json* v, At(j, key));
+  return PyInt(*v);
+}
+
+// Python truthiness of a dict.get() result (a missing key is None).
+inline bool Truthy(const nlohmann::json& j, const std::string& key) {
+  return j.is_object() && j.contains(key) && PyTruthy(j[key]);
 }
 
 }  // namespace k3pack::manifest::fields

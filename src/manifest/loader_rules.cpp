@@ -9,7 +9,6 @@ namespace {
 
 using nlohmann::json;
 using fields::At;
-using fields::U64;
 
 std::string Tuple3(uint64_t a, uint64_t b, uint64_t c) {
   return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
@@ -33,7 +32,7 @@ bool FormatSupported(const json& m) {
 }
 
 bool MarkedComplete(const json& m) {
-  return m.is_object() && m.contains("complete") && fields::PyTruthy(m["complete"]);
+  return fields::Truthy(m, "complete");
 }
 
 Status CheckStoreFormatAndComplete(const json& m) {
@@ -63,18 +62,26 @@ bool DimensionsUsable(uint64_t experts, uint64_t top_k) {
 }
 
 Result<ModelDims> CheckDimensions(const json& model, bool kimi, const ExpectedDims& expected) {
-  ModelDims d;
-  K3_ASSIGN_OR_RETURN(d.layers, U64(model, "num_hidden_layers"));
-  K3_ASSIGN_OR_RETURN(d.experts, U64(model, "num_experts"));
-  K3_ASSIGN_OR_RETURN(d.top_k, U64(model, "num_experts_per_token"));
-  const uint64_t want_layers = expected.layers.value_or(kimi ? 93 : d.layers);
-  const uint64_t want_experts = expected.experts.value_or(kimi ? 896 : d.experts);
-  const uint64_t want_top_k = expected.top_k.value_or(kimi ? 16 : d.top_k);
-  if (d.layers != want_layers || d.experts != want_experts || d.top_k != want_top_k || (kimi && want_top_k != 16) ||
-      !DimensionsUsable(d.experts, d.top_k))
-    return Error("Kimi expert-pack dimensions " + Tuple3(d.layers, d.experts, d.top_k) + " != " +
-                 Tuple3(want_layers, want_experts, want_top_k) + "; Top-K is immutable at 16");
-  return d;
+  // SGLang builds the tuple (int(num_hidden_layers), int(num_experts),
+  // int(num_experts_per_token)) (Python int(): "16" and 16.0 are 16; "x" is
+  // int()'s ValueError) and compares it with the expected one, printing both.
+  K3_ASSIGN_OR_RETURN(const int64_t layers, fields::IntAt(model, "num_hidden_layers"));
+  K3_ASSIGN_OR_RETURN(const int64_t experts, fields::IntAt(model, "num_experts"));
+  K3_ASSIGN_OR_RETURN(const int64_t top_k, fields::IntAt(model, "num_experts_per_token"));
+  // Under the scaled profile the manifest's own values are expected; under
+  // kimi-k3 SGLang's constants.
+  const bool counts = layers >= 0 && experts >= 0 && top_k >= 0;
+  ModelDims want;
+  want.layers = expected.layers.value_or(kimi ? 93 : counts ? uint64_t(layers) : 0);
+  want.experts = expected.experts.value_or(kimi ? 896 : counts ? uint64_t(experts) : 0);
+  want.top_k = expected.top_k.value_or(kimi ? 16 : counts ? uint64_t(top_k) : 0);
+  const bool equal = counts && uint64_t(layers) == want.layers && uint64_t(experts) == want.experts &&
+                     uint64_t(top_k) == want.top_k;
+  if (!equal || (kimi && want.top_k != 16) || !DimensionsUsable(want.experts, want.top_k))
+    return Error("Kimi expert-pack dimensions (" + std::to_string(layers) + ", " + std::to_string(experts) + ", " +
+                 std::to_string(top_k) + ") != " + Tuple3(want.layers, want.experts, want.top_k) +
+                 "; Top-K is immutable at 16");
+  return want;
 }
 
 Result<std::vector<uint32_t>> CheckActiveLayers(const json& model, bool kimi, uint64_t num_layers,
@@ -94,9 +101,21 @@ Result<std::vector<uint32_t>> CheckActiveLayers(const json& model, bool kimi, ui
     }
   }
   if (kimi) {
-    active_ok = active_ok && active.size() == 92;
-    for (size_t i = 0; active_ok && i < 92; ++i) active_ok = active[i] == i + 1;
-    if (!active_ok) return Error("Kimi active routed MoE layers must be exactly 1..92");
+    // tuple(int(v) for v in the list) against 1..92: every element through
+    // int() first (its error first), then the whole tuple (an extra element
+    // after a correct 1..92 prefix is a mismatch).
+    std::vector<int64_t> ints;
+    if (active_j->is_array()) {
+      for (const auto& v : *active_j) {
+        K3_ASSIGN_OR_RETURN(int64_t i, fields::PyInt(v));
+        ints.push_back(i);
+      }
+    }
+    bool same = active_j->is_array() && ints.size() == 92;
+    for (size_t i = 0; same && i < 92; ++i) same = ints[i] == int64_t(i) + 1;
+    if (!same) return Error("Kimi active routed MoE layers must be exactly 1..92");
+    active.clear();
+    for (uint32_t l = 1; l <= 92; ++l) active.push_back(l);
     return active;
   }
   // SGLang holds the list to the layers the pack was built for (1..92 for

@@ -97,12 +97,14 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
   if (spec.num_experts == 0) return Error("num_experts must be positive");
 
   std::map<Key, const SourceTensor*> found;
+  std::vector<Key> scan_order;  // SGLang's dict insertion order: shard order, then each file's tensor order
   for (const auto& t : tensors) {
     auto parsed = ParseExpertTensorName(t.name);
     if (!parsed) continue;
     Key key{parsed->layer, static_cast<uint32_t>(parsed->role)};
     if (found.count(key)) return Error("duplicate routed expert tensor " + KeyRepr(key));
     found[key] = &t;
+    scan_order.push_back(key);
   }
   std::set<Key> expected;
   for (uint32_t layer : spec.active_moe_layer_ids) {
@@ -139,6 +141,35 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
     }
     scaled_types = ExpectedScaledExpertTypes(layer_types);
   }
+  // Pass 1, SGLang's validate_expert_tensors: every routed tensor in scan
+  // order (its dict's insertion order, not layer order), shape, then dtype,
+  // then sliceability, so of several bad tensors the first in the files is
+  // named. Pass 2 below (layer order) then only collects.
+  auto check = [&](const Key& key) -> Status {
+    const Role r = static_cast<Role>(key.second);
+    const auto ri = key.second;
+    const SourceTensor& t = *found.at(key);
+    std::vector<int64_t> want = (r == Role::kDown) ? std::vector<int64_t>{I, H, E} : std::vector<int64_t>{H, I, E};
+    if (t.shape != want) return Error("unexpected expert shape for " + KeyRepr(key) + ": " + TupleRepr(t.shape));
+    if (k3) {
+      const uint32_t want_type =
+          (r == Role::kDown) ? static_cast<uint32_t>(GgmlType::Q3_K) : static_cast<uint32_t>(GgmlType::Q2_K);
+      if (t.dtype_id != want_type)
+        return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
+    } else {
+      if (!IsValidGgmlType(t.dtype_id))
+        return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
+      if (!options.allow_mixed_types && t.dtype_id != scaled_types[ri]) {
+        return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id))
+            .WithHint(std::string("the other layers' ") + (r == Role::kDown ? "down" : "up/gate") + " experts are " +
+                      DtypeName(scaled_types[ri]) +
+                      "; pass --allow-mixed-types to pack mixed types (entry sizes then vary by layer)");
+      }
+    }
+    if (t.nbytes % spec.num_experts != 0 || t.nbytes == 0) return Error("expert tensor is not evenly sliceable: " + t.name);
+    return Status::OK();
+  };
+  for (const Key& key : scan_order) K3_RETURN_IF_ERROR(check(key));
   for (size_t li = 0; li < spec.active_moe_layer_ids.size(); ++li) {
     const uint32_t layer = spec.active_moe_layer_ids[li];
     std::array<ExpertTensor, 3> row;
@@ -218,12 +249,29 @@ Result<ExpertSet> CollectExperts(const gguf::ShardSet& shards, const kimi::Model
   return CollectExperts(SourceTensorsOf(shards), paths, spec, options);
 }
 
+Result<ExpertSet> CollectCheckedExperts(const gguf::ShardSet& shards, const kimi::ModelSpec& spec,
+                                        const CollectOptions& options) {
+  // SGLang's expert checks run first, so a fault they catch gets their text
+  // (a 895-expert checkpoint whose metadata says so is SGLang's "unexpected
+  // expert shape", not k3pack's metadata line); the cross-check of the config
+  // against the GGUF metadata, which SGLang does not make, follows, and its
+  // finding is the hint of SGLang's error when both fail.
+  Status cross = kimi::CrossCheckGguf(spec, shards);
+  auto experts = CollectExperts(shards, spec, options);
+  if (!experts.ok()) {
+    if (cross.ok()) return experts.error();
+    const std::string& m = cross.error().message();
+    return experts.error().WithHint(m.substr(0, m.find('\n')));
+  }
+  if (!cross.ok()) return cross.error();
+  return experts;
+}
+
 Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std::string& model_config,
                                          kimi::Profile profile, const CollectOptions& options) {
   K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(model_config, profile));
   K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(gguf_dir));
-  K3_RETURN_IF_ERROR(kimi::CrossCheckGguf(spec, shards));
-  return CollectExperts(shards, spec, options);
+  return CollectCheckedExperts(shards, spec, options);
 }
 
 Result<std::string> DefaultPackPath(const std::string& any_shard_path) {

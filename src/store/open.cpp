@@ -7,16 +7,20 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "k3pack/ggml_types.h"
 #include "k3pack/manifest.h"
 #include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
+#include "manifest/pyjson.h"
 #include "pack/format.h"
 #include "store/store_impl.h"
 #include "util/pyrepr.h"
 #include "util/sha256.h"
+#include "util/utf8.h"
 
 namespace k3pack::store {
 namespace {
@@ -45,13 +49,18 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
   static const std::pair<const char*, uint64_t> kK3Types[3] = {{"Q2_K", 10}, {"Q2_K", 10}, {"Q3_K", 11}};
   for (int r = 0; r < 3; ++r) {
     K3_ASSIGN_OR_RETURN(const json* role, At(*roles, kRoleNames[r]));
-    K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
-    K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
     Error unsupported(std::string("Kimi expert-pack ") + kRoleNames[r] + " quant type is unsupported");
     if (kimi) {
-      if (dtype != kK3Types[r].first || dtype_id != kK3Types[r].second) return unsupported;
+      // SGLang: dtype != name or int(dtype_id) != id, short-circuit (a wrong
+      // dtype is reported without reading dtype_id; "10" and 10.0 are 10).
+      K3_ASSIGN_OR_RETURN(const json* dtype_j, At(*role, "dtype"));
+      if (!dtype_j->is_string() || dtype_j->get_ref<const std::string&>() != kK3Types[r].first) return unsupported;
+      K3_ASSIGN_OR_RETURN(int64_t dtype_id, manifest::fields::IntAt(*role, "dtype_id"));
+      if (dtype_id != int64_t(kK3Types[r].second)) return unsupported;
       continue;
     }
+    K3_ASSIGN_OR_RETURN(std::string dtype, Str(*role, "dtype"));
+    K3_ASSIGN_OR_RETURN(uint64_t dtype_id, U64(*role, "dtype_id"));
     auto type = GgmlTypeFromName(dtype);
     if (!type || static_cast<uint64_t>(*type) != dtype_id)
       return unsupported.WithHint("expert_pack.roles." + std::string(kRoleNames[r]) + " says dtype " + PyRepr(dtype) +
@@ -66,13 +75,17 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
     }
   }
   // 10. The roles' sizes add up to object_bytes (no padding between roles).
-  uint64_t sum = 0;
+  // SGLang reads int(object_bytes), int(data_start), then each role's
+  // int(expert_bytes) in physical order: a missing key is named in that order.
+  K3_ASSIGN_OR_RETURN(int64_t object_bytes, manifest::fields::IntAt(ep, "object_bytes"));
+  K3_RETURN_IF_ERROR(manifest::fields::IntAt(ep, "data_start").status());
+  int64_t sum = 0;
   for (int r = 0; r < 3; ++r) {
-    K3_ASSIGN_OR_RETURN(uint64_t b, U64((*roles)[kRoleNames[r]], "expert_bytes"));
-    (*roles_bytes)[r] = b;
+    K3_ASSIGN_OR_RETURN(int64_t b, manifest::fields::IntAt((*roles)[kRoleNames[r]], "expert_bytes"));
+    if (b < 0) return Error("Kimi expert-pack role sizes do not match object bytes");  // no payload of that size
+    (*roles_bytes)[r] = static_cast<uint64_t>(b);
     sum += b;
   }
-  K3_ASSIGN_OR_RETURN(uint64_t object_bytes, U64(ep, "object_bytes"));
   if (sum != object_bytes) return Error("Kimi expert-pack role sizes do not match object bytes");
   if (kimi) {
     g->role_bytes.assign(layers.size(), *roles_bytes);
@@ -111,8 +124,15 @@ uint32_t LE32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 uint64_t LE64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
 
 // Step 12: every entry's identity, range and contiguity (§7.2 step 4).
+// `count` complete entries are walked; `truncated`: the file ends inside the
+// index after them (SGLang reads entry by entry, so their checks come first).
+// `first_object_reads(i)` runs after entry i's checks for the first three
+// entries: the manifest keys SGLang reads while building an entry record
+// (index_sha256 for the generation, the role's logical_shape), so a missing
+// one is its KeyError at that point.
 Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, const std::array<uint64_t, 3>& roles_bytes,
-                   PackGeometry* g) {
+                   PackGeometry* g, const std::function<Status(uint64_t)>& first_object_reads,
+                   bool truncated = false) {
   const ObjectSpace& s = g->space;
   const uint32_t E = s.num_experts;
   g->object_offsets.assign(s.num_objects(), 0);
@@ -132,6 +152,15 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, con
     const std::string& expected = names[li][role];
     bool canonical = std::memcmp(e, expected.data(), expected.size()) == 0 && e[expected.size()] == 0;
     if (!canonical) {
+      // SGLang decodes the name (up to its first NUL) strictly first: a
+      // damaged name that is not UTF-8 is Python's UnicodeDecodeError.
+      const char* raw = reinterpret_cast<const char*>(e);
+      const std::string decode_error = PythonUtf8DecodeError(std::string_view(raw, strnlen(raw, 128)));
+      if (!decode_error.empty())
+        return Error(decode_error)
+            .WithHint("index entry " + std::to_string(i) + " (" + expected + " expert " + std::to_string(expert) +
+                      "): its name field (file offset " +
+                      std::to_string(pack::kHeaderBytes + i * pack::kEntryBytes) + ") is not UTF-8");
       auto entry = pack::DecodeEntry({e, pack::kEntryBytes});
       if (!entry.ok() || !entry->name_utf8_ok) return identity();
       auto parsed = pack::ParseExpertTensorName(entry->name);
@@ -173,6 +202,12 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, con
                     ": the offset of either entry may be the damaged field");
     }
     previous_end = offset + nbytes;
+    if (i < 3) K3_RETURN_IF_ERROR(first_object_reads(i));
+  }
+  if (truncated) {
+    return Error("Kimi expert-pack index is truncated")
+        .WithHint("the file is " + std::to_string(file_size) + " bytes and ends inside index entry " +
+                  std::to_string(count) + " of " + std::to_string(g->index_count));
   }
   if (previous_end != file_size) return Error("Kimi expert-pack file has trailing or missing bytes");
   return Status::OK();
@@ -200,6 +235,22 @@ std::string LocateNonCanonicalEntry(const uint8_t* index, uint64_t count, const 
 }
 
 }  // namespace
+
+Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest_path) {
+  // Path(p).resolve() of both, then is_file(): the message names the
+  // resolved paths (absolute, symlinks resolved), a directory is missing.
+  auto resolved = [](const std::string& p) {
+    std::error_code ec;
+    auto abs = std::filesystem::absolute(p, ec);
+    auto canon = std::filesystem::weakly_canonical(ec ? std::filesystem::path(p) : abs, ec);
+    return ec ? (abs.empty() ? p : abs.string()) : canon.string();
+  };
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(pack_path, ec) || !std::filesystem::is_regular_file(manifest_path, ec))
+    return Error("Kimi expert-pack or manifest is missing: " + resolved(pack_path) + ", " + resolved(manifest_path),
+                 ErrorKind::kFileNotFound);
+  return Status::OK();
+}
 
 uint64_t ObjectGeneration(const std::string& index_sha256, uint32_t layer, uint32_t expert) {
   std::string hex = Sha256Hex(index_sha256 + ":" + std::to_string(layer) + ":" + std::to_string(expert));
@@ -242,9 +293,7 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
                                   const StoreOptions& opt, int fd) {
   PackGeometry g;
   // 1. Files exist (checked by the caller before opening; repeated for direct use).
-  if (!PathExists(pack_path) || !PathExists(manifest_path))
-    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
-                 ErrorKind::kFileNotFound);
+  K3_RETURN_IF_ERROR(CheckStoreFiles(pack_path, manifest_path));
   K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
   // 2-5. the checks on the manifest alone.
   manifest::ExpectedDims expected;
@@ -269,12 +318,14 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
         .WithHint("the manifest records the pack at " + ep_path + ", the pack given is " + pack_path +
                   " (a copied or moved pack needs a manifest written for it: `k3pack manifest` or `k3pack build`)");
   g.resolved_pack_path = *resolved_pack;
-  K3_ASSIGN_OR_RETURN(uint64_t ep_size, U64(*ep, "size"));
+  K3_ASSIGN_OR_RETURN(int64_t ep_size, manifest::fields::IntAt(*ep, "size"));  // int(size), as SGLang
   K3_ASSIGN_OR_RETURN(uint64_t file_size, FileSize(pack_path));
-  if (ep_size != file_size) return Error("Kimi expert-pack size does not match its manifest");
+  if (ep_size < 0 || uint64_t(ep_size) != file_size) return Error("Kimi expert-pack size does not match its manifest");
   g.pack_size = file_size;
-  K3_ASSIGN_OR_RETURN(const json* order, At(*ep, "physical_role_order"));
-  if (*order != json::array({"up", "gate", "down"})) return Error("Kimi expert-pack physical role order is unsupported");
+  // expert_pack.get("physical_role_order"): a missing key is the mismatch.
+  if (!ep->is_object() || !ep->contains("physical_role_order") ||
+      (*ep)["physical_role_order"] != json::array({"up", "gate", "down"}))
+    return Error("Kimi expert-pack physical role order is unsupported");
   if (!kimi) {
     // The runtime top-k (step 4) is also what the validated pack record says
     // (SGLang's store does not read expert_pack.top_k; K3's is always 16).
@@ -293,8 +344,11 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   g.space.num_layers_total = static_cast<uint32_t>(layers_n);
   for (const auto& b : g.role_bytes) g.space.object_bytes.push_back(b[0] + b[1] + b[2]);
   // 11. header.
-  K3_ASSIGN_OR_RETURN(g.data_start, U64(*ep, "data_start"));
-  K3_ASSIGN_OR_RETURN(g.alignment, U64(*ep, "alignment"));
+  K3_ASSIGN_OR_RETURN(int64_t data_start, manifest::fields::IntAt(*ep, "data_start"));
+  K3_ASSIGN_OR_RETURN(int64_t alignment, manifest::fields::IntAt(*ep, "alignment"));
+  // A negative value matches no header; alignment 0 is refused at entry 0.
+  g.data_start = data_start < 0 ? UINT64_MAX : uint64_t(data_start);
+  g.alignment = alignment < 0 ? 0 : uint64_t(alignment);
   if (file_size < pack::kHeaderBytes) return Error("Kimi expert-pack header is truncated");
   g.index_count = uint64_t{active.size()} * experts_n * 3;
   const uint64_t index_end = pack::kHeaderBytes + g.index_count * pack::kEntryBytes;
@@ -314,11 +368,26 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
       h.index_count != g.index_count || h.data_start != g.data_start)
     return Error("Kimi expert-pack header does not match its manifest");
   // 12. index entries (hashed on a second thread meanwhile: step 13's digest).
-  if (mapped < index_end) return Error("Kimi expert-pack index is truncated");
   if (g.alignment == 0) return Error("Kimi expert-pack range mismatch at index 0");
+  const json* roles_j = &(*ep)["roles"];  // present: LoadRoles read it
+  auto first_object_reads = [&](uint64_t i) -> Status {
+    if (i == 0) K3_RETURN_IF_ERROR(Str(*ep, "index_sha256").status());
+    K3_ASSIGN_OR_RETURN(const json* shape, At((*roles_j)[kRoleNames[i]], "logical_shape"));
+    if (!shape->is_array()) return Error("'" + std::string(shape->type_name()) + "' object is not iterable");
+    for (const json& v : *shape) K3_RETURN_IF_ERROR(manifest::fields::PyInt(v).status());
+    return Status::OK();
+  };
+  if (mapped < index_end) {
+    // Cut inside the index: the complete entries are checked first, as
+    // SGLang's entry-by-entry read does (an intact entry 0 then fails its
+    // range check: its payload lies past the end of the file).
+    const uint64_t complete = (mapped - pack::kHeaderBytes) / pack::kEntryBytes;
+    return WalkEntries(prefix + pack::kHeaderBytes, complete, file_size, roles_bytes, &g, first_object_reads,
+                       /*truncated=*/true);
+  }
   std::string digest;
   std::thread hasher([&] { digest = Sha256Hex(prefix, index_end); });
-  Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, roles_bytes, &g);
+  Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, roles_bytes, &g, first_object_reads);
   hasher.join();
   K3_RETURN_IF_ERROR(walked);
   // 13. index digest.
@@ -329,10 +398,11 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   }
   // 14. optional whole-pack digest.
   if (opt.verify_pack_sha256) {
-    if (!ep->contains("sha256") || !(*ep)["sha256"].is_string())
+    // `if not expert_pack.get("sha256")`: absent, null or "" is no digest.
+    if (!manifest::fields::Truthy(*ep, "sha256"))
       return Error("full pack verification requested, but manifest has no full SHA-256");
     K3_ASSIGN_OR_RETURN(std::string full, Sha256File(pack_path));
-    if (full != (*ep)["sha256"].get<std::string>()) return Error("Kimi expert-pack SHA-256 does not match manifest");
+    if (json(full) != (*ep)["sha256"]) return Error("Kimi expert-pack SHA-256 does not match manifest");
   }
   // Read for the synthesized header (a bare KeyError when missing).
   K3_ASSIGN_OR_RETURN(const json* source, At(m, "source"));

@@ -129,9 +129,7 @@ bool SlotCache::attached() const {
 
 Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path, const std::string& manifest_path,
                                                    const SlotCacheOptions& opt) {
-  if (!PathExists(pack_path) || !PathExists(manifest_path))
-    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
-                 ErrorKind::kFileNotFound);
+  K3_RETURN_IF_ERROR(CheckStoreFiles(pack_path, manifest_path));
   auto impl = std::make_unique<Impl>();
   K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt.store, impl->fd.get()));
@@ -568,7 +566,7 @@ nlohmann::json SlotCache::Snapshot() const {
   std::lock_guard<std::mutex> lock(s.mu);
   const ObjectSpace& space = s.geo.space;
   nlohmann::json j = nlohmann::json::object();
-  j["pack_path"] = s.info.pack_path;
+  j["pack_path"] = s.geo.resolved_pack_path;  // SGLang's str(Path(pack_path).resolve())
   j["pack_entries"] = s.geo.index_count;
   j["pack_reads"] = s.pack_reads;
   j["pack_read_bytes"] = s.pack_read_bytes;

@@ -31,7 +31,7 @@ static json Percentiles(std::vector<uint64_t> v) {
 json ExpertStore::Impl::SnapshotLocked() const {
   const ObjectSpace& s = geo.space;
   json j = json::object();
-  j["pack_path"] = info.pack_path;
+  j["pack_path"] = geo.resolved_pack_path;  // SGLang's str(Path(pack_path).resolve())
   j["pack_entries"] = geo.index_count;
   j["pack_reads"] = pack_reads;
   j["pack_read_bytes"] = pack_read_bytes;

@@ -23,9 +23,7 @@ void ExpertStore::SetReadFaultHook(std::function<void(uint64_t, uint64_t, int64_
 Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_path, const std::string& manifest_path,
                                                        const StoreOptions& opt) {
   auto t0 = std::chrono::steady_clock::now();
-  if (!PathExists(pack_path) || !PathExists(manifest_path))
-    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
-                 ErrorKind::kFileNotFound);
+  K3_RETURN_IF_ERROR(CheckStoreFiles(pack_path, manifest_path));
   auto impl = std::make_unique<Impl>();
   K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt, impl->fd.get()));

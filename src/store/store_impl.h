@@ -40,6 +40,10 @@ struct PackGeometry {
 
 // Every start-up check of SGLang's KimiGGMLExpertPackStore (spec §2.7/§7.2),
 // in its order, with its texts; `fd` is the opened pack.
+// SGLang's check 1: both paths are regular files, else its FileNotFoundError
+// text naming both paths resolved (Path.resolve()).
+Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest_path);
+
 Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
                                   const StoreOptions& options, int fd);
 

@@ -113,4 +113,55 @@ std::string DumpJsonEscaped(nlohmann::json j, int indent) {
   return j.dump(indent);
 }
 
+std::string PythonUtf8DecodeError(std::string_view s) {
+  // CPython's decoder: a lead byte outside C2..F4 is an invalid start byte
+  // (range of one byte); after a valid lead, the first byte that is not an
+  // allowed continuation ends the range before it ("invalid continuation
+  // byte"); running out of input after valid continuations is "unexpected
+  // end of data". The allowed second byte is narrowed after E0 (A0..BF),
+  // ED (80..9F), F0 (90..BF) and F4 (80..8F).
+  auto hex = [](unsigned char b) {
+    const char* d = "0123456789abcdef";
+    return std::string("0x") + d[b >> 4] + d[b & 15];
+  };
+  auto message = [&](size_t start, size_t end, const char* reason) {
+    std::string where = end - start == 1 ? "byte " + hex(static_cast<unsigned char>(s[start])) + " in position " +
+                                               std::to_string(start)
+                                         : "bytes in position " + std::to_string(start) + "-" + std::to_string(end - 1);
+    return "'utf-8' codec can't decode " + where + ": " + reason;
+  };
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (b >= 0xc2 && b <= 0xdf) {
+      need = 1;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      need = 2;
+      if (b == 0xe0) lo = 0xa0;
+      if (b == 0xed) hi = 0x9f;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      need = 3;
+      if (b == 0xf0) lo = 0x90;
+      if (b == 0xf4) hi = 0x8f;
+    } else {
+      return message(i, i + 1, "invalid start byte");
+    }
+    size_t k = 1;
+    for (; k <= need; ++k) {
+      if (i + k >= s.size()) return message(i, i + k, "unexpected end of data");
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
+      if (c < l || c > h) return message(i, i + k, "invalid continuation byte");
+    }
+    i += need + 1;
+  }
+  return "";
+}
+
 }  // namespace k3pack

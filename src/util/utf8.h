@@ -16,6 +16,12 @@ namespace k3pack {
 // forms, no surrogates, nothing above U+10FFFF, no truncated sequences.
 bool IsValidUtf8(std::string_view s);
 
+// The message of the UnicodeDecodeError Python's strict bytes.decode("utf-8")
+// raises on `s` (e.g. "'utf-8' codec can't decode byte 0xe2 in position 3:
+// invalid continuation byte"), or "" when `s` is valid UTF-8. SGLang's
+// store decodes index names strictly, so a damaged name is this error.
+std::string PythonUtf8DecodeError(std::string_view s);
+
 // `s` as Python's bytes.decode("utf-8", "backslashreplace") shows it: valid
 // sequences kept, every other byte written as the four characters \xNN
 // (lowercase hex). Valid UTF-8 comes back unchanged. The result is valid

@@ -342,7 +342,8 @@ TEST(StreamErrors, DuplicateTarget) {
                                    {Typed("blk.1.ssm_g.weight", GgmlType::Q8_0, {32, 2}),
                                     Typed("blk.1.attn_gate.weight", GgmlType::Q8_0, {32, 2})},
                                    {0, 0}));
-  EXPECT_EQ(q.message(), "duplicate Kimi-K3 target parameter: model.layers.1.self_attn.g_proj.qweight_type");
+  // SGLang checks the runtime name before its qweight_type: the qweight is named.
+  EXPECT_EQ(q.message(), "duplicate Kimi-K3 target parameter: model.layers.1.self_attn.g_proj.qweight");
 }
 
 class ManifestErrors : public ::testing::Test {
@@ -399,6 +400,29 @@ TEST_F(ManifestErrors, ShardMissingOrResized) {
   Error gone = StreamError(manifest_path);
   EXPECT_EQ(gone.message(), "Kimi-K3 GGUF shard is missing or changed: " + shards[0]);
   EXPECT_EQ(gone.kind(), ErrorKind::kFileNotFound);
+}
+
+TEST_F(ManifestErrors, ShardIsNamedByItsResolvedPath) {
+  // SGLang names the shard Path(shard["path"]).resolve(): a manifest path
+  // through a symlink (or with "..") is shown resolved.
+  const std::string link = dir.path + "/shards-link";
+  fs::create_symlink(fs::path(shards[1]).parent_path(), link);
+  json m = manifest;
+  m["source"]["shards"][1]["path"] = link + "/./" + fs::path(shards[1]).filename().string();
+  m["source"]["shards"][1]["size"] = m["source"]["shards"][1]["size"].get<uint64_t>() + 1;
+  EXPECT_EQ(StreamError(Rewrite(m)).message(),
+            "Kimi-K3 GGUF shard is missing or changed: " + fs::canonical(shards[1]).string());
+}
+
+TEST_F(ManifestErrors, IndexesAndSizesGoThroughPythonInt) {
+  // SGLang: int(record["shard_index"]), int(shard["index"]), int(shard["size"]).
+  json m = manifest;
+  for (auto& t : m["source"]["tensors"]) t["shard_index"] = std::to_string(t["shard_index"].get<int>());
+  m["source"]["shards"][0]["index"] = 0.0;
+  m["source"]["shards"][1]["size"] = std::to_string(m["source"]["shards"][1]["size"].get<uint64_t>());
+  EXPECT_EQ(StreamError(Rewrite(m)).message(), "<no error>");
+  m["source"]["shards"][1]["size"] = "big";
+  EXPECT_EQ(StreamError(Rewrite(m)).message(), "invalid literal for int() with base 10: 'big'");
 }
 
 TEST_F(ManifestErrors, InventoryChanged) {

@@ -157,7 +157,7 @@ class CpuDevice(StoreCase):
         with self.assertRaises(ValueError) as e:
             store.acquire(self.layers[0], narrow)
         self.assertEqual(str(e.exception),
-                         f"runtime top-k must be exactly {self.top_k}; received shape {narrow.shape}")
+                         f"runtime top-k must be exactly {self.top_k}; received shape {tuple(narrow.shape)}")
         bad = ids.clone()
         bad[0, 0] = self.experts
         with self.assertRaises(ValueError) as e:

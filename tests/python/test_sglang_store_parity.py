@@ -86,17 +86,18 @@ def sglang_store_checks(pack_path, manifest_path, *, expected_layers=93, expecte
         if (magic, version, header_size, index_count, data_start) != (PACK_MAGIC, 1, 40, count, ep["data_start"]):
             raise ValueError("Kimi expert-pack header does not match its manifest")
         index = f.read(count * PACK_ENTRY.size)
-    if len(index) != count * PACK_ENTRY.size:
-        raise ValueError("Kimi expert-pack index is truncated")
-    # 12. entries
+    # 12. entries, read one by one (SGLang's loop): a short entry is the
+    # truncation text, after the complete entries before it were checked
     previous_end = data_start
     object_offset = None
     for i in range(count):
+        if len(index) < (i + 1) * PACK_ENTRY.size:
+            raise ValueError("Kimi expert-pack index is truncated")
         raw_name, expert, reserved, offset, nbytes = PACK_ENTRY.unpack_from(index, i * PACK_ENTRY.size)
         object_index, role_id = divmod(i, 3)
         layer_index, want_expert = divmod(object_index, expected_experts)
         role = ROLES[role_id]
-        match = NAME_RE.fullmatch(raw_name.split(b"\0", 1)[0].decode("utf-8", "replace"))
+        match = NAME_RE.fullmatch(raw_name.split(b"\0", 1)[0].decode("utf-8"))  # strict, as SGLang
         if (match is None or int(match["layer"]) != expected_active[layer_index] or match["role"] != role
                 or expert != want_expert or reserved != 0):
             raise ValueError("Kimi expert-pack identity mismatch at index %d" % i)

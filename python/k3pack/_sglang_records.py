@@ -1,0 +1,152 @@
+"""The attributes SGLang's KimiGGMLExpertPackStore gives its callers besides
+acquire/mark_used (spec §7.2-§7.3), for k3pack.sglang's drop-in:
+
+  * header: the synthesized v1 pack header the shared code reads (flags 3,
+    index_count, data_start, alignment, num_layers = expected_layers,
+    num_experts, top_k, role_count 3, the three digests);
+  * entries: (layer, expert, logical role id) -> entry record, logical ids
+    gate 0, up 1, down 2 (SGLang's MoE method reads
+    entries[(layer, 0, 0)].shape and entries[(layer, 0, 2)].shape);
+  * stats: SGLang's mutable stats dict (its loader adds dense_bytes).
+
+entries reads each record from the pack index on first use instead of
+building SGLang's 247,296 objects up front.
+"""
+
+import hashlib
+import os
+import struct
+from collections.abc import Mapping, MutableMapping
+
+_ENTRY = struct.Struct("<128siIQQ")
+_HEADER_BYTES = 40
+_PHYSICAL = ("up", "gate", "down")
+_LOGICAL = ("gate", "up", "down")  # SGLang's ROLE_NAMES: role_id gate 0, up 1, down 2
+
+
+def object_generation(index_sha256, layer, expert):
+    """SGLang's per-object generation: the first 8 bytes (little-endian) of
+    sha256(f"{index_sha256}:{layer}:{expert}"), 1 if that is 0."""
+    digest = hashlib.sha256(f"{index_sha256}:{layer}:{expert}".encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "little") or 1
+
+
+class PackHeader:
+    """SGLang's synthesized header of a Kimi pack (spec §7.2)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def __repr__(self):
+        return "PackHeader(" + ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items()) + ")"
+
+
+class ExpertPackEntry:
+    """One (layer, expert, role) record with the values SGLang's Kimi store
+    gives it (spec §7.2 step 4)."""
+
+    __slots__ = ("layer", "expert", "role_id", "role", "tensor_name", "dtype_id", "dtype", "shape", "pack_offset",
+                 "pack_nbytes", "source_slice_offset", "source_slice_nbytes", "checksum", "quant_scheme",
+                 "transform_id", "block_size", "generation")
+
+    def __init__(self, **fields):
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+    def __repr__(self):
+        return "ExpertPackEntry(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
+
+
+class PackEntries(Mapping):
+    """entries[(layer, expert, role_id)] read from the pack index on demand.
+    A key SGLang's store does not hold raises KeyError, as its dict does."""
+
+    def __init__(self, pack_path, manifest, active_layer_ids, num_experts, index_sha256):
+        self._path = pack_path
+        self._layers = list(active_layer_ids)
+        self._layer_index = {layer: i for i, layer in enumerate(self._layers)}
+        self._experts = int(num_experts)
+        self._index_sha256 = index_sha256
+        roles = manifest["expert_pack"]["roles"]
+        per_layer = {}
+        ext = manifest.get("k3pack") or {}
+        for record in ext.get("layer_roles") or []:
+            per_layer[int(record["layer"])] = record
+        self._roles = roles
+        self._per_layer = per_layer
+        self._cache = {}
+
+    def __len__(self):
+        return len(self._layers) * self._experts * 3
+
+    def __iter__(self):
+        for layer in self._layers:
+            for expert in range(self._experts):
+                for role_id in range(3):
+                    yield (layer, expert, role_id)
+
+    def __contains__(self, key):
+        try:
+            layer, expert, role_id = key
+        except (TypeError, ValueError):
+            return False
+        return layer in self._layer_index and 0 <= expert < self._experts and role_id in (0, 1, 2)
+
+    def __getitem__(self, key):
+        if key in self._cache:
+            return self._cache[key]
+        if key not in self:
+            raise KeyError(key)
+        layer, expert, role_id = key
+        role = _LOGICAL[role_id]
+        index = (self._layer_index[layer] * self._experts + expert) * 3 + _PHYSICAL.index(role)
+        fd = os.open(self._path, os.O_RDONLY)
+        try:
+            raw = os.pread(fd, _ENTRY.size, _HEADER_BYTES + index * _ENTRY.size)
+        finally:
+            os.close(fd)
+        name, _, _, offset, nbytes = _ENTRY.unpack(raw)
+        types = self._per_layer.get(layer, {}).get(role) or self._roles[role]
+        dtype = str(types["dtype"])
+        entry = ExpertPackEntry(
+            layer=layer, expert=expert, role_id=role_id, role=role,
+            tensor_name=name.split(b"\0", 1)[0].decode("utf-8"), dtype_id=int(types["dtype_id"]), dtype=dtype,
+            shape=tuple(int(v) for v in self._roles[role]["logical_shape"]), pack_offset=offset, pack_nbytes=nbytes,
+            source_slice_offset=0, source_slice_nbytes=nbytes, checksum="", quant_scheme=dtype,
+            transform_id="identity-v1", block_size=256,
+            generation=object_generation(self._index_sha256, layer, expert))
+        self._cache[key] = entry
+        return entry
+
+
+class StoreStats(MutableMapping):
+    """SGLang's store.stats: the engine's live counters, plus keys a caller
+    sets (SGLang's loader sets dense_bytes), which snapshot() and the stats
+    file then carry too. Deleting a key only drops a caller's value."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.extra = {}
+
+    def _current(self):
+        values = self._engine.snapshot()
+        values.pop("mean_read_ms", None)  # snapshot()'s, not in SGLang's stats dict
+        values.pop("route_calls_by_layer", None)
+        values.pop("route_tokens_by_layer", None)
+        values.update(self.extra)
+        return values
+
+    def __getitem__(self, key):
+        return self._current()[key]
+
+    def __setitem__(self, key, value):
+        self.extra[key] = value
+
+    def __delitem__(self, key):
+        del self.extra[key]
+
+    def __iter__(self):
+        return iter(self._current())
+
+    def __len__(self):
+        return len(self._current())
