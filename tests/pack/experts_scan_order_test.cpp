@@ -6,26 +6,11 @@
 // another type, was reported as (1, 'up') where SGLang says (1, 'gate').
 #include <gtest/gtest.h>
 
+#include "k3_model_spec.h"
 #include "k3pack/pack.h"
 
 namespace k3pack::pack {
 namespace {
-
-kimi::ModelSpec K3() {
-  kimi::ModelSpec s;
-  s.num_hidden_layers = 93;
-  s.first_k_dense_replace = 1;
-  s.num_experts = 896;
-  s.top_k = 16;
-  s.num_shared_experts = 2;
-  s.hidden_size = 7168;
-  s.routed_expert_hidden_size = 3584;
-  s.moe_intermediate_size = 3072;
-  s.hidden_act = "situ";
-  for (uint32_t i = 1; i < 93; ++i) s.active_moe_layer_ids.push_back(i);
-  s.profile = kimi::Profile::kKimiK3;
-  return s;
-}
 
 // llama.cpp's order within a layer: down, gate, up; layers from last to
 // first in the file to make layer order and file order disagree too.
@@ -41,8 +26,7 @@ std::vector<SourceTensor> Files(uint32_t up_gate_type) {
 }
 
 std::string Err(const std::vector<SourceTensor>& t) {
-  auto r = CollectExperts(t, {"/x/K-00001-of-00001.gguf"}, K3());
-  return r.ok() ? "OK" : r.error().message();
+  return k3test_spec::CollectError(t, k3test_spec::K3Spec(), "/x/K-00001-of-00001.gguf");
 }
 
 }  // namespace

@@ -1,26 +1,13 @@
 // §6.1 routed-expert validation: every error provoked, exact SGLang texts.
 #include <gtest/gtest.h>
 
+#include "k3_model_spec.h"
 #include "k3pack/pack.h"
 
 namespace k3pack::pack {
 namespace {
 
-kimi::ModelSpec K3Spec() {
-  kimi::ModelSpec s;
-  s.num_hidden_layers = 93;
-  s.first_k_dense_replace = 1;
-  s.num_experts = 896;
-  s.top_k = 16;
-  s.num_shared_experts = 2;
-  s.hidden_size = 7168;
-  s.routed_expert_hidden_size = 3584;
-  s.moe_intermediate_size = 3072;
-  s.hidden_act = "situ";
-  for (uint32_t i = 1; i < 93; ++i) s.active_moe_layer_ids.push_back(i);
-  s.profile = kimi::Profile::kKimiK3;
-  return s;
-}
+using k3test_spec::K3Spec;
 
 std::vector<SourceTensor> K3Tensors() {
   std::vector<SourceTensor> v;
@@ -35,8 +22,7 @@ std::vector<SourceTensor> K3Tensors() {
 }
 
 std::string Err(const std::vector<SourceTensor>& t, const kimi::ModelSpec& s, CollectOptions o = {}) {
-  auto r = CollectExperts(t, {"/x/shard-00001-of-00001.gguf"}, s, o);
-  return r.ok() ? "OK" : r.error().message();
+  return k3test_spec::CollectError(t, s, "/x/shard-00001-of-00001.gguf", o);
 }
 
 TEST(PackExperts, K3Accepted) {

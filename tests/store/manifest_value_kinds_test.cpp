@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "k3pack/store.h"
+#include "open_ok.h"
 #include "store/synthetic_pack.h"
 
 namespace k3pack::store {
@@ -20,17 +21,10 @@ namespace {
 using testing::TinyPack;
 using testing::TinySpec;
 
-StoreOptions Small() {
-  StoreOptions o;
-  o.cache_bytes = 1 << 20;
-  o.queue_depth = 4;
-  return o;
-}
+StoreOptions Small() { return testing::SmallStore(); }
 
 std::string FirstLine(const TinyPack& p, StoreOptions o = Small()) {
-  auto s = ExpertStore::Open(p.pack, p.manifest, o);
-  if (s.ok()) return "OK";
-  const std::string& m = s.error().message();
+  const std::string m = testing::OpenError(p, o);
   return m.substr(0, m.find('\n'));
 }
 

@@ -1,5 +1,6 @@
-// Opening a store over a synthetic TinyPack in tests: the open must succeed
-// (the test fails with the error's text if not).
+// Opening a store over a synthetic TinyPack in tests: OpenOk must succeed
+// (the test fails with the error's text if not); OpenError gives the text a
+// refused open says.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,6 +16,22 @@ inline std::shared_ptr<ExpertStore> OpenOk(const TinyPack& p, const StoreOptions
   auto s = ExpertStore::Open(p.pack, p.manifest, o);
   EXPECT_TRUE(s.ok()) << s.error().message();
   return s.ok() ? *s : nullptr;
+}
+
+// A small cache and queue: what the open tests need.
+inline StoreOptions SmallStore() {
+  StoreOptions o;
+  o.cache_bytes = 1 << 20;
+  o.queue_depth = 4;
+  return o;
+}
+
+// "OK", or the error the open refuses this pack with (its kind in `kind`).
+inline std::string OpenError(const TinyPack& p, const StoreOptions& o = SmallStore(), ErrorKind* kind = nullptr) {
+  auto s = ExpertStore::Open(p.pack, p.manifest, o);
+  if (s.ok()) return "OK";
+  if (kind) *kind = s.error().kind();
+  return s.error().message();
 }
 
 }  // namespace k3pack::store::testing

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "k3pack/store.h"
+#include "open_ok.h"
 #include "store/synthetic_pack.h"
 
 namespace k3pack::store {
@@ -15,19 +16,10 @@ namespace {
 using testing::TinyPack;
 using testing::TinySpec;
 
-StoreOptions Small() {
-  StoreOptions o;
-  o.cache_bytes = 1 << 20;
-  o.queue_depth = 4;
-  return o;
-}
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-std::string OpenError(const TinyPack& p) {
-  auto s = ExpertStore::Open(p.pack, p.manifest, Small());
-  return s.ok() ? "OK" : s.error().message();
-}
+using testing::OpenError;
 
 // Each edit of expert_pack's role records that SGLang's store refuses; `p`
 // is reset to the writer's manifest before each.

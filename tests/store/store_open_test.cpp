@@ -10,6 +10,7 @@
 
 #include "k3pack/store.h"
 #include "store/store_impl.h"
+#include "open_ok.h"
 #include "store/synthetic_pack.h"
 
 namespace k3pack::store {
@@ -18,19 +19,9 @@ namespace {
 using testing::TinyPack;
 using testing::TinySpec;
 
-StoreOptions Small() {
-  StoreOptions o;
-  o.cache_bytes = 1 << 20;
-  o.queue_depth = 4;
-  return o;
-}
+StoreOptions Small() { return testing::SmallStore(); }
 
-std::string OpenError(const TinyPack& p, StoreOptions o = Small(), ErrorKind* kind = nullptr) {
-  auto s = ExpertStore::Open(p.pack, p.manifest, o);
-  if (s.ok()) return "OK";
-  if (kind) *kind = s.error().kind();
-  return s.error().message();
-}
+using testing::OpenError;
 
 TEST(StoreOpen, ValidTinyPackOpens) {
   TinyPack p(TinySpec{});
