@@ -45,6 +45,10 @@ class Error {
   // Adds a second line (a hint on how to fix the problem) without changing
   // the first line, which may be SGLang's verbatim text.
   Error WithHint(const std::string& hint) const;
+  // The first line of the message (SGLang's text where it gives one).
+  std::string headline() const;
+  // What WithHint added, without its label ("" when none).
+  std::string hint() const;
   // Prefixes context ("file.gguf: ") to the message.
   Error WithContext(const std::string& context) const;
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <optional>
 #include <string_view>
 
@@ -34,6 +35,11 @@ struct GgmlTypeInfo {
 // block_size 0 so callers can report "removed" rather than "unknown".
 const GgmlTypeInfo* GgmlTypeInfoFor(uint32_t id);
 inline const GgmlTypeInfo* GgmlTypeInfoFor(GgmlType t) { return GgmlTypeInfoFor(static_cast<uint32_t>(t)); }
+
+// ggml's guard on a tensor's extents (each >= 0): true when a partial
+// product of them reaches INT64_MAX. An empty tensor (an extent of 0) never
+// overflows. The reader refuses such a tensor and the writer never writes one.
+bool ElementCountOverflows(std::span<const int64_t> ne);
 
 // True for ids a GGUF file may carry (in range and not removed).
 bool IsValidGgmlType(uint32_t id);

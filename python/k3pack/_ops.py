@@ -54,7 +54,7 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     "inputs": {"model_config": path, "tokenizer_dir": path}}."""
     model_config, tokenizer_dir, found = _k3pack._implied_inputs(
         os.fspath(gguf_dir), "" if model_config is None else os.fspath(model_config),
-        "" if tokenizer_dir is None else os.fspath(tokenizer_dir), True)
+        "" if tokenizer_dir is None else os.fspath(tokenizer_dir))
     for keyword, path, why in found:
         if log is not None:
             log("using %s=%s (%s)" % (keyword, path, why))

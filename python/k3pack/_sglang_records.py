@@ -128,16 +128,28 @@ class StoreStats(MutableMapping):
         self._engine = engine
         self.extra = {}
 
+    # snapshot()'s own keys, not in SGLang's stats dict.
+    _NOT_SGLANG = ("mean_read_ms", "route_calls_by_layer", "route_tokens_by_layer")
+
     def _current(self):
-        values = self._engine.snapshot()
-        values.pop("mean_read_ms", None)  # snapshot()'s, not in SGLang's stats dict
-        values.pop("route_calls_by_layer", None)
-        values.pop("route_tokens_by_layer", None)
+        values = {k: v for k, v in self._engine.snapshot().items() if k not in self._NOT_SGLANG}
         values.update(self.extra)
         return values
 
     def __getitem__(self, key):
+        if key in self.extra:  # a caller's value needs no snapshot
+            return self.extra[key]
         return self._current()[key]
+
+    # One snapshot for a whole view, not one per key.
+    def items(self):
+        return self._current().items()
+
+    def values(self):
+        return self._current().values()
+
+    def copy(self):
+        return self._current()
 
     def __setitem__(self, key, value):
         self.extra[key] = value

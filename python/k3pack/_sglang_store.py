@@ -169,7 +169,7 @@ class KimiGGMLExpertPackStore:
         # What SGLang's store gives the code around it (spec §7.2-§7.3): the
         # synthesized header, the entry records (its MoE method reads their
         # shapes), the mutable stats dict (its loader adds dense_bytes).
-        layers = sorted(self.active_moe_layer_ids)
+        layers = list(self.active_moe_layer_ids)  # ascending: the store checked it
         self.header = PackHeader(
             flags=3, index_count=len(layers) * self._engine.num_experts * 3,
             data_start=int(manifest["expert_pack"]["data_start"]), alignment=int(manifest["expert_pack"]["alignment"]),

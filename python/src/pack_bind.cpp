@@ -249,13 +249,13 @@ void RegisterPack(py::module_& m) {
      "SGLang's validate_ggml_moe_pack: returns the manifest's expert_pack section");
 
   m.def("_implied_inputs", [](const std::string& gguf_dir, const std::string& model_config,
-                              const std::string& tokenizer_dir, bool want_tokenizer) {
+                              const std::string& tokenizer_dir) {
     py::list used;
     auto note = [&](const char* keyword, const manifest::ImpliedPath& found) {
       used.append(py::make_tuple(keyword, found.path, found.why));
     };
     std::string tok = tokenizer_dir, config = model_config;
-    if (want_tokenizer && tok.empty()) {
+    if (tok.empty()) {
       manifest::ImpliedPath found = Unwrap(manifest::ImpliedTokenizerDir(gguf_dir, kPyInputNames));
       tok = found.path;
       note("tokenizer_dir", found);
@@ -266,7 +266,7 @@ void RegisterPack(py::module_& m) {
       note("model_config", found);
     }
     return py::make_tuple(config, tok, used);
-  }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::arg("want_tokenizer"),
+  }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"),
      "(model_config, tokenizer_dir, [(keyword, path, why)]): the inputs left empty, found as `k3pack build` "
      "finds them (SGLang's server's tokenizer rule; config.json beside the shards or in the tokenizer dir)");
 

@@ -37,11 +37,7 @@ std::string Dotted(std::initializer_list<const char*> path) {
 
 // A rule's error as a finding shows it: SGLang's text (the first line), and
 // k3pack's hint, if any, after the finding's own message.
-std::string FirstLine(const Error& e) { return e.message().substr(0, e.message().find('\n')); }
-std::string HintOf(const Error& e) {
-  const size_t at = e.message().find("\nhint: ");
-  return at == std::string::npos ? std::string() : "; " + e.message().substr(at + 7);
-}
+std::string HintOf(const Error& e) { return e.hint().empty() ? std::string() : "; " + e.hint(); }
 
 // A string the manifest records at `path`, or `fallback` (a placeholder the
 // user fills in) when it does not.
@@ -183,7 +179,7 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
   auto v = pack::ValidatePack(pack, *experts, vo);
   if (!v.ok()) {
     const std::string msg = v.error().message();
-    Finding& f = out.Add("pack-invalid", pack, msg, msg.substr(0, msg.find('\n')), pack);
+    Finding& f = out.Add("pack-invalid", pack, msg, v.error().headline(), pack);
     if (msg.rfind("expert-pack payload does not match GGUF source", 0) == 0) {
       f.fix = "Rewrite the damaged payloads from the source shards: " + RepairPayloadsCommand(j, pack) +
               " (or rerun `k3pack build` with --restart).";
@@ -217,7 +213,7 @@ void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::
     out.Add("manifest-hard-constraints", "hard_constraints",
             (v == nullptr ? std::string("no hard_constraints key") : "hard_constraints is " + v->dump()) +
                 HintOf(hc.error()),
-            FirstLine(hc.error()), manifest_path);
+            hc.error().headline(), manifest_path);
   }
   const json* layers = need({"model", "num_hidden_layers"});
   const json* experts = need({"model", "num_experts"});
@@ -229,7 +225,7 @@ void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::
     out.Add("manifest-dimensions", "model",
             "layers/experts/top-k are " + layers->dump() + "/" + experts->dump() + "/" + topk->dump() +
                 HintOf(dims.error()),
-            FirstLine(dims.error()), manifest_path);
+            dims.error().headline(), manifest_path);
   }
   if (active == nullptr) return;
   std::vector<manifest::LayerRolesRecord> roles;
@@ -248,7 +244,7 @@ void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::
       for (const auto& lr : roles) want.push_back(lr.layer);
       detail = "active layers are " + active->dump() + ", k3pack.layer_roles records " + want.dump();
     }
-    out.Add("manifest-dimensions", "model.active_moe_layer_ids", detail, FirstLine(ids.error()), manifest_path);
+    out.Add("manifest-dimensions", "model.active_moe_layer_ids", detail, ids.error().headline(), manifest_path);
   }
 }
 

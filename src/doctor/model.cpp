@@ -19,8 +19,6 @@ namespace {
 
 const char* kRoleNames[3] = {"up", "gate", "down"};  // pack::Role order
 
-std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
-
 std::string PyTuple(const std::vector<int64_t>& v) {
   std::string s = "(";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -121,7 +119,7 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
     auto spec = kimi::LoadModelSpec(config, options.profile);
     if (!spec.ok()) {
       const Error& e = spec.error();
-      Finding& f = out.Add("config-invalid", config, e.message(), FirstLine(e.message()), config);
+      Finding& f = out.Add("config-invalid", config, e.message(), e.headline(), config);
       f.sglang_exception = ErrorKindName(e.kind());
     } else {
       m.spec = *spec;
@@ -136,7 +134,7 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
         Finding& f = out.Add("config-invalid", "kimi-k3.* (GGUF metadata)",
                              "the GGUF's own dimensions fail the " + std::string(kimi::ProfileName(options.profile)) +
                                  " profile: " + e.message(),
-                             FirstLine(e.message()), view.shards.front().path);
+                             e.headline(), view.shards.front().path);
         f.sglang_exception = ErrorKindName(e.kind());
         f.fix = "Use --profile scaled for synthetic or scaled-down models; a real Kimi-K3 must have these values.";
       } else {

@@ -194,7 +194,7 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, c
         std::string like;
         const std::string layer = v.name.substr(0, v.name.rfind('.') + 1);
         for (const auto& [ename, et] : m.expected) {
-          if (ename != v.name && ename.rfind(layer, 0) == 0 && et.ne == shape) like += (like.empty() ? "" : ", ") + ename;
+          if (ename != v.name && ename.rfind(layer, 0) == 0 && et.ShapeMatches(shape)) like += (like.empty() ? "" : ", ") + ename;
         }
         Finding& f = out.Add("ssm-a-shape", v.name,
                              "shape " + NeList(shape) + ", expected {" + std::to_string(H) + "} (attention.head_count)" +

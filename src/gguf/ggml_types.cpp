@@ -1,6 +1,8 @@
 #include "k3pack/ggml_types.h"
 
+#include <algorithm>
 #include <array>
+#include <limits>
 #include <string>
 
 namespace k3pack {
@@ -84,6 +86,16 @@ uint64_t GgmlRowBytes(GgmlType t, uint64_t n_elements) {
   const GgmlTypeInfo* info = GgmlTypeInfoFor(t);
   if (info == nullptr || info->block_size == 0) return 0;
   return n_elements / info->block_size * info->type_size;
+}
+
+bool ElementCountOverflows(std::span<const int64_t> ne) {
+  if (std::find(ne.begin(), ne.end(), 0) != ne.end()) return false;
+  int64_t n = 1;
+  for (size_t j = 0; j < ne.size(); ++j) {
+    if (j > 0 && std::numeric_limits<int64_t>::max() / ne[j] <= n) return true;
+    n *= ne[j];
+  }
+  return false;
 }
 
 }  // namespace k3pack

@@ -211,10 +211,7 @@ class Parser {
       K3_ASSIGN_OR_RETURN(t.ne[d], Read<int64_t>("tensor dimension"));
       if (t.ne[d] < 0) return Fail(at, "tensor '" + t.name + "' has negative ne[" + std::to_string(d) + "]");
     }
-    const bool empty = t.ne[0] == 0 || t.ne[1] == 0 || t.ne[2] == 0 || t.ne[3] == 0;
-    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-    if (!empty && (kMax / t.ne[1] <= t.ne[0] || kMax / t.ne[2] <= t.ne[0] * t.ne[1] ||
-                   kMax / t.ne[3] <= t.ne[0] * t.ne[1] * t.ne[2])) {
+    if (ElementCountOverflows(t.ne)) {
       return Fail(at, "tensor '" + t.name + "' element count overflows int64");
     }
     at = pos_;

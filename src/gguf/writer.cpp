@@ -115,21 +115,13 @@ Status ValidateTensor(const TensorSpec& t, uint64_t* nbytes) {
   if (info == nullptr || info->block_size == 0) {
     return Error("cannot write tensor '" + t.name + "': invalid ggml type");
   }
-  bool empty = false;
   for (int64_t d : t.ne) {
     if (d < 0) return Error("cannot write tensor '" + t.name + "': negative dimension");
-    empty = empty || d == 0;
   }
-  // ggml's reader guard (skipped, as there, for an empty tensor): each
-  // partial product of the extents must stay below INT64_MAX.
+  // The reader's guard: a file ggml would refuse is never written.
+  if (ElementCountOverflows(t.ne)) return Error("cannot write tensor '" + t.name + "': element count overflows int64");
   uint64_t n = 1;
-  for (size_t j = 0; j < t.ne.size(); ++j) {
-    const auto d = static_cast<uint64_t>(t.ne[j]);
-    if (!empty && j > 0 && static_cast<uint64_t>(INT64_MAX) / d <= n) {
-      return Error("cannot write tensor '" + t.name + "': element count overflows int64");
-    }
-    n = empty ? 0 : n * d;
-  }
+  for (int64_t d : t.ne) n *= static_cast<uint64_t>(d);
   if (t.ne[0] % info->block_size != 0) {
     return Error("cannot write tensor '" + t.name + "': ne[0]=" + std::to_string(t.ne[0]) +
                  " is not a multiple of the " + info->name + " block size " + std::to_string(info->block_size));

@@ -144,14 +144,18 @@ struct NonExpertStream::Impl {
 
   Status OpenShard(const StreamShardRecord& rec) {
     CloseShard();
-    // SGLang names the shard as Path(shard["path"]).resolve().
-    std::error_code resolve_ec;
-    std::string shown = std::filesystem::weakly_canonical(std::filesystem::absolute(rec.path), resolve_ec).string();
-    if (resolve_ec || shown.empty()) shown = rec.path;
-    const Error missing("Kimi-K3 GGUF shard is missing or changed: " + shown, ErrorKind::kFileNotFound, ENOENT);
+    // SGLang names the shard as Path(shard["path"]).resolve(); resolved only
+    // when it is reported.
+    auto shown = [&rec] {
+      auto r = ResolvePath(rec.path);
+      return r.ok() ? *r : rec.path;
+    };
+    auto missing = [&] {
+      return Error("Kimi-K3 GGUF shard is missing or changed: " + shown(), ErrorKind::kFileNotFound, ENOENT);
+    };
     struct stat st;
     if (::stat(rec.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != rec.size) {
-      return missing;
+      return missing();
     }
     gguf::ReadOptions ro;
     ro.require_packed_offsets = false;  // gguf-py reads any in-bounds offsets
@@ -168,7 +172,7 @@ struct NonExpertStream::Impl {
       if (!same) break;
       same = records.count(t.name) != 0;
     }
-    if (!same) return Error("Kimi-K3 GGUF shard inventory changed: " + shown);
+    if (!same) return Error("Kimi-K3 GGUF shard inventory changed: " + shown());
 
     if (!head_count) {
       if (const gguf::Value* v = shard->Find("kimi-k3.attention.head_count")) {
@@ -177,7 +181,7 @@ struct NonExpertStream::Impl {
     }
     if (opts.drop_page_cache || opts.copy) {
       int fd = ::open(rec.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 && opts.copy) return missing;
+      if (fd < 0 && opts.copy) return missing();
       fd_for_fadvise = fd;
       // Copy mode reads front to back: a doubled readahead window.
       if (fd >= 0 && opts.copy) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);

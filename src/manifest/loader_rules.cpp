@@ -88,22 +88,11 @@ Result<std::vector<uint32_t>> CheckActiveLayers(const json& model, bool kimi, ui
                                                 const std::vector<LayerRolesRecord>& layer_roles) {
   K3_ASSIGN_OR_RETURN(const json* active_j, At(model, "active_moe_layer_ids"));
   std::vector<uint32_t> active;
-  bool active_ok = active_j->is_array() && !active_j->empty();
-  if (active_ok) {
-    for (const auto& v : *active_j) {
-      // Under kimi the list is held to 1..92 below, whatever num_hidden_layers says.
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || (!kimi && v.get<int64_t>() >= int64_t(num_layers)) ||
-          (!active.empty() && v.get<int64_t>() <= int64_t(active.back()))) {
-        active_ok = false;
-        break;
-      }
-      active.push_back(v.get<uint32_t>());
-    }
-  }
   if (kimi) {
     // tuple(int(v) for v in the list) against 1..92: every element through
     // int() first (its error first), then the whole tuple (an extra element
-    // after a correct 1..92 prefix is a mismatch).
+    // after a correct 1..92 prefix is a mismatch), whatever num_hidden_layers
+    // says.
     std::vector<int64_t> ints;
     if (active_j->is_array()) {
       for (const auto& v : *active_j) {
@@ -114,9 +103,19 @@ Result<std::vector<uint32_t>> CheckActiveLayers(const json& model, bool kimi, ui
     bool same = active_j->is_array() && ints.size() == 92;
     for (size_t i = 0; same && i < 92; ++i) same = ints[i] == int64_t(i) + 1;
     if (!same) return Error("Kimi active routed MoE layers must be exactly 1..92");
-    active.clear();
     for (uint32_t l = 1; l <= 92; ++l) active.push_back(l);
     return active;
+  }
+  bool active_ok = active_j->is_array() && !active_j->empty();
+  if (active_ok) {
+    for (const auto& v : *active_j) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(num_layers) ||
+          (!active.empty() && v.get<int64_t>() <= int64_t(active.back()))) {
+        active_ok = false;
+        break;
+      }
+      active.push_back(v.get<uint32_t>());
+    }
   }
   // SGLang holds the list to the layers the pack was built for (1..92 for
   // K3); a scaled pack's are the ones its k3pack.layer_roles records.

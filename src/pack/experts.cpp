@@ -176,34 +176,11 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
     for (Role r : kRoleOrder) {
       const auto ri = static_cast<uint32_t>(r);
       const Key key{layer, ri};
-      const SourceTensor& t = *found.at(key);
-      std::vector<int64_t> want = (r == Role::kDown) ? std::vector<int64_t>{I, H, E} : std::vector<int64_t>{H, I, E};
-      if (t.shape != want) return Error("unexpected expert shape for " + KeyRepr(key) + ": " + TupleRepr(t.shape));
-      if (k3) {
-        const uint32_t want_type = (r == Role::kDown) ? static_cast<uint32_t>(GgmlType::Q3_K)
-                                                      : static_cast<uint32_t>(GgmlType::Q2_K);
-        if (t.dtype_id != want_type) {
-          return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
-        }
-      } else {
-        if (!IsValidGgmlType(t.dtype_id)) {
-          return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id));
-        }
-        if (!options.allow_mixed_types) {
-          if (t.dtype_id != scaled_types[ri]) {
-            return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id))
-                .WithHint(std::string("the other layers' ") + (r == Role::kDown ? "down" : "up/gate") + " experts are " +
-                          DtypeName(scaled_types[ri]) +
-                          "; pass --allow-mixed-types to pack mixed types (entry sizes then vary by layer)");
-          }
-        } else {
-          if (li == 0) first_dtype[ri] = t.dtype_id;
-          if ((li > 0 && t.dtype_id != first_dtype[ri]) || (r == Role::kGate && t.dtype_id != row[0].tensor.dtype_id))
-            out.mixed = true;
-        }
-      }
-      if (t.nbytes % spec.num_experts != 0 || t.nbytes == 0) {
-        return Error("expert tensor is not evenly sliceable: " + t.name);
+      const SourceTensor& t = *found.at(key);  // checked by pass 1
+      if (!k3 && options.allow_mixed_types) {
+        if (li == 0) first_dtype[ri] = t.dtype_id;
+        if ((li > 0 && t.dtype_id != first_dtype[ri]) || (r == Role::kGate && t.dtype_id != row[0].tensor.dtype_id))
+          out.mixed = true;
       }
       if (t.shard_index >= shard_paths.size()) {
         return Error("expert tensor " + t.name + " names shard " + std::to_string(t.shard_index) + " of " +
@@ -260,8 +237,7 @@ Result<ExpertSet> CollectCheckedExperts(const gguf::ShardSet& shards, const kimi
   auto experts = CollectExperts(shards, spec, options);
   if (!experts.ok()) {
     if (cross.ok()) return experts.error();
-    const std::string& m = cross.error().message();
-    return experts.error().WithHint(m.substr(0, m.find('\n')));
+    return experts.error().WithHint(cross.error().headline());
   }
   if (!cross.ok()) return cross.error();
   return experts;

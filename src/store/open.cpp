@@ -240,10 +240,8 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
   // Path(p).resolve() of both, then is_file(): the message names the
   // resolved paths (absolute, symlinks resolved), a directory is missing.
   auto resolved = [](const std::string& p) {
-    std::error_code ec;
-    auto abs = std::filesystem::absolute(p, ec);
-    auto canon = std::filesystem::weakly_canonical(ec ? std::filesystem::path(p) : abs, ec);
-    return ec ? (abs.empty() ? p : abs.string()) : canon.string();
+    auto r = ResolvePath(p);
+    return r.ok() ? *r : p;
   };
   std::error_code ec;
   if (!std::filesystem::is_regular_file(pack_path, ec) || !std::filesystem::is_regular_file(manifest_path, ec))
@@ -268,16 +266,18 @@ Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
   K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
   K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
   ObjectSpace s;
-  K3_ASSIGN_OR_RETURN(uint64_t layers_n, U64(*model, "num_hidden_layers"));
-  K3_ASSIGN_OR_RETURN(uint64_t experts, U64(*model, "num_experts"));
-  K3_ASSIGN_OR_RETURN(uint64_t top_k, U64(*model, "num_experts_per_token"));
-  K3_ASSIGN_OR_RETURN(const json* active, At(*model, "active_moe_layer_ids"));
-  if (!active->is_array() || !manifest::DimensionsUsable(experts, top_k))
-    return Error(manifest_path + ": model dimensions are unusable for a trace");
-  for (const auto& v : *active) s.active_layer_ids.push_back(v.get<uint32_t>());
-  s.num_experts = static_cast<uint32_t>(experts);
-  s.top_k = static_cast<uint32_t>(top_k);
-  s.num_layers_total = static_cast<uint32_t>(layers_n);
+  // The store's own rules for the sizes and the layer list (steps 4 and 5),
+  // so a manifest the store opens gives a trace the same space.
+  const bool kimi = !ext || !ext->scaled();
+  auto dims = manifest::CheckDimensions(*model, kimi);
+  if (!dims.ok()) return dims.error().WithContext(manifest_path);
+  auto active = manifest::CheckActiveLayers(*model, kimi, dims->layers,
+                                            kimi ? std::vector<manifest::LayerRolesRecord>{} : ext->layer_roles);
+  if (!active.ok()) return active.error().WithContext(manifest_path);
+  s.active_layer_ids = std::move(*active);
+  s.num_experts = static_cast<uint32_t>(dims->experts);
+  s.top_k = static_cast<uint32_t>(dims->top_k);
+  s.num_layers_total = static_cast<uint32_t>(dims->layers);
   if (ext && ext->scaled()) {
     for (const auto& lr : ext->layer_roles) s.object_bytes.push_back(lr.object_bytes);
   } else {

@@ -18,6 +18,10 @@ const char* ErrorKindName(ErrorKind kind) {
   return "Error";
 }
 
+namespace {
+constexpr const char kHintLabel[] = "\nhint: ";
+}  // namespace
+
 Error Error::FromErrno(std::string what, int err) {
   ErrorKind kind = ErrorKind::kOS;
   if (err == ENOENT) kind = ErrorKind::kFileNotFound;
@@ -26,7 +30,14 @@ Error Error::FromErrno(std::string what, int err) {
 }
 
 Error Error::WithHint(const std::string& hint) const {
-  return Error(message_ + "\nhint: " + hint, kind_, errno_);
+  return Error(message_ + kHintLabel + hint, kind_, errno_);
+}
+
+std::string Error::headline() const { return message_.substr(0, message_.find('\n')); }
+
+std::string Error::hint() const {
+  const size_t at = message_.find(kHintLabel);
+  return at == std::string::npos ? std::string() : message_.substr(at + sizeof(kHintLabel) - 1);
 }
 
 Error Error::WithContext(const std::string& context) const {
