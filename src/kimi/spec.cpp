@@ -132,14 +132,9 @@ Result<ModelSpec> LoadModelSpec(const std::string& config_path, Profile profile)
     return Error(config_path + ": model config is not valid JSON: " + e.what());
   }
   auto spec = ModelSpecFromConfig(config, profile);
-  // SGLang's texts stay verbatim: KeyError, the invariant texts, int()'s.
-  const auto python_text = [](const std::string& m) {
-    return m.rfind("Kimi K3 ", 0) == 0 || m.rfind("invalid literal for int()", 0) == 0 ||
-           m.rfind("int() argument must be", 0) == 0 || m.rfind("cannot convert float", 0) == 0;
-  };
-  if (!spec.ok() && spec.error().kind() != ErrorKind::kKey && !python_text(spec.error().message())) {
-    return spec.error().WithContext(config_path);  // SGLang's texts stay verbatim
-  }
+  // k3pack's own texts ("model config ...") get the file's name; SGLang's
+  // (KeyError, the invariant texts, int()'s) stay verbatim.
+  if (!spec.ok() && spec.error().message().rfind("model config", 0) == 0) return spec.error().WithContext(config_path);
   return spec;
 }
 
