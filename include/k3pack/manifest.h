@@ -203,6 +203,8 @@ Result<std::optional<K3packExtension>> ParseK3packExtension(const nlohmann::json
 // The whole document. Does not judge values (format/complete/constraints):
 // readers apply their own SGLang checks and texts.
 Result<Manifest> ParseManifest(const nlohmann::json& j);
+// ParseManifest of the JSON read from `path`, its errors naming that file.
+Result<Manifest> ParseManifestOf(const nlohmann::json& j, const std::string& path);
 Result<Manifest> ReadManifest(const std::string& path);
 
 // SGLang's exact hard_constraints dict. Its top_k is the literal 16 that
@@ -266,6 +268,10 @@ std::string NowIsoformatUtc();
 // The model spec and expert tensors a manifest records (no GGUF parsing).
 kimi::ModelSpec ModelSpecOf(const Manifest& m);
 Result<pack::ExpertSet> ExpertsOf(const Manifest& m);
+// The same from a source record and a spec read on their own (doctor reads
+// them from a manifest that may not parse as a whole); `scaled` allows mixed
+// expert types, as the scaled profile's builder does.
+Result<pack::ExpertSet> ExpertsOfSource(const SourceRecord& source, const kimi::ModelSpec& spec, bool scaled);
 
 struct VerifyPackOptions {
   bool full = false;            // every payload against the <pack>.digests sidecar

@@ -151,15 +151,7 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
     out.Add("check-skipped", "expert pack validation", "model record: " + spec.error().message());
     return;
   }
-  std::vector<pack::SourceTensor> tensors;
-  for (const manifest::TensorRecord& t : source->tensors) {
-    tensors.push_back({t.name, t.shape, t.dtype_id, t.shard_index, t.data_offset, t.nbytes});
-  }
-  std::vector<std::string> shard_paths;
-  for (const manifest::ShardRecord& s : source->shards) shard_paths.push_back(s.path);
-  pack::CollectOptions co;
-  co.allow_mixed_types = options.profile == kimi::Profile::kScaled;
-  auto experts = pack::CollectExperts(tensors, shard_paths, *spec, co);
+  auto experts = manifest::ExpertsOfSource(*source, *spec, options.profile == kimi::Profile::kScaled);
   if (!experts.ok()) {
     out.Add("check-skipped", "expert pack validation", "routed experts of the manifest: " + experts.error().message());
     return;

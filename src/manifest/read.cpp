@@ -359,8 +359,7 @@ Result<Manifest> ParseManifest(const json& j) {
   return m;
 }
 
-Result<Manifest> ReadManifest(const std::string& path) {
-  K3_ASSIGN_OR_RETURN(json j, ReadManifestJson(path));
+Result<Manifest> ParseManifestOf(const json& j, const std::string& path) {
   auto m = ParseManifest(j);
   if (!m.ok() && m.error().kind() != ErrorKind::kKey) return m.error().WithContext(path);
   if (!m.ok() && m.error().message().find('\n') == std::string::npos) {
@@ -370,6 +369,11 @@ Result<Manifest> ReadManifest(const std::string& path) {
                               " that SGLang's loader reads; regenerate it with `k3pack manifest`");
   }
   return m;
+}
+
+Result<Manifest> ReadManifest(const std::string& path) {
+  K3_ASSIGN_OR_RETURN(json j, ReadManifestJson(path));
+  return ParseManifestOf(j, path);
 }
 
 }  // namespace k3pack::manifest

@@ -33,16 +33,20 @@ kimi::ModelSpec ModelSpecOf(const Manifest& m) {
   return s;
 }
 
-Result<pack::ExpertSet> ExpertsOf(const Manifest& m) {
+Result<pack::ExpertSet> ExpertsOfSource(const SourceRecord& source, const kimi::ModelSpec& spec, bool scaled) {
   std::vector<pack::SourceTensor> tensors;
-  for (const auto& t : m.source.tensors) {
+  for (const auto& t : source.tensors) {
     tensors.push_back({t.name, t.shape, t.dtype_id, t.shard_index, t.data_offset, t.nbytes});
   }
   std::vector<std::string> shard_paths;
-  for (const auto& s : m.source.shards) shard_paths.push_back(s.path);
+  for (const auto& s : source.shards) shard_paths.push_back(s.path);
   pack::CollectOptions copts;
-  copts.allow_mixed_types = m.profile() == kimi::Profile::kScaled;
-  return pack::CollectExperts(tensors, shard_paths, ModelSpecOf(m), copts);
+  copts.allow_mixed_types = scaled;
+  return pack::CollectExperts(tensors, shard_paths, spec, copts);
+}
+
+Result<pack::ExpertSet> ExpertsOf(const Manifest& m) {
+  return ExpertsOfSource(m.source, ModelSpecOf(m), m.profile() == kimi::Profile::kScaled);
 }
 
 namespace {
@@ -148,7 +152,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   // Step 2 of the store's checks first: a JSON file that is no finished
   // manifest is named as such, not by a key it lacks.
   K3_RETURN_IF_ERROR(CheckStoreFormatAndComplete(raw));
-  K3_ASSIGN_OR_RETURN(Manifest m, ReadManifest(manifest_path));
+  K3_ASSIGN_OR_RETURN(Manifest m, ParseManifestOf(raw, manifest_path));
   const std::string pack_path = m.expert_pack.path;
   if (!PathExists(pack_path)) {
     return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,

@@ -6,31 +6,45 @@ namespace k3pack {
 
 namespace {
 
-// Length of the valid UTF-8 sequence starting at b[0] (n bytes left), or 0
-// when none starts there. Strict as Python's decoder: no overlongs, no
-// surrogates, <= U+10FFFF.
-size_t ValidSequenceLength(const unsigned char* b, size_t n) {
+// What CPython's strict decoder finds at b[0] (n bytes left): the length of
+// the valid sequence starting there, or, when none does, how many bytes its
+// error names and why. The allowed second byte is narrowed after E0 (A0..BF),
+// ED (80..9F: no surrogates), F0 (90..BF: no overlongs) and F4 (80..8F:
+// <= U+10FFFF); C0, C1 and F5..FF never start a sequence.
+struct SequenceScan {
+  size_t length = 0;        // bytes of the valid sequence; 0 when invalid
+  size_t bad = 0;           // when invalid: the bytes CPython's error range covers
+  const char* reason = "";  // CPython's reason for that range
+};
+
+SequenceScan ScanSequence(const unsigned char* b, size_t n) {
   const unsigned c = b[0];
-  if (c < 0x80) return 1;
-  size_t len;
+  if (c < 0x80) return {1};
+  size_t need;
   unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) len = 1;
-  else if (c == 0xE0) { len = 2; lo = 0xA0; }
-  else if (c >= 0xE1 && c <= 0xEC) len = 2;
-  else if (c == 0xED) { len = 2; hi = 0x9F; }
-  else if (c >= 0xEE && c <= 0xEF) len = 2;
-  else if (c == 0xF0) { len = 3; lo = 0x90; }
-  else if (c >= 0xF1 && c <= 0xF3) len = 3;
-  else if (c == 0xF4) { len = 3; hi = 0x8F; }
-  else return 0;
-  for (size_t k = 1; k <= len; ++k) {
-    if (k >= n) return 0;
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    need = 2;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    need = 3;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return {0, 1, "invalid start byte"};
+  }
+  for (size_t k = 1; k <= need; ++k) {
+    if (k >= n) return {0, k, "unexpected end of data"};
     const unsigned cc = b[k];
     const unsigned l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
-    if (cc < l || cc > h) return 0;
+    if (cc < l || cc > h) return {0, k, "invalid continuation byte"};
   }
-  return len + 1;
+  return {need + 1};
 }
+
+size_t ValidSequenceLength(const unsigned char* b, size_t n) { return ScanSequence(b, n).length; }
 
 }  // namespace
 
@@ -114,52 +128,21 @@ std::string DumpJsonEscaped(nlohmann::json j, int indent) {
 }
 
 std::string PythonUtf8DecodeError(std::string_view s) {
-  // CPython's decoder: a lead byte outside C2..F4 is an invalid start byte
-  // (range of one byte); after a valid lead, the first byte that is not an
-  // allowed continuation ends the range before it ("invalid continuation
-  // byte"); running out of input after valid continuations is "unexpected
-  // end of data". The allowed second byte is narrowed after E0 (A0..BF),
-  // ED (80..9F), F0 (90..BF) and F4 (80..8F).
   auto hex = [](unsigned char b) {
     const char* d = "0123456789abcdef";
     return std::string("0x") + d[b >> 4] + d[b & 15];
   };
-  auto message = [&](size_t start, size_t end, const char* reason) {
-    std::string where = end - start == 1 ? "byte " + hex(static_cast<unsigned char>(s[start])) + " in position " +
-                                               std::to_string(start)
-                                         : "bytes in position " + std::to_string(start) + "-" + std::to_string(end - 1);
-    return "'utf-8' codec can't decode " + where + ": " + reason;
-  };
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b < 0x80) {
-      ++i;
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const SequenceScan scan = ScanSequence(b + i, s.size() - i);
+    if (scan.length > 0) {
+      i += scan.length;
       continue;
     }
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (b >= 0xc2 && b <= 0xdf) {
-      need = 1;
-    } else if (b >= 0xe0 && b <= 0xef) {
-      need = 2;
-      if (b == 0xe0) lo = 0xa0;
-      if (b == 0xed) hi = 0x9f;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-      need = 3;
-      if (b == 0xf0) lo = 0x90;
-      if (b == 0xf4) hi = 0x8f;
-    } else {
-      return message(i, i + 1, "invalid start byte");
-    }
-    size_t k = 1;
-    for (; k <= need; ++k) {
-      if (i + k >= s.size()) return message(i, i + k, "unexpected end of data");
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      const unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xbf;
-      if (c < l || c > h) return message(i, i + k, "invalid continuation byte");
-    }
-    i += need + 1;
+    const std::string where = scan.bad == 1 ? "byte " + hex(b[i]) + " in position " + std::to_string(i)
+                                            : "bytes in position " + std::to_string(i) + "-" +
+                                                  std::to_string(i + scan.bad - 1);
+    return "'utf-8' codec can't decode " + where + ": " + scan.reason;
   }
   return "";
 }

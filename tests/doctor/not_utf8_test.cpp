@@ -24,6 +24,23 @@ TEST(NotUtf8, EscapingRuleIsPythonsBackslashReplace) {
   EXPECT_EQ(j.dump(), R"({"bad\\xfekey":["v\\xff",1],"ok":"x"})");
 }
 
+// The strict decoder's error texts, as CPython 3.11 prints them for the same
+// bytes (`bytes.decode("utf-8")`): the escaping above and these texts share
+// one sequence scanner, so both follow CPython's ranges.
+TEST(NotUtf8, DecodeErrorTextIsCPythons) {
+  const auto text = [](std::string_view s) { return PythonUtf8DecodeError(s); };
+  EXPECT_EQ(text("plain caf\xc3\xa9"), "");
+  EXPECT_EQ(text("\xe2(\xa1"), "'utf-8' codec can't decode byte 0xe2 in position 0: invalid continuation byte");
+  EXPECT_EQ(text("ab\xff"), "'utf-8' codec can't decode byte 0xff in position 2: invalid start byte");
+  EXPECT_EQ(text("\xf0\x9f\x98"), "'utf-8' codec can't decode bytes in position 0-2: unexpected end of data");
+  EXPECT_EQ(text("\xe2\x82"), "'utf-8' codec can't decode bytes in position 0-1: unexpected end of data");
+  EXPECT_EQ(text("\xed\xa0\x80"), "'utf-8' codec can't decode byte 0xed in position 0: invalid continuation byte");
+  EXPECT_EQ(text("\xc0\xaf"), "'utf-8' codec can't decode byte 0xc0 in position 0: invalid start byte");
+  EXPECT_EQ(text("x\xf4\x90\x80\x80"), "'utf-8' codec can't decode byte 0xf4 in position 1: invalid continuation byte");
+  EXPECT_EQ(text("\xe0\x80\x80"), "'utf-8' codec can't decode byte 0xe0 in position 0: invalid continuation byte");
+  EXPECT_EQ(text("caf\xc3\xa9\xc3"), "'utf-8' codec can't decode byte 0xc3 in position 5: unexpected end of data");
+}
+
 // One GGUF file holding every kind of string that is not UTF-8.
 fs::path WriteNotUtf8Gguf(const fs::path& dir) {
   gguf::MetadataBuilder meta;
