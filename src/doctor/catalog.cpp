@@ -32,8 +32,11 @@ const std::vector<Diagnosis> kCatalog = {
      "Re-split it with llama-gguf-split (one shard is fine: --split-max-tensors larger than the tensor count), "
      "which writes the -00001-of-00001 name and the split.* keys."},
     {"several-shard-sets", E, "ValueError",
-     "The directory holds more than one numbered shard set; SGLang scans them as one set and fails.",
-     "Keep one model per directory; doctor checked the set named in the message."},
+     "The directory holds more than one numbered shard set (another quantization, or a renamed copy of a shard); "
+     "SGLang's discovery takes every numbered *.gguf as one set, so it fails: the split counts disagree, or the "
+     "numbers of all files together are not 1..count.",
+     "Keep one model per directory: move the other set's files (named in the message) out; doctor checked the set "
+     "named in the message."},
     {"shard-count-disagree", E, "ValueError",
      "The shard file names disagree on the total count (-of-NNNNN), e.g. files of two downloads mixed.",
      "Remove the files of the other download so that every shard name ends in the same -of-NNNNN."},

@@ -55,6 +55,23 @@ Result<std::shared_ptr<const gguf::GgufFile>> ParseCutOff(const std::string& pat
   }
 }
 
+// What SGLang's discovery says about a directory holding several numbered
+// sets: it takes every numbered *.gguf as one set (spec §3), so the counts
+// of all of them must agree and their numbers must be exactly 1..count.
+// Empty when the files happen to pass that check together.
+std::string DirectoryDiscoveryError(const std::vector<std::pair<int64_t, int64_t>>& numbered) {
+  std::set<int64_t> counts;
+  std::vector<int64_t> numbers;
+  for (const auto& [number, count] : numbered) counts.insert(count), numbers.push_back(number);
+  if (counts.size() > 1) return "GGUF shard filenames disagree on split count: " + PySet({counts.begin(), counts.end()});
+  std::sort(numbers.begin(), numbers.end());
+  const int64_t count = counts.empty() ? 0 : *counts.begin();
+  bool complete = static_cast<int64_t>(numbers.size()) == count;
+  for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
+  if (complete) return {};
+  return "GGUF shard set is incomplete: count=" + std::to_string(count) + ", numbers=" + PyList(numbers);
+}
+
 void OpenShard(Shard& s, Collector& out) {
   auto real = MappedFile::Open(s.path);
   if (!real.ok()) {
@@ -153,12 +170,14 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   // Every *.gguf of the directory, grouped the way SGLang's discovery sees them.
   std::map<std::string, std::map<uint32_t, std::string>> sets;  // prefix -> number -> path
   std::map<std::string, std::set<int64_t>> counts;
+  std::vector<std::pair<int64_t, int64_t>> numbered;  // (number, count) of every numbered file, any prefix
   std::vector<std::string> unnumbered;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().extension() != ".gguf") continue;
     if (auto n = gguf::ParseShardName(e.path().filename().string())) {
       sets[n->prefix][n->number] = e.path().string();
       counts[n->prefix].insert(n->count);
+      numbered.emplace_back(n->number, n->count);
     } else {
       unnumbered.push_back(e.path().string());
     }
@@ -178,11 +197,15 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   }
 
   if (!prefix.empty()) {
+    const std::string whole = DirectoryDiscoveryError(numbered);
     for (const auto& [p, files] : sets) {
       if (p == prefix) continue;
-      out.Add("several-shard-sets", v.dir,
-              "besides '" + prefix + "' the directory holds the set '" + p + "' (" + std::to_string(files.size()) +
-                  " file(s)); only '" + prefix + "' was examined");
+      Finding& f = out.Add("several-shard-sets", v.dir,
+                           "besides '" + prefix + "' the directory holds the set '" + p + "' (" +
+                               std::to_string(files.size()) + " file(s): " + fs::path(files.begin()->second).filename().string() +
+                               (files.size() > 1 ? ", ..." : "") + "); only '" + prefix + "' was examined",
+                           whole);
+      f.details = {{"examined_prefix", prefix}, {"other_prefix", p}, {"other_files", files.size()}};
     }
     for (const auto& u : unnumbered) {
       out.Add("stray-gguf", u, "not a numbered shard of '" + prefix + "'",
