@@ -46,6 +46,18 @@ const std::vector<Diagnosis> kCatalog = {
      "The file is not a readable GGUF: its header breaks a rule of ggml's reader (the message names "
      "the byte offset and the rule). Nothing else in this file could be checked.",
      "Re-download the file (compare its size and checksum with the source) or re-convert it."},
+    {"shard-link-broken", E, "FileNotFoundError",
+     "The shard is a symbolic link whose target does not exist, typically a Hugging Face cache snapshot "
+     "(snapshots/<rev>/ links to blobs/) whose blob was deleted or has not finished downloading "
+     "(blobs/<sha>.incomplete). SGLang's discovery lists the link and its GGUF reader fails to open it.",
+     "Download the file again (huggingface-cli download resumes the .incomplete blob), or replace the link with "
+     "the complete file."},
+    {"download-in-progress", E, "",
+     "An aria2 control file (<shard>.aria2) is beside the shard: aria2 is still downloading it, or was "
+     "interrupted. aria2 writes into the final file name and preallocates its full size, so the size and header "
+     "look right while parts of the data are still zeros; nothing else reveals it (zeros decode as valid weights).",
+     "Resume the download with the same aria2c command (hfd.sh and similar use aria2c) until the .aria2 file "
+     "disappears, then run doctor again."},
     {"gguf-header-invalid", E, "ValueError",
      "The header breaks a rule of ggml's reader (see the message); doctor read it leniently to check the rest.",
      "Re-convert or re-split the file with llama.cpp's tools (gguf-split / llama-quantize --keep-split)."},

@@ -75,9 +75,10 @@ std::string DirectoryDiscoveryError(const std::vector<std::pair<int64_t, int64_t
 void OpenShard(Shard& s, Collector& out) {
   auto real = MappedFile::Open(s.path);
   if (!real.ok()) {
-    out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
+    if (!ReportBrokenLink(s, out)) out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
     return;
   }
+  CheckDownloadLeftovers(s, out);
   s.real = *real;
   s.size = s.real->size();
   auto strict = gguf::GgufFile::Parse(s.real);
@@ -229,12 +230,27 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
         for (int64_t k = 1; k <= count; ++k) {
           if (!have.count(k)) missing.push_back(k);
         }
+        // A missing shard is often still there under a download tool's name.
+        std::vector<std::string> partial;
+        for (int64_t k : missing) {
+          char name[32];
+          std::snprintf(name, sizeof name, "-%05lld-of-%05lld.gguf", static_cast<long long>(k),
+                        static_cast<long long>(count));
+          for (std::string& p : DownloadLeftovers((dir / (prefix + name)).string())) partial.push_back(std::move(p));
+        }
+        std::string partial_list;
+        for (const std::string& p : partial) partial_list += (partial_list.empty() ? "" : ", ") + fs::path(p).filename().string();
         Finding& f = out.Add("shard-set-incomplete", v.dir + "/" + prefix + "-*.gguf",
                              std::to_string(numbers.size()) + " of " + std::to_string(count) +
-                                 " shard files present; missing numbers " + PyList(missing),
+                                 " shard files present; missing numbers " + PyList(missing) +
+                                 (partial.empty() ? "" : "; unfinished downloads of them are there: " + partial_list),
                              "GGUF shard set is incomplete: count=" + std::to_string(count) +
                                  ", numbers=" + PyList(numbers));
-        f.details = {{"count", count}, {"present", numbers}, {"missing", missing}};
+        f.details = {{"count", count}, {"present", numbers}, {"missing", missing}, {"partial_downloads", partial}};
+        if (!partial.empty()) {
+          f.fix = "Finish (resume) the downloads of " + partial_list +
+                  " so that each is saved under its shard name, or download the missing shards again.";
+        }
         v.all_readable = false;  // tensors of the missing shards cannot be checked
       }
     }
