@@ -32,8 +32,11 @@ const std::vector<Diagnosis> kCatalog = {
      "Re-split it with llama-gguf-split (one shard is fine: --split-max-tensors larger than the tensor count), "
      "which writes the -00001-of-00001 name and the split.* keys."},
     {"several-shard-sets", E, "ValueError",
-     "The directory holds more than one numbered shard set; SGLang scans them as one set and fails.",
-     "Keep one model per directory; doctor checked the set named in the message."},
+     "The directory holds more than one numbered shard set (another quantization, or a renamed copy of a shard); "
+     "SGLang's discovery takes every numbered *.gguf as one set, so it fails: the split counts disagree, or the "
+     "numbers of all files together are not 1..count.",
+     "Keep one model per directory: move the other set's files (named in the message) out; doctor checked the set "
+     "named in the message."},
     {"shard-count-disagree", E, "ValueError",
      "The shard file names disagree on the total count (-of-NNNNN), e.g. files of two downloads mixed.",
      "Remove the files of the other download so that every shard name ends in the same -of-NNNNN."},
@@ -43,6 +46,18 @@ const std::vector<Diagnosis> kCatalog = {
      "The file is not a readable GGUF: its header breaks a rule of ggml's reader (the message names "
      "the byte offset and the rule). Nothing else in this file could be checked.",
      "Re-download the file (compare its size and checksum with the source) or re-convert it."},
+    {"shard-link-broken", E, "FileNotFoundError",
+     "The shard is a symbolic link whose target does not exist, typically a Hugging Face cache snapshot "
+     "(snapshots/<rev>/ links to blobs/) whose blob was deleted or has not finished downloading "
+     "(blobs/<sha>.incomplete). SGLang's discovery lists the link and its GGUF reader fails to open it.",
+     "Download the file again (huggingface-cli download resumes the .incomplete blob), or replace the link with "
+     "the complete file."},
+    {"download-in-progress", E, "",
+     "An aria2 control file (<shard>.aria2) is beside the shard: aria2 is still downloading it, or was "
+     "interrupted. aria2 writes into the final file name and preallocates its full size, so the size and header "
+     "look right while parts of the data are still zeros; nothing else reveals it (zeros decode as valid weights).",
+     "Resume the download with the same aria2c command (hfd.sh and similar use aria2c) until the .aria2 file "
+     "disappears, then run doctor again."},
     {"gguf-header-invalid", E, "ValueError",
      "The header breaks a rule of ggml's reader (see the message); doctor read it leniently to check the rest.",
      "Re-convert or re-split the file with llama.cpp's tools (gguf-split / llama-quantize --keep-split)."},

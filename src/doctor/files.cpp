@@ -55,12 +55,30 @@ Result<std::shared_ptr<const gguf::GgufFile>> ParseCutOff(const std::string& pat
   }
 }
 
+// What SGLang's discovery says about a directory holding several numbered
+// sets: it takes every numbered *.gguf as one set (spec §3), so the counts
+// of all of them must agree and their numbers must be exactly 1..count.
+// Empty when the files happen to pass that check together.
+std::string DirectoryDiscoveryError(const std::vector<std::pair<int64_t, int64_t>>& numbered) {
+  std::set<int64_t> counts;
+  std::vector<int64_t> numbers;
+  for (const auto& [number, count] : numbered) counts.insert(count), numbers.push_back(number);
+  if (counts.size() > 1) return "GGUF shard filenames disagree on split count: " + PySet({counts.begin(), counts.end()});
+  std::sort(numbers.begin(), numbers.end());
+  const int64_t count = counts.empty() ? 0 : *counts.begin();
+  bool complete = static_cast<int64_t>(numbers.size()) == count;
+  for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
+  if (complete) return {};
+  return "GGUF shard set is incomplete: count=" + std::to_string(count) + ", numbers=" + PyList(numbers);
+}
+
 void OpenShard(Shard& s, Collector& out) {
   auto real = MappedFile::Open(s.path);
   if (!real.ok()) {
-    out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
+    if (!ReportBrokenLink(s, out)) out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
     return;
   }
+  CheckDownloadLeftovers(s, out);
   s.real = *real;
   s.size = s.real->size();
   auto strict = gguf::GgufFile::Parse(s.real);
@@ -153,12 +171,14 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   // Every *.gguf of the directory, grouped the way SGLang's discovery sees them.
   std::map<std::string, std::map<uint32_t, std::string>> sets;  // prefix -> number -> path
   std::map<std::string, std::set<int64_t>> counts;
+  std::vector<std::pair<int64_t, int64_t>> numbered;  // (number, count) of every numbered file, any prefix
   std::vector<std::string> unnumbered;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().extension() != ".gguf") continue;
     if (auto n = gguf::ParseShardName(e.path().filename().string())) {
       sets[n->prefix][n->number] = e.path().string();
       counts[n->prefix].insert(n->count);
+      numbered.emplace_back(n->number, n->count);
     } else {
       unnumbered.push_back(e.path().string());
     }
@@ -178,11 +198,15 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   }
 
   if (!prefix.empty()) {
+    const std::string whole = DirectoryDiscoveryError(numbered);
     for (const auto& [p, files] : sets) {
       if (p == prefix) continue;
-      out.Add("several-shard-sets", v.dir,
-              "besides '" + prefix + "' the directory holds the set '" + p + "' (" + std::to_string(files.size()) +
-                  " file(s)); only '" + prefix + "' was examined");
+      Finding& f = out.Add("several-shard-sets", v.dir,
+                           "besides '" + prefix + "' the directory holds the set '" + p + "' (" +
+                               std::to_string(files.size()) + " file(s): " + fs::path(files.begin()->second).filename().string() +
+                               (files.size() > 1 ? ", ..." : "") + "); only '" + prefix + "' was examined",
+                           whole);
+      f.details = {{"examined_prefix", prefix}, {"other_prefix", p}, {"other_files", files.size()}};
     }
     for (const auto& u : unnumbered) {
       out.Add("stray-gguf", u, "not a numbered shard of '" + prefix + "'",
@@ -206,12 +230,27 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
         for (int64_t k = 1; k <= count; ++k) {
           if (!have.count(k)) missing.push_back(k);
         }
+        // A missing shard is often still there under a download tool's name.
+        std::vector<std::string> partial;
+        for (int64_t k : missing) {
+          char name[32];
+          std::snprintf(name, sizeof name, "-%05lld-of-%05lld.gguf", static_cast<long long>(k),
+                        static_cast<long long>(count));
+          for (std::string& p : DownloadLeftovers((dir / (prefix + name)).string())) partial.push_back(std::move(p));
+        }
+        std::string partial_list;
+        for (const std::string& p : partial) partial_list += (partial_list.empty() ? "" : ", ") + fs::path(p).filename().string();
         Finding& f = out.Add("shard-set-incomplete", v.dir + "/" + prefix + "-*.gguf",
                              std::to_string(numbers.size()) + " of " + std::to_string(count) +
-                                 " shard files present; missing numbers " + PyList(missing),
+                                 " shard files present; missing numbers " + PyList(missing) +
+                                 (partial.empty() ? "" : "; unfinished downloads of them are there: " + partial_list),
                              "GGUF shard set is incomplete: count=" + std::to_string(count) +
                                  ", numbers=" + PyList(numbers));
-        f.details = {{"count", count}, {"present", numbers}, {"missing", missing}};
+        f.details = {{"count", count}, {"present", numbers}, {"missing", missing}, {"partial_downloads", partial}};
+        if (!partial.empty()) {
+          f.fix = "Finish (resume) the downloads of " + partial_list +
+                  " so that each is saved under its shard name, or download the missing shards again.";
+        }
         v.all_readable = false;  // tensors of the missing shards cannot be checked
       }
     }

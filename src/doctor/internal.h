@@ -78,6 +78,15 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
 // them (each path as recorded; no directory discovery). Missing files are
 // skipped (the manifest check reports them). nullopt when none exists.
 std::optional<ShardView> OpenListed(const std::vector<std::string>& paths, Collector& out);
+// Unfinished downloads (downloads.cpp). Files a download tool writes
+// beside `shard_path` while it works (`.part`, `.aria2`, ...) that exist.
+std::vector<std::string> DownloadLeftovers(const std::string& shard_path);
+// A shard that is a symbolic link to nothing (a Hugging Face snapshot whose
+// blob is missing): reports shard-link-broken and returns true.
+bool ReportBrokenLink(const Shard& s, Collector& out);
+// aria2's control file beside a present shard: download-in-progress.
+void CheckDownloadLeftovers(const Shard& s, Collector& out);
+
 // Split keys, counts, duplicates, architecture (SGLang's scanner, every rule).
 void CheckSplit(const ShardView& view, Collector& out);
 

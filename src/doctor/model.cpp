@@ -32,6 +32,16 @@ std::string LayerRoleRepr(uint32_t layer, int role) {
 
 std::string TypeName(GgmlType t) { return std::string(GgmlTypeName(t)); }
 
+// The name without a trailing ".weight" / ".bias" (ssm_a has neither).
+std::string_view WithoutParamSuffix(std::string_view name) {
+  for (std::string_view suffix : {std::string_view(".weight"), std::string_view(".bias")}) {
+    if (name.size() > suffix.size() && name.substr(name.size() - suffix.size()) == suffix) {
+      return name.substr(0, name.size() - suffix.size());
+    }
+  }
+  return name;
+}
+
 bool IsFloatStorage(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 // A spec as SGLang's KimiK3Spec would build it from a config carrying the
@@ -204,20 +214,30 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
       }
     }
     // Not part of the layout: the nearest missing expected name, if close.
+    // A missing name that differs only in its .weight/.bias suffix (the
+    // commonest converter rename: `blk.N.ssm_a.weight` for `blk.N.ssm_a`,
+    // `ssm_dt.weight` for `ssm_dt.bias`) wins whatever its edit distance.
     std::string best;
     size_t best_d = SIZE_MAX;
+    bool suffix_only = false;
     for (const auto& [ename, et] : m.expected) {
       if (view.Find(ename) != nullptr) continue;
       const size_t d = EditDistance(name, ename);
-      if (d < best_d) best_d = d, best = ename;
+      const bool same_stem = WithoutParamSuffix(name) == WithoutParamSuffix(ename);
+      if ((same_stem && !suffix_only) || (same_stem == suffix_only && d < best_d)) {
+        best_d = d, best = ename, suffix_only = same_stem;
+      }
     }
     const size_t limit = std::max<size_t>(2, name.size() / 8);
     const std::string sg = mapped.ok() ? std::string() : mapped.error().message();
-    if (!best.empty() && best_d <= limit) {
+    if (!best.empty() && (best_d <= limit || suffix_only)) {
       suggested.insert(best);
       Finding& f = out.Add("tensor-name-misspelled", name,
-                           "unknown name, " + std::to_string(best_d) + " edit(s) from the missing '" + best + "'", sg,
-                           file);
+                           "unknown name, " +
+                               (suffix_only ? std::string("only its .weight/.bias suffix differs from")
+                                            : std::to_string(best_d) + " edit(s) from") +
+                               " the missing '" + best + "'",
+                           sg, file);
       f.fix = "Rename '" + name + "' to '" + best + "' (the converter's scheme), or re-convert the model.";
       f.details = {{"suggestion", best}, {"distance", best_d}};
     } else if (mapped.ok()) {

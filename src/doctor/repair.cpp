@@ -109,6 +109,11 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
   for (const internal::Shard& s : view->shards) {
     if (!s.file) return Error("shard " + s.path + " is unreadable; repair needs every shard (run `k3pack doctor`)");
   }
+  // A copy would drop the download tool's marker and look complete.
+  for (const Finding* f : scratch.With("download-in-progress")) {
+    return Error("refusing to repair: " + f->object + " is still being downloaded (" + f->message + ")")
+        .WithHint("finish the download first; a repaired copy would hide that parts of it are still zeros");
+  }
   std::vector<internal::SsmAVerdict> verdicts = internal::ExamineSsmA(*view);
   std::vector<const internal::SsmAVerdict*> todo;
   std::string refusals;

@@ -199,6 +199,25 @@ TEST(SglangParity, Discovery) {
   EXPECT_EQ(Sglang(r, "shard-set-incomplete"), "GGUF shard set is incomplete: count=3, numbers=[1, 3]");
 }
 
+// Field audit (session 11): a second numbered set in the directory (another
+// quantization with its own -of-NNNNN, or a renamed copy of one shard) fails
+// SGLang's discovery, which takes every numbered *.gguf as one set; the
+// finding carries that text, computed over all the files.
+TEST(SglangParity, SeveralShardSetsCarryTheDiscoveryText) {
+  Clean other("p-other-quant");
+  fs::copy_file(Shard(other.dir, 1), other.dir / "KIMI-K3-Q1-00001-of-00002.gguf");
+  Report r = Scaled({other.dir.string()});
+  EXPECT_EQ(Sglang(r, "several-shard-sets"), "GGUF shard filenames disagree on split count: {2, 3}") << Dump(r);
+
+  Clean copy("p-copy");
+  fs::copy_file(Shard(copy.dir, 2), copy.dir / "Copy of KIMI-K3-SYNTH-00002-of-00003.gguf");
+  r = Scaled({copy.dir.string()});
+  EXPECT_EQ(Sglang(r, "several-shard-sets"), "GGUF shard set is incomplete: count=3, numbers=[1, 2, 2, 3]") << Dump(r);
+  ASSERT_FALSE(r.With("several-shard-sets").empty());
+  EXPECT_NE(r.With("several-shard-sets").front()->message.find("Copy of KIMI-K3-SYNTH-00002-of-00003.gguf"),
+            std::string::npos);
+}
+
 TEST(SglangParity, SplitKeys) {
   Clean no("p-splitno");
   PatchIntKv(Shard(no.dir, 2), "split.no", 2);

@@ -114,6 +114,25 @@ TEST(Names, MisspelledTensorGetsASuggestion) {
   EXPECT_FALSE(r.Has("tensor-missing")) << Dump(r);  // covered by the misspelling
 }
 
+// Field audit (session 11): converters that add, drop or swap the
+// parameter suffix are many edits away from the right name, but the rename
+// is obvious; doctor suggests it instead of an unknown + a missing tensor.
+TEST(Names, SuffixOnlyRenameGetsASuggestion) {
+  auto r = Crafted("suffix", {{"blk.0.ssm_a", Renamed("blk.0.ssm_a.weight")},
+                              {"blk.2.ssm_dt.bias", Renamed("blk.2.ssm_dt.weight")},
+                              {"blk.1.ffn_gate_inp.weight", Renamed("blk.1.ffn_gate_inp.bias")}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-name-misspelled"}) << Dump(r);
+  std::map<std::string, std::string> suggestion;
+  for (const auto* f : r.With("tensor-name-misspelled")) {
+    suggestion[f->object] = f->details["suggestion"].get<std::string>();
+    EXPECT_NE(f->message.find("suffix"), std::string::npos) << f->message;
+  }
+  EXPECT_EQ(suggestion, (std::map<std::string, std::string>{{"blk.0.ssm_a.weight", "blk.0.ssm_a"},
+                                                            {"blk.2.ssm_dt.weight", "blk.2.ssm_dt.bias"},
+                                                            {"blk.1.ffn_gate_inp.bias", "blk.1.ffn_gate_inp.weight"}}));
+  EXPECT_FALSE(r.Has("tensor-missing")) << Dump(r);
+}
+
 TEST(Names, DroppedTensorIsMissing) {
   auto r = Crafted("dropped", {{"blk.2.ssm_dt.bias", Dropped()}});
   EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-missing"}) << Dump(r);
