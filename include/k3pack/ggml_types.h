@@ -46,6 +46,10 @@ bool IsValidGgmlType(uint32_t id);
 
 // "Q2_K" -> Q2_K. Case-sensitive, gguf-py spelling. nullopt if unknown.
 std::optional<GgmlType> GgmlTypeFromName(std::string_view name);
+// The same for names a person types: any case ("q2_k", ggml's own "q2_K",
+// "Q2_K"), as llama.cpp's tools take them. Never for names read from files,
+// which SGLang compares exactly.
+std::optional<GgmlType> GgmlTypeFromTypedName(std::string_view name);
 
 // The name, or "type#<id>" for ids without one.
 std::string_view GgmlTypeName(GgmlType t);

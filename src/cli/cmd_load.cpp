@@ -91,7 +91,7 @@ int RunLoad(const std::vector<std::string>& argv) {
             "Streams the non-routed weights named by an adapter manifest in SGLang's exact order and form\n"
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
   args.Option("--manifest", "adapter manifest (SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1), or the directory holding it under "
-                              "SGLang's name (or give it as the argument)", std::nullopt, true)
+                              "SGLang's name", std::nullopt, true)
       .PositionalAsOption("--manifest")
       .Flag("--summary", "print a summary (the default)")
       .Option("--dump", "write every emitted tensor to DIR/<name>.npy (a new or empty DIR; the same dump already there is "

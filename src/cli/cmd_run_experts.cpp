@@ -138,7 +138,7 @@ int RunExperts(const std::vector<std::string>& argv) {
          "the expert bytes served by the expert store from the pack, and check the outputs bit for bit against the\n"
          "same blocks computed straight from the GGUF source tensors. Exit code 1 when any output differs.");
   a.Option("--manifest", "adapter manifest (pack path and source shards come from it), or the directory holding it "
-                           "under SGLang's name (or give it as the argument)", std::nullopt, true)
+                           "under SGLang's name", std::nullopt, true)
       .PositionalAsOption("--manifest")
       .Option("--layer", "routed layer to run (default: the first active MoE layer)")
       .Flag("--all-layers", "run every active MoE layer")

@@ -56,7 +56,7 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
   }
   K3_ASSIGN_OR_RETURN(o.layer_expert_types, synth::ParseLayerExpertTypes(layer_types));
   if (args.Has("--matrix-type")) {
-    auto t = GgmlTypeFromName(args.Get("--matrix-type"));
+    auto t = GgmlTypeFromTypedName(args.Get("--matrix-type"));
     if (!t) return Error("--matrix-type: unknown ggml type '" + args.Get("--matrix-type") + "'");
     o.matrix_type = *t;
   }

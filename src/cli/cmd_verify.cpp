@@ -40,7 +40,7 @@ int RunVerify(const std::vector<std::string>& argv) {
             "structure (SGLang's validator) and index digest, then payloads: N evenly spaced entries byte-compared\n"
             "with the GGUF source (default 6), or every payload against the <pack>.digests sidecar (--full).");
   args.Option("--manifest", "manifest JSON written by `k3pack manifest` / `k3pack build`, or the directory holding "
-                              "it under SGLang's name (or give it as the argument)", std::nullopt, true)
+                              "it under SGLang's name", std::nullopt, true)
       .PositionalAsOption("--manifest")
       .Option("--samples", "evenly spaced payloads compared with the GGUF source (default 6)")
       .Flag("--full", "hash every payload and compare with the digest sidecar")

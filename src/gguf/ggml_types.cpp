@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <limits>
 #include <string>
 
@@ -70,6 +71,18 @@ bool IsValidGgmlType(uint32_t id) {
 std::optional<GgmlType> GgmlTypeFromName(std::string_view name) {
   for (uint32_t id = 0; id < kTypes.size(); ++id) {
     if (kTypes[id].block_size != 0 && name == kTypes[id].name) return static_cast<GgmlType>(id);
+  }
+  return std::nullopt;
+}
+
+std::optional<GgmlType> GgmlTypeFromTypedName(std::string_view name) {
+  std::string upper(name);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (uint32_t id = 0; id < kTypes.size(); ++id) {
+    if (kTypes[id].block_size == 0) continue;
+    std::string known(kTypes[id].name);
+    for (char& c : known) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (upper == known) return static_cast<GgmlType>(id);
   }
   return std::nullopt;
 }

@@ -70,7 +70,7 @@ Result<ExpertTypes> ParseExpertTypes(std::string_view text) {
                    std::string(text) + "'");
     }
     const std::string_view name = text.substr(pos, i < 2 ? comma - pos : std::string_view::npos);
-    auto type = GgmlTypeFromName(name);
+    auto type = GgmlTypeFromTypedName(name);
     if (!type) return Error("unknown ggml type '" + std::string(name) + "' in expert types '" + std::string(text) + "'");
     t[i] = *type;
     pos = comma + 1;

@@ -162,5 +162,18 @@ TEST(ImpliedInputs, HelpShowsTheDefaultsAndTheUsageLineMarksThemOptional) {
   }
 }
 
+// The help adds "(or give it as the argument)" to the option a positional
+// argument stands for; a description must not say it again.
+TEST(ImpliedInputs, HelpSaysOnceThatTheManifestMayBeTheArgument) {
+  for (const std::string cmd : {"verify", "load", "run-experts"}) {
+    CliRun h = Cli(cmd + " --help");
+    ASSERT_EQ(h.code, 0) << h.out;
+    const std::string phrase = "(or give it as the argument)";
+    const size_t first = h.out.find(phrase);
+    ASSERT_NE(first, std::string::npos) << cmd << ": " << h.out;
+    EXPECT_EQ(h.out.find(phrase, first + 1), std::string::npos) << cmd << ": " << h.out;
+  }
+}
+
 }  // namespace
 }  // namespace k3cli

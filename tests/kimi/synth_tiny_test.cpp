@@ -300,6 +300,14 @@ TEST(SynthTiny, RejectsBadOptions) {
   EXPECT_FALSE(PresetOptions("huge").ok());
   EXPECT_FALSE(ParseExpertTypes("Q2_K,Q2_K").ok());
   EXPECT_FALSE(ParseExpertTypes("Q2_K,Q2_K,Q9_K").ok());
+  // Typed names in any case, as llama.cpp's tools take them (ggml's own spelling is "q2_K").
+  auto typed = ParseExpertTypes("q2_k,q2_K,iq2_xxs");
+  ASSERT_TRUE(typed.ok()) << typed.error().message();
+  auto exact = ParseExpertTypes("Q2_K,Q2_K,IQ2_XXS");
+  ASSERT_TRUE(exact.ok()) << exact.error().message();
+  EXPECT_EQ(typed->up, exact->up);
+  EXPECT_EQ(typed->gate, exact->gate);
+  EXPECT_EQ(typed->down, exact->down);
   auto mix = ParseLayerExpertTypes({"1:Q2_K,Q2_K,Q3_K;2:IQ2_XS,IQ2_XS,IQ3_XXS", "3:MXFP4,MXFP4,MXFP4"});
   ASSERT_TRUE(mix.ok()) << mix.error().message();
   EXPECT_EQ(mix->size(), 3u);
