@@ -101,6 +101,10 @@ struct DiagnoseOptions {
   // With check_values false: still check the ssm_a values (a few KiB per
   // layer), which SGLang's loader rejects at start-up (`k3pack build`).
   bool check_ssm_a = false;
+  // Under the scaled profile: routed experts may use other types than the
+  // other layers (and gate than up), as `k3pack pack --allow-mixed-types`
+  // accepts; no `expert-dtype` finding then. Ignored under kimi-k3.
+  bool allow_mixed_types = false;
   // Compare pack payload samples with the GGUF when a manifest is given.
   int64_t pack_payload_samples = 6;
   std::function<void(const std::string&)> progress;  // status lines; may be empty

@@ -66,12 +66,11 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   dopt.config_path = args.Get("--model-config");
   dopt.check_values = false;
   dopt.check_ssm_a = true;
+  dopt.allow_mixed_types = args.Has("--allow-mixed-types");  // asked for by name
   const std::string where = plan.experts.shard_paths.front();
   const doctor::Report report = doctor::Diagnose({where}, dopt);
   std::vector<const doctor::Finding*> fatal;
   for (const auto& f : report.findings) {
-    // Mixed expert types were asked for by name (--allow-mixed-types).
-    if (f.code == "expert-dtype" && args.Has("--allow-mixed-types")) continue;
     if (f.severity == doctor::Severity::kError) fatal.push_back(&f);
   }
   if (fatal.empty()) return Status::OK();
