@@ -118,6 +118,14 @@ struct DiagnoseOptions {
 // input that cannot be read at all sets report.unusable.
 Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& options = {});
 
+// `build`'s gate (CLI and Python alike): the error findings of a doctor run
+// on the shard set of `any_shard` (no value checks but ssm_a's, which SGLang's
+// loader rejects at start-up), as one error "SGLang cannot load this
+// checkpoint: doctor reports N error(s); first: ..."; OK when there are none.
+// A pack of such a checkpoint builds fine and then fails at server start.
+Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
+                          bool allow_mixed_types);
+
 // ------------------------------------------------------------ ssm_a values
 
 // What the values of an ssm_a tensor look like. The classification rules
