@@ -101,6 +101,10 @@ struct DiagnoseOptions {
   // With check_values false: still check the ssm_a values (a few KiB per
   // layer), which SGLang's loader rejects at start-up (`k3pack build`).
   bool check_ssm_a = false;
+  // Under the scaled profile: routed experts may use other types than the
+  // other layers (and gate than up), as `k3pack pack --allow-mixed-types`
+  // accepts; no `expert-dtype` finding then. Ignored under kimi-k3.
+  bool allow_mixed_types = false;
   // Compare pack payload samples with the GGUF when a manifest is given.
   int64_t pack_payload_samples = 6;
   std::function<void(const std::string&)> progress;  // status lines; may be empty
@@ -113,6 +117,14 @@ struct DiagnoseOptions {
 // JSON). Never fails for problems in the inputs: those become findings. An
 // input that cannot be read at all sets report.unusable.
 Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& options = {});
+
+// `build`'s gate (CLI and Python alike): the error findings of a doctor run
+// on the shard set of `any_shard` (no value checks but ssm_a's, which SGLang's
+// loader rejects at start-up), as one error "SGLang cannot load this
+// checkpoint: doctor reports N error(s); first: ..."; OK when there are none.
+// A pack of such a checkpoint builds fine and then fails at server start.
+Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
+                          bool allow_mixed_types);
 
 // ------------------------------------------------------------ ssm_a values
 

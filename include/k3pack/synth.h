@@ -71,6 +71,17 @@ Result<ExpertTypes> ParseExpertTypes(std::string_view text);
 // "L:up,gate,down" items separated by ';' (or given one per string).
 Result<std::map<uint32_t, ExpertTypes>> ParseLayerExpertTypes(const std::vector<std::string>& items);
 
+// One `--tensor-type PATTERN=TYPE` override, llama-quantize style: every
+// tensor whose name contains PATTERN gets TYPE (the first matching override
+// wins). Published "dynamic" mixes are expressed this way (attention and
+// shared experts at Q8_0 or BF16, ffn_down_exps above gate/up, ...).
+struct TensorTypeOverride {
+  std::string pattern;
+  GgmlType type = GgmlType::F32;
+};
+// "PATTERN=TYPE" items separated by ';' (or given one per string).
+Result<std::vector<TensorTypeOverride>> ParseTensorTypes(const std::vector<std::string>& items);
+
 // One defect each, injected after (or instead of) the clean write.
 enum class Fault {
   kRawSsmA,           // first KDA layer's ssm_a holds raw A_log (mixed signs, small)
@@ -96,6 +107,11 @@ struct SynthOptions {
   ExpertTypes expert_types;                          // every MoE layer ...
   std::map<uint32_t, ExpertTypes> layer_expert_types;  // ... except these
   GgmlType matrix_type = GgmlType::Q8_0;  // other 2-D weights (embeddings and output included)
+  // Applied after the types above; quantized types on non-expert tensors fall
+  // back like llama-quantize, an expert type that does not fit is an error.
+  std::vector<TensorTypeOverride> tensor_types;
+  uint32_t alignment = 32;             // general.alignment (written when != 32), a power of two
+  bool metadata_in_every_shard = false;  // general.*/kimi-k3.*/tokenizer.* keys in every shard, not shard 0 only
   // Tensors larger than this are written as holes (sparse, reading as zeros,
   // which every ggml type dequantizes to 0). UINT64_MAX = all data real.
   uint64_t hole_threshold_bytes = UINT64_MAX;

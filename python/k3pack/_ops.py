@@ -35,7 +35,8 @@ def dequantize_tensor(source, name):
 
 
 def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifest=None, profile=None,
-          payload_samples=6, full_source_hashes=True, force=False, progress=None, log=None, **build_options):
+          payload_samples=6, full_source_hashes=True, force=False, allow_unsupported=False, progress=None, log=None,
+          **build_options):
     """GGUF shards -> expert pack -> adapter manifest in one call, with
     `k3pack build`'s defaults and output rules: the pack beside the shards
     (<prefix>.expert-major.pack), the manifest beside the pack
@@ -51,7 +52,10 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     "already built" and left as it is; anything else there is refused
     (FileExistsError) unless force=True. Returns {"pack": build result dict,
     "manifest": path, "document": manifest dict, "already_built": bool,
-    "inputs": {"model_config": path, "tokenizer_dir": path}}."""
+    "inputs": {"model_config": path, "tokenizer_dir": path}}.
+    As `k3pack build`, a checkpoint doctor finds SGLang cannot load (e.g.
+    BF16 matrices, attn_k_b not Q4_0) is refused before a byte is written
+    ("SGLang cannot load this checkpoint: ...") unless allow_unsupported=True."""
     model_config, tokenizer_dir, found = _k3pack._implied_inputs(
         os.fspath(gguf_dir), "" if model_config is None else os.fspath(model_config),
         "" if tokenizer_dir is None else os.fspath(tokenizer_dir))
@@ -61,7 +65,7 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     inputs = {"model_config": model_config, "tokenizer_dir": tokenizer_dir}
     plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
                                profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
-                               force=force)
+                               allow_unsupported=allow_unsupported, force=force)
     if plan["already_built"]:
         if log is not None:
             log("already built: %s (use force=True to rebuild)" % plan["manifest"])

@@ -11,6 +11,7 @@
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "k3pack/manifest.h"
+#include "k3pack/doctor.h"
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
 #include "manifest/manifest_output.h"
@@ -175,7 +176,7 @@ void RegisterPack(py::module_& m) {
   m.def("_plan_build", [](const std::string& gguf_dir, const std::string& model_config,
                           const std::string& tokenizer_dir, const std::string& pack_arg,
                           const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
-                          bool force) {
+                          bool allow_unsupported, bool force) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
     std::string out = pack_arg, manifest_path = manifest_arg;
     pack::PackOutputPlan plan;
@@ -185,6 +186,14 @@ void RegisterPack(py::module_& m) {
       pack::CollectOptions copts;
       copts.allow_mixed_types = allow_mixed_types;
       K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
+      if (!allow_unsupported) {  // `k3pack build`'s gate, before a byte is written
+        Status gate = k3pack::doctor::CheckSglangCanLoad(experts.shard_paths.front(), p, model_config, allow_mixed_types);
+        if (!gate.ok()) {
+          return gate.error().WithHint("run `k3pack doctor " + gguf_dir +
+                                       "` for every problem and its fix; pass allow_unsupported=True to build the "
+                                       "pack anyway");
+        }
+      }
       if (out.empty()) {
         K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
       }
@@ -222,7 +231,7 @@ void RegisterPack(py::module_& m) {
     return d;
   }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
      py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,
-     py::arg("force") = false,
+     py::arg("allow_unsupported") = false, py::arg("force") = false,
      "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
      "the profile, and whether both are already built");
 

@@ -55,32 +55,14 @@ Result<Values> ParseValues(const Args& args) {
   return v;
 }
 
-// What doctor reports as errors (SGLang refuses or mis-loads; e.g. BF16 matrices): a
-// pack of such a checkpoint builds fine and then fails at server start, so
-// building it is refused unless --allow-unsupported. Of the value checks only
-// ssm_a runs here (small tensors, and SGLang's loader rejects raw A_log, NaN or
-// zeros); the rest are left to `k3pack doctor` (they read every small tensor).
+// Doctor's error findings (SGLang refuses or mis-loads; e.g. BF16 matrices)
+// refuse the build unless --allow-unsupported (doctor::CheckSglangCanLoad).
 Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
-  doctor::DiagnoseOptions dopt;
-  dopt.profile = plan.profile;
-  dopt.config_path = args.Get("--model-config");
-  dopt.check_values = false;
-  dopt.check_ssm_a = true;
-  const std::string where = plan.experts.shard_paths.front();
-  const doctor::Report report = doctor::Diagnose({where}, dopt);
-  std::vector<const doctor::Finding*> fatal;
-  for (const auto& f : report.findings) {
-    // Mixed expert types were asked for by name (--allow-mixed-types).
-    if (f.code == "expert-dtype" && args.Has("--allow-mixed-types")) continue;
-    if (f.severity == doctor::Severity::kError) fatal.push_back(&f);
-  }
-  if (fatal.empty()) return Status::OK();
-  const doctor::Finding& first = *fatal.front();
-  return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +
-               " error(s); first: [" + first.code + "] " + first.object + ": " + first.message +
-               (first.sglang_error.empty() ? "" : " (SGLang: " + first.sglang_error + ")"))
-      .WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
-                "--allow-unsupported to build the pack anyway");
+  Status st = doctor::CheckSglangCanLoad(plan.experts.shard_paths.front(), plan.profile, args.Get("--model-config"),
+                                         args.Has("--allow-mixed-types"));
+  if (st.ok()) return st;
+  return st.error().WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
+                             "--allow-unsupported to build the pack anyway");
 }
 
 // The manifest is refused although it records this very pack and is what

@@ -18,7 +18,10 @@ int RunDoctor(const std::vector<std::string>& argv) {
       .Flag("--json", "print the report as JSON (schema k3pack-doctor-v1, see docs)")
       .Option("--model-config", "config.json to check against (default: config.json beside the shards)")
       .Deprecated("--config", "--model-config")
-      .Flag("--no-values", "skip the tensor value checks (ssm_a, residual scores, NaN scan)");
+      .Flag("--no-values", "skip the tensor value checks (ssm_a, residual scores, NaN scan)")
+      .Flag("--allow-mixed-types",
+            "with --profile scaled: routed experts may differ in type between layers (and gate from up), as "
+            "`k3pack pack --allow-mixed-types` packs them");
   k3pack::cli::AddProfileOption(args);
   k3pack::cli::AddProgressOption(args);
   int code = 0;
@@ -30,8 +33,14 @@ int RunDoctor(const std::vector<std::string>& argv) {
   auto profile = k3pack::cli::ResolveProfile(args, args.positionals());
   if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), k3pack::cli::kExitUsage);
 
+  if (args.Has("--allow-mixed-types") && *profile != k3pack::kimi::Profile::kScaled) {
+    return k3pack::cli::ReportError(
+        "doctor", k3pack::Error("--allow-mixed-types requires --profile scaled (Kimi K3 experts are Q2_K/Q2_K/Q3_K)"),
+        k3pack::cli::kExitUsage);
+  }
   k3pack::doctor::DiagnoseOptions opt;
   opt.profile = *profile;
+  opt.allow_mixed_types = args.Has("--allow-mixed-types");
   opt.config_path = args.Get("--model-config");
   opt.check_values = !args.Has("--no-values");
   auto progress = k3pack::cli::StartProgress(*mode, "doctor");

@@ -73,6 +73,14 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
       pos = end + 1;
     }
   }
+  K3_ASSIGN_OR_RETURN(o.tensor_types, synth::ParseTensorTypes(args.GetAll("--tensor-type")));
+  if (args.Has("--alignment")) {
+    K3_ASSIGN_OR_RETURN(int64_t al, args.GetInt("--alignment"));
+    if (al < 1 || al > UINT32_MAX || (al & (al - 1)) != 0)
+      return Error("--alignment must be a power of two that fits a u32 (general.alignment), got " + args.Get("--alignment"));
+    o.alignment = static_cast<uint32_t>(al);
+  }
+  if (args.Has("--metadata-in-every-shard")) o.metadata_in_every_shard = true;
   if (args.Has("--all-data")) o.hole_threshold_bytes = UINT64_MAX;
   // The writer's rules on these values, checked here to name the option.
   if (d.num_layers <= d.first_k_dense)
@@ -127,6 +135,11 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Option("--layer-expert-types", "per-layer override L:up,gate,down (or several, ';'-separated)")
       .Repeatable("--layer-expert-types")
       .Option("--matrix-type", "type of the other 2-D weights (falls back like llama-quantize)", "Q8_0")
+      .Option("--tensor-type", "override PATTERN=TYPE: tensors whose name contains PATTERN get TYPE (first match wins; "
+                               "';'-separated or repeated), e.g. attn_=BF16 or ffn_down_exps=IQ3_XXS")
+      .Repeatable("--tensor-type")
+      .Option("--alignment", "general.alignment of every shard (a power of two)", "32")
+      .Flag("--metadata-in-every-shard", "write the model metadata into every shard, not only shard 0")
       .Option("--fault", "inject defects (comma-separated): " + faults)
       .Flag("--all-data", "write real data for every tensor (no sparse holes)")
       .Flag("--force", "write into a non-empty --out (otherwise refused; the same model already there is reported)")

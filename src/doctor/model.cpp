@@ -444,7 +444,8 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
                            "unexpected expert shape for " + LayerRoleRepr(l, r) + ": " + PyTuple(shape), file);
       f.details = {{"shape", shape}, {"expected", ws}};
     }
-    if (t.type != want[r]) {
+    const bool mixed_ok = options.allow_mixed_types && options.profile == kimi::Profile::kScaled;
+    if (t.type != want[r] && !mixed_ok) {
       Finding& f = out.Add("expert-dtype", name,
                            "stored as " + TypeName(t.type) + ", expected " + TypeName(want[r]) +
                                (options.profile == kimi::Profile::kScaled ? " (the type of the other layers)" : ""),

@@ -84,7 +84,7 @@ nlohmann::json SynthRecipe(const synth::SynthOptions& o) {
                {"context_length", d.context_length},
                {"attn_res_block_size", d.attn_res_block_size},
                {"mla_layers", d.mla_layers ? json(*d.mla_layers) : json()}};
-  return {{"prefix", o.prefix},
+  json recipe = {{"prefix", o.prefix},
           {"seed", o.seed},
           {"dims", dims},
           {"shards", o.shards},
@@ -93,6 +93,16 @@ nlohmann::json SynthRecipe(const synth::SynthOptions& o) {
           {"matrix_type", GgmlTypeName(o.matrix_type)},
           {"hole_threshold_bytes", o.hole_threshold_bytes},
           {"faults", faults}};
+  // Options added later are recorded only when they differ from their
+  // default, so models recorded before them are still recognized.
+  if (!o.tensor_types.empty()) {
+    json list = json::array();
+    for (const auto& t : o.tensor_types) list.push_back(json::array({t.pattern, GgmlTypeName(t.type)}));
+    recipe["tensor_types"] = list;
+  }
+  if (o.alignment != 32) recipe["alignment"] = o.alignment;
+  if (o.metadata_in_every_shard) recipe["metadata_in_every_shard"] = true;
+  return recipe;
 }
 
 Result<Profile> WriteSynthSidecar(const std::string& out_dir, const std::string& config_path,

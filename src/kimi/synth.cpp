@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "k3pack/gguf.h"
+#include "k3pack/names.h"
 #include "k3pack/synth.h"
 #include "kimi/synth_fill.h"
 #include "kimi/synth_vocab.h"
@@ -207,6 +208,22 @@ Result<ModelPlan> PlanModel(const SynthOptions& o) {
   plan.layer_experts = o.layer_expert_types;
   K3_ASSIGN_OR_RETURN(p.table, kimi::ExpectedTensors(d, plan));
   std::vector<ExpectedTensor>& table = p.table;
+  for (ExpectedTensor& t : table) {
+    for (const TensorTypeOverride& ov : o.tensor_types) {
+      if (t.name.find(ov.pattern) == std::string::npos) continue;
+      if (kimi::IsRoutedExpertAggregate(t.name)) {
+        // Expert stacks are never substituted (the pack depends on the type).
+        if (kimi::FallbackType(ov.type, t.ne[0]) != ov.type) {
+          return Error("synth: tensor type " + ov.pattern + "=" + std::string(GgmlTypeName(ov.type)) + ": " + t.name +
+                       " has ne[0]=" + std::to_string(t.ne[0]) + ", not a multiple of the type's block");
+        }
+        t.type = ov.type;
+      } else {
+        t.type = kimi::FallbackType(ov.type, t.ne[0]);
+      }
+      break;  // the first matching override wins
+    }
+  }
   SynthResult& res = p.res;
   res.mla_layers = mla;
   const uint32_t first_moe = d.first_k_dense, last_moe = d.num_layers - 1;
@@ -263,6 +280,9 @@ Result<uint64_t> PlannedTensorCount(const SynthOptions& o) {
 
 Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   if (o.out_dir.empty()) return Error("synth: no output directory given");
+  if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
+    return Error("synth: alignment must be a nonzero power of two, got " + std::to_string(o.alignment));
+  }
   if (o.shards < 1 || o.shards > 65535) {
     return Error("synth: shard count must be in 1..65535 (split.count is UINT16)");
   }
@@ -321,12 +341,19 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
   const gguf::MetadataBuilder meta = BuildMetadata(o, d, vocab);
   gguf::MetadataBuilder per_shard;
   per_shard.Str("general.architecture", "kimi-k3");
+  if (o.metadata_in_every_shard) {
+    for (const auto& e : meta.entries()) per_shard.Raw(e.key, e.type, e.encoded);
+  }
 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
   if (ec) return Error::FromErrno("cannot create directory " + o.out_dir, ec.value());
   K3_RETURN_IF_ERROR(RemoveOldSet(o.out_dir, o.prefix));
-  K3_ASSIGN_OR_RETURN(res.shard_paths, gguf::WriteGgufSplit(o.out_dir, o.prefix, meta, per_shard, specs, shard_of));
+  gguf::WriteOptions wopts;
+  wopts.alignment = o.alignment;
+  K3_ASSIGN_OR_RETURN(res.shard_paths,
+                      gguf::WriteGgufSplit(o.out_dir, o.prefix, o.metadata_in_every_shard ? gguf::MetadataBuilder{} : meta,
+                                           per_shard, specs, shard_of, wopts));
   res.tensor_count = specs.size();
 
   // Faults that patch the written bytes.

@@ -104,6 +104,31 @@ Result<std::map<uint32_t, ExpertTypes>> ParseLayerExpertTypes(const std::vector<
   return out;
 }
 
+Result<std::vector<TensorTypeOverride>> ParseTensorTypes(const std::vector<std::string>& items) {
+  std::vector<TensorTypeOverride> out;
+  for (const std::string& joined : items) {
+    size_t pos = 0;
+    while (pos <= joined.size()) {
+      size_t end = joined.find(';', pos);
+      if (end == std::string::npos) end = joined.size();
+      const std::string_view item = std::string_view(joined).substr(pos, end - pos);
+      pos = end + 1;
+      if (item.empty()) continue;
+      const size_t eq = item.rfind('=');
+      if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
+        return Error("tensor types must look like 'PATTERN=TYPE' (e.g. attn_q_b=BF16), got '" + std::string(item) + "'");
+      }
+      auto type = GgmlTypeFromName(item.substr(eq + 1));
+      if (!type) {
+        return Error("unknown ggml type '" + std::string(item.substr(eq + 1)) + "' in tensor type '" +
+                     std::string(item) + "'");
+      }
+      out.push_back({std::string(item.substr(0, eq)), *type});
+    }
+  }
+  return out;
+}
+
 namespace {
 constexpr std::array<std::pair<Fault, std::string_view>, 9> kFaults = {{
     {Fault::kRawSsmA, "raw-ssm-a"},

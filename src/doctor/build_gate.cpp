@@ -1,0 +1,27 @@
+// CheckSglangCanLoad: the doctor findings `k3pack build` and `k3pack.build`
+// refuse to build a pack for (one rule for both front ends).
+#include "k3pack/doctor.h"
+
+namespace k3pack::doctor {
+
+Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
+                          bool allow_mixed_types) {
+  DiagnoseOptions dopt;
+  dopt.profile = profile;
+  dopt.config_path = model_config;
+  dopt.check_values = false;
+  dopt.check_ssm_a = true;
+  dopt.allow_mixed_types = allow_mixed_types;  // asked for by name
+  const Report report = Diagnose({any_shard}, dopt);
+  std::vector<const Finding*> fatal;
+  for (const auto& f : report.findings) {
+    if (f.severity == Severity::kError) fatal.push_back(&f);
+  }
+  if (fatal.empty()) return Status::OK();
+  const Finding& first = *fatal.front();
+  return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +
+               " error(s); first: [" + first.code + "] " + first.object + ": " + first.message +
+               (first.sglang_error.empty() ? "" : " (SGLang: " + first.sglang_error + ")"));
+}
+
+}  // namespace k3pack::doctor
