@@ -78,54 +78,60 @@ Result<ExpertTypes> ParseExpertTypes(std::string_view text) {
   return ExpertTypes{t[0], t[1], t[2]};
 }
 
-Result<std::map<uint32_t, ExpertTypes>> ParseLayerExpertTypes(const std::vector<std::string>& items) {
-  std::map<uint32_t, ExpertTypes> out;
-  for (const std::string& joined : items) {
+namespace {
+
+// Each non-empty ';'-separated item of every (repeatable) option value, in order.
+template <class Fn>
+Status ForEachItem(const std::vector<std::string>& values, Fn&& fn) {
+  for (const std::string& joined : values) {
     size_t pos = 0;
     while (pos <= joined.size()) {
       size_t end = joined.find(';', pos);
       if (end == std::string::npos) end = joined.size();
       const std::string_view item = std::string_view(joined).substr(pos, end - pos);
       pos = end + 1;
-      if (item.empty()) continue;
-      const size_t colon = item.find(':');
-      uint32_t layer = 0;
-      auto [p, ec] = std::from_chars(item.data(), item.data() + (colon == std::string_view::npos ? 0 : colon), layer);
-      if (colon == std::string_view::npos || colon == 0 || ec != std::errc() || p != item.data() + colon) {
-        return Error("layer expert types must look like 'L:up,gate,down' (e.g. 3:IQ2_XS,IQ2_XS,IQ3_XXS), got '" +
-                     std::string(item) + "'");
-      }
-      K3_ASSIGN_OR_RETURN(ExpertTypes types, ParseExpertTypes(item.substr(colon + 1)));
-      if (!out.emplace(layer, types).second) {
-        return Error("layer " + std::to_string(layer) + " is given expert types twice");
-      }
+      if (!item.empty()) K3_RETURN_IF_ERROR(fn(item));
     }
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::map<uint32_t, ExpertTypes>> ParseLayerExpertTypes(const std::vector<std::string>& items) {
+  std::map<uint32_t, ExpertTypes> out;
+  K3_RETURN_IF_ERROR(ForEachItem(items, [&](std::string_view item) -> Status {
+    const size_t colon = item.find(':');
+    uint32_t layer = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + (colon == std::string_view::npos ? 0 : colon), layer);
+    if (colon == std::string_view::npos || colon == 0 || ec != std::errc() || p != item.data() + colon) {
+      return Error("layer expert types must look like 'L:up,gate,down' (e.g. 3:IQ2_XS,IQ2_XS,IQ3_XXS), got '" +
+                   std::string(item) + "'");
+    }
+    K3_ASSIGN_OR_RETURN(ExpertTypes types, ParseExpertTypes(item.substr(colon + 1)));
+    if (!out.emplace(layer, types).second) {
+      return Error("layer " + std::to_string(layer) + " is given expert types twice");
+    }
+    return Status::OK();
+  }));
   return out;
 }
 
 Result<std::vector<TensorTypeOverride>> ParseTensorTypes(const std::vector<std::string>& items) {
   std::vector<TensorTypeOverride> out;
-  for (const std::string& joined : items) {
-    size_t pos = 0;
-    while (pos <= joined.size()) {
-      size_t end = joined.find(';', pos);
-      if (end == std::string::npos) end = joined.size();
-      const std::string_view item = std::string_view(joined).substr(pos, end - pos);
-      pos = end + 1;
-      if (item.empty()) continue;
-      const size_t eq = item.rfind('=');
-      if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
-        return Error("tensor types must look like 'PATTERN=TYPE' (e.g. attn_q_b=BF16), got '" + std::string(item) + "'");
-      }
-      auto type = GgmlTypeFromName(item.substr(eq + 1));
-      if (!type) {
-        return Error("unknown ggml type '" + std::string(item.substr(eq + 1)) + "' in tensor type '" +
-                     std::string(item) + "'");
-      }
-      out.push_back({std::string(item.substr(0, eq)), *type});
+  K3_RETURN_IF_ERROR(ForEachItem(items, [&](std::string_view item) -> Status {
+    const size_t eq = item.rfind('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) {
+      return Error("tensor types must look like 'PATTERN=TYPE' (e.g. attn_q_b=BF16), got '" + std::string(item) + "'");
     }
-  }
+    auto type = GgmlTypeFromTypedName(item.substr(eq + 1));
+    if (!type) {
+      return Error("unknown ggml type '" + std::string(item.substr(eq + 1)) + "' in tensor type '" +
+                   std::string(item) + "'");
+    }
+    out.push_back({std::string(item.substr(0, eq)), *type});
+    return Status::OK();
+  }));
   return out;
 }
 
