@@ -55,7 +55,9 @@ TEST(SynthVariety, TensorTypeOverridesFirstMatchWinsAndFallBack) {
       ++fb;
       EXPECT_EQ(loc.info->type, GgmlType::Q5_0) << n;
     }
-    if (n.find("ffn_up_exps") != std::string::npos) EXPECT_EQ(loc.info->type, GgmlType::Q2_K) << n;
+    if (n.find("ffn_up_exps") != std::string::npos) {
+      EXPECT_EQ(loc.info->type, GgmlType::Q2_K) << n;
+    }
   }
   EXPECT_EQ(down, 3);
   EXPECT_EQ(shexp, 9);
