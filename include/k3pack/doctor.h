@@ -133,9 +133,10 @@ Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, c
 enum class SsmAForm {
   kNegExp,       // all < 0: llama.cpp's -exp(A_log) (what SGLang accepts)
   kTinyNegative, // all < 0 but some |x| < kTinyMagnitude: accepted, suspicious
-  kRawALog,      // some >= 0, all in [-1, kMaxRawALog]: raw A_log, repairable
-  kMixedForms,   // some >= 0 and some < -1: both forms in one tensor, ambiguous
+  kRawALog,      // some > 0, all in [-1, kMaxRawALog]: raw A_log, repairable
+  kMixedForms,   // some > 0 and some < -1: both forms in one tensor, ambiguous
   kAllZero,      // every value 0 (missing data)
+  kZeroedElements,  // none > 0, some exactly 0 among negative values: zeroed -exp(A_log) elements
   kNonFinite,    // NaN or Inf present
   kNormLike,     // all > 0 clustered around a mean in [0.25, 4]: a norm weight
   kImplausible,  // some value > kMaxRawALog: neither A_log nor -exp(A_log)

@@ -26,6 +26,9 @@ struct Rank {
   uint32_t size = 1;
   uint32_t rank = 0;
   bool whole() const { return size == 1; }
+  // ".ep<rank>-of-<size>": what a rank's pack and manifest names carry
+  // before their extension.
+  std::string FileTag() const { return ".ep" + std::to_string(rank) + "-of-" + std::to_string(size); }
 };
 
 // The routed experts a rank owns: global ids [first, end).

@@ -135,6 +135,8 @@ struct ShardName {
 };
 // Parses "<prefix>-NNNNN-of-NNNNN.gguf" (5 digits each); nullopt otherwise.
 std::optional<ShardName> ParseShardName(std::string_view file_name);
+// The inverse: "<prefix>-NNNNN-of-NNNNN.gguf" for a 1-based number.
+std::string ShardFileName(std::string_view prefix, uint32_t number, uint32_t count);
 
 struct ShardSetOptions {
   // Architecture required of every shard; empty accepts any.

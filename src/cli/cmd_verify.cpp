@@ -72,7 +72,7 @@ int RunVerify(const std::vector<std::string>& argv) {
         if (m->k3pack && m->k3pack->ep) {
           // A rank pack is named after the full pack; give that name back.
           const ep::Rank rank{m->k3pack->ep->size, m->k3pack->ep->rank};
-          const std::string tag = ".ep" + std::to_string(rank.rank) + "-of-" + std::to_string(rank.size) + ".pack";
+          const std::string tag = rank.FileTag() + ".pack";
           if (pack.ends_with(tag)) pack = pack.substr(0, pack.size() - tag.size()) + ".pack";
           ep = " --ep-size " + std::to_string(rank.size) + " --ep-rank " + std::to_string(rank.rank);
         }

@@ -69,7 +69,7 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
 }
 
 std::string RankManifestName(const std::string& name, const ep::Rank& rank) {
-  const std::string tag = ".ep" + std::to_string(rank.rank) + "-of-" + std::to_string(rank.size);
+  const std::string tag = rank.FileTag();
   const std::string ext = ".manifest.json";
   if (name.size() > ext.size() && name.ends_with(ext)) return name.substr(0, name.size() - ext.size()) + tag + ext;
   if (name.size() > 5 && name.ends_with(".json")) return name.substr(0, name.size() - 5) + tag + ".json";

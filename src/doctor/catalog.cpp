@@ -80,6 +80,12 @@ const std::vector<Diagnosis> kCatalog = {
      "The shard's split.no does not match its position in the file-name order: the file was renamed or "
      "belongs to another set.",
      "Give each shard its original name (split.no + 1 = the NNNNN in the name) or re-download it."},
+    {"shards-renamed", E, "ValueError",
+     "The file names contradict the headers, which alone form one complete split (split.count equals the "
+     "number of files, split.no covers 0..count-1): the files were renamed, so SGLang's discovery sees a missing "
+     "shard, mixed counts or a split.no mismatch, though nothing is missing.",
+     "Rename each file to <prefix>-NNNNN-of-NNNNN.gguf with NNNNN = split.no + 1 and the count from split.count "
+     "(the message gives the commands)."},
     {"split-metadata-mismatch", E, "ValueError",
      "split.count, split.tensors.count or general.architecture differ between shards: the files come from "
      "different splits or conversions.",
@@ -185,11 +191,12 @@ const std::vector<Diagnosis> kCatalog = {
      "Run `k3pack repair IN OUT --fix ssm-a` (rewrites only these tensors as -exp(A_log)), or re-export with "
      "ssm_a = -exp(A_log)."},
     {"ssm-a-mixed-forms", E, "ValueError",
-     "ssm_a holds values >= 0 next to values below -1: parts look like raw A_log and parts like -exp(A_log). "
+     "ssm_a holds values > 0 next to values below -1: parts look like raw A_log and parts like -exp(A_log). "
      "Which transform applies is ambiguous, so it is not repaired automatically.",
      "Re-export the GGUF from the original checkpoint with ssm_a = -exp(A_log)."},
     {"ssm-a-zero", E, "ValueError",
-     "ssm_a is all zeros (missing data, e.g. a hole in a sparse copy); 0 is not a valid -exp(A_log).",
+     "ssm_a is all zeros, or holds zeros among negative values and nothing positive (missing data, e.g. a hole "
+     "in a sparse copy or zeroed elements); 0 is not a valid -exp(A_log).",
      "Re-download the shard or re-export; the real A_log values cannot be recovered from zeros."},
     {"ssm-a-nonfinite", E, "ValueError", "ssm_a contains NaN or Inf values.",
      "Re-export from the original checkpoint; check the converter's float handling."},

@@ -233,10 +233,8 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
         // A missing shard is often still there under a download tool's name.
         std::vector<std::string> partial;
         for (int64_t k : missing) {
-          char name[32];
-          std::snprintf(name, sizeof name, "-%05lld-of-%05lld.gguf", static_cast<long long>(k),
-                        static_cast<long long>(count));
-          for (std::string& p : DownloadLeftovers((dir / (prefix + name)).string())) partial.push_back(std::move(p));
+          const std::string name = gguf::ShardFileName(prefix, static_cast<uint32_t>(k), static_cast<uint32_t>(count));
+          for (std::string& p : DownloadLeftovers((dir / name).string())) partial.push_back(std::move(p));
         }
         std::string partial_list;
         for (const std::string& p : partial) partial_list += (partial_list.empty() ? "" : ", ") + fs::path(p).filename().string();

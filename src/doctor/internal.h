@@ -89,6 +89,10 @@ void CheckDownloadLeftovers(const Shard& s, Collector& out);
 
 // Split keys, counts, duplicates, architecture (SGLang's scanner, every rule).
 void CheckSplit(const ShardView& view, Collector& out);
+// Renamed shards (renames.cpp): when the headers alone form a complete split
+// that the names contradict, reports shards-renamed with the renames and
+// turns the name findings' advice from "download" into "rename".
+void CheckRenamedShards(const ShardView& view, Collector& out);
 
 // Layout checks against the kimi-k3.* metadata and (when found) config.json:
 // names, shapes, dtypes, routed experts. Fills `dims` when the metadata is

@@ -140,7 +140,7 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
   }
   if (!refusals.empty()) {
     return Error("refusing to repair: some ssm_a tensors fail SGLang's check but are not plain raw A_log:" + refusals)
-        .WithHint("raw A_log means some values >= 0 and all in [-1, " + std::to_string(static_cast<int>(kMaxRawALog)) +
+        .WithHint("raw A_log means some values > 0 and all in [-1, " + std::to_string(static_cast<int>(kMaxRawALog)) +
                   "]; see docs/doctor.md (repair rule). Re-export the GGUF from the checkpoint instead.");
   }
   if (todo.empty()) return Error("nothing to repair: no ssm_a tensor holds raw A_log (run `k3pack doctor`)");

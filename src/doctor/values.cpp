@@ -17,6 +17,7 @@ const char* SsmAFormName(SsmAForm f) {
     case SsmAForm::kRawALog: return "raw-a-log";
     case SsmAForm::kMixedForms: return "mixed-forms";
     case SsmAForm::kAllZero: return "all-zero";
+    case SsmAForm::kZeroedElements: return "zeroed-elements";
     case SsmAForm::kNonFinite: return "non-finite";
     case SsmAForm::kNormLike: return "norm-like";
     case SsmAForm::kImplausible: return "implausible";
@@ -48,6 +49,12 @@ SsmAStats ClassifySsmA(std::span<const float> v) {
     s.form = SsmAForm::kNonFinite;
   } else if (s.count == 0 || s.zero == s.count) {
     s.form = SsmAForm::kAllZero;
+  } else if (s.positive == 0 && s.zero > 0) {
+    // -exp(A_log) rounds to 0 only for A_log below about -17 (F16) or -103
+    // (F32), far outside a trained model's range, and a raw A_log with exact
+    // zeros and nothing positive is no likelier: the zeros are lost elements
+    // (a hole in a copy). Refused, never "repaired" as raw A_log.
+    s.form = SsmAForm::kZeroedElements;
   } else if (s.negative == s.count) {
     s.form = -s.max < kTinyMagnitude ? SsmAForm::kTinyNegative : SsmAForm::kNegExp;
   } else {
@@ -223,7 +230,8 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, c
       case SsmAForm::kTinyNegative: code = "ssm-a-tiny"; sg.clear(); break;
       case SsmAForm::kRawALog: code = "ssm-a-raw-a-log"; break;
       case SsmAForm::kMixedForms: code = "ssm-a-mixed-forms"; break;
-      case SsmAForm::kAllZero: code = "ssm-a-zero"; break;
+      case SsmAForm::kAllZero:
+      case SsmAForm::kZeroedElements: code = "ssm-a-zero"; break;
       case SsmAForm::kNonFinite: code = "ssm-a-nonfinite"; sg = kNotFinite; break;
       case SsmAForm::kNormLike: code = "ssm-a-looks-like-norm"; break;
       case SsmAForm::kImplausible: code = "ssm-a-implausible"; break;

@@ -1,6 +1,7 @@
 // Split-set discovery and the cross-shard checks SGLang's scanner and
 // llama.cpp's split loader perform, with SGLang's texts where they agree.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -34,6 +35,12 @@ std::optional<ShardName> ParseShardName(std::string_view file_name) {
   if (!digits(tail.substr(1, 5), &n.number) || !digits(tail.substr(10, 5), &n.count)) return std::nullopt;
   n.prefix = std::string(file_name.substr(0, file_name.size() - kSuffix));
   return n;
+}
+
+std::string ShardFileName(std::string_view prefix, uint32_t number, uint32_t count) {
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "-%05u-of-%05u.gguf", number, count);
+  return std::string(prefix) + suffix;
 }
 
 namespace {

@@ -247,9 +247,7 @@ Result<std::vector<std::string>> WriteGgufSplit(const std::string& dir, const st
     for (size_t i = 0; i < tensors.size(); ++i) {
       if (shard_of[i] == s) mine.push_back(&tensors[i]);
     }
-    char name[64];
-    std::snprintf(name, sizeof name, "-%05u-of-%05u.gguf", s + 1, count);
-    std::string path = (std::filesystem::path(dir) / (prefix + name)).string();
+    std::string path = (std::filesystem::path(dir) / ShardFileName(prefix, s + 1, count)).string();
     K3_RETURN_IF_ERROR(WriteOne(path, WithAlignment(m.entries(), opts), mine, opts));
     paths.push_back(std::move(path));
   }

@@ -260,7 +260,7 @@ Result<std::string> DefaultPackPath(const std::string& any_shard_path) {
 }
 
 std::string RankPackPath(const std::string& full, const ep::Rank& rank) {
-  const std::string tag = ".ep" + std::to_string(rank.rank) + "-of-" + std::to_string(rank.size);
+  const std::string tag = rank.FileTag();
   if (full.size() > 5 && full.ends_with(".pack")) return full.substr(0, full.size() - 5) + tag + ".pack";
   return full + tag;
 }

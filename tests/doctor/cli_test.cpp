@@ -155,6 +155,24 @@ TEST(RepairCli, RefusesAmbiguousOrUnfixableInputsAndWritesNothing) {
   EXPECT_EQ(RunCli("repair " + in.string() + " " + (out / "x").string() + " --fix everything").exit_code, 2);
 }
 
+TEST(RepairCli, ZeroedElementsAreReportedAsZerosAndNeverRewritten) {
+  // Values in [-1, 0) with one zeroed element used to count as raw A_log,
+  // and repair rewrote them as -exp(x): a silent corruption of good values.
+  auto src = TempDir("rep-zeroed-src");
+  Synth(src);
+  auto in = TempDir("rep-zeroed");
+  Rewrite(src, in, {{"blk.1.ssm_a", WithBytes(F32Bytes({-0.5f, -0.2f, 0.0f, -0.9f}))}});
+  doctor::Report d = Scaled({in.string()});
+  EXPECT_EQ(ErrorCodes(d), std::set<std::string>{"ssm-a-zero"}) << Dump(d);
+  doctor::RepairOptions o;
+  o.profile = kimi::Profile::kScaled;
+  auto r = doctor::Repair(in.string(), (in / "out").string(), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("blk.1.ssm_a: values look zeroed-elements"), std::string::npos)
+      << r.error().message();
+  EXPECT_FALSE(fs::exists(in / "out"));
+}
+
 TEST(RepairCli, MixedFormsAreRefusedWithTheReason) {
   auto src = TempDir("rep-mixed-src");
   Synth(src);

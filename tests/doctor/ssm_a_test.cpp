@@ -21,6 +21,11 @@ TEST(SsmA, ClassificationRules) {
   EXPECT_EQ(Form({-1.0f, -0.99f, 0.5f}), SsmAForm::kRawALog);       // -1 is still A_log territory
   EXPECT_EQ(Form({-4.0f, -9.0f, 0.5f, 1.2f}), SsmAForm::kMixedForms);
   EXPECT_EQ(Form({0.0f, 0.0f, 0.0f}), SsmAForm::kAllZero);
+  // Zeros among negative values, nothing positive: lost elements, whether
+  // the rest is below -1 or within [-1, 0) (that used to read as raw A_log).
+  EXPECT_EQ(Form({-3.0f, 0.0f, -12.0f, -2.5f}), SsmAForm::kZeroedElements);
+  EXPECT_EQ(Form({-0.5f, -0.2f, 0.0f, -0.9f}), SsmAForm::kZeroedElements);
+  EXPECT_EQ(Form({-3.0f, -0.0f, -12.0f, -2.5f}), SsmAForm::kZeroedElements);
   EXPECT_EQ(Form({-1.0f, NAN, -2.0f}), SsmAForm::kNonFinite);
   EXPECT_EQ(Form({-1.0f, INFINITY}), SsmAForm::kNonFinite);
   EXPECT_EQ(Form({1.02f, 0.97f, 1.05f, 0.99f}), SsmAForm::kNormLike);
