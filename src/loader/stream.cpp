@@ -131,6 +131,35 @@ struct NonExpertStream::Impl {
     shard_record = nullptr;
   }
 
+  // SGLang names a shard as Path(shard["path"]).resolve().
+  static std::string ShownPath(const StreamShardRecord& rec) {
+    auto r = ResolvePath(rec.path);
+    return r.ok() ? *r : rec.path;
+  }
+  static Error Missing(const StreamShardRecord& rec) {
+    return Error("Kimi-K3 GGUF shard is missing or changed: " + ShownPath(rec), ErrorKind::kFileNotFound, ENOENT);
+  }
+
+  // A zero-copy stream reads (A_log) and hands out views of the mapping; a
+  // mapped page past the end of a file truncated since it was opened is a
+  // SIGBUS when read, which kills the process. So before each tensor the
+  // open shard's size is checked against the manifest's: a shard cut short
+  // is SGLang's "missing or changed" error instead. (Copy mode reads with
+  // pread, whose short count says the same.) Views handed out earlier are
+  // not protected: a consumer that keeps tensors while files may change
+  // should use copy mode.
+  Status CheckNotTruncated(const gguf::TensorInfo& t) {
+    if (fd_for_fadvise < 0) return Status::OK();
+    struct stat st {};
+    if (::fstat(fd_for_fadvise, &st) != 0 || static_cast<uint64_t>(st.st_size) >= shard_record->size) {
+      return Status::OK();
+    }
+    return Missing(*shard_record)
+        .WithHint("the file is now " + std::to_string(st.st_size) + " bytes, " +
+                  std::to_string(shard_record->size) + " in the manifest: it was cut short while " + t.name +
+                  " was next; reading its bytes through the mapping would kill the process with SIGBUS");
+  }
+
   void ReleaseLast() {
     if (!last_ptr || !shard) return;
     if (opts.release_pages) Advise(last_ptr, last_len, MADV_DONTNEED);
@@ -146,13 +175,8 @@ struct NonExpertStream::Impl {
     CloseShard();
     // SGLang names the shard as Path(shard["path"]).resolve(); resolved only
     // when it is reported.
-    auto shown = [&rec] {
-      auto r = ResolvePath(rec.path);
-      return r.ok() ? *r : rec.path;
-    };
-    auto missing = [&] {
-      return Error("Kimi-K3 GGUF shard is missing or changed: " + shown(), ErrorKind::kFileNotFound, ENOENT);
-    };
+    auto shown = [&rec] { return ShownPath(rec); };
+    auto missing = [&] { return Missing(rec); };
     struct stat st;
     if (::stat(rec.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != rec.size) {
       return missing();
@@ -179,9 +203,11 @@ struct NonExpertStream::Impl {
         if (auto h = v->AsInt(); h && *h > 0) head_count = *h;
       }
     }
-    if (opts.drop_page_cache || opts.copy) {
+    {
+      // Every mode keeps the shard open: copy mode reads it, drop_page_cache
+      // advises it, and a zero-copy stream checks its size (CheckNotTruncated).
       int fd = ::open(rec.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 && opts.copy) return missing();
+      if (fd < 0) return missing();
       fd_for_fadvise = fd;
       // Copy mode reads front to back: a doubled readahead window.
       if (fd >= 0 && opts.copy) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -280,7 +306,7 @@ struct NonExpertStream::Impl {
     std::shared_ptr<uint8_t> buf = CopyBuffer(raw.size());
     K3_ASSIGN_OR_RETURN(size_t got, ReadSkippingHoles(fd_for_fadvise, buf.get(), raw.size(), off));
     if (got != raw.size()) {
-      return Error("Kimi-K3 GGUF shard is missing or changed: " + shard_record->path, ErrorKind::kFileNotFound, ENOENT)
+      return Missing(*shard_record)
           .WithHint("the file ended after " + std::to_string(off + got) + " bytes while reading " + t.name);
     }
     if (opts.drop_page_cache && !raw.empty()) {
@@ -338,6 +364,7 @@ struct NonExpertStream::Impl {
       return Status::OK();
     }
     K3_ASSIGN_OR_RETURN(kimi::Mapping mapping, kimi::MapTensorName(t.name));
+    if (!opts.copy) K3_RETURN_IF_ERROR(CheckNotTruncated(t));
     const bool quantized = kimi::IsSglangQuantized(t.type);
     const ViewType view = GgufPyView(t, opts.sglang_compat);
     std::span<const uint8_t> raw = shard->TensorData(t);
@@ -469,6 +496,7 @@ struct NonExpertStream::Impl {
       if (pending_error) {
         failed = std::move(pending_error);
         pending_error.reset();
+        CloseShard();  // a failed stream holds neither the shard's mapping nor its descriptor
         return *failed;
       }
       if (shard && next_tensor < shard->tensors().size()) {
@@ -488,6 +516,7 @@ struct NonExpertStream::Impl {
         Status s = OpenShard(manifest.shards[next_shard++]);
         if (!s.ok()) {
           failed = s.error();
+          CloseShard();
           return *failed;
         }
         continue;

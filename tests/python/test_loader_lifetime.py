@@ -1,0 +1,266 @@
+"""Lifetimes, writability and files changing under the zero-copy arrays, as an
+SGLang model author's load_weights meets them (session 12 audit).
+
+Each hazard that used to kill the process (SIGSEGV, SIGBUS) runs in a child
+interpreter, so a regression fails the test instead of the whole run.
+"""
+
+import gc
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import unittest
+
+import _util
+
+import numpy as np
+
+import k3pack
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the test machine has torch
+    torch = None
+
+SHARD0 = "KIMI-K3-SYNTH-00001-of-00003.gguf"
+
+
+def run_child(code, *args):
+    """Runs `code` in a fresh interpreter with k3pack importable; returns the
+    CompletedProcess (a negative returncode is the signal that killed it)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def shard_mapped(path):
+    """Whether this process maps `path` (a line of /proc/self/maps names it)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(real) for line in f)
+
+
+def shard_open(path):
+    real = os.path.realpath(path)
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + fd) == real:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+class _Model(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = _util.TempDir()
+        cls.pack, cls.manifest, cls.doc = _util.build_tiny(cls.tmp.path)
+        cls.model = os.path.join(cls.tmp.path, "model")
+        cls.shard0 = os.path.join(cls.model, SHARD0)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def copy_model(self, name):
+        """A private copy of the model and a manifest naming it, to damage."""
+        model = os.path.join(self.tmp.path, name)
+        shutil.copytree(self.model, model)
+        doc = json.loads(json.dumps(self.doc))
+        for s in doc["source"]["shards"]:
+            s["path"] = os.path.join(model, os.path.basename(s["path"]))
+        manifest = os.path.join(self.tmp.path, name + ".manifest.json")
+        with open(manifest, "w") as f:
+            json.dump(doc, f)
+        return model, manifest
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class WritesThroughTorch(_Model):
+    """torch.from_numpy ignores numpy's read-only flag. A GGUFFile view used to
+    be a view of the shared PROT_READ mapping, so an in-place op killed the
+    process with SIGSEGV; now each array is its own private copy-on-write
+    mapping: the write stays in it (never the file, never another array)."""
+
+    def test_gguf_file_view_written_by_torch(self):
+        before = sha256(self.shard0)
+        proc = run_child("""
+            import sys, warnings, numpy as np, torch, k3pack
+            warnings.simplefilter("ignore")
+            g = k3pack.GGUFFile(sys.argv[1])
+            name = "blk.0.attn_norm.weight"
+            a = g.tensor_data(name)
+            orig = np.array(a)
+            t = torch.from_numpy(a)
+            t.mul_(2)
+            assert np.array_equal(a, orig * 2), "the write is in this array"
+            assert np.array_equal(g.tensor_data(name), orig), "another view must not see it"
+            assert np.array_equal(g.tensor_data(name, "raw").view(np.float32), orig.ravel())
+            m = g.metadata_array("tokenizer.ggml.token_type")
+            morig = np.array(m)
+            torch.from_numpy(m).add_(1)
+            assert np.array_equal(g.metadata_array("tokenizer.ggml.token_type"), morig)
+            print("ok")
+        """, self.shard0)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("ok", proc.stdout)
+        self.assertEqual(sha256(self.shard0), before)
+
+    def test_shard_set_view_written_by_torch(self):
+        before = sha256(self.shard0)
+        proc = run_child("""
+            import sys, warnings, numpy as np, torch, k3pack
+            warnings.simplefilter("ignore")
+            s = k3pack.ShardSet(sys.argv[1])
+            name = "token_embd.weight"
+            orig = np.array(s.tensor_data(name))
+            torch.from_numpy(s.tensor_data(name)).fill_(7)
+            assert np.array_equal(s.tensor_data(name), orig)
+            torch.from_numpy(s.shards[0].tensor_data(name)).fill_(7)
+            assert np.array_equal(s.shards[0].tensor_data(name), orig)
+            print("ok")
+        """, self.model)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(sha256(self.shard0), before)
+
+
+class TruncatedWhileOpen(_Model):
+    """A file cut short under a live mapping: reading a page past its new end is
+    a SIGBUS. The size is checked before a view is made / a tensor is read."""
+
+    def test_gguf_file_view_of_truncated_file_is_refused(self):
+        model, _ = self.copy_model("trunc-gguf")
+        shard = os.path.join(model, SHARD0)
+        proc = run_child("""
+            import os, sys, numpy as np, k3pack
+            g = k3pack.GGUFFile(sys.argv[1])
+            s = k3pack.ShardSet(os.path.dirname(sys.argv[1]))
+            os.truncate(sys.argv[1], 16384)
+            for opener in (lambda: g.tensor_data("blk.1.attn_norm.weight"),
+                           lambda: s.tensor_data("blk.1.attn_norm.weight", "raw")):
+                try:
+                    np.array(opener()).sum()
+                except ValueError as e:
+                    print("refused:", e)
+                else:
+                    print("read")
+        """, shard)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.count("refused:"), 2, proc.stdout)
+        self.assertIn(shard, proc.stdout)
+        self.assertIn("blk.1.attn_norm.weight", proc.stdout)
+        self.assertIn("changed on disk", proc.stdout)
+
+    def test_zero_copy_stream_over_truncated_shard_raises_sglang_error(self):
+        model, manifest = self.copy_model("trunc-stream")
+        shard = os.path.join(model, SHARD0)
+        proc = run_child("""
+            import os, sys, numpy as np, k3pack
+            it = k3pack.nonexpert_tensors(sys.argv[1])
+            next(it)
+            os.truncate(sys.argv[2], os.path.getsize(sys.argv[2]) // 2)
+            try:
+                for rec in it:
+                    np.array(rec.array).sum()
+            except FileNotFoundError as e:
+                print("error:", e)
+                print("hint:", e.k3pack_hint)
+        """, manifest, shard)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("error: Kimi-K3 GGUF shard is missing or changed: " + os.path.realpath(shard) + "\n",
+                      proc.stdout)
+        self.assertIn("cut short", proc.stdout)
+
+
+class CopyModeTruncationText(_Model):
+    def test_names_the_resolved_shard_path_as_sglang(self):
+        # SGLang names the shard as Path(shard["path"]).resolve(); the copy
+        # mode's short-read error named the manifest's relative path.
+        model, _ = self.copy_model("trunc-rel")
+        doc = json.loads(json.dumps(self.doc))
+        for s in doc["source"]["shards"]:
+            s["path"] = os.path.join("trunc-rel", os.path.basename(s["path"]))
+        manifest = os.path.join(self.tmp.path, "rel.manifest.json")
+        with open(manifest, "w") as f:
+            json.dump(doc, f)
+        shard = os.path.join(model, SHARD0)
+        cwd = os.getcwd()
+        os.chdir(self.tmp.path)
+        try:
+            it = k3pack.nonexpert_tensors(manifest, copy=True)
+            next(it)
+            os.truncate(shard, os.path.getsize(shard) // 2)
+            with self.assertRaises(FileNotFoundError) as cm:
+                for _ in it:
+                    pass
+        finally:
+            os.chdir(cwd)
+        self.assertEqual(str(cm.exception), "Kimi-K3 GGUF shard is missing or changed: " + os.path.realpath(shard))
+
+
+class StreamLifetime(_Model):
+    def test_failed_stream_releases_its_shard(self):
+        # An ssm_a error mid-stream: the stream object (kept alive by a stored
+        # traceback, or by the caller) no longer pins the shard's mapping and
+        # descriptor; the views already handed out stay valid.
+        tmp = _util.TempDir()
+        try:
+            model = os.path.join(tmp.path, "model")
+            _util.synth(model, fault="nan-ssm-a")
+            built = k3pack.build(model, os.path.join(model, "config.json"), os.path.join(model, "tokenizer"),
+                                 pack=os.path.join(tmp.path, "p.pack"), manifest=os.path.join(tmp.path, "m.json"),
+                                 profile="scaled", safety_margin_gib=0, allow_unsupported=True)
+            stream = k3pack.nonexpert_tensors(built["manifest"])
+            held = []
+            with self.assertRaises(ValueError) as cm:
+                for rec in stream:
+                    held.append((rec.array, np.array(rec.array)))
+            self.assertEqual(str(cm.exception), "Kimi-K3 GGUF ssm_a must contain finite floating values")
+            shard = os.path.join(model, SHARD0)
+            self.assertFalse(shard_open(shard))
+            with self.assertRaises(ValueError) as again:  # the stream repeats its error
+                next(stream)
+            self.assertEqual(str(again.exception), str(cm.exception))
+            del rec
+            gc.collect()
+            self.assertTrue(held)
+            for view, copy in held:
+                np.testing.assert_array_equal(view, copy)
+            del held, view
+            gc.collect()
+            self.assertFalse(shard_mapped(shard))
+        finally:
+            tmp.cleanup()
+
+    def test_close_releases_the_shard_and_keeps_views(self):
+        ref = [(n, np.array(a)) for n, a in k3pack.nonexpert_weights(self.manifest)]
+        with k3pack.nonexpert_tensors(self.manifest) as stream:
+            kept = [next(stream) for _ in range(6)]
+            self.assertTrue(shard_open(self.shard0))
+        self.assertTrue(stream.closed)
+        self.assertFalse(shard_open(self.shard0))
+        self.assertEqual(stream.stats["emitted"], 6)
+        with self.assertRaises(StopIteration):
+            next(stream)
+        stream.close()  # again: nothing
+        for rec, (name, value) in zip(kept, ref):
+            self.assertEqual(rec.name, name)
+            np.testing.assert_array_equal(rec.array, value)
+        del kept, rec
+        gc.collect()
+        self.assertFalse(shard_mapped(self.shard0))
+
+
+if __name__ == "__main__":
+    unittest.main()
