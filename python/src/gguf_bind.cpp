@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "common.h"
@@ -53,12 +54,22 @@ struct PyShardSet {
   std::vector<Handle> handles;  // one per shard, in shard order
 };
 
+// Live PrivateMaps. Each is one kernel mapping, and a process has at most
+// vm.max_map_count of them (65530 by default) for everything (malloc, thread
+// stacks, torch): past kMaxPrivateMaps live arrays, a further one is a view
+// of the file's shared read-only mapping instead, as before private views.
+std::atomic<int64_t> g_private_maps{0};
+constexpr int64_t kMaxPrivateMaps = 16384;
+
 // A MAP_PRIVATE range of a file, unmapped when the last array over it goes.
 struct PrivateMap {
   void* base = nullptr;
   size_t len = 0;
   ~PrivateMap() {
-    if (base) ::munmap(base, len);
+    if (base) {
+      ::munmap(base, len);
+      g_private_maps.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 };
 
@@ -88,7 +99,8 @@ Handle OpenHandle(const gguf::GgufFile& file) {
 // ignores numpy's read-only flag, and a write through a view of the shared
 // PROT_READ mapping killed the process with SIGSEGV; here a write lands in a
 // page private to this array: never in the file, never in another array
-// (each view gets its own mapping; numpy still marks it read-only). The
+// (each view gets its own mapping; numpy still marks it read-only). Past
+// kMaxPrivateMaps live ones, or where mmap fails, the shared view it is. The
 // file's current size is checked first: reading a mapped page past the end
 // of a file truncated since it was opened is a SIGBUS, so a view of bytes
 // the file no longer has is refused instead.
@@ -108,26 +120,19 @@ py::array PrivateView(const gguf::GgufFile& file, const Handle& h, const py::dty
   }
   static const uint64_t kPage = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = off / kPage * kPage;
-  auto map = std::make_shared<PrivateMap>();
-  map->len = static_cast<size_t>(off + n - start);
-  void* p = ::mmap(nullptr, map->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, h->fd,
-                   static_cast<off_t>(start));
-  if (p != MAP_FAILED) {
-    map->base = p;
-    const uint8_t* at = static_cast<const uint8_t*>(p) + (off - start);
-    return ReadOnlyView(dtype, shape, at, std::move(map));
+  if (g_private_maps.fetch_add(1, std::memory_order_relaxed) < kMaxPrivateMaps) {
+    auto map = std::make_shared<PrivateMap>();
+    map->len = static_cast<size_t>(off + n - start);
+    void* p = ::mmap(nullptr, map->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, h->fd,
+                     static_cast<off_t>(start));
+    if (p != MAP_FAILED) {
+      map->base = p;  // from here the PrivateMap gives the count back
+      const uint8_t* at = static_cast<const uint8_t*>(p) + (off - start);
+      return ReadOnlyView(dtype, shape, at, std::move(map));
+    }
   }
-  // No mapping to be had (vm.max_map_count reached): a private copy instead.
-  auto copy = std::make_shared<std::vector<uint8_t>>(n);
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t k = ::pread(h->fd, copy->data() + got, n - got, static_cast<off_t>(off + got));
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) Raise(k3pack::Error::FromErrno("cannot read " + what + " from " + h->path, k < 0 ? errno : EIO));
-    got += static_cast<size_t>(k);
-  }
-  const uint8_t* bytes = copy->data();
-  return ReadOnlyView(dtype, shape, bytes, std::move(copy));
+  g_private_maps.fetch_sub(1, std::memory_order_relaxed);
+  return ReadOnlyView(dtype, shape, data, file.mapping());
 }
 
 py::object Utf8(const std::string& s) {

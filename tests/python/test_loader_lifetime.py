@@ -135,6 +135,34 @@ class WritesThroughTorch(_Model):
         self.assertEqual(sha256(self.shard0), before)
 
 
+class ManyLiveViews(_Model):
+    def test_more_live_views_than_the_kernel_has_mappings(self):
+        # Each private view is one kernel mapping, and a process has at most
+        # vm.max_map_count (65530) of them for everything: past k3pack's cap
+        # views share the file's read-only mapping instead of failing (an
+        # uncapped first version raised MemoryError at about 65,500 live views
+        # and left no mapping for torch or malloc).
+        proc = run_child("""
+            import sys, numpy as np, k3pack
+            g = k3pack.GGUFFile(sys.argv[1])
+            name = "blk.0.attn_norm.weight"
+            ref = np.array(g.tensor_data(name))
+            maps = lambda: sum(1 for _ in open("/proc/self/maps"))
+            m0 = maps()
+            views = [g.tensor_data(name) for _ in range(70000)]
+            grown = maps() - m0
+            assert all(np.array_equal(v, ref) for v in views[::997])
+            del views
+            again = [g.tensor_data(name) for _ in range(8)]
+            private = len({v.__array_interface__["data"][0] for v in again})
+            print("grown", grown, "private", private)
+        """, self.shard0)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        grown = int(proc.stdout.split()[1])
+        self.assertLess(grown, 20000, proc.stdout)
+        self.assertIn("private 8", proc.stdout)  # freed views give their mappings back
+
+
 class TruncatedWhileOpen(_Model):
     """A file cut short under a live mapping: reading a page past its new end is
     a SIGBUS. The size is checked before a view is made / a tensor is read."""
