@@ -31,16 +31,6 @@ namespace k3pack::loader {
 
 namespace {
 
-// Static storage for the 0-D type-id scalars (no allocation per tensor).
-const std::array<uint8_t, 256>& TypeIdBytes() {
-  static const std::array<uint8_t, 256> bytes = [] {
-    std::array<uint8_t, 256> b{};
-    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
-    return b;
-  }();
-  return bytes;
-}
-
 size_t PageSize() {
   static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   return page;
@@ -459,13 +449,13 @@ struct NonExpertStream::Impl {
         type_scalar.shard_index = shard_record->index;
         type_scalar.kind = TensorKind::kQweightType;
         type_scalar.dtype = DType::kUint8;
-        type_scalar.data = {&TypeIdBytes()[static_cast<uint32_t>(t.type) & 0xff], 1};
-        if (opts.copy) {  // a writable scalar of its own, like every copied tensor
-          auto one = std::make_shared<std::vector<uint8_t>>(1, type_scalar.data[0]);
-          type_scalar.data = {one->data(), 1};
-          type_scalar.owner = std::move(one);
-          type_scalar.writable = true;
-        }
+        // A byte of its own in every mode: torch ignores numpy's read-only
+        // flag, and a zero-copy scalar used to point into a static const
+        // table, where an in-place write (t.fill_(0)) was a SIGSEGV.
+        auto one = std::make_shared<std::vector<uint8_t>>(1, static_cast<uint8_t>(static_cast<uint32_t>(t.type) & 0xff));
+        type_scalar.data = {one->data(), 1};
+        type_scalar.owner = std::move(one);
+        type_scalar.writable = opts.copy;  // like every copied tensor
         K3_RETURN_IF_ERROR(Emit(std::move(type_scalar)));
       }
       K3_RETURN_IF_ERROR(Emit(std::move(out)));

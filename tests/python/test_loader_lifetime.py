@@ -135,6 +135,82 @@ class WritesThroughTorch(_Model):
         self.assertEqual(sha256(self.shard0), before)
 
 
+@unittest.skipIf(torch is None, "needs torch")
+class TorchAdapter(_Model):
+    def test_zero_copy_type_scalars_take_writes(self):
+        # The qweight_type scalars of a zero-copy stream pointed into a static
+        # const table: t.fill_(0) on one was a SIGSEGV (and, where it had not
+        # faulted, would have changed every later stream's type ids).
+        proc = run_child("""
+            import sys, k3pack
+            from k3pack.sglang import kimi_k3_nonexpert_weights_iterator
+            ref = {r.name: int(r.array) for r in k3pack.nonexpert_tensors(sys.argv[1]) if r.kind == "qweight_type"}
+            n = 0
+            for name, t in kimi_k3_nonexpert_weights_iterator(sys.argv[1]):
+                if name in ref:
+                    assert int(t) == ref[name]
+                    t.fill_(0)
+                    assert int(t) == 0
+                    n += 1
+            again = {r.name: int(r.array) for r in k3pack.nonexpert_tensors(sys.argv[1]) if r.kind == "qweight_type"}
+            assert again == ref, "a write changed another stream's type ids"
+            print("wrote", n)
+        """, self.manifest)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("wrote ", proc.stdout)
+        self.assertGreater(int(proc.stdout.split()[1]), 0)
+
+    def test_to_torch_leaves_the_warning_filters_alone(self):
+        # to_torch silenced torch's read-only warning with
+        # warnings.catch_warnings(), which swaps the process-wide filter list:
+        # two threads converting at once could leave "ignore UserWarning"
+        # installed for good (seen in 2 of 3 runs of 4 threads x 20,000).
+        import threading
+        import warnings
+
+        from k3pack import sglang
+
+        records = [r for r, _ in zip(k3pack.nonexpert_tensors(self.manifest), range(12))]
+        before = list(warnings.filters)
+        seen = []
+        real = torch.from_numpy
+
+        def spy(array):
+            seen.append(warnings.filters == before)
+            return real(array)
+
+        torch.from_numpy = spy
+        try:
+            for r in records:
+                sglang.to_torch(r.array, r.dtype)
+        finally:
+            torch.from_numpy = real
+        self.assertTrue(seen)
+        self.assertTrue(all(seen), "to_torch changed the warning filters while converting")
+
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            def work():
+                for _ in range(3000):
+                    for r in records:
+                        sglang.to_torch(r.array, r.dtype)
+            threads = [threading.Thread(target=work) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(switch)
+        self.assertEqual(warnings.filters, before)
+        # Still the same bytes, shared (no copy), and torch's own dtype.
+        for r in records:
+            t = sglang.to_torch(r.array, r.dtype)
+            self.assertEqual(t.data_ptr(), r.array.__array_interface__["data"][0])
+            self.assertEqual(t.numpy().tobytes() if r.dtype != "bfloat16" else t.view(torch.int16).numpy().tobytes(),
+                             r.array.tobytes())
+
+
 class ManyLiveViews(_Model):
     def test_more_live_views_than_the_kernel_has_mappings(self):
         # Each private view is one kernel mapping, and a process has at most
