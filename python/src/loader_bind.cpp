@@ -45,7 +45,7 @@ PyNamedTensor Convert(loader::NamedTensor&& t) {
   PyNamedTensor out;
   out.array = ReadOnlyView(NumpyDtype(t.dtype), t.shape, t.data.data(), std::move(t.owner));
   if (t.writable) {
-    // Copy mode: a buffer of this tensor's own (not the PROT_READ map), so
+    // Copy mode: a buffer of this tensor's own (not the shard mapping), so
     // the caller may write into it as into SGLang's torch.tensor() copies.
     py::detail::array_proxy(out.array.ptr())->flags |= py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   }
