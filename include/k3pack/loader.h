@@ -59,8 +59,8 @@ struct NamedTensor {
   // reversed ne with ne[0] replaced by the row's byte count.
   std::vector<int64_t> shape;
   std::span<const uint8_t> data;  // little-endian element bytes, C-contiguous
-  // Keeps `data` alive: the shard mapping (zero-copy) or a fresh buffer.
-  // Null only for static storage (the type-id scalars).
+  // Keeps `data` alive: the shard mapping (zero-copy) or a fresh buffer
+  // (computed tensors, the type-id scalars, copy mode). Never null.
   std::shared_ptr<const void> owner;
   bool zero_copy = false;  // data points into the shard's memory map
   // data is a fresh buffer that only this tensor owns (LoadOptions::copy):

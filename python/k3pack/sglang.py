@@ -33,8 +33,6 @@ Differences, all deliberate and documented (docs/python.md):
     float32 values).
 """
 
-import warnings
-
 import numpy as np
 
 from ._loader import nonexpert_tensors
@@ -55,12 +53,43 @@ def _torch_module():
     return _torch
 
 
+class _ArrayAlias:
+    """Exposes another array's bytes through the array interface, marked
+    writable, and keeps that array (the owner of the bytes) alive."""
+
+    __slots__ = ("__array_interface__", "_owner")
+
+    def __init__(self, array):
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)  # (pointer, read_only)
+        self.__array_interface__ = interface
+        self._owner = array
+
+
+def _writable_alias(array):
+    """A writable numpy array over `array`'s bytes, for torch.from_numpy, when
+    they are k3pack's (the base chain ends in the extension's capsule): its
+    zero-copy arrays are private copy-on-write mappings (the stream's,
+    GGUFFile's), where a write lands in a private page, never the file. Any
+    other array is returned as it is (torch then warns, as it does for
+    anyone's read-only array)."""
+    if array.flags.writeable:
+        return array
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if type(base).__name__ != "PyCapsule":
+        return array
+    return np.asarray(_ArrayAlias(array))
+
+
 def to_torch(array, dtype_name, copy=False):
     """numpy array (as k3pack hands it out) -> torch tensor of dtype_name.
     dtype_name is the record's dtype ("bfloat16": the array holds uint16 bit
     patterns; otherwise it must name the array's own dtype: TypeError if
     not, rather than a tensor of reinterpreted bytes). copy=False shares the
-    (read-only) memory; copy=True makes a fresh, writable tensor (one plain
+    memory (k3pack's arrays are private copy-on-write mappings: a write
+    through the tensor never reaches the file); copy=True makes a fresh, writable tensor (one plain
     memcpy, like SGLang's torch.tensor())."""
     torch = _torch_module()
     if dtype_name == "bfloat16":
@@ -73,11 +102,14 @@ def to_torch(array, dtype_name, copy=False):
     if copy:
         tensor = torch.from_numpy(np.array(array))
     else:
-        with warnings.catch_warnings():
-            # The arrays are read-only views of the file mapping; torch warns
-            # that it cannot protect them.
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(array)
+        # torch has no read-only tensors and warns when handed a read-only
+        # array. A tensor from this array is writable either way, so it is
+        # made from a writable alias of the same bytes, which torch takes
+        # without a warning. (Silencing the warning with
+        # warnings.catch_warnings() swapped the process's global filter list:
+        # two threads converting at once could leave an "ignore UserWarning"
+        # filter installed for good.)
+        tensor = torch.from_numpy(_writable_alias(array))
     if dtype_name == "bfloat16":
         tensor = tensor.view(torch.bfloat16)
     return tensor

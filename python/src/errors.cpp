@@ -99,7 +99,8 @@ py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape
   static const uint8_t kEmpty[16] = {};
   const void* ptr = data ? data : kEmpty;
   py::array arr(dtype, dims, strides, ptr, base);
-  // The bytes are usually a PROT_READ file mapping: writing would fault.
+  // The bytes are a file mapping (private copy-on-write, or read-only) or a
+  // buffer the array shares: numpy users get them read-only.
   py::detail::array_proxy(arr.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return arr;
 }

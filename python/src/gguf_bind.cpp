@@ -6,10 +6,18 @@
 #include <pybind11/stl.h>
 
 #include <Python.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
 
 #include "common.h"
 #include "k3pack/ggml_types.h"
 #include "k3pack/gguf.h"
+#include "util/file.h"
 
 namespace k3py {
 namespace {
@@ -17,8 +25,22 @@ namespace {
 using k3pack::GgmlType;
 namespace gguf = k3pack::gguf;
 
+// An open descriptor of a GGUF file's inode, kept beside its mapping: each
+// array handed to Python is its own private mapping of the bytes made from
+// it (PrivateView), and its size is checked before a view is made.
+struct FileHandle {
+  int fd = -1;
+  std::string path;
+  uint64_t size_at_open = 0;
+  ~FileHandle() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+using Handle = std::shared_ptr<const FileHandle>;
+
 struct PyGguf {
   std::shared_ptr<const gguf::GgufFile> file;
+  Handle handle;
 };
 
 struct PyTensor {
@@ -29,7 +51,89 @@ struct PyTensor {
 
 struct PyShardSet {
   gguf::ShardSet set;
+  std::vector<Handle> handles;  // one per shard, in shard order
 };
+
+// Live PrivateMaps. Each is one kernel mapping, and a process has at most
+// vm.max_map_count of them (65530 by default) for everything (malloc, thread
+// stacks, torch): past kMaxPrivateMaps live arrays, a further one is a view
+// of the file's shared read-only mapping instead, as before private views.
+std::atomic<int64_t> g_private_maps{0};
+constexpr int64_t kMaxPrivateMaps = 16384;
+
+// A MAP_PRIVATE range of a file, unmapped when the last array over it goes.
+struct PrivateMap {
+  void* base = nullptr;
+  size_t len = 0;
+  ~PrivateMap() {
+    if (base) {
+      ::munmap(base, len);
+      g_private_maps.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+};
+
+// Opens `file`'s path again for PrivateView. The mapping was made from an
+// earlier open of the same path, so the descriptor is checked to be the same
+// file (size and first page), not one renamed into its place meanwhile.
+Handle OpenHandle(const gguf::GgufFile& file) {
+  auto h = std::make_shared<FileHandle>();
+  h->path = file.path();
+  h->size_at_open = file.file_size();
+  h->fd = ::open(h->path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (h->fd < 0) Raise(k3pack::Error::FromErrno("cannot open " + h->path, errno));
+  struct stat st {};
+  bool same = ::fstat(h->fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == h->size_at_open;
+  if (same && h->size_at_open > 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(h->size_at_open, 4096));
+    std::vector<uint8_t> head(n);
+    same = ::pread(h->fd, head.data(), n, 0) == static_cast<ssize_t>(n) &&
+           std::memcmp(head.data(), file.mapping()->data(), n) == 0;
+  }
+  if (!same) Raise(k3pack::Error(h->path + ": the file changed while it was being opened; open it again"));
+  return h;
+}
+
+// A numpy array over [data, data + n) of `file`'s mapping, as its own
+// private, copy-on-write mapping of those file bytes. torch.from_numpy
+// ignores numpy's read-only flag, and a write through a view of the shared
+// PROT_READ mapping killed the process with SIGSEGV; here a write lands in a
+// page private to this array: never in the file, never in another array
+// (each view gets its own mapping; numpy still marks it read-only). Past
+// kMaxPrivateMaps live ones, or where mmap fails, the shared view it is. The
+// file's current size is checked first: reading a mapped page past the end
+// of a file truncated since it was opened is a SIGBUS, so a view of bytes
+// the file no longer has is refused instead.
+py::array PrivateView(const gguf::GgufFile& file, const Handle& h, const py::dtype& dtype,
+                      const std::vector<int64_t>& shape, const uint8_t* data, size_t n, const std::string& what) {
+  if (!h || n == 0) return ReadOnlyView(dtype, shape, data, file.mapping());
+  const uint64_t off = static_cast<uint64_t>(data - file.mapping()->data());
+  struct stat st {};
+  if (::fstat(h->fd, &st) != 0) Raise(k3pack::Error::FromErrno("cannot stat " + h->path, errno));
+  if (static_cast<uint64_t>(st.st_size) < off + n) {
+    Raise(k3pack::Error(h->path + ": the file changed on disk after it was opened: it is now " +
+                        std::to_string(st.st_size) + " bytes (" + std::to_string(h->size_at_open) +
+                        " when opened), but " + what + " is bytes " + std::to_string(off) + ".." +
+                        std::to_string(off + n))
+              .WithHint("open the file again; reading bytes a file no longer has through its mapping would kill "
+                        "the process with SIGBUS"));
+  }
+  static const uint64_t kPage = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = off / kPage * kPage;
+  if (g_private_maps.fetch_add(1, std::memory_order_relaxed) < kMaxPrivateMaps) {
+    auto map = std::make_shared<PrivateMap>();
+    map->len = static_cast<size_t>(off + n - start);
+    void* p = ::mmap(nullptr, map->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, h->fd,
+                     static_cast<off_t>(start));
+    if (p != MAP_FAILED) {
+      map->base = p;  // from here the PrivateMap gives the count back
+      const uint8_t* at = static_cast<const uint8_t*>(p) + (off - start);
+      return ReadOnlyView(dtype, shape, at, std::move(map));
+    }
+  }
+  g_private_maps.fetch_sub(1, std::memory_order_relaxed);
+  return ReadOnlyView(dtype, shape, data, file.mapping());
+}
 
 py::object Utf8(const std::string& s) {
   return py::reinterpret_steal<py::object>(
@@ -124,12 +228,15 @@ const char* ArrayTypestr(gguf::ValueType t) {
 //            otherwise uint8 rows of ne0/block*type_size bytes; BF16 too)
 //   "typed": as "gguf" but BF16 as uint16 bit patterns in element shape
 //   "raw":   flat uint8 of nbytes
-py::array TensorView(const std::shared_ptr<const gguf::GgufFile>& file, const gguf::TensorInfo& t,
+py::array TensorView(const std::shared_ptr<const gguf::GgufFile>& file, const Handle& h, const gguf::TensorInfo& t,
                      const std::string& layout) {
   std::span<const uint8_t> bytes = file->TensorData(t);
-  std::shared_ptr<const void> owner = file;
+  const std::string what = "tensor '" + t.name + "'";
+  auto view = [&](const char* ts, const std::vector<int64_t>& shape) {
+    return PrivateView(*file, h, Dtype(ts), shape, bytes.data(), bytes.size(), what);
+  };
   if (layout == "raw") {
-    return ReadOnlyView(Dtype("|u1"), {static_cast<int64_t>(bytes.size())}, bytes.data(), owner);
+    return view("|u1", {static_cast<int64_t>(bytes.size())});
   }
   if (layout != "gguf" && layout != "typed") {
     throw py::value_error("layout must be 'gguf', 'typed' or 'raw', got '" + layout + "'");
@@ -137,11 +244,11 @@ py::array TensorView(const std::shared_ptr<const gguf::GgufFile>& file, const gg
   std::vector<int64_t> shape(t.ne.rend() - t.n_dims, t.ne.rend());  // reversed ne, numpy order
   const char* ts = ElementTypestr(t.type);
   if (!ts && layout == "typed" && t.type == GgmlType::BF16) ts = "<u2";
-  if (ts) return ReadOnlyView(Dtype(ts), shape, bytes.data(), owner);
+  if (ts) return view(ts, shape);
   // Block types: the fastest axis becomes the row's byte count.
   if (shape.empty()) shape.push_back(1);
   shape.back() = static_cast<int64_t>(t.row_bytes());
-  return ReadOnlyView(Dtype("|u1"), shape, bytes.data(), owner);
+  return view("|u1", shape);
 }
 
 py::tuple ShapeTuple(const gguf::TensorInfo& t) {
@@ -169,7 +276,9 @@ PyGguf OpenGguf(const std::string& path, bool packed) {
     py::gil_scoped_release nogil;
     return gguf::GgufFile::Open(path, ro);
   }();
-  return PyGguf{Unwrap(std::move(r))};
+  PyGguf g{Unwrap(std::move(r)), nullptr};
+  g.handle = OpenHandle(*g.file);
+  return g;
 }
 
 }  // namespace
@@ -236,7 +345,9 @@ void RegisterGguf(py::module_& m) {
         if (!v) throw py::key_error(key);
         const char* ts = v->type == gguf::ValueType::kArray ? ArrayTypestr(v->array_type) : nullptr;
         if (!ts) throw py::type_error("metadata key '" + key + "' is not a numeric array");
-        return ReadOnlyView(Dtype(ts), {static_cast<int64_t>(v->array_count)}, v->array_data, g.file);
+        const size_t n = static_cast<size_t>(v->array_count) * gguf::ValueTypeSize(v->array_type);
+        return PrivateView(*g.file, g.handle, Dtype(ts), {static_cast<int64_t>(v->array_count)}, v->array_data, n,
+                           "metadata array '" + key + "'");
       }, py::arg("key"), "zero-copy numpy view of a numeric array value")
       .def_property_readonly("tensors", [](const PyGguf& g) {
         std::vector<PyTensor> out;
@@ -255,7 +366,7 @@ void RegisterGguf(py::module_& m) {
       .def("tensor_data", [](const PyGguf& g, const std::string& name, const std::string& layout) {
         const gguf::TensorInfo* t = g.file->FindTensor(name);
         if (!t) throw py::key_error(name);
-        return TensorView(g.file, *t, layout);
+        return TensorView(g.file, g.handle, *t, layout);
       }, py::arg("name"), py::arg("layout") = "gguf",
          "read-only numpy view: layout 'gguf' (gguf-py's ReaderTensor.data), 'typed' (BF16 as uint16 in "
          "element shape), 'raw' (flat uint8)")
@@ -272,7 +383,9 @@ void RegisterGguf(py::module_& m) {
                py::gil_scoped_release nogil;
                return gguf::ShardSet::Open(path, o);
              }();
-             return PyShardSet{Unwrap(std::move(r))};
+             PyShardSet s{Unwrap(std::move(r)), {}};
+             for (const auto& f : s.set.shards()) s.handles.push_back(OpenHandle(*f));
+             return s;
            }),
            py::arg("path"), py::arg("architecture") = "kimi-k3", py::arg("require_packed_offsets") = true,
            "path: a directory or any shard; architecture: required general.architecture ('' = any)")
@@ -280,7 +393,7 @@ void RegisterGguf(py::module_& m) {
                   py::arg("path"), "shard paths in shard order")
       .def_property_readonly("shards", [](const PyShardSet& s) {
         std::vector<PyGguf> out;
-        for (const auto& f : s.set.shards()) out.push_back({f});
+        for (size_t i = 0; i < s.set.shards().size(); ++i) out.push_back({s.set.shards()[i], s.handles[i]});
         return out;
       }, "the shards as GGUFFile objects, in shard order (split.no 0 first)")
       .def_property_readonly("paths", [](const PyShardSet& s) {
@@ -317,7 +430,7 @@ void RegisterGguf(py::module_& m) {
       .def("tensor_data", [](const PyShardSet& s, const std::string& name, const std::string& layout) {
         auto loc = s.set.FindTensor(name);
         if (!loc) throw py::key_error(name);
-        return TensorView(s.set.shards()[loc->shard_index], *loc->info, layout);
+        return TensorView(s.set.shards()[loc->shard_index], s.handles[loc->shard_index], *loc->info, layout);
       }, py::arg("name"), py::arg("layout") = "gguf",
          "read-only numpy view of the tensor's bytes in its shard, in the layouts of GGUFFile.tensor_data; "
          "KeyError when no shard has the tensor");

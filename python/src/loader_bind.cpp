@@ -26,7 +26,11 @@ struct PyNamedTensor {
 };
 
 struct PyStream {
+  // Empty once closed: close() frees the C++ stream (its shard mapping and
+  // descriptor) at once, not when the Python object is collected.
   std::optional<loader::NonExpertStream> stream;
+  loader::LoadStats closed_stats;  // stats() after close()
+  std::string manifest_path;
   // __next__ runs without the GIL; two Python threads sharing one iterator
   // must not step the C++ stream at the same time.
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
@@ -41,7 +45,7 @@ PyNamedTensor Convert(loader::NamedTensor&& t) {
   PyNamedTensor out;
   out.array = ReadOnlyView(NumpyDtype(t.dtype), t.shape, t.data.data(), std::move(t.owner));
   if (t.writable) {
-    // Copy mode: a buffer of this tensor's own (not the PROT_READ map), so
+    // Copy mode: a buffer of this tensor's own (not the shard mapping), so
     // the caller may write into it as into SGLang's torch.tensor() copies.
     py::detail::array_proxy(out.array.ptr())->flags |= py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   }
@@ -53,6 +57,14 @@ PyNamedTensor Convert(loader::NamedTensor&& t) {
   out.source_type = std::string(k3pack::GgmlTypeName(t.source_type));
   out.shard_index = t.shard_index;
   return out;
+}
+
+void CloseStream(PyStream& s) {
+  py::gil_scoped_release nogil;  // waits for a __next__ running on another thread
+  std::lock_guard<std::mutex> lock(*s.mu);
+  if (!s.stream) return;
+  s.closed_stats = s.stream->stats();
+  s.stream.reset();
 }
 
 py::dict StatsDict(const loader::LoadStats& s) {
@@ -110,6 +122,7 @@ void RegisterLoader(py::module_& m) {
              }();
              PyStream s;
              s.stream.emplace(Unwrap(std::move(r)));
+             s.manifest_path = s.stream->manifest_path();
              return s;
            }),
            py::arg("manifest_path"), py::arg("sglang_compat") = false, py::arg("verify_metadata") = false,
@@ -120,6 +133,7 @@ void RegisterLoader(py::module_& m) {
         k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {
           py::gil_scoped_release nogil;
           std::lock_guard<std::mutex> lock(*s.mu);
+          if (!s.stream) return k3pack::Result<std::optional<loader::NamedTensor>>(std::nullopt);  // closed
           return s.stream->Next();
         }();
         std::optional<loader::NamedTensor> t = Unwrap(std::move(r));
@@ -131,12 +145,24 @@ void RegisterLoader(py::module_& m) {
         {
           py::gil_scoped_release nogil;  // __next__ on another thread updates them under mu
           std::lock_guard<std::mutex> lock(*s.mu);
-          now = s.stream->stats();
+          now = s.stream ? s.stream->stats() : s.closed_stats;
         }
         return StatsDict(now);
       }, "counters so far: shards opened, tensors emitted, zero-copy / computed / copied bytes, routed skipped")
-      .def_property_readonly("manifest_path", [](const PyStream& s) { return s.stream->manifest_path(); },
-                             "the adapter manifest being streamed");
+      .def_property_readonly("manifest_path", [](const PyStream& s) { return s.manifest_path; },
+                             "the adapter manifest being streamed")
+      .def("close", &CloseStream, "ends the stream now: frees the open shard's mapping and descriptor (arrays already handed out stay "
+         "valid: they hold their own bytes); further iteration stops at once, like a closed generator's. "
+         "Repeated calls do nothing")
+      .def_property_readonly("closed", [](const PyStream& s) {
+        py::gil_scoped_release nogil;
+        std::lock_guard<std::mutex> lock(*s.mu);
+        return !s.stream;
+      },
+                             "whether close() has been called")
+      .def("__enter__", [](py::object self) { return self; }, "returns the stream; it is closed when the with block ends")
+      .def("__exit__", [](PyStream& s, py::object, py::object, py::object) { CloseStream(s); },
+           "close() at the end of a with block");
 
   m.def("ssm_a_to_a_log", [](py::array values) {
     // float32 / float16 arrays (bfloat16: pass uint16 bits with dtype='bfloat16' via the Python wrapper).

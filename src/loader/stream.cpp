@@ -31,16 +31,6 @@ namespace k3pack::loader {
 
 namespace {
 
-// Static storage for the 0-D type-id scalars (no allocation per tensor).
-const std::array<uint8_t, 256>& TypeIdBytes() {
-  static const std::array<uint8_t, 256> bytes = [] {
-    std::array<uint8_t, 256> b{};
-    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i);
-    return b;
-  }();
-  return bytes;
-}
-
 size_t PageSize() {
   static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   return page;
@@ -131,6 +121,35 @@ struct NonExpertStream::Impl {
     shard_record = nullptr;
   }
 
+  // SGLang names a shard as Path(shard["path"]).resolve().
+  static std::string ShownPath(const StreamShardRecord& rec) {
+    auto r = ResolvePath(rec.path);
+    return r.ok() ? *r : rec.path;
+  }
+  static Error Missing(const StreamShardRecord& rec) {
+    return Error("Kimi-K3 GGUF shard is missing or changed: " + ShownPath(rec), ErrorKind::kFileNotFound, ENOENT);
+  }
+
+  // A zero-copy stream reads (A_log) and hands out views of the mapping; a
+  // mapped page past the end of a file truncated since it was opened is a
+  // SIGBUS when read, which kills the process. So before each tensor the
+  // open shard's size is checked against the manifest's: a shard cut short
+  // is SGLang's "missing or changed" error instead. (Copy mode reads with
+  // pread, whose short count says the same.) Views handed out earlier are
+  // not protected: a consumer that keeps tensors while files may change
+  // should use copy mode.
+  Status CheckNotTruncated(const gguf::TensorInfo& t) {
+    if (fd_for_fadvise < 0) return Status::OK();
+    struct stat st {};
+    if (::fstat(fd_for_fadvise, &st) != 0 || static_cast<uint64_t>(st.st_size) >= shard_record->size) {
+      return Status::OK();
+    }
+    return Missing(*shard_record)
+        .WithHint("the file is now " + std::to_string(st.st_size) + " bytes, " +
+                  std::to_string(shard_record->size) + " in the manifest: it was cut short while " + t.name +
+                  " was next; reading its bytes through the mapping would kill the process with SIGBUS");
+  }
+
   void ReleaseLast() {
     if (!last_ptr || !shard) return;
     if (opts.release_pages) Advise(last_ptr, last_len, MADV_DONTNEED);
@@ -146,13 +165,8 @@ struct NonExpertStream::Impl {
     CloseShard();
     // SGLang names the shard as Path(shard["path"]).resolve(); resolved only
     // when it is reported.
-    auto shown = [&rec] {
-      auto r = ResolvePath(rec.path);
-      return r.ok() ? *r : rec.path;
-    };
-    auto missing = [&] {
-      return Error("Kimi-K3 GGUF shard is missing or changed: " + shown(), ErrorKind::kFileNotFound, ENOENT);
-    };
+    auto shown = [&rec] { return ShownPath(rec); };
+    auto missing = [&] { return Missing(rec); };
     struct stat st;
     if (::stat(rec.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != rec.size) {
       return missing();
@@ -179,9 +193,11 @@ struct NonExpertStream::Impl {
         if (auto h = v->AsInt(); h && *h > 0) head_count = *h;
       }
     }
-    if (opts.drop_page_cache || opts.copy) {
+    {
+      // Every mode keeps the shard open: copy mode reads it, drop_page_cache
+      // advises it, and a zero-copy stream checks its size (CheckNotTruncated).
       int fd = ::open(rec.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 && opts.copy) return missing();
+      if (fd < 0) return missing();
       fd_for_fadvise = fd;
       // Copy mode reads front to back: a doubled readahead window.
       if (fd >= 0 && opts.copy) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -280,7 +296,7 @@ struct NonExpertStream::Impl {
     std::shared_ptr<uint8_t> buf = CopyBuffer(raw.size());
     K3_ASSIGN_OR_RETURN(size_t got, ReadSkippingHoles(fd_for_fadvise, buf.get(), raw.size(), off));
     if (got != raw.size()) {
-      return Error("Kimi-K3 GGUF shard is missing or changed: " + shard_record->path, ErrorKind::kFileNotFound, ENOENT)
+      return Missing(*shard_record)
           .WithHint("the file ended after " + std::to_string(off + got) + " bytes while reading " + t.name);
     }
     if (opts.drop_page_cache && !raw.empty()) {
@@ -338,6 +354,7 @@ struct NonExpertStream::Impl {
       return Status::OK();
     }
     K3_ASSIGN_OR_RETURN(kimi::Mapping mapping, kimi::MapTensorName(t.name));
+    if (!opts.copy) K3_RETURN_IF_ERROR(CheckNotTruncated(t));
     const bool quantized = kimi::IsSglangQuantized(t.type);
     const ViewType view = GgufPyView(t, opts.sglang_compat);
     std::span<const uint8_t> raw = shard->TensorData(t);
@@ -432,13 +449,13 @@ struct NonExpertStream::Impl {
         type_scalar.shard_index = shard_record->index;
         type_scalar.kind = TensorKind::kQweightType;
         type_scalar.dtype = DType::kUint8;
-        type_scalar.data = {&TypeIdBytes()[static_cast<uint32_t>(t.type) & 0xff], 1};
-        if (opts.copy) {  // a writable scalar of its own, like every copied tensor
-          auto one = std::make_shared<std::vector<uint8_t>>(1, type_scalar.data[0]);
-          type_scalar.data = {one->data(), 1};
-          type_scalar.owner = std::move(one);
-          type_scalar.writable = true;
-        }
+        // A byte of its own in every mode: torch ignores numpy's read-only
+        // flag, and a zero-copy scalar used to point into a static const
+        // table, where an in-place write (t.fill_(0)) was a SIGSEGV.
+        auto one = std::make_shared<std::vector<uint8_t>>(1, static_cast<uint8_t>(static_cast<uint32_t>(t.type) & 0xff));
+        type_scalar.data = {one->data(), 1};
+        type_scalar.owner = std::move(one);
+        type_scalar.writable = opts.copy;  // like every copied tensor
         K3_RETURN_IF_ERROR(Emit(std::move(type_scalar)));
       }
       K3_RETURN_IF_ERROR(Emit(std::move(out)));
@@ -469,6 +486,7 @@ struct NonExpertStream::Impl {
       if (pending_error) {
         failed = std::move(pending_error);
         pending_error.reset();
+        CloseShard();  // a failed stream holds neither the shard's mapping nor its descriptor
         return *failed;
       }
       if (shard && next_tensor < shard->tensors().size()) {
@@ -488,6 +506,7 @@ struct NonExpertStream::Impl {
         Status s = OpenShard(manifest.shards[next_shard++]);
         if (!s.ok()) {
           failed = s.error();
+          CloseShard();
           return *failed;
         }
         continue;
