@@ -247,6 +247,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                         {"payload_mode", payload_mode},
                         {"entries_checked", vr.entries_checked},
                         {"bytes_checked", vr.bytes_checked},
+                        {"bytes_read", vr.bytes_read},
                         {"seconds", vr.seconds},
                         {"mb_per_s", vr.MBps()}};
   if (rank) {
