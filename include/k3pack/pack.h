@@ -273,9 +273,6 @@ struct VerifyOptions {
 struct VerifyResult {
   uint64_t entries_checked = 0;
   uint64_t bytes_checked = 0;
-  // Payload bytes of the pack that were data, not sparse holes: what was
-  // really read. Holes are checked without a read (they hash as zeros).
-  uint64_t bytes_read = 0;
   std::optional<ep::Rank> ep;     // set when a rank pack was verified
   uint64_t unowned_entries = 0;   // skipped: another rank's (expected holes)
   uint64_t unowned_bytes = 0;
