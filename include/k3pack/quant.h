@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -56,6 +57,13 @@ struct TensorStats {
 };
 // Streams through the rows in chunks (no full float copy of the tensor).
 Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows);
+// The same, calling `on_rows(rows_done)` each time at least `every_bytes` more
+// of `bytes` are decoded, and once at the end. One expert stack of a full-size
+// checkpoint is several GB (minutes to decode), so a caller reports progress
+// and releases the pages it has finished with inside a tensor, not only
+// between tensors. The statistics are the same as without the callback.
+Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows,
+                                 uint64_t every_bytes, const std::function<void(uint64_t rows_done)>& on_rows);
 
 // ------------------------------------------------------------ dot products
 //

@@ -163,6 +163,10 @@ int RunLoad(const std::vector<std::string>& argv) {
   opts.sglang_compat = args.Has("--sglang-compat");
   opts.copy = args.Has("--copy");
   opts.populate = args.Has("--populate");
+  // The stream's read-ahead (MADV_WILLNEED on the next tensors) makes the
+  // kernel read every non-routed byte: --no-read must not ask for them (62 GB
+  // and 49 s on a full-size checkpoint for a walk that reads nothing).
+  opts.prefetch = read_bytes || !dump_dir.empty();
   // Progress: shards entered (the stream's total is not known in bytes up
   // front) and bytes emitted.
   auto progress = StartProgress(*mode, "load");

@@ -87,7 +87,10 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
     return "";
   };
 
-  std::atomic<uint64_t> next{0}, done_bytes{0}, done_entries{0}, hole_bytes{0};
+  // read_bytes: pack payload bytes that were data (not holes), the progress's
+  // copied bytes, so a sparse pack's holes never show up as read speed (the
+  // k3-structure pack verified at "189138.4 MB/s").
+  std::atomic<uint64_t> next{0}, done_bytes{0}, done_entries{0}, hole_bytes{0}, read_bytes{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::optional<std::pair<uint64_t, Error>> first_error;  // lowest failing position wins
@@ -110,8 +113,11 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
       const EntrySlot s = layout.Entry(entries[pos]);
       const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
       const std::string what = t.tensor.name + " expert " + std::to_string(s.expert);
+      uint64_t entry_holes = 0;
       if (digests) {
+        const uint64_t holes_before = stats.hole_bytes;
         auto d = HashRange(pack_fd.get(), s.offset, s.nbytes, a, &stats);
+        entry_holes = stats.hole_bytes - holes_before;
         if (!d.ok()) return fail(pos, d.error().WithContext(pack_path));
         if (std::memcmp(d->data(), digests->entry_sha256[s.entry_index].data(), 32) != 0) {
           mismatch(pos, "expert-pack payload does not match digest sidecar for " + what + " (entry " +
@@ -126,6 +132,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
         auto pm = MapRange(pack_fd.get(), s.offset, s.nbytes);
         auto sm = MapRange(sfd, soff, s.nbytes);
         const bool both_holes = pm.size() == 1 && pm[0].hole && sm.size() == 1 && sm[0].hole;
+        if (!digests) {
+          for (const Segment& sg : pm) entry_holes += sg.hole ? sg.length : 0;
+        }
         if (!both_holes) {
           auto same = RangesEqual(pack_fd.get(), s.offset, sfd, soff, s.nbytes, a, b);
           if (!same.ok()) return fail(pos, same.error());
@@ -135,6 +144,7 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
           }
         }
       }
+      read_bytes += s.nbytes - std::min<uint64_t>(entry_holes, s.nbytes);
       done_bytes += s.nbytes;
       done_entries += 1;
     }
@@ -156,7 +166,7 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       if (done_entries.load() >= entries.size() || stop.load() || running.load() == 0) break;
       o.progress({"verify", done_bytes.load(), total_bytes, done_entries.load(), entries.size(),
-                  std::chrono::duration<double>(Clock::now() - t0).count()});
+                  std::chrono::duration<double>(Clock::now() - t0).count(), read_bytes.load()});
     }
   }
   for (auto& t : pool) t.join();
@@ -182,7 +192,11 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   r.unowned_entries = unowned_entries;
   r.unowned_bytes = unowned_bytes;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (o.progress) o.progress({"verify", r.bytes_checked, total_bytes, r.entries_checked, entries.size(), r.seconds});
+  if (o.progress) {
+    // The last report's copied bytes are the run's bytes read (VerifyPack
+    // takes them from here for its result).
+    o.progress({"verify", r.bytes_checked, total_bytes, r.entries_checked, entries.size(), r.seconds, read_bytes.load()});
+  }
   return r;
 }
 

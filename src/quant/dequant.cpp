@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,6 +188,11 @@ Result<std::vector<float>> DequantizeRows(GgmlType t, std::span<const uint8_t> b
 }
 
 Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows) {
+  return ComputeStats(t, bytes, ne0, rows, 0, {});
+}
+
+Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int64_t ne0, uint64_t rows,
+                                 uint64_t every_bytes, const std::function<void(uint64_t rows_done)>& on_rows) {
   if (ne0 < 0) return Error("stats: negative row length " + std::to_string(ne0));
   const uint64_t n0 = static_cast<uint64_t>(ne0);
   K3_RETURN_IF_ERROR(CheckShape(t, n0, bytes.size(), "stats"));
@@ -203,7 +209,10 @@ Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int
   double sum = 0;
   uint64_t finite = 0;
   double mn = INFINITY, mx = -INFINITY;
+  // Rows between two on_rows calls: at least one, at most every_bytes' worth.
+  const uint64_t rows_per_call = std::max<uint64_t>(1, row_bytes > 0 ? every_bytes / row_bytes : rows);
   for (uint64_t r = 0; r < rows && nblocks > 0; ++r) {
+    if (on_rows && r > 0 && r % rows_per_call == 0) on_rows(r);
     fn(bytes.data() + r * row_bytes, buf.data(), nblocks);
     double row_sum = 0;
     for (float v : buf) {
@@ -220,6 +229,7 @@ Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int
     }
     sum += row_sum;
   }
+  if (on_rows) on_rows(rows);
   st.count = n0 * rows;
   if (finite > 0) {
     st.min = mn;
