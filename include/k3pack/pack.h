@@ -273,11 +273,14 @@ struct VerifyOptions {
 struct VerifyResult {
   uint64_t entries_checked = 0;
   uint64_t bytes_checked = 0;
+  // Of bytes_checked, those read: sparse holes are checked without a read,
+  // so a sparse pack must not show its size over the time as read speed.
+  uint64_t bytes_read = 0;
   std::optional<ep::Rank> ep;     // set when a rank pack was verified
   uint64_t unowned_entries = 0;   // skipped: another rank's (expected holes)
   uint64_t unowned_bytes = 0;
   double seconds = 0;
-  double MBps() const { return seconds > 0 ? bytes_checked / 1e6 / seconds : 0; }
+  double MBps() const { return seconds > 0 ? bytes_read / 1e6 / seconds : 0; }  // read rate
 };
 
 // Reads every selected payload once, hashing it (digests) and/or comparing

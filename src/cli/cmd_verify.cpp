@@ -99,14 +99,13 @@ int RunVerify(const std::vector<std::string>& argv) {
                 j["index_sha256"].get<std::string>().c_str());
     // Holes are checked without a read: the rate is of the bytes read, and
     // the holes are said, so a sparse pack never shows a read speed of 189 GB/s.
-    const uint64_t checked = j["bytes_checked"].get<uint64_t>(), read = j.value("bytes_read", checked);
-    const double secs = j["seconds"].get<double>();
+    const uint64_t checked = j["bytes_checked"].get<uint64_t>(), read = j["bytes_read"].get<uint64_t>();
     std::string how = HumanBytes(checked);
     if (read < checked) how += " (" + HumanBytes(read) + " read, " + HumanBytes(checked - read) + " sparse holes)";
     std::printf("  shards: %zu unchanged; structure ok; payloads (%s): %llu entries, %s in %s (%.1f MB/s read)\n",
                 j["shards_checked"].get<size_t>(), j["payload_mode"].get<std::string>().c_str(),
-                j["entries_checked"].get<unsigned long long>(), how.c_str(), HumanDuration(secs).c_str(),
-                secs > 0 ? static_cast<double>(read) / 1e6 / secs : 0.0);
+                j["entries_checked"].get<unsigned long long>(), how.c_str(),
+                HumanDuration(j["seconds"].get<double>()).c_str(), j["mb_per_s"].get<double>());
     if (j.contains("ep")) {
       const auto& e = j["ep"];
       std::printf("  expert-parallel rank %s of %s (experts %s..%u): %s entries of the other ranks skipped "

@@ -220,14 +220,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   const nlohmann::json& fresh = *validated;
 
   pack::VerifyOptions o;
-  // Payload bytes really read (not sparse holes), from the engine's last
-  // progress report: a sparse pack's holes are checked without a read and
-  // must not show up as read speed.
-  uint64_t bytes_read = 0;
-  o.progress = [&](const Progress& p) {
-    if (p.copied_bytes) bytes_read = *p.copied_bytes;
-    if (options.progress) options.progress(p);
-  };
+  o.progress = options.progress;
   o.ep = rank;
   std::string payload_mode;
   if (full) {
@@ -254,7 +247,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                         {"payload_mode", payload_mode},
                         {"entries_checked", vr.entries_checked},
                         {"bytes_checked", vr.bytes_checked},
-                        {"bytes_read", bytes_read},
+                        {"bytes_read", vr.bytes_read},
                         {"seconds", vr.seconds},
                         {"mb_per_s", vr.MBps()}};
   if (rank) {

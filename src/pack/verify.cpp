@@ -188,14 +188,13 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   VerifyResult r;
   r.entries_checked = done_entries.load();
   r.bytes_checked = done_bytes.load();
+  r.bytes_read = read_bytes.load();
   r.ep = rank;
   r.unowned_entries = unowned_entries;
   r.unowned_bytes = unowned_bytes;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (o.progress) {
-    // The last report's copied bytes are the run's bytes read (VerifyPack
-    // takes them from here for its result).
-    o.progress({"verify", r.bytes_checked, total_bytes, r.entries_checked, entries.size(), r.seconds, read_bytes.load()});
+    o.progress({"verify", r.bytes_checked, total_bytes, r.entries_checked, entries.size(), r.seconds, r.bytes_read});
   }
   return r;
 }
