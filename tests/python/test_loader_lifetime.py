@@ -93,9 +93,16 @@ class WritesThroughTorch(_Model):
     process with SIGSEGV; now each array is its own private copy-on-write
     mapping: the write stays in it (never the file, never another array)."""
 
-    def test_gguf_file_view_written_by_torch(self):
+    def assert_writes_stay_in_memory(self, code, path):
+        """Runs `code` in a child; it must print "ok" and leave the shard's bytes alone."""
         before = sha256(self.shard0)
-        proc = run_child("""
+        proc = run_child(code, path)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("ok", proc.stdout)
+        self.assertEqual(sha256(self.shard0), before)
+
+    def test_gguf_file_view_written_by_torch(self):
+        self.assert_writes_stay_in_memory("""
             import sys, warnings, numpy as np, torch, k3pack
             warnings.simplefilter("ignore")
             g = k3pack.GGUFFile(sys.argv[1])
@@ -113,13 +120,9 @@ class WritesThroughTorch(_Model):
             assert np.array_equal(g.metadata_array("tokenizer.ggml.token_type"), morig)
             print("ok")
         """, self.shard0)
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn("ok", proc.stdout)
-        self.assertEqual(sha256(self.shard0), before)
 
     def test_shard_set_view_written_by_torch(self):
-        before = sha256(self.shard0)
-        proc = run_child("""
+        self.assert_writes_stay_in_memory("""
             import sys, warnings, numpy as np, torch, k3pack
             warnings.simplefilter("ignore")
             s = k3pack.ShardSet(sys.argv[1])
@@ -131,8 +134,6 @@ class WritesThroughTorch(_Model):
             assert np.array_equal(s.shards[0].tensor_data(name), orig)
             print("ok")
         """, self.model)
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(sha256(self.shard0), before)
 
 
 @unittest.skipIf(torch is None, "needs torch")
