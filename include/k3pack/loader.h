@@ -116,6 +116,11 @@ struct LoadOptions {
   bool copy = false;
   // Called when a shard has been checked and streaming into it begins.
   std::function<void(uint32_t shard_index, const std::string& path, uint32_t shard_count)> on_shard;
+  // Polled between 8 MiB chunks of verify_metadata's whole-shard hashing
+  // (minutes for a full checkpoint), so a caller can answer Ctrl-C or a
+  // close() from another thread. An error stops the hashing and is Next()'s
+  // answer; the stream stays usable, and the next Next() hashes again.
+  std::function<Status()> interrupt_check;
 };
 
 struct LoadStats {

@@ -2,6 +2,7 @@
 // and values, as zero-copy numpy views (see include/k3pack/loader.h).
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,30 @@ struct PyNamedTensor {
   uint32_t shard_index = 0;
 };
 
+// verify_metadata's first __next__ hashes whole shards for minutes without
+// the GIL: between chunks it takes the GIL to run Python's signal handlers
+// (a Ctrl-C becomes KeyboardInterrupt there), and it stops for a close()
+// waiting on another thread.
+struct StreamInterrupt {
+  std::atomic<bool> closing{false};
+  std::optional<py::error_already_set> raised;  // set and read only with the GIL held
+
+  k3pack::Status Check() {
+    if (closing.load()) return k3pack::Error("the stream was closed while it was verifying its shards");
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return k3pack::Status::OK();
+    raised.emplace();  // takes the handler's exception (KeyboardInterrupt) out of the interpreter
+    return k3pack::Error("interrupted while verifying the shards");
+  }
+  // After __next__ got the GIL back: a handler's exception is the answer.
+  void RaiseIfInterrupted() {
+    if (!raised) return;
+    py::error_already_set e = std::move(*raised);
+    raised.reset();
+    throw e;
+  }
+};
+
 struct PyStream {
   // Empty once closed: close() frees the C++ stream (its shard mapping and
   // descriptor) at once, not when the Python object is collected.
@@ -34,6 +59,8 @@ struct PyStream {
   // __next__ runs without the GIL; two Python threads sharing one iterator
   // must not step the C++ stream at the same time.
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
+  // What the stream's interrupt_check reports to __next__ and close().
+  std::shared_ptr<StreamInterrupt> interrupt;
 };
 
 py::dtype NumpyDtype(loader::DType d) {
@@ -60,6 +87,7 @@ PyNamedTensor Convert(loader::NamedTensor&& t) {
 }
 
 void CloseStream(PyStream& s) {
+  if (s.interrupt) s.interrupt->closing = true;  // a __next__ hashing shards stops at its next chunk
   py::gil_scoped_release nogil;  // waits for a __next__ running on another thread
   std::lock_guard<std::mutex> lock(*s.mu);
   if (!s.stream) return;
@@ -116,6 +144,8 @@ void RegisterLoader(py::module_& m) {
              // The arrays reach torch, which ignores numpy's read-only flag:
              // a write must not be a SIGSEGV.
              o.copy_on_write = true;
+             auto interrupt = std::make_shared<StreamInterrupt>();
+             o.interrupt_check = [interrupt] { return interrupt->Check(); };
              k3pack::Result<loader::NonExpertStream> r = [&] {
                py::gil_scoped_release nogil;
                return loader::NonExpertStream::Open(manifest_path, o);
@@ -123,6 +153,7 @@ void RegisterLoader(py::module_& m) {
              PyStream s;
              s.stream.emplace(Unwrap(std::move(r)));
              s.manifest_path = s.stream->manifest_path();
+             s.interrupt = std::move(interrupt);
              return s;
            }),
            py::arg("manifest_path"), py::arg("sglang_compat") = false, py::arg("verify_metadata") = false,
@@ -136,6 +167,8 @@ void RegisterLoader(py::module_& m) {
           if (!s.stream) return k3pack::Result<std::optional<loader::NamedTensor>>(std::nullopt);  // closed
           return s.stream->Next();
         }();
+        s.interrupt->RaiseIfInterrupted();
+        if (!r.ok() && s.interrupt->closing.load()) throw py::stop_iteration();  // closed meanwhile, as a closed generator
         std::optional<loader::NamedTensor> t = Unwrap(std::move(r));
         if (!t) throw py::stop_iteration();
         return Convert(std::move(*t));

@@ -90,6 +90,7 @@ struct NonExpertStream::Impl {
   std::string manifest_path;
   StreamManifest manifest;
   nlohmann::json source_json;  // the manifest's `source`, kept for verify_metadata
+  bool interrupted = false;     // VerifySource stopped by opts.interrupt_check
   bool source_verified = false;
   LoadStats stats;
 
@@ -216,6 +217,12 @@ struct NonExpertStream::Impl {
   Status VerifySource() {
     manifest::SourceCheckOptions o;
     o.whole_files = true;  // the shards are mapped and read anyway
+    o.between_chunks = [this]() -> Status {
+      if (!opts.interrupt_check) return Status::OK();
+      Status s = opts.interrupt_check();
+      interrupted = !s.ok();
+      return s;
+    };
     K3_ASSIGN_OR_RETURN(manifest::SourceDifference d, manifest::CompareSourceWithShards(source_json, o));
     using Kind = manifest::SourceDifference::Kind;
     const std::string hint = d.detail + "; rebuild the manifest";
@@ -496,7 +503,12 @@ struct NonExpertStream::Impl {
       }
       if (next_shard == 0 && opts.verify_metadata && !source_verified) {
         source_verified = true;
+        interrupted = false;
         Status s = VerifySource();
+        if (!s.ok() && interrupted) {
+          source_verified = false;  // not an answer about the files: the next call hashes again
+          return s.error();
+        }
         if (!s.ok()) {
           failed = s.error();
           return *failed;

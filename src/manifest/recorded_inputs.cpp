@@ -141,7 +141,7 @@ Status CompareSource(const json& source, const SourceCheckOptions& options, bool
     }
     if (then.contains("sha256")) {
       if (options.whole_files) {
-        K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(paths[i]));
+        K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(paths[i], options.between_chunks));
         now["sha256"] = whole;
         if (now["sha256"] != then["sha256"]) {
           if (found(Kind::kShard, paths[i], "", "sha256", Detail(now, then, "sha256"))) return Status::OK();

@@ -8,6 +8,7 @@
 // Used by `k3pack verify` (VerifyPack) and the loader's verify_metadata.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ struct SourceCheckOptions {
   // Hash each whole shard the manifest has a sha256 for (--full-source-hashes);
   // otherwise the recorded whole-file digests are taken as they are.
   bool whole_files = false;
+  // Runs between chunks of that hashing (Sha256FileRange); an error stops the
+  // comparison and is returned as it is.
+  std::function<Status()> between_chunks;
 };
 
 // Opens each recorded shard (as the loader does: any in-bounds tensor

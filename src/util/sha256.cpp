@@ -48,12 +48,14 @@ std::string Sha256Hex(const void* data, size_t n) {
   return h.HexDigest();
 }
 
-Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length) {
+Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,
+                                    const std::function<Status()>& between_chunks) {
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
   Sha256 h;
   std::vector<uint8_t> buf(std::min<uint64_t>(length, 8u << 20));
   uint64_t done = 0;
   while (done < length) {
+    if (between_chunks) K3_RETURN_IF_ERROR(between_chunks());
     size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), length - done));
     K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), buf.data(), want, offset + done));
     if (got != want) {
@@ -67,9 +69,9 @@ Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, ui
   return h.HexDigest();
 }
 
-Result<std::string> Sha256File(const std::string& path) {
+Result<std::string> Sha256File(const std::string& path, const std::function<Status()>& between_chunks) {
   K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(path));
-  return Sha256FileRange(path, 0, size);
+  return Sha256FileRange(path, 0, size, between_chunks);
 }
 
 }  // namespace k3pack

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,7 +33,11 @@ inline std::string Sha256Hex(std::string_view s) { return Sha256Hex(s.data(), s.
 
 // Digest of bytes [offset, offset+length) of a file, read with pread.
 // A short read reports SGLang's text `short read at offset {o}; {r} bytes remain`.
-Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length);
-Result<std::string> Sha256File(const std::string& path);
+// `between_chunks`, when set, runs before each 8 MiB chunk: a whole shard
+// takes minutes, and a caller that must answer Ctrl-C or a close() stops the
+// hashing by returning an error, which is returned as it is.
+Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,
+                                    const std::function<Status()>& between_chunks = nullptr);
+Result<std::string> Sha256File(const std::string& path, const std::function<Status()>& between_chunks = nullptr);
 
 }  // namespace k3pack

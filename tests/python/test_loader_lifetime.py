@@ -367,5 +367,77 @@ class StreamLifetime(_Model):
         self.assertFalse(shard_mapped(self.shard0))
 
 
+class VerifyMetadataInterrupt(_Model):
+    """verify_metadata=True hashes every whole shard in the first next():
+    minutes for a full checkpoint, without the GIL. Ctrl-C and a close() from
+    another thread used to wait for all of it; now they stop it within one
+    8 MiB chunk. A shard with 4 TiB of trailing holes (its manifest record
+    says so) stands in for a full checkpoint: hashing it takes far longer
+    than the child's time limit."""
+
+    CHILD = """
+        import os, signal, sys, threading, time, k3pack
+
+        def rchar():
+            with open("/proc/self/io") as f:
+                for line in f:
+                    if line.startswith("rchar:"):
+                        return int(line.split()[1])
+
+        s = k3pack.NonExpertStream(sys.argv[1], verify_metadata=True)
+        base = rchar()
+
+        def stop_once_hashing():
+            # 256 MiB read: the main thread is inside next(), hashing shard 0.
+            while rchar() - base < (256 << 20):
+                time.sleep(0.01)
+            if sys.argv[2] == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+            else:
+                s.close()
+
+        threading.Thread(target=stop_once_hashing, daemon=True).start()
+        try:
+            next(s)
+            print("returned")
+        except KeyboardInterrupt:
+            print("interrupted")
+        except StopIteration:
+            print("stopped")
+        print("read", rchar() - base)
+        print("closed", s.closed)
+        s.close()
+    """
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.huge_model, cls.huge_manifest = cls.copy_model(cls, "huge")
+        shard = os.path.join(cls.huge_model, SHARD0)
+        os.truncate(shard, os.path.getsize(shard) + (4 << 40))
+        with open(cls.huge_manifest) as f:
+            doc = json.load(f)
+        doc["source"]["shards"][0]["size"] = os.path.getsize(shard)
+        with open(cls.huge_manifest, "w") as f:
+            json.dump(doc, f)
+
+    def run_stopped(self, how):
+        proc = run_child(self.CHILD, self.huge_manifest, how)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        lines = dict(line.split(" ", 1) if " " in line else (line, "") for line in proc.stdout.splitlines())
+        self.assertLess(int(lines["read"]), 4 << 30, proc.stdout)  # stopped within a few chunks, not 4 TiB
+        return lines
+
+    def test_ctrl_c_stops_the_hashing_with_keyboard_interrupt(self):
+        lines = self.run_stopped("sigint")
+        self.assertIn("interrupted", lines)
+        self.assertEqual(lines["closed"], "False")  # the stream is not failed: next() would verify again
+
+    def test_close_from_another_thread_stops_the_hashing(self):
+        lines = self.run_stopped("close")
+        self.assertIn("stopped", lines)  # as a closed generator's next()
+        self.assertEqual(lines["closed"], "True")
+
+
 if __name__ == "__main__":
     unittest.main()
