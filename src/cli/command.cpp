@@ -12,6 +12,58 @@
 
 namespace k3pack::cli {
 
+namespace {
+
+// Counts what goes through std::cout, so an error can tell whether the
+// command already printed its JSON.
+class CountingBuf : public std::streambuf {
+ public:
+  explicit CountingBuf(std::streambuf* inner) : inner_(inner) {}
+  uint64_t count() const { return count_; }
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+    ++count_;
+    return inner_->sputc(traits_type::to_char_type(c));
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    count_ += static_cast<uint64_t>(n);
+    return inner_->sputn(s, n);
+  }
+  int sync() override { return inner_->pubsync(); }
+
+ private:
+  std::streambuf* inner_;
+  uint64_t count_ = 0;
+};
+
+// Set once a command's arguments ask for --json: a script reading stdout then
+// gets a JSON object for an error too (not an empty stdout), unless the
+// command already printed its JSON (doctor's report, "already built").
+CountingBuf* g_json_stdout = nullptr;
+
+void ExpectJsonOutput() {
+  if (g_json_stdout) return;
+  static CountingBuf counting(std::cout.rdbuf());
+  std::cout.rdbuf(&counting);
+  g_json_stdout = &counting;
+}
+
+void PrintJsonError(const std::string& command, const Error& error, int exit_code) {
+  if (!g_json_stdout || g_json_stdout->count() > 0) return;
+  nlohmann::json j = {{"command", command},
+                      {"error", error.headline()},
+                      {"message", error.message()},
+                      {"error_kind", ErrorKindName(error.kind())},
+                      {"exit_code", exit_code}};
+  if (const std::string hint = error.hint(); !hint.empty()) j["hint"] = hint;
+  if (error.sys_errno() != 0) j["errno"] = error.sys_errno();
+  PrintJson(std::move(j));
+}
+
+}  // namespace
+
 Args& Args::Option(const std::string& name, const std::string& help, std::optional<std::string> def, bool required) {
   specs_[name] = {help, std::move(def), required, false};
   order_.push_back(name);
@@ -158,11 +210,13 @@ std::string Args::Usage() const {
 }
 
 bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
+  if (specs_.contains("--json") && std::find(argv.begin(), argv.end(), "--json") != argv.end()) ExpectJsonOutput();
   auto fail = [&](const std::string& msg) {
     std::cerr << "k3pack " << command_ << ": error: " << msg << "\n"
               << "usage: k3pack " << command_ << " " << usage_ << "\n"
               << "(run `k3pack " << command_ << " --help` for details)\n";
     *exit_code = 2;
+    PrintJsonError(command_, Error(msg), *exit_code);
     return false;
   };
   for (size_t i = 0; i < argv.size(); ++i) {
@@ -312,6 +366,7 @@ const std::map<std::string, CommandInfo>& Commands() { return Registry(); }
 
 int ReportError(const std::string& command, const Error& error, int exit_code) {
   std::cerr << "k3pack " << command << ": error: " << error.message() << "\n";
+  PrintJsonError(command, error, exit_code);
   return exit_code;
 }
 
