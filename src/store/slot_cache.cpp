@@ -315,6 +315,9 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     ++s.waits_for_other_threads;
     s.SetPins(mine, +1);
     s.cv.wait_until(lock, deadline);
+    // Close() may have run meanwhile and shut the engine down: a read
+    // submitted now would never finish (this call would wait forever).
+    if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
     s.SetPins(mine, -1);
   }
   std::vector<uint64_t> gens(keys.size());
@@ -626,6 +629,7 @@ Status SlotCache::Close() {
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Status::OK();
   s.closed = true;
+  s.cv.notify_all();  // calls waiting for room give up (they see `closed`)
   if (s.engine) s.engine->Shutdown();
   Status st = s.host ? s.host->Close() : Status::OK();
   s.ReleaseCuda();

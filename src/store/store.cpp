@@ -267,6 +267,9 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
                               ? s.active_by_thread[std::this_thread::get_id()] : 0;
     if (s.active_acquisitions > mine && std::chrono::steady_clock::now() < deadline) {
       s.cv.wait_until(lock, deadline);
+      // Close() may have run meanwhile: its engine takes no more reads (a
+      // read submitted now would never finish, and this call wait forever).
+      if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
       continue;
     }
     bool dropped = false;
@@ -425,6 +428,7 @@ Status ExpertStore::Close() {
     std::unique_lock<std::mutex> lock(s.mu);
     if (s.closed) return Status::OK();
     s.closed = true;
+    s.cv.notify_all();  // calls waiting for room: they give up now
     // Staged objects no acquire will take: queued reads are cancelled.
     for (uint32_t l = 0; l < s.staged_by_layer.size(); ++l) s.DropStaged(l);
     s.spec_queue.clear();

@@ -1,0 +1,109 @@
+// Faults a run-time audit of the stores found (docs/RELIABILITY.md, "Faults
+// from a store run-time audit (session 13)"): what happens to calls that are
+// inside a store when it is closed, and what a closed store still holds.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "k3pack/slot_cache.h"
+#include "k3pack/store.h"
+#include "open_ok.h"
+#include "store/synthetic_pack.h"
+
+namespace k3pack::store {
+namespace {
+
+using testing::OpenOk;
+using testing::TinyPack;
+using testing::TinySpec;
+
+constexpr uint64_t kObject = 3 * 4096;  // TinySpec's objects: 3 roles of 4096 bytes
+
+// The result of a call made on another thread. A call that never returns
+// (the fault these tests pin down was a hang) cannot be joined: the process
+// ends with a failure instead of hanging the suite until ctest's timeout.
+template <typename T>
+T ResultOrDie(std::future<T>& f, const char* what) {
+  if (f.wait_for(std::chrono::minutes(2)) != std::future_status::ready) {
+    std::fprintf(stderr, "FATAL: %s never returned (hung)\n", what);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  return f.get();
+}
+
+// Polls until `done` (a state the other thread reaches under the store's
+// lock); no timing is asserted, only order.
+template <typename F>
+void WaitUntil(F done) {
+  while (!done()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// A call waiting for other threads' pins when the store was closed went on
+// after the close once those pins were released: it submitted its reads to
+// the I/O engine Close() had already shut down and waited for them forever
+// (ExpertStore::Acquire and SlotCache::Acquire alike).
+TEST(StoreRuntimeAudit, AcquireWaitingForRoomWhenClosedReturnsClosedError) {
+  TinyPack p(TinySpec{}, "close-waiting");
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    StoreOptions o;
+    o.cache_bytes = 2 * kObject;  // one top-k working set
+    o.io_backend = io;
+    auto s = OpenOk(p, o);
+    ASSERT_TRUE(s);
+    const int64_t shape[2] = {1, 2};
+    std::vector<int64_t> held_ids = {0, 1}, other_ids = {2, 3};
+    auto held = s->Acquire(1, held_ids, shape);
+    ASSERT_TRUE(held.ok()) << held.error().message();
+    std::future<Result<Acquisition>> other = std::async(std::launch::async, [&] {
+      return s->Acquire(1, other_ids, shape);
+    });
+    // The second call is counted before it waits for the first one's room.
+    WaitUntil([&] { return s->Snapshot()["route_calls_by_layer"][1].get<uint64_t>() == 2; });
+    ASSERT_TRUE(s->Close().ok());
+    ASSERT_TRUE(s->MarkUsed(*held).ok());  // the room it waited for
+    Result<Acquisition> r = ResultOrDie(other, "ExpertStore::Acquire after Close");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message(), "expert store is closed");
+    EXPECT_EQ(r.error().kind(), ErrorKind::kRuntime);
+  }
+}
+
+TEST(StoreRuntimeAudit, SlotCacheAcquireWaitingForRoomWhenClosedReturnsClosedError) {
+  TinyPack p(TinySpec{}, "slots-close-waiting");
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    SlotCacheOptions o;
+    o.store.io_backend = io;
+    auto opened = SlotCache::Open(p.pack, p.manifest, o);
+    ASSERT_TRUE(opened.ok()) << opened.error().message();
+    std::unique_ptr<SlotCache> cache = std::move(opened).value();
+    void* mem = std::aligned_alloc(4096, 2 * kObject);
+    ASSERT_TRUE(cache->AttachHost(static_cast<uint8_t*>(mem), 2).ok());
+    const int64_t shape[2] = {1, 2};
+    std::vector<int64_t> held_ids = {0, 1}, other_ids = {2, 3};
+    auto held = cache->Acquire(1, held_ids, shape, std::nullopt);
+    ASSERT_TRUE(held.ok()) << held.error().message();
+    std::future<Result<std::vector<int32_t>>> other = std::async(std::launch::async, [&] {
+      return cache->Acquire(1, other_ids, shape, std::nullopt);
+    });
+    WaitUntil([&] { return cache->Snapshot()["k3pack"]["waits_for_other_threads"].get<uint64_t>() >= 1; });
+    ASSERT_TRUE(cache->Close().ok());
+    ASSERT_TRUE(cache->MarkUsed(*held).ok());
+    auto r = ResultOrDie(other, "SlotCache::Acquire after Close");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message(), "expert store is closed");
+    cache.reset();
+    std::free(mem);
+  }
+}
+
+}  // namespace
+}  // namespace k3pack::store
