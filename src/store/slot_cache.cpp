@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "store/cuda_runtime.h"
+#include "store/fork_guard.h"
 #include "store/io_engine.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
@@ -60,6 +61,7 @@ struct SlotCache::Impl {
   std::unique_ptr<IoEngine> engine;
   std::shared_ptr<ExpertStore> host;           // optional host-RAM tier
   ObjectChecksums checksums;                   // direct reads only (the host tier checks its own)
+  pid_t opened_pid = ::getpid();               // a forked child may only close its copy (fork_guard.h)
   uint64_t slot_bytes = 0;
 
   // Slot memory.
@@ -119,7 +121,12 @@ struct SlotCache::Impl {
 };
 
 SlotCache::SlotCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-SlotCache::~SlotCache() { (void)Close(); }
+SlotCache::~SlotCache() {
+  (void)Close();
+  // A forked child's copy: the engine's threads live in the parent only
+  // (joining them here hangs, destroying their handles terminates).
+  if (ForkedFrom(impl_->opened_pid)) (void)impl_->engine.release();
+}
 const StoreInfo& SlotCache::info() const { return impl_->info; }
 uint64_t SlotCache::slot_bytes() const { return impl_->slot_bytes; }
 bool SlotCache::attached() const {
@@ -198,6 +205,7 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
 
 Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
   Impl& s = *impl_;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
   // After Close nothing would ever release what an attach takes (the CUDA
   // path's events, stream and pinned staging), nor serve from it.
@@ -213,6 +221,7 @@ Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
 
 Status SlotCache::AttachCuda(void* device_base, uint32_t slot_count, int device) {
   Impl& s = *impl_;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (device_base == nullptr) return Error("expert slot memory is null");
@@ -291,6 +300,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
                                                 void* stream, std::span<const uint64_t> request_ids) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));  // no read would ever finish in a forked child
   if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
   K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
   std::vector<ObjectId> row_keys;
@@ -523,6 +533,7 @@ Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pai
 
 Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
   Impl& s = *impl_;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
   std::vector<int32_t> distinct(slots.begin(), slots.end());
   std::sort(distinct.begin(), distinct.end());
@@ -558,6 +569,7 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
 }
 
 Status SlotCache::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
+  K3_RETURN_IF_ERROR(CheckOpenedHere(impl_->opened_pid));
   if (!impl_->host) return Error("prefetch needs a host tier (host_cache_mib > 0)");
   return impl_->host->Prefetch(layer, ids);
 }
@@ -629,6 +641,13 @@ Status SlotCache::Close() {
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Status::OK();
   s.closed = true;
+  if (ForkedFrom(s.opened_pid)) {
+    // The engine's threads and the CUDA context are the parent's: give up
+    // this copy's descriptors only (the host tier closes its own copy).
+    s.fd = UniqueFd();
+    s.direct_fd = UniqueFd();
+    return s.host ? s.host->Close() : Status::OK();
+  }
   s.cv.notify_all();  // calls waiting for room give up (they see `closed`)
   if (s.engine) s.engine->Shutdown();
   Status st = s.host ? s.host->Close() : Status::OK();

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "manifest/pyjson.h"
+#include "store/fork_guard.h"
 #include "store/store_state.h"
 
 namespace k3pack::store {
@@ -121,6 +122,7 @@ json ExpertStore::Snapshot() const {
 
 Status ExpertStore::WriteStats() const {
   if (impl_->opt.stats_path.empty()) return Error("no stats path was configured");
+  K3_RETURN_IF_ERROR(CheckOpenedHere(impl_->opened_pid));  // the file is the parent's
   return impl_->WriteStatsJson();
 }
 

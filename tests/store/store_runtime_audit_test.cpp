@@ -8,7 +8,12 @@
 #include <cstdlib>
 #include <future>
 #include <memory>
+#include <string>
 #include <thread>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 
 #include "k3pack/slot_cache.h"
@@ -100,6 +105,106 @@ TEST(StoreRuntimeAudit, SlotCacheAcquireWaitingForRoomWhenClosedReturnsClosedErr
     auto r = ResultOrDie(other, "SlotCache::Acquire after Close");
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().message(), "expert store is closed");
+    cache.reset();
+    std::free(mem);
+  }
+}
+
+// Runs `child` in a forked process and returns its exit status (-1: it did
+// not end, the fault; it is killed). The child must end with _exit().
+template <typename F>
+int InForkedChild(F child) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    child();
+    ::_exit(0);
+  }
+  for (int i = 0; i < 60 * 100; ++i) {  // a guard against the hang, not a timing check
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+bool SaysForked(const Error& e) {
+  return e.kind() == ErrorKind::kRuntime && e.message().find("cannot be used in process") != std::string::npos &&
+         e.message().find("forked from it") != std::string::npos;
+}
+
+// fork() copies a store but not its I/O threads. In the child an acquire of
+// an object not resident waited forever for a read no thread would do, and
+// Close() / the destructor joined threads that do not exist there (hang).
+// Now the child's copy refuses to read or release, naming both processes,
+// and closing or destroying it returns at once; the parent is unaffected.
+TEST(StoreRuntimeAudit, ForkedChildCanOnlyCloseItsCopyOfAStore) {
+  TinyPack p(TinySpec{}, "fork-store");
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    StoreOptions o;
+    o.cache_bytes = 8 * kObject;
+    o.io_backend = io;
+    o.stats_path = p.dir + "/stats-" + io + ".json";
+    auto s = OpenOk(p, o);
+    ASSERT_TRUE(s);
+    const int64_t shape[2] = {1, 2};
+    std::vector<int64_t> first = {0, 1}, second = {2, 3};
+    auto held = s->Acquire(1, first, shape);  // the engine's threads are running now
+    ASSERT_TRUE(held.ok()) << held.error().message();
+    int rc = InForkedChild([&] {
+      auto r = s->Acquire(1, second, shape);
+      if (r.ok() || !SaysForked(r.error())) ::_exit(2);
+      if (s->Prefetch(1, second).ok()) ::_exit(3);
+      Status released = s->MarkUsed(*held);
+      if (released.ok() || !SaysForked(released.error())) ::_exit(4);
+      if (s->WriteStats().ok()) ::_exit(5);  // the stats file is the parent's
+      if (!s->Close().ok()) ::_exit(6);
+      s.reset();  // the destructor must not join the parent's threads
+      ::_exit(0);
+    });
+    EXPECT_EQ(rc, 0) << "child exit code (2-6: a check above; -1: hung)";
+    // The parent's store carries on.
+    ASSERT_TRUE(s->MarkUsed(*held).ok());
+    auto next = s->Acquire(1, second, shape);
+    ASSERT_TRUE(next.ok()) << next.error().message();
+    EXPECT_EQ(next->routes[0].bytes[0], testing::PatternByte(1, 2, 0, 0));
+    ASSERT_TRUE(s->MarkUsed(*next).ok());
+    ASSERT_TRUE(s->Close().ok());
+  }
+}
+
+TEST(StoreRuntimeAudit, ForkedChildCanOnlyCloseItsCopyOfASlotCache) {
+  TinyPack p(TinySpec{}, "fork-slots");
+  for (uint64_t host_tier : {uint64_t{0}, 4 * kObject}) {
+    SCOPED_TRACE(host_tier);
+    SlotCacheOptions o;
+    o.host_cache_bytes = host_tier;
+    auto opened = SlotCache::Open(p.pack, p.manifest, o);
+    ASSERT_TRUE(opened.ok()) << opened.error().message();
+    std::unique_ptr<SlotCache> cache = std::move(opened).value();
+    void* mem = std::aligned_alloc(4096, 4 * kObject);
+    ASSERT_TRUE(cache->AttachHost(static_cast<uint8_t*>(mem), 4).ok());
+    const int64_t shape[2] = {1, 2};
+    std::vector<int64_t> first = {0, 1}, second = {2, 3};
+    auto slots = cache->Acquire(1, first, shape, std::nullopt);
+    ASSERT_TRUE(slots.ok()) << slots.error().message();
+    int rc = InForkedChild([&] {
+      auto r = cache->Acquire(1, second, shape, std::nullopt);
+      if (r.ok() || !SaysForked(r.error())) ::_exit(2);
+      Status released = cache->MarkUsed(*slots);
+      if (released.ok() || !SaysForked(released.error())) ::_exit(3);
+      if (!cache->Close().ok()) ::_exit(4);
+      cache.reset();
+      ::_exit(0);
+    });
+    EXPECT_EQ(rc, 0) << "child exit code (2-4: a check above; -1: hung)";
+    ASSERT_TRUE(cache->MarkUsed(*slots).ok());
+    auto next = cache->Acquire(1, second, shape, std::nullopt);
+    ASSERT_TRUE(next.ok()) << next.error().message();
+    ASSERT_TRUE(cache->Close().ok());
     cache.reset();
     std::free(mem);
   }
