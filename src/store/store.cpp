@@ -466,6 +466,12 @@ Status ExpertStore::Close() {
         s.prefetch_wasted_bytes += s.geo.space.Cost(e->id);
         e->used = true;  // counted once
       }
+    // The cache's memory goes now, not when the store object is destroyed
+    // (a closed Python store may live on for long); views handed out keep
+    // their own buffers, which are freed when the last view drops.
+    for (auto& e : s.entries) e.reset();
+    for (auto& e : s.staged) e.reset();
+    s.pool->Drain();
   }
   Status st = s.opt.stats_path.empty() ? Status::OK() : s.WriteStatsJson();
   s.fd = UniqueFd();

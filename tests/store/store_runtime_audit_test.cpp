@@ -3,6 +3,7 @@
 // inside a store when it is closed, and what a closed store still holds.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -208,6 +209,44 @@ TEST(StoreRuntimeAudit, ForkedChildCanOnlyCloseItsCopyOfASlotCache) {
     cache.reset();
     std::free(mem);
   }
+}
+
+// Close() kept the whole cache (resident objects and the pool's free
+// buffers) until the store object itself was destroyed: a closed Python
+// store that stays referenced held its cache_bytes for good. Now Close()
+// frees it; a view handed out keeps only its own object, freed with it.
+TEST(StoreRuntimeAudit, CloseFreesTheCacheButNotTheViewsHandedOut) {
+  TinyPack p(TinySpec{}, "close-frees");
+  auto live = std::make_shared<std::atomic<int64_t>>(0);  // bytes allocated and not freed
+  StoreOptions o;
+  o.cache_bytes = 6 * kObject;
+  o.buffer_alloc = [live](uint64_t bytes) -> void* {
+    *live += static_cast<int64_t>(bytes);
+    return std::aligned_alloc(4096, bytes);
+  };
+  o.buffer_free = [live](void* q, uint64_t bytes) {
+    *live -= static_cast<int64_t>(bytes);
+    std::free(q);
+  };
+  auto s = OpenOk(p, o);
+  ASSERT_TRUE(s);
+  const int64_t shape[2] = {1, 2};
+  std::vector<ExpertView> kept;
+  for (int64_t e = 0; e < 8; e += 2) {  // 4 calls x 2 objects on a 6-object cache: some evicted (pooled)
+    std::vector<int64_t> ids = {e, e + 1};
+    auto a = s->Acquire(2, ids, shape);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    if (e == 0) kept.push_back(a->routes[1]);
+    ASSERT_TRUE(s->MarkUsed(*a).ok());
+  }
+  ASSERT_GE(live->load(), int64_t{6 * kObject});
+  ASSERT_TRUE(s->Close().ok());
+  EXPECT_EQ(live->load(), int64_t{kObject}) << "only the kept view's object may stay allocated";
+  EXPECT_EQ(kept[0].bytes[0], testing::PatternByte(2, 1, 0, 0));  // still valid after close
+  kept.clear();
+  EXPECT_EQ(live->load(), 0);
+  s.reset();
+  EXPECT_EQ(live->load(), 0);
 }
 
 }  // namespace
