@@ -21,6 +21,7 @@
 #include "k3pack/store.h"
 #include "open_ok.h"
 #include "store/synthetic_pack.h"
+#include "util/file.h"
 
 namespace k3pack::store {
 namespace {
@@ -247,6 +248,30 @@ TEST(StoreRuntimeAudit, CloseFreesTheCacheButNotTheViewsHandedOut) {
   EXPECT_EQ(live->load(), 0);
   s.reset();
   EXPECT_EQ(live->load(), 0);
+}
+
+// SGLang's _write_stats creates the stats file's parent directory;
+// ExpertStore's did not, so a stats_path in a directory not made yet lost
+// every counter at Close() ("No such file or directory"), after the run.
+TEST(StoreRuntimeAudit, StatsFileParentDirectoryIsCreatedAsSglangDoes) {
+  TinyPack p(TinySpec{}, "stats-dir");
+  StoreOptions o;
+  o.cache_bytes = 4 * kObject;
+  o.stats_path = p.dir + "/not/yet/stats.json";
+  auto s = OpenOk(p, o);
+  ASSERT_TRUE(s);
+  const int64_t shape[2] = {1, 2};
+  std::vector<int64_t> ids = {0, 1};
+  auto a = s->Acquire(1, ids, shape);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  ASSERT_TRUE(s->MarkUsed(*a).ok());
+  Status closed = s->Close();
+  ASSERT_TRUE(closed.ok()) << closed.error().message();
+  auto text = ReadFileToString(o.stats_path);
+  ASSERT_TRUE(text.ok()) << text.error().message();
+  auto j = nlohmann::json::parse(*text);
+  EXPECT_EQ(j["cache_misses"].get<uint64_t>(), 2u);
+  EXPECT_EQ(j["route_calls_by_layer"][1].get<uint64_t>(), 1u);
 }
 
 }  // namespace
