@@ -507,28 +507,42 @@ Status SlotCache::Impl::CopyToSlot(uint32_t slot, const uint8_t* src) {
 }
 
 // Misses come from the host tier's cache (read by its own engine when not
-// resident there), then are copied into their slots.
+// resident there), then are copied into their slots. A call may miss more
+// objects than the host tier holds (a prefill touching many experts, a host
+// tier smaller than a layer): they go through it in chunks that fit, each
+// released before the next. In one host acquire they failed with "expert
+// cache cannot evict the active top-k working set" although the slots had
+// room.
 Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses) {
   const ObjectSpace& space = geo.space;
   const uint32_t k = space.top_k;
-  std::vector<int64_t> ids;
-  for (auto [key, slot] : misses) ids.push_back(space.ExpertOf(key));
-  while (ids.size() % k != 0) ids.push_back(ids.front());  // whole rows; duplicates are free
-  const int64_t shape[2] = {static_cast<int64_t>(ids.size() / k), static_cast<int64_t>(k)};
-  Result<Acquisition> acq = host->Acquire(space.active_layer_ids[li], ids, shape, false);
-  if (!acq.ok()) return acq.error();  // the host tier counts its own I/O errors
-  Status st;
-  for (size_t i = 0; i < misses.size() && st.ok(); ++i) {
-    st = CopyToSlot(misses[i].second, acq->routes[i].bytes.data());
-    ++host_tier_copies;
+  // Objects the host tier always fits (its budget / the largest object; at
+  // least top_k, its open checks that). This cache's lock is held, so no
+  // other call holds host objects meanwhile.
+  const size_t chunk = std::max<size_t>(k, host->info().effective_capacity_objects);
+  for (size_t first = 0; first < misses.size(); first += chunk) {
+    const size_t n = std::min(chunk, misses.size() - first);
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < n; ++i) ids.push_back(space.ExpertOf(misses[first + i].first));
+    while (ids.size() % k != 0) ids.push_back(ids.front());  // whole rows; duplicates are free
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / k), static_cast<int64_t>(k)};
+    Result<Acquisition> acq = host->Acquire(space.active_layer_ids[li], ids, shape, false);
+    if (!acq.ok()) return acq.error();  // the host tier counts its own I/O errors
+    Status st;
+    for (size_t i = 0; i < n && st.ok(); ++i) {
+      st = CopyToSlot(misses[first + i].second, acq->routes[i].bytes.data());
+      ++host_tier_copies;
+    }
+    // The host tier may reuse its buffers once released: finish the copies first.
+    if (rt) {
+      Status sync = cuda::Check(*rt, rt->StreamSynchronize(transfer), "cudaStreamSynchronize");
+      if (st.ok()) st = sync;
+    }
+    Status released = host->MarkUsed(*acq);
+    K3_RETURN_IF_ERROR(st);
+    K3_RETURN_IF_ERROR(released);
   }
-  // The host tier may reuse its buffers once released: finish the copies first.
-  if (rt) {
-    Status sync = cuda::Check(*rt, rt->StreamSynchronize(transfer), "cudaStreamSynchronize");
-    if (st.ok()) st = sync;
-  }
-  Status released = host->MarkUsed(*acq);
-  return st.ok() ? released : st;
+  return Status::OK();
 }
 
 Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {

@@ -274,5 +274,39 @@ TEST(StoreRuntimeAudit, StatsFileParentDirectoryIsCreatedAsSglangDoes) {
   EXPECT_EQ(j["route_calls_by_layer"][1].get<uint64_t>(), 1u);
 }
 
+// A slot cache with a host tier read a call's misses through one host-tier
+// acquire: a call missing more objects than the host tier holds (a prefill
+// over many experts) failed with "expert cache cannot evict the active
+// top-k working set" although the slots had room. They now go through the
+// host tier in chunks that fit; every slot holds its object's bytes.
+TEST(StoreRuntimeAudit, SlotCacheMissesBeyondTheHostTierGoThroughItInChunks) {
+  TinyPack p(TinySpec{}, "host-chunks");
+  SlotCacheOptions o;
+  o.host_cache_bytes = 2 * kObject;  // the least a host tier may hold: top_k objects
+  auto opened = SlotCache::Open(p.pack, p.manifest, o);
+  ASSERT_TRUE(opened.ok()) << opened.error().message();
+  std::unique_ptr<SlotCache> cache = std::move(opened).value();
+  uint8_t* mem = static_cast<uint8_t*>(std::aligned_alloc(4096, 8 * kObject));
+  ASSERT_TRUE(cache->AttachHost(mem, 8).ok());
+  const int64_t shape[2] = {3, 2};  // a prefill of 3 tokens: 5 distinct experts, duplicates kept
+  std::vector<int64_t> ids = {0, 1, 2, 3, 4, 1};
+  auto slots = cache->Acquire(2, ids, shape, std::nullopt);
+  ASSERT_TRUE(slots.ok()) << slots.error().message();
+  ASSERT_EQ(slots->size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint8_t* slot = mem + uint64_t((*slots)[i]) * kObject;
+    for (uint32_t role = 0; role < 3; ++role)
+      EXPECT_EQ(slot[role * 4096 + 5], testing::PatternByte(2, uint32_t(ids[i]), role, 5)) << "route " << i;
+  }
+  EXPECT_EQ((*slots)[1], (*slots)[5]);
+  auto j = cache->Snapshot();
+  EXPECT_EQ(j["k3pack"]["host_tier_copies"].get<uint64_t>(), 5u);
+  EXPECT_EQ(j["cache_misses"].get<uint64_t>(), 5u);
+  ASSERT_TRUE(cache->MarkUsed(*slots).ok());
+  ASSERT_TRUE(cache->Close().ok());
+  cache.reset();
+  std::free(mem);
+}
+
 }  // namespace
 }  // namespace k3pack::store
