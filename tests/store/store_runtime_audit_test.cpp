@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -306,6 +308,35 @@ TEST(StoreRuntimeAudit, SlotCacheMissesBeyondTheHostTierGoThroughItInChunks) {
   ASSERT_TRUE(cache->Close().ok());
   cache.reset();
   std::free(mem);
+}
+
+// The pread engine starts one thread per read in flight (queue_depth). When
+// the process could not make them all (a container's pids limit, the
+// address-space limit), std::thread's exception unwound through the engine
+// with running threads and aborted the process (SIGABRT from Open()). Now
+// the threads started are stopped and Open() returns an error.
+TEST(StoreRuntimeAudit, OpenThatCannotStartItsIoThreadsFailsWithoutAborting) {
+  TinyPack p(TinySpec{}, "thread-limit");
+  int rc = InForkedChild([&] {
+    // This child's address space may grow by 256 MiB: 1024 thread stacks do not fit.
+    uint64_t vm_kib = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
+    if (vm_kib == 0) ::_exit(3);
+    const rlim_t limit = (vm_kib << 10) + (rlim_t{256} << 20);
+    struct rlimit rl = {limit, limit};
+    if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(4);
+    StoreOptions o;
+    o.cache_bytes = 4 * kObject;
+    o.queue_depth = 1024;
+    auto s = ExpertStore::Open(p.pack, p.manifest, o);
+    if (s.ok()) ::_exit(5);  // the limit did not bite: nothing shown
+    if (s.error().message().find("cannot start the expert store's I/O threads") == std::string::npos) ::_exit(2);
+    ::_exit(0);
+  });
+  if (rc == 5) GTEST_SKIP() << "1024 threads fit under the address-space limit here";
+  EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 2: another error)";
 }
 
 }  // namespace
