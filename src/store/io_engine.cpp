@@ -16,6 +16,14 @@ uint64_t NowNs() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
+Error ThreadStartError(const std::system_error& e, size_t started, size_t wanted) {
+  return Error("cannot start the expert store's I/O threads (" + std::to_string(started) + " of " +
+                   std::to_string(wanted) + " started): " + e.what(),
+               ErrorKind::kOS, e.code().value())
+      .WithHint("lower queue_depth (the pread backend runs one thread per read in flight), or raise the "
+                "process's thread or memory limits");
+}
+
 const char* IoBackendName(IoBackend b) { return b == IoBackend::kUring ? "uring" : "pread"; }
 
 Result<IoBackend> ParseIoBackend(const std::string& name) {
@@ -87,10 +95,19 @@ namespace {
 // Blocking pread on a pool of threads: `queue_depth` ranges in flight.
 class PreadEngine final : public IoEngine {
  public:
-  explicit PreadEngine(uint32_t threads) {
-    for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-  }
   ~PreadEngine() override { Shutdown(); }
+  // Starts `threads` workers; when the process cannot make them all, those
+  // already running are stopped and the open fails with an error.
+  Status Start(uint32_t threads) {
+    try {
+      for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
+    } catch (const std::system_error& e) {
+      const size_t started = workers_.size();
+      Shutdown();
+      return ThreadStartError(e, started, threads);
+    }
+    return Status::OK();
+  }
   IoBackend backend() const override { return IoBackend::kPread; }
 
   void Submit(std::unique_ptr<ObjectRead> read) override {
@@ -157,7 +174,9 @@ Result<std::unique_ptr<IoEngine>> MakeUringEngine(uint32_t queue_depth);  // io_
 Result<std::unique_ptr<IoEngine>> IoEngine::Create(IoBackend backend, uint32_t queue_depth) {
   if (queue_depth == 0) return Error("I/O queue depth must be positive");
   if (backend == IoBackend::kUring) return MakeUringEngine(queue_depth);
-  return std::unique_ptr<IoEngine>(new PreadEngine(queue_depth));
+  auto engine = std::make_unique<PreadEngine>();
+  K3_RETURN_IF_ERROR(engine->Start(queue_depth));
+  return std::unique_ptr<IoEngine>(std::move(engine));
 }
 
 }  // namespace k3pack::store

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -108,5 +109,11 @@ class IoEngine {
 };
 
 uint64_t NowNs();
+
+// The error for engine threads that could not be started (`started` of
+// `wanted`; the process's thread or memory limit): std::thread throws, and
+// an escaping exception (or a joinable thread destroyed while unwinding)
+// used to abort the whole process from Open().
+Error ThreadStartError(const std::system_error& e, size_t started, size_t wanted);
 
 }  // namespace k3pack::store

@@ -34,9 +34,25 @@ class UringEngine final : public IoEngine {
     while (entries < depth) entries <<= 1;
     int rc = io_uring_queue_init(entries, &ring_, 0);
     if (rc < 0) return Error(std::string("io_uring is unavailable: ") + std::strerror(-rc), ErrorKind::kOS, -rc);
-    ring_ok_ = true;
-    reaper_ = std::thread([this] { Reap(); });
-    submitter_ = std::thread([this] { SubmitLoop(); });
+    try {
+      reaper_ = std::thread([this] { Reap(); });
+    } catch (const std::system_error& e) {
+      io_uring_queue_exit(&ring_);
+      return ThreadStartError(e, 0, 2);
+    }
+    try {
+      submitter_ = std::thread([this] { SubmitLoop(); });
+    } catch (const std::system_error& e) {
+      // Stop the reaper with its shutdown marker (what SubmitLoop posts).
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data(sqe, nullptr);
+      io_uring_submit(&ring_);
+      reaper_.join();
+      io_uring_queue_exit(&ring_);
+      return ThreadStartError(e, 1, 2);
+    }
+    ring_ok_ = true;  // Shutdown() and the destructor now own the threads and the ring
     return Status::OK();
   }
 

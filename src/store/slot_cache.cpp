@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "store/cuda_runtime.h"
+#include "store/fork_guard.h"
 #include "store/io_engine.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
@@ -60,6 +61,7 @@ struct SlotCache::Impl {
   std::unique_ptr<IoEngine> engine;
   std::shared_ptr<ExpertStore> host;           // optional host-RAM tier
   ObjectChecksums checksums;                   // direct reads only (the host tier checks its own)
+  pid_t opened_pid = ::getpid();               // a forked child may only close its copy (fork_guard.h)
   uint64_t slot_bytes = 0;
 
   // Slot memory.
@@ -119,7 +121,12 @@ struct SlotCache::Impl {
 };
 
 SlotCache::SlotCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-SlotCache::~SlotCache() { (void)Close(); }
+SlotCache::~SlotCache() {
+  (void)Close();
+  // A forked child's copy: the engine's threads live in the parent only
+  // (joining them here hangs, destroying their handles terminates).
+  if (ForkedFrom(impl_->opened_pid)) (void)impl_->engine.release();
+}
 const StoreInfo& SlotCache::info() const { return impl_->info; }
 uint64_t SlotCache::slot_bytes() const { return impl_->slot_bytes; }
 bool SlotCache::attached() const {
@@ -198,6 +205,7 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
 
 Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
   Impl& s = *impl_;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
   // After Close nothing would ever release what an attach takes (the CUDA
   // path's events, stream and pinned staging), nor serve from it.
@@ -213,6 +221,7 @@ Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
 
 Status SlotCache::AttachCuda(void* device_base, uint32_t slot_count, int device) {
   Impl& s = *impl_;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (device_base == nullptr) return Error("expert slot memory is null");
@@ -291,6 +300,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
                                                 void* stream, std::span<const uint64_t> request_ids) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));  // no read would ever finish in a forked child
   if (!attached()) return Error("expert device cache is not initialized", ErrorKind::kRuntime);
   K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
   std::vector<ObjectId> row_keys;
@@ -315,6 +325,9 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     ++s.waits_for_other_threads;
     s.SetPins(mine, +1);
     s.cv.wait_until(lock, deadline);
+    // Close() may have run meanwhile and shut the engine down: a read
+    // submitted now would never finish (this call would wait forever).
+    if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
     s.SetPins(mine, -1);
   }
   std::vector<uint64_t> gens(keys.size());
@@ -494,32 +507,47 @@ Status SlotCache::Impl::CopyToSlot(uint32_t slot, const uint8_t* src) {
 }
 
 // Misses come from the host tier's cache (read by its own engine when not
-// resident there), then are copied into their slots.
+// resident there), then are copied into their slots. A call may miss more
+// objects than the host tier holds (a prefill touching many experts, a host
+// tier smaller than a layer): they go through it in chunks that fit, each
+// released before the next. In one host acquire they failed with "expert
+// cache cannot evict the active top-k working set" although the slots had
+// room.
 Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses) {
   const ObjectSpace& space = geo.space;
   const uint32_t k = space.top_k;
-  std::vector<int64_t> ids;
-  for (auto [key, slot] : misses) ids.push_back(space.ExpertOf(key));
-  while (ids.size() % k != 0) ids.push_back(ids.front());  // whole rows; duplicates are free
-  const int64_t shape[2] = {static_cast<int64_t>(ids.size() / k), static_cast<int64_t>(k)};
-  Result<Acquisition> acq = host->Acquire(space.active_layer_ids[li], ids, shape, false);
-  if (!acq.ok()) return acq.error();  // the host tier counts its own I/O errors
-  Status st;
-  for (size_t i = 0; i < misses.size() && st.ok(); ++i) {
-    st = CopyToSlot(misses[i].second, acq->routes[i].bytes.data());
-    ++host_tier_copies;
+  // Objects the host tier always fits (its budget / the largest object; at
+  // least top_k, its open checks that). This cache's lock is held, so no
+  // other call holds host objects meanwhile.
+  const size_t chunk = std::max<size_t>(k, host->info().effective_capacity_objects);
+  for (size_t first = 0; first < misses.size(); first += chunk) {
+    const size_t n = std::min(chunk, misses.size() - first);
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < n; ++i) ids.push_back(space.ExpertOf(misses[first + i].first));
+    while (ids.size() % k != 0) ids.push_back(ids.front());  // whole rows; duplicates are free
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / k), static_cast<int64_t>(k)};
+    Result<Acquisition> acq = host->Acquire(space.active_layer_ids[li], ids, shape, false);
+    if (!acq.ok()) return acq.error();  // the host tier counts its own I/O errors
+    Status st;
+    for (size_t i = 0; i < n && st.ok(); ++i) {
+      st = CopyToSlot(misses[first + i].second, acq->routes[i].bytes.data());
+      ++host_tier_copies;
+    }
+    // The host tier may reuse its buffers once released: finish the copies first.
+    if (rt) {
+      Status sync = cuda::Check(*rt, rt->StreamSynchronize(transfer), "cudaStreamSynchronize");
+      if (st.ok()) st = sync;
+    }
+    Status released = host->MarkUsed(*acq);
+    K3_RETURN_IF_ERROR(st);
+    K3_RETURN_IF_ERROR(released);
   }
-  // The host tier may reuse its buffers once released: finish the copies first.
-  if (rt) {
-    Status sync = cuda::Check(*rt, rt->StreamSynchronize(transfer), "cudaStreamSynchronize");
-    if (st.ok()) st = sync;
-  }
-  Status released = host->MarkUsed(*acq);
-  return st.ok() ? released : st;
+  return Status::OK();
 }
 
 Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
   Impl& s = *impl_;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
   std::vector<int32_t> distinct(slots.begin(), slots.end());
   std::sort(distinct.begin(), distinct.end());
@@ -555,6 +583,7 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
 }
 
 Status SlotCache::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
+  K3_RETURN_IF_ERROR(CheckOpenedHere(impl_->opened_pid));
   if (!impl_->host) return Error("prefetch needs a host tier (host_cache_mib > 0)");
   return impl_->host->Prefetch(layer, ids);
 }
@@ -626,6 +655,14 @@ Status SlotCache::Close() {
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Status::OK();
   s.closed = true;
+  if (ForkedFrom(s.opened_pid)) {
+    // The engine's threads and the CUDA context are the parent's: give up
+    // this copy's descriptors only (the host tier closes its own copy).
+    s.fd = UniqueFd();
+    s.direct_fd = UniqueFd();
+    return s.host ? s.host->Close() : Status::OK();
+  }
+  s.cv.notify_all();  // calls waiting for room give up (they see `closed`)
   if (s.engine) s.engine->Shutdown();
   Status st = s.host ? s.host->Close() : Status::OK();
   s.ReleaseCuda();

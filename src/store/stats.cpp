@@ -2,8 +2,11 @@
 // own under "k3pack", written like SGLang's _write_stats (indent=2,
 // sort_keys, ASCII, trailing newline) but through an fsynced atomic rename.
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 
 #include "manifest/pyjson.h"
+#include "store/fork_guard.h"
 #include "store/store_state.h"
 
 namespace k3pack::store {
@@ -111,6 +114,15 @@ Status ExpertStore::Impl::WriteStatsJson() const {
     std::lock_guard<std::mutex> lock(mu);
     snapshot = SnapshotLocked();
   }
+  // SGLang's _write_stats creates the parent directory: without it, hours
+  // of counters were lost at close with "No such file or directory".
+  const std::filesystem::path parent = std::filesystem::path(opt.stats_path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec)
+    return Error("cannot write " + opt.stats_path + ": cannot create its directory " + parent.string() + ": " +
+                     ec.message(),
+                 ErrorKind::kOS, ec.value());
   return WriteFileAtomic(opt.stats_path, manifest::PyJsonDumps(snapshot, manifest::PyJsonStyle::kIndent2Ascii) + "\n");
 }
 
@@ -121,6 +133,7 @@ json ExpertStore::Snapshot() const {
 
 Status ExpertStore::WriteStats() const {
   if (impl_->opt.stats_path.empty()) return Error("no stats path was configured");
+  K3_RETURN_IF_ERROR(CheckOpenedHere(impl_->opened_pid));  // the file is the parent's
   return impl_->WriteStatsJson();
 }
 

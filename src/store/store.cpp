@@ -8,12 +8,22 @@
 #include <cstdio>
 
 #include "k3pack/pack.h"
+#include "store/fork_guard.h"
 #include "store/store_state.h"
 
 namespace k3pack::store {
 
 ExpertStore::ExpertStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ExpertStore::~ExpertStore() { (void)Close(); }
+ExpertStore::~ExpertStore() {
+  (void)Close();
+  // A forked child's copy: the engine's and checksum pool's threads live in
+  // the parent only; destroying their handles here would join (hang) or
+  // terminate. Leave them (their memory is the child's to lose at exit).
+  if (ForkedFrom(impl_->opened_pid)) {
+    (void)impl_->engine.release();
+    (void)impl_->verify_pool.release();
+  }
+}
 const StoreInfo& ExpertStore::info() const { return impl_->info; }
 
 void ExpertStore::SetReadFaultHook(std::function<void(uint64_t, uint64_t, int64_t*)> hook) {
@@ -244,6 +254,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
                                          std::optional<bool> is_prefill_opt, std::span<const uint64_t> request_ids) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));  // no read would ever finish in a forked child
   K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
   std::vector<ObjectId> row_keys;
   CallRows rows_storage;
@@ -267,6 +278,9 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
                               ? s.active_by_thread[std::this_thread::get_id()] : 0;
     if (s.active_acquisitions > mine && std::chrono::steady_clock::now() < deadline) {
       s.cv.wait_until(lock, deadline);
+      // Close() may have run meanwhile: its engine takes no more reads (a
+      // read submitted now would never finish, and this call wait forever).
+      if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
       continue;
     }
     bool dropped = false;
@@ -364,6 +378,7 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (a.ticket == 0) return Status::OK();
+    K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));  // the parent's pins; and no stats write from a copy
     // Another store's ticket would unpin objects here that this store never
     // pinned and mark the call released, leaving the owner's pins held.
     if (a.store != this)
@@ -386,6 +401,7 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
 Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
+  K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   int64_t shape[2] = {1, static_cast<int64_t>(space.top_k)};
   if (space.LayerIndex(layer) < 0) return ValidateRoute(space, layer, shape, {});
   for (int64_t e : ids)
@@ -421,10 +437,21 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
 
 Status ExpertStore::Close() {
   Impl& s = *impl_;
+  if (ForkedFrom(s.opened_pid)) {
+    // Reads in flight (if any) were the parent's: nothing here will finish
+    // them, and the engine's threads are not ours to stop. The stats file is
+    // the parent's too. Give up this copy's descriptors only.
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.closed = true;
+    s.fd = UniqueFd();
+    s.direct_fd = UniqueFd();
+    return Status::OK();
+  }
   {
     std::unique_lock<std::mutex> lock(s.mu);
     if (s.closed) return Status::OK();
     s.closed = true;
+    s.cv.notify_all();  // calls waiting for room: they give up now
     // Staged objects no acquire will take: queued reads are cancelled.
     for (uint32_t l = 0; l < s.staged_by_layer.size(); ++l) s.DropStaged(l);
     s.spec_queue.clear();
@@ -439,6 +466,12 @@ Status ExpertStore::Close() {
         s.prefetch_wasted_bytes += s.geo.space.Cost(e->id);
         e->used = true;  // counted once
       }
+    // The cache's memory goes now, not when the store object is destroyed
+    // (a closed Python store may live on for long); views handed out keep
+    // their own buffers, which are freed when the last view drops.
+    for (auto& e : s.entries) e.reset();
+    for (auto& e : s.staged) e.reset();
+    s.pool->Drain();
   }
   Status st = s.opt.stats_path.empty() ? Status::OK() : s.WriteStatsJson();
   s.fd = UniqueFd();

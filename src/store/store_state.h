@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "k3pack/store.h"
 #include "util/buffer_pool.h"
 #include "util/task_pool.h"
@@ -37,6 +39,7 @@ struct ExpertStore::Impl {
   static constexpr size_t kMaxLatencySamples = 1 << 20;
 
   // Immutable after Open.
+  pid_t opened_pid = ::getpid();  // a forked child may only close its copy (fork_guard.h)
   StoreOptions opt;
   StoreInfo info;
   PackGeometry geo;

@@ -53,6 +53,17 @@ std::shared_ptr<uint8_t> BufferPool::Get(uint64_t bytes) {
   });
 }
 
+void BufferPool::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [size, list] : free_) {
+    for (uint8_t* p : list) Free(*allocator_, p, size);
+    allocated_ -= size * list.size();
+  }
+  free_.clear();
+  free_bytes_ = 0;
+  max_free_ = 0;
+}
+
 void BufferPool::Release(uint8_t* p, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (free_bytes_ + bytes > max_free_) {

@@ -33,6 +33,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // if memory is exhausted.
   std::shared_ptr<uint8_t> Get(uint64_t bytes);
   uint64_t allocated_bytes() const;
+  // Frees every buffer kept for reuse and keeps none from now on: buffers
+  // still referenced are freed when their last reference drops. For an
+  // owner that is done (a closed store) but may live on.
+  void Drain();
 
  private:
   void Release(uint8_t* p, uint64_t bytes);
