@@ -13,24 +13,6 @@ namespace k3pack::store {
 
 using nlohmann::json;
 
-static json Percentiles(std::vector<uint64_t> v) {
-  json out = json::object();
-  if (v.empty()) {
-    for (const char* k : {"p50", "p90", "p99", "max"}) out[k] = 0.0;
-    return out;
-  }
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    size_t i = static_cast<size_t>(q * double(v.size() - 1) + 0.5);
-    return double(v[std::min(i, v.size() - 1)]) / 1e6;
-  };
-  out["p50"] = at(0.50);
-  out["p90"] = at(0.90);
-  out["p99"] = at(0.99);
-  out["max"] = double(v.back()) / 1e6;
-  return out;
-}
-
 json ExpertStore::Impl::SnapshotLocked() const {
   const ObjectSpace& s = geo.space;
   json j = json::object();
@@ -75,7 +57,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["hit_rate"] = lookups ? double(cache_hits) / double(lookups) : 0.0;
   k["layer_hits"] = layer_hits;
   k["layer_misses"] = layer_misses;
-  k["read_latency_ms"] = Percentiles(latency_ns);
+  k["read_latency_ms"] = latency.PercentilesMs();  // the most recent reads
   k["prefetch_issued"] = prefetch_issued;
   k["prefetch_useful"] = prefetch_useful;
   k["prefetch_wasted"] = prefetch_wasted;

@@ -223,7 +223,7 @@ void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const Object
   ++pack_reads;
   pack_read_bytes += r.bytes;
   pack_read_ns += r.max_range_ns;
-  if (latency_ns.size() < kMaxLatencySamples) latency_ns.push_back(r.latency_ns);
+  latency.Add(r.latency_ns);
   if (r.status.ok() && !entry_crc32c.empty()) ++checksum_verified;
   if (r.status.ok()) {
     e->state = Entry::kReady;

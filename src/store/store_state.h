@@ -16,6 +16,7 @@
 #include "util/buffer_pool.h"
 #include "util/task_pool.h"
 #include "store/io_engine.h"
+#include "store/latency_window.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
 
@@ -36,7 +37,6 @@ struct ExpertStore::Impl {
     bool speculative_io = false;  // submitted as a speculative read (counts against the prefetch queue depth)
     bool dropped = false;      // left staging untaken; an in-flight read is discarded when it lands
   };
-  static constexpr size_t kMaxLatencySamples = 1 << 20;
 
   // Immutable after Open.
   pid_t opened_pid = ::getpid();  // a forked child may only close its copy (fork_guard.h)
@@ -72,7 +72,7 @@ struct ExpertStore::Impl {
   uint64_t last_flush_calls = 0;
   // k3pack's.
   std::vector<uint64_t> layer_hits, layer_misses;  // per active layer
-  std::vector<uint64_t> latency_ns;
+  LatencyWindow latency;  // read latencies of the most recent reads
   uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_wasted = 0;
   // Staged prefetch (guarded by mu).
   bool staged_mode = true;
