@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -92,6 +93,22 @@ Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
                    in[by_rank[rk.rank]].path + " and " + in[i].path);
     }
     by_rank[rk.rank] = static_cast<int>(i);
+  }
+  // One checkpoint: rank packs of two sources with one layout share header,
+  // index and size, and each payload matches its own sidecar, so only the
+  // recorded source tags tell them apart (0: an older sidecar, not compared).
+  const RankInput* ref = nullptr;
+  for (const RankInput& r : in) {
+    if (!ref && r.digests.source_tag != 0) ref = &r;
+    if (ref && r.digests.source_tag != 0 && r.digests.source_tag != ref->digests.source_tag) {
+      char tags[40];
+      std::snprintf(tags, sizeof tags, "%08x vs %08x", r.digests.source_tag, ref->digests.source_tag);
+      return Error("rank pack " + r.path + " was built from other GGUF shards than " + ref->path +
+                   " (source tags " + tags + " in their digest sidecars): the rank packs of one merge must " +
+                   "come from one checkpoint")
+          .WithHint("rebuild the odd rank(s) from the same shards as the others (`k3pack pack --ep-size " +
+                    std::to_string(n) + " --ep-rank R`)");
+    }
   }
   std::string missing;
   for (uint32_t r = 0; r < n; ++r) {

@@ -199,6 +199,41 @@ TEST_F(EpPack, MergeRefusesIncompleteMixedOrDamagedGroups) {
   EXPECT_FALSE(PathExists(PartialPathFor(mo.out_path)));
 }
 
+// Rank packs of two checkpoints with one layout (here: another seed) share
+// header, index and size, and each payload matches its own sidecar; the merge
+// must still refuse them, naming both files, and write nothing (session 13:
+// it produced a pack mixing the two checkpoints' experts).
+TEST_F(EpPack, MergeRefusesRankPacksOfTwoCheckpoints) {
+  const testing::Model other = testing::MakeModel(*root_ + "/model-other", EpModel::kSeed + 1);
+  const std::string a0 = BuildRank("src", {4, 0}), a1 = BuildRank("src", {4, 1});
+  auto build_other = [&](ep::Rank rank) {
+    const std::string out = RankPackPath(*root_ + "/src/m.pack", rank);
+    auto r = BuildPack(other.experts, Opts(out, rank));
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+    return out;
+  };
+  const std::string b2 = build_other({4, 2}), b3 = build_other({4, 3});
+  auto d0 = ReadPackDigests(DigestsPathFor(a0)), d2 = ReadPackDigests(DigestsPathFor(b2));
+  ASSERT_TRUE(d0.ok() && d2.ok());
+  EXPECT_EQ(d0->index_sha256, d2->index_sha256);  // same layout: the index cannot tell them apart
+  EXPECT_NE(d0->source_tag, 0u);
+  EXPECT_EQ(d0->source_tag, ReadPackDigests(DigestsPathFor(a1))->source_tag);
+  MergeOptions mo;
+  mo.out_path = *root_ + "/src/out.pack";
+  auto mixed = MergeRankPacks({a0, a1, b2, b3}, mo);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message().find("rank pack " + b2 + " was built from other GGUF shards than " + a0),
+            std::string::npos)
+      << mixed.error().message();
+  EXPECT_NE(mixed.error().message().find("must come from one checkpoint"), std::string::npos);
+  EXPECT_FALSE(PathExists(mo.out_path));
+  // The same four from one checkpoint merge (the tag is the source's, not the rank's).
+  const std::string a2 = BuildRank("src2", {4, 2}), a3 = BuildRank("src2", {4, 3});
+  auto ok = MergeRankPacks({a0, a1, a2, a3}, mo);
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  EXPECT_EQ(ReadAll(mo.out_path), ReadAll(FullPack()));
+}
+
 // verify on a rank pack: a flipped byte in an owned payload and an owned
 // payload punched to a hole both fail, each named (layer tensor, expert,
 // entry, offset), the hole said to be one; the other ranks' holes are not damage.
