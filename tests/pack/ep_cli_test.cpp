@@ -240,6 +240,10 @@ TEST_F(EpCli, BadEpOptionsAreUsageErrors) {
       {{"--ep-size", "3", "--ep-rank", "0"}, "--ep-size 3 does not divide the 16 routed experts"},
       {{"--ep-size", "4", "--ep-rank", "4"}, "--ep-rank 4 is out of range for --ep-size 4 (ranks are 0..3)"},
       {{"--ep-size", "0", "--ep-rank", "0"}, "--ep-size must be at least 1, got 0"},
+      // Session 13: the two below said "must be at least 1" and "--ep-rank 4294967295".
+      {{"--ep-size", "99999999999", "--ep-rank", "0"}, "--ep-size must be at most 1048576, got 99999999999"},
+      {{"--ep-size", "4", "--ep-rank", "99999999999"},
+       "--ep-rank 99999999999 is out of range for --ep-size 4 (ranks are 0..3)"},
       {{"--ep-size", "4", "--ep-rank", "x"}, "--ep-rank must be an integer 0..3 or `all`, got 'x'"},
       {{"--ep-size", "4", "--ep-rank", "-1"}, "--ep-rank must be non-negative, got -1"},
       {{"--ep-rank", "1"}, "--ep-rank needs --ep-size"},
