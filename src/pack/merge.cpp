@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -218,8 +219,13 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
                   std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
     }
   }
-  K3_RETURN_IF_ERROR(out.Commit());
+  // The sidecar first, then the pack: a crash between the two leaves no pack
+  // (a rerun merges again and replaces the sidecar). The other order left a
+  // pack without its sidecar, which a rerun refuses as not this merge.
+  // Test seam: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two.
   K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+  if (EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1) ::raise(SIGKILL);
+  K3_RETURN_IF_ERROR(out.Commit());
   (void)lock;
   MergeResult r;
   r.pack_path = p.out;

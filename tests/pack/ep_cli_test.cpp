@@ -3,6 +3,7 @@
 // `verify --full` on a rank pack, resume of a rank build, `ep-merge`, and
 // the usage errors (exit 2).
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/falloc.h>
 #include <unistd.h>
 
@@ -227,6 +228,24 @@ TEST_F(EpCli, EpMergeRebuildsTheFullPack) {
   args.push_back("--force");
   EXPECT_EQ(RunCli(args).first, 0);
   EXPECT_TRUE(ReadAll(d + "/m.pack") == ReadAll(full + "/m.pack"));
+}
+
+// A merge killed between writing its two files (K3PACK_TEST_KILL_IN_MERGE=1)
+// is finished by the plain rerun. Session 13: the pack was renamed into place
+// before its sidecar was written, so a crash there left a pack without its
+// .digests, which the rerun refused ("not the merge of these rank packs").
+TEST_F(EpCli, EpMergeKilledBeforeItsLastFileIsFinishedByTheRerun) {
+  const std::string full = Dir("k-full"), d = Dir("k-ep");
+  ASSERT_EQ(RunCli(Pack(full + "/m.pack")).first, 0);
+  ASSERT_EQ(RunCli(Pack(d + "/m.pack", {"--ep-size", "2", "--ep-rank", "all"})).first, 0);
+  const std::vector<std::string> args = {"ep-merge", "--progress", "none", d + "/m.ep0-of-2.pack",
+                                         d + "/m.ep1-of-2.pack"};
+  auto [rc, err] = RunCli(args, {"K3PACK_TEST_KILL_IN_MERGE=1"});
+  ASSERT_EQ(rc, 128 + SIGKILL) << err;
+  auto [rc2, err2] = RunCli(args);
+  ASSERT_EQ(rc2, 0) << err2;
+  EXPECT_TRUE(ReadAll(d + "/m.pack") == ReadAll(full + "/m.pack"));
+  EXPECT_TRUE(ReadAll(DigestsPathFor(d + "/m.pack")) == ReadAll(DigestsPathFor(full + "/m.pack")));
 }
 
 // Bad --ep-size / --ep-rank: usage errors (exit 2), ep.h's texts.
