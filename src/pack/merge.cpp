@@ -51,8 +51,15 @@ Result<RankInput> OpenRankPack(const std::string& path) {
     return Error(path + " is not an expert-parallel rank pack: its digest sidecar " + dpath + " records no rank")
         .WithHint("pass the N rank packs written by `k3pack pack --ep-size N --ep-rank R|all`");
   }
-  if (in.digests.pack_size != in.size || in.digests.entry_crc32c.empty()) {
-    return Error("digest sidecar " + dpath + " does not belong to " + path + " (size differs)");
+  if (in.digests.pack_size != in.size) {
+    // Both sizes, so a truncated copy is told from a sidecar of another pack.
+    return Error("rank pack " + path + " is " + std::to_string(in.size) + " bytes, but its digest sidecar " + dpath +
+                 " records a pack of " + std::to_string(in.digests.pack_size) +
+                 " bytes: the pack is truncated or the sidecar is another pack's")
+        .WithHint("rebuild that rank pack (`k3pack pack --ep-size N --ep-rank R --force`) or copy it again");
+  }
+  if (in.digests.entry_crc32c.empty()) {
+    return Error("digest sidecar " + dpath + " of rank pack " + path + " holds no CRC32C records");
   }
   return in;
 }

@@ -176,6 +176,21 @@ TEST_F(EpPack, MergeRefusesIncompleteMixedOrDamagedGroups) {
   auto mixed = MergeRankPacks({a0, a1, a2, b1}, mo);
   ASSERT_FALSE(mixed.ok());
   EXPECT_NE(mixed.error().message().find("must come from one --ep-size"), std::string::npos);
+  // A truncated rank pack: both sizes named (session 13: "(size differs)").
+  {
+    const std::string cut = *root_ + "/mg/cut.ep3-of-4.pack";
+    std::filesystem::copy_file(a3, cut);
+    std::filesystem::copy_file(DigestsPathFor(a3), DigestsPathFor(cut));
+    const uint64_t size = std::filesystem::file_size(a3);
+    std::filesystem::resize_file(cut, size - 1000);
+    auto truncated = MergeRankPacks({a0, a1, a2, cut}, mo);
+    ASSERT_FALSE(truncated.ok());
+    EXPECT_NE(truncated.error().message().find("rank pack " + cut + " is " + std::to_string(size - 1000) +
+                                               " bytes, but its digest sidecar " + DigestsPathFor(cut) +
+                                               " records a pack of " + std::to_string(size) + " bytes"),
+              std::string::npos)
+        << truncated.error().message();
+  }
   auto full = MergeRankPacks({FullPack()}, mo);
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.error().message().find("is not an expert-parallel rank pack"), std::string::npos);
