@@ -43,7 +43,9 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
   constexpr int64_t kMaxSize = int64_t{1} << 20;
   if (n < 1) return Error("--ep-size must be at least 1, got " + std::to_string(n));
   // Say the bound that was broken (a size above it could never divide the experts).
-  if (n > kMaxSize) return Error("--ep-size must be at most " + std::to_string(kMaxSize) + ", got " + std::to_string(n));
+  if (n > kMaxSize) {
+    return Error("--ep-size must be at most " + std::to_string(kMaxSize) + ", got " + std::to_string(n));
+  }
   c.size = static_cast<uint32_t>(n);
   if (args.Get("--ep-rank") == "all") {
     c.all = true;
