@@ -248,6 +248,9 @@ struct PackDigests {
   // and CRC) and mean "absent", not "the digest of these bytes".
   std::optional<ep::Rank> ep;
   uint32_t num_experts = 0;  // version 3 only
+  // Version 3: a tag of the GGUF source's expert bytes (pack::SourceTag), equal
+  // for all rank packs of one checkpoint; 0 in sidecars written before it existed.
+  uint32_t source_tag = 0;
   uint64_t data_start = 0;   // as recorded (0 in sidecars written by WritePackDigests before v3)
   // False for an entry a rank pack does not hold (its records are not digests).
   bool present(uint64_t entry_index) const {

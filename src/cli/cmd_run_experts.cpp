@@ -56,6 +56,34 @@ Status CheckGgufDirHoldsRecordedShards(const std::string& gguf_dir, const std::s
       .WithHint(hint);
 }
 
+// A rank manifest must record the same source shards as --manifest: rank
+// packs of another checkpoint with the same layout open and serve fine, and
+// only make the ranks' sum differ from the single store's, which reads as a
+// bug in the EP path rather than the wrong files. Compared per shard: size,
+// header digest, and the whole-file SHA-256 where both record one (the only
+// record that tells two checkpoints with identical headers apart).
+Status SameSourceShards(const manifest::Manifest& full, const std::string& full_path, const manifest::Manifest& rank,
+                        const std::string& rank_path) {
+  const auto& a = full.source.shards;
+  const auto& b = rank.source.shards;
+  const std::string rule = ": every rank pack must be built from the checkpoint of --manifest";
+  if (a.size() != b.size()) {
+    return Error("--rank-manifests " + rank_path + " records " + std::to_string(b.size()) + " source shard(s), " +
+                 full_path + " records " + std::to_string(a.size()) + rule);
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::string field;
+    if (a[i].size != b[i].size) field = "size";
+    else if (a[i].metadata_sha256 != b[i].metadata_sha256) field = "metadata_sha256";
+    else if (a[i].sha256 && b[i].sha256 && *a[i].sha256 != *b[i].sha256) field = "sha256";
+    if (field.empty()) continue;
+    return Error("--rank-manifests " + rank_path + " records another source than " + full_path + ": shard " +
+                 std::to_string(i) + " differs in source.shards[" + std::to_string(i) + "]." + field + rule)
+        .WithHint("rebuild that rank's pack from the shards " + full_path + " records");
+  }
+  return Status::OK();
+}
+
 void PrintRun(const store::ExpertRunResult& r) {
   std::printf("layer %u: %u token(s) x top-%u of %u experts (hidden %lld -> latent %lld, intermediate %lld)\n",
               r.layer, r.tokens, r.top_k, r.num_experts, (long long)r.hidden, (long long)r.latent, (long long)r.inter);
@@ -180,10 +208,20 @@ int RunExperts(const std::vector<std::string>& argv) {
   for (auto* v : {&tokens, &seed, &mib, &threads, &ep_size}) {
     if (!v->ok()) return ReportError("run-experts", v->error(), 2);
   }
-  if (*tokens < 1 || *tokens > 1000000 || *mib < 1 || *threads < 1 || *seed < 0 || *ep_size < 1 ||
-      *ep_size > 65536) {
-    return ReportError("run-experts",
-                       Error("--tokens, --cache-mib, --threads and --ep-size must be positive, --seed >= 0"), 2);
+  // Each bound named with the value given: one lumped "must be positive" was
+  // wrong for a value above an upper bound (--ep-size 99999999999).
+  const struct {
+    const char* name;
+    int64_t value, lo, hi;
+  } ranges[] = {{"--tokens", *tokens, 1, 1000000},
+                {"--cache-mib", *mib, 1, INT64_MAX},
+                {"--threads", *threads, 1, INT64_MAX},
+                {"--seed", *seed, 0, INT64_MAX},
+                {"--ep-size", *ep_size, 1, 65536}};
+  for (const auto& r : ranges) {
+    if (r.value >= r.lo && r.value <= r.hi) continue;
+    const std::string bound = r.value < r.lo ? "at least " + std::to_string(r.lo) : "at most " + std::to_string(r.hi);
+    return ReportError("run-experts", Error(std::string(r.name) + " must be " + bound + ", got " + a.Get(r.name)), 2);
   }
   const std::vector<std::string> rank_manifests = SplitCommas(a.Get("--rank-manifests"));
   if (!rank_manifests.empty() && rank_manifests.size() != static_cast<size_t>(*ep_size)) {
@@ -265,6 +303,8 @@ int RunExperts(const std::vector<std::string>& argv) {
       rank_manifest = rank_manifests[rank];
       auto rm = manifest::ReadManifest(rank_manifest);
       if (!rm.ok()) return ReportError("run-experts", rm.error());
+      if (Status same = SameSourceShards(*m, a.Get("--manifest"), *rm, rank_manifest); !same.ok())
+        return ReportError("run-experts", same.error().WithContext("EP rank " + std::to_string(rank)));
       rank_pack = rm->expert_pack.path;
     }
     auto rs = store::ExpertStore::Open(rank_pack, rank_manifest, ro);

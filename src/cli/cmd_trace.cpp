@@ -554,7 +554,12 @@ int RunSweep(const std::vector<std::string>& argv) {
   if (a.Has("--ep-size")) {
     auto n = a.GetInt("--ep-size");
     if (!n.ok()) return ReportError("trace sweep", n.error(), 2);
-    if (*n < 0 || *n > UINT32_MAX) return ReportError("trace sweep", Error("--ep-size must be at least 1, got " + a.Get("--ep-size")), 2);
+    // 0 is refused too: it is this code's "no --ep-size", and taking it so ran
+    // a plain sweep (and wrote its plot) for an explicit --ep-size 0.
+    if (*n < 1) return ReportError("trace sweep", Error("--ep-size must be at least 1, got " + a.Get("--ep-size")), 2);
+    if (*n > UINT32_MAX)
+      return ReportError("trace sweep", Error("--ep-size must be at most " + std::to_string(UINT32_MAX) + ", got " +
+                                              a.Get("--ep-size")), 2);
     ep_size = static_cast<uint32_t>(*n);
   }
   const std::string horizon = a.Get("--horizon");

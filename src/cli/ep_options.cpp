@@ -27,7 +27,7 @@ Result<nlohmann::json> RunPerRank(const EpChoice& choice, const std::string& lis
 
 void AddEpOptions(Args& args) {
   args.Option("--ep-size", "write expert-parallel rank packs for N ranks (SGLang --ep-size N): each holds only "
-                           "its ranks' experts, the rest of the full pack's layout is holes")
+                           "its rank's experts, the rest of the full pack's layout is holes")
       .Option("--ep-rank", "with --ep-size: the rank R (0..N-1) to write, or `all` for the N rank packs; rank R's "
                            "pack is <pack stem>.epR-of-N.pack")
       .Requires("--ep-rank", {"--ep-size"}, "a rank is one of N")
@@ -40,7 +40,12 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
   if (!size && !rank) return c;
   if (!size || !rank) return Error("--ep-size and --ep-rank go together");  // declared Requires: parse refuses first
   K3_ASSIGN_OR_RETURN(int64_t n, args.GetInt("--ep-size"));
-  if (n < 1 || n > (int64_t{1} << 20)) return Error("--ep-size must be at least 1, got " + std::to_string(n));
+  constexpr int64_t kMaxSize = int64_t{1} << 20;
+  if (n < 1) return Error("--ep-size must be at least 1, got " + std::to_string(n));
+  // Say the bound that was broken (a size above it could never divide the experts).
+  if (n > kMaxSize) {
+    return Error("--ep-size must be at most " + std::to_string(kMaxSize) + ", got " + std::to_string(n));
+  }
   c.size = static_cast<uint32_t>(n);
   if (args.Get("--ep-rank") == "all") {
     c.all = true;
@@ -49,7 +54,12 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
     if (!r.ok()) return Error("--ep-rank must be an integer 0.." + std::to_string(n - 1) + " or `all`, got '" +
                               args.Get("--ep-rank") + "'");
     if (*r < 0) return Error("--ep-rank must be non-negative, got " + std::to_string(*r));
-    c.rank = static_cast<uint32_t>(std::min<int64_t>(*r, UINT32_MAX));
+    // Checked here, on the value given: a rank past UINT32_MAX would otherwise
+    // be reported clamped, as a number the user never typed.
+    if (*r >= n)
+      return Error("--ep-rank " + std::to_string(*r) + " is out of range for --ep-size " + std::to_string(n) +
+                   " (ranks are 0.." + std::to_string(n - 1) + ")");
+    c.rank = static_cast<uint32_t>(*r);
   }
   // The divisibility rule needs the expert count: take it from the config
   // when it reads (a bad config is reported later, by the preflight).
@@ -62,8 +72,6 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
   }
   if (num_experts != 0) {
     for (const ep::Rank& r : c.Ranks()) K3_RETURN_IF_ERROR(ep::CheckRank(r, num_experts, ep::kCliNames));
-  } else if (c.rank && *c.rank >= c.size) {
-    return ep::CheckRank(ep::Rank{c.size, *c.rank}, c.size, ep::kCliNames);
   }
   return c;
 }

@@ -245,7 +245,7 @@ bool SupportsHoles(int fd, const PackLayout& layout) {
 // journal sealed, 2: pack renamed, 3: digests renamed, checkpoint still there).
 Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journal_fd,
                 const std::vector<Digest>& digests, const std::vector<uint32_t>& crcs,
-                const std::optional<ep::Rank>& ep) {
+                const std::optional<ep::Rank>& ep, uint32_t source_tag) {
   const uint64_t kill_step = EnvU64("K3PACK_TEST_KILL_IN_FINALIZE").value_or(0);
   auto maybe_kill = [&](uint64_t step) {
     if (kill_step == step) ::raise(SIGKILL);
@@ -267,6 +267,7 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
     h.ep_size = ep->size;
     h.ep_rank = ep->rank;
     h.num_experts = layout.num_experts();
+    h.source_tag = source_tag;
   }
   FromHex(layout.IndexSha256(), h.index_sha256.data(), 32);
   // Records: the SHA-256s, then the CRC32Cs (little-endian, the host order).
@@ -481,7 +482,13 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     }
   }
   const auto f0 = Clock::now();
-  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs, o.ep));
+  // A rank pack records which source it came from, so that ep-merge can refuse
+  // rank packs of two checkpoints that share a layout.
+  uint32_t source_tag = 0;
+  if (o.ep) {
+    K3_ASSIGN_OR_RETURN(source_tag, SourceTag(ex));
+  }
+  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs, o.ep, source_tag));
   result.phases.finalize = std::chrono::duration<double>(Clock::now() - f0).count();
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   (void)lock;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "util/sha256.h"
@@ -49,6 +50,34 @@ Result<std::string> InputFingerprint(const ExpertSet& ex, const PackLayout& layo
     }
   }
   return h.HexDigest();
+}
+
+Result<uint32_t> SourceTag(const ExpertSet& ex) {
+  constexpr uint64_t kSample = 4096;
+  Sha256 h;
+  h.Update("k3pack-source-tag-v1\n");
+  std::vector<UniqueFd> fds(ex.shard_paths.size());
+  std::vector<uint8_t> buf(kSample);
+  for (const auto& row : ex.by_layer) {
+    for (const auto& t : row) {
+      const SourceTensor& s = t.tensor;
+      if (s.shard_index >= fds.size()) return Error("SourceTag: tensor " + s.name + " names no shard");
+      UniqueFd& fd = fds[s.shard_index];
+      if (fd.get() < 0) {
+        K3_ASSIGN_OR_RETURN(fd, OpenReadOnly(ex.shard_paths[s.shard_index]));
+      }
+      const uint64_t n = std::min(kSample, s.nbytes);
+      h.Update(s.name + "\n");
+      for (uint64_t at : {s.data_offset, s.data_offset + s.nbytes - n}) {
+        K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), buf.data(), n, at));
+        if (got != n) return Error("short read of " + ex.shard_paths[s.shard_index] + " (tensor " + s.name + ")");
+        h.Update(buf.data(), n);
+      }
+    }
+  }
+  const std::string hex = h.HexDigest();
+  const auto tag = static_cast<uint32_t>(std::stoul(hex.substr(0, 8), nullptr, 16));
+  return tag == 0 ? 1u : tag;
 }
 
 Result<LockFile> LockFile::Acquire(const std::string& path) {

@@ -43,6 +43,15 @@ Result<PackLayout> LayoutOf(const ExpertSet& experts);
 Result<std::string> InputFingerprint(const ExpertSet& experts, const PackLayout& layout,
                                      const std::optional<ep::Rank>& ep = std::nullopt);
 
+// What tells the rank packs of one checkpoint from those of another with the
+// same layout (a fine-tune, another seed): a rank pack holds only its own
+// experts and its index is the layout's, so nothing else in it says which
+// source it came from. A 32-bit tag of SHA-256 over the first and last 4 KiB
+// of every routed expert tensor (experts 0 and E-1: read by every rank's
+// build alike, a few KiB per tensor), the same for any copy of the same
+// shards wherever it lives; never 0 (0 in a sidecar means "not recorded").
+Result<uint32_t> SourceTag(const ExpertSet& experts);
+
 // The experts whose objects a build writes: all of them, or those `ep` owns.
 ep::ExpertRange WrittenExperts(uint32_t num_experts, const std::optional<ep::Rank>& ep);
 

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -49,8 +51,15 @@ Result<RankInput> OpenRankPack(const std::string& path) {
     return Error(path + " is not an expert-parallel rank pack: its digest sidecar " + dpath + " records no rank")
         .WithHint("pass the N rank packs written by `k3pack pack --ep-size N --ep-rank R|all`");
   }
-  if (in.digests.pack_size != in.size || in.digests.entry_crc32c.empty()) {
-    return Error("digest sidecar " + dpath + " does not belong to " + path + " (size differs)");
+  if (in.digests.pack_size != in.size) {
+    // Both sizes, so a truncated copy is told from a sidecar of another pack.
+    return Error("rank pack " + path + " is " + std::to_string(in.size) + " bytes, but its digest sidecar " + dpath +
+                 " records a pack of " + std::to_string(in.digests.pack_size) +
+                 " bytes: the pack is truncated or the sidecar is another pack's")
+        .WithHint("rebuild that rank pack (`k3pack pack --ep-size N --ep-rank R --force`) or copy it again");
+  }
+  if (in.digests.entry_crc32c.empty()) {
+    return Error("digest sidecar " + dpath + " of rank pack " + path + " holds no CRC32C records");
   }
   return in;
 }
@@ -92,6 +101,22 @@ Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
                    in[by_rank[rk.rank]].path + " and " + in[i].path);
     }
     by_rank[rk.rank] = static_cast<int>(i);
+  }
+  // One checkpoint: rank packs of two sources with one layout share header,
+  // index and size, and each payload matches its own sidecar, so only the
+  // recorded source tags tell them apart (0: an older sidecar, not compared).
+  const RankInput* ref = nullptr;
+  for (const RankInput& r : in) {
+    if (!ref && r.digests.source_tag != 0) ref = &r;
+    if (ref && r.digests.source_tag != 0 && r.digests.source_tag != ref->digests.source_tag) {
+      char tags[40];
+      std::snprintf(tags, sizeof tags, "%08x vs %08x", r.digests.source_tag, ref->digests.source_tag);
+      return Error("rank pack " + r.path + " was built from other GGUF shards than " + ref->path +
+                   " (source tags " + tags + " in their digest sidecars): the rank packs of one merge must " +
+                   "come from one checkpoint")
+          .WithHint("rebuild the odd rank(s) from the same shards as the others (`k3pack pack --ep-size " +
+                    std::to_string(n) + " --ep-rank R`)");
+    }
   }
   std::string missing;
   for (uint32_t r = 0; r < n; ++r) {
@@ -201,8 +226,13 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
                   std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
     }
   }
-  K3_RETURN_IF_ERROR(out.Commit());
+  // The sidecar first, then the pack: a crash between the two leaves no pack
+  // (a rerun merges again and replaces the sidecar). The other order left a
+  // pack without its sidecar, which a rerun refuses as not this merge.
+  // Test seam: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two.
   K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+  if (EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1) ::raise(SIGKILL);
+  K3_RETURN_IF_ERROR(out.Commit());
   (void)lock;
   MergeResult r;
   r.pack_path = p.out;

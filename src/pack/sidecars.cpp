@@ -69,6 +69,7 @@ std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader
     PutU32(out.data() + 112, h.ep_size);
     PutU32(out.data() + 116, h.ep_rank);
     PutU32(out.data() + 120, h.num_experts);
+    PutU32(out.data() + 124, h.source_tag);
   }
   return out;
 }
@@ -94,6 +95,7 @@ Result<PackDigests> ReadPackDigests(const std::string& path) {
   if (version >= kDigestsRankVersion) {
     const ep::Rank rank{GetU32(p + 112), GetU32(p + 116)};
     d.num_experts = GetU32(p + 120);
+    d.source_tag = GetU32(p + 124);
     const Status st = ep::CheckRank(rank, d.num_experts);
     if (!st.ok()) return bad("its expert-parallel rank is invalid: " + st.error().message());
     d.ep = rank;
@@ -134,6 +136,7 @@ Status WritePackDigests(const std::string& path, const PackDigests& d) {
     h.ep_size = d.ep->size;
     h.ep_rank = d.ep->rank;
     h.num_experts = d.num_experts;
+    h.source_tag = d.source_tag;
   }
   h.index_count = n;
   h.pack_size = d.pack_size;

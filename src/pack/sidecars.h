@@ -50,6 +50,7 @@ struct DigestsHeader {
   uint32_t ep_size = 0;
   uint32_t ep_rank = 0;
   uint32_t num_experts = 0;
+  uint32_t source_tag = 0;  // version 3: SourceTag of the GGUF source (0: not recorded)
 };
 
 std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader& h);

@@ -3,6 +3,7 @@
 // `verify --full` on a rank pack, resume of a rank build, `ep-merge`, and
 // the usage errors (exit 2).
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/falloc.h>
 #include <unistd.h>
 
@@ -229,6 +230,24 @@ TEST_F(EpCli, EpMergeRebuildsTheFullPack) {
   EXPECT_TRUE(ReadAll(d + "/m.pack") == ReadAll(full + "/m.pack"));
 }
 
+// A merge killed between writing its two files (K3PACK_TEST_KILL_IN_MERGE=1)
+// is finished by the plain rerun. Session 13: the pack was renamed into place
+// before its sidecar was written, so a crash there left a pack without its
+// .digests, which the rerun refused ("not the merge of these rank packs").
+TEST_F(EpCli, EpMergeKilledBeforeItsLastFileIsFinishedByTheRerun) {
+  const std::string full = Dir("k-full"), d = Dir("k-ep");
+  ASSERT_EQ(RunCli(Pack(full + "/m.pack")).first, 0);
+  ASSERT_EQ(RunCli(Pack(d + "/m.pack", {"--ep-size", "2", "--ep-rank", "all"})).first, 0);
+  const std::vector<std::string> args = {"ep-merge", "--progress", "none", d + "/m.ep0-of-2.pack",
+                                         d + "/m.ep1-of-2.pack"};
+  auto [rc, err] = RunCli(args, {"K3PACK_TEST_KILL_IN_MERGE=1"});
+  ASSERT_EQ(rc, 128 + SIGKILL) << err;
+  auto [rc2, err2] = RunCli(args);
+  ASSERT_EQ(rc2, 0) << err2;
+  EXPECT_TRUE(ReadAll(d + "/m.pack") == ReadAll(full + "/m.pack"));
+  EXPECT_TRUE(ReadAll(DigestsPathFor(d + "/m.pack")) == ReadAll(DigestsPathFor(full + "/m.pack")));
+}
+
 // Bad --ep-size / --ep-rank: usage errors (exit 2), ep.h's texts.
 TEST_F(EpCli, BadEpOptionsAreUsageErrors) {
   const std::string d = Dir("bad");
@@ -240,6 +259,10 @@ TEST_F(EpCli, BadEpOptionsAreUsageErrors) {
       {{"--ep-size", "3", "--ep-rank", "0"}, "--ep-size 3 does not divide the 16 routed experts"},
       {{"--ep-size", "4", "--ep-rank", "4"}, "--ep-rank 4 is out of range for --ep-size 4 (ranks are 0..3)"},
       {{"--ep-size", "0", "--ep-rank", "0"}, "--ep-size must be at least 1, got 0"},
+      // Session 13: the two below said "must be at least 1" and "--ep-rank 4294967295".
+      {{"--ep-size", "99999999999", "--ep-rank", "0"}, "--ep-size must be at most 1048576, got 99999999999"},
+      {{"--ep-size", "4", "--ep-rank", "99999999999"},
+       "--ep-rank 99999999999 is out of range for --ep-size 4 (ranks are 0..3)"},
       {{"--ep-size", "4", "--ep-rank", "x"}, "--ep-rank must be an integer 0..3 or `all`, got 'x'"},
       {{"--ep-size", "4", "--ep-rank", "-1"}, "--ep-rank must be non-negative, got -1"},
       {{"--ep-rank", "1"}, "--ep-rank needs --ep-size"},

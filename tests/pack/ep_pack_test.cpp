@@ -176,6 +176,21 @@ TEST_F(EpPack, MergeRefusesIncompleteMixedOrDamagedGroups) {
   auto mixed = MergeRankPacks({a0, a1, a2, b1}, mo);
   ASSERT_FALSE(mixed.ok());
   EXPECT_NE(mixed.error().message().find("must come from one --ep-size"), std::string::npos);
+  // A truncated rank pack: both sizes named (session 13: "(size differs)").
+  {
+    const std::string cut = *root_ + "/mg/cut.ep3-of-4.pack";
+    std::filesystem::copy_file(a3, cut);
+    std::filesystem::copy_file(DigestsPathFor(a3), DigestsPathFor(cut));
+    const uint64_t size = std::filesystem::file_size(a3);
+    std::filesystem::resize_file(cut, size - 1000);
+    auto truncated = MergeRankPacks({a0, a1, a2, cut}, mo);
+    ASSERT_FALSE(truncated.ok());
+    EXPECT_NE(truncated.error().message().find("rank pack " + cut + " is " + std::to_string(size - 1000) +
+                                               " bytes, but its digest sidecar " + DigestsPathFor(cut) +
+                                               " records a pack of " + std::to_string(size) + " bytes"),
+              std::string::npos)
+        << truncated.error().message();
+  }
   auto full = MergeRankPacks({FullPack()}, mo);
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.error().message().find("is not an expert-parallel rank pack"), std::string::npos);
@@ -197,6 +212,41 @@ TEST_F(EpPack, MergeRefusesIncompleteMixedOrDamagedGroups) {
       << damaged.error().message();
   EXPECT_FALSE(PathExists(mo.out_path));
   EXPECT_FALSE(PathExists(PartialPathFor(mo.out_path)));
+}
+
+// Rank packs of two checkpoints with one layout (here: another seed) share
+// header, index and size, and each payload matches its own sidecar; the merge
+// must still refuse them, naming both files, and write nothing (session 13:
+// it produced a pack mixing the two checkpoints' experts).
+TEST_F(EpPack, MergeRefusesRankPacksOfTwoCheckpoints) {
+  const testing::Model other = testing::MakeModel(*root_ + "/model-other", EpModel::kSeed + 1);
+  const std::string a0 = BuildRank("src", {4, 0}), a1 = BuildRank("src", {4, 1});
+  auto build_other = [&](ep::Rank rank) {
+    const std::string out = RankPackPath(*root_ + "/src/m.pack", rank);
+    auto r = BuildPack(other.experts, Opts(out, rank));
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+    return out;
+  };
+  const std::string b2 = build_other({4, 2}), b3 = build_other({4, 3});
+  auto d0 = ReadPackDigests(DigestsPathFor(a0)), d2 = ReadPackDigests(DigestsPathFor(b2));
+  ASSERT_TRUE(d0.ok() && d2.ok());
+  EXPECT_EQ(d0->index_sha256, d2->index_sha256);  // same layout: the index cannot tell them apart
+  EXPECT_NE(d0->source_tag, 0u);
+  EXPECT_EQ(d0->source_tag, ReadPackDigests(DigestsPathFor(a1))->source_tag);
+  MergeOptions mo;
+  mo.out_path = *root_ + "/src/out.pack";
+  auto mixed = MergeRankPacks({a0, a1, b2, b3}, mo);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message().find("rank pack " + b2 + " was built from other GGUF shards than " + a0),
+            std::string::npos)
+      << mixed.error().message();
+  EXPECT_NE(mixed.error().message().find("must come from one checkpoint"), std::string::npos);
+  EXPECT_FALSE(PathExists(mo.out_path));
+  // The same four from one checkpoint merge (the tag is the source's, not the rank's).
+  const std::string a2 = BuildRank("src2", {4, 2}), a3 = BuildRank("src2", {4, 3});
+  auto ok = MergeRankPacks({a0, a1, a2, a3}, mo);
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  EXPECT_EQ(ReadAll(mo.out_path), ReadAll(FullPack()));
 }
 
 // verify on a rank pack: a flipped byte in an owned payload and an owned

@@ -197,6 +197,21 @@ TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
   CliRun swapped = Cli("run-experts --manifest " + manifest_ + " --ep-size 2 --rank-manifests " + m1 + "," + m0);
   EXPECT_NE(swapped.code, 0);
   EXPECT_NE(swapped.out.find("EP rank mismatch"), std::string::npos) << swapped.out;
+  // Session 13: a rank manifest of another checkpoint (same layout, other
+  // bytes: its shards' SHA-256 differ) ran and only reported a MISMATCH.
+  {
+    nlohmann::json other = nlohmann::json::parse(std::ifstream(m1));
+    ASSERT_TRUE(other["source"]["shards"][0].contains("sha256")) << "the fixture's manifests record shard SHA-256s";
+    other["source"]["shards"][0]["sha256"] = std::string(64, 'e');
+    const std::string m1_other = dir_ + "/rank1of2-other.manifest.json";
+    std::ofstream(m1_other) << other.dump(2);
+    CliRun foreign = Cli("run-experts --manifest " + manifest_ + " --ep-size 2 --rank-manifests " + m0 + "," + m1_other);
+    EXPECT_EQ(foreign.code, 1) << foreign.out;
+    EXPECT_NE(foreign.out.find("EP rank 1: --rank-manifests " + m1_other + " records another source than " +
+                               manifest_ + ": shard 0 differs in source.shards[0].sha256"),
+              std::string::npos)
+        << foreign.out;
+  }
   CliRun count = Cli("run-experts --manifest " + manifest_ + " --ep-size 4 --rank-manifests " + m0 + "," + m1);
   EXPECT_EQ(count.code, 2) << count.out;
   EXPECT_NE(count.out.find("--rank-manifests lists 2 manifests for --ep-size 4"), std::string::npos) << count.out;
@@ -216,6 +231,13 @@ TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
   CliRun bad = Cli("run-experts --manifest " + manifest_ + " --ep-size 3");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--ep-size 3 does not divide the 16 routed experts"), std::string::npos) << bad.out;
+  // Session 13: a value past an upper bound was called not positive.
+  CliRun huge = Cli("run-experts --manifest " + manifest_ + " --ep-size 99999999999");
+  EXPECT_EQ(huge.code, 2) << huge.out;
+  EXPECT_NE(huge.out.find("--ep-size must be at most 65536, got 99999999999"), std::string::npos) << huge.out;
+  CliRun zero = Cli("run-experts --manifest " + manifest_ + " --ep-size 0");
+  EXPECT_EQ(zero.code, 2) << zero.out;
+  EXPECT_NE(zero.out.find("--ep-size must be at least 1, got 0"), std::string::npos) << zero.out;
 }
 
 }  // namespace

@@ -133,6 +133,13 @@ TEST(EpSweep, CliTextJsonAndBadSize) {
   CliRun bad = Cli(common + " --ep-size 3");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("--ep-size 3 does not divide the 8 routed experts per layer"), std::string::npos) << bad.out;
+  // Session 13: --ep-size 0 ran a plain (one-machine) sweep, exit 0.
+  CliRun zero = Cli(common + " --ep-size 0 --json");
+  EXPECT_EQ(zero.code, 2) << zero.out;
+  EXPECT_NE(zero.out.find("--ep-size must be at least 1, got 0"), std::string::npos) << zero.out;
+  CliRun huge = Cli(common + " --ep-size 99999999999 --json");
+  EXPECT_EQ(huge.code, 2) << huge.out;
+  EXPECT_NE(huge.out.find("--ep-size must be at most 4294967295, got 99999999999"), std::string::npos) << huge.out;
   std::filesystem::remove_all(dir);
 }
 
