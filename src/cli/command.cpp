@@ -45,9 +45,10 @@ CountingBuf* g_json_stdout = nullptr;
 
 void ExpectJsonOutput() {
   if (g_json_stdout) return;
-  static CountingBuf counting(std::cout.rdbuf());
-  std::cout.rdbuf(&counting);
-  g_json_stdout = &counting;
+  // Never destroyed: std::cout is flushed by the runtime after every static
+  // object is gone, and must still find its buffer then.
+  g_json_stdout = new CountingBuf(std::cout.rdbuf());
+  std::cout.rdbuf(g_json_stdout);
 }
 
 void PrintJsonError(const std::string& command, const Error& error, int exit_code) {
