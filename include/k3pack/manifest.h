@@ -243,6 +243,11 @@ struct CreateOptions {
   // payload samples are taken among its experts. Unset: taken from the
   // pack's digest sidecar when that is a rank pack's (version 3).
   std::optional<ep::Rank> ep;
+  // Polled on the calling thread between chunks of the long steps (whole
+  // shard and whole pack digests, payload samples); an error it returns
+  // stops the call, which returns that error. Lets a caller answer Ctrl-C or
+  // a cancel without waiting for terabytes to be hashed. May be empty.
+  std::function<Status()> interrupt_check;
 };
 
 // SGLang's create_manifest: spec from config (+ GGUF cross-check), shard
@@ -278,6 +283,9 @@ struct VerifyPackOptions {
   bool against_source = false;  // with full: also every payload against the GGUF bytes
   int64_t samples = 6;          // without full: evenly spaced payloads compared with the GGUF source
   pack::ProgressFn progress;
+  // As CreateOptions::interrupt_check: polled on the calling thread between
+  // chunks of the shard digests, payloads and the whole-pack digest.
+  std::function<Status()> interrupt_check;
 };
 
 // `k3pack verify`: shards unchanged (size + header digest), pack structure

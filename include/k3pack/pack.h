@@ -205,6 +205,10 @@ struct ValidateOptions {
   int64_t payload_samples = 6;  // evenly spaced entries byte-compared with GGUF
   bool full_pack_hash = false;  // adds "sha256" of the whole pack
   ProgressFn progress;
+  // Polled on the calling thread between payload samples and between chunks
+  // of the whole-pack digest; an error it returns stops the validation and is
+  // returned. May be empty.
+  std::function<Status()> interrupt_check;
   // A rank pack: the samples are chosen (SGLang's spacing) among the entries
   // the rank owns, since the others are holes by design.
   std::optional<ep::Rank> ep;
@@ -268,6 +272,10 @@ struct VerifyOptions {
   std::vector<uint64_t> entries;  // empty = all entries
   int threads = 0;
   ProgressFn progress;
+  // Polled on the calling thread between the payloads it checks itself (it
+  // is one of the `threads`) and while it waits for the others; an error it
+  // returns stops every thread and is returned. May be empty.
+  std::function<Status()> interrupt_check;
   // A rank pack (else taken from a version-3 digest sidecar): entries of
   // experts the rank does not own are skipped and counted, not verified.
   std::optional<ep::Rank> ep;

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,38 @@ T Unwrap(k3pack::Result<T>&& r) {
 inline void Check(const k3pack::Status& s) {
   if (!s.ok()) Raise(s.error());
 }
+
+// Ctrl-C for calls that run for minutes in C++ without the GIL (whole-shard
+// and whole-pack digests, full payload checks). The engine polls Check()
+// between chunks on the calling thread: it takes the GIL and runs Python's
+// signal handlers; a handler that raised (KeyboardInterrupt) has its
+// exception kept here and the engine is stopped with an error. Once the GIL
+// is back, RaiseIfInterrupted() raises that exception instead of the
+// engine's error.
+class PendingSignals {
+ public:
+  explicit PendingSignals(std::string doing) : doing_(std::move(doing)) {}
+  k3pack::Status Check() {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return k3pack::Status::OK();
+    raised_.emplace();  // takes the handler's exception out of the interpreter
+    return k3pack::Error("interrupted while " + doing_);
+  }
+  void RaiseIfInterrupted() {
+    if (!raised_) return;
+    py::error_already_set e = std::move(*raised_);
+    raised_.reset();
+    throw e;
+  }
+  // For an engine's options: the check, sharing this object.
+  static std::function<k3pack::Status()> CheckOf(const std::shared_ptr<PendingSignals>& p) {
+    return [p] { return p->Check(); };
+  }
+
+ private:
+  std::string doing_;
+  std::optional<py::error_already_set> raised_;  // set and read only with the GIL held
+};
 
 // numpy dtype for an array-protocol typestr ("|u1", "<f4", "<u2", ...).
 // Built from the type number: py::dtype(std::string) goes through numpy's

@@ -27,27 +27,17 @@ struct PyNamedTensor {
 };
 
 // verify_metadata's first __next__ hashes whole shards for minutes without
-// the GIL: between chunks it takes the GIL to run Python's signal handlers
-// (a Ctrl-C becomes KeyboardInterrupt there), and it stops for a close()
-// waiting on another thread.
+// the GIL: between chunks it answers Ctrl-C (PendingSignals), and it stops
+// for a close() waiting on another thread.
 struct StreamInterrupt {
   std::atomic<bool> closing{false};
-  std::optional<py::error_already_set> raised;  // set and read only with the GIL held
+  PendingSignals signals{"verifying the shards"};
 
   k3pack::Status Check() {
     if (closing.load()) return k3pack::Error("the stream was closed while it was verifying its shards");
-    py::gil_scoped_acquire gil;
-    if (PyErr_CheckSignals() == 0) return k3pack::Status::OK();
-    raised.emplace();  // takes the handler's exception (KeyboardInterrupt) out of the interpreter
-    return k3pack::Error("interrupted while verifying the shards");
+    return signals.Check();
   }
-  // After __next__ got the GIL back: a handler's exception is the answer.
-  void RaiseIfInterrupted() {
-    if (!raised) return;
-    py::error_already_set e = std::move(*raised);
-    raised.reset();
-    throw e;
-  }
+  void RaiseIfInterrupted() { signals.RaiseIfInterrupted(); }
 };
 
 struct PyStream {

@@ -244,6 +244,8 @@ void RegisterPack(py::module_& m) {
     o.payload_samples = payload_samples;
     o.full_pack_hash = full_pack_hash;
     o.progress = ProgressCallback(progress);
+    auto signals = std::make_shared<PendingSignals>("validating the pack");
+    o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
       pack::CollectOptions copts;
@@ -251,6 +253,7 @@ void RegisterPack(py::module_& m) {
       K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
       return pack::ValidatePack(pack_path, experts, o);
     }();
+    signals->RaiseIfInterrupted();
     return JsonToPython(Unwrap(std::move(r)));
   }, py::arg("pack_path"), py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(),
      py::arg("profile") = "kimi-k3", py::arg("allow_mixed_types") = py::none(), py::arg("payload_samples") = 6,
@@ -295,6 +298,8 @@ void RegisterPack(py::module_& m) {
     o.full_pack_hash = full_pack_hash;
     o.progress = LineCallback(progress);
     o.known_shard_sha256 = std::move(known_shard_sha256);
+    auto signals = std::make_shared<PendingSignals>("creating the manifest");
+    o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
       if (!output.empty()) {
@@ -319,6 +324,7 @@ void RegisterPack(py::module_& m) {
       K3_RETURN_IF_ERROR(manifest::WriteManifest(output, doc));
       return doc;
     }();
+    signals->RaiseIfInterrupted();
     return JsonToPython(Unwrap(std::move(r)));
   }, py::arg("gguf_dir"), py::arg("expert_pack"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(),
      py::arg("output") = "", py::arg("profile") = py::none(), py::arg("payload_samples") = 6,
@@ -348,10 +354,13 @@ void RegisterPack(py::module_& m) {
     o.against_source = against_source;
     o.samples = samples;
     o.progress = ProgressCallback(progress);
+    auto signals = std::make_shared<PendingSignals>("verifying the pack");
+    o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       py::gil_scoped_release nogil;
       return manifest::VerifyPack(manifest_path, o);
     }();
+    signals->RaiseIfInterrupted();
     return JsonToPython(Unwrap(std::move(r)));
   }, py::arg("manifest"), py::kw_only(), py::arg("full") = false, py::arg("samples") = 6,
      py::arg("against_source") = false, py::arg("progress") = py::none(),

@@ -253,7 +253,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
 
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), json_mode);
+    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), json_mode, "manifest");
     return;
   }
   std::printf("EXPERT_PACK_READY path=%s size=%s%s\n", j["pack"].get<std::string>().c_str(),
@@ -304,7 +304,7 @@ int RunBuild(const std::vector<std::string>& argv) {
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const nlohmann::json& j = *r;
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"));
+    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"), "manifest");
     return kExitOk;
   }
   if (args.Has("--json")) {

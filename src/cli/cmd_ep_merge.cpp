@@ -97,7 +97,7 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"));
+    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"), "pack");
     return kExitOk;
   }
   if (args.Has("--json")) {

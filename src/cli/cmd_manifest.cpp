@@ -117,7 +117,7 @@ int RunManifest(const std::vector<std::string>& argv) {
   auto r = Run(args, v);
   if (!r.ok()) return ReportError(kCmd, r.error());
   if (r->contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, (*r)["manifest"].get<std::string>(), args.Has("--json"));
+    ReportAlreadyBuilt(kCmd, (*r)["manifest"].get<std::string>(), args.Has("--json"), "manifest");
     return kExitOk;
   }
   if (args.Has("--json")) {

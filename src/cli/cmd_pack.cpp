@@ -113,7 +113,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
 
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), json_mode);
+    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), json_mode, "pack");
     return;
   }
   const double secs = j["seconds"].get<double>();
@@ -175,7 +175,7 @@ int RunPack(const std::vector<std::string>& argv) {
     return kExitOk;
   }
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"));
+    ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"), "pack");
     return kExitOk;
   }
   if (args.Has("--json")) {

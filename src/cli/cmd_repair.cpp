@@ -97,7 +97,7 @@ int RunRepair(const std::vector<std::string>& argv) {
     }
     if (!action.ok()) return k3pack::cli::ReportError("repair", action.error());
     if (*action == OutputAction::kAlreadyBuilt) {
-      k3pack::cli::ReportAlreadyBuilt("repair", pos[1], args.Has("--json"));
+      k3pack::cli::ReportAlreadyBuilt("repair", pos[1], args.Has("--json"), "out_dir");
       return k3pack::cli::kExitOk;
     }
     if (*action == OutputAction::kReplace) {

@@ -186,7 +186,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
     auto action = DecideOutput(spec);
     if (!action.ok()) return ReportError(kCmd, action.error());
     if (*action == OutputAction::kAlreadyBuilt) {
-      ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"));
+      ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"), "out_dir");
       return kExitOk;
     }
   }

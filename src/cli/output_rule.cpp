@@ -12,11 +12,13 @@ void AddForceFlag(Args& args, const std::string& what) {
 
 std::string AlreadyBuiltLine(const std::string& path) { return "already built: " + path + " (use --force to rebuild)"; }
 
-void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json) {
+void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key) {
   const std::string line = AlreadyBuiltLine(path);
   if (json) {
     std::cerr << "k3pack " << command << ": " << line << "\n";
-    PrintJson(nlohmann::json{{"already_built", true}, {"path", path}});
+    nlohmann::json j{{"already_built", true}, {"path", path}};
+    if (!key.empty()) j[key] = path;
+    PrintJson(j);
   } else {
     std::cout << line << "\n";
   }

@@ -32,8 +32,10 @@ void AddForceFlag(Args& args, const std::string& what);
 
 // Prints "already built: PATH (use --force to rebuild)" on stdout; with
 // `json` the line goes to stderr and stdout gets {"already_built": true,
-// "path": PATH} (stdout stays valid JSON).
-void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json);
+// "path": PATH} (stdout stays valid JSON), plus PATH under `key` when given:
+// the key a fresh run's JSON names that output by ("pack", "manifest",
+// "out_dir"), so a script reads the same key either way.
+void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key = "");
 
 // The rule for an output each run regenerates (a plot, a run's stats, a
 // trace), which is never "already built": an existing file is replaced only

@@ -122,6 +122,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   scan_opts.full_source_hashes = o.full_source_hashes;
   scan_opts.known_sha256 = o.known_shard_sha256;
   scan_opts.progress = o.progress;
+  scan_opts.interrupt_check = o.interrupt_check;
   K3_ASSIGN_OR_RETURN(json source, ScanSourceJson(shards, scan_opts));
 
   // Routed experts (§6.1 coverage/shape/dtype checks) and the pack.
@@ -147,6 +148,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   vopts.ep = rank;
   vopts.full_pack_hash = o.full_pack_hash;
   vopts.progress = o.pack_progress;
+  vopts.interrupt_check = o.interrupt_check;
   K3_ASSIGN_OR_RETURN(json expert_pack, pack::ValidatePack(o.expert_pack, experts, vopts));
 
   K3_ASSIGN_OR_RETURN(json tokenizer, TokenizerSectionJson(o.tokenizer_dir));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -29,10 +30,25 @@ Result<std::vector<std::string>> HashShards(const std::vector<std::string>& path
   threads = std::min<unsigned>(threads, static_cast<unsigned>(paths.size()));
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
+  std::atomic<bool> stop{false};
+  std::optional<Error> interrupted;  // written by the calling thread only
   std::mutex progress_mu;
-  auto worker = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
-      auto r = Sha256File(paths[i]);
+  // The caller's interrupt_check may only run on the calling thread (Python
+  // runs signal handlers on its main thread only): that thread polls it and
+  // the others follow its stop flag.
+  auto between_chunks = [&](bool calling_thread) -> Status {
+    if (calling_thread && o.interrupt_check && !stop.load()) {
+      if (Status s = o.interrupt_check(); !s.ok()) {
+        interrupted = s.error();
+        stop.store(true);
+      }
+    }
+    return stop.load() ? Error("stopped") : Status::OK();
+  };
+  auto worker = [&](bool calling_thread) {
+    for (size_t i; !stop.load() && (i = next.fetch_add(1)) < paths.size();) {
+      auto r = Sha256File(paths[i], [&] { return between_chunks(calling_thread); });
+      if (stop.load()) break;
       if (r.ok()) digests[i] = *r;
       else errors[i] = r.error().WithContext(paths[i]);
       const size_t d = ++done;
@@ -43,9 +59,15 @@ Result<std::vector<std::string>> HashShards(const std::vector<std::string>& path
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker, false);
+  worker(true);
+  // Shards still hashed by other threads: keep polling while they finish.
+  while (!stop.load() && done.load() < paths.size()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (void)between_chunks(true);
+  }
   for (auto& t : pool) t.join();
+  if (interrupted) return *interrupted;
   for (auto& e : errors) {
     if (e) return *e;
   }

@@ -27,6 +27,9 @@ struct ScanOptions {
   // pack build that just read the shards: those shards are not read again.
   std::map<std::string, std::string> known_sha256;
   std::function<void(const std::string&)> progress;
+  // Polled on the calling thread between 8 MiB chunks of its shard digests;
+  // an error stops every hashing thread and is returned.
+  std::function<Status()> interrupt_check;
 };
 
 // {summary, shards, tensors (sorted by name), inventory_sha256}.

@@ -123,7 +123,8 @@ std::string LocatePrefixDamage(const std::string& pack_path, const pack::ExpertS
 // It covers what no per-entry check reads: the padding between payloads and
 // the zero fill between the index and data_start. Run after the payload
 // checks, so damage inside a payload is named by entry first.
-Status CheckWholePackDigest(const std::string& pack_path, const nlohmann::json& recorded) {
+Status CheckWholePackDigest(const std::string& pack_path, const nlohmann::json& recorded,
+                            const std::function<Status()>& interrupt_check) {
   auto it = recorded.find("sha256");
   if (it == recorded.end()) {
     if (recorded.value("full_pack_hash", false) == true) {
@@ -133,7 +134,7 @@ Status CheckWholePackDigest(const std::string& pack_path, const nlohmann::json& 
     }
     return Status::OK();
   }
-  K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(pack_path));
+  K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(pack_path, interrupt_check));
   if (!it->is_string() || whole != it->get<std::string>()) {
     return Error("Kimi expert-pack SHA-256 does not match manifest\nmanifest expert_pack.sha256=" + it->dump() +
                  ", pack=" + whole + " (" + pack_path + ")")
@@ -181,6 +182,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   // the inventory digest; the model config; the tokenizer files.
   SourceCheckOptions sopts;
   sopts.whole_files = full;
+  sopts.between_chunks = options.interrupt_check;
   K3_ASSIGN_OR_RETURN(SourceDifference source_diff, CompareSourceWithShards(raw.at("source"), sopts));
   K3_RETURN_IF_ERROR(SourceDifferenceStatus(source_diff));
   K3_RETURN_IF_ERROR(CheckModelAgainstConfig(raw.at("model"), m.profile()));
@@ -221,6 +223,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
 
   pack::VerifyOptions o;
   o.progress = options.progress;
+  o.interrupt_check = options.interrupt_check;
   o.ep = rank;
   std::string payload_mode;
   if (full) {
@@ -237,7 +240,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   if (full || !o.entries.empty()) {
     K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, o));
   }
-  if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack")));
+  if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack"), options.interrupt_check));
   nlohmann::json out{{"manifest", manifest_path},
                         {"pack", pack_path},
                         {"structure", "ok"},

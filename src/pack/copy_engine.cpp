@@ -13,6 +13,8 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <system_error>
 #include <thread>
 
 #include "pack/batch_copy.h"
@@ -191,7 +193,13 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   // overlaps the reads and writes of the copy threads.
   const int hash_threads = static_cast<int>(EnvU64("K3PACK_HASH_THREADS").value_or(
       std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4)));
-  TaskPool hash_pool(hash_threads);
+  std::optional<TaskPool> hash_pool;
+  try {
+    hash_pool.emplace(hash_threads);
+  } catch (const std::system_error& e) {
+    return Error::FromErrno("cannot start the pack build's hashing threads", e.code().value())
+        .WithHint("the process is out of threads or address space (ulimit -u / -v); nothing was copied");
+  }
 
   std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
   for (uint64_t i = 0; i < total; ++i) finished[i].store(i < start || !is_written(i) ? 1 : 0, std::memory_order_relaxed);
@@ -214,7 +222,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       const Batch bt = batches[bi];
       const uint64_t obj0 = static_cast<uint64_t>(bt.ali) * ex.num_experts + bt.e0;
       const uint64_t written_before = stats.data_bytes;
-      Status st = CopyBatch(io, bt.ali, bt.e0, bt.n, buf, &hash_pool, digests->data() + obj0 * kRoleCount,
+      Status st = CopyBatch(io, bt.ali, bt.e0, bt.n, buf, &*hash_pool, digests->data() + obj0 * kRoleCount,
                             crcs->data() + obj0 * kRoleCount, &stats);
       if (st.ok() && early_writeback && !pack_out.direct() && stats.data_bytes != written_before) StartWriteback(pack_fd, layout, obj0, bt.n);
       if (st.ok()) {
@@ -248,7 +256,15 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   };
 
   std::vector<std::thread> pool;
-  for (int i = 0; i < threads; ++i) pool.emplace_back(worker);
+  for (int i = 0; i < threads; ++i) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error& e) {
+      if (!pool.empty()) break;  // fewer copy threads take every batch all the same
+      return Error::FromErrno("cannot start the pack build's copy threads", e.code().value())
+          .WithHint("the process is out of threads or address space (ulimit -u / -v); nothing was copied");
+    }
+  }
 
   const auto t0 = Clock::now();
   auto last_ckpt_time = t0, last_progress = t0 - std::chrono::seconds(1);

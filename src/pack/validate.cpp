@@ -156,6 +156,7 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
     std::map<uint32_t, UniqueFd> shard_fds;
     IoBuffer a(4 << 20), b(4 << 20);
     for (uint64_t idx : samples) {
+      if (o.interrupt_check) K3_RETURN_IF_ERROR(o.interrupt_check());
       K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + idx * kEntryBytes, kEntryBytes}));
       const EntrySlot s = layout.Entry(idx);
       const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
@@ -209,7 +210,7 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
       {"full_pack_hash", o.full_pack_hash},
   };
   if (o.full_pack_hash) {
-    K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(resolved));
+    K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(resolved, o.interrupt_check));
     out["sha256"] = whole;
   }
   return out;

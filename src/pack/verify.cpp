@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "k3pack/pack.h"
@@ -104,10 +105,33 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
     std::lock_guard<std::mutex> lock(mu);
     mismatches.emplace_back(pos, std::move(text));
   };
-  auto worker = [&]() {
+  // The calling thread is one of the workers: between its payloads it reports
+  // progress and polls interrupt_check, which may only run on that thread
+  // (Python runs signal handlers on its main thread only).
+  std::optional<Error> interrupted;
+  auto last_report = Clock::now();
+  auto report = [&] {
+    if (!o.progress || Clock::now() - last_report < std::chrono::milliseconds(100)) return;
+    last_report = Clock::now();
+    o.progress({"verify", done_bytes.load(), total_bytes, done_entries.load(), entries.size(),
+                std::chrono::duration<double>(last_report - t0).count(), read_bytes.load()});
+  };
+  auto poll = [&] {
+    report();
+    if (!o.interrupt_check || interrupted) return;
+    if (Status s = o.interrupt_check(); !s.ok()) {
+      interrupted = s.error();
+      stop.store(true);
+    }
+  };
+  auto worker = [&](bool calling_thread) {
     IoBuffer a(8 << 20), b(8 << 20);
     CopyStats stats;
     while (!stop.load()) {
+      if (calling_thread) {
+        poll();
+        if (stop.load()) break;
+      }
       uint64_t pos = next.fetch_add(1);
       if (pos >= entries.size()) break;
       const EntrySlot s = layout.Entry(entries[pos]);
@@ -150,26 +174,23 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
     }
     hole_bytes += stats.hole_bytes;
   };
-  int threads = o.threads > 0 ? o.threads : 4;
+  const int threads = o.threads > 0 ? o.threads : 4;
   std::vector<std::thread> pool;
-  // Damaged entries are not counted as done, so the progress loop also stops
-  // when every worker has finished.
-  std::atomic<int> running{threads};
-  for (int i = 0; i < threads; ++i) {
+  std::atomic<int> running{threads - 1};
+  for (int i = 1; i < threads; ++i) {
     pool.emplace_back([&] {
-      worker();
+      worker(false);
       running.fetch_sub(1);
     });
   }
-  if (o.progress) {
-    while (true) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (done_entries.load() >= entries.size() || stop.load() || running.load() == 0) break;
-      o.progress({"verify", done_bytes.load(), total_bytes, done_entries.load(), entries.size(),
-                  std::chrono::duration<double>(Clock::now() - t0).count(), read_bytes.load()});
-    }
+  worker(true);
+  // Payloads other threads still check: keep reporting and polling.
+  while (running.load() > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    poll();
   }
   for (auto& t : pool) t.join();
+  if (interrupted) return *interrupted;
   if (first_error) return first_error->second;
   if (!mismatches.empty()) {
     // First line: the lowest damaged entry (the single-damage text), then

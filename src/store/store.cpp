@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <system_error>
 
 #include "k3pack/pack.h"
 #include "store/fork_guard.h"
@@ -89,8 +90,15 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
     impl->entry_crc32c = std::move(sums.entry_crc32c);
     impl->checksum_mode = std::move(sums.mode);
     // The pread backend checks on its own `queue_depth` threads already.
-    if (backend == IoBackend::kUring && !impl->entry_crc32c.empty())
-      impl->verify_pool = std::make_unique<TaskPool>(static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+    if (backend == IoBackend::kUring && !impl->entry_crc32c.empty()) {
+      try {
+        impl->verify_pool =
+            std::make_unique<TaskPool>(static_cast<int>(std::max(2u, std::thread::hardware_concurrency())));
+      } catch (const std::system_error&) {
+        // No thread to spare: io_uring's reaping thread checks each read
+        // itself, slower under load but every byte still checked.
+      }
+    }
   }
 
   StoreInfo& info = impl->info;

@@ -2,24 +2,34 @@
 
 #include <algorithm>
 #include <chrono>
+#include <system_error>
 
 namespace k3pack {
 
 TaskPool::TaskPool(int threads) {
   for (int i = 0; i < std::max(1, threads); ++i) {
-    threads_.emplace_back([this] {
-      while (true) {
-        std::packaged_task<void()> job;
-        {
-          std::unique_lock<std::mutex> lock(mu_);
-          cv_.wait(lock, [this] { return closing_ || !jobs_.empty(); });
-          if (jobs_.empty()) return;  // closing, and nothing left to run
-          job = std::move(jobs_.front());
-          jobs_.pop_front();
+    try {
+      threads_.emplace_back([this] {
+        while (true) {
+          std::packaged_task<void()> job;
+          {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [this] { return closing_ || !jobs_.empty(); });
+            if (jobs_.empty()) return;  // closing, and nothing left to run
+            job = std::move(jobs_.front());
+            jobs_.pop_front();
+          }
+          job();
         }
-        job();
-      }
-    });
+      });
+    } catch (const std::system_error&) {
+      // Out of threads (a process or address-space limit): fewer threads
+      // still run every job; none would leave submitted jobs unrun, so that
+      // is the caller's error to handle. No thread is running then, so
+      // leaving the constructor by an exception is safe.
+      if (threads_.empty()) throw;
+      break;
+    }
   }
 }
 

@@ -15,7 +15,10 @@ namespace k3pack {
 
 class TaskPool {
  public:
+  // Starts up to `threads` (at least 1) threads: as many as the system
+  // gives, and std::system_error when it gives none.
   explicit TaskPool(int threads);
+  int threads() const { return static_cast<int>(threads_.size()); }
   // Runs every queued job, then joins the threads.
   ~TaskPool();
   TaskPool(const TaskPool&) = delete;

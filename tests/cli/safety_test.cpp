@@ -153,6 +153,17 @@ TEST(OverwriteRule, BuildTwiceIsAlreadyBuilt) {
   auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
   EXPECT_EQ(j["already_built"], true);
+  // Under the key a fresh `build --json` names the manifest by, too.
+  EXPECT_EQ(j["manifest"], m + "/" + kManifestName);
+  EXPECT_EQ(j["path"], j["manifest"]);
+  // `pack --json` of the same pack: `pack`, as a fresh pack run's JSON.
+  r = Cli("pack --json --progress none " + Q(m) + " 2>/dev/null");
+  EXPECT_EQ(r.code, 0);
+  ASSERT_NE(r.out.find('{'), std::string::npos) << r.out;
+  j = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["already_built"], true);
+  EXPECT_EQ(j["pack"], m + "/" + kPackName);
 }
 
 TEST(OverwriteRule, ManifestOverAnotherFileRefusedSameManifestAlreadyBuilt) {

@@ -335,6 +335,9 @@ TEST_F(ManifestE2E, BuildCommandPacksThenWritesManifest) {
   r = RunCmd(cmd, false);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(json::parse(r.out)["already_built"], true);
+  // The manifest under the key a fresh run names it by, as well as `path`.
+  EXPECT_EQ(json::parse(r.out)["manifest"], s["manifest"]);
+  EXPECT_EQ(json::parse(r.out)["path"], s["manifest"]);
   EXPECT_EQ(k3test::ReadFile(dir / "m.json"), first);
   // Without the manifest: the pack is validated and reused.
   fs::remove(dir / "m.json");

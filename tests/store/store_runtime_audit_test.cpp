@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "../forked_child.h"
 #include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
 #include "open_ok.h"
@@ -114,26 +115,6 @@ TEST(StoreRuntimeAudit, SlotCacheAcquireWaitingForRoomWhenClosedReturnsClosedErr
   }
 }
 
-// Runs `child` in a forked process and returns its exit status (-1: it did
-// not end, the fault; it is killed). The child must end with _exit().
-template <typename F>
-int InForkedChild(F child) {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    child();
-    ::_exit(0);
-  }
-  for (int i = 0; i < 60 * 100; ++i) {  // a guard against the hang, not a timing check
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
-}
-
 bool SaysForked(const Error& e) {
   return e.kind() == ErrorKind::kRuntime && e.message().find("cannot be used in process") != std::string::npos &&
          e.message().find("forked from it") != std::string::npos;
@@ -158,7 +139,7 @@ TEST(StoreRuntimeAudit, ForkedChildCanOnlyCloseItsCopyOfAStore) {
     std::vector<int64_t> first = {0, 1}, second = {2, 3};
     auto held = s->Acquire(1, first, shape);  // the engine's threads are running now
     ASSERT_TRUE(held.ok()) << held.error().message();
-    int rc = InForkedChild([&] {
+    int rc = k3test::InForkedChild([&] {
       auto r = s->Acquire(1, second, shape);
       if (r.ok() || !SaysForked(r.error())) ::_exit(2);
       if (s->Prefetch(1, second).ok()) ::_exit(3);
@@ -195,7 +176,7 @@ TEST(StoreRuntimeAudit, ForkedChildCanOnlyCloseItsCopyOfASlotCache) {
     std::vector<int64_t> first = {0, 1}, second = {2, 3};
     auto slots = cache->Acquire(1, first, shape, std::nullopt);
     ASSERT_TRUE(slots.ok()) << slots.error().message();
-    int rc = InForkedChild([&] {
+    int rc = k3test::InForkedChild([&] {
       auto r = cache->Acquire(1, second, shape, std::nullopt);
       if (r.ok() || !SaysForked(r.error())) ::_exit(2);
       Status released = cache->MarkUsed(*slots);
@@ -315,32 +296,14 @@ TEST(StoreRuntimeAudit, SlotCacheMissesBeyondTheHostTierGoThroughItInChunks) {
 // address-space limit), std::thread's exception unwound through the engine
 // with running threads and aborted the process (SIGABRT from Open()). Now
 // the threads started are stopped and Open() returns an error.
-// Sanitizer runtimes reserve terabytes of shadow memory and allocate their
-// own per-thread state: under an address-space limit they fail before
-// pthread_create does, which is not what this test is about.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define K3_TEST_UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define K3_TEST_UNDER_SANITIZER 1
-#endif
-#endif
-
 TEST(StoreRuntimeAudit, OpenThatCannotStartItsIoThreadsFailsWithoutAborting) {
 #ifdef K3_TEST_UNDER_SANITIZER
   GTEST_SKIP() << "an address-space limit under a sanitizer runtime";
 #endif
   TinyPack p(TinySpec{}, "thread-limit");
-  int rc = InForkedChild([&] {
+  int rc = k3test::InForkedChild([&] {
     // This child's address space may grow by 256 MiB: 1024 thread stacks do not fit.
-    uint64_t vm_kib = 0;
-    std::ifstream status("/proc/self/status");
-    for (std::string line; std::getline(status, line);)
-      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
-    if (vm_kib == 0) ::_exit(3);
-    const rlim_t limit = (vm_kib << 10) + (rlim_t{256} << 20);
-    struct rlimit rl = {limit, limit};
-    if (::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(4);
+    if (!k3test::LimitAddressSpaceGrowth(uint64_t{256} << 20)) ::_exit(4);
     StoreOptions o;
     o.cache_bytes = 4 * kObject;
     o.queue_depth = 1024;
