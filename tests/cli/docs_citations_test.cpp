@@ -1,0 +1,149 @@
+// The docs name the tests that prove each guarantee ("proved by") and the
+// files that implement it. A test renamed or a file moved leaves a citation
+// that proves nothing; these checks fail on it, naming the doc and line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kRoot = K3PACK_SOURCE_DIR;
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<fs::path> Docs() {
+  std::vector<fs::path> docs{kRoot / "README.md"};
+  for (const auto& e : fs::directory_iterator(kRoot / "docs"))
+    if (e.path().extension() == ".md") docs.push_back(e.path());
+  return docs;
+}
+
+// Every `code span` of the docs, with its doc and line.
+struct Span {
+  std::string where, text;
+};
+std::vector<Span> CodeSpans() {
+  std::vector<Span> spans;
+  for (const fs::path& doc : Docs()) {
+    std::ifstream in(doc);
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      static const std::regex span("`([^`]+)`");
+      for (std::sregex_iterator it(line.begin(), line.end(), span), end; it != end; ++it)
+        spans.push_back({doc.lexically_relative(kRoot).string() + ":" + std::to_string(n), (*it)[1]});
+    }
+  }
+  return spans;
+}
+
+struct Known {
+  std::set<std::string> gtests, suites;
+  // "module.Class" and "module.Class.method" of tests/python.
+  std::set<std::string> py;
+};
+
+Known KnownTests() {
+  Known k;
+  static const std::regex gtest(R"(\b(?:TEST|TEST_F|TEST_P|TYPED_TEST)\(\s*(\w+)\s*,\s*(\w+)\s*\))");
+  for (const char* dir : {"tests", "fuzz"}) {
+    for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (ext != ".cpp" && ext != ".h") continue;
+      const std::string src = Slurp(e.path());
+      for (std::sregex_iterator it(src.begin(), src.end(), gtest), end; it != end; ++it) {
+        k.gtests.insert((*it)[1].str() + "." + (*it)[2].str());
+        k.suites.insert((*it)[1]);
+      }
+    }
+  }
+  // Python: a method belongs to the class whose block it is indented under.
+  static const std::regex cls(R"(^class (\w+)\b)"), meth(R"(^    def (test_\w+))");
+  for (const auto& e : fs::directory_iterator(kRoot / "tests/python")) {
+    if (e.path().extension() != ".py") continue;
+    const std::string mod = e.path().stem().string();
+    std::ifstream in(e.path());
+    std::string line, current;
+    std::smatch m;
+    while (std::getline(in, line)) {
+      if (std::regex_search(line, m, cls)) {
+        current = m[1];
+        k.py.insert(mod + "." + current);
+      } else if (!current.empty() && std::regex_search(line, m, meth)) {
+        k.py.insert(mod + "." + current + "." + m[1].str());
+      }
+    }
+  }
+  return k;
+}
+
+TEST(DocsCitations, EveryCitedTestExists) {
+  const Known k = KnownTests();
+  ASSERT_GT(k.gtests.size(), 100u);
+  ASSERT_GT(k.py.size(), 50u);
+  std::vector<std::string> missing;
+  // `Suite.Name` (a GoogleTest) or `Suite.*`, possibly inside a longer span.
+  static const std::regex gname(R"((?:^|[^\w.])([A-Z]\w+)\.([A-Z]\w+|\*))");
+  static const std::regex pname(R"((?:^|[^\w.])(test_\w+)\.([A-Z]\w+)(?:\.(test_\w+))?)");
+  static const std::regex bare(R"(^[A-Z]\w+\.[A-Z]\w+$)");
+  for (const Span& s : CodeSpans()) {
+    for (std::sregex_iterator it(s.text.begin(), s.text.end(), gname), end; it != end; ++it) {
+      const std::string suite = (*it)[1], name = (*it)[2];
+      if (name == "*") {
+        if (!k.suites.count(suite) && !k.py.count("test_" + suite)) missing.push_back(s.where + ": " + suite + ".*");
+        continue;
+      }
+      // A span that is only `A.B` is a test citation; elsewhere `A.B` counts
+      // when A is a suite (so `GGUFWriter.add_custom_alignment` is not one).
+      const bool cited = k.suites.count(suite) || std::regex_match(s.text, bare);
+      if (cited && !k.gtests.count(suite + "." + name)) missing.push_back(s.where + ": " + suite + "." + name);
+    }
+    for (std::sregex_iterator it(s.text.begin(), s.text.end(), pname), end; it != end; ++it) {
+      std::string name = (*it)[1].str() + "." + (*it)[2].str();
+      if ((*it)[3].matched) name += "." + (*it)[3].str();
+      if (!k.py.count(name)) missing.push_back(s.where + ": " + name);
+    }
+  }
+  EXPECT_TRUE(missing.empty()) << "cited tests that do not exist:\n" << [&] {
+    std::string out;
+    for (const auto& m : missing) out += "  " + m + "\n";
+    return out;
+  }();
+}
+
+TEST(DocsCitations, EveryCitedRepositoryPathExists) {
+  std::vector<std::string> missing;
+  // A path into one of the repository's folders; `<name>` is a placeholder.
+  static const std::regex path(
+      R"((?:^|[^\w./-])((?:src|include|tests|docs|python|bench|fuzz|scripts|cmake)/[\w./<>*-]*[\w>/*]))");
+  size_t checked = 0;
+  for (const Span& s : CodeSpans()) {
+    for (std::sregex_iterator it(s.text.begin(), s.text.end(), path), end; it != end; ++it) {
+      std::string p = (*it)[1];
+      ++checked;
+      // With a placeholder or wildcard, the folder before it must exist.
+      const size_t wild = p.find_first_of("<*");
+      if (wild != std::string::npos) p = p.substr(0, p.rfind('/', wild));
+      if (!fs::exists(kRoot / p)) missing.push_back(s.where + ": " + (*it)[1].str());
+    }
+  }
+  EXPECT_GT(checked, 50u);
+  EXPECT_TRUE(missing.empty()) << "cited paths that do not exist:\n" << [&] {
+    std::string out;
+    for (const auto& m : missing) out += "  " + m + "\n";
+    return out;
+  }();
+}
+
+}  // namespace
