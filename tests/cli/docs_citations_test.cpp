@@ -97,9 +97,18 @@ TEST(DocsCitations, EveryCitedTestExists) {
   static const std::regex gname(R"((?:^|[^\w.])([A-Z]\w+)\.([A-Z]\w+|\*))");
   static const std::regex pname(R"((?:^|[^\w.])(test_\w+)\.([A-Z]\w+)(?:\.(test_\w+))?)");
   static const std::regex bare(R"(^[A-Z]\w+\.[A-Z]\w+$)");
+  // `.Name` alone: another test of the suite cited last on the same line.
+  static const std::regex same_suite(R"(^\.([A-Z]\w+)$)");
+  std::string line, last_suite;
   for (const Span& s : CodeSpans()) {
+    if (s.where != line) line = s.where, last_suite.clear();
+    std::smatch short_name;
+    if (std::regex_match(s.text, short_name, same_suite) && !last_suite.empty() &&
+        !k.gtests.count(last_suite + short_name[1].str()))
+      missing.push_back(s.where + ": " + last_suite + short_name[1].str());
     for (std::sregex_iterator it(s.text.begin(), s.text.end(), gname), end; it != end; ++it) {
       const std::string suite = (*it)[1], name = (*it)[2];
+      if (k.suites.count(suite)) last_suite = suite + ".";
       if (name == "*") {
         if (!k.suites.count(suite) && !k.py.count("test_" + suite)) missing.push_back(s.where + ": " + suite + ".*");
         continue;
