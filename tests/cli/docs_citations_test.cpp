@@ -30,19 +30,24 @@ std::vector<fs::path> Docs() {
   return docs;
 }
 
-// Every `code span` of the docs, with its doc and line.
+// Every line of the docs, or every `code span`, with its doc and line.
 struct Span {
   std::string where, text;
 };
-std::vector<Span> CodeSpans() {
+std::vector<Span> DocText(bool code_spans_only) {
   std::vector<Span> spans;
   for (const fs::path& doc : Docs()) {
     std::ifstream in(doc);
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
+      const std::string where = doc.lexically_relative(kRoot).string() + ":" + std::to_string(n);
+      if (!code_spans_only) {
+        spans.push_back({where, line});
+        continue;
+      }
       static const std::regex span("`([^`]+)`");
       for (std::sregex_iterator it(line.begin(), line.end(), span), end; it != end; ++it)
-        spans.push_back({doc.lexically_relative(kRoot).string() + ":" + std::to_string(n), (*it)[1]});
+        spans.push_back({where, (*it)[1]});
     }
   }
   return spans;
@@ -100,7 +105,7 @@ TEST(DocsCitations, EveryCitedTestExists) {
   // `.Name` alone: another test of the suite cited last on the same line.
   static const std::regex same_suite(R"(^\.([A-Z]\w+)$)");
   std::string line, last_suite;
-  for (const Span& s : CodeSpans()) {
+  for (const Span& s : DocText(/*code_spans_only=*/true)) {
     if (s.where != line) line = s.where, last_suite.clear();
     std::smatch short_name;
     if (std::regex_match(s.text, short_name, same_suite) && !last_suite.empty() &&
@@ -133,11 +138,11 @@ TEST(DocsCitations, EveryCitedTestExists) {
 
 TEST(DocsCitations, EveryCitedRepositoryPathExists) {
   std::vector<std::string> missing;
-  // A path into one of the repository's folders; `<name>` is a placeholder.
+  // A path into one of the repository's folders, in code or in prose; `<name>` is a placeholder.
   static const std::regex path(
       R"((?:^|[^\w./-])((?:src|include|tests|docs|python|bench|fuzz|scripts|cmake)/[\w./<>*-]*[\w>/*]))");
   size_t checked = 0;
-  for (const Span& s : CodeSpans()) {
+  for (const Span& s : DocText(/*code_spans_only=*/false)) {
     for (std::sregex_iterator it(s.text.begin(), s.text.end(), path), end; it != end; ++it) {
       std::string p = (*it)[1];
       ++checked;
