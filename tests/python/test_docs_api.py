@@ -1,4 +1,5 @@
-"""docs/python.md against the module a reader imports: every `k3pack.X`,
+"""docs/python.md against the module a reader imports: every public name is
+documented, every `k3pack.X`,
 `k3pack.X.Y` and `k3pack.sglang.X` it names exists, and every call it writes
 in signature form (`k3pack.f(a, b, c=..., ...)`) uses the real parameter
 names, so a reader who copies a keyword from the docs does not get a
@@ -85,6 +86,13 @@ def doc_calls():
 
 
 class PythonDocNamesTheRealApi(unittest.TestCase):
+    def test_every_public_name_is_documented(self):
+        with open(DOC) as f:
+            text = f.read()
+        undocumented = [m.__name__ + "." + n for m in (k3pack, k3pack.sglang) for n in m.__all__
+                        if not re.search(r"(?<![\w.])(?:k3pack\.(?:sglang\.)?)?%s\b" % re.escape(n), text)]
+        self.assertEqual(undocumented, [])
+
     def test_every_named_member_exists(self):
         missing = []
         for lineno, name, _ in doc_calls():
