@@ -160,4 +160,32 @@ TEST(DocsCitations, EveryCitedRepositoryPathExists) {
   }();
 }
 
+// A `K3PACK_*` / `K3_*` variable the docs tell a user or a test to set must be
+// one the code (or the scripts, setup.py, the tests) reads.
+TEST(DocsCitations, EveryCitedEnvironmentVariableIsRead) {
+  std::string code;
+  for (const char* dir : {"src", "python", "scripts", "bench", "fuzz", "tests", "cmake"}) {
+    for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && ext != ".md" && ext != ".so" && ext != ".svg") code += Slurp(e.path());
+    }
+  }
+  for (const char* file : {"setup.py", "Makefile", "CMakeLists.txt"}) code += Slurp(kRoot / file);
+  static const std::regex var(R"(\b(K3PACK_[A-Z0-9_]+|K3_[A-Z0-9_]+)\b)");
+  std::set<std::string> missing, seen;
+  for (const Span& s : DocText(/*code_spans_only=*/false)) {
+    for (std::sregex_iterator it(s.text.begin(), s.text.end(), var), end; it != end; ++it) {
+      const std::string v = (*it)[1];
+      seen.insert(v);
+      if (code.find(v) == std::string::npos) missing.insert(s.where + ": " + v);
+    }
+  }
+  EXPECT_GT(seen.size(), 20u);
+  EXPECT_TRUE(missing.empty()) << "documented variables nothing reads:\n" << [&] {
+    std::string out;
+    for (const auto& m : missing) out += "  " + m + "\n";
+    return out;
+  }();
+}
+
 }  // namespace
