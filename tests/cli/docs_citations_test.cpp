@@ -5,11 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "../cli_run.h"
 
 namespace {
 
@@ -182,6 +185,63 @@ TEST(DocsCitations, EveryCitedEnvironmentVariableIsRead) {
   }
   EXPECT_GT(seen.size(), 20u);
   EXPECT_TRUE(missing.empty()) << "documented variables nothing reads:\n" << [&] {
+    std::string out;
+    for (const auto& m : missing) out += "  " + m + "\n";
+    return out;
+  }();
+}
+
+// A command line the docs show (`k3pack CMD ... --flag`, inline or in a
+// synopsis block) uses only options that CMD's --help lists.
+TEST(DocsCitations, EveryOptionShownForACommandExists) {
+  std::map<std::string, std::string> help;  // "trace sweep" -> its --help
+  auto help_of = [&](const std::string& cmd) -> const std::string& {
+    auto it = help.find(cmd);
+    if (it == help.end()) it = help.emplace(cmd, k3pack::testing_cli::Cli(cmd + " --help").out).first;
+    return it->second;
+  };
+  // Code spans, and the lines of fenced blocks joined (a synopsis spans several lines).
+  std::vector<Span> texts = DocText(/*code_spans_only=*/true);
+  for (const fs::path& doc : Docs()) {
+    std::ifstream in(doc);
+    std::string line, block;
+    bool fenced = false;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.rfind("```", 0) == 0) {
+        if (fenced) texts.push_back({doc.lexically_relative(kRoot).string() + ":" + std::to_string(n), block});
+        fenced = !fenced;
+        block.clear();
+      } else if (fenced) {
+        block += line + "\n";
+      }
+    }
+  }
+  static const std::regex command(R"(k3pack (trace (?:gen|replay|sweep)|[a-z][a-z-]+)\b)");
+  static const std::regex option(R"((?:^|[\s\[|(])(--[a-z][a-z0-9-]*))");
+  std::vector<std::string> missing;
+  size_t checked = 0;
+  for (const Span& t : texts) {
+    std::vector<std::pair<size_t, std::string>> cmds;  // where each command starts
+    for (std::sregex_iterator it(t.text.begin(), t.text.end(), command), end; it != end; ++it)
+      cmds.emplace_back(it->position(), (*it)[1]);
+    for (size_t i = 0; i < cmds.size(); ++i) {
+      const std::string& cmd = cmds[i].second;
+      const std::string& h = help_of(cmd);
+      if (h.find("usage: k3pack " + cmd) == std::string::npos) continue;  // not a command (`k3pack CMD`)
+      const size_t from = cmds[i].first, to = i + 1 < cmds.size() ? cmds[i + 1].first : t.text.size();
+      std::string rest = t.text.substr(from, to - from);
+      rest = rest.substr(0, rest.find('#'));  // a shell comment
+      for (std::sregex_iterator it(rest.begin(), rest.end(), option), end; it != end; ++it) {
+        const std::string opt = (*it)[1];
+        ++checked;
+        if (opt == "--help" || opt == "--version") continue;
+        if (!std::regex_search(h, std::regex("(^|\\s)" + opt + "(\\s|$)")))
+          missing.push_back(t.where + ": k3pack " + cmd + " " + opt);
+      }
+    }
+  }
+  EXPECT_GT(checked, 100u);
+  EXPECT_TRUE(missing.empty()) << "options the docs show that the command does not take:\n" << [&] {
     std::string out;
     for (const auto& m : missing) out += "  " + m + "\n";
     return out;
