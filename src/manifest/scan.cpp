@@ -6,6 +6,7 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "k3pack/ggml_types.h"
@@ -59,7 +60,13 @@ Result<std::vector<std::string>> HashShards(const std::vector<std::string>& path
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker, false);
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      pool.emplace_back(worker, false);
+    } catch (const std::system_error&) {
+      break;  // out of threads: the calling thread hashes the rest
+    }
+  }
   worker(true);
   // Shards still hashed by other threads: keep polling while they finish.
   while (!stop.load() && done.load() < paths.size()) {

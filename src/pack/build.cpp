@@ -25,6 +25,7 @@
 #include "pack/copy.h"
 #include "pack/sidecars.h"
 #include "pack/source_hash.h"
+#include "util/threads.h"
 #include "util/crc32c.h"
 #include "util/file.h"
 #include "util/sha256.h"
@@ -184,11 +185,8 @@ Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objec
       }
     }
   };
-  std::vector<std::thread> pool;
   const int n = std::max(1, std::min<int>(threads > 0 ? threads : 4, static_cast<int>(std::max<uint64_t>(1, objects_done))));
-  for (int t = 1; t < n; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  RunOnThreads(static_cast<unsigned>(n), worker);
   if (error) return *error;
   return PrefixCheck{first_bad.load(), detail};
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "k3pack/pack.h"
@@ -176,12 +177,18 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   };
   const int threads = o.threads > 0 ? o.threads : 4;
   std::vector<std::thread> pool;
-  std::atomic<int> running{threads - 1};
+  std::atomic<int> running{0};
   for (int i = 1; i < threads; ++i) {
-    pool.emplace_back([&] {
-      worker(false);
+    running.fetch_add(1);
+    try {
+      pool.emplace_back([&] {
+        worker(false);
+        running.fetch_sub(1);
+      });
+    } catch (const std::system_error&) {
       running.fetch_sub(1);
-    });
+      break;  // out of threads: the calling thread checks the rest
+    }
   }
   worker(true);
   // Payloads other threads still check: keep reporting and polling.

@@ -1,8 +1,9 @@
-// TaskPool (the pack build's hashing beside its copy, the store's checksum
-// checks beside io_uring's reads) when the process cannot start all the
-// threads it asks for: a container's pids limit or an address-space limit.
-// std::thread's exception used to leave the constructor with running
-// threads, which aborts the process (std::terminate on a joinable thread).
+// Thread pools when the process cannot start all the threads they ask for (a
+// container's pids limit or an address-space limit): TaskPool (the pack
+// build's hashing beside its copy, the store's checksum checks beside
+// io_uring's reads) and RunOnThreads (sweeps, the resume check).
+// std::thread's exception used to leave with other
+// threads still joinable, which aborts the process (std::terminate).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 
 #include "../forked_child.h"
 #include "util/task_pool.h"
+#include "util/threads.h"
 
 namespace k3pack {
 namespace {
@@ -55,6 +57,24 @@ TEST(TaskPoolLimits, NoThreadAtAllIsAnExceptionNotAnAbort) {
   });
   if (rc == 5) GTEST_SKIP() << "a thread started under the address-space limit";
   EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 2: a pool without threads)";
+}
+
+TEST(ThreadLimits, RunOnThreadsDoesEveryJobOnTheThreadsItGets) {
+#ifdef K3_TEST_UNDER_SANITIZER
+  GTEST_SKIP() << "an address-space limit under a sanitizer runtime";
+#endif
+  int rc = k3test::InForkedChild([] {
+    if (!k3test::LimitAddressSpaceGrowth(uint64_t{64} << 20)) ::_exit(4);
+    std::atomic<int> next{0}, done{0}, callers{0};
+    RunOnThreads(1024, [&] {
+      callers.fetch_add(1);
+      while (next.fetch_add(1) < 5000) done.fetch_add(1);
+    });
+    if (callers.load() >= 1024) ::_exit(5);
+    ::_exit(done.load() == 5000 ? 0 : 3);
+  });
+  if (rc == 5) GTEST_SKIP() << "1024 threads fit under the address-space limit here";
+  EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 3: jobs lost)";
 }
 
 }  // namespace
