@@ -60,6 +60,13 @@ Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string&
   return out;
 }
 
+// A trace without records is a valid file but no measurement: its table
+// would read 0% for every policy and Belady alike.
+Status HasRecords(const std::string& path, const trace::Trace& t) {
+  if (!t.records.empty()) return Status::OK();
+  return Error(path + ": the trace has no records (no acquire call to replay)");
+}
+
 // Object space: the manifest's if given, else the trace's dims with K3's object size.
 Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
   if (a.Has("--manifest")) {
@@ -137,6 +144,15 @@ bool IsOurStats(const std::string& path) {
 Status CheckStatsPath(const Args& a, const std::string& path) {
   return CheckRegeneratedOutput(a, "--stats", path, "it is not a stats file written by a k3pack store", IsOurStats);
 }
+
+// The options AddGenOptions declares that only shape a generated trace
+// (--manifest also gives `trace sweep --trace` its object space).
+constexpr const char* kGenOnlyOptions[] = {
+    "--family",         "--layers",        "--first-layer",   "--experts",   "--top-k",
+    "--requests",       "--concurrent",    "--batched",       "--domains",   "--prompt-tokens",
+    "--decode-tokens",  "--prefill-chunk", "--reuse",         "--skew",      "--request-skew",
+    "--drift",          "--predict",       "--predict-accuracy", "--predict-surprise",
+    "--predict-next-token", "--seed"};
 
 // Generator options shared by `trace gen` and `trace sweep`.
 void AddGenOptions(Args& a) {
@@ -351,13 +367,14 @@ int RunReplay(const std::vector<std::string>& argv) {
   }
   auto t = trace::ReadTrace(a.Get("--trace"));
   if (!t.ok()) return ReportError("trace replay", t.error());
+  if (Status st = HasRecords(a.Get("--trace"), *t); !st.ok()) return ReportError("trace replay", st.error());
   const uint64_t cache_bytes = static_cast<uint64_t>(*mib) << 20;
   json report;
   if (a.Has("--simulate")) {
     auto space = SpaceFor(a, *t);
     if (!space.ok()) return ReportError("trace replay", space.error());
     auto seq = store::BuildCallSeq(*t, *space);
-    if (!seq.ok()) return ReportError("trace replay", seq.error());
+    if (!seq.ok()) return ReportError("trace replay", seq.error().WithContext(a.Get("--trace")));
     // Progress in calls simulated: the policy's run, then Belady's.
     auto progress = StartProgress(*mode, "trace replay");
     const bool belady = space->uniform();
@@ -531,6 +548,13 @@ int RunSweep(const std::vector<std::string>& argv) {
   }
   a.Exclusive({"--timing", "--no-belady"}, "the timed table's optimum is Belady with perfect prefetch");
   a.Exclusive({"--learner", "--trace"}, "the learning reference needs a generated trace (--family)");
+  // A sweep of --trace generates nothing: these were silently ignored, and
+  // the table looked like the one of the options asked for.
+  for (const char* gen : kGenOnlyOptions) {
+    if (std::string(gen) != "--family")
+      a.Exclusive({gen, "--trace"}, "it shapes a generated trace, and --trace reads one");
+  }
+  a.Exclusive({"--family", "--trace"}, "--trace reads a trace instead of generating the family");
   for (const char* mode : {"--ep-size", "--timing"}) {
     a.Exclusive({"--learner", mode}, "the learning reference is a column of the plain sweep");
   }
@@ -597,6 +621,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       auto r = trace::ReadTrace(a.Get("--trace"));
       if (!r.ok()) return ReportError("trace sweep", r.error());
       t = std::move(r).value();
+      if (Status st = HasRecords(a.Get("--trace"), t); !st.ok()) return ReportError("trace sweep", st.error());
     } else {
       trace::GenOptions o;
       Status gs = GenOptionsFromArgs(a, family, &o);
@@ -617,7 +642,8 @@ int RunSweep(const std::vector<std::string>& argv) {
                                             .WithHint("leave out --manifest and give the dimensions with --layers, "
                                                       "--experts and --top-k"), 2);
     auto seq = store::BuildCallSeq(t, *space);
-    if (!seq.ok()) return ReportError("trace sweep", seq.error());
+    if (!seq.ok())
+      return ReportError("trace sweep", family.empty() ? seq.error().WithContext(a.Get("--trace")) : seq.error());
     if (ep_size != 0) {
       if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts, ep::kCliNames); !st.ok())
         return ReportError("trace sweep", st.error(), 2);

@@ -157,5 +157,57 @@ TEST(TraceGuardCli, DefaultSweepSizesNeverBelowTheLeastCache) {
   EXPECT_NE(note.find("largest call"), std::string::npos) << note;
 }
 
+// Session 14's trace audit. A sweep of --trace took the generator's options
+// and ignored them (its table looked like the one they asked for); an empty
+// trace printed 0% for every policy and Belady; a trace whose layers the
+// manifest lacks was refused without naming the trace.
+TEST(TraceGuardCli, SweepOfATraceFileRefusesGeneratorOptions) {
+  ReplayFixture f;
+  const std::string svg = f.p.dir + "/g.svg";
+  for (const std::string opt : {"--reuse 0.9", "--layers 7", "--family drift", "--seed 3", "--predict",
+                                "--predict-accuracy 0.5 --timing"}) {
+    const bool timed = opt.find("--timing") != std::string::npos;  // it writes no plot
+    CliRun r = Cli("trace sweep --trace " + f.trace + " --sizes 4 " + (timed ? "" : "--svg " + svg + " ") + opt);
+    EXPECT_EQ(r.code, 2) << opt << ": " << r.out;
+    EXPECT_NE(r.out.find(opt.substr(0, opt.find(' ')) + " and --trace cannot be used together"), std::string::npos)
+        << opt << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(svg));
+  CliRun ok = Cli("trace sweep --trace " + f.trace + " --sizes 4 --svg " + svg + " --manifest " + f.p.manifest);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST(TraceGuardCli, AnEmptyTraceIsRefusedNamingTheFile) {
+  ReplayFixture f;
+  trace::Trace empty;
+  empty.num_experts = 8;
+  empty.top_k = 2;
+  empty.layer_ids = {1, 2};
+  const std::string path = f.p.dir + "/empty.k3trace", svg = f.p.dir + "/e.svg";
+  ASSERT_TRUE(trace::WriteTrace(path, empty).ok());
+  for (const std::string cmd : {"trace sweep --sizes 4 --svg " + svg + " --trace " + path,
+                                "trace replay --simulate --cache-mib 1 --trace " + path,
+                                "trace replay --manifest " + f.p.manifest + " --cache-mib 1 --trace " + path}) {
+    CliRun r = Cli(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find(path + ": the trace has no records"), std::string::npos) << cmd << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(svg));
+}
+
+TEST(TraceGuardCli, ATraceLayerTheManifestLacksNamesTheTrace) {
+  ReplayFixture f;
+  const std::string other = f.p.dir + "/layers23.k3trace";
+  ASSERT_EQ(Cli("trace gen --trace " + other + " --first-layer 2 --layers 2 --experts 8 --top-k 2 --requests 1 "
+                "--prompt-tokens 1 --decode-tokens 2").code, 0);
+  for (const std::string cmd : {"trace sweep --sizes 4 --svg " + f.p.dir + "/l.svg --manifest " + f.p.manifest,
+                                "trace replay --simulate --cache-mib 1 --manifest " + f.p.manifest}) {
+    CliRun r = Cli(cmd + " --trace " + other);
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find(other + ": trace record 1: layer 3 is not an active routed MoE layer"), std::string::npos)
+        << cmd << ": " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace k3pack::store
