@@ -706,7 +706,10 @@ int RunSweep(const std::vector<std::string>& argv) {
         return ReportError("trace sweep", st.error(), 2);
       to.h2d_bytes_per_s = *h2d * 1e9;
       to.h2d_latency_s = *h2d_lat * 1e-6;
-      auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));
+      auto progress = StartProgress(*mode, "trace sweep");
+      auto rows =
+          store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads), progress->Fn());
+      progress->Finish();
       if (!rows.ok()) return ReportError("trace sweep", rows.error());
       json j = json::array();
       for (const auto& row : *rows) {
@@ -749,7 +752,10 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     const bool bounds = !a.Has("--no-belady");
     if (ep_size != 0) {
-      auto table = store::EpSweep(*seq, *space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads));
+      auto progress = StartProgress(*mode, "trace sweep");
+      auto table = store::EpSweep(*seq, *space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads),
+                                  progress->Fn());
+      progress->Finish();
       if (!table.ok()) return ReportError("trace sweep", table.error());
       json j = store::EpSweepJson(*table);
       if (families.size() > 1) all[family] = j;

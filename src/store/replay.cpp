@@ -125,10 +125,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
                    [&](size_t x, size_t y) { return cost(t.series[x]) < cost(t.series[y]); });
   std::atomic<size_t> next{0};
   std::mutex mu;
-  Progress pr;
-  pr.phase = "sweep";
-  pr.unit = "simulations";
-  pr.total_objects = jobs;
+  SweepProgress done(progress, jobs);
   std::optional<Error> first_error;
   auto work = [&] {
     for (size_t j; (j = next.fetch_add(1)) < jobs;) {
@@ -145,8 +142,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
         continue;
       }
       t.hit_rate[s][i] = r->hit_rate();
-      ++pr.done_objects;
-      if (progress) progress(pr);
+      done.JobDone();
     }
   };
   RunOnThreads(threads, work);
