@@ -110,6 +110,8 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   if (belady && trace && truth && space.uniform()) t.series.push_back("informed");
   if (learner && trace && truth && space.uniform()) t.series.push_back("learner");
   t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
+  for (auto* counts : {&t.hits, &t.misses, &t.bytes_read})
+    counts->assign(t.series.size(), std::vector<uint64_t>(sizes.size(), 0));
   // One job per (series, size); simulations are independent. The slowest
   // series go first, so no thread is left alone with one at the end.
   const size_t jobs = t.series.size() * sizes.size();
@@ -142,6 +144,9 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
         continue;
       }
       t.hit_rate[s][i] = r->hit_rate();
+      t.hits[s][i] = r->hits;
+      t.misses[s][i] = r->misses;
+      t.bytes_read[s][i] = r->bytes_read;
       done.JobDone();
     }
   };
@@ -215,7 +220,14 @@ json SweepJson(const SweepTable& t) {
   json j;
   j["capacity_objects"] = t.capacity_objects;
   j["num_objects"] = t.num_objects;
-  for (size_t s = 0; s < t.series.size(); ++s) j["hit_rate"][t.series[s]] = t.hit_rate[s];
+  for (size_t s = 0; s < t.series.size(); ++s) {
+    j["hit_rate"][t.series[s]] = t.hit_rate[s];
+    if (s < t.hits.size()) {
+      j["hits"][t.series[s]] = t.hits[s];
+      j["misses"][t.series[s]] = t.misses[s];
+      j["bytes_read"][t.series[s]] = t.bytes_read[s];
+    }
+  }
   return j;
 }
 
