@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
+#include "cli/mib_option.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
@@ -349,8 +350,8 @@ int RunReplay(const std::vector<std::string>& argv) {
   ManifestInDirectory(a, "trace replay");
   auto mode = ProgressModeOf(a);
   if (!mode.ok()) return ReportError("trace replay", mode.error(), 2);
-  auto mib = a.GetInt("--cache-mib");
-  if (!mib.ok() || *mib <= 0) return ReportError("trace replay", Error("--cache-mib must be a positive integer"), 2);
+  auto cache_bytes = MibOptionBytes(a, "--cache-mib", 1);
+  if (!cache_bytes.ok()) return ReportError("trace replay", cache_bytes.error(), 2);
   // Every named value is checked before the trace is read (usage errors).
   if (Status st = CheckPolicyName("--policy", a.Get("--policy")); !st.ok())
     return ReportError("trace replay", st.error(), 2);
@@ -368,7 +369,6 @@ int RunReplay(const std::vector<std::string>& argv) {
   auto t = trace::ReadTrace(a.Get("--trace"));
   if (!t.ok()) return ReportError("trace replay", t.error());
   if (Status st = HasRecords(a.Get("--trace"), *t); !st.ok()) return ReportError("trace replay", st.error());
-  const uint64_t cache_bytes = static_cast<uint64_t>(*mib) << 20;
   json report;
   if (a.Has("--simulate")) {
     auto space = SpaceFor(a, *t);
@@ -388,14 +388,14 @@ int RunReplay(const std::vector<std::string>& argv) {
         progress->Update(p);
       };
     };
-    auto r = store::Simulate(*seq, *space, a.Get("--policy"), cache_bytes, calls_done(0));
+    auto r = store::Simulate(*seq, *space, a.Get("--policy"), *cache_bytes, calls_done(0));
     if (!r.ok()) {
       progress->Finish();
       return ReportError("trace replay", r.error());
     }
     report = {{"policy", r->policy},
               {"simulate", true},
-              {"cache_bytes", cache_bytes},
+              {"cache_bytes", *cache_bytes},
               {"effective_capacity_experts", r->capacity_objects},
               {"hits", r->hits},
               {"misses", r->misses},
@@ -426,7 +426,7 @@ int RunReplay(const std::vector<std::string>& argv) {
         return ReportError("trace replay", Error(o.manifest_path + " has no expert_pack.path; pass --pack"));
       o.pack_path = (*m)["expert_pack"]["path"].get<std::string>();
     }
-    o.store.cache_bytes = cache_bytes;
+    o.store.cache_bytes = *cache_bytes;
     o.store.policy = a.Get("--policy");
     o.store.io_backend = a.Get("--io");
     o.store.direct_io = a.Has("--direct");
@@ -466,7 +466,7 @@ int RunReplay(const std::vector<std::string>& argv) {
     return 0;
   }
   std::printf("policy %s, cache %llu MiB = %llu experts (effective capacity)\n",
-              report["policy"].get<std::string>().c_str(), (unsigned long long)(cache_bytes >> 20),
+              report["policy"].get<std::string>().c_str(), (unsigned long long)(*cache_bytes >> 20),
               (unsigned long long)report["effective_capacity_experts"].get<uint64_t>());
   std::printf("hits %llu, misses %llu, hit rate %.2f%%",
               (unsigned long long)report["hits"].get<uint64_t>(), (unsigned long long)report["misses"].get<uint64_t>(),
@@ -673,17 +673,18 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (a.Has("--timing")) {
       store::TimingOptions to;
       auto cu = a.GetDouble("--compute-us"), bw = a.GetDouble("--ssd-gbps"), lat = a.GetDouble("--ssd-latency-us");
-      auto qd = a.GetInt("--queue-depth"), budget = a.GetInt("--prefetch-budget-mib");
-      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || !budget.ok() || *cu < 0 || *bw <= 0 || *lat < 0 ||
-          *qd < 1 || *budget < 0)
+      auto qd = a.GetInt("--queue-depth");
+      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || *cu < 0 || *bw <= 0 || *lat < 0 || *qd < 1)
         return ReportError("trace sweep",
-                           Error("--compute-us, --ssd-latency-us and --prefetch-budget-mib must be non-negative "
-                                 "numbers, --ssd-gbps positive and --queue-depth at least 1"), 2);
+                           Error("--compute-us and --ssd-latency-us must be non-negative numbers, --ssd-gbps "
+                                 "positive and --queue-depth at least 1"), 2);
+      auto budget = MibOptionBytes(a, "--prefetch-budget-mib", 0);
+      if (!budget.ok()) return ReportError("trace sweep", budget.error(), 2);
       to.layer_compute_s = *cu * 1e-6;
       to.ssd_bytes_per_s = *bw * 1e9;
       to.ssd_latency_s = *lat * 1e-6;
       to.queue_depth = static_cast<uint32_t>(*qd);
-      to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
+      to.prefetch_budget_bytes = *budget;
       to.prefetch_staged = a.Has("--staged");
       if (horizon == "token") {
         to.lookahead = store::TimingOptions::Lookahead::kNextToken;
@@ -694,13 +695,13 @@ int RunSweep(const std::vector<std::string>& argv) {
                                                   "which --horizon token replays")
                                                 .WithHint("write it with `k3pack trace gen --predict-next-token`"));
       }
-      auto dev = a.GetInt("--device-mib");
+      auto dev = MibOptionBytes(a, "--device-mib", 0);
+      if (!dev.ok()) return ReportError("trace sweep", dev.error(), 2);
       auto h2d = a.GetDouble("--h2d-gbps"), h2d_lat = a.GetDouble("--h2d-latency-us");
-      if (!dev.ok() || !h2d.ok() || !h2d_lat.ok() || *dev < 0 || *h2d <= 0 || *h2d_lat < 0)
-        return ReportError("trace sweep",
-                           Error("--device-mib and --h2d-latency-us must be non-negative numbers, --h2d-gbps positive"),
+      if (!h2d.ok() || !h2d_lat.ok() || *h2d <= 0 || *h2d_lat < 0)
+        return ReportError("trace sweep", Error("--h2d-latency-us must be a non-negative number, --h2d-gbps positive"),
                            2);
-      to.device_bytes = static_cast<uint64_t>(*dev) << 20;
+      to.device_bytes = *dev;
       to.device_policy = a.Get("--device-policy");
       if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
         return ReportError("trace sweep", st.error(), 2);
@@ -742,7 +743,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       text += head;
       if (to.device_bytes) {
         std::snprintf(head, sizeof head, "device tier: %llu MiB = %llu objects (%.2f%%), %s, H2D %.1f GB/s, %.0f us\n",
-                      (unsigned long long)*dev, (unsigned long long)(to.device_bytes / space->max_object_bytes()),
+                      (unsigned long long)(*dev >> 20), (unsigned long long)(to.device_bytes / space->max_object_bytes()),
                       100.0 * double(to.device_bytes / space->max_object_bytes()) / double(space->num_objects()),
                       to.device_policy.c_str(), *h2d, *h2d_lat);
         text += head;

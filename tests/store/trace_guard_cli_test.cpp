@@ -209,5 +209,28 @@ TEST(TraceGuardCli, ATraceLayerTheManifestLacksNamesTheTrace) {
   }
 }
 
+// Session 14: a MiB count of 2^44 or more wrapped to a few bytes when
+// shifted: --cache-mib 17592186044416 was a 0-byte cache ("cannot evict the
+// active top-k working set"), --device-mib the same silently no device tier.
+TEST(TraceGuardCli, MibCountsBeyond64BitBytesAreUsageErrors) {
+  ReplayFixture f;
+  const std::string wrap = "17592186044416";  // 2^44 MiB = 2^64 bytes
+  for (const std::string cmd :
+       {"trace replay --simulate --trace " + f.trace + " --cache-mib " + wrap,
+        "trace replay --manifest " + f.p.manifest + " --trace " + f.trace + " --cache-mib " + wrap,
+        "trace sweep --timing --sizes 4 --trace " + f.trace + " --device-mib " + wrap,
+        "trace sweep --timing --sizes 4 --trace " + f.trace + " --prefetch-budget-mib " + wrap,
+        "run-experts " + f.p.manifest + " --cache-mib " + wrap}) {
+    CliRun r = Cli(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << ": " << r.out;
+    // The option and its largest value (run-experts words its bounds its own way).
+    EXPECT_NE(r.out.find("-mib must be "), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find("17592186044415"), std::string::npos) << cmd << ": " << r.out;
+  }
+  CliRun most = Cli("trace replay --simulate --json --trace " + f.trace + " --cache-mib 17592186044415");
+  EXPECT_EQ(most.code, 0) << most.out;
+  EXPECT_NE(most.out.find("\"evictions\": 0"), std::string::npos) << most.out;
+}
+
 }  // namespace
 }  // namespace k3pack::store
