@@ -23,7 +23,11 @@ Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
   seq.route_width = t.top_k;
   std::vector<int64_t> ids;
   std::vector<ObjectId> distinct;
-  const uint32_t first_layer = space.active_layer_ids.empty() ? 0 : space.active_layer_ids.front();
+  // Every token passes each layer the trace routes, so its tokens are the
+  // rows of its lowest routed layer; the space's first layer (a manifest's)
+  // may be one the trace never routes, which counted 0 tokens.
+  uint32_t first_layer = UINT32_MAX;
+  for (const trace::Record& r : t.records) first_layer = std::min(first_layer, r.layer);
   for (size_t i = 0; i < t.records.size(); ++i) {
     const trace::Record& r = t.records[i];
     auto raw = t.RecordIds(r);

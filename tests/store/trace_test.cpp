@@ -173,6 +173,26 @@ TEST(Trace, HandWrittenFilesAreRejectedByRule) {
   EXPECT_EQ(ParseError(HandTrace(16, 16, {1}, 0)), "(accepted)");
 }
 
+// Session 14: a trace of layer 2 only (run-experts --layer 2 --trace-out)
+// swept with a manifest of layers 1-3 counted 0 tokens, so every per-token
+// figure read 0.
+TEST(Trace, CallSeqCountsTokensAtTheTracesLowestLayer) {
+  Trace t;
+  t.num_experts = 8;
+  t.top_k = 2;
+  t.layer_ids = {1, 2, 3};
+  const auto space = store::SpaceForTrace(t, 4096);  // the manifest's layers
+  t.layer_ids = {2, 3};
+  std::vector<uint16_t> one = {1, 2}, two = {1, 2, 3, 4};
+  t.Append(2, 1, 0, false, one);
+  t.Append(3, 1, 0, false, one);
+  t.Append(2, 2, 0, true, two);
+  t.Append(3, 2, 0, true, two);
+  auto seq = store::BuildCallSeq(t, space);
+  ASSERT_TRUE(seq.ok()) << seq.error().message();
+  EXPECT_EQ(seq->tokens, 3u);
+}
+
 TEST(Trace, CallSeqAppliesSGLangRouteChecks) {
   Trace t;
   t.num_experts = 8;
