@@ -571,6 +571,10 @@ int RunSweep(const std::vector<std::string>& argv) {
     std::string p;
     while (std::getline(ss, p, ',')) {
       if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+      // The JSON is keyed by policy: a second run of one would hide the first.
+      if (std::find(policies.begin(), policies.end(), p) != policies.end())
+        return ReportError("trace sweep", Error("--policies names " + p + " twice, got '" + a.Get("--policies") + "'"),
+                           2);
       policies.push_back(p);
     }
   }

@@ -175,6 +175,10 @@ TEST(TraceGuardCli, SweepOfATraceFileRefusesGeneratorOptions) {
   EXPECT_FALSE(fs::exists(svg));
   CliRun ok = Cli("trace sweep --trace " + f.trace + " --sizes 4 --svg " + svg + " --manifest " + f.p.manifest);
   EXPECT_EQ(ok.code, 0) << ok.out;
+  // A policy named twice ran twice, and the JSON (keyed by policy) kept one.
+  CliRun twice = Cli("trace sweep --trace " + f.trace + " --sizes 4 --svg " + svg + " --policies lru,lru --json");
+  EXPECT_EQ(twice.code, 2) << twice.out;
+  EXPECT_NE(twice.out.find("--policies names lru twice"), std::string::npos) << twice.out;
 }
 
 TEST(TraceGuardCli, AnEmptyTraceIsRefusedNamingTheFile) {
