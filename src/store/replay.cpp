@@ -74,7 +74,9 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
   K3_RETURN_IF_ERROR(store->Close());
   json out;
   uint64_t hits = stats["cache_hits"], misses = stats["cache_misses"], bytes = stats["pack_read_bytes"];
-  uint64_t tokens = stats["k3pack"]["tokens"];
+  // The store counts tokens at the model's first routed layer, which a trace
+  // of some layers never reaches (its per-token figures read 0).
+  const uint64_t tokens = trace::CountTokens(t);
   out["policy"] = stats["cache_policy"];
   out["io_backend"] = stats["k3pack"]["io_backend"];
   out["direct_io"] = o.store.direct_io;

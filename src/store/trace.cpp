@@ -521,6 +521,15 @@ bool ApplyFamily(const std::string& name, GenOptions* o) {
   return true;
 }
 
+uint64_t CountTokens(const Trace& t) {
+  uint32_t lowest = UINT32_MAX;
+  for (const Record& r : t.records) lowest = std::min(lowest, r.layer);
+  uint64_t tokens = 0;
+  for (const Record& r : t.records)
+    if (r.layer == lowest) tokens += r.rows;
+  return tokens;
+}
+
 double MeasuredReuse(const Trace& t) {
   // Compare consecutive tokens of the same request and layer, whatever
   // other requests' rows come in between.

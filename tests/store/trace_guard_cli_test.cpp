@@ -199,6 +199,22 @@ TEST(TraceGuardCli, AnEmptyTraceIsRefusedNamingTheFile) {
   EXPECT_FALSE(fs::exists(svg));
 }
 
+// Session 14: a trace of layer 2 only replayed on a layers-1-2 pack counted
+// the store's tokens (at layer 1): 0, and 0 bytes per token.
+TEST(TraceGuardCli, ReplayOfSomeLayersCountsTheTracesTokens) {
+  ReplayFixture f;
+  const std::string two = f.p.dir + "/layer2.k3trace";
+  ASSERT_EQ(Cli("trace gen --trace " + two + " --first-layer 2 --layers 1 --experts 8 --top-k 2 --requests 1 "
+                "--prompt-tokens 1 --decode-tokens 4").code, 0);
+  for (const std::string mode : {"", " --simulate"}) {
+    CliRun r = Cli("trace replay --json --cache-mib 1 --trace " + two + " --manifest " + f.p.manifest + mode);
+    ASSERT_EQ(r.code, 0) << mode << ": " << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"], 5) << mode;
+    EXPECT_DOUBLE_EQ(j["bytes_per_token"].get<double>(), j["bytes_read"].get<double>() / 5) << mode;
+  }
+}
+
 TEST(TraceGuardCli, ATraceLayerTheManifestLacksNamesTheTrace) {
   ReplayFixture f;
   const std::string other = f.p.dir + "/layers23.k3trace";
