@@ -139,6 +139,11 @@ Result<Trace> Generate(const GenOptions& options);
 bool ApplyFamily(const std::string& name, GenOptions* options);
 std::vector<std::string> FamilyNames();
 
+// Tokens the trace routes: every token passes each layer the trace routes,
+// so they are the rows of its lowest routed layer (not of the model's first
+// layer, which a trace of some layers never routes).
+uint64_t CountTokens(const Trace& trace);
+
 // Mean share of a token's experts (per layer) that the previous token of the
 // same request also used in that layer: the "reuse" a generated trace shows.
 // Rows are matched by request (per-row request ids included), so traces that

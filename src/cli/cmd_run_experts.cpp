@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
+#include "cli/mib_option.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
@@ -214,7 +215,7 @@ int RunExperts(const std::vector<std::string>& argv) {
     const char* name;
     int64_t value, lo, hi;
   } ranges[] = {{"--tokens", *tokens, 1, 1000000},
-                {"--cache-mib", *mib, 1, INT64_MAX},
+                {"--cache-mib", *mib, 1, kMaxMib},
                 {"--threads", *threads, 1, INT64_MAX},
                 {"--seed", *seed, 0, INT64_MAX},
                 {"--ep-size", *ep_size, 1, 65536}};

@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
+#include "cli/mib_option.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
@@ -58,6 +59,13 @@ Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string&
   if (out.empty()) return Error(what + " is empty");
   if (std::find(out.begin(), out.end(), 0) != out.end()) return Error(what + " values must be at least 1, got '" + s + "'");
   return out;
+}
+
+// A trace without records is a valid file but no measurement: its table
+// would read 0% for every policy and Belady alike.
+Status HasRecords(const std::string& path, const trace::Trace& t) {
+  if (!t.records.empty()) return Status::OK();
+  return Error(path + ": the trace has no records (no acquire call to replay)");
 }
 
 // Object space: the manifest's if given, else the trace's dims with K3's object size.
@@ -137,6 +145,15 @@ bool IsOurStats(const std::string& path) {
 Status CheckStatsPath(const Args& a, const std::string& path) {
   return CheckRegeneratedOutput(a, "--stats", path, "it is not a stats file written by a k3pack store", IsOurStats);
 }
+
+// The options AddGenOptions declares that only shape a generated trace
+// (--manifest also gives `trace sweep --trace` its object space).
+constexpr const char* kGenOnlyOptions[] = {
+    "--family",         "--layers",        "--first-layer",   "--experts",   "--top-k",
+    "--requests",       "--concurrent",    "--batched",       "--domains",   "--prompt-tokens",
+    "--decode-tokens",  "--prefill-chunk", "--reuse",         "--skew",      "--request-skew",
+    "--drift",          "--predict",       "--predict-accuracy", "--predict-surprise",
+    "--predict-next-token", "--seed"};
 
 // Generator options shared by `trace gen` and `trace sweep`.
 void AddGenOptions(Args& a) {
@@ -333,8 +350,8 @@ int RunReplay(const std::vector<std::string>& argv) {
   ManifestInDirectory(a, "trace replay");
   auto mode = ProgressModeOf(a);
   if (!mode.ok()) return ReportError("trace replay", mode.error(), 2);
-  auto mib = a.GetInt("--cache-mib");
-  if (!mib.ok() || *mib <= 0) return ReportError("trace replay", Error("--cache-mib must be a positive integer"), 2);
+  auto cache_bytes = MibOptionBytes(a, "--cache-mib", 1);
+  if (!cache_bytes.ok()) return ReportError("trace replay", cache_bytes.error(), 2);
   // Every named value is checked before the trace is read (usage errors).
   if (Status st = CheckPolicyName("--policy", a.Get("--policy")); !st.ok())
     return ReportError("trace replay", st.error(), 2);
@@ -351,13 +368,13 @@ int RunReplay(const std::vector<std::string>& argv) {
   }
   auto t = trace::ReadTrace(a.Get("--trace"));
   if (!t.ok()) return ReportError("trace replay", t.error());
-  const uint64_t cache_bytes = static_cast<uint64_t>(*mib) << 20;
+  if (Status st = HasRecords(a.Get("--trace"), *t); !st.ok()) return ReportError("trace replay", st.error());
   json report;
   if (a.Has("--simulate")) {
     auto space = SpaceFor(a, *t);
     if (!space.ok()) return ReportError("trace replay", space.error());
     auto seq = store::BuildCallSeq(*t, *space);
-    if (!seq.ok()) return ReportError("trace replay", seq.error());
+    if (!seq.ok()) return ReportError("trace replay", seq.error().WithContext(a.Get("--trace")));
     // Progress in calls simulated: the policy's run, then Belady's.
     auto progress = StartProgress(*mode, "trace replay");
     const bool belady = space->uniform();
@@ -371,14 +388,14 @@ int RunReplay(const std::vector<std::string>& argv) {
         progress->Update(p);
       };
     };
-    auto r = store::Simulate(*seq, *space, a.Get("--policy"), cache_bytes, calls_done(0));
+    auto r = store::Simulate(*seq, *space, a.Get("--policy"), *cache_bytes, calls_done(0));
     if (!r.ok()) {
       progress->Finish();
       return ReportError("trace replay", r.error());
     }
     report = {{"policy", r->policy},
               {"simulate", true},
-              {"cache_bytes", cache_bytes},
+              {"cache_bytes", *cache_bytes},
               {"effective_capacity_experts", r->capacity_objects},
               {"hits", r->hits},
               {"misses", r->misses},
@@ -409,7 +426,7 @@ int RunReplay(const std::vector<std::string>& argv) {
         return ReportError("trace replay", Error(o.manifest_path + " has no expert_pack.path; pass --pack"));
       o.pack_path = (*m)["expert_pack"]["path"].get<std::string>();
     }
-    o.store.cache_bytes = cache_bytes;
+    o.store.cache_bytes = *cache_bytes;
     o.store.policy = a.Get("--policy");
     o.store.io_backend = a.Get("--io");
     o.store.direct_io = a.Has("--direct");
@@ -449,7 +466,7 @@ int RunReplay(const std::vector<std::string>& argv) {
     return 0;
   }
   std::printf("policy %s, cache %llu MiB = %llu experts (effective capacity)\n",
-              report["policy"].get<std::string>().c_str(), (unsigned long long)(cache_bytes >> 20),
+              report["policy"].get<std::string>().c_str(), (unsigned long long)(*cache_bytes >> 20),
               (unsigned long long)report["effective_capacity_experts"].get<uint64_t>());
   std::printf("hits %llu, misses %llu, hit rate %.2f%%",
               (unsigned long long)report["hits"].get<uint64_t>(), (unsigned long long)report["misses"].get<uint64_t>(),
@@ -531,6 +548,13 @@ int RunSweep(const std::vector<std::string>& argv) {
   }
   a.Exclusive({"--timing", "--no-belady"}, "the timed table's optimum is Belady with perfect prefetch");
   a.Exclusive({"--learner", "--trace"}, "the learning reference needs a generated trace (--family)");
+  // A sweep of --trace generates nothing: these were silently ignored, and
+  // the table looked like the one of the options asked for.
+  for (const char* gen : kGenOnlyOptions) {
+    if (std::string(gen) != "--family")
+      a.Exclusive({gen, "--trace"}, "it shapes a generated trace, and --trace reads one");
+  }
+  a.Exclusive({"--family", "--trace"}, "--trace reads a trace instead of generating the family");
   for (const char* mode : {"--ep-size", "--timing"}) {
     a.Exclusive({"--learner", mode}, "the learning reference is a column of the plain sweep");
   }
@@ -547,6 +571,10 @@ int RunSweep(const std::vector<std::string>& argv) {
     std::string p;
     while (std::getline(ss, p, ',')) {
       if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+      // The JSON is keyed by policy: a second run of one would hide the first.
+      if (std::find(policies.begin(), policies.end(), p) != policies.end())
+        return ReportError("trace sweep", Error("--policies names " + p + " twice, got '" + a.Get("--policies") + "'"),
+                           2);
       policies.push_back(p);
     }
   }
@@ -597,6 +625,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       auto r = trace::ReadTrace(a.Get("--trace"));
       if (!r.ok()) return ReportError("trace sweep", r.error());
       t = std::move(r).value();
+      if (Status st = HasRecords(a.Get("--trace"), t); !st.ok()) return ReportError("trace sweep", st.error());
     } else {
       trace::GenOptions o;
       Status gs = GenOptionsFromArgs(a, family, &o);
@@ -617,7 +646,8 @@ int RunSweep(const std::vector<std::string>& argv) {
                                             .WithHint("leave out --manifest and give the dimensions with --layers, "
                                                       "--experts and --top-k"), 2);
     auto seq = store::BuildCallSeq(t, *space);
-    if (!seq.ok()) return ReportError("trace sweep", seq.error());
+    if (!seq.ok())
+      return ReportError("trace sweep", family.empty() ? seq.error().WithContext(a.Get("--trace")) : seq.error());
     if (ep_size != 0) {
       if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts, ep::kCliNames); !st.ok())
         return ReportError("trace sweep", st.error(), 2);
@@ -647,17 +677,18 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (a.Has("--timing")) {
       store::TimingOptions to;
       auto cu = a.GetDouble("--compute-us"), bw = a.GetDouble("--ssd-gbps"), lat = a.GetDouble("--ssd-latency-us");
-      auto qd = a.GetInt("--queue-depth"), budget = a.GetInt("--prefetch-budget-mib");
-      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || !budget.ok() || *cu < 0 || *bw <= 0 || *lat < 0 ||
-          *qd < 1 || *budget < 0)
+      auto qd = a.GetInt("--queue-depth");
+      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || *cu < 0 || *bw <= 0 || *lat < 0 || *qd < 1)
         return ReportError("trace sweep",
-                           Error("--compute-us, --ssd-latency-us and --prefetch-budget-mib must be non-negative "
-                                 "numbers, --ssd-gbps positive and --queue-depth at least 1"), 2);
+                           Error("--compute-us and --ssd-latency-us must be non-negative numbers, --ssd-gbps "
+                                 "positive and --queue-depth at least 1"), 2);
+      auto budget = MibOptionBytes(a, "--prefetch-budget-mib", 0);
+      if (!budget.ok()) return ReportError("trace sweep", budget.error(), 2);
       to.layer_compute_s = *cu * 1e-6;
       to.ssd_bytes_per_s = *bw * 1e9;
       to.ssd_latency_s = *lat * 1e-6;
       to.queue_depth = static_cast<uint32_t>(*qd);
-      to.prefetch_budget_bytes = static_cast<uint64_t>(*budget) << 20;
+      to.prefetch_budget_bytes = *budget;
       to.prefetch_staged = a.Has("--staged");
       if (horizon == "token") {
         to.lookahead = store::TimingOptions::Lookahead::kNextToken;
@@ -668,19 +699,22 @@ int RunSweep(const std::vector<std::string>& argv) {
                                                   "which --horizon token replays")
                                                 .WithHint("write it with `k3pack trace gen --predict-next-token`"));
       }
-      auto dev = a.GetInt("--device-mib");
+      auto dev = MibOptionBytes(a, "--device-mib", 0);
+      if (!dev.ok()) return ReportError("trace sweep", dev.error(), 2);
       auto h2d = a.GetDouble("--h2d-gbps"), h2d_lat = a.GetDouble("--h2d-latency-us");
-      if (!dev.ok() || !h2d.ok() || !h2d_lat.ok() || *dev < 0 || *h2d <= 0 || *h2d_lat < 0)
-        return ReportError("trace sweep",
-                           Error("--device-mib and --h2d-latency-us must be non-negative numbers, --h2d-gbps positive"),
+      if (!h2d.ok() || !h2d_lat.ok() || *h2d <= 0 || *h2d_lat < 0)
+        return ReportError("trace sweep", Error("--h2d-latency-us must be a non-negative number, --h2d-gbps positive"),
                            2);
-      to.device_bytes = static_cast<uint64_t>(*dev) << 20;
+      to.device_bytes = *dev;
       to.device_policy = a.Get("--device-policy");
       if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
         return ReportError("trace sweep", st.error(), 2);
       to.h2d_bytes_per_s = *h2d * 1e9;
       to.h2d_latency_s = *h2d_lat * 1e-6;
-      auto rows = store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads));
+      auto progress = StartProgress(*mode, "trace sweep");
+      auto rows =
+          store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads), progress->Fn());
+      progress->Finish();
       if (!rows.ok()) return ReportError("trace sweep", rows.error());
       json j = json::array();
       for (const auto& row : *rows) {
@@ -713,7 +747,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       text += head;
       if (to.device_bytes) {
         std::snprintf(head, sizeof head, "device tier: %llu MiB = %llu objects (%.2f%%), %s, H2D %.1f GB/s, %.0f us\n",
-                      (unsigned long long)*dev, (unsigned long long)(to.device_bytes / space->max_object_bytes()),
+                      (unsigned long long)(*dev >> 20), (unsigned long long)(to.device_bytes / space->max_object_bytes()),
                       100.0 * double(to.device_bytes / space->max_object_bytes()) / double(space->num_objects()),
                       to.device_policy.c_str(), *h2d, *h2d_lat);
         text += head;
@@ -723,7 +757,10 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     const bool bounds = !a.Has("--no-belady");
     if (ep_size != 0) {
-      auto table = store::EpSweep(*seq, *space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads));
+      auto progress = StartProgress(*mode, "trace sweep");
+      auto table = store::EpSweep(*seq, *space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads),
+                                  progress->Fn());
+      progress->Finish();
       if (!table.ok()) return ReportError("trace sweep", table.error());
       json j = store::EpSweepJson(*table);
       if (families.size() > 1) all[family] = j;

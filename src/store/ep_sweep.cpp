@@ -41,7 +41,8 @@ CallSeq RankCallSeq(const CallSeq& seq, const ObjectSpace& space, uint32_t ep_si
 }
 
 Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
-                             const std::vector<uint64_t>& sizes, uint32_t ep_size, bool belady, unsigned threads) {
+                             const std::vector<uint64_t>& sizes, uint32_t ep_size, bool belady, unsigned threads,
+                             const ProgressFn& progress) {
   K3_RETURN_IF_ERROR(ep::CheckRank(ep::Rank{ep_size, 0}, space.num_experts));
   EpSweepTable t;
   t.ep_size = ep_size;
@@ -62,6 +63,7 @@ Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const
   const size_t per_size = ep_size + 1, jobs = t.series.size() * sizes.size() * per_size;
   std::atomic<size_t> next{0};
   std::mutex mu;
+  SweepProgress done(progress, jobs);
   std::optional<Error> first_error;
   auto work = [&] {
     for (size_t j; (j = next.fetch_add(1)) < jobs;) {
@@ -72,9 +74,10 @@ Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const
       SimResult& out = single ? t.single[s][i] : t.ranks[s][i][r];
       out.policy = t.series[s];
       out.capacity_objects = sizes[i];
-      if (sizes[i] < LargestCall(q)) continue;  // unavailable: capacity_bytes stays 0
-      Result<SimResult> res = t.series[s] == "belady" ? SimulateBelady(q, sp, sizes[i])
-                                                      : Simulate(q, sp, t.series[s], sizes[i] * sp.max_object_bytes());
+      const bool unavailable = sizes[i] < LargestCall(q);  // capacity_bytes stays 0
+      Result<SimResult> res = unavailable            ? Result<SimResult>(out)
+                              : t.series[s] == "belady" ? SimulateBelady(q, sp, sizes[i])
+                                                        : Simulate(q, sp, t.series[s], sizes[i] * sp.max_object_bytes());
       std::lock_guard<std::mutex> lock(mu);
       if (!res.ok()) {
         if (!first_error) first_error = res.error();
@@ -82,6 +85,7 @@ Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const
         continue;
       }
       out = std::move(res).value();
+      done.JobDone();
     }
   };
   RunOnThreads(threads, work);

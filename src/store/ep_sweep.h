@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 #include "store/simulate.h"
 
 namespace k3pack::store {
@@ -44,7 +45,7 @@ struct EpSweepTable {
 // Fails with ep::CheckRank's error when ep_size does not divide the experts.
 Result<EpSweepTable> EpSweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
                              const std::vector<uint64_t>& capacity_objects, uint32_t ep_size, bool belady,
-                             unsigned threads);
+                             unsigned threads, const ProgressFn& progress = {});
 
 std::string EpSweepText(const EpSweepTable& t);
 nlohmann::json EpSweepJson(const EpSweepTable& t);

@@ -74,7 +74,9 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
   K3_RETURN_IF_ERROR(store->Close());
   json out;
   uint64_t hits = stats["cache_hits"], misses = stats["cache_misses"], bytes = stats["pack_read_bytes"];
-  uint64_t tokens = stats["k3pack"]["tokens"];
+  // The store counts tokens at the model's first routed layer, which a trace
+  // of some layers never reaches (its per-token figures read 0).
+  const uint64_t tokens = trace::CountTokens(t);
   out["policy"] = stats["cache_policy"];
   out["io_backend"] = stats["k3pack"]["io_backend"];
   out["direct_io"] = o.store.direct_io;
@@ -110,6 +112,8 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   if (belady && trace && truth && space.uniform()) t.series.push_back("informed");
   if (learner && trace && truth && space.uniform()) t.series.push_back("learner");
   t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
+  for (auto* counts : {&t.hits, &t.misses, &t.bytes_read})
+    counts->assign(t.series.size(), std::vector<uint64_t>(sizes.size(), 0));
   // One job per (series, size); simulations are independent. The slowest
   // series go first, so no thread is left alone with one at the end.
   const size_t jobs = t.series.size() * sizes.size();
@@ -125,10 +129,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
                    [&](size_t x, size_t y) { return cost(t.series[x]) < cost(t.series[y]); });
   std::atomic<size_t> next{0};
   std::mutex mu;
-  Progress pr;
-  pr.phase = "sweep";
-  pr.unit = "simulations";
-  pr.total_objects = jobs;
+  SweepProgress done(progress, jobs);
   std::optional<Error> first_error;
   auto work = [&] {
     for (size_t j; (j = next.fetch_add(1)) < jobs;) {
@@ -145,8 +146,10 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
         continue;
       }
       t.hit_rate[s][i] = r->hit_rate();
-      ++pr.done_objects;
-      if (progress) progress(pr);
+      t.hits[s][i] = r->hits;
+      t.misses[s][i] = r->misses;
+      t.bytes_read[s][i] = r->bytes_read;
+      done.JobDone();
     }
   };
   RunOnThreads(threads, work);
@@ -219,7 +222,14 @@ json SweepJson(const SweepTable& t) {
   json j;
   j["capacity_objects"] = t.capacity_objects;
   j["num_objects"] = t.num_objects;
-  for (size_t s = 0; s < t.series.size(); ++s) j["hit_rate"][t.series[s]] = t.hit_rate[s];
+  for (size_t s = 0; s < t.series.size(); ++s) {
+    j["hit_rate"][t.series[s]] = t.hit_rate[s];
+    if (s < t.hits.size()) {
+      j["hits"][t.series[s]] = t.hits[s];
+      j["misses"][t.series[s]] = t.misses[s];
+      j["bytes_read"][t.series[s]] = t.bytes_read[s];
+    }
+  }
   return j;
 }
 

@@ -34,6 +34,9 @@ struct SweepTable {
   std::vector<std::string> series;        // policy names (+ "belady")
   std::vector<uint64_t> capacity_objects; // x values
   std::vector<std::vector<double>> hit_rate;  // [series][size]
+  // The counts behind each rate (a script needs them for bytes per token
+  // and to add runs up): hits + misses is every call's distinct objects.
+  std::vector<std::vector<uint64_t>> hits, misses, bytes_read;  // [series][size]
   uint64_t num_objects = 0;
 };
 

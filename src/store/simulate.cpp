@@ -23,7 +23,8 @@ Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
   seq.route_width = t.top_k;
   std::vector<int64_t> ids;
   std::vector<ObjectId> distinct;
-  const uint32_t first_layer = space.active_layer_ids.empty() ? 0 : space.active_layer_ids.front();
+  // Not the space's first layer: a manifest's may be one the trace never routes.
+  seq.tokens = trace::CountTokens(t);
   for (size_t i = 0; i < t.records.size(); ++i) {
     const trace::Record& r = t.records[i];
     auto raw = t.RecordIds(r);
@@ -39,7 +40,6 @@ Result<CallSeq> BuildCallSeq(const trace::Trace& t, const ObjectSpace& space) {
     for (uint32_t row = 0; row < r.rows; ++row) seq.row_requests.push_back(t.RowRequest(r, row));
     seq.keys.insert(seq.keys.end(), distinct.begin(), distinct.end());
     seq.routes += ids.size();
-    if (r.layer == first_layer) seq.tokens += r.rows;
   }
   return seq;
 }

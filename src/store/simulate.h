@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 #include "k3pack/trace.h"
 #include "store/object_space.h"
 #include "store/policy.h"
@@ -62,6 +63,25 @@ struct SimResult {
 
 // `calls_done` (may be empty) is told how many of seq.calls were simulated,
 // every few thousand calls and at the end: progress for long traces.
+// The progress of a sweep: `total` independent simulations, reported as
+// each one ends (JobDone() is called under the sweep's lock).
+class SweepProgress {
+ public:
+  SweepProgress(const ProgressFn& fn, uint64_t total) : fn_(fn) {
+    p_.phase = "sweep";
+    p_.unit = "simulations";
+    p_.total_objects = total;
+  }
+  void JobDone() {
+    ++p_.done_objects;
+    if (fn_) fn_(p_);
+  }
+
+ private:
+  const ProgressFn& fn_;
+  Progress p_;
+};
+
 using CallsDoneFn = std::function<void(uint64_t calls_done)>;
 
 Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const std::string& policy,

@@ -419,7 +419,7 @@ namespace k3pack::store {
 Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& seq, const ObjectSpace& space,
                                          const std::vector<std::string>& policies,
                                          const std::vector<uint64_t>& sizes, const TimingOptions& base,
-                                         unsigned threads) {
+                                         unsigned threads, const ProgressFn& progress) {
   struct Job {
     uint64_t size;
     std::string policy;
@@ -437,6 +437,7 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
   std::vector<TimedRow> rows(jobs.size());
   std::atomic<size_t> next{0};
   std::mutex mu;
+  SweepProgress done(progress, jobs.size());
   std::optional<Error> first_error;
   auto work = [&] {
     for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
@@ -451,6 +452,7 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
         continue;
       }
       rows[j] = {jobs[j].size, *r};
+      done.JobDone();
     }
   };
   RunOnThreads(threads, work);

@@ -53,6 +53,7 @@
 #include <string>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 #include "k3pack/trace.h"
 #include "store/object_space.h"
 #include "store/simulate.h"
@@ -117,7 +118,7 @@ struct TimedRow {
 Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
                                          const std::vector<std::string>& policies,
                                          const std::vector<uint64_t>& capacity_objects, const TimingOptions& options,
-                                         unsigned threads);
+                                         unsigned threads, const ProgressFn& progress = {});
 std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects);
 
 }  // namespace k3pack::store

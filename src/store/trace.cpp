@@ -126,6 +126,10 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
   if (version == 0 || version > kMaxVersion)
     return bad("unsupported version " + std::to_string(version) + " (this build reads 1 and 2)");
   if (t.top_k == 0 || t.num_experts == 0 || t.num_experts > 65536) return bad("invalid dimensions");
+  // A row routes top_k of the layer's experts; this also keeps rows x top_k
+  // far from overflowing in the size checks below.
+  if (t.top_k > t.num_experts)
+    return bad("top_k " + std::to_string(t.top_k) + " exceeds " + std::to_string(t.num_experts) + " experts");
   if (n_records > data.size() / 16 + 1) return bad("record count exceeds the file size");
   if (version >= 2) {
     if (!c.Get(&t.predict_k)) return bad("truncated header");
@@ -144,9 +148,13 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
     uint32_t layer, rows, request, flags;
     if (!c.Get(&layer) || !c.Get(&rows) || !c.Get(&request) || !c.Get(&flags))
       return bad("truncated at record " + std::to_string(i));
-    uint64_t n = uint64_t{rows} * t.top_k;
-    if (rows == 0 || c.pos + n * 2 > data.size()) return bad("truncated ids at record " + std::to_string(i));
     const std::string at = " at record " + std::to_string(i);
+    if (rows == 0) return bad("0 rows" + at + " (a call routes at least one token)");
+    // Every consumer looks the layer up in the header's list.
+    if (!std::binary_search(t.layer_ids.begin(), t.layer_ids.end(), layer))
+      return bad("layer " + std::to_string(layer) + at + " is not in the header's layer list");
+    uint64_t n = uint64_t{rows} * t.top_k;
+    if (n > (data.size() - c.pos) / 2) return bad("truncated ids" + at);
     if (version >= 2) {
       if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions | kFlagTokenPredictions))
         return bad("unknown flag bits 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%x", flags); return std::string(b); }() + at);
@@ -511,6 +519,15 @@ bool ApplyFamily(const std::string& name, GenOptions* o) {
   }
   *o = d;
   return true;
+}
+
+uint64_t CountTokens(const Trace& t) {
+  uint32_t lowest = UINT32_MAX;
+  for (const Record& r : t.records) lowest = std::min(lowest, r.layer);
+  uint64_t tokens = 0;
+  for (const Record& r : t.records)
+    if (r.layer == lowest) tokens += r.rows;
+  return tokens;
 }
 
 double MeasuredReuse(const Trace& t) {

@@ -119,6 +119,17 @@ TEST_F(CliSurface, TraceSweepAndReplayShowJsonProgress) {
   ExpectFinished(JsonLines(r.err), "sweep", "simulations");
   const auto lines = JsonLines(r.err);
   EXPECT_EQ(lines.back()["total_objects"], 12);  // (5 policies + Belady) x 2 sizes
+  // Session 14: the timed and the expert-parallel sweeps showed none.
+  r = K3("trace sweep --trace " + P("t.trace") + " --object-bytes 4096 --sizes 8,16 --policies lru --timing "
+         "--progress json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "sweep", "simulations");
+  EXPECT_EQ(JsonLines(r.err).back()["total_objects"], 6);  // (lru without and with prefetch + Belady) x 2 sizes
+  r = K3("trace sweep --trace " + P("t.trace") + " --object-bytes 4096 --sizes 2,8 --policies lru --ep-size 2 "
+         "--progress json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectFinished(JsonLines(r.err), "sweep", "simulations");
+  EXPECT_EQ(JsonLines(r.err).back()["total_objects"], 12);  // (lru + Belady) x 2 sizes x (2 ranks + one machine)
   // replay --simulate: the policy's calls, then Belady's.
   r = K3("trace replay --simulate --trace " + P("t.trace") + " --object-bytes 4096 --cache-mib 1 --progress json --json");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -81,6 +81,24 @@ TEST(TraceCli, SweepWritesTableAndSvg) {
   for (int i = 0; i < 3; ++i)
     for (const char* s : {"lru", "reuse-lfu-lru-v2", "decay-lfu", "quota-decay"})
       EXPECT_LE(j["hit_rate"][s][i].get<double>(), j["hit_rate"]["belady"][i].get<double>() + 1e-12);
+  // The counts behind the rates (session 14: the JSON had rates only, no
+  // bytes): every series at every size sees the same accesses, misses read
+  // one object each, and they are what replay --simulate counts.
+  const uint64_t object_bytes = 11956224;  // --object-bytes' default
+  const uint64_t accesses = j["hits"]["lru"][0].get<uint64_t>() + j["misses"]["lru"][0].get<uint64_t>();
+  for (auto& [series, rates] : j["hit_rate"].items())
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t hits = j["hits"][series][i], misses = j["misses"][series][i];
+      EXPECT_EQ(hits + misses, accesses) << series << " " << i;
+      EXPECT_DOUBLE_EQ(rates[i].get<double>(), double(hits) / double(accesses)) << series << " " << i;
+      EXPECT_EQ(j["bytes_read"][series][i].get<uint64_t>(), misses * object_bytes) << series << " " << i;
+    }
+  const uint64_t mib_for_16 = (16 * object_bytes + (1 << 20) - 1) >> 20;
+  auto sim = nlohmann::json::parse(Cli("trace replay --simulate --json --policy lru --cache-mib " +
+                                       std::to_string(mib_for_16) + " --trace " + trace).out);
+  ASSERT_EQ(sim["effective_capacity_experts"], 16) << sim;
+  EXPECT_EQ(sim["misses"], j["misses"]["lru"][1]) << sim;
+  EXPECT_EQ(sim["bytes_read"], j["bytes_read"]["lru"][1]) << sim;
   std::string svg = *ReadFileToString(dir + "/p.svg");
   EXPECT_NE(svg.find("<svg"), std::string::npos);
   EXPECT_NE(svg.find("belady"), std::string::npos);

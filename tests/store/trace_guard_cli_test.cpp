@@ -157,5 +157,100 @@ TEST(TraceGuardCli, DefaultSweepSizesNeverBelowTheLeastCache) {
   EXPECT_NE(note.find("largest call"), std::string::npos) << note;
 }
 
+// Session 14's trace audit. A sweep of --trace took the generator's options
+// and ignored them (its table looked like the one they asked for); an empty
+// trace printed 0% for every policy and Belady; a trace whose layers the
+// manifest lacks was refused without naming the trace.
+TEST(TraceGuardCli, SweepOfATraceFileRefusesGeneratorOptions) {
+  ReplayFixture f;
+  const std::string svg = f.p.dir + "/g.svg";
+  for (const std::string opt : {"--reuse 0.9", "--layers 7", "--family drift", "--seed 3", "--predict",
+                                "--predict-accuracy 0.5 --timing"}) {
+    const bool timed = opt.find("--timing") != std::string::npos;  // it writes no plot
+    CliRun r = Cli("trace sweep --trace " + f.trace + " --sizes 4 " + (timed ? "" : "--svg " + svg + " ") + opt);
+    EXPECT_EQ(r.code, 2) << opt << ": " << r.out;
+    EXPECT_NE(r.out.find(opt.substr(0, opt.find(' ')) + " and --trace cannot be used together"), std::string::npos)
+        << opt << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(svg));
+  CliRun ok = Cli("trace sweep --trace " + f.trace + " --sizes 4 --svg " + svg + " --manifest " + f.p.manifest);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  // A policy named twice ran twice, and the JSON (keyed by policy) kept one.
+  CliRun twice = Cli("trace sweep --trace " + f.trace + " --sizes 4 --svg " + svg + " --policies lru,lru --json");
+  EXPECT_EQ(twice.code, 2) << twice.out;
+  EXPECT_NE(twice.out.find("--policies names lru twice"), std::string::npos) << twice.out;
+}
+
+TEST(TraceGuardCli, AnEmptyTraceIsRefusedNamingTheFile) {
+  ReplayFixture f;
+  trace::Trace empty;
+  empty.num_experts = 8;
+  empty.top_k = 2;
+  empty.layer_ids = {1, 2};
+  const std::string path = f.p.dir + "/empty.k3trace", svg = f.p.dir + "/e.svg";
+  ASSERT_TRUE(trace::WriteTrace(path, empty).ok());
+  for (const std::string cmd : {"trace sweep --sizes 4 --svg " + svg + " --trace " + path,
+                                "trace replay --simulate --cache-mib 1 --trace " + path,
+                                "trace replay --manifest " + f.p.manifest + " --cache-mib 1 --trace " + path}) {
+    CliRun r = Cli(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find(path + ": the trace has no records"), std::string::npos) << cmd << ": " << r.out;
+  }
+  EXPECT_FALSE(fs::exists(svg));
+}
+
+// Session 14: a trace of layer 2 only replayed on a layers-1-2 pack counted
+// the store's tokens (at layer 1): 0, and 0 bytes per token.
+TEST(TraceGuardCli, ReplayOfSomeLayersCountsTheTracesTokens) {
+  ReplayFixture f;
+  const std::string two = f.p.dir + "/layer2.k3trace";
+  ASSERT_EQ(Cli("trace gen --trace " + two + " --first-layer 2 --layers 1 --experts 8 --top-k 2 --requests 1 "
+                "--prompt-tokens 1 --decode-tokens 4").code, 0);
+  for (const std::string mode : {"", " --simulate"}) {
+    CliRun r = Cli("trace replay --json --cache-mib 1 --trace " + two + " --manifest " + f.p.manifest + mode);
+    ASSERT_EQ(r.code, 0) << mode << ": " << r.out;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tokens"], 5) << mode;
+    EXPECT_DOUBLE_EQ(j["bytes_per_token"].get<double>(), j["bytes_read"].get<double>() / 5) << mode;
+  }
+}
+
+TEST(TraceGuardCli, ATraceLayerTheManifestLacksNamesTheTrace) {
+  ReplayFixture f;
+  const std::string other = f.p.dir + "/layers23.k3trace";
+  ASSERT_EQ(Cli("trace gen --trace " + other + " --first-layer 2 --layers 2 --experts 8 --top-k 2 --requests 1 "
+                "--prompt-tokens 1 --decode-tokens 2").code, 0);
+  for (const std::string cmd : {"trace sweep --sizes 4 --svg " + f.p.dir + "/l.svg --manifest " + f.p.manifest,
+                                "trace replay --simulate --cache-mib 1 --manifest " + f.p.manifest}) {
+    CliRun r = Cli(cmd + " --trace " + other);
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find(other + ": trace record 1: layer 3 is not an active routed MoE layer"), std::string::npos)
+        << cmd << ": " << r.out;
+  }
+}
+
+// Session 14: a MiB count of 2^44 or more wrapped to a few bytes when
+// shifted: --cache-mib 17592186044416 was a 0-byte cache ("cannot evict the
+// active top-k working set"), --device-mib the same silently no device tier.
+TEST(TraceGuardCli, MibCountsBeyond64BitBytesAreUsageErrors) {
+  ReplayFixture f;
+  const std::string wrap = "17592186044416";  // 2^44 MiB = 2^64 bytes
+  for (const std::string cmd :
+       {"trace replay --simulate --trace " + f.trace + " --cache-mib " + wrap,
+        "trace replay --manifest " + f.p.manifest + " --trace " + f.trace + " --cache-mib " + wrap,
+        "trace sweep --timing --sizes 4 --trace " + f.trace + " --device-mib " + wrap,
+        "trace sweep --timing --sizes 4 --trace " + f.trace + " --prefetch-budget-mib " + wrap,
+        "run-experts " + f.p.manifest + " --cache-mib " + wrap}) {
+    CliRun r = Cli(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << ": " << r.out;
+    // The option and its largest value (run-experts words its bounds its own way).
+    EXPECT_NE(r.out.find("-mib must be "), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find("17592186044415"), std::string::npos) << cmd << ": " << r.out;
+  }
+  CliRun most = Cli("trace replay --simulate --json --trace " + f.trace + " --cache-mib 17592186044415");
+  EXPECT_EQ(most.code, 0) << most.out;
+  EXPECT_NE(most.out.find("\"evictions\": 0"), std::string::npos) << most.out;
+}
+
 }  // namespace
 }  // namespace k3pack::store

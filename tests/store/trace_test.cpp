@@ -124,6 +124,75 @@ TEST(Trace, ExpertIdOutOfRangeIsRejected) {
   EXPECT_NE(s.error().message().find("expert id 128 at record "), std::string::npos) << s.error().message();
 }
 
+// A v1 file written byte by byte, as a script outside k3pack would write one.
+struct HandTrace {
+  std::string bytes;
+  template <typename T>
+  HandTrace& Put(T v) {
+    bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
+    return *this;
+  }
+  HandTrace(uint32_t experts, uint32_t top_k, std::vector<uint32_t> layers, uint64_t records) {
+    bytes = std::string("K3TRACE\0", 8);
+    Put<uint32_t>(1).Put(experts).Put(top_k).Put<uint32_t>(static_cast<uint32_t>(layers.size())).Put(records);
+    for (uint32_t l : layers) Put(l);
+  }
+  HandTrace& Record(uint32_t layer, uint32_t rows, std::vector<uint16_t> ids) {
+    Put(layer).Put(rows).Put<uint32_t>(0).Put<uint32_t>(0);
+    for (uint16_t e : ids) Put(e);
+    return *this;
+  }
+};
+
+std::string ParseError(const HandTrace& h) {
+  auto r = ParseTrace(h.bytes, "hand.k3trace");
+  return r.ok() ? std::string("(accepted)") : r.error().message();
+}
+
+// Session 14's trace audit: hand-written files that break a rule got a
+// crash (std::length_error: rows x top_k x 2 wrapped past the size check
+// when top_k exceeded num_experts), the wrong rule ("truncated ids" for a
+// record of 0 rows) or no file name (a record's layer outside the header's
+// list was only caught later, as "trace record 0: layer 7 ...").
+TEST(Trace, HandWrittenFilesAreRejectedByRule) {
+  // rows x top_k = 2^63 + 2: the byte count, times 2, wraps to 4.
+  HandTrace wrap(16, 2147549185u, {1}, 1);
+  wrap.Put<uint32_t>(1).Put<uint32_t>(4294836226u).Put<uint32_t>(0).Put<uint32_t>(0).bytes += std::string(4, '\0');
+  EXPECT_EQ(ParseError(wrap), "hand.k3trace: not a k3pack trace: top_k 2147549185 exceeds 16 experts");
+  EXPECT_EQ(ParseError(HandTrace(16, 17, {1}, 0)), "hand.k3trace: not a k3pack trace: top_k 17 exceeds 16 experts");
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 0, {})),
+            "hand.k3trace: not a k3pack trace: 0 rows at record 0 (a call routes at least one token)");
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {1, 2}, 2).Record(1, 1, {0, 1}).Record(7, 1, {0, 1})),
+            "hand.k3trace: not a k3pack trace: layer 7 at record 1 is not in the header's layer list");
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {}, 1).Record(1, 1, {0, 1})),
+            "hand.k3trace: not a k3pack trace: layer 1 at record 0 is not in the header's layer list");
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 2})),
+            "hand.k3trace: not a k3pack trace: truncated ids at record 0");
+  // The same rules leave a well-formed file (and an empty one) readable.
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {1, 2}, 2).Record(1, 1, {0, 1}).Record(2, 2, {3, 4, 5, 15})), "(accepted)");
+  EXPECT_EQ(ParseError(HandTrace(16, 16, {1}, 0)), "(accepted)");
+}
+
+// Session 14: a trace of layer 2 only (run-experts --layer 2 --trace-out)
+// swept with a manifest of layers 1-3 counted 0 tokens, so every per-token
+// figure read 0.
+TEST(Trace, CallSeqCountsTokensAtTheTracesLowestLayer) {
+  Trace t;
+  t.num_experts = 8;
+  t.top_k = 2;
+  t.layer_ids = {1, 2, 3};
+  const auto space = store::SpaceForTrace(t, 4096);  // the manifest's layers
+  t.layer_ids = {2, 3};
+  std::vector<uint16_t> one = {1, 2}, two = {1, 2, 3, 4};
+  t.Append(2, 1, 0, false, one);
+  t.Append(3, 1, 0, false, one);
+  t.Append(2, 2, 0, true, two);
+  t.Append(3, 2, 0, true, two);
+  auto seq = store::BuildCallSeq(t, space);
+  ASSERT_TRUE(seq.ok()) << seq.error().message();
+  EXPECT_EQ(seq->tokens, 3u);
+}
+
 TEST(Trace, CallSeqAppliesSGLangRouteChecks) {
   Trace t;
   t.num_experts = 8;
