@@ -396,7 +396,8 @@ class VerifyMetadataInterrupt(_Model):
             else:
                 s.close()
 
-        threading.Thread(target=stop_once_hashing, daemon=True).start()
+        stopper = threading.Thread(target=stop_once_hashing, daemon=True)
+        stopper.start()
         try:
             next(s)
             print("returned")
@@ -404,6 +405,10 @@ class VerifyMetadataInterrupt(_Model):
             print("interrupted")
         except StopIteration:
             print("stopped")
+        # A daemon thread still inside close() when the interpreter exits is
+        # ended by CPython (pthread_exit) as it takes the GIL back, which
+        # aborts a C++ frame: wait for it (it returns as soon as next() has).
+        stopper.join(60)
         print("read", rchar() - base)
         print("closed", s.closed)
         s.close()

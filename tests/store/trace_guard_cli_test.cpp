@@ -189,7 +189,7 @@ TEST(TraceGuardCli, AnEmptyTraceIsRefusedNamingTheFile) {
   empty.layer_ids = {1, 2};
   const std::string path = f.p.dir + "/empty.k3trace", svg = f.p.dir + "/e.svg";
   ASSERT_TRUE(trace::WriteTrace(path, empty).ok());
-  for (const std::string cmd : {"trace sweep --sizes 4 --svg " + svg + " --trace " + path,
+  for (const std::string& cmd : {"trace sweep --sizes 4 --svg " + svg + " --trace " + path,
                                 "trace replay --simulate --cache-mib 1 --trace " + path,
                                 "trace replay --manifest " + f.p.manifest + " --cache-mib 1 --trace " + path}) {
     CliRun r = Cli(cmd);
@@ -220,7 +220,7 @@ TEST(TraceGuardCli, ATraceLayerTheManifestLacksNamesTheTrace) {
   const std::string other = f.p.dir + "/layers23.k3trace";
   ASSERT_EQ(Cli("trace gen --trace " + other + " --first-layer 2 --layers 2 --experts 8 --top-k 2 --requests 1 "
                 "--prompt-tokens 1 --decode-tokens 2").code, 0);
-  for (const std::string cmd : {"trace sweep --sizes 4 --svg " + f.p.dir + "/l.svg --manifest " + f.p.manifest,
+  for (const std::string& cmd : {"trace sweep --sizes 4 --svg " + f.p.dir + "/l.svg --manifest " + f.p.manifest,
                                 "trace replay --simulate --cache-mib 1 --manifest " + f.p.manifest}) {
     CliRun r = Cli(cmd + " --trace " + other);
     EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
@@ -235,7 +235,7 @@ TEST(TraceGuardCli, ATraceLayerTheManifestLacksNamesTheTrace) {
 TEST(TraceGuardCli, MibCountsBeyond64BitBytesAreUsageErrors) {
   ReplayFixture f;
   const std::string wrap = "17592186044416";  // 2^44 MiB = 2^64 bytes
-  for (const std::string cmd :
+  for (const std::string& cmd :
        {"trace replay --simulate --trace " + f.trace + " --cache-mib " + wrap,
         "trace replay --manifest " + f.p.manifest + " --trace " + f.trace + " --cache-mib " + wrap,
         "trace sweep --timing --sizes 4 --trace " + f.trace + " --device-mib " + wrap,
