@@ -378,12 +378,6 @@ class VerifyMetadataInterrupt(_Model):
     CHILD = """
         import os, signal, sys, threading, time, k3pack
 
-        def rchar():
-            with open("/proc/self/io") as f:
-                for line in f:
-                    if line.startswith("rchar:"):
-                        return int(line.split()[1])
-
         s = k3pack.NonExpertStream(sys.argv[1], verify_metadata=True)
         base = rchar()
 
@@ -427,7 +421,7 @@ class VerifyMetadataInterrupt(_Model):
             json.dump(doc, f)
 
     def run_stopped(self, how):
-        proc = run_child(self.CHILD, self.huge_manifest, how)
+        proc = run_child(_util.CHILD_RCHAR + textwrap.dedent(self.CHILD), self.huge_manifest, how)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         lines = dict(line.split(" ", 1) if " " in line else (line, "") for line in proc.stdout.splitlines())
         self.assertLess(int(lines["read"]), 4 << 30, proc.stdout)  # stopped within a few chunks, not 4 TiB

@@ -31,12 +31,6 @@ SHARD0 = "KIMI-K3-SYNTH-00001-of-00003.gguf"
 CHILD = """
     import json, os, signal, sys, threading, time, k3pack
 
-    def rchar():
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("rchar:"):
-                    return int(line.split()[1])
-
     call = sys.argv[1]
     args = json.loads(sys.argv[2])
     base = rchar()
@@ -59,7 +53,7 @@ CHILD = """
 def run_interrupted(call, *args, **kwargs):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD), call,
+    return subprocess.run([sys.executable, "-c", _util.CHILD_RCHAR + textwrap.dedent(CHILD), call,
                            json.dumps({"args": list(args), "kwargs": kwargs})],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
 
