@@ -42,21 +42,30 @@ Status CheckPolicyName(const std::string& flag, const std::string& name) {
   return Error(flag + ": unknown cache policy '" + name + "' (known: " + list + ")");
 }
 
+// Every field of a comma-separated value, empty ones included: getline drops a
+// trailing empty field, so "lru," read as "lru" and a typo passed unnoticed.
+std::vector<std::string> CommaFields(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t comma; (comma = s.find(',', start)) != std::string::npos; start = comma + 1)
+    out.push_back(s.substr(start, comma - start));
+  out.push_back(s.substr(start));
+  return out;
+}
+
 Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string& what) {
   std::vector<uint64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  if (s.empty()) return Error(what + " is empty");
+  for (const std::string& item : CommaFields(s)) {
+    // Digits only: stoull alone takes "-1" as 2^64 - 1 and skips leading blanks.
+    const bool digits = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
     try {
-      size_t used = 0;
-      uint64_t v = std::stoull(item, &used);
-      if (used != item.size()) throw std::invalid_argument(item);
-      out.push_back(v);
+      if (!digits) throw std::invalid_argument(item);
+      out.push_back(std::stoull(item));
     } catch (...) {
       return Error(what + " must be a comma-separated list of integers, got '" + s + "'");
     }
   }
-  if (out.empty()) return Error(what + " is empty");
   if (std::find(out.begin(), out.end(), 0) != out.end()) return Error(what + " values must be at least 1, got '" + s + "'");
   return out;
 }
@@ -566,17 +575,12 @@ int RunSweep(const std::vector<std::string>& argv) {
   if (!threads.ok() || *threads < 1 || *threads > 256)
     return ReportError("trace sweep", Error("--threads must be an integer in 1..256"), 2);
   std::vector<std::string> policies;
-  {
-    std::stringstream ss(a.Get("--policies"));
-    std::string p;
-    while (std::getline(ss, p, ',')) {
-      if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
-      // The JSON is keyed by policy: a second run of one would hide the first.
-      if (std::find(policies.begin(), policies.end(), p) != policies.end())
-        return ReportError("trace sweep", Error("--policies names " + p + " twice, got '" + a.Get("--policies") + "'"),
-                           2);
-      policies.push_back(p);
-    }
+  for (const std::string& p : CommaFields(a.Get("--policies"))) {
+    if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+    // The JSON is keyed by policy: a second run of one would hide the first.
+    if (std::find(policies.begin(), policies.end(), p) != policies.end())
+      return ReportError("trace sweep", Error("--policies names " + p + " twice, got '" + a.Get("--policies") + "'"), 2);
+    policies.push_back(p);
   }
   uint32_t ep_size = 0;  // 0: no --ep-size
   if (a.Has("--ep-size")) {
@@ -724,7 +728,10 @@ int RunSweep(const std::vector<std::string>& argv) {
                      {"stall_per_token_s", r.stall_per_token_s()}, {"bytes_per_token", r.bytes_per_token()},
                      {"stall_free_fraction", r.stall_free_fraction()}, {"late_prefetches", r.late_prefetches},
                      {"prefetch_useful_bytes", r.prefetch_useful_bytes},
-                     {"prefetch_wasted_bytes", r.prefetch_wasted_bytes}, {"tokens", r.tokens}});
+                     {"prefetch_wasted_bytes", r.prefetch_wasted_bytes}, {"tokens", r.tokens},
+                     // The exact counts behind the ratios, as the untimed sweep gives them.
+                     {"hits", r.hits}, {"accesses", r.accesses}, {"bytes_read", r.bytes_read},
+                     {"prefetch_bytes", r.prefetch_bytes}, {"stall_s", r.stall_s}});
         if (to.device_bytes) {
           j.back()["device_policy"] = r.device_policy;
           j.back()["host_hits"] = r.host_hits;

@@ -61,6 +61,17 @@ TEST(TraceFamilyCli, TimingReportsStallsAndPrefetch) {
   EXPECT_EQ(rows[1]["prefetch"], true);
   EXPECT_GT(rows[1]["prefetch_useful_bytes"].get<double>(), 0);
   EXPECT_EQ(rows[2]["policy"], "belady");
+  // The exact counts stand beside the ratios made of them (the JSON once had the ratios only).
+  for (const auto& row : rows) {
+    const double tokens = row["tokens"].get<double>();
+    ASSERT_GT(tokens, 0);
+    ASSERT_GT(row["accesses"].get<uint64_t>(), 0u);
+    EXPECT_LE(row["hits"].get<uint64_t>(), row["accesses"].get<uint64_t>());
+    EXPECT_DOUBLE_EQ(row["hits"].get<double>() / row["accesses"].get<double>(), row["stall_free_fraction"].get<double>());
+    EXPECT_DOUBLE_EQ(row["bytes_read"].get<double>() / tokens, row["bytes_per_token"].get<double>());
+    EXPECT_DOUBLE_EQ(row["stall_s"].get<double>() / tokens, row["stall_per_token_s"].get<double>());
+    EXPECT_EQ(row["prefetch_bytes"].get<uint64_t>() > 0, row["prefetch"].get<bool>()) << row.dump();
+  }
   // Prefetch hides reads behind compute: fewer stalls than demand-only LRU.
   EXPECT_LT(rows[1]["stall_per_token_s"].get<double>(), rows[0]["stall_per_token_s"].get<double>());
   std::filesystem::remove_all(dir);

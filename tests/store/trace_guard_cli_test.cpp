@@ -179,6 +179,15 @@ TEST(TraceGuardCli, SweepOfATraceFileRefusesGeneratorOptions) {
   CliRun twice = Cli("trace sweep --trace " + f.trace + " --sizes 4 --svg " + svg + " --policies lru,lru --json");
   EXPECT_EQ(twice.code, 2) << twice.out;
   EXPECT_NE(twice.out.find("--policies names lru twice"), std::string::npos) << twice.out;
+  // Empty fields and signs: "lru," ran lru alone and "--sizes -1" wrapped to 2^64 - 1 objects.
+  CliRun trailing = Cli("trace sweep --trace " + f.trace + " --sizes 4 --policies lru, --json");
+  EXPECT_EQ(trailing.code, 2) << trailing.out;
+  EXPECT_NE(trailing.out.find("unknown cache policy ''"), std::string::npos) << trailing.out;
+  for (const std::string sizes : {"4,", ",4", "4,,8", "-1", " 4", "+4", ""}) {
+    CliRun bad = Cli("trace sweep --trace " + f.trace + " --policies lru --json --sizes '" + sizes + "'");
+    EXPECT_EQ(bad.code, 2) << "'" << sizes << "': " << bad.out;
+    EXPECT_NE(bad.out.find("--sizes"), std::string::npos) << "'" << sizes << "': " << bad.out;
+  }
 }
 
 TEST(TraceGuardCli, AnEmptyTraceIsRefusedNamingTheFile) {
