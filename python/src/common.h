@@ -37,6 +37,35 @@ inline void Check(const k3pack::Status& s) {
   if (!s.ok()) Raise(s.error());
 }
 
+// Drop-in for py::gil_scoped_release around native work. It counts the
+// threads inside native code so that the interpreter's exit can wait for them
+// (exit_guard.cpp: a thread that takes the GIL once finalization has begun is
+// ended by CPython with pthread_exit, which aborts inside a C++ frame). Once
+// the interpreter is exiting, constructing one on a thread other than the
+// finalizing one raises RuntimeError (with the GIL still held).
+class NoGil {
+ public:
+  NoGil();
+  ~NoGil();
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  std::optional<py::gil_scoped_release> release_;
+};
+
+// The GIL for a callback from native code (progress, logging, signal checks,
+// dropping a Python object), unless the interpreter is exiting: then held()
+// is false and the callback must be skipped.
+class CallbackGil {
+ public:
+  CallbackGil();
+  bool held() const { return acquire_.has_value(); }
+
+ private:
+  std::optional<py::gil_scoped_acquire> acquire_;
+};
+
 // Ctrl-C for calls that run for minutes in C++ without the GIL (whole-shard
 // and whole-pack digests, full payload checks). The engine polls Check()
 // between chunks on the calling thread: it takes the GIL and runs Python's
@@ -48,7 +77,8 @@ class PendingSignals {
  public:
   explicit PendingSignals(std::string doing) : doing_(std::move(doing)) {}
   k3pack::Status Check() {
-    py::gil_scoped_acquire gil;
+    CallbackGil gil;
+    if (!gil.held()) return k3pack::Error("interrupted while " + doing_ + ": the interpreter is exiting", k3pack::ErrorKind::kRuntime);
     if (PyErr_CheckSignals() == 0) return k3pack::Status::OK();
     raised_.emplace();  // takes the handler's exception out of the interpreter
     return k3pack::Error("interrupted while " + doing_);
@@ -169,6 +199,7 @@ inline uint32_t LayerArg(int64_t layer) {
 }
 
 // Registration of each binding file.
+void RegisterExitGuard(py::module_& m);
 void RegisterErrors(py::module_& m);
 void RegisterGguf(py::module_& m);
 void RegisterLoader(py::module_& m);

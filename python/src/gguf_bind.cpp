@@ -273,7 +273,7 @@ PyGguf OpenGguf(const std::string& path, bool packed) {
   gguf::ReadOptions ro;
   ro.require_packed_offsets = packed;
   k3pack::Result<std::shared_ptr<const gguf::GgufFile>> r = [&] {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     return gguf::GgufFile::Open(path, ro);
   }();
   PyGguf g{Unwrap(std::move(r)), nullptr};
@@ -380,7 +380,7 @@ void RegisterGguf(py::module_& m) {
              o.expected_architecture = architecture;
              o.read.require_packed_offsets = packed;
              k3pack::Result<gguf::ShardSet> r = [&] {
-               py::gil_scoped_release nogil;
+               NoGil nogil;
                return gguf::ShardSet::Open(path, o);
              }();
              PyShardSet s{Unwrap(std::move(r)), {}};

@@ -78,7 +78,7 @@ PyNamedTensor Convert(loader::NamedTensor&& t) {
 
 void CloseStream(PyStream& s) {
   if (s.interrupt) s.interrupt->closing = true;  // a __next__ hashing shards stops at its next chunk
-  py::gil_scoped_release nogil;  // waits for a __next__ running on another thread
+  NoGil nogil;  // waits for a __next__ running on another thread
   std::lock_guard<std::mutex> lock(*s.mu);
   if (!s.stream) return;
   s.closed_stats = s.stream->stats();
@@ -137,7 +137,7 @@ void RegisterLoader(py::module_& m) {
              auto interrupt = std::make_shared<StreamInterrupt>();
              o.interrupt_check = [interrupt] { return interrupt->Check(); };
              k3pack::Result<loader::NonExpertStream> r = [&] {
-               py::gil_scoped_release nogil;
+               NoGil nogil;
                return loader::NonExpertStream::Open(manifest_path, o);
              }();
              PyStream s;
@@ -152,7 +152,7 @@ void RegisterLoader(py::module_& m) {
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](PyStream& s) {
         k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           std::lock_guard<std::mutex> lock(*s.mu);
           if (!s.stream) return k3pack::Result<std::optional<loader::NamedTensor>>(std::nullopt);  // closed
           return s.stream->Next();
@@ -166,7 +166,7 @@ void RegisterLoader(py::module_& m) {
       .def_property_readonly("stats", [](const PyStream& s) {
         loader::LoadStats now;
         {
-          py::gil_scoped_release nogil;  // __next__ on another thread updates them under mu
+          NoGil nogil;  // __next__ on another thread updates them under mu
           std::lock_guard<std::mutex> lock(*s.mu);
           now = s.stream ? s.stream->stats() : s.closed_stats;
         }
@@ -178,7 +178,7 @@ void RegisterLoader(py::module_& m) {
          "valid: they hold their own bytes); further iteration stops at once, like a closed generator's. "
          "Repeated calls do nothing")
       .def_property_readonly("closed", [](const PyStream& s) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         std::lock_guard<std::mutex> lock(*s.mu);
         return !s.stream;
       },

@@ -6,6 +6,7 @@
 PYBIND11_MODULE(_k3pack, m) {
   m.doc() = "k3pack C++ core (GGUF reader, non-expert loader, quant, pack, expert store)";
   m.attr("__version__") = K3PACK_VERSION;
+  k3py::RegisterExitGuard(m);
   k3py::RegisterErrors(m);
   k3py::RegisterGguf(m);
   k3py::RegisterLoader(m);

@@ -41,8 +41,8 @@ py::object JsonToPython(const nlohmann::json& j) {
 // thread: the last reference is released under the GIL.
 std::shared_ptr<py::object> HoldCallable(py::object fn) {
   return std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
+    CallbackGil gil;
+    if (gil.held()) delete p;  // else the interpreter is exiting: leave it to the process's end
   });
 }
 
@@ -51,7 +51,8 @@ pack::ProgressFn ProgressCallback(py::object fn) {
   if (fn.is_none()) return nullptr;
   auto holder = HoldCallable(std::move(fn));
   return [holder](const pack::Progress& p) {
-    py::gil_scoped_acquire gil;
+    CallbackGil gil;
+    if (!gil.held()) return;
     try {
       py::dict d;
       d["phase"] = p.phase;
@@ -71,7 +72,8 @@ std::function<void(const std::string&)> LineCallback(py::object fn) {
   if (fn.is_none()) return nullptr;
   auto holder = HoldCallable(std::move(fn));
   return [holder](const std::string& line) {
-    py::gil_scoped_acquire gil;
+    CallbackGil gil;
+    if (!gil.held()) return;
     try {
       (*holder)(line);
     } catch (py::error_already_set& e) {
@@ -124,7 +126,7 @@ void RegisterPack(py::module_& m) {
     o.log = LineCallback(log);
     pack::PackOutputPlan plan;
     Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       pack::CollectOptions copts;
       copts.allow_mixed_types = allow_mixed_types;
       K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
@@ -182,7 +184,7 @@ void RegisterPack(py::module_& m) {
     pack::PackOutputPlan plan;
     OutputAction maction{};
     Status st = [&]() -> Status {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       pack::CollectOptions copts;
       copts.allow_mixed_types = allow_mixed_types;
       K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
@@ -247,7 +249,7 @@ void RegisterPack(py::module_& m) {
     auto signals = std::make_shared<PendingSignals>("validating the pack");
     o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       pack::CollectOptions copts;
       copts.allow_mixed_types = mixed;
       K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
@@ -301,7 +303,7 @@ void RegisterPack(py::module_& m) {
     auto signals = std::make_shared<PendingSignals>("creating the manifest");
     o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       if (!output.empty()) {
         // `k3pack manifest`'s rule: the output is none of the inputs.
         K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs(
@@ -357,7 +359,7 @@ void RegisterPack(py::module_& m) {
     auto signals = std::make_shared<PendingSignals>("verifying the pack");
     o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       return manifest::VerifyPack(manifest_path, o);
     }();
     signals->RaiseIfInterrupted();

@@ -95,7 +95,7 @@ void RegisterQuant(py::module_& m) {
     {
       // One call over the whole array (its rows are consecutive blocks),
       // without the GIL, split over threads in C++.
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       const uint64_t need = k3pack::GgmlRowBytes(t, static_cast<uint64_t>(r.ne0)) * r.rows;
       if (need > r.bytes.size()) {
         st = k3pack::Error("data holds " + std::to_string(r.bytes.size()) + " bytes, " + std::to_string(need) +
@@ -116,7 +116,7 @@ void RegisterQuant(py::module_& m) {
     py::array a = py::array::ensure(data, py::array::c_style);
     Rows r = RowsOf(a, t);
     k3pack::Result<quant::TensorStats> s = [&] {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       return quant::ComputeStats(t, r.bytes, r.ne0, r.rows);
     }();
     quant::TensorStats v = Unwrap(std::move(s));

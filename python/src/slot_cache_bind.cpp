@@ -44,7 +44,7 @@ void RegisterSlotCache(py::module_& m) {
              o.stage_slots = stage_slots > 0 ? static_cast<uint32_t>(std::min<int64_t>(stage_slots, UINT32_MAX)) : 0;
              o.cache_vram_reserve_mib = cache_vram_reserve_mib;
              k3pack::Result<std::unique_ptr<store::SlotCache>> r = [&] {
-               py::gil_scoped_release nogil;
+               NoGil nogil;
                return store::SlotCache::Open(pack_path, manifest_path, o);
              }();
              return Unwrap(std::move(r));
@@ -83,7 +83,7 @@ void RegisterSlotCache(py::module_& m) {
         std::vector<int64_t> v = IntegerIdsArg(ids, "topk_ids", &shape);
         std::vector<uint64_t> requests = RequestIdsArg(request_ids);
         k3pack::Result<std::vector<int32_t>> r = [&] {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           return c.Acquire(layer, v, shape, is_prefill, Pointer(stream), requests);
         }();
         std::vector<int32_t> slots = Unwrap(std::move(r));
@@ -100,7 +100,7 @@ void RegisterSlotCache(py::module_& m) {
           s.push_back(static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)));
         k3pack::Status st;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = c.MarkUsed(s, Pointer(stream));
         }
         Check(st);
@@ -110,7 +110,7 @@ void RegisterSlotCache(py::module_& m) {
         std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
         k3pack::Status st;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = c.Prefetch(layer, v);
         }
         Check(st);
@@ -120,7 +120,7 @@ void RegisterSlotCache(py::module_& m) {
         // thread holds while it reads: never wait for it holding the GIL.
         std::string text;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           text = c.Snapshot().dump();
         }
         return py::module_::import("json").attr("loads")(text);
@@ -128,7 +128,7 @@ void RegisterSlotCache(py::module_& m) {
       .def("close", [](store::SlotCache& c) {
         k3pack::Status st;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = c.Close();
         }
         Check(st);

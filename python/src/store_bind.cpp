@@ -40,7 +40,7 @@ struct PyAcquisition {
 void Release(store::ExpertStore& st, PyAcquisition& a) {
   k3pack::Status status;
   {
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     status = st.MarkUsed(a.acq);
   }
   Check(status);
@@ -64,7 +64,7 @@ std::shared_ptr<PyAcquisition> Wrap(std::shared_ptr<store::ExpertStore> st, stor
 py::object Snapshot(const store::ExpertStore& self) {
   std::string text;
   {
-    py::gil_scoped_release nogil;  // waits for the store's lock
+    NoGil nogil;  // waits for the store's lock
     text = self.Snapshot().dump();
   }
   return py::module_::import("json").attr("loads")(text);
@@ -73,7 +73,7 @@ py::object Snapshot(const store::ExpertStore& self) {
 void CloseStore(store::ExpertStore& self) {
   k3pack::Status st;
   {
-    py::gil_scoped_release nogil;  // waits for reads in flight, writes the stats file
+    NoGil nogil;  // waits for reads in flight, writes the stats file
     st = self.Close();
   }
   Check(st);
@@ -153,7 +153,7 @@ void RegisterStore(py::module_& m) {
              o.expected_experts = expected_experts;
              o.expected_top_k = expected_top_k;
              k3pack::Result<std::shared_ptr<store::ExpertStore>> r = [&] {
-               py::gil_scoped_release nogil;
+               NoGil nogil;
                return store::ExpertStore::Open(pack_path, manifest_path, o);
              }();
              return Unwrap(std::move(r));
@@ -175,7 +175,7 @@ void RegisterStore(py::module_& m) {
         std::vector<int64_t> ids = IntegerIdsArg(topk_ids, "topk_ids", &shape);
         std::vector<uint64_t> requests = RequestIdsArg(request_ids);
         k3pack::Result<store::Acquisition> r = [&] {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           return self->Acquire(layer, ids, shape, is_prefill, requests);
         }();
         return Wrap(self, Unwrap(std::move(r)));
@@ -188,7 +188,7 @@ void RegisterStore(py::module_& m) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> ids = IntegerIdsArg(expert_ids, "expert_ids");
         k3pack::Result<store::Acquisition> r = [&] {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           return self->AcquireToken(layer, ids);
         }();
         return Wrap(self, Unwrap(std::move(r)));
@@ -198,7 +198,7 @@ void RegisterStore(py::module_& m) {
         std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
         k3pack::Status st;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = self.Prefetch(layer, v);
         }
         Check(st);
@@ -209,7 +209,7 @@ void RegisterStore(py::module_& m) {
       .def("write_stats", [](const store::ExpertStore& self) {
         k3pack::Status st;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = self.WriteStats();
         }
         Check(st);

@@ -65,7 +65,7 @@ void RegisterSynth(py::module_& m) {
       return d;
     }
     k3pack::Result<synth::SynthResult> r = [&]() -> k3pack::Result<synth::SynthResult> {
-      py::gil_scoped_release nogil;
+      NoGil nogil;
       K3_ASSIGN_OR_RETURN(synth::SynthResult res, synth::WriteSynthModel(o));
       // The profile the model passes, recorded so later calls need none.
       K3_RETURN_IF_ERROR(k3pack::kimi::WriteSynthSidecar(out_dir, res.config_path, recipe).status());
