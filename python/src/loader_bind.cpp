@@ -1,6 +1,7 @@
 // k3pack.NonExpertStream: SGLang's kimi_k3_nonexpert_weights_iterator order
 // and values, as zero-copy numpy views (see include/k3pack/loader.h).
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -51,7 +52,34 @@ struct PyStream {
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
   // What the stream's interrupt_check reports to __next__ and close().
   std::shared_ptr<StreamInterrupt> interrupt;
+  pid_t opened_pid = getpid();
 };
+
+// A fork() child inherits the stream's mutex as it was at the fork: locked
+// for good when another thread was inside __next__ then (that thread is not
+// copied), with the stream copied in the middle of a step. In a child the
+// mutex is only tried, with the GIL held, so that case is an error instead
+// of a hang. Returns the held lock in a child, an empty one in the process
+// that opened the stream (it waits for the mutex without the GIL);
+// `in_use_at_fork` says the child could not have it.
+std::unique_lock<std::mutex> LockInForkedChild(const PyStream& s, bool* in_use_at_fork = nullptr) {
+  if (getpid() == s.opened_pid) return {};
+  std::unique_lock<std::mutex> lock(*s.mu, std::try_to_lock);
+  if (lock.owns_lock()) return lock;
+  if (in_use_at_fork) {
+    *in_use_at_fork = true;
+    return lock;
+  }
+  Raise(k3pack::Error("this NonExpertStream was inside next() on another thread of process " +
+                          std::to_string(s.opened_pid) + " when it forked into this process (" +
+                          std::to_string(getpid()) + "): its copy here stopped mid-step and cannot be used",
+                      k3pack::ErrorKind::kRuntime));
+}
+
+// The stream's mutex, taken without the GIL unless LockInForkedChild has it.
+std::unique_lock<std::mutex> StreamLock(const PyStream& s, std::unique_lock<std::mutex>& child) {
+  return child.owns_lock() ? std::move(child) : std::unique_lock<std::mutex>(*s.mu);
+}
 
 py::dtype NumpyDtype(loader::DType d) {
   // bfloat16 has no numpy dtype: its bit patterns are handed out as uint16.
@@ -78,8 +106,11 @@ PyNamedTensor Convert(loader::NamedTensor&& t) {
 
 void CloseStream(PyStream& s) {
   if (s.interrupt) s.interrupt->closing = true;  // a __next__ hashing shards stops at its next chunk
+  bool in_use_at_fork = false;
+  std::unique_lock<std::mutex> child = LockInForkedChild(s, &in_use_at_fork);
+  if (in_use_at_fork) return;  // nothing here can be freed safely; the process's end frees it
   NoGil nogil;  // waits for a __next__ running on another thread
-  std::lock_guard<std::mutex> lock(*s.mu);
+  std::unique_lock<std::mutex> lock = StreamLock(s, child);
   if (!s.stream) return;
   s.closed_stats = s.stream->stats();
   s.stream.reset();
@@ -151,9 +182,10 @@ void RegisterLoader(py::module_& m) {
            "opens the manifest's shards with SGLang's checks (its texts); the options: k3pack.nonexpert_tensors")
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](PyStream& s) {
+        std::unique_lock<std::mutex> child = LockInForkedChild(s);
         k3pack::Result<std::optional<loader::NamedTensor>> r = [&] {
           NoGil nogil;
-          std::lock_guard<std::mutex> lock(*s.mu);
+          std::unique_lock<std::mutex> lock = StreamLock(s, child);
           if (!s.stream) return k3pack::Result<std::optional<loader::NamedTensor>>(std::nullopt);  // closed
           return s.stream->Next();
         }();
@@ -165,9 +197,10 @@ void RegisterLoader(py::module_& m) {
       })
       .def_property_readonly("stats", [](const PyStream& s) {
         loader::LoadStats now;
+        std::unique_lock<std::mutex> child = LockInForkedChild(s);
         {
           NoGil nogil;  // __next__ on another thread updates them under mu
-          std::lock_guard<std::mutex> lock(*s.mu);
+          std::unique_lock<std::mutex> lock = StreamLock(s, child);
           now = s.stream ? s.stream->stats() : s.closed_stats;
         }
         return StatsDict(now);
@@ -178,8 +211,9 @@ void RegisterLoader(py::module_& m) {
          "valid: they hold their own bytes); further iteration stops at once, like a closed generator's. "
          "Repeated calls do nothing")
       .def_property_readonly("closed", [](const PyStream& s) {
+        std::unique_lock<std::mutex> child = LockInForkedChild(s);
         NoGil nogil;
-        std::lock_guard<std::mutex> lock(*s.mu);
+        std::unique_lock<std::mutex> lock = StreamLock(s, child);
         return !s.stream;
       },
                              "whether close() has been called")

@@ -9,6 +9,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -387,8 +388,24 @@ class VerifyMetadataInterrupt(_Model):
                 time.sleep(0.01)
             if sys.argv[2] == "sigint":
                 os.kill(os.getpid(), signal.SIGINT)
-            else:
-                s.close()
+                return
+            if sys.argv[2] == "fork":
+                # The child's copy of the stream is mid-step (its mutex held
+                # by a thread the fork did not copy): next() used to hang.
+                pid = os.fork()
+                if pid == 0:
+                    signal.alarm(60)  # a hang ends the child with SIGALRM
+                    for what, use in (("next", lambda: next(s)), ("stats", lambda: s.stats)):
+                        try:
+                            use()
+                            os.write(1, b"child-%s returned\\n" % what.encode())
+                        except RuntimeError as e:
+                            os.write(1, ("child-%s refused %s\\n" % (what, e)).encode())
+                    s.close()
+                    os.write(1, b"child-close returned\\n")
+                    os._exit(0)
+                print("child-status", os.waitpid(pid, 0)[1])
+            s.close()
 
         stopper = threading.Thread(target=stop_once_hashing, daemon=True)
         stopper.start()
@@ -431,6 +448,16 @@ class VerifyMetadataInterrupt(_Model):
         lines = self.run_stopped("sigint")
         self.assertIn("interrupted", lines)
         self.assertEqual(lines["closed"], "False")  # the stream is not failed: next() would verify again
+
+    def test_fork_while_another_thread_is_inside_next(self):
+        lines = self.run_stopped("fork")
+        self.assertEqual(lines.get("child-status"), "0", lines)  # not killed by the alarm
+        refused = ("this NonExpertStream was inside next() on another thread of process %s when it forked into this "
+                   "process (%s): its copy here stopped mid-step and cannot be used")
+        self.assertRegex(lines.get("child-next", ""), "^refused " + re.escape(refused).replace("%s", r"\d+") + "$")
+        self.assertTrue(lines.get("child-stats", "").startswith("refused "), lines)
+        self.assertIn("child-close", lines)
+        self.assertIn("stopped", lines)  # the parent's own stream is closed as usual
 
     def test_close_from_another_thread_stops_the_hashing(self):
         lines = self.run_stopped("close")
