@@ -2,6 +2,7 @@
 // public dot-product / mat-vec entry points.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -146,7 +147,19 @@ float DotUnchecked(const uint8_t* row, const PreparedActivation& x) {
     const int64_t per = x.act_type == GgmlType::Q8_K ? 256 : 32;
     return fn(row, x.q.data(), x.n / per);
   }
-  if (x.weight_type == GgmlType::F32) return DotF32(reinterpret_cast<const float*>(row), x.f.data(), x.n);
+  if (x.weight_type == GgmlType::F32) {
+    // A row is dotted in place when it is 4-byte aligned. A GGUF with
+    // general.alignment 1 may put an F32 tensor at any offset, and a float
+    // load from a misaligned address is undefined behaviour, so such a row is
+    // copied first (the same DotF32 over the same values: the same bits).
+    if (reinterpret_cast<uintptr_t>(row) % alignof(float) == 0) {
+      return DotF32(reinterpret_cast<const float*>(row), x.f.data(), x.n);
+    }
+    thread_local std::vector<float> copy;
+    copy.resize(static_cast<size_t>(x.n));
+    std::memcpy(copy.data(), row, static_cast<size_t>(x.n) * sizeof(float));
+    return DotF32(copy.data(), x.f.data(), x.n);
+  }
   // Float path: decode a chunk of whole blocks at a time and dot it.
   const GgmlTypeInfo* info = GgmlTypeInfoFor(x.weight_type);
   constexpr int64_t kChunk = 4096;

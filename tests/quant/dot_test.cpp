@@ -184,6 +184,33 @@ TEST(QuantDot, ActivationQuantizersDefineNonFiniteAndTinyBlocks) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(b[2 + j], 0) << j;
 }
 
+// F32 rows need not be 4-byte aligned: a GGUF with general.alignment 1 puts
+// tensors (Kimi-K3's F32 router among them) at any offset. The float dot read
+// them through a float pointer, a misaligned load (UB; UBSan's alignment
+// check aborts). Such rows now dot bit-identically to an aligned copy.
+TEST(QuantDot, MisalignedF32RowsDotLikeAlignedOnes) {
+  std::mt19937 rng(8);
+  const size_t n = 37;  // SIMD main loop and a scalar tail
+  const std::vector<uint8_t> row = RandomWeights(GgmlType::F32, n, rng);
+  std::vector<float> x(n);
+  std::normal_distribution<float> g(0, 1);
+  for (auto& v : x) v = g(rng);
+  auto act = PrepareActivation(GgmlType::F32, x);
+  ASSERT_TRUE(act.ok());
+  auto aligned = DotRow(row, *act);
+  ASSERT_TRUE(aligned.ok());
+  std::vector<uint8_t> buf(row.size() + 3);
+  for (size_t off = 1; off < 4; ++off) {
+    std::memcpy(buf.data() + off, row.data(), row.size());
+    auto got = DotRow({buf.data() + off, row.size()}, *act);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(FloatToBits(*got), FloatToBits(*aligned)) << "offset " << off;
+    std::vector<float> y(1);
+    ASSERT_TRUE(MatVec({buf.data() + off, row.size()}, 1, *act, y).ok());
+    EXPECT_EQ(FloatToBits(y[0]), FloatToBits(*aligned)) << "offset " << off;
+  }
+}
+
 TEST(QuantDot, MatVecThreadsAgree) {
   std::mt19937 rng(5);
   std::normal_distribution<float> g(0, 1);
