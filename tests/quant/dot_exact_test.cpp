@@ -13,7 +13,8 @@
 // with s_j the weight's scale-times-quant part and m_j its min part (0 but
 // for the affine types): the first-order bound of those roundings.
 // Every kernel build runs: the generic one, and on AVX2 CPUs the
-// auto-vectorized build and the hand-written IQ kernels.
+// auto-vectorized build and the hand-written IQ kernels. The float dot's
+// scalar / AVX2 / AVX-512 builds are held to the plain float-sum bound.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "k3pack/quant.h"
 #include "quant/dot_kernels.h"
 #include "quant/fp.h"
+#include "quant/kernels.h"
 #include "quant_test_util.h"
 
 namespace k3pack::quant {
@@ -147,6 +149,37 @@ TEST(QuantDotExact, ExtremeCodesAndFullScaleActivations) {
         }
         ExpectExact(t, row, x, "fill " + std::to_string(fill) + " pattern " + std::to_string(pattern));
       }
+    }
+  }
+}
+
+// The float dots (decoded rows and F32 weights) on every build the CPU has:
+// each is a sum of n products in float, in lanes or not, so within the
+// sequential worst case (n + 2) 2^-24 sum |a_j b_j| of the double dot; the
+// lengths cover the SIMD main loops' multiples and their scalar tails.
+TEST(QuantDotExact, FloatDotEveryBuild) {
+  std::mt19937 rng(517);
+  std::normal_distribution<float> g(0, 1);
+  struct Impl {
+    const char* name;
+    float (*fn)(const float*, const float*, int64_t);
+    Isa needs;
+  };
+  const Impl impls[] = {{"scalar", internal::DotF32Scalar, Isa::kScalar},
+                        {"avx2", internal::DotF32Avx2, Isa::kAvx2},
+                        {"avx512", internal::DotF32Avx512, Isa::kAvx512}};
+  for (size_t n : {size_t{1}, size_t{7}, size_t{16}, size_t{37}, size_t{1000}, size_t{4099}}) {
+    std::vector<float> a(n), b(n);
+    for (size_t j = 0; j < n; ++j) a[j] = g(rng), b[j] = g(rng) * (j % 5 == 0 ? 100.0f : 1.0f);
+    double ref = 0, m = 0;
+    for (size_t j = 0; j < n; ++j) {
+      ref += static_cast<double>(a[j]) * b[j];
+      m += std::fabs(static_cast<double>(a[j]) * b[j]);
+    }
+    for (const Impl& impl : impls) {
+      if (static_cast<int>(DetectedIsa()) < static_cast<int>(impl.needs)) continue;
+      const float got = impl.fn(a.data(), b.data(), static_cast<int64_t>(n));
+      EXPECT_NEAR(got, ref, static_cast<double>(n + 2) * std::ldexp(1.0, -24) * m) << impl.name << " n " << n;
     }
   }
 }
