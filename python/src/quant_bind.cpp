@@ -66,6 +66,20 @@ Rows RowsOf(const py::array& a, GgmlType t) {
   return r;
 }
 
+// `data` as a C-contiguous array in little-endian byte order, which is what
+// the decoders read. A typed array in big-endian order (gguf-py hands those
+// out for a big-endian GGUF, numpy makes them with dtype '>f4') holds the
+// same values with swapped bytes; taken as it was, every value came out as
+// the decode of its swapped bytes.
+py::array LittleEndianArray(const py::object& data) {
+  py::array a = py::array::ensure(data, py::array::c_style);
+  if (!a) throw py::type_error("data must be an array");
+  if (a.dtype().byteorder() == '>') {
+    a = py::array::ensure(a.attr("astype")(a.dtype().attr("newbyteorder")("<")), py::array::c_style);
+  }
+  return a;
+}
+
 }  // namespace
 
 void RegisterQuant(py::module_& m) {
@@ -73,8 +87,7 @@ void RegisterQuant(py::module_& m) {
     GgmlType t = TypeArg(type);
     if (!quant::CanDequantize(t))
       throw py::value_error(std::string("cannot dequantize ") + std::string(k3pack::GgmlTypeName(t)));
-    py::array a = py::array::ensure(data, py::array::c_style);
-    if (!a) throw py::type_error("data must be an array");
+    py::array a = LittleEndianArray(data);
     Rows r = RowsOf(a, t);
     const std::vector<py::ssize_t> shape = r.out_shape;
     py::array_t<float> out;
@@ -113,7 +126,7 @@ void RegisterQuant(py::module_& m) {
 
   m.def("tensor_stats", [](py::array data, py::object type) {
     GgmlType t = TypeArg(type);
-    py::array a = py::array::ensure(data, py::array::c_style);
+    py::array a = LittleEndianArray(data);
     Rows r = RowsOf(a, t);
     k3pack::Result<quant::TensorStats> s = [&] {
       NoGil nogil;

@@ -2,6 +2,7 @@
 // public dot-product / mat-vec entry points.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -22,8 +23,29 @@ float DotF32(const float* a, const float* b, int64_t n) {
   }
 }
 
-// Round half to even, as ggml's nearest_int (the 1.5*2^23 trick) does.
-inline int NearestInt(float v) { return static_cast<int>(std::nearbyint(v)); }
+// ggml's nearest_int, exactly: adding 1.5 * 2^23 rounds to an integer (half
+// to even) in the float adder, and the low mantissa bits hold it. That equals
+// nearbyint for |v| <= 2^22 (checked on every such float) and is defined for
+// every input, where a float-to-int cast is undefined behaviour for a NaN or
+// infinity: those reach here from a NaN or infinite activation element, or
+// from a block whose largest magnitude is so small that -127/max overflows.
+// They get ggml's values (0 once stored as int8), not whatever the cast gives.
+inline int NearestInt(float v) {
+  const float shifted = v + 12582912.0f;
+  return static_cast<int>(FloatToBits(shifted) & 0x007FFFFFu) - 0x00400000;
+}
+
+// ggml's `qs[j] = roundf(x * id)` (round half away from zero, stored to
+// int8). A finite x * id is below 2^8 in magnitude (at most 127 * 1.5 when
+// d = amax/127 is a float subnormal with few bits); a NaN or infinity (a NaN
+// element, an infinite one times id = 0, or id = 1/d overflowed) has no
+// integer value, and converting it is undefined behaviour: it is stored as 0,
+// which is what x86 builds of ggml store (the low byte of cvttss2si's
+// 0x80000000). Finite values keep the modular int8 store of the C cast.
+inline int8_t RoundToQ8(float v) {
+  if (!std::isfinite(v)) return 0;
+  return static_cast<int8_t>(static_cast<int>(std::round(v)));
+}
 
 }  // namespace
 
@@ -77,7 +99,7 @@ void QuantizeRowQ8_0(std::span<const float> x, uint8_t* out) {
     const float id = d ? 1.0f / d : 0.0f;
     const uint16_t dh = Fp32ToFp16(d);
     std::memcpy(out, &dh, 2);
-    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(xb[j] * id)));
+    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(RoundToQ8(xb[j] * id));
   }
 }
 
@@ -125,7 +147,19 @@ float DotUnchecked(const uint8_t* row, const PreparedActivation& x) {
     const int64_t per = x.act_type == GgmlType::Q8_K ? 256 : 32;
     return fn(row, x.q.data(), x.n / per);
   }
-  if (x.weight_type == GgmlType::F32) return DotF32(reinterpret_cast<const float*>(row), x.f.data(), x.n);
+  if (x.weight_type == GgmlType::F32) {
+    // A row is dotted in place when it is 4-byte aligned. A GGUF with
+    // general.alignment 1 may put an F32 tensor at any offset, and a float
+    // load from a misaligned address is undefined behaviour, so such a row is
+    // copied first (the same DotF32 over the same values: the same bits).
+    if (reinterpret_cast<uintptr_t>(row) % alignof(float) == 0) {
+      return DotF32(reinterpret_cast<const float*>(row), x.f.data(), x.n);
+    }
+    thread_local std::vector<float> copy;
+    copy.resize(static_cast<size_t>(x.n));
+    std::memcpy(copy.data(), row, static_cast<size_t>(x.n) * sizeof(float));
+    return DotF32(copy.data(), x.f.data(), x.n);
+  }
   // Float path: decode a chunk of whole blocks at a time and dot it.
   const GgmlTypeInfo* info = GgmlTypeInfoFor(x.weight_type);
   constexpr int64_t kChunk = 4096;

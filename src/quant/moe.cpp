@@ -52,6 +52,15 @@ Result<Routing> Route(std::span<const float> logits, std::span<const float> exp_
   for (size_t e = 0; e < n; ++e) {
     p[e] = Sigmoid(logits[e]);
     sel[e] = exp_probs_b.empty() ? p[e] : p[e] + exp_probs_b[e];
+    // A NaN is unordered: the top-k comparison below would no longer be a
+    // strict weak ordering (undefined behaviour in partial_sort) and which
+    // experts run would be arbitrary. A NaN logit or bias means a broken
+    // router tensor or hidden state, so it is named instead.
+    if (std::isnan(sel[e])) {
+      return Error("moe: the selection score of expert " + std::to_string(e) + " is NaN (router logit " +
+                   std::to_string(logits[e]) +
+                   (exp_probs_b.empty() ? std::string() : ", exp_probs_b " + std::to_string(exp_probs_b[e])) + ")");
+    }
   }
   std::vector<uint32_t> order(n);
   std::iota(order.begin(), order.end(), 0u);
@@ -97,6 +106,10 @@ Result<std::vector<float>> ExpertForward(const ExpertWeights& w, std::span<const
 Result<std::vector<float>> RoutedForward(uint32_t layer, const Routing& routing, std::span<const float> x_lat,
                                          const ExpertSource& source, const MoeConfig& cfg) {
   if (!source) return Error("moe: no expert weight source");
+  if (routing.weights.size() != routing.experts.size()) {
+    return Error("moe: routing has " + std::to_string(routing.experts.size()) + " experts and " +
+                 std::to_string(routing.weights.size()) + " weights");
+  }
   std::vector<float> out(static_cast<size_t>(cfg.latent), 0.0f);
   for (size_t k = 0; k < routing.experts.size(); ++k) {
     const uint32_t e = routing.experts[k];

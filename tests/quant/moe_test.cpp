@@ -92,6 +92,45 @@ TEST(Moe, RoutingRules) {
   EXPECT_FALSE(Route(std::vector<float>{1, 2, 3}, {}, cfg).ok());
 }
 
+// A NaN selection score has no place in the top-k order (the comparison
+// stops being a strict weak ordering: undefined behaviour, arbitrary picks);
+// Route names the expert instead. Infinities are ordered and route.
+TEST(Moe, NanSelectionScoresAreRefused) {
+  MoeConfig cfg;
+  cfg.num_experts = 4;
+  cfg.top_k = 2;
+  auto logit = Route(std::vector<float>{0, NAN, 1, 2}, {}, cfg);
+  ASSERT_FALSE(logit.ok());
+  EXPECT_NE(logit.error().message().find("expert 1"), std::string::npos) << logit.error().message();
+  auto bias = Route(std::vector<float>{0, 1, 2, 3}, std::vector<float>{0, 0, NAN, 0}, cfg);
+  ASSERT_FALSE(bias.ok());
+  EXPECT_NE(bias.error().message().find("expert 2"), std::string::npos) << bias.error().message();
+  EXPECT_NE(bias.error().message().find("exp_probs_b"), std::string::npos);
+  auto inf = Route(std::vector<float>{0, INFINITY, -INFINITY, 1}, {}, cfg);
+  ASSERT_TRUE(inf.ok());
+  EXPECT_EQ(inf->experts, (std::vector<uint32_t>{1, 3}));
+}
+
+// A Routing built by a caller must pair every expert with a weight (the sum
+// read weights[k] for each expert k: past the end when there were fewer).
+TEST(Moe, RoutingWeightsMustMatchItsExperts) {
+  MoeConfig cfg;
+  cfg.num_experts = 2;
+  cfg.top_k = 2;
+  cfg.latent = 1;
+  cfg.inter = 1;
+  const std::vector<uint8_t> one = F32Bytes({1});
+  ExpertSource src = [&](uint32_t, uint32_t) -> Result<ExpertWeights> {
+    return ExpertWeights{one, one, one, GgmlType::F32, GgmlType::F32, GgmlType::F32};
+  };
+  Routing r;
+  r.experts = {0, 1};
+  r.weights = {0.5f};
+  auto y = RoutedForward(0, r, std::vector<float>{1}, src, cfg);
+  ASSERT_FALSE(y.ok());
+  EXPECT_NE(y.error().message().find("2 experts and 1 weights"), std::string::npos) << y.error().message();
+}
+
 TEST(Moe, SourceErrorsAndShortWeightsAreReported) {
   MoeConfig cfg;
   cfg.num_experts = 2;
