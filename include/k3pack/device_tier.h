@@ -51,6 +51,7 @@ struct DeviceAcquisition {
   std::vector<DeviceExpertView> routes;  // route order (tokens x top_k), duplicates kept
   std::vector<uint32_t> slots;           // internal: what Release lets go
   uint64_t ticket = 0;                   // 0 once released
+  const void* tier = nullptr;            // internal: the DeviceExpertTier that handed it out
 };
 
 class DeviceExpertTier {
@@ -73,7 +74,9 @@ class DeviceExpertTier {
   // so a request-aware host policy learns from what reaches it.
   Result<DeviceAcquisition> Acquire(uint32_t layer, std::span<const int64_t> expert_ids,
                                     std::span<const int64_t> shape, std::span<const uint64_t> request_ids = {});
-  // Lets the acquisition's slots be replaced again. Idempotent.
+  // Lets the acquisition's slots be replaced again. Idempotent, also through
+  // copies of the acquisition (one release in all). Errors: an acquisition
+  // of another tier (nothing is released).
   Status Release(DeviceAcquisition& acquisition);
 
   // Copies device bytes back to host memory (dst.size() bytes from src.data).

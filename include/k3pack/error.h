@@ -58,6 +58,11 @@ class Error {
   int errno_;
 };
 
+// What error() gives on an OK Status or Result (message "OK", kind
+// kRuntime), so a caller that asks without checking ok() reads a defined
+// value instead of an empty optional (undefined behaviour).
+const Error& ErrorOfOk();
+
 class [[nodiscard]] Status {
  public:
   Status() = default;
@@ -65,22 +70,34 @@ class [[nodiscard]] Status {
   static Status OK() { return Status(); }
 
   bool ok() const { return !error_.has_value(); }
-  const Error& error() const { return *error_; }
+  // The error; ErrorOfOk() when ok().
+  const Error& error() const { return error_ ? *error_ : ErrorOfOk(); }
   std::string message() const { return ok() ? std::string("OK") : error_->message(); }
 
  private:
   std::optional<Error> error_;
 };
 
+// A value or an error. value() / * / -> of an error throw
+// std::bad_variant_access (the only exception k3pack's API lets out, and only
+// to a caller that did not check ok()).
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}          // NOLINT
   Result(Error error) : v_(std::move(error)) {}      // NOLINT
-  Result(Status status) : v_(status.error()) {}      // only from a failed Status
+  // From a failed Status. An OK Status has no value to give: the Result
+  // holds an error saying so (a bug in the caller), never an empty one.
+  Result(Status status)  // NOLINT
+      : v_(status.ok() ? Error("Result made from an OK Status: no value and no error", ErrorKind::kRuntime)
+                       : status.error()) {}
 
   bool ok() const { return std::holds_alternative<T>(v_); }
-  const Error& error() const { return std::get<Error>(v_); }
+  // The error; ErrorOfOk() when ok().
+  const Error& error() const {
+    const Error* e = std::get_if<Error>(&v_);
+    return e ? *e : ErrorOfOk();
+  }
   Status status() const { return ok() ? Status::OK() : Status(error()); }
 
   T& value() & { return std::get<T>(v_); }

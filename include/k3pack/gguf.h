@@ -93,7 +93,8 @@ class GgufFile {
   GgufFile(const GgufFile&) = delete;  // the name index holds views into tensors_
   GgufFile& operator=(const GgufFile&) = delete;
   static Result<std::shared_ptr<const GgufFile>> Open(const std::string& path, const ReadOptions& opts = {});
-  // Parses an in-memory image (used by fuzzers and tests); `name` labels errors.
+  // Parses an in-memory image (used by fuzzers and tests); the mapping's
+  // name labels errors. A null mapping is an error.
   static Result<std::shared_ptr<const GgufFile>> Parse(std::shared_ptr<const MappedFile> map, const ReadOptions& opts = {});
 
   const std::string& path() const;
@@ -108,7 +109,9 @@ class GgufFile {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* FindTensor(std::string_view name) const;
 
-  // Zero-copy view of a tensor's bytes; valid while `mapping()` lives.
+  // Zero-copy view of a tensor's bytes; valid while `mapping()` lives. `t`
+  // must be one of tensors() (or a copy): another file's tensor, e.g. of
+  // another shard (use ShardSet::Located::shard_index), gives an empty span.
   std::span<const uint8_t> TensorData(const TensorInfo& t) const;
   const std::shared_ptr<const MappedFile>& mapping() const { return map_; }
 

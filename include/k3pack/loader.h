@@ -142,12 +142,16 @@ class NonExpertStream {
   // opened lazily, one at a time, by Next().
   static Result<NonExpertStream> Open(const std::string& manifest_path, const LoadOptions& options = {});
 
+  // A moved-from stream stays safe to call: Next() and ForEach() return an
+  // error (kRuntime), stats() zeros and manifest_path() "".
   NonExpertStream(NonExpertStream&&) noexcept;
   NonExpertStream& operator=(NonExpertStream&&) noexcept;
   ~NonExpertStream();
 
   // The next tensor, nullopt at the end. Errors carry SGLang's text and
   // exception kind; after an error every further call returns it again.
+  // Not thread-safe: one thread at a time per stream (tensors handed out
+  // may be used from any thread).
   Result<std::optional<NamedTensor>> Next();
 
   // Streams everything into `fn`; stops at the first error (the stream's or
@@ -170,8 +174,14 @@ Result<std::vector<uint8_t>> ALogFromSsmA(DType dtype, std::span<const uint8_t> 
 
 // Drops the resident pages that lie wholly inside `view` (madvise
 // MADV_DONTNEED, rounded inward). For callers that consume a big zero-copy
-// view piece by piece; the view stays valid (pages fault back in).
+// view piece by piece: a view into a shard's mapping stays valid (its pages
+// fault back in with the file's bytes). Any other memory (a copy-mode or
+// computed tensor's buffer, the caller's own) loses its contents: its whole
+// pages read back as zeros. ReleasePages(tensor) makes that check.
 void ReleasePages(std::span<const uint8_t> view);
+// ReleasePages(tensor.data) for a zero-copy tensor; nothing for any other
+// (its bytes live only in its buffer).
+void ReleasePages(const NamedTensor& tensor);
 
 // Python's repr of a shape tuple: "()", "(512,)", "(1, 512)".
 std::string PyTupleRepr(const std::vector<int64_t>& shape);

@@ -262,7 +262,8 @@ std::string SerializeManifest(const nlohmann::json& manifest);
 
 // The JSON summary prepare_kimi_manifest.py prints after writing:
 // {manifest, format, source_shards, source_tensors, pack_entries,
-//  pack_index_sha256, top_k, payload_samples_verified}.
+//  pack_index_sha256, top_k, payload_samples_verified}. Takes any JSON:
+// a missing or misshapen field is null ("" for format); never throws.
 nlohmann::json ManifestSummary(const std::string& output_path, const nlohmann::json& manifest);
 
 // Python datetime.now(timezone.utc).isoformat().

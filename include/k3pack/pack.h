@@ -291,7 +291,7 @@ struct VerifyResult {
   uint64_t unowned_entries = 0;   // skipped: another rank's (expected holes)
   uint64_t unowned_bytes = 0;
   double seconds = 0;
-  double MBps() const { return seconds > 0 ? bytes_read / 1e6 / seconds : 0; }  // read rate
+  double MBps() const { return seconds > 0 ? static_cast<double>(bytes_read) / 1e6 / seconds : 0; }  // read rate
 };
 
 // Reads every selected payload once, hashing it (digests) and/or comparing

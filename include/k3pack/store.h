@@ -144,7 +144,9 @@ class ExpertStore {
                               std::span<const uint64_t> request_ids = {});
   // Convenience for one decode token: ids.size() must be top_k.
   Result<Acquisition> AcquireToken(uint32_t layer, std::span<const int64_t> expert_ids);
-  // Releases the call's objects for eviction; may flush stats. Idempotent.
+  // Releases the call's objects for eviction; may flush stats. Idempotent,
+  // also through copies of the acquisition (one release in all). Errors: an
+  // acquisition of another store (nothing is released), a stats write.
   Status MarkUsed(Acquisition& acquisition);
 
   // Starts reading the given experts of `layer` (any count, duplicates ok)

@@ -3,6 +3,7 @@
 // truncated or hostile file yields an error naming the byte offset and rule.
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <unordered_set>
 
@@ -272,6 +273,7 @@ class Parser {
 };
 
 Result<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const MappedFile> map, const ReadOptions& opts) {
+  if (!map) return Error("GgufFile::Parse: no mapping given (null)");
   return Parser(std::move(map), opts).Run();
 }
 
@@ -296,6 +298,15 @@ const TensorInfo* GgufFile::FindTensor(std::string_view name) const {
 }
 
 std::span<const uint8_t> GgufFile::TensorData(const TensorInfo& t) const {
+  // Another file's TensorInfo (say, of another shard of the set) would give a
+  // view of the wrong bytes, or past the end of this mapping: only this
+  // file's own tensors (or copies of them) have a view here.
+  const std::less<const TensorInfo*> before;  // a total order over unrelated pointers too
+  const bool listed = !before(&t, tensors_.data()) && before(&t, tensors_.data() + tensors_.size());
+  if (!listed) {
+    const TensorInfo* own = FindTensor(t.name);
+    if (!own || own->data_offset != t.data_offset || own->nbytes != t.nbytes) return {};
+  }
   return {map_->data() + t.data_offset, static_cast<size_t>(t.nbytes)};
 }
 

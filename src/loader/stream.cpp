@@ -85,6 +85,10 @@ void ReleasePages(std::span<const uint8_t> view) {
   if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
+void ReleasePages(const NamedTensor& tensor) {
+  if (tensor.zero_copy) ReleasePages(tensor.data);  // a fresh buffer's pages would come back zeroed
+}
+
 struct NonExpertStream::Impl {
   LoadOptions opts;
   std::string manifest_path;
@@ -545,7 +549,13 @@ Result<NonExpertStream> NonExpertStream::Open(const std::string& manifest_path, 
   return NonExpertStream(std::move(impl));
 }
 
-Result<std::optional<NamedTensor>> NonExpertStream::Next() { return impl_->Next(); }
+// A moved-from stream has no Impl: it answers with an error and empty
+// values instead of dereferencing null.
+Result<std::optional<NamedTensor>> NonExpertStream::Next() {
+  if (!impl_)
+    return Error("this NonExpertStream was moved from; use the stream it was moved into", ErrorKind::kRuntime);
+  return impl_->Next();
+}
 
 Status NonExpertStream::ForEach(const std::function<Status(NamedTensor&&)>& fn) {
   for (;;) {
@@ -555,7 +565,13 @@ Status NonExpertStream::ForEach(const std::function<Status(NamedTensor&&)>& fn) 
   }
 }
 
-const LoadStats& NonExpertStream::stats() const { return impl_->stats; }
-const std::string& NonExpertStream::manifest_path() const { return impl_->manifest_path; }
+const LoadStats& NonExpertStream::stats() const {
+  static const LoadStats kNone;
+  return impl_ ? impl_->stats : kNone;
+}
+const std::string& NonExpertStream::manifest_path() const {
+  static const std::string kNone;
+  return impl_ ? impl_->manifest_path : kNone;
+}
 
 }  // namespace k3pack::loader

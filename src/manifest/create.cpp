@@ -204,8 +204,11 @@ json ManifestSummary(const std::string& output_path, const json& m) {
     if (!source_summary.is_object() || !source_summary.contains(k)) return nullptr;
     return source_summary[k];
   };
+  // As found ("" when missing): json::value() would throw for a format that
+  // is not a string, or for a document that is not an object.
+  const auto format = m.is_object() ? m.find("format") : m.end();
   return {{"manifest", output_path},
-          {"format", m.value("format", std::string())},
+          {"format", format == m.end() ? json("") : *format},
           {"source_shards", sub("shard_count")},
           {"source_tensors", sub("tensor_count")},
           {"pack_entries", get("expert_pack", "index_count")},

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <unordered_set>
 
 #include "store/cuda_runtime.h"
 #include "store/device_copier.h"
@@ -77,6 +78,9 @@ struct DeviceExpertTier::Impl {
 
   mutable std::mutex mu;
   uint64_t next_ticket = 1;
+  // Tickets handed out and not yet released: a copy of a released
+  // DeviceAcquisition must not drop the holds other calls have on its slots.
+  std::unordered_set<uint64_t> live_tickets;
   uint64_t calls = 0, routes = 0, hits = 0, misses = 0, h2d_bytes = 0, h2d_pinned_bytes = 0;
   double h2d_seconds = 0, host_seconds = 0;
 
@@ -240,14 +244,21 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
     a.routes.push_back(v);
   }
   a.ticket = s.next_ticket++;
+  a.tier = this;
+  s.live_tickets.insert(a.ticket);
   return a;
 }
 
 Status DeviceExpertTier::Release(DeviceAcquisition& a) {
   if (a.ticket == 0) return Status::OK();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->slots->Release(a.slots);
+  // Another tier's slot numbers would release slots here that other calls hold.
+  if (a.tier != this)
+    return Error("this DeviceAcquisition belongs to another DeviceExpertTier: release it through the tier that "
+                 "acquired it");
+  const bool live = impl_->live_tickets.erase(a.ticket) != 0;
   a.ticket = 0;
+  if (live) impl_->slots->Release(a.slots);
   return Status::OK();
 }
 

@@ -51,7 +51,11 @@ Status ValidateRoute(const ObjectSpace& space, uint32_t layer, std::span<const i
   if (!rank_share && (shape.size() != 2 || shape[1] != static_cast<int64_t>(space.top_k)))
     return Error("runtime top-k must be exactly " + std::to_string(space.top_k) + "; received shape " +
                  ShapeRepr(shape));
-  if (static_cast<int64_t>(ids.size()) != shape[0] * shape[1])
+  // Compared by division (shape[1] is top_k >= 1 here): a product of a huge shape[0]
+  // would overflow (UB), or wrap to ids.size() and let a call claim 2^62 rows.
+  const auto width = static_cast<uint64_t>(shape[1]);
+  if (shape[0] < 0 || width == 0 || ids.size() % width != 0 ||
+      ids.size() / width != static_cast<uint64_t>(shape[0]))
     return Error("route id count " + std::to_string(ids.size()) + " does not match shape " + ShapeRepr(shape));
   for (int64_t e : ids) {
     if (e < 0 || e >= static_cast<int64_t>(space.num_experts))

@@ -356,6 +356,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   Acquisition out;
   out.layer = layer;
   out.ticket = ++s.next_ticket;
+  s.live_tickets.insert(out.ticket);
   out.distinct_objects = keys;
   out.owner = owner;
   out.store = this;
@@ -392,7 +393,10 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
     if (a.store != this)
       return Error("this Acquisition belongs to another ExpertStore: release it through the store that "
                    "acquired it (in Python, acquisition.mark_used())");
+    // A copy of an acquisition already released: nothing of it is held.
+    const bool live = s.live_tickets.erase(a.ticket) != 0;
     a.ticket = 0;
+    if (!live) return Status::OK();
     for (ObjectId k : a.distinct_objects) s.Unpin(k);
     s.EndAcquisition(a.owner);
     s.cv.notify_all();

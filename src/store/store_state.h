@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include <unistd.h>
@@ -64,6 +65,10 @@ struct ExpertStore::Impl {
   uint64_t pinned_resident_bytes = 0;
   uint64_t active_acquisitions = 0, next_ticket = 0, loading = 0;
   std::map<std::thread::id, uint64_t> active_by_thread;  // who holds the active acquisitions
+  // Tickets handed out and not yet released. Acquisition is a copyable
+  // struct: a copy of a released one still carries its ticket, and releasing
+  // it again must not unpin what other calls hold.
+  std::unordered_set<uint64_t> live_tickets;
   bool closed = false;
   // SGLang's counters.
   uint64_t pack_reads = 0, pack_read_bytes = 0, pack_read_ns = 0;

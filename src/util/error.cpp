@@ -22,6 +22,11 @@ namespace {
 constexpr const char kHintLabel[] = "\nhint: ";
 }  // namespace
 
+const Error& ErrorOfOk() {
+  static const Error ok("OK", ErrorKind::kRuntime);
+  return ok;
+}
+
 Error Error::FromErrno(std::string what, int err) {
   ErrorKind kind = ErrorKind::kOS;
   if (err == ENOENT) kind = ErrorKind::kFileNotFound;
