@@ -15,8 +15,10 @@ struct CliRun {
   std::string out;
 };
 
-inline CliRun Cli(const std::string& args) {
-  const std::string cmd = std::string(K3PACK_BIN) + " " + args + " 2>&1";
+// `prefix` is put before the binary: "timeout 60" makes a hang a failure
+// (exit 124) instead of a stalled ctest, "cd DIR &&" runs it elsewhere.
+inline CliRun CliVia(const std::string& prefix, const std::string& args) {
+  const std::string cmd = prefix + (prefix.empty() ? "" : " ") + std::string(K3PACK_BIN) + " " + args + " 2>&1";
   FILE* f = ::popen(cmd.c_str(), "r");
   if (f == nullptr) return {-1, "popen failed: " + cmd};
   std::string out;
@@ -26,5 +28,7 @@ inline CliRun Cli(const std::string& args) {
   const int status = ::pclose(f);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+inline CliRun Cli(const std::string& args) { return CliVia("", args); }
 
 }  // namespace k3pack::testing_cli

@@ -127,9 +127,14 @@ std::string RankPackPath(const std::string& full_pack_path, const ep::Rank& rank
 using Progress = ::k3pack::Progress;
 using ProgressFn = ::k3pack::ProgressFn;
 
+// The largest safety margin: it is converted to bytes and added to the
+// pack's size, and beyond 1 PiB (no disk is short by that much) the sum no
+// longer fits 64 bits.
+inline constexpr double kMaxSafetyMarginGib = 1048576;
+
 struct BuildOptions {
   std::string out_path;           // final pack path
-  double safety_margin_gib = 2.0;  // free space required beyond the pack size
+  double safety_margin_gib = 2.0;  // free space required beyond the pack size, 0..kMaxSafetyMarginGib
   bool restart = false;           // discard an existing partial build
   int threads = 0;                // copies in flight; 0 = auto
   uint64_t chunk_bytes = 8ull << 20;  // read size per role per batch of experts (see docs/FORMATS.md)

@@ -104,6 +104,9 @@ pack::PackOutputRequest PackRequest(const std::string& option, const std::string
   req.force = force;
   req.inputs = {{"model_config", model_config}};
   for (const auto& s : experts.shard_paths) req.inputs.push_back({"source shard", s});
+  // The sidecar profile=None reads, as `k3pack pack` counts it.
+  for (const auto& s : kimi::ProfileSidecarsNear({model_config, experts.shard_paths.empty() ? "" : experts.shard_paths.front()}))
+    req.inputs.push_back({"the profile record", s});
   return req;
 }
 

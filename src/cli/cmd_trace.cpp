@@ -1,6 +1,7 @@
 // `k3pack trace gen|replay|sweep`: synthetic routing traces, replay on the
 // real store (or policy-only simulation), and policy sweeps vs Belady.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -55,16 +56,15 @@ std::vector<std::string> CommaFields(const std::string& s) {
 
 Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string& what) {
   std::vector<uint64_t> out;
-  if (s.empty()) return Error(what + " is empty");
+  if (s.empty()) return Error(what + " must be a comma-separated list of non-negative integers, got ''");
   for (const std::string& item : CommaFields(s)) {
-    // Digits only: stoull alone takes "-1" as 2^64 - 1 and skips leading blanks.
-    const bool digits = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
-    try {
-      if (!digits) throw std::invalid_argument(item);
-      out.push_back(std::stoull(item));
-    } catch (...) {
-      return Error(what + " must be a comma-separated list of integers, got '" + s + "'");
-    }
+    // Digits only: stoull took "-1" as 2^64-1 (a 57646075230342348800% cache
+    // share), and " 8" or "+8" as 8.
+    uint64_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || p != item.data() + item.size())
+      return Error(what + " must be a comma-separated list of non-negative integers, got '" + s + "'");
+    out.push_back(v);
   }
   if (std::find(out.begin(), out.end(), 0) != out.end()) return Error(what + " values must be at least 1, got '" + s + "'");
   return out;
@@ -169,7 +169,8 @@ void AddGenOptions(Args& a) {
   std::string families;
   for (const auto& f : trace::FamilyNames()) families += (families.empty() ? "" : " | ") + f;
   a.Option("--family", "preset: " + families + " (docs/store.md); the options below override it", "kimi")
-      .Option("--manifest", "take layers / experts / top_k from this adapter manifest")
+      .Option("--manifest", "take layers / experts / top_k from this adapter manifest (or the directory holding it "
+                            "under SGLang's name)")
       .Option("--layers", "routed layers (numbered from --first-layer)", "92")
       .Option("--first-layer", "first routed layer id", "1")
       .Option("--experts", "experts per layer", "896")
@@ -277,6 +278,9 @@ int RunGen(const std::vector<std::string>& argv) {
   RequirePredictions(a, {"--predict", "--predict-next-token"});
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  // As replay, verify, load and run-experts: before, a directory failed
+  // with "cannot read DIR: read failed at offset 0: Is a directory".
+  ManifestInDirectory(a, "trace gen");
   trace::GenOptions o;
   Status gs = GenOptionsFromArgs(a, a.Get("--family"), &o);
   if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
@@ -569,6 +573,7 @@ int RunSweep(const std::vector<std::string>& argv) {
   }
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  ManifestInDirectory(a, "trace sweep");
   auto mode = ProgressModeOf(a);
   if (!mode.ok()) return ReportError("trace sweep", mode.error(), 2);
   auto threads = a.GetInt("--threads");
@@ -682,7 +687,10 @@ int RunSweep(const std::vector<std::string>& argv) {
       store::TimingOptions to;
       auto cu = a.GetDouble("--compute-us"), bw = a.GetDouble("--ssd-gbps"), lat = a.GetDouble("--ssd-latency-us");
       auto qd = a.GetInt("--queue-depth");
-      if (!cu.ok() || !bw.ok() || !lat.ok() || !qd.ok() || *cu < 0 || *bw <= 0 || *lat < 0 || *qd < 1)
+      // A value that is no (finite) number: the parser's error names it.
+      for (const Status& st : {cu.status(), bw.status(), lat.status(), qd.status()})
+        if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
+      if (*cu < 0 || *bw <= 0 || *lat < 0 || *qd < 1)
         return ReportError("trace sweep",
                            Error("--compute-us and --ssd-latency-us must be non-negative numbers, --ssd-gbps "
                                  "positive and --queue-depth at least 1"), 2);
@@ -706,7 +714,9 @@ int RunSweep(const std::vector<std::string>& argv) {
       auto dev = MibOptionBytes(a, "--device-mib", 0);
       if (!dev.ok()) return ReportError("trace sweep", dev.error(), 2);
       auto h2d = a.GetDouble("--h2d-gbps"), h2d_lat = a.GetDouble("--h2d-latency-us");
-      if (!h2d.ok() || !h2d_lat.ok() || *h2d <= 0 || *h2d_lat < 0)
+      for (const Status& st : {h2d.status(), h2d_lat.status()})
+        if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
+      if (*h2d <= 0 || *h2d_lat < 0)
         return ReportError("trace sweep", Error("--h2d-latency-us must be a non-negative number, --h2d-gbps positive"),
                            2);
       to.device_bytes = *dev;
@@ -819,7 +829,8 @@ int RunTrace(const std::vector<std::string>& argv) {
                  "run `k3pack trace <sub> --help` for the options of each\n";
     return 0;
   }
-  std::cerr << "k3pack trace: error: unknown sub-command '" << sub << "'\n";
+  const std::string msg = "unknown sub-command '" + sub + "'";
+  ReportDispatchError("trace", "k3pack trace: error: " + msg, msg, rest);
   return Usage();
 }
 

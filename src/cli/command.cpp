@@ -1,10 +1,14 @@
 #include "cli/command.h"
+#include "k3pack/pack.h"
+#include "util/edit_distance.h"
 #include "util/utf8.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -210,8 +214,32 @@ std::string Args::Usage() const {
   return os.str();
 }
 
+std::string Args::Suggest(const std::string& word) const {
+  // The nearest option name within two edits, or the only one that starts
+  // with `word`: "--sampels" -> "--samples", "-json" -> "--json".
+  std::string best;
+  size_t best_d = 3, prefixed = 0;
+  std::string prefix_match;
+  auto consider = [&](const std::string& name) {
+    if (name.rfind(word, 0) == 0 && word.size() > 2) {
+      ++prefixed;
+      prefix_match = name;
+    }
+    const size_t d = EditDistance(word, name);
+    if (d < best_d) best_d = d, best = name;
+  };
+  for (const auto& [name, spec] : specs_) consider(name);
+  for (const auto& [old_name, name] : deprecated_) consider(old_name);
+  consider("--help");
+  if (!best.empty()) return best;
+  return prefixed == 1 ? prefix_match : "";
+}
+
 bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
-  if (specs_.contains("--json") && std::find(argv.begin(), argv.end(), "--json") != argv.end()) ExpectJsonOutput();
+  // `--` ends the options (POSIX): every word after it is an argument, so a
+  // path that starts with "-" can be given (`k3pack inspect -- --odd-name`).
+  const auto options_end = std::find(argv.begin(), argv.end(), "--");
+  if (specs_.contains("--json") && std::find(argv.begin(), options_end, "--json") != options_end) ExpectJsonOutput();
   auto fail = [&](const std::string& msg) {
     std::cerr << "k3pack " << command_ << ": error: " << msg << "\n"
               << "usage: k3pack " << command_ << " " << usage_ << "\n"
@@ -220,14 +248,23 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     PrintJsonError(command_, Error(msg), *exit_code);
     return false;
   };
+  auto is_option_name = [&](const std::string& w) {
+    const std::string name = w.substr(0, w.find('='));
+    return name == "--help" || specs_.count(name) > 0 || deprecated_.count(name) > 0;
+  };
+  bool options_done = false;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
-    if (a == "--help" || a == "-h") {
+    if (!options_done && a == "--") {
+      options_done = true;
+      continue;
+    }
+    if (!options_done && (a == "--help" || a == "-h")) {
       std::cout << Usage();
       *exit_code = 0;
       return false;
     }
-    if (a.size() > 2 && a.rfind("--", 0) == 0) {
+    if (!options_done && a.size() > 2 && a.rfind("--", 0) == 0) {
       std::string name = a, value;
       bool inline_value = false;
       if (auto eq = a.find('='); eq != std::string::npos) {
@@ -241,12 +278,26 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
         name = dep->second;
       }
       auto it = specs_.find(name);
-      if (it == specs_.end()) return fail("unknown option " + name);
+      if (it == specs_.end()) {
+        const std::string near = Suggest(name);
+        return fail("unknown option " + name + (near.empty() ? "" : " (did you mean " + near + "?)"));
+      }
       if (it->second.is_flag && inline_value) return fail(name + " takes no value");
       if (!it->second.is_flag && !inline_value) {
         if (i + 1 >= argv.size()) return fail(name + " needs a value");
+        // `--out --force` is a forgotten value, not a directory named
+        // "--force": this command's own option names are never taken as a
+        // value unless attached (`--out=--force`).
+        if (is_option_name(argv[i + 1])) {
+          return fail(name + " needs a value, but the next argument is the option " + argv[i + 1] +
+                      " (write " + name + "=" + argv[i + 1] + " if that is the value)");
+        }
         value = argv[++i];
       }
+      // An empty value is almost always an unset shell variable
+      // (`--out "$DIR"`); taken as given it read as "no option" or as the
+      // current directory.
+      if (!it->second.is_flag && value.empty()) return fail(name + " needs a value, but an empty one was given");
       if (it->second.is_flag) value = "1";
       if (it->second.repeatable) all_values_[name].push_back(value);
       if (auto seen = spelled_.find(name); seen != spelled_.end()) {
@@ -266,6 +317,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
       values_[name] = value;
       continue;
     }
+    if (a.empty()) return fail("an argument is empty (an unset shell variable?); give the path or value itself");
     positionals_.push_back(a);
   }
   if (!positional_option_.empty() && !positionals_.empty() && pos_name_.empty()) {
@@ -305,7 +357,11 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
   }
   int n = static_cast<int>(positionals_.size());
   if (n < pos_min_) return fail(pos_name_.empty() ? "missing argument" : "missing " + pos_name_);
-  if (pos_max_ >= 0 && n > pos_max_) return fail("unexpected argument " + positionals_[pos_max_]);
+  if (pos_max_ >= 0 && n > pos_max_) {
+    const std::string& extra = positionals_[pos_max_];
+    const std::string near = extra.size() > 1 && extra[0] == '-' ? Suggest("-" + extra) : "";
+    return fail("unexpected argument " + extra + (near.empty() ? "" : " (did you mean " + near + "?)"));
+  }
   return true;
 }
 
@@ -336,6 +392,8 @@ Result<int64_t> Args::GetInt(const std::string& name) const {
   std::string v = Get(name);
   int64_t out = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (!v.empty() && p == v.data() + v.size() && ec == std::errc::result_out_of_range)
+    return Error(name + " is out of range, got '" + v + "' (an integer from -2^63 to 2^63-1)");
   if (v.empty() || ec != std::errc() || p != v.data() + v.size())
     return Error(name + " must be an integer, got '" + v + "'");
   return out;
@@ -343,13 +401,22 @@ Result<int64_t> Args::GetInt(const std::string& name) const {
 
 Result<double> Args::GetDouble(const std::string& name) const {
   std::string v = Get(name);
+  Error bad(name + " must be a number, got '" + v + "'");
+  // strtod's leading blanks are not part of a number here (GetInt refuses
+  // them too).
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v.front()))) return bad;
   try {
     size_t used = 0;
     double d = std::stod(v, &used);
-    if (used != v.size()) throw std::invalid_argument(v);
+    if (used != v.size()) return bad;
+    // nan and inf parse, but no option means them: NaN passes every range
+    // check written as `x < 0` (a Zipf skew of NaN never finishes drawing,
+    // a timing of NaN prints a table of nan), and inf overflows every
+    // conversion to bytes.
+    if (!std::isfinite(d)) return Error(name + " must be a finite number, got '" + v + "'");
     return d;
   } catch (...) {
-    return Error(name + " must be a number, got '" + v + "'");
+    return bad;
   }
 }
 
@@ -369,6 +436,17 @@ int ReportError(const std::string& command, const Error& error, int exit_code) {
   std::cerr << "k3pack " << command << ": error: " << error.message() << "\n";
   PrintJsonError(command, error, exit_code);
   return exit_code;
+}
+
+int ReportDispatchError(const std::string& command, const std::string& line, const std::string& message,
+                        const std::vector<std::string>& args) {
+  std::cerr << line << "\n";
+  const auto options_end = std::find(args.begin(), args.end(), "--");
+  if (std::find(args.begin(), options_end, "--json") != options_end) {
+    ExpectJsonOutput();
+    PrintJsonError(command, Error(message), kExitUsage);
+  }
+  return kExitUsage;
 }
 
 void PrintJson(nlohmann::json j) { std::cout << DumpJsonEscaped(std::move(j)) << "\n"; }
@@ -402,6 +480,8 @@ Result<CopyValues> ParseCopyValues(const Args& args) {
   CopyValues v;
   K3_ASSIGN_OR_RETURN(v.margin, args.GetDouble("--safety-margin-gib"));
   if (v.margin < 0) return Error("--safety-margin-gib must be non-negative");
+  if (v.margin > pack::kMaxSafetyMarginGib)  // BuildPack's bound, as a usage error here
+    return Error("--safety-margin-gib must be at most 1048576 (1 PiB), got " + args.Get("--safety-margin-gib"));
   K3_ASSIGN_OR_RETURN(v.mode, ProgressModeOf(args));
   K3_ASSIGN_OR_RETURN(v.threads, ParseCopyThreads(args));
   return v;

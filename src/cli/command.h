@@ -89,6 +89,8 @@ class Args {
     std::optional<std::string> inert;  // RequiresValueOtherThan: needs[0]'s value that satisfies nothing
   };
   bool Satisfies(const Requirement& r) const;
+  // The declared option an unknown or misspelled `word` most likely meant ("" if none is close).
+  std::string Suggest(const std::string& word) const;
   std::string command_, usage_, description_;
   std::map<std::string, Spec> specs_;
   std::vector<std::string> order_;
@@ -124,6 +126,13 @@ inline constexpr int kExitInterrupted = 130;  // SIGINT; rerun the same command 
 // Prints "k3pack <cmd>: error: <message>" (message may be several lines)
 // and returns the exit code to use (1 by default).
 int ReportError(const std::string& command, const Error& error, int exit_code = 1);
+
+// A usage error found before any Args parsed the words (an unknown command
+// or trace sub-command): prints `line` on stderr and, when `args` ask for
+// --json, the JSON error on stdout as Parse does (README: with --json a
+// script reading stdout always gets a verdict). Returns kExitUsage.
+int ReportDispatchError(const std::string& command, const std::string& line, const std::string& message,
+                        const std::vector<std::string>& args);
 
 // Prints a command's JSON result on stdout (indent 2, newline). Strings that
 // are not UTF-8 (a path is bytes on Linux) are shown \xNN-escaped, as Python's

@@ -1,4 +1,10 @@
 // k3pack: command-line entry point. Dispatches to the registered sub-commands.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 
@@ -7,6 +13,8 @@
 #include "k3pack_version.h"
 
 namespace {
+
+int Dispatch(int argc, char** argv);
 
 void PrintHelp() {
   std::cout << "k3pack " << K3PACK_VERSION
@@ -20,7 +28,8 @@ void PrintHelp() {
                "  -h, --help    show this help (`k3pack help --man` prints it all as a man page)\n"
                "An option given twice must have the same value both times (a flag may repeat); options that\n"
                "contradict each other are refused together (each command's --help lists them under \"not together\"),\n"
-               "and one that only applies with another is refused without it (listed under \"needs\").\n";
+               "and one that only applies with another is refused without it (listed under \"needs\").\n"
+               "`--` ends the options: every word after it is an argument, even one that starts with \"--\".\n";
   std::cout << "\nexit codes (every command):\n"
                "  0    done (also: the output is already built)\n"
                "  1    the input is bad or a check failed\n"
@@ -28,9 +37,56 @@ void PrintHelp() {
                "  130  interrupted (Ctrl-C); rerun the same command to resume\n";
 }
 
+// A process started with stdin, stdout or stderr closed (`k3pack build 2>&-`,
+// a daemon's child) would hand that descriptor number to the first file it
+// opens: the progress lines and messages written to "stderr" then went into
+// the pack's lock file (and could as well have gone into an output). Each
+// missing one is taken by /dev/null opened read-only, so reads see end of
+// file and writes fail as on a closed descriptor (see FinishStdout).
+void OccupyClosedStandardFds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int nul = ::open("/dev/null", O_RDONLY);
+    if (nul >= 0 && nul != fd) {
+      ::dup2(nul, fd);
+      ::close(nul);
+    }
+  }
+}
+
+// Output that could not be written (a full disk behind `> report.json`, a
+// closed stdout, a reader gone while SIGPIPE is ignored) used to end in exit
+// 0, so a script took a truncated or empty report for the whole. Called once
+// the command returned: a lost write is an error (exit 1 unless the command
+// already failed), named on stderr.
+int FinishStdout(const std::string& who, int rc) {
+  std::cout.flush();
+  bool failed = std::cout.bad();
+  errno = 0;
+  if (std::fflush(stdout) != 0) failed = true;
+  int err = errno;
+  if (std::ferror(stdout)) failed = true;
+  if (!failed) return rc;
+  // The write that failed may be long past (stdio and std::cout stop writing
+  // once it did), and errno with it: one more byte finds the reason (ENOSPC,
+  // EPIPE, EBADF) on output that is broken anyway.
+  if (err == 0 && ::write(STDOUT_FILENO, "\n", 1) < 0) err = errno;
+  std::cerr << who << ": error: cannot write to standard output" << (err != 0 ? std::string(": ") + std::strerror(err) : "")
+            << " (the output is incomplete)\n";
+  return rc == 0 ? 1 : rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  OccupyClosedStandardFds();
+  const std::string who = argc >= 2 && argv[1][0] != '-' ? std::string("k3pack ") + argv[1] : "k3pack";
+  return FinishStdout(who, Dispatch(argc, argv));
+}
+
+namespace {
+
+int Dispatch(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "help" && std::string(argv[2]) == "--man") {
     std::ostringstream top;
     std::streambuf* old = std::cout.rdbuf(top.rdbuf());
@@ -44,8 +100,9 @@ int main(int argc, char** argv) {
     const auto& cmds = k3pack::cli::Commands();
     auto it = cmds.find(argv[2]);
     if (it == cmds.end()) {
-      std::cerr << "k3pack help: unknown command '" << argv[2] << "' (run `k3pack --help` for the list)\n";
-      return 2;
+      const std::string msg = "unknown command '" + std::string(argv[2]) + "'";
+      return k3pack::cli::ReportDispatchError("help", "k3pack help: " + msg + " (run `k3pack --help` for the list)",
+                                              msg, {});
     }
     return it->second.run({"--help"});
   }
@@ -61,10 +118,12 @@ int main(int argc, char** argv) {
   }
   const auto& cmds = k3pack::cli::Commands();
   auto it = cmds.find(name);
-  if (it == cmds.end()) {
-    std::cerr << "k3pack: unknown command '" << name << "' (run `k3pack --help` for the list)\n";
-    return 2;
-  }
   std::vector<std::string> rest(argv + 2, argv + argc);
+  if (it == cmds.end()) {
+    const std::string msg = "unknown command '" + name + "'";
+    return k3pack::cli::ReportDispatchError(name, "k3pack: " + msg + " (run `k3pack --help` for the list)", msg, rest);
+  }
   return it->second.run(rest);
 }
+
+}  // namespace

@@ -31,6 +31,8 @@ Status CheckRegeneratedOutput(const Args& args, const std::string& option, const
   spec.path = path;
   spec.force = args.Has("--force");
   spec.why_refused = why_refused;
+  // Before is_ours reads it: a device or pipe is never ours to replace.
+  K3_RETURN_IF_ERROR(CheckOutputKind(spec));
   auto action = DecideOutput(spec);
   if (!action.ok() && is_ours && is_ours(path)) return Status::OK();
   return action.ok() ? Status::OK() : Status(action.error());

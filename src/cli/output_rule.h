@@ -19,6 +19,7 @@
 namespace k3pack::cli {
 
 // The rule itself is shared with the Python binding (util/output_guard.h).
+using k3pack::CheckOutputKind;
 using k3pack::DecideOutput;
 using k3pack::OutputAction;
 using k3pack::OutputSpec;

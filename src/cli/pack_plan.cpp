@@ -34,6 +34,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
   }
   plan.inputs = {{"--model-config", config}};
   for (const auto& s : plan.experts.shard_paths) plan.inputs.push_back({"source shard", s});
+  for (const auto& s : kimi::ProfileSidecarsNear({config, gguf_dir})) plan.inputs.push_back({"the profile record", s});
   pack::PackOutputRequest req;
   req.path = plan.pack;
   req.inputs = plan.inputs;

@@ -11,6 +11,7 @@
 #include "k3pack/doctor.h"
 #include "k3pack/gguf.h"
 #include "kimi/tensors.h"
+#include "util/edit_distance.h"
 #include "util/file.h"
 
 namespace k3pack::doctor::internal {
@@ -132,8 +133,8 @@ struct ManifestTargets {
 };
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out);
 
-// Edit distance (insert/delete/substitute, unit costs).
-size_t EditDistance(std::string_view a, std::string_view b);
+// EditDistance: util/edit_distance.h, shared with the argument parser.
+using k3pack::EditDistance;
 
 // Python tuple repr of a numpy shape (reversed ne): "(512,)", "(1, 512)".
 std::string NumpyShapeRepr(const std::vector<int64_t>& ne);

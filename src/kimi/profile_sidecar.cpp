@@ -28,13 +28,13 @@ std::optional<std::string> RecordedIn(const std::string& path) {
   return std::nullopt;
 }
 
-}  // namespace
-
-Result<Profile> ProfileRecordedNear(const std::vector<std::string>& near) {
+// The files that may record the profile of `near`, in the order they are
+// asked: a directory's sidecar; a *.json file itself, then its directory's sidecar.
+std::vector<std::string> Candidates(const std::vector<std::string>& near) {
+  std::vector<std::string> candidates;
   for (const std::string& p : near) {
     if (p.empty()) continue;
     std::error_code ec;
-    std::vector<std::string> candidates;
     if (fs::is_directory(p, ec)) {
       candidates.push_back((fs::path(p) / kProfileSidecar).string());
     } else {
@@ -42,11 +42,28 @@ Result<Profile> ProfileRecordedNear(const std::vector<std::string>& near) {
       fs::path dir = fs::path(p).parent_path();
       candidates.push_back(((dir.empty() ? fs::path(".") : dir) / kProfileSidecar).string());
     }
-    for (const std::string& c : candidates) {
-      if (auto name = RecordedIn(c)) return ParseProfile(*name);
-    }
+  }
+  return candidates;
+}
+
+}  // namespace
+
+Result<Profile> ProfileRecordedNear(const std::vector<std::string>& near) {
+  for (const std::string& c : Candidates(near)) {
+    if (auto name = RecordedIn(c)) return ParseProfile(*name);
   }
   return Profile::kKimiK3;
+}
+
+std::vector<std::string> ProfileSidecarsNear(const std::vector<std::string>& near) {
+  std::vector<std::string> out;
+  for (const std::string& c : Candidates(near)) {
+    std::error_code ec;
+    if (fs::path(c).filename() == kProfileSidecar && fs::exists(c, ec) &&
+        std::find(out.begin(), out.end(), c) == out.end())
+      out.push_back(c);
+  }
+  return out;
 }
 
 // The options that decide the model's bytes, normalized: the same model is

@@ -23,6 +23,10 @@ inline constexpr const char* kProfileSidecar = "k3pack-profile.json";
 // contributes its k3pack section. Nothing recorded: kimi-k3.
 Result<Profile> ProfileRecordedNear(const std::vector<std::string>& near);
 
+// The sidecars that search reads for `near` (those that exist): inputs of
+// every command that resolves its profile so, which no output may replace.
+std::vector<std::string> ProfileSidecarsNear(const std::vector<std::string>& near);
+
 // The options that decide a synthetic model's bytes, normalized: the same
 // model is recognized whatever the spelling of its directory, the order of
 // the flags, whether a default was given explicitly, or whether the CLI or

@@ -4,6 +4,7 @@
 
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "kimi/profile_sidecar.h"
 
 namespace k3pack::manifest {
 
@@ -16,6 +17,8 @@ std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::st
                                    {names.pack, pack_path},
                                    {names.pack + " (its .digests)", pack::DigestsPathFor(pack_path)}};
   for (auto& f : FilesIn("a " + names.tokenizer_dir + " file", tokenizer_dir)) inputs.push_back(std::move(f));
+  // The sidecar the profile search reads (profile=None / no --profile).
+  for (auto& s : kimi::ProfileSidecarsNear({pack_path, model_config, gguf_dir})) inputs.push_back({"the profile record", s});
   std::error_code ec;
   if (fs::is_directory(gguf_dir, ec)) {
     for (auto& f : FilesIn("a shard in " + names.gguf_dir, gguf_dir)) {

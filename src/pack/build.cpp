@@ -318,7 +318,10 @@ Result<bool> CompleteInterruptedFinalize(const Paths& p, const std::string& fing
 Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   const auto t0 = Clock::now();
   if (o.out_path.empty()) return Error("BuildPack: no output path");
-  if (o.safety_margin_gib < 0) return Error("--safety-margin-gib must be non-negative");
+  // NaN fails both comparisons and passed `< 0`; converting it (or a margin
+  // past 2^34 GiB) to bytes is undefined.
+  if (!(o.safety_margin_gib >= 0 && o.safety_margin_gib <= kMaxSafetyMarginGib))
+    return Error("--safety-margin-gib must be within 0..1048576 (GiB), got " + std::to_string(o.safety_margin_gib));
   Paths p{o.out_path, PartialPathFor(o.out_path), CheckpointPathFor(o.out_path), JournalPathFor(o.out_path),
           DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
   auto log = [&](const std::string& s) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 #include "util/sha256.h"
 
@@ -111,6 +112,10 @@ Result<uint64_t> AvailableBytes(const std::string& dir) {
   if (auto fake = EnvU64("K3PACK_FAKE_FREE_BYTES")) return *fake;
   struct statvfs vfs;
   if (::statvfs(dir.c_str(), &vfs) != 0) return Error::FromErrno("statvfs failed for " + dir, errno);
+  // A filesystem that reports no size at all (ramfs, some FUSE ones: 0
+  // blocks in all) has no free-space figure to check against; taking its 0
+  // free blocks at face value refused every build there ("available=0").
+  if (vfs.f_blocks == 0) return std::numeric_limits<uint64_t>::max();
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 

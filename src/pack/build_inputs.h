@@ -68,7 +68,8 @@ class LockFile {
 };
 
 // Free bytes for an unprivileged writer in `dir` (statvfs f_bavail), or the
-// K3PACK_FAKE_FREE_BYTES test override.
+// K3PACK_FAKE_FREE_BYTES test override; UINT64_MAX (no limit to check) on a
+// filesystem that reports no size (0 blocks: ramfs).
 Result<uint64_t> AvailableBytes(const std::string& dir);
 
 // Unsigned integer from the environment (nullopt when unset or malformed).

@@ -16,6 +16,15 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
                                               {opt + " (its .lock)", LockPathFor(out)}},
                                              req.inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
+  {
+    // Also before the repair of an existing pack, which opens it for writing.
+    OutputSpec kind;
+    kind.option = opt;
+    kind.path = out;
+    kind.force = req.force;
+    kind.force_option = req.force_option;
+    K3_RETURN_IF_ERROR(CheckOutputKind(kind));
+  }
   PackOutputPlan plan;
   const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
   if (req.repair_existing && !has_partial && PathExists(out)) {

@@ -30,6 +30,14 @@ std::vector<uint64_t> SampleIndices(uint64_t n, int64_t k) {
   std::vector<uint64_t> out;
   if (k <= 0 || n == 0) return out;
   if (k == 1) return {0};
+  // k samples over n entries, spaced as SGLang spaces them; from k >= n on
+  // that is every entry once. Without this, --samples / --payload-samples
+  // of 10^14 looped 10^14 times before reading anything.
+  if (static_cast<uint64_t>(k) >= n) {
+    out.resize(n);
+    for (uint64_t i = 0; i < n; ++i) out[i] = i;
+    return out;
+  }
   const uint64_t den = static_cast<uint64_t>(k - 1);
   for (uint64_t i = 0; i < static_cast<uint64_t>(k); ++i) {
     unsigned __int128 num = static_cast<unsigned __int128>(i) * (n - 1);

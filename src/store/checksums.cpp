@@ -4,6 +4,7 @@
 // every object read before anyone sees its bytes).
 #include <fcntl.h>
 
+#include <cerrno>
 #include <cstdio>
 
 #include "k3pack/pack.h"
@@ -26,7 +27,15 @@ Result<ReadPlan> PlanObjectReads(const std::string& pack_path, const PackGeometr
     for (const auto& r : rs)
       if (r.start % 4096 != 0 || r.length % 4096 != 0)
         return Error("expert-pack direct I/O requires aligned read ranges");
-  K3_ASSIGN_OR_RETURN(plan.direct_fd, OpenReadOnly(pack_path, O_DIRECT));
+  auto direct = OpenReadOnly(pack_path, O_DIRECT);
+  if (!direct.ok() && direct.error().sys_errno() == EINVAL) {
+    // open() says only "Invalid argument": name the rule it broke.
+    return Error::FromErrno("cannot open " + pack_path + " for direct I/O (O_DIRECT)", EINVAL)
+        .WithHint("the filesystem holding it does not support O_DIRECT (ramfs, tmpfs before Linux 6.6, some FUSE "
+                  "and network filesystems): read it without direct I/O (no --direct; direct_io=False), or move "
+                  "the pack to a filesystem that supports it");
+  }
+  K3_ASSIGN_OR_RETURN(plan.direct_fd, std::move(direct));
   return plan;
 }
 

@@ -24,9 +24,26 @@ UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
 }
 
 Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
+  // O_NONBLOCK for the open only: opening a FIFO for reading waits for a
+  // writer, so a named pipe where a shard, config, manifest or trace was
+  // expected hung the command for good. Every reader here reads a file by
+  // offset or size, which a pipe has not: it is refused by name.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
   if (fd < 0) return Error::FromErrno("cannot open " + path, errno);
-  return UniqueFd(fd);
+  UniqueFd owned(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
+  if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    return Error("cannot open " + path + ": it is a " + (S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : "socket") +
+                     ", not a regular file (k3pack reads its inputs by offset)")
+        .WithHint("pass the file itself, not a pipe (copy a streamed input to a file first)");
+  }
+  if ((extra_flags & O_NONBLOCK) == 0) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+      return Error::FromErrno("cannot open " + path + ": fcntl(F_SETFL)", errno);
+  }
+  return owned;
 }
 
 Result<uint64_t> FileSize(const std::string& path) {

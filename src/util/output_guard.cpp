@@ -11,6 +11,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// "a character device", "a FIFO (named pipe)", ... for messages.
+std::string KindOf(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::regular: return "a file";
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::symlink: return "a symbolic link";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::fifo: return "a FIFO (named pipe)";
+    case fs::file_type::socket: return "a socket";
+    default: return "not a regular file";
+  }
+}
+
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
@@ -19,19 +33,39 @@ bool SameFile(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+Status CheckOutputKind(const OutputSpec& spec) {
+  std::error_code ec;
+  // A directory output may be a link to a directory (the files go into its
+  // target); a file output is looked at itself, as the final rename replaces
+  // the name, never a link's target.
+  const fs::file_status st = spec.directory ? fs::status(spec.path, ec) : fs::symlink_status(spec.path, ec);
+  if (!fs::exists(st)) return Status::OK();
+  if (spec.directory) {
+    if (fs::is_directory(st)) return Status::OK();
+    return Error(spec.option + " " + spec.path + " is " + KindOf(st) + ", not a directory", ErrorKind::kFileExists)
+        .WithHint("pass a new or empty directory as " + spec.option);
+  }
+  if (fs::is_regular_file(st) || fs::is_symlink(st)) return Status::OK();
+  // Never replaced, not even with force: --force removed or renamed over a
+  // device node (`--pack /dev/null --force` as root deleted /dev/null), a
+  // named pipe (whose check first hung waiting for a writer) or an empty
+  // directory.
+  return Error(spec.option + " " + spec.path + " is " + KindOf(st) + ", not a file: k3pack never replaces one" +
+                   (spec.force ? ", not even with " + spec.force_option : ""),
+               ErrorKind::kFileExists)
+      .WithHint("pass " + spec.option + " a path for a regular file");
+}
+
 Result<OutputAction> DecideOutput(const OutputSpec& spec) {
   std::error_code ec;
-  const fs::file_status st = fs::symlink_status(spec.path, ec);
+  const fs::file_status st = spec.directory ? fs::status(spec.path, ec) : fs::symlink_status(spec.path, ec);
   const bool exists = fs::exists(st);
   const bool empty_dir = exists && fs::is_directory(st) && fs::is_empty(spec.path, ec);
   // A checkpointed partial wins even over a finished-looking output: a build
   // killed between the final rename and its last steps must finish them.
   if (spec.has_partial) return OutputAction::kResume;
   if (!exists || (spec.directory && empty_dir)) return OutputAction::kWrite;
-  if (spec.directory && !fs::is_directory(st)) {
-    return Error(spec.option + " " + spec.path + " is a file, not a directory", ErrorKind::kFileExists)
-        .WithHint("pass a new or empty directory as " + spec.option);
-  }
+  K3_RETURN_IF_ERROR(CheckOutputKind(spec));
   if (spec.force) return OutputAction::kReplace;
   if (spec.is_finished) {
     K3_ASSIGN_OR_RETURN(bool finished, spec.is_finished());

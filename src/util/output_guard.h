@@ -49,6 +49,12 @@ struct OutputSpec {
 // and says to pass force or another path.
 Result<OutputAction> DecideOutput(const OutputSpec& spec);
 
+// An existing output must be what the rule may replace: a regular file (or
+// a link, whose name the final rename replaces), or for a directory output a
+// directory (or a link to one). A device, FIFO or socket, or a directory where
+// a file is written, is refused even with force. Absent: OK.
+Status CheckOutputKind(const OutputSpec& spec);
+
 // The rule's refusal of an existing output, for a caller that finds out
 // only later (e.g. while comparing) that the output is not its own.
 Error RefuseExisting(const OutputSpec& spec);

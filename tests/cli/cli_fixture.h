@@ -17,6 +17,7 @@ namespace k3cli {
 
 namespace fs = std::filesystem;
 using k3pack::testing_cli::Cli;
+using k3pack::testing_cli::CliVia;
 using k3pack::testing_cli::CliRun;
 
 inline std::string Q(const std::string& s) {

@@ -83,6 +83,24 @@ TEST(JsonErrors, UsageErrorsAreJsonToo) {
   EXPECT_EQ(ErrorJson(v, "verify").value("error", ""), "--samples must be non-negative");
 }
 
+TEST(JsonErrors, AnUnknownCommandOrSubCommandIsJsonToo) {
+  // Before: stdout was empty for both (the words were never parsed).
+  SplitRun r = RunSplit("bogus --json");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(Contains(r.err, "k3pack: unknown command 'bogus' (run `k3pack --help` for the list)")) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j.value("command", ""), "bogus");
+  EXPECT_EQ(j.value("error", ""), "unknown command 'bogus'");
+  EXPECT_EQ(j.value("exit_code", -1), 2);
+
+  SplitRun t = RunSplit("trace bogus --json");
+  EXPECT_EQ(t.code, 2) << t.err;
+  EXPECT_EQ(ErrorJson(t, "trace").value("error", ""), "unknown sub-command 'bogus'");
+  // Without --json stdout stays empty.
+  EXPECT_EQ(RunSplit("bogus").out, "");
+}
+
 TEST(JsonErrors, ADamagedPackIsAJsonVerdictNamingEveryDamagedPayload) {
   const std::string model = FreshModel("json-damaged");
   CliRun b = Cli("build --gguf-dir " + Q(model) + " --progress none");

@@ -169,5 +169,32 @@ TEST(PackFormat, SampleSelection) {
   EXPECT_EQ(SampleIndices(2, 3), (std::vector<uint64_t>{0, 1}));
 }
 
+// From k >= n on, SampleIndices returns every entry without running SGLang's
+// k-step loop (a --samples of 10^14 looped for hours). The shortcut must be
+// what the loop gives: SGLang's rule written out here, the duplicates
+// collapsed, for every n up to 40 and k from n to 3n.
+TEST(PackFormat, SampleSelectionOfAtLeastEveryEntryIsEveryEntryOnce) {
+  auto sglang = [](uint64_t n, uint64_t k) {
+    std::vector<uint64_t> out;
+    for (uint64_t i = 0; i < k; ++i) {
+      const uint64_t num = i * (n - 1), den = k - 1;
+      uint64_t q = num / den;
+      const uint64_t rem = num % den;
+      if (2 * rem > den || (2 * rem == den && (q & 1))) ++q;  // round half to even
+      if (out.empty() || out.back() != q) out.push_back(q);
+    }
+    return out;
+  };
+  for (uint64_t n = 2; n <= 40; ++n) {
+    std::vector<uint64_t> all(n);
+    for (uint64_t i = 0; i < n; ++i) all[i] = i;
+    for (uint64_t k = n; k <= 3 * n; ++k) {
+      ASSERT_EQ(sglang(n, k), all) << "n=" << n << " k=" << k;
+      ASSERT_EQ(SampleIndices(n, static_cast<int64_t>(k)), all) << "n=" << n << " k=" << k;
+    }
+  }
+  EXPECT_EQ(SampleIndices(144, INT64_MAX).size(), 144u);  // at once
+}
+
 }  // namespace
 }  // namespace k3pack::pack

@@ -9,7 +9,6 @@
 //    again, never published;
 //  - the digest sidecar records a CRC32C of every entry.
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 
@@ -18,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../scratch_mount.h"
 #include "pack_fixture.h"
 #include "spawn.h"
 #include "util/crc32c.h"
@@ -141,18 +141,6 @@ TEST_F(PackIntegrity, SigintOrSigtermMidCopyCheckpointsAndTheRerunResumes) {
   }
 }
 
-// A small tmpfs mounted for one test, unmounted on destruction.
-struct TmpfsMount {
-  std::string dir;
-  bool ok = false;
-  TmpfsMount(const std::string& d, uint64_t bytes) : dir(d) {
-    std::filesystem::create_directories(dir);
-    ok = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + std::to_string(bytes)).c_str()) == 0;
-  }
-  ~TmpfsMount() {
-    if (ok) ::umount2(dir.c_str(), MNT_DETACH);
-  }
-};
 
 // 17.5: a filesystem that really fills up mid-copy (a tmpfs with a filler
 // file; no periodic checkpoint happens in this run): the checkpoint of the
@@ -161,7 +149,7 @@ struct TmpfsMount {
 TEST_F(PackIntegrity, RealFullDiskStillCheckpointsTheFinishedObjects) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
   const uint64_t size = expected_->size() * 2 + (4u << 20);
-  TmpfsMount fs(*root_ + "/full", size);
+  k3pack::testing_scratch::ScratchMount fs(*root_ + "/full", "tmpfs", "size=" + std::to_string(size));
   if (!fs.ok) GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
   const std::string out = fs.dir + "/f.pack", filler = fs.dir + "/filler";
   struct statvfs sv {};

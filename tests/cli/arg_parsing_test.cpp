@@ -1,0 +1,192 @@
+// The argument parser and the numeric options with what operators really type
+// (session 15 paths-and-environment audit): `--` before a path that starts
+// with "-", an option name where a value belongs, an empty value from an
+// unset shell variable, a misspelled option, nan/inf, negative and
+// out-of-range numbers, sample counts far above the entries. Each is a usage
+// error (exit 2) naming the option, or works as asked, and never hangs:
+// commands that hung before run under `timeout`.
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.h"
+
+namespace k3cli {
+namespace {
+
+// A hang is a failure (exit 124), not a stalled test run.
+CliRun Timed(const std::string& args) { return CliVia("timeout -k 5 60", args); }
+
+// A cheap command that writes one file: a small generated trace.
+std::string TraceGen(const std::string& trace, const std::string& extra = "") {
+  return "trace gen --layers 2 --experts 16 --top-k 2 --requests 2 --decode-tokens 3 --trace " + Q(trace) + " " +
+         extra;
+}
+
+// A built copy of the tiny model (pack + manifest), once per process.
+const std::string& BuiltModel() {
+  static const std::string m = [] {
+    const std::string d = FreshModel("args-built");
+    CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(d));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return m;
+}
+
+TEST(ArgParsing, DoubleDashEndsTheOptionsSoPathsMayStartWithADash) {
+  const std::string root = Root() + "/dashes";
+  fs::create_directories(root);
+  fs::copy(BaseModel(), root + "/--model", fs::copy_options::recursive);
+  fs::copy(BaseModel(), root + "/-model", fs::copy_options::recursive);
+  // Before: `--` was taken as the PATH, then "unexpected argument -model" /
+  // "unknown option --model".
+  for (const std::string name : {"--model", "-model"}) {
+    SCOPED_TRACE(name);
+    CliRun r = CliVia("cd " + Q(root) + " &&", "inspect --summary -- " + name);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(Contains(r.out, "GGUF shard set: " + name + "/KIMI-K3-SYNTH")) << r.out;
+  }
+  // After `--` even --help is an argument (a path of that name).
+  CliRun r = CliVia("cd " + Q(root) + " &&", "inspect -- --help");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--help")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "usage:")) << r.out;
+  // --json after `--` is an argument too: no JSON error is promised then.
+  r = CliVia("cd " + Q(root) + " &&", "inspect -- --json");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.out.find('{'), std::string::npos) << r.out;
+}
+
+TEST(ArgParsing, AnOptionNameIsNeverTakenAsTheValueOfTheOptionBefore) {
+  const std::string root = Root() + "/opt-as-value";
+  fs::create_directories(root);
+  // Before: a model was written into a directory named "--force".
+  CliRun r = CliVia("cd " + Q(root) + " &&", "synth --out --force");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--out needs a value, but the next argument is the option --force "
+                              "(write --out=--force if that is the value)"))
+      << r.out;
+  EXPECT_TRUE(fs::is_empty(root));
+  r = Cli(TraceGen(root + "/t.k3t", "--seed --json"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--seed needs a value, but the next argument is the option --json")) << r.out;
+  EXPECT_TRUE(fs::is_empty(root));
+  // Attached, the value is taken as written.
+  r = CliVia("cd " + Q(root) + " &&", "synth --out=--force");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(root + "/--force/config.json"));
+}
+
+TEST(ArgParsing, EmptyValuesAndArgumentsAreUsageErrors) {
+  const std::string root = Root() + "/empty-values";
+  fs::create_directories(root);
+  // `k3pack build "$MODEL"` with MODEL unset: before, "--tokenizer-dir  does
+  // not exist" (exit 1); `synth --out ""`: "cannot create directory : Invalid argument".
+  CliRun r = CliVia("cd " + Q(root) + " &&", "build ''");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: an argument is empty (an unset shell variable?)")) << r.out;
+  for (const std::string& args : {std::string("synth --out ''"), std::string("synth --out=")}) {
+    SCOPED_TRACE(args);
+    r = CliVia("cd " + Q(root) + " &&", args);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: --out needs a value, but an empty one was given")) << r.out;
+  }
+  r = Cli("verify " + Q(BuiltModel()) + " --manifest ''");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--manifest needs a value, but an empty one was given")) << r.out;
+  EXPECT_TRUE(fs::is_empty(root));
+}
+
+TEST(ArgParsing, AMisspelledOptionGetsTheNearestName) {
+  CliRun r = Cli("verify " + Q(BuiltModel()) + " --sampels 3");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: unknown option --sampels (did you mean --samples?)")) << r.out;
+  // A unique prefix.
+  r = Cli("verify " + Q(BuiltModel()) + " --again");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: unknown option --again (did you mean --against-source?)")) << r.out;
+  // A long option written with one dash.
+  r = Cli("inspect " + Q(BaseModel()) + " -json");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: unexpected argument -json (did you mean --json?)")) << r.out;
+  // Nothing near: no guess.
+  r = Cli("inspect " + Q(BaseModel()) + " --zzzzzzzz");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: unknown option --zzzzzzzz\n")) << r.out;
+}
+
+TEST(ArgParsing, NanAndInfAreUsageErrorsNotHangsOrNanTables) {
+  const std::string root = Root() + "/non-finite";
+  fs::create_directories(root);
+  // Before: --skew nan, --skew inf and --request-skew nan spun forever
+  // drawing from a NaN Zipf distribution.
+  for (const std::string opt : {"--skew nan", "--skew inf", "--request-skew nan", "--drift -inf"}) {
+    SCOPED_TRACE(opt);
+    CliRun r = Timed(TraceGen(root + "/t.k3t", opt));
+    EXPECT_EQ(r.code, 2) << r.out;
+    const std::string name = opt.substr(0, opt.find(' ')), value = opt.substr(opt.find(' ') + 1);
+    EXPECT_TRUE(Contains(r.out, "error: " + name + " must be a finite number, got '" + value + "'")) << r.out;
+  }
+  EXPECT_TRUE(fs::is_empty(root));
+  const std::string trace = root + "/ok.k3t";
+  ASSERT_EQ(Cli(TraceGen(trace)).code, 0);
+  // Before: a table of nan (or an infinitely fast SSD), exit 0.
+  for (const std::string opt : {"--compute-us nan", "--ssd-gbps inf", "--ssd-gbps nan", "--ssd-latency-us nan"}) {
+    SCOPED_TRACE(opt);
+    CliRun r = Timed("trace sweep --progress none --sizes 8 --timing --trace " + Q(trace) + " " + opt);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "must be a finite number")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "nan us/layer")) << r.out;
+  }
+  // Before: inf passed "non-negative" and the build went ahead (its byte
+  // conversion undefined); nan refused with required=9223372036882134208.
+  const std::string m = FreshModel("non-finite-margin");
+  const auto before = Snapshot(m);
+  for (const std::string margin : {"inf", "nan", "1e300"}) {
+    SCOPED_TRACE(margin);
+    CliRun r = Cli("pack --progress none --safety-margin-gib " + margin + " " + Q(m));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: --safety-margin-gib must be ")) << r.out;
+    EXPECT_EQ(Snapshot(m), before);
+  }
+}
+
+TEST(ArgParsing, IntegerListsAndIntegersTakeDigitsOnlyAndSayWhenOutOfRange) {
+  const std::string root = Root() + "/int-lists";
+  fs::create_directories(root);
+  const std::string trace = root + "/ok.k3t";
+  ASSERT_EQ(Cli(TraceGen(trace)).code, 0);
+  // Before: "-1" was read as 2^64-1 ("18446744073709551615 57646075230342348800.00%"),
+  // " 8" and "+8" as 8, and the empty item of "8," was dropped; all exit 0.
+  for (const std::string sizes : {"-1", "' 8'", "+8", "8,", "8,,9", "0x10"}) {
+    SCOPED_TRACE(sizes);
+    CliRun r = Cli("trace sweep --progress none --trace " + Q(trace) + " --svg " + Q(root + "/s.svg") +
+                   " --sizes " + sizes);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: --sizes must be a comma-separated list of non-negative integers")) << r.out;
+    EXPECT_FALSE(fs::exists(root + "/s.svg"));
+  }
+  // Before: "must be an integer", although it is one.
+  CliRun r = Cli(TraceGen(root + "/t.k3t", "--seed 18446744073709551616"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: --seed is out of range, got '18446744073709551616'")) << r.out;
+  for (const std::string seed : {"12abc", "+5", "1e3", "0x10"}) {
+    r = Cli(TraceGen(root + "/t.k3t", "--seed " + seed));
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: --seed must be an integer, got '" + seed + "'")) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(root + "/t.k3t"));
+}
+
+TEST(ArgParsing, SampleCountsFarAboveTheEntriesCheckEveryEntryAtOnce) {
+  const std::string& m = BuiltModel();
+  // Before: the sampling loop ran 10^14 times before reading a byte (hours).
+  CliRun r = Timed("verify " + Q(m) + " --samples 99999999999999");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "is more than the 144 entries there are to sample: every one was checked")) << r.out;
+  r = Timed("manifest --progress none --force --payload-samples 99999999999999 --gguf-dir " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "payload_samples_verified=144")) << r.out;
+}
+
+}  // namespace
+}  // namespace k3cli

@@ -1,0 +1,230 @@
+// Paths, filesystems and the process environment as operators meet them
+// (session 15 paths-and-environment audit): named pipes and device nodes where
+// files are expected, a link to the output directory, the profile record as
+// an output, stdout/stderr closed or unwritable, a filesystem without O_DIRECT
+// or without a size. Commands that hung before run under `timeout`.
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "../scratch_mount.h"
+#include "cli_fixture.h"
+
+namespace k3cli {
+namespace {
+
+CliRun Timed(const std::string& args) { return CliVia("timeout -k 5 60", args); }
+
+std::string FileText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Exit code of a shell command line (-1 when it did not exit normally).
+int Shell(const std::string& cmd) {
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+mode_t TypeOf(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0;
+}
+
+const std::string& BuiltModel() {
+  static const std::string m = [] {
+    const std::string d = FreshModel("paths-built");
+    CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(d));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return m;
+}
+
+TEST(PathsEnv, AFifoWhereAnInputFileIsExpectedIsRefusedNotWaitedOn) {
+  const std::string d = Root() + "/fifo-inputs";
+  fs::create_directories(d);
+  for (const char* name : {"x-00001-of-00001.gguf", "config.json", "m.manifest.json", "t.k3t"})
+    ASSERT_EQ(::mkfifo((d + "/" + name).c_str(), 0644), 0);
+  const std::string m = FreshModel("fifo-inputs-model");
+  // Before: each waited forever in open() for a writer.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"inspect " + Q(d + "/x-00001-of-00001.gguf"), d + "/x-00001-of-00001.gguf"},
+      {"inspect " + Q(d), d + "/x-00001-of-00001.gguf"},
+      {"pack --progress none --model-config " + Q(d + "/config.json") + " --pack " + Q(m + "/o.pack") + " " + Q(m),
+       d + "/config.json"},
+      {"verify " + Q(d + "/m.manifest.json"), d + "/m.manifest.json"},
+      {"trace replay --simulate --trace " + Q(d + "/t.k3t") + " --manifest " + Q(BuiltModel()), d + "/t.k3t"},
+  };
+  for (const auto& [args, fifo] : cases) {
+    SCOPED_TRACE(args);
+    CliRun r = Timed(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "cannot open " + fifo + ": it is a FIFO (named pipe), not a regular file")) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(m + "/o.pack"));
+}
+
+TEST(PathsEnv, TraceGenAndSweepTakeTheDirectoryBuildWroteTheManifestInto) {
+  const std::string& m = BuiltModel();
+  const std::string d = Root() + "/trace-manifest-dir";
+  fs::create_directories(d);
+  // Before: "cannot read DIR: read failed at offset 0: Is a directory", while
+  // replay, verify, load and run-experts took the directory.
+  CliRun r = Cli("trace gen --requests 1 --decode-tokens 2 --trace " + Q(d + "/t.k3t") + " --manifest " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "using --manifest " + m + "/kimi-k3-expert-pack.manifest.json")) << r.out;
+  r = Cli("trace sweep --progress none --requests 1 --decode-tokens 2 --svg " + Q(d + "/s.svg") + " --manifest " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "3 layers x top-4 of 16")) << r.out;
+}
+
+TEST(PathsEnv, ForceNeverReplacesADeviceNodeAFifoOrADirectory) {
+  const std::string m = FreshModel("special-outputs");
+  ASSERT_EQ(::mkfifo((m + "/fifo.pack").c_str(), 0644), 0);
+  fs::create_directories(m + "/dir.pack");
+  // Before: the FIFO hung the "is it already built?" check; the empty
+  // directory was removed and replaced by the pack with --force.
+  CliRun r = Timed("pack --progress none --safety-margin-gib 0 --pack " + Q(m + "/fifo.pack") + " " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--pack " + m + "/fifo.pack is a FIFO (named pipe), not a file: k3pack never replaces one"))
+      << r.out;
+  r = Timed("pack --progress none --safety-margin-gib 0 --force --pack " + Q(m + "/dir.pack") + " " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--pack " + m + "/dir.pack is a directory, not a file: k3pack never replaces one, "
+                              "not even with --force"))
+      << r.out;
+  r = Timed("trace gen --layers 1 --experts 8 --top-k 2 --requests 1 --decode-tokens 2 --force --trace " +
+            Q(m + "/dir.pack"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--trace " + m + "/dir.pack is a directory, not a file")) << r.out;
+  EXPECT_EQ(TypeOf(m + "/fifo.pack"), S_IFIFO);
+  EXPECT_EQ(TypeOf(m + "/dir.pack"), S_IFDIR);
+  EXPECT_FALSE(fs::exists(m + "/fifo.pack.lock"));
+
+  // Before: `--pack /dev/null --force` (or --trace, --svg) as root removed or
+  // renamed over the device node: /dev/null became a 27 MB regular file.
+  if (::geteuid() != 0) GTEST_SKIP() << "making a device node needs root";
+  const std::string dev = m + "/null";
+  ASSERT_EQ(::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+  const std::string trace = m + "/t.k3t";
+  ASSERT_EQ(Cli("trace gen --layers 1 --experts 8 --top-k 2 --requests 1 --decode-tokens 2 --trace " + Q(trace)).code, 0);
+  for (const std::string& args :
+       {"pack --progress none --safety-margin-gib 0 --force --pack " + Q(dev) + " " + Q(m),
+        "trace gen --layers 1 --experts 8 --top-k 2 --requests 1 --decode-tokens 2 --force --trace " + Q(dev),
+        "trace sweep --progress none --sizes 4 --force --trace " + Q(trace) + " --svg " + Q(dev)}) {
+    SCOPED_TRACE(args);
+    r = Timed(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, dev + " is a character device, not a file: k3pack never replaces one, not even "
+                                      "with --force"))
+        << r.out;
+    EXPECT_EQ(TypeOf(dev), S_IFCHR);
+  }
+}
+
+TEST(PathsEnv, ALinkToADirectoryIsADirectoryOutput) {
+  const std::string d = Root() + "/dir-link";
+  fs::create_directories(d + "/real");
+  fs::create_directory_symlink("real", d + "/link");
+  // Before: "--out .../link is a file, not a directory".
+  CliRun r = Cli("synth --out " + Q(d + "/link"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/real/config.json"));
+  EXPECT_TRUE(fs::is_symlink(d + "/link"));
+  r = Cli("synth --out " + Q(d + "/link"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + d + "/link")) << r.out;
+  // A link to a file stays "a file".
+  std::ofstream(d + "/file") << "x";
+  fs::create_symlink("file", d + "/file-link");
+  r = Cli("synth --out " + Q(d + "/file-link"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--out " + d + "/file-link is a file, not a directory")) << r.out;
+}
+
+TEST(PathsEnv, TheProfileRecordIsAnInputThatNoOutputReplaces) {
+  const std::string m = FreshModel("profile-record");
+  const std::string sidecar = m + "/k3pack-profile.json";
+  const auto before = Snapshot(m);
+  // Before: build overwrote the sidecar it had read its profile from with the
+  // manifest (exit 0), and pack with the pack.
+  CliRun r = Build(m, "--force --manifest " + Q(sidecar));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--manifest " + sidecar + " is an input (the profile record)")) << r.out;
+  r = Pack(m, "--force --pack " + Q(sidecar));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--pack " + sidecar + " is an input (the profile record)")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  ASSERT_EQ(Build(m).code, 0);
+  r = Cli("manifest --progress none --force --gguf-dir " + Q(m) + " --manifest " + Q(sidecar));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--manifest " + sidecar + " is an input (the profile record)")) << r.out;
+  EXPECT_EQ(FileText(sidecar), FileText(BaseModel() + "/k3pack-profile.json"));
+}
+
+TEST(PathsEnv, ClosedStandardDescriptorsAreNeverReusedByTheFilesItOpens) {
+  const std::string m = FreshModel("closed-fds");
+  // Before: with stderr closed, the lock file opened as descriptor 2 and
+  // received every progress line and message.
+  EXPECT_EQ(Shell(std::string(K3PACK_BIN) + " build --progress json --safety-margin-gib 0 " + Q(m) + " >/dev/null 2>&-"),
+            0);
+  EXPECT_EQ(fs::file_size(m + "/KIMI-K3-SYNTH.expert-major.pack.lock"), 0u);
+  CliRun r = Cli("verify --full " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // stdout closed: its lines cannot be written, which is an error now
+  // (before: exit 0), and nothing lands in a file.
+  const std::string err = m + "/stderr.txt";
+  EXPECT_EQ(Shell(std::string(K3PACK_BIN) + " verify " + Q(m) + " >&- 2>" + Q(err)), 1);
+  EXPECT_TRUE(Contains(FileText(err), "k3pack verify: error: cannot write to standard output")) << FileText(err);
+  EXPECT_EQ(fs::file_size(m + "/KIMI-K3-SYNTH.expert-major.pack.lock"), 0u);
+  // stdin closed is harmless.
+  EXPECT_EQ(Shell(std::string(K3PACK_BIN) + " inspect --summary " + Q(m) + " <&- >/dev/null"), 0);
+}
+
+TEST(PathsEnv, AStdoutThatCannotBeWrittenIsAnErrorNotExitZero) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const std::string err = Root() + "/full-stderr.txt";
+  // Before: exit 0 with the JSON lost (`inspect --json > report.json` on a full disk).
+  for (const std::string& args : {"inspect --json " + Q(BaseModel()), "inspect " + Q(BaseModel()), std::string("--help")}) {
+    SCOPED_TRACE(args);
+    EXPECT_EQ(Shell(std::string(K3PACK_BIN) + " " + args + " >/dev/full 2>" + Q(err)), 1);
+    EXPECT_TRUE(Contains(FileText(err), "error: cannot write to standard output: No space left on device")) << FileText(err);
+  }
+}
+
+TEST(PathsEnv, AFilesystemWithoutOdirectOrASizeNamesTheRule) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a ramfs needs root";
+  k3pack::testing_scratch::ScratchMount ram(Root() + "/ramfs", "ramfs");
+  if (!ram.ok) GTEST_SKIP() << "cannot mount a ramfs here";
+  const std::string m = ram.dir + "/m";
+  fs::copy(BaseModel(), m, fs::copy_options::recursive);
+  // ramfs reports no size (0 blocks): before, "insufficient space for Kimi
+  // Expert Pack: available=0" for every build there.
+  CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  ASSERT_EQ(r.code, 0) << r.out;
+  // The build falls back to buffered I/O by itself; the store was asked for
+  // direct I/O: before, "cannot open PACK: Invalid argument".
+  for (const std::string& args : {"run-experts --tokens 1 --direct " + Q(m),
+                                  "trace replay --direct --trace " + Q(m + "/t.k3t") + " --manifest " + Q(m)}) {
+    SCOPED_TRACE(args);
+    if (Contains(args, "replay")) {
+      ASSERT_EQ(Cli("trace gen --requests 1 --decode-tokens 2 --trace " + Q(m + "/t.k3t") + " --manifest " + Q(m)).code, 0);
+    }
+    r = Cli(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "cannot open " + m + "/KIMI-K3-SYNTH.expert-major.pack for direct I/O (O_DIRECT): "
+                                "Invalid argument"))
+        << r.out;
+    EXPECT_TRUE(Contains(r.out, "hint: the filesystem holding it does not support O_DIRECT")) << r.out;
+  }
+  r = Cli("run-experts --tokens 1 " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+}  // namespace
+}  // namespace k3cli
