@@ -21,17 +21,6 @@ std::string TraceGen(const std::string& trace, const std::string& extra = "") {
          extra;
 }
 
-// A built copy of the tiny model (pack + manifest), once per process.
-const std::string& BuiltModel() {
-  static const std::string m = [] {
-    const std::string d = FreshModel("args-built");
-    CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(d));
-    EXPECT_EQ(r.code, 0) << r.out;
-    return d;
-  }();
-  return m;
-}
-
 TEST(ArgParsing, DoubleDashEndsTheOptionsSoPathsMayStartWithADash) {
   const std::string root = Root() + "/dashes";
   fs::create_directories(root);
@@ -90,18 +79,18 @@ TEST(ArgParsing, EmptyValuesAndArgumentsAreUsageErrors) {
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(Contains(r.out, "error: --out needs a value, but an empty one was given")) << r.out;
   }
-  r = Cli("verify " + Q(BuiltModel()) + " --manifest ''");
+  r = Cli("verify " + Q(BuiltTinyModel()) + " --manifest ''");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(Contains(r.out, "--manifest needs a value, but an empty one was given")) << r.out;
   EXPECT_TRUE(fs::is_empty(root));
 }
 
 TEST(ArgParsing, AMisspelledOptionGetsTheNearestName) {
-  CliRun r = Cli("verify " + Q(BuiltModel()) + " --sampels 3");
+  CliRun r = Cli("verify " + Q(BuiltTinyModel()) + " --sampels 3");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(Contains(r.out, "error: unknown option --sampels (did you mean --samples?)")) << r.out;
   // A unique prefix.
-  r = Cli("verify " + Q(BuiltModel()) + " --again");
+  r = Cli("verify " + Q(BuiltTinyModel()) + " --again");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(Contains(r.out, "error: unknown option --again (did you mean --against-source?)")) << r.out;
   // A long option written with one dash.
@@ -178,7 +167,7 @@ TEST(ArgParsing, IntegerListsAndIntegersTakeDigitsOnlyAndSayWhenOutOfRange) {
 }
 
 TEST(ArgParsing, SampleCountsFarAboveTheEntriesCheckEveryEntryAtOnce) {
-  const std::string& m = BuiltModel();
+  const std::string& m = BuiltTinyModel();
   // Before: the sampling loop ran 10^14 times before reading a byte (hours).
   CliRun r = Timed("verify " + Q(m) + " --samples 99999999999999");
   EXPECT_EQ(r.code, 0) << r.out;

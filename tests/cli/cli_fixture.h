@@ -47,6 +47,18 @@ inline std::string FreshModel(const std::string& name) {
   return d;
 }
 
+// A copy of the model built once per process (pack + manifest beside the
+// shards); callers only read it.
+inline const std::string& BuiltTinyModel() {
+  static const std::string m = [] {
+    const std::string d = FreshModel("built-once");
+    CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(d));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return d;
+  }();
+  return m;
+}
+
 // Relative path -> SHA-256 of every regular file under `dir` ("<dir>" for directories).
 inline std::map<std::string, std::string> Snapshot(const std::string& dir) {
   std::map<std::string, std::string> out;

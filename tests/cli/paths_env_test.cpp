@@ -35,16 +35,6 @@ mode_t TypeOf(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0 ? (st.st_mode & S_IFMT) : 0;
 }
 
-const std::string& BuiltModel() {
-  static const std::string m = [] {
-    const std::string d = FreshModel("paths-built");
-    CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(d));
-    EXPECT_EQ(r.code, 0) << r.out;
-    return d;
-  }();
-  return m;
-}
-
 TEST(PathsEnv, AFifoWhereAnInputFileIsExpectedIsRefusedNotWaitedOn) {
   const std::string d = Root() + "/fifo-inputs";
   fs::create_directories(d);
@@ -58,7 +48,7 @@ TEST(PathsEnv, AFifoWhereAnInputFileIsExpectedIsRefusedNotWaitedOn) {
       {"pack --progress none --model-config " + Q(d + "/config.json") + " --pack " + Q(m + "/o.pack") + " " + Q(m),
        d + "/config.json"},
       {"verify " + Q(d + "/m.manifest.json"), d + "/m.manifest.json"},
-      {"trace replay --simulate --trace " + Q(d + "/t.k3t") + " --manifest " + Q(BuiltModel()), d + "/t.k3t"},
+      {"trace replay --simulate --trace " + Q(d + "/t.k3t") + " --manifest " + Q(BuiltTinyModel()), d + "/t.k3t"},
   };
   for (const auto& [args, fifo] : cases) {
     SCOPED_TRACE(args);
@@ -70,7 +60,7 @@ TEST(PathsEnv, AFifoWhereAnInputFileIsExpectedIsRefusedNotWaitedOn) {
 }
 
 TEST(PathsEnv, TraceGenAndSweepTakeTheDirectoryBuildWroteTheManifestInto) {
-  const std::string& m = BuiltModel();
+  const std::string& m = BuiltTinyModel();
   const std::string d = Root() + "/trace-manifest-dir";
   fs::create_directories(d);
   // Before: "cannot read DIR: read failed at offset 0: Is a directory", while
