@@ -56,7 +56,6 @@ std::vector<std::string> CommaFields(const std::string& s) {
 
 Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string& what) {
   std::vector<uint64_t> out;
-  if (s.empty()) return Error(what + " must be a comma-separated list of non-negative integers, got ''");
   for (const std::string& item : CommaFields(s)) {
     // Digits only: stoull took "-1" as 2^64-1 (a 57646075230342348800% cache
     // share), and " 8" or "+8" as 8.
