@@ -41,7 +41,7 @@ std::string JournalSha(const std::vector<Digest>& d, uint64_t entries) {
 }
 
 Result<UniqueFd> OpenRw(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | flags, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | flags, kNewFileMode);
   if (fd < 0) return Error::FromErrno("cannot open " + path, errno);
   return UniqueFd(fd);
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "util/file.h"
 #include "util/sha256.h"
 
 namespace k3pack::pack {
@@ -82,7 +83,7 @@ Result<uint32_t> SourceTag(const ExpertSet& ex) {
 }
 
 Result<LockFile> LockFile::Acquire(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, kNewFileMode);
   if (fd < 0) return Error::FromErrno("cannot open lock file " + path, errno);
   LockFile lock;
   lock.fd_ = UniqueFd(fd);

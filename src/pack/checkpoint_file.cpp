@@ -7,6 +7,8 @@
 
 #include <cerrno>
 
+#include "util/file.h"
+
 namespace k3pack::pack {
 namespace {
 
@@ -23,7 +25,7 @@ Result<std::string> Padded(const std::string& path, const Checkpoint& c) {
 
 // Opens (creating) `path` and allocates its kCheckpointFileBytes.
 Result<UniqueFd> OpenReserved(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, kNewFileMode);
   if (fd < 0) return Error::FromErrno("cannot open " + path, errno);
   UniqueFd out(fd);
   int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kCheckpointFileBytes));

@@ -109,7 +109,7 @@ Result<AtomicFile> AtomicFile::Create(const std::string& path, bool exclusive) {
   f.path_ = path;
   f.tmp_ = path + ".tmp";
   const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC);
-  f.fd_ = UniqueFd(::open(f.tmp_.c_str(), flags, 0644));
+  f.fd_ = UniqueFd(::open(f.tmp_.c_str(), flags, kNewFileMode));
   if (!f.fd_.valid()) return Error::FromErrno("cannot write " + path, errno).WithHint(kAtomicHint);
   return f;
 }

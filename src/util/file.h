@@ -3,6 +3,8 @@
 // every k3pack output goes through.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -34,6 +36,11 @@ class UniqueFd {
 };
 
 Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags = 0);
+
+// Mode for every file k3pack creates: the umask decides what is taken away,
+// as it does for cp and for Python's open() (SGLang's writer), so a group
+// that shares a model directory under umask 002 can manage the outputs.
+inline constexpr mode_t kNewFileMode = 0666;
 Result<uint64_t> FileSize(const std::string& path);
 bool PathExists(const std::string& path);
 

@@ -176,6 +176,30 @@ TEST(PathsEnv, ClosedStandardDescriptorsAreNeverReusedByTheFilesItOpens) {
   EXPECT_EQ(Shell(std::string(K3PACK_BIN) + " inspect --summary " + Q(m) + " <&- >/dev/null"), 0);
 }
 
+TEST(PathsEnv, TheUmaskAloneDecidesTheModeOfEveryFileWritten) {
+  const std::string d = Root() + "/umask-002";
+  fs::remove_all(d);
+  // Before: every file was created 0644, so a group sharing the directory
+  // under umask 002 could not replace or repair what k3pack wrote.
+  const std::string bin = K3PACK_BIN;
+  ASSERT_EQ(Shell("umask 002 && " + bin + " synth --preset tiny --seed 1 --out " + Q(d) + " >/dev/null && " + bin +
+                  " build --progress none --safety-margin-gib 0 " + Q(d) + " >/dev/null"),
+            0);
+  int checked = 0;
+  for (const auto& e : fs::recursive_directory_iterator(d)) {
+    if (!e.is_regular_file()) continue;
+    struct stat st {};
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0664u) << e.path();
+    ++checked;
+  }
+  EXPECT_GE(checked, 8) << "shards, config, tokenizer, pack, its sidecars and the manifest";
+  ASSERT_EQ(Shell("umask 077 && " + bin + " manifest --progress none --force --gguf-dir " + Q(d) + " >/dev/null"), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat((d + "/kimi-k3-expert-pack.manifest.json").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
 TEST(PathsEnv, AStdoutThatCannotBeWrittenIsAnErrorNotExitZero) {
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   const std::string err = Root() + "/full-stderr.txt";
