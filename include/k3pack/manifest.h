@@ -131,6 +131,10 @@ struct TokenizerFile {
 };
 
 struct TokenizerRecord {
+  // false: the manifest has no tokenizer section (absent or null). No SGLang
+  // reader of the manifest reads it (store, non-expert iterator), so such a
+  // manifest is served; verify says the tokenizer was not checked.
+  bool recorded = true;
   std::string path;
   std::vector<TokenizerFile> files;
   std::string inventory_sha256;

@@ -106,6 +106,11 @@ int RunVerify(const std::vector<std::string>& argv) {
                 j["shards_checked"].get<size_t>(), j["payload_mode"].get<std::string>().c_str(),
                 j["entries_checked"].get<unsigned long long>(), how.c_str(),
                 HumanDuration(j["seconds"].get<double>()).c_str(), j["mb_per_s"].get<double>());
+    if (!j.value("tokenizer_checked", true))
+      std::printf("  tokenizer: not recorded in the manifest, not checked\n");
+    if (j.value("digest_sidecar", "") == "missing")
+      std::printf("  no digest sidecar (a pack k3pack did not write): every payload was compared with the GGUF "
+                  "source only\n");
     if (j.contains("ep")) {
       const auto& e = j["ep"];
       std::printf("  expert-parallel rank %s of %s (experts %s..%u): %s entries of the other ranks skipped "

@@ -348,8 +348,12 @@ Result<Manifest> ParseManifest(const json& j) {
   K3_ASSIGN_OR_RETURN(m.source, SourceOf(source));
   K3_ASSIGN_OR_RETURN(Obj pack, root.Child("expert_pack"));
   K3_ASSIGN_OR_RETURN(m.expert_pack, ExpertPackOf(pack));
-  K3_ASSIGN_OR_RETURN(Obj tok, root.Child("tokenizer"));
-  K3_ASSIGN_OR_RETURN(m.tokenizer, TokenizerOf(tok));
+  if (root.Has("tokenizer") && !j["tokenizer"].is_null()) {
+    K3_ASSIGN_OR_RETURN(Obj tok, root.Child("tokenizer"));
+    K3_ASSIGN_OR_RETURN(m.tokenizer, TokenizerOf(tok));
+  } else {
+    m.tokenizer.recorded = false;
+  }
   K3_ASSIGN_OR_RETURN(Obj ver, root.Child("verification"));
   K3_ASSIGN_OR_RETURN(m.verification.structure, ver.Str("structure"));
   K3_ASSIGN_OR_RETURN(m.verification.payload_samples, ver.Int("payload_samples"));
