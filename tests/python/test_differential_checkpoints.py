@@ -248,7 +248,7 @@ class DifferentialCheckpoints(unittest.TestCase):
 
     def test_expert_types(self):
         for types in ("Q4_K,Q5_K,Q6_K", "IQ2_XXS,IQ3_S,IQ4_XS", "IQ1_S,IQ1_M,IQ2_S", "Q4_0,Q8_0,Q5_1",
-                      "Q4_1,Q5_0,IQ4_NL", "TQ1_0,TQ2_0,MXFP4", "F16,BF16,F32"):
+                      "Q4_1,Q5_0,IQ4_NL", "TQ1_0,TQ2_0,MXFP4", "Q1_0,Q2_0,NVFP4", "Q8_K,Q8_K,Q8_K", "F16,BF16,F32"):
             with self.subTest(types=types):
                 self.assert_agrees(self.synth("types-" + types.replace(",", "-"), "--expert-types", types), extra=MIXED)
 
