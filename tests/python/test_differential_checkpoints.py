@@ -314,6 +314,22 @@ class DifferentialCheckpoints(unittest.TestCase):
             with self.subTest(layout=name):
                 self.assert_agrees(self.relayout(name, **kw))
 
+    def test_hugging_face_cache_layout(self):
+        # A snapshot directory of links to content-named blobs: the manifest
+        # names the blobs (SGLang records each shard's resolved path).
+        root = os.path.join(self.tmp.path, "hf")
+        blobs, snap = os.path.join(root, "blobs"), os.path.join(root, "snapshot")
+        os.makedirs(blobs)
+        shutil.copytree(self.base.path, snap, ignore=shutil.ignore_patterns("*.gguf"))
+        for i, path in enumerate(self.base.shards):
+            shutil.copy(path, os.path.join(blobs, "%040x" % (i + 1)))
+            os.symlink(os.path.join("..", "blobs", "%040x" % (i + 1)), os.path.join(snap, os.path.basename(path)))
+        v = Variety(snap)
+        self.assert_agrees(v)
+        with open(v.manifest, encoding="utf-8") as f:
+            paths = [s["path"] for s in json.load(f)["source"]["shards"]]
+        self.assertEqual(paths, [os.path.join(os.path.realpath(blobs), "%040x" % (i + 1)) for i in range(len(paths))])
+
     def test_layouts_sglang_accepts_pass_the_build_gate(self):
         # Without --allow-unsupported `build` refuses what SGLang cannot load;
         # tiny's slabs are 4096 multiples, so a layout alone must not trip it.
