@@ -227,9 +227,12 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   o.ep = rank;
   std::string payload_mode;
   if (full) {
-    o.against_digests = true;
+    // A pack another builder wrote (SGLang's prepare_kimi_pack) has no digest
+    // sidecar; with --against-source every payload still has its GGUF bytes
+    // to be compared with.
     o.against_source = options.against_source;
-    payload_mode = o.against_source ? "full+source" : "full";
+    o.against_digests = !o.against_source || PathExists(pack::DigestsPathFor(pack_path));
+    payload_mode = !o.against_digests ? "full-source" : o.against_source ? "full+source" : "full";
   } else {
     o.against_digests = false;
     o.against_source = true;

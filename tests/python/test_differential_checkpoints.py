@@ -314,6 +314,38 @@ class DifferentialCheckpoints(unittest.TestCase):
             with self.subTest(layout=name):
                 self.assert_agrees(self.relayout(name, **kw))
 
+    def test_a_pack_sglang_wrote(self):
+        # SGLang's writer leaves no digest sidecar: k3pack's manifest of its
+        # pack is SGLang's, and `verify --full --against-source` (which the
+        # missing-sidecar hint names) compares every payload with the GGUF.
+        v = Variety(self.base.path)
+        v.out = os.path.join(self.tmp.path, "sglang-pack")
+        v.pack = os.path.join(v.out, "KIMI-K3-SYNTH.expert-major.pack")
+        v.manifest = os.path.join(v.out, "kimi-k3-expert-pack.manifest.json")
+        os.makedirs(v.out)
+        sglang_writer_ref.write_pack(v.shards, v.pack)
+        _, _, entries, _ = sglang_writer_ref.layout(v.shards)
+        _util.run_cli("manifest", v.path, "--pack", v.pack, "--manifest", v.manifest, "--profile", "scaled",
+                      "--no-full-source-hashes", "--progress", "none")
+        self.assert_pack_and_manifest(v, "scaled")
+        r = _util.run_cli("verify", v.manifest, "--full", "--progress", "none", check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("`--full --against-source` compares every payload with the GGUF shards instead", r.stderr)
+        r = _util.run_cli("verify", v.manifest, "--full", "--against-source", "--json", "--progress", "none",
+                          check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual((report["payload_mode"], report["entries_checked"]), ("full-source", len(entries)))
+        # One flipped byte of the last payload but one, which no sample reaches.
+        with open(v.pack, "r+b") as f:
+            f.seek(entries[-2][2] + 7)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x40]))
+        r = _util.run_cli("verify", v.manifest, "--full", "--against-source", "--progress", "none", check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("expert-pack payload does not match GGUF source for %s expert %d" % entries[-2][:2], r.stderr)
+
     def test_hugging_face_cache_layout(self):
         # A snapshot directory of links to content-named blobs: the manifest
         # names the blobs (SGLang records each shard's resolved path).
