@@ -142,11 +142,12 @@ class DifferentialCheckpoints(unittest.TestCase):
 
     # -------------------------------------------------------------- checks
 
-    def assert_agrees(self, v, profile="scaled", extra=()):
+    def assert_agrees(self, v, profile="scaled", extra=(), stream=True):
         r = v.build(profile, extra)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assert_pack_and_manifest(v, profile)
-        self.assert_streams(v)
+        if stream:
+            self.assert_streams(v)
         self.assert_store_reads(v)
 
     def assert_pack_and_manifest(self, v, profile, copy_payloads=True):
@@ -250,7 +251,9 @@ class DifferentialCheckpoints(unittest.TestCase):
         for types in ("Q4_K,Q5_K,Q6_K", "IQ2_XXS,IQ3_S,IQ4_XS", "IQ1_S,IQ1_M,IQ2_S", "Q4_0,Q8_0,Q5_1",
                       "Q4_1,Q5_0,IQ4_NL", "TQ1_0,TQ2_0,MXFP4", "Q1_0,Q2_0,NVFP4", "Q8_K,Q8_K,Q8_K", "F16,BF16,F32"):
             with self.subTest(types=types):
-                self.assert_agrees(self.synth("types-" + types.replace(",", "-"), "--expert-types", types), extra=MIXED)
+                # The stream skips routed experts: the base model's case covers it.
+                self.assert_agrees(self.synth("types-" + types.replace(",", "-"), "--expert-types", types), extra=MIXED,
+                                   stream=False)
 
     def test_default_types_and_mixes_across_layers(self):
         self.assert_agrees(self.base)
@@ -263,7 +266,8 @@ class DifferentialCheckpoints(unittest.TestCase):
     def test_non_routed_float_and_quantized_types(self):
         for i, spec in enumerate(("shexp=BF16;ffn_routed=F16;token_embd=BF16;output.weight=F32",
                                   "norm=F16;exp_probs_b=F16;conv1d=F16;res_score=BF16",
-                                  "ffn_gate_inp=Q8_0;res_score=Q8_0", "attn_k_b=Q8_0;attn_v_b=Q8_0;output.weight=Q6_K")):
+                                  "ffn_gate_inp=Q8_0;res_score=Q8_0",
+                                  "attn_k_b=Q8_0;attn_v_b=Q8_0;output.weight=Q6_K")):
             with self.subTest(spec=spec):
                 self.assert_agrees(self.synth("nonrouted-%d" % i, "--tensor-type", spec))
 
