@@ -56,12 +56,9 @@ def expert_tensors(shard_paths):
     return found, experts
 
 
-def write_pack(shard_paths, out):
-    if os.path.exists(out):
-        raise FileExistsError(f"refusing to overwrite existing Expert Pack: {out}")
-    partial = out + ".partial"
-    if os.path.exists(partial):
-        raise FileExistsError(f"partial Expert Pack already exists: {partial}")
+def layout(shard_paths):
+    """(entry count, data_start, entries, final size); an entry is
+    (name, expert, pack offset, bytes, shard path, source offset)."""
     found, experts = expert_tensors(shard_paths)
     layers = sorted({layer for layer, _ in found})
     count = len(layers) * experts * len(ROLE_ORDER)
@@ -74,17 +71,32 @@ def write_pack(shard_paths, out):
                 cursor = _align(cursor)
                 entries.append((f"blk.{layer}.ffn_{role}_exps.weight", e, cursor, nbytes, path, offset + e * nbytes))
                 cursor += nbytes
-    final_size = cursor
+    return count, data_start, entries, cursor
+
+
+def header_and_index(count, data_start, entries):
+    """The pack's first 40 + 152 * count bytes."""
+    out = [PACK_HEADER.pack(PACK_MAGIC, 1, PACK_HEADER.size, count, data_start)]
+    for name, e, offset, nbytes, _, _ in entries:
+        encoded = name.encode("utf-8")
+        if len(encoded) >= 128:
+            raise ValueError(f"expert tensor name is too long for the Pack index: {name}")
+        out.append(PACK_ENTRY.pack(encoded, e, 0, offset, nbytes))
+    return b"".join(out)
+
+
+def write_pack(shard_paths, out):
+    if os.path.exists(out):
+        raise FileExistsError(f"refusing to overwrite existing Expert Pack: {out}")
+    partial = out + ".partial"
+    if os.path.exists(partial):
+        raise FileExistsError(f"partial Expert Pack already exists: {partial}")
+    count, data_start, entries, final_size = layout(shard_paths)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     sources = {p: open(p, "rb", buffering=0) for p in shard_paths}
     try:
         with open(partial, "xb") as f:
-            f.write(PACK_HEADER.pack(PACK_MAGIC, 1, PACK_HEADER.size, count, data_start))
-            for name, e, offset, nbytes, _, _ in entries:
-                encoded = name.encode("utf-8")
-                if len(encoded) >= 128:
-                    raise ValueError(f"expert tensor name is too long for the Pack index: {name}")
-                f.write(PACK_ENTRY.pack(encoded, e, 0, offset, nbytes))
+            f.write(header_and_index(count, data_start, entries))
             f.write(b"\0" * (data_start - f.tell()))
             for _, _, offset, nbytes, path, src in entries:
                 if offset < f.tell():

@@ -163,6 +163,13 @@ gguf::MetadataBuilder BuildMetadata(const SynthOptions& o, const SynthDims& d, c
   return m;
 }
 
+// Quantized (block) types get random quant blocks; element types can hold
+// computed values.
+bool IsBlockType(GgmlType type) {
+  const GgmlTypeInfo* info = GgmlTypeInfoFor(type);
+  return info != nullptr && info->quantized;
+}
+
 // Values of one ssm_a tensor, with the requested defect.
 std::vector<float> SsmAValues(uint64_t seed, int64_t n, std::optional<Fault> fault) {
   std::vector<float> v(static_cast<size_t>(n));
@@ -261,6 +268,11 @@ Result<ModelPlan> PlanModel(const SynthOptions& o) {
     if (!Has(o, ssm_kinds[k])) continue;
     if (kda.empty()) return Error("synth: fault " + std::string(FaultName(ssm_kinds[k])) + " needs a KDA layer");
     const std::string name = "blk." + std::to_string(kda[std::min(k, kda.size() - 1)]) + ".ssm_a";
+    if (const auto t = find(name); t != table.end() && IsBlockType(t->type)) {
+      // The defect is a value pattern; random quant blocks cannot carry it.
+      return Error("synth: fault " + std::string(FaultName(ssm_kinds[k])) + " needs a float " + name + ", not " +
+                   std::string(GgmlTypeName(t->type)) + " (see --tensor-type)");
+    }
     if (!ssm_faults.emplace(name, ssm_kinds[k]).second) {
       return Error("synth: faults " + std::string(FaultName(ssm_faults[name])) + " and " +
                    std::string(FaultName(ssm_kinds[k])) + " would both hit " + name +
@@ -311,13 +323,11 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
     const uint64_t bytes = TensorBytes(t);
     padded.push_back((bytes + 31) / 32 * 32);
     const uint64_t seed = TensorSeed(o.seed, t.name);
-    if (t.role == TensorRole::kSsmA) {
+    if (t.role == TensorRole::kSsmA && !IsBlockType(t.type)) {
       auto it = ssm_faults.find(t.name);
       auto vals = std::make_shared<std::vector<float>>(
           SsmAValues(seed, t.ne[0], it == ssm_faults.end() ? std::nullopt : std::optional<Fault>(it->second)));
-      s.fill = [vals](uint64_t off, std::span<uint8_t> out) {
-        std::memcpy(out.data(), reinterpret_cast<const uint8_t*>(vals->data()) + off, out.size());
-      };
+      s.fill = [vals, type = t.type](uint64_t off, std::span<uint8_t> out) { EncodeFloats(type, *vals, off, out); };
     } else if (bytes <= o.hole_threshold_bytes) {
       const FillPlan fp{t.type, KindFor(t.role), seed};
       s.fill = [fp](uint64_t off, std::span<uint8_t> out) { FillRange(fp, off, out); };

@@ -34,7 +34,8 @@ double Uniform(uint64_t seed, uint64_t i) {
 uint16_t FloatToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  u += 0x7FFF + ((u >> 16) & 1);  // round to nearest even (values here are finite)
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7FFF + ((u >> 16) & 1);  // round to nearest even
   return static_cast<uint16_t>(u >> 16);
 }
 
@@ -97,19 +98,9 @@ void PatchScales(GgmlType t, uint64_t r, uint8_t* block) {
   }
 }
 
-// One storage unit (an element, or a block of a block type).
-void MakeUnit(const FillPlan& p, const GgmlTypeInfo& info, uint64_t unit, uint8_t* out) {
-  if (info.quantized) {
-    const uint64_t base = Mix64(p.seed ^ (unit * 0xA0761D6478BD642Full));
-    for (uint32_t w = 0; w * 8 < info.type_size; ++w) {
-      const uint64_t r = Mix64(base + w);
-      std::memcpy(out + w * 8, &r, std::min<uint32_t>(8, info.type_size - w * 8));
-    }
-    PatchScales(p.type, base, out);
-    return;
-  }
-  const float v = ElementValue(p.kind, p.seed, unit);
-  switch (p.type) {
+// One element of a non-block type (8 bytes at most).
+void EncodeElement(GgmlType type, const GgmlTypeInfo& info, float v, uint8_t* out) {
+  switch (type) {
     case GgmlType::F32: std::memcpy(out, &v, 4); break;
     case GgmlType::F64: { const double d = v; std::memcpy(out, &d, 8); break; }
     case GgmlType::F16: { const uint16_t h = FloatToHalf(v); std::memcpy(out, &h, 2); break; }
@@ -122,7 +113,37 @@ void MakeUnit(const FillPlan& p, const GgmlTypeInfo& info, uint64_t unit, uint8_
   }
 }
 
+// One storage unit (an element, or a block of a block type).
+void MakeUnit(const FillPlan& p, const GgmlTypeInfo& info, uint64_t unit, uint8_t* out) {
+  if (info.quantized) {
+    const uint64_t base = Mix64(p.seed ^ (unit * 0xA0761D6478BD642Full));
+    for (uint32_t w = 0; w * 8 < info.type_size; ++w) {
+      const uint64_t r = Mix64(base + w);
+      std::memcpy(out + w * 8, &r, std::min<uint32_t>(8, info.type_size - w * 8));
+    }
+    PatchScales(p.type, base, out);
+    return;
+  }
+  EncodeElement(p.type, info, ElementValue(p.kind, p.seed, unit), out);
+}
+
 }  // namespace
+
+void EncodeFloats(GgmlType type, std::span<const float> values, uint64_t offset, std::span<uint8_t> out) {
+  const GgmlTypeInfo* info = GgmlTypeInfoFor(type);
+  if (info == nullptr || info->quantized || info->type_size == 0) return;
+  const uint64_t size = info->type_size;
+  uint8_t unit[8] = {};
+  const uint64_t end = offset + out.size();
+  for (uint64_t pos = offset; pos < end;) {
+    const uint64_t i = pos / size;
+    const uint64_t from = pos - i * size;
+    const uint64_t n = std::min(size - from, end - pos);
+    EncodeElement(type, *info, i < values.size() ? values[i] : 0.0f, unit);
+    std::memcpy(out.data() + (pos - offset), unit + from, n);
+    pos += n;
+  }
+}
 
 float ElementValue(ValueKind kind, uint64_t seed, uint64_t i) {
   const double u = Uniform(seed, i);

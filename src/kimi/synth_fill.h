@@ -44,6 +44,12 @@ float ElementValue(ValueKind kind, uint64_t seed, uint64_t i);
 // Writes bytes [offset, offset + out.size()) of the tensor's data.
 void FillRange(const FillPlan& plan, uint64_t offset, std::span<uint8_t> out);
 
+// Writes bytes [offset, offset + out.size()) of `values` stored as `type`, a
+// non-block type (F32, F16, BF16, F64, integers); nothing for a block type.
+// How a tensor whose values are computed up front (ssm_a) honours a type
+// override: its bytes are those values in the tensor's own storage type.
+void EncodeFloats(GgmlType type, std::span<const float> values, uint64_t offset, std::span<uint8_t> out);
+
 // Where a block type keeps its scales, for the writer and for checks.
 enum class ScaleKind { kF16, kF32, kE8M0, kUE4M3, kIQ1MScattered };
 struct ScaleField {

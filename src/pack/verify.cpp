@@ -33,7 +33,8 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
     const std::string dpath = DigestsPathFor(pack_path);
     if (!PathExists(dpath)) {
       return Error("digest sidecar " + dpath + " is missing", ErrorKind::kFileNotFound)
-          .WithHint("it is written by `k3pack pack`; use --against-source to verify against the GGUF shards instead");
+          .WithHint("it is written by `k3pack pack`; `--full --against-source` compares every payload with the GGUF "
+                    "shards instead");
     }
     K3_ASSIGN_OR_RETURN(digests, ReadPackDigests(dpath));
     if (digests->index_count != layout.index_count() || digests->pack_size != static_cast<uint64_t>(st.st_size) ||

@@ -11,6 +11,7 @@ The iterator follows kimi_k3_nonexpert_weights_iterator (sglang doc 5.1-5.3,
 """
 
 import json
+import math
 import os
 import re
 import struct
@@ -50,6 +51,21 @@ class OracleTensor:
         self.nbytes = n * self.type_size // self.block
         self.data_offset = None
         self.data = None
+
+
+def metadata_kv(gguf, keys=None):
+    """An OracleGGUF's metadata (or the `keys` of it) as write_gguf's kv list."""
+    by_name = {v: k for k, v in VALUE_TYPE_NAMES.items()}
+    out = []
+    for key, value in gguf.metadata.items():
+        if keys is not None and key not in keys:
+            continue
+        tname = gguf.metadata_types[key]
+        if tname.startswith("ARRAY["):
+            out.append((key, 9, (by_name[tname[6:-1]], value)))
+        else:
+            out.append((key, by_name[tname], value))
+    return out
 
 
 class OracleGGUF:
@@ -144,10 +160,12 @@ def _pack_value(vtype, value):
     return struct.pack("<" + VALUE_TYPES[vtype][0], value)
 
 
-def write_gguf(path, kv, tensors, alignment=32):
+def write_gguf(path, kv, tensors, alignment=32, version=3):
     """kv: list of (key, vtype, value) (arrays: value = (etype, items));
-    tensors: list of (name, type_name, dims (ne order), bytes)."""
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv))
+    tensors: list of (name, type_name, dims (ne order), bytes). `alignment`
+    is only the layout: a general.alignment key, if wanted, is the caller's.
+    Versions 2 and 3 share one layout."""
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kv))
     for key, vtype, value in kv:
         head += _pack_str(key) + struct.pack("<I", vtype) + _pack_value(vtype, value)
     offset = 0
@@ -227,8 +245,8 @@ def torch_dtype_name(arr):
 def sglang_nonexpert_weights(manifest_path, torch_a_log=False):
     """Yields (name, numpy array, torch dtype name) as SGLang's iterator would
     (arrays are copies, like torch.tensor(tensor.data)); raises SGLang's
-    exception types and texts. A_log is correctly rounded (log in double,
-    rounded once), or with torch_a_log=True exactly SGLang's
+    exception types and texts. A_log is correctly rounded (C's log in double,
+    rounded once to the source type), or with torch_a_log=True exactly SGLang's
     torch.log(-torch.tensor(raw))."""
     with open(manifest_path, encoding="utf-8") as f:
         manifest = json.load(f)
@@ -267,7 +285,10 @@ def sglang_nonexpert_weights(manifest_path, torch_a_log=False):
 
                         value = torch.log(-torch.tensor(raw)).numpy()
                     else:
-                        value = np.log(-raw.astype(np.float64)).astype(raw.dtype)
+                        # math.log (C's log, correctly rounded in glibc), not
+                        # np.log: numpy's vectorized float64 log can be 1 ulp off.
+                        value = np.array([math.log(-x) for x in raw.astype(np.float64).ravel()],
+                                         dtype=np.float64).reshape(raw.shape).astype(raw.dtype)
                 elif len(targets) == 2:
                     if raw.ndim != 1:
                         raise ValueError("Kimi-K3 attention-residual score must be a vector, got %r"
