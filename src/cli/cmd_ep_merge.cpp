@@ -12,6 +12,7 @@
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
 #include "k3pack/pack.h"
+#include "pack/build_inputs.h"
 #include "pack/merge.h"
 #include "pack/progress.h"
 #include "util/format.h"
@@ -48,6 +49,10 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
                                                                               pack::PartialPathFor(out)}},
       inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--pack", out));
+  // Held from the decision below to the merge's end (which takes it again):
+  // a --force never removes what another writer of this pack is working on.
+  auto lock = pack::LockPackIfLockFileExists(out);
+  if (!lock.ok()) return lock.error();
   OutputSpec spec;
   spec.option = "--pack";
   spec.path = out;

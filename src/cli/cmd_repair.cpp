@@ -11,6 +11,7 @@
 #include "cli/profile.h"
 #include "k3pack/doctor.h"
 #include "util/file.h"
+#include "util/lock_file.h"
 #include "util/utf8.h"
 
 namespace {
@@ -63,6 +64,10 @@ int RunRepair(const std::vector<std::string>& argv) {
   const auto& pos = args.positionals();
   using k3pack::cli::OutputAction;
   const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"));
+  // Held from the look at OUT to the record written last (Repair, which
+  // makes a missing OUT, takes it again): two repairs into one directory, or
+  // a --force beside a running repair, would leave shards of both.
+  std::optional<k3pack::LockFile> out_lock;
   {
     k3pack::Status in_ok = k3pack::cli::CheckGgufDir("IN", pos[0]);
     if (!in_ok.ok()) return k3pack::cli::ReportError("repair", in_ok.error());
@@ -74,6 +79,11 @@ int RunRepair(const std::vector<std::string>& argv) {
       return k3pack::cli::ReportError(
           "repair", k3pack::Error("OUT " + pos[1] + " is the input IN; the input is never modified")
                         .WithHint("pass a new or empty directory as OUT"));
+    }
+    if (fs::is_directory(pos[1], ec)) {
+      auto lock = k3pack::LockFile::Acquire(pos[1], "repairing a shard set into " + pos[1]);
+      if (!lock.ok()) return k3pack::cli::ReportError("repair", lock.error());
+      out_lock = std::move(*lock);
     }
     k3pack::cli::OutputSpec spec;
     spec.option = "OUT";

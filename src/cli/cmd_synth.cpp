@@ -10,6 +10,7 @@
 #include "cli/output_rule.h"
 #include "cli/profile.h"
 #include "util/file.h"
+#include "util/lock_file.h"
 #include "util/utf8.h"
 #include "k3pack/synth.h"
 
@@ -178,6 +179,19 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
   spec.is_finished = [&]() -> Result<bool> { return kimi::SynthSidecarRecords(opts->out_dir, recipe, args_given); };
   spec.why_refused = "it is not a model written by `k3pack synth` with these options";
+  // Held from the look at --out to the last file: a second synth into the
+  // same directory took the first one's marker for an interrupted run and
+  // removed its temporary files under it. A missing --out is locked once
+  // made (below).
+  std::optional<LockFile> out_lock;
+  auto lock_out = [&]() -> Status {
+    K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(opts->out_dir, "writing a synthetic model into " + opts->out_dir));
+    out_lock = std::move(lock);
+    return Status::OK();
+  };
+  if (std::error_code dir_ec; std::filesystem::is_directory(opts->out_dir, dir_ec)) {
+    if (Status st = lock_out(); !st.ok()) return ReportError(kCmd, st.error());
+  }
   if (PathExists(marker)) {
     // Our own interrupted (or failed) write: start over, as its message said.
     std::cerr << "k3pack synth: note: " << opts->out_dir << " holds an interrupted synth; starting over\n";
@@ -195,6 +209,9 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   std::error_code ec;
   std::filesystem::create_directories(opts->out_dir, ec);
   if (ec) return ReportError(kCmd, Error("cannot create directory " + opts->out_dir + ": " + ec.message()));
+  if (!out_lock) {
+    if (Status st = lock_out(); !st.ok()) return ReportError(kCmd, st.error());
+  }
   Status marked = WriteFileAtomic(marker, "k3pack synth is writing this directory; the next synth into it starts over\n");
   if (!marked.ok()) return ReportError(kCmd, marked.error());
   std::filesystem::remove(sidecar, ec);

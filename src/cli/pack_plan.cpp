@@ -46,6 +46,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
   plan.repair = out.repair;
   plan.invalid_reason = out.invalid_reason;
   plan.valid_section = out.valid_section;
+  plan.lock = std::move(out.lock);
   return plan;
 }
 

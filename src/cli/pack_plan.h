@@ -12,6 +12,7 @@
 #include "k3pack/ep.h"
 #include "k3pack/pack.h"
 #include "manifest/manifest_output.h"
+#include "util/lock_file.h"
 #include <nlohmann/json.hpp>
 
 namespace k3pack::cli {
@@ -26,6 +27,9 @@ struct PackPlan {
   std::string invalid_reason;  // why an existing pack is not taken as finished
   nlohmann::json valid_section;  // kAlreadyBuilt: ValidatePack's expert_pack section
   std::optional<ep::Rank> ep;    // a rank pack: `pack` is the rank's path
+  // The pack's lock, held from the overwrite decision until the plan goes:
+  // `build` writes its manifest under it too.
+  std::optional<LockFile> lock;
 };
 
 // SGLang's artifact name for the manifest, the default of every command.

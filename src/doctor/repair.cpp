@@ -13,6 +13,7 @@
 
 #include "doctor/internal.h"
 #include "pack/copy.h"
+#include "util/lock_file.h"
 #include "util/utf8.h"
 
 namespace k3pack::doctor {
@@ -60,7 +61,7 @@ Result<uint64_t> CopySparse(int src, int dst, uint64_t size) {
 Status CopyFileAtomic(const std::string& from, const std::string& to, uint64_t* copied) {
   K3_ASSIGN_OR_RETURN(UniqueFd in, OpenReadOnly(from));
   K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(from));
-  K3_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::Create(to, /*exclusive=*/true));
+  K3_ASSIGN_OR_RETURN(AtomicFile out, AtomicFile::Create(to));
   auto n = CopySparse(in.get(), out.fd(), size);
   if (!n.ok()) return out.Fail(n.error());
   if (copied) *copied += *n;
@@ -149,13 +150,15 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
   result.out_dir = out_dir;
   fs::create_directories(out_dir, ec);
   if (ec) return Error::FromErrno("cannot create " + out_dir, ec.value());
+  // Two repairs into one directory would leave a set of shards from both.
+  K3_ASSIGN_OR_RETURN(LockFile out_lock, LockFile::Acquire(out_dir, "repairing a shard set into " + out_dir));
   for (uint32_t i = 0; i < view->shards.size(); ++i) {
     const internal::Shard& sh = view->shards[i];
     const std::string name = fs::path(sh.path).filename().string();
     const std::string final_path = (fs::path(out_dir) / name).string();
     say("repair: writing " + final_path);
     K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
-    K3_ASSIGN_OR_RETURN(AtomicFile dst, AtomicFile::Create(final_path, /*exclusive=*/true));
+    K3_ASSIGN_OR_RETURN(AtomicFile dst, AtomicFile::Create(final_path));
     // Errors name the shard being written and the one read.
     auto failed = [&](const Error& e) { return dst.Fail(e.WithContext("copying " + sh.path)); };
     auto n = CopySparse(src.get(), dst.fd(), sh.size);

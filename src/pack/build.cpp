@@ -332,7 +332,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   if (dir.empty()) dir = ".";
   std::filesystem::create_directories(dir, ec);
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
-  K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(p.lock));
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
   if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
   const ep::ExpertRange written = WrittenExperts(ex.num_experts, o.ep);
   K3_ASSIGN_OR_RETURN(std::string fingerprint, InputFingerprint(ex, layout, o.ep));
@@ -362,6 +362,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     src.push_back(std::move(fd));
   }
+  K3_ASSIGN_OR_RETURN(std::vector<ShardStamp> stamps, StampShards(src, ex.shard_paths));
 
   if (o.restart) {
     for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp", CheckpointSparePathFor(p.checkpoint)}) {
@@ -482,6 +483,11 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
       result.source_sha256[resolved] = by_index[i];
     }
   }
+  // A shard appended to, truncated, rewritten or replaced while it was read
+  // gives a pack that may match neither its old bytes nor its new ones:
+  // never published (the partial and its checkpoint stay; the checkpoint no
+  // longer matches the shards, so the rerun asks for --restart).
+  K3_RETURN_IF_ERROR(CheckShardsUnchanged(ex.shard_paths, stamps, p.out));
   const auto f0 = Clock::now();
   // A rank pack records which source it came from, so that ep-merge can refuse
   // rank packs of two checkpoints that share a layout.

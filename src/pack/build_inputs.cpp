@@ -1,12 +1,12 @@
 #include "pack/build_inputs.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "util/file.h"
@@ -82,22 +82,59 @@ Result<uint32_t> SourceTag(const ExpertSet& ex) {
   return tag == 0 ? 1u : tag;
 }
 
-Result<LockFile> LockFile::Acquire(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, kNewFileMode);
-  if (fd < 0) return Error::FromErrno("cannot open lock file " + path, errno);
-  LockFile lock;
-  lock.fd_ = UniqueFd(fd);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      // Name the pack the user asked for, not the internal lock file.
-      const std::string pack = path.size() > 5 && path.ends_with(".lock") ? path.substr(0, path.size() - 5) : path;
-      return Error("another process is building or repairing the Expert Pack " + pack, ErrorKind::kOS,
-                   EWOULDBLOCK)
-          .WithHint("wait for it to finish; the lock is released automatically when that process exits");
-    }
-    return Error::FromErrno("cannot lock " + path, errno);
+namespace {
+
+ShardStamp StampOf(const struct stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size,
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
+
+Result<std::vector<ShardStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths) {
+  std::vector<ShardStamp> out;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    struct stat st;
+    if (::fstat(fds[i].get(), &st) != 0) return Error::FromErrno("cannot stat " + paths[i], errno);
+    out.push_back(StampOf(st));
   }
-  return lock;
+  return out;
+}
+
+Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::vector<ShardStamp>& stamps,
+                            const std::string& pack_path) {
+  for (size_t i = 0; i < paths.size() && i < stamps.size(); ++i) {
+    struct stat st;
+    std::string what;
+    if (::stat(paths[i].c_str(), &st) != 0) {
+      what = "it is gone (" + std::string(std::strerror(errno)) + ")";
+    } else {
+      const ShardStamp now = StampOf(st),& then = stamps[i];
+      if (now.dev != then.dev || now.ino != then.ino) {
+        what = "another file was put in its place";
+      } else if (now.size != then.size) {
+        what = "its size went from " + std::to_string(then.size) + " to " + std::to_string(now.size) + " bytes";
+      } else if (now.mtime_ns != then.mtime_ns) {
+        what = "it was written to (its modification time changed)";
+      }
+    }
+    if (what.empty()) continue;
+    return Error("source shard " + paths[i] + " changed while the Expert Pack " + pack_path + " was built from it: " +
+                 what + "; the pack may mix its old and new bytes, so it was not published")
+        .WithHint("once the shard is final, rerun the same command with --restart (the partial build was made from "
+                  "the shard as it was)");
+  }
+  return Status::OK();
+}
+
+Result<LockFile> LockPack(const std::string& pack_path) {
+  return LockFile::Acquire(LockPathFor(pack_path), "building or repairing the Expert Pack " + pack_path);
+}
+
+Result<std::optional<LockFile>> LockPackIfLockFileExists(const std::string& pack_path) {
+  if (!PathExists(LockPathFor(pack_path))) return std::optional<LockFile>();
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(pack_path));
+  return std::optional<LockFile>(std::move(lock));
 }
 
 std::optional<uint64_t> EnvU64(const char* name) {

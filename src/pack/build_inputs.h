@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <sys/types.h>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "pack/format.h"
 #include "pack/sidecars.h"
 #include "util/file.h"
+#include "util/lock_file.h"
 
 namespace k3pack::pack {
 
@@ -55,17 +57,27 @@ Result<uint32_t> SourceTag(const ExpertSet& experts);
 // The experts whose objects a build writes: all of them, or those `ep` owns.
 ep::ExpertRange WrittenExperts(uint32_t num_experts, const std::optional<ep::Rank>& ep);
 
-// An exclusive flock on `<pack>.lock`, held while the object lives.
-class LockFile {
- public:
-  static Result<LockFile> Acquire(const std::string& path);
-  LockFile(LockFile&&) = default;
-  LockFile& operator=(LockFile&&) = default;
-
- private:
-  LockFile() = default;
-  UniqueFd fd_;
+// What tells a shard changed since the build opened it: its file (device,
+// inode), size and modification time.
+struct ShardStamp {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
 };
+Result<std::vector<ShardStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths);
+// An error naming the first shard whose path no longer shows `stamps` (the
+// file at it was replaced, or its size or modification time changed).
+Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::vector<ShardStamp>& stamps,
+                            const std::string& pack_path);
+
+// The exclusive lock on `<pack>.lock` every writer of the pack takes (build,
+// repair, merge, and the CLI from its first look at the outputs on).
+Result<LockFile> LockPack(const std::string& pack_path);
+// LockPack where `<pack>.lock` exists (every writer of the pack made it);
+// none where it does not: nobody holds it, and a command refused before it
+// writes leaves nothing beside the pack (the writer locks when it starts).
+Result<std::optional<LockFile>> LockPackIfLockFileExists(const std::string& pack_path);
 
 // Free bytes for an unprivileged writer in `dir` (statvfs f_bavail), or the
 // K3PACK_FAKE_FREE_BYTES test override; UINT64_MAX (no limit to check) on a

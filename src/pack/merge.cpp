@@ -176,7 +176,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   std::error_code ec;
   std::string dir = std::filesystem::path(p.out).parent_path().string();
   if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(p.lock));
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
   if (PathExists(p.out)) {
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
         .WithHint("pass --force to replace it, or write the merged pack to another --pack path");

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "pack/build_inputs.h"
 #include "util/file.h"
 
 namespace k3pack::pack {
@@ -26,6 +27,10 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     K3_RETURN_IF_ERROR(CheckOutputKind(kind));
   }
   PackOutputPlan plan;
+  // From the first look at what is there to the last write: another build,
+  // `--force` or repair of the same pack never acts on what this one judged
+  // (a `--force` removing the pack a repair was rewriting lost both).
+  K3_ASSIGN_OR_RETURN(plan.lock, LockPackIfLockFileExists(out));
   const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
   if (req.repair_existing && !has_partial && PathExists(out)) {
     plan.repair = true;

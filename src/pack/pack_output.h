@@ -14,6 +14,7 @@
 
 #include "k3pack/ep.h"
 #include "k3pack/pack.h"
+#include "util/lock_file.h"
 #include "util/output_guard.h"
 
 namespace k3pack::pack {
@@ -36,6 +37,9 @@ struct PackOutputPlan {
   bool repair = false;            // repair_existing and a finished pack is there
   std::string invalid_reason;     // why an existing pack is not taken as finished
   nlohmann::json valid_section;   // kAlreadyBuilt: ValidatePack's expert_pack section
+  // The pack's lock, taken before the decision; the caller keeps the plan
+  // (and so the lock) until its last write (BuildPack shares it).
+  std::optional<LockFile> lock;
 };
 
 Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts);

@@ -17,7 +17,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
                                                   const ProgressFn& progress) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(LockPathFor(pack_path)));
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(pack_path));
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
   const std::string dpath = DigestsPathFor(pack_path);
   if (!PathExists(dpath)) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
@@ -104,12 +105,30 @@ namespace {
 const char* const kAtomicHint = "written to a temporary file beside it, renamed into place when complete";
 }
 
-Result<AtomicFile> AtomicFile::Create(const std::string& path, bool exclusive) {
+namespace {
+
+// A name no other writer uses: this process's id and a per-process count.
+std::string UniqueTempName(const std::string& path) {
+  static std::atomic<uint64_t> next{0};
+  return path + "." + std::to_string(::getpid()) + "." + std::to_string(next.fetch_add(1)) + ".tmp";
+}
+
+}  // namespace
+
+Result<AtomicFile> AtomicFile::Create(const std::string& path) {
   AtomicFile f;
   f.path_ = path;
-  f.tmp_ = path + ".tmp";
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (exclusive ? O_EXCL : O_TRUNC);
-  f.fd_ = UniqueFd(::open(f.tmp_.c_str(), flags, kNewFileMode));
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  f.fd_ = UniqueFd(::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, kNewFileMode));
+  if (f.fd_.valid()) return f;
+  // Filesystems without unnamed temporaries refuse with one of these; any
+  // other error (no directory, no permission) is the named file's too.
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+    return Error::FromErrno("cannot write " + path, errno).WithHint(kAtomicHint);
+  }
+  f.tmp_ = UniqueTempName(path);
+  f.fd_ = UniqueFd(::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kNewFileMode));
   if (!f.fd_.valid()) return Error::FromErrno("cannot write " + path, errno).WithHint(kAtomicHint);
   return f;
 }
@@ -130,6 +149,15 @@ Status AtomicFile::Write(const void* buf, size_t n, uint64_t offset) {
 
 Status AtomicFile::Commit() {
   if (::fsync(fd_.get()) != 0) return Fail(Error::FromErrno("fsync failed", errno));
+  if (tmp_.empty()) {
+    // rename() needs a name: the unnamed file gets a unique one just before.
+    const std::string name = UniqueTempName(path_);
+    const std::string self = "/proc/self/fd/" + std::to_string(fd_.get());
+    if (::linkat(AT_FDCWD, self.c_str(), AT_FDCWD, name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+      return Fail(Error::FromErrno("cannot give the temporary file a name", errno));
+    }
+    tmp_ = name;
+  }
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) return Fail(Error::FromErrno("cannot move it into place", errno));
   committed_ = true;
   fd_ = UniqueFd();

@@ -65,16 +65,21 @@ Status FsyncPath(const std::string& path);
 Status FsyncParentDir(const std::string& path);
 
 // The one temp-file + fsync + rename writer behind every k3pack output:
-// bytes go to `<path>.tmp`; Commit() fsyncs it, renames it onto `path` and
+// bytes go to a temporary file of this writer's own (an unnamed O_TMPFILE
+// inode in the target's directory, or `<path>.<pid>.<n>.tmp` where the
+// filesystem has none); Commit() fsyncs it, renames it onto `path` and
 // fsyncs the directory, so readers see either the old file or the new one.
-// Dropped without Commit() (an error path), the temporary file is removed.
+// Two writers of the same path (two `manifest` runs, two stores on one
+// stats file) each publish a whole file, the last rename winning; before,
+// they shared `<path>.tmp`: one truncated the other's bytes, the first
+// rename published a file the second was still writing into, and the
+// second failed. Dropped without Commit() (an error path, or a kill -9 of
+// the unnamed case) nothing is left behind.
 // Every error names `path`, the file the user asked for; the temporary name
 // appears only in the hint line.
 class AtomicFile {
  public:
-  // exclusive: fail if the temporary file exists (another writer at work)
-  // instead of truncating it.
-  static Result<AtomicFile> Create(const std::string& path, bool exclusive = false);
+  static Result<AtomicFile> Create(const std::string& path);
   AtomicFile(AtomicFile&& o) noexcept = default;
   AtomicFile& operator=(AtomicFile&&) noexcept = default;
   ~AtomicFile();
@@ -88,7 +93,7 @@ class AtomicFile {
 
  private:
   AtomicFile() = default;
-  std::string path_, tmp_;
+  std::string path_, tmp_;  // tmp_: the temporary's name; empty while it has none (O_TMPFILE)
   UniqueFd fd_;
   bool committed_ = false;
 };

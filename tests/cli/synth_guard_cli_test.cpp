@@ -87,12 +87,14 @@ TEST(SynthGuardCli, RerunAfterAnInterruptStartsOver) {
   // for a command run in the foreground.
   const std::string cmd = "perl -e '$SIG{INT} = q(DEFAULT); exec @ARGV or die' -- " + std::string(K3PACK_BIN) +
                           " synth --out " + Q(d) + " --experts 256 --all-data --progress none";
-  // SIGINT once the first shard's temp file is there (mid-write).
+  // SIGINT once the in-progress marker is there (mid-write).
   CliRun r = Cli("--version >/dev/null; ( " + cmd + " & pid=$!; i=0; "
-                 "while ! ls " + Q(d) + "/*.tmp >/dev/null 2>&1 && kill -0 $pid 2>/dev/null && [ $i -lt 3000 ]; "
+                 "while ! [ -e " + Q(d + "/.k3pack-synth.partial") + " ] && kill -0 $pid 2>/dev/null && [ $i -lt 3000 ]; "
                  "do sleep 0.01; i=$((i+1)); done; kill -INT $pid; wait $pid; echo rc=$? )");
   ASSERT_TRUE(Contains(r.out, "rc=130")) << r.out;
-  ASSERT_TRUE(HasTempFiles(d)) << "the interrupt came too late to leave a partial write";
+  ASSERT_TRUE(fs::exists(d + "/.k3pack-synth.partial")) << "the interrupt came too late to leave a partial write";
+  // The interrupted file was an unnamed temporary: nothing of it is left.
+  EXPECT_FALSE(HasTempFiles(d));
   r = Cli("synth --out " + Q(d) + " --experts 256 --all-data --progress none");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(Contains(r.out, "starting over")) << r.out;

@@ -58,11 +58,12 @@ TEST(IoErrorNames, WriteFileAtomicNamesTheTargetNotItsTempFile) {
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 
-  // The temp file cannot even be created (its name is taken by a directory).
-  std::filesystem::create_directories(path + ".tmp");
-  st = WriteFileAtomic(path, "{}");
+  // The temp file cannot even be created (the "directory" is a file).
+  const std::string under_file = path + "-file/stats.json";
+  ASSERT_TRUE(WriteFileAtomic(path + "-file", "x").ok());
+  st = WriteFileAtomic(under_file, "{}");
   ASSERT_FALSE(st.ok());
-  EXPECT_EQ(FirstLine(st.message()).find("cannot write " + path + ": "), 0u) << st.message();
+  EXPECT_EQ(FirstLine(st.message()).find("cannot write " + under_file + ": "), 0u) << st.message();
   EXPECT_EQ(FirstLine(st.message()).find(".tmp"), std::string::npos) << st.message();
 }
 
