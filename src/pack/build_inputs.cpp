@@ -13,6 +13,15 @@
 #include "util/sha256.h"
 
 namespace k3pack::pack {
+namespace {
+
+// What the fingerprint and the end-of-build check both read of a shard.
+ShardStamp StampOf(const struct stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size,
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
 
 Result<PackLayout> LayoutOf(const ExpertSet& ex) {
   std::vector<LayerRoleBytes> v;
@@ -40,9 +49,9 @@ Result<std::string> InputFingerprint(const ExpertSet& ex, const PackLayout& layo
     }
     const std::string& p = ex.shard_paths[i];
     std::string base = p.substr(p.find_last_of('/') + 1);
-    int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    h.Update("shard " + std::to_string(i) + " " + base + " " + std::to_string(st.st_size) + " " +
-             std::to_string(mtime_ns) + "\n");
+    const ShardStamp stamp = StampOf(st);
+    h.Update("shard " + std::to_string(i) + " " + base + " " + std::to_string(stamp.size) + " " +
+             std::to_string(stamp.mtime_ns) + "\n");
   }
   for (const auto& row : ex.by_layer) {
     for (const auto& t : row) {
@@ -81,15 +90,6 @@ Result<uint32_t> SourceTag(const ExpertSet& ex) {
   const auto tag = static_cast<uint32_t>(std::stoul(hex.substr(0, 8), nullptr, 16));
   return tag == 0 ? 1u : tag;
 }
-
-namespace {
-
-ShardStamp StampOf(const struct stat& st) {
-  return {st.st_dev, st.st_ino, st.st_size,
-          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-}
-
-}  // namespace
 
 Result<std::vector<ShardStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths) {
   std::vector<ShardStamp> out;

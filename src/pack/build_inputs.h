@@ -1,11 +1,12 @@
 // Helpers of the pack builder: the pack layout of an ExpertSet, the input
-// fingerprint a checkpoint is tied to, the lock file, free-space probing and
-// the test seams read from the environment.
+// fingerprint a checkpoint is tied to, the pack's lock, the shards' stamps,
+// free-space probing and the test seams read from the environment.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <optional>
-#include <sys/types.h>
 #include <string>
 #include <vector>
 

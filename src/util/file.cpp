@@ -102,10 +102,8 @@ Status FsyncParentDir(const std::string& path) {
 }
 
 namespace {
-const char* const kAtomicHint = "written to a temporary file beside it, renamed into place when complete";
-}
 
-namespace {
+const char* const kAtomicHint = "written to a temporary file beside it, renamed into place when complete";
 
 // A name no other writer uses: this process's id and a per-process count.
 std::string UniqueTempName(const std::string& path) {
