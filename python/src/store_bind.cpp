@@ -133,13 +133,14 @@ void RegisterStore(py::module_& m) {
                        std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
                        std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank,
                        const std::string& prefetch_mode, uint64_t prefetch_budget_bytes,
-                       int64_t prefetch_queue_depth) {
+                       int64_t prefetch_queue_depth, bool keep_predicted) {
              store::StoreOptions o;
              o.ep = EpRankArg(ep_size, ep_rank);
              o.ep_names = kEpKeywordNames;
              o.prefetch_mode = prefetch_mode;
              o.prefetch_budget_bytes = prefetch_budget_bytes;
              o.prefetch_queue_depth = prefetch_queue_depth;
+             o.keep_predicted = keep_predicted;
              o.cache_bytes = cache_bytes < 0 ? 0 : static_cast<uint64_t>(cache_bytes);  // < 0: SGLang's 'must be positive'
              o.policy = policy;
              o.io_backend = io_backend;
@@ -166,6 +167,7 @@ void RegisterStore(py::module_& m) {
            py::arg("expected_top_k") = py::none(), py::arg("ep_size") = py::none(),
            py::arg("ep_rank") = py::none(), py::arg("prefetch_mode") = "staged",
            py::arg("prefetch_budget_bytes") = 0, py::arg("prefetch_queue_depth") = 0,
+           py::arg("keep_predicted") = true,
            "opens the pack after SGLang's start-up checks (manifest, header, every index entry, index digest); "
            "cache_bytes: the host-memory budget of resident objects; the other options: docs/python.md")
       .def("acquire", [](std::shared_ptr<store::ExpertStore> self, int64_t layer_arg, py::object topk_ids,

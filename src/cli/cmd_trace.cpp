@@ -535,6 +535,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Flag("--staged", "--timing: also prefetch with the store's staging rule (reads outside the cache)")
       .Option("--horizon", "--timing: what a call's prefetch predicts: layer (the next layer) | token (this layer\n"
               "at the request's next token; generated traces get --predict-next-token)", "layer")
+      .Flag("--keep-predicted", "--timing: the predictions also steer eviction: a resident predicted object is\n"
+            "evicted only after every unpredicted one, until its call starts (prefetch rows)")
       .Option("--device-mib", "--timing: device (VRAM) tier in front of the host cache, MiB (0: none)", "0")
       .Option("--device-policy", "--timing: the device tier's policy (lru: the GPU tier's slots)", "lru")
       .Option("--h2d-gbps", "--timing: host-to-device copy bandwidth, GB/s (PCIe-4 x16)", "25")
@@ -543,7 +545,7 @@ int RunSweep(const std::vector<std::string>& argv) {
   AddGenOptions(a);
   AddProgressOption(a);
   for (const char* timing : {"--compute-us", "--ssd-gbps", "--ssd-latency-us", "--queue-depth", "--prefetch-budget-mib",
-                             "--staged", "--horizon", "--device-mib", "--device-policy", "--h2d-gbps", "--h2d-latency-us"}) {
+                             "--staged", "--horizon", "--keep-predicted", "--device-mib", "--device-policy", "--h2d-gbps", "--h2d-latency-us"}) {
     a.Requires(timing, {"--timing"});
   }
   // --timing generates the predictions it replays.
@@ -701,6 +703,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       to.queue_depth = static_cast<uint32_t>(*qd);
       to.prefetch_budget_bytes = *budget;
       to.prefetch_staged = a.Has("--staged");
+      to.keep_predicted = a.Has("--keep-predicted");
       if (horizon == "token") {
         to.lookahead = store::TimingOptions::Lookahead::kNextToken;
         // Without next-token predictions every policy's prefetch row would
@@ -733,7 +736,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       for (const auto& row : *rows) {
         const auto& r = row.result;
         j.push_back({{"capacity_objects", row.capacity_objects}, {"policy", r.policy}, {"prefetch", r.prefetch},
-                     {"staged", r.staged},
+                     {"staged", r.staged}, {"keep_predicted", r.keep_predicted},
                      {"stall_per_token_s", r.stall_per_token_s()}, {"bytes_per_token", r.bytes_per_token()},
                      {"stall_free_fraction", r.stall_free_fraction()}, {"late_prefetches", r.late_prefetches},
                      {"prefetch_useful_bytes", r.prefetch_useful_bytes},
@@ -748,7 +751,7 @@ int RunSweep(const std::vector<std::string>& argv) {
           j.back()["prefetch_copied_bytes"] = r.prefetch_copied_bytes;
         }
       }
-      json fj = {{"timing", j}, {"tokens", seq->tokens}, {"horizon", horizon}};
+      json fj = {{"timing", j}, {"tokens", seq->tokens}, {"horizon", horizon}, {"keep_predicted", to.keep_predicted}};
       if (to.device_bytes)
         fj["device"] = {{"bytes", to.device_bytes}, {"policy", to.device_policy},
                         {"h2d_bytes_per_s", to.h2d_bytes_per_s}, {"h2d_latency_s", to.h2d_latency_s}};

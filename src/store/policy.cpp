@@ -13,6 +13,7 @@ Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
 bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
   if (pins != nullptr && (*pins)[key] != 0) return true;
   const Policy& m = *marks_owner_;
+  if (m.avoiding_kept_ && (*m.keep_)[key] != 0) return true;
   if (m.marked_ != nullptr && call_keys.data() == m.marked_) return m.call_mark_[key] == m.call_serial_;
   // Call keys are sorted and all of one layer: most candidates (other layers)
   // fall outside their range, which is two compares instead of a search.
@@ -37,7 +38,13 @@ void Policy::Remove(ObjectId key) {
 bool Policy::MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> call_keys, const PinCounts* pins,
                       std::vector<ObjectId>* evicted) {
   while (used_bytes_ + cost > capacity_bytes_) {
-    ObjectId victim = PickVictim(is_prefill, call_keys, pins);
+    ObjectId victim = kNoObject;
+    if (keep_ != nullptr) {
+      avoiding_kept_ = true;
+      victim = PickVictim(is_prefill, call_keys, pins);
+      avoiding_kept_ = false;
+    }
+    if (victim == kNoObject) victim = PickVictim(is_prefill, call_keys, pins);
     if (victim == kNoObject) return false;
     Remove(victim);
     if (evicted) evicted->push_back(victim);

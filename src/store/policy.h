@@ -69,6 +69,14 @@ class Policy {
   // Forgets a resident object (its read failed).
   void Erase(ObjectId key);
 
+  // Keep hints (may be null; owned by the caller, a count per ObjectId):
+  // objects the router look-ahead predicts for the next call of their layer.
+  // A victim search passes over them while any other unprotected resident
+  // is left, so a prediction keeps its object through the misses of the
+  // calls before that one; when only hinted objects are left, they are
+  // evicted in the policy's order.
+  void SetKeepHints(const PinCounts* keep) { keep_ = keep; }
+
   bool Resident(ObjectId key) const { return resident_[key] != 0; }
   uint64_t used_bytes() const { return used_bytes_; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
@@ -127,6 +135,8 @@ class Policy {
   const ObjectId* marked_ = nullptr;
   const Policy* marks_owner_ = this;  // whose marks Protected() reads
   const CallRows* rows_ = nullptr;    // during OnCall only
+  const PinCounts* keep_ = nullptr;   // SetKeepHints
+  bool avoiding_kept_ = false;        // a victim search that passes over keep_
 
   uint64_t capacity_bytes_;
   uint64_t used_bytes_ = 0;

@@ -9,7 +9,9 @@
 // demand miss and inserts it as one, but no second read is made; a read
 // still queued is submitted at once) or drops it: a queued read is cancelled
 // (never issued), a finished one freed, one in flight discarded when it
-// lands. Every function here runs with `mu` held.
+// lands. An object already resident is not read; with keep_predicted it
+// becomes a keep hint for the policy until that acquire. Every function here
+// runs with `mu` held.
 #include <algorithm>
 
 #include "store/store_state.h"
@@ -18,6 +20,11 @@ namespace k3pack::store {
 
 Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys) {
   for (ObjectId k : keys) {
+    if (policy->Resident(k) && keep_predicted) {
+      ++kept[k];
+      kept_by_layer[li].push_back(k);
+      ++prefetch_kept;
+    }
     if (policy->Resident(k) || staged[k]) continue;  // nothing to read
     const uint64_t cost = geo.space.Cost(k);
     if (staged_bytes + cost > prefetch_budget) {
@@ -80,6 +87,11 @@ void ExpertStore::Impl::DropStaged(uint32_t li) {
     if (e->state != Entry::kLoading) staged_bytes -= cost;
   }
   staged_by_layer[li].clear();
+}
+
+void ExpertStore::Impl::ReleaseKept(uint32_t li) {
+  for (ObjectId id : kept_by_layer[li]) --kept[id];
+  kept_by_layer[li].clear();
 }
 
 void ExpertStore::Impl::FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok) {

@@ -84,6 +84,12 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
                                                   : static_cast<uint64_t>(std::max<int64_t>(1, opt.queue_depth / 2));
   impl->staged.resize(s.num_objects());
   impl->staged_by_layer.resize(s.num_active_layers());
+  impl->keep_predicted = impl->staged_mode && opt.keep_predicted;
+  if (impl->keep_predicted) {
+    impl->kept.assign(s.num_objects(), 0);
+    impl->kept_by_layer.resize(s.num_active_layers());
+    impl->policy->SetKeepHints(&impl->kept);
+  }
   impl->checksum_mode = "off";
   if (opt.verify_checksums) {
     K3_ASSIGN_OR_RETURN(ObjectChecksums sums, LoadObjectChecksums(pack_path, impl->geo));
@@ -276,6 +282,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   std::unique_lock<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   s.ReleasePrefetchPins(li);
+  if (s.keep_predicted) s.ReleaseKept(li);
   ++s.route_calls[layer];
   s.route_tokens[layer] += static_cast<uint64_t>(rows);
   // Other callers' working sets are protected; wait for them rather than fail

@@ -85,6 +85,12 @@ struct ExpertStore::Impl {
   uint64_t prefetch_depth = 1;                   // resolved StoreOptions::prefetch_queue_depth
   std::vector<std::shared_ptr<Entry>> staged;    // per ObjectId; null = not staged
   std::vector<std::vector<ObjectId>> staged_by_layer;
+  // keep_predicted: resident objects a Prefetch() named, per layer until its
+  // next acquire, as the policy's keep hints (a count per ObjectId).
+  bool keep_predicted = true;
+  PinCounts kept;
+  std::vector<std::vector<ObjectId>> kept_by_layer;
+  uint64_t prefetch_kept = 0;                    // hints given, for stats
   std::deque<std::shared_ptr<Entry>> spec_queue; // staged, read not yet submitted
   uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished
   uint64_t staged_bytes = 0, staged_bytes_max = 0;  // charged against prefetch_budget
@@ -116,6 +122,8 @@ struct ExpertStore::Impl {
   // Drops what is still staged for a layer: queued reads are cancelled,
   // ready objects freed, in-flight reads discarded when they land.
   void DropStaged(uint32_t layer_index);
+  // The keep hints Prefetch() gave the layer's residents end at its acquire.
+  void ReleaseKept(uint32_t layer_index);
   void PumpSpeculative();
   // A staged entry's read finished (mu held): bookkeeping before FinishRead.
   void FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok);

@@ -153,6 +153,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   TimedResult r;
   r.policy = policy->name();
   r.prefetch = o.prefetch;
+  r.keep_predicted = o.keep_predicted && !min;
   r.staged = o.prefetch && o.prefetch_staged && !min;
   r.tokens = seq.tokens;
   if (tiered) r.device_policy = device->name();
@@ -178,6 +179,12 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   const bool token_ahead = o.lookahead == TimingOptions::Lookahead::kNextToken;
   const size_t num_layers = t.layer_ids.size();
   std::vector<std::vector<ObjectId>> pinned_at(token_ahead ? num_layers + 1 : 0), dev_pinned_at(pinned_at.size());
+  // Keep hints: per target layer index, the predicted objects a victim
+  // search passes over until that layer's next call starts.
+  const bool keeping = o.keep_predicted && !min;
+  PinCounts keep(keeping ? n : 0, 0);
+  std::vector<std::vector<ObjectId>> kept_for(keeping ? num_layers + 1 : 0);
+  if (keeping) policy->SetKeepHints(&keep);
   // Belady's perfect next-token prefetch: the next call of the same layer.
   std::vector<uint64_t> next_same_layer;
   auto layer_index = [&](uint64_t c) {
@@ -219,6 +226,10 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     for (ObjectId k : dev_pinned) --dev_pins[k];
     dev_pinned.clear();
     const size_t li = layer_index(c);
+    if (keeping) {
+      for (ObjectId k : kept_for[li]) --keep[k];
+      kept_for[li].clear();
+    }
     if (token_ahead) {
       for (ObjectId k : pinned_at[li]) --pins[k];
       pinned_at[li].clear();
@@ -328,7 +339,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     // Look-ahead: start reads for the next layer's (or, with next-token
     // look-ahead, the next token's same layer's) predicted objects while
     // this call computes.
-    if (o.prefetch && c + 1 < seq.calls.size()) {
+    if ((o.prefetch || keeping) && c + 1 < seq.calls.size()) {
       predicted.clear();
       if (min) {
         const uint64_t nc = token_ahead ? next_same_layer[c] : c + 1;
@@ -343,6 +354,14 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
           DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &predicted);
         }
       }
+      if (keeping && !predicted.empty()) {
+        auto& list = kept_for[space.LayerIndexOf(predicted.front())];
+        for (ObjectId k : predicted) {
+          ++keep[k];
+          list.push_back(k);
+        }
+      }
+      if (!o.prefetch) predicted.clear();  // the predictions steer eviction only
       std::vector<ObjectId>& pin_list = token_ahead ? pinned_at[li] : spec_pinned;
       std::vector<ObjectId>& dev_pin_list = token_ahead ? dev_pinned_at[li] : dev_pinned;
       for (ObjectId k : keys) ++pins[k];
@@ -423,16 +442,19 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
   struct Job {
     uint64_t size;
     std::string policy;
-    bool prefetch, staged;
+    bool prefetch, staged, keep;
   };
   std::vector<Job> jobs;
   for (uint64_t s : sizes) {
     for (const auto& p : policies) {
-      jobs.push_back({s, p, false, false});
-      jobs.push_back({s, p, true, false});
-      if (base.prefetch_staged) jobs.push_back({s, p, true, true});
+      // Demand-only is the baseline and stays unsteered; with keep hints a
+      // run that reads nothing ahead shows what the hints alone buy.
+      jobs.push_back({s, p, false, false, false});
+      if (base.keep_predicted) jobs.push_back({s, p, false, false, true});
+      jobs.push_back({s, p, true, false, base.keep_predicted});
+      if (base.prefetch_staged) jobs.push_back({s, p, true, true, base.keep_predicted});
     }
-    jobs.push_back({s, "belady", true, false});
+    jobs.push_back({s, "belady", true, false, false});
   }
   std::vector<TimedRow> rows(jobs.size());
   std::atomic<size_t> next{0};
@@ -444,6 +466,7 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
       TimingOptions o = base;
       o.prefetch = jobs[j].prefetch;
       o.prefetch_staged = jobs[j].staged;
+      o.keep_predicted = jobs[j].keep;
       auto r = SimulateTimed(t, seq, space, jobs[j].policy, jobs[j].size * space.max_object_bytes(), o);
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok()) {
@@ -460,6 +483,11 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& t, const CallSeq& s
   return rows;
 }
 
+const char* PrefetchLabel(const TimedResult& r) {
+  if (r.keep_predicted) return r.staged ? "staged+k" : r.prefetch ? "yes+keep" : "keep";
+  return r.staged ? "staged" : r.prefetch ? "yes" : "no";
+}
+
 std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects) {
   std::string out;
   char buf[320];
@@ -474,7 +502,7 @@ std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects) {
     int len = std::snprintf(buf, sizeof buf, "%8llu %6.2f%% %-17s %8s %12.3f %10.1f %9.1f%% %11.1f %11.1f",
                             (unsigned long long)row.capacity_objects,
                             100.0 * double(row.capacity_objects) / double(std::max<uint64_t>(1, num_objects)),
-                            r.policy.c_str(), r.staged ? "staged" : r.prefetch ? "yes" : "no",
+                            r.policy.c_str(), PrefetchLabel(r),
                             1e3 * r.stall_per_token_s(), r.bytes_per_token() / 1e6, 100.0 * r.stall_free_fraction(),
                             double(r.prefetch_useful_bytes) / tok / 1e6, double(r.prefetch_wasted_bytes) / tok / 1e6);
     if (tiered && len > 0 && size_t(len) < sizeof buf)

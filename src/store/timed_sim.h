@@ -70,6 +70,11 @@ struct TimingOptions {
   bool prefetch_staged = false;
   enum class Lookahead { kNextLayer, kNextToken };
   Lookahead lookahead = Lookahead::kNextLayer;
+  // With prefetch: the predictions also steer eviction (Policy::
+  // SetKeepHints): a predicted object already resident is passed over by
+  // victim searches until the call it was predicted for starts. Belady
+  // needs no hint (it knows every next use).
+  bool keep_predicted = false;
   // Device tier (0: none; the host tier serves the calls).
   uint64_t device_bytes = 0;
   std::string device_policy = "lru";
@@ -81,6 +86,7 @@ struct TimedResult {
   std::string policy;
   bool prefetch = false;
   bool staged = false;
+  bool keep_predicted = false;       // the predictions steered eviction (TimingOptions::keep_predicted)
   uint64_t tokens = 0;
   uint64_t accesses = 0;             // distinct objects per call, summed
   std::string device_policy;         // empty: no device tier
@@ -120,5 +126,8 @@ Result<std::vector<TimedRow>> TimedSweep(const trace::Trace& trace, const CallSe
                                          const std::vector<uint64_t>& capacity_objects, const TimingOptions& options,
                                          unsigned threads, const ProgressFn& progress = {});
 std::string TimedText(const std::vector<TimedRow>& rows, uint64_t num_objects);
+// The text table's prefetch column: no | yes | staged, or keep | yes+keep |
+// staged+k when the predictions steered eviction.
+const char* PrefetchLabel(const TimedResult& r);
 
 }  // namespace k3pack::store

@@ -25,6 +25,28 @@ class StorePrefetchTest(_util.TinyPackTestCase):
             snap = store.snapshot()
             self.assertEqual(snap["cache_misses"], k)  # served from staging, still policy misses
 
+    def test_keep_predicted_keeps_prefetched_residents_until_their_acquire(self):
+        k = self.top_k
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
+            one = store.info["object_bytes"][0]
+        first, second = self.layers[0], self.layers[1]
+        hits = {}
+        for keep in (True, False):
+            with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=2 * k * one, policy="lru",
+                                    keep_predicted=keep) as store:
+                store.acquire_token(first, np.arange(k)).mark_used()
+                store.acquire_token(first, np.arange(k, 2 * k)).mark_used()  # the cache is full
+                store.prefetch(first, np.arange(k))  # resident: nothing read, kept if asked
+                store.acquire_token(second, np.arange(k)).mark_used()  # k victims
+                before = store.snapshot()["cache_hits"]
+                store.acquire_token(first, np.arange(k)).mark_used()
+                snap = store.snapshot()
+                hits[keep] = snap["cache_hits"] - before
+                self.assertEqual(snap["k3pack"]["prefetch"]["keep_predicted"], keep)
+                self.assertEqual(snap["k3pack"]["prefetch"]["kept"], k if keep else 0)
+                self.assertEqual(snap["k3pack"]["prefetch"]["issued"], 0)
+        self.assertEqual(hits, {True: k, False: 0})
+
     def test_budget_refuses_and_mode_is_checked(self):
         one = None
         with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:

@@ -190,7 +190,7 @@ TEST(PrefetchStaged, FailedSpeculativeReadFallsBackToDemand) {
 // prefetches guess the next call's layer with 60% of routes right. With
 // staging, the cache must evolve identically (same hits, misses, evictions
 // and residents after every acquire) and the only extra reads are wasted
-// guesses. The older "cache" mode must diverge on the same calls (else this
+// guesses (keep hints off). The older "cache" mode must diverge on the same calls (else this
 // test could not tell the two apart).
 struct Counters {
   uint64_t hits, misses, evictions, resident;
@@ -205,6 +205,9 @@ bool SameCacheAsDemandOnly(const TinyPack& p, const std::string& policy, const s
   StoreOptions o = Opts(3, policy);  // room for one token's pair and one more
   o.prefetch_mode = mode;
   o.prefetch_budget_bytes = 4 * kObject;
+  // Keep hints (on by default) are the one way a staged prefetch may change
+  // the victims; keep_hints_test.cpp tests them.
+  o.keep_predicted = false;
   auto demand = OpenOk(p, Opts(3, policy));
   auto pre = OpenOk(p, o);
   std::mt19937 rng(7);

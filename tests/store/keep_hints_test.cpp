@@ -1,0 +1,236 @@
+// Keep hints: predictions steering eviction (Policy::SetKeepHints, the timed
+// replay's --keep-predicted, StoreOptions::keep_predicted). A hinted resident
+// is evicted only when no other unprotected resident is left, and then in the
+// policy's own order; hard protection (the call's keys, pins) still wins.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "k3pack/store.h"
+#include "k3pack/trace.h"
+#include "open_ok.h"
+#include "store/policy.h"
+#include "store/synthetic_pack.h"
+#include "store/timed_sim.h"
+#include "timed_tiny.h"
+
+namespace k3pack::store {
+namespace {
+
+constexpr uint64_t kObj = 4096;
+
+struct Cache {
+  std::unique_ptr<Policy> p;
+  AccessResult r;
+  Cache(const std::string& name, const ObjectSpace& s, uint64_t slots) {
+    auto made = MakePolicy(name, s, slots * kObj);
+    EXPECT_TRUE(made.ok());
+    p = std::move(made).value();
+  }
+  std::vector<ObjectId> Call(std::vector<ObjectId> keys) {
+    std::sort(keys.begin(), keys.end());
+    std::vector<uint64_t> gens(keys.size(), 1);
+    Status st = p->Access(keys, gens, false, nullptr, &r);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return r.evicted;
+  }
+};
+
+TEST(KeepHints, AHintedResidentOutlivesUnhintedOnesInEveryPolicy) {
+  // One layer of 8 experts, 3 slots. Residents used in the order 0, 1, 2,
+  // each once: every policy's first victim is 0 (least recent, no more
+  // frequent than the others). Hinting 0 moves the victim to the next one in
+  // the policy's order, never to the hinted object.
+  const ObjectSpace s = ObjectSpace::Uniform(1, 8, 2, kObj, 1);
+  for (const std::string& name : PolicyNames()) {
+    Cache plain(name, s, 3), hinted(name, s, 3);
+    PinCounts keep(s.num_objects(), 0);
+    hinted.p->SetKeepHints(&keep);
+    for (ObjectId k : {0u, 1u, 2u}) {
+      plain.Call({k});
+      hinted.Call({k});
+    }
+    const std::vector<ObjectId> first = plain.Call({3});
+    ASSERT_EQ(first.size(), 1u) << name;
+    keep[first[0]] = 1;
+    const std::vector<ObjectId> moved = hinted.Call({3});
+    ASSERT_EQ(moved.size(), 1u) << name;
+    EXPECT_NE(moved[0], first[0]) << name;
+    EXPECT_TRUE(hinted.p->Resident(first[0])) << name;
+  }
+}
+
+TEST(KeepHints, WhenOnlyHintedResidentsAreLeftTheyAreEvictedInPolicyOrder) {
+  const ObjectSpace s = ObjectSpace::Uniform(1, 8, 2, kObj, 1);
+  Cache c("lru", s, 2);
+  PinCounts keep(s.num_objects(), 0);
+  c.p->SetKeepHints(&keep);
+  c.Call({0});
+  c.Call({1});
+  keep[0] = keep[1] = 1;
+  EXPECT_EQ(c.Call({2}), std::vector<ObjectId>{0});  // both hinted: LRU's victim
+  // A hint never overrides hard protection: the call's own keys stay.
+  keep[2] = 1;
+  EXPECT_EQ(c.Call({1, 3}), std::vector<ObjectId>{2});
+  // Without hints the rule is plain LRU again.
+  c.p->SetKeepHints(nullptr);
+  c.Call({4});
+  EXPECT_FALSE(c.p->Resident(1));
+}
+
+TEST(KeepHints, TheAdaptivePolicysLeaderReadsTheHints) {
+  // The adaptive policy evicts with a follower's ranking; the follower must
+  // see the hints the adaptive policy was given.
+  const ObjectSpace s = ObjectSpace::Uniform(1, 8, 2, kObj, 1);
+  Cache plain("adaptive", s, 3), hinted("adaptive", s, 3);
+  PinCounts keep(s.num_objects(), 0);
+  hinted.p->SetKeepHints(&keep);
+  for (ObjectId k : {0u, 1u, 2u}) {
+    plain.Call({k});
+    hinted.Call({k});
+  }
+  const std::vector<ObjectId> first = plain.Call({3});
+  ASSERT_EQ(first.size(), 1u);
+  keep[first[0]] = 1;
+  EXPECT_NE(hinted.Call({3}), first);
+  EXPECT_TRUE(hinted.p->Resident(first[0]));
+}
+
+// Timed replay (timed_tiny.h: 1,000-byte objects, 1 ms per read, one read
+// at a time; here 0.5 ms of compute per call), LRU with two slots, three
+// layers of top-1, three tokens: token t routes L1 e0, L2 e(1+t), L3 e(1+t).
+// L1's expert recurs; the others never do. Tokens 0 and 1 predict each
+// layer's next token right (L1 e0; L2 and L3 the next new expert).
+trace::Trace Recurring() {
+  trace::Trace t;
+  t.num_experts = 4;
+  t.top_k = 1;
+  t.layer_ids = {1, 2, 3};
+  t.predict_k = 1;
+  for (uint16_t token = 0; token < 3; ++token) {
+    for (uint32_t layer = 1; layer <= 3; ++layer) {
+      uint16_t e[1] = {layer == 1 ? uint16_t(0) : uint16_t(1 + token)};
+      t.Append(layer, 1, 0, false, e);
+      uint16_t next[1] = {layer == 1 ? uint16_t(0) : uint16_t(2 + token)};
+      if (token < 2) t.SetTokenPredictions(next);
+    }
+  }
+  return t;
+}
+
+TimingOptions KeepOpts(bool keep) {
+  TimingOptions o = timed_tiny::Opts(0.5, /*prefetch=*/false);
+  o.lookahead = TimingOptions::Lookahead::kNextToken;
+  o.keep_predicted = keep;
+  return o;
+}
+
+TEST(KeepHints, TimedReplayKeepsThePredictedObjectThroughOtherLayersMisses) {
+  // Without hints every call misses: each token brings three objects into
+  // two slots, and LRU's victim at L3 is always L1 e0 (its oldest use):
+  // 9 misses, 9 reads of 1 ms each at their call's start, 9 x 0.5 ms of
+  // compute: stall 9 ms, 13.5 ms in all.
+  TimedResult a = timed_tiny::Timed(Recurring(), "lru", KeepOpts(false), 2);
+  EXPECT_FALSE(a.keep_predicted);
+  EXPECT_EQ(a.hits, 0u);
+  EXPECT_EQ(a.bytes_read, 9000u);
+  EXPECT_NEAR(a.stall_s, 9e-3, 1e-12);
+  EXPECT_NEAR(a.total_s, 13.5e-3, 1e-12);
+  // With hints (no read ahead): after token 0's L1 call, e0 is predicted for
+  // L1's next call, so L3's miss evicts L2 e1 instead; token 1: L1 e0 hits
+  // (hinted again), L2 e2 evicts L3 e1, L3 e2 evicts L2 e2; token 2: L1 e0
+  // hits; with no predictions left, L2 e3 evicts L3 e2 and L3 e3 evicts
+  // L1 e0 (LRU). 2 hits, 7 reads: stall 7 ms, 11.5 ms in all.
+  TimedResult b = timed_tiny::Timed(Recurring(), "lru", KeepOpts(true), 2);
+  EXPECT_TRUE(b.keep_predicted);
+  EXPECT_EQ(b.hits, 2u);
+  EXPECT_EQ(b.bytes_read, 7000u);
+  EXPECT_EQ(b.prefetch_bytes, 0u);
+  EXPECT_NEAR(b.stall_s, 7e-3, 1e-12);
+  EXPECT_NEAR(b.total_s, 11.5e-3, 1e-12);
+  // Belady needs no hint and takes none: the option leaves its row alone.
+  TimingOptions belady = KeepOpts(true);
+  belady.prefetch = true;
+  EXPECT_FALSE(timed_tiny::Timed(Recurring(), "belady", belady, 2).keep_predicted);
+}
+
+TEST(KeepHints, TheSweepAddsAKeepRowAndSteersThePrefetchRows) {
+  trace::Trace t = Recurring();
+  ObjectSpace space = SpaceForTrace(t, 1000);
+  auto seq = BuildCallSeq(t, space);
+  ASSERT_TRUE(seq.ok());
+  TimingOptions o = KeepOpts(true);
+  o.prefetch_staged = true;
+  auto rows = TimedSweep(t, *seq, space, {"lru"}, {2}, o, 1);
+  ASSERT_TRUE(rows.ok()) << rows.error().message();
+  std::vector<std::string> labels;
+  for (const auto& row : *rows) labels.push_back(row.result.policy + " " + PrefetchLabel(row.result));
+  EXPECT_EQ(labels, (std::vector<std::string>{"lru no", "lru keep", "lru yes+keep", "lru staged+k", "belady yes"}));
+  EXPECT_EQ((*rows)[0].result.hits, 0u);  // the demand-only baseline takes no hints
+  EXPECT_EQ((*rows)[1].result.hits, 2u);
+}
+
+// The store: Prefetch() of objects already resident (staged mode) keeps
+// them through other layers' misses until their layer's next acquire.
+constexpr uint64_t kStoreObject = 12288;  // TinySpec's objects
+
+void Token(ExpertStore& s, uint32_t layer, int64_t a, int64_t b) {
+  std::vector<int64_t> ids = {a, b};
+  auto acq = s.AcquireToken(layer, ids);
+  ASSERT_TRUE(acq.ok()) << acq.error().message();
+  ASSERT_TRUE(s.MarkUsed(*acq).ok());
+}
+
+uint64_t HitsOfTheLastToken(bool keep_predicted, nlohmann::json* prefetch_stats) {
+  testing::TinyPack p(testing::TinySpec{});
+  StoreOptions o;
+  o.cache_bytes = 4 * kStoreObject;
+  o.policy = "lru";
+  o.queue_depth = 4;
+  if (!keep_predicted) o.keep_predicted = false;  // on by default
+  auto s = testing::OpenOk(p, o);
+  Token(*s, 1, 0, 1);
+  Token(*s, 1, 4, 5);  // L1 e0, e1 are now LRU's first victims
+  EXPECT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1}).ok());  // both resident: nothing to read
+  Token(*s, 2, 2, 3);  // two misses, two victims
+  const uint64_t before = s->Snapshot()["cache_hits"];
+  Token(*s, 1, 0, 1);
+  auto j = s->Snapshot();
+  *prefetch_stats = j["k3pack"]["prefetch"];
+  EXPECT_TRUE(s->Close().ok());
+  return j["cache_hits"].get<uint64_t>() - before;
+}
+
+TEST(KeepHints, StorePrefetchOfResidentsKeepsThemUntilTheirAcquire) {
+  nlohmann::json on, off;
+  EXPECT_EQ(HitsOfTheLastToken(true, &on), 2u);   // L2's misses took L1 e4, e5
+  EXPECT_EQ(HitsOfTheLastToken(false, &off), 0u);  // demand-only: LRU took L1 e0, e1
+  EXPECT_EQ(on["kept"], 2);
+  EXPECT_EQ(on["keep_predicted"], true);
+  EXPECT_EQ(on["issued"], 0);
+  EXPECT_EQ(off["kept"], 0);
+  EXPECT_EQ(off["keep_predicted"], false);
+}
+
+TEST(KeepHints, StoreHintsEndAtTheLayersAcquire) {
+  // The hint covers one acquire of its layer: after it, L1 e0 and e1 are
+  // plain LRU residents again and L2's misses evict them first.
+  testing::TinyPack p(testing::TinySpec{});
+  StoreOptions o;
+  o.cache_bytes = 4 * kStoreObject;
+  o.policy = "lru";
+  o.queue_depth = 4;
+  auto s = testing::OpenOk(p, o);
+  Token(*s, 1, 0, 1);
+  Token(*s, 1, 4, 5);
+  ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1}).ok());
+  Token(*s, 1, 4, 5);  // the acquire the hint was for (it routes elsewhere)
+  Token(*s, 2, 2, 3);  // victims: L1 e0, e1 (least recent, no longer kept)
+  const uint64_t before = s->Snapshot()["cache_hits"];
+  Token(*s, 1, 4, 5);
+  EXPECT_EQ(s->Snapshot()["cache_hits"].get<uint64_t>() - before, 2u);
+  ASSERT_TRUE(s->Close().ok());
+}
+
+}  // namespace
+}  // namespace k3pack::store
