@@ -13,7 +13,10 @@ Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
 bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
   if (pins != nullptr && (*pins)[key] != 0) return true;
   const Policy& m = *marks_owner_;
-  if (m.avoiding_kept_ && (*m.keep_)[key] != 0) return true;
+  // A search passes over at most kMaxKeptPassed hinted residents: a prefill
+  // chunk's predictions can hint hundreds of objects per layer, and a victim
+  // search must stay cheap.
+  if (m.avoiding_kept_ && (*m.keep_)[key] != 0 && m.kept_passed_++ < kMaxKeptPassed) return true;
   if (m.marked_ != nullptr && call_keys.data() == m.marked_) return m.call_mark_[key] == m.call_serial_;
   // Call keys are sorted and all of one layer: most candidates (other layers)
   // fall outside their range, which is two compares instead of a search.
@@ -41,6 +44,7 @@ bool Policy::MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> 
     ObjectId victim = kNoObject;
     if (keep_ != nullptr) {
       avoiding_kept_ = true;
+      kept_passed_ = 0;
       victim = PickVictim(is_prefill, call_keys, pins);
       avoiding_kept_ = false;
     }

@@ -74,8 +74,11 @@ class Policy {
   // A victim search passes over them while any other unprotected resident
   // is left, so a prediction keeps its object through the misses of the
   // calls before that one; when only hinted objects are left, they are
-  // evicted in the policy's order.
+  // evicted in the policy's order. One search passes over at most
+  // kMaxKeptPassed hinted residents (then takes the next one in order), so
+  // a flood of hints cannot make every eviction scan the whole cache.
   void SetKeepHints(const PinCounts* keep) { keep_ = keep; }
+  static constexpr uint32_t kMaxKeptPassed = 1024;
 
   bool Resident(ObjectId key) const { return resident_[key] != 0; }
   uint64_t used_bytes() const { return used_bytes_; }
@@ -137,6 +140,7 @@ class Policy {
   const CallRows* rows_ = nullptr;    // during OnCall only
   const PinCounts* keep_ = nullptr;   // SetKeepHints
   bool avoiding_kept_ = false;        // a victim search that passes over keep_
+  mutable uint32_t kept_passed_ = 0;  // hinted residents that search passed over
 
   uint64_t capacity_bytes_;
   uint64_t used_bytes_ = 0;

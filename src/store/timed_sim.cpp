@@ -354,7 +354,11 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
           DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &predicted);
         }
       }
-      if (keeping && !predicted.empty()) {
+      // A prefill chunk's next-token predictions are mostly its own next
+      // rows (already loaded by this call) and name hundreds of objects: as
+      // hints they would shield a whole prompt's experts from the decode
+      // that follows. Only decode calls give hints.
+      if (keeping && !call.is_prefill && !predicted.empty()) {
         auto& list = kept_for[space.LayerIndexOf(predicted.front())];
         for (ObjectId k : predicted) {
           ++keep[k];

@@ -101,7 +101,7 @@ TEST(KeepHints, TheAdaptivePolicysLeaderReadsTheHints) {
 // layers of top-1, three tokens: token t routes L1 e0, L2 e(1+t), L3 e(1+t).
 // L1's expert recurs; the others never do. Tokens 0 and 1 predict each
 // layer's next token right (L1 e0; L2 and L3 the next new expert).
-trace::Trace Recurring() {
+trace::Trace Recurring(bool l1_prefill = false) {
   trace::Trace t;
   t.num_experts = 4;
   t.top_k = 1;
@@ -110,7 +110,7 @@ trace::Trace Recurring() {
   for (uint16_t token = 0; token < 3; ++token) {
     for (uint32_t layer = 1; layer <= 3; ++layer) {
       uint16_t e[1] = {layer == 1 ? uint16_t(0) : uint16_t(1 + token)};
-      t.Append(layer, 1, 0, false, e);
+      t.Append(layer, 1, 0, layer == 1 && l1_prefill, e);
       uint16_t next[1] = {layer == 1 ? uint16_t(0) : uint16_t(2 + token)};
       if (token < 2) t.SetTokenPredictions(next);
     }
@@ -152,6 +152,15 @@ TEST(KeepHints, TimedReplayKeepsThePredictedObjectThroughOtherLayersMisses) {
   TimingOptions belady = KeepOpts(true);
   belady.prefetch = true;
   EXPECT_FALSE(timed_tiny::Timed(Recurring(), "belady", belady, 2).keep_predicted);
+}
+
+TEST(KeepHints, APrefillCallGivesNoHints) {
+  // The same trace with L1's calls as one-row prefill chunks: their
+  // predictions are not hints, so L3's misses evict L1 e0 as without them
+  // (a prefill hit does not refresh LRU, so nothing else changes either).
+  TimedResult r = timed_tiny::Timed(Recurring(/*l1_prefill=*/true), "lru", KeepOpts(true), 2);
+  EXPECT_EQ(r.hits, 0u);
+  EXPECT_EQ(r.bytes_read, 9000u);
 }
 
 TEST(KeepHints, TheSweepAddsAKeepRowAndSteersThePrefetchRows) {
