@@ -71,8 +71,9 @@ struct StoreOptions {
   // speculative read lands in a staging area outside the cache; the next
   // Acquire() of that layer takes the objects it routes to (inserted through
   // the policy exactly as demand misses, without a read of their own) and
-  // drops the rest, so prefetch never evicts an object demand-only caching
-  // would have kept. "cache": the older rule, reads go into the cache through
+  // drops the rest, so a speculative read never evicts an object demand-only
+  // caching would have kept (keep_predicted below is the one way a
+  // prediction changes the victims). "cache": the older rule, reads go into the cache through
   // the policy (may evict residents), pinned until the next Acquire() of
   // that layer.
   std::string prefetch_mode = "staged";

@@ -764,6 +764,7 @@ int RunSweep(const std::vector<std::string>& argv) {
                     family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
                     (unsigned long long)seq->tokens, horizon.c_str());
       text += head;
+      if (to.keep_predicted) text += "predictions steer eviction: keep rows read nothing ahead; prefetch rows keep too\n";
       if (to.device_bytes) {
         std::snprintf(head, sizeof head, "device tier: %llu MiB = %llu objects (%.2f%%), %s, H2D %.1f GB/s, %.0f us\n",
                       (unsigned long long)(*dev >> 20), (unsigned long long)(to.device_bytes / space->max_object_bytes()),

@@ -119,7 +119,7 @@ TEST(RequiredOptions, HelpListsWhatEachOptionNeeds) {
   help = Cli("trace sweep --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_TRUE(Contains(help.out, "\nneeds: --compute-us, --ssd-gbps, --ssd-latency-us, --queue-depth, "
-                                 "--prefetch-budget-mib, --staged, --horizon, --device-mib, --device-policy, "
+                                 "--prefetch-budget-mib, --staged, --horizon, --keep-predicted, --device-mib, --device-policy, "
                                  "--h2d-gbps and --h2d-latency-us need --timing; --predict-accuracy and "
                                  "--predict-surprise need --predict, --predict-next-token or --timing; "
                                  "--device-policy, --h2d-gbps and --h2d-latency-us need --device-mib other than 0\n"))
@@ -164,6 +164,7 @@ TEST(RequiredOptions, ACompanionsInertValueIsRefusedNamingBothAndTheValue) {
       {"trace sweep --timing" + kSweepModel + "--device-mib 00 --h2d-gbps 10",
        "--h2d-gbps needs --device-mib other than 0 (there is no device tier without one), but --device-mib 00 was "
        "given"},
+      {"trace sweep" + kSweepModel + "--keep-predicted", "--keep-predicted needs --timing"},
       // Without --timing the first rule still speaks first.
       {"trace sweep" + kSweepModel + "--h2d-latency-us 5 --svg " + Q(d + "/s.svg"), "--h2d-latency-us needs --timing"},
   };

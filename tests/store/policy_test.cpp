@@ -8,35 +8,15 @@
 #include <map>
 #include <random>
 
+#include "policy_driver.h"
 #include "store/policy.h"
 
 namespace k3pack::store {
 namespace {
 
-constexpr uint64_t kObj = 4096;
-
 ObjectSpace Space(uint32_t layers = 1, uint32_t experts = 8, uint32_t top_k = 2) {
   return ObjectSpace::Uniform(layers, experts, top_k, kObj, 1);
 }
-
-struct Driver {
-  std::unique_ptr<Policy> p;
-  AccessResult r;
-  Driver(const std::string& name, const ObjectSpace& s, uint64_t slots) {
-    auto made = MakePolicy(name, s, slots * kObj);
-    EXPECT_TRUE(made.ok());
-    p = std::move(made).value();
-  }
-  // Returns the evicted keys of one call with the given keys (sorted here).
-  std::vector<ObjectId> Call(std::vector<ObjectId> keys, bool prefill = false, const PinCounts* pins = nullptr,
-                             uint64_t gen = 1) {
-    std::sort(keys.begin(), keys.end());
-    std::vector<uint64_t> gens(keys.size(), gen);
-    Status st = p->Access(keys, gens, prefill, pins, &r);
-    EXPECT_TRUE(st.ok()) << st.message();
-    return r.evicted;
-  }
-};
 
 // Residents A=0 (frequency 5), B=1, C=2 (frequency 1), LRU order A, B, C:
 // the situation of SGLang's test (frequencies [5, 1, 1]).

@@ -107,6 +107,24 @@ TEST(TraceNextTokenCli, GenSweepAndErrors) {
   EXPECT_EQ(j["horizon"], "token");
   ASSERT_EQ(j["timing"].size(), 3u);
   EXPECT_GT(j["timing"][1]["prefetch_useful_bytes"].get<double>(), 0);
+  // --keep-predicted: a keep row per policy, the prefetch row steered too.
+  CliRun k = Cli("trace sweep --timing --horizon token --keep-predicted --json --policies lru --sizes 64 --trace " +
+                 next + " --object-bytes 1000000");
+  ASSERT_EQ(k.code, 0) << k.out;
+  auto kj = nlohmann::json::parse(k.out);
+  EXPECT_EQ(kj["keep_predicted"], true);
+  ASSERT_EQ(kj["timing"].size(), 4u);
+  std::vector<std::pair<bool, bool>> prefetch_keep;
+  for (const auto& row : kj["timing"]) prefetch_keep.push_back({row["prefetch"], row["keep_predicted"]});
+  EXPECT_EQ(prefetch_keep, (std::vector<std::pair<bool, bool>>{{false, false}, {false, true}, {true, true},
+                                                               {true, false}}));  // no, keep, yes+keep, belady
+  EXPECT_EQ(kj["timing"][1]["prefetch_bytes"], 0);
+  CliRun kt = Cli("trace sweep --timing --horizon token --keep-predicted --policies lru --sizes 64 --trace " + next +
+                  " --object-bytes 1000000");
+  ASSERT_EQ(kt.code, 0) << kt.out;
+  EXPECT_NE(kt.out.find(" keep "), std::string::npos) << kt.out;
+  EXPECT_NE(kt.out.find("yes+keep"), std::string::npos) << kt.out;
+  EXPECT_NE(kt.out.find("predictions steer eviction"), std::string::npos) << kt.out;
   CliRun gen = Cli("trace sweep --timing --horizon token --family kimi --policies lru --sizes 64" + kSmall);
   ASSERT_EQ(gen.code, 0) << gen.out;
   EXPECT_NE(gen.out.find("prefetch horizon: next token"), std::string::npos) << gen.out;
