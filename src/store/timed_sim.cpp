@@ -185,6 +185,20 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   PinCounts keep(keeping ? n : 0, 0);
   std::vector<std::vector<ObjectId>> kept_for(keeping ? num_layers + 1 : 0);
   if (keeping) policy->SetKeepHints(&keep);
+  // A token ahead with request ids, a row's hints are for its request's next
+  // call of the layer, which interleaved requests reach only after the
+  // others' calls: they are held per (layer, request) until that call.
+  // A request that never comes back (it ended) must not hold its hints for
+  // ever: they also end after kMaxHintCalls calls of the layer.
+  const bool per_request = keeping && token_ahead && seq.has_rows();
+  struct RequestHints {
+    uint64_t request, given_at;  // given_at: the layer's call count then
+    std::vector<ObjectId> objects;
+  };
+  constexpr uint64_t kMaxHintCalls = 16;
+  std::vector<std::vector<RequestHints>> request_hints(per_request ? num_layers + 1 : 0);
+  std::vector<uint64_t> layer_calls(per_request ? num_layers + 1 : 0, 0);
+  std::vector<ObjectId> row_predicted;
   // Belady's perfect next-token prefetch: the next call of the same layer.
   std::vector<uint64_t> next_same_layer;
   auto layer_index = [&](uint64_t c) {
@@ -229,6 +243,16 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     if (keeping) {
       for (ObjectId k : kept_for[li]) --keep[k];
       kept_for[li].clear();
+    }
+    if (per_request) {
+      const uint64_t now_calls = ++layer_calls[li];
+      const auto* reqs = seq.row_requests.data() + call.row_begin;
+      std::erase_if(request_hints[li], [&](const RequestHints& h) {
+        if (h.given_at + kMaxHintCalls > now_calls && std::find(reqs, reqs + call.rows, h.request) == reqs + call.rows)
+          return false;
+        for (ObjectId k : h.objects) --keep[k];
+        return true;
+      });
     }
     if (token_ahead) {
       for (ObjectId k : pinned_at[li]) --pins[k];
@@ -358,7 +382,16 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       // rows (already loaded by this call) and name hundreds of objects: as
       // hints they would shield a whole prompt's experts from the decode
       // that follows. Only decode calls give hints.
-      if (keeping && !call.is_prefill && !predicted.empty()) {
+      if (per_request && !call.is_prefill && !predicted.empty()) {
+        const auto p = t.RecordTokenPredictions(t.records[c]);
+        const uint32_t pk = t.predict_k;
+        for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= p.size(); ++row) {
+          pred_ids.assign(p.begin() + size_t(row) * pk, p.begin() + size_t(row + 1) * pk);
+          DistinctSorted(space, static_cast<uint32_t>(li), pred_ids.data(), pred_ids.size(), &row_predicted);
+          request_hints[li].push_back({seq.row_requests[call.row_begin + row], layer_calls[li], row_predicted});
+          for (ObjectId k : row_predicted) ++keep[k];
+        }
+      } else if (keeping && !call.is_prefill && !predicted.empty()) {
         auto& list = kept_for[space.LayerIndexOf(predicted.front())];
         for (ObjectId k : predicted) {
           ++keep[k];

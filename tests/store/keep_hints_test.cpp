@@ -141,6 +141,44 @@ TEST(KeepHints, APrefillCallGivesNoHints) {
   EXPECT_EQ(r.bytes_read, 9000u);
 }
 
+TEST(KeepHints, AHintHoldsUntilItsRequestsNextCallOfTheLayer) {
+  // Two requests decoded one call per token, taking turns: A0, B0, A1.
+  // A routes L1 e0 every token (and L2 e1, then e2); B routes L1 e1, L2 e3.
+  // LRU, 2 slots. A0's L1 call predicts e0 for A's next L1 call, which comes
+  // after B0's calls. Worked out:
+  //   c0 A L1 e0 miss; c1 A L2 e1 miss (cache full);
+  //   c2 B L1 e1 miss: A's hint on L1 e0 holds (B's call is not A's), so
+  //      L2 e1 is evicted; c3 B L2 e3 miss evicts L1 e1 (L1 e0 still hinted);
+  //   c4 A L1 e0 hit (its hint ends here); c5 A L2 e2 miss.
+  // 1 hit, 5 reads. Were the hint to end at the layer's next call (c2, B's),
+  // c2 would evict L1 e0 (LRU) and c4 would miss: 0 hits, as without hints.
+  trace::Trace t;
+  t.num_experts = 4;
+  t.top_k = 1;
+  t.layer_ids = {1, 2};
+  t.predict_k = 1;
+  struct Call {
+    uint32_t layer, request;
+    uint16_t expert;
+    int next;  // predicted id for the request's next token, -1: none
+  };
+  const Call calls[] = {{1, 0, 0, 0}, {2, 0, 1, 2}, {1, 1, 1, 2}, {2, 1, 3, 0}, {1, 0, 0, -1}, {2, 0, 2, -1}};
+  for (const Call& c : calls) {
+    uint16_t e[1] = {c.expert};
+    t.Append(c.layer, 1, c.request, false, e);
+    if (c.next >= 0) {
+      uint16_t n[1] = {static_cast<uint16_t>(c.next)};
+      t.SetTokenPredictions(n);
+    }
+  }
+  TimedResult off = timed_tiny::Timed(t, "lru", KeepOpts(false), 2);
+  TimedResult on = timed_tiny::Timed(t, "lru", KeepOpts(true), 2);
+  EXPECT_EQ(off.hits, 0u);
+  EXPECT_EQ(off.bytes_read, 6000u);
+  EXPECT_EQ(on.hits, 1u);
+  EXPECT_EQ(on.bytes_read, 5000u);
+}
+
 TEST(KeepHints, TheSweepAddsAKeepRowAndSteersThePrefetchRows) {
   trace::Trace t = Recurring();
   ObjectSpace space = SpaceForTrace(t, 1000);
