@@ -13,15 +13,18 @@ Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
 bool Policy::Protected(ObjectId key, std::span<const ObjectId> call_keys, const PinCounts* pins) const {
   if (pins != nullptr && (*pins)[key] != 0) return true;
   const Policy& m = *marks_owner_;
-  // A search passes over at most kMaxKeptPassed hinted residents: a prefill
-  // chunk's predictions can hint hundreds of objects per layer, and a victim
-  // search must stay cheap.
-  if (m.avoiding_kept_ && (*m.keep_)[key] != 0 && m.kept_passed_++ < kMaxKeptPassed) return true;
-  if (m.marked_ != nullptr && call_keys.data() == m.marked_) return m.call_mark_[key] == m.call_serial_;
-  // Call keys are sorted and all of one layer: most candidates (other layers)
-  // fall outside their range, which is two compares instead of a search.
-  if (call_keys.empty() || key < call_keys.front() || key > call_keys.back()) return false;
-  return std::binary_search(call_keys.begin(), call_keys.end(), key);
+  if (m.marked_ != nullptr && call_keys.data() == m.marked_) {
+    if (m.call_mark_[key] == m.call_serial_) return true;
+  } else if (!call_keys.empty() && key >= call_keys.front() && key <= call_keys.back() &&
+             std::binary_search(call_keys.begin(), call_keys.end(), key)) {
+    // Call keys are sorted and all of one layer: most candidates (other
+    // layers) fall outside their range, which is two compares, not a search.
+    return true;
+  }
+  // Otherwise evictable, unless a victim search is passing over keep hints:
+  // it passes over at most kMaxKeptPassed (a flood of hints, e.g. a batched
+  // step's, must not make every eviction scan the cache).
+  return m.avoiding_kept_ && (*m.keep_)[key] != 0 && m.kept_passed_++ < kMaxKeptPassed;
 }
 
 void Policy::Insert(ObjectId key, uint64_t generation) {

@@ -20,12 +20,15 @@ namespace k3pack::store {
 
 Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys) {
   for (ObjectId k : keys) {
-    if (policy->Resident(k) && keep_predicted) {
-      ++kept[k];
-      kept_by_layer[li].push_back(k);
-      ++prefetch_kept;
+    if (policy->Resident(k)) {  // nothing to read; kept for that acquire
+      if (keep_predicted) {
+        ++kept[k];
+        kept_by_layer[li].push_back(k);
+        ++prefetch_kept;
+      }
+      continue;
     }
-    if (policy->Resident(k) || staged[k]) continue;  // nothing to read
+    if (staged[k]) continue;
     const uint64_t cost = geo.space.Cost(k);
     if (staged_bytes + cost > prefetch_budget) {
       ++prefetch_refused;

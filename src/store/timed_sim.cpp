@@ -8,6 +8,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "store/miss_rows.h"
@@ -109,6 +110,43 @@ class Link {
   double busy_until_ = 0;
 };
 
+// Keep hints (TimingOptions::keep_predicted), as counts the policy reads.
+// A row's hints for a layer end at that layer's next call by the same
+// request (with requests taking turns, it comes after the other requests'
+// calls), at its next call of any request when calls carry no request ids,
+// or after kMaxCalls calls of the layer (a request that ended never comes
+// back for them).
+class KeepHints {
+ public:
+  KeepHints(uint64_t objects, size_t layers) : keep_(objects, 0), by_layer_(layers), calls_(layers, 0) {}
+  const PinCounts* counts() const { return &keep_; }
+  // A call of layer `li` starts; `requests`: its rows' (empty: not known).
+  void CallStarts(size_t li, std::span<const uint64_t> requests) {
+    const uint64_t now = ++calls_[li];
+    std::erase_if(by_layer_[li], [&](const Hint& h) {
+      const bool ends = requests.empty() || h.given_at + kMaxCalls <= now ||
+                        std::find(requests.begin(), requests.end(), h.request) != requests.end();
+      if (ends)
+        for (ObjectId k : h.objects) --keep_[k];
+      return ends;
+    });
+  }
+  void Give(size_t li, uint64_t request, std::span<const ObjectId> objects) {
+    by_layer_[li].push_back({request, calls_[li], {objects.begin(), objects.end()}});
+    for (ObjectId k : objects) ++keep_[k];
+  }
+
+ private:
+  static constexpr uint64_t kMaxCalls = 16;
+  struct Hint {
+    uint64_t request, given_at;  // given_at: the layer's call count then
+    std::vector<ObjectId> objects;
+  };
+  PinCounts keep_;
+  std::vector<std::vector<Hint>> by_layer_;
+  std::vector<uint64_t> calls_;
+};
+
 }  // namespace
 
 Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, const ObjectSpace& space,
@@ -167,7 +205,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   PinCounts pins(n, 0), dev_pins(tiered ? n : 0, 0);
   std::vector<uint64_t> gens;
   AccessResult ar, dar;
-  std::vector<ObjectId> evicted, predicted, host_keys, miss_routes;
+  std::vector<ObjectId> evicted, predicted, row_predicted, host_keys, miss_routes;
   std::vector<uint64_t> miss_requests, miss_row_requests;
   std::vector<size_t> miss_route_of;
   std::vector<int64_t> pred_ids;
@@ -179,26 +217,18 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   const bool token_ahead = o.lookahead == TimingOptions::Lookahead::kNextToken;
   const size_t num_layers = t.layer_ids.size();
   std::vector<std::vector<ObjectId>> pinned_at(token_ahead ? num_layers + 1 : 0), dev_pinned_at(pinned_at.size());
-  // Keep hints: per target layer index, the predicted objects a victim
-  // search passes over until that layer's next call starts.
+  // Keep hints: per target layer, each row's predicted objects for its
+  // request (see KeepHints).
   const bool keeping = o.keep_predicted && !min;
-  PinCounts keep(keeping ? n : 0, 0);
-  std::vector<std::vector<ObjectId>> kept_for(keeping ? num_layers + 1 : 0);
-  if (keeping) policy->SetKeepHints(&keep);
-  // A token ahead with request ids, a row's hints are for its request's next
-  // call of the layer, which interleaved requests reach only after the
-  // others' calls: they are held per (layer, request) until that call.
-  // A request that never comes back (it ended) must not hold its hints for
-  // ever: they also end after kMaxHintCalls calls of the layer.
-  const bool per_request = keeping && token_ahead && seq.has_rows();
-  struct RequestHints {
-    uint64_t request, given_at;  // given_at: the layer's call count then
-    std::vector<ObjectId> objects;
+  std::optional<KeepHints> hints;
+  if (keeping) {
+    hints.emplace(n, num_layers + 1);
+    policy->SetKeepHints(hints->counts());
+  }
+  auto call_requests = [&](const CallSeq::Call& call) {
+    return seq.has_rows() ? std::span<const uint64_t>(seq.row_requests.data() + call.row_begin, call.rows)
+                          : std::span<const uint64_t>();
   };
-  constexpr uint64_t kMaxHintCalls = 16;
-  std::vector<std::vector<RequestHints>> request_hints(per_request ? num_layers + 1 : 0);
-  std::vector<uint64_t> layer_calls(per_request ? num_layers + 1 : 0, 0);
-  std::vector<ObjectId> row_predicted;
   // Belady's perfect next-token prefetch: the next call of the same layer.
   std::vector<uint64_t> next_same_layer;
   auto layer_index = [&](uint64_t c) {
@@ -240,20 +270,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     for (ObjectId k : dev_pinned) --dev_pins[k];
     dev_pinned.clear();
     const size_t li = layer_index(c);
-    if (keeping) {
-      for (ObjectId k : kept_for[li]) --keep[k];
-      kept_for[li].clear();
-    }
-    if (per_request) {
-      const uint64_t now_calls = ++layer_calls[li];
-      const auto* reqs = seq.row_requests.data() + call.row_begin;
-      std::erase_if(request_hints[li], [&](const RequestHints& h) {
-        if (h.given_at + kMaxHintCalls > now_calls && std::find(reqs, reqs + call.rows, h.request) == reqs + call.rows)
-          return false;
-        for (ObjectId k : h.objects) --keep[k];
-        return true;
-      });
-    }
+    if (keeping) hints->CallStarts(li, call_requests(call));
     if (token_ahead) {
       for (ObjectId k : pinned_at[li]) --pins[k];
       pinned_at[li].clear();
@@ -365,40 +382,32 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     // this call computes.
     if ((o.prefetch || keeping) && c + 1 < seq.calls.size()) {
       predicted.clear();
-      if (min) {
+      const size_t target = token_ahead ? li : li + 1;
+      const auto p = min ? std::span<const uint16_t>()
+                         : token_ahead ? t.RecordTokenPredictions(t.records[c]) : t.RecordPredictions(t.records[c]);
+      if (!o.prefetch) {
+        // The predictions steer eviction only (below): nothing is read ahead.
+      } else if (min) {
         const uint64_t nc = token_ahead ? next_same_layer[c] : c + 1;
         if (nc != UINT64_MAX)
           predicted.assign(seq.keys.begin() + seq.calls[nc].begin, seq.keys.begin() + seq.calls[nc].end);
-      } else {
-        const auto& rec = t.records[c];
-        auto p = token_ahead ? t.RecordTokenPredictions(rec) : t.RecordPredictions(rec);
-        const size_t target = token_ahead ? li : li + 1;
-        if (!p.empty() && target < num_layers) {
-          pred_ids.assign(p.begin(), p.end());
-          DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &predicted);
-        }
+      } else if (!p.empty() && target < num_layers) {
+        pred_ids.assign(p.begin(), p.end());
+        DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &predicted);
       }
       // A prefill chunk's next-token predictions are mostly its own next
       // rows (already loaded by this call) and name hundreds of objects: as
       // hints they would shield a whole prompt's experts from the decode
       // that follows. Only decode calls give hints.
-      if (per_request && !call.is_prefill && !predicted.empty()) {
-        const auto p = t.RecordTokenPredictions(t.records[c]);
+      if (keeping && !call.is_prefill && target < num_layers) {
+        const auto requests = call_requests(call);
         const uint32_t pk = t.predict_k;
         for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= p.size(); ++row) {
           pred_ids.assign(p.begin() + size_t(row) * pk, p.begin() + size_t(row + 1) * pk);
-          DistinctSorted(space, static_cast<uint32_t>(li), pred_ids.data(), pred_ids.size(), &row_predicted);
-          request_hints[li].push_back({seq.row_requests[call.row_begin + row], layer_calls[li], row_predicted});
-          for (ObjectId k : row_predicted) ++keep[k];
-        }
-      } else if (keeping && !call.is_prefill && !predicted.empty()) {
-        auto& list = kept_for[space.LayerIndexOf(predicted.front())];
-        for (ObjectId k : predicted) {
-          ++keep[k];
-          list.push_back(k);
+          DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &row_predicted);
+          hints->Give(target, requests.empty() ? 0 : requests[row], row_predicted);
         }
       }
-      if (!o.prefetch) predicted.clear();  // the predictions steer eviction only
       std::vector<ObjectId>& pin_list = token_ahead ? pinned_at[li] : spec_pinned;
       std::vector<ObjectId>& dev_pin_list = token_ahead ? dev_pinned_at[li] : dev_pinned;
       for (ObjectId k : keys) ++pins[k];
