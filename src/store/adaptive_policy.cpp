@@ -100,6 +100,7 @@ class Adaptive final : public Policy {
       for (ObjectId k : rows->keys) sub_row_keys_.push_back(base + space_.ExpertOf(k));
       sub_rows = {sub_row_keys_, rows->requests, rows->width};
     }
+    MirrorKeepHints();
     for (size_t c = 0; c < n_; ++c) {
       score_[c] *= kDecay;
       if (!alive_[c] || (c == request_aware_ && rows == nullptr)) continue;
@@ -134,6 +135,22 @@ class Adaptive final : public Policy {
   }
 
  private:
+  // The ghosts race with the keep hints of their sampled layers, so that a
+  // candidate that uses hints well is measured with them (request-aware
+  // learns from them how rarely an unhinted previous-token expert returns).
+  void MirrorKeepHints() {
+    const PinCounts* keep = keep_hints();
+    if (keep == nullptr) return;
+    const uint32_t E = space_.num_experts;
+    if (ghost_keep_.empty()) {
+      ghost_keep_.assign(ghosts_[0]->space().num_objects(), 0);
+      for (auto& g : ghosts_) g->SetKeepHints(&ghost_keep_);
+    }
+    for (uint32_t l = 0; l < sub_layer_.size(); ++l)
+      if (sub_layer_[l] >= 0)
+        std::copy_n(keep->begin() + size_t{l} * E, E, ghost_keep_.begin() + size_t(sub_layer_[l]) * E);
+  }
+
   static constexpr double kDecay = 1.0 - 1.0 / 2048.0;  // window ~2k sampled calls (~150 K3 tokens)
   std::vector<std::string> names_;
   size_t n_ = 0, request_aware_ = kNone;
@@ -145,6 +162,7 @@ class Adaptive final : public Policy {
   size_t leader_ = 0;
   bool seen_requests_ = false;
   std::vector<ObjectId> sub_keys_, sub_row_keys_;
+  PinCounts ghost_keep_;  // the ghosts' keep hints (MirrorKeepHints)
   std::vector<uint64_t> gens_;
   AccessResult ar_;
 };

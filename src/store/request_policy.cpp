@@ -68,6 +68,7 @@ class RequestAware final : public Policy {
         stamp_of_(space.num_objects(), 0),
         resident_(space.num_objects(), 0),
         prev_mask_(space.num_objects(), 0),
+        unhinted_(space.num_objects(), 0),
         mark_(space.num_experts, 0) {
   }
   std::string name() const override { return "request-aware"; }
@@ -115,6 +116,7 @@ class RequestAware final : public Policy {
       if (!prev.empty()) {
         reuse_num_ = reuse_num_ * kReuseDecay + double(cur_.size() - arrivals_.size());
         reuse_den_ = reuse_den_ * kReuseDecay + double(cur_.size());
+        if (keeps_hints()) CountUnhintedReuse(l, prev, was);
       }
       for (uint16_t e : prev) touched_.push_back(space_.Id(l, e));
       for (uint16_t e : cur_) touched_.push_back(space_.Id(l, e));
@@ -137,6 +139,11 @@ class RequestAware final : public Policy {
     const double rho = Rho();
     if (std::abs(rho - rho_) > 0.01) {
       rho_ = rho;
+      active_changed_ = true;
+    }
+    const double rho_unhinted = RhoUnhinted();
+    if (std::abs(rho_unhinted - rho_unhinted_) > std::max(0.002, 0.05 * rho_unhinted_)) {
+      rho_unhinted_ = rho_unhinted;
       active_changed_ = true;
     }
     if (active_changed_) {
@@ -271,6 +278,19 @@ class RequestAware final : public Policy {
   };
 
   double Rho() const { return (reuse_num_ + 0.3 * 16) / (reuse_den_ + 16); }
+  // Until the hints have taught it, an unhinted expert is kept as often as
+  // any other.
+  double RhoUnhinted() const { return (unhinted_num_ + rho_ * 64) / (unhinted_den_ + 64); }
+  // The row's previous-token experts at layer l that had no keep hint when
+  // last ranked (their marks: `was`, or `was + 1` if this row routes them
+  // again).
+  void CountUnhintedReuse(uint32_t l, const std::vector<uint16_t>& prev, uint32_t was) {
+    for (uint16_t e : prev) {
+      if (!unhinted_[space_.Id(l, e)]) continue;
+      unhinted_num_ = unhinted_num_ * kReuseDecay + (mark_[e] == was + 1 ? 1.0 : 0.0);
+      unhinted_den_ = unhinted_den_ * kReuseDecay + 1.0;
+    }
+  }
 
   // The request's slot, created (with a fresh cluster) or re-activated.
   uint32_t Touch(uint64_t id) {
@@ -487,6 +507,9 @@ class RequestAware final : public Policy {
     const uint32_t l = space_.LayerIndexOf(o);
     const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(o));
     double none = 1.0;
+    // A previous-token expert the look-ahead does not predict for the next
+    // call is kept much less often than rho says (see unhinted_).
+    const double reuse = HintedOrNoHints(o) ? rho_ : rho_unhinted_;
     const uint64_t mask = prev_mask_[o];
     for (size_t i = 0; i < active_.size(); ++i) {
       const Req& q = reqs_[active_[i]];
@@ -499,7 +522,7 @@ class RequestAware final : public Policy {
         const auto& pv = q.prev[l];
         in_prev = std::find(pv.begin(), pv.end(), e) != pv.end();
       }
-      none *= 1.0 - (in_prev ? rho_ + (1.0 - rho_) * fresh : fresh);
+      none *= 1.0 - (in_prev ? reuse + (1.0 - reuse) * fresh : fresh);
     }
     return static_cast<float>(1.0 - none);
   }
@@ -515,7 +538,10 @@ class RequestAware final : public Policy {
     }
   }
   // Ties (new requests know nothing yet) evict the least recently used.
-  void Place(ObjectId k) { order_.Set(k, {Score(k), stamp_of_[k]}); }
+  void Place(ObjectId k) {
+    if (keeps_hints()) unhinted_[k] = !HintedOrNoHints(k);
+    order_.Set(k, {Score(k), stamp_of_[k]});
+  }
   void RerankLayer(uint32_t l) {
     for (uint32_t e = 0; e < E_; ++e) {
       const ObjectId k = space_.Id(l, e);
@@ -527,6 +553,10 @@ class RequestAware final : public Policy {
   const double gamma_[2];  // per row: short (the policy's half-life), long
   uint64_t calls_ = 0, stamp_ = 0;
   double reuse_num_ = 0, reuse_den_ = 0, rho_ = 0.3;
+  // With keep hints: how often a previous-token expert that had no hint when
+  // it was last ranked is routed again by its request's next token. With
+  // 95%-accurate predictions that is a few percent, not rho's ~30%.
+  double unhinted_num_ = 0, unhinted_den_ = 0, rho_unhinted_ = 0.3;
   bool active_changed_ = false;
   std::vector<Req> reqs_;
   std::unordered_map<uint64_t, uint32_t> slot_of_;
@@ -536,6 +566,7 @@ class RequestAware final : public Policy {
   std::vector<uint64_t> stamp_of_;  // last use, per object
   std::vector<uint8_t> resident_;
   std::vector<uint64_t> prev_mask_;
+  std::vector<uint8_t> unhinted_;  // per object: no keep hint when last ranked
   // The keys of the last call stay out of the order until the next call:
   // they are protected during their call anyway (a victim search would have
   // to step over them, and a chunked prefill call's many low-ranked keys made
