@@ -89,7 +89,7 @@ struct StoreOptions {
   // Staged mode: a prefetched object that is already resident is kept for
   // that acquire. Victim searches pass over it (in the policy's order) while
   // any other unpinned resident is left, until the next Acquire() of its
-  // layer. With next-token predictions (Prefetch(layer, ...) issued right
+  // layer (by the prefetch's request, see Prefetch). With next-token predictions (Prefetch(layer, ...) issued right
   // after that layer's acquire, for the same layer at the next token) the
   // predictions then steer eviction through the other layers' misses: at
   // 0.54% of K3 it cuts bytes read per token by a fifth in
@@ -165,8 +165,14 @@ class ExpertStore {
   // the ones it routes to if they are still in flight. Where they land
   // depends on StoreOptions::prefetch_mode (staged: outside the cache,
   // dropped at that acquire if not routed to; cache: in the cache, pinned
-  // until that acquire). Objects already resident are not read.
-  Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids);
+  // until that acquire). Objects already resident are not read; with
+  // StoreOptions::keep_predicted they are kept until the layer's next
+  // acquire by `request_id` (the request whose next token was predicted;
+  // without it, the layer's next acquire of any request, and at most 16
+  // acquires of the layer either way), so with requests decoded side by side
+  // a prediction outlives the other requests' acquires of its layer.
+  Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids,
+                  std::optional<uint64_t> request_id = std::nullopt);
 
   // SGLang's stats dict (same keys) plus k3pack's under "k3pack".
   nlohmann::json Snapshot() const;

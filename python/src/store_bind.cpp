@@ -195,16 +195,22 @@ void RegisterStore(py::module_& m) {
         }();
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("expert_ids"), "one decode token: exactly top_k expert ids")
-      .def("prefetch", [](store::ExpertStore& self, int64_t layer_arg, py::object ids) {
+      .def("prefetch", [](store::ExpertStore& self, int64_t layer_arg, py::object ids, py::object request_id) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
+        const std::vector<uint64_t> request = RequestIdsArg(request_id);
+        if (request.size() > 1)
+          Raise(k3pack::Error("prefetch takes one request_id: the request whose next token was predicted",
+                              k3pack::ErrorKind::kValue));
         k3pack::Status st;
         {
           NoGil nogil;
-          st = self.Prefetch(layer, v);
+          st = self.Prefetch(layer, v, request.empty() ? std::nullopt : std::optional<uint64_t>(request[0]));
         }
         Check(st);
-      }, py::arg("layer"), py::arg("expert_ids"), "start reading experts of `layer` without waiting")
+      }, py::arg("layer"), py::arg("expert_ids"), py::kw_only(), py::arg("request_id") = py::none(),
+         "start reading experts of `layer` without waiting; request_id: the request whose next token was "
+         "predicted (keep hints then outlive other requests' acquires of the layer)")
       .def("mark_used", [](store::ExpertStore& self, PyAcquisition& a) { Release(self, a); }, py::arg("acquisition"), "release an Acquisition of this store (the same as acquisition.mark_used())")
       .def("snapshot", &Snapshot, "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
       .def("stats", &Snapshot, "the same as snapshot()")

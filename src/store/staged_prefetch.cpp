@@ -18,14 +18,11 @@
 
 namespace k3pack::store {
 
-Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys) {
+Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys, uint64_t request) {
+  std::vector<ObjectId> resident;
   for (ObjectId k : keys) {
     if (policy->Resident(k)) {  // nothing to read; kept for that acquire
-      if (keep_predicted) {
-        ++kept[k];
-        kept_by_layer[li].push_back(k);
-        ++prefetch_kept;
-      }
+      resident.push_back(k);
       continue;
     }
     if (staged[k]) continue;
@@ -45,6 +42,10 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
     ++prefetch_issued;
     prefetch_issued_bytes += cost;
     spec_queue.push_back(std::move(e));
+  }
+  if (keep_predicted) {
+    kept->Give(li, request, resident);
+    prefetch_kept += resident.size();
   }
   PumpSpeculative();
   return Status::OK();
@@ -90,11 +91,6 @@ void ExpertStore::Impl::DropStaged(uint32_t li) {
     if (e->state != Entry::kLoading) staged_bytes -= cost;
   }
   staged_by_layer[li].clear();
-}
-
-void ExpertStore::Impl::ReleaseKept(uint32_t li) {
-  for (ObjectId id : kept_by_layer[li]) --kept[id];
-  kept_by_layer[li].clear();
 }
 
 void ExpertStore::Impl::FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok) {

@@ -86,9 +86,8 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   impl->staged_by_layer.resize(s.num_active_layers());
   impl->keep_predicted = impl->staged_mode && opt.keep_predicted;
   if (impl->keep_predicted) {
-    impl->kept.assign(s.num_objects(), 0);
-    impl->kept_by_layer.resize(s.num_active_layers());
-    impl->policy->SetKeepHints(&impl->kept);
+    impl->kept.emplace(s.num_objects(), s.num_active_layers());
+    impl->policy->SetKeepHints(impl->kept->counts());
   }
   impl->checksum_mode = "off";
   if (opt.verify_checksums) {
@@ -282,7 +281,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   std::unique_lock<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   s.ReleasePrefetchPins(li);
-  if (s.keep_predicted) s.ReleaseKept(li);
+  if (s.keep_predicted) s.kept->CallStarts(li, request_ids);
   ++s.route_calls[layer];
   s.route_tokens[layer] += static_cast<uint64_t>(rows);
   // Other callers' working sets are protected; wait for them rather than fail
@@ -417,7 +416,7 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
   return s.WriteStatsJson();
 }
 
-Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
+Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
@@ -431,7 +430,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
   DistinctSorted(space, li, ids.data(), ids.size(), &keys);
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
-  if (s.staged_mode) return s.StagePrefetch(li, keys);
+  if (s.staged_mode) return s.StagePrefetch(li, keys, request_id.value_or(KeepHints::kAnyRequest));
   std::vector<ObjectId> evicted;
   for (ObjectId k : keys) {
     if (!s.policy->Resident(k)) {

@@ -17,6 +17,7 @@
 #include "util/buffer_pool.h"
 #include "util/task_pool.h"
 #include "store/io_engine.h"
+#include "store/keep_hints.h"
 #include "store/latency_window.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
@@ -85,11 +86,11 @@ struct ExpertStore::Impl {
   uint64_t prefetch_depth = 1;                   // resolved StoreOptions::prefetch_queue_depth
   std::vector<std::shared_ptr<Entry>> staged;    // per ObjectId; null = not staged
   std::vector<std::vector<ObjectId>> staged_by_layer;
-  // keep_predicted: resident objects a Prefetch() named, per layer until its
-  // next acquire, as the policy's keep hints (a count per ObjectId).
+  // keep_predicted: resident objects a Prefetch() named, as the policy's
+  // keep hints, until the layer's next acquire by the prefetch's request
+  // (any acquire of the layer when it gave none).
   bool keep_predicted = true;
-  PinCounts kept;
-  std::vector<std::vector<ObjectId>> kept_by_layer;
+  std::optional<KeepHints> kept;
   uint64_t prefetch_kept = 0;                    // hints given, for stats
   std::deque<std::shared_ptr<Entry>> spec_queue; // staged, read not yet submitted
   uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished
@@ -115,15 +116,13 @@ struct ExpertStore::Impl {
   // Allocates e's buffer and hands its read to the engine.
   void SubmitRead(const std::shared_ptr<Entry>& e);
   // Staged prefetch (staged_prefetch.cpp).
-  Status StagePrefetch(uint32_t layer_index, std::span<const ObjectId> keys);
+  Status StagePrefetch(uint32_t layer_index, std::span<const ObjectId> keys, uint64_t request);
   // Takes staged object `id` for an acquire (null if not staged): it becomes
   // the cache's entry, its read submitted now if it was still queued.
   std::shared_ptr<Entry> TakeStaged(ObjectId id);
   // Drops what is still staged for a layer: queued reads are cancelled,
   // ready objects freed, in-flight reads discarded when they land.
   void DropStaged(uint32_t layer_index);
-  // The keep hints Prefetch() gave the layer's residents end at its acquire.
-  void ReleaseKept(uint32_t layer_index);
   void PumpSpeculative();
   // A staged entry's read finished (mu held): bookkeeping before FinishRead.
   void FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok);

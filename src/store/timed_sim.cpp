@@ -11,6 +11,7 @@
 #include <span>
 #include <thread>
 
+#include "store/keep_hints.h"
 #include "store/miss_rows.h"
 #include "store/policy.h"
 #include "util/threads.h"
@@ -108,43 +109,6 @@ class Link {
  private:
   const TimingOptions& o_;
   double busy_until_ = 0;
-};
-
-// Keep hints (TimingOptions::keep_predicted), as counts the policy reads.
-// A row's hints for a layer end at that layer's next call by the same
-// request (with requests taking turns, it comes after the other requests'
-// calls), at its next call of any request when calls carry no request ids,
-// or after kMaxCalls calls of the layer (a request that ended never comes
-// back for them).
-class KeepHints {
- public:
-  KeepHints(uint64_t objects, size_t layers) : keep_(objects, 0), by_layer_(layers), calls_(layers, 0) {}
-  const PinCounts* counts() const { return &keep_; }
-  // A call of layer `li` starts; `requests`: its rows' (empty: not known).
-  void CallStarts(size_t li, std::span<const uint64_t> requests) {
-    const uint64_t now = ++calls_[li];
-    std::erase_if(by_layer_[li], [&](const Hint& h) {
-      const bool ends = requests.empty() || h.given_at + kMaxCalls <= now ||
-                        std::find(requests.begin(), requests.end(), h.request) != requests.end();
-      if (ends)
-        for (ObjectId k : h.objects) --keep_[k];
-      return ends;
-    });
-  }
-  void Give(size_t li, uint64_t request, std::span<const ObjectId> objects) {
-    by_layer_[li].push_back({request, calls_[li], {objects.begin(), objects.end()}});
-    for (ObjectId k : objects) ++keep_[k];
-  }
-
- private:
-  static constexpr uint64_t kMaxCalls = 16;
-  struct Hint {
-    uint64_t request, given_at;  // given_at: the layer's call count then
-    std::vector<ObjectId> objects;
-  };
-  PinCounts keep_;
-  std::vector<std::vector<Hint>> by_layer_;
-  std::vector<uint64_t> calls_;
 };
 
 }  // namespace
@@ -405,7 +369,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= p.size(); ++row) {
           pred_ids.assign(p.begin() + size_t(row) * pk, p.begin() + size_t(row + 1) * pk);
           DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &row_predicted);
-          hints->Give(target, requests.empty() ? 0 : requests[row], row_predicted);
+          hints->Give(target, requests.empty() ? KeepHints::kAnyRequest : requests[row], row_predicted);
         }
       }
       std::vector<ObjectId>& pin_list = token_ahead ? pinned_at[li] : spec_pinned;

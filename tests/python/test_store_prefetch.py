@@ -47,6 +47,33 @@ class StorePrefetchTest(_util.TinyPackTestCase):
                 self.assertEqual(snap["k3pack"]["prefetch"]["issued"], 0)
         self.assertEqual(hits, {True: k, False: 0})
 
+    def test_a_requests_keep_hint_outlives_other_requests_acquires(self):
+        # A's prediction, given with A's id, survives B's acquire of the layer;
+        # without an id it ends there and LRU evicts A's experts.
+        k = self.top_k
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
+            one = store.info["object_bytes"][0]
+        first, second = self.layers[0], self.layers[1]
+        a, b = np.arange(k).reshape(1, k), np.arange(k, 2 * k).reshape(1, k)
+        hits = {}
+        for request_id in (7, None):
+            with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=2 * k * one, policy="lru") as store:
+                store.acquire(first, a, request_ids=7).mark_used()
+                store.acquire(first, b, request_ids=8).mark_used()
+                store.prefetch(first, a[0], request_id=request_id)
+                store.acquire(first, b, request_ids=8).mark_used()
+                store.acquire(second, a, request_ids=8).mark_used()  # k victims
+                before = store.snapshot()["cache_hits"]
+                store.acquire(first, a, request_ids=7).mark_used()
+                hits[request_id] = store.snapshot()["cache_hits"] - before
+        self.assertEqual(hits, {7: k, None: 0})
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
+            with self.assertRaises(ValueError) as cm:
+                store.prefetch(first, a[0], request_id=[1, 2])
+            self.assertIn("prefetch takes one request_id", str(cm.exception))
+            with self.assertRaises(ValueError):
+                store.prefetch(first, a[0], request_id=-1)
+
     def test_budget_refuses_and_mode_is_checked(self):
         one = None
         with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:

@@ -316,5 +316,48 @@ TEST(KeepHints, StoreHintsEndAtTheLayersAcquire) {
   ASSERT_TRUE(s->Close().ok());
 }
 
+// Requests decoded side by side: A's prediction is given with A's request
+// id, so B's acquire of the layer does not end it. Four slots, LRU: A routes
+// L1 e0, e1, B routes e4, e5, A's look-ahead names e0, e1 again; B's next
+// acquire of L1 (e4, e5 again) comes first, then L2's two misses. With A's
+// id, e0 and e1 are still hinted there and L2 takes e4, e5: A's acquire hits
+// twice. Without an id the hint ended at B's acquire, LRU took e0, e1 and A
+// hits nothing.
+uint64_t HitsOfRequestA(std::optional<uint64_t> prefetch_request) {
+  testing::TinyPack p(testing::TinySpec{});
+  StoreOptions o;
+  o.cache_bytes = 4 * kStoreObject;
+  o.policy = "lru";
+  o.queue_depth = 4;
+  auto s = testing::OpenOk(p, o);
+  auto call = [&](uint32_t layer, int64_t a, int64_t b, uint64_t request) {
+    const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
+    const std::vector<uint64_t> requests = {request};
+    auto acq = s->Acquire(layer, ids, shape, std::nullopt, requests);
+    EXPECT_TRUE(acq.ok()) << acq.error().message();
+    if (acq.ok()) {
+      EXPECT_TRUE(s->MarkUsed(*acq).ok());
+    }
+  };
+  constexpr uint64_t kA = 1, kB = 2;
+  call(1, 0, 1, kA);
+  call(1, 4, 5, kB);
+  EXPECT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1}, prefetch_request).ok());
+  call(1, 4, 5, kB);
+  call(2, 2, 3, kB);
+  const uint64_t before = s->Snapshot()["cache_hits"];
+  call(1, 0, 1, kA);
+  const uint64_t hits = s->Snapshot()["cache_hits"].get<uint64_t>() - before;
+  EXPECT_TRUE(s->Close().ok());
+  return hits;
+}
+
+TEST(KeepHints, StoreHintsOfARequestOutliveOtherRequestsAcquires) {
+  EXPECT_EQ(HitsOfRequestA(1), 2u);
+  EXPECT_EQ(HitsOfRequestA(std::nullopt), 0u);
+  // B's own hint ends at B's acquire, as before.
+  EXPECT_EQ(HitsOfRequestA(2), 0u);
+}
+
 }  // namespace
 }  // namespace k3pack::store
