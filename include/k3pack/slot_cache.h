@@ -75,8 +75,10 @@ class SlotCache {
                                        std::span<const int64_t> shape, std::optional<bool> is_prefill,
                                        void* stream = nullptr, std::span<const uint64_t> request_ids = {});
   Status MarkUsed(std::span<const int32_t> slots, void* stream = nullptr);
-  // Starts host-tier reads of `expert_ids` (needs a host tier).
-  Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids);
+  // Starts host-tier reads of `expert_ids` (needs a host tier);
+  // `request_id` as ExpertStore::Prefetch's.
+  Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids,
+                  std::optional<uint64_t> request_id = std::nullopt);
 
   // SGLang's stats keys (§7.3/§7.7) plus k3pack's under "k3pack".
   nlohmann::json Snapshot() const;

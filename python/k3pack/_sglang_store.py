@@ -325,16 +325,18 @@ class KimiGGMLExpertPackStore:
                         self._write_stats()
                         self._last_flush = self._route_calls
 
-    def prefetch(self, layer, expert_ids):
+    def prefetch(self, layer, expert_ids, *, request_id=None):
         """k3pack extra: start host-tier reads of a layer's experts (e.g. the
-        next layer's predicted top-k) without waiting."""
+        next layer's predicted top-k) without waiting. request_id: the request
+        whose next token was predicted; an already resident expert is then
+        kept until that request's next acquire of the layer."""
         if not self.prefetch_enabled:
             raise ValueError("prefetch is off: construct the store with prefetch=True and host_cache_mib > 0")
         torch = _torch()
         if isinstance(expert_ids, torch.Tensor):
             expert_ids = expert_ids.detach().to("cpu").numpy()
         # Not cast here: the C++ side refuses float and bool ids (TypeError).
-        self._engine.prefetch(int(layer), np.asarray(expert_ids).reshape(-1))
+        self._engine.prefetch(int(layer), np.asarray(expert_ids).reshape(-1), request_id=request_id)
 
     # ------------------------------------------------------------ stats
 

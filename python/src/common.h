@@ -169,6 +169,16 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
   return out;
 }
 
+// prefetch()'s request_id: None or one id (the request whose next token was
+// predicted), checked as request_ids are.
+inline std::optional<uint64_t> PrefetchRequestArg(const py::object& o) {
+  const std::vector<uint64_t> ids = RequestIdsArg(o);
+  if (ids.size() > 1)
+    Raise(k3pack::Error("prefetch takes one request_id: the request whose next token was predicted",
+                        k3pack::ErrorKind::kValue));
+  return ids.empty() ? std::nullopt : std::optional<uint64_t>(ids[0]);
+}
+
 // An integer id argument of the stores (topk_ids, expert_ids, slot indices):
 // anything numpy.asarray takes (a numpy array, a CPU torch tensor, a list) of
 // an integer dtype, as int64 values in C order; `shape` (optional) gets its

@@ -198,14 +198,11 @@ void RegisterStore(py::module_& m) {
       .def("prefetch", [](store::ExpertStore& self, int64_t layer_arg, py::object ids, py::object request_id) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
-        const std::vector<uint64_t> request = RequestIdsArg(request_id);
-        if (request.size() > 1)
-          Raise(k3pack::Error("prefetch takes one request_id: the request whose next token was predicted",
-                              k3pack::ErrorKind::kValue));
+        const std::optional<uint64_t> request = PrefetchRequestArg(request_id);
         k3pack::Status st;
         {
           NoGil nogil;
-          st = self.Prefetch(layer, v, request.empty() ? std::nullopt : std::optional<uint64_t>(request[0]));
+          st = self.Prefetch(layer, v, request);
         }
         Check(st);
       }, py::arg("layer"), py::arg("expert_ids"), py::kw_only(), py::arg("request_id") = py::none(),

@@ -582,10 +582,10 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
   return Status::OK();
 }
 
-Status SlotCache::Prefetch(uint32_t layer, std::span<const int64_t> ids) {
+Status SlotCache::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
   K3_RETURN_IF_ERROR(CheckOpenedHere(impl_->opened_pid));
   if (!impl_->host) return Error("prefetch needs a host tier (host_cache_mib > 0)");
-  return impl_->host->Prefetch(layer, ids);
+  return impl_->host->Prefetch(layer, ids, request_id);
 }
 
 // ------------------------------------------------------------------ stats

@@ -61,6 +61,11 @@ class IntegratorAudit(_util.TinyPackTestCase):
         with self.assertRaises(TypeError) as cm:
             prefetching.prefetch(layer, torch.tensor([0.5, 1.5]))
         self.assertIn("expert_ids must hold integers", str(cm.exception))
+        # request_id: one id (the request whose next token was predicted).
+        prefetching.prefetch(layer, torch.arange(k), request_id=3)
+        with self.assertRaises(ValueError) as cm:
+            prefetching.prefetch(layer, torch.arange(k), request_id=[3, 4])
+        self.assertIn("prefetch takes one request_id", str(cm.exception))
 
     def test_expert_store_refuses_float_ids(self):
         layer, k = self.layers[0], self.top_k
