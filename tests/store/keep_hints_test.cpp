@@ -265,14 +265,19 @@ void Token(ExpertStore& s, uint32_t layer, int64_t a, int64_t b) {
   ASSERT_TRUE(s.MarkUsed(*acq).ok());
 }
 
-uint64_t HitsOfTheLastToken(bool keep_predicted, nlohmann::json* prefetch_stats) {
-  testing::TinyPack p(testing::TinySpec{});
+// The store tests' cache: four objects, LRU.
+auto OpenFourSlotLru(const testing::TinyPack& p, bool keep_predicted = true) {
   StoreOptions o;
   o.cache_bytes = 4 * kStoreObject;
   o.policy = "lru";
   o.queue_depth = 4;
   if (!keep_predicted) o.keep_predicted = false;  // on by default
-  auto s = testing::OpenOk(p, o);
+  return testing::OpenOk(p, o);
+}
+
+uint64_t HitsOfTheLastToken(bool keep_predicted, nlohmann::json* prefetch_stats) {
+  testing::TinyPack p(testing::TinySpec{});
+  auto s = OpenFourSlotLru(p, keep_predicted);
   Token(*s, 1, 0, 1);
   Token(*s, 1, 4, 5);  // L1 e0, e1 are now LRU's first victims
   EXPECT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1}).ok());  // both resident: nothing to read
@@ -300,11 +305,7 @@ TEST(KeepHints, StoreHintsEndAtTheLayersAcquire) {
   // The hint covers one acquire of its layer: after it, L1 e0 and e1 are
   // plain LRU residents again and L2's misses evict them first.
   testing::TinyPack p(testing::TinySpec{});
-  StoreOptions o;
-  o.cache_bytes = 4 * kStoreObject;
-  o.policy = "lru";
-  o.queue_depth = 4;
-  auto s = testing::OpenOk(p, o);
+  auto s = OpenFourSlotLru(p);
   Token(*s, 1, 0, 1);
   Token(*s, 1, 4, 5);
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1}).ok());
@@ -325,11 +326,7 @@ TEST(KeepHints, StoreHintsEndAtTheLayersAcquire) {
 // hits nothing.
 uint64_t HitsOfRequestA(std::optional<uint64_t> prefetch_request) {
   testing::TinyPack p(testing::TinySpec{});
-  StoreOptions o;
-  o.cache_bytes = 4 * kStoreObject;
-  o.policy = "lru";
-  o.queue_depth = 4;
-  auto s = testing::OpenOk(p, o);
+  auto s = OpenFourSlotLru(p);
   auto call = [&](uint32_t layer, int64_t a, int64_t b, uint64_t request) {
     const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
     const std::vector<uint64_t> requests = {request};
