@@ -379,6 +379,9 @@ class VerifyMetadataInterrupt(_Model):
     CHILD = """
         import os, signal, sys, threading, time, k3pack
 
+        # Ctrl-C's handler even where this runs with SIGINT ignored (a
+        # background job), as test_long_calls_interrupt's child does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         s = k3pack.NonExpertStream(sys.argv[1], verify_metadata=True)
         base = rchar()
 

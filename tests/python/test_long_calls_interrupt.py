@@ -34,6 +34,10 @@ SHARD0 = "KIMI-K3-SYNTH-00001-of-00003.gguf"
 CHILD = """
     import json, os, signal, sys, threading, time, k3pack
 
+    # Python's Ctrl-C handler, as an interactive shell gives it: a job started
+    # in the background (nohup, `&`) inherits SIGINT ignored, and the kill
+    # below would then do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     call = sys.argv[1]
     args = json.loads(sys.argv[2])
     base = rchar()
