@@ -14,7 +14,11 @@
 //   p_r  = rho + (1 - rho) q  if e was in r's previous token at l, else q
 //   score(o) = 1 - prod over active requests r of (1 - p_r)
 // which is the distribution-informed bound's rule with learned estimates
-// in place of the generator's truth.
+// in place of the generator's truth. With keep hints (the router
+// look-ahead's predictions, Policy::SetKeepHints) a previous-token expert
+// without a hint uses rho_unhinted in place of rho: the look-ahead has
+// already named the next token's experts, so the others return far less
+// often, and that rate too is learned from the routes.
 //
 // Scores change only when a request routes at a layer (its previous-token
 // set and counts there), when the active set or rho changes, or as the
