@@ -123,9 +123,6 @@ class Policy {
   const CallRows* call_rows() const { return rows_; }
   // The keep hints in force (the owner's for a follower), or null.
   const PinCounts* keep_hints() const { return marks_owner_->keep_; }
-  bool keeps_hints() const { return keep_hints() != nullptr; }
-  // With keep hints on, whether `key` is hinted (without them: true).
-  bool HintedOrNoHints(ObjectId key) const { return !keeps_hints() || (*keep_hints())[key] != 0; }
 
   const ObjectSpace space_;
 

@@ -120,7 +120,7 @@ class RequestAware final : public Policy {
       if (!prev.empty()) {
         reuse_num_ = reuse_num_ * kReuseDecay + double(cur_.size() - arrivals_.size());
         reuse_den_ = reuse_den_ * kReuseDecay + double(cur_.size());
-        if (keeps_hints()) CountUnhintedReuse(l, prev, was);
+        if (keep_hints() != nullptr) CountUnhintedReuse(l, prev, was);
       }
       for (uint16_t e : prev) touched_.push_back(space_.Id(l, e));
       for (uint16_t e : cur_) touched_.push_back(space_.Id(l, e));
@@ -512,8 +512,8 @@ class RequestAware final : public Policy {
     const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(o));
     double none = 1.0;
     // A previous-token expert the look-ahead does not predict for the next
-    // call is kept much less often than rho says (see unhinted_).
-    const double reuse = HintedOrNoHints(o) ? rho_ : rho_unhinted_;
+    // call is kept much less often than rho says (unhinted_, set by Place).
+    const double reuse = unhinted_[o] ? rho_unhinted_ : rho_;
     const uint64_t mask = prev_mask_[o];
     for (size_t i = 0; i < active_.size(); ++i) {
       const Req& q = reqs_[active_[i]];
@@ -543,7 +543,7 @@ class RequestAware final : public Policy {
   }
   // Ties (new requests know nothing yet) evict the least recently used.
   void Place(ObjectId k) {
-    if (keeps_hints()) unhinted_[k] = !HintedOrNoHints(k);
+    if (const PinCounts* keep = keep_hints()) unhinted_[k] = (*keep)[k] == 0;
     order_.Set(k, {Score(k), stamp_of_[k]});
   }
   void RerankLayer(uint32_t l) {

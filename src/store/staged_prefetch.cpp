@@ -22,7 +22,7 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
   std::vector<ObjectId> resident;
   for (ObjectId k : keys) {
     if (policy->Resident(k)) {  // nothing to read; kept for that acquire
-      resident.push_back(k);
+      if (keep_predicted) resident.push_back(k);
       continue;
     }
     if (staged[k]) continue;

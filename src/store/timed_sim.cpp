@@ -189,9 +189,10 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     hints.emplace(n, num_layers + 1);
     policy->SetKeepHints(hints->counts());
   }
-  auto call_requests = [&](const CallSeq::Call& call) {
-    return seq.has_rows() ? std::span<const uint64_t>(seq.row_requests.data() + call.row_begin, call.rows)
-                          : std::span<const uint64_t>();
+  auto call_requests = [&](size_t c) {
+    CallRows rows;
+    const CallRows* r = RowsOf(seq, c, &rows);
+    return r ? r->requests : std::span<const uint64_t>();
   };
   // Belady's perfect next-token prefetch: the next call of the same layer.
   std::vector<uint64_t> next_same_layer;
@@ -234,7 +235,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     for (ObjectId k : dev_pinned) --dev_pins[k];
     dev_pinned.clear();
     const size_t li = layer_index(c);
-    if (keeping) hints->CallStarts(li, call_requests(call));
+    if (keeping) hints->CallStarts(li, call_requests(c));
     if (token_ahead) {
       for (ObjectId k : pinned_at[li]) --pins[k];
       pinned_at[li].clear();
@@ -364,7 +365,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       // hints they would shield a whole prompt's experts from the decode
       // that follows. Only decode calls give hints.
       if (keeping && !call.is_prefill && target < num_layers) {
-        const auto requests = call_requests(call);
+        const auto requests = call_requests(c);
         const uint32_t pk = t.predict_k;
         for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= p.size(); ++row) {
           pred_ids.assign(p.begin() + size_t(row) * pk, p.begin() + size_t(row + 1) * pk);
