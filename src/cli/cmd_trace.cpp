@@ -520,6 +520,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Flag("--no-belady", "skip Belady's optimum and the informed bound")
       .Flag("--learner", "also the learning reference (generated traces): the informed bound's rule told each\n"
             "request's popularity values but not which expert holds which, learned from its routes (slower)")
+      .Flag("--informed-next", "also the informed bound told each request's true next call of every layer (generated\n"
+            "traces): what 100%-accurate next-token predictions could add to eviction")
       .Option("--svg", "write the plot here (with --family all: one per family, named PATH-FAMILY.svg)",
               "trace-sweep.svg")
       .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
@@ -562,6 +564,8 @@ int RunSweep(const std::vector<std::string>& argv) {
   }
   a.Exclusive({"--timing", "--no-belady"}, "the timed table's optimum is Belady with perfect prefetch");
   a.Exclusive({"--learner", "--trace"}, "the learning reference needs a generated trace (--family)");
+  a.Exclusive({"--informed-next", "--trace"}, "the informed bound needs a generated trace (--family)");
+  a.Exclusive({"--informed-next", "--no-belady"}, "it is a column beside the informed bound");
   // A sweep of --trace generates nothing: these were silently ignored, and
   // the table looked like the one of the options asked for.
   for (const char* gen : kGenOnlyOptions) {
@@ -571,6 +575,7 @@ int RunSweep(const std::vector<std::string>& argv) {
   a.Exclusive({"--family", "--trace"}, "--trace reads a trace instead of generating the family");
   for (const char* mode : {"--ep-size", "--timing"}) {
     a.Exclusive({"--learner", mode}, "the learning reference is a column of the plain sweep");
+    a.Exclusive({"--informed-next", mode}, "the informed bound is a column of the plain sweep");
   }
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
@@ -650,8 +655,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     auto space = SpaceFor(a, t);
     if (!space.ok()) return ReportError("trace sweep", space.error());
-    if (a.Has("--learner") && !space->uniform())
-      return ReportError("trace sweep", Error("--learner needs objects of one size, and the objects of " +
+    for (const char* reference : {"--learner", "--informed-next"})
+      if (a.Has(reference) && !space->uniform())
+        return ReportError("trace sweep", Error(std::string(reference) + " needs objects of one size, and the objects of " +
                                               a.Get("--manifest") + " differ in size")
                                             .WithHint("leave out --manifest and give the dimensions with --layers, "
                                                       "--experts and --top-k"), 2);
@@ -790,7 +796,9 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     auto progress = StartProgress(*mode, "trace sweep");
     auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, have_truth ? &truth : nullptr,
-                              static_cast<unsigned>(*threads), progress->Fn(), a.Has("--learner"));
+                              static_cast<unsigned>(*threads), progress->Fn(),
+                              store::SweepReferences{.learner = a.Has("--learner"),
+                                                     .informed_next = a.Has("--informed-next")});
     progress->Finish();
     if (!table.ok()) return ReportError("trace sweep", table.error());
     std::string title = (family.empty() ? std::string() : family + ": ") + "hit rate vs cache size, " +

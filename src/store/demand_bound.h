@@ -21,6 +21,18 @@
 // Scores change only on those events, so residents sit in one RankedSet and
 // only the objects an event touched are re-scored (every resident when the
 // active set changes).
+//
+// With `know_next` the loop is also told each request's true next call of
+// every layer (what 100%-accurate next-token predictions would name). Then an
+// object that call routes is certain to be needed, one it does not route can
+// only come back as a fresh draw at the token after, and one of a layer the
+// request will not call again is worth nothing to it:
+//   certain(o) = number of active requests whose next call routes o
+//   p_r(o)     = reuse + (1 - reuse) * fresh  if r's next call routes o,
+//                0 if r has no next call of o's layer, else fresh
+//   score(o)   = certain(o) + 1 - prod over active r of (1 - p_r(o))
+// so certain objects rank above every other, ordered by their chance at the
+// token after.
 #pragma once
 
 #include <algorithm>
@@ -38,7 +50,7 @@ namespace k3pack::store {
 template <class Model>
 Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t, const CallSeq& seq,
                                  const ObjectSpace& space, uint64_t slots, const trace::TrueDistribution& truth,
-                                 Model& model) {
+                                 Model& model, bool know_next = false) {
   if (seq.calls.size() != t.records.size()) return Error(name + " bound: call sequence does not match the trace");
   const uint32_t L = space.num_active_layers(), E = space.num_experts, K = truth.top_k;
   const uint64_t num_requests = truth.initial.size();
@@ -55,6 +67,11 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
     std::vector<std::vector<uint16_t>> prev;  // sorted experts of the last token per layer
     uint64_t first = UINT64_MAX, last = 0;    // call indices
     uint32_t tokens = 0;                      // rows seen at the first layer
+    // know_next: per layer, the request's calls in order, the position of
+    // its next one, and that call's experts (sorted, every row of the request)
+    std::vector<std::vector<uint64_t>> calls;
+    std::vector<uint32_t> next_pos;
+    std::vector<std::vector<uint16_t>> next;
   };
   std::vector<Req> reqs(num_requests);
   for (uint64_t i = 0; i < t.records.size(); ++i) {
@@ -65,9 +82,36 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
         return Error(name + " bound: request " + std::to_string(q) + " has no distribution");
       reqs[q].first = std::min(reqs[q].first, i);
       reqs[q].last = std::max(reqs[q].last, i);
+      if (know_next) {
+        auto& calls = reqs[q].calls;
+        if (calls.empty()) calls.resize(L);
+        auto& at = calls[seq.calls[i].layer_index];
+        if (at.empty() || at.back() != i) at.push_back(i);
+      }
     }
   }
-  for (auto& r : reqs) r.prev.resize(L);
+  for (auto& r : reqs) {
+    r.prev.resize(L);
+    if (know_next) {
+      r.calls.resize(L);
+      r.next_pos.assign(L, 0);
+      r.next.resize(L);
+    }
+  }
+  // Fills r.next[li] with the experts of r's call at position next_pos[li].
+  auto load_next = [&](uint32_t q, uint32_t li) {
+    Req& r = reqs[q];
+    r.next[li].clear();
+    if (r.next_pos[li] >= r.calls[li].size()) return;
+    const auto& rec = t.records[r.calls[li][r.next_pos[li]]];
+    auto ids = t.RecordIds(rec);
+    for (uint32_t row_i = 0; row_i < rec.rows; ++row_i)
+      if (t.RowRequest(rec, row_i) == q)
+        r.next[li].insert(r.next[li].end(), ids.begin() + size_t{row_i} * t.top_k,
+                          ids.begin() + size_t{row_i + 1} * t.top_k);
+    std::sort(r.next[li].begin(), r.next[li].end());
+    r.next[li].erase(std::unique(r.next[li].begin(), r.next[li].end()), r.next[li].end());
+  };
 
   const double reuse = truth.reuse, m = double(K) * (1.0 - reuse);
   std::vector<uint32_t> active;
@@ -79,6 +123,21 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
   auto score = [&](ObjectId o) {
     const uint32_t li = space.LayerIndexOf(o), e = space.ExpertOf(o);
     double none = 1.0;
+    if (know_next) {
+      uint32_t certain = 0;
+      for (uint32_t q : active) {
+        const Req& r = reqs[q];
+        if (r.next_pos[li] >= r.calls[li].size()) continue;
+        const double fresh = model.Fresh(q, li, e, m);
+        if (std::binary_search(r.next[li].begin(), r.next[li].end(), uint16_t(e))) {
+          ++certain;
+          none *= 1.0 - (reuse + (1.0 - reuse) * fresh);
+        } else {
+          none *= 1.0 - fresh;
+        }
+      }
+      return float(certain + 1.0 - none);
+    }
     for (uint32_t q : active) {
       const auto& pv = reqs[q].prev[li];
       double p;
@@ -107,6 +166,8 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
       if (reqs[q].first == i && std::find(active.begin(), active.end(), q) == active.end()) {
         active.push_back(q);
         model.Start(q);
+        if (know_next)
+          for (uint32_t layer = 0; layer < L; ++layer) load_next(q, layer);
         changed = true;
       }
     }
@@ -141,6 +202,24 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
         model.Token(q, r.tokens, [&](uint32_t layer, uint32_t e) {
           if (!changed) rescore(space.Id(layer, e));
         });
+      }
+    }
+    // know_next: each request of the call moves on to its following call of
+    // this layer (a prefill call has several rows of one request: once).
+    if (know_next) {
+      for (uint32_t row_i = 0; row_i < rec.rows; ++row_i) {
+        uint32_t q = t.RowRequest(rec, row_i);
+        Req& r = reqs[q];
+        if (r.next_pos[li] >= r.calls[li].size() || r.calls[li][r.next_pos[li]] != i) continue;
+        old.swap(r.next[li]);
+        ++r.next_pos[li];
+        load_next(q, li);
+        // Its last call of the layer: every object of the layer lost its worth to it.
+        if (r.next_pos[li] >= r.calls[li].size()) rescore_layer = true;
+        if (!changed && !rescore_layer) {
+          for (uint16_t e : old) rescore(space.Id(li, e));
+          for (uint16_t e : r.next[li]) rescore(space.Id(li, e));
+        }
       }
     }
     if (rescore_layer && !changed)

@@ -51,4 +51,10 @@ Result<SimResult> SimulateInformed(const trace::Trace& t, const CallSeq& seq, co
   return RunDemandBound("informed", t, seq, space, slots, truth, model);
 }
 
+Result<SimResult> SimulateInformedNext(const trace::Trace& t, const CallSeq& seq, const ObjectSpace& space,
+                                       uint64_t slots, const trace::TrueDistribution& truth) {
+  InformedModel model(truth, space.num_experts);
+  return RunDemandBound("informed+next", t, seq, space, slots, truth, model, /*know_next=*/true);
+}
+
 }  // namespace k3pack::store

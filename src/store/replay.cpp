@@ -103,14 +103,16 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
                          const std::vector<uint64_t>& sizes, bool belady, const trace::Trace* trace,
                          const trace::TrueDistribution* truth, unsigned threads, const ProgressFn& progress,
-                         bool learner) {
+                         SweepReferences references) {
   SweepTable t;
   t.capacity_objects = sizes;
   t.num_objects = space.num_objects();
   t.series = policies;
   if (belady && space.uniform()) t.series.push_back("belady");
   if (belady && trace && truth && space.uniform()) t.series.push_back("informed");
-  if (learner && trace && truth && space.uniform()) t.series.push_back("learner");
+  const bool told = trace && truth && space.uniform();
+  if (references.informed_next && told) t.series.push_back("informed+next");
+  if (references.learner && told) t.series.push_back("learner");
   t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
   for (auto* counts : {&t.hits, &t.misses, &t.bytes_read})
     counts->assign(t.series.size(), std::vector<uint64_t>(sizes.size(), 0));
@@ -120,7 +122,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   std::vector<size_t> series_order(t.series.size());
   for (size_t s = 0; s < series_order.size(); ++s) series_order[s] = s;
   auto cost = [](const std::string& name) {
-    static const char* kSlowestFirst[] = {"learner", "adaptive", "informed", "quota-decay", "decay-lfu", "belady"};
+    static const char* kSlowestFirst[] = {"learner", "adaptive", "informed+next", "informed", "quota-decay", "decay-lfu", "belady"};
     for (size_t r = 0; r < std::size(kSlowestFirst); ++r)
       if (name == kSlowestFirst[r]) return r;
     return std::size(kSlowestFirst);
@@ -137,6 +139,7 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
       const std::string& name = t.series[s];
       Result<SimResult> r = name == "belady"     ? SimulateBelady(seq, space, sizes[i])
                             : name == "informed" ? SimulateInformed(*trace, seq, space, sizes[i], *truth)
+                            : name == "informed+next" ? SimulateInformedNext(*trace, seq, space, sizes[i], *truth)
                             : name == "learner"  ? SimulateLearner(*trace, seq, space, sizes[i], *truth)
                                                  : Simulate(seq, space, name, sizes[i] * space.max_object_bytes());
       std::lock_guard<std::mutex> lock(mu);

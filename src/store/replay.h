@@ -43,12 +43,16 @@ struct SweepTable {
 // Every policy (and with `belady`, Belady when the object size is uniform)
 // at every capacity; with `truth` (the generator's distribution for `trace`)
 // and `belady` also the distribution-informed bound ("informed"), and with
-// `learner` the learning reference ("learner"). Runs on `threads` threads;
+// `references` the slower references it names. Runs on `threads` threads;
 // `progress` (may be empty) counts finished simulations.
+struct SweepReferences {
+  bool learner = false;        // "learner": the learning reference
+  bool informed_next = false;  // "informed+next": informed, told each request's next call
+};
 Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std::vector<std::string>& policies,
                          const std::vector<uint64_t>& capacity_objects, bool belady,
                          const trace::Trace* trace = nullptr, const trace::TrueDistribution* truth = nullptr,
-                         unsigned threads = 1, const ProgressFn& progress = {}, bool learner = false);
+                         unsigned threads = 1, const ProgressFn& progress = {}, SweepReferences references = {});
 // The cache sizes `trace sweep` uses without --sizes: 0.54, 1, 2, 3.5, 5, 8,
 // 12 and 20% of all objects (the Kimi-K3 range). A model too small for them
 // (sizes below top_k, which all behave alike, or repeats) gets distinct sizes

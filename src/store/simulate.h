@@ -109,6 +109,15 @@ namespace k3pack::store {
 Result<SimResult> SimulateInformed(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
                                    uint64_t slots, const trace::TrueDistribution& truth);
 
+// The informed bound told, besides the distribution, each request's true
+// next call of every layer: what a policy with the distribution and
+// 100%-accurate next-token predictions as keep hints could reach. Objects the
+// next call routes are kept over all others (demand_bound.h has the rule).
+// The gap between it and Belady is what knowing only one token ahead leaves;
+// it is a greedy rule, so an indication, not a floor.
+Result<SimResult> SimulateInformedNext(const trace::Trace& trace, const CallSeq& seq, const ObjectSpace& space,
+                                       uint64_t slots, const trace::TrueDistribution& truth);
+
 // The learning reference: the informed bound's rule when each request is
 // told only its popularity values (and its drift rate), not which expert
 // holds which, and learns that per expert from its own routes with a close

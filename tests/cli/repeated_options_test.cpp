@@ -122,6 +122,8 @@ TEST(ExclusiveOptions, SweepModesRefuseThePlotOptions) {
       {"--timing --ep-size 2", "--timing", "--ep-size"},
       {"--learner --ep-size 2", "--learner", "--ep-size"},
       {"--learner --timing", "--learner", "--timing"},
+      {"--informed-next --timing", "--informed-next", "--timing"},
+      {"--informed-next --no-belady", "--informed-next", "--no-belady"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
