@@ -5,11 +5,15 @@
 // Life of a staged object: Prefetch() accepts it if the staging budget has
 // room (else it is refused and counted) and queues its read; at most
 // prefetch_depth speculative reads are with the engine at once, the rest wait
-// here. The next Acquire() of its layer either takes it (the policy sees a
+// here. It is staged for the prefetch's request: an Acquire() of its layer
+// that routes to it takes it, whichever request asks (the policy sees a
 // demand miss and inserts it as one, but no second read is made; a read
-// still queued is submitted at once) or drops it: a queued read is cancelled
-// (never issued), a finished one freed, one in flight discarded when it
-// lands. An object already resident is not read; with keep_predicted it
+// still queued is submitted at once), and that request's next Acquire() of
+// the layer (any acquire of the layer without request ids on either side)
+// drops it if nothing took it: a queued read is cancelled (never issued), a
+// finished one freed, one in flight discarded when it lands. So with
+// requests decoded side by side, A's guesses wait through B's acquire of the
+// layer. An object already resident is not read; with keep_predicted it
 // becomes a keep hint for the policy until that acquire. Every function here
 // runs with `mu` held.
 #include <algorithm>
@@ -19,13 +23,16 @@
 namespace k3pack::store {
 
 Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys, uint64_t request) {
-  std::vector<ObjectId> resident;
+  std::vector<ObjectId> resident, held;  // held: staged for this request's next acquire
   for (ObjectId k : keys) {
     if (policy->Resident(k)) {  // nothing to read; kept for that acquire
       if (keep_predicted) resident.push_back(k);
       continue;
     }
-    if (staged[k]) continue;
+    if (staged[k]) {  // staged for another request (or this one) already: this one waits for it too
+      held.push_back(k);
+      continue;
+    }
     const uint64_t cost = geo.space.Cost(k);
     if (staged_bytes + cost > prefetch_budget) {
       ++prefetch_refused;
@@ -36,13 +43,15 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
     e->id = k;
     e->prefetched = true;
     staged[k] = e;
-    staged_by_layer[li].push_back(k);
     staged_bytes += cost;
     staged_bytes_max = std::max(staged_bytes_max, staged_bytes);
     ++prefetch_issued;
     prefetch_issued_bytes += cost;
     spec_queue.push_back(std::move(e));
+    held.push_back(k);
   }
+  for (ObjectId k : held) ++stage_refs[k];
+  stage_groups->Give(li, request, held);
   if (keep_predicted) {
     kept->Give(li, request, resident);
     prefetch_kept += resident.size();
@@ -73,24 +82,28 @@ std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::TakeStaged(ObjectId
   return e;
 }
 
-void ExpertStore::Impl::DropStaged(uint32_t li) {
-  for (ObjectId id : staged_by_layer[li]) {
-    std::shared_ptr<Entry> e = std::move(staged[id]);
-    if (!e) continue;  // taken, or listed twice
-    const uint64_t cost = geo.space.Cost(id);
-    e->dropped = true;
-    if (!e->submitted) {
-      ++prefetch_cancelled;
-      prefetch_cancelled_bytes += cost;
-      staged_bytes -= cost;
-      continue;
-    }
-    ++prefetch_wasted;
-    prefetch_wasted_bytes += cost;
-    // A read in flight keeps its buffer (and its charge) until it lands.
-    if (e->state != Entry::kLoading) staged_bytes -= cost;
+void ExpertStore::Impl::EndStaged(uint32_t li, std::span<const uint64_t> requests) {
+  stage_groups->CallStarts(li, requests, [&](std::span<const ObjectId> objects) {
+    for (ObjectId id : objects)
+      if (--stage_refs[id] == 0) DropStaged(id);
+  });
+}
+
+void ExpertStore::Impl::DropStaged(ObjectId id) {
+  std::shared_ptr<Entry> e = std::move(staged[id]);
+  if (!e) return;  // taken, or not staged
+  const uint64_t cost = geo.space.Cost(id);
+  e->dropped = true;
+  if (!e->submitted) {
+    ++prefetch_cancelled;
+    prefetch_cancelled_bytes += cost;
+    staged_bytes -= cost;
+    return;
   }
-  staged_by_layer[li].clear();
+  ++prefetch_wasted;
+  prefetch_wasted_bytes += cost;
+  // A read in flight keeps its buffer (and its charge) until it lands.
+  if (e->state != Entry::kLoading) staged_bytes -= cost;
 }
 
 void ExpertStore::Impl::FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok) {

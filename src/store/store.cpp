@@ -83,7 +83,8 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   impl->prefetch_depth = opt.prefetch_queue_depth ? static_cast<uint64_t>(opt.prefetch_queue_depth)
                                                   : static_cast<uint64_t>(std::max<int64_t>(1, opt.queue_depth / 2));
   impl->staged.resize(s.num_objects());
-  impl->staged_by_layer.resize(s.num_active_layers());
+  impl->stage_groups.emplace(s.num_active_layers());
+  impl->stage_refs.assign(s.num_objects(), 0);
   impl->keep_predicted = impl->staged_mode && opt.keep_predicted;
   if (impl->keep_predicted) {
     impl->kept.emplace(s.num_objects(), s.num_active_layers());
@@ -338,7 +339,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     call_entries[i]->used = true;
     s.Pin(k);
   }
-  if (s.staged_mode) s.DropStaged(li);  // what this call did not route to
+  if (s.staged_mode) s.EndStaged(li, request_ids);  // what this call's requests did not route to
   ++s.active_acquisitions;
   ++s.active_by_thread[std::this_thread::get_id()];
   const std::thread::id owner = std::this_thread::get_id();
@@ -471,7 +472,7 @@ Status ExpertStore::Close() {
     s.closed = true;
     s.cv.notify_all();  // calls waiting for room: they give up now
     // Staged objects no acquire will take: queued reads are cancelled.
-    for (uint32_t l = 0; l < s.staged_by_layer.size(); ++l) s.DropStaged(l);
+    for (ObjectId id = 0; id < s.staged.size(); ++id) s.DropStaged(id);
     s.spec_queue.clear();
     s.cv.wait(lock, [&] { return s.loading == 0; });
   }

@@ -85,7 +85,11 @@ struct ExpertStore::Impl {
   uint64_t prefetch_budget = 0;                  // resolved StoreOptions::prefetch_budget_bytes
   uint64_t prefetch_depth = 1;                   // resolved StoreOptions::prefetch_queue_depth
   std::vector<std::shared_ptr<Entry>> staged;    // per ObjectId; null = not staged
-  std::vector<std::vector<ObjectId>> staged_by_layer;
+  // What each Prefetch() staged, for its request's next acquire of the layer
+  // (any acquire of the layer when it gave no id); per object, how many of
+  // those groups name it: it is dropped when the last one ends untaken.
+  std::optional<NextCallGroups> stage_groups;
+  std::vector<uint32_t> stage_refs;
   // keep_predicted: resident objects a Prefetch() named, as the policy's
   // keep hints, until the layer's next acquire by the prefetch's request
   // (any acquire of the layer when it gave none).
@@ -120,9 +124,12 @@ struct ExpertStore::Impl {
   // Takes staged object `id` for an acquire (null if not staged): it becomes
   // the cache's entry, its read submitted now if it was still queued.
   std::shared_ptr<Entry> TakeStaged(ObjectId id);
-  // Drops what is still staged for a layer: queued reads are cancelled,
-  // ready objects freed, in-flight reads discarded when they land.
-  void DropStaged(uint32_t layer_index);
+  // An acquire of the layer by `requests` (empty: not known) took what it
+  // routes; the groups it ends drop what they alone still hold.
+  void EndStaged(uint32_t layer_index, std::span<const uint64_t> requests);
+  // Drops `id` if staged: a queued read is cancelled, a ready object freed,
+  // a read in flight discarded when it lands.
+  void DropStaged(ObjectId id);
   void PumpSpeculative();
   // A staged entry's read finished (mu held): bookkeeping before FinishRead.
   void FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok);

@@ -211,9 +211,11 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   }
   std::vector<std::pair<double, ObjectId>> copies;  // (source ready, object) of this call's device misses
   // Staging (prefetch_staged): per object, whether staged and when its read
-  // lands; per layer, what is staged for its next call.
+  // lands; what each row staged waits for its request's next host acquire
+  // of the layer, as in the store (stage_refs: the groups naming an object).
   std::vector<uint8_t> staged(n, 0);
-  std::vector<std::vector<ObjectId>> staged_by_layer(space.num_active_layers());
+  NextCallGroups stage_groups(num_layers + 1);
+  std::vector<uint32_t> stage_refs(staging ? n : 0, 0);
   uint64_t staged_bytes = 0;
   double now = 0;
   auto drop = [&](ObjectId k) {
@@ -273,13 +275,14 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       copies.clear();
     }
     ar.hit.clear();
+    CallRows rows, miss_rows;
+    const CallRows* host_rows = nullptr;
     if (!tiered || !hkeys.empty()) {
       gens.assign(hkeys.size(), 1);
       // The call's rows (request ids) describe `keys`; behind a device tier
       // the host sees only the device misses, each in a row of the first
       // request that asked for it, as the device tier passes them on.
-      CallRows rows, miss_rows;
-      const CallRows* host_rows = RowsOf(seq, c, &rows);
+      host_rows = RowsOf(seq, c, &rows);
       if (tiered && host_rows != nullptr) {
         FirstRowRequests(host_rows->keys, host_rows->width, host_rows->requests, hkeys, &miss_requests);
         MissRows(hkeys, std::span<const uint64_t>(miss_requests), host_rows->width, &miss_routes, &miss_row_requests,
@@ -328,17 +331,18 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       call_ready = std::max(call_ready, dev_ready[k]);
     }
     if (staging && !hkeys.empty()) {
-      // What this host acquire did not route to is dropped; a read still in
-      // flight keeps its budget charge until it lands.
-      auto& list = staged_by_layer[space.LayerIndexOf(hkeys.front())];
-      for (ObjectId k : list) {
-        if (!staged[k]) continue;
-        staged[k] = 0;
-        staged_bytes -= space.Cost(k);
-        r.prefetch_wasted_bytes += space.Cost(k);
-        if (o.prefetch_budget_bytes && ready[k] > now) spec_inflight.push_back({ready[k], space.Cost(k)});
-      }
-      list.clear();
+      // What this host acquire's requests staged and it did not route to is
+      // dropped; a read still in flight keeps its budget charge until it lands.
+      const auto host_requests = host_rows ? host_rows->requests : std::span<const uint64_t>();
+      stage_groups.CallStarts(li, host_requests, [&](std::span<const ObjectId> objects) {
+        for (ObjectId k : objects) {
+          if (--stage_refs[k] != 0 || !staged[k]) continue;
+          staged[k] = 0;
+          staged_bytes -= space.Cost(k);
+          r.prefetch_wasted_bytes += space.Cost(k);
+          if (o.prefetch_budget_bytes && ready[k] > now) spec_inflight.push_back({ready[k], space.Cost(k)});
+        }
+      });
     }
     r.stall_s += call_ready - now;
     now = call_ready;
@@ -364,15 +368,20 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       // rows (already loaded by this call) and name hundreds of objects: as
       // hints they would shield a whole prompt's experts from the decode
       // that follows. Only decode calls give hints.
-      if (keeping && !call.is_prefill && target < num_layers) {
+      // Each row's predicted objects, with the row's request (any request
+      // when the trace gives none).
+      auto for_each_row = [&](auto&& fn) {
+        if (target >= num_layers) return;
         const auto requests = call_requests(c);
         const uint32_t pk = t.predict_k;
         for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= p.size(); ++row) {
           pred_ids.assign(p.begin() + size_t(row) * pk, p.begin() + size_t(row + 1) * pk);
           DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &row_predicted);
-          hints->Give(target, requests.empty() ? KeepHints::kAnyRequest : requests[row], row_predicted);
+          fn(requests.empty() ? NextCallGroups::kAnyRequest : requests[row]);
         }
-      }
+      };
+      if (keeping && !call.is_prefill)
+        for_each_row([&](uint64_t request) { hints->Give(target, request, row_predicted); });
       std::vector<ObjectId>& pin_list = token_ahead ? pinned_at[li] : spec_pinned;
       std::vector<ObjectId>& dev_pin_list = token_ahead ? dev_pinned_at[li] : dev_pinned;
       for (ObjectId k : keys) ++pins[k];
@@ -392,7 +401,6 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
             ready[k] = ssd.Read(now, space.Cost(k));
             staged[k] = 1;
             staged_bytes += space.Cost(k);
-            staged_by_layer[space.LayerIndexOf(k)].push_back(k);
             r.bytes_read += space.Cost(k);
             r.prefetch_bytes += space.Cost(k);
             continue;  // staging feeds the host tier only, as the store's Prefetch()
@@ -431,6 +439,13 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       for (ObjectId k : keys) --pins[k];
       if (tiered)
         for (ObjectId k : keys) --dev_pins[k];
+      // What each row staged (or found staged) waits for its request.
+      if (staging)
+        for_each_row([&](uint64_t request) {
+          std::erase_if(row_predicted, [&](ObjectId k) { return !staged[k]; });
+          for (ObjectId k : row_predicted) ++stage_refs[k];
+          stage_groups.Give(target, request, row_predicted);
+        });
     }
     now += o.layer_compute_s * (call.is_prefill ? double(call.rows) : 1.0);
   }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -96,6 +97,70 @@ TEST(PrefetchStaged, UnusedIsWastedAndDroppedAtTheNextAcquireOfItsLayer) {
   j = s->Snapshot();
   EXPECT_EQ(j["pack_reads"], 6);  // 0, 1, 3, 5, the wasted 4, and 4 on demand
   EXPECT_EQ(Pf(j, "staged_bytes"), 0u);  // the discarded read gave its charge back
+}
+
+// Requests decoded side by side: A's read is staged with A's request id, so
+// B's acquire of the layer, which does not route to it, leaves it staged;
+// A's next acquire takes it with no second read. Without an id B's acquire
+// drops it (wasted) and A reads it again.
+nlohmann::json StagedForAThenBThenA(std::optional<uint64_t> prefetch_request) {
+  TinyPack p(TinySpec{});
+  auto s = OpenOk(p, Opts(8));
+  auto call = [&](int64_t a, int64_t b, uint64_t request) {
+    const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
+    const std::vector<uint64_t> requests = {request};
+    auto acq = s->Acquire(1, ids, shape, std::nullopt, requests);
+    ASSERT_TRUE(acq.ok()) << acq.error().message();
+    ASSERT_TRUE(s->MarkUsed(*acq).ok());
+  };
+  constexpr uint64_t kA = 1, kB = 2;
+  EXPECT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, prefetch_request).ok());
+  call(0, 1, kB);
+  EXPECT_EQ(Pf(s->Snapshot(), "wasted"), prefetch_request == kA ? 0u : 1u);  // dropped by B's acquire, or not
+  call(4, 5, kA);
+  EXPECT_TRUE(s->Close().ok());
+  return s->Snapshot();
+}
+
+TEST(PrefetchStaged, AReadStagedForARequestWaitsThroughOtherRequestsAcquires) {
+  nlohmann::json j = StagedForAThenBThenA(1);
+  EXPECT_EQ(Pf(j, "useful"), 1u);
+  EXPECT_EQ(Pf(j, "wasted"), 0u);
+  EXPECT_EQ(j["pack_reads"], 4);  // 0, 1, 5 on demand and 4 once, staged
+  EXPECT_EQ(j["cache_misses"], 4);  // the policy's view is demand-only's
+  j = StagedForAThenBThenA(std::nullopt);
+  EXPECT_EQ(Pf(j, "useful"), 0u);
+  EXPECT_EQ(Pf(j, "wasted"), 1u);  // dropped at B's acquire
+  EXPECT_EQ(j["pack_reads"], 5);   // and 4 read again for A
+  // B's own read ends at B's acquire, as before.
+  j = StagedForAThenBThenA(2);
+  EXPECT_EQ(Pf(j, "wasted"), 1u);
+  EXPECT_EQ(j["pack_reads"], 5);
+}
+
+// A guess staged for two requests waits for both: A's acquire (not routing
+// to it) leaves it for B, whose acquire takes it.
+TEST(PrefetchStaged, AReadTwoRequestsGuessedWaitsForTheSecond) {
+  TinyPack p(TinySpec{});
+  auto s = OpenOk(p, Opts(8));
+  auto call = [&](int64_t a, int64_t b, uint64_t request) {
+    const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
+    const std::vector<uint64_t> requests = {request};
+    auto acq = s->Acquire(1, ids, shape, std::nullopt, requests);
+    ASSERT_TRUE(acq.ok()) << acq.error().message();
+    ASSERT_TRUE(s->MarkUsed(*acq).ok());
+  };
+  ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, uint64_t{1}).ok());
+  ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, uint64_t{2}).ok());
+  EXPECT_EQ(Pf(s->Snapshot(), "issued"), 1u);  // one read for both
+  call(0, 1, 1);
+  EXPECT_EQ(Pf(s->Snapshot(), "wasted"), 0u);  // still staged for B
+  call(4, 5, 2);
+  ASSERT_TRUE(s->Close().ok());
+  auto j = s->Snapshot();
+  EXPECT_EQ(Pf(j, "useful"), 1u);
+  EXPECT_EQ(Pf(j, "wasted"), 0u);
+  EXPECT_EQ(j["pack_reads"], 4);
 }
 
 TEST(PrefetchStaged, BudgetFullRefusesNewPrefetches) {
