@@ -161,16 +161,17 @@ class ExpertStore {
   Status MarkUsed(Acquisition& acquisition);
 
   // Starts reading the given experts of `layer` (any count, duplicates ok)
-  // without waiting, for the next Acquire() of that layer, which waits on
-  // the ones it routes to if they are still in flight. Where they land
-  // depends on StoreOptions::prefetch_mode (staged: outside the cache,
-  // dropped at that acquire if not routed to; cache: in the cache, pinned
-  // until that acquire). Objects already resident are not read; with
-  // StoreOptions::keep_predicted they are kept until the layer's next
-  // acquire by `request_id` (the request whose next token was predicted;
-  // without it, the layer's next acquire of any request, and at most 16
-  // acquires of the layer either way), so with requests decoded side by side
-  // a prediction outlives the other requests' acquires of its layer.
+  // without waiting, for the next Acquire() of that layer by `request_id`
+  // (the request whose next token was predicted; without it, the layer's
+  // next acquire of any request; at most 16 acquires of the layer either
+  // way). An acquire that routes to one waits for it if it is still in
+  // flight. Where they land depends on StoreOptions::prefetch_mode (staged:
+  // outside the cache, taken by any acquire that routes to them and dropped
+  // at that request's acquire if none did; cache: in the cache, pinned until
+  // the layer's next acquire). Objects already resident are not read; with
+  // StoreOptions::keep_predicted they are kept until that acquire. So with
+  // requests decoded side by side a prediction outlives the other requests'
+  // acquires of its layer.
   Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids,
                   std::optional<uint64_t> request_id = std::nullopt);
 

@@ -329,7 +329,8 @@ class KimiGGMLExpertPackStore:
         """k3pack extra: start host-tier reads of a layer's experts (e.g. the
         next layer's predicted top-k) without waiting. request_id: the request
         whose next token was predicted; an already resident expert is then
-        kept until that request's next acquire of the layer."""
+        kept, and a staged read held, until that request's next acquire of
+        the layer."""
         if not self.prefetch_enabled:
             raise ValueError("prefetch is off: construct the store with prefetch=True and host_cache_mib > 0")
         torch = _torch()

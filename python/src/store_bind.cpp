@@ -207,7 +207,7 @@ void RegisterStore(py::module_& m) {
         Check(st);
       }, py::arg("layer"), py::arg("expert_ids"), py::kw_only(), py::arg("request_id") = py::none(),
          "start reading experts of `layer` without waiting; request_id: the request whose next token was "
-         "predicted (keep hints then outlive other requests' acquires of the layer)")
+         "predicted (its keep hints and staged reads then outlive other requests' acquires of the layer)")
       .def("mark_used", [](store::ExpertStore& self, PyAcquisition& a) { Release(self, a); }, py::arg("acquisition"), "release an Acquisition of this store (the same as acquisition.mark_used())")
       .def("snapshot", &Snapshot, "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
       .def("stats", &Snapshot, "the same as snapshot()")

@@ -74,6 +74,27 @@ class StorePrefetchTest(_util.TinyPackTestCase):
             with self.assertRaises(ValueError):
                 store.prefetch(first, a[0], request_id=-1)
 
+    def test_a_requests_staged_reads_wait_through_other_requests_acquires(self):
+        # A's guesses (not resident) are staged for A: B's acquire of the layer
+        # leaves them, and A's next acquire takes them without a second read.
+        # Without an id B's acquire drops them and A reads them again.
+        k = self.top_k
+        first = self.layers[0]
+        a, b = np.arange(k).reshape(1, k), np.arange(k, 2 * k).reshape(1, k)
+        seen = {}
+        for request_id in (7, None):
+            # every guess's read is issued at once: none can be cancelled
+            with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20, prefetch_queue_depth=k,
+                                    queue_depth=2 * k) as store:
+                store.prefetch(first, a[0], request_id=request_id)
+                store.acquire(first, b, request_ids=8).mark_used()
+                store.acquire(first, a, request_ids=7).mark_used()
+                store.close()
+                snap = store.snapshot()
+                pf = snap["k3pack"]["prefetch"]
+                seen[request_id] = (pf["useful"], pf["wasted"], pf["cancelled"], snap["pack_reads"])
+        self.assertEqual(seen, {7: (k, 0, 0, 2 * k), None: (0, k, 0, 3 * k)})
+
     def test_budget_refuses_and_mode_is_checked(self):
         one = None
         with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
