@@ -87,7 +87,11 @@ struct ExpertStore::Impl {
   std::vector<std::shared_ptr<Entry>> staged;    // per ObjectId; null = not staged
   // What each Prefetch() staged, for its request's next acquire of the layer
   // (any acquire of the layer when it gave no id); per object, how many of
-  // those groups name it: it is dropped when the last one ends untaken.
+  // those groups name it: it is dropped when the last one ends untaken. A
+  // group still naming an object another request took keeps its count, so
+  // if that object is staged again it may wait for that group too: dropped
+  // late (within NextCallGroups::kMaxCalls acquires of the layer), never
+  // before the request it was staged for has come.
   std::optional<NextCallGroups> stage_groups;
   std::vector<uint32_t> stage_refs;
   // keep_predicted: resident objects a Prefetch() named, as the policy's
