@@ -1,16 +1,12 @@
 // The informed bound told each request's next call (`trace sweep
 // --informed-next`): hand-worked traces where knowing the next call changes
-// the victim, and its place between the informed bound and Belady.
+// the victim (its place between the informed bound and Belady on every
+// family: InformedBound.BelowBeladyAndRejectsAForeignTrace).
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <nlohmann/json.hpp>
 #include <vector>
 
-#include "../cli_run.h"
 #include "k3pack/trace.h"
-#include "small_family.h"
-#include "store/synthetic_pack.h"
 #include "store/simulate.h"
 
 namespace k3pack::store {
@@ -89,46 +85,6 @@ TEST(InformedNext, ALayerTheRequestDoesNotCallAgainIsWorthNothing) {
   // L1 e1 (0.1 against 0.9 again), and the fifth misses.
   EXPECT_EQ(Bound(y, 2, true).hits, 1u);
   EXPECT_EQ(Bound(y, 2, false).hits, 0u);
-}
-
-TEST(InformedNext, BetweenTheInformedBoundAndBeladyOnEveryFamily) {
-  for (const auto& f : trace::FamilyNames()) {
-    trace::TrueDistribution truth;
-    trace::GenOptions o = testing_traces::SmallFamily(f);
-    o.truth = &truth;
-    auto t = trace::Generate(o);
-    ASSERT_TRUE(t.ok());
-    ObjectSpace space = SpaceForTrace(*t, 4096);
-    auto seq = BuildCallSeq(*t, space);
-    ASSERT_TRUE(seq.ok());
-    for (uint64_t slots : {64u, 100u}) {
-      auto next = SimulateInformedNext(*t, *seq, space, slots, truth);
-      auto inf = SimulateInformed(*t, *seq, space, slots, truth);
-      auto bel = SimulateBelady(*seq, space, slots);
-      ASSERT_TRUE(next.ok() && inf.ok() && bel.ok()) << f;
-      EXPECT_EQ(next->hits + next->misses, bel->hits + bel->misses);
-      EXPECT_LE(next->hits, bel->hits) << f << " " << slots;
-      // A greedy rule, not a proof of order; measured on these families.
-      EXPECT_GT(next->hits, inf->hits) << f << " " << slots;
-    }
-  }
-}
-
-TEST(InformedNext, SweepFlagAddsTheSeriesAndRefusesTracesWithoutTruth) {
-  const std::string small = " --layers 6 --experts 64 --top-k 4 --decode-tokens 30 --prompt-tokens 32";
-  std::string dir = testing::TinyPack::TempDir("informed-next");
-  auto r = testing_cli::Cli("trace sweep --family interleaved --informed-next --policies lru --json --sizes 64 --svg " +
-                            dir + "/p.svg" + small);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto j = nlohmann::json::parse(r.out);
-  const auto& hr = j["hit_rate"];
-  ASSERT_TRUE(hr.contains("informed+next")) << r.out;
-  EXPECT_GT(hr["informed+next"][0].get<double>(), hr["informed"][0].get<double>()) << r.out;
-  EXPECT_LE(hr["informed+next"][0].get<double>(), hr["belady"][0].get<double>()) << r.out;
-  auto bad = testing_cli::Cli("trace sweep --trace " + dir + "/none.k3trace --informed-next --svg " + dir + "/q.svg");
-  EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--informed-next and --trace cannot be used together"), std::string::npos) << bad.out;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -145,18 +145,30 @@ TEST(LearnerBound, BatchedAndPrefillRowsAreLearnedRowByRow) {
   }
 }
 
+// `--learner` and `--informed-next` (informed_next_test.cpp) are columns of
+// the plain sweep of a generated trace: each adds its series, between what
+// it must lie, and refuses a trace file, which carries no truth.
 TEST(LearnerBound, SweepFlagAddsTheSeriesAndRefusesTracesWithoutTruth) {
   const std::string small = " --layers 6 --experts 64 --top-k 4 --decode-tokens 30 --prompt-tokens 32";
   std::string dir = testing::TinyPack::TempDir("learner");
-  auto r = testing_cli::Cli("trace sweep --family drift --learner --policies lru --json --sizes 64 --svg " + dir +
-                            "/p.svg" + small);
-  ASSERT_EQ(r.code, 0) << r.out;
-  auto hr = nlohmann::json::parse(r.out)["hit_rate"];
-  ASSERT_TRUE(hr.contains("learner")) << r.out;
-  EXPECT_GT(hr["learner"][0].get<double>(), 0.0);
-  auto bad = testing_cli::Cli("trace sweep --trace " + dir + "/none.k3trace --learner --svg " + dir + "/q.svg");
-  EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--learner and --trace cannot be used together"), std::string::npos) << bad.out;
+  for (const auto& [flag, series] : {std::pair<std::string, std::string>{"--learner", "learner"},
+                                     {"--informed-next", "informed+next"}}) {
+    SCOPED_TRACE(flag);
+    auto r = testing_cli::Cli("trace sweep --family interleaved " + flag + " --policies lru --json --sizes 64 --svg " +
+                              dir + "/p.svg" + small);
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto hr = nlohmann::json::parse(r.out)["hit_rate"];
+    ASSERT_TRUE(hr.contains(series)) << r.out;
+    const double value = hr[series][0].get<double>();
+    EXPECT_GT(value, 0.0);
+    EXPECT_LE(value, hr["belady"][0].get<double>());
+    if (series == "informed+next") {
+      EXPECT_GT(value, hr["informed"][0].get<double>());
+    }
+    auto bad = testing_cli::Cli("trace sweep --trace " + dir + "/none.k3trace " + flag + " --svg " + dir + "/q.svg");
+    EXPECT_EQ(bad.code, 2) << bad.out;
+    EXPECT_NE(bad.out.find(flag + " and --trace cannot be used together"), std::string::npos) << bad.out;
+  }
   std::filesystem::remove_all(dir);
 }
 

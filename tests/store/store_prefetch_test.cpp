@@ -99,6 +99,15 @@ TEST(PrefetchStaged, UnusedIsWastedAndDroppedAtTheNextAcquireOfItsLayer) {
   EXPECT_EQ(Pf(j, "staged_bytes"), 0u);  // the discarded read gave its charge back
 }
 
+// One decode token (top-2) of `request` at layer 1, released at once.
+void TokenOf(ExpertStore& s, uint64_t request, int64_t a, int64_t b) {
+  const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
+  const std::vector<uint64_t> requests = {request};
+  auto acq = s.Acquire(1, ids, shape, std::nullopt, requests);
+  ASSERT_TRUE(acq.ok()) << acq.error().message();
+  ASSERT_TRUE(s.MarkUsed(*acq).ok());
+}
+
 // Requests decoded side by side: A's read is staged with A's request id, so
 // B's acquire of the layer, which does not route to it, leaves it staged;
 // A's next acquire takes it with no second read. Without an id B's acquire
@@ -106,18 +115,11 @@ TEST(PrefetchStaged, UnusedIsWastedAndDroppedAtTheNextAcquireOfItsLayer) {
 nlohmann::json StagedForAThenBThenA(std::optional<uint64_t> prefetch_request) {
   TinyPack p(TinySpec{});
   auto s = OpenOk(p, Opts(8));
-  auto call = [&](int64_t a, int64_t b, uint64_t request) {
-    const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
-    const std::vector<uint64_t> requests = {request};
-    auto acq = s->Acquire(1, ids, shape, std::nullopt, requests);
-    ASSERT_TRUE(acq.ok()) << acq.error().message();
-    ASSERT_TRUE(s->MarkUsed(*acq).ok());
-  };
   constexpr uint64_t kA = 1, kB = 2;
   EXPECT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, prefetch_request).ok());
-  call(0, 1, kB);
+  TokenOf(*s, kB, 0, 1);
   EXPECT_EQ(Pf(s->Snapshot(), "wasted"), prefetch_request == kA ? 0u : 1u);  // dropped by B's acquire, or not
-  call(4, 5, kA);
+  TokenOf(*s, kA, 4, 5);
   EXPECT_TRUE(s->Close().ok());
   return s->Snapshot();
 }
@@ -143,19 +145,12 @@ TEST(PrefetchStaged, AReadStagedForARequestWaitsThroughOtherRequestsAcquires) {
 TEST(PrefetchStaged, AReadTwoRequestsGuessedWaitsForTheSecond) {
   TinyPack p(TinySpec{});
   auto s = OpenOk(p, Opts(8));
-  auto call = [&](int64_t a, int64_t b, uint64_t request) {
-    const std::vector<int64_t> ids = {a, b}, shape = {1, 2};
-    const std::vector<uint64_t> requests = {request};
-    auto acq = s->Acquire(1, ids, shape, std::nullopt, requests);
-    ASSERT_TRUE(acq.ok()) << acq.error().message();
-    ASSERT_TRUE(s->MarkUsed(*acq).ok());
-  };
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, uint64_t{1}).ok());
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, uint64_t{2}).ok());
   EXPECT_EQ(Pf(s->Snapshot(), "issued"), 1u);  // one read for both
-  call(0, 1, 1);
+  TokenOf(*s, 1, 0, 1);
   EXPECT_EQ(Pf(s->Snapshot(), "wasted"), 0u);  // still staged for B
-  call(4, 5, 2);
+  TokenOf(*s, 2, 4, 5);
   ASSERT_TRUE(s->Close().ok());
   auto j = s->Snapshot();
   EXPECT_EQ(Pf(j, "useful"), 1u);

@@ -283,6 +283,13 @@ TEST(InformedBound, BelowBeladyAndRejectsAForeignTrace) {
       EXPECT_EQ(inf->hits + inf->misses, bel->hits + bel->misses);
       EXPECT_LE(inf->hits, bel->hits) << f << " " << slots;
       EXPECT_GT(inf->hits, 0u);
+      // Told each request's next call too (--informed-next): still below
+      // Belady, and above the bound (a greedy rule, so measured, not proven).
+      auto next = SimulateInformedNext(*t, *seq, space, slots, truth);
+      ASSERT_TRUE(next.ok()) << f;
+      EXPECT_EQ(next->hits + next->misses, bel->hits + bel->misses);
+      EXPECT_LE(next->hits, bel->hits) << f << " " << slots;
+      EXPECT_GT(next->hits, inf->hits) << f << " " << slots;
     }
   }
   trace::TrueDistribution truth;
