@@ -79,6 +79,9 @@ class SlotCache {
   // `request_id` as ExpertStore::Prefetch's.
   Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids,
                   std::optional<uint64_t> request_id = std::nullopt);
+  // Keep hints for the host tier, as ExpertStore::Keep (needs a host tier).
+  Status Keep(uint32_t layer, std::span<const int64_t> expert_ids,
+              std::optional<uint64_t> request_id = std::nullopt);
 
   // SGLang's stats keys (§7.3/§7.7) plus k3pack's under "k3pack".
   nlohmann::json Snapshot() const;

@@ -174,6 +174,15 @@ class ExpertStore {
   // acquires of its layer.
   Status Prefetch(uint32_t layer, std::span<const int64_t> expert_ids,
                   std::optional<uint64_t> request_id = std::nullopt);
+  // Keep hints without reads: the resident ones of `expert_ids` are kept
+  // (passed over by evictions) until `request_id`'s next acquire of `layer`,
+  // as Prefetch() keeps them, and nothing is read. The use: next-token
+  // predictions, a token ahead, where reading the guesses that are not
+  // resident costs more bandwidth than it saves when reads, not latency,
+  // bound decode (docs/store.md, "Predictions that steer eviction"). Fails
+  // when keep hints are off (StoreOptions::keep_predicted, staged mode).
+  Status Keep(uint32_t layer, std::span<const int64_t> expert_ids,
+              std::optional<uint64_t> request_id = std::nullopt);
 
   // SGLang's stats dict (same keys) plus k3pack's under "k3pack".
   nlohmann::json Snapshot() const;

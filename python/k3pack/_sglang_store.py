@@ -331,13 +331,23 @@ class KimiGGMLExpertPackStore:
         whose next token was predicted; an already resident expert is then
         kept, and a staged read held, until that request's next acquire of
         the layer."""
+        self._host_tier_call(self._engine.prefetch, layer, expert_ids, request_id)
+
+    def keep(self, layer, expert_ids, *, request_id=None):
+        """k3pack extra: keep hints without reads. The host-resident ones of a
+        layer's predicted experts (e.g. the request's next token, predicted a
+        token ahead) are passed over by host evictions until request_id's
+        next acquire of the layer; nothing is read."""
+        self._host_tier_call(self._engine.keep, layer, expert_ids, request_id)
+
+    def _host_tier_call(self, call, layer, expert_ids, request_id):
         if not self.prefetch_enabled:
             raise ValueError("prefetch is off: construct the store with prefetch=True and host_cache_mib > 0")
         torch = _torch()
         if isinstance(expert_ids, torch.Tensor):
             expert_ids = expert_ids.detach().to("cpu").numpy()
         # Not cast here: the C++ side refuses float and bool ids (TypeError).
-        self._engine.prefetch(int(layer), np.asarray(expert_ids).reshape(-1), request_id=request_id)
+        call(int(layer), np.asarray(expert_ids).reshape(-1), request_id=request_id)
 
     # ------------------------------------------------------------ stats
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -206,6 +207,23 @@ inline uint32_t LayerArg(int64_t layer) {
     Raise(k3pack::Error("layer " + std::to_string(layer) + " is not an active routed MoE layer",
                         k3pack::ErrorKind::kValue));
   return static_cast<uint32_t>(layer);
+}
+
+// prefetch() and keep() of a store: (layer, expert_ids, *, request_id=None)
+// calling `call` (e.g. &ExpertStore::Prefetch) without the GIL.
+template <class Store>
+auto PredictionMethod(k3pack::Status (Store::*call)(uint32_t, std::span<const int64_t>, std::optional<uint64_t>)) {
+  return [call](Store& self, int64_t layer_arg, py::object ids, py::object request_id) {
+    const uint32_t layer = LayerArg(layer_arg);
+    std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
+    const std::optional<uint64_t> request = PrefetchRequestArg(request_id);
+    k3pack::Status st;
+    {
+      NoGil nogil;
+      st = (self.*call)(layer, v, request);
+    }
+    Check(st);
+  };
 }
 
 // Registration of each binding file.

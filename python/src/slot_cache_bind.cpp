@@ -105,17 +105,10 @@ void RegisterSlotCache(py::module_& m) {
         }
         Check(st);
       }, py::arg("slots"), py::arg("stream") = 0)
-      .def("prefetch", [](store::SlotCache& c, int64_t layer_arg, py::object ids, py::object request_id) {
-        const uint32_t layer = LayerArg(layer_arg);
-        std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
-        const std::optional<uint64_t> request = PrefetchRequestArg(request_id);
-        k3pack::Status st;
-        {
-          NoGil nogil;
-          st = c.Prefetch(layer, v, request);
-        }
-        Check(st);
-      }, py::arg("layer"), py::arg("expert_ids"), py::kw_only(), py::arg("request_id") = py::none())
+      .def("prefetch", PredictionMethod(&store::SlotCache::Prefetch), py::arg("layer"), py::arg("expert_ids"),
+           py::kw_only(), py::arg("request_id") = py::none())
+      .def("keep", PredictionMethod(&store::SlotCache::Keep), py::arg("layer"), py::arg("expert_ids"), py::kw_only(),
+           py::arg("request_id") = py::none(), "keep hints for the host tier without reads (ExpertStore.keep)")
       .def("snapshot", [](const store::SlotCache& c) {
         // Snapshot() waits for the cache's lock, which an acquire on another
         // thread holds while it reads: never wait for it holding the GIL.

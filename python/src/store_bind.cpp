@@ -195,19 +195,14 @@ void RegisterStore(py::module_& m) {
         }();
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("expert_ids"), "one decode token: exactly top_k expert ids")
-      .def("prefetch", [](store::ExpertStore& self, int64_t layer_arg, py::object ids, py::object request_id) {
-        const uint32_t layer = LayerArg(layer_arg);
-        std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
-        const std::optional<uint64_t> request = PrefetchRequestArg(request_id);
-        k3pack::Status st;
-        {
-          NoGil nogil;
-          st = self.Prefetch(layer, v, request);
-        }
-        Check(st);
-      }, py::arg("layer"), py::arg("expert_ids"), py::kw_only(), py::arg("request_id") = py::none(),
-         "start reading experts of `layer` without waiting; request_id: the request whose next token was "
-         "predicted (its keep hints and staged reads then outlive other requests' acquires of the layer)")
+      .def("prefetch", PredictionMethod(&store::ExpertStore::Prefetch), py::arg("layer"), py::arg("expert_ids"),
+           py::kw_only(), py::arg("request_id") = py::none(),
+           "start reading experts of `layer` without waiting; request_id: the request whose next token was "
+           "predicted (its keep hints and staged reads then outlive other requests' acquires of the layer)")
+      .def("keep", PredictionMethod(&store::ExpertStore::Keep), py::arg("layer"), py::arg("expert_ids"),
+           py::kw_only(), py::arg("request_id") = py::none(),
+           "keep hints without reads: the resident ones of expert_ids are kept until request_id's next acquire "
+           "of `layer` (e.g. next-token predictions); raises when keep_predicted is off")
       .def("mark_used", [](store::ExpertStore& self, PyAcquisition& a) { Release(self, a); }, py::arg("acquisition"), "release an Acquisition of this store (the same as acquisition.mark_used())")
       .def("snapshot", &Snapshot, "SGLang's stats dict (same keys) plus k3pack's under 'k3pack'")
       .def("stats", &Snapshot, "the same as snapshot()")

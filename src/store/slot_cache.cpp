@@ -588,6 +588,12 @@ Status SlotCache::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::op
   return impl_->host->Prefetch(layer, ids, request_id);
 }
 
+Status SlotCache::Keep(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
+  K3_RETURN_IF_ERROR(CheckOpenedHere(impl_->opened_pid));
+  if (!impl_->host) return Error("keep hints need a host tier (host_cache_mib > 0)");
+  return impl_->host->Keep(layer, ids, request_id);
+}
+
 // ------------------------------------------------------------------ stats
 
 nlohmann::json SlotCache::Snapshot() const {

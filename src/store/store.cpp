@@ -417,8 +417,11 @@ Status ExpertStore::MarkUsed(Acquisition& a) {
   return s.WriteStatsJson();
 }
 
-Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
-  Impl& s = *impl_;
+namespace {
+
+// A prediction's layer index and distinct objects, checked as a route is.
+Status PredictedObjects(const ExpertStore::Impl& s, uint32_t layer, std::span<const int64_t> ids, uint32_t* li,
+                        std::vector<ObjectId>* keys) {
   const ObjectSpace& space = s.geo.space;
   K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   int64_t shape[2] = {1, static_cast<int64_t>(space.top_k)};
@@ -426,9 +429,35 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
   for (int64_t e : ids)
     if (e < 0 || e >= static_cast<int64_t>(space.num_experts)) return Error("route contains an out-of-range expert id");
   K3_RETURN_IF_ERROR(CheckOwnedRoutes(s.geo, layer, ids));
-  const uint32_t li = static_cast<uint32_t>(space.LayerIndex(layer));
+  *li = static_cast<uint32_t>(space.LayerIndex(layer));
+  DistinctSorted(space, *li, ids.data(), ids.size(), keys);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ExpertStore::Keep(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
+  Impl& s = *impl_;
+  uint32_t li = 0;
   std::vector<ObjectId> keys;
-  DistinctSorted(space, li, ids.data(), ids.size(), &keys);
+  K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+  if (!s.keep_predicted)
+    return Error("keep hints are off in this store (keep_predicted = false, or prefetch_mode \"cache\")")
+        .WithHint("open it with prefetch_mode \"staged\" and keep_predicted on (both the defaults)");
+  std::erase_if(keys, [&](ObjectId k) { return !s.policy->Resident(k); });
+  s.kept->Give(li, request_id.value_or(KeepHints::kAnyRequest), keys);
+  s.prefetch_kept += keys.size();
+  return Status::OK();
+}
+
+Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
+  Impl& s = *impl_;
+  const ObjectSpace& space = s.geo.space;
+  uint32_t li = 0;
+  std::vector<ObjectId> keys;
+  K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (s.staged_mode) return s.StagePrefetch(li, keys, request_id.value_or(KeepHints::kAnyRequest));

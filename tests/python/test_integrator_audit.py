@@ -66,6 +66,10 @@ class IntegratorAudit(_util.TinyPackTestCase):
         with self.assertRaises(ValueError) as cm:
             prefetching.prefetch(layer, torch.arange(k), request_id=[3, 4])
         self.assertIn("prefetch takes one request_id", str(cm.exception))
+        # keep(): hints without reads, the same arguments.
+        prefetching.keep(layer, torch.arange(k), request_id=3)
+        with self.assertRaises(TypeError):
+            prefetching.keep(layer, torch.tensor([0.5, 1.5]))
 
     def test_expert_store_refuses_float_ids(self):
         layer, k = self.layers[0], self.top_k

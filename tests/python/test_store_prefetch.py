@@ -47,6 +47,35 @@ class StorePrefetchTest(_util.TinyPackTestCase):
                 self.assertEqual(snap["k3pack"]["prefetch"]["issued"], 0)
         self.assertEqual(hits, {True: k, False: 0})
 
+    def test_keep_hints_residents_and_reads_nothing(self):
+        # keep(): the resident ones of the predicted experts survive another
+        # layer's misses until their layer's next acquire; the one that is not
+        # resident is not read (prefetch() would stage it).
+        k = self.top_k
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
+            one = store.info["object_bytes"][0]
+        first, second = self.layers[0], self.layers[1]
+        predicted = np.arange(k + 1)  # expert k is not resident below
+        hits = {}
+        for hint in (True, False):
+            with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=2 * k * one, policy="lru") as store:
+                store.acquire_token(first, np.arange(k)).mark_used()
+                store.acquire_token(first, np.arange(k + 1, 2 * k + 1)).mark_used()  # the cache is full
+                if hint:
+                    store.keep(first, predicted, request_id=5)
+                store.acquire_token(second, np.arange(k)).mark_used()  # k victims
+                before = store.snapshot()["cache_hits"]
+                store.acquire_token(first, np.arange(k)).mark_used()
+                snap = store.snapshot()
+                hits[hint] = snap["cache_hits"] - before
+                pf = snap["k3pack"]["prefetch"]
+                self.assertEqual((pf["issued"], pf["kept"]), (0, k if hint else 0))
+        self.assertEqual(hits, {True: k, False: 0})
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20, keep_predicted=False) as store:
+            with self.assertRaises(Exception) as cm:
+                store.keep(first, predicted)
+            self.assertIn("keep hints are off in this store", str(cm.exception))
+
     def test_a_requests_keep_hint_outlives_other_requests_acquires(self):
         # A's prediction, given with A's id, survives B's acquire of the layer;
         # without an id it ends there and LRU evicts A's experts.

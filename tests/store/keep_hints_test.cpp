@@ -301,6 +301,33 @@ TEST(KeepHints, StorePrefetchOfResidentsKeepsThemUntilTheirAcquire) {
   EXPECT_EQ(off["keep_predicted"], false);
 }
 
+// Keep(): hints without reads. The same four-slot LRU as above: L1 e0, e1
+// are kept through L2's misses, and e3, predicted but not resident, is not
+// read (Prefetch() would have staged it).
+TEST(KeepHints, StoreKeepHintsResidentsAndReadsNothing) {
+  testing::TinyPack p(testing::TinySpec{});
+  auto s = OpenFourSlotLru(p);
+  Token(*s, 1, 0, 1);
+  Token(*s, 1, 4, 5);
+  const uint64_t reads = s->Snapshot()["pack_reads"];
+  ASSERT_TRUE(s->Keep(1, std::vector<int64_t>{0, 1, 3}).ok());
+  auto j = s->Snapshot();
+  EXPECT_EQ(j["pack_reads"], reads);
+  EXPECT_EQ(j["k3pack"]["prefetch"]["issued"], 0);
+  EXPECT_EQ(j["k3pack"]["prefetch"]["kept"], 2);
+  Token(*s, 2, 2, 3);
+  const uint64_t before = s->Snapshot()["cache_hits"];
+  Token(*s, 1, 0, 1);
+  EXPECT_EQ(s->Snapshot()["cache_hits"].get<uint64_t>() - before, 2u);
+  ASSERT_TRUE(s->Close().ok());
+  // With keep hints off there is nothing Keep() could do: it says so.
+  auto off = OpenFourSlotLru(p, false);
+  Status st = off->Keep(1, std::vector<int64_t>{0});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message().find("keep hints are off in this store"), std::string::npos);
+  ASSERT_TRUE(off->Close().ok());
+}
+
 TEST(KeepHints, StoreHintsEndAtTheLayersAcquire) {
   // The hint covers one acquire of its layer: after it, L1 e0 and e1 are
   // plain LRU residents again and L2's misses evict them first.
