@@ -536,7 +536,8 @@ int RunSweep(const std::vector<std::string>& argv) {
       .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
       .Flag("--staged", "--timing: also prefetch with the store's staging rule (reads outside the cache)")
       .Option("--horizon", "--timing: what a call's prefetch predicts: layer (the next layer) | token (this layer\n"
-              "at the request's next token; generated traces get --predict-next-token)", "layer")
+              "at the request's next token; generated traces get --predict-next-token) | both (reads the next\n"
+              "layer's, keep hints from the next token's; needs --keep-predicted)", "layer")
       .Flag("--keep-predicted", "--timing: the predictions also steer eviction: a resident predicted object is\n"
             "evicted only after every unpredicted one, until its call starts (prefetch rows)")
       .Option("--device-mib", "--timing: device (VRAM) tier in front of the host cache, MiB (0: none)", "0")
@@ -606,8 +607,11 @@ int RunSweep(const std::vector<std::string>& argv) {
     ep_size = static_cast<uint32_t>(*n);
   }
   const std::string horizon = a.Get("--horizon");
-  if (horizon != "layer" && horizon != "token")
-    return ReportError("trace sweep", Error("--horizon must be layer or token, got '" + horizon + "'"), 2);
+  if (horizon != "layer" && horizon != "token" && horizon != "both")
+    return ReportError("trace sweep", Error("--horizon must be layer, token or both, got '" + horizon + "'"), 2);
+  if (horizon == "both" && !a.Has("--keep-predicted"))
+    return ReportError("trace sweep", Error("--horizon both needs --keep-predicted: its next-token predictions are "
+                                            "the keep hints, and without them it replays as --horizon layer"), 2);
   std::vector<std::string> families;
   if (a.Has("--trace")) families.push_back("");
   else if (a.Get("--family") == "all") families = trace::FamilyNames();
@@ -647,7 +651,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
       o.truth = &truth;
       if (a.Has("--timing")) o.predict = true;
-      if (a.Has("--timing") && a.Get("--horizon") == "token") o.predict_next_token = true;
+      if (a.Has("--timing") && a.Get("--horizon") != "layer") o.predict_next_token = true;
       auto r = trace::Generate(o);
       if (!r.ok()) return ReportError("trace sweep", r.error());
       t = std::move(r).value();
@@ -710,13 +714,14 @@ int RunSweep(const std::vector<std::string>& argv) {
       to.prefetch_budget_bytes = *budget;
       to.prefetch_staged = a.Has("--staged");
       to.keep_predicted = a.Has("--keep-predicted");
-      if (horizon == "token") {
-        to.lookahead = store::TimingOptions::Lookahead::kNextToken;
+      if (horizon != "layer") {
+        to.lookahead = horizon == "token" ? store::TimingOptions::Lookahead::kNextToken
+                                          : store::TimingOptions::Lookahead::kBoth;
         // Without next-token predictions every policy's prefetch row would
         // silently equal demand-only.
         if (std::none_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_token_predictions; }))
           return ReportError("trace sweep", Error(a.Get("--trace") + ": the trace has no next-token predictions, "
-                                                  "which --horizon token replays")
+                                                  "which --horizon " + horizon + " replays")
                                                 .WithHint("write it with `k3pack trace gen --predict-next-token`"));
       }
       auto dev = MibOptionBytes(a, "--device-mib", 0);
@@ -768,7 +773,8 @@ int RunSweep(const std::vector<std::string>& argv) {
                     "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens, "
                     "prefetch horizon: next %s\n",
                     family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
-                    (unsigned long long)seq->tokens, horizon.c_str());
+                    (unsigned long long)seq->tokens,
+                    horizon == "both" ? "layer (reads), next token (keep hints)" : horizon.c_str());
       text += head;
       if (to.keep_predicted) text += "predictions steer eviction: keep rows read nothing ahead; prefetch rows keep too\n";
       if (to.device_bytes) {

@@ -179,6 +179,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   // Next-token look-ahead: per layer index, the prefetches pinned until the
   // next call of that layer starts (host and device).
   const bool token_ahead = o.lookahead == TimingOptions::Lookahead::kNextToken;
+  const bool token_hints = o.lookahead != TimingOptions::Lookahead::kNextLayer;
   const size_t num_layers = t.layer_ids.size();
   std::vector<std::vector<ObjectId>> pinned_at(token_ahead ? num_layers + 1 : 0), dev_pinned_at(pinned_at.size());
   // Keep hints: per target layer, each row's predicted objects for its
@@ -368,20 +369,23 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       // rows (already loaded by this call) and name hundreds of objects: as
       // hints they would shield a whole prompt's experts from the decode
       // that follows. Only decode calls give hints.
-      // Each row's predicted objects, with the row's request (any request
-      // when the trace gives none).
-      auto for_each_row = [&](auto&& fn) {
-        if (target >= num_layers) return;
+      // Each row's predicted objects (`preds` for layer index `tgt`), with
+      // the row's request (any request when the trace gives none).
+      auto for_each_row = [&](std::span<const uint16_t> preds, size_t tgt, auto&& fn) {
+        if (tgt >= num_layers) return;
         const auto requests = call_requests(c);
         const uint32_t pk = t.predict_k;
-        for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= p.size(); ++row) {
-          pred_ids.assign(p.begin() + size_t(row) * pk, p.begin() + size_t(row + 1) * pk);
-          DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &row_predicted);
+        for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= preds.size(); ++row) {
+          pred_ids.assign(preds.begin() + size_t(row) * pk, preds.begin() + size_t(row + 1) * pk);
+          DistinctSorted(space, static_cast<uint32_t>(tgt), pred_ids.data(), pred_ids.size(), &row_predicted);
           fn(requests.empty() ? NextCallGroups::kAnyRequest : requests[row]);
         }
       };
-      if (keeping && !call.is_prefill)
-        for_each_row([&](uint64_t request) { hints->Give(target, request, row_predicted); });
+      if (keeping && !call.is_prefill) {
+        const size_t hint_target = token_hints ? li : li + 1;
+        const auto hp = token_hints ? t.RecordTokenPredictions(t.records[c]) : t.RecordPredictions(t.records[c]);
+        for_each_row(hp, hint_target, [&](uint64_t request) { hints->Give(hint_target, request, row_predicted); });
+      }
       std::vector<ObjectId>& pin_list = token_ahead ? pinned_at[li] : spec_pinned;
       std::vector<ObjectId>& dev_pin_list = token_ahead ? dev_pinned_at[li] : dev_pinned;
       for (ObjectId k : keys) ++pins[k];
@@ -441,7 +445,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         for (ObjectId k : keys) --dev_pins[k];
       // What each row staged (or found staged) waits for its request.
       if (staging)
-        for_each_row([&](uint64_t request) {
+        for_each_row(p, target, [&](uint64_t request) {
           std::erase_if(row_predicted, [&](ObjectId k) { return !staged[k]; });
           for (ObjectId k : row_predicted) ++stage_refs[k];
           stage_groups.Give(target, request, row_predicted);

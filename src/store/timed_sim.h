@@ -68,7 +68,12 @@ struct TimingOptions {
   bool prefetch = false;
   uint64_t prefetch_budget_bytes = 0;
   bool prefetch_staged = false;
-  enum class Lookahead { kNextLayer, kNextToken };
+  // What a call's predictions name: the next layer's objects, this layer's
+  // at the request's next token, or kBoth: reads one layer ahead while the
+  // keep hints come from the next-token predictions (a small read budget
+  // then fills the SSD's idle time during compute, and the hints choose the
+  // victims).
+  enum class Lookahead { kNextLayer, kNextToken, kBoth };
   Lookahead lookahead = Lookahead::kNextLayer;
   // With prefetch: the predictions also steer eviction (Policy::
   // SetKeepHints): a predicted object already resident is passed over by

@@ -177,6 +177,13 @@ TEST(KeepHints, AHintHoldsUntilItsRequestsNextCallOfTheLayer) {
   EXPECT_EQ(off.bytes_read, 6000u);
   EXPECT_EQ(on.hits, 1u);
   EXPECT_EQ(on.bytes_read, 5000u);
+  // --horizon both takes its hints from the same next-token predictions
+  // (the trace has no next-layer ones: with layer hints nothing is kept).
+  TimingOptions both = KeepOpts(true), layer = KeepOpts(true);
+  both.lookahead = TimingOptions::Lookahead::kBoth;
+  layer.lookahead = TimingOptions::Lookahead::kNextLayer;
+  EXPECT_EQ(timed_tiny::Timed(t, "lru", both, 2).hits, 1u);
+  EXPECT_EQ(timed_tiny::Timed(t, "lru", layer, 2).hits, 0u);
 }
 
 // request-aware ranks a previous-token expert by the chance its request

@@ -44,6 +44,21 @@ TimingOptions TokenOpts(double compute_ms, bool staged = false) {
   return o;
 }
 
+TEST(TimedHorizon, BothReadsOneLayerAhead) {
+  // --horizon both reads the next layer's predictions, as LayerLookaheadLandsLate
+  // below works out (0 hits, two late prefetches, 2.8 ms of stall), not the
+  // next token's (TokenLookaheadTurnsTheLatePrefetchIntoAHit: 2 hits); its next-token
+  // predictions only steer eviction (KeepHints.AHintHoldsUntilItsRequestsNextCallOfTheLayer).
+  TimingOptions o = Opts(0.6, true);
+  o.lookahead = TimingOptions::Lookahead::kBoth;
+  o.keep_predicted = true;
+  TimedResult r = Timed(Horizon(), "lru", o);
+  EXPECT_EQ(r.hits, 0u);
+  EXPECT_EQ(r.late_prefetches, 2u);
+  EXPECT_NEAR(r.stall_s, 2.8e-3, 1e-12);
+  EXPECT_EQ(r.bytes_read, 4000u);
+}
+
 TEST(TimedHorizon, LayerLookaheadLandsLate) {
   // Compute 0.6 ms, next-layer prefetch:
   // c0 (L1 e0) t=0: miss, read 0->1, stall 1; now 1: prefetch L2 e1, read 1->2; compute to 1.6.

@@ -134,7 +134,24 @@ TEST(TraceNextTokenCli, GenSweepAndErrors) {
   EXPECT_NE(none.out.find(plain + ": the trace has no next-token predictions"), std::string::npos) << none.out;
   CliRun bad = Cli("trace sweep --timing --horizon step --trace " + next);
   EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--horizon must be layer or token, got 'step'"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--horizon must be layer, token or both, got 'step'"), std::string::npos) << bad.out;
+  // both: reads one layer ahead, hints from the next token; it needs the
+  // hints (without them it would be the layer replay under another name)
+  // and the next-token predictions.
+  CliRun both = Cli("trace sweep --timing --horizon both --keep-predicted --json --policies lru --sizes 64 --trace " +
+                    next + " --object-bytes 1000000");
+  ASSERT_EQ(both.code, 0) << both.out;
+  auto bj = nlohmann::json::parse(both.out);
+  EXPECT_EQ(bj["horizon"], "both");
+  ASSERT_EQ(bj["timing"].size(), 4u);
+  EXPECT_GT(bj["timing"][2]["prefetch_bytes"].get<double>(), 0);
+  CliRun bare = Cli("trace sweep --timing --horizon both --policies lru --sizes 64 --trace " + next);
+  EXPECT_EQ(bare.code, 2) << bare.out;
+  EXPECT_NE(bare.out.find("--horizon both needs --keep-predicted"), std::string::npos) << bare.out;
+  CliRun plain_both = Cli("trace sweep --timing --horizon both --keep-predicted --policies lru --sizes 64 --trace " +
+                          plain);
+  EXPECT_EQ(plain_both.code, 1) << plain_both.out;
+  EXPECT_NE(plain_both.out.find("which --horizon both replays"), std::string::npos) << plain_both.out;
   std::filesystem::remove_all(dir);
 }
 
