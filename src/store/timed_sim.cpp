@@ -365,10 +365,6 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         pred_ids.assign(p.begin(), p.end());
         DistinctSorted(space, static_cast<uint32_t>(target), pred_ids.data(), pred_ids.size(), &predicted);
       }
-      // A prefill chunk's next-token predictions are mostly its own next
-      // rows (already loaded by this call) and name hundreds of objects: as
-      // hints they would shield a whole prompt's experts from the decode
-      // that follows. Only decode calls give hints.
       // Each row's predicted objects (`preds` for layer index `tgt`), with
       // the row's request (any request when the trace gives none).
       auto for_each_row = [&](std::span<const uint16_t> preds, size_t tgt, auto&& fn) {
@@ -381,6 +377,10 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
           fn(requests.empty() ? NextCallGroups::kAnyRequest : requests[row]);
         }
       };
+      // A prefill chunk's next-token predictions are mostly its own next
+      // rows (already loaded by this call) and name hundreds of objects: as
+      // hints they would shield a whole prompt's experts from the decode
+      // that follows. Only decode calls give hints.
       if (keeping && !call.is_prefill) {
         const size_t hint_target = token_hints ? li : li + 1;
         const auto hp = token_hints ? t.RecordTokenPredictions(t.records[c]) : t.RecordPredictions(t.records[c]);

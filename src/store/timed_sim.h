@@ -17,9 +17,9 @@
 // true next call of the same layer): a whole token of look-ahead instead of
 // one layer. Their objects stay pinned against other prefetches until the
 // next call of that layer starts (a demand miss can still evict them); the
-// budget and staging rules are the same. Staged objects are taken or dropped
-// by the next call of their layer, which is the same request's next token
-// only when requests do not interleave.
+// budget and staging rules are the same. A staged object is taken by any
+// call of its layer that routes to it, and dropped by its request's next
+// call of the layer if none did (the store's rule).
 // An object counts as a hit only if its read had completed when the call
 // started: a prefetch that lands later is a miss (the call stalls for it)
 // and is counted in late_prefetches.
