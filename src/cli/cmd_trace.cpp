@@ -659,12 +659,15 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     auto space = SpaceFor(a, t);
     if (!space.ok()) return ReportError("trace sweep", space.error());
-    for (const char* reference : {"--learner", "--informed-next"})
-      if (a.Has(reference) && !space->uniform())
-        return ReportError("trace sweep", Error(std::string(reference) + " needs objects of one size, and the objects of " +
-                                              a.Get("--manifest") + " differ in size")
-                                            .WithHint("leave out --manifest and give the dimensions with --layers, "
-                                                      "--experts and --top-k"), 2);
+    for (const char* reference : {"--learner", "--informed-next"}) {
+      if (!a.Has(reference) || space->uniform()) continue;
+      return ReportError("trace sweep",
+                         Error(std::string(reference) + " needs objects of one size, and the objects of " +
+                               a.Get("--manifest") + " differ in size")
+                             .WithHint("leave out --manifest and give the dimensions with --layers, --experts and "
+                                       "--top-k"),
+                         2);
+    }
     auto seq = store::BuildCallSeq(t, *space);
     if (!seq.ok())
       return ReportError("trace sweep", family.empty() ? seq.error().WithContext(a.Get("--trace")) : seq.error());
