@@ -26,7 +26,7 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
   std::vector<ObjectId> resident, held;  // held: staged for this request's next acquire
   for (ObjectId k : keys) {
     if (policy->Resident(k)) {  // nothing to read; kept for that acquire
-      if (keep_predicted) resident.push_back(k);
+      if (kept) resident.push_back(k);
       continue;
     }
     if (staged[k]) {  // staged for another request (or this one) already: this one waits for it too
@@ -50,12 +50,8 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
     spec_queue.push_back(std::move(e));
     held.push_back(k);
   }
-  for (ObjectId k : held) ++stage_refs[k];
-  stage_groups->Give(li, request, held);
-  if (keep_predicted) {
-    kept->Give(li, request, resident);
-    prefetch_kept += resident.size();
-  }
+  stage_holds->Give(li, request, held);
+  if (kept) KeepResidents(li, request, resident);
   PumpSpeculative();
   return Status::OK();
 }
@@ -83,10 +79,12 @@ std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::TakeStaged(ObjectId
 }
 
 void ExpertStore::Impl::EndStaged(uint32_t li, std::span<const uint64_t> requests) {
-  stage_groups->CallStarts(li, requests, [&](std::span<const ObjectId> objects) {
-    for (ObjectId id : objects)
-      if (--stage_refs[id] == 0) DropStaged(id);
-  });
+  stage_holds->CallStarts(li, requests, [&](ObjectId id) { DropStaged(id); });
+}
+
+void ExpertStore::Impl::KeepResidents(uint32_t li, uint64_t request, std::span<const ObjectId> residents) {
+  kept->Give(li, request, residents);
+  prefetch_kept += residents.size();
 }
 
 void ExpertStore::Impl::DropStaged(ObjectId id) {

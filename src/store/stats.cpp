@@ -77,7 +77,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   pf["refused_bytes"] = prefetch_refused_bytes;
   pf["cancelled"] = prefetch_cancelled;
   pf["cancelled_bytes"] = prefetch_cancelled_bytes;
-  pf["keep_predicted"] = keep_predicted;
+  pf["keep_predicted"] = kept.has_value();
   pf["kept"] = prefetch_kept;  // keep hints given to residents (Prefetch of a resident object)
   pf["staged_bytes"] = staged_bytes;
   pf["staged_bytes_max"] = staged_bytes_max;

@@ -83,10 +83,8 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   impl->prefetch_depth = opt.prefetch_queue_depth ? static_cast<uint64_t>(opt.prefetch_queue_depth)
                                                   : static_cast<uint64_t>(std::max<int64_t>(1, opt.queue_depth / 2));
   impl->staged.resize(s.num_objects());
-  impl->stage_groups.emplace(s.num_active_layers());
-  impl->stage_refs.assign(s.num_objects(), 0);
-  impl->keep_predicted = impl->staged_mode && opt.keep_predicted;
-  if (impl->keep_predicted) {
+  impl->stage_holds.emplace(s.num_objects(), s.num_active_layers());
+  if (impl->staged_mode && opt.keep_predicted) {
     impl->kept.emplace(s.num_objects(), s.num_active_layers());
     impl->policy->SetKeepHints(impl->kept->counts());
   }
@@ -282,7 +280,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   std::unique_lock<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   s.ReleasePrefetchPins(li);
-  if (s.keep_predicted) s.kept->CallStarts(li, request_ids);
+  if (s.kept) s.kept->CallStarts(li, request_ids);
   ++s.route_calls[layer];
   s.route_tokens[layer] += static_cast<uint64_t>(rows);
   // Other callers' working sets are protected; wait for them rather than fail
@@ -443,12 +441,11 @@ Status ExpertStore::Keep(uint32_t layer, std::span<const int64_t> ids, std::opti
   K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
-  if (!s.keep_predicted)
+  if (!s.kept)
     return Error("keep hints are off in this store (keep_predicted = false, or prefetch_mode \"cache\")")
         .WithHint("open it with prefetch_mode \"staged\" and keep_predicted on (both the defaults)");
   std::erase_if(keys, [&](ObjectId k) { return !s.policy->Resident(k); });
-  s.kept->Give(li, request_id.value_or(KeepHints::kAnyRequest), keys);
-  s.prefetch_kept += keys.size();
+  s.KeepResidents(li, request_id.value_or(NextCallHolds::kAnyRequest), keys);
   return Status::OK();
 }
 
@@ -460,7 +457,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
   K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
-  if (s.staged_mode) return s.StagePrefetch(li, keys, request_id.value_or(KeepHints::kAnyRequest));
+  if (s.staged_mode) return s.StagePrefetch(li, keys, request_id.value_or(NextCallHolds::kAnyRequest));
   std::vector<ObjectId> evicted;
   for (ObjectId k : keys) {
     if (!s.policy->Resident(k)) {

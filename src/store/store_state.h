@@ -17,7 +17,7 @@
 #include "util/buffer_pool.h"
 #include "util/task_pool.h"
 #include "store/io_engine.h"
-#include "store/keep_hints.h"
+#include "store/next_call_holds.h"
 #include "store/latency_window.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
@@ -85,20 +85,17 @@ struct ExpertStore::Impl {
   uint64_t prefetch_budget = 0;                  // resolved StoreOptions::prefetch_budget_bytes
   uint64_t prefetch_depth = 1;                   // resolved StoreOptions::prefetch_queue_depth
   std::vector<std::shared_ptr<Entry>> staged;    // per ObjectId; null = not staged
-  // What each Prefetch() staged, for its request's next acquire of the layer
-  // (any acquire of the layer when it gave no id); per object, how many of
-  // those groups name it: it is dropped when the last one ends untaken. A
-  // group still naming an object another request took keeps its count, so
-  // if that object is staged again it may wait for that group too: dropped
-  // late (within NextCallGroups::kMaxCalls acquires of the layer), never
-  // before the request it was staged for has come.
-  std::optional<NextCallGroups> stage_groups;
-  std::vector<uint32_t> stage_refs;
-  // keep_predicted: resident objects a Prefetch() named, as the policy's
-  // keep hints, until the layer's next acquire by the prefetch's request
-  // (any acquire of the layer when it gave none).
-  bool keep_predicted = true;
-  std::optional<KeepHints> kept;
+  // What each Prefetch() staged, held for its request's next acquire of the
+  // layer (any acquire of the layer when it gave no id): dropped when the
+  // last hold naming it ends untaken. A hold still naming an object another
+  // request took keeps its count, so if that object is staged again it may
+  // wait for that hold too: dropped late (within NextCallHolds::kMaxCalls
+  // acquires of the layer), never before the request it was staged for has
+  // come.
+  std::optional<NextCallHolds> stage_holds;
+  // keep_predicted: resident objects a Prefetch() or Keep() named, as the
+  // policy's keep hints, held the same way (set only with keep_predicted).
+  std::optional<NextCallHolds> kept;
   uint64_t prefetch_kept = 0;                    // hints given, for stats
   std::deque<std::shared_ptr<Entry>> spec_queue; // staged, read not yet submitted
   uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished
@@ -131,6 +128,9 @@ struct ExpertStore::Impl {
   // An acquire of the layer by `requests` (empty: not known) took what it
   // routes; the groups it ends drop what they alone still hold.
   void EndStaged(uint32_t layer_index, std::span<const uint64_t> requests);
+  // Keep hints on `residents` for `request`'s next acquire of the layer
+  // (kept must be set).
+  void KeepResidents(uint32_t layer_index, uint64_t request, std::span<const ObjectId> residents);
   // Drops `id` if staged: a queued read is cancelled, a ready object freed,
   // a read in flight discarded when it lands.
   void DropStaged(ObjectId id);

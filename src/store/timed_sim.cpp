@@ -11,7 +11,7 @@
 #include <span>
 #include <thread>
 
-#include "store/keep_hints.h"
+#include "store/next_call_holds.h"
 #include "store/miss_rows.h"
 #include "store/policy.h"
 #include "util/threads.h"
@@ -183,9 +183,9 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   const size_t num_layers = t.layer_ids.size();
   std::vector<std::vector<ObjectId>> pinned_at(token_ahead ? num_layers + 1 : 0), dev_pinned_at(pinned_at.size());
   // Keep hints: per target layer, each row's predicted objects for its
-  // request (see KeepHints).
+  // request (see NextCallHolds).
   const bool keeping = o.keep_predicted && !min;
-  std::optional<KeepHints> hints;
+  std::optional<NextCallHolds> hints;
   if (keeping) {
     hints.emplace(n, num_layers + 1);
     policy->SetKeepHints(hints->counts());
@@ -215,8 +215,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   // lands; what each row staged waits for its request's next host acquire
   // of the layer, as in the store (stage_refs: the groups naming an object).
   std::vector<uint8_t> staged(n, 0);
-  NextCallGroups stage_groups(num_layers + 1);
-  std::vector<uint32_t> stage_refs(staging ? n : 0, 0);
+  NextCallHolds stage_holds(staging ? n : 0, num_layers + 1);
   uint64_t staged_bytes = 0;
   double now = 0;
   auto drop = [&](ObjectId k) {
@@ -335,14 +334,12 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       // What this host acquire's requests staged and it did not route to is
       // dropped; a read still in flight keeps its budget charge until it lands.
       const auto host_requests = host_rows ? host_rows->requests : std::span<const uint64_t>();
-      stage_groups.CallStarts(li, host_requests, [&](std::span<const ObjectId> objects) {
-        for (ObjectId k : objects) {
-          if (--stage_refs[k] != 0 || !staged[k]) continue;
-          staged[k] = 0;
-          staged_bytes -= space.Cost(k);
-          r.prefetch_wasted_bytes += space.Cost(k);
-          if (o.prefetch_budget_bytes && ready[k] > now) spec_inflight.push_back({ready[k], space.Cost(k)});
-        }
+      stage_holds.CallStarts(li, host_requests, [&](ObjectId k) {
+        if (!staged[k]) return;  // taken
+        staged[k] = 0;
+        staged_bytes -= space.Cost(k);
+        r.prefetch_wasted_bytes += space.Cost(k);
+        if (o.prefetch_budget_bytes && ready[k] > now) spec_inflight.push_back({ready[k], space.Cost(k)});
       });
     }
     r.stall_s += call_ready - now;
@@ -374,7 +371,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         for (uint32_t row = 0; pk != 0 && row < call.rows && size_t(row + 1) * pk <= preds.size(); ++row) {
           pred_ids.assign(preds.begin() + size_t(row) * pk, preds.begin() + size_t(row + 1) * pk);
           DistinctSorted(space, static_cast<uint32_t>(tgt), pred_ids.data(), pred_ids.size(), &row_predicted);
-          fn(requests.empty() ? NextCallGroups::kAnyRequest : requests[row]);
+          fn(requests.empty() ? NextCallHolds::kAnyRequest : requests[row]);
         }
       };
       // A prefill chunk's next-token predictions are mostly its own next
@@ -447,8 +444,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       if (staging)
         for_each_row(p, target, [&](uint64_t request) {
           std::erase_if(row_predicted, [&](ObjectId k) { return !staged[k]; });
-          for (ObjectId k : row_predicted) ++stage_refs[k];
-          stage_groups.Give(target, request, row_predicted);
+          stage_holds.Give(target, request, row_predicted);
         });
     }
     now += o.layer_compute_s * (call.is_prefill ? double(call.rows) : 1.0);
