@@ -74,6 +74,14 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
     std::vector<std::vector<uint16_t>> next;
   };
   std::vector<Req> reqs(num_requests);
+  for (auto& r : reqs) {
+    r.prev.resize(L);
+    if (know_next) {
+      r.calls.resize(L);
+      r.next_pos.assign(L, 0);
+      r.next.resize(L);
+    }
+  }
   for (uint64_t i = 0; i < t.records.size(); ++i) {
     const auto& r = t.records[i];
     for (uint32_t row = 0; row < r.rows; ++row) {
@@ -83,19 +91,9 @@ Result<SimResult> RunDemandBound(const std::string& name, const trace::Trace& t,
       reqs[q].first = std::min(reqs[q].first, i);
       reqs[q].last = std::max(reqs[q].last, i);
       if (know_next) {
-        auto& calls = reqs[q].calls;
-        if (calls.empty()) calls.resize(L);
-        auto& at = calls[seq.calls[i].layer_index];
+        auto& at = reqs[q].calls[seq.calls[i].layer_index];
         if (at.empty() || at.back() != i) at.push_back(i);
       }
-    }
-  }
-  for (auto& r : reqs) {
-    r.prev.resize(L);
-    if (know_next) {
-      r.calls.resize(L);
-      r.next_pos.assign(L, 0);
-      r.next.resize(L);
     }
   }
   // Fills r.next[li] with the experts of r's call at position next_pos[li].
