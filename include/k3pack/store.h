@@ -86,15 +86,15 @@ struct StoreOptions {
   // longer needs them. 0: half of queue_depth (at least 1), so demand reads
   // always find room in the engine.
   int64_t prefetch_queue_depth = 0;
-  // Staged mode: a prefetched object that is already resident is kept for
-  // that acquire. Victim searches pass over it (in the policy's order) while
-  // any other unpinned resident is left, until the next Acquire() of its
-  // layer (by the prefetch's request, see Prefetch). With next-token predictions (Prefetch(layer, ...) issued right
-  // after that layer's acquire, for the same layer at the next token) the
-  // predictions then steer eviction through the other layers' misses: at
-  // 0.54% of K3 it cuts bytes read per token by a fifth in
-  // `trace sweep --timing --horizon token --keep-predicted`. false: prefetch
-  // never changes what the cache evicts (exactly demand-only caching).
+  // Staged mode: a resident object named by Prefetch() or Keep() is kept for
+  // that request's next Acquire() of its layer: victim searches pass over it
+  // (in the policy's order) while any other unpinned resident is left. With
+  // next-token predictions (Keep(layer, ...) right after that layer's
+  // acquire, for the same layer at the next token) the predictions then
+  // steer eviction through the other layers' misses: at 0.54% of K3 it cuts
+  // bytes read per token by a fifth in `trace sweep --timing --horizon token
+  // --keep-predicted`. false: prefetch never changes what the cache evicts
+  // (exactly demand-only caching), and Keep() fails.
   bool keep_predicted = true;
 };
 

@@ -170,12 +170,12 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
   return out;
 }
 
-// prefetch()'s request_id: None or one id (the request whose next token was
-// predicted), checked as request_ids are.
-inline std::optional<uint64_t> PrefetchRequestArg(const py::object& o) {
+// prefetch()'s and keep()'s request_id: None or one id (the request whose
+// next token was predicted), checked as request_ids are.
+inline std::optional<uint64_t> PredictionRequestArg(const py::object& o, const char* method) {
   const std::vector<uint64_t> ids = RequestIdsArg(o);
   if (ids.size() > 1)
-    Raise(k3pack::Error("prefetch takes one request_id: the request whose next token was predicted",
+    Raise(k3pack::Error(std::string(method) + " takes one request_id: the request whose next token was predicted",
                         k3pack::ErrorKind::kValue));
   return ids.empty() ? std::nullopt : std::optional<uint64_t>(ids[0]);
 }
@@ -209,14 +209,16 @@ inline uint32_t LayerArg(int64_t layer) {
   return static_cast<uint32_t>(layer);
 }
 
-// prefetch() and keep() of a store: (layer, expert_ids, *, request_id=None)
-// calling `call` (e.g. &ExpertStore::Prefetch) without the GIL.
+// prefetch() and keep() of a store (`method`): (layer, expert_ids, *,
+// request_id=None) calling `call` (e.g. &ExpertStore::Prefetch) without the
+// GIL.
 template <class Store>
-auto PredictionMethod(k3pack::Status (Store::*call)(uint32_t, std::span<const int64_t>, std::optional<uint64_t>)) {
-  return [call](Store& self, int64_t layer_arg, py::object ids, py::object request_id) {
+auto PredictionMethod(const char* method,
+                      k3pack::Status (Store::*call)(uint32_t, std::span<const int64_t>, std::optional<uint64_t>)) {
+  return [method, call](Store& self, int64_t layer_arg, py::object ids, py::object request_id) {
     const uint32_t layer = LayerArg(layer_arg);
     std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
-    const std::optional<uint64_t> request = PrefetchRequestArg(request_id);
+    const std::optional<uint64_t> request = PredictionRequestArg(request_id, method);
     k3pack::Status st;
     {
       NoGil nogil;

@@ -105,9 +105,9 @@ void RegisterSlotCache(py::module_& m) {
         }
         Check(st);
       }, py::arg("slots"), py::arg("stream") = 0)
-      .def("prefetch", PredictionMethod(&store::SlotCache::Prefetch), py::arg("layer"), py::arg("expert_ids"),
+      .def("prefetch", PredictionMethod("prefetch", &store::SlotCache::Prefetch), py::arg("layer"), py::arg("expert_ids"),
            py::kw_only(), py::arg("request_id") = py::none())
-      .def("keep", PredictionMethod(&store::SlotCache::Keep), py::arg("layer"), py::arg("expert_ids"), py::kw_only(),
+      .def("keep", PredictionMethod("keep", &store::SlotCache::Keep), py::arg("layer"), py::arg("expert_ids"), py::kw_only(),
            py::arg("request_id") = py::none(), "keep hints for the host tier without reads (ExpertStore.keep)")
       .def("snapshot", [](const store::SlotCache& c) {
         // Snapshot() waits for the cache's lock, which an acquire on another

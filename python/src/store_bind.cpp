@@ -195,11 +195,11 @@ void RegisterStore(py::module_& m) {
         }();
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("expert_ids"), "one decode token: exactly top_k expert ids")
-      .def("prefetch", PredictionMethod(&store::ExpertStore::Prefetch), py::arg("layer"), py::arg("expert_ids"),
+      .def("prefetch", PredictionMethod("prefetch", &store::ExpertStore::Prefetch), py::arg("layer"), py::arg("expert_ids"),
            py::kw_only(), py::arg("request_id") = py::none(),
            "start reading experts of `layer` without waiting; request_id: the request whose next token was "
            "predicted (its keep hints and staged reads then outlive other requests' acquires of the layer)")
-      .def("keep", PredictionMethod(&store::ExpertStore::Keep), py::arg("layer"), py::arg("expert_ids"),
+      .def("keep", PredictionMethod("keep", &store::ExpertStore::Keep), py::arg("layer"), py::arg("expert_ids"),
            py::kw_only(), py::arg("request_id") = py::none(),
            "keep hints without reads: the resident ones of expert_ids are kept until request_id's next acquire "
            "of `layer` (e.g. next-token predictions); raises when keep_predicted is off")

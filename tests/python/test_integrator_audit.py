@@ -70,6 +70,9 @@ class IntegratorAudit(_util.TinyPackTestCase):
         prefetching.keep(layer, torch.arange(k), request_id=3)
         with self.assertRaises(TypeError):
             prefetching.keep(layer, torch.tensor([0.5, 1.5]))
+        with self.assertRaises(ValueError) as cm:
+            prefetching.keep(layer, torch.arange(k), request_id=[3, 4])
+        self.assertIn("keep takes one request_id", str(cm.exception))
 
     def test_expert_store_refuses_float_ids(self):
         layer, k = self.layers[0], self.top_k
