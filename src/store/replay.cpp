@@ -108,9 +108,10 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   t.capacity_objects = sizes;
   t.num_objects = space.num_objects();
   t.series = policies;
-  if (belady && space.uniform()) t.series.push_back("belady");
-  if (belady && trace && truth && space.uniform()) t.series.push_back("informed");
+  // The references told the generator's truth need it, and objects of one size.
   const bool told = trace && truth && space.uniform();
+  if (belady && space.uniform()) t.series.push_back("belady");
+  if (belady && told) t.series.push_back("informed");
   if (references.informed_next && told) t.series.push_back("informed+next");
   if (references.learner && told) t.series.push_back("learner");
   t.hit_rate.assign(t.series.size(), std::vector<double>(sizes.size(), 0.0));
@@ -122,7 +123,8 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
   std::vector<size_t> series_order(t.series.size());
   for (size_t s = 0; s < series_order.size(); ++s) series_order[s] = s;
   auto cost = [](const std::string& name) {
-    static const char* kSlowestFirst[] = {"learner", "adaptive", "informed+next", "informed", "quota-decay", "decay-lfu", "belady"};
+    static const char* kSlowestFirst[] = {"learner",     "adaptive",  "informed+next", "informed",
+                                          "quota-decay", "decay-lfu", "belady"};
     for (size_t r = 0; r < std::size(kSlowestFirst); ++r)
       if (name == kSlowestFirst[r]) return r;
     return std::size(kSlowestFirst);
@@ -137,11 +139,11 @@ Result<SweepTable> Sweep(const CallSeq& seq, const ObjectSpace& space, const std
     for (size_t j; (j = next.fetch_add(1)) < jobs;) {
       const size_t s = series_order[j / sizes.size()], i = j % sizes.size();
       const std::string& name = t.series[s];
-      Result<SimResult> r = name == "belady"     ? SimulateBelady(seq, space, sizes[i])
-                            : name == "informed" ? SimulateInformed(*trace, seq, space, sizes[i], *truth)
+      Result<SimResult> r = name == "belady"          ? SimulateBelady(seq, space, sizes[i])
+                            : name == "informed"      ? SimulateInformed(*trace, seq, space, sizes[i], *truth)
                             : name == "informed+next" ? SimulateInformedNext(*trace, seq, space, sizes[i], *truth)
-                            : name == "learner"  ? SimulateLearner(*trace, seq, space, sizes[i], *truth)
-                                                 : Simulate(seq, space, name, sizes[i] * space.max_object_bytes());
+                            : name == "learner"       ? SimulateLearner(*trace, seq, space, sizes[i], *truth)
+                                                      : Simulate(seq, space, name, sizes[i] * space.max_object_bytes());
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok()) {
         if (!first_error) first_error = r.error();
