@@ -7,10 +7,13 @@
 // experts from token to token) or a draw from its own popularity. So the
 // policy keeps, per request: its previous token's experts per layer; a
 // count table (a Cluster) of its arrivals, the routes its previous token at
-// that layer did not have, decayed per token; and one global reuse rate rho
-// (the share of a row's routes its request's previous token at that layer
-// also had). For request r and object o = (layer l, expert e):
-//   q    = arrivals(l, e) / tokens(l), smoothed: the chance of a fresh draw
+// that layer did not have, of the rows whose previous token had each expert
+// and of those that routed it again, decayed per token; and one global
+// reuse rate rho (the share of a previous token's experts routed again
+// beyond what fresh draws explain). For request r and object o = (layer l,
+// expert e):
+//   q    = the chance of a fresh draw: arrivals over the rows that could
+//          have had e arrive, with the held rows' evidence (see Fresh)
 //   p_r  = rho + (1 - rho) q  if e was in r's previous token at l, else q
 //   score(o) = 1 - prod over active requests r of (1 - p_r)
 // which is the distribution-informed bound's rule with learned estimates
@@ -108,19 +111,26 @@ class RequestAware final : public Policy {
       for (uint16_t e : prev) mark_[e] = was;
       cur_.clear();
       arrivals_.clear();
-      // Only arrivals count (routes the request's previous token at this
-      // layer did not have): a kept expert says little about popularity.
+      stayed_.clear();
+      // Arrivals (routes the request's previous token at this layer did not
+      // have) and stays are counted apart: a stay is mostly a keep, and says
+      // little about popularity (see Fresh).
       for (ObjectId k : rows->keys.subspan(size_t{row} * rows->width, rows->width)) {
         const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(k));
         if (mark_[e] == was + 1) continue;
-        if (mark_[e] != was) arrivals_.push_back(e);
+        (mark_[e] == was ? stayed_ : arrivals_).push_back(e);
         mark_[e] = was + 1;
         cur_.push_back(e);
       }
       if (!prev.empty()) {
-        reuse_num_ = reuse_num_ * kReuseDecay + double(cur_.size() - arrivals_.size());
-        reuse_den_ = reuse_den_ * kReuseDecay + double(cur_.size());
-        if (keep_hints() != nullptr) CountUnhintedReuse(l, prev, was);
+        // rho is the share of the previous token's experts kept beyond what
+        // fresh draws bring back: routed = rho + (1 - rho) * fresh per expert,
+        // so rho = (routed - sum fresh) / (count - sum fresh).
+        double fresh = 0;
+        for (uint16_t e : prev) fresh += PrevFresh(q, l, e);
+        reuse_num_ = reuse_num_ * kReuseDecay + double(cur_.size() - arrivals_.size()) - fresh;
+        reuse_den_ = reuse_den_ * kReuseDecay + double(prev.size()) - fresh;
+        if (keep_hints() != nullptr) CountUnhintedReuse(q, l, prev, was);
       }
       for (uint16_t e : prev) touched_.push_back(space_.Id(l, e));
       for (uint16_t e : cur_) touched_.push_back(space_.Id(l, e));
@@ -129,13 +139,15 @@ class RequestAware final : public Policy {
         for (uint16_t e : prev) prev_mask_[space_.Id(l, e)] &= ~bit;
         for (uint16_t e : cur_) prev_mask_[space_.Id(l, e)] |= bit;
       }
+      prev_before_.assign(prev.begin(), prev.end());
       prev = cur_;
+      q.arrived[l] = arrivals_;
       Cluster& c = clusters_[q.cluster];
       // Both judgements score the row before it is counted (a prediction).
       if (l % kJudgeStride == 0) JudgeMemory(c, l);
       if (q.probe_arrivals != kNotProbing) Probe(q, l);
       c.tokens[l] += 1;
-      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_);
+      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_, prev_before_, stayed_);
       touched_clusters_.push_back(q.cluster);
       if (q.probe_arrivals != kNotProbing) MaybeJoin(r);
     }
@@ -213,39 +225,50 @@ class RequestAware final : public Policy {
   // counts are scaled by up[layer] = gamma^-rows so a row's decay is one
   // multiply per layer, not per expert.
   struct Memory {
-    std::vector<float> counts;  // [layer][expert], times up[layer]
+    // Per [layer][expert], times up[layer]:
+    std::vector<float> counts;   // arrivals
+    std::vector<float> present;  // rows whose previous token had it (no arrival possible)
+    std::vector<float> stays;    // of those, rows that routed it again
     std::vector<double> up;     // per layer: gamma^-rows
     std::vector<double> n;      // per layer: decayed rows (tokens) counted
     std::vector<double> sum;    // per layer: sum of stored counts
     void Reset(uint32_t L, uint32_t E) {
-      counts.assign(size_t{L} * E, 0.0f);
+      for (auto* t : {&counts, &present, &stays}) t->assign(size_t{L} * E, 0.0f);
       up.assign(L, 1.0);
       n.assign(L, 0.0);
       sum.assign(L, 0.0);
     }
-    void Count(uint32_t l, uint32_t E, double gamma, const std::vector<uint16_t>& arrivals) {
+    void Count(uint32_t l, uint32_t E, double gamma, const std::vector<uint16_t>& arrivals,
+               const std::vector<uint16_t>& prev, const std::vector<uint16_t>& stayed) {
       up[l] /= gamma;
       n[l] = n[l] * gamma + 1.0;
-      const double u = up[l];
-      float* row = counts.data() + size_t{l} * E;
-      for (uint16_t e : arrivals) row[e] += static_cast<float>(u);
-      sum[l] += u * double(arrivals.size());
+      const float u = static_cast<float>(up[l]);
+      const size_t at = size_t{l} * E;
+      for (uint16_t e : arrivals) counts[at + e] += u;
+      for (uint16_t e : prev) present[at + e] += u;
+      for (uint16_t e : stayed) stays[at + e] += u;
+      sum[l] += up[l] * double(arrivals.size());
     }
     // Keeps the stored counts within float range.
     void Rebase(uint32_t l, uint32_t E) {
       if (up[l] <= 1e12) return;
-      const double s = 1.0 / up[l];
-      float* row = counts.data() + size_t{l} * E;
-      for (uint32_t e = 0; e < E; ++e) row[e] *= static_cast<float>(s);
-      sum[l] *= s;
+      const float s = static_cast<float>(1.0 / up[l]);
+      for (auto* t : {&counts, &present, &stays}) {
+        float* row = t->data() + size_t{l} * E;
+        for (uint32_t e = 0; e < E; ++e) row[e] *= s;
+      }
+      sum[l] /= up[l];
       up[l] = 1.0;
     }
     // Adds `o`'s counts at layer l (another table of the same half-life).
     void Absorb(const Memory& o, uint32_t l, uint32_t E) {
       const double s = up[l] / o.up[l];
-      float* row = counts.data() + size_t{l} * E;
-      const float* other = o.counts.data() + size_t{l} * E;
-      for (uint32_t e = 0; e < E; ++e) row[e] += static_cast<float>(other[e] * s);
+      std::vector<float> Memory::*tables[] = {&Memory::counts, &Memory::present, &Memory::stays};
+      for (auto t : tables) {
+        float* row = (this->*t).data() + size_t{l} * E;
+        const float* other = (o.*t).data() + size_t{l} * E;
+        for (uint32_t e = 0; e < E; ++e) row[e] += static_cast<float>(other[e] * s);
+      }
       sum[l] += o.sum[l] * s;
       n[l] += o.n[l];
     }
@@ -260,12 +283,14 @@ class RequestAware final : public Policy {
     Memory mem[2];                  // [0]: the policy's half-life, [1]: kLongHalfLife
     bool use_long = false;          // which memory ranks
     double judge = 0;               // decayed pair score, long minus short
-    const float* live = nullptr;    // mem[use_long].counts
     std::vector<uint32_t> tokens;   // per layer
-    // Scoring snapshot per layer: q = live * a + b, taken at snap_tokens.
-    std::vector<double> a, b, snap_n;
+    // Scoring snapshot per layer, taken at snap_tokens (see Fresh):
+    // inv_up = 1 / up, prior = kPrior tokens' worth of a flat arrival rate,
+    // snap_n = counted rows + kPrior.
+    std::vector<double> inv_up, prior, snap_n;
     std::vector<uint32_t> snap_tokens;
     uint32_t members = 0;           // requests whose table this is
+    const Memory& Live() const { return mem[use_long]; }
     uint64_t last_use = 0;
   };
   struct Req {
@@ -275,24 +300,28 @@ class RequestAware final : public Policy {
     bool active = false;
     uint32_t pos = 64;  // index in active_ when below 64 (its bit in prev_mask_)
     std::vector<std::vector<uint16_t>> prev;  // per layer, distinct experts
+    std::vector<std::vector<uint16_t>> arrived;  // per layer, prev's arrivals
     // Pooling probe: routes scored so far (kNotProbing once decided), the
     // log-likelihood of them under each cluster's table and the global one.
     uint32_t probe_arrivals = kNotProbing;
     std::vector<double> gain, gain_sq;
   };
 
-  double Rho() const { return (reuse_num_ + 0.3 * 16) / (reuse_den_ + 16); }
+  double Rho() const { return std::clamp((reuse_num_ + 0.3 * 16) / (reuse_den_ + 16), 0.0, 1.0); }
   // Until the hints have taught it, an unhinted expert is kept as often as
   // any other.
-  double RhoUnhinted() const { return (unhinted_num_ + rho_ * 64) / (unhinted_den_ + 64); }
+  double RhoUnhinted() const {
+    return std::clamp((unhinted_num_ + rho_ * 64) / (unhinted_den_ + 64), 0.0, 1.0);
+  }
   // The row's previous-token experts at layer l that had no keep hint when
   // last ranked (their marks: `was`, or `was + 1` if this row routes them
-  // again).
-  void CountUnhintedReuse(uint32_t l, const std::vector<uint16_t>& prev, uint32_t was) {
+  // again), net of fresh draws as for rho.
+  void CountUnhintedReuse(const Req& q, uint32_t l, const std::vector<uint16_t>& prev, uint32_t was) {
     for (uint16_t e : prev) {
       if (!unhinted_[space_.Id(l, e)]) continue;
-      unhinted_num_ = unhinted_num_ * kReuseDecay + (mark_[e] == was + 1 ? 1.0 : 0.0);
-      unhinted_den_ = unhinted_den_ * kReuseDecay + 1.0;
+      const double fresh = PrevFresh(q, l, e);
+      unhinted_num_ = unhinted_num_ * kReuseDecay + (mark_[e] == was + 1 ? 1.0 : 0.0) - fresh;
+      unhinted_den_ = unhinted_den_ * kReuseDecay + 1.0 - fresh;
     }
   }
 
@@ -319,6 +348,7 @@ class RequestAware final : public Policy {
       Req& q = reqs_[r];
       q.id = id;
       q.prev.assign(L_, {});
+      q.arrived.assign(L_, {});
       q.cluster = c;
       ++clusters_[c].members;
       // Probe only when there is another table to join.
@@ -382,10 +412,9 @@ class RequestAware final : public Policy {
     for (Memory& m : cl.mem) m.Reset(L_, E_);
     cl.use_long = false;
     cl.judge = 0;
-    cl.live = cl.mem[0].counts.data();
     cl.tokens.assign(L_, 0);
-    cl.a.assign(L_, 0.0);
-    cl.b.assign(L_, 0.0);
+    cl.inv_up.assign(L_, 1.0);
+    cl.prior.assign(L_, 0.0);
     cl.snap_n.assign(L_, 0.0);
     cl.snap_tokens.assign(L_, 0);
     cl.members = 0;
@@ -397,8 +426,8 @@ class RequestAware final : public Policy {
     for (Memory& m : c.mem) m.Rebase(l, E_);
     const Memory& m = c.mem[c.use_long];
     const double n = m.n[l];
-    c.a[l] = 1.0 / (m.up[l] * (n + kPrior));
-    c.b[l] = kPrior * double(space_.top_k) * (1.0 - rho_) / double(E_) / (n + kPrior);
+    c.inv_up[l] = 1.0 / m.up[l];
+    c.prior[l] = kPrior * double(space_.top_k) * (1.0 - rho_) / double(E_);
     c.snap_n[l] = n + kPrior;
     c.snap_tokens[l] = c.tokens[l];
   }
@@ -430,7 +459,6 @@ class RequestAware final : public Policy {
     const bool want = c.judge > 0;
     if (want != c.use_long) {
       c.use_long = want;
-      c.live = c.mem[want].counts.data();
       active_changed_ = true;  // every layer re-snapshotted and re-ranked
     }
   }
@@ -507,6 +535,47 @@ class RequestAware final : public Policy {
     active_changed_ = true;
   }
 
+  // The chance of a fresh draw of e at the cluster's next row at layer l,
+  // smoothed by kPrior rows of a flat rate. Two kinds of rows tell it:
+  // - a row whose previous token did not hold e (an open row) is one fresh
+  //   draw's chance to route it, an arrival when it did;
+  // - a row whose previous token held it kept it with chance rho and
+  //   otherwise was such a chance too: per row (1 - rho) of a trial, and of
+  //   its stays all but rho per row were fresh draws.
+  // Over all rows and arrivals alone, a favourite routed at most tokens
+  // would look rare (its repeats are not arrivals); over open rows alone,
+  // one routed at nearly every token has nothing to learn from. The held
+  // rows are much noisier (a keep is a coin of chance rho, worth little
+  // beside a tail expert's rare arrivals), so they count with the weight
+  // inverse-variance gives them against an open row, at the open rows'
+  // estimate f0: (1 - rho)^2 f0 (1 - f0) / (p0 (1 - p0)), p0 = rho + (1 -
+  // rho) f0. That is ~0.05 for a tail expert and ~0.5 for a favourite.
+  // `left_out` arrivals (and their rows) are taken off first: see PrevFresh.
+  double Fresh(const Cluster& c, uint32_t l, uint16_t e, double left_out = 0) const {
+    const size_t i = size_t{l} * E_ + e;
+    const Memory& m = c.Live();
+    const double held = double(m.present[i]) * c.inv_up[l];
+    const double arrivals = std::max(0.0, double(m.counts[i]) * c.inv_up[l] - left_out);
+    const double open = std::max(kPrior, c.snap_n[l] - left_out - held);
+    const double f0 = std::min(1.0, (arrivals + c.prior[l]) / open);
+    const double p0 = rho_ + (1.0 - rho_) * f0;
+    const double weight = (1.0 - rho_) * (1.0 - rho_) * f0 * (1.0 - f0) / std::max(1e-9, p0 * (1.0 - p0));
+    const double drawn = arrivals + weight * (double(m.stays[i]) * c.inv_up[l] - rho_ * held);
+    const double trials = open + weight * (1.0 - rho_) * held;
+    return std::clamp((drawn + c.prior[l]) / trials, 0.0, 1.0);
+  }
+  // Fresh() of an expert of request q's previous token at layer l, as the
+  // reuse rates need it: an expert that arrived at that token is judged
+  // without that arrival. Counting it, every one-off that just arrived
+  // looks a little popular, the fresh draws seem to explain more of the
+  // reuse than they do, and rho comes out low (a few tenths of a point of
+  // hits lost on small caches of side-by-side requests).
+  double PrevFresh(const Req& q, uint32_t l, uint16_t e) const {
+    const auto& arrived = q.arrived[l];
+    const bool just_arrived = std::find(arrived.begin(), arrived.end(), e) != arrived.end();
+    return Fresh(clusters_[q.cluster], l, e, just_arrived ? 1.0 : 0.0);
+  }
+
   float Score(ObjectId o) const {
     const uint32_t l = space_.LayerIndexOf(o);
     const uint16_t e = static_cast<uint16_t>(space_.ExpertOf(o));
@@ -518,7 +587,7 @@ class RequestAware final : public Policy {
     for (size_t i = 0; i < active_.size(); ++i) {
       const Req& q = reqs_[active_[i]];
       const Cluster& c = clusters_[q.cluster];
-      const double fresh = std::min(1.0, double(c.live[size_t{l} * E_ + e]) * c.a[l] + c.b[l]);
+      const double fresh = Fresh(c, l, e);
       bool in_prev;
       if (i < 64) {
         in_prev = (mask >> i) & 1;
@@ -579,7 +648,7 @@ class RequestAware final : public Policy {
   std::vector<ObjectId> pending_;
   std::vector<ObjectId> touched_;
   std::vector<uint32_t> touched_clusters_;
-  std::vector<uint16_t> cur_, arrivals_;
+  std::vector<uint16_t> cur_, arrivals_, stayed_, prev_before_;
   std::vector<double> gx_;
   std::vector<uint32_t> mark_;  // per expert, see OnCall
   uint32_t mark_serial_ = 0;

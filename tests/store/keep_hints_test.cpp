@@ -187,19 +187,21 @@ TEST(KeepHints, AHintHoldsUntilItsRequestsNextCallOfTheLayer) {
 }
 
 // request-aware ranks a previous-token expert by the chance its request
-// routes it again (rho, about a third of routes). With keep hints the
-// look-ahead has already said which of them the next call routes: an
-// unhinted one comes back far less often, and the policy learns that rate
-// from the hints instead of keeping the old one.
+// routes it again (rho, the share of previous-token experts kept). With
+// keep hints the look-ahead has already said which of them the next call
+// routes: an unhinted one comes back far less often, and the policy learns
+// that rate from the hints instead of keeping the old one.
 //
 // Three layers of top-1, 3 slots, 400 tokens, the hints the true next route
-// of each layer: L0 routes a favourite F every 4th token and a new expert
-// otherwise, L1 a new expert every token, L2 the same expert G every token
-// (kept from token to token, so rho stays near 1/3). The slots hold G, the
-// call's key and one more; at L0's and L1's misses the candidates are F
-// (not a previous-token expert: a fresh chance of about 1/4) and the other
-// layer's previous-token expert, unhinted and never routed again.
-// - Without hints that expert scores about rho = 1/3 > 1/4: F is evicted
+// of each layer: L0 routes a favourite F every 8th token and a new expert
+// otherwise, L1 a new expert every token, L2 a new expert every 4th token,
+// kept for the three tokens after (a keep no fresh draw explains: an expert
+// arrives once, so rho is near 3/4 at L2 and 1/4 over the three layers).
+// The slots hold L2's expert, the call's key and one more; at L0's and L1's
+// misses the candidates are F (not a previous-token expert: a fresh chance
+// of about 1/7, one arrival per seven rows that could have it arrive) and
+// the other layer's previous-token expert, unhinted and never routed again.
+// - Without hints that expert scores about rho = 1/4 > 1/7: F is evicted
 //   at every miss between its routes and hits never.
 // - With hints (before this rule, hints only protected): F is hinted only
 //   at the token before its route, so it was still evicted at the two
@@ -208,10 +210,10 @@ TEST(KeepHints, AHintHoldsUntilItsRequestsNextCallOfTheLayer) {
 //   and hits at every route once the rate has been learned (its first ~64
 //   observations start it at rho).
 TEST(KeepHints, RequestAwareLearnsThatUnhintedPreviousTokenExpertsRarelyReturn) {
-  constexpr uint32_t kTokens = 400, kF = 0, kG = 0;
+  constexpr uint32_t kTokens = 400, kF = 0;
   const ObjectSpace s = ObjectSpace::Uniform(3, kTokens + 2, 1, kObj, 1);
   auto route = [&](uint32_t layer, uint32_t t) -> ObjectId {
-    const uint32_t e = layer == 2 ? kG : layer == 0 && t % 4 == 0 ? kF : 1 + t;
+    const uint32_t e = layer == 2 ? t / 4 : layer == 0 && t % 8 == 0 ? kF : 1 + t;
     return s.Id(layer, e);
   };
   auto f_hits = [&](std::unique_ptr<Policy> p, bool hints, uint32_t from_token) {
@@ -228,21 +230,21 @@ TEST(KeepHints, RequestAwareLearnsThatUnhintedPreviousTokenExpertsRarelyReturn) 
         std::vector<ObjectId> keys = {route(l, t)};
         CallRows rows{keys, {&request, 1}, 1};  // one request: adaptive races request-aware
         EXPECT_TRUE(p->Access(keys, gens, false, nullptr, &r, &rows).ok());
-        if (l == 0 && t % 4 == 0 && t >= from_token) hits += r.hit[0];
+        if (l == 0 && t % 8 == 0 && t >= from_token) hits += r.hit[0];
         ++keep[given[l] = route(l, t + 1)];
       }
     return hits;
   };
   const uint64_t cap = 3 * kObj;
   EXPECT_EQ(f_hits(MakePolicy("request-aware", s, cap).value(), false, 0), 0u);
-  // F's routes from token 100 on: 75, all hits once the rate is learned.
-  EXPECT_EQ(f_hits(MakePolicy("request-aware", s, cap).value(), true, 100), 75u);
+  // F's routes from token 100 on: 37, all hits once the rate is learned.
+  EXPECT_EQ(f_hits(MakePolicy("request-aware", s, cap).value(), true, 100), 37u);
   // adaptive racing LRU (its first candidate, so the leader on ties) and
-  // request-aware: without hints both ghosts hit only G, so LRU stays the
-  // leader and F never hits. The ghosts race with the hints of their layers,
-  // so request-aware's ghost hits F too and takes over.
+  // request-aware: without hints both ghosts hit only L2's kept experts, so
+  // LRU stays the leader and F never hits. The ghosts race with the hints of
+  // their layers, so request-aware's ghost hits F too and takes over.
   const char* const race[] = {"lru", "request-aware"};
-  EXPECT_EQ(f_hits(MakeAdaptivePolicy(s, cap, race), true, 100), 75u);
+  EXPECT_EQ(f_hits(MakeAdaptivePolicy(s, cap, race), true, 100), 37u);
 }
 
 TEST(KeepHints, TheSweepAddsAKeepRowAndSteersThePrefetchRows) {
