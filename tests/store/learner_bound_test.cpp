@@ -84,16 +84,11 @@ TEST(LevelPosterior, AFlatLayerHasOneLevelAndNothingToLearn) {
   EXPECT_EQ(p.Fresh(3, 2.0), 0.25);
 }
 
-Result<SimResult> Replay(const trace::GenOptions& base, uint64_t slots, bool learner) {
-  trace::TrueDistribution truth;
-  trace::GenOptions o = base;
-  o.truth = &truth;
-  auto t = trace::Generate(o);
-  if (!t.ok()) return t.error();
-  ObjectSpace space = SpaceForTrace(*t, 4096);
-  auto seq = BuildCallSeq(*t, space);
-  if (!seq.ok()) return seq.error();
-  return learner ? SimulateLearner(*t, *seq, space, slots, truth) : SimulateInformed(*t, *seq, space, slots, truth);
+Result<SimResult> Replay(const trace::GenOptions& o, uint64_t slots, bool learner) {
+  auto g = testing_traces::GenerateWithTruth(o);
+  if (!g.ok()) return g.error();
+  return learner ? SimulateLearner(g->trace, g->seq, g->space, slots, g->truth)
+                 : SimulateInformed(g->trace, g->seq, g->space, slots, g->truth);
 }
 
 TEST(LearnerBound, EqualsTheInformedBoundWhenPopularityIsFlat) {

@@ -11,6 +11,7 @@
 #include "k3pack/store.h"
 #include "k3pack/trace.h"
 #include "open_ok.h"
+#include "small_family.h"
 #include "store/policy.h"
 #include "store/simulate.h"
 #include "store/synthetic_pack.h"
@@ -122,23 +123,13 @@ TEST(RequestAwarePolicy, KeepsTheExpertItsRequestReturnsTo) {
 // 0.99x and 0.95x / 0.96x.
 TEST(RequestAwarePolicy, LearnsASkewedRouterAndOneThatKeepsNothing) {
   for (const bool skewed : {true, false}) {
-    trace::TrueDistribution truth;
-    trace::GenOptions o;
-    ASSERT_TRUE(trace::ApplyFamily("kimi", &o));
-    o.layer_ids.clear();
-    for (uint32_t l = 1; l <= 24; ++l) o.layer_ids.push_back(l);
-    o.num_experts = 128;
-    o.top_k = 8;
+    trace::GenOptions o = testing_traces::ScaledFamily("kimi", 24, 128, 8);
     (skewed ? o.skew : o.reuse) = skewed ? 1.0 : 0.0;
-    o.truth = &truth;
-    auto t = trace::Generate(o);
-    ASSERT_TRUE(t.ok());
-    ObjectSpace space = SpaceForTrace(*t, 4096);
-    auto seq = BuildCallSeq(*t, space);
-    ASSERT_TRUE(seq.ok());
+    auto g = testing_traces::GenerateWithTruth(o);
+    ASSERT_TRUE(g.ok());
     for (uint64_t slots : {30u, 61u}) {
-      auto informed = SimulateInformed(*t, *seq, space, slots, truth);
-      auto learned = Simulate(*seq, space, "request-aware", slots * 4096);
+      auto informed = SimulateInformed(g->trace, g->seq, g->space, slots, g->truth);
+      auto learned = Simulate(g->seq, g->space, "request-aware", slots * 4096);
       ASSERT_TRUE(informed.ok() && learned.ok());
       EXPECT_GE(learned->hit_rate(), 0.93 * informed->hit_rate())
           << (skewed ? "skewed router" : "no reuse") << " at " << slots << " slots";
@@ -150,12 +141,7 @@ TEST(RequestAwarePolicy, LearnsASkewedRouterAndOneThatKeepsNothing) {
 // four request-less candidates. Same evictions, call by call, as a policy
 // built with only those four; with request ids it does differ.
 TEST(AdaptivePolicy, WithoutRequestIdsIsTheFourCandidateRace) {
-  trace::GenOptions o;
-  ASSERT_TRUE(trace::ApplyFamily("interleaved", &o));
-  o.layer_ids.clear();
-  for (uint32_t l = 1; l <= 24; ++l) o.layer_ids.push_back(l);
-  o.num_experts = 64;
-  o.top_k = 4;
+  trace::GenOptions o = testing_traces::ScaledFamily("interleaved", 24, 64, 4);
   auto t = trace::Generate(o);
   ASSERT_TRUE(t.ok());
   ObjectSpace space = SpaceForTrace(*t, 4096);
