@@ -51,6 +51,7 @@
 // a single stream. A request is active until it has not called for two
 // rounds of every active request through every layer.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -139,15 +140,14 @@ class RequestAware final : public Policy {
         for (uint16_t e : prev) prev_mask_[space_.Id(l, e)] &= ~bit;
         for (uint16_t e : cur_) prev_mask_[space_.Id(l, e)] |= bit;
       }
-      prev_before_.assign(prev.begin(), prev.end());
-      prev = cur_;
-      q.arrived[l] = arrivals_;
       Cluster& c = clusters_[q.cluster];
       // Both judgements score the row before it is counted (a prediction).
       if (l % kJudgeStride == 0) JudgeMemory(c, l);
       if (q.probe_arrivals != kNotProbing) Probe(q, l);
       c.tokens[l] += 1;
-      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_, prev_before_, stayed_);
+      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_, prev, stayed_);
+      prev = cur_;
+      q.arrived[l] = arrivals_;
       touched_clusters_.push_back(q.cluster);
       if (q.probe_arrivals != kNotProbing) MaybeJoin(r);
     }
@@ -232,8 +232,10 @@ class RequestAware final : public Policy {
     std::vector<double> up;     // per layer: gamma^-rows
     std::vector<double> n;      // per layer: decayed rows (tokens) counted
     std::vector<double> sum;    // per layer: sum of stored counts
+    std::array<std::vector<float>*, 3> Tables() { return {&counts, &present, &stays}; }
+    std::array<const std::vector<float>*, 3> Tables() const { return {&counts, &present, &stays}; }
     void Reset(uint32_t L, uint32_t E) {
-      for (auto* t : {&counts, &present, &stays}) t->assign(size_t{L} * E, 0.0f);
+      for (auto* t : Tables()) t->assign(size_t{L} * E, 0.0f);
       up.assign(L, 1.0);
       n.assign(L, 0.0);
       sum.assign(L, 0.0);
@@ -253,7 +255,7 @@ class RequestAware final : public Policy {
     void Rebase(uint32_t l, uint32_t E) {
       if (up[l] <= 1e12) return;
       const float s = static_cast<float>(1.0 / up[l]);
-      for (auto* t : {&counts, &present, &stays}) {
+      for (auto* t : Tables()) {
         float* row = t->data() + size_t{l} * E;
         for (uint32_t e = 0; e < E; ++e) row[e] *= s;
       }
@@ -263,10 +265,11 @@ class RequestAware final : public Policy {
     // Adds `o`'s counts at layer l (another table of the same half-life).
     void Absorb(const Memory& o, uint32_t l, uint32_t E) {
       const double s = up[l] / o.up[l];
-      std::vector<float> Memory::*tables[] = {&Memory::counts, &Memory::present, &Memory::stays};
-      for (auto t : tables) {
-        float* row = (this->*t).data() + size_t{l} * E;
-        const float* other = (o.*t).data() + size_t{l} * E;
+      const auto theirs = o.Tables();
+      const auto mine = Tables();
+      for (size_t t = 0; t < mine.size(); ++t) {
+        float* row = mine[t]->data() + size_t{l} * E;
+        const float* other = theirs[t]->data() + size_t{l} * E;
         for (uint32_t e = 0; e < E; ++e) row[e] += static_cast<float>(other[e] * s);
       }
       sum[l] += o.sum[l] * s;
@@ -648,7 +651,7 @@ class RequestAware final : public Policy {
   std::vector<ObjectId> pending_;
   std::vector<ObjectId> touched_;
   std::vector<uint32_t> touched_clusters_;
-  std::vector<uint16_t> cur_, arrivals_, stayed_, prev_before_;
+  std::vector<uint16_t> cur_, arrivals_, stayed_;
   std::vector<double> gx_;
   std::vector<uint32_t> mark_;  // per expert, see OnCall
   uint32_t mark_serial_ = 0;
