@@ -66,16 +66,23 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
                                profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
                                allow_unsupported=allow_unsupported, force=force)
-    if plan["already_built"]:
-        if log is not None:
-            log("already built: %s (use force=True to rebuild)" % plan["manifest"])
-        return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
-                "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True, "inputs": inputs}
-    # The shards are hashed beside the copy (one read of them, as `k3pack build`), not again by the manifest.
-    result = _k3pack.build_pack(gguf_dir, model_config, out=plan["pack"], profile=plan["profile"], force=force,
-                                progress=progress, log=log, hash_sources=full_source_hashes, **build_options)
-    doc = _k3pack.create_manifest(gguf_dir, result["pack"], model_config, tokenizer_dir, output=plan["manifest"],
-                                  profile=plan["profile"], payload_samples=payload_samples,
-                                  full_source_hashes=full_source_hashes, force=force,
-                                  known_shard_sha256=result.get("source_sha256", {}))
-    return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False, "inputs": inputs}
+    # The pack's lock, from the look at the outputs to the manifest's last byte: another writer never
+    # replaces the pack between its build and the manifest that records it (this thread takes it again).
+    lock = plan.pop("lock")
+    try:
+        if plan["already_built"]:
+            if log is not None:
+                log("already built: %s (use force=True to rebuild)" % plan["manifest"])
+            return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
+                    "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True, "inputs": inputs}
+        # The shards are hashed beside the copy (one read of them, as `k3pack build`), not again by the manifest.
+        result = _k3pack.build_pack(gguf_dir, model_config, out=plan["pack"], profile=plan["profile"], force=force,
+                                    progress=progress, log=log, hash_sources=full_source_hashes, **build_options)
+        doc = _k3pack.create_manifest(gguf_dir, result["pack"], model_config, tokenizer_dir, output=plan["manifest"],
+                                      profile=plan["profile"], payload_samples=payload_samples,
+                                      full_source_hashes=full_source_hashes, force=force,
+                                      known_shard_sha256=result.get("source_sha256", {}))
+        return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False,
+                "inputs": inputs}
+    finally:
+        lock.release()

@@ -115,6 +115,10 @@ const manifest::InputNames kPyInputNames{"gguf_dir", "expert_pack", "model_confi
 }  // namespace
 
 void RegisterPack(py::module_& m) {
+  py::class_<k3pack::LockFile>(m, "_PackLock",
+                       "the exclusive lock on <pack>.lock that _plan_build took; held until release() "
+                       "(or until the object goes): no other writer of the pack acts meanwhile")
+      .def("release", [](k3pack::LockFile& lock) { lock = k3pack::LockFile(); }, "let the lock go (idempotent)");
   m.def("build_pack", [](const std::string& gguf_dir, const std::string& model_config, const std::string& out,
                          const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
                          int threads, py::object progress, py::object log, bool force, bool hash_sources) {
@@ -203,28 +207,32 @@ void RegisterPack(py::module_& m) {
         K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
       }
       pack::PackOutputRequest req = PackRequest("pack", out, model_config, experts, force);
-      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
-      // `k3pack build`'s manifest rule: none of the inputs, the pack included.
-      if (manifest_path.empty()) {
-        manifest_path = (std::filesystem::path(out).parent_path() / manifest::kDefaultManifestName).string();
-      }
-      std::vector<k3pack::NamedPath> inputs = req.inputs;
-      for (auto& f : k3pack::FilesIn("a tokenizer_dir file", tokenizer_dir)) inputs.push_back(std::move(f));
-      inputs.push_back({"pack", out});
-      inputs.push_back({"pack (its .digests)", pack::DigestsPathFor(out)});
-      K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"manifest", manifest_path}}, inputs));
-      K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("manifest", manifest_path));
-      k3pack::OutputSpec mspec;
-      mspec.option = "manifest";
-      mspec.path = manifest_path;
-      mspec.force = force;
-      mspec.force_option = "force=True";
-      mspec.is_finished = [&]() -> Result<bool> {
-        return plan.action == OutputAction::kAlreadyBuilt &&
-               manifest::ManifestRecordsPack(manifest_path, plan.valid_section);
+      // `k3pack build`'s manifest rule, in the plan's own pass (under the pack's lock; a refusal makes no
+      // lock file): none of the inputs, the pack included.
+      req.then = [&](const pack::PackOutputPlan& decided) -> Status {
+        if (manifest_path.empty()) {
+          manifest_path = (std::filesystem::path(out).parent_path() / manifest::kDefaultManifestName).string();
+        }
+        std::vector<k3pack::NamedPath> inputs = req.inputs;
+        for (auto& f : k3pack::FilesIn("a tokenizer_dir file", tokenizer_dir)) inputs.push_back(std::move(f));
+        inputs.push_back({"pack", out});
+        inputs.push_back({"pack (its .digests)", pack::DigestsPathFor(out)});
+        K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"manifest", manifest_path}}, inputs));
+        K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("manifest", manifest_path));
+        k3pack::OutputSpec mspec;
+        mspec.option = "manifest";
+        mspec.path = manifest_path;
+        mspec.force = force;
+        mspec.force_option = "force=True";
+        mspec.is_finished = [&]() -> Result<bool> {
+          return decided.action == OutputAction::kAlreadyBuilt &&
+                 manifest::ManifestRecordsPack(manifest_path, decided.valid_section);
+        };
+        mspec.why_refused = "it is not the manifest of this pack";
+        K3_ASSIGN_OR_RETURN(maction, k3pack::DecideOutput(mspec));
+        return Status::OK();
       };
-      mspec.why_refused = "it is not the manifest of this pack";
-      K3_ASSIGN_OR_RETURN(maction, k3pack::DecideOutput(mspec));
+      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
       return Status::OK();
     }();
     Check(st);
@@ -233,6 +241,8 @@ void RegisterPack(py::module_& m) {
     d["manifest"] = manifest_path;
     d["profile"] = kimi::ProfileName(p);
     d["already_built"] = maction == OutputAction::kAlreadyBuilt;
+    // k3pack.build holds it to its manifest's last byte, as `k3pack build` does.
+    d["lock"] = py::cast(std::move(*plan.lock));
     return d;
   }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
      py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,

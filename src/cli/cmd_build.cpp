@@ -2,11 +2,14 @@
 // expert pack -> adapter manifest (what SGLang's server start-up runs as two
 // tools). A valid pack without its manifest is reused; an interrupted build
 // resumes; the overwrite rule (output_rule.h) covers pack and manifest.
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <utility>
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
@@ -101,68 +104,79 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   const std::string tokenizer_dir = args.Get("--tokenizer-dir");
   // Preflight, before a byte is copied: tokenizer, config, shards, outputs.
   K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", tokenizer_dir));
-  // --restart with a finished pack: check every payload and repair what is
-  // damaged (never silently reuse a corrupt pack).
-  // Mixed expert types only when asked for, as `k3pack pack`: SGLang's validator refuses them.
+  // The checkpoint and the manifest are judged in the pack plan's own pass
+  // (under the pack's lock, and before a lock file is made for a refusal).
+  std::string manifest_path;
+  OutputAction maction{};
+  bool told_moved = false;  // the pass runs twice where no lock file was there yet
+  auto judge_the_rest = [&](const PackPlan& plan) -> Status {
+    const std::string& out = plan.pack;
+    if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
+    manifest_path = args.Get("--manifest");
+    if (manifest_path.empty()) {
+      manifest_path = (std::filesystem::path(out).parent_path() / kDefaultManifestName).string();
+    }
+    if (rank) {
+      // Beside the rank pack, one manifest per rank: the name gets .epR-of-N.
+      const std::filesystem::path mp(manifest_path);
+      manifest_path = (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
+    }
+    std::vector<NamedPath> inputs = plan.inputs;
+    for (auto& f : FilesIn("a --tokenizer-dir file", tokenizer_dir)) inputs.push_back(std::move(f));
+    inputs.push_back({"--pack", out});
+    inputs.push_back({"--pack (its .digests)", pack::DigestsPathFor(out)});
+    K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", manifest_path}}, inputs));
+    K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", manifest_path));
+    {
+      std::vector<NamedPath> recorded = inputs;
+      recorded.push_back({"--manifest", manifest_path});
+      K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(recorded));
+    }
+    OutputSpec mspec;
+    mspec.option = "--manifest";
+    mspec.path = manifest_path;
+    mspec.force = args.Has("--force");
+    mspec.is_finished = [&]() -> Result<bool> {
+      return plan.action == OutputAction::kAlreadyBuilt &&
+             manifest::ManifestRecordsPack(manifest_path, plan.valid_section);
+    };
+    // --restart replaces the manifest of the pack it re-checks.
+    if (plan.repair && PathExists(manifest_path)) {
+      auto old = manifest::ReadManifest(manifest_path);
+      if (old.ok()) mspec.force = true;
+    }
+    // The manifest of a moved or renamed model directory: it records this very
+    // pack (the same index digest), but none of the files it records is where
+    // it says. It points at nothing, so writing the new one loses nothing; the
+    // pack there is reused (what WithMovedModelHint tells the user to do).
+    if (!mspec.force && plan.action == OutputAction::kAlreadyBuilt && PathExists(manifest_path)) {
+      auto old = manifest::ReadManifest(manifest_path);
+      if (old.ok() && old->complete &&
+          old->expert_pack.index_sha256 == plan.valid_section.value("index_sha256", std::string()) &&
+          !PathExists(old->expert_pack.path) &&
+          std::none_of(old->source.shards.begin(), old->source.shards.end(),
+                       [](const auto& sh) { return PathExists(sh.path); })) {
+        if (!std::exchange(told_moved, true)) {
+          std::cerr << "k3pack build: note: " << manifest_path << " records this pack at " << old->expert_pack.path
+                    << ", where none of its files is any more (the model was moved): writing a new manifest\n";
+        }
+        mspec.force = true;
+      }
+    }
+    mspec.why_refused = "it is not the manifest of this pack";
+    auto decided = DecideOutput(mspec);
+    if (!decided.ok()) return ExplainManifestRefusal(decided.error(), manifest_path, plan);
+    maction = *decided;
+    return Status::OK();
+  };
+  // Mixed expert types only when asked for, as `k3pack pack`: SGLang's
+  // validator refuses them. --restart with a finished pack: check every
+  // payload and repair what is damaged (never silently reuse a corrupt pack).
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
-                                              /*repair_existing=*/args.Has("--restart"), rank));
+                                              /*repair_existing=*/args.Has("--restart"), rank, judge_the_rest));
   const kimi::Profile profile = plan.profile;
   const pack::ExpertSet& experts = plan.experts;
   const std::string out = plan.pack;
-  if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
-  std::string manifest_path = args.Get("--manifest");
-  if (manifest_path.empty()) {
-    manifest_path = (std::filesystem::path(out).parent_path() / kDefaultManifestName).string();
-  }
-  if (rank) {
-    // Beside the rank pack, one manifest per rank: the name gets .epR-of-N.
-    const std::filesystem::path mp(manifest_path);
-    manifest_path = (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
-  }
-  std::vector<NamedPath> inputs = plan.inputs;
-  for (auto& f : FilesIn("a --tokenizer-dir file", tokenizer_dir)) inputs.push_back(std::move(f));
-  inputs.push_back({"--pack", out});
-  inputs.push_back({"--pack (its .digests)", pack::DigestsPathFor(out)});
-  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", manifest_path}}, inputs));
-  K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", manifest_path));
-  {
-    std::vector<NamedPath> recorded = inputs;
-    recorded.push_back({"--manifest", manifest_path});
-    K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(recorded));
-  }
-  OutputSpec mspec;
-  mspec.option = "--manifest";
-  mspec.path = manifest_path;
-  mspec.force = args.Has("--force");
-  mspec.is_finished = [&]() -> Result<bool> {
-    return plan.action == OutputAction::kAlreadyBuilt &&
-           manifest::ManifestRecordsPack(manifest_path, plan.valid_section);
-  };
-  // --restart replaces the manifest of the pack it re-checks.
-  if (plan.repair && PathExists(manifest_path)) {
-    auto old = manifest::ReadManifest(manifest_path);
-    if (old.ok()) mspec.force = true;
-  }
-  // The manifest of a moved or renamed model directory: it records this very
-  // pack (the same index digest), but none of the files it records is where
-  // it says. It points at nothing, so writing the new one loses nothing; the
-  // pack there is reused (what WithMovedModelHint tells the user to do).
-  if (!mspec.force && plan.action == OutputAction::kAlreadyBuilt && PathExists(manifest_path)) {
-    auto old = manifest::ReadManifest(manifest_path);
-    if (old.ok() && old->complete &&
-        old->expert_pack.index_sha256 == plan.valid_section.value("index_sha256", std::string()) &&
-        !PathExists(old->expert_pack.path) &&
-        std::none_of(old->source.shards.begin(), old->source.shards.end(),
-                     [](const auto& sh) { return PathExists(sh.path); })) {
-      std::cerr << "k3pack build: note: " << manifest_path << " records this pack at " << old->expert_pack.path
-                << ", where none of its files is any more (the model was moved): writing a new manifest\n";
-      mspec.force = true;
-    }
-  }
-  mspec.why_refused = "it is not the manifest of this pack";
-  auto decided = DecideOutput(mspec);
-  if (!decided.ok()) return ExplainManifestRefusal(decided.error(), manifest_path, plan);
-  const OutputAction maction = *decided;
   if (maction == OutputAction::kAlreadyBuilt) {
     return nlohmann::json{{"already_built", true}, {"manifest", manifest_path}, {"pack", out}};
   }
@@ -196,6 +210,12 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
     Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
     K3_ASSIGN_OR_RETURN(built, pack::BuildPack(experts, bopts));
+  }
+
+  // Test seam: the pack is done and the manifest not begun; the pack's lock
+  // (the plan's) still keeps every other writer of the pack out.
+  if (const char* seam = std::getenv("K3PACK_TEST_STOP_BEFORE_MANIFEST"); seam != nullptr && std::string(seam) == "1") {
+    ::raise(SIGSTOP);
   }
 
   // Manifest.
@@ -292,10 +312,14 @@ int RunBuild(const std::vector<std::string>& argv) {
       .Flag("--json", "print only the result as JSON (otherwise text)");
   AddProfileOption(args);
   AddForceFlag(args, "pack and manifest");
+  AddWaitOption(args);
   AddCopyOptions(args);
   AddEpOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto wait = LockWaitOf(args, kCmd);
+  if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
+  const k3pack::ScopedLockWait waiting(*wait);
   if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true}); !s.ok())
     return ReportError(kCmd, s.error(), kExitUsage);
   auto v = ParseValues(args);

@@ -49,10 +49,6 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
                                                                               pack::PartialPathFor(out)}},
       inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--pack", out));
-  // Held from the decision below to the merge's end (which takes it again):
-  // a --force never removes what another writer of this pack is working on.
-  auto lock = pack::LockPackIfLockFileExists(out);
-  if (!lock.ok()) return lock.error();
   OutputSpec spec;
   spec.option = "--pack";
   spec.path = out;
@@ -65,13 +61,21 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
     return why_not.empty();
   };
   spec.why_refused = "it is not the merge of these rank packs";
-  auto decided = DecideOutput(spec);
-  if (!decided.ok() && !why_not.empty()) {
-    return Error(decided.error().message().substr(0, decided.error().message().find('\n')) + ": " + why_not,
-                 decided.error().kind())
-        .WithHint("pass --force to merge again, or write the merged pack to another --pack path");
-  }
-  K3_ASSIGN_OR_RETURN(OutputAction action, std::move(decided));
+  OutputAction action{};
+  auto decide = [&]() -> Status {
+    why_not.clear();
+    auto decided = DecideOutput(spec);
+    if (!decided.ok() && !why_not.empty()) {
+      return Error(decided.error().message().substr(0, decided.error().message().find('\n')) + ": " + why_not,
+                   decided.error().kind())
+          .WithHint("pass --force to merge again, or write the merged pack to another --pack path");
+    }
+    K3_ASSIGN_OR_RETURN(action, std::move(decided));
+    return Status::OK();
+  };
+  // Held from the decision to the merge's end (which takes it again): a
+  // --force never removes what another writer of this pack is working on.
+  K3_ASSIGN_OR_RETURN(LockFile lock, pack::DecideUnderPackLock(out, decide));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
   if (action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
   pack::MergeOptions o;
@@ -93,9 +97,13 @@ int RunEpMerge(const std::vector<std::string>& argv) {
       .Option("--pack", "output pack (default: the rank packs' name without .epR-of-N)", "")
       .Flag("--json", "print the result as JSON");
   AddForceFlag(args, "pack (and its .digests)");
+  AddWaitOption(args);
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto wait = LockWaitOf(args, kCmd);
+  if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
+  const k3pack::ScopedLockWait waiting(*wait);
   auto mode = ProgressModeOf(args);
   if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
   auto r = Run(args, *mode);

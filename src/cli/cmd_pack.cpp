@@ -40,15 +40,17 @@ Result<Values> ParseValues(const Args& args) {
 
 // One pack: the full pack, or the rank pack of `rank`.
 Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::optional<ep::Rank>& rank) {
+  // --repair-damaged needs a finished pack: refused in the plan's own pass.
+  auto repairable = [&](const PackPlan& plan) -> Status {
+    if (!args.Has("--repair-damaged") || plan.repair) return Status::OK();
+    K3_RETURN_IF_ERROR(CheckInputExists("--pack", plan.pack, ".pack"));
+    return Error("--repair-damaged: " + plan.pack + " is an unfinished build, not a finished pack")
+        .WithHint("rerun the same command without --repair-damaged to resume the build");
+  };
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
-                                                args.Has("--repair-damaged"), rank));
+                                                args.Has("--repair-damaged"), rank, repairable));
   const std::string out = plan.pack;
   if (args.Has("--repair-damaged")) {
-    if (!plan.repair) {
-      K3_RETURN_IF_ERROR(CheckInputExists("--pack", out, ".pack"));
-      return Error("--repair-damaged: " + out + " is an unfinished build, not a finished pack")
-          .WithHint("rerun the same command without --repair-damaged to resume the build");
-    }
     K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
                         pack::RepairDamagedPayloads(out, plan.experts, pack::MakeProgressPrinter(v.mode)));
     return nlohmann::json{{"pack", out}, {"repaired_damaged", rep.repaired}, {"entries_checked", rep.entries_checked},
@@ -151,11 +153,15 @@ int RunPack(const std::vector<std::string>& argv) {
       .Flag("--json", "print the result as JSON");
   AddProfileOption(args);
   AddForceFlag(args, "pack (and its .digests)");
+  AddWaitOption(args);
   AddCopyOptions(args);
   AddEpOptions(args);
   args.Exclusive({"--force", "--repair-damaged"}, "--force rebuilds the whole pack");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto wait = LockWaitOf(args, kCmd);
+  if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
+  const k3pack::ScopedLockWait waiting(*wait);
   if (Status s = FillImpliedInputs(args, kCmd, {.model_config = true}); !s.ok())
     return ReportError(kCmd, s.error(), kExitUsage);
   auto v = ParseValues(args);

@@ -48,8 +48,12 @@ int RunRepair(const std::vector<std::string>& argv) {
       .Flag("--no-sidecars", "do not copy config.json and tokenizer/")
       .Flag("--force", "replace the output of an earlier `k3pack repair` in OUT (never other files)");
   k3pack::cli::AddProfileOption(args);
+  k3pack::cli::AddWaitOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  auto wait = k3pack::cli::LockWaitOf(args, "repair");
+  if (!wait.ok()) return k3pack::cli::ReportError("repair", wait.error(), k3pack::cli::kExitUsage);
+  const k3pack::ScopedLockWait waiting(*wait);
   auto profile = k3pack::cli::ResolveProfile(args, {args.positionals()[0]});
   if (!profile.ok()) return k3pack::cli::ReportError("repair", profile.error(), k3pack::cli::kExitUsage);
   if (args.Get("--fix") != "ssm-a") {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -146,8 +147,12 @@ int RunSynth(const std::vector<std::string>& argv_in) {
       .Flag("--force", "write into a non-empty --out (otherwise refused; the same model already there is reported)")
       .Flag("--json", "print the result as JSON");
   AddProgressOption(args);
+  AddWaitOption(args);
   int code = 0;
   if (!args.Parse(argv_in, &code)) return code;
+  auto wait = LockWaitOf(args, kCmd);
+  if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
+  const k3pack::ScopedLockWait waiting(*wait);
   const std::vector<std::string> layer_types = args.GetAll("--layer-expert-types");
   // Every value is checked before --out is looked at.
   auto opts = BuildOptions(args, layer_types);
@@ -192,18 +197,23 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   if (std::error_code dir_ec; std::filesystem::is_directory(opts->out_dir, dir_ec)) {
     if (Status st = lock_out(); !st.ok()) return ReportError(kCmd, st.error());
   }
-  if (PathExists(marker)) {
-    // Our own interrupted (or failed) write: start over, as its message said.
-    std::cerr << "k3pack synth: note: " << opts->out_dir << " holds an interrupted synth; starting over\n";
-    RemoveTempFiles(opts->out_dir);
-  } else {
+  // The look at --out: 0 to go on writing, else the exit code (already built, refused).
+  auto look = [&]() -> std::optional<int> {
+    if (PathExists(marker)) {
+      // Our own interrupted (or failed) write: start over, as its message said.
+      std::cerr << "k3pack synth: note: " << opts->out_dir << " holds an interrupted synth; starting over\n";
+      RemoveTempFiles(opts->out_dir);
+      return std::nullopt;
+    }
     auto action = DecideOutput(spec);
     if (!action.ok()) return ReportError(kCmd, action.error());
     if (*action == OutputAction::kAlreadyBuilt) {
       ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"), "out_dir");
       return kExitOk;
     }
-  }
+    return std::nullopt;
+  };
+  if (auto code = look()) return *code;
   // Marked before the first byte, and the old sidecar dropped: until the new
   // sidecar is written the directory is no finished model.
   std::error_code ec;
@@ -211,6 +221,9 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   if (ec) return ReportError(kCmd, Error("cannot create directory " + opts->out_dir + ": " + ec.message()));
   if (!out_lock) {
     if (Status st = lock_out(); !st.ok()) return ReportError(kCmd, st.error());
+    // Another synth may have made and filled it since the first look (then
+    // this one waited for it, or it was quicker still): look again, locked.
+    if (auto code = look()) return *code;
   }
   Status marked = WriteFileAtomic(marker, "k3pack synth is writing this directory; the next synth into it starts over\n");
   if (!marked.ok()) return ReportError(kCmd, marked.error());

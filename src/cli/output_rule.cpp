@@ -1,6 +1,8 @@
 #include "cli/output_rule.h"
 
+#include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -8,6 +10,29 @@ namespace k3pack::cli {
 
 void AddForceFlag(Args& args, const std::string& what) {
   args.Flag("--force", "replace an existing " + what + " (otherwise refused; a finished valid one is reported)");
+}
+
+void AddWaitOption(Args& args) {
+  args.Option("--wait", "when another k3pack process is writing the same output, wait up to SECONDS (or forever) "
+                        "for it to finish instead of failing at once; then go on as if run after it",
+              "0");
+}
+
+Result<LockWait> LockWaitOf(const Args& args, const std::string& command) {
+  LockWait wait;
+  wait.option = "--wait SECONDS";
+  const std::string value = args.Get("--wait");
+  if (value == "forever") {
+    wait.seconds = std::numeric_limits<double>::infinity();
+  } else {
+    auto seconds = args.GetDouble("--wait");
+    if (!seconds.ok() || *seconds < 0) {
+      return Error("--wait must be a number of seconds (0 or more) or `forever`, got '" + value + "'");
+    }
+    wait.seconds = *seconds;
+  }
+  wait.notify = [command](const std::string& line) { std::fprintf(stderr, "k3pack %s: %s\n", command.c_str(), line.c_str()); };
+  return wait;
 }
 
 std::string AlreadyBuiltLine(const std::string& path) { return "already built: " + path + " (use --force to rebuild)"; }

@@ -14,6 +14,7 @@
 
 #include "cli/command.h"
 #include "k3pack/error.h"
+#include "util/lock_file.h"
 #include "util/output_guard.h"
 
 namespace k3pack::cli {
@@ -30,6 +31,14 @@ std::string AlreadyBuiltLine(const std::string& path);
 
 // Adds --force ("replace an existing output") to a command's options.
 void AddForceFlag(Args& args, const std::string& what);
+
+// Adds --wait SECONDS|forever to a command that takes an output's lock: a
+// second writer of the same output (a build queued behind another, a repair
+// behind a build) waits for it instead of being refused at once.
+void AddWaitOption(Args& args);
+// The wait --wait asks for (0 when not given); it is told on stderr as
+// "k3pack COMMAND: waiting for ...". A bad value is a usage error.
+Result<LockWait> LockWaitOf(const Args& args, const std::string& command);
 
 // Prints "already built: PATH (use --force to rebuild)" on stdout; with
 // `json` the line goes to stderr and stdout gets {"already_built": true,

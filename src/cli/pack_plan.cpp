@@ -13,8 +13,8 @@ namespace k3pack::cli {
 
 // The shared front half of `pack` and `build`: preflight the inputs, collect
 // the experts, pick the pack path, and apply the overwrite rule to it.
-Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
-                          bool repair_existing, const std::optional<ep::Rank>& rank) {
+Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing,
+                          const std::optional<ep::Rank>& rank, const std::function<Status(const PackPlan&)>& then) {
   const std::string gguf_dir = args.Get("--gguf-dir"), config = args.Get("--model-config");
   K3_RETURN_IF_ERROR(CheckGgufDir("--gguf-dir", gguf_dir));
   K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", config));
@@ -41,11 +41,20 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types,
   req.force = args.Has("--force");
   req.repair_existing = repair_existing;
   req.ep = plan.ep;
+  auto take = [&plan](const pack::PackOutputPlan& out) {
+    plan.action = out.action;
+    plan.repair = out.repair;
+    plan.invalid_reason = out.invalid_reason;
+    plan.valid_section = out.valid_section;
+  };
+  if (then) {
+    req.then = [&](const pack::PackOutputPlan& out) {
+      take(out);
+      return then(plan);
+    };
+  }
   K3_ASSIGN_OR_RETURN(pack::PackOutputPlan out, pack::PlanPackOutput(req, plan.experts));
-  plan.action = out.action;
-  plan.repair = out.repair;
-  plan.invalid_reason = out.invalid_reason;
-  plan.valid_section = out.valid_section;
+  take(out);
   plan.lock = std::move(out.lock);
   return plan;
 }

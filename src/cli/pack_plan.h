@@ -3,6 +3,7 @@
 // path, check it is writable and not an input, and apply the overwrite rule.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,12 @@ using manifest::kDefaultManifestName;
 // With `rank`, the output is that rank's pack (pack::RankPackPath of --pack
 // or the default), judged as a rank pack (a repair rewrites only the rank's
 // own damaged payloads: its digest sidecar marks the others absent).
+// `then` is the caller's own look at the rest of its outputs on the plan
+// (pack::PackOutputRequest::then): its refusals come before a lock file is
+// made too.
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false,
-                          const std::optional<ep::Rank>& rank = std::nullopt);
+                          const std::optional<ep::Rank>& rank = std::nullopt,
+                          const std::function<Status(const PackPlan&)>& then = {});
 
 // --force: removes a finished pack and its .digests so BuildPack rebuilds it.
 Status RemovePackOutput(const std::string& pack_path);

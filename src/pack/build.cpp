@@ -327,12 +327,10 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   auto log = [&](const std::string& s) {
     if (o.log) o.log(s);
   };
-  std::error_code ec;
+  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
+  K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));  // makes the pack's directory
   std::string dir = std::filesystem::path(p.out).parent_path().string();
   if (dir.empty()) dir = ".";
-  std::filesystem::create_directories(dir, ec);
-  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
-  K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
   if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
   const ep::ExpertRange written = WrittenExperts(ex.num_experts, o.ep);
   K3_ASSIGN_OR_RETURN(std::string fingerprint, InputFingerprint(ex, layout, o.ep));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "util/file.h"
@@ -128,6 +129,11 @@ Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::ve
 }
 
 Result<LockFile> LockPack(const std::string& pack_path) {
+  // The lock file lives beside the pack: a writer that goes on makes the
+  // directory the pack will be in (a failure shows as the lock file's).
+  const std::string dir = std::filesystem::path(pack_path).parent_path().string();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
   return LockFile::Acquire(LockPathFor(pack_path), "building or repairing the Expert Pack " + pack_path);
 }
 
@@ -135,6 +141,17 @@ Result<std::optional<LockFile>> LockPackIfLockFileExists(const std::string& pack
   if (!PathExists(LockPathFor(pack_path))) return std::optional<LockFile>();
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(pack_path));
   return std::optional<LockFile>(std::move(lock));
+}
+
+Result<LockFile> DecideUnderPackLock(const std::string& pack_path, const std::function<Status()>& decide) {
+  K3_ASSIGN_OR_RETURN(std::optional<LockFile> held, LockPackIfLockFileExists(pack_path));
+  if (!held) {
+    K3_RETURN_IF_ERROR(decide());
+    K3_ASSIGN_OR_RETURN(LockFile taken, LockPack(pack_path));
+    held = std::move(taken);
+  }
+  K3_RETURN_IF_ERROR(decide());
+  return std::move(*held);
 }
 
 std::optional<uint64_t> EnvU64(const char* name) {

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,6 +80,13 @@ Result<LockFile> LockPack(const std::string& pack_path);
 // none where it does not: nobody holds it, and a command refused before it
 // writes leaves nothing beside the pack (the writer locks when it starts).
 Result<std::optional<LockFile>> LockPackIfLockFileExists(const std::string& pack_path);
+// Runs `decide` (a writer's look at its outputs: refuse, resume, replace...)
+// under the pack's lock and returns the lock, which the caller holds to its
+// last write. Where no writer was ever here (no lock file), the first
+// decision is made without making one, so a refusal leaves nothing beside the
+// user's path; going on takes the lock and decides again under it, since
+// another writer may have started in between.
+Result<LockFile> DecideUnderPackLock(const std::string& pack_path, const std::function<Status()>& decide);
 
 // Free bytes for an unprivileged writer in `dir` (statvfs f_bavail), or the
 // K3PACK_FAKE_FREE_BYTES test override; UINT64_MAX (no limit to check) on a

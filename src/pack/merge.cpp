@@ -173,9 +173,6 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
 
   // Output under the build's lock (no build or merge of the same path runs beside it).
   PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
-  std::error_code ec;
-  std::string dir = std::filesystem::path(p.out).parent_path().string();
-  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
   if (PathExists(p.out)) {
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)

@@ -30,53 +30,58 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   // From the first look at what is there to the last write: another build,
   // `--force` or repair of the same pack never acts on what this one judged
   // (a `--force` removing the pack a repair was rewriting lost both).
-  K3_ASSIGN_OR_RETURN(plan.lock, LockPackIfLockFileExists(out));
-  const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
-  if (req.repair_existing && !has_partial && PathExists(out)) {
-    plan.repair = true;
-    return plan;
-  }
-  OutputSpec spec;
-  spec.option = opt;
-  spec.path = out;
-  spec.force = req.force;
-  spec.force_option = req.force_option;
-  spec.has_partial = has_partial;
-  spec.is_finished = [&]() -> Result<bool> {
-    ValidateOptions vopts;
-    vopts.payload_samples = 6;
-    vopts.ep = req.ep;
-    auto valid = ValidatePack(out, experts, vopts);
-    if (valid.ok() && req.ep) {
-      // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
-      auto d = ReadPackDigests(DigestsPathFor(out));
-      if (!d.ok() || !d->ep || d->ep->size != req.ep->size || d->ep->rank != req.ep->rank) {
-        plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
-                              ep::Describe(*req.ep, experts.num_experts);
-        return false;
+  auto decide = [&]() -> Status {
+    plan = PackOutputPlan{};
+    const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
+    if (req.repair_existing && !has_partial && PathExists(out)) {
+      plan.repair = true;
+      return req.then ? req.then(plan) : Status::OK();
+    }
+    OutputSpec spec;
+    spec.option = opt;
+    spec.path = out;
+    spec.force = req.force;
+    spec.force_option = req.force_option;
+    spec.has_partial = has_partial;
+    spec.is_finished = [&]() -> Result<bool> {
+      ValidateOptions vopts;
+      vopts.payload_samples = 6;
+      vopts.ep = req.ep;
+      auto valid = ValidatePack(out, experts, vopts);
+      if (valid.ok() && req.ep) {
+        // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
+        auto d = ReadPackDigests(DigestsPathFor(out));
+        if (!d.ok() || !d->ep || d->ep->size != req.ep->size || d->ep->rank != req.ep->rank) {
+          plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
+                                ep::Describe(*req.ep, experts.num_experts);
+          return false;
+        }
       }
+      if (valid.ok()) {
+        plan.valid_section = *valid;
+        return true;
+      }
+      plan.invalid_reason = valid.error().message();
+      return false;
+    };
+    spec.why_refused = "it is not a valid pack of these shards";
+    auto action = DecideOutput(spec);
+    if (!action.ok()) {
+      if (!plan.invalid_reason.empty()) {
+        // The validator's text says what is wrong with it; the hint what to do.
+        return Error("refusing to overwrite existing " + out + " (" + opt +
+                         "): it is not a valid pack of these shards: " + plan.invalid_reason,
+                     ErrorKind::kFileExists)
+            .WithHint("pass " + req.force_option + " to rebuild it, " + req.repair_hint +
+                      " when only payloads are damaged, or another " + opt + " path");
+      }
+      return action.error();
     }
-    if (valid.ok()) {
-      plan.valid_section = *valid;
-      return true;
-    }
-    plan.invalid_reason = valid.error().message();
-    return false;
+    plan.action = *action;
+    return req.then ? req.then(plan) : Status::OK();
   };
-  spec.why_refused = "it is not a valid pack of these shards";
-  auto action = DecideOutput(spec);
-  if (!action.ok()) {
-    if (!plan.invalid_reason.empty()) {
-      // The validator's text says what is wrong with it; the hint what to do.
-      return Error("refusing to overwrite existing " + out + " (" + opt +
-                       "): it is not a valid pack of these shards: " + plan.invalid_reason,
-                   ErrorKind::kFileExists)
-          .WithHint("pass " + req.force_option + " to rebuild it, " + req.repair_hint +
-                    " when only payloads are damaged, or another " + opt + " path");
-    }
-    return action.error();
-  }
-  plan.action = *action;
+  K3_ASSIGN_OR_RETURN(LockFile lock, DecideUnderPackLock(out, decide));
+  plan.lock = std::move(lock);
   return plan;
 }
 

@@ -1,11 +1,13 @@
 // The overwrite rule (util/output_guard.h) applied to a pack path, shared by
 // `k3pack pack`, `k3pack build` and the Python binding's build_pack/build:
-// the pack and its sidecars are none of the inputs (checked before a lock
-// file is created), the directory is writable, and an existing pack is
-// resumed, reported as already built (it validates against these shards),
-// replaced (force) or refused.
+// the pack and its sidecars are none of the inputs, the directory is
+// writable, and an existing pack is resumed, reported as already built (it
+// validates against these shards), replaced (force) or refused. Decided under
+// the pack's lock, which the plan keeps; a refusal where no writer was ever
+// here leaves no lock file (DecideUnderPackLock).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +21,8 @@
 
 namespace k3pack::pack {
 
+struct PackOutputPlan;
+
 struct PackOutputRequest {
   std::string path;                       // the pack (a rank pack's own path for `ep`)
   std::vector<NamedPath> inputs;          // config + shards
@@ -30,6 +34,10 @@ struct PackOutputRequest {
   // A finished pack is not judged: the caller repairs its damaged payloads.
   bool repair_existing = false;
   std::optional<ep::Rank> ep;
+  // The caller's own look at the rest of its outputs, on this decision
+  // (build: the checkpoint is one SGLang loads, and its manifest). Made in the
+  // same pass, so its refusals too come before a lock file is made.
+  std::function<Status(const PackOutputPlan&)> then;
 };
 
 struct PackOutputPlan {

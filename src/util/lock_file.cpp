@@ -7,6 +7,8 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -99,6 +101,36 @@ std::string LockHolder::Hint() const {
   return "wait for it to finish; the lock is released automatically when that process exits";
 }
 
+namespace {
+
+thread_local LockWait current_wait;
+
+std::string Seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, s == std::floor(s) ? "%.0f s" : "%.1f s", s);
+  return text;
+}
+
+// The refusal, after `waited` seconds of this thread's wait.
+Error Refusal(const std::string& path, const std::string& what, const LockHolder& holder, double waited) {
+  const LockWait& wait = CurrentLockWait();
+  std::string message = "another process is " + what + (holder.pid == 0 ? "" : ": " + holder.Text() + " holds the lock");
+  if (wait.seconds > 0) message += " (still after waiting " + Seconds(waited) + " for " + path + ")";
+  std::string hint = holder.Hint();
+  if (wait.seconds == 0 && !wait.option.empty() && !holder.stopped) {
+    hint += "; or rerun with `" + wait.option + "` to wait for it";
+  }
+  return Error(message, ErrorKind::kOS, EWOULDBLOCK).WithHint(hint);
+}
+
+}  // namespace
+
+const LockWait& CurrentLockWait() { return current_wait; }
+
+ScopedLockWait::ScopedLockWait(LockWait wait) : previous_(std::move(current_wait)) { current_wait = std::move(wait); }
+
+ScopedLockWait::~ScopedLockWait() { current_wait = std::move(previous_); }
+
 Result<LockFile> LockFile::Acquire(const std::string& path, const std::string& what) {
   struct stat pst;
   const bool directory = ::stat(path.c_str(), &pst) == 0 && S_ISDIR(pst.st_mode);
@@ -109,29 +141,54 @@ Result<LockFile> LockFile::Acquire(const std::string& path, const std::string& w
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat lock file " + path, errno);
   const Key key{st.st_dev, st.st_ino};
-  std::lock_guard<std::mutex> guard(RegistryMutex());
-  LockFile lock;
-  if (auto held = Registry()[key].lock()) {
-    if (held->owner == std::this_thread::get_id()) {
-      lock.held_ = std::move(held);
-      return lock;
+  const LockWait& wait = CurrentLockWait();
+  const auto start = std::chrono::steady_clock::now();
+  LockHolder told;
+  bool waiting = false;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> guard(RegistryMutex());
+      if (auto held = Registry()[key].lock()) {
+        if (held->owner != std::this_thread::get_id()) {
+          return Error("another thread of this process is " + what + " (it holds " + path + ")", ErrorKind::kOS,
+                       EWOULDBLOCK)
+              .WithHint("wait for that call to return");
+        }
+        LockFile lock;
+        lock.held_ = std::move(held);
+        return lock;
+      }
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        LockFile lock;
+        lock.held_ = std::make_shared<Held>(Held{std::move(owned), std::this_thread::get_id()});
+        Registry()[key] = lock.held_;
+        if (waiting && wait.notify) wait.notify("took the lock on " + path + " after " + Seconds(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
+        const char* seam = std::getenv("K3PACK_TEST_STOP_HOLDING_LOCK");
+        if (seam != nullptr && std::string(seam) == "1") ::raise(SIGSTOP);
+        return lock;
+      }
+      if (errno != EWOULDBLOCK) return Error::FromErrno("cannot lock " + path, errno);
     }
-    return Error("another thread of this process is " + what + " (it holds " + path + ")", ErrorKind::kOS,
-                 EWOULDBLOCK)
-        .WithHint("wait for that call to return");
-  }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) return Error::FromErrno("cannot lock " + path, errno);
+    // The registry is not held while waiting: other locks of this process go on.
     const LockHolder holder = LockHolderOf(path);
-    return Error("another process is " + what + (holder.pid == 0 ? "" : ": " + holder.Text() + " holds the lock"),
-                 ErrorKind::kOS, EWOULDBLOCK)
-        .WithHint(holder.Hint());
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited >= wait.seconds) return Refusal(path, what, holder, waited);
+    if (!waiting || (holder.pid != 0 && (holder.pid != told.pid || holder.stopped != told.stopped))) {
+      if (wait.notify) {
+        std::string line = "waiting for " + path + ": another process is " + what;
+        if (holder.pid != 0) line += ": " + holder.Text() + " holds the lock";
+        line += std::isinf(wait.seconds) ? " (until it lets go)" : " (for up to " + Seconds(wait.seconds) + ")";
+        if (holder.stopped) line += "; " + holder.Hint();
+        wait.notify(line);
+      }
+      waiting = true;
+      told = holder;
+    }
+    // Short enough that a build queued behind another starts within a blink
+    // of the lock's release; long enough to cost nothing.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  lock.held_ = std::make_shared<Held>(Held{std::move(owned), std::this_thread::get_id()});
-  Registry()[key] = lock.held_;
-  const char* seam = std::getenv("K3PACK_TEST_STOP_HOLDING_LOCK");
-  if (seam != nullptr && std::string(seam) == "1") ::raise(SIGSTOP);
-  return lock;
 }
 
 }  // namespace k3pack

@@ -3,6 +3,7 @@
 // apart, and what a refused or waiting operator is told.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,9 +15,10 @@ namespace k3pack {
 // is locked as it is), held while any copy of the object lives. The same
 // thread may take it again (the CLI holds a pack's lock from its first check
 // of the outputs to its last write, and the builder takes it once more);
-// another process, or another thread of this one, is refused at once with
+// another process, or another thread of this one, is refused with
 // `another process is <what>: pid N (cmd...) holds the lock`, saying when that
-// process is stopped (LockHolderOf). Test seam: K3PACK_TEST_STOP_HOLDING_LOCK=1 makes the
+// process is stopped (LockHolderOf): at once, or after the calling thread's
+// LockWait (the CLI's `--wait`) has run out. Test seam: K3PACK_TEST_STOP_HOLDING_LOCK=1 makes the
 // process stop itself (SIGSTOP) right after taking a lock it did not hold.
 class LockFile {
  public:
@@ -28,6 +30,31 @@ class LockFile {
 
  private:
   std::shared_ptr<Held> held_;
+};
+
+// How long a LockFile::Acquire on this thread waits for a lock another
+// process holds. Per thread, because the lock is taken deep inside a build or
+// a merge on the caller's thread, and two Python threads may want different
+// waits; a thread that never sets one refuses at once.
+struct LockWait {
+  double seconds = 0;  // 0: refuse at once; infinity: until the holder lets go
+  // Told when the wait starts and when the holder changes or stops or goes
+  // on: a waiting command must not look hung.
+  std::function<void(const std::string&)> notify;
+  // How the caller spells the wait, for the refusal's hint ("--wait SECONDS").
+  std::string option;
+};
+const LockWait& CurrentLockWait();
+// Sets this thread's wait until the object goes (the previous one returns).
+class ScopedLockWait {
+ public:
+  explicit ScopedLockWait(LockWait wait);
+  ~ScopedLockWait();
+  ScopedLockWait(const ScopedLockWait&) = delete;
+  ScopedLockWait& operator=(const ScopedLockWait&) = delete;
+
+ private:
+  LockWait previous_;
 };
 
 // The process holding a flock, as /proc/locks and /proc/PID tell it.

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -159,6 +160,108 @@ TEST(ConcurrentWriters, AShardChangedDuringTheBuildIsNeverPublished) {
   EXPECT_EQ(Cli("verify --full " + Q(m)).code, 0);
 }
 
+// Reads a child's stderr until `text` shows, or to its end ("" or never shown).
+std::string ReadUntil(int fd, const std::string& text) {
+  std::string err;
+  char buf[4096];
+  ssize_t n;
+  while ((text.empty() || err.find(text) == std::string::npos) && (n = ::read(fd, buf, sizeof buf)) > 0) {
+    err.append(buf, static_cast<size_t>(n));
+  }
+  return err;
+}
+
+// Before, a second writer was refused at once (there was no --wait): a build
+// queued behind another had to be retried by hand. With --wait it says whom
+// it waits for, takes the lock when the holder ends, and then judges the
+// outputs as they are: what the first one built is already built.
+TEST(ConcurrentWriters, ASecondWriterWithWaitGoesOnWhenTheHolderEnds) {
+  const std::string m = FreshModel("conc-wait");
+  Stopped a({"build", "--progress", "none", "--safety-margin-gib", "0", m}, kStopHoldingLock);
+  ASSERT_TRUE(a.stopped) << "the seam did not stop the first pack";
+  k3pack::pack::Proc b = Spawn({"build", "--progress", "none", "--safety-margin-gib", "0", "--wait", "forever",
+                                "--json", m});
+  std::string err = ReadUntil(b.err_fd, "waiting for ");
+  EXPECT_TRUE(Contains(err, "k3pack build: waiting for " + PackOf(m) + ".lock: another process is building or "
+                            "repairing the Expert Pack " + PackOf(m) + ": pid " + std::to_string(a.p.pid) + " (")) << err;
+  EXPECT_TRUE(Contains(err, "(until it lets go)")) << err;
+  EXPECT_TRUE(Contains(err, "`kill -CONT " + std::to_string(a.p.pid) + "`")) << err;  // it is stopped
+
+  auto [rc, a_err] = a.Finish();
+  EXPECT_EQ(rc, 0) << a_err;
+  err += ReadUntil(b.err_fd, "");
+  ::close(b.err_fd);
+  int status = 0;
+  ASSERT_EQ(::waitpid(b.pid, &status, 0), b.pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << err;
+  EXPECT_TRUE(Contains(err, "k3pack build: took the lock on " + PackOf(m) + ".lock after ")) << err;
+  // What the first one built, judged after it: nothing is written twice.
+  EXPECT_TRUE(Contains(err, "already built: " + m + "/kimi-k3-expert-pack.manifest.json")) << err;
+  EXPECT_EQ(Cli("verify --full " + Q(m)).code, 0);
+}
+
+TEST(ConcurrentWriters, AWaitThatRunsOutIsRefusedNamingTheHolder) {
+  const std::string m = FreshModel("conc-wait-out");
+  Stopped a(PackArgv(m), kStopHoldingLock);
+  ASSERT_TRUE(a.stopped) << "the seam did not stop the first pack";
+  const auto start = std::chrono::steady_clock::now();
+  CliRun b = Pack(m, "--force --wait 0.3");
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(b.code, 1) << b.out;
+  EXPECT_GE(waited, 0.3);  // a floor only: it waited, however slow the machine
+  EXPECT_TRUE(Contains(b.out, "k3pack pack: waiting for " + PackOf(m) + ".lock:")) << b.out;
+  EXPECT_TRUE(Contains(b.out, "(for up to 0.3 s)")) << b.out;
+  EXPECT_TRUE(Contains(b.out, "pid " + std::to_string(a.p.pid) + " (")) << b.out;
+  EXPECT_TRUE(Contains(b.out, "holds the lock (still after waiting 0.")) << b.out;
+  EXPECT_FALSE(fs::exists(PackOf(m)));  // --force acted on nothing
+  for (const std::string bad : {"-1", "soon", "nan"}) {
+    CliRun usage = Pack(m, "--wait " + bad);
+    EXPECT_EQ(usage.code, 2) << bad << usage.out;
+    EXPECT_TRUE(Contains(usage.out, "--wait must be a number of seconds (0 or more) or `forever`, got '" + bad + "'"))
+        << usage.out;
+  }
+  auto [rc, err] = a.Finish();
+  EXPECT_EQ(rc, 0) << err;
+}
+
+// Before, a first build (no <pack>.lock yet) took the pack's lock only inside
+// the copy and let it go before writing the manifest: meanwhile a `pack
+// --force` could remove and rebuild the pack the manifest was about to
+// record. Now the lock is taken at the first look at the outputs and held to
+// the manifest's last byte.
+TEST(ConcurrentWriters, AFirstBuildHoldsThePackLockUntilItsManifestIsWritten) {
+  const std::string m = FreshModel("conc-manifest-lock");
+  ASSERT_FALSE(fs::exists(PackOf(m) + ".lock"));
+  Stopped b({"build", "--progress", "none", "--safety-margin-gib", "0", m}, "K3PACK_TEST_STOP_BEFORE_MANIFEST=1");
+  ASSERT_TRUE(b.stopped) << "the seam did not stop the build";
+  ASSERT_TRUE(fs::exists(PackOf(m)));
+  const std::string before = TextOf(PackOf(m) + ".digests");
+
+  CliRun force = Pack(m, "--force");
+  EXPECT_EQ(force.code, 1) << force.out;
+  EXPECT_TRUE(Contains(force.out, "pid " + std::to_string(b.p.pid) + " (")) << force.out;
+  EXPECT_TRUE(fs::exists(PackOf(m)));
+  EXPECT_EQ(TextOf(PackOf(m) + ".digests"), before);
+
+  auto [rc, err] = b.Finish();
+  EXPECT_EQ(rc, 0) << err;
+  CliRun v = Cli("verify --full " + Q(m));
+  EXPECT_EQ(v.code, 0) << v.out;
+}
+
+// A command refused before it writes still leaves nothing beside the user's
+// path: the lock file is made only once the command goes on.
+TEST(ConcurrentWriters, ARefusedFirstLookLeavesNoLockFile) {
+  const std::string m = FreshModel("conc-no-litter");
+  { std::ofstream(PackOf(m)) << "a file of the user's"; }
+  CliRun r = Pack(m);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + PackOf(m))) << r.out;
+  EXPECT_FALSE(fs::exists(PackOf(m) + ".lock"));
+  EXPECT_EQ(TextOf(PackOf(m)), "a file of the user's");
+}
+
 // Before, a second synth into the directory the first was writing took the
 // first one's marker for an interrupted run, removed its temporary files
 // and wrote over it.
@@ -176,6 +279,28 @@ TEST(ConcurrentWriters, ASecondSynthIntoTheSameDirectoryIsRefusedNamingTheFirst)
   CliRun again = Cli("synth --preset tiny --seed 3 --out " + Q(d));
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_TRUE(Contains(again.out, "already")) << again.out;
+}
+
+// Before, two synths into a directory that did not exist yet both passed the
+// first look before either made it, so the later one wrote over the first
+// one's finished model. Now a synth that made the directory looks again once
+// it holds its lock. The other synth's model is put there by copying it in
+// while this one is stopped after taking the lock: what the look finds is the
+// same either way.
+TEST(ConcurrentWriters, ASynthLooksAgainOnceItHoldsTheLockOfTheDirectoryItMade) {
+  const std::string d = Root() + "/conc-synth-race", other = Root() + "/conc-synth-other";
+  fs::remove_all(d);
+  fs::remove_all(other);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 5 --out " + Q(other)).code, 0);
+  Stopped a({"synth", "--preset", "tiny", "--seed", "3", "--out", d}, kStopHoldingLock);
+  ASSERT_TRUE(a.stopped) << "the seam did not stop the synth";
+  ASSERT_TRUE(fs::is_directory(d));
+  fs::copy(other, d, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  const std::string shard = TextOf(Shard(d, 1));
+  auto [rc, err] = a.Finish();
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_TRUE(Contains(err, "refusing to overwrite non-empty directory " + d + " (--out)")) << err;
+  EXPECT_EQ(TextOf(Shard(d, 1)), shard) << "the other synth's model was written over";
 }
 
 // Before, `verify`, `load` and `manifest` of a model whose first build was

@@ -4,6 +4,7 @@ replaced without force=True, an identical rerun is "already built", and the
 defaults (profile sidecar, full_source_hashes) are the CLI's. Every file lives
 in a temporary directory."""
 
+import fcntl
 import glob
 import hashlib
 import os
@@ -243,6 +244,57 @@ class OutputRules(unittest.TestCase):
         self.assertEqual(cli["source"]["summary"]["full_source_hashes"],
                          ours["source"]["summary"]["full_source_hashes"])
 
+
+    # Left open in session 16: build() planned under the pack's lock, then built and wrote its manifest as
+    # separate calls, so another writer could replace the pack between the build and the manifest that
+    # records it. The lock is now held from the plan to the manifest's last byte.
+
+    def test_build_holds_the_pack_lock_while_it_writes_the_manifest(self):
+        d = self.copy_model("m-lock")
+        probes = []
+        real = k3pack._k3pack.create_manifest
+
+        def probing_create_manifest(gguf_dir, pack, *args, **kwargs):
+            # flock conflicts between two open file descriptions even in one process: this is what another
+            # writer (`k3pack pack --force`, a second build) would get now.
+            with open(pack + ".lock", "rb") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    probes.append("free")
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    probes.append("held")
+            return real(gguf_dir, pack, *args, **kwargs)
+
+        k3pack._k3pack.create_manifest = probing_create_manifest
+        try:
+            built = k3pack.build(d, os.path.join(d, "config.json"), os.path.join(d, "tokenizer"),
+                                 safety_margin_gib=0)
+        finally:
+            k3pack._k3pack.create_manifest = real
+        self.assertEqual(probes, ["held"])
+        with open(built["pack"]["pack"] + ".lock", "rb") as f:  # and let go when build() returns
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def test_build_lets_the_lock_go_when_it_fails(self):
+        d = self.copy_model("m-lock-fail")
+        real = k3pack._k3pack.create_manifest
+
+        def failing_create_manifest(*args, **kwargs):
+            raise OSError("the disk went away")
+
+        k3pack._k3pack.create_manifest = failing_create_manifest
+        try:
+            with self.assertRaises(OSError):
+                k3pack.build(d, os.path.join(d, "config.json"), os.path.join(d, "tokenizer"), safety_margin_gib=0)
+        finally:
+            k3pack._k3pack.create_manifest = real
+        pack = glob.glob(os.path.join(d, "*.pack"))[0]
+        with open(pack + ".lock", "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        again = k3pack.build(d, os.path.join(d, "config.json"), os.path.join(d, "tokenizer"), safety_margin_gib=0)
+        self.assertFalse(again["already_built"])  # the pack is reused, the manifest written
+        self.assertTrue(os.path.exists(again["manifest"]))
 
 if __name__ == "__main__":
     unittest.main()
