@@ -36,7 +36,7 @@ def dequantize_tensor(source, name):
 
 def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifest=None, profile=None,
           payload_samples=6, full_source_hashes=True, force=False, allow_unsupported=False, progress=None, log=None,
-          **build_options):
+          wait=None, **build_options):
     """GGUF shards -> expert pack -> adapter manifest in one call, with
     `k3pack build`'s defaults and output rules: the pack beside the shards
     (<prefix>.expert-major.pack), the manifest beside the pack
@@ -55,7 +55,12 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     "inputs": {"model_config": path, "tokenizer_dir": path}}.
     As `k3pack build`, a checkpoint doctor finds SGLang cannot load (e.g.
     BF16 matrices, attn_k_b not Q4_0) is refused before a byte is written
-    ("SGLang cannot load this checkpoint: ...") unless allow_unsupported=True."""
+    ("SGLang cannot load this checkpoint: ...") unless allow_unsupported=True.
+    Another process writing the same pack (`k3pack build`, another build()):
+    refused at once (OSError, errno EWOULDBLOCK, naming it), or with wait=SECONDS
+    (float("inf") or "forever": until it lets go; `k3pack build --wait`)
+    waited for, each change told to `log` (else the "k3pack" logger), and the
+    outputs then judged as it left them."""
     model_config, tokenizer_dir, found = _k3pack._implied_inputs(
         os.fspath(gguf_dir), "" if model_config is None else os.fspath(model_config),
         "" if tokenizer_dir is None else os.fspath(tokenizer_dir))
@@ -65,7 +70,7 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     inputs = {"model_config": model_config, "tokenizer_dir": tokenizer_dir}
     plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
                                profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
-                               allow_unsupported=allow_unsupported, force=force)
+                               allow_unsupported=allow_unsupported, force=force, wait=wait, log=log)
     # The pack's lock, from the look at the outputs to the manifest's last byte: another writer never
     # replaces the pack between its build and the manifest that records it (this thread takes it again).
     lock = plan.pop("lock")

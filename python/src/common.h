@@ -16,6 +16,7 @@
 
 #include "k3pack/ep.h"
 #include "k3pack/error.h"
+#include "util/lock_file.h"
 
 namespace k3py {
 
@@ -99,6 +100,26 @@ class PendingSignals {
   std::string doing_;
   std::optional<py::error_already_set> raised_;  // set and read only with the GIL held
 };
+
+// Shares a Python callable with C++ code that may copy and drop it on any
+// thread: the last reference is released under the GIL.
+std::shared_ptr<py::object> HoldCallable(py::object fn);
+
+// A C++ line callback that calls `fn` (None: no callback) under the GIL; an
+// exception it raises is reported as unraisable, never into the engine.
+std::function<void(const std::string&)> LineCallback(py::object fn);
+
+// `log`'s callback, or (None) the "k3pack" logger's warning: for what a
+// caller must hear of even when it passed no log (a wait, a start-over).
+std::function<void(const std::string&)> LogLines(const py::object& log);
+
+// The `wait=` keyword of the writers (the CLI's --wait): None or 0 refuses at
+// once when another process holds the output's lock; a number of seconds, or
+// float("inf") / "forever", waits that long for it to let go. What it waits
+// for goes to `log` (None: the "k3pack" logger, as a warning: a waiting call
+// must not look hung); Ctrl-C ends the wait (`signals` keeps the exception).
+k3pack::LockWait LockWaitArg(const py::object& wait, const py::object& log,
+                             const std::shared_ptr<PendingSignals>& signals);
 
 // numpy dtype for an array-protocol typestr ("|u1", "<f4", "<u2", ...).
 // Built from the type number: py::dtype(std::string) goes through numpy's

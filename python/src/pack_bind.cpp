@@ -37,15 +37,6 @@ py::object JsonToPython(const nlohmann::json& j) {
   return py::module_::import("json").attr("loads")(j.dump());
 }
 
-// Shares a Python callable with C++ code that may copy and drop it on any
-// thread: the last reference is released under the GIL.
-std::shared_ptr<py::object> HoldCallable(py::object fn) {
-  return std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
-    CallbackGil gil;
-    if (gil.held()) delete p;  // else the interpreter is exiting: leave it to the process's end
-  });
-}
-
 // A C++ progress callback that calls `fn` (may be None) under the GIL.
 pack::ProgressFn ProgressCallback(py::object fn) {
   if (fn.is_none()) return nullptr;
@@ -64,20 +55,6 @@ pack::ProgressFn ProgressCallback(py::object fn) {
       (*holder)(d);
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("k3pack progress callback");
-    }
-  };
-}
-
-std::function<void(const std::string&)> LineCallback(py::object fn) {
-  if (fn.is_none()) return nullptr;
-  auto holder = HoldCallable(std::move(fn));
-  return [holder](const std::string& line) {
-    CallbackGil gil;
-    if (!gil.held()) return;
-    try {
-      (*holder)(line);
-    } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("k3pack log callback");
     }
   };
 }
@@ -121,8 +98,11 @@ void RegisterPack(py::module_& m) {
       .def("release", [](k3pack::LockFile& lock) { lock = k3pack::LockFile(); }, "let the lock go (idempotent)");
   m.def("build_pack", [](const std::string& gguf_dir, const std::string& model_config, const std::string& out,
                          const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
-                         int threads, py::object progress, py::object log, bool force, bool hash_sources) {
+                         int threads, py::object progress, py::object log, bool force, bool hash_sources,
+                         const py::object& wait) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
+    auto signals = std::make_shared<PendingSignals>("waiting for the pack's lock");
+    const k3pack::ScopedLockWait waiting(LockWaitArg(wait, log, signals));
     pack::BuildOptions o;
     o.out_path = out;
     o.safety_margin_gib = safety_margin_gib;
@@ -147,6 +127,7 @@ void RegisterPack(py::module_& m) {
       if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(pack::RemovePackOutput(o.out_path));
       return pack::BuildPack(experts, o);
     }();
+    signals->RaiseIfInterrupted();
     pack::BuildResult b = Unwrap(std::move(r));
     py::dict d;
     if (plan.action == OutputAction::kAlreadyBuilt) {
@@ -176,17 +157,22 @@ void RegisterPack(py::module_& m) {
      py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false, py::arg("safety_margin_gib") = 2.0,
      py::arg("restart") = false, py::arg("threads") = 0, py::arg("progress") = py::none(),
      py::arg("log") = py::none(), py::arg("force") = false, py::arg("hash_sources") = false,
+     py::arg("wait") = py::none(),
      "build the expert-major pack (resumable; `k3pack pack`); out='' = <dir>/<prefix>.expert-major.pack. "
      "As the CLI: out must not be an input; a valid pack of these shards there is reported "
      "(already_built=True) and kept; anything else there is refused unless force=True. "
+     "Another process writing the same pack: refused at once, or, with wait=SECONDS (float('inf') or "
+     "'forever': until it lets go; `k3pack pack --wait`), waited for, then judged as it left the pack. "
      "hash_sources=True also hashes every whole shard beside the copy (one read of the shards) and returns "
      "source_sha256 {resolved shard path: hex}, which create_manifest(known_shard_sha256=...) takes");
 
   m.def("_plan_build", [](const std::string& gguf_dir, const std::string& model_config,
                           const std::string& tokenizer_dir, const std::string& pack_arg,
                           const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
-                          bool allow_unsupported, bool force) {
+                          bool allow_unsupported, bool force, const py::object& wait, const py::object& log) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
+    auto signals = std::make_shared<PendingSignals>("waiting for the pack's lock");
+    const k3pack::ScopedLockWait waiting(LockWaitArg(wait, log, signals));
     std::string out = pack_arg, manifest_path = manifest_arg;
     pack::PackOutputPlan plan;
     OutputAction maction{};
@@ -235,6 +221,7 @@ void RegisterPack(py::module_& m) {
       K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
       return Status::OK();
     }();
+    signals->RaiseIfInterrupted();
     Check(st);
     py::dict d;
     d["pack"] = out;
@@ -246,7 +233,8 @@ void RegisterPack(py::module_& m) {
     return d;
   }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
      py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,
-     py::arg("allow_unsupported") = false, py::arg("force") = false,
+     py::arg("allow_unsupported") = false, py::arg("force") = false, py::arg("wait") = py::none(),
+     py::arg("log") = py::none(),
      "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
      "the profile, and whether both are already built");
 

@@ -9,8 +9,7 @@
 
 #include "common.h"
 #include "k3pack/synth.h"
-#include "kimi/profile_sidecar.h"
-#include "util/output_guard.h"
+#include "kimi/synth_output.h"
 
 namespace k3py {
 
@@ -20,7 +19,7 @@ void RegisterSynth(py::module_& m) {
   m.def("synth", [](const std::string& out_dir, const std::string& preset, uint64_t seed,
                     const std::vector<std::string>& faults, bool all_data, std::optional<uint32_t> shards,
                     std::optional<std::string> matrix_type, std::optional<uint32_t> hidden,
-                    std::optional<uint32_t> vocab, bool force) {
+                    std::optional<uint32_t> vocab, bool force, const py::object& wait, const py::object& log) {
     synth::SynthOptions o = Unwrap(synth::PresetOptions(preset));
     o.out_dir = out_dir;
     o.seed = seed;
@@ -34,23 +33,25 @@ void RegisterSynth(py::module_& m) {
       if (!t) throw py::value_error("unknown ggml type '" + *matrix_type + "'");
       o.matrix_type = *t;
     }
-    // The options that determine the bytes (not the directory): an existing
-    // model written with the same ones, by this call or `k3pack synth`, is
-    // the finished output.
-    const nlohmann::json recipe = k3pack::kimi::SynthRecipe(o);
-    k3pack::OutputSpec spec;
-    spec.option = "out_dir";
-    spec.path = out_dir;
-    spec.directory = true;
-    spec.force = force;
-    spec.force_option = "force=True";
-    spec.is_finished = [&]() -> k3pack::Result<bool> { return k3pack::kimi::SynthSidecarRecords(out_dir, recipe); };
-    spec.why_refused = "it is not a model written by k3pack.synth with these options";
-    const k3pack::OutputAction action = Unwrap(k3pack::DecideOutput(spec));
+    k3pack::kimi::SynthOutputRequest request;
+    request.options = std::move(o);
+    request.option = "out_dir";
+    request.force_option = "force=True";
+    request.force = force;
+    request.why_refused = "it is not a model written by k3pack.synth with these options";
+    request.note = LogLines(log);
+    auto signals = std::make_shared<PendingSignals>("waiting for the lock of " + out_dir);
+    const k3pack::ScopedLockWait waiting(LockWaitArg(wait, log, signals));
+    k3pack::Result<k3pack::kimi::SynthOutput> r = [&] {
+      NoGil nogil;
+      return k3pack::kimi::WriteSynthModelInto(request);
+    }();
+    signals->RaiseIfInterrupted();
+    k3pack::kimi::SynthOutput written = Unwrap(std::move(r));
     namespace fs = std::filesystem;
     py::dict d;
     d["out_dir"] = out_dir;
-    if (action == k3pack::OutputAction::kAlreadyBuilt) {
+    if (written.already_built) {
       // Nothing is written; the paths are those of the model already there.
       std::vector<std::string> shards_found;
       std::error_code ec;
@@ -64,14 +65,7 @@ void RegisterSynth(py::module_& m) {
       d["tokenizer_dir"] = (fs::path(out_dir) / "tokenizer").string();
       return d;
     }
-    k3pack::Result<synth::SynthResult> r = [&]() -> k3pack::Result<synth::SynthResult> {
-      NoGil nogil;
-      K3_ASSIGN_OR_RETURN(synth::SynthResult res, synth::WriteSynthModel(o));
-      // The profile the model passes, recorded so later calls need none.
-      K3_RETURN_IF_ERROR(k3pack::kimi::WriteSynthSidecar(out_dir, res.config_path, recipe).status());
-      return res;
-    }();
-    synth::SynthResult s = Unwrap(std::move(r));
+    const synth::SynthResult& s = written.written;
     d["already_built"] = false;
     d["shards"] = s.shard_paths;
     d["config"] = s.config_path;
@@ -84,10 +78,12 @@ void RegisterSynth(py::module_& m) {
   }, py::arg("out_dir"), py::kw_only(), py::arg("preset") = "tiny", py::arg("seed") = 0,
      py::arg("faults") = std::vector<std::string>{}, py::arg("all_data") = false, py::arg("shards") = py::none(),
      py::arg("matrix_type") = py::none(), py::arg("hidden") = py::none(), py::arg("vocab") = py::none(),
-     py::arg("force") = false,
+     py::arg("force") = false, py::arg("wait") = py::none(), py::arg("log") = py::none(),
      "write a synthetic Kimi-K3 GGUF set + config.json + tokenizer/ + k3pack-profile.json (like `k3pack synth`: "
      "a non-empty out_dir is refused unless force=True; the same model already there is reported, "
-     "already_built=True)");
+     "already_built=True; an interrupted synth there is started over). Another process writing out_dir: "
+     "refused at once, or, with wait=SECONDS (float('inf') or 'forever': until it lets go), waited for; "
+     "`log` (None: the \"k3pack\" logger) is told what it waits for and what it starts over");
   m.def("synth_faults", [] {
     std::vector<std::string> out;
     for (synth::Fault f : synth::AllFaults()) out.emplace_back(synth::FaultName(f));

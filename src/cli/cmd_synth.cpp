@@ -11,7 +11,7 @@
 #include "cli/output_rule.h"
 #include "cli/profile.h"
 #include "util/file.h"
-#include "util/lock_file.h"
+#include "kimi/synth_output.h"
 #include "util/utf8.h"
 #include "k3pack/synth.h"
 
@@ -19,11 +19,6 @@ namespace k3pack::cli {
 namespace {
 
 constexpr const char* kCmd = "synth";
-// Present in --out while a synth writes it (removed once the sidecar is
-// written): a directory holding it is an interrupted or failed synth, which
-// the next synth into it starts over.
-constexpr const char* kPartialMarker = ".k3pack-synth.partial";
-
 // Overrides a dimension when its option was given.
 Status SetDim(const Args& args, const std::string& opt, uint32_t* field) {
   if (!args.Has(opt)) return Status::OK();
@@ -101,18 +96,6 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
   return o;
 }
 
-// An interrupted synth's temp files (`<name>.tmp` of the atomic writers) in
-// --out and its tokenizer/: ours to remove before starting over.
-void RemoveTempFiles(const std::string& dir) {
-  namespace fs = std::filesystem;
-  for (const fs::path& d : {fs::path(dir), fs::path(dir) / "tokenizer"}) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(d, ec)) {
-      if (e.is_regular_file(ec) && e.path().extension() == ".tmp") fs::remove(e.path(), ec);
-    }
-  }
-}
-
 int RunSynth(const std::vector<std::string>& argv_in) {
   std::string faults;
   for (synth::Fault f : synth::AllFaults()) faults += (faults.empty() ? "" : ", ") + std::string(synth::FaultName(f));
@@ -160,106 +143,57 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   auto mode = ProgressModeOf(args);
   if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
 
-  // The options that determine the bytes: an existing model written with the
-  // same ones is the finished output (its sidecar records them).
-  const nlohmann::json recipe = kimi::SynthRecipe(*opts);
-  const std::string sidecar = opts->out_dir + "/" + kProfileSidecar;
-  const std::string marker = opts->out_dir + "/" + kPartialMarker;
-  OutputSpec spec;
-  spec.option = "--out";
-  spec.path = opts->out_dir;
-  spec.directory = true;
-  spec.force = args.Has("--force");
+  kimi::SynthOutputRequest request;
+  request.options = *opts;
+  request.force = args.Has("--force");
+  request.why_refused = "it is not a model written by `k3pack synth` with these options";
   // A sidecar of an earlier k3pack recorded the arguments as given, with the
   // per-layer types moved last: the same arguments are still the same model.
-  nlohmann::json args_given = nlohmann::json::array();
+  request.args_given = nlohmann::json::array();
   for (size_t i = 0; i < argv_in.size(); ++i) {
     const std::string& a = argv_in[i];
     if (a == "--layer-expert-types") {
       ++i;  // its value, recorded below
     } else if (a.rfind("--layer-expert-types=", 0) != 0 && a != "--force" && a != "--json") {
-      args_given.push_back(a);
+      request.args_given.push_back(a);
     }
   }
-  for (const auto& l : layer_types) args_given.push_back("--layer-expert-types=" + l);
-  spec.is_finished = [&]() -> Result<bool> { return kimi::SynthSidecarRecords(opts->out_dir, recipe, args_given); };
-  spec.why_refused = "it is not a model written by `k3pack synth` with these options";
-  // Held from the look at --out to the last file: a second synth into the
-  // same directory took the first one's marker for an interrupted run and
-  // removed its temporary files under it. A missing --out is locked once
-  // made (below).
-  std::optional<LockFile> out_lock;
-  auto lock_out = [&]() -> Status {
-    K3_ASSIGN_OR_RETURN(LockFile lock, LockFile::Acquire(opts->out_dir, "writing a synthetic model into " + opts->out_dir));
-    out_lock = std::move(lock);
-    return Status::OK();
-  };
-  if (std::error_code dir_ec; std::filesystem::is_directory(opts->out_dir, dir_ec)) {
-    if (Status st = lock_out(); !st.ok()) return ReportError(kCmd, st.error());
-  }
-  // The look at --out: 0 to go on writing, else the exit code (already built, refused).
-  auto look = [&]() -> std::optional<int> {
-    if (PathExists(marker)) {
-      // Our own interrupted (or failed) write: start over, as its message said.
-      std::cerr << "k3pack synth: note: " << opts->out_dir << " holds an interrupted synth; starting over\n";
-      RemoveTempFiles(opts->out_dir);
-      return std::nullopt;
-    }
-    auto action = DecideOutput(spec);
-    if (!action.ok()) return ReportError(kCmd, action.error());
-    if (*action == OutputAction::kAlreadyBuilt) {
-      ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"), "out_dir");
-      return kExitOk;
-    }
-    return std::nullopt;
-  };
-  if (auto code = look()) return *code;
-  // Marked before the first byte, and the old sidecar dropped: until the new
-  // sidecar is written the directory is no finished model.
-  std::error_code ec;
-  std::filesystem::create_directories(opts->out_dir, ec);
-  if (ec) return ReportError(kCmd, Error("cannot create directory " + opts->out_dir + ": " + ec.message()));
-  if (!out_lock) {
-    if (Status st = lock_out(); !st.ok()) return ReportError(kCmd, st.error());
-    // Another synth may have made and filled it since the first look (then
-    // this one waited for it, or it was quicker still): look again, locked.
-    if (auto code = look()) return *code;
-  }
-  Status marked = WriteFileAtomic(marker, "k3pack synth is writing this directory; the next synth into it starts over\n");
-  if (!marked.ok()) return ReportError(kCmd, marked.error());
-  std::filesystem::remove(sidecar, ec);
+  for (const auto& l : layer_types) request.args_given.push_back("--layer-expert-types=" + l);
+  request.note = [](const std::string& line) { std::cerr << "k3pack synth: note: " << line << "\n"; };
   auto progress = StartProgress(*mode, kCmd);
-  opts->progress = progress->Fn();
+  request.options.progress = progress->Fn();
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto res = synth::WriteSynthModel(*opts);
+  auto written = kimi::WriteSynthModelInto(request);
   progress->Finish();
-  if (!res.ok()) return ReportError(kCmd, res.error());
-  auto recorded = kimi::WriteSynthSidecar(opts->out_dir, res->config_path, recipe);
-  if (!recorded.ok()) return ReportError(kCmd, recorded.error());
-  const kimi::Profile profile = *recorded;
-  std::filesystem::remove(marker, ec);
+  if (!written.ok()) return ReportError(kCmd, written.error());
+  if (written->already_built) {
+    ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"), "out_dir");
+    return kExitOk;
+  }
+  const synth::SynthResult& res = written->written;
+  const kimi::Profile profile = written->profile;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (args.Has("--json")) {
     nlohmann::json j = {{"out_dir", opts->out_dir},
-                        {"shards", res->shard_paths},
-                        {"config", res->config_path},
-                        {"tokenizer_dir", res->tokenizer_dir},
-                        {"tensor_count", res->tensor_count},
-                        {"total_bytes", res->total_bytes},
-                        {"mla_layers", res->mla_layers},
+                        {"shards", res.shard_paths},
+                        {"config", res.config_path},
+                        {"tokenizer_dir", res.tokenizer_dir},
+                        {"tensor_count", res.tensor_count},
+                        {"total_bytes", res.total_bytes},
+                        {"mla_layers", res.mla_layers},
                         {"seed", opts->seed},
-                        {"faults", res->fault_notes},
+                        {"faults", res.fault_notes},
                         {"profile", kimi::ProfileName(profile)},
                         {"seconds", secs}};
     PrintJson(j);
   } else {
-    std::cout << "wrote " << res->shard_paths.size() << " shards, " << res->tensor_count << " tensors, "
-              << res->total_bytes << " bytes (apparent) to " << opts->out_dir << " in " << secs << " s\n"
-              << "config: " << res->config_path << "\ntokenizer: " << res->tokenizer_dir << "\n"
-              << "profile: " << kimi::ProfileName(profile) << " (recorded in " << sidecar << ")\n";
-    for (const auto& n : res->fault_notes) std::cout << "fault " << n << "\n";
+    std::cout << "wrote " << res.shard_paths.size() << " shards, " << res.tensor_count << " tensors, "
+              << res.total_bytes << " bytes (apparent) to " << opts->out_dir << " in " << secs << " s\n"
+              << "config: " << res.config_path << "\ntokenizer: " << res.tokenizer_dir << "\n"
+              << "profile: " << kimi::ProfileName(profile) << " (recorded in " << opts->out_dir << "/" << kProfileSidecar << ")\n";
+    for (const auto& n : res.fault_notes) std::cout << "fault " << n << "\n";
   }
   return 0;
 }

@@ -185,6 +185,7 @@ Result<LockFile> LockFile::Acquire(const std::string& path, const std::string& w
       waiting = true;
       told = holder;
     }
+    if (wait.interrupted) K3_RETURN_IF_ERROR(wait.interrupted());
     // Short enough that a build queued behind another starts within a blink
     // of the lock's release; long enough to cost nothing.
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

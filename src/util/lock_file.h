@@ -43,6 +43,9 @@ struct LockWait {
   std::function<void(const std::string&)> notify;
   // How the caller spells the wait, for the refusal's hint ("--wait SECONDS").
   std::string option;
+  // Polled while waiting: an error ends the wait with it (a Python caller's
+  // Ctrl-C, which no signal delivers to a thread sleeping without the GIL).
+  std::function<Status()> interrupted;
 };
 const LockWait& CurrentLockWait();
 // Sets this thread's wait until the object goes (the previous one returns).

@@ -1,0 +1,56 @@
+// Python callables handed to the engine (log lines, lock waits), called back
+// from native threads under the GIL.
+#include <cmath>
+#include <limits>
+
+#include "common.h"
+
+namespace k3py {
+
+std::shared_ptr<py::object> HoldCallable(py::object fn) {
+  return std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
+    CallbackGil gil;
+    if (gil.held()) delete p;  // else the interpreter is exiting: leave it to the process's end
+  });
+}
+
+std::function<void(const std::string&)> LineCallback(py::object fn) {
+  if (fn.is_none()) return nullptr;
+  auto holder = HoldCallable(std::move(fn));
+  return [holder](const std::string& line) {
+    CallbackGil gil;
+    if (!gil.held()) return;
+    try {
+      (*holder)(line);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("k3pack log callback");
+    }
+  };
+}
+
+std::function<void(const std::string&)> LogLines(const py::object& log) {
+  return LineCallback(log.is_none() ? py::module_::import("logging").attr("getLogger")("k3pack").attr("warning") : log);
+}
+
+k3pack::LockWait LockWaitArg(const py::object& wait, const py::object& log,
+                             const std::shared_ptr<PendingSignals>& signals) {
+  k3pack::LockWait w;
+  w.option = "wait=SECONDS";
+  if (py::isinstance<py::str>(wait) && wait.cast<std::string>() == "forever") {
+    w.seconds = std::numeric_limits<double>::infinity();
+  } else if (!wait.is_none()) {
+    const bool number = (py::isinstance<py::int_>(wait) || py::isinstance<py::float_>(wait)) &&
+                        !py::isinstance<py::bool_>(wait);
+    const double seconds = number ? wait.cast<double>() : -1;
+    if (!number || std::isnan(seconds) || seconds < 0) {
+      throw py::value_error("wait must be a number of seconds (0 or more), float('inf') or 'forever', got " +
+                            py::repr(wait).cast<std::string>());
+    }
+    w.seconds = seconds;
+  }
+  w.notify = LogLines(log);
+  w.interrupted = PendingSignals::CheckOf(signals);
+  return w;
+}
+
+}  // namespace k3py
