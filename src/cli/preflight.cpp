@@ -9,7 +9,7 @@
 #include "k3pack/manifest.h"
 #include "manifest/tokenizer_dir.h"
 #include "util/file.h"
-#include "util/lock_file.h"
+#include "pack/build_inputs.h"
 #include "util/utf8.h"
 
 namespace k3pack::cli {
@@ -159,12 +159,8 @@ Status CheckInputExists(const std::string& option, const std::string& path, cons
   // Not yet: a build holding a pack lock here writes it (or the pack it needs).
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->path().extension() != ".lock") continue;
-    const LockHolder holder = LockHolderOf(it->path().string());
-    if (holder.pid != 0) {
-      const std::string lock = it->path().string();
-      return e.WithHint("a build of " + lock.substr(0, lock.size() - 5) + " is in progress: " + holder.Text() +
-                        " holds its lock; rerun when it has finished");
-    }
+    const std::string hint = pack::BuildInProgressHint((it->path().parent_path() / it->path().stem()).string());
+    if (!hint.empty()) return e.WithHint(hint);
   }
   if (found.empty()) {
     return e.WithHint(fs::is_directory(dir, ec) ? "no *" + suffix + " in " + dir.string() + "; run `k3pack build` first"

@@ -14,6 +14,7 @@
 #include "k3pack/pack.h"
 #include "k3pack_version.h"
 #include "manifest/pyjson.h"
+#include "pack/build_inputs.h"
 #include "manifest/recorded_inputs.h"
 #include "manifest/scan.h"
 #include "util/file.h"
@@ -129,6 +130,11 @@ Result<json> CreateManifest(const CreateOptions& o) {
   pack::CollectOptions collect;
   collect.allow_mixed_types = o.profile == kimi::Profile::kScaled;
   K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectCheckedExperts(shards, spec, collect));
+  // The pack the manifest describes must still be the one at its path once
+  // the manifest is made: a `pack --force` beside this one replaces it, and
+  // the manifest would record a pack that is no longer there. (A missing
+  // pack is the validation's to report, in its words.)
+  const Result<FileStamp> pack_stamp = StampFile(o.expert_pack);
   say("validating expert pack " + o.expert_pack);
   std::optional<ep::Rank> rank = o.ep;
   if (const std::string dpath = pack::DigestsPathFor(o.expert_pack); PathExists(dpath)) {
@@ -152,6 +158,12 @@ Result<json> CreateManifest(const CreateOptions& o) {
   K3_ASSIGN_OR_RETURN(json expert_pack, pack::ValidatePack(o.expert_pack, experts, vopts));
 
   K3_ASSIGN_OR_RETURN(json tokenizer, TokenizerSectionJson(o.tokenizer_dir));
+  if (const std::string what = pack_stamp.ok() ? HowFileChanged(o.expert_pack, *pack_stamp) : ""; !what.empty()) {
+    const std::string building = pack::BuildInProgressHint(o.expert_pack);
+    return Error("the Expert Pack " + o.expert_pack + " changed while its manifest was made: " + what +
+                 "; the manifest would record a pack that is no longer there, so none was made")
+        .WithHint(building.empty() ? "rerun once nothing writes the pack any more" : building);
+  }
 
   json m = json::object();
   m["format"] = std::string(kManifestFormat);

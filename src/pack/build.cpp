@@ -360,7 +360,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     src.push_back(std::move(fd));
   }
-  K3_ASSIGN_OR_RETURN(std::vector<ShardStamp> stamps, StampShards(src, ex.shard_paths));
+  K3_ASSIGN_OR_RETURN(std::vector<FileStamp> stamps, StampShards(src, ex.shard_paths));
 
   if (o.restart) {
     for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp", CheckpointSparePathFor(p.checkpoint)}) {

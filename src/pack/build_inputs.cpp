@@ -14,15 +14,6 @@
 #include "util/sha256.h"
 
 namespace k3pack::pack {
-namespace {
-
-// What the fingerprint and the end-of-build check both read of a shard.
-ShardStamp StampOf(const struct stat& st) {
-  return {st.st_dev, st.st_ino, st.st_size,
-          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-}
-
-}  // namespace
 
 Result<PackLayout> LayoutOf(const ExpertSet& ex) {
   std::vector<LayerRoleBytes> v;
@@ -50,7 +41,7 @@ Result<std::string> InputFingerprint(const ExpertSet& ex, const PackLayout& layo
     }
     const std::string& p = ex.shard_paths[i];
     std::string base = p.substr(p.find_last_of('/') + 1);
-    const ShardStamp stamp = StampOf(st);
+    const FileStamp stamp = StampOf(st);
     h.Update("shard " + std::to_string(i) + " " + base + " " + std::to_string(stamp.size) + " " +
              std::to_string(stamp.mtime_ns) + "\n");
   }
@@ -92,8 +83,8 @@ Result<uint32_t> SourceTag(const ExpertSet& ex) {
   return tag == 0 ? 1u : tag;
 }
 
-Result<std::vector<ShardStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths) {
-  std::vector<ShardStamp> out;
+Result<std::vector<FileStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths) {
+  std::vector<FileStamp> out;
   for (size_t i = 0; i < fds.size(); ++i) {
     struct stat st;
     if (::fstat(fds[i].get(), &st) != 0) return Error::FromErrno("cannot stat " + paths[i], errno);
@@ -102,23 +93,10 @@ Result<std::vector<ShardStamp>> StampShards(const std::vector<UniqueFd>& fds, co
   return out;
 }
 
-Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::vector<ShardStamp>& stamps,
+Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::vector<FileStamp>& stamps,
                             const std::string& pack_path) {
   for (size_t i = 0; i < paths.size() && i < stamps.size(); ++i) {
-    struct stat st;
-    std::string what;
-    if (::stat(paths[i].c_str(), &st) != 0) {
-      what = "it is gone (" + std::string(std::strerror(errno)) + ")";
-    } else {
-      const ShardStamp now = StampOf(st),& then = stamps[i];
-      if (now.dev != then.dev || now.ino != then.ino) {
-        what = "another file was put in its place";
-      } else if (now.size != then.size) {
-        what = "its size went from " + std::to_string(then.size) + " to " + std::to_string(now.size) + " bytes";
-      } else if (now.mtime_ns != then.mtime_ns) {
-        what = "it was written to (its modification time changed)";
-      }
-    }
+    const std::string what = HowFileChanged(paths[i], stamps[i]);
     if (what.empty()) continue;
     return Error("source shard " + paths[i] + " changed while the Expert Pack " + pack_path + " was built from it: " +
                  what + "; the pack may mix its old and new bytes, so it was not published")
@@ -126,6 +104,12 @@ Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::ve
                   "the shard as it was)");
   }
   return Status::OK();
+}
+
+std::string BuildInProgressHint(const std::string& pack_path) {
+  const LockHolder holder = LockHolderOf(LockPathFor(pack_path));
+  if (holder.pid == 0) return "";
+  return "a build of " + pack_path + " is in progress: " + holder.Text() + " holds its lock; rerun when it has finished";
 }
 
 Result<LockFile> LockPack(const std::string& pack_path) {

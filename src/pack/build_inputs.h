@@ -59,19 +59,17 @@ Result<uint32_t> SourceTag(const ExpertSet& experts);
 // The experts whose objects a build writes: all of them, or those `ep` owns.
 ep::ExpertRange WrittenExperts(uint32_t num_experts, const std::optional<ep::Rank>& ep);
 
-// What tells a shard changed since the build opened it: its file (device,
-// inode), size and modification time.
-struct ShardStamp {
-  dev_t dev = 0;
-  ino_t ino = 0;
-  off_t size = 0;
-  int64_t mtime_ns = 0;
-};
-Result<std::vector<ShardStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths);
+// What tells each shard changed since the build opened it.
+Result<std::vector<FileStamp>> StampShards(const std::vector<UniqueFd>& fds, const std::vector<std::string>& paths);
 // An error naming the first shard whose path no longer shows `stamps` (the
 // file at it was replaced, or its size or modification time changed).
-Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::vector<ShardStamp>& stamps,
+Status CheckShardsUnchanged(const std::vector<std::string>& paths, const std::vector<FileStamp>& stamps,
                             const std::string& pack_path);
+
+// "a build of P is in progress: pid N (...) holds its lock; rerun when it
+// has finished" while a process holds `<pack>.lock`, else empty: the hint of
+// a reader that found the pack missing or changing under it.
+std::string BuildInProgressHint(const std::string& pack_path);
 
 // The exclusive lock on `<pack>.lock` every writer of the pack takes (build,
 // repair, merge, and the CLI from its first look at the outputs on).

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 
@@ -56,6 +57,28 @@ Result<uint64_t> FileSize(const std::string& path) {
 bool PathExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+FileStamp StampOf(const struct stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size, static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+Result<FileStamp> StampFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);
+  return StampOf(st);
+}
+
+std::string HowFileChanged(const std::string& path, const FileStamp& then) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "it is gone (" + std::string(std::strerror(errno)) + ")";
+  const FileStamp now = StampOf(st);
+  if (now.dev != then.dev || now.ino != then.ino) return "another file was put in its place";
+  if (now.size != then.size) {
+    return "its size went from " + std::to_string(then.size) + " to " + std::to_string(now.size) + " bytes";
+  }
+  if (now.mtime_ns != then.mtime_ns) return "it was written to (its modification time changed)";
+  return "";
 }
 
 Result<size_t> PreadFull(int fd, void* buf, size_t n, uint64_t offset) {

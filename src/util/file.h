@@ -3,6 +3,7 @@
 // every k3pack output goes through.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -43,6 +44,21 @@ Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags = 0);
 inline constexpr mode_t kNewFileMode = 0666;
 Result<uint64_t> FileSize(const std::string& path);
 bool PathExists(const std::string& path);
+
+// What tells a file changed since it was looked at: which file it is
+// (device, inode), its size and its modification time.
+struct FileStamp {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+};
+FileStamp StampOf(const struct stat& st);
+Result<FileStamp> StampFile(const std::string& path);
+// How the file at `path` differs from `then`, for a message ("another file
+// was put in its place", "its size went from A to B bytes", "it is gone
+// (...)", ...); empty when it is the same file, size and modification time.
+std::string HowFileChanged(const std::string& path, const FileStamp& then);
 
 // Reads until `n` bytes or EOF; returns the count read (short only at EOF).
 Result<size_t> PreadFull(int fd, void* buf, size_t n, uint64_t offset);

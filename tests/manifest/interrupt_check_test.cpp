@@ -3,7 +3,9 @@
 // a full checkpoint, run without the GIL. Their `interrupt_check` is polled
 // between chunks (or payloads) on the calling thread, so a Ctrl-C stops them
 // within one chunk; these tests count the polls and check where each stops.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -194,6 +196,64 @@ TEST_F(InterruptCheck, CreateManifestStopsWhileHashingShardsAndPollsOnlyOnTheCal
   EXPECT_EQ(*with, *without);
   EXPECT_GE(polls, 1);
   EXPECT_EQ(off_thread, 0);
+}
+
+// A `pack --force` beside a `manifest` replaces the pack the manifest is
+// reading (the poll between payload samples stands in for the moment): the
+// manifest would record a pack that is no longer there, so none is made, and
+// a writer holding the pack's lock is named.
+TEST_F(InterruptCheck, APackReplacedWhileItsManifestIsMadeIsRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = dir_ + "/replaced";
+  fs::create_directories(dir);
+  const std::string pack = dir + "/KIMI-K3-SYNTH.expert-major.pack";
+  CreateOptions o;
+  o.gguf_dir = model_;
+  o.expert_pack = pack;
+  o.model_config = model_ + "/config.json";
+  o.tokenizer_dir = model_ + "/tokenizer";
+  o.profile = kimi::Profile::kScaled;
+  o.full_source_hashes = false;
+  o.payload_samples = 4;
+  bool validating = false, replaced = false;
+  o.progress = [&](const std::string& line) { validating = line.rfind("validating expert pack", 0) == 0; };
+  o.interrupt_check = [&]() -> Status {
+    if (validating && !replaced) {
+      fs::copy_file(pack_, pack + ".new", fs::copy_options::overwrite_existing);
+      fs::rename(pack + ".new", pack);
+      replaced = true;
+    }
+    return Status::OK();
+  };
+  auto run = [&]() {
+    fs::copy_file(pack_, pack, fs::copy_options::overwrite_existing);
+    validating = replaced = false;
+    return CreateManifest(o);
+  };
+  auto r = run();
+  ASSERT_TRUE(replaced);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message(), "the Expert Pack " + pack + " changed while its manifest was made: another file "
+            "was put in its place; the manifest would record a pack that is no longer there, so none was made\n"
+            "hint: rerun once nothing writes the pack any more");
+
+  // The writer that replaces it holds `<pack>.lock` (a second open file description conflicts even in this process).
+  const int fd = ::open((pack + ".lock").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  auto locked = run();
+  ::close(fd);
+  ASSERT_FALSE(locked.ok());
+  EXPECT_NE(locked.error().message().find("\nhint: a build of " + pack + " is in progress: pid " +
+                                          std::to_string(getpid())),
+            std::string::npos)
+      << locked.error().message();
+
+  // Left alone, the same call makes the manifest.
+  o.interrupt_check = nullptr;
+  fs::copy_file(pack_, pack, fs::copy_options::overwrite_existing);
+  auto fine = CreateManifest(o);
+  ASSERT_TRUE(fine.ok()) << fine.error().message();
 }
 
 }  // namespace
