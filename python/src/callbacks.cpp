@@ -32,8 +32,10 @@ std::function<void(const std::string&)> LogLines(const py::object& log) {
   return LineCallback(log.is_none() ? py::module_::import("logging").attr("getLogger")("k3pack").attr("warning") : log);
 }
 
-k3pack::LockWait LockWaitArg(const py::object& wait, const py::object& log,
-                             const std::shared_ptr<PendingSignals>& signals) {
+namespace {
+
+k3pack::LockWait LockWaitOf(const py::object& wait, const py::object& log,
+                            const std::shared_ptr<PendingSignals>& signals) {
   k3pack::LockWait w;
   w.option = "wait=SECONDS";
   if (py::isinstance<py::str>(wait) && wait.cast<std::string>() == "forever") {
@@ -52,5 +54,11 @@ k3pack::LockWait LockWaitArg(const py::object& wait, const py::object& log,
   w.interrupted = PendingSignals::CheckOf(signals);
   return w;
 }
+
+}  // namespace
+
+LockWaitKeyword::LockWaitKeyword(const py::object& wait, const py::object& log, const std::string& waiting_for)
+    : signals_(std::make_shared<PendingSignals>("waiting for " + waiting_for)),
+      scope_(LockWaitOf(wait, log, signals_)) {}
 
 }  // namespace k3py

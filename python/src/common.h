@@ -113,13 +113,22 @@ std::function<void(const std::string&)> LineCallback(py::object fn);
 // caller must hear of even when it passed no log (a wait, a start-over).
 std::function<void(const std::string&)> LogLines(const py::object& log);
 
-// The `wait=` keyword of the writers (the CLI's --wait): None or 0 refuses at
-// once when another process holds the output's lock; a number of seconds, or
-// float("inf") / "forever", waits that long for it to let go. What it waits
-// for goes to `log` (None: the "k3pack" logger, as a warning: a waiting call
-// must not look hung); Ctrl-C ends the wait (`signals` keeps the exception).
-k3pack::LockWait LockWaitArg(const py::object& wait, const py::object& log,
-                             const std::shared_ptr<PendingSignals>& signals);
+// The `wait=` keyword of the writers (the CLI's --wait), set for the calling
+// thread while the object lives: None or 0 refuses at once when another
+// process holds the output's lock; a number of seconds, or float("inf") /
+// "forever", waits that long for it to let go. What it waits for goes to
+// `log` (None: the "k3pack" logger, as a warning: a waiting call must not
+// look hung). Ctrl-C ends the wait; RaiseIfInterrupted(), with the GIL back,
+// raises its KeyboardInterrupt. A bad value raises ValueError here.
+class LockWaitKeyword {
+ public:
+  LockWaitKeyword(const py::object& wait, const py::object& log, const std::string& waiting_for);
+  void RaiseIfInterrupted() { signals_->RaiseIfInterrupted(); }
+
+ private:
+  std::shared_ptr<PendingSignals> signals_;
+  k3pack::ScopedLockWait scope_;
+};
 
 // numpy dtype for an array-protocol typestr ("|u1", "<f4", "<u2", ...).
 // Built from the type number: py::dtype(std::string) goes through numpy's

@@ -101,8 +101,7 @@ void RegisterPack(py::module_& m) {
                          int threads, py::object progress, py::object log, bool force, bool hash_sources,
                          const py::object& wait) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
-    auto signals = std::make_shared<PendingSignals>("waiting for the pack's lock");
-    const k3pack::ScopedLockWait waiting(LockWaitArg(wait, log, signals));
+    LockWaitKeyword waiting(wait, log, "the pack's lock");
     pack::BuildOptions o;
     o.out_path = out;
     o.safety_margin_gib = safety_margin_gib;
@@ -127,7 +126,7 @@ void RegisterPack(py::module_& m) {
       if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(pack::RemovePackOutput(o.out_path));
       return pack::BuildPack(experts, o);
     }();
-    signals->RaiseIfInterrupted();
+    waiting.RaiseIfInterrupted();
     pack::BuildResult b = Unwrap(std::move(r));
     py::dict d;
     if (plan.action == OutputAction::kAlreadyBuilt) {
@@ -171,8 +170,7 @@ void RegisterPack(py::module_& m) {
                           const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
                           bool allow_unsupported, bool force, const py::object& wait, const py::object& log) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
-    auto signals = std::make_shared<PendingSignals>("waiting for the pack's lock");
-    const k3pack::ScopedLockWait waiting(LockWaitArg(wait, log, signals));
+    LockWaitKeyword waiting(wait, log, "the pack's lock");
     std::string out = pack_arg, manifest_path = manifest_arg;
     pack::PackOutputPlan plan;
     OutputAction maction{};
@@ -221,7 +219,7 @@ void RegisterPack(py::module_& m) {
       K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
       return Status::OK();
     }();
-    signals->RaiseIfInterrupted();
+    waiting.RaiseIfInterrupted();
     Check(st);
     py::dict d;
     d["pack"] = out;

@@ -40,13 +40,12 @@ void RegisterSynth(py::module_& m) {
     request.force = force;
     request.why_refused = "it is not a model written by k3pack.synth with these options";
     request.note = LogLines(log);
-    auto signals = std::make_shared<PendingSignals>("waiting for the lock of " + out_dir);
-    const k3pack::ScopedLockWait waiting(LockWaitArg(wait, log, signals));
+    LockWaitKeyword waiting(wait, log, "the lock of " + out_dir);
     k3pack::Result<k3pack::kimi::SynthOutput> r = [&] {
       NoGil nogil;
       return k3pack::kimi::WriteSynthModelInto(request);
     }();
-    signals->RaiseIfInterrupted();
+    waiting.RaiseIfInterrupted();
     k3pack::kimi::SynthOutput written = Unwrap(std::move(r));
     namespace fs = std::filesystem;
     py::dict d;

@@ -1,16 +1,13 @@
 // k3pack synth: writes a synthetic Kimi-K3 split GGUF set + config + tokenizer.
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <iostream>
-#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/output_rule.h"
 #include "cli/profile.h"
-#include "util/file.h"
 #include "kimi/synth_output.h"
 #include "util/utf8.h"
 #include "k3pack/synth.h"

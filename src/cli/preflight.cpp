@@ -8,8 +8,8 @@
 
 #include "k3pack/manifest.h"
 #include "manifest/tokenizer_dir.h"
-#include "util/file.h"
 #include "pack/build_inputs.h"
+#include "util/file.h"
 #include "util/utf8.h"
 
 namespace k3pack::cli {

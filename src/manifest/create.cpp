@@ -14,9 +14,9 @@
 #include "k3pack/pack.h"
 #include "k3pack_version.h"
 #include "manifest/pyjson.h"
-#include "pack/build_inputs.h"
 #include "manifest/recorded_inputs.h"
 #include "manifest/scan.h"
+#include "pack/build_inputs.h"
 #include "util/file.h"
 #include "util/sha256.h"
 

@@ -7,8 +7,8 @@
 
 #include <atomic>
 #include <climits>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 namespace k3pack {
