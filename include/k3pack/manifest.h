@@ -220,6 +220,14 @@ nlohmann::json HardConstraintsJson();
 // Python equality (key order irrelevant, extra or missing keys fail,
 // True == 1 == 1.0).
 bool HardConstraintsMatch(const nlohmann::json& hard_constraints);
+// The key a rank pack's manifest adds to hard_constraints (value true). A
+// rank pack holds only its own experts and SGLang runs its expert pack at
+// EP 1 only, so the extra key makes SGLang's check 3 refuse the manifest
+// instead of serving the other ranks' experts as zeros. k3pack's readers
+// accept the key only beside k3pack.ep.
+inline constexpr std::string_view kRankPackConstraint = "k3pack_expert_parallel_rank_pack";
+// SGLang's dict plus kRankPackConstraint: what a rank pack's manifest records.
+nlohmann::json RankPackHardConstraintsJson();
 
 // ----------------------------------------------------------------- creating
 

@@ -48,6 +48,12 @@ json HardConstraintsJson() {
 
 bool HardConstraintsMatch(const json& hard_constraints) { return PyJsonEqual(hard_constraints, HardConstraintsJson()); }
 
+json RankPackHardConstraintsJson() {
+  json hc = HardConstraintsJson();
+  hc[std::string(kRankPackConstraint)] = true;
+  return hc;
+}
+
 std::string NowIsoformatUtc() {
   timeval tv{};
   gettimeofday(&tv, nullptr);
@@ -183,11 +189,14 @@ Result<json> CreateManifest(const CreateOptions& o) {
     m["k3pack"] = {{"profile", std::string(kScaledProfileName)}, {"layer_roles", pack::LayerRolesJson(experts)}};
   }
   if (rank) {
-    // SGLang ignores the extra top-level key; its own sections are unchanged.
+    // SGLang ignores the extra top-level key, so the constraint it does read
+    // carries the refusal (RankPackHardConstraintsJson); the other sections
+    // are the full pack's.
     if (!m.contains("k3pack")) m["k3pack"] = {{"profile", std::string(kKimiProfileName)}};
     const ep::ExpertRange owned = ep::OwnedExperts(*rank, experts.num_experts);
     m["k3pack"]["ep"] = {{"size", rank->size}, {"rank", rank->rank}, {"first_expert", owned.first},
                          {"end_expert", owned.end}};
+    m["hard_constraints"] = RankPackHardConstraintsJson();
   }
   return m;
 }

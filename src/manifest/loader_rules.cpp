@@ -3,6 +3,7 @@
 #include <string>
 
 #include "manifest/json_fields.h"
+#include "manifest/pyjson.h"
 
 namespace k3pack::manifest {
 namespace {
@@ -44,10 +45,18 @@ Status CheckHardConstraints(const json& m, bool kimi) {
   // SGLang's exact dict (top_k the literal 16 under every profile), compared
   // as Python compares dicts. The runtime top-k is model.num_experts_per_token
   // (step 4), never this field.
-  if (m.is_object() && m.contains("hard_constraints") && HardConstraintsMatch(m["hard_constraints"]))
-    return Status::OK();
-  Error e("Kimi manifest hard constraints do not match runtime policy");
   const json* hc = m.is_object() && m.contains("hard_constraints") ? &m["hard_constraints"] : nullptr;
+  if (hc != nullptr && HardConstraintsMatch(*hc)) return Status::OK();
+  // A rank pack's manifest adds a key SGLang refuses (RankPackHardConstraintsJson);
+  // k3pack's readers take it where k3pack.ep says which experts the pack holds.
+  const bool rank_marked = hc != nullptr && PyJsonEqual(*hc, RankPackHardConstraintsJson());
+  const json* ext = m.is_object() && m.contains("k3pack") ? &m["k3pack"] : nullptr;
+  if (rank_marked && ext != nullptr && ext->is_object() && ext->contains("ep")) return Status::OK();
+  Error e("Kimi manifest hard constraints do not match runtime policy");
+  if (rank_marked)
+    return e.WithHint("hard_constraints." + std::string(kRankPackConstraint) +
+                      " marks the manifest of an expert-parallel rank pack, but there is no k3pack.ep saying which "
+                      "experts the pack holds; regenerate the manifest with `k3pack manifest`");
   const json* model = m.is_object() && m.contains("model") ? &m["model"] : nullptr;
   if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model != nullptr && model->is_object() &&
       model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&

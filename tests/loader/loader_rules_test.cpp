@@ -82,6 +82,40 @@ TEST(LoaderRules, K3ActiveLayersAreTheWholeList) {
   }
 }
 
+// A rank pack's manifest carries a constraint SGLang's exact-dict check
+// refuses (SGLang runs its expert pack at EP 1 only and would serve the other
+// ranks' experts as zeros); k3pack's readers accept it beside k3pack.ep, and
+// rank manifests written before the key existed still open.
+TEST(LoaderRules, TheRankPackConstraintIsAcceptedOnlyBesideK3packEp) {
+  json rank = K3Manifest();
+  rank["hard_constraints"] = RankPackHardConstraintsJson();
+  EXPECT_FALSE(HardConstraintsMatch(rank["hard_constraints"]));  // SGLang's check 3 refuses it
+  rank["k3pack"] = {{"profile", "kimi-k3"}, {"ep", {{"size", 2}, {"rank", 1}, {"first_expert", 448}, {"end_expert", 896}}}};
+  auto ok = CheckLoaderManifestRules(rank);
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  ASSERT_TRUE(ok->ext.has_value() && ok->ext->ep.has_value());
+  rank["hard_constraints"][std::string(kRankPackConstraint)] = 1;  // Python equality: 1 == True
+  EXPECT_TRUE(CheckLoaderManifestRules(rank).ok());
+  json older = rank;
+  older["hard_constraints"] = HardConstraintsJson();
+  EXPECT_TRUE(CheckLoaderManifestRules(older).ok());
+  // The key without k3pack.ep, or with another value, is refused in SGLang's words.
+  json no_ep = rank;
+  no_ep["k3pack"].erase("ep");
+  auto r = CheckLoaderManifestRules(no_ep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().headline(), "Kimi manifest hard constraints do not match runtime policy");
+  EXPECT_NE(r.error().message().find("there is no k3pack.ep"), std::string::npos) << r.error().message();
+  json no_ext = no_ep;
+  no_ext.erase("k3pack");
+  EXPECT_FALSE(CheckLoaderManifestRules(no_ext).ok());
+  json other_value = rank;
+  other_value["hard_constraints"][std::string(kRankPackConstraint)] = false;
+  r = CheckLoaderManifestRules(other_value);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message(), "Kimi manifest hard constraints do not match runtime policy");
+}
+
 TEST(LoaderRules, EachRuleOnItsOwnKeepsTheStoresTexts) {
   json m = K3Manifest();
   m.erase("hard_constraints");

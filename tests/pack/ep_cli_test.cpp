@@ -136,9 +136,13 @@ TEST_F(EpCli, BuildManifestsAndVerifyOfRankPacks) {
                                                  {"end_expert", owned.end}}));
     EXPECT_EQ(m["k3pack"]["profile"], "scaled");
     EXPECT_EQ(m["k3pack"]["layer_roles"], fm["k3pack"]["layer_roles"]);
-    for (const char* key : {"format", "complete", "hard_constraints", "model", "source", "verification"}) {
+    for (const char* key : {"format", "complete", "model", "source", "verification"}) {
       EXPECT_EQ(m[key], fm[key]) << key;
     }
+    // SGLang's dict plus the key that makes SGLang's store refuse a rank pack.
+    nlohmann::json hc = fm["hard_constraints"];
+    hc["k3pack_expert_parallel_rank_pack"] = true;
+    EXPECT_EQ(m["hard_constraints"], hc);
     nlohmann::json ep_section = m["expert_pack"], full_section = fm["expert_pack"];
     EXPECT_EQ(ep_section["index_sha256"], full_section["index_sha256"]);
     EXPECT_EQ(ep_section["path"], d + "/m.ep" + std::to_string(r) + "-of-2.pack");

@@ -182,6 +182,30 @@ class ToSglang(unittest.TestCase):
         # and reuses it (6 payload samples against the shards).
         self.assertEqual(sgl.prepare_pack_decision(self.shard), ("EXPERT_PACK_VALID", self.pack))
 
+    def test_sglang_refuses_a_rank_pack_that_k3pack_serves(self):
+        # A rank pack holds only its rank's experts and SGLang runs its expert
+        # pack at EP 1 only: handed to SGLang's server it would serve every
+        # other expert as zeros. Its manifest makes SGLang's store refuse it;
+        # the non-routed weights still stream, and k3pack serves the rank.
+        out = os.path.join(self.tmp.path, "rank")
+        os.makedirs(out)
+        pack = os.path.join(out, "KIMI-K3-SYNTH.expert-major.pack")
+        subprocess.run([_util.k3pack_bin(), "build", self.model, "--out", pack, "--ep-size", "2", "--ep-rank", "1",
+                        "--progress", "none", "--no-full-source-hashes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rank_pack = os.path.join(out, "KIMI-K3-SYNTH.expert-major.ep1-of-2.pack")
+        manifest = os.path.join(out, "kimi-k3-expert-pack.ep1-of-2.manifest.json")
+        with open(manifest, encoding="utf-8") as f:
+            doc = json.load(f)
+        self.assertEqual(doc["k3pack"]["ep"], {"size": 2, "rank": 1, "first_expert": 448, "end_expert": 896})
+        with self.assertRaises(ValueError) as ref:
+            sgl.store_checks(rank_pack, manifest)
+        self.assertEqual(str(ref.exception), "Kimi manifest hard constraints do not match runtime policy")
+        self.assertGreater(sgl.iterator_checks(manifest), 0)
+        with k3pack.ExpertStore(rank_pack, manifest, cache_bytes=256 << 20) as store:
+            self.assertEqual((store.info["ep_size"], store.info["ep_rank"]), (2, 1))
+        self.assertEqual(_util.run_cli("verify", manifest, check=False).returncode, 0)
+
     def test_a_moved_output_directory_is_refused_by_both(self):
         moved = self.model + "-moved"
         os.rename(self.model, moved)
