@@ -117,6 +117,12 @@ int RunVerify(const std::vector<std::string>& argv) {
                   "(holes by design)\n",
                   e["rank"].dump().c_str(), e["size"].dump().c_str(), e["first_expert"].dump().c_str(),
                   e["end_expert"].get<uint32_t>() - 1, e["unowned_entries"].dump().c_str());
+      if (e.value("sglang_store_refuses", false))
+        std::printf("  SGLang's own store refuses this manifest by design (hard_constraints marks a rank pack; it "
+                    "serves whole packs only): serve it with k3pack's stores\n");
+      else
+        std::printf("  SGLang's own store would take this rank manifest and serve the other ranks' experts as "
+                    "zeros; regenerate it with `k3pack manifest` to have SGLang refuse it\n");
     }
   }
   return 0;

@@ -268,7 +268,9 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                  {"first_expert", m.k3pack->ep->first_expert},
                  {"end_expert", m.k3pack->ep->end_expert},
                  {"unowned_entries", vr.unowned_entries},
-                 {"unowned_bytes", vr.unowned_bytes}};
+                 {"unowned_bytes", vr.unowned_bytes},
+                 // Rank manifests written before the marker pass SGLang's store.
+                 {"sglang_store_refuses", !HardConstraintsMatch(m.hard_constraints)}};
   }
   return out;
 }

@@ -204,7 +204,17 @@ class ToSglang(unittest.TestCase):
         self.assertGreater(sgl.iterator_checks(manifest), 0)
         with k3pack.ExpertStore(rank_pack, manifest, cache_bytes=256 << 20) as store:
             self.assertEqual((store.info["ep_size"], store.info["ep_rank"]), (2, 1))
-        self.assertEqual(_util.run_cli("verify", manifest, check=False).returncode, 0)
+        report = json.loads(_util.run_cli("verify", manifest, "--json").stdout)
+        self.assertTrue(report["ep"]["sglang_store_refuses"])
+        # A rank manifest as k3pack wrote it before: SGLang's store took it.
+        # k3pack still reads it, and verify says what SGLang would do.
+        older = os.path.join(out, "older.manifest.json")
+        doc["hard_constraints"] = sgl.HARD_CONSTRAINTS
+        rewrite(doc, older, indent=2, sort_keys=True)
+        self.assertEqual(sgl.store_checks(rank_pack, older), doc["expert_pack"]["index_sha256"])
+        report = json.loads(_util.run_cli("verify", older, "--json").stdout)
+        self.assertFalse(report["ep"]["sglang_store_refuses"])
+        self.assertIn("regenerate it with `k3pack manifest`", _util.run_cli("verify", older).stdout)
 
     def test_a_moved_output_directory_is_refused_by_both(self):
         moved = self.model + "-moved"
