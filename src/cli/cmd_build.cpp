@@ -108,7 +108,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   // (under the pack's lock, and before a lock file is made for a refusal).
   std::string manifest_path;
   OutputAction maction{};
-  bool told_moved = false;  // the pass runs twice where no lock file was there yet
+  bool told_moved = false, told_unmarked = false;  // the pass runs twice where no lock file was there yet
   auto judge_the_rest = [&](const PackPlan& plan) -> Status {
     const std::string& out = plan.pack;
     if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
@@ -162,6 +162,18 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
         }
         mspec.force = true;
       }
+    }
+    // A rank manifest of this very pack that SGLang's store would serve (the
+    // other ranks' experts as zeros), written before rank manifests carried
+    // the key it refuses: the new one records the same pack.
+    if (!mspec.force && plan.action == OutputAction::kAlreadyBuilt &&
+        manifest::RankManifestSglangWouldServe(manifest_path, plan.valid_section)) {
+      if (!std::exchange(told_unmarked, true)) {
+        std::cerr << "k3pack build: note: " << manifest_path
+                  << " is a rank manifest SGLang's store would take and serve with the other ranks' experts as "
+                     "zeros (written before rank manifests carried the key it refuses): writing a new manifest\n";
+      }
+      mspec.force = true;
     }
     mspec.why_refused = "it is not the manifest of this pack";
     auto decided = DecideOutput(mspec);

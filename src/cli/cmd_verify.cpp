@@ -118,11 +118,13 @@ int RunVerify(const std::vector<std::string>& argv) {
                   e["rank"].dump().c_str(), e["size"].dump().c_str(), e["first_expert"].dump().c_str(),
                   e["end_expert"].get<uint32_t>() - 1, e["unowned_entries"].dump().c_str());
       if (e.value("sglang_store_refuses", false))
-        std::printf("  SGLang's own store refuses this manifest by design (hard_constraints marks a rank pack; it "
-                    "serves whole packs only): serve it with k3pack's stores\n");
+        std::printf("  SGLang's own store refuses this manifest, as it should (it serves whole packs only): serve it "
+                    "with k3pack's stores\n");
       else
-        std::printf("  SGLang's own store would take this rank manifest and serve the other ranks' experts as "
-                    "zeros; regenerate it with `k3pack manifest` to have SGLang refuse it\n");
+        std::printf("  SGLang's own store would take this rank manifest (written before rank manifests carried the "
+                    "key it refuses) and serve the other ranks' experts as zeros; to have it refused, rerun this "
+                    "rank's `k3pack build`, or: %s\n",
+                    e.value("regenerate_with", std::string()).c_str());
     }
   }
   return 0;

@@ -3,11 +3,10 @@
 // 00004 for split.no 0..2) or a mixed download. The headers decide: when they
 // alone form one complete split, the advice must be to rename, never to
 // download a shard that does not exist.
-#include <cctype>
 #include <filesystem>
-#include <string_view>
 
 #include "doctor/internal.h"
+#include "util/format.h"
 
 namespace k3pack::doctor::internal {
 
@@ -43,15 +42,6 @@ std::vector<Rename> RenamesFromHeaders(const ShardView& view) {
     if (from.filename() != right) renames.push_back({s.path, (from.parent_path() / right).string()});
   }
   return renames;
-}
-
-std::string ShellQuoted(const std::string& s) {
-  bool plain = !s.empty();
-  for (char c : s) plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string_view("-_./+=:,@").find(c) != std::string_view::npos);
-  if (plain) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 // Shell commands that apply the renames. When a target name is another

@@ -51,12 +51,14 @@ Status CheckHardConstraints(const json& m, bool kimi) {
   // k3pack's readers take it where k3pack.ep says which experts the pack holds.
   const bool rank_marked = hc != nullptr && PyJsonEqual(*hc, RankPackHardConstraintsJson());
   const json* ext = m.is_object() && m.contains("k3pack") ? &m["k3pack"] : nullptr;
-  if (rank_marked && ext != nullptr && ext->is_object() && ext->contains("ep")) return Status::OK();
+  if (rank_marked && ext != nullptr && ext->is_object() && ext->contains("ep") && (*ext)["ep"].is_object())
+    return Status::OK();
   Error e("Kimi manifest hard constraints do not match runtime policy");
   if (rank_marked)
     return e.WithHint("hard_constraints." + std::string(kRankPackConstraint) +
-                      " marks the manifest of an expert-parallel rank pack, but there is no k3pack.ep saying which "
-                      "experts the pack holds; regenerate the manifest with `k3pack manifest`");
+                      " marks the manifest of an expert-parallel rank pack, but there is no k3pack.ep object saying "
+                      "which experts the pack holds; regenerate the manifest with `k3pack manifest DIR --pack PACK "
+                      "--manifest M.json --force`");
   const json* model = m.is_object() && m.contains("model") ? &m["model"] : nullptr;
   if (!kimi && hc != nullptr && hc->is_object() && hc->contains("top_k") && model != nullptr && model->is_object() &&
       model->contains("num_experts_per_token") && (*hc)["top_k"] == (*model)["num_experts_per_token"] &&
@@ -140,6 +142,14 @@ Result<std::vector<uint32_t>> CheckActiveLayers(const json& model, bool kimi, ui
                       ", one per active routed layer of the pack");
   }
   return active;
+}
+
+bool SglangStoreRefuses(const json& m) {
+  if (!CheckStoreFormatAndComplete(m).ok()) return true;
+  if (!m.contains("hard_constraints") || !HardConstraintsMatch(m["hard_constraints"])) return true;
+  if (!m.contains("model")) return true;
+  const json& model = m["model"];
+  return !CheckDimensions(model, /*kimi=*/true).ok() || !CheckActiveLayers(model, /*kimi=*/true, 93).ok();
 }
 
 Result<LoaderLayout> CheckLoaderManifestRules(const json& m, const ExpectedDims& expected) {

@@ -65,4 +65,9 @@ Result<ModelDims> CheckDimensions(const nlohmann::json& model, bool kimi, const 
 Result<std::vector<uint32_t>> CheckActiveLayers(const nlohmann::json& model, bool kimi, uint64_t num_layers,
                                                 const std::vector<LayerRolesRecord>& layer_roles = {});
 
+// Whether SGLang's own store, with its Kimi-K3 constants, refuses `m` from
+// the manifest alone (steps 2-5; k3pack's extension plays no part, as in
+// SGLang). `verify` tells the user of a rank manifest what SGLang would do.
+bool SglangStoreRefuses(const nlohmann::json& m);
+
 }  // namespace k3pack::manifest

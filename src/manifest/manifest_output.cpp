@@ -5,6 +5,7 @@
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
+#include "manifest/loader_rules.h"
 
 namespace k3pack::manifest {
 
@@ -45,6 +46,14 @@ bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section)
   return m->expert_pack.path == section.value("path", std::string()) &&
          m->expert_pack.size == section.value("size", uint64_t{0}) &&
          m->expert_pack.index_sha256 == section.value("index_sha256", std::string());
+}
+
+bool RankManifestSglangWouldServe(const std::string& path, const nlohmann::json& section) {
+  if (!ManifestRecordsPack(path, section)) return false;
+  auto raw = ReadManifestJson(path);
+  if (!raw.ok()) return false;
+  const nlohmann::json* ext = raw->contains("k3pack") ? &(*raw)["k3pack"] : nullptr;
+  return ext != nullptr && ext->is_object() && ext->contains("ep") && !SglangStoreRefuses(*raw);
 }
 
 }  // namespace k3pack::manifest

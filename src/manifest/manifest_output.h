@@ -38,4 +38,10 @@ bool SameManifest(const std::string& path, nlohmann::json fresh);
 // ValidatePack's expert_pack section: path, size, index digest).
 bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section);
 
+// ManifestRecordsPack, and the manifest is an expert-parallel rank pack's
+// (k3pack.ep) that SGLang's store would take: written before rank manifests
+// carried the key it refuses (RankPackHardConstraintsJson). `build` replaces
+// such a manifest of its pack, which loses nothing.
+bool RankManifestSglangWouldServe(const std::string& path, const nlohmann::json& section);
+
 }  // namespace k3pack::manifest

@@ -1,7 +1,9 @@
 #include "util/format.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 
 namespace k3pack {
 
@@ -33,6 +35,16 @@ std::string HumanDuration(double s) {
   else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
   else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) % 3600) / 60);
   return buf;
+}
+
+std::string ShellQuoted(const std::string& s) {
+  bool plain = !s.empty();
+  for (char c : s)
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string_view("-_./+=:,@").find(c) != std::string_view::npos);
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
 }  // namespace k3pack

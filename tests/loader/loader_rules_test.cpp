@@ -109,6 +109,13 @@ TEST(LoaderRules, TheRankPackConstraintIsAcceptedOnlyBesideK3packEp) {
   json no_ext = no_ep;
   no_ext.erase("k3pack");
   EXPECT_FALSE(CheckLoaderManifestRules(no_ext).ok());
+  // doctor applies the rule to the raw JSON, before (or without) the
+  // extension's parser: an ep that is no object does not say which experts.
+  for (const json& not_an_object : {json(nullptr), json("1 of 2"), json::array({2, 1})}) {
+    json bad_ep = rank;
+    bad_ep["k3pack"]["ep"] = not_an_object;
+    EXPECT_FALSE(CheckHardConstraints(bad_ep, true).ok()) << not_an_object.dump();
+  }
   json other_value = rank;
   other_value["hard_constraints"][std::string(kRankPackConstraint)] = false;
   r = CheckLoaderManifestRules(other_value);

@@ -190,9 +190,9 @@ class ToSglang(unittest.TestCase):
         out = os.path.join(self.tmp.path, "rank")
         os.makedirs(out)
         pack = os.path.join(out, "KIMI-K3-SYNTH.expert-major.pack")
-        subprocess.run([_util.k3pack_bin(), "build", self.model, "--out", pack, "--ep-size", "2", "--ep-rank", "1",
-                        "--progress", "none", "--no-full-source-hashes"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        build = [self.model, "--pack", pack, "--ep-size", "2", "--ep-rank", "1", "--progress", "none",
+                 "--no-full-source-hashes"]
+        _util.run_cli("build", *build)
         rank_pack = os.path.join(out, "KIMI-K3-SYNTH.expert-major.ep1-of-2.pack")
         manifest = os.path.join(out, "kimi-k3-expert-pack.ep1-of-2.manifest.json")
         with open(manifest, encoding="utf-8") as f:
@@ -206,15 +206,30 @@ class ToSglang(unittest.TestCase):
             self.assertEqual((store.info["ep_size"], store.info["ep_rank"]), (2, 1))
         report = json.loads(_util.run_cli("verify", manifest, "--json").stdout)
         self.assertTrue(report["ep"]["sglang_store_refuses"])
+        self.assertNotIn("regenerate_with", report["ep"])
+
         # A rank manifest as k3pack wrote it before: SGLang's store took it.
-        # k3pack still reads it, and verify says what SGLang would do.
-        older = os.path.join(out, "older.manifest.json")
+        # k3pack still reads it; verify says so and gives the command that
+        # writes it anew, and a rerun of the rank's build replaces it.
+        older = os.path.join(out, "older manifest.json")
         doc["hard_constraints"] = sgl.HARD_CONSTRAINTS
         rewrite(doc, older, indent=2, sort_keys=True)
         self.assertEqual(sgl.store_checks(rank_pack, older), doc["expert_pack"]["index_sha256"])
         report = json.loads(_util.run_cli("verify", older, "--json").stdout)
         self.assertFalse(report["ep"]["sglang_store_refuses"])
-        self.assertIn("regenerate it with `k3pack manifest`", _util.run_cli("verify", older).stdout)
+        command = report["ep"]["regenerate_with"]
+        self.assertIn(command, _util.run_cli("verify", older).stdout)
+        self.assertTrue(command.startswith("k3pack manifest "), command)
+        subprocess.run(_util.k3pack_bin() + command[len("k3pack"):] + " --progress none --no-full-source-hashes",
+                       shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with self.assertRaises(ValueError):
+            sgl.store_checks(rank_pack, older)
+        rewrite(doc, manifest, indent=2, sort_keys=True)
+        proc = _util.run_cli("build", *build)
+        self.assertIn("is a rank manifest SGLang's store would take", proc.stderr)
+        with self.assertRaises(ValueError):
+            sgl.store_checks(rank_pack, manifest)
+        self.assertEqual(_util.run_cli("build", *build).stderr.count("SGLang's store would take"), 0)
 
     def test_a_moved_output_directory_is_refused_by_both(self):
         moved = self.model + "-moved"

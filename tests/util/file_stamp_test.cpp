@@ -33,18 +33,18 @@ void WriteBytes(const std::string& path, const std::string& bytes) {
 
 TEST(FileStamp, NamesEachWayAFileCanChange) {
   const std::string path = Scratch("a");
-  WriteBytes(path, "abcd");
+  ASSERT_NO_FATAL_FAILURE(WriteBytes(path, "abcd"));
   auto stamp = StampFile(path);
   ASSERT_TRUE(stamp.ok()) << stamp.error().message();
   EXPECT_EQ(HowFileChanged(path, *stamp), "");
 
-  WriteBytes(path + ".new", "abcd");
+  ASSERT_NO_FATAL_FAILURE(WriteBytes(path + ".new", "abcd"));
   ASSERT_EQ(std::rename((path + ".new").c_str(), path.c_str()), 0);
   EXPECT_EQ(HowFileChanged(path, *stamp), "another file was put in its place");
 
   stamp = StampFile(path);
   ASSERT_TRUE(stamp.ok());
-  WriteBytes(path, "abcdef");  // truncated and rewritten: the same inode
+  ASSERT_NO_FATAL_FAILURE(WriteBytes(path, "abcdef"));  // truncated and rewritten: the same inode
   EXPECT_EQ(HowFileChanged(path, *stamp), "its size went from 4 to 6 bytes");
 
   ASSERT_EQ(std::remove(path.c_str()), 0);
@@ -59,7 +59,7 @@ TEST(FileStamp, NamesEachWayAFileCanChange) {
 // rewrites the kernel dated.
 TEST(FileStamp, EveryRewriteTheKernelDatesIsSeen) {
   const std::string path = Scratch("b");
-  WriteBytes(path, "abcd");
+  ASSERT_NO_FATAL_FAILURE(WriteBytes(path, "abcd"));
   const int fd = ::open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   int dated = 0;
