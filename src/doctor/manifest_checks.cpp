@@ -10,7 +10,9 @@
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "manifest/loader_rules.h"
+#include "manifest/manifest_output.h"
 #include "manifest/recorded_inputs.h"
+#include "util/format.h"
 #include "util/sha256.h"
 
 namespace k3pack::doctor::internal {
@@ -39,45 +41,26 @@ std::string Dotted(std::initializer_list<const char*> path) {
 // k3pack's hint, if any, after the finding's own message.
 std::string HintOf(const Error& e) { return e.hint().empty() ? std::string() : "; " + e.hint(); }
 
-// A string the manifest records at `path`, or `fallback` (a placeholder the
-// user fills in) when it does not.
-std::string StringAt(const json& j, std::initializer_list<const char*> path, const char* fallback) {
-  const json* v = At(j, path);
-  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string(fallback);
-}
-
-// The directory of the first recorded shard (the --gguf-dir of the commands below).
-std::string ShardDirOf(const json& j) {
-  if (const json* s = At(j, {"source", "shards"}); s && s->is_array() && !s->empty() && (*s)[0].contains("path") &&
-                                                    (*s)[0]["path"].is_string()) {
-    return fs::path((*s)[0]["path"].get<std::string>()).parent_path().string();
-  }
-  return "GGUF_DIR";
-}
-
 // The commands that repair the manifest's pack, with its own paths: a pack
 // whose structure or size changed is rebuilt with its manifest (`build
 // --force`; `pack --restart` refuses a finished pack and `--repair-damaged`
 // needs the layout intact), damaged payloads are rewritten in place.
 std::string RebuildCommand(const json& j, const std::string& pack, const std::string& manifest_path) {
-  return "`k3pack build " + ShardDirOf(j) + " --model-config " + StringAt(j, {"model", "config_path"}, "CONFIG") +
-         " --tokenizer-dir " + StringAt(j, {"tokenizer", "path"}, "TOKENIZER_DIR") + " --pack " + pack +
-         " --manifest " + manifest_path + " --force`";
+  return "`k3pack build " + manifest::RecordedShardDirOr(j) + " --model-config " +
+         manifest::RecordedPathOr(j, {"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
+         manifest::RecordedPathOr(j, {"tokenizer", "path"}, "TOKENIZER_DIR") + " --pack " + ShellQuoted(pack) +
+         " --manifest " + ShellQuoted(manifest_path) + " --force`";
 }
 
 std::string RepairPayloadsCommand(const json& j, const std::string& pack) {
-  return "`k3pack pack --repair-damaged --gguf-dir " + ShardDirOf(j) + " --model-config " +
-         StringAt(j, {"model", "config_path"}, "CONFIG") + " --pack " + pack + "`";
+  return "`k3pack pack --repair-damaged --gguf-dir " + manifest::RecordedShardDirOr(j) + " --model-config " +
+         manifest::RecordedPathOr(j, {"model", "config_path"}, "CONFIG") + " --pack " + ShellQuoted(pack) + "`";
 }
 
 // The command that rewrites the manifest from the files it records, keeping
 // the pack: the fix for records edited by hand.
 std::string RewriteManifestCommand(const json& j, const std::string& manifest_path) {
-  std::string profile;
-  if (const json* p = At(j, {"k3pack", "profile"}); p && p->is_string()) profile = " --profile " + p->get<std::string>();
-  return "`k3pack manifest --gguf-dir " + ShardDirOf(j) + " --pack " + StringAt(j, {"expert_pack", "path"}, "PACK") +
-         " --model-config " + StringAt(j, {"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
-         StringAt(j, {"tokenizer", "path"}, "TOKENIZER_DIR") + profile + " --manifest " + manifest_path + " --force`";
+  return "`" + manifest::RewriteManifestCommand(j, manifest_path) + "`";
 }
 
 // The manifest's source records (every shard and tensor record, the summary
@@ -291,7 +274,10 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
   // manifest is rewritten for the shards as they are; should the pack no
   // longer match them, `manifest` says so and the rebuild is the fix.
   const std::string rewrite = RewriteManifestCommand(j, manifest_path);
-  auto pack_of = [&] { return StringAt(j, {"expert_pack", "path"}, "PACK"); };
+  auto pack_of = [&] {
+    const json* p = At(j, {"expert_pack", "path"});
+    return p != nullptr && p->is_string() ? p->get<std::string>() : std::string("PACK");
+  };
   const std::string regenerate = "Regenerate the manifest for the shards as they are: " + rewrite +
                                  " (if it reports that the pack no longer matches them, rebuild both: " +
                                  RebuildCommand(j, pack_of(), manifest_path) + ").";

@@ -6,6 +6,7 @@
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
 #include "manifest/loader_rules.h"
+#include "util/format.h"
 
 namespace k3pack::manifest {
 
@@ -46,6 +47,36 @@ bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section)
   return m->expert_pack.path == section.value("path", std::string()) &&
          m->expert_pack.size == section.value("size", uint64_t{0}) &&
          m->expert_pack.index_sha256 == section.value("index_sha256", std::string());
+}
+
+std::string RecordedPathOr(const nlohmann::json& m, std::initializer_list<const char*> keys, const char* placeholder) {
+  const nlohmann::json* cur = &m;
+  for (const char* k : keys) {
+    if (!cur->is_object() || !cur->contains(k)) return placeholder;
+    cur = &(*cur)[k];
+  }
+  return cur->is_string() ? ShellQuoted(cur->get<std::string>()) : std::string(placeholder);
+}
+
+std::string RecordedShardDirOr(const nlohmann::json& m) {
+  if (m.contains("source") && m["source"].is_object() && m["source"].contains("shards")) {
+    const nlohmann::json& s = m["source"]["shards"];
+    if (s.is_array() && !s.empty() && s[0].is_object() && s[0].contains("path") && s[0]["path"].is_string())
+      return ShellQuoted(fs::path(s[0]["path"].get<std::string>()).parent_path().string());
+  }
+  return "GGUF_DIR";
+}
+
+std::string RewriteManifestCommand(const nlohmann::json& m, const std::string& manifest_path) {
+  std::string profile;
+  if (m.contains("k3pack") && m["k3pack"].is_object() && m["k3pack"].contains("profile") &&
+      m["k3pack"]["profile"].is_string())
+    profile = " --profile " + ShellQuoted(m["k3pack"]["profile"].get<std::string>());
+  return "k3pack manifest --gguf-dir " + RecordedShardDirOr(m) + " --pack " +
+         RecordedPathOr(m, {"expert_pack", "path"}, "PACK") + " --model-config " +
+         RecordedPathOr(m, {"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
+         RecordedPathOr(m, {"tokenizer", "path"}, "TOKENIZER_DIR") + profile + " --manifest " +
+         ShellQuoted(manifest_path) + " --force";
 }
 
 bool RankManifestSglangWouldServe(const std::string& path, const nlohmann::json& section) {

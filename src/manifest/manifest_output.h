@@ -4,6 +4,7 @@
 // the finished output ("already built").
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,17 @@ bool SameManifest(const std::string& path, nlohmann::json fresh);
 // The manifest at `path` is complete and records this very pack (`section`:
 // ValidatePack's expert_pack section: path, size, index digest).
 bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section);
+
+// Commands the user is told to run, with the paths the manifest `m` records,
+// each shell-quoted; a placeholder (CONFIG, PACK, ...) where a record is missing.
+std::string RecordedPathOr(const nlohmann::json& m, std::initializer_list<const char*> keys, const char* placeholder);
+// The directory of the first recorded shard (a command's --gguf-dir), else GGUF_DIR.
+std::string RecordedShardDirOr(const nlohmann::json& m);
+// `k3pack manifest ... --force`: writes the manifest at `manifest_path` anew
+// from the files it records (shards, pack, config, tokenizer, profile),
+// keeping the pack; the fix for records edited by hand or written by an
+// older k3pack.
+std::string RewriteManifestCommand(const nlohmann::json& m, const std::string& manifest_path);
 
 // ManifestRecordsPack, and the manifest is an expert-parallel rank pack's
 // (k3pack.ep) that SGLang's store would take: written before rank manifests

@@ -5,34 +5,18 @@
 // matches the manifest's expert_pack section, then payloads: sampled byte
 // compares with the GGUF source, or every payload against the digest sidecar
 // (full, then the whole-pack digest where recorded), optionally also the source.
-#include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "manifest/loader_rules.h"
+#include "manifest/manifest_output.h"
 #include "manifest/recorded_inputs.h"
 #include "pack/build_inputs.h"
 #include "util/file.h"
-#include "util/format.h"
 #include "util/sha256.h"
 
 namespace k3pack::manifest {
-namespace {
-
-// The command that writes the manifest at `manifest_path` anew from what it
-// records (shards' directory, pack, config, tokenizer), replacing it.
-std::string RegenerateCommand(const Manifest& m, const std::string& manifest_path) {
-  std::string cmd = "k3pack manifest";
-  if (!m.source.shards.empty()) cmd += " " + ShellQuoted(std::filesystem::path(m.source.shards.front().path).parent_path().string());
-  cmd += " --pack " + ShellQuoted(m.expert_pack.path);
-  if (!m.model.config_path.empty()) cmd += " --model-config " + ShellQuoted(m.model.config_path);
-  if (m.tokenizer.recorded && !m.tokenizer.path.empty()) cmd += " --tokenizer-dir " + ShellQuoted(m.tokenizer.path);
-  return cmd + " --manifest " + ShellQuoted(manifest_path) + " --force";
-}
-
-}  // namespace
 
 kimi::ModelSpec ModelSpecOf(const Manifest& m) {
   kimi::ModelSpec s;
@@ -289,7 +273,8 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                  {"sglang_store_refuses", SglangStoreRefuses(raw)}};
     // A rank manifest written before rank manifests carried the key SGLang's
     // store refuses: the command that writes this one anew, marked.
-    if (!out["ep"]["sglang_store_refuses"].get<bool>()) out["ep"]["regenerate_with"] = RegenerateCommand(m, manifest_path);
+    if (!out["ep"]["sglang_store_refuses"].get<bool>())
+      out["ep"]["regenerate_with"] = RewriteManifestCommand(raw, manifest_path);
   }
   return out;
 }
