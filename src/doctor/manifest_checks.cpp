@@ -9,6 +9,7 @@
 #include "doctor/internal.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
 #include "manifest/manifest_output.h"
 #include "manifest/recorded_inputs.h"
@@ -19,17 +20,9 @@ namespace k3pack::doctor::internal {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using manifest::fields::Find;
 
 namespace {
-
-const json* At(const json& j, std::initializer_list<const char*> path) {
-  const json* cur = &j;
-  for (const char* k : path) {
-    if (!cur->is_object() || !cur->contains(k)) return nullptr;
-    cur = &(*cur)[k];
-  }
-  return cur;
-}
 
 std::string Dotted(std::initializer_list<const char*> path) {
   std::string s;
@@ -120,7 +113,7 @@ void CheckSourceRecords(const json& j, const std::string& manifest_path, Collect
 // read them, are skipped: a missing shard is not a damaged pack.
 void ValidatePackAgainstManifest(const json& j, const std::string& pack, const std::string& manifest_path,
                                  bool shards_intact, const DiagnoseOptions& options, Collector& out) {
-  const json* model = At(j, {"model"});
+  const json* model = Find(j, {"model"});
   auto source = manifest::ParseSourceRecord(j.contains("source") ? j["source"] : json());
   if (model == nullptr || !source.ok() || !model->contains("active_moe_layer_ids") ||
       !(*model)["active_moe_layer_ids"].is_array() || (*model)["active_moe_layer_ids"].empty()) {
@@ -173,18 +166,18 @@ template <typename Need>
 void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::string& manifest_path, Need&& need,
                       Collector& out) {
   const bool kimi = options.profile == kimi::Profile::kKimiK3;
-  const json* format = At(j, {"format"});
+  const json* format = Find(j, {"format"});
   if (!manifest::FormatSupported(j)) {
     out.Add("manifest-format", "format", format == nullptr ? "no format key" : "format is " + format->dump(),
             "Kimi-K3 manifest format is unsupported", manifest_path);
   }
-  const json* complete = At(j, {"complete"});
+  const json* complete = Find(j, {"complete"});
   if (!manifest::MarkedComplete(j)) {
     out.Add("manifest-incomplete", "complete", complete == nullptr ? "no complete key" : "complete is " + complete->dump(),
             "Kimi-K3 manifest is incomplete", manifest_path);
   }
   if (Status hc = manifest::CheckHardConstraints(j, kimi); !hc.ok()) {
-    const json* v = At(j, {"hard_constraints"});
+    const json* v = Find(j, {"hard_constraints"});
     out.Add("manifest-hard-constraints", "hard_constraints",
             (v == nullptr ? std::string("no hard_constraints key") : "hard_constraints is " + v->dump()) +
                 HintOf(hc.error()),
@@ -194,7 +187,7 @@ void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::
   const json* experts = need({"model", "num_experts"});
   const json* topk = need({"model", "num_experts_per_token"});
   const json* active = need({"model", "active_moe_layer_ids"});
-  const json* model = At(j, {"model"});
+  const json* model = Find(j, {"model"});
   if (model == nullptr) return;
   if (auto dims = manifest::CheckDimensions(*model, kimi); !dims.ok() && layers && experts && topk) {
     out.Add("manifest-dimensions", "model",
@@ -240,7 +233,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
   }
   out.report().files.push_back(manifest_path);
   auto need = [&](std::initializer_list<const char*> path) -> const json* {
-    const json* v = At(j, path);
+    const json* v = Find(j, path);
     if (v == nullptr) {
       out.Add("manifest-invalid", Dotted(path), "key is missing", "'" + std::string(*(path.end() - 1)) + "'",
               manifest_path);
@@ -253,7 +246,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
   CheckLoaderRules(j, options, manifest_path, need, out);
 
   ManifestTargets targets;
-  if (const json* cp = At(j, {"model", "config_path"}); cp && cp->is_string()) {
+  if (const json* cp = Find(j, {"model", "config_path"}); cp && cp->is_string()) {
     std::error_code ec;
     if (fs::is_regular_file(cp->get<std::string>(), ec)) targets.config_path = *cp;
   }
@@ -275,7 +268,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
   // longer match them, `manifest` says so and the rebuild is the fix.
   const std::string rewrite = RewriteManifestCommand(j, manifest_path);
   auto pack_of = [&] {
-    const json* p = At(j, {"expert_pack", "path"});
+    const json* p = Find(j, {"expert_pack", "path"});
     return p != nullptr && p->is_string() ? p->get<std::string>() : std::string("PACK");
   };
   const std::string regenerate = "Regenerate the manifest for the shards as they are: " + rewrite +

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,20 @@ inline Result<const nlohmann::json*> At(const nlohmann::json& j, const std::stri
   auto it = j.find(key);
   if (it == j.end()) return KeyErr(key);
   return &*it;
+}
+
+// The value at a key path (e.g. {"k3pack", "ep"}), or nullptr where a key is
+// missing or a value on the way is no object: for readers that report or
+// tolerate an absent record themselves.
+inline const nlohmann::json* Find(const nlohmann::json& j, std::initializer_list<const char*> path) {
+  const nlohmann::json* cur = &j;
+  for (const char* k : path) {
+    if (!cur->is_object()) return nullptr;
+    auto it = cur->find(k);
+    if (it == cur->end()) return nullptr;
+    cur = &*it;
+  }
+  return cur;
 }
 
 inline Result<uint64_t> U64(const nlohmann::json& j, const std::string& key) {

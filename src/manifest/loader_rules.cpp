@@ -50,9 +50,8 @@ Status CheckHardConstraints(const json& m, bool kimi) {
   // A rank pack's manifest adds a key SGLang refuses (RankPackHardConstraintsJson);
   // k3pack's readers take it where k3pack.ep says which experts the pack holds.
   const bool rank_marked = hc != nullptr && PyJsonEqual(*hc, RankPackHardConstraintsJson());
-  const json* ext = m.is_object() && m.contains("k3pack") ? &m["k3pack"] : nullptr;
-  if (rank_marked && ext != nullptr && ext->is_object() && ext->contains("ep") && (*ext)["ep"].is_object())
-    return Status::OK();
+  const json* ep = fields::Find(m, {"k3pack", "ep"});
+  if (rank_marked && ep != nullptr && ep->is_object()) return Status::OK();
   Error e("Kimi manifest hard constraints do not match runtime policy");
   if (rank_marked)
     return e.WithHint("hard_constraints." + std::string(kRankPackConstraint) +

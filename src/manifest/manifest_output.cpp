@@ -5,6 +5,7 @@
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
+#include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
 #include "util/format.h"
 
@@ -50,41 +51,36 @@ bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section)
 }
 
 std::string RecordedPathOr(const nlohmann::json& m, std::initializer_list<const char*> keys, const char* placeholder) {
-  const nlohmann::json* cur = &m;
-  for (const char* k : keys) {
-    if (!cur->is_object() || !cur->contains(k)) return placeholder;
-    cur = &(*cur)[k];
-  }
-  return cur->is_string() ? ShellQuoted(cur->get<std::string>()) : std::string(placeholder);
+  const nlohmann::json* v = fields::Find(m, keys);
+  return v != nullptr && v->is_string() ? ShellQuoted(v->get<std::string>()) : std::string(placeholder);
 }
 
 std::string RecordedShardDirOr(const nlohmann::json& m) {
-  if (m.contains("source") && m["source"].is_object() && m["source"].contains("shards")) {
-    const nlohmann::json& s = m["source"]["shards"];
-    if (s.is_array() && !s.empty() && s[0].is_object() && s[0].contains("path") && s[0]["path"].is_string())
-      return ShellQuoted(fs::path(s[0]["path"].get<std::string>()).parent_path().string());
-  }
-  return "GGUF_DIR";
+  const nlohmann::json* shards = fields::Find(m, {"source", "shards"});
+  const nlohmann::json* first = shards != nullptr && shards->is_array() && !shards->empty()
+                                    ? fields::Find((*shards)[0], {"path"})
+                                    : nullptr;
+  return first != nullptr && first->is_string()
+             ? ShellQuoted(fs::path(first->get<std::string>()).parent_path().string())
+             : std::string("GGUF_DIR");
 }
 
 std::string RewriteManifestCommand(const nlohmann::json& m, const std::string& manifest_path) {
-  std::string profile;
-  if (m.contains("k3pack") && m["k3pack"].is_object() && m["k3pack"].contains("profile") &&
-      m["k3pack"]["profile"].is_string())
-    profile = " --profile " + ShellQuoted(m["k3pack"]["profile"].get<std::string>());
+  const nlohmann::json* profile = fields::Find(m, {"k3pack", "profile"});
   return "k3pack manifest --gguf-dir " + RecordedShardDirOr(m) + " --pack " +
          RecordedPathOr(m, {"expert_pack", "path"}, "PACK") + " --model-config " +
          RecordedPathOr(m, {"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
-         RecordedPathOr(m, {"tokenizer", "path"}, "TOKENIZER_DIR") + profile + " --manifest " +
-         ShellQuoted(manifest_path) + " --force";
+         RecordedPathOr(m, {"tokenizer", "path"}, "TOKENIZER_DIR") +
+         (profile != nullptr && profile->is_string() ? " --profile " + ShellQuoted(profile->get<std::string>()) : "") +
+         " --manifest " + ShellQuoted(manifest_path) + " --force";
 }
 
 bool RankManifestSglangWouldServe(const std::string& path, const nlohmann::json& section) {
   if (!ManifestRecordsPack(path, section)) return false;
   auto raw = ReadManifestJson(path);
   if (!raw.ok()) return false;
-  const nlohmann::json* ext = raw->contains("k3pack") ? &(*raw)["k3pack"] : nullptr;
-  return ext != nullptr && ext->is_object() && ext->contains("ep") && !SglangStoreRefuses(*raw);
+  const nlohmann::json* ep = fields::Find(*raw, {"k3pack", "ep"});
+  return ep != nullptr && ep->is_object() && !SglangStoreRefuses(*raw);
 }
 
 }  // namespace k3pack::manifest
