@@ -136,6 +136,11 @@ struct BuildOptions {
   std::string out_path;           // final pack path
   double safety_margin_gib = 2.0;  // free space required beyond the pack size, 0..kMaxSafetyMarginGib
   bool restart = false;           // discard an existing partial build
+  // A finished pack at out_path is replaced (`--force`). It stays, with its
+  // digest sidecar, until the new pack is complete and renamed over it, so a
+  // refused, failed or interrupted rebuild loses nothing; only when the disk
+  // cannot hold both is it removed first, after every other check passed.
+  bool replace_existing = false;
   int threads = 0;                // copies in flight; 0 = auto
   uint64_t chunk_bytes = 8ull << 20;  // read size per role per batch of experts (see docs/FORMATS.md)
   // Also compute each whole source shard's SHA-256 (BuildResult::source_sha256),
@@ -312,6 +317,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
 
 struct MergeOptions {
   std::string out_path;  // the full pack to write (refused if it exists)
+  // An existing pack at out_path is replaced (`--force`): it stays until the
+  // merged pack is complete and renamed over it.
+  bool replace_existing = false;
   ProgressFn progress;
 };
 struct MergeResult {

@@ -123,7 +123,7 @@ void RegisterPack(py::module_& m) {
       K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(PackRequest("out", o.out_path, model_config, experts, force),
                                                      experts));
       if (plan.action == OutputAction::kAlreadyBuilt) return pack::BuildResult{};
-      if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(pack::RemovePackOutput(o.out_path));
+      o.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
       return pack::BuildPack(experts, o);
     }();
     waiting.RaiseIfInterrupted();

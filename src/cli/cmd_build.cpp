@@ -108,7 +108,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   // (under the pack's lock, and before a lock file is made for a refusal).
   std::string manifest_path;
   OutputAction maction{};
-  bool told_moved = false, told_unmarked = false;  // the pass runs twice where no lock file was there yet
+  bool told_moved = false, told_unmarked = false, told_resumed = false;  // the pass runs twice where no lock file was there yet
   auto judge_the_rest = [&](const PackPlan& plan) -> Status {
     const std::string& out = plan.pack;
     if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
@@ -163,6 +163,20 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
         mspec.force = true;
       }
     }
+    // A rebuild of this pack under way (an interrupted `--force`): the manifest
+    // of the pack it replaces goes with it, written anew once the pack is done.
+    if (!mspec.force && plan.action == OutputAction::kResume && PathExists(manifest_path)) {
+      auto old = manifest::ReadManifest(manifest_path);
+      auto recorded = old.ok() ? ResolvePath(old->expert_pack.path) : Result<std::string>(old.error());
+      auto here = ResolvePath(out);
+      if (recorded.ok() && here.ok() && *recorded == *here) {
+        if (!std::exchange(told_resumed, true)) {
+          std::cerr << "k3pack build: note: resuming the rebuild of " << out << "; " << manifest_path
+                    << ", the manifest of the pack it replaces, is written anew when it is done\n";
+        }
+        mspec.force = true;
+      }
+    }
     // A rank manifest of this very pack that SGLang's store would serve (the
     // other ranks' experts as zeros), written before rank manifests carried
     // the key it refuses: the new one records the same pack.
@@ -210,11 +224,11 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
                   " size=" + valid["size"].dump() + " samples=" + valid["payload_samples_verified"].dump());
     reused = true;
   } else {
-    if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
     pack::BuildOptions bopts;
     bopts.out_path = out;
     bopts.safety_margin_gib = v.margin;
     bopts.restart = args.Has("--restart");
+    bopts.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
     bopts.threads = v.threads;
     bopts.hash_sources = !args.Has("--no-full-source-hashes") && shard_sha256->empty();  // beside the copy
     bopts.ep = rank;

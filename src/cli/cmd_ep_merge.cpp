@@ -15,6 +15,7 @@
 #include "pack/build_inputs.h"
 #include "pack/merge.h"
 #include "pack/progress.h"
+#include "util/progress.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -77,9 +78,9 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
   // --force never removes what another writer of this pack is working on.
   K3_ASSIGN_OR_RETURN(LockFile lock, pack::DecideUnderPackLock(out, decide));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
-  if (action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
   pack::MergeOptions o;
   o.out_path = out;
+  o.replace_existing = action == OutputAction::kReplace;  // kept until the merged pack is done
   o.progress = pack::MakeProgressPrinter(mode);
   K3_ASSIGN_OR_RETURN(pack::MergeResult r, pack::MergeRankPacks(ranks, o));
   return nlohmann::json{{"pack", r.pack_path},       {"digests", r.digests_path}, {"ep_size", r.ep_size},
@@ -101,6 +102,8 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  // The merged pack is an unnamed file until it is complete: nothing is left to resume.
+  ExitOnInterrupt(std::string("k3pack ") + kCmd + ": interrupted; no merged pack was written, rerun the command to start over");
   auto wait = LockWaitOf(args, kCmd);
   if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
   const k3pack::ScopedLockWait waiting(*wait);

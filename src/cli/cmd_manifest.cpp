@@ -17,6 +17,7 @@
 #include "manifest/pyjson.h"
 #include "pack/progress.h"
 #include "util/file.h"
+#include "util/progress.h"
 
 namespace k3pack::cli {
 namespace {
@@ -102,6 +103,8 @@ int RunManifest(const std::vector<std::string>& argv) {
   AddForceFlag(args, "manifest");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
+  // The manifest is renamed into place whole: an interrupted run leaves the old one as it was.
+  ExitOnInterrupt(std::string("k3pack ") + kCmd + ": interrupted; nothing was written, rerun the command to start over");
   if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true, .pack = true}); !s.ok())
     return ReportError(kCmd, s.error(), kExitUsage);
   Values v;

@@ -64,7 +64,6 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     ep_json = {{"size", rank->size}, {"rank", rank->rank}, {"first_expert", owned.first},
                {"end_expert", owned.end}};
   }
-  if (plan.action == OutputAction::kReplace) K3_RETURN_IF_ERROR(RemovePackOutput(out));
   const pack::ExpertSet& experts = plan.experts;
   const kimi::Profile profile = plan.profile;
   const double margin = v.margin;
@@ -74,6 +73,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   bopts.out_path = out;
   bopts.safety_margin_gib = margin;
   bopts.restart = args.Has("--restart");
+  bopts.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
   bopts.threads = threads;
   bopts.progress = pack::MakeProgressPrinter(mode);
   bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack pack: %s\n", s.c_str()); };

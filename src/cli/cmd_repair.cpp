@@ -12,6 +12,7 @@
 #include "k3pack/doctor.h"
 #include "util/file.h"
 #include "util/lock_file.h"
+#include "util/progress.h"
 #include "util/utf8.h"
 
 namespace {
@@ -67,6 +68,9 @@ int RunRepair(const std::vector<std::string>& argv) {
   if (k3pack::cli::StderrIsTty()) opt.progress = [](const std::string& s) { std::cerr << s << "\n"; };
   const auto& pos = args.positionals();
   using k3pack::cli::OutputAction;
+  // The copy has no record of its own until it is complete, so a rerun refuses what it left.
+  k3pack::ExitOnInterrupt("k3pack repair: interrupted; " + pos[1] +
+                          " may hold an unfinished copy: empty it, then rerun the command");
   const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"));
   // Held from the look at OUT to the record written last (Repair, which
   // makes a missing OUT, takes it again): two repairs into one directory, or

@@ -27,6 +27,7 @@ class Args {
  public:
   Args(std::string command, std::string usage_line, std::string description)
       : command_(std::move(command)), usage_(std::move(usage_line)), description_(std::move(description)) {}
+  const std::string& command() const { return command_; }  // "build", "trace gen"
 
   // `--name VALUE` (also `--name=VALUE`).
   Args& Option(const std::string& name, const std::string& help, std::optional<std::string> default_value = std::nullopt,

@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/help_gen.h"
+#include "util/edit_distance.h"
 #include "k3pack_version.h"
 
 namespace {
@@ -86,6 +87,26 @@ int main(int argc, char** argv) {
 
 namespace {
 
+// "unknown command 'biuld' (did you mean build?)": the nearest command within
+// two edits, or the nearest of --help/--version for a word that is an option.
+std::string UnknownCommand(const std::string& word) {
+  const bool option = word.rfind('-', 0) == 0;
+  std::string best;
+  size_t best_d = 3;
+  auto consider = [&](const std::string& name) {
+    const size_t d = k3pack::EditDistance(word, name);
+    if (d < best_d) best_d = d, best = name;
+  };
+  if (option) {
+    for (const char* name : {"--help", "--version"}) consider(name);
+  } else {
+    for (const auto& [name, command] : k3pack::cli::Commands()) consider(name);
+    consider("help");
+  }
+  return std::string(option ? "unknown option '" : "unknown command '") + word + "'" +
+         (best.empty() ? "" : " (did you mean " + best + "?)");
+}
+
 int Dispatch(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "help" && std::string(argv[2]) == "--man") {
     std::ostringstream top;
@@ -95,16 +116,19 @@ int Dispatch(int argc, char** argv) {
     std::cout << k3pack::cli::ManPage(top.str());
     return 0;
   }
-  // `k3pack help CMD` is `k3pack CMD --help`; an unknown CMD is a usage error.
-  if (argc == 3 && std::string(argv[1]) == "help") {
+  // `k3pack help CMD [SUB]` is `k3pack CMD [SUB] --help` (`help trace gen`);
+  // an unknown CMD is a usage error.
+  if (argc >= 3 && std::string(argv[1]) == "help") {
     const auto& cmds = k3pack::cli::Commands();
     auto it = cmds.find(argv[2]);
     if (it == cmds.end()) {
-      const std::string msg = "unknown command '" + std::string(argv[2]) + "'";
+      const std::string msg = UnknownCommand(argv[2]);
       return k3pack::cli::ReportDispatchError("help", "k3pack help: " + msg + " (run `k3pack --help` for the list)",
                                               msg, {});
     }
-    return it->second.run({"--help"});
+    std::vector<std::string> words(argv + 3, argv + argc);
+    words.push_back("--help");
+    return it->second.run(words);
   }
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
@@ -120,7 +144,7 @@ int Dispatch(int argc, char** argv) {
   auto it = cmds.find(name);
   std::vector<std::string> rest(argv + 2, argv + argc);
   if (it == cmds.end()) {
-    const std::string msg = "unknown command '" + name + "'";
+    const std::string msg = UnknownCommand(name);
     return k3pack::cli::ReportDispatchError(name, "k3pack: " + msg + " (run `k3pack --help` for the list)", msg, rest);
   }
   return it->second.run(rest);

@@ -40,6 +40,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   req.inputs = plan.inputs;
   req.force = args.Has("--force");
   req.repair_existing = repair_existing;
+  req.repair_hint = args.command() == "build" ? "--restart" : "--repair-damaged";
   req.ep = plan.ep;
   auto take = [&plan](const pack::PackOutputPlan& out) {
     plan.action = out.action;
@@ -58,8 +59,6 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   plan.lock = std::move(out.lock);
   return plan;
 }
-
-Status RemovePackOutput(const std::string& pack_path) { return pack::RemovePackOutput(pack_path); }
 
 void StopCleanlyOnSignals(const std::string& command) {
   ExitOnStopSignals("k3pack " + command + ": interrupted; rerun the same command to continue");

@@ -50,9 +50,6 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
                           const std::optional<ep::Rank>& rank = std::nullopt,
                           const std::function<Status(const PackPlan&)>& then = {});
 
-// --force: removes a finished pack and its .digests so BuildPack rebuilds it.
-Status RemovePackOutput(const std::string& pack_path);
-
 // The first thing `pack` and `build` do, before any work: from here on a
 // SIGINT / SIGTERM ends the command with one line, "k3pack CMD: interrupted;
 // rerun the same command to continue", and exit 130 / 143, never a bare

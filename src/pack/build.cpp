@@ -350,8 +350,12 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
       result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       return result;
     }
-    return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
-        .WithHint("`k3pack pack` and `k3pack build` rebuild it with --force; or write the pack to another path");
+    // A rebuild under way over a finished pack (a `--force` run that was
+    // interrupted) resumes as any other; the pack is replaced when it is done.
+    if (!o.replace_existing && !(PathExists(p.partial) && PathExists(p.checkpoint))) {
+      return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
+          .WithHint("`k3pack pack` and `k3pack build` rebuild it with --force; or write the pack to another path");
+    }
   }
 
   std::vector<UniqueFd> src;
@@ -413,12 +417,24 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
                                    : layout.final_size();
   const uint64_t reusable = HeldBytes(p.partial, durable_end) + HeldBytes(p.journal, 0);
   const uint64_t required = estimate > reusable ? estimate - reusable : 0;
+  // The pack being replaced is kept until the new one is renamed over it;
+  // its blocks count as free only when the disk cannot hold both.
+  const uint64_t replaced = PathExists(p.out) ? HeldBytes(p.out, 0) + HeldBytes(p.digests, 0) : 0;
   if (avail < required + margin) {
-    return Error("insufficient space for Kimi Expert Pack: available=" + std::to_string(avail) +
-                     ", required=" + std::to_string(required + margin),
-                 ErrorKind::kOS, ENOSPC)
-        .WithHint("the pack needs " + std::to_string(required) + " more bytes on disk (logical size " +
-                  std::to_string(layout.final_size()) + ") plus the --safety-margin-gib margin");
+    if (replaced > 0 && avail + replaced >= required + margin) {
+      log("not enough free space to keep " + p.out + " until its rebuild is complete (" + std::to_string(avail) +
+          " bytes free, " + std::to_string(required + margin) + " needed): removing it now");
+      for (const std::string& f : {p.out, p.digests}) K3_RETURN_IF_ERROR(RemoveIfExists(f));
+      K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+    } else {
+      return Error("insufficient space for Kimi Expert Pack: available=" + std::to_string(avail) +
+                       ", required=" + std::to_string(required + margin),
+                   ErrorKind::kOS, ENOSPC)
+          .WithHint("the pack needs " + std::to_string(required) + " more bytes on disk (logical size " +
+                    std::to_string(layout.final_size()) + ") plus the --safety-margin-gib margin" +
+                    (replaced > 0 ? " (the " + std::to_string(replaced) + " bytes of the pack it replaces counted as free)"
+                                  : std::string()));
+    }
   }
 
   std::vector<Digest> digests(layout.index_count());

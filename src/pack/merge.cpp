@@ -174,7 +174,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   // Output under the build's lock (no build or merge of the same path runs beside it).
   PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
-  if (PathExists(p.out)) {
+  if (PathExists(p.out) && !o.replace_existing) {
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
         .WithHint("pass --force to replace it, or write the merged pack to another --pack path");
   }

@@ -1,7 +1,5 @@
 #include "pack/pack_output.h"
 
-#include <filesystem>
-
 #include "pack/build_inputs.h"
 #include "util/file.h"
 
@@ -58,6 +56,16 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
         }
       }
       if (valid.ok()) {
+        // SGLang's validator reads a name only up to its NUL, so a changed
+        // byte of the padding (or of any field it skips) passes it; the
+        // header and index of these shards are one byte string.
+        K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(experts));
+        const std::string got = valid->value("index_sha256", std::string());
+        if (got != layout.IndexSha256()) {
+          plan.invalid_reason = "its header/index hashes to " + got + ", the layout of these shards to " +
+                                layout.IndexSha256();
+          return false;
+        }
         plan.valid_section = *valid;
         return true;
       }
@@ -73,7 +81,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
                          "): it is not a valid pack of these shards: " + plan.invalid_reason,
                      ErrorKind::kFileExists)
             .WithHint("pass " + req.force_option + " to rebuild it, " + req.repair_hint +
-                      " when only payloads are damaged, or another " + opt + " path");
+                      " to rewrite only what differs from the shards, or another " + opt + " path");
       }
       return action.error();
     }
@@ -83,15 +91,6 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   K3_ASSIGN_OR_RETURN(LockFile lock, DecideUnderPackLock(out, decide));
   plan.lock = std::move(lock);
   return plan;
-}
-
-Status RemovePackOutput(const std::string& pack_path) {
-  for (const std::string& p : {pack_path, DigestsPathFor(pack_path)}) {
-    std::error_code ec;
-    std::filesystem::remove(p, ec);
-    if (ec) return Error::FromErrno("cannot remove " + p + " to rebuild it (--force)", ec.value());
-  }
-  return Status::OK();
 }
 
 }  // namespace k3pack::pack

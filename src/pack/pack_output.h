@@ -29,7 +29,7 @@ struct PackOutputRequest {
   std::string option = "--pack";          // how the caller names the pack, for messages
   std::string force_option = "--force";   // how the caller spells force
   // What else the refusal of a damaged pack suggests.
-  std::string repair_hint = "--repair-damaged (pack) or --restart (build)";
+  std::string repair_hint = "--repair-damaged";  // the option that rewrites only what differs
   bool force = false;
   // A finished pack is not judged: the caller repairs its damaged payloads.
   bool repair_existing = false;
@@ -52,7 +52,5 @@ struct PackOutputPlan {
 
 Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts);
 
-// Force: removes a finished pack and its .digests so BuildPack rebuilds it.
-Status RemovePackOutput(const std::string& pack_path);
 
 }  // namespace k3pack::pack

@@ -101,6 +101,28 @@ TEST(JsonErrors, AnUnknownCommandOrSubCommandIsJsonToo) {
   EXPECT_EQ(RunSplit("bogus").out, "");
 }
 
+// A misspelled command got no hint (options did), and `help trace gen`
+// printed the top-level help.
+TEST(JsonErrors, AMisspelledCommandGetsTheNearestNameAndHelpTakesASubCommand) {
+  SplitRun r = RunSplit("biuld --json");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(Contains(r.err, "k3pack: unknown command 'biuld' (did you mean build?)")) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j.value("error", ""), "unknown command 'biuld' (did you mean build?)");
+  SplitRun v = RunSplit("--verison");
+  EXPECT_EQ(v.code, 2) << v.err;
+  EXPECT_TRUE(Contains(v.err, "unknown option '--verison' (did you mean --version?)")) << v.err;
+  SplitRun h = RunSplit("help biuld");
+  EXPECT_EQ(h.code, 2) << h.err;
+  EXPECT_TRUE(Contains(h.err, "k3pack help: unknown command 'biuld' (did you mean build?)")) << h.err;
+
+  SplitRun gen = RunSplit("help trace gen");
+  EXPECT_EQ(gen.code, 0) << gen.err;
+  EXPECT_EQ(gen.out, RunSplit("trace gen --help").out);
+  EXPECT_TRUE(Contains(gen.out, "usage: k3pack trace gen")) << gen.out;
+}
+
 TEST(JsonErrors, ADamagedPackIsAJsonVerdictNamingEveryDamagedPayload) {
   const std::string model = FreshModel("json-damaged");
   CliRun b = Cli("build --gguf-dir " + Q(model) + " --progress none");

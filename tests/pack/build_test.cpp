@@ -44,6 +44,8 @@ class PackBuild : public ::testing::Test {
     o.restart = restart;
     o.threads = threads;
     o.chunk_bytes = 1 << 20;
+    o.replace_existing = replace_;
+    o.log = [this](const std::string& line) { logs_.push_back(line); };
     return BuildPack(model_->experts, o);
   }
   // Runs a build in a child process that crashes (_exit 86) after the
@@ -65,6 +67,8 @@ class PackBuild : public ::testing::Test {
   static Model* model_;
   static std::string* expected_;
   std::string out_;
+  bool replace_ = false;  // BuildOptions::replace_existing (--force)
+  std::vector<std::string> logs_;
 };
 std::string* PackBuild::root_;
 Model* PackBuild::model_;
@@ -130,6 +134,73 @@ TEST_F(PackBuild, RefusesWithoutSpace) {
   EXPECT_EQ(m.rfind("insufficient space for Kimi Expert Pack: available=1000, required=", 0), 0u) << m;
   EXPECT_FALSE(PathExists(PartialPathFor(out_)));
   EXPECT_FALSE(PathExists(out_));
+}
+
+// --force: the pack it replaces and its sidecar stay until the new pack is
+// renamed over them, so a refused or crashed rebuild loses nothing.
+TEST_F(PackBuild, ReplaceKeepsTheOldPackUntilTheNewOneIsDone) {
+  std::filesystem::create_directories(std::filesystem::path(out_).parent_path());
+  const std::string old_pack = "the pack being replaced", old_digests = "its sidecar";
+  ASSERT_TRUE(WriteFileAtomic(out_, old_pack).ok());
+  ASSERT_TRUE(WriteFileAtomic(DigestsPathFor(out_), old_digests).ok());
+  auto untouched = [&] { return ReadAll(out_) == old_pack && ReadAll(DigestsPathFor(out_)) == old_digests; };
+
+  auto plain = Build();  // without replace_existing: refused, as before
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.error().kind(), ErrorKind::kFileExists);
+  EXPECT_TRUE(untouched());
+
+  replace_ = true;
+  setenv("K3PACK_FAKE_FREE_BYTES", "1000", 1);  // no room even with the old pack's blocks
+  auto refused = Build();
+  unsetenv("K3PACK_FAKE_FREE_BYTES");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().kind(), ErrorKind::kOS);
+  EXPECT_NE(refused.error().message().find("bytes of the pack it replaces counted as free"), std::string::npos)
+      << refused.error().message();
+  EXPECT_TRUE(untouched());
+  EXPECT_FALSE(PathExists(PartialPathFor(out_)));
+
+  ASSERT_EQ(BuildAndCrash(5), 86);  // a crash mid-copy
+  EXPECT_TRUE(untouched());
+  ASSERT_TRUE(PathExists(PartialPathFor(out_)));
+
+  replace_ = false;  // a plain rerun resumes the rebuild and replaces the pack at its end
+  auto resumed = Build();
+  ASSERT_TRUE(resumed.ok()) << resumed.error().message();
+  EXPECT_GE(resumed->resumed_objects, 5u);
+  EXPECT_TRUE(ReadAll(out_) == *expected_);
+  auto d = ReadPackDigests(DigestsPathFor(out_));
+  ASSERT_TRUE(d.ok()) << d.error().message();
+  EXPECT_EQ(d->index_sha256, resumed->index_sha256);
+  EXPECT_FALSE(PathExists(PartialPathFor(out_)));
+  EXPECT_FALSE(PathExists(CheckpointPathFor(out_)));
+}
+
+// Where the disk cannot hold both, the old pack goes first, once every
+// other check passed, and the log says so; with room for both it stays.
+TEST_F(PackBuild, ReplaceRemovesTheOldPackFirstOnlyWhenTheDiskCannotHoldBoth) {
+  std::filesystem::create_directories(std::filesystem::path(out_).parent_path());
+  const std::string old_pack(expected_->size(), 'x');  // written out: its blocks are held
+  replace_ = true;
+  for (const bool room_for_both : {true, false}) {
+    SCOPED_TRACE(room_for_both ? "room for both" : "room for one");
+    ASSERT_TRUE(WriteFileAtomic(out_, old_pack).ok());
+    logs_.clear();
+    const uint64_t free = room_for_both ? 4 * expected_->size() : expected_->size() / 2;
+    setenv("K3PACK_FAKE_FREE_BYTES", std::to_string(free).c_str(), 1);
+    auto r = Build();
+    unsetenv("K3PACK_FAKE_FREE_BYTES");
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_TRUE(ReadAll(out_) == *expected_);
+    const bool removed_first = std::any_of(logs_.begin(), logs_.end(), [&](const std::string& l) {
+      return l.rfind("not enough free space to keep " + out_ + " until its rebuild is complete (" +
+                         std::to_string(free) + " bytes free, ",
+                     0) == 0 &&
+             l.ends_with("needed): removing it now");
+    });
+    EXPECT_EQ(removed_first, !room_for_both);
+  }
 }
 
 TEST_F(PackBuild, ResumeAfterCrashAtSeveralPoints) {
