@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -121,6 +122,36 @@ TEST(OverwriteRule, PackTwiceIsAlreadyBuiltThenForceRebuilds) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(Contains(r.out, "EXPERT_PACK_READY")) << r.out;
   EXPECT_EQ(Snapshot(m), built);  // same bytes again
+}
+
+// `build --force` removed the pack and kept the manifest, so a kill mid-copy
+// left a manifest of nothing, and the plain rerun verify suggested was
+// refused ("not the manifest of this pack"). Now the old pack and manifest
+// stay valid until the new pack is done, and the plain rerun finishes it.
+TEST(OverwriteRule, AKilledForceBuildKeepsTheOldPackAndAPlainRerunFinishesIt) {
+  const std::string m = FreshModel("ow-force-killed");
+  ASSERT_EQ(Build(m).code, 0);
+  const auto built = Snapshot(m);
+  CliRun r = CliVia("K3PACK_CHECKPOINT_BYTES=1 K3PACK_TEST_KILL_AFTER_OBJECTS=5",
+                    "build --progress none --safety-margin-gib 0 --force " + Q(m));
+  ASSERT_EQ(r.code, 128 + SIGKILL) << r.out;  // as the shell reports it
+  ASSERT_TRUE(fs::exists(m + "/" + kPackName + ".partial")) << r.out;
+  auto now = Snapshot(m);
+  for (const auto& [file, sha] : built) EXPECT_EQ(now[file], sha) << file;  // pack, sidecar, manifest untouched
+  r = Cli("verify --progress none " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+
+  r = Build(m);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "note: resuming the rebuild of ")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "is written anew when it is done")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "resuming ")) << r.out;
+  EXPECT_FALSE(fs::exists(m + "/" + kPackName + ".partial"));
+  EXPECT_EQ(Snapshot(m)[kPackName], built.at(kPackName));  // the same shards: the same bytes
+  r = Cli("verify --progress none " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Build(m);
+  EXPECT_TRUE(Contains(r.out, "already built: ")) << r.out;
 }
 
 TEST(OverwriteRule, PackOverAForeignFileIsRefused) {

@@ -229,6 +229,45 @@ TEST_F(PackCli, RefusalsAndExitCodes) {
   EXPECT_TRUE(ReadAll(out) == *expected_);
 }
 
+// `--force` removed the finished pack before its checks, so a refused run
+// (here: no space) left none; and a byte SGLang's validator skips (a name's
+// NUL padding in the index) made `pack` call a damaged pack already built.
+TEST_F(PackCli, ForceKeepsThePackWhenRefusedAndAChangedIndexIsNotAlreadyBuilt) {
+  const std::string out = *root_ + "/keep/k.pack";
+  auto [rc, err] = RunCli(PackArgs(out));
+  ASSERT_EQ(rc, 0) << err;
+  const std::string digests = ReadAll(DigestsPathFor(out));
+  std::vector<std::string> force = PackArgs(out);
+  force.push_back("--force");
+  // Not even the old pack's blocks make room for a 1 GiB margin.
+  *(std::find(force.begin(), force.end(), "--safety-margin-gib") + 1) = "1";
+  auto [rc2, err2] = RunCli(force, {"K3PACK_FAKE_FREE_BYTES=4096"});
+  EXPECT_EQ(rc2, 1) << err2;
+  EXPECT_NE(err2.find("insufficient space for Kimi Expert Pack"), std::string::npos) << err2;
+  EXPECT_TRUE(ReadAll(out) == *expected_);
+  EXPECT_EQ(ReadAll(DigestsPathFor(out)), digests);
+
+  {
+    // Entry 0's name field (bytes 40 + 0..127) holds a short name and NULs.
+    UniqueFd fd(::open(out.c_str(), O_WRONLY));
+    ASSERT_TRUE(fd.valid());
+    const char b = '\xff';
+    ASSERT_EQ(::pwrite(fd.get(), &b, 1, 40 + 100), 1);
+  }
+  auto [rc3, err3] = RunCli(PackArgs(out));
+  EXPECT_EQ(rc3, 1) << err3;
+  EXPECT_NE(err3.find("it is not a valid pack of these shards: its header/index hashes to "), std::string::npos)
+      << err3;
+  EXPECT_NE(err3.find("--repair-damaged to rewrite only what differs from the shards"), std::string::npos) << err3;
+  std::vector<std::string> repair = PackArgs(out);
+  repair.push_back("--repair-damaged");
+  auto [rc4, err4] = RunCli(repair);
+  EXPECT_EQ(rc4, 0) << err4;
+  EXPECT_TRUE(ReadAll(out) == *expected_);
+  auto [rc5, err5] = RunCli(PackArgs(out));
+  EXPECT_EQ(rc5, 0) << err5;
+}
+
 TEST_F(PackCli, VerifyDetectsChangedShardAndFlippedByte) {
   // Own copy of the model so the shards can be damaged.
   const std::string dir = *root_ + "/ver";
