@@ -102,7 +102,8 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
                               std::map<std::string, std::string>* shard_sha256) {
   const bool json = args.Has("--json");
   const std::string tokenizer_dir = args.Get("--tokenizer-dir");
-  // Preflight, before a byte is copied: tokenizer, config, shards, outputs.
+  // Preflight, before a byte is copied: shards, tokenizer, config, outputs.
+  K3_RETURN_IF_ERROR(CheckGgufDir("--gguf-dir", args.Get("--gguf-dir")));
   K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", tokenizer_dir));
   // The checkpoint and the manifest are judged in the pack plan's own pass
   // (under the pack's lock, and before a lock file is made for a refusal).

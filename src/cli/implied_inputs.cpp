@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cli/preflight.h"
 #include "k3pack/gguf.h"
 #include "k3pack/pack.h"
 #include "manifest/tokenizer_dir.h"
@@ -22,10 +23,9 @@ void Announce(const std::string& command, const std::string& option, const manif
 
 Status FillImpliedInputs(Args& args, const std::string& command, ImpliedInputs which) {
   const std::string gguf = args.Get("--gguf-dir");
-  std::error_code ec;
-  // A --gguf-dir that is not there is the preflight's to report, as it is
-  // when every input is given.
-  if (!fs::exists(gguf, ec)) return Status::OK();
+  // A --gguf-dir that is not there or holds no shards is the preflight's to
+  // report, as it is when every input is given: nothing is derived from it.
+  if (!CheckGgufDir("--gguf-dir", gguf).ok()) return Status::OK();
   const manifest::InputNames names;  // the CLI's option names
   if (which.tokenizer_dir && !args.Has("--tokenizer-dir")) {
     K3_ASSIGN_OR_RETURN(manifest::ImpliedPath tok, manifest::ImpliedTokenizerDir(gguf, names));

@@ -77,6 +77,24 @@ TEST(ImpliedInputs, TokenizerBesideTheShardDirectoryGivesTheModelConfigToo) {
   EXPECT_TRUE(Contains(p.out, "using --model-config " + root + "/kimi-k3-tokenizer/config.json")) << p.out;
 }
 
+// A missing or empty shard directory was reported as a missing tokenizer
+// ("--tokenizer-dir  does not exist", the value blank) or with exit 2.
+TEST(ImpliedInputs, AMissingOrEmptyShardDirectoryIsWhatIsReported) {
+  const std::string root = Root() + "/implied-no-shards";
+  fs::create_directories(root + "/empty");
+  for (const std::string command : {"build", "pack", "manifest"}) {
+    const std::string quiet = " --progress none --profile scaled ";
+    CliRun missing = Cli(command + quiet + Q(root + "/nosuch"));
+    EXPECT_EQ(missing.code, 1) << missing.out;
+    EXPECT_TRUE(Contains(missing.out, "error: --gguf-dir " + root + "/nosuch does not exist\n")) << missing.out;
+    CliRun empty = Cli(command + quiet + Q(root + "/empty"));
+    EXPECT_EQ(empty.code, 1) << empty.out;
+    EXPECT_TRUE(Contains(empty.out, "error: no GGUF files found in " + root + "/empty (--gguf-dir)\n")) << empty.out;
+    EXPECT_FALSE(Contains(empty.out + missing.out, "tokenizer")) << command;
+  }
+  EXPECT_TRUE(fs::is_empty(root + "/empty"));
+}
+
 TEST(ImpliedInputs, NoneOrSeveralCandidatesStopWithSGLangsTextBeforeAnyWrite) {
   const std::string root = Root() + "/implied-none";
   const std::string gguf = ShardsOnly(root);
