@@ -298,9 +298,15 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
                     [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank, &shard_sha256); });
 }
 
+// An already-built result's paths as a fresh build's JSON gives them.
+nlohmann::json AbsoluteOutputs(const nlohmann::json& j) {
+  const std::string manifest = AbsolutePathOrGiven(j["manifest"].get<std::string>());
+  return {{"manifest", manifest}, {"path", manifest}, {"pack", AbsolutePathOrGiven(j["pack"].get<std::string>())}};
+}
+
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), json_mode, "manifest");
+    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), json_mode, "manifest", AbsoluteOutputs(j));
     return;
   }
   std::printf("EXPERT_PACK_READY path=%s size=%s%s\n", j["pack"].get<std::string>().c_str(),
@@ -355,7 +361,7 @@ int RunBuild(const std::vector<std::string>& argv) {
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const nlohmann::json& j = *r;
   if (j.contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"), "manifest");
+    ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"), "manifest", AbsoluteOutputs(j));
     return kExitOk;
   }
   if (args.Has("--json")) {

@@ -120,7 +120,9 @@ int RunManifest(const std::vector<std::string>& argv) {
   auto r = Run(args, v);
   if (!r.ok()) return ReportError(kCmd, r.error());
   if (r->contains("already_built")) {
-    ReportAlreadyBuilt(kCmd, (*r)["manifest"].get<std::string>(), args.Has("--json"), "manifest");
+    const std::string path = (*r)["manifest"].get<std::string>();
+    ReportAlreadyBuilt(kCmd, path, args.Has("--json"), "manifest",
+                       {{"manifest", AbsolutePathOrGiven(path)}, {"path", AbsolutePathOrGiven(path)}});
     return kExitOk;
   }
   if (args.Has("--json")) {

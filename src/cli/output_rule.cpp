@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/file.h"
+
 namespace k3pack::cli {
 
 void AddForceFlag(Args& args, const std::string& what) {
@@ -37,12 +39,19 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command) {
 
 std::string AlreadyBuiltLine(const std::string& path) { return "already built: " + path + " (use --force to rebuild)"; }
 
-void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key) {
+std::string AbsolutePathOrGiven(const std::string& path) {
+  auto resolved = ResolvePath(path);
+  return resolved.ok() ? *resolved : path;
+}
+
+void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key,
+                        const nlohmann::json& fields) {
   const std::string line = AlreadyBuiltLine(path);
   if (json) {
     std::cerr << "k3pack " << command << ": " << line << "\n";
     nlohmann::json j{{"already_built", true}, {"path", path}};
     if (!key.empty()) j[key] = path;
+    for (const auto& [name, value] : fields.items()) j[name] = value;
     PrintJson(j);
   } else {
     std::cout << line << "\n";

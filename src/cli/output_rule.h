@@ -12,6 +12,8 @@
 #include <functional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/command.h"
 #include "k3pack/error.h"
 #include "util/lock_file.h"
@@ -44,8 +46,15 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command);
 // `json` the line goes to stderr and stdout gets {"already_built": true,
 // "path": PATH} (stdout stays valid JSON), plus PATH under `key` when given:
 // the key a fresh run's JSON names that output by ("pack", "manifest",
-// "out_dir"), so a script reads the same key either way.
-void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key = "");
+// "out_dir"), so a script reads the same key either way. `fields` are set in
+// the JSON last: the paths in the form a fresh run prints them (absolute for
+// `build` and `manifest`), and any other output the fresh JSON names.
+// `path` made absolute as a fresh run's JSON names it ("/abs/x"), or as given
+// when it cannot be resolved.
+std::string AbsolutePathOrGiven(const std::string& path);
+
+void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key = "",
+                        const nlohmann::json& fields = nlohmann::json::object());
 
 // The rule for an output each run regenerates (a plot, a run's stats, a
 // trace), which is never "already built": an existing file is replaced only

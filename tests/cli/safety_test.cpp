@@ -187,6 +187,14 @@ TEST(OverwriteRule, BuildTwiceIsAlreadyBuilt) {
   // Under the key a fresh `build --json` names the manifest by, too.
   EXPECT_EQ(j["manifest"], m + "/" + kManifestName);
   EXPECT_EQ(j["path"], j["manifest"]);
+  // Given relative paths, the paths a fresh build's JSON gives: absolute, the pack's too.
+  r = CliVia("cd " + Q(m) + " &&", "build --json --progress none .");
+  EXPECT_EQ(r.code, 0);
+  ASSERT_NE(r.out.find("{\n"), std::string::npos) << r.out;  // after the stderr lines
+  j = nlohmann::json::parse(r.out.substr(r.out.find("{\n")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["manifest"], fs::canonical(m).string() + "/" + kManifestName);
+  EXPECT_EQ(j["pack"], fs::canonical(m).string() + "/" + kPackName);
   // `pack --json` of the same pack: `pack`, as a fresh pack run's JSON.
   r = Cli("pack --json --progress none " + Q(m) + " 2>/dev/null");
   EXPECT_EQ(r.code, 0);
