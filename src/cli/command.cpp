@@ -303,15 +303,16 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
       if (auto seen = spelled_.find(name); seen != spelled_.end()) {
         // Never "last one wins": a repeated option is a typo or two scripts'
         // arguments glued together, and either value could be the meant one.
-        if (seen->second != spelling) {
-          const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
-          return fail(older + " and " + name + " are the same option; give it once");
-        }
         if (it->second.repeatable) continue;
         if (values_.at(name) != value) {
+          if (seen->second != spelling) {
+            const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
+            return fail(older + " and " + name + " are the same option, given as '" + values_.at(name) + "' and '" +
+                        value + "'; give it once");
+          }
           return fail(name + " given twice, as '" + values_.at(name) + "' and '" + value + "'; give it once");
         }
-        continue;  // a flag, or the same value again
+        continue;  // a flag, or the same value again (under either spelling)
       }
       spelled_[name] = spelling;
       values_[name] = value;
@@ -321,8 +322,10 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     positionals_.push_back(a);
   }
   if (!positional_option_.empty() && !positionals_.empty() && pos_name_.empty()) {
-    if (values_.count(positional_option_)) {
-      return fail("both " + positional_option_ + " and the argument " + positionals_.front() + " given; give one");
+    // The same value twice is fine, as for any option.
+    if (values_.count(positional_option_) && values_.at(positional_option_) != positionals_.front()) {
+      return fail("both " + positional_option_ + " " + values_.at(positional_option_) + " and the argument " +
+                  positionals_.front() + " given; give one");
     }
     values_[positional_option_] = positionals_.front();
     positionals_.erase(positionals_.begin());

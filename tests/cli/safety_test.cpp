@@ -388,12 +388,18 @@ TEST(Vocabulary, PositionalGgufDirAndDeprecatedSpellings) {
   EXPECT_TRUE(Contains(r.out, "note: --expert-pack is deprecated; use --pack")) << r.out;
   EXPECT_TRUE(Contains(r.out, "note: --output is deprecated; use --manifest")) << r.out;
   EXPECT_TRUE(fs::exists(m + "/x.manifest.json"));
-  // Both spellings at once, or the positional and the option: usage errors.
-  r = Cli("pack " + Q(m) + " --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json"));
+  // Both spellings at once, or the positional and the option, with two
+  // values: usage errors. With one value, the rule of any option given twice.
+  r = Cli("pack " + Q(m) + " --gguf-dir " + Q(m + "/other") + " --model-config " + Q(m + "/config.json"));
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_TRUE(Contains(r.out, "both --gguf-dir and the argument")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "both --gguf-dir " + m + "/other and the argument " + m + " given; give one")) << r.out;
   r = Cli("pack --gguf-dir " + Q(m) + " --model-config x --pack a --out b");
   EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--out and --pack are the same option, given as 'a' and 'b'; give it once")) << r.out;
+  r = Cli("pack " + Q(m) + " --gguf-dir " + Q(m) + " --progress none --model-config " + Q(m + "/config.json") +
+          " --out " + Q(pack) + " --pack " + Q(pack));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + pack)) << r.out;
   // Every command takes --json.
   for (const std::string cmd : {"inspect", "doctor", "build", "pack", "manifest", "verify", "load", "run-experts",
                                 "synth", "repair", "dump-tensor"}) {
