@@ -73,6 +73,16 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
 // changed, e.g. bytes SGLang's validator skips (a name's NUL padding) or an
 // unsampled payload. Say so and name the in-place repair; else `refused`.
 Error ExplainManifestRefusal(const Error& refused, const std::string& manifest_path, const PackPlan& plan) {
+  if (auto raw = manifest::ReadManifestJson(manifest_path); raw.ok()) {
+    if (std::string elsewhere = manifest::ModelDirRecordedElsewhere(*raw, manifest_path); !elsewhere.empty()) {
+      const std::string& message = refused.message();
+      return Error(message.substr(0, message.find('\n')) + " (it records the shards and pack of the model in " +
+                       elsewhere + ": a model directory copied with its manifest?)",
+                   refused.kind())
+          .WithHint("pass --force to write this directory's own manifest (the model in " + elsewhere +
+                    " keeps its own), or another --manifest path");
+    }
+  }
   auto m = manifest::ReadManifest(manifest_path);
   if (!m.ok() || !m->complete) return refused;
   auto recorded = ResolvePath(m->expert_pack.path);

@@ -13,6 +13,7 @@
 #include "cli/implied_inputs.h"
 #include "cli/preflight.h"
 #include "k3pack/manifest.h"
+#include "manifest/manifest_output.h"
 #include "util/format.h"
 
 namespace k3pack::cli {
@@ -61,14 +62,29 @@ int RunVerify(const std::vector<std::string>& argv) {
     return ProgressModeOf(args).status();
   }();
   if (!usage.ok()) return ReportError(kCmd, usage.error(), kExitUsage);
+  const std::string manifest_path = args.Get("--manifest");
+  std::string copied_from;
+  if (auto raw = manifest::ReadManifestJson(manifest_path); raw.ok()) {
+    copied_from = manifest::ModelDirRecordedElsewhere(*raw, manifest_path);
+  }
+  if (!copied_from.empty()) {
+    // Its checks read the files it records: say whose they are.
+    const std::string dir = std::filesystem::path(manifest_path).parent_path().string();
+    std::cerr << "k3pack verify: note: " << manifest_path << " records the shards and pack of the model in "
+              << copied_from << ", not the shards beside it in " << (dir.empty() ? "." : dir)
+              << " (a model directory copied with its manifest?): what is verified is the model in " << copied_from
+              << "; `k3pack build " << ShellQuoted(dir.empty() ? "." : dir)
+              << " --force` gives this directory a pack and manifest of its own\n";
+  }
   auto r = Run(args);
   if (!r.ok()) {
     const std::string& msg = r.error().message();
     if (msg.find("expert-pack payload does not match") != std::string::npos && msg.find("\nhint:") == std::string::npos) {
       // Damaged payloads are repairable in place from the source shards.
-      std::string pack = "PACK", dir = "DIR", ep;
+      std::string pack = "PACK", dir = "DIR", config = "CONFIG", ep;
       if (auto m = manifest::ReadManifest(args.Get("--manifest")); m.ok()) {
         pack = m->expert_pack.path;
+        if (!m->model.config_path.empty()) config = m->model.config_path;
         if (m->k3pack && m->k3pack->ep) {
           // A rank pack is named after the full pack; give that name back.
           const ep::Rank rank{m->k3pack->ep->size, m->k3pack->ep->rank};
@@ -80,12 +96,14 @@ int RunVerify(const std::vector<std::string>& argv) {
       }
       return ReportError(kCmd, r.error().WithHint(
                                    "rewrite exactly the damaged payloads from the GGUF source and re-verify them: "
-                                   "`k3pack pack --repair-damaged --gguf-dir " + dir + " --model-config CONFIG --pack " +
-                                   pack + ep + "` (or rerun `k3pack build` with --restart)"));
+                                   "`k3pack pack --repair-damaged --gguf-dir " + ShellQuoted(dir) + " --model-config " +
+                                   ShellQuoted(config) + " --pack " + ShellQuoted(pack) + ep +
+                                   "` (or rerun `k3pack build` with --restart)"));
     }
     return ReportError(kCmd, WithMovedModelHint(r.error(), args.Get("--manifest")));
   }
-  const auto& j = *r;
+  nlohmann::json j = *r;
+  if (!copied_from.empty()) j["model_dir_recorded"] = copied_from;
   if (args.Has("--samples") && j.value("payload_mode", "") == "samples" &&
       *args.GetInt("--samples") > j.value("entries_checked", int64_t{0})) {
     // Nothing is silently capped: say that the request covered every entry.
@@ -102,8 +120,9 @@ int RunVerify(const std::vector<std::string>& argv) {
     const uint64_t checked = j["bytes_checked"].get<uint64_t>(), read = j["bytes_read"].get<uint64_t>();
     std::string how = HumanBytes(checked);
     if (read < checked) how += " (" + HumanBytes(read) + " read, " + HumanBytes(checked - read) + " sparse holes)";
-    std::printf("  shards: %zu unchanged; structure ok; payloads (%s): %llu entries, %s in %s (%.1f MB/s read)\n",
-                j["shards_checked"].get<size_t>(), j["payload_mode"].get<std::string>().c_str(),
+    std::printf("  shards: %zu unchanged (%s); structure ok; payloads (%s): %llu entries, %s in %s (%.1f MB/s read)\n",
+                j["shards_checked"].get<size_t>(), j.value("shard_check", std::string()).c_str(),
+                j["payload_mode"].get<std::string>().c_str(),
                 j["entries_checked"].get<unsigned long long>(), how.c_str(),
                 HumanDuration(j["seconds"].get<double>()).c_str(), j["mb_per_s"].get<double>());
     if (!j.value("tokenizer_checked", true))

@@ -22,6 +22,7 @@
 #include "k3pack/loader.h"
 #include "k3pack/names.h"
 #include "loader/manifest_view.h"
+#include "manifest/loader_rules.h"
 #include "manifest/recorded_inputs.h"
 #include "loader/values.h"
 #include "util/buffer_pool.h"
@@ -543,7 +544,12 @@ Result<NonExpertStream> NonExpertStream::Open(const std::string& manifest_path, 
   impl->opts = options;
   impl->manifest_path = manifest_path;
   K3_ASSIGN_OR_RETURN(nlohmann::json doc, ReadJsonFile(manifest_path));
-  K3_ASSIGN_OR_RETURN(impl->manifest, ParseStreamManifest(doc));
+  auto parsed = ParseStreamManifest(doc);
+  if (!parsed.ok()) {
+    const std::string why = manifest::WhyNotAFinishedManifest(doc, manifest_path);
+    return why.empty() ? parsed.error() : parsed.error().WithHint(why);
+  }
+  impl->manifest = std::move(*parsed);
   if (options.verify_metadata) impl->source_json = doc["source"];
   impl->stats.shards_total = static_cast<uint32_t>(impl->manifest.shards.size());
   return NonExpertStream(std::move(impl));

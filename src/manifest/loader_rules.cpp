@@ -3,6 +3,7 @@
 #include <string>
 
 #include "manifest/json_fields.h"
+#include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 
 namespace k3pack::manifest {
@@ -39,6 +40,32 @@ bool MarkedComplete(const json& m) {
 Status CheckStoreFormatAndComplete(const json& m) {
   if (!MarkedComplete(m) || !FormatSupported(m)) return Error("Kimi expert-pack manifest is incomplete or unsupported");
   return Status::OK();
+}
+
+std::string WhyNotAFinishedManifest(const json& m, const std::string& path) {
+  std::string why;
+  if (!m.is_object()) {
+    why = "it is a JSON " + std::string(m.type_name()) + ", not an object";
+  } else if (!m.contains("format")) {
+    why = "it has no \"format\" key";
+  } else if (!FormatSupported(m)) {
+    why = "its \"format\" is " + m["format"].dump() + ", not \"" + std::string(kManifestFormat) + "\"";
+  } else if (!MarkedComplete(m)) {
+    why = "its \"complete\" is " + (m.contains("complete") ? m["complete"].dump() : std::string("missing")) +
+          " (a manifest is marked complete only once it is written whole)";
+  }
+  if (why.empty()) return why;
+  return path + ": " + why + "; pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
+         std::string(kDefaultManifestName) + " beside the pack)";
+}
+
+Error PackSizeMismatch(const std::string& pack_path, uint64_t pack_size, const std::string& manifest_path,
+                       int64_t recorded_size) {
+  return Error("Kimi expert-pack size does not match its manifest")
+      .WithHint(pack_path + " is " + std::to_string(pack_size) + " bytes, the manifest " + manifest_path +
+                " records " + std::to_string(recorded_size) +
+                ": the pack was truncated or replaced; rebuild the pack and its manifest with `k3pack build "
+                "--force` (or, if the pack is the one you want, regenerate the manifest with `k3pack manifest`)");
 }
 
 Status CheckHardConstraints(const json& m, bool kimi) {

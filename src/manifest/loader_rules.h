@@ -48,6 +48,14 @@ bool FormatSupported(const nlohmann::json& m);
 bool MarkedComplete(const nlohmann::json& m);
 // Step 2 with the store's text.
 Status CheckStoreFormatAndComplete(const nlohmann::json& m);
+// What step 2 finds wrong with the JSON file at `path`, for a hint after
+// SGLang's text (which names neither): "PATH: it has no \"format\" key (...)".
+// Empty when both conditions hold.
+std::string WhyNotAFinishedManifest(const nlohmann::json& m, const std::string& path);
+// Step 7 refused: SGLang's text, and a hint naming both files, both sizes and
+// what to run.
+Error PackSizeMismatch(const std::string& pack_path, uint64_t pack_size, const std::string& manifest_path,
+                       int64_t recorded_size);
 // Step 3: SGLang's exact hard_constraints dict (a missing one fails too).
 Status CheckHardConstraints(const nlohmann::json& m, bool kimi);
 // Step 4: model.num_hidden_layers / num_experts / num_experts_per_token

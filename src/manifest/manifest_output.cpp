@@ -65,6 +65,28 @@ std::string RecordedShardDirOr(const nlohmann::json& m) {
              : std::string("GGUF_DIR");
 }
 
+std::string ModelDirRecordedElsewhere(const nlohmann::json& m, const std::string& manifest_path) {
+  std::error_code ec;
+  const fs::path here = fs::weakly_canonical(fs::absolute(manifest_path, ec).parent_path(), ec);
+  if (ec) return "";
+  bool shards_here = false;
+  for (fs::directory_iterator it(here, ec), end; !ec && it != end && !shards_here; it.increment(ec)) {
+    shards_here = it->path().extension() == ".gguf";
+  }
+  const nlohmann::json* shards = fields::Find(m, {"source", "shards"});
+  if (!shards_here || shards == nullptr || !shards->is_array() || shards->empty()) return "";
+  std::string elsewhere;
+  for (const nlohmann::json& s : *shards) {
+    const nlohmann::json* path = fields::Find(s, {"path"});
+    if (path == nullptr || !path->is_string()) return "";
+    std::error_code e;
+    const fs::path dir = fs::weakly_canonical(fs::path(path->get<std::string>()).parent_path(), e);
+    if (e || dir == here) return "";
+    if (elsewhere.empty()) elsewhere = dir.string();
+  }
+  return elsewhere;
+}
+
 std::string RewriteManifestCommand(const nlohmann::json& m, const std::string& manifest_path) {
   const nlohmann::json* profile = fields::Find(m, {"k3pack", "profile"});
   return "k3pack manifest --gguf-dir " + RecordedShardDirOr(m) + " --pack " +

@@ -44,6 +44,11 @@ bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section)
 std::string RecordedPathOr(const nlohmann::json& m, std::initializer_list<const char*> keys, const char* placeholder);
 // The directory of the first recorded shard (a command's --gguf-dir), else GGUF_DIR.
 std::string RecordedShardDirOr(const nlohmann::json& m);
+// The directory of the shards the manifest `m` at `manifest_path` records,
+// when the directory beside it holds GGUF shards and none of the recorded
+// ones: a model directory copied with its manifest, whose checks then read
+// the original's files. Empty otherwise.
+std::string ModelDirRecordedElsewhere(const nlohmann::json& m, const std::string& manifest_path);
 // `k3pack manifest ... --force`: writes the manifest at `manifest_path` anew
 // from the files it records (shards, pack, config, tokenizer, profile),
 // keeping the pack; the fix for records edited by hand or written by an

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "k3pack/manifest.h"
+#include "manifest/loader_rules.h"
 #include "pack/format.h"
 #include "util/file.h"
 
@@ -368,7 +369,8 @@ Result<Manifest> ParseManifestOf(const json& j, const std::string& path) {
   if (!m.ok() && m.error().kind() != ErrorKind::kKey) return m.error().WithContext(path);
   if (!m.ok() && m.error().message().find('\n') == std::string::npos) {
     // SGLang's loader raises a bare KeyError (the key's repr, the first line);
-    // the hint says which file lacks it.
+    // the hint says which file lacks it, or that it is no manifest at all.
+    if (std::string why = WhyNotAFinishedManifest(j, path); !why.empty()) return m.error().WithHint(why);
     return m.error().WithHint("manifest " + path + " has no key " + m.error().message() +
                               " that SGLang's loader reads; regenerate it with `k3pack manifest`");
   }

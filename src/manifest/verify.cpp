@@ -5,6 +5,8 @@
 // matches the manifest's expert_pack section, then payloads: sampled byte
 // compares with the GGUF source, or every payload against the digest sidecar
 // (full, then the whole-pack digest where recorded), optionally also the source.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "k3pack/manifest.h"
@@ -153,7 +155,9 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
   // Step 2 of the store's checks first: a JSON file that is no finished
   // manifest is named as such, not by a key it lacks.
-  K3_RETURN_IF_ERROR(CheckStoreFormatAndComplete(raw));
+  if (Status st = CheckStoreFormatAndComplete(raw); !st.ok()) {
+    return st.error().WithHint(WhyNotAFinishedManifest(raw, manifest_path));
+  }
   K3_ASSIGN_OR_RETURN(Manifest m, ParseManifestOf(raw, manifest_path));
   const std::string pack_path = m.expert_pack.path;
   if (!PathExists(pack_path)) {
@@ -171,11 +175,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   // or replaced pack is named as such, not by the first entry it cuts off.
   K3_ASSIGN_OR_RETURN(uint64_t pack_size, FileSize(pack_path));
   if (pack_size != m.expert_pack.size) {
-    return Error("Kimi expert-pack size does not match its manifest")
-        .WithHint(pack_path + " is " + std::to_string(pack_size) + " bytes, the manifest " + manifest_path +
-                  " records " + std::to_string(m.expert_pack.size) +
-                  ": the pack was truncated or replaced; rebuild the pack and its manifest with `k3pack build "
-                  "--force` (or, if the pack is the one you want, regenerate the manifest with `k3pack manifest`)");
+    return PackSizeMismatch(pack_path, pack_size, manifest_path, static_cast<int64_t>(m.expert_pack.size));
   }
   // Every input the manifest records a digest of, against the files, with the
   // writer's functions (recorded_inputs.h): the shards (size, header digest,
@@ -253,6 +253,12 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                         {"structure", "ok"},
                         {"index_sha256", fresh["index_sha256"]},
                         {"shards_checked", m.source.shards.size()},
+                        // What "unchanged" rests on: a sampled verify compares each shard's size
+                        // and header digest; --full hashes whole shards where their SHA-256 is recorded.
+                        {"shard_check", full && std::all_of(m.source.shards.begin(), m.source.shards.end(),
+                                                            [](const ShardRecord& s) { return s.sha256.has_value(); })
+                                            ? "whole-file SHA-256"
+                                            : "size and header digest"},
                         {"tokenizer_checked", m.tokenizer.recorded},
                         {"pack_sha256_checked", full && raw.at("expert_pack").contains("sha256")},
                         {"payload_mode", payload_mode},

@@ -243,11 +243,21 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
     auto r = ResolvePath(p);
     return r.ok() ? *r : p;
   };
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(pack_path, ec) || !std::filesystem::is_regular_file(manifest_path, ec))
-    return Error("Kimi expert-pack or manifest is missing: " + resolved(pack_path) + ", " + resolved(manifest_path),
-                 ErrorKind::kFileNotFound);
-  return Status::OK();
+  // SGLang's text names both; the hint says which of them is wrong, and how.
+  std::string hint;
+  for (const auto& [what, path] : {std::pair<std::string, std::string>{"the pack", pack_path}, {"the manifest", manifest_path}}) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (std::filesystem::is_regular_file(status)) continue;
+    hint += (hint.empty() ? "" : "; ") + what + " " + path +
+            (!std::filesystem::exists(status) ? " does not exist"
+             : std::filesystem::is_directory(status) ? " is a directory, not a file"
+                                                     : " is not a regular file");
+  }
+  if (hint.empty()) return Status::OK();
+  return Error("Kimi expert-pack or manifest is missing: " + resolved(pack_path) + ", " + resolved(manifest_path),
+               ErrorKind::kFileNotFound)
+      .WithHint(hint);
 }
 
 uint64_t ObjectGeneration(const std::string& index_sha256, uint32_t layer, uint32_t expert) {
@@ -295,6 +305,9 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   // 1. Files exist (checked by the caller before opening; repeated for direct use).
   K3_RETURN_IF_ERROR(CheckStoreFiles(pack_path, manifest_path));
   K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
+  if (Status st = manifest::CheckStoreFormatAndComplete(m); !st.ok()) {
+    return st.error().WithHint(manifest::WhyNotAFinishedManifest(m, manifest_path));
+  }
   // 2-5. the checks on the manifest alone.
   manifest::ExpectedDims expected;
   expected.layers = opt.expected_layers;
@@ -320,7 +333,8 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   g.resolved_pack_path = *resolved_pack;
   K3_ASSIGN_OR_RETURN(int64_t ep_size, manifest::fields::IntAt(*ep, "size"));  // int(size), as SGLang
   K3_ASSIGN_OR_RETURN(uint64_t file_size, FileSize(pack_path));
-  if (ep_size < 0 || uint64_t(ep_size) != file_size) return Error("Kimi expert-pack size does not match its manifest");
+  if (ep_size < 0 || uint64_t(ep_size) != file_size)
+    return manifest::PackSizeMismatch(pack_path, file_size, manifest_path, ep_size);
   g.pack_size = file_size;
   // expert_pack.get("physical_role_order"): a missing key is the mismatch.
   if (!ep->is_object() || !ep->contains("physical_role_order") ||

@@ -446,6 +446,57 @@ TEST(DefaultManifest, BuildWritesSglangNameAndMissingPathsListCandidates) {
   EXPECT_EQ(Snapshot(m), before);
 }
 
+// A model directory copied with its manifest verified the original's files
+// without a word; SGLang's texts for a file that is no manifest, a pack that
+// is a directory or a cut pack named no file (the store's, run-experts').
+TEST(Errors, ACopiedModelDirectoryAndWhatIsWrongWithAManifestOrPackAreNamed) {
+  const std::string m = FreshModel("copied-from");
+  ASSERT_EQ(Build(m).code, 0);
+  const std::string original = fs::canonical(m).string();
+  const std::string copy = Root() + "/copied-to";
+  fs::remove_all(copy);
+  fs::copy(m, copy, fs::copy_options::recursive);
+  CliRun r = Cli("verify --progress none " + Q(copy));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "records the shards and pack of the model in " + original + ", not the shards beside "
+                              "it in " + copy)) << r.out;
+  EXPECT_TRUE(Contains(r.out, "`k3pack build " + copy + " --force` gives this directory a pack and manifest of its own"))
+      << r.out;
+  EXPECT_TRUE(Contains(r.out, "shards: 3 unchanged (size and header digest)")) << r.out;
+  r = Cli("verify --progress none " + Q(m));
+  EXPECT_FALSE(Contains(r.out, "records the shards and pack of the model in")) << r.out;
+  r = Build(copy);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "(it records the shards and pack of the model in " + original +
+                              ": a model directory copied with its manifest?)")) << r.out;
+  r = Build(copy, "--force");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Cli("verify --progress none --full " + Q(copy));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(Contains(r.out, "records the shards and pack of the model in")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "shards: 3 unchanged (whole-file SHA-256)")) << r.out;
+
+  r = Cli("verify --progress none --manifest " + Q(copy + "/config.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: Kimi expert-pack manifest is incomplete or unsupported\nhint: " + copy +
+                              "/config.json: it has no \"format\" key")) << r.out;
+  r = Cli("load --manifest " + Q(copy + "/config.json"));
+  EXPECT_TRUE(Contains(r.out, "error: Kimi-K3 manifest format is unsupported\nhint: " + copy +
+                              "/config.json: it has no \"format\" key")) << r.out;
+  r = Cli("run-experts --tokens 1 --manifest " + Q(copy + "/" + kManifestName) + " --pack " + Q(copy));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: Kimi expert-pack or manifest is missing: ")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: the pack " + copy + " is a directory, not a file")) << r.out;
+  const std::string pack = copy + "/" + kPackName;
+  const auto size = fs::file_size(pack);
+  fs::resize_file(pack, size - 4096);
+  r = Cli("run-experts --tokens 1 --manifest " + Q(copy + "/" + kManifestName));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: Kimi expert-pack size does not match its manifest\nhint: ")) << r.out;
+  EXPECT_TRUE(Contains(r.out, " is " + std::to_string(size - 4096) + " bytes, the manifest ")) << r.out;
+  EXPECT_TRUE(Contains(r.out, " records " + std::to_string(size) + ": the pack was truncated or replaced")) << r.out;
+}
+
 // ---------------------------------------------------------------- item 8
 
 TEST(Profile, SynthRecordsItAndCommandsFindIt) {
