@@ -68,41 +68,21 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
                              "--allow-unsupported to build the pack anyway");
 }
 
-// The manifest is refused although it records this very pack and is what
-// these shards give (its index digest is the layout's): then the pack is what
-// changed, e.g. bytes SGLang's validator skips (a name's NUL padding) or an
-// unsampled payload. Say so and name the in-place repair; else `refused`.
-Error ExplainManifestRefusal(const Error& refused, const std::string& manifest_path, const PackPlan& plan) {
-  if (auto raw = manifest::ReadManifestJson(manifest_path); raw.ok()) {
-    if (std::string elsewhere = manifest::ModelDirRecordedElsewhere(*raw, manifest_path); !elsewhere.empty()) {
-      const std::string& message = refused.message();
-      return Error(message.substr(0, message.find('\n')) + " (it records the shards and pack of the model in " +
-                       elsewhere + ": a model directory copied with its manifest?)",
-                   refused.kind())
-          .WithHint("pass --force to write this directory's own manifest (the model in " + elsewhere +
-                    " keeps its own), or another --manifest path");
-    }
-  }
-  auto m = manifest::ReadManifest(manifest_path);
-  if (!m.ok() || !m->complete) return refused;
-  auto recorded = ResolvePath(m->expert_pack.path);
-  auto here = ResolvePath(plan.pack);
-  auto layout = pack::LayoutOf(plan.experts);
-  if (!recorded.ok() || !here.ok() || *recorded != *here || !layout.ok() ||
-      m->expert_pack.index_sha256 != layout->IndexSha256()) {
-    return refused;
-  }
-  std::string what = plan.invalid_reason;
-  if (plan.action == OutputAction::kAlreadyBuilt) {
-    what = "its header/index hashes to " + plan.valid_section.value("index_sha256", std::string("?")) +
-           ", the manifest and the layout of these shards say " + m->expert_pack.index_sha256;
-  }
-  if (what.empty()) return refused;
-  return Error("refusing to overwrite existing " + manifest_path + " (--manifest): it is the manifest of this pack, " +
-                   "and the pack " + plan.pack + " is damaged: " + what,
-               ErrorKind::kFileExists)
-      .WithHint("repair the pack in place and keep this manifest: rerun `k3pack build` with --restart (or "
-                "`k3pack pack --repair-damaged`), then `k3pack verify --manifest " + manifest_path + "`");
+// A manifest refused as "not the manifest of this pack" that records another
+// model's shards and pack (a model directory copied with its manifest): say
+// whose it is. (A damaged pack of these shards is refused by the pack plan
+// first: its index digest against the layout, its sampled payloads.)
+Error ExplainManifestRefusal(const Error& refused, const std::string& manifest_path) {
+  auto raw = manifest::ReadManifestJson(manifest_path);
+  if (!raw.ok()) return refused;
+  const std::string elsewhere = manifest::ModelDirRecordedElsewhere(*raw, manifest_path);
+  if (elsewhere.empty()) return refused;
+  const std::string& message = refused.message();
+  return Error(message.substr(0, message.find('\n')) + " (it records the shards and pack of the model in " + elsewhere +
+                   ": a model directory copied with its manifest?)",
+               refused.kind())
+      .WithHint("pass --force to write this directory's own manifest (the model in " + elsewhere +
+                " keeps its own), or another --manifest path");
 }
 
 // One pack and its manifest: the full pack, or the rank pack of `rank`.
@@ -202,7 +182,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     }
     mspec.why_refused = "it is not the manifest of this pack";
     auto decided = DecideOutput(mspec);
-    if (!decided.ok()) return ExplainManifestRefusal(decided.error(), manifest_path, plan);
+    if (!decided.ok()) return ExplainManifestRefusal(decided.error(), manifest_path);
     maction = *decided;
     return Status::OK();
   };
@@ -363,10 +343,11 @@ int RunBuild(const std::vector<std::string>& argv) {
   auto wait = LockWaitOf(args, kCmd);
   if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
   const k3pack::ScopedLockWait waiting(*wait);
-  if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true}); !s.ok())
-    return ReportError(kCmd, s.error(), kExitUsage);
+  // Bad values first: a usage error comes before the "using ..." lines.
   auto v = ParseValues(args);
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
+  if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true}); !s.ok())
+    return ReportError(kCmd, s.error(), kExitUsage);
   auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const nlohmann::json& j = *r;

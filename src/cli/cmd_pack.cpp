@@ -162,10 +162,11 @@ int RunPack(const std::vector<std::string>& argv) {
   auto wait = LockWaitOf(args, kCmd);
   if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
   const k3pack::ScopedLockWait waiting(*wait);
-  if (Status s = FillImpliedInputs(args, kCmd, {.model_config = true}); !s.ok())
-    return ReportError(kCmd, s.error(), kExitUsage);
+  // Bad values first: a usage error comes before the "using ..." lines.
   auto v = ParseValues(args);
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
+  if (Status s = FillImpliedInputs(args, kCmd, {.model_config = true}); !s.ok())
+    return ReportError(kCmd, s.error(), kExitUsage);
   auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const auto& j = *r;

@@ -52,7 +52,6 @@ int RunVerify(const std::vector<std::string>& argv) {
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  ManifestInDirectory(args, kCmd);
   // Usage errors (exit 2): conflicting flags and bad values.
   Status usage = [&]() -> Status {
     if (args.Has("--samples")) {
@@ -62,6 +61,7 @@ int RunVerify(const std::vector<std::string>& argv) {
     return ProgressModeOf(args).status();
   }();
   if (!usage.ok()) return ReportError(kCmd, usage.error(), kExitUsage);
+  ManifestInDirectory(args, kCmd);  // after the usage checks: their errors come first
   const std::string manifest_path = args.Get("--manifest");
   std::string copied_from;
   if (auto raw = manifest::ReadManifestJson(manifest_path); raw.ok()) {

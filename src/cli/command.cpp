@@ -161,13 +161,18 @@ bool Args::Satisfies(const Requirement& r) const {
 }
 
 std::string Args::Usage() const {
+  // A help text's own line breaks keep its indent (not column 0).
+  auto indented = [](std::string text) {
+    for (size_t at = text.find('\n'); at != std::string::npos; at = text.find('\n', at + 1)) text.insert(at + 1, 6, ' ');
+    return text;
+  };
   std::ostringstream os;
   os << "usage: k3pack " << command_ << " " << usage_ << "\n\n" << description_ << "\n";
-  if (!pos_name_.empty()) os << "\n  " << pos_name_ << "\n      " << pos_help_ << "\n";
+  if (!pos_name_.empty()) os << "\n  " << pos_name_ << "\n      " << indented(pos_help_) << "\n";
   if (!order_.empty()) os << "\noptions:\n";
   for (const auto& name : order_) {
     const Spec& s = specs_.at(name);
-    os << "  " << name << (s.is_flag ? "" : " VALUE") << "\n      " << s.help;
+    os << "  " << name << (s.is_flag ? "" : " VALUE") << "\n      " << indented(s.help);
     if (name == positional_option_) os << " (or give it as the argument)";
     if (s.required) os << " (required)";
     if (s.repeatable) os << " (repeatable)";
@@ -359,7 +364,19 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     if (spec.required && !values_.count(name)) return fail("missing required option " + name);
   }
   int n = static_cast<int>(positionals_.size());
-  if (n < pos_min_) return fail(pos_name_.empty() ? "missing argument" : "missing " + pos_name_);
+  if (n < pos_min_) {
+    if (pos_name_.empty()) return fail("missing argument");
+    // "FILE_OR_DIR NAME" with one given: name the one that is missing.
+    std::vector<std::string> names;
+    std::istringstream words(pos_name_);
+    for (std::string w; words >> w;) names.push_back(w);
+    if (n > 0 && static_cast<int>(names.size()) == pos_min_) {
+      std::string missing;
+      for (int i = n; i < pos_min_; ++i) missing += (missing.empty() ? "" : " ") + names[size_t(i)];
+      return fail("missing " + missing + " (after " + names[size_t(n - 1)] + " " + positionals_.back() + ")");
+    }
+    return fail("missing " + pos_name_);
+  }
   if (pos_max_ >= 0 && n > pos_max_) {
     const std::string& extra = positionals_[pos_max_];
     const std::string near = extra.size() > 1 && extra[0] == '-' ? Suggest("-" + extra) : "";

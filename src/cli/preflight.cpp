@@ -146,7 +146,8 @@ Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths) {
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix) {
   if (PathExists(path)) return Status::OK();
   fs::path dir = fs::path(path).parent_path();
-  if (dir.empty()) dir = ".";
+  const bool bare_name = dir.empty();  // "nosuch": looked for in the current directory
+  if (bare_name) dir = ".";
   std::error_code ec;
   std::vector<std::string> found;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -163,7 +164,8 @@ Status CheckInputExists(const std::string& option, const std::string& path, cons
     if (!hint.empty()) return e.WithHint(hint);
   }
   if (found.empty()) {
-    return e.WithHint(fs::is_directory(dir, ec) ? "no *" + suffix + " in " + dir.string() + "; run `k3pack build` first"
+    const std::string where = bare_name ? "the current directory" : dir.string();
+    return e.WithHint(fs::is_directory(dir, ec) ? "no *" + suffix + " in " + where + " either; run `k3pack build` first"
                                                 : "directory " + dir.string() + " does not exist either");
   }
   std::string list = "found beside it:";

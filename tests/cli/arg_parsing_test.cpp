@@ -5,6 +5,8 @@
 // out-of-range numbers, sample counts far above the entries. Each is a usage
 // error (exit 2) naming the option, or works as asked, and never hangs:
 // commands that hung before run under `timeout`.
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
@@ -175,6 +177,27 @@ TEST(ArgParsing, SampleCountsFarAboveTheEntriesCheckEveryEntryAtOnce) {
   r = Timed("manifest --progress none --force --payload-samples 99999999999999 --gguf-dir " + Q(m));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(Contains(r.out, "payload_samples_verified=144")) << r.out;
+}
+
+// `dump-tensor DIR` said "missing FILE_OR_DIR NAME"; a help text's own line
+// breaks started at column 0 in `run-experts --help` and the trace helps.
+TEST(ArgParsing, TheMissingArgumentIsNamedAndHelpTextsKeepTheirIndent) {
+  CliRun r = Timed("dump-tensor " + Q(Root()));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: missing NAME (after FILE_OR_DIR " + Root() + ")")) << r.out;
+  r = Timed("dump-tensor");
+  EXPECT_TRUE(Contains(r.out, "error: missing FILE_OR_DIR NAME")) << r.out;
+  for (const std::string command : {"run-experts", "trace gen", "trace sweep", "trace replay", "build", "verify"}) {
+    SCOPED_TRACE(command);
+    r = Timed(command + " --help");
+    ASSERT_EQ(r.code, 0) << r.out;
+    // From "options:" to the blank line after them, every line is indented.
+    const size_t from = r.out.find("\noptions:\n");
+    ASSERT_NE(from, std::string::npos) << r.out;
+    const size_t to = r.out.find("\n\n", from + 1);
+    std::istringstream lines(r.out.substr(from + 10, to == std::string::npos ? std::string::npos : to - from - 10));
+    for (std::string line; std::getline(lines, line);) EXPECT_EQ(line.rfind("  ", 0), 0u) << line;
+  }
 }
 
 }  // namespace

@@ -247,8 +247,9 @@ TEST_F(QaAudit, VerifySaysWhenSamplesCoverEveryEntry) {
 }
 
 // Item 5: a pack damaged where SGLang's validator does not look (a name's NUL
-// padding in the index) or in a payload: build names the pack as damaged,
-// not its manifest as foreign, and `build --restart` repairs it in place.
+// padding in the index) or in a payload: build names the pack as damaged
+// (the index: its digest against the shards' layout), not its manifest as
+// foreign, and `build --restart` repairs it in place.
 TEST_F(QaAudit, BuildNamesDamagedPackAndRestartRepairsIt) {
   const std::string dir = Built("dmg");
   const std::string original = k3test::ReadFile(PackOf(dir));
@@ -262,7 +263,7 @@ TEST_F(QaAudit, BuildNamesDamagedPackAndRestartRepairsIt) {
     uint64_t at;
     const char* says;
   };
-  for (const Case& c : {Case{"index name padding", 40 + 152 * 3 + 100, "it is the manifest of this pack, and the pack"},
+  for (const Case& c : {Case{"index name padding", 40 + 152 * 3 + 100, "it is not a valid pack of these shards: its header/index hashes to "},
                         Case{"first payload", data_start, "it is not a valid pack of these shards"}}) {
     SCOPED_TRACE(c.what);
     FlipBytes(PackOf(dir), c.at, 16);

@@ -163,8 +163,8 @@ TEST(ManifestValueKinds, MissingFilesAreNamedResolvedAndADirectoryIsMissing) {
   auto s = ExpertStore::Open(dir_as_pack, p.dir + "/./sub/../manifest.json", Small());
   ASSERT_FALSE(s.ok());
   const std::string canon_dir = std::filesystem::canonical(p.dir).string();
-  EXPECT_EQ(s.error().message(),
-            "Kimi expert-pack or manifest is missing: " + canon_dir + "/sub, " + canon_dir + "/manifest.json");
+  EXPECT_EQ(s.error().message(), "Kimi expert-pack or manifest is missing: " + canon_dir + "/sub, " + canon_dir +
+                                     "/manifest.json\nhint: the pack " + dir_as_pack + " is a directory, not a file");
   EXPECT_EQ(s.error().kind(), ErrorKind::kFileNotFound);
 }
 

@@ -40,7 +40,9 @@ TEST(StoreOpen, MissingFiles) {
   ErrorKind kind{};
   auto s = ExpertStore::Open(p.pack + ".nope", p.manifest, Small());
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.error().message(), "Kimi expert-pack or manifest is missing: " + p.pack + ".nope, " + p.manifest);
+  // SGLang's text, then which of the two is the problem.
+  EXPECT_EQ(s.error().message(), "Kimi expert-pack or manifest is missing: " + p.pack + ".nope, " + p.manifest +
+                                     "\nhint: the pack " + p.pack + ".nope does not exist");
   EXPECT_EQ(s.error().kind(), ErrorKind::kFileNotFound);
   (void)kind;
 }
@@ -49,11 +51,14 @@ TEST(StoreOpen, IncompleteOrUnsupportedManifest) {
   TinyPack p(TinySpec{});
   p.json["complete"] = false;
   p.Save();
-  EXPECT_EQ(OpenError(p), "Kimi expert-pack manifest is incomplete or unsupported");
+  // SGLang's text, then a hint naming the file and what it lacks.
+  const std::string text = "Kimi expert-pack manifest is incomplete or unsupported\nhint: " + p.manifest + ": ";
+  EXPECT_EQ(OpenError(p).rfind(text + "its \"complete\" is false (", 0), 0u) << OpenError(p);
   p.json["complete"] = true;
   p.json["format"] = "SGLANG-EXPERTPACK-v1";
   p.Save();
-  EXPECT_EQ(OpenError(p), "Kimi expert-pack manifest is incomplete or unsupported");
+  EXPECT_EQ(OpenError(p).rfind(text + "its \"format\" is \"SGLANG-EXPERTPACK-v1\", not \"SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1\"", 0), 0u)
+      << OpenError(p);
 }
 
 TEST(StoreOpen, HardConstraints) {
@@ -108,9 +113,15 @@ TEST(StoreOpen, PathSizeAndRoleOrder) {
   p.json["expert_pack"]["path"] = p.dir + "/link.pack";
   p.Save();
   EXPECT_EQ(OpenError(p), "OK");
-  p.json["expert_pack"]["size"] = p.json["expert_pack"]["size"].get<uint64_t>() + 1;
+  const uint64_t size = p.json["expert_pack"]["size"].get<uint64_t>();
+  p.json["expert_pack"]["size"] = size + 1;
   p.Save();
-  EXPECT_EQ(OpenError(p), "Kimi expert-pack size does not match its manifest");
+  EXPECT_EQ(OpenError(p).rfind("Kimi expert-pack size does not match its manifest\nhint: " + p.pack + " is " +
+                                   std::to_string(size) + " bytes, the manifest " + p.manifest + " records " +
+                                   std::to_string(size + 1) + ": ",
+                               0),
+            0u)
+      << OpenError(p);
   p.json = p.MakeManifest();
   p.json["expert_pack"]["physical_role_order"] = {"gate", "up", "down"};
   p.Save();
