@@ -3,7 +3,6 @@
 #include <string>
 
 #include "manifest/json_fields.h"
-#include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 
 namespace k3pack::manifest {
@@ -29,34 +28,9 @@ std::string LayerRangeText(const std::vector<uint32_t>& layers) {
 
 }  // namespace
 
-bool FormatSupported(const json& m) {
-  return m.is_object() && m.contains("format") && m["format"] == kManifestFormat;
-}
-
-bool MarkedComplete(const json& m) {
-  return fields::Truthy(m, "complete");
-}
-
 Status CheckStoreFormatAndComplete(const json& m) {
   if (!MarkedComplete(m) || !FormatSupported(m)) return Error("Kimi expert-pack manifest is incomplete or unsupported");
   return Status::OK();
-}
-
-std::string WhyNotAFinishedManifest(const json& m, const std::string& path) {
-  std::string why;
-  if (!m.is_object()) {
-    why = "it is a JSON " + std::string(m.type_name()) + ", not an object";
-  } else if (!m.contains("format")) {
-    why = "it has no \"format\" key";
-  } else if (!FormatSupported(m)) {
-    why = "its \"format\" is " + m["format"].dump() + ", not \"" + std::string(kManifestFormat) + "\"";
-  } else if (!MarkedComplete(m)) {
-    why = "its \"complete\" is " + (m.contains("complete") ? m["complete"].dump() : std::string("missing")) +
-          " (a manifest is marked complete only once it is written whole)";
-  }
-  if (why.empty()) return why;
-  return path + ": " + why + "; pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
-         std::string(kDefaultManifestName) + " beside the pack)";
 }
 
 Error PackSizeMismatch(const std::string& pack_path, uint64_t pack_size, const std::string& manifest_path,

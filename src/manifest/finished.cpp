@@ -1,0 +1,39 @@
+// Step 2 of the loaders' checks, kept apart from the other rules so that the
+// manifest reader (and its fuzz target) can name what a JSON file that is no
+// finished manifest lacks without linking the whole rule set.
+#include <string>
+
+#include "manifest/json_fields.h"
+#include "manifest/loader_rules.h"
+#include "manifest/manifest_output.h"
+
+namespace k3pack::manifest {
+
+using nlohmann::json;
+
+bool FormatSupported(const json& m) {
+  return m.is_object() && m.contains("format") && m["format"] == kManifestFormat;
+}
+
+bool MarkedComplete(const json& m) {
+  return fields::Truthy(m, "complete");
+}
+
+std::string WhyNotAFinishedManifest(const json& m, const std::string& path) {
+  std::string why;
+  if (!m.is_object()) {
+    why = "it is a JSON " + std::string(m.type_name()) + ", not an object";
+  } else if (!m.contains("format")) {
+    why = "it has no \"format\" key";
+  } else if (!FormatSupported(m)) {
+    why = "its \"format\" is " + m["format"].dump() + ", not \"" + std::string(kManifestFormat) + "\"";
+  } else if (!MarkedComplete(m)) {
+    why = "its \"complete\" is " + (m.contains("complete") ? m["complete"].dump() : std::string("missing")) +
+          " (a manifest is marked complete only once it is written whole)";
+  }
+  if (why.empty()) return why;
+  return path + ": " + why + "; pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
+         std::string(kDefaultManifestName) + " beside the pack)";
+}
+
+}  // namespace k3pack::manifest
