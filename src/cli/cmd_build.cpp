@@ -290,8 +290,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
 
 // An already-built result's paths as a fresh build's JSON gives them.
 nlohmann::json AbsoluteOutputs(const nlohmann::json& j) {
-  const std::string manifest = AbsolutePathOrGiven(j["manifest"].get<std::string>());
-  return {{"manifest", manifest}, {"path", manifest}, {"pack", AbsolutePathOrGiven(j["pack"].get<std::string>())}};
+  const std::string manifest = ResolvedPathOrGiven(j["manifest"].get<std::string>());
+  return {{"manifest", manifest}, {"path", manifest}, {"pack", ResolvedPathOrGiven(j["pack"].get<std::string>())}};
 }
 
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {

@@ -122,7 +122,7 @@ int RunManifest(const std::vector<std::string>& argv) {
   if (r->contains("already_built")) {
     const std::string path = (*r)["manifest"].get<std::string>();
     ReportAlreadyBuilt(kCmd, path, args.Has("--json"), "manifest",
-                       {{"manifest", AbsolutePathOrGiven(path)}, {"path", AbsolutePathOrGiven(path)}});
+                       {{"manifest", ResolvedPathOrGiven(path)}, {"path", ResolvedPathOrGiven(path)}});
     return kExitOk;
   }
   if (args.Has("--json")) {

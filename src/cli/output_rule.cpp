@@ -6,8 +6,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "util/file.h"
-
 namespace k3pack::cli {
 
 void AddForceFlag(Args& args, const std::string& what) {
@@ -38,11 +36,6 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command) {
 }
 
 std::string AlreadyBuiltLine(const std::string& path) { return "already built: " + path + " (use --force to rebuild)"; }
-
-std::string AbsolutePathOrGiven(const std::string& path) {
-  auto resolved = ResolvePath(path);
-  return resolved.ok() ? *resolved : path;
-}
 
 void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key,
                         const nlohmann::json& fields) {

@@ -49,10 +49,6 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command);
 // "out_dir"), so a script reads the same key either way. `fields` are set in
 // the JSON last: the paths in the form a fresh run prints them (absolute for
 // `build` and `manifest`), and any other output the fresh JSON names.
-// `path` made absolute as a fresh run's JSON names it ("/abs/x"), or as given
-// when it cannot be resolved.
-std::string AbsolutePathOrGiven(const std::string& path);
-
 void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key = "",
                         const nlohmann::json& fields = nlohmann::json::object());
 

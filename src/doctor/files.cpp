@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string Resolved(const std::string& p) {
-  auto r = ResolvePath(p);
-  return r.ok() ? *r : p;
-}
-
 // Parses the header of a file whose data is cut off: the header bytes are
 // copied into a sparse temp file that is much longer than needed, so the
 // reader's bounds checks pass and the tensor infos can be examined; the
@@ -210,7 +205,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     }
     for (const auto& u : unnumbered) {
       out.Add("stray-gguf", u, "not a numbered shard of '" + prefix + "'",
-              "GGUF shard name does not contain NNNNN-of-NNNNN: " + Resolved(u), u);
+              "GGUF shard name does not contain NNNNN-of-NNNNN: " + ResolvedPathOrGiven(u), u);
     }
     const auto& files = sets[prefix];
     const auto& cs = counts[prefix];
@@ -258,13 +253,13 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     for (const auto& u : unnumbered) {
       if (fs::equivalent(u, single, ec)) continue;
       out.Add("stray-gguf", u, "another unnumbered GGUF file beside " + single,
-              "GGUF shard name does not contain NNNNN-of-NNNNN: " + Resolved(u), u);
+              "GGUF shard name does not contain NNNNN-of-NNNNN: " + ResolvedPathOrGiven(u), u);
     }
     single_unnumbered = true;
     chosen.push_back(single);
     v.prefix = fs::path(single).stem().string();
   } else {
-    out.Add("no-gguf-files", path, "the directory contains no *.gguf file", "no GGUF files found in " + Resolved(path));
+    out.Add("no-gguf-files", path, "the directory contains no *.gguf file", "no GGUF files found in " + ResolvedPathOrGiven(path));
     out.report().unusable = true;
     return std::nullopt;
   }
@@ -273,7 +268,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   if (single_unnumbered && v.shards.front().file) {
     out.Add("gguf-not-numbered", v.shards.front().path,
             "the model is a single file without the -NNNNN-of-NNNNN.gguf suffix",
-            "Kimi GGUF name is not a numbered shard: " + Resolved(v.shards.front().path), v.shards.front().path);
+            "Kimi GGUF name is not a numbered shard: " + ResolvedPathOrGiven(v.shards.front().path), v.shards.front().path);
   }
   IndexTensors(v, out);
   return v;
@@ -316,7 +311,7 @@ void CheckSplit(const ShardView& view, Collector& out) {
     const Shard& s = view.shards[i];
     if (!s.file) continue;
     const gguf::GgufFile& f = *s.file;
-    const std::string rpath = Resolved(s.path);
+    const std::string rpath = ResolvedPathOrGiven(s.path);
     auto get = [&](const char* key) -> std::optional<int64_t> {
       const gguf::Value* v = f.Find(key);
       if (v == nullptr) {

@@ -239,10 +239,6 @@ std::string LocateNonCanonicalEntry(const uint8_t* index, uint64_t count, const 
 Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest_path) {
   // Path(p).resolve() of both, then is_file(): the message names the
   // resolved paths (absolute, symlinks resolved), a directory is missing.
-  auto resolved = [](const std::string& p) {
-    auto r = ResolvePath(p);
-    return r.ok() ? *r : p;
-  };
   // SGLang's text names both; the hint says which of them is wrong, and how.
   std::string hint;
   for (const auto& [what, path] : {std::pair<std::string, std::string>{"the pack", pack_path}, {"the manifest", manifest_path}}) {
@@ -255,7 +251,7 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
                                                      : " is not a regular file");
   }
   if (hint.empty()) return Status::OK();
-  return Error("Kimi expert-pack or manifest is missing: " + resolved(pack_path) + ", " + resolved(manifest_path),
+  return Error("Kimi expert-pack or manifest is missing: " + ResolvedPathOrGiven(pack_path) + ", " + ResolvedPathOrGiven(manifest_path),
                ErrorKind::kFileNotFound)
       .WithHint(hint);
 }

@@ -250,6 +250,11 @@ Result<std::string> ResolvePath(const std::string& path) {
   return p.string();
 }
 
+std::string ResolvedPathOrGiven(const std::string& path) {
+  auto resolved = ResolvePath(path);
+  return resolved.ok() ? *resolved : path;
+}
+
 std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length) {
   std::vector<Segment> out;
   const uint64_t end = offset + length;

@@ -153,5 +153,7 @@ class MappedFile {
 
 // Absolute, normalized path (like Python's Path.resolve(): symlinks followed).
 Result<std::string> ResolvePath(const std::string& path);
+// ResolvePath, or `path` as given when it cannot be resolved (for messages and reports).
+std::string ResolvedPathOrGiven(const std::string& path);
 
 }  // namespace k3pack
