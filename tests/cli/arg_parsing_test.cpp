@@ -14,15 +14,6 @@
 namespace k3cli {
 namespace {
 
-// A hang is a failure (exit 124), not a stalled test run.
-CliRun Timed(const std::string& args) { return CliVia("timeout -k 5 60", args); }
-
-// A cheap command that writes one file: a small generated trace.
-std::string TraceGen(const std::string& trace, const std::string& extra = "") {
-  return "trace gen --layers 2 --experts 16 --top-k 2 --requests 2 --decode-tokens 3 --trace " + Q(trace) + " " +
-         extra;
-}
-
 TEST(ArgParsing, DoubleDashEndsTheOptionsSoPathsMayStartWithADash) {
   const std::string root = Root() + "/dashes";
   fs::create_directories(root);

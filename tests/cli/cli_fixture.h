@@ -20,6 +20,13 @@ using k3pack::testing_cli::Cli;
 using k3pack::testing_cli::CliVia;
 using k3pack::testing_cli::CliRun;
 
+// The names `build` gives the pack and the manifest of the synthetic model.
+inline const char* kPackName = "KIMI-K3-SYNTH.expert-major.pack";
+inline const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
+
+// A hang is a failure (exit 124), not a stalled test run.
+inline CliRun Timed(const std::string& args) { return CliVia("timeout -k 5 60", args); }
+
 inline std::string Q(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -89,6 +96,16 @@ inline CliRun Build(const std::string& model, const std::string& extra = "") {
 inline CliRun Pack(const std::string& model, const std::string& extra = "") {
   return Cli("pack --progress none --safety-margin-gib 0 --gguf-dir " + Q(model) + " --model-config " +
              Q(model + "/config.json") + " " + extra);
+}
+
+// A cheap command that writes one file: a small generated trace, `extra`
+// appended (the trace's path among it).
+inline std::string TraceGenArgs(const std::string& extra) {
+  return "trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 " + extra;
+}
+
+inline std::string TraceGen(const std::string& trace, const std::string& extra = "") {
+  return TraceGenArgs("--trace " + Q(trace) + " " + extra);
 }
 
 }  // namespace k3cli

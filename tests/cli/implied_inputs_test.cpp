@@ -15,7 +15,6 @@
 namespace k3cli {
 namespace {
 
-const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
 const std::string kQuiet = " --progress none --safety-margin-gib 0 --profile scaled ";
 
 // A manifest without its creation time, which is all two runs may differ in.

@@ -17,8 +17,6 @@
 namespace k3cli {
 namespace {
 
-CliRun Timed(const std::string& args) { return CliVia("timeout -k 5 60", args); }
-
 std::string FileText(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -8,17 +8,12 @@
 namespace k3cli {
 namespace {
 
-// A cheap command that writes one file: a small generated trace.
-std::string TraceGen(const std::string& extra) {
-  return "trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 --seed 3 " + extra;
-}
-
 TEST(RepeatedOptions, TwoValuesAreAUsageErrorNamingBoth) {
   const std::string d = Root() + "/repeat-two";
   fs::create_directories(d);
   const std::string a = d + "/a.k3t", b = d + "/b.k3t";
-  for (const std::string& args : {TraceGen("--trace " + Q(a) + " --trace " + Q(b)),
-                                  TraceGen("--trace=" + Q(a) + " --trace " + Q(b))}) {
+  for (const std::string& args : {TraceGenArgs("--trace " + Q(a) + " --trace " + Q(b)),
+                                  TraceGenArgs("--trace=" + Q(a) + " --trace " + Q(b))}) {
     SCOPED_TRACE(args);
     CliRun r = Cli(args);
     EXPECT_EQ(r.code, 2) << r.out;
@@ -32,7 +27,7 @@ TEST(RepeatedOptions, TwoValuesAreAUsageErrorNamingBoth) {
   EXPECT_TRUE(Contains(r.out, "--out given twice, as '" + d + "/x' and '" + d + "/y'")) << r.out;
   EXPECT_FALSE(fs::exists(d + "/x"));
   EXPECT_FALSE(fs::exists(d + "/y"));
-  r = Cli(TraceGen("--seed 4 --trace " + Q(a)));
+  r = Cli(TraceGenArgs("--seed 3 --seed 4 --trace " + Q(a)));
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(Contains(r.out, "--seed given twice, as '3' and '4'")) << r.out;
   EXPECT_FALSE(fs::exists(a));
@@ -42,7 +37,7 @@ TEST(RepeatedOptions, SameValueTwiceAndFlagTwiceAreAccepted) {
   const std::string d = Root() + "/repeat-same";
   fs::create_directories(d);
   const std::string t = d + "/t.k3t";
-  CliRun r = Cli(TraceGen("--trace " + Q(t) + " --trace=" + Q(t) + " --json --json"));
+  CliRun r = Cli(TraceGenArgs("--trace " + Q(t) + " --trace=" + Q(t) + " --json --json"));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(t));
   EXPECT_TRUE(Contains(r.out, "{")) << r.out;  // --json took effect once
@@ -54,8 +49,8 @@ TEST(RepeatedOptions, OldAndNewSpellingTogetherNeedOneValue) {
   const std::string d = Root() + "/repeat-old";
   fs::create_directories(d);
   const std::string t = d + "/t.k3t", u = d + "/u.k3t";
-  for (const std::string& args : {TraceGen("--out " + Q(t) + " --trace " + Q(u)),
-                                  TraceGen("--trace " + Q(u) + " --out " + Q(t))}) {
+  for (const std::string& args : {TraceGenArgs("--out " + Q(t) + " --trace " + Q(u)),
+                                  TraceGenArgs("--trace " + Q(u) + " --out " + Q(t))}) {
     SCOPED_TRACE(args);
     CliRun r = Cli(args);
     EXPECT_EQ(r.code, 2) << r.out;
@@ -63,7 +58,7 @@ TEST(RepeatedOptions, OldAndNewSpellingTogetherNeedOneValue) {
     EXPECT_FALSE(fs::exists(t));
     EXPECT_FALSE(fs::exists(u));
   }
-  CliRun r = Cli(TraceGen("--out " + Q(t) + " --trace " + Q(t)));
+  CliRun r = Cli(TraceGenArgs("--out " + Q(t) + " --trace " + Q(t)));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(t));
 }

@@ -13,13 +13,6 @@
 namespace k3cli {
 namespace {
 
-const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
-
-// A small generated trace, `extra` appended.
-std::string TraceGen(const std::string& trace, const std::string& extra = "") {
-  return "trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 --seed 3 --trace " + Q(trace) +
-         " " + extra;
-}
 const std::string kSweepModel = " --layers 2 --experts 8 --top-k 2 --requests 1 --prompt-tokens 0 --decode-tokens 8 "
                                 "--object-bytes 4096 --sizes 4 --policies lru --progress none ";
 

@@ -17,9 +17,6 @@
 namespace k3cli {
 namespace {
 
-const char* kManifestName = "kimi-k3-expert-pack.manifest.json";
-const char* kPackName = "KIMI-K3-SYNTH.expert-major.pack";
-
 // No pack, partial, lock, digests or manifest anywhere in `dir`.
 void ExpectNothingPublished(const std::string& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir)) {

@@ -11,13 +11,12 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using k3test::Bin;
 using k3test::RunCmd;
 using k3test::ShellQuote;
 using nlohmann::json;
 
 namespace {
-
-std::string Bin() { return ShellQuote(K3PACK_BIN); }
 
 // One synthetic model + pack shared by the suite (built once, read-only).
 struct Paths {

@@ -17,17 +17,17 @@
 
 namespace fs = std::filesystem;
 using k3test::CmdResult;
+using k3test::Bin;
 using k3test::RunCmd;
 using k3test::ShellQuote;
 using nlohmann::json;
 
 namespace {
 
-std::string Bin() { return ShellQuote(K3PACK_BIN); }
 std::string Q(const std::string& s) { return ShellQuote(s); }
 
 // The message after "k3pack CMD: error: " on its first line.
-std::string FirstLine(const std::string& s) {
+std::string MessageAfterError(const std::string& s) {
   const size_t at = s.find("error: ");
   const std::string from = at == std::string::npos ? s : s.substr(at + 7);
   return from.substr(0, from.find('\n'));
@@ -93,7 +93,7 @@ TEST_F(QaAudit, VerifyRejectsEditedHardConstraints) {
     k3test::WriteFile(copy, edited.dump(2));
     auto r = Verify(copy);
     EXPECT_EQ(r.rc, 1) << r.out;
-    EXPECT_EQ(FirstLine(r.out), "Kimi manifest hard constraints do not match runtime policy") << r.out;
+    EXPECT_EQ(MessageAfterError(r.out), "Kimi manifest hard constraints do not match runtime policy") << r.out;
     EXPECT_NE(r.out.find("hint: " + copy), std::string::npos) << r.out;
   }
   // Without the key SGLang's `manifest["hard_constraints"]` raises a bare
@@ -102,7 +102,7 @@ TEST_F(QaAudit, VerifyRejectsEditedHardConstraints) {
   removed.erase("hard_constraints");
   k3test::WriteFile(dir + "/copy.json", removed.dump(2));
   auto r = Verify(dir + "/copy.json");
-  EXPECT_EQ(FirstLine(r.out), "'hard_constraints'") << r.out;
+  EXPECT_EQ(MessageAfterError(r.out), "'hard_constraints'") << r.out;
   EXPECT_NE(r.out.find("manifest " + dir + "/copy.json has no key 'hard_constraints'"), std::string::npos) << r.out;
 }
 
@@ -123,7 +123,7 @@ TEST_F(QaAudit, BuildRefusesSsmAValuesTheLoaderRejects) {
     ASSERT_EQ(r.rc, 0) << r.out;
     r = RunCmd(Bin() + " load --manifest " + Q(ManifestOf(dir)));
     EXPECT_EQ(r.rc, 1) << r.out;
-    EXPECT_NE(FirstLine(r.out).find("Kimi-K3 GGUF ssm_a must contain"), std::string::npos) << r.out;
+    EXPECT_NE(MessageAfterError(r.out).find("Kimi-K3 GGUF ssm_a must contain"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("hint: tensor blk."), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(".ssm_a in " + dir), std::string::npos) << r.out;
   }
@@ -184,7 +184,7 @@ TEST_F(QaAudit, RunExpertsBlamesAnotherModelsGgufDir) {
   auto r = RunCmd(Bin() + " run-experts --manifest " + Q(ManifestOf(dir)) + " --gguf-dir " + Q(other));
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_EQ(r.out.find("MISMATCH"), std::string::npos) << r.out;
-  EXPECT_NE(FirstLine(r.out).find("--gguf-dir " + other + " does not hold the shards the manifest"), std::string::npos)
+  EXPECT_NE(MessageAfterError(r.out).find("--gguf-dir " + other + " does not hold the shards the manifest"), std::string::npos)
       << r.out;
   r = RunCmd(Bin() + " run-experts --manifest " + Q(ManifestOf(dir)) + " --gguf-dir " + Q(dir));
   EXPECT_EQ(r.rc, 0) << r.out;
@@ -200,7 +200,7 @@ TEST_F(QaAudit, VerifyNamesTruncatedPackAndMissingKey) {
   fs::resize_file(PackOf(dir), fs::file_size(PackOf(dir)) - 5000);
   auto r = Verify(ManifestOf(dir));
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(FirstLine(r.out), "Kimi expert-pack size does not match its manifest") << r.out;
+  EXPECT_EQ(MessageAfterError(r.out), "Kimi expert-pack size does not match its manifest") << r.out;
   EXPECT_NE(r.out.find("hint: " + PackOf(dir)), std::string::npos) << r.out;
 
   json doc = json::parse(k3test::ReadFile(ManifestOf(dir)));
@@ -209,7 +209,7 @@ TEST_F(QaAudit, VerifyNamesTruncatedPackAndMissingKey) {
   k3test::WriteFile(copy, doc.dump(2));
   r = Verify(copy);
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(FirstLine(r.out), "'source'") << r.out;
+  EXPECT_EQ(MessageAfterError(r.out), "'source'") << r.out;
   EXPECT_NE(r.out.find("manifest " + copy + " has no key 'source'"), std::string::npos) << r.out;
 }
 

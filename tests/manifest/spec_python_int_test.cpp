@@ -19,7 +19,7 @@ json K3() {
           {"routed_expert_hidden_size", 3584}, {"moe_intermediate_size", 3072}, {"hidden_act", "situ"}};
 }
 
-std::string FirstLine(const json& cfg) {
+std::string VerdictFirstLine(const json& cfg) {
   auto r = ModelSpecFromConfig(cfg, Profile::kKimiK3);
   if (r.ok()) return "OK";
   const std::string& m = r.error().message();
@@ -31,9 +31,9 @@ std::string FirstLine(const json& cfg) {
 TEST(SpecPythonInt, NonNumericCountIsIntsValueError) {
   json c = K3();
   c["num_experts"] = "abc";
-  EXPECT_EQ(FirstLine(c), "invalid literal for int() with base 10: 'abc'");
+  EXPECT_EQ(VerdictFirstLine(c), "invalid literal for int() with base 10: 'abc'");
   c["num_experts"] = nullptr;
-  EXPECT_EQ(FirstLine(c), "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'");
+  EXPECT_EQ(VerdictFirstLine(c), "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'");
 }
 
 TEST(SpecPythonInt, IntAcceptsWhatPythonAccepts) {
@@ -41,13 +41,13 @@ TEST(SpecPythonInt, IntAcceptsWhatPythonAccepts) {
   c["num_experts"] = "8_96";
   c["num_experts_per_token"] = " 16 ";
   c["hidden_size"] = 7168.9;
-  EXPECT_EQ(FirstLine(c), "OK");
+  EXPECT_EQ(VerdictFirstLine(c), "OK");
 }
 
 TEST(SpecPythonInt, HiddenActIsPythonStr) {
   json c = K3();
   c["hidden_act"] = nullptr;
-  const std::string e = FirstLine(c);
+  const std::string e = VerdictFirstLine(c);
   EXPECT_NE(e.find("actual={'num_hidden_layers': 93"), std::string::npos) << e;
   EXPECT_NE(e.find("'hidden_act': 'None'}"), std::string::npos) << e;
 }

@@ -24,6 +24,9 @@ inline std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
+// The built CLI, quoted for a shell command line.
+inline std::string Bin() { return ShellQuote(K3PACK_BIN); }
+
 struct CmdResult {
   int rc = -1;
   std::string out;  // stdout + stderr (2>&1) unless separated

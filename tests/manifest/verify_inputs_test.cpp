@@ -18,15 +18,15 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using k3test::Bin;
 using k3test::RunCmd;
 using k3test::ShellQuote;
 using nlohmann::json;
 
 namespace {
 
-std::string Bin() { return ShellQuote(K3PACK_BIN); }
 
-std::string FirstLine(const std::string& s) {
+std::string MessageOnFirstLine(const std::string& s) {
   // Skip the "k3pack verify: error: " prefix the CLI puts before the message.
   std::string line = s.substr(0, s.find('\n'));
   const std::string tag = "error: ";
@@ -114,7 +114,7 @@ TEST_F(VerifyInputs, FullChecksWholePackDigestOverPaddingAndZeroFill) {
     FlipByte(pack, at);
     auto r = Verify(Manifest(), "--full");
     EXPECT_EQ(r.rc, 1) << r.out;
-    EXPECT_EQ(FirstLine(r.out), "Kimi expert-pack SHA-256 does not match manifest") << r.out;
+    EXPECT_EQ(MessageOnFirstLine(r.out), "Kimi expert-pack SHA-256 does not match manifest") << r.out;
     EXPECT_NE(r.out.find("padding"), std::string::npos) << r.out;
     FlipByte(pack, at);
     EXPECT_EQ(Verify(Manifest(), "--full").rc, 0);
@@ -174,7 +174,7 @@ TEST_F(VerifyInputs, EditedManifestDigestsAndRecordsAreNamed) {
     const std::string edited = Edited(d);
     auto r = Verify(edited);
     EXPECT_EQ(r.rc, 1) << r.out;
-    EXPECT_EQ(FirstLine(r.out).rfind(c.first_line, 0), 0u) << "expected: " << c.first_line << "\n" << r.out;
+    EXPECT_EQ(MessageOnFirstLine(r.out).rfind(c.first_line, 0), 0u) << "expected: " << c.first_line << "\n" << r.out;
   }
   // The loader's verify_metadata recomputes the inventory too.
   json d = doc;
@@ -199,7 +199,7 @@ TEST_F(VerifyInputs, ChangedConfigAndTokenizerFilesAreNamed) {
   k3test::WriteFile(config, cfg + "\n");
   auto r = Verify(Manifest());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(FirstLine(r.out).rfind("model config " + config + " changed since the manifest was written: config_sha256 ", 0),
+  EXPECT_EQ(MessageOnFirstLine(r.out).rfind("model config " + config + " changed since the manifest was written: config_sha256 ", 0),
             0u)
       << r.out;
   k3test::WriteFile(config, cfg);
@@ -211,14 +211,14 @@ TEST_F(VerifyInputs, ChangedConfigAndTokenizerFilesAreNamed) {
   k3test::WriteFile(tok0, changed);
   r = Verify(Manifest());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(FirstLine(r.out).rfind("tokenizer file " + tok0 + " changed since the manifest was written: sha256 ", 0), 0u)
+  EXPECT_EQ(MessageOnFirstLine(r.out).rfind("tokenizer file " + tok0 + " changed since the manifest was written: sha256 ", 0), 0u)
       << r.out;
   k3test::WriteFile(tok0, tok);
 
   k3test::WriteFile(tok_dir + "/added.txt", "x");
   r = Verify(Manifest());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(FirstLine(r.out), "tokenizer directory " + tok_dir + " has a file the manifest does not record: added.txt")
+  EXPECT_EQ(MessageOnFirstLine(r.out), "tokenizer directory " + tok_dir + " has a file the manifest does not record: added.txt")
       << r.out;
   fs::remove(tok_dir + "/added.txt");
   EXPECT_EQ(Verify(Manifest()).rc, 0);

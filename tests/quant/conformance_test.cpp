@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "k3pack/quant.h"
+#include "quant_test_util.h"
 
 namespace k3pack::quant {
 namespace {
@@ -17,13 +18,6 @@ uint32_t Bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
-}
-
-std::vector<Isa> Paths() {
-  std::vector<Isa> p = {Isa::kScalar};
-  if (static_cast<int>(DetectedIsa()) >= 1) p.push_back(Isa::kAvx2);
-  if (static_cast<int>(DetectedIsa()) >= 2) p.push_back(Isa::kAvx512);
-  return p;
 }
 
 // Decodes one block of `t` on every path; checks the float bits of y[i].

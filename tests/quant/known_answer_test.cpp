@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "k3pack/quant.h"
+#include "quant_test_util.h"
 
 namespace k3pack::quant {
 namespace {
@@ -22,13 +23,6 @@ struct Block {
 };
 
 constexpr uint16_t kH1 = 0x3C00, kH05 = 0x3800, kH2 = 0x4000, kH025 = 0x3400, kHm1 = 0xBC00;
-
-std::vector<Isa> Paths() {
-  std::vector<Isa> p = {Isa::kScalar};
-  if (static_cast<int>(DetectedIsa()) >= 1) p.push_back(Isa::kAvx2);
-  if (static_cast<int>(DetectedIsa()) >= 2) p.push_back(Isa::kAvx512);
-  return p;
-}
 
 // Decodes `blk` on every path and checks y[index] == value for each pair.
 void Expect(const Block& blk, std::vector<std::pair<int, float>> want) {

@@ -59,7 +59,7 @@ void Dot(const Matrix& m, const std::vector<double>& v, std::vector<double>* y, 
   }
 }
 
-struct Expert {
+struct ExpertMatrices {
   Matrix gate, up, down;
 };
 
@@ -71,7 +71,7 @@ struct Reference {
 double Sig(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
 Reference Evaluate(const std::vector<float>& logits, const std::vector<float>& bias, const std::vector<float>& x,
-                   const std::map<uint32_t, Expert>& experts, const MoeConfig& cfg) {
+                   const std::map<uint32_t, ExpertMatrices>& experts, const MoeConfig& cfg) {
   const size_t n = logits.size();
   std::vector<double> p(n), sel(n);
   for (size_t e = 0; e < n; ++e) {
@@ -98,7 +98,7 @@ Reference Evaluate(const std::vector<float>& logits, const std::vector<float>& b
   r.tol.assign(static_cast<size_t>(cfg.latent), 0.0);
   std::vector<double> sum_abs(static_cast<size_t>(cfg.latent), 0.0);
   for (size_t k = 0; k < r.experts.size(); ++k) {
-    const Expert& ex = experts.at(r.experts[k]);
+    const ExpertMatrices& ex = experts.at(r.experts[k]);
     std::vector<double> g, g_mag, u, u_mag;
     Dot(ex.gate, xd, &g, &g_mag);
     Dot(ex.up, xd, &u, &u_mag);
@@ -162,14 +162,14 @@ TEST(MoeReference, FloatPathMatchesDoubleEvaluation) {
       bias[e] = (e % 3 == 0) ? -0.03f : 0.02f;
     }
     for (auto& v : x) v = g(rng);
-    std::map<uint32_t, Expert> experts;
+    std::map<uint32_t, ExpertMatrices> experts;
     for (uint32_t e = 0; e < cfg.num_experts; ++e) {
       const size_t lat = static_cast<size_t>(cfg.latent), inter = static_cast<size_t>(cfg.inter);
-      experts.emplace(e, Expert{RandomMatrix(c.gate, inter, lat, rng), RandomMatrix(c.up, inter, lat, rng),
+      experts.emplace(e, ExpertMatrices{RandomMatrix(c.gate, inter, lat, rng), RandomMatrix(c.up, inter, lat, rng),
                                 RandomMatrix(c.down, lat, inter, rng)});
     }
     ExpertSource src = [&](uint32_t, uint32_t e) -> Result<ExpertWeights> {
-      const Expert& ex = experts.at(e);
+      const ExpertMatrices& ex = experts.at(e);
       return ExpertWeights{ex.up.bytes, ex.gate.bytes, ex.down.bytes, ex.up.type, ex.gate.type, ex.down.type};
     };
     const Reference ref = Evaluate(logits, bias, x, experts, cfg);

@@ -20,7 +20,7 @@ std::vector<uint8_t> F32Bytes(std::vector<float> v) {
   return b;
 }
 
-struct Expert {
+struct ExpertBytes {
   std::vector<uint8_t> up, gate, down;
 };
 
@@ -45,7 +45,7 @@ TEST(Moe, TinyForwardCheckedByHand) {
   // Weights use the unbiased scores: 2 * 0.731/1.231 and 2 * 0.5/1.231.
   const std::vector<float> logits = {0, 2, -1, 1};
   const std::vector<float> bias = {0, -3, 0, 0.5f};
-  std::map<uint32_t, Expert> experts;
+  std::map<uint32_t, ExpertBytes> experts;
   // Rows are output channels (ggml ne = (in, out)).
   experts[0] = {F32Bytes({1, 0, 1, 1}), F32Bytes({1, 0, 0, 1}), F32Bytes({1, 0, 0, 1})};
   experts[3] = {F32Bytes({2, 0, 0, 0}), F32Bytes({0, 1, 1, 0}), F32Bytes({1, 1, 0, 2})};
@@ -158,7 +158,7 @@ TEST(Moe, QuantizedExpertsTrackFloatReference) {
   cfg.latent = 512;
   cfg.inter = 256;
   cfg.threads = 2;
-  std::map<uint32_t, Expert> experts;
+  std::map<uint32_t, ExpertBytes> experts;
   for (uint32_t e = 0; e < cfg.num_experts; ++e) {
     // Expert-store types: Q2_K up/gate, Q3_K down, small scales.
     auto up = quant::RandomBlocks(GgmlType::Q2_K, 256 * 512 / 256, rng);

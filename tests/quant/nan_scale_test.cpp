@@ -11,17 +11,11 @@
 #include <vector>
 
 #include "k3pack/quant.h"
+#include "quant_test_util.h"
 #include "quant/fp.h"
 
 namespace k3pack::quant {
 namespace {
-
-std::vector<Isa> Paths() {
-  std::vector<Isa> p = {Isa::kScalar};
-  if (static_cast<int>(DetectedIsa()) >= 1) p.push_back(Isa::kAvx2);
-  if (static_cast<int>(DetectedIsa()) >= 2) p.push_back(Isa::kAvx512);
-  return p;
-}
 
 // ksigns_iq2xs[i]: the 7 bits of i plus an 8th bit making the parity even.
 uint8_t Ksigns(uint32_t i) { return static_cast<uint8_t>(i | ((__builtin_popcount(i) & 1u) << 7)); }

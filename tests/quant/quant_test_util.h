@@ -6,9 +6,18 @@
 #include <vector>
 
 #include "k3pack/ggml_types.h"
+#include "k3pack/quant.h"
 #include "quant/fp.h"
 
 namespace k3pack::quant {
+
+// Every decode path this CPU can run: scalar, then AVX2 and AVX-512 where present.
+inline std::vector<Isa> Paths() {
+  std::vector<Isa> p = {Isa::kScalar};
+  if (static_cast<int>(DetectedIsa()) >= 1) p.push_back(Isa::kAvx2);
+  if (static_cast<int>(DetectedIsa()) >= 2) p.push_back(Isa::kAvx512);
+  return p;
+}
 
 // Clears bit 14 of the fp16 at `off` so it is finite (|x| < 2).
 inline void FiniteHalf(std::vector<uint8_t>& b, size_t off) { b[off + 1] &= 0xBF; }

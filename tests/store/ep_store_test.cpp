@@ -32,6 +32,7 @@ namespace k3pack::store {
 namespace {
 
 using testing::PatternByte;
+using testing::Get;
 using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
@@ -68,18 +69,13 @@ void MakeRankPack(TinyPack& p, ep::Rank r) {
   p.Save();
 }
 
-StoreOptions Opts(std::optional<ep::Rank> rank = std::nullopt) {
+StoreOptions EpOpts(std::optional<ep::Rank> rank = std::nullopt) {
   StoreOptions o;
   o.cache_bytes = 64ull * 12288;
   o.policy = "lru";
   o.queue_depth = 4;
   o.ep = rank;
   return o;
-}
-
-Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids) {
-  int64_t shape[2] = {1, static_cast<int64_t>(ids.size())};
-  return s.Acquire(layer, ids, shape);
 }
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -98,7 +94,7 @@ std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); 
 TEST(EpStore, RankPackOpensAsItsRankAndReportsIt) {
   TinyPack p(Spec(), "ep-open");
   MakeRankPack(p, {4, 1});
-  auto s = OpenOk(p, Opts());
+  auto s = OpenOk(p, EpOpts());
   ASSERT_TRUE(s);
   EXPECT_EQ(s->info().ep.size, 4u);
   EXPECT_EQ(s->info().ep.rank, 1u);
@@ -114,7 +110,7 @@ TEST(EpStore, RankPackOpensAsItsRankAndReportsIt) {
   EXPECT_EQ(ep["source"], "manifest");
   // A full store says so.
   TinyPack f(Spec(), "ep-open-full");
-  auto whole = OpenOk(f, Opts());
+  auto whole = OpenOk(f, EpOpts());
   ASSERT_TRUE(whole);
   EXPECT_EQ(whole->Snapshot()["k3pack"]["ep"]["size"], 1);
   EXPECT_EQ(whole->Snapshot()["k3pack"]["ep"]["owned_objects"], 32);
@@ -123,7 +119,7 @@ TEST(EpStore, RankPackOpensAsItsRankAndReportsIt) {
 TEST(EpStore, UnownedAcquireAndPrefetchAreRefusedBeforeAnyRead) {
   TinyPack p(Spec(), "ep-refuse");
   MakeRankPack(p, {4, 1});
-  auto s = OpenOk(p, Opts());
+  auto s = OpenOk(p, EpOpts());
   ASSERT_TRUE(s);
   std::vector<uint64_t> reads;
   s->SetReadFaultHook([&](uint64_t off, uint64_t, int64_t*) { reads.push_back(off); });
@@ -156,18 +152,18 @@ TEST(EpStore, UnownedAcquireAndPrefetchAreRefusedBeforeAnyRead) {
 TEST(EpStore, ExplicitRankMustAgreeWithTheRankPack) {
   TinyPack p(Spec(), "ep-mismatch");
   MakeRankPack(p, {4, 1});
-  auto other = ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{4, 2}));
+  auto other = ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{4, 2}));
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(FirstLine(other.error().message()), "EP rank mismatch: the store was opened as rank 2 of 4 (experts 8..11), but " +
                                          p.manifest + " describes a rank pack of rank 1 of 4 (experts 4..7)");
-  auto size = ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{2, 0}));
+  auto size = ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{2, 0}));
   ASSERT_FALSE(size.ok());
   EXPECT_NE(size.error().message().find("opened as rank 0 of 2 (experts 0..7)"), std::string::npos)
       << size.error().message();
-  auto same = ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{4, 1}));
+  auto same = ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{4, 1}));
   ASSERT_TRUE(same.ok()) << same.error().message();
   EXPECT_EQ((*same)->Snapshot()["k3pack"]["ep"]["source"], "manifest and option");
-  auto bad = ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{3, 0}));
+  auto bad = ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{3, 0}));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message().rfind("EP size 3 does not divide the 16 routed experts", 0), 0u)
       << bad.error().message();
@@ -192,18 +188,18 @@ TEST(EpStore, RankSidecarRefusesAStoreThatWouldServeOtherRanks) {
   ASSERT_TRUE(pack::WritePackDigests(sidecar, *d).ok());
   p.json["k3pack"].erase("ep");  // the full pack's manifest
   p.Save();
-  auto whole = ExpertStore::Open(p.pack, p.manifest, Opts());
+  auto whole = ExpertStore::Open(p.pack, p.manifest, EpOpts());
   ASSERT_FALSE(whole.ok());
   EXPECT_NE(whole.error().message().find(" holds only the experts of EP rank 1 of 4 (experts 4..7)"), std::string::npos)
       << whole.error().message();
   EXPECT_NE(whole.error().message().find("but this store would serve every expert"), std::string::npos);
   EXPECT_NE(whole.error().message().find("ep_rank=1 and ep_size=4"), std::string::npos);
-  auto other = ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{4, 2}));
+  auto other = ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{4, 2}));
   ASSERT_FALSE(other.ok());
   EXPECT_NE(other.error().message().find("would serve EP rank 2 of 4"), std::string::npos) << other.error().message();
   // Its own rank (or a finer rank inside the same block) opens.
-  EXPECT_TRUE(ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{4, 1})).ok());
-  EXPECT_TRUE(ExpertStore::Open(p.pack, p.manifest, Opts(ep::Rank{8, 3})).ok());
+  EXPECT_TRUE(ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{4, 1})).ok());
+  EXPECT_TRUE(ExpertStore::Open(p.pack, p.manifest, EpOpts(ep::Rank{8, 3})).ok());
 }
 
 TEST(EpStore, ManifestRangeMustBeTheRanksBlock) {
@@ -213,7 +209,7 @@ TEST(EpStore, ManifestRangeMustBeTheRanksBlock) {
   p.json["k3pack"]["ep"]["first_expert"] = 1;
   p.json["k3pack"]["ep"]["end_expert"] = 2;
   p.Save();
-  auto r = ExpertStore::Open(p.pack, p.manifest, Opts());
+  auto r = ExpertStore::Open(p.pack, p.manifest, EpOpts());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message(), p.manifest +
                                      ": k3pack.ep records experts [1, 2) for rank 1 of 4, but that rank owns [4, 8) "
@@ -226,7 +222,7 @@ TEST(EpStore, OwnedBytesEqualTheFullPackAndHolesAreNeverRead) {
       SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(n));
       TinyPack p(Spec(), "ep-bytes");
       MakeRankPack(p, {n, rank});
-      auto s = OpenOk(p, Opts());
+      auto s = OpenOk(p, EpOpts());
       ASSERT_TRUE(s);
       const ep::ExpertRange owned = ep::OwnedExperts({n, rank}, 16);
       for (uint32_t layer : {1u, 2u}) {
@@ -253,7 +249,7 @@ TEST(EpStore, OwnedBytesEqualTheFullPackAndHolesAreNeverRead) {
 TEST(EpStore, ExplicitRankOverTheFullPack) {
   TinyPack p(Spec(), "ep-full");
   ASSERT_TRUE(p.WriteDigestSidecar(true).ok());
-  auto s = OpenOk(p, Opts(ep::Rank{2, 1}));
+  auto s = OpenOk(p, EpOpts(ep::Rank{2, 1}));
   ASSERT_TRUE(s);
   EXPECT_EQ(s->Snapshot()["k3pack"]["ep"]["source"], "option");
   auto a = Get(*s, 1, {8, 15, 8});
@@ -268,8 +264,8 @@ TEST(EpStore, ExplicitRankOverTheFullPack) {
 
 TEST(EpStore, RowsHoldATokensShareOfItsRoutes) {
   TinyPack p(Spec(), "ep-width");
-  auto full = OpenOk(p, Opts());
-  auto rank = OpenOk(p, Opts(ep::Rank{4, 0}));
+  auto full = OpenOk(p, EpOpts());
+  auto rank = OpenOk(p, EpOpts(ep::Rank{4, 0}));
   ASSERT_TRUE(full && rank);
   // SGLang's full store: exactly top_k per row.
   auto f = Get(*full, 1, {1});
@@ -288,7 +284,7 @@ TEST(EpStore, RowsHoldATokensShareOfItsRoutes) {
 
 TEST(EpStore, CacheBudgetCountsTheOwnedWorkingSet) {
   TinyPack p(Spec(), "ep-budget");
-  StoreOptions o = Opts();
+  StoreOptions o = EpOpts();
   o.cache_bytes = 2 * 12288;  // two objects; top_k is 4
   auto full = ExpertStore::Open(p.pack, p.manifest, o);
   ASSERT_FALSE(full.ok());
@@ -369,7 +365,7 @@ std::vector<Route> MakeTrace(uint32_t tokens, uint64_t seed) {
 // plus the store's pack_read_bytes.
 Result<std::pair<std::set<std::string>, uint64_t>> Replay(const std::string& pack, const std::string& manifest,
                                                           ep::Rank rank, const std::vector<Route>& trace) {
-  K3_ASSIGN_OR_RETURN(auto s, ExpertStore::Open(pack, manifest, Opts()));
+  K3_ASSIGN_OR_RETURN(auto s, ExpertStore::Open(pack, manifest, EpOpts()));
   if (s->info().ep.size != rank.size || s->info().ep.rank != rank.rank) return Error("opened the wrong rank");
   std::set<std::string> seen;
   for (const Route& r : trace) {

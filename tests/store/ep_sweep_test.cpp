@@ -19,7 +19,7 @@ namespace {
 using testing_cli::Cli;
 using testing_cli::CliRun;
 
-constexpr uint64_t kObj = 1000;
+constexpr uint64_t kObjectBytes = 1000;
 
 // One routed layer (id 1), 8 experts, top-2, one decode record per token:
 //   t1 {0,4}  t2 {1,5}  t3 {2,4}  t4 {0,1}  t5 {4,5}  t6 {0,6}
@@ -38,7 +38,7 @@ trace::Trace HandTrace() {
 
 TEST(EpSweep, RankCallSeqKeepsOnlyOwnedExpertsRenumbered) {
   trace::Trace t = HandTrace();
-  ObjectSpace space = SpaceForTrace(t, kObj);
+  ObjectSpace space = SpaceForTrace(t, kObjectBytes);
   auto seq = BuildCallSeq(t, space);
   ASSERT_TRUE(seq.ok());
   CallSeq r0 = RankCallSeq(*seq, space, 2, 0), r1 = RankCallSeq(*seq, space, 2, 1);
@@ -52,7 +52,7 @@ TEST(EpSweep, RankCallSeqKeepsOnlyOwnedExpertsRenumbered) {
 
 TEST(EpSweep, HandWorkedLruAndBelady) {
   trace::Trace t = HandTrace();
-  ObjectSpace space = SpaceForTrace(t, kObj);
+  ObjectSpace space = SpaceForTrace(t, kObjectBytes);
   auto seq = BuildCallSeq(t, space);
   ASSERT_TRUE(seq.ok());
   auto table = EpSweep(*seq, space, {"lru"}, {1, 2}, 2, /*belady=*/true, 2);
@@ -74,7 +74,7 @@ TEST(EpSweep, HandWorkedLruAndBelady) {
   const SimResult& l1 = table->ranks[0][1][1];
   EXPECT_EQ(l0.hits, 2u);
   EXPECT_EQ(l0.misses, 4u);
-  EXPECT_EQ(l0.bytes_read, 4 * kObj);
+  EXPECT_EQ(l0.bytes_read, 4 * kObjectBytes);
   EXPECT_EQ(l1.hits, 3u);
   EXPECT_EQ(l1.misses, 3u);
   // One machine with two slots: every token's pair evicts the previous
@@ -94,15 +94,15 @@ TEST(EpSweep, HandWorkedLruAndBelady) {
   auto j = EpSweepJson(*table);
   EXPECT_TRUE(j["series"]["lru"]["hit_rate"][0].is_null());
   EXPECT_DOUBLE_EQ(j["series"]["lru"]["hit_rate"][1].get<double>(), 5.0 / 12.0);
-  EXPECT_DOUBLE_EQ(j["series"]["lru"]["bytes_per_token"][1].get<double>(), 7.0 * kObj / 6.0);
-  EXPECT_DOUBLE_EQ(j["series"]["lru"]["max_rank_bytes_per_token"][1].get<double>(), 4.0 * kObj / 6.0);
-  EXPECT_DOUBLE_EQ(j["series"]["lru"]["one_machine"]["bytes_per_token"][1].get<double>(), 12.0 * kObj / 6.0);
+  EXPECT_DOUBLE_EQ(j["series"]["lru"]["bytes_per_token"][1].get<double>(), 7.0 * kObjectBytes / 6.0);
+  EXPECT_DOUBLE_EQ(j["series"]["lru"]["max_rank_bytes_per_token"][1].get<double>(), 4.0 * kObjectBytes / 6.0);
+  EXPECT_DOUBLE_EQ(j["series"]["lru"]["one_machine"]["bytes_per_token"][1].get<double>(), 12.0 * kObjectBytes / 6.0);
   EXPECT_EQ(j["series"]["lru"]["ranks"][1]["experts"], (std::vector<int>{4, 8}));
 }
 
 TEST(EpSweep, SizeThatDoesNotDivideTheExpertsIsRefused) {
   trace::Trace t = HandTrace();
-  ObjectSpace space = SpaceForTrace(t, kObj);
+  ObjectSpace space = SpaceForTrace(t, kObjectBytes);
   auto seq = BuildCallSeq(t, space);
   ASSERT_TRUE(seq.ok());
   auto bad = EpSweep(*seq, space, {"lru"}, {2}, 3, false, 1);

@@ -22,6 +22,7 @@
 namespace k3pack::store {
 namespace {
 
+using testing::Get;
 using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
@@ -30,11 +31,6 @@ StoreOptions Objects(uint64_t n) {
   StoreOptions o;
   o.cache_bytes = n * 3 * 4096;  // TinySpec's objects: 3 roles of 4096 bytes
   return o;
-}
-
-Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids) {
-  const int64_t shape[2] = {1, static_cast<int64_t>(ids.size())};
-  return s.Acquire(layer, ids, shape);
 }
 
 // Store B's MarkUsed of store A's acquisition used to unpin, in B, objects

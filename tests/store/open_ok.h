@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "k3pack/store.h"
 #include "store/synthetic_pack.h"
@@ -16,6 +17,15 @@ inline std::shared_ptr<ExpertStore> OpenOk(const TinyPack& p, const StoreOptions
   auto s = ExpertStore::Open(p.pack, p.manifest, o);
   EXPECT_TRUE(s.ok()) << s.error().message();
   return s.ok() ? *s : nullptr;
+}
+
+// The bytes of one object of the default TinySpec: 3 roles of 4096 bytes.
+inline constexpr uint64_t kObject = 3 * 4096;
+
+// One token's routes at `layer` (shape 1 x ids.size()).
+inline Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids) {
+  const int64_t shape[2] = {1, static_cast<int64_t>(ids.size())};
+  return s.Acquire(layer, ids, shape);
 }
 
 // A small cache and queue: what the open tests need.

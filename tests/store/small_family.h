@@ -33,6 +33,11 @@ inline trace::GenOptions SmallFamily(const std::string& family) {
   return o;
 }
 
+// The same scale as `trace gen` options (shorter requests: 30 decode and 32
+// prompt tokens), for the CLI tests.
+inline const std::string kSmallFamilyArgs =
+    " --layers 6 --experts 64 --top-k 4 --decode-tokens 30 --prompt-tokens 32";
+
 // A generated trace with its truth, 4 KiB objects and its calls.
 struct GeneratedTrace {
   trace::TrueDistribution truth;

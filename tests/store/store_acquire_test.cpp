@@ -40,7 +40,9 @@ void ExpectBytes(const ExpertView& v) {
   EXPECT_EQ(v.bytes.size(), 12288u);
 }
 
-Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids, std::optional<bool> prefill = {}) {
+// Rows of two routes each (shape ids.size()/2 x 2).
+Result<Acquisition> GetRowsOfTwo(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids,
+                                 std::optional<bool> prefill = {}) {
   int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
   return s.Acquire(layer, ids, shape, prefill);
 }
@@ -48,7 +50,7 @@ Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids
 TEST(StoreAcquire, ViewsInRouteOrderWithDuplicates) {
   TinyPack p(TinySpec{});
   auto s = OpenOk(p, Opts(8));
-  auto a = Get(*s, 2, {5, 1, 1, 5});  // two tokens, duplicates kept
+  auto a = GetRowsOfTwo(*s, 2, {5, 1, 1, 5});  // two tokens, duplicates kept
   ASSERT_TRUE(a.ok()) << a.error().message();
   ASSERT_EQ(a->routes.size(), 4u);
   EXPECT_EQ(a->routes[0].expert, 5u);
@@ -63,7 +65,7 @@ TEST(StoreAcquire, ViewsInRouteOrderWithDuplicates) {
   EXPECT_EQ(j["pack_reads"], 2);
   EXPECT_EQ(j["route_calls_by_layer"], (std::vector<int>{0, 0, 1}));
   EXPECT_EQ(j["route_tokens_by_layer"], (std::vector<int>{0, 0, 2}));
-  auto b = Get(*s, 2, {1, 5});
+  auto b = GetRowsOfTwo(*s, 2, {1, 5});
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(s->Snapshot()["cache_hits"], 2);
   EXPECT_EQ(s->Snapshot()["pack_reads"], 2);
@@ -80,11 +82,11 @@ TEST(StoreAcquire, RouteErrors) {
   int64_t flat[1] = {2};
   r = s->Acquire(1, std::span<const int64_t>(ids.data(), 2), flat);
   EXPECT_EQ(r.error().message(), "runtime top-k must be exactly 2; received shape (2,)");
-  r = Get(*s, 0, {1, 2});
+  r = GetRowsOfTwo(*s, 0, {1, 2});
   EXPECT_EQ(r.error().message(), "layer 0 is not an active routed MoE layer");
-  r = Get(*s, 1, {1, 8});
+  r = GetRowsOfTwo(*s, 1, {1, 8});
   EXPECT_EQ(r.error().message(), "route contains an out-of-range expert id");
-  r = Get(*s, 1, {-1, 2});
+  r = GetRowsOfTwo(*s, 1, {-1, 2});
   EXPECT_EQ(r.error().message(), "route contains an out-of-range expert id");
   EXPECT_EQ(s->Prefetch(3, std::vector<int64_t>{1}).message(), "layer 3 is not an active routed MoE layer");
 }
@@ -92,15 +94,15 @@ TEST(StoreAcquire, RouteErrors) {
 TEST(StoreAcquire, CannotEvictTheActiveWorkingSet) {
   TinyPack p(TinySpec{});
   auto s = OpenOk(p, Opts(3));
-  auto a = Get(*s, 1, {0, 1});
+  auto a = GetRowsOfTwo(*s, 1, {0, 1});
   ASSERT_TRUE(a.ok());
   // Held (no mark_used): 2 of 3 slots pinned, the next call needs 2 new ones.
-  auto b = Get(*s, 1, {2, 3});
+  auto b = GetRowsOfTwo(*s, 1, {2, 3});
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.error().message(), "expert cache cannot evict the active top-k working set");
   EXPECT_EQ(b.error().kind(), ErrorKind::kRuntime);
   ASSERT_TRUE(s->MarkUsed(*a).ok());
-  auto c = Get(*s, 1, {2, 3});
+  auto c = GetRowsOfTwo(*s, 1, {2, 3});
   ASSERT_TRUE(c.ok()) << c.error().message();
   for (const auto& v : c->routes) ExpectBytes(v);
   // The earlier views stay valid after eviction (shared ownership).
@@ -115,13 +117,13 @@ TEST(StoreAcquire, InjectedShortReadIsReportedNeverServed) {
   s->SetReadFaultHook([&](uint64_t off, uint64_t len, int64_t* result) {
     if (off == target && armed.exchange(0)) *result = static_cast<int64_t>(len) - 100;
   });
-  auto r = Get(*s, 1, {2, 3});
+  auto r = GetRowsOfTwo(*s, 1, {2, 3});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message(), "short expert-pack read for (1, 2, 0, 12288): 12188 != 12288");
   EXPECT_EQ(r.error().kind(), ErrorKind::kOS);
   EXPECT_EQ(s->Snapshot()["io_errors"], 1);
   // Not kept: the next acquire reads it again and gets the real bytes.
-  auto ok = Get(*s, 1, {2, 3});
+  auto ok = GetRowsOfTwo(*s, 1, {2, 3});
   ASSERT_TRUE(ok.ok()) << ok.error().message();
   for (const auto& v : ok->routes) ExpectBytes(v);
   EXPECT_EQ(s->Snapshot()["pack_reads"], 3);  // 2 twice, 3 once (then a hit)
@@ -136,7 +138,7 @@ TEST(StoreAcquire, InjectedEioWithSplits) {
   s->SetReadFaultHook([&](uint64_t off, uint64_t, int64_t* result) {
     if (off == target) *result = -EIO;
   });
-  auto r = Get(*s, 2, {7, 0});
+  auto r = GetRowsOfTwo(*s, 2, {7, 0});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().message(), "expert-pack read failed for (2, 7, 4096, 4096): Input/output error");
   EXPECT_EQ(r.error().sys_errno(), EIO);
@@ -151,10 +153,10 @@ TEST(StoreAcquire, FileTruncatedUnderALiveStore) {
     auto s = OpenOk(p, o);
     // Cut the last object (layer 2, expert 7) in the middle of its gate role.
     std::filesystem::resize_file(p.pack, p.layout.final_size() - 12288 + 5000);
-    auto r = Get(*s, 2, {7, 6});
+    auto r = GetRowsOfTwo(*s, 2, {7, 6});
     ASSERT_FALSE(r.ok()) << io;
     EXPECT_EQ(r.error().message(), "short expert-pack read for (2, 7, 0, 12288): 5000 != 12288") << io;
-    auto fine = Get(*s, 2, {6, 5});
+    auto fine = GetRowsOfTwo(*s, 2, {6, 5});
     ASSERT_TRUE(fine.ok());
     for (const auto& v : fine->routes) ExpectBytes(v);
   }
@@ -176,7 +178,7 @@ TEST(StoreAcquire, DirectIoAndUring) {
       auto s = *opened;
       for (uint32_t layer : {1u, 2u})
         for (int64_t e = 0; e < 8; e += 2) {
-          auto a = Get(*s, layer, {e, e + 1});
+          auto a = GetRowsOfTwo(*s, layer, {e, e + 1});
           ASSERT_TRUE(a.ok()) << io << " direct=" << direct << ": " << a.error().message();
           for (const auto& v : a->routes) ExpectBytes(v);
           ASSERT_TRUE(s->MarkUsed(*a).ok());
@@ -200,7 +202,7 @@ TEST(StoreAcquire, PrefetchUsefulAndWasted) {
     o.prefetch_mode = "cache";
     auto s = OpenOk(p, o);
     ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{3, 4, 4}).ok());
-    auto a = Get(*s, 1, {3, 5});  // 3 was prefetched (hit, useful); 5 is a miss
+    auto a = GetRowsOfTwo(*s, 1, {3, 5});  // 3 was prefetched (hit, useful); 5 is a miss
     ASSERT_TRUE(a.ok());
     for (const auto& v : a->routes) ExpectBytes(v);
     ASSERT_TRUE(s->MarkUsed(*a).ok());
@@ -211,7 +213,7 @@ TEST(StoreAcquire, PrefetchUsefulAndWasted) {
     EXPECT_EQ(j["k3pack"]["prefetch_useful"], 1);
     ASSERT_TRUE(s->Close().ok());
     EXPECT_EQ(s->Snapshot()["k3pack"]["prefetch_wasted"], 1);  // 4 was never used
-    EXPECT_FALSE(Get(*s, 1, {3, 5}).ok());  // closed
+    EXPECT_FALSE(GetRowsOfTwo(*s, 1, {3, 5}).ok());  // closed
   }
 }
 
@@ -222,10 +224,10 @@ TEST(StoreAcquire, StatsFileWrittenAtomically) {
   o.stats_flush_interval = 2;
   std::filesystem::create_directories(p.dir + "/stats");
   auto s = OpenOk(p, o);
-  auto a = Get(*s, 1, {0, 1});
+  auto a = GetRowsOfTwo(*s, 1, {0, 1});
   ASSERT_TRUE(s->MarkUsed(*a).ok());
   EXPECT_FALSE(std::filesystem::exists(o.stats_path));
-  a = Get(*s, 2, {0, 1});
+  a = GetRowsOfTwo(*s, 2, {0, 1});
   ASSERT_TRUE(s->MarkUsed(*a).ok());
   ASSERT_TRUE(std::filesystem::exists(o.stats_path));
   auto j = nlohmann::json::parse(*ReadFileToString(o.stats_path));

@@ -11,11 +11,13 @@
 #include "k3pack/store.h"
 #include "pack/sidecars.h"
 #include "store/synthetic_pack.h"
+#include "open_ok.h"
 #include "util/crc32c.h"
 
 namespace k3pack::store {
 namespace {
 
+using testing::Get;
 using testing::TinyPack;
 using testing::TinySpec;
 
@@ -24,17 +26,12 @@ void WriteSidecar(const TinyPack& p, bool with_crcs) {
   ASSERT_TRUE(st.ok()) << st.error().message();
 }
 
-StoreOptions Opts() {
+StoreOptions ChecksumOpts() {
   StoreOptions o;
   o.cache_bytes = 16 * 12288;
   o.policy = "lru";
   o.queue_depth = 4;
   return o;
-}
-
-Result<Acquisition> Get(ExpertStore& s, uint32_t layer, std::vector<int64_t> ids) {
-  int64_t shape[2] = {1, static_cast<int64_t>(ids.size())};
-  return s.Acquire(layer, ids, shape);
 }
 
 TEST(StoreChecksums, DamagedObjectIsAnErrorNamingItAndIsNeverCached) {
@@ -49,7 +46,7 @@ TEST(StoreChecksums, DamagedObjectIsAnErrorNamingItAndIsNeverCached) {
     const char flipped = static_cast<char>(bytes[at] ^ 0x10);
     p.Patch(at, &flipped, 1);
 
-    StoreOptions o = Opts();
+    StoreOptions o = ChecksumOpts();
     o.io_backend = io;
     auto opened = ExpertStore::Open(p.pack, p.manifest, o);
     ASSERT_TRUE(opened.ok()) << opened.error().message();
@@ -101,7 +98,7 @@ TEST(StoreChecksums, SidecarWithoutCrcsOrNoSidecarOpensUncheckedAndSaysSo) {
     SCOPED_TRACE(c.what);
     std::filesystem::remove(pack::DigestsPathFor(p.pack));
     if (c.sidecar == 1) WriteSidecar(p, false);
-    StoreOptions o = Opts();
+    StoreOptions o = ChecksumOpts();
     o.verify_checksums = c.verify;
     auto opened = ExpertStore::Open(p.pack, p.manifest, o);
     ASSERT_TRUE(opened.ok()) << opened.error().message();
@@ -121,7 +118,7 @@ TEST(StoreChecksums, SidecarOfAnotherPackIsIgnoredNotTrusted) {
   TinyPack other(other_spec, "other");
   WriteSidecar(other, true);
   std::filesystem::copy_file(pack::DigestsPathFor(other.pack), pack::DigestsPathFor(p.pack));
-  auto opened = ExpertStore::Open(p.pack, p.manifest, Opts());
+  auto opened = ExpertStore::Open(p.pack, p.manifest, ChecksumOpts());
   ASSERT_TRUE(opened.ok()) << opened.error().message();
   auto a = Get(**opened, 1, {1, 2});
   ASSERT_TRUE(a.ok()) << a.error().message();

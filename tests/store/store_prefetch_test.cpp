@@ -22,10 +22,9 @@ using testing::PatternByte;
 using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
+using testing::kObject;
 
-constexpr uint64_t kObject = 12288;  // TinySpec's objects: 3 roles of 4096 bytes
-
-StoreOptions Opts(uint64_t objects, const std::string& policy = "lru") {
+StoreOptions PrefetchOpts(uint64_t objects, const std::string& policy = "lru") {
   StoreOptions o;
   o.cache_bytes = objects * kObject;
   o.policy = policy;
@@ -48,7 +47,7 @@ uint64_t Pf(const nlohmann::json& j, const char* key) { return j["k3pack"]["pref
 TEST(PrefetchStaged, UsedByTheNextAcquireIsUsefulWithNoSecondRead) {
   TinyPack p(TinySpec{});
   for (const char* io : {"pread", "uring"}) {
-    StoreOptions o = Opts(8);
+    StoreOptions o = PrefetchOpts(8);
     o.io_backend = io;
     auto s = OpenOk(p, o);
     ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{3, 3}).ok());
@@ -76,7 +75,7 @@ TEST(PrefetchStaged, UsedByTheNextAcquireIsUsefulWithNoSecondRead) {
 
 TEST(PrefetchStaged, UnusedIsWastedAndDroppedAtTheNextAcquireOfItsLayer) {
   TinyPack p(TinySpec{});
-  auto s = OpenOk(p, Opts(8));
+  auto s = OpenOk(p, PrefetchOpts(8));
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}).ok());
   Token(*s, 2, 0, 1);  // another layer: layer 1's staging is untouched
   auto j = s->Snapshot();
@@ -114,7 +113,7 @@ void TokenOf(ExpertStore& s, uint64_t request, int64_t a, int64_t b) {
 // drops it (wasted) and A reads it again.
 nlohmann::json StagedForAThenBThenA(std::optional<uint64_t> prefetch_request) {
   TinyPack p(TinySpec{});
-  auto s = OpenOk(p, Opts(8));
+  auto s = OpenOk(p, PrefetchOpts(8));
   constexpr uint64_t kA = 1, kB = 2;
   EXPECT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, prefetch_request).ok());
   TokenOf(*s, kB, 0, 1);
@@ -144,7 +143,7 @@ TEST(PrefetchStaged, AReadStagedForARequestWaitsThroughOtherRequestsAcquires) {
 // to it) leaves it for B, whose acquire takes it.
 TEST(PrefetchStaged, AReadTwoRequestsGuessedWaitsForTheSecond) {
   TinyPack p(TinySpec{});
-  auto s = OpenOk(p, Opts(8));
+  auto s = OpenOk(p, PrefetchOpts(8));
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, uint64_t{1}).ok());
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4}, uint64_t{2}).ok());
   EXPECT_EQ(Pf(s->Snapshot(), "issued"), 1u);  // one read for both
@@ -160,7 +159,7 @@ TEST(PrefetchStaged, AReadTwoRequestsGuessedWaitsForTheSecond) {
 
 TEST(PrefetchStaged, BudgetFullRefusesNewPrefetches) {
   TinyPack p(TinySpec{});
-  StoreOptions o = Opts(8);
+  StoreOptions o = PrefetchOpts(8);
   o.prefetch_budget_bytes = 2 * kObject;
   auto s = OpenOk(p, o);
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1, 2, 3}).ok());
@@ -198,7 +197,7 @@ uint64_t ObjectOffset(const TinyPack& p, uint32_t layer, uint32_t expert) {
 // queued object it does not route to is cancelled: never read.
 TEST(PrefetchStaged, QueuedReadsTheAcquireNoLongerNeedsAreCancelled) {
   TinyPack p(TinySpec{});
-  StoreOptions o = Opts(8);
+  StoreOptions o = PrefetchOpts(8);
   o.prefetch_queue_depth = 1;
   auto s = OpenOk(p, o);
   std::atomic<bool> hold{true};
@@ -228,7 +227,7 @@ TEST(PrefetchStaged, QueuedReadsTheAcquireNoLongerNeedsAreCancelled) {
 
 TEST(PrefetchStaged, FailedSpeculativeReadFallsBackToDemand) {
   TinyPack p(TinySpec{});
-  auto s = OpenOk(p, Opts(8));
+  auto s = OpenOk(p, PrefetchOpts(8));
   std::atomic<int> calls{0};
   s->SetReadFaultHook([&](uint64_t, uint64_t, int64_t* r) {
     if (calls.fetch_add(1) == 0) *r = -5;  // EIO on the prefetch
@@ -262,13 +261,13 @@ Counters Read(const ExpertStore& s) {
 }
 
 bool SameCacheAsDemandOnly(const TinyPack& p, const std::string& policy, const std::string& mode) {
-  StoreOptions o = Opts(3, policy);  // room for one token's pair and one more
+  StoreOptions o = PrefetchOpts(3, policy);  // room for one token's pair and one more
   o.prefetch_mode = mode;
   o.prefetch_budget_bytes = 4 * kObject;
   // Keep hints (on by default) are the one way a staged prefetch may change
   // the victims; keep_hints_test.cpp tests them.
   o.keep_predicted = false;
-  auto demand = OpenOk(p, Opts(3, policy));
+  auto demand = OpenOk(p, PrefetchOpts(3, policy));
   auto pre = OpenOk(p, o);
   std::mt19937 rng(7);
   std::vector<std::pair<uint32_t, std::array<int64_t, 2>>> calls;
@@ -309,16 +308,16 @@ TEST(PrefetchStaged, NeverChangesWhatTheCacheHolds) {
 
 TEST(PrefetchStaged, OptionsAreChecked) {
   TinyPack p(TinySpec{});
-  StoreOptions o = Opts(8);
+  StoreOptions o = PrefetchOpts(8);
   o.prefetch_mode = "eager";
   auto s = ExpertStore::Open(p.pack, p.manifest, o);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().message(), "unknown prefetch mode 'eager' (known: staged, cache)");
-  o = Opts(8);
+  o = PrefetchOpts(8);
   o.prefetch_queue_depth = -1;
   EXPECT_FALSE(ExpertStore::Open(p.pack, p.manifest, o).ok());
   // Defaults: two top-2 working sets of staging, half the queue depth.
-  auto d = OpenOk(p, Opts(8));
+  auto d = OpenOk(p, PrefetchOpts(8));
   auto j = d->Snapshot()["k3pack"]["prefetch"];
   EXPECT_EQ(j["budget_bytes"], 4 * kObject);
   EXPECT_EQ(j["queue_depth"], 2);

@@ -29,11 +29,10 @@
 namespace k3pack::store {
 namespace {
 
+using testing::kObject;
 using testing::OpenOk;
 using testing::TinyPack;
 using testing::TinySpec;
-
-constexpr uint64_t kObject = 3 * 4096;  // TinySpec's objects: 3 roles of 4096 bytes
 
 // The result of a call made on another thread. A call that never returns
 // (the fault these tests pin down was a hang) cannot be joined: the process

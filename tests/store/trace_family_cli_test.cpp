@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "small_family.h"
 #include "store/synthetic_pack.h"
 #include "util/file.h"
 #include "../cli_run.h"
@@ -15,12 +16,11 @@ namespace {
 
 using testing_cli::Cli;
 using testing_cli::CliRun;
-
-const std::string kSmall = " --layers 6 --experts 64 --top-k 4 --decode-tokens 30 --prompt-tokens 32";
+using testing_traces::kSmallFamilyArgs;
 
 TEST(TraceFamilyCli, GenFamiliesAndBadFamily) {
   std::string dir = testing::TinyPack::TempDir("families");
-  CliRun r = Cli("trace gen --family batched --predict --json --trace " + dir + "/b.k3trace" + kSmall);
+  CliRun r = Cli("trace gen --family batched --predict --json --trace " + dir + "/b.k3trace" + kSmallFamilyArgs);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["version"], 2);
@@ -33,7 +33,7 @@ TEST(TraceFamilyCli, GenFamiliesAndBadFamily) {
 
 TEST(TraceFamilyCli, SweepAllFamiliesWithBounds) {
   std::string dir = testing::TinyPack::TempDir("sweep-all");
-  CliRun r = Cli("trace sweep --family all --json --sizes 64,128 --svg " + dir + "/p.svg" + kSmall);
+  CliRun r = Cli("trace sweep --family all --json --sizes 64,128 --svg " + dir + "/p.svg" + kSmallFamilyArgs);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out)["families"];
   for (const char* f : {"kimi", "drift", "interleaved", "batched", "layer-local", "prefill-burst"}) {
@@ -52,7 +52,7 @@ TEST(TraceFamilyCli, SweepAllFamiliesWithBounds) {
 
 TEST(TraceFamilyCli, TimingReportsStallsAndPrefetch) {
   std::string dir = testing::TinyPack::TempDir("timing");
-  CliRun r = Cli("trace sweep --timing --family kimi --policies lru --json --sizes 64 " + kSmall);
+  CliRun r = Cli("trace sweep --timing --family kimi --policies lru --json --sizes 64 " + kSmallFamilyArgs);
   ASSERT_EQ(r.code, 0) << r.out;
   auto rows = nlohmann::json::parse(r.out)["timing"];
   ASSERT_EQ(rows.size(), 3u);  // lru without and with prefetch, Belady with perfect prefetch

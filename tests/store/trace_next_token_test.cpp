@@ -21,6 +21,7 @@ namespace {
 using testing_cli::Cli;
 using testing_cli::CliRun;
 
+using testing_traces::kSmallFamilyArgs;
 using testing_traces::SmallFamily;
 
 TEST(TraceNextToken, PredictsTheSameLayerAtTheRequestsNextToken) {
@@ -85,18 +86,16 @@ TEST(TraceNextToken, WithoutNextLayerPredictionsAndFileRoundTrip) {
   EXPECT_EQ(trace::Generate(o)->version(), 1u);
 }
 
-const std::string kSmall = " --layers 6 --experts 64 --top-k 4 --decode-tokens 30 --prompt-tokens 32";
-
 TEST(TraceNextTokenCli, GenSweepAndErrors) {
   std::string dir = testing::TinyPack::TempDir("next-token");
   const std::string plain = dir + "/p.k3trace", next = dir + "/n.k3trace";
-  CliRun g = Cli("trace gen --predict --json --trace " + plain + kSmall);
+  CliRun g = Cli("trace gen --predict --json --trace " + plain + kSmallFamilyArgs);
   ASSERT_EQ(g.code, 0) << g.out;
   // Same routes, new predictions: not "the same trace already there" (it was, before SameTrace compared them).
-  CliRun again = Cli("trace gen --predict --predict-next-token --trace " + plain + kSmall);
+  CliRun again = Cli("trace gen --predict --predict-next-token --trace " + plain + kSmallFamilyArgs);
   EXPECT_NE(again.code, 0) << again.out;
   EXPECT_NE(again.out.find("it is not this trace"), std::string::npos) << again.out;
-  CliRun n = Cli("trace gen --predict --predict-next-token --json --trace " + next + kSmall);
+  CliRun n = Cli("trace gen --predict --predict-next-token --json --trace " + next + kSmallFamilyArgs);
   ASSERT_EQ(n.code, 0) << n.out;
   EXPECT_EQ(nlohmann::json::parse(n.out)["version"], 2);
 
@@ -125,7 +124,7 @@ TEST(TraceNextTokenCli, GenSweepAndErrors) {
   EXPECT_NE(kt.out.find(" keep "), std::string::npos) << kt.out;
   EXPECT_NE(kt.out.find("yes+keep"), std::string::npos) << kt.out;
   EXPECT_NE(kt.out.find("predictions steer eviction"), std::string::npos) << kt.out;
-  CliRun gen = Cli("trace sweep --timing --horizon token --family kimi --policies lru --sizes 64" + kSmall);
+  CliRun gen = Cli("trace sweep --timing --horizon token --family kimi --policies lru --sizes 64" + kSmallFamilyArgs);
   ASSERT_EQ(gen.code, 0) << gen.out;
   EXPECT_NE(gen.out.find("prefetch horizon: next token"), std::string::npos) << gen.out;
 
