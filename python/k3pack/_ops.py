@@ -50,7 +50,12 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     returned under "inputs". Both outputs are checked before a byte is
     written: neither may be an input; a valid pack with its manifest is
     "already built" and left as it is; anything else there is refused
-    (FileExistsError) unless force=True. Returns {"pack": build result dict,
+    (FileExistsError, saying whose model a copied directory's manifest
+    records) unless force=True. As `k3pack build`, a manifest that records
+    this pack where none of its files is any more (a moved model), the
+    manifest of a forced rebuild under way, or an old rank manifest SGLang
+    would serve with zeros is written anew without force, saying so to `log`
+    (else the "k3pack" logger). Returns {"pack": build result dict,
     "manifest": path, "document": manifest dict, "already_built": bool,
     "inputs": {"model_config": path, "tokenizer_dir": path}}.
     As `k3pack build`, a checkpoint doctor finds SGLang cannot load (e.g.
@@ -85,7 +90,7 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
                                     progress=progress, log=log, hash_sources=full_source_hashes, **build_options)
         doc = _k3pack.create_manifest(gguf_dir, result["pack"], model_config, tokenizer_dir, output=plan["manifest"],
                                       profile=plan["profile"], payload_samples=payload_samples,
-                                      full_source_hashes=full_source_hashes, force=force,
+                                      full_source_hashes=full_source_hashes, force=plan["replace_manifest"],
                                       known_shard_sha256=result.get("source_sha256", {}))
         return {"pack": result, "manifest": plan["manifest"], "document": doc, "already_built": False,
                 "inputs": inputs}

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <filesystem>
+#include <set>
 
 #include "common.h"
 #include "k3pack/gguf.h"
@@ -14,6 +15,7 @@
 #include "k3pack/doctor.h"
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
+#include "manifest/build_output.h"
 #include "manifest/manifest_output.h"
 #include "manifest/tokenizer_dir.h"
 #include "pack/pack_output.h"
@@ -174,6 +176,10 @@ void RegisterPack(py::module_& m) {
     std::string out = pack_arg, manifest_path = manifest_arg;
     pack::PackOutputPlan plan;
     OutputAction maction{};
+    // Why an existing manifest is taken over, told to `log` (else the "k3pack"
+    // logger) once the GIL is back; the plan's pass may run twice: each once.
+    std::set<std::string> told;
+    std::vector<std::string> notes;
     Status st = [&]() -> Status {
       NoGil nogil;
       pack::CollectOptions copts;
@@ -197,23 +203,22 @@ void RegisterPack(py::module_& m) {
         if (manifest_path.empty()) {
           manifest_path = (std::filesystem::path(out).parent_path() / manifest::kDefaultManifestName).string();
         }
-        std::vector<k3pack::NamedPath> inputs = req.inputs;
-        for (auto& f : k3pack::FilesIn("a tokenizer_dir file", tokenizer_dir)) inputs.push_back(std::move(f));
-        inputs.push_back({"pack", out});
-        inputs.push_back({"pack (its .digests)", pack::DigestsPathFor(out)});
-        K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"manifest", manifest_path}}, inputs));
-        K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("manifest", manifest_path));
-        k3pack::OutputSpec mspec;
-        mspec.option = "manifest";
-        mspec.path = manifest_path;
-        mspec.force = force;
-        mspec.force_option = "force=True";
-        mspec.is_finished = [&]() -> Result<bool> {
-          return decided.action == OutputAction::kAlreadyBuilt &&
-                 manifest::ManifestRecordsPack(manifest_path, decided.valid_section);
+        manifest::BuildManifestRequest request;
+        request.path = manifest_path;
+        request.option = "manifest";
+        request.force_option = "force=True";
+        request.force = force;
+        request.pack_path = out;
+        request.pack_action = decided.action;
+        request.pack_section = decided.valid_section;
+        request.inputs = req.inputs;
+        request.tokenizer_dir = tokenizer_dir;
+        request.names.pack = "pack";
+        request.names.tokenizer_dir = "tokenizer_dir";
+        request.note = [&](const std::string& why) {
+          if (told.insert(why).second) notes.push_back(why);
         };
-        mspec.why_refused = "it is not the manifest of this pack";
-        K3_ASSIGN_OR_RETURN(maction, k3pack::DecideOutput(mspec));
+        K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
         return Status::OK();
       };
       K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
@@ -221,11 +226,17 @@ void RegisterPack(py::module_& m) {
     }();
     waiting.RaiseIfInterrupted();
     Check(st);
+    if (!notes.empty()) {
+      auto say = LogLines(log);
+      for (const std::string& why : notes) say("note: " + why);
+    }
     py::dict d;
     d["pack"] = out;
     d["manifest"] = manifest_path;
     d["profile"] = kimi::ProfileName(p);
     d["already_built"] = maction == OutputAction::kAlreadyBuilt;
+    // The manifest there is written over (force=True, or the rule took it over).
+    d["replace_manifest"] = maction == OutputAction::kReplace;
     // k3pack.build holds it to its manifest's last byte, as `k3pack build` does.
     d["lock"] = py::cast(std::move(*plan.lock));
     return d;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "cli/command.h"
@@ -22,6 +23,7 @@
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/build_output.h"
 #include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 #include "pack/build_inputs.h"
@@ -68,23 +70,6 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
                              "--allow-unsupported to build the pack anyway");
 }
 
-// A manifest refused as "not the manifest of this pack" that records another
-// model's shards and pack (a model directory copied with its manifest): say
-// whose it is. (A damaged pack of these shards is refused by the pack plan
-// first: its index digest against the layout, its sampled payloads.)
-Error ExplainManifestRefusal(const Error& refused, const std::string& manifest_path) {
-  auto raw = manifest::ReadManifestJson(manifest_path);
-  if (!raw.ok()) return refused;
-  const std::string elsewhere = manifest::ModelDirRecordedElsewhere(*raw, manifest_path);
-  if (elsewhere.empty()) return refused;
-  const std::string& message = refused.message();
-  return Error(message.substr(0, message.find('\n')) + " (it records the shards and pack of the model in " + elsewhere +
-                   ": a model directory copied with its manifest?)",
-               refused.kind())
-      .WithHint("pass --force to write this directory's own manifest (the model in " + elsewhere +
-                " keeps its own), or another --manifest path");
-}
-
 // One pack and its manifest: the full pack, or the rank pack of `rank`.
 // `shard_sha256` carries whole-shard SHA-256s from one rank's build to the
 // next (--ep-rank all hashes the shards once).
@@ -99,7 +84,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   // (under the pack's lock, and before a lock file is made for a refusal).
   std::string manifest_path;
   OutputAction maction{};
-  bool told_moved = false, told_unmarked = false, told_resumed = false;  // the pass runs twice where no lock file was there yet
+  std::set<std::string> told;  // the pass runs twice where no lock file was there yet
   auto judge_the_rest = [&](const PackPlan& plan) -> Status {
     const std::string& out = plan.pack;
     if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
@@ -112,78 +97,19 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
       const std::filesystem::path mp(manifest_path);
       manifest_path = (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
     }
-    std::vector<NamedPath> inputs = plan.inputs;
-    for (auto& f : FilesIn("a --tokenizer-dir file", tokenizer_dir)) inputs.push_back(std::move(f));
-    inputs.push_back({"--pack", out});
-    inputs.push_back({"--pack (its .digests)", pack::DigestsPathFor(out)});
-    K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", manifest_path}}, inputs));
-    K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", manifest_path));
-    {
-      std::vector<NamedPath> recorded = inputs;
-      recorded.push_back({"--manifest", manifest_path});
-      K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(recorded));
-    }
-    OutputSpec mspec;
-    mspec.option = "--manifest";
-    mspec.path = manifest_path;
-    mspec.force = args.Has("--force");
-    mspec.is_finished = [&]() -> Result<bool> {
-      return plan.action == OutputAction::kAlreadyBuilt &&
-             manifest::ManifestRecordsPack(manifest_path, plan.valid_section);
+    manifest::BuildManifestRequest request;
+    request.path = manifest_path;
+    request.force = args.Has("--force");
+    request.pack_path = out;
+    request.pack_action = plan.action;
+    request.pack_section = plan.valid_section;
+    request.pack_repair = plan.repair;
+    request.inputs = plan.inputs;
+    request.tokenizer_dir = tokenizer_dir;
+    request.note = [&](const std::string& why) {
+      if (told.insert(why).second) std::cerr << "k3pack build: note: " << why << "\n";
     };
-    // --restart replaces the manifest of the pack it re-checks.
-    if (plan.repair && PathExists(manifest_path)) {
-      auto old = manifest::ReadManifest(manifest_path);
-      if (old.ok()) mspec.force = true;
-    }
-    // The manifest of a moved or renamed model directory: it records this very
-    // pack (the same index digest), but none of the files it records is where
-    // it says. It points at nothing, so writing the new one loses nothing; the
-    // pack there is reused (what WithMovedModelHint tells the user to do).
-    if (!mspec.force && plan.action == OutputAction::kAlreadyBuilt && PathExists(manifest_path)) {
-      auto old = manifest::ReadManifest(manifest_path);
-      if (old.ok() && old->complete &&
-          old->expert_pack.index_sha256 == plan.valid_section.value("index_sha256", std::string()) &&
-          !PathExists(old->expert_pack.path) &&
-          std::none_of(old->source.shards.begin(), old->source.shards.end(),
-                       [](const auto& sh) { return PathExists(sh.path); })) {
-        if (!std::exchange(told_moved, true)) {
-          std::cerr << "k3pack build: note: " << manifest_path << " records this pack at " << old->expert_pack.path
-                    << ", where none of its files is any more (the model was moved): writing a new manifest\n";
-        }
-        mspec.force = true;
-      }
-    }
-    // A rebuild of this pack under way (an interrupted `--force`): the manifest
-    // of the pack it replaces goes with it, written anew once the pack is done.
-    if (!mspec.force && plan.action == OutputAction::kResume && PathExists(manifest_path)) {
-      auto old = manifest::ReadManifest(manifest_path);
-      auto recorded = old.ok() ? ResolvePath(old->expert_pack.path) : Result<std::string>(old.error());
-      auto here = ResolvePath(out);
-      if (recorded.ok() && here.ok() && *recorded == *here) {
-        if (!std::exchange(told_resumed, true)) {
-          std::cerr << "k3pack build: note: resuming the rebuild of " << out << "; " << manifest_path
-                    << ", the manifest of the pack it replaces, is written anew when it is done\n";
-        }
-        mspec.force = true;
-      }
-    }
-    // A rank manifest of this very pack that SGLang's store would serve (the
-    // other ranks' experts as zeros), written before rank manifests carried
-    // the key it refuses: the new one records the same pack.
-    if (!mspec.force && plan.action == OutputAction::kAlreadyBuilt &&
-        manifest::RankManifestSglangWouldServe(manifest_path, plan.valid_section)) {
-      if (!std::exchange(told_unmarked, true)) {
-        std::cerr << "k3pack build: note: " << manifest_path
-                  << " is a rank manifest SGLang's store would take and serve with the other ranks' experts as "
-                     "zeros (written before rank manifests carried the key it refuses): writing a new manifest\n";
-      }
-      mspec.force = true;
-    }
-    mspec.why_refused = "it is not the manifest of this pack";
-    auto decided = DecideOutput(mspec);
-    if (!decided.ok()) return ExplainManifestRefusal(decided.error(), manifest_path);
-    maction = *decided;
+    K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
     return Status::OK();
   };
   // Mixed expert types only when asked for, as `k3pack pack`: SGLang's

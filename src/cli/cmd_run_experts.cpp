@@ -277,7 +277,7 @@ int RunExperts(const std::vector<std::string>& argv) {
     for (const auto& sh : m->source.shards) inputs.push_back({"source shard", sh.path});
     for (const auto& rm : rank_manifests) inputs.push_back({"--rank-manifests", rm});
     if (Status e = CheckOutputsAreNotInputs({{"--trace-out", trace_out}}, inputs); !e.ok())
-      return ReportError("run-experts", e.error(), 2);
+      return ReportError("run-experts", e.error());
   }
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
   if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));

@@ -290,7 +290,7 @@ int RunGen(const std::vector<std::string>& argv) {
   // file already holds exactly these records; anything else is refused
   // (a shard or a manifest passed as --trace by mistake is never replaced).
   if (Status w = CheckOutputWritable("--trace", out); !w.ok()) return ReportError("trace gen", w.error());
-  if (Status in = NotAnInput(a, "--trace", out, {"--manifest"}); !in.ok()) return ReportError("trace gen", in.error(), 2);
+  if (Status in = NotAnInput(a, "--trace", out, {"--manifest"}); !in.ok()) return ReportError("trace gen", in.error());
   OutputSpec spec;
   spec.option = "--trace";
   spec.path = out;
@@ -450,7 +450,7 @@ int RunReplay(const std::vector<std::string>& argv) {
                                                                       {"--manifest", o.manifest_path},
                                                                       {"--pack", o.pack_path}});
           !in.ok())
-        return ReportError("trace replay", in.error(), 2);
+        return ReportError("trace replay", in.error());
       if (Status st = CheckStatsPath(a, stats); !st.ok()) return ReportError("trace replay", st.error());
     }
     o.store.read_splits = *splits;

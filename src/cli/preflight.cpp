@@ -10,7 +10,6 @@
 #include "manifest/tokenizer_dir.h"
 #include "pack/build_inputs.h"
 #include "util/file.h"
-#include "util/utf8.h"
 
 namespace k3pack::cli {
 
@@ -128,19 +127,6 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
   }
   return Error("no GGUF files found in " + path + " (" + option + ")")
       .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
-}
-
-Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths) {
-  for (const NamedPath& p : paths) {
-    std::error_code ec;
-    const std::string abs = fs::absolute(p.path, ec).string();
-    const std::string& shown = ec ? p.path : abs;
-    if (IsValidUtf8(shown)) continue;
-    return Error(p.option + " " + EscapeInvalidUtf8(shown) +
-                 " is not valid UTF-8, and the manifest records it: SGLang reads the manifest as UTF-8 JSON")
-        .WithHint("move or rename it to a UTF-8 path (the bytes shown as \\xNN are not UTF-8), then rerun");
-  }
-  return Status::OK();
 }
 
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix) {

@@ -34,12 +34,6 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir);
 // names that folder and the --gguf-dir to pass.
 Status CheckGgufDir(const std::string& option, const std::string& path);
 
-// Every path a manifest records (shards, pack, config, tokenizer files, the
-// manifest itself) must be UTF-8: SGLang reads the manifest as UTF-8 JSON.
-// Checked before the build copies anything; the error names the option and
-// shows the path with its odd bytes \xNN-escaped.
-Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
-
 // An input file/dir named by `option` exists; when it does not, the error
 // lists the candidates found beside it (names ending in `suffix`).
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix);

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "util/utf8.h"
+
 namespace k3pack {
 
 namespace fs = std::filesystem;
@@ -122,6 +124,19 @@ std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir)
     if (it->is_regular_file(e)) out.push_back({label, it->path().string()});
   }
   return out;
+}
+
+Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths) {
+  for (const NamedPath& p : paths) {
+    std::error_code ec;
+    const std::string abs = fs::absolute(p.path, ec).string();
+    const std::string& shown = ec ? p.path : abs;
+    if (IsValidUtf8(shown)) continue;
+    return Error(p.option + " " + EscapeInvalidUtf8(shown) +
+                 " is not valid UTF-8, and the manifest records it: SGLang reads the manifest as UTF-8 JSON")
+        .WithHint("move or rename it to a UTF-8 path (the bytes shown as \\xNN are not UTF-8), then rerun");
+  }
+  return Status::OK();
 }
 
 }  // namespace k3pack

@@ -69,6 +69,12 @@ Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std
 // reported with the option to pass elsewhere.
 Status CheckOutputWritable(const std::string& option, const std::string& path);
 
+// Every path a manifest records (shards, pack, config, tokenizer files, the
+// manifest itself) must be UTF-8: SGLang reads the manifest as UTF-8 JSON.
+// Checked before the build copies anything; the error names the option and
+// shows the path with its odd bytes \xNN-escaped.
+Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
+
 // Every regular file in `dir` (one level), as NamedPaths labelled `label`.
 std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);
 

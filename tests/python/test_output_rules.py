@@ -296,5 +296,50 @@ class OutputRules(unittest.TestCase):
         self.assertFalse(again["already_built"])  # the pack is reused, the manifest written
         self.assertTrue(os.path.exists(again["manifest"]))
 
+    # build() takes over and refuses the same manifests as `k3pack build`
+    # (one rule in C++: manifest::DecideBuildManifest).
+
+    def built_copy(self, name):
+        d = self.copy_model(name)
+        k3pack.build(d, os.path.join(d, "config.json"), os.path.join(d, "tokenizer"), safety_margin_gib=0)
+        return d
+
+    def test_build_writes_a_new_manifest_for_a_moved_model(self):
+        d = self.built_copy("m-moved-from")
+        moved = self.fresh_dir("m-moved-to")
+        os.rename(d, moved)
+        pack = glob.glob(os.path.join(moved, "*.pack"))[0]
+        before = digest(pack)
+        said = []
+        r = k3pack.build(moved, os.path.join(moved, "config.json"), os.path.join(moved, "tokenizer"),
+                         safety_margin_gib=0, log=said.append)
+        self.assertFalse(r["already_built"])
+        self.assertTrue(r["pack"]["already_built"])  # the pack there is reused as it is
+        self.assertEqual(digest(pack), before)
+        self.assertEqual(k3pack.read_manifest(os.path.join(moved, MANIFEST_NAME))["expert_pack"]["path"], pack)
+        self.assertTrue(any("none of its files is any more (the model was moved): writing a new manifest" in line
+                            for line in said), said)
+
+    def test_build_says_whose_a_copied_manifest_is(self):
+        d = self.built_copy("m-copied-from")
+        copy = self.fresh_dir("m-copied-to")
+        shutil.copytree(d, copy)
+        before = digest(os.path.join(copy, MANIFEST_NAME))
+        with self.assertRaises(FileExistsError) as cm:
+            k3pack.build(copy, os.path.join(copy, "config.json"), os.path.join(copy, "tokenizer"), safety_margin_gib=0)
+        self.assertIn("it records the shards and pack of the model in " + d, str(cm.exception))
+        self.assertIn("pass force=True to write this directory's own manifest", cm.exception.k3pack_hint)
+        self.assertEqual(digest(os.path.join(copy, MANIFEST_NAME)), before)
+
+    def test_build_refuses_a_path_the_manifest_cannot_record(self):
+        d = self.copy_model("m-not-utf8")
+        with open(os.path.join(os.fsencode(d), b"tokenizer", b"vocab-\xff.txt"), "wb") as f:
+            f.write(b"x")
+        with self.assertRaises(Exception) as cm:
+            k3pack.build(d, os.path.join(d, "config.json"), os.path.join(d, "tokenizer"), safety_margin_gib=0)
+        self.assertIn("is not valid UTF-8, and the manifest records it", str(cm.exception))
+        self.assertEqual(glob.glob(os.path.join(d, "*.pack*")) + glob.glob(os.path.join(d, MANIFEST_NAME)), [])
+
+
 if __name__ == "__main__":
     unittest.main()

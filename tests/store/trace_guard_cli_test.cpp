@@ -68,11 +68,13 @@ TEST(TraceGuardCli, ReplayStatsNeverReplacesAnUnrelatedFile) {
 TEST(TraceGuardCli, ReplayStatsIsNeverAnInput) {
   ReplayFixture f;
   const std::string manifest_before = Slurp(f.p.manifest), trace_before = Slurp(f.trace);
+  // A refusal (exit 1), as every writer's "is an input".
   CliRun r = Cli(f.Replay("--force --stats " + f.p.manifest));
-  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("--stats"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is an input"), std::string::npos) << r.out;
   r = Cli(f.Replay("--force --stats " + f.trace));
-  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_EQ(Slurp(f.p.manifest), manifest_before);
   EXPECT_EQ(Slurp(f.trace), trace_before);
 }
