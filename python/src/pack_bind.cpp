@@ -5,8 +5,8 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <filesystem>
-#include <set>
 
 #include "common.h"
 #include "k3pack/gguf.h"
@@ -178,7 +178,6 @@ void RegisterPack(py::module_& m) {
     OutputAction maction{};
     // Why an existing manifest is taken over, told to `log` (else the "k3pack"
     // logger) once the GIL is back; the plan's pass may run twice: each once.
-    std::set<std::string> told;
     std::vector<std::string> notes;
     Status st = [&]() -> Status {
       NoGil nogil;
@@ -216,7 +215,7 @@ void RegisterPack(py::module_& m) {
         request.names.pack = "pack";
         request.names.tokenizer_dir = "tokenizer_dir";
         request.note = [&](const std::string& why) {
-          if (told.insert(why).second) notes.push_back(why);
+          if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
         };
         K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
         return Status::OK();

@@ -6,11 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <algorithm>
 #include <iostream>
 #include <map>
 #include <set>
-#include <utility>
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
@@ -24,7 +22,6 @@
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "manifest/build_output.h"
-#include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 #include "pack/build_inputs.h"
 #include "pack/format.h"

@@ -259,7 +259,8 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     chosen.push_back(single);
     v.prefix = fs::path(single).stem().string();
   } else {
-    out.Add("no-gguf-files", path, "the directory contains no *.gguf file", "no GGUF files found in " + ResolvedPathOrGiven(path));
+    out.Add("no-gguf-files", path, "the directory contains no *.gguf file",
+            "no GGUF files found in " + ResolvedPathOrGiven(path));
     out.report().unusable = true;
     return std::nullopt;
   }
@@ -268,7 +269,8 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   if (single_unnumbered && v.shards.front().file) {
     out.Add("gguf-not-numbered", v.shards.front().path,
             "the model is a single file without the -NNNNN-of-NNNNN.gguf suffix",
-            "Kimi GGUF name is not a numbered shard: " + ResolvedPathOrGiven(v.shards.front().path), v.shards.front().path);
+            "Kimi GGUF name is not a numbered shard: " + ResolvedPathOrGiven(v.shards.front().path),
+            v.shards.front().path);
   }
   IndexTensors(v, out);
   return v;

@@ -251,7 +251,8 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
                                                      : " is not a regular file");
   }
   if (hint.empty()) return Status::OK();
-  return Error("Kimi expert-pack or manifest is missing: " + ResolvedPathOrGiven(pack_path) + ", " + ResolvedPathOrGiven(manifest_path),
+  return Error("Kimi expert-pack or manifest is missing: " + ResolvedPathOrGiven(pack_path) + ", " +
+                   ResolvedPathOrGiven(manifest_path),
                ErrorKind::kFileNotFound)
       .WithHint(hint);
 }

@@ -184,7 +184,8 @@ TEST_F(QaAudit, RunExpertsBlamesAnotherModelsGgufDir) {
   auto r = RunCmd(Bin() + " run-experts --manifest " + Q(ManifestOf(dir)) + " --gguf-dir " + Q(other));
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_EQ(r.out.find("MISMATCH"), std::string::npos) << r.out;
-  EXPECT_NE(MessageAfterError(r.out).find("--gguf-dir " + other + " does not hold the shards the manifest"), std::string::npos)
+  EXPECT_NE(MessageAfterError(r.out).find("--gguf-dir " + other + " does not hold the shards the manifest"),
+            std::string::npos)
       << r.out;
   r = RunCmd(Bin() + " run-experts --manifest " + Q(ManifestOf(dir)) + " --gguf-dir " + Q(dir));
   EXPECT_EQ(r.rc, 0) << r.out;

@@ -33,7 +33,8 @@ TEST(SpecPythonInt, NonNumericCountIsIntsValueError) {
   c["num_experts"] = "abc";
   EXPECT_EQ(VerdictFirstLine(c), "invalid literal for int() with base 10: 'abc'");
   c["num_experts"] = nullptr;
-  EXPECT_EQ(VerdictFirstLine(c), "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'");
+  EXPECT_EQ(VerdictFirstLine(c),
+            "int() argument must be a string, a bytes-like object or a real number, not 'NoneType'");
 }
 
 TEST(SpecPythonInt, IntAcceptsWhatPythonAccepts) {

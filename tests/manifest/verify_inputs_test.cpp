@@ -199,7 +199,8 @@ TEST_F(VerifyInputs, ChangedConfigAndTokenizerFilesAreNamed) {
   k3test::WriteFile(config, cfg + "\n");
   auto r = Verify(Manifest());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(MessageOnFirstLine(r.out).rfind("model config " + config + " changed since the manifest was written: config_sha256 ", 0),
+  EXPECT_EQ(MessageOnFirstLine(r.out).rfind(
+                "model config " + config + " changed since the manifest was written: config_sha256 ", 0),
             0u)
       << r.out;
   k3test::WriteFile(config, cfg);
@@ -211,14 +212,17 @@ TEST_F(VerifyInputs, ChangedConfigAndTokenizerFilesAreNamed) {
   k3test::WriteFile(tok0, changed);
   r = Verify(Manifest());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(MessageOnFirstLine(r.out).rfind("tokenizer file " + tok0 + " changed since the manifest was written: sha256 ", 0), 0u)
+  EXPECT_EQ(MessageOnFirstLine(r.out).rfind(
+                "tokenizer file " + tok0 + " changed since the manifest was written: sha256 ", 0),
+            0u)
       << r.out;
   k3test::WriteFile(tok0, tok);
 
   k3test::WriteFile(tok_dir + "/added.txt", "x");
   r = Verify(Manifest());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(MessageOnFirstLine(r.out), "tokenizer directory " + tok_dir + " has a file the manifest does not record: added.txt")
+  EXPECT_EQ(MessageOnFirstLine(r.out),
+            "tokenizer directory " + tok_dir + " has a file the manifest does not record: added.txt")
       << r.out;
   fs::remove(tok_dir + "/added.txt");
   EXPECT_EQ(Verify(Manifest()).rc, 0);
