@@ -161,8 +161,11 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   K3_ASSIGN_OR_RETURN(Manifest m, ParseManifestOf(raw, manifest_path));
   const std::string pack_path = m.expert_pack.path;
   if (!PathExists(pack_path)) {
-    return Error("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
-                 ErrorKind::kFileNotFound);
+    Error missing("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
+                  ErrorKind::kFileNotFound);
+    // A --force rebuild short of space removes the old pack before its copy.
+    const std::string building = pack::BuildInProgressHint(pack_path);
+    return building.empty() ? missing : missing.WithHint(building);
   }
   // SGLang's store checks on the manifest alone: a manifest edited there
   // passes every comparison below, yet the server refuses it at start-up.

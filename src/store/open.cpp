@@ -16,6 +16,7 @@
 #include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
 #include "manifest/pyjson.h"
+#include "pack/build_inputs.h"
 #include "pack/format.h"
 #include "store/store_impl.h"
 #include "util/pyrepr.h"
@@ -249,6 +250,11 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
             (!std::filesystem::exists(status) ? " does not exist"
              : std::filesystem::is_directory(status) ? " is a directory, not a file"
                                                      : " is not a regular file");
+    // A --force rebuild short of space removes the old pack before its copy.
+    if (what == "the pack" && !std::filesystem::exists(status)) {
+      const std::string building = pack::BuildInProgressHint(path);
+      if (!building.empty()) hint += " (" + building + ")";
+    }
   }
   if (hint.empty()) return Status::OK();
   return Error("Kimi expert-pack or manifest is missing: " + ResolvedPathOrGiven(pack_path) + ", " +

@@ -321,5 +321,29 @@ TEST(ConcurrentWriters, ReadersOfAModelWhoseBuildIsRunningSaySo) {
   EXPECT_EQ(rc, 0) << err;
 }
 
+// Before, while a `build --force` short of space had removed the old pack
+// (it does so, and logs it, before its copy), `verify` and the store's
+// readers said only that the pack was missing and that a moved model needs
+// a new build. The rebuild is stopped holding its lock and the pack removed
+// as it would remove it.
+TEST(ConcurrentWriters, ReadersOfAPackARebuildRemovedSayTheRebuildIsRunning) {
+  const std::string m = FreshModel("conc-rebuild-readers");
+  ASSERT_EQ(Build(m).code, 0);
+  Stopped b({"build", "--progress", "none", "--safety-margin-gib", "0", "--force", m}, kStopHoldingLock);
+  ASSERT_TRUE(b.stopped) << "the seam did not stop the build";
+  fs::remove(PackOf(m));
+  fs::remove(PackOf(m) + ".digests");
+  const std::string pid = std::to_string(b.p.pid);
+  for (const std::string cmd : {"verify ", "run-experts --tokens 1 "}) {
+    CliRun r = Cli(cmd + Q(m));
+    EXPECT_EQ(r.code, 1) << cmd << r.out;
+    EXPECT_TRUE(Contains(r.out, "Kimi expert-pack or manifest is missing: ")) << cmd << r.out;
+    EXPECT_TRUE(Contains(r.out, "a build of " + PackOf(m) + " is in progress: pid " + pid + " (")) << cmd << r.out;
+  }
+  auto [rc, err] = b.Finish();
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_EQ(Cli("verify --full " + Q(m)).code, 0);
+}
+
 }  // namespace
 }  // namespace k3cli
