@@ -329,6 +329,7 @@ void RegisterPack(py::module_& m) {
       spec.force_option = "force=True";
       spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, doc); };
       spec.why_refused = "it differs from the manifest of these inputs";
+      spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
       K3_ASSIGN_OR_RETURN(OutputAction action, k3pack::DecideOutput(spec));
       // Already built: the file is left as it is, and is what is returned.
       if (action == OutputAction::kAlreadyBuilt) return manifest::ReadManifestJson(output);

@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/output_rule.h"
+#include "pack/pack_output.h"
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
 #include "k3pack/pack.h"
@@ -54,6 +55,7 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
   spec.option = "--pack";
   spec.path = out;
   spec.force = args.Has("--force");
+  spec.not_own_kind = [&] { return pack::NotAPackFile(out); };
   // A finished merge of these rank packs is reported as built, as the other
   // writers do; anything else there is refused without --force.
   std::string why_not;

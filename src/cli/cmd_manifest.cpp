@@ -68,6 +68,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   spec.force = args.Has("--force");
   spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, m); };
   spec.why_refused = "it differs from the manifest of these inputs";
+  spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
   K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"manifest", output}};
   K3_RETURN_IF_ERROR(manifest::WriteManifest(output, m));

@@ -141,6 +141,7 @@ OutputSpec TraceOutSpec(const Args& a, const std::string& path, const std::strin
   spec.path = path;
   spec.force = a.Has("--force");
   spec.why_refused = why_refused;
+  spec.not_own_kind = [path] { return NotAFileOf(path, FileStart::kTrace, "a routing trace"); };
   spec.is_finished = [is_this_run = std::move(is_this_run)]() -> Result<bool> { return is_this_run(); };
   return spec;
 }
@@ -243,15 +244,6 @@ int RunExperts(const std::vector<std::string>& argv) {
   if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("run-experts", e.error());
   }
-  if (!trace_out.empty()) {
-    // Checked before any work. The trace is known only once the layers ran:
-    // an existing file that is not a k3pack trace at all is refused now, a
-    // trace is compared with this run's after it (WriteTraceOut).
-    if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
-    auto action = DecideOutput(TraceOutSpec(a, trace_out, "it is not a k3pack trace",
-                                            [&] { return trace::ReadTrace(trace_out).ok(); }));
-    if (!action.ok()) return ReportError("run-experts", action.error());
-  }
   auto m = manifest::ReadManifest(a.Get("--manifest"));
   if (!m.ok()) return ReportError("run-experts", m.error());
   std::string gguf_path = a.Get("--gguf-dir");
@@ -278,6 +270,13 @@ int RunExperts(const std::vector<std::string>& argv) {
     for (const auto& rm : rank_manifests) inputs.push_back({"--rank-manifests", rm});
     if (Status e = CheckOutputsAreNotInputs({{"--trace-out", trace_out}}, inputs); !e.ok())
       return ReportError("run-experts", e.error());
+    // Checked before any work. The trace is known only once the layers ran:
+    // an existing file that is not a k3pack trace at all is refused now, a
+    // trace is compared with this run's after it (WriteTraceOut).
+    if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
+    auto action = DecideOutput(TraceOutSpec(a, trace_out, "it is not a k3pack trace",
+                                            [&] { return trace::ReadTrace(trace_out).ok(); }));
+    if (!action.ok()) return ReportError("run-experts", action.error());
   }
   auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
   if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));

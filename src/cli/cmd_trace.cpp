@@ -300,6 +300,7 @@ int RunGen(const std::vector<std::string>& argv) {
     return old.ok() && SameTrace(*old, *t);
   };
   spec.why_refused = "it is not this trace";
+  spec.not_own_kind = [&] { return NotAFileOf(out, FileStart::kTrace, "a routing trace"); };
   auto action = DecideOutput(spec);
   if (!action.ok()) return ReportError("trace gen", action.error());
   if (*action == OutputAction::kAlreadyBuilt) {

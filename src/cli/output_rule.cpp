@@ -58,6 +58,13 @@ Status CheckRegeneratedOutput(const Args& args, const std::string& option, const
   spec.path = path;
   spec.force = args.Has("--force");
   spec.why_refused = why_refused;
+  // --force regenerates a plot or stats file, never an input of the kinds
+  // k3pack reads (a shard, a pack, a trace) given by a slip of the path.
+  spec.not_own_kind = [&]() -> std::string {
+    const FileStart kind = ClassifyFileStart(path);
+    if (kind != FileStart::kGguf && kind != FileStart::kExpertPack && kind != FileStart::kTrace) return "";
+    return "it is " + DescribeFileStart(path);
+  };
   // Before is_ours reads it: a device or pipe is never ours to replace.
   K3_RETURN_IF_ERROR(CheckOutputKind(spec));
   auto action = DecideOutput(spec);

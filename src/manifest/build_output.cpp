@@ -85,6 +85,7 @@ Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& r) {
     return r.pack_action == OutputAction::kAlreadyBuilt && ManifestRecordsPack(r.path, r.pack_section);
   };
   spec.why_refused = "it is not the manifest of this pack";
+  spec.not_own_kind = [&] { return NotAManifestFile(r.path); };
   auto decided = DecideOutput(spec);
   if (!decided.ok()) return ExplainRefusal(decided.error(), r);
   return *decided;

@@ -19,14 +19,18 @@ bool MarkedComplete(const json& m) {
   return fields::Truthy(m, "complete");
 }
 
+std::string WhyNotAdapterFormat(const json& m) {
+  if (!m.is_object()) return "it is a JSON " + std::string(m.type_name()) + ", not an object";
+  if (!m.contains("format")) return "it has no \"format\" key";
+  if (!FormatSupported(m)) {
+    return "its \"format\" is " + m["format"].dump() + ", not \"" + std::string(kManifestFormat) + "\"";
+  }
+  return "";
+}
+
 std::string WhyNotAFinishedManifest(const json& m, const std::string& path) {
-  std::string why;
-  if (!m.is_object()) {
-    why = "it is a JSON " + std::string(m.type_name()) + ", not an object";
-  } else if (!m.contains("format")) {
-    why = "it has no \"format\" key";
-  } else if (!FormatSupported(m)) {
-    why = "its \"format\" is " + m["format"].dump() + ", not \"" + std::string(kManifestFormat) + "\"";
+  std::string why = WhyNotAdapterFormat(m);
+  if (!why.empty()) {
   } else if (!MarkedComplete(m)) {
     why = "its \"complete\" is " + (m.contains("complete") ? m["complete"].dump() : std::string("missing")) +
           " (a manifest is marked complete only once it is written whole)";

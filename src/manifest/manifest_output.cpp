@@ -33,6 +33,15 @@ std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::st
   return inputs;
 }
 
+std::string NotAManifestFile(const std::string& path) {
+  if (std::string other = NotAFileOf(path, FileStart::kJson, "an adapter manifest"); !other.empty()) return other;
+  if (ClassifyFileStart(path) != FileStart::kJson) return "";
+  auto doc = ReadManifestJson(path);
+  if (!doc.ok()) return "";  // a manifest cut short is still the file to replace
+  const std::string why = WhyNotAdapterFormat(*doc);
+  return why.empty() ? "" : "it is a JSON document but not an adapter manifest (" + why + ")";
+}
+
 bool SameManifest(const std::string& path, nlohmann::json fresh) {
   auto old = ReadManifestJson(path);
   if (!old.ok()) return false;

@@ -5,6 +5,10 @@
 
 namespace k3pack::pack {
 
+std::string NotAPackFile(const std::string& path) {
+  return NotAFileOf(path, FileStart::kExpertPack, "an Expert Pack");
+}
+
 Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts) {
   const std::string& out = req.path;
   const std::string& opt = req.option;
@@ -41,6 +45,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     spec.force = req.force;
     spec.force_option = req.force_option;
     spec.has_partial = has_partial;
+    spec.not_own_kind = [&] { return NotAPackFile(out); };
     spec.is_finished = [&]() -> Result<bool> {
       ValidateOptions vopts;
       vopts.payload_samples = 6;

@@ -23,6 +23,11 @@ namespace k3pack::pack {
 
 struct PackOutputPlan;
 
+// For OutputSpec::not_own_kind: "" when the file at `path` starts as an
+// Expert Pack does (or is empty or shorter than the magic), else what it is:
+// force replaces a pack, never a shard or config given as the pack path.
+std::string NotAPackFile(const std::string& path);
+
 struct PackOutputRequest {
   std::string path;                       // the pack (a rank pack's own path for `ep`)
   std::vector<NamedPath> inputs;          // config + shards

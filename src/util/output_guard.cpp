@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
+
+#include "util/file.h"
 
 #include "util/utf8.h"
 
@@ -47,7 +50,15 @@ Status CheckOutputKind(const OutputSpec& spec) {
     return Error(spec.option + " " + spec.path + " is " + KindOf(st) + ", not a directory", ErrorKind::kFileExists)
         .WithHint("pass a new or empty directory as " + spec.option);
   }
-  if (fs::is_regular_file(st) || fs::is_symlink(st)) return Status::OK();
+  if (fs::is_symlink(st)) return Status::OK();
+  if (fs::is_regular_file(st)) {
+    const std::string other = spec.not_own_kind ? spec.not_own_kind() : std::string();
+    if (other.empty()) return Status::OK();
+    return Error("refusing to overwrite existing " + spec.path + " (" + spec.option + "): " + other +
+                     "; k3pack replaces only a file of the kind it writes, not even with " + spec.force_option,
+                 ErrorKind::kFileExists)
+        .WithHint("pass another " + spec.option + " path; if that file should go, remove it yourself");
+  }
   // Never replaced, not even with force: --force removed or renamed over a
   // device node (`--pack /dev/null --force` as root deleted /dev/null), a
   // named pipe (whose check first hung waiting for a writer) or an empty
@@ -114,6 +125,63 @@ Status CheckOutputWritable(const std::string& option, const std::string& path) {
         .WithHint("the directory is read-only for you; pass " + option + " elsewhere");
   }
   return Status::OK();
+}
+
+namespace {
+
+std::string FirstBytes(const std::string& path, size_t n) {
+  auto fd = OpenReadOnly(path);
+  if (!fd.ok()) return "";
+  std::string head(n, '\0');
+  const ssize_t got = ::pread(fd->get(), head.data(), n, 0);
+  head.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  return head;
+}
+
+}  // namespace
+
+FileStart ClassifyFileStart(const std::string& path) {
+  if (!PathExists(path)) return FileStart::kMissing;
+  const std::string head = FirstBytes(path, 32);
+  if (head.empty()) return FileStart::kEmpty;
+  const auto begins = [&](std::string_view magic) {
+    return head.size() >= magic.size() ? head.starts_with(magic) : magic.starts_with(head);
+  };
+  if (begins("GGUF")) return FileStart::kGguf;
+  if (begins("GGMLMOEPACKv1")) return FileStart::kExpertPack;
+  if (begins(std::string_view("K3TRACE\0", 8))) return FileStart::kTrace;
+  const size_t first = head.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (head[first] == '{' || head[first] == '[')) return FileStart::kJson;
+  return FileStart::kOther;
+}
+
+std::string DescribeFileStart(const std::string& path) {
+  switch (ClassifyFileStart(path)) {
+    case FileStart::kMissing: return "no file";
+    case FileStart::kEmpty: return "an empty file";
+    case FileStart::kGguf: return "a GGUF file";
+    case FileStart::kExpertPack: return "an Expert Pack";
+    case FileStart::kTrace: return "a k3pack routing trace";
+    case FileStart::kJson: return "a JSON document";
+    case FileStart::kOther: break;
+  }
+  std::string shown;
+  for (unsigned char c : FirstBytes(path, 16)) {
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      shown += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += hex;
+    }
+  }
+  return "a file that starts with \"" + shown + "\"";
+}
+
+std::string NotAFileOf(const std::string& path, FileStart own, const std::string& own_name) {
+  const FileStart kind = ClassifyFileStart(path);
+  if (kind == own || kind == FileStart::kMissing || kind == FileStart::kEmpty) return "";
+  return "it is " + DescribeFileStart(path) + ", not " + own_name;
 }
 
 std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir) {

@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -43,6 +44,12 @@ struct OutputSpec {
   std::function<Result<bool>()> is_finished;
   // Appended to the refusal ("it is not a pack built from these shards").
   std::string why_refused;
+  // An existing regular file is ever replaced (or taken as finished) only
+  // when this returns "" (it is the kind of file this output is); otherwise
+  // it says what the file is ("it is a GGUF file, not an Expert Pack"), and
+  // the output is refused even with force. Unset: any regular file. A slip
+  // of the output path with --force once wrote a pack over a shard.
+  std::function<std::string()> not_own_kind;
 };
 
 // Applies the rule. The refusal is ErrorKind::kFileExists, names the option
@@ -52,7 +59,8 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec);
 // An existing output must be what the rule may replace: a regular file (or
 // a link, whose name the final rename replaces), or for a directory output a
 // directory (or a link to one). A device, FIFO or socket, or a directory where
-// a file is written, is refused even with force. Absent: OK.
+// a file is written, is refused even with force; so is a regular file that
+// not_own_kind says is another kind of file. Absent: OK.
 Status CheckOutputKind(const OutputSpec& spec);
 
 // The rule's refusal of an existing output, for a caller that finds out
@@ -74,6 +82,18 @@ Status CheckOutputWritable(const std::string& option, const std::string& path);
 // Checked before the build copies anything; the error names the option and
 // shows the path with its odd bytes \xNN-escaped.
 Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
+
+// What a file is, from its first bytes (a file shorter than a magic counts
+// as that kind when its bytes begin the magic: one cut short while written).
+enum class FileStart { kMissing, kEmpty, kGguf, kExpertPack, kTrace, kJson, kOther };
+FileStart ClassifyFileStart(const std::string& path);
+// For messages: "a GGUF file", "an Expert Pack", "a k3pack routing trace",
+// "a JSON document", "an empty file", or "a file that starts with \"...\"".
+std::string DescribeFileStart(const std::string& path);
+
+// For OutputSpec::not_own_kind: "" when the file at `path` is missing, empty
+// or of kind `own`; else "it is <DescribeFileStart>, not <own_name>".
+std::string NotAFileOf(const std::string& path, FileStart own, const std::string& own_name);
 
 // Every regular file in `dir` (one level), as NamedPaths labelled `label`.
 std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);

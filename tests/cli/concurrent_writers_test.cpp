@@ -258,6 +258,7 @@ TEST(ConcurrentWriters, ARefusedFirstLookLeavesNoLockFile) {
   CliRun r = Pack(m);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + PackOf(m))) << r.out;
+  EXPECT_TRUE(Contains(r.out, "it is a file that starts with \"a file of the us\", not an Expert Pack")) << r.out;
   EXPECT_FALSE(fs::exists(PackOf(m) + ".lock"));
   EXPECT_EQ(TextOf(PackOf(m)), "a file of the user's");
 }

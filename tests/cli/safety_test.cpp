@@ -82,8 +82,13 @@ TEST(Preflight, TraceGenOverAShardIsRefused) {
   const auto before = Snapshot(m);
   CliRun r = Cli("trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 --trace " + Q(Shard(m, 1)));
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + Shard(m, 1) + " (--trace)")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "pass --force to replace it")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + Shard(m, 1) +
+                              " (--trace): it is a GGUF file, not a routing trace; k3pack replaces only a file of "
+                              "the kind it writes, not even with --force")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "pass --force")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+  r = Cli("trace gen --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4 --force --trace " + Q(Shard(m, 1)));
+  EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_EQ(Snapshot(m), before);
 }
 
@@ -158,10 +163,56 @@ TEST(OverwriteRule, PackOverAForeignFileIsRefused) {
   const auto before = Snapshot(m);
   CliRun r = Pack(m, "--pack " + Q(mine));
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + mine + " (--pack)")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "hint: pass --force to rebuild it")) << r.out;
-  EXPECT_TRUE(Contains(r.out, "or another --pack path")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + mine + " (--pack): it is a file that starts with "
+                              "\"my notes\", not an Expert Pack")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "hint: pass another --pack path; if that file should go, remove it yourself")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
+  r = Pack(m, "--force --pack " + Q(mine));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "not even with --force")) << r.out;
+  EXPECT_EQ(Snapshot(m), before);
+}
+
+// Before, --force replaced whatever file was at the output path: `ep-merge
+// --pack <shard> --force` wrote a pack over a source shard, `pack --pack
+// tokenizer/tiktoken.model --force` over a tokenizer file. It now replaces
+// only a file of the kind it writes (a pack, a manifest, a trace); a pack
+// cut short inside its magic is still one.
+TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
+  const std::string m = FreshModel("ow-force-kind");
+  ASSERT_EQ(Build(m, "--ep-size 2 --ep-rank all").code, 0);
+  const std::string rank0 = m + "/KIMI-K3-SYNTH.expert-major.ep0-of-2.pack";
+  const std::string rank1 = m + "/KIMI-K3-SYNTH.expert-major.ep1-of-2.pack";
+  const std::string notes = m + "/notes.json";
+  { std::ofstream(notes) << "{\"model_type\": \"kimi_k3\"}"; }
+  const auto before = Snapshot(m);
+  const std::pair<std::string, std::string> slips[] = {
+      {"ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(Shard(m, 1)), "a GGUF file"},
+      {"ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(m + "/config.json"),
+       "a JSON document"},
+      {"pack --progress none " + Q(m) + " --force --pack " + Q(m + "/tokenizer/tiktoken.model"),
+       "a file that starts with "},
+      {"manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(notes),
+       "a JSON document but not an adapter manifest (it has no \"format\" key)"},
+      {"trace sweep --decode-tokens 4 --force --svg " + Q(Shard(m, 2)), "a GGUF file"},
+  };
+  for (const auto& [cmd, what] : slips) {
+    CliRun r = Cli(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing ")) << cmd << "\n" << r.out;
+    EXPECT_TRUE(Contains(r.out, ": it is " + what)) << cmd << "\n" << r.out;
+    EXPECT_TRUE(Contains(r.out, "not even with --force")) << cmd << "\n" << r.out;
+  }
+  EXPECT_EQ(Snapshot(m), before);
+
+  // A pack cut short inside its magic is replaced; so is a whole one.
+  const std::string merged = m + "/merged.pack";
+  { std::ofstream(merged) << "GGMLMOE"; }
+  CliRun r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(merged));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --pack " + Q(merged));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + merged)) << r.out;
 }
 
 TEST(OverwriteRule, BuildTwiceIsAlreadyBuilt) {
@@ -212,7 +263,8 @@ TEST(OverwriteRule, ManifestOverAnotherFileRefusedSameManifestAlreadyBuilt) {
   const auto before = Snapshot(m);
   CliRun r = Cli(args + " --manifest " + Q(other));
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + other + " (--manifest)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + other + " (--manifest): it is a JSON document but "
+                              "not an adapter manifest (it has no \"format\" key)")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
   r = Cli(args);
   ASSERT_EQ(r.code, 0) << r.out;

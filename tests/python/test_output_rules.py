@@ -75,18 +75,33 @@ class OutputRules(unittest.TestCase):
         self.assertEqual(digest(self.pack), before)
 
     def test_create_manifest_refuses_an_existing_file_unless_force(self):
-        out = os.path.join(self.tmp.path, "notes.json")
+        out = os.path.join(self.tmp.path, "stale.manifest.json")
+        stale = '{"format": "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1", "complete": false}\n'
         with open(out, "w") as f:
-            f.write('{"mine": true}\n')
+            f.write(stale)
         with self.assertRaises(FileExistsError) as cm:
             k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out)
         self.assertTrue(str(cm.exception).startswith("refusing to overwrite existing %s (output)" % out),
                         str(cm.exception))
         self.assertIn("force=True", cm.exception.k3pack_hint)
         with open(out) as f:
-            self.assertEqual(f.read(), '{"mine": true}\n')
+            self.assertEqual(f.read(), stale)
         doc = k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out, force=True)
         self.assertEqual(k3pack.read_manifest(out), doc)
+
+    def test_force_never_replaces_a_json_file_that_is_no_manifest(self):
+        out = os.path.join(self.tmp.path, "notes.json")
+        with open(out, "w") as f:
+            f.write('{"mine": true}\n')
+        for force in (False, True):
+            with self.assertRaises(FileExistsError) as cm:
+                k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out, force=force)
+            self.assertIn("(output): it is a JSON document but not an adapter manifest (it has no \"format\" key); "
+                          "k3pack replaces only a file of the kind it writes, not even with force=True",
+                          str(cm.exception))
+            self.assertNotIn("force=True", cm.exception.k3pack_hint)
+        with open(out) as f:
+            self.assertEqual(f.read(), '{"mine": true}\n')
 
     def test_create_manifest_same_manifest_is_kept(self):
         out = os.path.join(self.tmp.path, "again.manifest.json")
@@ -173,7 +188,7 @@ class OutputRules(unittest.TestCase):
         d = self.copy_model("m6")
         manifest = os.path.join(d, MANIFEST_NAME)
         with open(manifest, "w") as f:
-            f.write("{}\n")
+            f.write('{"format": "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1", "complete": false}\n')
         with self.assertRaises(FileExistsError) as cm:
             k3pack.build(d, d + "/config.json", d + "/tokenizer", safety_margin_gib=0)
         self.assertIn("(manifest): it is not the manifest of this pack", str(cm.exception))
@@ -197,16 +212,26 @@ class OutputRules(unittest.TestCase):
         self.assertFalse(os.path.exists(shard + ".lock"))
         self.assertEqual(sorted(os.listdir(d)), listing)
 
-    def test_build_pack_refuses_a_user_file_unless_force(self):
+    def test_build_pack_refuses_a_user_file_even_with_force(self):
         out = os.path.join(self.tmp.path, "user.pack")
         with open(out, "w") as f:
             f.write("mine")
-        with self.assertRaises(FileExistsError) as cm:
-            k3pack.build_pack(self.model, self.config, out=out, safety_margin_gib=0)
-        self.assertIn("refusing to overwrite existing %s (out): it is not a valid pack of these shards" % out,
-                      str(cm.exception))
+        for force in (False, True):
+            with self.assertRaises(FileExistsError) as cm:
+                k3pack.build_pack(self.model, self.config, out=out, safety_margin_gib=0, force=force)
+            self.assertIn("refusing to overwrite existing %s (out): it is a file that starts with \"mine\", "
+                          "not an Expert Pack" % out, str(cm.exception))
         with open(out) as f:
             self.assertEqual(f.read(), "mine")
+
+    def test_build_pack_refuses_another_pack_unless_force(self):
+        out = os.path.join(self.tmp.path, "other.pack")
+        with open(out, "wb") as f:
+            f.write(b"GGMLMOEPACKv1\0\0\0" + bytes(100))
+        with self.assertRaises(FileExistsError) as cm:
+            k3pack.build_pack(self.model, self.config, out=out, safety_margin_gib=0)
+        self.assertIn("refusing to overwrite existing %s (out): " % out, str(cm.exception))
+        self.assertIn("force=True", cm.exception.k3pack_hint)
         r = k3pack.build_pack(self.model, self.config, out=out, safety_margin_gib=0, force=True)
         self.assertEqual(r["index_sha256"], self.built["pack"]["index_sha256"])
 

@@ -91,8 +91,13 @@ TEST_F(TraceOutRule, AnotherRunsTraceIsRefusedNamingTheOptionAndForceReplacesIt)
   ASSERT_TRUE(WriteFileAtomic(mine, "precious").ok());
   auto foreign = Cli(Cmd(mine, "--seed 3"));
   EXPECT_EQ(foreign.code, 1) << foreign.out;
-  EXPECT_NE(foreign.out.find("(--trace-out): it is not a k3pack trace"), std::string::npos) << foreign.out;
+  EXPECT_NE(foreign.out.find("(--trace-out): it is a file that starts with \"precious\", not a routing trace"),
+            std::string::npos)
+      << foreign.out;
   EXPECT_EQ(foreign.out.find("layer "), std::string::npos) << "layers ran before the refusal:\n" << foreign.out;
+  EXPECT_EQ(*ReadFileToString(mine), "precious");
+  // --force replaces another run's trace (below), never a file that is no trace.
+  EXPECT_EQ(Cli(Cmd(mine, "--seed 3 --force")).code, 1);
   EXPECT_EQ(*ReadFileToString(mine), "precious");
 
   auto forced = Cli(Cmd(out, "--seed 4 --force"));
