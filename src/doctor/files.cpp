@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "doctor/internal.h"
@@ -305,7 +306,10 @@ std::optional<ShardView> OpenListed(const std::vector<std::string>& paths, Colle
 
 void CheckSplit(const ShardView& view, Collector& out) {
   const bool numbered = !view.shards.empty() && view.shards.front().name.has_value();
-  int64_t count0 = -1, tcount0 = -1;
+  // Unset: shard 0 has no such key (any value, a negative one too, is a
+  // value SGLang compares with what it finds).
+  std::optional<int64_t> count0, tcount0;
+  auto shown = [](const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string("none"); };
   std::string arch0;
   bool have0 = false;
   bool has_arch0 = false;  // the first readable shard holds general.architecture
@@ -372,29 +376,29 @@ void CheckSplit(const ShardView& view, Collector& out) {
     if (!have0) {
       have0 = true;
       has_arch0 = has_arch;
-      count0 = count.value_or(-1);
-      tcount0 = tcount.value_or(-1);
+      count0 = count;
+      tcount0 = tcount;
       arch0 = f.architecture();
       if (!has_arch && i == 0) {
         out.Add("split-key-missing", "general.architecture", "shard 0 has no general.architecture key",
                 "GGUF metadata is missing required field 'general.architecture'", s.path);
       }
-    } else if ((count && *count != count0) || (tcount && *tcount != tcount0) || (has_arch && f.architecture() != arch0)) {
+    } else if ((count && count != count0) || (tcount && tcount != tcount0) || (has_arch && f.architecture() != arch0)) {
       std::string what;
-      if (count && *count != count0) what += " split.count=" + std::to_string(*count) + " (shard 0: " + std::to_string(count0) + ")";
-      if (tcount && *tcount != tcount0) {
-        what += " split.tensors.count=" + std::to_string(*tcount) + " (shard 0: " + std::to_string(tcount0) + ")";
+      if (count && count != count0) what += " split.count=" + std::to_string(*count) + " (shard 0: " + shown(count0) + ")";
+      if (tcount && tcount != tcount0) {
+        what += " split.tensors.count=" + std::to_string(*tcount) + " (shard 0: " + shown(tcount0) + ")";
       }
       if (has_arch && f.architecture() != arch0) what += " general.architecture=" + PyRepr(f.architecture());
       out.Add("split-metadata-mismatch", s.path, "differs from shard 0:" + what,
               "GGUF split metadata mismatch at " + rpath, s.path);
     }
   }
-  if (count0 >= 0 && count0 != static_cast<int64_t>(view.shards.size())) {
+  if (count0 && *count0 != static_cast<int64_t>(view.shards.size())) {
     out.Add("split-count-mismatch", "split.count",
-            "split.count says " + std::to_string(count0) + " shards, " + std::to_string(view.shards.size()) +
+            "split.count says " + std::to_string(*count0) + " shards, " + std::to_string(view.shards.size()) +
                 " file(s) found",
-            "GGUF split.count=" + std::to_string(count0) + ", found " + std::to_string(view.shards.size()) + " files",
+            "GGUF split.count=" + std::to_string(*count0) + ", found " + std::to_string(view.shards.size()) + " files",
             view.shards.front().path);
   }
   // Duplicates across shards (the view keeps the first occurrence).
@@ -412,13 +416,13 @@ void CheckSplit(const ShardView& view, Collector& out) {
       }
     }
   }
-  if (tcount0 >= 0 && view.all_readable && tcount0 != static_cast<int64_t>(total)) {
+  if (tcount0 && view.all_readable && *tcount0 != static_cast<int64_t>(total)) {
     Finding& f = out.Add("split-tensor-count-mismatch", "split.tensors.count",
-                         "split.tensors.count says " + std::to_string(tcount0) + ", the shards hold " +
+                         "split.tensors.count says " + std::to_string(*tcount0) + ", the shards hold " +
                              std::to_string(total) + " tensors",
-                         "GGUF split.tensors.count=" + std::to_string(tcount0) + ", found " + std::to_string(total),
+                         "GGUF split.tensors.count=" + std::to_string(*tcount0) + ", found " + std::to_string(total),
                          view.shards.front().path);
-    f.details = {{"recorded", tcount0}, {"found", total}};
+    f.details = {{"recorded", *tcount0}, {"found", total}};
   }
   if (have0 && has_arch0 && arch0 != "kimi-k3") {
     out.Add("architecture-mismatch", "general.architecture", "general.architecture is " + PyRepr(arch0),

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -176,7 +177,8 @@ Result<ShardSet> ShardSet::Open(const std::string& path, const ShardSetOptions& 
   // files, split.tensors.count against the tensors, the architecture. So of
   // two faults the one SGLang meets first is reported (a damaged shard 3
   // does not hide a split.no error in shard 1).
-  int64_t split_count = 1, tensors_count = -1;
+  int64_t split_count = 1;
+  std::optional<int64_t> tensors_count;  // unset: a plain file without split keys
   std::string arch0;
   std::unordered_map<std::string_view, uint32_t> seen;
   size_t total = 0;
@@ -217,8 +219,8 @@ Result<ShardSet> ShardSet::Open(const std::string& path, const ShardSetOptions& 
     return Error("GGUF split.count=" + std::to_string(split_count) + ", found " + std::to_string(set.shards_.size()) +
                  " files");
   }
-  if (tensors_count >= 0 && tensors_count != static_cast<int64_t>(total)) {
-    return Error("GGUF split.tensors.count=" + std::to_string(tensors_count) + ", found " + std::to_string(total));
+  if (tensors_count && *tensors_count != static_cast<int64_t>(total)) {
+    return Error("GGUF split.tensors.count=" + std::to_string(*tensors_count) + ", found " + std::to_string(total));
   }
   if (!opts.expected_architecture.empty() && arch0 != opts.expected_architecture) {
     return Error("expected GGUF architecture " + PyRepr(opts.expected_architecture) + ", got " + PyRepr(arch0));

@@ -245,6 +245,13 @@ TEST(SglangParity, SplitKeys) {
   for (int i = 1; i <= 3; ++i) total += gguf::GgufFile::Open(Shard(stale.dir, i).string()).value()->tensors().size();
   EXPECT_EQ(Sglang(r, "split-tensor-count-mismatch"),
             "GGUF split.tensors.count=" + std::to_string(total + 1) + ", found " + std::to_string(total));
+
+  // Before, doctor took a negative count for "no key" and called the set healthy.
+  Clean negative("p-negative");
+  for (int i = 1; i <= 3; ++i) PatchIntKv(Shard(negative.dir, i), "split.tensors.count", -1);
+  r = Scaled({negative.dir.string()});
+  EXPECT_EQ(Sglang(r, "split-tensor-count-mismatch"), "GGUF split.tensors.count=-1, found " + std::to_string(total));
+  EXPECT_FALSE(gguf::ShardSet::Open(negative.dir.string()).ok());
 }
 
 TEST(SglangParity, ArchitectureInTheFirstShardOnly) {

@@ -20,7 +20,7 @@ void WriteShard(const fs::path& path, int no, int count, int tensors_total, cons
   if (!arch.empty()) m.Str("general.architecture", arch);
   if (no >= 0) m.U16("split.no", static_cast<uint16_t>(no));
   if (count >= 0) m.U16("split.count", static_cast<uint16_t>(count));
-  if (tensors_total >= 0) m.I32("split.tensors.count", tensors_total);
+  if (tensors_total != -1) m.I32("split.tensors.count", tensors_total);  // -1: no key
   std::vector<TensorSpec> t;
   for (auto& n : names) t.push_back({n, GgmlType::F32, {4}, nullptr});
   ASSERT_TRUE(WriteGguf(path.string(), m, t).ok());
@@ -112,6 +112,11 @@ TEST_F(ShardSetTest, SplitKeyChecks) {
   WriteShard(dir / "K-00001-of-00002.gguf", 0, 2, 5, "kimi-k3", {"a", "b"});
   WriteShard(dir / "K-00002-of-00002.gguf", 1, 2, 5, "kimi-k3", {"c"});
   EXPECT_EQ(OpenError(dir), "GGUF split.tensors.count=5, found 3");
+
+  // Before, a negative count was taken for "no key" and the set opened.
+  WriteShard(dir / "K-00001-of-00002.gguf", 0, 2, -2, "kimi-k3", {"a", "b"});
+  WriteShard(dir / "K-00002-of-00002.gguf", 1, 2, -2, "kimi-k3", {"c"});
+  EXPECT_EQ(OpenError(dir), "GGUF split.tensors.count=-2, found 3");
 
   WriteShard(dir / "K-00001-of-00002.gguf", 0, 3, 3, "kimi-k3", {"a", "b"});
   WriteShard(dir / "K-00002-of-00002.gguf", 1, 3, 3, "kimi-k3", {"c"});

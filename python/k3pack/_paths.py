@@ -1,0 +1,61 @@
+"""os.PathLike arguments for the C++ bindings, which take std::string.
+
+accepts_paths(f) wraps a callable; accept_paths_in(cls, ...) wraps a class's
+constructor (and the static methods named) in place, so the class itself,
+isinstance() and instances the C++ side creates are unchanged. Every
+argument, positional or keyword, that is an os.PathLike becomes
+os.fspath(arg); so does every os.PathLike item of a list or tuple and every
+os.PathLike key of a dict (e.g. create_manifest's known_shard_sha256). Any
+other value is passed as it is (the binding then checks it as before)."""
+
+import functools
+import os
+
+__all__ = ["fspath_arg", "accepts_paths", "accept_paths_in"]
+
+_MARK = "__k3pack_accepts_paths__"
+
+
+def fspath_arg(value):
+    """os.fspath(value) for an os.PathLike, the same list/tuple/dict with its
+    os.PathLike items (dict: keys) converted, else value itself."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        if any(isinstance(item, os.PathLike) for item in value):
+            return kind(os.fspath(item) if isinstance(item, os.PathLike) else item for item in value)
+    elif kind is dict:
+        if any(isinstance(key, os.PathLike) for key in value):
+            return {os.fspath(key) if isinstance(key, os.PathLike) else key: item for key, item in value.items()}
+    return value
+
+
+def accepts_paths(func):
+    """func, taking os.PathLike wherever it takes a path string (see the
+    module docstring). The wrapper keeps func's name, docstring and
+    signature (functools.wraps); wrapping twice wraps once."""
+    if getattr(func, _MARK, False):
+        return func
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        return func(*[fspath_arg(a) for a in args], **{k: fspath_arg(v) for k, v in kwargs.items()})
+
+    setattr(wrapper, _MARK, True)
+    return wrapper
+
+
+def accept_paths_in(cls, *static_methods):
+    """Makes cls's constructor, and the static methods named, take
+    os.PathLike paths; returns cls (the same class, changed in place)."""
+    init = cls.__dict__.get("__init__")
+    if init is not None and not getattr(init, _MARK, False):
+        cls.__init__ = accepts_paths(init)
+    for name in static_methods:
+        method = cls.__dict__[name]
+        if not isinstance(method, staticmethod):
+            raise TypeError(f"{cls.__name__}.{name} is not a static method")
+        if not getattr(method.__func__, _MARK, False):
+            setattr(cls, name, staticmethod(accepts_paths(method.__func__)))
+    return cls
