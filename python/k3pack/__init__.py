@@ -10,6 +10,9 @@ condition (ValueError, KeyError, FileNotFoundError, ...), with SGLang's text
 as the message; a k3pack hint, when there is one, is attached as a note
 (visible in tracebacks) and as the `k3pack_hint` attribute.
 
+Every path argument, positional or keyword, may be a str or an os.PathLike
+(pathlib.Path, ...), as SGLang's `str | os.PathLike[str]` parameters are.
+
 torch is never imported here; `k3pack.sglang` is the torch adapter.
 """
 
@@ -23,7 +26,13 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "(original error: %s)" % exc
     ) from exc
 
-from ._k3pack import GGUFFile, GGUFTensor, ShardSet, ggml_type_info, ggml_types, parse_shard_name
+from ._k3pack import GGUFFile, GGUFTensor, ShardSet, ggml_type_info, ggml_types  # noqa: E402
+from ._paths import accept_paths_in, accepts_paths  # noqa: E402
+
+# The bindings take std::string: os.PathLike paths are converted in Python.
+accept_paths_in(GGUFFile)
+accept_paths_in(ShardSet, "discover")
+parse_shard_name = accepts_paths(_k3pack.parse_shard_name)
 
 __version__ = _k3pack.__version__
 

@@ -3,10 +3,11 @@
 import json
 
 from . import _k3pack
+from ._paths import accept_paths_in, fspath_arg
 
 __all__ = ["NonExpertStream", "NonExpertTensor", "nonexpert_weights", "nonexpert_tensors", "ssm_a_to_a_log"]
 
-NonExpertStream = _k3pack.NonExpertStream
+NonExpertStream = accept_paths_in(_k3pack.NonExpertStream)
 NonExpertTensor = _k3pack.NonExpertTensor
 
 
@@ -30,7 +31,7 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     about two tensors' worth of memory instead of a tensor plus its mapped
     pages plus a second copy. Use it instead of copying the zero-copy views.
     """
-    path = str(manifest_path)
+    path = str(fspath_arg(manifest_path))
     try:
         return _k3pack.NonExpertStream(path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
                                        release_pages=release_pages, drop_page_cache=drop_page_cache, copy=copy)

@@ -4,6 +4,7 @@
 import os
 
 from . import _k3pack
+from ._paths import accept_paths_in, accepts_paths
 
 __all__ = [
     "dequantize", "tensor_stats", "quant_isa", "dequantize_tensor",
@@ -14,16 +15,16 @@ __all__ = [
 dequantize = _k3pack.dequantize
 tensor_stats = _k3pack.tensor_stats
 quant_isa = _k3pack.quant_isa
-build_pack = _k3pack.build_pack
-validate_pack = _k3pack.validate_pack
-create_manifest = _k3pack.create_manifest
-read_manifest = _k3pack.read_manifest
+build_pack = accepts_paths(_k3pack.build_pack)
+validate_pack = accepts_paths(_k3pack.validate_pack)
+create_manifest = accepts_paths(_k3pack.create_manifest)
+read_manifest = accepts_paths(_k3pack.read_manifest)
 serialize_manifest = _k3pack.serialize_manifest
-verify_pack = _k3pack.verify_pack
-ExpertStore = _k3pack.ExpertStore
+verify_pack = accepts_paths(_k3pack.verify_pack)
+ExpertStore = accept_paths_in(_k3pack.ExpertStore)
 Acquisition = _k3pack.Acquisition
 ExpertView = _k3pack.ExpertView
-synth = _k3pack.synth
+synth = accepts_paths(_k3pack.synth)
 synth_faults = _k3pack.synth_faults
 
 
@@ -34,6 +35,7 @@ def dequantize_tensor(source, name):
     return _k3pack.dequantize(source.tensor_data(name), t.type_id)
 
 
+@accepts_paths
 def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifest=None, profile=None,
           payload_samples=6, full_source_hashes=True, force=False, allow_unsupported=False, progress=None, log=None,
           wait=None, **build_options):

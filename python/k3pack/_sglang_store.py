@@ -33,6 +33,7 @@ import weakref
 import numpy as np
 
 from . import _k3pack
+from ._paths import fspath_arg
 from ._sglang_records import PackEntries, PackHeader, StoreStats
 
 __all__ = ["KimiGGMLExpertPackStore", "READ_SPLITS"]
@@ -107,8 +108,8 @@ class KimiGGMLExpertPackStore:
         index digest, configured digests, budgets), with its texts."""
         self._cache = None
         self._closed = False
-        self.pack_path = str(pack_path)
-        self.manifest_path = str(manifest_path)
+        self.pack_path = str(fspath_arg(pack_path))
+        self.manifest_path = str(fspath_arg(manifest_path))
         if int(host_cache_mib) < 0:  # k3pack's keyword: checked before the C++ side sees a negative size
             raise ValueError(f"host_cache_mib must be 0 (no host tier) or positive, got {host_cache_mib}")
         # The pack checks (manifest, header, every index entry, index digest)

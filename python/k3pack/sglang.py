@@ -160,31 +160,88 @@ SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"
 SGLANG_STORE_MODULE = "sglang.srt.layers.moe.expert_pack"
 
 
-def _copying_iterator(manifest_path, **kwargs):
+def _make_copying_iterator(iterator):
     """kimi_k3_nonexpert_weights_iterator with copy=True unless told
-    otherwise: fresh tensors, as SGLang's own iterator yields."""
-    kwargs.setdefault("copy", True)
-    return kimi_k3_nonexpert_weights_iterator(manifest_path, **kwargs)
+    otherwise. It holds the function itself, not this module's global of
+    that name, so nothing rebinding the global can make it call itself."""
+
+    def _copying_iterator(manifest_path, **kwargs):
+        """kimi_k3_nonexpert_weights_iterator with copy=True unless told
+        otherwise: fresh tensors, as SGLang's own iterator yields."""
+        kwargs.setdefault("copy", True)
+        return iterator(manifest_path, **kwargs)
+
+    return _copying_iterator
+
+
+_copying_iterator = _make_copying_iterator(kimi_k3_nonexpert_weights_iterator)
+
+# What install_into_sglang puts into SGLang's modules, fixed at import: every
+# one of them is k3pack's ("ours"), whatever an install did before.
+_ITERATORS = {True: _copying_iterator, False: kimi_k3_nonexpert_weights_iterator}
+_STORE = KimiGGMLExpertPackStore
+_OURS = {
+    "kimi_k3_nonexpert_weights_iterator": (_copying_iterator, kimi_k3_nonexpert_weights_iterator),
+    "KimiGGMLExpertPackStore": (_STORE,),
+}
+# Only an install hands out _copying_iterator: any module holding it got it from SGLang's.
+_ONLY_FROM_SGLANG = (_copying_iterator,)
+_PACKAGE = __name__.rpartition(".")[0]  # "k3pack": its modules are never patched
+_sglang_originals = {}  # attribute -> SGLang's own objects seen in its module
+_patched_modules = {}  # attribute -> weakref.WeakSet of the modules an install patched
+
+
+def _is_one_of(obj, objects):
+    return any(obj is o for o in objects)
 
 
 def _replace_everywhere(target_module, attribute, replacement):
-    """Sets `attribute` on the SGLang module and on every loaded module that
-    holds the same object (a `from ... import name` binding)."""
+    """Sets `attribute` on the SGLang module and on every other loaded module
+    that holds SGLang's binding of it: SGLang's own object (a `from ...
+    import name` binding), k3pack's replacement in a module of the sglang
+    package or one an earlier install patched, or the private copying
+    iterator (only an install hands it out). k3pack's own modules are never
+    patched, nor is a module that imported k3pack's public function or class
+    from k3pack itself. So repeated installs, in any order, switch what
+    SGLang's modules hold."""
     import importlib
     import sys
+    import weakref
 
     target = importlib.import_module(target_module)
-    original = getattr(target, attribute, None)
+    ours = _OURS[attribute]
+    originals = _sglang_originals.setdefault(attribute, [])
+    current = getattr(target, attribute, None)
+    if current is not None and not _is_one_of(current, ours) and not _is_one_of(current, originals):
+        originals.append(current)
+    patched_before = _patched_modules.setdefault(attribute, weakref.WeakSet())
     patched = []
     for name, module in list(sys.modules.items()):
-        if module is None:
+        if module is None or name == _PACKAGE or name.startswith(_PACKAGE + "."):
             continue
         current = getattr(module, attribute, None)
-        # _copying_iterator: bound by an earlier call (it is private).
-        if current is not None and (current is original or module is target or current is _copying_iterator):
-            setattr(module, attribute, replacement)
-            patched.append(name)
+        if current is None:
+            continue
+        if module is target or _is_one_of(current, originals) or _is_one_of(current, _ONLY_FROM_SGLANG):
+            pass
+        elif not _is_one_of(current, ours):
+            continue
+        elif not (name == "sglang" or name.startswith("sglang.") or _was_patched(module, patched_before)):
+            continue  # k3pack's own object, imported from k3pack by someone else
+        setattr(module, attribute, replacement)
+        try:
+            patched_before.add(module)
+        except TypeError:  # not weak-referenceable (an odd sys.modules entry)
+            pass
+        patched.append(name)
     return patched
+
+
+def _was_patched(module, patched_before):
+    try:
+        return module in patched_before
+    except TypeError:
+        return False
 
 
 def install_into_sglang(*, copy=True, store=False):
@@ -200,9 +257,13 @@ def install_into_sglang(*, copy=True, store=False):
     copy=True (the default) yields fresh tensors, as SGLang's own iterator
     does, so SGLang may do anything with them; copy=False yields zero-copy
     views of the mapping (no copy, less memory; writes stay private and may
-    be dropped, see the module docstring)."""
-    patched = _replace_everywhere(SGLANG_MODULE, "kimi_k3_nonexpert_weights_iterator",
-                                  _copying_iterator if copy else kimi_k3_nonexpert_weights_iterator)
+    be dropped, see the module docstring).
+
+    It may be called again, in any order of copy and store: each call
+    switches SGLang's modules to the iterator it asks for (store=False
+    leaves the store class as it is: k3pack's after an earlier store=True).
+    k3pack's own modules are never patched."""
+    patched = _replace_everywhere(SGLANG_MODULE, "kimi_k3_nonexpert_weights_iterator", _ITERATORS[bool(copy)])
     if store:
-        patched += _replace_everywhere(SGLANG_STORE_MODULE, "KimiGGMLExpertPackStore", KimiGGMLExpertPackStore)
+        patched += _replace_everywhere(SGLANG_STORE_MODULE, "KimiGGMLExpertPackStore", _STORE)
     return sorted(set(patched))

@@ -4,8 +4,10 @@
 
 #include "k3pack/manifest.h"
 #include "manifest/loader_rules.h"
+#include "manifest/manifest_output.h"
 #include "pack/format.h"
 #include "util/file.h"
+#include "util/output_guard.h"
 
 namespace k3pack::manifest {
 
@@ -256,11 +258,24 @@ Result<LayerRolesRecord> LayerRolesOf(const Obj& o) {
 }  // namespace
 
 Result<json> ReadManifestJson(const std::string& path) {
+  // A shard or pack given where the manifest goes is named as such, and not
+  // read whole (a shard is tens of GB) to find that it is no JSON.
+  const FileStart kind = ClassifyFileStart(path);
+  if (kind == FileStart::kGguf || kind == FileStart::kExpertPack || kind == FileStart::kTrace) {
+    return Error(path + " is " + DescribeFileStart(path) + ", not a manifest")
+        .WithHint("pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
+                  std::string(kDefaultManifestName) + " beside the pack), or the directory holding it");
+  }
   auto text = ReadFileToString(path);
   if (!text.ok()) return text.error();
+  // Python's json.loads refuses what the server reads with read_text().
+  if (text->starts_with("\xEF\xBB\xBF")) {
+    return Error(path + ": manifest is not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1 "
+                        "(char 0)");
+  }
   try {
     return json::parse(*text);
-  } catch (const json::parse_error& e) {  // the parser's position helps find the damage
+  } catch (const json::exception& e) {  // the parser's position helps find the damage
     return Error(path + ": manifest is not valid JSON: " + e.what());
   }
 }

@@ -532,6 +532,24 @@ TEST(Errors, ACopiedModelDirectoryAndWhatIsWrongWithAManifestOrPackAreNamed) {
   r = Cli("load --manifest " + Q(copy + "/config.json"));
   EXPECT_TRUE(Contains(r.out, "error: Kimi-K3 manifest format is unsupported\nhint: " + copy +
                               "/config.json: it has no \"format\" key")) << r.out;
+  // Before, a shard or pack given as the manifest was read whole and named
+  // by the JSON parser's "invalid literal; last read: 'G'".
+  for (const auto& [file, what] : {std::pair<std::string, std::string>{Shard(copy, 1), "a GGUF file"},
+                                   {copy + "/" + kPackName, "an Expert Pack"}}) {
+    for (const std::string cmd : {"verify --manifest ", "load --manifest "}) {
+      r = Cli(cmd + Q(file));
+      EXPECT_EQ(r.code, 1) << r.out;
+      EXPECT_TRUE(Contains(r.out, "error: " + file + " is " + what + ", not a manifest\nhint: pass the adapter "
+                                  "manifest")) << r.out;
+    }
+  }
+  // Python's json.loads refuses a byte-order mark, so SGLang's server does.
+  const std::string bom = copy + "/bom.manifest.json";
+  ASSERT_TRUE(k3pack::WriteFileAtomic(bom, "\xEF\xBB\xBF" + *k3pack::ReadFileToString(copy + "/" + kManifestName)).ok());
+  r = Cli("verify --manifest " + Q(bom));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "manifest is not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 "
+                              "column 1 (char 0)")) << r.out;
   r = Cli("run-experts --tokens 1 --manifest " + Q(copy + "/" + kManifestName) + " --pack " + Q(copy));
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "error: Kimi expert-pack or manifest is missing: ")) << r.out;
