@@ -27,12 +27,12 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     ) from exc
 
 from ._k3pack import GGUFFile, GGUFTensor, ShardSet, ggml_type_info, ggml_types  # noqa: E402
-from ._paths import accept_paths_in, accepts_paths  # noqa: E402
+from ._paths import accept_paths_in as _accept_paths_in, accepts_paths as _accepts_paths  # noqa: E402
 
 # The bindings take std::string: os.PathLike paths are converted in Python.
-accept_paths_in(GGUFFile)
-accept_paths_in(ShardSet, "discover")
-parse_shard_name = accepts_paths(_k3pack.parse_shard_name)
+_accept_paths_in(GGUFFile)
+_accept_paths_in(ShardSet, "discover")
+parse_shard_name = _accepts_paths(_k3pack.parse_shard_name)
 
 __version__ = _k3pack.__version__
 

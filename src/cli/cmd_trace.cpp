@@ -304,7 +304,7 @@ int RunGen(const std::vector<std::string>& argv) {
   auto action = DecideOutput(spec);
   if (!action.ok()) return ReportError("trace gen", action.error());
   if (*action == OutputAction::kAlreadyBuilt) {
-    ReportAlreadyBuilt("trace gen", out, a.Has("--json"));
+    ReportAlreadyBuilt("trace gen", out, a.Has("--json"), "trace");
     return kExitOk;
   }
   Status st = trace::WriteTrace(out, *t);

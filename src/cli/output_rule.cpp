@@ -65,6 +65,8 @@ Status CheckRegeneratedOutput(const Args& args, const std::string& option, const
     if (kind != FileStart::kGguf && kind != FileStart::kExpertPack && kind != FileStart::kTrace) return "";
     return "it is " + DescribeFileStart(path);
   };
+  // Before the run: a read-only directory found only at the end lost the run.
+  K3_RETURN_IF_ERROR(CheckOutputWritable(option, path));
   // Before is_ours reads it: a device or pipe is never ours to replace.
   K3_RETURN_IF_ERROR(CheckOutputKind(spec));
   auto action = DecideOutput(spec);

@@ -29,7 +29,12 @@ bool IsKimiTokenizerDir(const std::string& dir) {
   return false;
 }
 
-Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
+namespace {
+
+// SGLang's candidates, in its order, that hold a Kimi tokenizer; one
+// directory reached under two names (kimi-k3-tokenizer is also a
+// *tokenizer* match) counts once.
+std::vector<fs::path> ValidTokenizerCandidates(const std::string& gguf_path) {
   std::error_code ec;
   const fs::path shard_dir = ShardDir(gguf_path);
   // The parent is taken from the path as given, as SGLang's Path.parent
@@ -47,8 +52,6 @@ Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
   std::sort(globbed.begin(), globbed.end());
   candidates.insert(candidates.end(), globbed.begin(), globbed.end());
 
-  // One directory reached under two names (kimi-k3-tokenizer is also a
-  // *tokenizer* match) is one candidate.
   std::vector<fs::path> valid, seen;
   for (const auto& c : candidates) {
     if (!IsKimiTokenizerDir(c.string())) continue;
@@ -57,6 +60,14 @@ Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
     seen.push_back(canonical);
     valid.push_back(c);
   }
+  return valid;
+}
+
+}  // namespace
+
+Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
+  const fs::path shard_dir = ShardDir(gguf_path);
+  const std::vector<fs::path> valid = ValidTokenizerCandidates(gguf_path);
   if (valid.size() == 1) return valid.front().string();
   std::string names;
   for (const auto& v : valid) names += (names.empty() ? "" : ", ") + v.filename().string();
@@ -67,8 +78,12 @@ Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
 Result<ImpliedPath> ImpliedTokenizerDir(const std::string& gguf_path, const InputNames& names) {
   auto tok = DeriveTokenizerDir(gguf_path);
   if (!tok.ok()) {
+    // SGLang's text names the candidates by their last component only,
+    // which may be the same for two ("tokenizer, tokenizer").
+    std::string found;
+    for (const auto& c : ValidTokenizerCandidates(gguf_path)) found += (found.empty() ? "" : ", ") + c.string();
     return Error(tok.error().message(), ErrorKind::kRuntime)
-        .WithHint("pass " + names.tokenizer_dir + " with the Kimi tokenizer directory (config.json + tokenizer.json, "
+        .WithHint((found.empty() ? "" : "the candidates are " + found + "; ") + "pass " + names.tokenizer_dir + " with the Kimi tokenizer directory (config.json + tokenizer.json, "
                   "tiktoken.model or tokenizer_config.json). Without it k3pack looks where SGLang's server does: "
                   "<shard dir>/tokenizer, <shard dir>/../kimi-k3-tokenizer and <shard dir>/../*tokenizer*");
   }

@@ -143,6 +143,12 @@ Result<AtomicFile> AtomicFile::Create(const std::string& path) {
   if (dir.empty()) dir = ".";
   f.fd_ = UniqueFd(::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, kNewFileMode));
   if (f.fd_.valid()) return f;
+  // Every writer makes the directories an output path names (as `mkdir -p`).
+  std::error_code ec;
+  if (errno == ENOENT && std::filesystem::create_directories(dir, ec) && !ec) {
+    f.fd_ = UniqueFd(::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, kNewFileMode));
+    if (f.fd_.valid()) return f;
+  }
   // Filesystems without unnamed temporaries refuse with one of these; any
   // other error (no directory, no permission) is the named file's too.
   if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {

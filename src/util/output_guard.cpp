@@ -114,7 +114,10 @@ Status CheckOutputWritable(const std::string& option, const std::string& path) {
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   std::error_code ec;
-  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
+  while (!fs::exists(dir, ec) && dir.parent_path() != dir) {
+    // "out/p.pack" with no out/: the nearest existing one is the current directory.
+    dir = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
+  }
   if (!fs::is_directory(dir, ec)) {
     return Error(option + " " + path + ": " + dir.string() + " is not a directory", ErrorKind::kFileExists)
         .WithHint("pass " + option + " in a directory");

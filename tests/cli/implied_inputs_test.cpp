@@ -122,6 +122,9 @@ TEST(ImpliedInputs, NoneOrSeveralCandidatesStopWithSGLangsTextBeforeAnyWrite) {
   EXPECT_TRUE(Contains(two.out, "error: could not uniquely derive Kimi tokenizer beside " + gguf +
                                     "; candidates: a-tokenizer, b-tokenizer\n"))
       << two.out;
+  // SGLang's text names the last components only; the hint the whole paths.
+  EXPECT_TRUE(Contains(two.out, "hint: the candidates are " + root + "/a-tokenizer, " + root + "/b-tokenizer; pass "))
+      << two.out;
   EXPECT_EQ(Snapshot(root), before_two) << "a refused build writes nothing";
   fs::remove_all(root + "/a-tokenizer");
   fs::remove_all(root + "/b-tokenizer");

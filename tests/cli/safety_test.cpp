@@ -309,6 +309,23 @@ TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + user_svg + " (--svg)")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
+  // Before, a plot path that could not be written failed after the whole
+  // sweep, and its table was lost; now before the sweep runs.
+  r = Cli("trace sweep --object-bytes 1000 --sizes 16,32 --json --svg " + Q(user_svg + "/plot.svg"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--svg " + user_svg + "/plot.svg: " + user_svg + " is not a directory")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "\"bytes_read\"")) << "the sweep ran before the refusal:\n" << r.out;
+  // A missing output directory is made (it is not "not a directory").
+  const std::string fresh_dir = Root() + "/ow-new-dir";
+  fs::remove_all(fresh_dir);
+  r = Cli("trace gen --layers 2 --experts 32 --top-k 2 --decode-tokens 4 --json --trace " + Q(fresh_dir + "/t.trace"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Already built, --json names the trace under the key a fresh run uses.
+  r = Cli("trace gen --layers 2 --experts 32 --top-k 2 --decode-tokens 4 --json --trace " + Q(fresh_dir + "/t.trace"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  const auto reply = nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  EXPECT_EQ(reply.value("already_built", false), true) << r.out;
+  EXPECT_EQ(reply.value("trace", ""), fresh_dir + "/t.trace") << r.out;
   // A trace command's output is never its input, even with --force: a
   // sweep's plot over the --trace it reads, a trace over a --manifest.
   const std::string inputs = Root() + "/ow-inputs";
