@@ -149,6 +149,9 @@ struct BuildOptions {
   bool hash_sources = false;
   ProgressFn progress;
   std::function<void(const std::string&)> log;  // human-readable status lines
+  // Called once every check (the free-space one last) has passed and the
+  // copy begins, as SGLang prints EXPERT_PACK_BUILD_START only then.
+  std::function<void()> started;
   // Expert-parallel rank pack: same header, index, size and offsets as the
   // full pack, but only the payloads of the experts this rank owns are
   // written (read once from the source); every other object is a hole. The

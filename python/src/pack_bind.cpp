@@ -320,6 +320,7 @@ void RegisterPack(py::module_& m) {
             manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames)));
         K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
       }
+      const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);
       K3_ASSIGN_OR_RETURN(nlohmann::json doc, manifest::CreateManifest(o));
       if (output.empty()) return doc;
       k3pack::OutputSpec spec;
@@ -333,7 +334,8 @@ void RegisterPack(py::module_& m) {
       K3_ASSIGN_OR_RETURN(OutputAction action, k3pack::DecideOutput(spec));
       // Already built: the file is left as it is, and is what is returned.
       if (action == OutputAction::kAlreadyBuilt) return manifest::ReadManifestJson(output);
-      K3_RETURN_IF_ERROR(manifest::WriteManifest(output, doc));
+      K3_RETURN_IF_ERROR(k3pack::WriteIfStillAsSeen("output", output, seen,
+                                                    [&] { return manifest::WriteManifest(output, doc); }));
       return doc;
     }();
     signals->RaiseIfInterrupted();

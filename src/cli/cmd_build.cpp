@@ -81,6 +81,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   // (under the pack's lock, and before a lock file is made for a refusal).
   std::string manifest_path;
   OutputAction maction{};
+  std::optional<FileStamp> manifest_seen;  // what the judged manifest path held
   std::set<std::string> told;  // the pass runs twice where no lock file was there yet
   auto judge_the_rest = [&](const PackPlan& plan) -> Status {
     const std::string& out = plan.pack;
@@ -106,6 +107,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     request.note = [&](const std::string& why) {
       if (told.insert(why).second) std::cerr << "k3pack build: note: " << why << "\n";
     };
+    manifest_seen = SeeOutput(manifest_path);
     K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
     return Status::OK();
   };
@@ -148,7 +150,9 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     bopts.ep = rank;
     bopts.progress = pack::MakeProgressPrinter(v.mode);
     bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
-    Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
+    bopts.started = [&] {
+      Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
+    };
     K3_ASSIGN_OR_RETURN(built, pack::BuildPack(experts, bopts));
   }
 
@@ -181,7 +185,10 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     mo.gguf_dir = std::filesystem::path(experts.shard_paths.front()).parent_path().string();  // a shard path was given
   }
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(mo));
-  K3_RETURN_IF_ERROR(manifest::WriteManifest(manifest_path, m));
+  // Another build of this manifest path (with another pack) may have
+  // written it while this one copied: it is then refused, not replaced.
+  K3_RETURN_IF_ERROR(WriteIfStillAsSeen("--manifest", manifest_path, manifest_seen,
+                                        [&] { return manifest::WriteManifest(manifest_path, m); }));
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(manifest_path));
   nlohmann::json summary = manifest::ManifestSummary(resolved, m);
   summary["pack"] = m["expert_pack"]["path"];

@@ -61,6 +61,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
       o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
     o.pack_progress = pack::MakeProgressPrinter(v.mode);
   }
+  const std::optional<FileStamp> seen = SeeOutput(output);
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));
   OutputSpec spec;
   spec.option = "--manifest";
@@ -71,7 +72,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
   K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"manifest", output}};
-  K3_RETURN_IF_ERROR(manifest::WriteManifest(output, m));
+  K3_RETURN_IF_ERROR(WriteIfStillAsSeen("--manifest", output, seen, [&] { return manifest::WriteManifest(output, m); }));
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(output));
   return manifest::ManifestSummary(resolved, m);
 }

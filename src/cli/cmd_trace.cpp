@@ -284,6 +284,7 @@ int RunGen(const std::vector<std::string>& argv) {
   Status gs = GenOptionsFromArgs(a, a.Get("--family"), &o);
   if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
   const std::string out = a.Get("--trace");
+  const std::optional<FileStamp> seen = SeeOutput(out);
   auto t = trace::Generate(o);
   if (!t.ok()) return ReportError("trace gen", t.error());
   // The overwrite rule: a trace is cheap to generate, so "finished" means the
@@ -307,7 +308,7 @@ int RunGen(const std::vector<std::string>& argv) {
     ReportAlreadyBuilt("trace gen", out, a.Has("--json"), "trace");
     return kExitOk;
   }
-  Status st = trace::WriteTrace(out, *t);
+  Status st = WriteIfStillAsSeen("--trace", out, seen, [&] { return trace::WriteTrace(out, *t); });
   if (!st.ok()) return ReportError("trace gen", st.error());
   const double reuse = trace::MeasuredReuse(*t);
   json j = {{"trace", out},     {"records", t->records.size()},  {"routes", t->num_routes()},

@@ -437,6 +437,8 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     }
   }
 
+  if (o.started) o.started();
+
   std::vector<Digest> digests(layout.index_count());
   std::vector<uint32_t> crcs(layout.index_count());
   UniqueFd pack_fd, journal_fd;

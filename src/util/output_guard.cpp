@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
 
 #include "util/file.h"
+#include "util/lock_file.h"
 
 #include "util/utf8.h"
 
@@ -185,6 +187,39 @@ std::string NotAFileOf(const std::string& path, FileStart own, const std::string
   const FileStart kind = ClassifyFileStart(path);
   if (kind == own || kind == FileStart::kMissing || kind == FileStart::kEmpty) return "";
   return "it is " + DescribeFileStart(path) + ", not " + own_name;
+}
+
+std::optional<FileStamp> SeeOutput(const std::string& path) {
+  auto stamp = StampFile(path);
+  if (!stamp.ok()) return std::nullopt;
+  return *stamp;
+}
+
+Status WriteIfStillAsSeen(const std::string& option, const std::string& path, const std::optional<FileStamp>& seen,
+                          const std::function<Status()>& write) {
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::optional<LockFile> lock;
+  {
+    // The other writer holds it for one look and one rename: wait for it.
+    LockWait w = CurrentLockWait();
+    w.seconds = std::max(w.seconds, 30.0);
+    ScopedLockWait wait(std::move(w));
+    K3_ASSIGN_OR_RETURN(LockFile taken, LockFile::Acquire(dir.string(), "writing " + path));
+    lock.emplace(std::move(taken));
+  }
+  const std::optional<FileStamp> now = SeeOutput(path);
+  if (now && (!seen || !HowFileChanged(path, *seen).empty())) {
+    const std::string how = seen ? HowFileChanged(path, *seen) : "it did not exist when this run began";
+    return Error("refusing to overwrite existing " + path + " (" + option +
+                     "): another process wrote it while this run went on (" + how + ")",
+                 ErrorKind::kFileExists)
+        .WithHint("rerun the same command once the other one has finished (what is done is kept), or pass another " +
+                  option + " path");
+  }
+  return write();
 }
 
 std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir) {

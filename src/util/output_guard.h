@@ -12,11 +12,13 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "k3pack/error.h"
+#include "util/file.h"
 
 namespace k3pack {
 
@@ -82,6 +84,19 @@ Status CheckOutputWritable(const std::string& option, const std::string& path);
 // Checked before the build copies anything; the error names the option and
 // shows the path with its odd bytes \xNN-escaped.
 Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
+
+// What was at an output path when its writer decided on it: the file's
+// stamp, or nullopt when nothing was there.
+std::optional<FileStamp> SeeOutput(const std::string& path);
+
+// Runs `write` (which writes `path`) only if the path still holds what
+// `seen` recorded (or nothing, where something was: it was removed), under
+// an exclusive lock on the path's directory that every such writer takes
+// (waiting up to 30 s). Of two writers that decided on one path at the same
+// time (two builds of one manifest, two trace gens), the second is refused
+// naming the option, instead of replacing what the first wrote.
+Status WriteIfStillAsSeen(const std::string& option, const std::string& path, const std::optional<FileStamp>& seen,
+                          const std::function<Status()>& write);
 
 // What a file is, from its first bytes (a file shorter than a magic counts
 // as that kind when its bytes begin the magic: one cut short while written).

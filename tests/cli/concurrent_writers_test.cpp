@@ -346,5 +346,31 @@ TEST(ConcurrentWriters, ReadersOfAPackARebuildRemovedSayTheRebuildIsRunning) {
   EXPECT_EQ(Cli("verify --full " + Q(m)).code, 0);
 }
 
+// Before, two builds of one --manifest path with different packs both
+// judged the path free, both wrote it and both reported MANIFEST_READY: the
+// later rename silently replaced the earlier build's manifest. The first is
+// stopped after its copy; the second finishes and writes the manifest.
+TEST(ConcurrentWriters, TwoBuildsOfOneManifestPathNeverBothWriteIt) {
+  const std::string m = FreshModel("conc-one-manifest");
+  const std::string manifest = m + "/shared.manifest.json";
+  Stopped a({"build", "--progress", "none", "--safety-margin-gib", "0", "--pack", m + "/a.pack", "--manifest", manifest,
+             m},
+            "K3PACK_TEST_STOP_BEFORE_MANIFEST=1");
+  ASSERT_TRUE(a.stopped) << "the seam did not stop the build";
+  CliRun b = Build(m, "--pack " + Q(m + "/b.pack") + " --manifest " + Q(manifest));
+  ASSERT_EQ(b.code, 0) << b.out;
+  const std::string written = TextOf(manifest);
+  auto [rc, err] = a.Finish();
+  EXPECT_EQ(rc, 1) << err;
+  EXPECT_TRUE(Contains(err, "refusing to overwrite existing " + manifest + " (--manifest): another process wrote it "
+                            "while this run went on (it did not exist when this run began)")) << err;
+  EXPECT_FALSE(Contains(err, "MANIFEST_READY")) << err;
+  EXPECT_EQ(TextOf(manifest), written) << "the second build's manifest was replaced";
+  // The refused build's pack is kept: a rerun into its own manifest reuses it.
+  CliRun again = Build(m, "--pack " + Q(m + "/a.pack") + " --manifest " + Q(m + "/a.manifest.json"));
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(Contains(again.out, "EXPERT_PACK_VALID")) << again.out;
+}
+
 }  // namespace
 }  // namespace k3cli
