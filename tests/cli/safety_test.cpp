@@ -215,6 +215,19 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
   EXPECT_TRUE(Contains(r.out, "already built: " + merged)) << r.out;
 }
 
+// SGLang prints EXPERT_PACK_BUILD_START only after its free-space check;
+// before, a build short of space printed it and then failed.
+TEST(Preflight, BuildStartIsPrintedOnlyOnceTheSpaceCheckPassed) {
+  const std::string m = FreshModel("pf-space");
+  CliRun r = CliVia("env K3PACK_FAKE_FREE_BYTES=4096", "build --progress none " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "insufficient space for Kimi Expert Pack: available=4096, required=")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "EXPERT_PACK_BUILD_START")) << r.out;
+  r = Build(m);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "EXPERT_PACK_BUILD_START output=")) << r.out;
+}
+
 TEST(OverwriteRule, BuildTwiceIsAlreadyBuilt) {
   const std::string m = FreshModel("ow-build");
   CliRun r = Build(m);
