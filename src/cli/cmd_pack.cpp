@@ -176,7 +176,8 @@ int RunPack(const std::vector<std::string>& argv) {
       return kExitOk;
     }
     for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
-    std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (now verified against digests and source)\n",
+    std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (each checked against its digest; "
+                "the rewritten ones and a sample of the rest against the source)\n",
                 j["pack"].get<std::string>().c_str(), j["repaired_damaged"].size(),
                 j["entries_checked"].get<unsigned long long>());
     return kExitOk;

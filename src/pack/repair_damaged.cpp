@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <tuple>
 
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
@@ -81,13 +83,41 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
                 std::chrono::duration<double>(Clock::now() - t0).count()});
   }
 
-  // 2. Rewrite each from its source slice; the copy must hash to the record.
-  for (uint64_t i : damaged) {
+  auto slice_of = [&](uint64_t i) {
     const EntrySlot s = layout.Entry(i);
     const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
-    const std::string what = t.tensor.name + " expert " + std::to_string(s.expert) + " (entry " + std::to_string(i) + ")";
+    return std::tuple{s, &t, t.tensor.data_offset + s.expert * t.expert_bytes,
+                      t.tensor.name + " expert " + std::to_string(s.expert) + " (entry " + std::to_string(i) + ")"};
+  };
+
+  // 1b. A pack whose payloads all match its own digests may still be the
+  // pack of other shards (same layout, other weights): a sample of intact
+  // payloads is compared with these shards before anything is rewritten,
+  // or the repair would find nothing to do and report success.
+  if (damaged.size() < layout.index_count()) {
+    constexpr uint64_t kSamples = 6;
+    std::vector<uint64_t> intact;
+    for (uint64_t i = 0; i < layout.index_count(); ++i) {
+      if (digests.present(i) && !std::binary_search(damaged.begin(), damaged.end(), i)) intact.push_back(i);
+    }
+    for (uint64_t k = 0; k < kSamples && k < intact.size(); ++k) {
+      const uint64_t i = intact[k * intact.size() / std::min<uint64_t>(kSamples, intact.size())];
+      const auto [s, t, soff, what] = slice_of(i);
+      K3_ASSIGN_OR_RETURN(auto d, HashRange(src[t->tensor.shard_index].get(), soff, s.nbytes, buf, &stats));
+      if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) == 0) continue;
+      return Error("pack " + pack_path + " was not built from these shards: " + what +
+                   " matches the digest recorded when the pack was built, but its slice of " +
+                   ex.shard_paths[t->tensor.shard_index] + " differs (the pack of another model with the same "
+                   "layout, or shards changed since); nothing was rewritten")
+          .WithHint("rebuild it from these shards with --force, or pass the pack built from them");
+    }
+  }
+
+  // 2. Rewrite each from its source slice; the copy must hash to the record.
+  for (uint64_t i : damaged) {
+    const auto [s, t_ptr, soff, what] = slice_of(i);
+    const ExpertTensor& t = *t_ptr;
     K3_RETURN_IF_ERROR(ZeroRange(fd, s.offset, s.nbytes));
-    const uint64_t soff = t.tensor.data_offset + s.expert * t.expert_bytes;
     K3_ASSIGN_OR_RETURN(auto d, CopyAndHash(src[t.tensor.shard_index].get(), soff, fd, s.offset, s.nbytes, buf, &stats));
     if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) {
       return Error("source of " + what + " no longer matches the digest recorded when the pack was built: " +

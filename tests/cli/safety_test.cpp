@@ -424,6 +424,30 @@ TEST(CorruptPack, VerifyHintsRepairAndRepairDamagedRewritesOnlyThose) {
   EXPECT_EQ(Cli("verify --progress none --full --manifest " + Q(manifest)).code, 0);
 }
 
+// Before, the pack of another model with the same layout was "not a valid
+// pack of these shards" with a hint to --repair-damaged, which then found
+// every payload matching its own digest and reported success, rewriting
+// nothing (and build --restart the same): a loop with no way out named.
+TEST(CorruptPack, RepairOfAnotherModelsPackSaysSoAndWritesNothing) {
+  const std::string mine = FreshModel("other-pack-mine");
+  const std::string other = Root() + "/other-pack-theirs";
+  fs::remove_all(other);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 9 --out " + Q(other)).code, 0);
+  ASSERT_EQ(Build(other).code, 0);
+  const std::string pack = other + "/" + kPackName;
+  const auto before = Snapshot(other);
+  for (const std::string& cmd : {"pack --progress none --repair-damaged --pack " + Q(pack) + " " + Q(mine),
+                                 "build --progress none --restart --pack " + Q(pack) + " --manifest " +
+                                     Q(mine + "/m.manifest.json") + " " + Q(mine)}) {
+    CliRun r = Cli(cmd);
+    EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: pack " + pack + " was not built from these shards: ")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "nothing was rewritten\nhint: rebuild it from these shards with --force")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "EXPERT_PACK_REPAIRED")) << r.out;
+  }
+  EXPECT_EQ(Snapshot(other), before);
+}
+
 // ---------------------------------------------------------------- item 4
 
 TEST(Unsupported, BuildRefusesWhatSglangCannotLoadAndDoctorGroups) {
