@@ -106,7 +106,9 @@ class Parser {
     if (raw_elem < 0 || raw_elem > static_cast<int32_t>(ValueType::kFloat64) ||
         raw_elem == static_cast<int32_t>(ValueType::kArray)) {
       return Fail(at, "key '" + key + "' has invalid array element type " + std::to_string(raw_elem) +
-                          " (nested arrays are not allowed)");
+                          (raw_elem == static_cast<int32_t>(ValueType::kArray)
+                               ? " (nested arrays are not allowed)"
+                               : " (valid types are 0..12)"));
     }
     v.array_type = static_cast<ValueType>(raw_elem);
     at = pos_;
@@ -253,7 +255,10 @@ class Parser {
                             std::to_string(f.alignment_));
       }
       const uint64_t padded = Pad(t.nbytes, f.alignment_);
-      if (padded < t.nbytes || expected + padded < expected) return Fail(at, "tensor data size overflows");
+      if (padded < t.nbytes || expected + padded < expected) {
+        return Fail(at, "tensor '" + t.name + "' data size overflows (" + std::to_string(t.nbytes) + " bytes padded to " +
+                            std::to_string(f.alignment_) + ", after " + std::to_string(expected) + " bytes of data)");
+      }
       expected += padded;
       if (f.data_offset_ > size_ || t.offset > size_ - f.data_offset_ || t.nbytes > size_ - f.data_offset_ - t.offset) {
         return Fail(at, "tensor '" + t.name + "' data [" + std::to_string(f.data_offset_ + t.offset) + ", +" +

@@ -108,6 +108,10 @@ TEST(GgufReader, RejectsBadStringsAndArrays) {
   nested.str("a").put<uint32_t>(9).put<uint32_t>(9).put<uint64_t>(0);
   ExpectReject(nested.b, "nested arrays are not allowed");
 
+  Bytes badelem = Header(3, 0, 1);
+  badelem.str("a").put<uint32_t>(9).put<uint32_t>(13).put<uint64_t>(0);
+  ExpectReject(badelem.b, "key 'a' has invalid array element type 13 (valid types are 0..12)");
+
   Bytes toomany = Header(3, 0, 1);
   toomany.str("a").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>((1ull << 30) + 1);
   ExpectReject(toomany.b, "above the limit");
@@ -160,6 +164,8 @@ TEST(GgufReader, RejectsBadTensorInfos) {
   ExpectReject(tensor_file("t", 1, {100}, 10), "not a multiple of the Q2_K block size 256");
   ExpectReject(tensor_file("t", 1, {4}, 0, 32), "has offset 32, expected 0");
   ExpectReject(tensor_file("t", 1, {2048}, 0), "is not within the file");
+  // 4 x (2^62 - 7) bytes fit 64 bits; padded to the alignment they do not.
+  ExpectReject(tensor_file("t", 1, {(1ll << 62) - 7}, 0), "tensor 't' data size overflows");
 
   Bytes dup = Header(3, 2, 0);
   dup.str("t").put<uint32_t>(1).put<int64_t>(8).put<uint32_t>(0).put<uint64_t>(0);
