@@ -173,7 +173,8 @@ Result<std::vector<float>> DequantizeRows(GgmlType t, std::span<const uint8_t> b
   if (ne0 < 0) return Error("dequantize: negative row length " + std::to_string(ne0));
   const uint64_t n0 = static_cast<uint64_t>(ne0);
   if (rows != 0 && n0 > (uint64_t{1} << 40) / rows) return Error("dequantize: tensor too large to decode at once");
-  K3_RETURN_IF_ERROR(CheckShape(t, n0, bytes.size(), "dequantize"));
+  // Zero rows (a [512, 0] tensor, valid in GGUF) need no bytes at all.
+  K3_RETURN_IF_ERROR(CheckShape(t, n0, rows == 0 ? UINT64_MAX : bytes.size(), "dequantize"));
   const uint64_t row_bytes = GgmlRowBytes(t, n0);
   if (bytes.size() < row_bytes * rows) {
     return Error("dequantize: " + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes need " +
@@ -195,7 +196,7 @@ Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int
                                  uint64_t every_bytes, const std::function<void(uint64_t rows_done)>& on_rows) {
   if (ne0 < 0) return Error("stats: negative row length " + std::to_string(ne0));
   const uint64_t n0 = static_cast<uint64_t>(ne0);
-  K3_RETURN_IF_ERROR(CheckShape(t, n0, bytes.size(), "stats"));
+  K3_RETURN_IF_ERROR(CheckShape(t, n0, rows == 0 ? UINT64_MAX : bytes.size(), "stats"));
   const uint64_t row_bytes = GgmlRowBytes(t, n0);
   if (rows != 0 && bytes.size() / rows < row_bytes) {
     return Error("stats: " + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes need more than " +

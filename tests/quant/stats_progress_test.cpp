@@ -39,5 +39,19 @@ TEST(StatsProgress, CallsBackEveryChunkOfRowsWithTheSameStatistics) {
   EXPECT_NE(plain->min, plain->max);
 }
 
+// A [512, 0] tensor is valid GGUF (no bytes): before, decoding its zero rows
+// failed with "512 F32 elements need 2048 bytes, got 0".
+TEST(StatsProgress, ZeroRowsOfAnEmptyTensorDecodeToNothing) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0}) {
+    auto values = DequantizeRows(t, {}, 512, 0);
+    ASSERT_TRUE(values.ok()) << values.error().message();
+    EXPECT_TRUE(values->empty());
+    auto stats = ComputeStats(t, {}, 512, 0);
+    ASSERT_TRUE(stats.ok()) << stats.error().message();
+    EXPECT_EQ(stats->count, 0u);
+  }
+  EXPECT_FALSE(DequantizeRows(GgmlType::Q8_0, {}, 100, 0).ok()) << "a row length off the block size stays refused";
+}
+
 }  // namespace
 }  // namespace k3pack::quant
