@@ -73,4 +73,10 @@ def ssm_a_to_a_log(values, dtype=None):
         raise TypeError(f"dtype={dtype!r} does not match the array's dtype {arr.dtype} (None: the array's own)")
     elif arr.dtype == np.uint16:
         raise TypeError("uint16 input must say dtype='bfloat16'")
+    elif arr.dtype.kind != "f":
+        # SGLang's check of a tensor that is not floating point.
+        raise ValueError("Kimi-K3 GGUF ssm_a must contain finite floating values")
+    elif arr.dtype not in (np.float32, np.float16):
+        # float64 (a plain list of floats): checked as the float32 it is loaded as.
+        arr = arr.astype(np.float32)
     return _k3pack.ssm_a_to_a_log(arr)

@@ -309,6 +309,15 @@ class ImportsAndHelpers(unittest.TestCase):
         self.assertEqual(str(cm.exception), "Kimi-K3 GGUF ssm_a must contain finite floating values")
         bf = np.array([0xBF80], np.uint16)  # bfloat16 -1.0 -> log(1) = 0
         self.assertEqual(int(k3pack.ssm_a_to_a_log(bf, dtype="bfloat16")[0]), 0)
+        # SGLang's ValueError for values that are not floating point (was TypeError).
+        for ints in (np.array([-1], np.int32), [-1], np.array([True])):
+            with self.assertRaises(ValueError) as cm:
+                k3pack.ssm_a_to_a_log(ints)
+            self.assertEqual(str(cm.exception), "Kimi-K3 GGUF ssm_a must contain finite floating values")
+        # A list of floats (float64) is checked as float32.
+        got = k3pack.ssm_a_to_a_log([-1.0, -np.e])
+        self.assertEqual(got.dtype, np.float32)
+        np.testing.assert_allclose(got, [0.0, 1.0], atol=1e-6)
 
 
 class InstallIntoSglang(unittest.TestCase):
