@@ -16,6 +16,7 @@
 
 #include "k3pack/ep.h"
 #include "k3pack/error.h"
+#include "util/interrupt.h"
 #include "util/lock_file.h"
 
 namespace k3py {
@@ -100,6 +101,21 @@ class PendingSignals {
   std::string doing_;
   std::optional<py::error_already_set> raised_;  // set and read only with the GIL held
 };
+
+// Runs `call` without the GIL, with Ctrl-C polled by the bounded waits in
+// it (util/interrupt.h: the store's wait for room in its cache); a
+// KeyboardInterrupt it took is raised here, with the GIL back.
+template <typename Call>
+auto InterruptibleWithoutGil(const std::string& doing, Call&& call) {
+  auto signals = std::make_shared<PendingSignals>(doing);
+  auto result = [&] {
+    NoGil nogil;
+    k3pack::ScopedInterruptCheck check(PendingSignals::CheckOf(signals));
+    return call();
+  }();
+  signals->RaiseIfInterrupted();
+  return result;
+}
 
 // Shares a Python callable with C++ code that may copy and drop it on any
 // thread: the last reference is released under the GIL.

@@ -82,10 +82,9 @@ void RegisterSlotCache(py::module_& m) {
         std::vector<int64_t> shape;
         std::vector<int64_t> v = IntegerIdsArg(ids, "topk_ids", &shape);
         std::vector<uint64_t> requests = RequestIdsArg(request_ids);
-        k3pack::Result<std::vector<int32_t>> r = [&] {
-          NoGil nogil;
+        k3pack::Result<std::vector<int32_t>> r = InterruptibleWithoutGil("waiting for room in the expert cache", [&] {
           return c.Acquire(layer, v, shape, is_prefill, Pointer(stream), requests);
-        }();
+        });
         std::vector<int32_t> slots = Unwrap(std::move(r));
         py::array_t<int32_t> out(static_cast<py::ssize_t>(slots.size()));
         std::copy(slots.begin(), slots.end(), out.mutable_data());

@@ -176,10 +176,8 @@ void RegisterStore(py::module_& m) {
         std::vector<int64_t> shape;
         std::vector<int64_t> ids = IntegerIdsArg(topk_ids, "topk_ids", &shape);
         std::vector<uint64_t> requests = RequestIdsArg(request_ids);
-        k3pack::Result<store::Acquisition> r = [&] {
-          NoGil nogil;
-          return self->Acquire(layer, ids, shape, is_prefill, requests);
-        }();
+        k3pack::Result<store::Acquisition> r = InterruptibleWithoutGil(
+            "waiting for room in the expert cache", [&] { return self->Acquire(layer, ids, shape, is_prefill, requests); });
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("topk_ids"), py::kw_only(), py::arg("is_prefill") = py::none(),
          py::arg("request_ids") = py::none(),
@@ -189,10 +187,8 @@ void RegisterStore(py::module_& m) {
       .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, int64_t layer_arg, py::object expert_ids) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> ids = IntegerIdsArg(expert_ids, "expert_ids");
-        k3pack::Result<store::Acquisition> r = [&] {
-          NoGil nogil;
-          return self->AcquireToken(layer, ids);
-        }();
+        k3pack::Result<store::Acquisition> r = InterruptibleWithoutGil(
+            "waiting for room in the expert cache", [&] { return self->AcquireToken(layer, ids); });
         return Wrap(self, Unwrap(std::move(r)));
       }, py::arg("layer"), py::arg("expert_ids"), "one decode token: exactly top_k expert ids")
       .def("prefetch", PredictionMethod("prefetch", &store::ExpertStore::Prefetch), py::arg("layer"), py::arg("expert_ids"),

@@ -22,6 +22,7 @@
 #include "store/io_engine.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
+#include "util/interrupt.h"
 
 namespace k3pack::store {
 
@@ -324,10 +325,11 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     if (s.total_pins == 0) break;  // nothing will change: let the policy report SGLang's error
     ++s.waits_for_other_threads;
     s.SetPins(mine, +1);
-    s.cv.wait_until(lock, deadline);
+    s.cv.wait_until(lock, WakeForInterrupt(deadline));
     // Close() may have run meanwhile and shut the engine down: a read
     // submitted now would never finish (this call would wait forever).
     if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+    K3_RETURN_IF_ERROR(PollInterruptUnlocked(lock));  // pins as on entry
     s.SetPins(mine, -1);
   }
   std::vector<uint64_t> gens(keys.size());

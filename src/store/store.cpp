@@ -11,6 +11,7 @@
 #include "k3pack/pack.h"
 #include "store/fork_guard.h"
 #include "store/store_state.h"
+#include "util/interrupt.h"
 
 namespace k3pack::store {
 
@@ -290,10 +291,11 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     const uint64_t mine = s.active_by_thread.count(std::this_thread::get_id())
                               ? s.active_by_thread[std::this_thread::get_id()] : 0;
     if (s.active_acquisitions > mine && std::chrono::steady_clock::now() < deadline) {
-      s.cv.wait_until(lock, deadline);
+      s.cv.wait_until(lock, WakeForInterrupt(deadline));
       // Close() may have run meanwhile: its engine takes no more reads (a
       // read submitted now would never finish, and this call wait forever).
       if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
+      K3_RETURN_IF_ERROR(PollInterruptUnlocked(lock));
       continue;
     }
     bool dropped = false;

@@ -1,0 +1,42 @@
+"""Ctrl-C reaches a store call that waits for room another thread holds.
+
+Before, acquire() waited its whole 10 s bound without the GIL and raised
+RuntimeError("expert cache cannot evict ..."); the KeyboardInterrupt surfaced
+only while that error was handled (or, had the room come, after the
+acquisition it then lost)."""
+
+import os
+import signal
+import threading
+import unittest
+
+import _util  # noqa: F401  (import path)
+
+import k3pack
+import numpy as np
+
+
+class StoreInterruptTest(_util.TinyPackTestCase):
+    def test_acquire_waiting_for_room_takes_ctrl_c(self):
+        k, layer = self.top_k, self.layers[0]
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as probe:
+            one = probe.info["object_bytes"][0]
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=k * one, policy="lru") as store:
+            held = []  # the cache's whole room, acquired by another thread and not released
+            t = threading.Thread(target=lambda: held.append(store.acquire_token(layer, np.arange(k))))
+            t.start()
+            t.join()
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                with self.assertRaises(KeyboardInterrupt) as cm:
+                    store.acquire_token(layer, np.arange(k, 2 * k))
+            finally:
+                timer.cancel()
+            self.assertIsNone(cm.exception.__context__, "the interrupt came only after the wait's own error")
+            held[0].mark_used()
+            store.acquire_token(layer, np.arange(k, 2 * k)).mark_used()  # the store goes on
+
+
+if __name__ == "__main__":
+    unittest.main()
