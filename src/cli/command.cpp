@@ -262,6 +262,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     const std::string& a = argv[i];
     if (!options_done && a == "--") {
       options_done = true;
+      positionals_before_dashdash_ = positionals_.size();
       continue;
     }
     if (!options_done && (a == "--help" || a == "-h")) {
@@ -334,6 +335,7 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
     }
     values_[positional_option_] = positionals_.front();
     positionals_.erase(positionals_.begin());
+    if (positionals_before_dashdash_ != SIZE_MAX && positionals_before_dashdash_ > 0) --positionals_before_dashdash_;
   }
   for (const ExclusiveGroup& g : exclusive_) {
     std::vector<std::string> given;
@@ -379,6 +381,10 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
   }
   if (pos_max_ >= 0 && n > pos_max_) {
     const std::string& extra = positionals_[pos_max_];
+    if (static_cast<size_t>(pos_max_) >= positionals_before_dashdash_ && extra.size() > 1 && extra[0] == '-') {
+      // "--full" after `--` is an argument by the rule, not a misspelt option.
+      return fail("unexpected argument " + extra + " (after `--` every word is an argument; give options before `--`)");
+    }
     const std::string near = extra.size() > 1 && extra[0] == '-' ? Suggest("-" + extra) : "";
     return fail("unexpected argument " + extra + (near.empty() ? "" : " (did you mean " + near + "?)"));
   }

@@ -3,6 +3,7 @@
 // registers itself with K3_COMMAND.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -100,6 +101,7 @@ class Args {
   std::map<std::string, std::string> values_;
   std::map<std::string, std::vector<std::string>> all_values_;  // Repeatable options
   std::vector<std::string> positionals_;
+  size_t positionals_before_dashdash_ = SIZE_MAX;  // where `--` ended the options, if given
   std::map<std::string, std::string> deprecated_;  // old spelling -> current
   std::string positional_option_;
   std::map<std::string, std::string> spelled_;  // option -> the spelling it was given under

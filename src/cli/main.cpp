@@ -137,8 +137,19 @@ int Dispatch(int argc, char** argv) {
   }
   std::string name = argv[1];
   if (name == "--version" || name == "-V") {
+    if (argc > 2) {
+      // `k3pack -V build`: a word after it was meant for something; it is not ignored.
+      std::cerr << "k3pack: " << name << " takes no arguments, got '" << argv[2]
+                << "' (run `k3pack --version` alone, or `k3pack COMMAND --help`)\n";
+      return 2;
+    }
     std::cout << k3pack::cli::VersionLine() << "\n";
     return 0;
+  }
+  if (name.empty()) {
+    std::cerr << "k3pack: the command is an empty argument (an unset shell variable?); run `k3pack --help` for "
+                 "the list\n";
+    return 2;
   }
   const auto& cmds = k3pack::cli::Commands();
   auto it = cmds.find(name);

@@ -36,6 +36,15 @@ TEST(ArgParsing, DoubleDashEndsTheOptionsSoPathsMayStartWithADash) {
   r = CliVia("cd " + Q(root) + " &&", "inspect -- --json");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_EQ(r.out.find('{'), std::string::npos) << r.out;
+  // Before: "unexpected argument --full (did you mean --full?)".
+  for (const std::string args : {"verify MODEL -- --full", "verify -- MODEL --full"}) {
+    std::string cmd = args;
+    cmd.replace(cmd.find("MODEL"), 5, Q(BuiltTinyModel()));
+    r = Cli(cmd);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: unexpected argument --full (after `--` every word is an argument; give "
+                                "options before `--`)")) << r.out;
+  }
 }
 
 TEST(ArgParsing, AnOptionNameIsNeverTakenAsTheValueOfTheOptionBefore) {
@@ -72,6 +81,13 @@ TEST(ArgParsing, EmptyValuesAndArgumentsAreUsageErrors) {
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(Contains(r.out, "error: --out needs a value, but an empty one was given")) << r.out;
   }
+  // The command itself, and a word after --version (once ignored, exit 0).
+  r = Cli("''");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "k3pack: the command is an empty argument (an unset shell variable?)")) << r.out;
+  r = Cli("-V build");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "k3pack: -V takes no arguments, got 'build'")) << r.out;
   r = Cli("verify " + Q(BuiltTinyModel()) + " --manifest ''");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(Contains(r.out, "--manifest needs a value, but an empty one was given")) << r.out;
