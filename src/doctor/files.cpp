@@ -96,7 +96,12 @@ void OpenShard(Shard& s, Collector& out) {
   // from an extended copy. A broken header (a length running past the end)
   // would make that parse read the zero extension: gigabytes for a 2 KB file
   // (found by cli_json_fuzz).
-  if (l.error().message().find(") is not within the file (size ") == std::string::npos) {
+  // Nor is a header whose strict read failed on another rule first (a
+  // tensor offset off the packed order, e.g. one set to 2^40): the data then
+  // lies past the end because the offset is wrong, not because the file was
+  // cut, and "re-download" would not help.
+  if (l.error().message().find(") is not within the file (size ") == std::string::npos ||
+      why.find(") is not within the file (size ") == std::string::npos) {
     out.Add("gguf-unreadable", s.path, why, {}, s.path);
     return;
   }

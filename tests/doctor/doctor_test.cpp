@@ -114,6 +114,32 @@ TEST(Doctor, TruncatedShardStillListsItsTensorsSoCoverageStaysAccurate) {
   EXPECT_FALSE(r.Has("check-skipped")) << Dump(r);
 }
 
+// Before, a tensor offset off the packed order that points past the end (one
+// set to 2^40) was called a truncated download ("re-download this shard"):
+// the rule broken is the packed order, which the message now names.
+TEST(Doctor, AnOffsetPastTheEndIsABrokenHeaderNotATruncatedFile) {
+  auto dir = TempDir("offset");
+  auto res = Synth(dir);
+  const std::string shard = res.shard_paths[2];
+  uint64_t field = 0;
+  std::string name;
+  {
+    auto f = gguf::GgufFile::Open(shard);
+    ASSERT_TRUE(f.ok()) << f.error().message();
+    const gguf::TensorInfo& t = (*f)->tensors().back();
+    name = t.name;
+    field = t.info_offset + 8 + t.name.size() + 4 + 8ull * t.n_dims + 4;
+  }
+  const uint64_t far = 1ull << 40;
+  WriteAt(shard, field, &far, sizeof far);
+  Report r = Scaled({dir.string()});
+  EXPECT_FALSE(r.Has("gguf-truncated")) << Dump(r);
+  const doctor::Finding* f = One(r, "gguf-unreadable");
+  ASSERT_NE(f, nullptr) << Dump(r);
+  EXPECT_NE(f->message.find("tensor '" + name + "' has offset 1099511627776, expected "), std::string::npos)
+      << f->message;
+}
+
 TEST(Doctor, ReportsEveryFaultOfOneSetInOneRun) {
   auto dir = TempDir("many");
   Synth(dir, {Fault::kRawSsmA, Fault::kNanSsmA, Fault::kZeroSsmA, Fault::kBadSplitNo, Fault::kStaleTensorCount,

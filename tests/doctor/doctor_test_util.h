@@ -2,6 +2,7 @@
 // rewriter that renames / retypes / replaces / drops tensors, and a CLI runner.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,13 @@ struct TempDirs {
     }
   }
 };
+// Overwrites n bytes of a file in place (a fault injected into a header).
+inline void WriteAt(const fs::path& path, uint64_t offset, const void* data, size_t n) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY));
+  ASSERT_TRUE(fd.valid()) << path;
+  ASSERT_TRUE(PwriteFull(fd.get(), data, n, offset).ok());
+}
+
 inline TempDirs& AllTempDirs() {
   static TempDirs dirs;
   return dirs;

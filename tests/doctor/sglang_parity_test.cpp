@@ -38,12 +38,6 @@ fs::path Shard(const fs::path& dir, int number, int count = 3) {
   return dir / name;
 }
 
-void WriteAt(const fs::path& path, uint64_t offset, const void* data, size_t n) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY));
-  ASSERT_TRUE(fd.valid()) << path;
-  ASSERT_TRUE(PwriteFull(fd.get(), data, n, offset).ok());
-}
-
 const gguf::KeyValue* FindKv(const gguf::GgufFile& f, const std::string& key) {
   for (const auto& kv : f.metadata()) {
     if (kv.key == key) return &kv;
