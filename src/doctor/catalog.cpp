@@ -61,6 +61,12 @@ const std::vector<Diagnosis> kCatalog = {
     {"gguf-header-invalid", E, "ValueError",
      "The header breaks a rule of ggml's reader (see the message); doctor read it leniently to check the rest.",
      "Re-convert or re-split the file with llama.cpp's tools (gguf-split / llama-quantize --keep-split)."},
+    {"gguf-not-utf8", E, "UnicodeDecodeError",
+     "A metadata key or tensor name is not valid UTF-8. k3pack keeps GGUF strings as bytes and reads the file "
+     "(the manifest writer still refuses such a tensor name); SGLang's GGUF reader (gguf-py) decodes every key and "
+     "tensor name strictly, so its scan fails with this error before any other check.",
+     "Rewrite the key or name as UTF-8 (gguf-py's GGUFWriter copying the shard's metadata and tensors); the message "
+     "gives the file offset of the string."},
     {"gguf-truncated", E, "ValueError",
      "The file is shorter than its own header says: the tensors listed end past the end of the file "
      "(an interrupted download or copy).",

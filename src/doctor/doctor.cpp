@@ -48,6 +48,7 @@ void ExamineView(const internal::ShardView& view, const DiagnoseOptions& options
     if (options.progress) options.progress(s);
   };
   internal::CheckSplit(view, out);
+  internal::CheckStringsAreUtf8(view, out);
   internal::CheckRenamedShards(view, out);
   Mark(out.report(), "split", true);
   say("doctor: checking names, shapes and types");

@@ -10,6 +10,7 @@
 
 #include "doctor/internal.h"
 #include "util/pyrepr.h"
+#include "util/utf8.h"
 
 namespace k3pack::doctor::internal {
 
@@ -307,6 +308,23 @@ std::optional<ShardView> OpenListed(const std::vector<std::string>& paths, Colle
   if (!any) return std::nullopt;
   IndexTensors(v, out);
   return v;
+}
+
+void CheckStringsAreUtf8(const ShardView& view, Collector& out) {
+  for (const Shard& s : view.shards) {
+    if (!s.file) continue;
+    auto check = [&](const std::string& bytes, const std::string& what, uint64_t offset) {
+      const std::string error = PythonUtf8DecodeError(bytes);
+      if (error.empty()) return;
+      Finding& f = out.Add("gguf-not-utf8", bytes,
+                           what + " at file offset " + std::to_string(offset) +
+                               " is not UTF-8; k3pack reads it as bytes, SGLang's GGUF reader decodes it and fails",
+                           error, s.path);
+      f.details = {{"kind", what}, {"offset", offset}};
+    };
+    for (const gguf::KeyValue& kv : s.file->metadata()) check(kv.key, "metadata key", kv.offset);
+    for (const gguf::TensorInfo& t : s.file->tensors()) check(t.name, "tensor name", t.info_offset);
+  }
 }
 
 void CheckSplit(const ShardView& view, Collector& out) {

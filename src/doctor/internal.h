@@ -90,6 +90,9 @@ void CheckDownloadLeftovers(const Shard& s, Collector& out);
 
 // Split keys, counts, duplicates, architecture (SGLang's scanner, every rule).
 void CheckSplit(const ShardView& view, Collector& out);
+// Metadata keys and tensor names that are not UTF-8: k3pack keeps them as
+// bytes, gguf-py (SGLang's scanner) decodes each strictly and fails.
+void CheckStringsAreUtf8(const ShardView& view, Collector& out);
 // Renamed shards (renames.cpp): when the headers alone form a complete split
 // that the names contradict, reports shards-renamed with the renames and
 // turns the name findings' advice from "download" into "rename".

@@ -109,6 +109,17 @@ TEST(NotUtf8, InspectEveryModeAndDoctorJsonNeverAbort) {
     }
   }
   EXPECT_TRUE(marked) << "no finding names the tensor whose name is not UTF-8:\n" << d.out;
+  // Before, a key that is not UTF-8 was no finding at all ("healthy" where it
+  // was alone): gguf-py decodes keys and tensor names strictly.
+  std::map<std::string, std::string> not_utf8;  // object -> SGLang's text
+  for (const auto& f : j["findings"]) {
+    if (f["code"] == "gguf-not-utf8") not_utf8[f["object"].get<std::string>()] = f["sglang_error"].get<std::string>();
+  }
+  EXPECT_EQ(not_utf8["general.bad\\xfekey"], "'utf-8' codec can't decode byte 0xfe in position 11: invalid start byte")
+      << d.out;
+  EXPECT_EQ(not_utf8["blk.0.bad\\xc3(name.weight"],
+            "'utf-8' codec can't decode byte 0xc3 in position 9: invalid continuation byte") << d.out;
+  EXPECT_EQ(not_utf8.size(), 2u) << d.out;
   CliResult t = RunCli("doctor --profile scaled " + path);
   EXPECT_TRUE(t.exit_code == 1 || t.exit_code == 2) << t.out;
   EXPECT_NE(t.out.find("bad\\xc3(name.weight"), std::string::npos) << t.out;
