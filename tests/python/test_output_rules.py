@@ -89,19 +89,27 @@ class OutputRules(unittest.TestCase):
         doc = k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out, force=True)
         self.assertEqual(k3pack.read_manifest(out), doc)
 
-    def test_force_never_replaces_a_json_file_that_is_no_manifest(self):
-        out = os.path.join(self.tmp.path, "notes.json")
+    def assert_user_file_kept_even_with_force(self, name, text, write, expected):
+        """write(out, force) is refused with and without force, naming what
+        the file is; the file is left as it was."""
+        out = os.path.join(self.tmp.path, name)
         with open(out, "w") as f:
-            f.write('{"mine": true}\n')
+            f.write(text)
         for force in (False, True):
             with self.assertRaises(FileExistsError) as cm:
-                k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out, force=force)
-            self.assertIn("(output): it is a JSON document but not an adapter manifest (it has no \"format\" key); "
-                          "k3pack replaces only a file of the kind it writes, not even with force=True",
-                          str(cm.exception))
+                write(out, force)
+            self.assertIn(expected % out, str(cm.exception))
             self.assertNotIn("force=True", cm.exception.k3pack_hint)
         with open(out) as f:
-            self.assertEqual(f.read(), '{"mine": true}\n')
+            self.assertEqual(f.read(), text)
+
+    def test_force_never_replaces_a_json_file_that_is_no_manifest(self):
+        self.assert_user_file_kept_even_with_force(
+            "notes.json", '{"mine": true}\n',
+            lambda out, force: k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out,
+                                                      force=force),
+            "refusing to overwrite existing %s (output): it is a JSON document but not an adapter manifest (it has "
+            "no \"format\" key); k3pack replaces only a file of the kind it writes, not even with force=True")
 
     def test_create_manifest_same_manifest_is_kept(self):
         out = os.path.join(self.tmp.path, "again.manifest.json")
@@ -213,16 +221,10 @@ class OutputRules(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(d)), listing)
 
     def test_build_pack_refuses_a_user_file_even_with_force(self):
-        out = os.path.join(self.tmp.path, "user.pack")
-        with open(out, "w") as f:
-            f.write("mine")
-        for force in (False, True):
-            with self.assertRaises(FileExistsError) as cm:
-                k3pack.build_pack(self.model, self.config, out=out, safety_margin_gib=0, force=force)
-            self.assertIn("refusing to overwrite existing %s (out): it is a file that starts with \"mine\", "
-                          "not an Expert Pack" % out, str(cm.exception))
-        with open(out) as f:
-            self.assertEqual(f.read(), "mine")
+        self.assert_user_file_kept_even_with_force(
+            "user.pack", "mine",
+            lambda out, force: k3pack.build_pack(self.model, self.config, out=out, safety_margin_gib=0, force=force),
+            "refusing to overwrite existing %s (out): it is a file that starts with \"mine\", not an Expert Pack")
 
     def test_build_pack_refuses_another_pack_unless_force(self):
         out = os.path.join(self.tmp.path, "other.pack")
