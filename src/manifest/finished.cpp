@@ -19,6 +19,10 @@ bool MarkedComplete(const json& m) {
   return fields::Truthy(m, "complete");
 }
 
+namespace {
+
+// What makes `m` no adapter manifest at all, complete or not; "" when its
+// format is the adapter's.
 std::string WhyNotAdapterFormat(const json& m) {
   if (!m.is_object()) return "it is a JSON " + std::string(m.type_name()) + ", not an object";
   if (!m.contains("format")) return "it has no \"format\" key";
@@ -27,6 +31,8 @@ std::string WhyNotAdapterFormat(const json& m) {
   }
   return "";
 }
+
+}  // namespace
 
 std::string WhyNotAFinishedManifest(const json& m, const std::string& path) {
   std::string why = WhyNotAdapterFormat(m);

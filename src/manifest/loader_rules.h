@@ -48,9 +48,6 @@ bool FormatSupported(const nlohmann::json& m);
 bool MarkedComplete(const nlohmann::json& m);
 // Step 2 with the store's text.
 Status CheckStoreFormatAndComplete(const nlohmann::json& m);
-// What makes `m` no adapter manifest at all ("it has no \"format\" key"),
-// complete or not; empty when its format is the adapter's.
-std::string WhyNotAdapterFormat(const nlohmann::json& m);
 // What step 2 finds wrong with the JSON file at `path`, for a hint after
 // SGLang's text (which names neither): "PATH: it has no \"format\" key (...)".
 // Empty when both conditions hold.

@@ -34,12 +34,12 @@ std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::st
 }
 
 std::string NotAManifestFile(const std::string& path) {
-  if (std::string other = NotAFileOf(path, FileStart::kJson, "an adapter manifest"); !other.empty()) return other;
-  if (ClassifyFileStart(path) != FileStart::kJson) return "";
-  auto doc = ReadManifestJson(path);
-  if (!doc.ok()) return "";  // a manifest cut short is still the file to replace
-  const std::string why = WhyNotAdapterFormat(*doc);
-  return why.empty() ? "" : "it is a JSON document but not an adapter manifest (" + why + ")";
+  // Only the binary inputs are protected: any JSON or text (an old, edited,
+  // damaged manifest doctor says to regenerate; a file the user named as
+  // --manifest) is the force option's to replace.
+  const FileStart kind = ClassifyFileStart(path);
+  if (kind != FileStart::kGguf && kind != FileStart::kExpertPack && kind != FileStart::kTrace) return "";
+  return "it is " + DescribeFileStart(path) + ", not an adapter manifest";
 }
 
 bool SameManifest(const std::string& path, nlohmann::json fresh) {

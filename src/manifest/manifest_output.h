@@ -32,10 +32,10 @@ std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::st
                                       const std::string& model_config, const std::string& tokenizer_dir,
                                       const InputNames& names = {});
 
-// For OutputSpec::not_own_kind: "" when the file at `path` is an adapter
-// manifest (or empty, or JSON cut short while written), else what it is
-// ("it is a GGUF file, not an adapter manifest"): --force replaces a
-// manifest, never a config.json or shard given as --manifest by a slip.
+// For OutputSpec::not_own_kind: what the file at `path` is when it is a GGUF
+// shard, a pack or a trace ("it is a GGUF file, not an adapter manifest"),
+// else "": --force replaces any text or JSON file named as the manifest (an
+// old or damaged one included), never one of those given by a slip.
 std::string NotAManifestFile(const std::string& path);
 
 // The manifest at `path` is `fresh`, ignoring when it was written.

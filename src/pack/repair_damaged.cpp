@@ -108,7 +108,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
       return Error("pack " + pack_path + " was not built from these shards: " + what +
                    " matches the digest recorded when the pack was built, but its slice of " +
                    ex.shard_paths[t->tensor.shard_index] + " differs (the pack of another model with the same "
-                   "layout, or shards changed since); nothing was rewritten")
+                   "layout, or shards changed since); no payload was rewritten")
           .WithHint("rebuild it from these shards with --force, or pass the pack built from them");
     }
   }

@@ -16,6 +16,7 @@
 #include <queue>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "store/cuda_runtime.h"
 #include "store/fork_guard.h"
@@ -321,15 +322,18 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
   s.SetPins(mine, -1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool waited = false;  // counted once per call (a Python caller wakes every 100 ms to poll Ctrl-C)
   while (!s.Fits(keys) && std::chrono::steady_clock::now() < deadline) {
     if (s.total_pins == 0) break;  // nothing will change: let the policy report SGLang's error
-    ++s.waits_for_other_threads;
+    if (!std::exchange(waited, true)) ++s.waits_for_other_threads;
     s.SetPins(mine, +1);
     s.cv.wait_until(lock, WakeForInterrupt(deadline));
     // Close() may have run meanwhile and shut the engine down: a read
     // submitted now would never finish (this call would wait forever).
     if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
     K3_RETURN_IF_ERROR(PollInterruptUnlocked(lock));  // pins as on entry
+    // The poll let go of the mutex: Close() may have run in it too.
+    if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
     s.SetPins(mine, -1);
   }
   std::vector<uint64_t> gens(keys.size());

@@ -296,6 +296,8 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
       // read submitted now would never finish, and this call wait forever).
       if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
       K3_RETURN_IF_ERROR(PollInterruptUnlocked(lock));
+      // The poll let go of the mutex: Close() may have run in it too.
+      if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
       continue;
     }
     bool dropped = false;

@@ -145,7 +145,8 @@ Result<AtomicFile> AtomicFile::Create(const std::string& path) {
   if (f.fd_.valid()) return f;
   // Every writer makes the directories an output path names (as `mkdir -p`).
   std::error_code ec;
-  if (errno == ENOENT && std::filesystem::create_directories(dir, ec) && !ec) {
+  // (Another writer may have made it meanwhile: then it is there to use.)
+  if (errno == ENOENT && (std::filesystem::create_directories(dir, ec) || std::filesystem::is_directory(dir, ec))) {
     f.fd_ = UniqueFd(::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, kNewFileMode));
     if (f.fd_.valid()) return f;
   }

@@ -1,14 +1,18 @@
 #include "util/output_guard.h"
 
+#include <sys/file.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
+#include <mutex>
+#include <chrono>
 
 #include "util/file.h"
-#include "util/lock_file.h"
 
 #include "util/utf8.h"
 
@@ -147,8 +151,9 @@ std::string FirstBytes(const std::string& path, size_t n) {
 
 FileStart ClassifyFileStart(const std::string& path) {
   if (!PathExists(path)) return FileStart::kMissing;
-  const std::string head = FirstBytes(path, 32);
-  if (head.empty()) return FileStart::kEmpty;
+  std::string head = FirstBytes(path, 32);
+  if (head.find_first_not_of('\0') == std::string::npos) return FileStart::kEmpty;
+  if (head.starts_with("\xEF\xBB\xBF")) head.erase(0, 3);  // a byte-order mark before JSON
   const auto begins = [&](std::string_view magic) {
     return head.size() >= magic.size() ? head.starts_with(magic) : magic.starts_with(head);
   };
@@ -195,21 +200,41 @@ std::optional<FileStamp> SeeOutput(const std::string& path) {
   return *stamp;
 }
 
+namespace {
+
+// An exclusive flock on `dir` itself, waited for up to 30 s; an invalid fd
+// where the filesystem cannot lock a directory (NFS emulates flock with
+// byte-range locks, which need a file open for writing; a directory without
+// read permission cannot be opened): the write then goes on without it,
+// rather than fail after the hours its build took.
+Result<UniqueFd> LockDirectoryForAWrite(const std::string& dir, const std::string& path) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return UniqueFd();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) return fd;
+    if (errno != EWOULDBLOCK) return UniqueFd();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Error("another process held the directory of " + path + " for 30 s while this one waited to write it",
+                   ErrorKind::kOS, EWOULDBLOCK)
+          .WithHint("rerun the same command once the other one has finished (what is done is kept)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
 Status WriteIfStillAsSeen(const std::string& option, const std::string& path, const std::optional<FileStamp>& seen,
                           const std::function<Status()>& write) {
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  std::optional<LockFile> lock;
-  {
-    // The other writer holds it for one look and one rename: wait for it.
-    LockWait w = CurrentLockWait();
-    w.seconds = std::max(w.seconds, 30.0);
-    ScopedLockWait wait(std::move(w));
-    K3_ASSIGN_OR_RETURN(LockFile taken, LockFile::Acquire(dir.string(), "writing " + path));
-    lock.emplace(std::move(taken));
-  }
+  // Threads of this process take turns here; processes, by the flock.
+  static std::mutex in_this_process;
+  std::lock_guard<std::mutex> turn(in_this_process);
+  K3_ASSIGN_OR_RETURN(UniqueFd dir_lock, LockDirectoryForAWrite(dir.string(), path));
   const std::optional<FileStamp> now = SeeOutput(path);
   if (now && (!seen || !HowFileChanged(path, *seen).empty())) {
     const std::string how = seen ? HowFileChanged(path, *seen) : "it did not exist when this run began";

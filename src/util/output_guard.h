@@ -90,16 +90,19 @@ Status CheckManifestRecordablePaths(const std::vector<NamedPath>& paths);
 std::optional<FileStamp> SeeOutput(const std::string& path);
 
 // Runs `write` (which writes `path`) only if the path still holds what
-// `seen` recorded (or nothing, where something was: it was removed), under
-// an exclusive lock on the path's directory that every such writer takes
-// (waiting up to 30 s). Of two writers that decided on one path at the same
-// time (two builds of one manifest, two trace gens), the second is refused
-// naming the option, instead of replacing what the first wrote.
+// `seen` recorded (or nothing, where something was: it was removed). The
+// look and the write are one step for every such writer: threads of this
+// process take turns, processes hold an flock on the path's directory
+// (waiting up to 30 s; where a directory cannot be locked, as on NFS, the
+// write goes on without). Of two writers that decided on one path at the
+// same time (two builds of one manifest, two trace gens), the second is
+// refused naming the option, instead of replacing what the first wrote.
 Status WriteIfStillAsSeen(const std::string& option, const std::string& path, const std::optional<FileStamp>& seen,
                           const std::function<Status()>& write);
 
 // What a file is, from its first bytes (a file shorter than a magic counts
 // as that kind when its bytes begin the magic: one cut short while written).
+// A file of NUL bytes only (as far as looked at: left by a crash) is kEmpty.
 enum class FileStart { kMissing, kEmpty, kGguf, kExpertPack, kTrace, kJson, kOther };
 FileStart ClassifyFileStart(const std::string& path);
 // For messages: "a GGUF file", "an Expert Pack", "a k3pack routing trace",

@@ -183,8 +183,6 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
   ASSERT_EQ(Build(m, "--ep-size 2 --ep-rank all").code, 0);
   const std::string rank0 = m + "/KIMI-K3-SYNTH.expert-major.ep0-of-2.pack";
   const std::string rank1 = m + "/KIMI-K3-SYNTH.expert-major.ep1-of-2.pack";
-  const std::string notes = m + "/notes.json";
-  { std::ofstream(notes) << "{\"model_type\": \"kimi_k3\"}"; }
   const auto before = Snapshot(m);
   const std::pair<std::string, std::string> slips[] = {
       {"ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(Shard(m, 1)), "a GGUF file"},
@@ -192,8 +190,8 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
        "a JSON document"},
       {"pack --progress none " + Q(m) + " --force --pack " + Q(m + "/tokenizer/tiktoken.model"),
        "a file that starts with "},
-      {"manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(notes),
-       "a JSON document but not an adapter manifest (it has no \"format\" key)"},
+      {"manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(rank1),
+       "an Expert Pack, not an adapter manifest"},
       {"trace sweep --decode-tokens 4 --force --svg " + Q(Shard(m, 2)), "a GGUF file"},
   };
   for (const auto& [cmd, what] : slips) {
@@ -205,10 +203,20 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
   }
   EXPECT_EQ(Snapshot(m), before);
 
-  // A pack cut short inside its magic is replaced; so is a whole one.
+  // A pack cut short inside its magic is replaced; so is one a crash left
+  // zero-filled, and a whole one.
   const std::string merged = m + "/merged.pack";
   { std::ofstream(merged) << "GGMLMOE"; }
   CliRun r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(merged));
+  EXPECT_EQ(r.code, 0) << r.out;
+  { std::ofstream(merged, std::ios::trunc) << std::string(4096, '\0'); }
+  r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(merged));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // Any JSON or text named as the manifest is --force's to replace (an old
+  // or damaged manifest doctor says to regenerate, one with a byte-order mark).
+  const std::string old_manifest = m + "/old.manifest.json";
+  { std::ofstream(old_manifest) << "\xEF\xBB\xBF{\"format\": \"SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v0\"}"; }
+  r = Cli("manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(old_manifest));
   EXPECT_EQ(r.code, 0) << r.out;
   r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --pack " + Q(merged));
   EXPECT_EQ(r.code, 0) << r.out;
@@ -276,8 +284,7 @@ TEST(OverwriteRule, ManifestOverAnotherFileRefusedSameManifestAlreadyBuilt) {
   const auto before = Snapshot(m);
   CliRun r = Cli(args + " --manifest " + Q(other));
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + other + " (--manifest): it is a JSON document but "
-                              "not an adapter manifest (it has no \"format\" key)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + other + " (--manifest)")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
   r = Cli(args);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -442,7 +449,7 @@ TEST(CorruptPack, RepairOfAnotherModelsPackSaysSoAndWritesNothing) {
     CliRun r = Cli(cmd);
     EXPECT_EQ(r.code, 1) << cmd << "\n" << r.out;
     EXPECT_TRUE(Contains(r.out, "error: pack " + pack + " was not built from these shards: ")) << r.out;
-    EXPECT_TRUE(Contains(r.out, "nothing was rewritten\nhint: rebuild it from these shards with --force")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "no payload was rewritten\nhint: rebuild it from these shards with --force")) << r.out;
     EXPECT_FALSE(Contains(r.out, "EXPERT_PACK_REPAIRED")) << r.out;
   }
   EXPECT_EQ(Snapshot(other), before);

@@ -9,6 +9,7 @@ import glob
 import hashlib
 import os
 import shutil
+import threading
 import unittest
 
 import _util
@@ -103,13 +104,36 @@ class OutputRules(unittest.TestCase):
         with open(out) as f:
             self.assertEqual(f.read(), text)
 
-    def test_force_never_replaces_a_json_file_that_is_no_manifest(self):
+    def test_threads_write_manifests_of_one_directory_side_by_side(self):
+        # Each write looks again at its path as one step with the rename;
+        # threads of a process take turns there. (A first version refused
+        # every thread but one: the directory's lock was per thread.)
+        out_dir = os.path.join(self.tmp.path, "side-by-side")
+        os.makedirs(out_dir, exist_ok=True)
+        errors = []
+
+        def write(name):
+            try:
+                k3pack.create_manifest(self.model, self.pack, self.config, self.tok,
+                                       output=os.path.join(out_dir, name))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=("m%d.manifest.json" % i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(os.listdir(out_dir)), ["m%d.manifest.json" % i for i in range(4)])
+
+    def test_force_never_replaces_a_gguf_file_given_as_the_manifest(self):
         self.assert_user_file_kept_even_with_force(
-            "notes.json", '{"mine": true}\n',
+            "shard.gguf", "GGUF and more",
             lambda out, force: k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out,
                                                       force=force),
-            "refusing to overwrite existing %s (output): it is a JSON document but not an adapter manifest (it has "
-            "no \"format\" key); k3pack replaces only a file of the kind it writes, not even with force=True")
+            "refusing to overwrite existing %s (output): it is a GGUF file, not an adapter manifest; k3pack replaces "
+            "only a file of the kind it writes, not even with force=True")
 
     def test_create_manifest_same_manifest_is_kept(self):
         out = os.path.join(self.tmp.path, "again.manifest.json")

@@ -37,6 +37,34 @@ class StoreInterruptTest(_util.TinyPackTestCase):
             held[0].mark_used()
             store.acquire_token(layer, np.arange(k, 2 * k)).mark_used()  # the store goes on
 
+    def test_a_store_closed_while_the_wait_polls_ctrl_c_ends_the_wait(self):
+        # A signal handler runs inside the poll, with the store's mutex let go:
+        # before, a close() there went unseen and the call waited for a read
+        # the closed engine never did, for ever.
+        k, layer = self.top_k, self.layers[0]
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as probe:
+            one = probe.info["object_bytes"][0]
+        store = k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=k * one, policy="lru")
+        held = []
+        t = threading.Thread(target=lambda: held.append(store.acquire_token(layer, np.arange(k))))
+        t.start()
+        t.join()
+
+        def close_it(signum, frame):
+            held[0].mark_used()
+            store.close()
+
+        previous = signal.signal(signal.SIGUSR1, close_it)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+        timer.start()
+        try:
+            with self.assertRaises(RuntimeError) as cm:
+                store.acquire_token(layer, np.arange(k, 2 * k))
+            self.assertIn("expert store is closed", str(cm.exception))
+        finally:
+            timer.cancel()
+            signal.signal(signal.SIGUSR1, previous)
+
 
 if __name__ == "__main__":
     unittest.main()
