@@ -197,6 +197,7 @@ Result<TensorStats> ComputeStats(GgmlType t, std::span<const uint8_t> bytes, int
   if (ne0 < 0) return Error("stats: negative row length " + std::to_string(ne0));
   const uint64_t n0 = static_cast<uint64_t>(ne0);
   K3_RETURN_IF_ERROR(CheckShape(t, n0, rows == 0 ? UINT64_MAX : bytes.size(), "stats"));
+  if (rows == 0) return TensorStats{};  // no row buffer for a row length nothing backs
   const uint64_t row_bytes = GgmlRowBytes(t, n0);
   if (rows != 0 && bytes.size() / rows < row_bytes) {
     return Error("stats: " + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes need more than " +
