@@ -204,12 +204,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
 std::string SerializeManifest(const json& manifest) { return PyJsonDumps(manifest, PyJsonStyle::kIndent2) + "\n"; }
 
 Status WriteManifest(const std::string& path, const json& manifest) {
-  std::error_code ec;
-  const fs::path parent = fs::absolute(path, ec).parent_path();
-  if (!parent.empty()) {
-    fs::create_directories(parent, ec);
-    if (ec) return Error::FromErrno("cannot create directory " + parent.string(), ec.value());
-  }
+  // WriteFileAtomic makes the missing directories of the path.
   return WriteFileAtomic(path, SerializeManifest(manifest));
 }
 

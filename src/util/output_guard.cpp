@@ -1,19 +1,18 @@
 #include "util/output_guard.h"
 
-#include <sys/file.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 #include <mutex>
-#include <chrono>
+#include <thread>
 
 #include "util/file.h"
-
 #include "util/utf8.h"
 
 namespace k3pack {
