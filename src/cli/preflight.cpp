@@ -113,19 +113,20 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
     if (size_t n = count_gguf(it->path()); n > 0) subs.emplace_back(it->path().filename().string(), n);
   }
   std::sort(subs.begin(), subs.end());
+  const std::string shown = ResolvedPathOrGiven(path);  // SGLang's text names the resolved directory
   if (subs.size() == 1) {
     const std::string sub = (fs::path(path) / subs[0].first).string();
-    return Error("no GGUF files found in " + path + "; found " + std::to_string(subs[0].second) + " shards in " +
-                 subs[0].first + "/")
-        .WithHint("pass " + option + " " + sub);
+    return Error("no GGUF files found in " + shown)
+        .WithHint("found " + std::to_string(subs[0].second) + " shards in " + subs[0].first + "/: pass " + option + " " +
+                  sub);
   }
   if (subs.size() > 1) {
     std::string list;
     for (const auto& [name, n] : subs) list += "\n  " + name + "/ (" + std::to_string(n) + " shards)";
-    return Error("no GGUF files found in " + path + "; quant folders inside it:" + list)
-        .WithHint("pass " + option + " " + path + "/<one of them>");
+    return Error("no GGUF files found in " + shown)
+        .WithHint("quant folders inside it:" + list + "\npass " + option + " " + path + "/<one of them>");
   }
-  return Error("no GGUF files found in " + path + " (" + option + ")")
+  return Error("no GGUF files found in " + shown)
       .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
 }
 

@@ -95,10 +95,52 @@ const NameIndex& Index() {
   return idx;
 }
 
+// SGLang meets these three faults only in its strict coverage check, which
+// fails once over every parameter left unloaded: each of them gets that one
+// text, built from all of them (the first 16 names, sorted).
+void AttachCoverageError(const ModelContext& m, std::vector<Finding>& findings, size_t from) {
+  std::set<std::string> unloaded;
+  std::vector<size_t> causes;
+  for (size_t i = from; i < findings.size(); ++i) {
+    const Finding& f = findings[i];
+    if (f.code != "tensor-missing" && f.code != "tensor-must-be-float" && f.code != "tensor-must-be-quantized") continue;
+    auto want = m.expected.find(f.object);
+    auto mapped = kimi::MapTensorName(f.object);
+    if (want == m.expected.end() || !mapped.ok()) continue;
+    // The model's parameter is what the tensor should have been: a GGUF
+    // linear has qweight + qweight_type, a plain module its weight.
+    const bool gguf_linear = !kimi::RoleIsF32(want->second.role);
+    for (const kimi::Target& t : mapped->targets) {
+      if (!gguf_linear) {
+        unloaded.insert(t.name);
+        continue;
+      }
+      const std::string qweight = kimi::RuntimeName(t.name, true);
+      unloaded.insert(qweight);
+      unloaded.insert(kimi::QweightTypeName(qweight));
+    }
+    causes.push_back(i);
+  }
+  if (unloaded.empty()) return;
+  std::string preview;
+  size_t shown = 0;
+  for (const std::string& name : unloaded) {
+    if (shown++ == 16) break;
+    preview += (preview.empty() ? "" : ", ") + name;
+  }
+  const std::string text = "Kimi-K3 GGUF did not initialize all model parameters: missing=" +
+                           std::to_string(unloaded.size()) + " [" + preview + "]";
+  for (size_t i : causes) {
+    findings[i].sglang_error = text;
+    findings[i].sglang_exception = "RuntimeError";
+  }
+}
+
 }  // namespace
 
 ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out) {
   ModelContext m;
+  const size_t first_finding = out.report().findings.size();
   const gguf::GgufFile* first = view.first();
   if (first == nullptr) {
     out.Add("check-skipped", "model layout", "shard 0 is unreadable, so the kimi-k3.* metadata is unknown");
@@ -291,6 +333,7 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
       f.details = {{"expected_shape", m.expected.at(ename).ne}};
     }
   }
+  AttachCoverageError(m, out.report().findings, first_finding);
   return m;
 }
 

@@ -84,12 +84,22 @@ Result<std::vector<std::string>> Ordered(const Candidate& c) {
 
 Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
   std::error_code ec;
+  if (!fs::exists(fs::path(path), ec)) return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
+  // SGLang resolves the directory before listing it, so every shard path it
+  // prints (split.no mismatch, unnumbered shard, ...) is absolute. A shard's
+  // own name stays as listed: a symlinked shard keeps its name.
   fs::path p(path);
-  if (!fs::exists(p, ec)) return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
+  if (fs::is_directory(p, ec)) {
+    p = ResolvedPathOrGiven(path);
+  } else {
+    const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    p = fs::path(ResolvedPathOrGiven(parent.string())) / p.filename();
+  }
+  const std::string shown = p.string();
 
   if (!fs::is_directory(p, ec)) {
     auto name = ParseShardName(p.filename().string());
-    if (!name) return std::vector<std::string>{path};  // a single, unsplit file
+    if (!name) return std::vector<std::string>{shown};  // a single, unsplit file
     Candidate c{name->prefix, {}, {}};
     fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -116,14 +126,14 @@ Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
       unnumbered.push_back(e.path().string());
     }
   }
-  if (ec) return Error::FromErrno("cannot list " + path, ec.value());
+  if (ec) return Error::FromErrno("cannot list " + shown, ec.value());
   if (sets.empty()) {
     if (unnumbered.size() == 1) return unnumbered;
-    if (unnumbered.empty()) return Error("no GGUF files found in " + path);
+    if (unnumbered.empty()) return Error("no GGUF files found in " + shown);
     std::sort(unnumbered.begin(), unnumbered.end());
     std::string list;
     for (const auto& u : unnumbered) list += "\n  " + u;
-    return Error("several unrelated GGUF files in " + path + " and no numbered shard set:" + list)
+    return Error("several unrelated GGUF files in " + shown + " and no numbered shard set:" + list)
         .WithHint("pass the path of the model file itself");
   }
   std::vector<const Candidate*> complete;
@@ -136,14 +146,14 @@ Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
     if (sets.size() == 1) return Ordered(sets.begin()->second);
     std::string list;
     for (const auto& [prefix, c] : sets) list += "\n  " + prefix + " (" + std::to_string(c.by_number.size()) + " files)";
-    return Error("no complete GGUF shard set in " + path + "; incomplete sets:" + list);
+    return Error("no complete GGUF shard set in " + shown + "; incomplete sets:" + list);
   }
   std::string list;
   for (const Candidate* c : complete) {
     list += "\n  " + c->prefix + " (" + std::to_string(c->by_number.size()) + " shards: " +
             c->by_number.begin()->second + ")";
   }
-  return Error("several complete GGUF shard sets in " + path + ":" + list)
+  return Error("several complete GGUF shard sets in " + shown + ":" + list)
       .WithHint("name one shard of the set you mean instead of the directory");
 }
 

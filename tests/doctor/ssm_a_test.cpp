@@ -185,6 +185,27 @@ TEST(Types, FloatMatrixBf16VectorAndMlaVbAreEachReported) {
   EXPECT_EQ(r.With("mla-v-b-dtype")[0]->sglang_error, "Kimi-K3 MLA V projection must remain GGUF Q2_K");
 }
 
+TEST(Types, CoverageFaultsShareSglangsOneCoverageError) {
+  // SGLang fails these only in its coverage check, once, naming every
+  // parameter left unloaded (sorted): a GGUF linear's qweight and
+  // qweight_type, a plain module's weight.
+  const uint64_t norm_bytes = 512 / 32 * 34;
+  auto r = Crafted("coverage", {{"blk.1.ffn_routed_down.weight", WithType(GgmlType::F32, std::vector<uint8_t>(512 * 512 * 4))},
+                                {"blk.1.ffn_norm.weight", WithType(GgmlType::Q8_0, std::vector<uint8_t>(norm_bytes))},
+                                {"blk.2.ssm_dt.bias", Dropped()}});
+  EXPECT_EQ(ErrorCodes(r), (std::set<std::string>{"tensor-must-be-quantized", "tensor-must-be-float", "tensor-missing"}))
+      << Dump(r);
+  const std::string want =
+      "Kimi-K3 GGUF did not initialize all model parameters: missing=4 [model.layers.1.mlp.routed_expert_down_proj.qweight, "
+      "model.layers.1.mlp.routed_expert_down_proj.qweight_type, model.layers.1.post_attention_layernorm.weight, "
+      "model.layers.2.self_attn.dt_bias]";
+  for (const char* code : {"tensor-must-be-quantized", "tensor-must-be-float", "tensor-missing"}) {
+    ASSERT_EQ(r.With(code).size(), 1u) << code;
+    EXPECT_EQ(r.With(code)[0]->sglang_error, want) << code;
+    EXPECT_EQ(r.With(code)[0]->sglang_exception, "RuntimeError") << code;
+  }
+}
+
 TEST(SsmA, TinyNegativeValuesAreOnlyAWarning) {
   auto r = Crafted("tiny", {{"blk.1.ssm_a", WithBytes(F32Bytes({-0.0001f, -2.0f, -3.0f, -4.0f}))}});
   EXPECT_EQ(r.ExitCode(), 0) << Dump(r);

@@ -96,6 +96,19 @@ TEST_F(ShardSetTest, SplitKeyChecks) {
   WriteShard(dir / "K-00002-of-00002.gguf", 0, 2, 3, "kimi-k3", {"c"});
   EXPECT_EQ(OpenError(dir), "GGUF split.no mismatch for " + (dir / "K-00002-of-00002.gguf").string() + ": 0 != 1");
 
+  // SGLang resolves the directory first: a relative one, or one reached
+  // through "..", is printed absolute (the shard's own name as listed).
+  {
+    const fs::path cwd = fs::current_path();
+    fs::current_path(dir.parent_path());
+    const std::string via_dotdot = dir.filename().string() + "/../" + dir.filename().string();
+    EXPECT_EQ(OpenError(via_dotdot),
+              "GGUF split.no mismatch for " + (dir / "K-00002-of-00002.gguf").string() + ": 0 != 1");
+    EXPECT_EQ(OpenError(via_dotdot + "/K-00001-of-00002.gguf"),
+              "GGUF split.no mismatch for " + (dir / "K-00002-of-00002.gguf").string() + ": 0 != 1");
+    fs::current_path(cwd);
+  }
+
   WriteShard(dir / "K-00002-of-00002.gguf", 1, 2, 4, "kimi-k3", {"c"});
   EXPECT_EQ(OpenError(dir), "GGUF split metadata mismatch at " + (dir / "K-00002-of-00002.gguf").string());
 
