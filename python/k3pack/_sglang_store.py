@@ -61,6 +61,7 @@ def _write_stats_file(snapshot, path):
     """SGLang's _write_stats: json.dumps(indent=2, sort_keys=True) to
     <path>.<pid>.tmp, then replace."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    _k3pack._check_stats_path(path)  # the path may name another file by now
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="ascii") as f:
         f.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
@@ -181,6 +182,11 @@ class KimiGGMLExpertPackStore:
         self.stats = StoreStats(self._engine)
         # SGLang: Path(stats_path).resolve() (symlinks resolved, no "~" expansion).
         self.stats_path = str(pathlib.Path(os.fspath(stats_path)).resolve()) if stats_path else None
+        if self.stats_path:
+            # Checked now, not at close: a slip of the path (the pack, the
+            # manifest) was overwritten with the counters, and a directory
+            # lost them.
+            _k3pack._check_stats_path(self.stats_path)
         self._last_flush = 0
         self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
         self._device = None

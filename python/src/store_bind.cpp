@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "k3pack/store.h"
+#include "store/store_impl.h"
 
 namespace k3py {
 namespace {
@@ -82,6 +83,10 @@ void CloseStore(store::ExpertStore& self) {
 }  // namespace
 
 void RegisterStore(py::module_& m) {
+  m.def("_check_stats_path", [](const std::string& path) { Check(k3pack::store::CheckStatsFile(path)); },
+        py::arg("path"),
+        "raise unless the store may write its stats at path (nothing there, or a stats file; FileExistsError "
+        "otherwise)");
   py::class_<PyRoute>(m, "ExpertView",
                       "One routed expert object: whole bytes and the up/gate/down role views (read-only uint8 "
                       "numpy arrays, zero-copy into the store's cache; they keep their bytes alive after "

@@ -12,6 +12,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <mutex>
+
 #include "k3pack/error.h"
 
 namespace k3pack::store {
@@ -21,5 +23,24 @@ inline bool ForkedFrom(pid_t opened_pid) { return ::getpid() != opened_pid; }
 
 // OK in the opening process; else a RuntimeError naming both processes.
 Status CheckOpenedHere(pid_t opened_pid);
+
+// The store's mutex for what a forked child may still do (snapshot, close).
+// A parent thread that held the mutex at the fork does not exist in the
+// child and never lets go: waiting for it hung the child's close(). No other
+// thread of the child is inside the store (every reading call is refused
+// there first), so the child goes on without the mutex when it is held.
+class ForkSafeLock {
+ public:
+  ForkSafeLock(std::mutex& mu, pid_t opened_pid) : lock_(mu, std::defer_lock) {
+    if (ForkedFrom(opened_pid)) {
+      (void)lock_.try_lock();
+    } else {
+      lock_.lock();
+    }
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
 
 }  // namespace k3pack::store

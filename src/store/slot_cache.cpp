@@ -132,7 +132,7 @@ SlotCache::~SlotCache() {
 const StoreInfo& SlotCache::info() const { return impl_->info; }
 uint64_t SlotCache::slot_bytes() const { return impl_->slot_bytes; }
 bool SlotCache::attached() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  ForkSafeLock lock(impl_->mu, impl_->opened_pid);
   return impl_->slot_count() != 0;
 }
 
@@ -604,7 +604,7 @@ Status SlotCache::Keep(uint32_t layer, std::span<const int64_t> ids, std::option
 
 nlohmann::json SlotCache::Snapshot() const {
   const Impl& s = *impl_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  ForkSafeLock lock(s.mu, s.opened_pid);
   const ObjectSpace& space = s.geo.space;
   nlohmann::json j = nlohmann::json::object();
   j["pack_path"] = s.geo.resolved_pack_path;  // SGLang's str(Path(pack_path).resolve())
@@ -664,7 +664,7 @@ nlohmann::json SlotCache::Snapshot() const {
 
 Status SlotCache::Close() {
   Impl& s = *impl_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  ForkSafeLock lock(s.mu, s.opened_pid);
   if (s.closed) return Status::OK();
   s.closed = true;
   if (ForkedFrom(s.opened_pid)) {

@@ -7,11 +7,48 @@
 
 #include "manifest/pyjson.h"
 #include "store/fork_guard.h"
+#include "store/store_impl.h"
 #include "store/store_state.h"
+#include "util/file.h"
+#include "util/output_guard.h"
 
 namespace k3pack::store {
 
 using nlohmann::json;
+
+namespace {
+
+// A stats snapshot is kilobytes; anything far larger is not one.
+constexpr uint64_t kLargestStatsFile = 64ull << 20;
+
+bool HoldsStoreStats(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec || size > kLargestStatsFile) return false;
+  auto text = ReadFileToString(path);
+  if (!text.ok()) return false;
+  const json j = json::parse(*text, nullptr, false);
+  return j.is_object() && j.contains("cache_policy");
+}
+
+}  // namespace
+
+Status CheckStatsFile(const std::string& stats_path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(stats_path, ec)) {
+    return Error("stats_path " + stats_path + " is a directory", ErrorKind::kFileExists)
+        .WithHint("pass the path of the stats file to write, e.g. " +
+                  (std::filesystem::path(stats_path) / "expert-store.stats.json").string());
+  }
+  K3_RETURN_IF_ERROR(CheckOutputWritable("stats_path", stats_path));
+  const FileStart kind = ClassifyFileStart(stats_path);
+  if (kind == FileStart::kMissing || kind == FileStart::kEmpty) return Status::OK();
+  if (kind == FileStart::kJson && HoldsStoreStats(stats_path)) return Status::OK();
+  return Error("refusing to write the expert store's stats over " + stats_path + " (stats_path): it is " +
+                   DescribeFileStart(stats_path) + ", not a stats file",
+               ErrorKind::kFileExists)
+      .WithHint("the store replaces only a stats file (its own or SGLang's); pass another stats_path");
+}
 
 json ExpertStore::Impl::SnapshotLocked() const {
   const ObjectSpace& s = geo.space;
@@ -107,11 +144,13 @@ Status ExpertStore::Impl::WriteStatsJson() const {
     return Error("cannot write " + opt.stats_path + ": cannot create its directory " + parent.string() + ": " +
                      ec.message(),
                  ErrorKind::kOS, ec.value());
+  // Looked at again: the path may have been given to another file since open.
+  K3_RETURN_IF_ERROR(CheckStatsFile(opt.stats_path));
   return WriteFileAtomic(opt.stats_path, manifest::PyJsonDumps(snapshot, manifest::PyJsonStyle::kIndent2Ascii) + "\n");
 }
 
 json ExpertStore::Snapshot() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  ForkSafeLock lock(impl_->mu, impl_->opened_pid);
   return impl_->SnapshotLocked();
 }
 

@@ -36,6 +36,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
                                                        const StoreOptions& opt) {
   auto t0 = std::chrono::steady_clock::now();
   K3_RETURN_IF_ERROR(CheckStoreFiles(pack_path, manifest_path));
+  if (!opt.stats_path.empty()) K3_RETURN_IF_ERROR(CheckStatsFile(opt.stats_path));
   auto impl = std::make_unique<Impl>();
   K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt, impl->fd.get()));
@@ -490,7 +491,7 @@ Status ExpertStore::Close() {
     // Reads in flight (if any) were the parent's: nothing here will finish
     // them, and the engine's threads are not ours to stop. The stats file is
     // the parent's too. Give up this copy's descriptors only.
-    std::lock_guard<std::mutex> lock(s.mu);
+    ForkSafeLock lock(s.mu, s.opened_pid);
     s.closed = true;
     s.fd = UniqueFd();
     s.direct_fd = UniqueFd();

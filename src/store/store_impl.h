@@ -44,6 +44,13 @@ struct PackGeometry {
 // text naming both paths resolved (Path.resolve()).
 Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest_path);
 
+// stats_path may be written: not a directory, in a writable place, and
+// holding nothing or a store's stats (SGLang's or k3pack's: a JSON object
+// with cache_policy). Anything else is refused (kFileExists) rather than
+// replaced: a slip of the path once wrote the counters over the served pack.
+// Checked at open (so counters are not lost at close) and before each write.
+Status CheckStatsFile(const std::string& stats_path);
+
 Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
                                   const StoreOptions& options, int fd);
 

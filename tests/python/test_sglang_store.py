@@ -189,6 +189,28 @@ class CpuDevice(StoreCase):
             store.initialize_device_cache("cpu")
         self.assertTrue(str(e.exception).startswith("insufficient free VRAM for one top-k expert working set: "))
 
+    def test_stats_path_never_replaces_the_pack_manifest_or_a_foreign_file(self):
+        # A slip of stats_path replaced the pack being served with the
+        # counters at close. Refused at construction now (FileExistsError),
+        # and a file put at the path after construction is kept at close.
+        with open(self.pack, "rb") as f:
+            pack_before = f.read()
+        for target in (self.pack, self.manifest, self.tmp.path):
+            with self.assertRaises(FileExistsError) as e:
+                self.open(stats_path=target)
+            self.assertIn("stats_path", str(e.exception))
+        with open(self.pack, "rb") as f:
+            self.assertEqual(f.read(), pack_before)
+        path = os.path.join(self.tmp.path, "guarded.stats.json")
+        store = self.open(stats_path=path)
+        with open(path, "w") as f:
+            f.write("user notes\n")
+        with self.assertRaises(FileExistsError):
+            store.close()
+        with open(path) as f:
+            self.assertEqual(f.read(), "user notes\n")
+        os.remove(path)
+
     def test_stats_file_as_sglang_writes_it(self):
         path = os.path.join(self.tmp.path, "stats", "kimi-k3-expert-pack.stats.json")
         store = self.open(stats_path=path, stats_flush_interval=5)

@@ -256,6 +256,85 @@ TEST(StoreRuntimeAudit, StatsFileParentDirectoryIsCreatedAsSglangDoes) {
   EXPECT_EQ(j["route_calls_by_layer"][1].get<uint64_t>(), 1u);
 }
 
+// stats_path was written at close over whatever it named: a slip of the path
+// replaced the pack being served (and could the manifest or a shard) with
+// the counters, and a directory lost them only at close. Now open refuses
+// such a path, and each write looks again; a stats file is replaced.
+TEST(StoreRuntimeAudit, StatsPathNeverReplacesAnotherKindOfFile) {
+  TinyPack p(TinySpec{}, "stats-guard");
+  const auto pack_before = ReadFileToString(p.pack);
+  ASSERT_TRUE(pack_before.ok());
+  for (const std::string& target : {p.pack, p.manifest, p.dir}) {
+    SCOPED_TRACE(target);
+    StoreOptions o;
+    o.cache_bytes = 4 * kObject;
+    o.stats_path = target;
+    auto s = ExpertStore::Open(p.pack, p.manifest, o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().kind(), ErrorKind::kFileExists) << s.error().message();
+    EXPECT_NE(s.error().message().find(target), std::string::npos) << s.error().message();
+    EXPECT_NE(s.error().message().find("stats_path"), std::string::npos) << s.error().message();
+  }
+  EXPECT_EQ(*ReadFileToString(p.pack), *pack_before);
+
+  // An earlier stats file is replaced; a file put in its place after open is not.
+  StoreOptions o;
+  o.cache_bytes = 4 * kObject;
+  o.stats_path = p.dir + "/stats.json";
+  for (int run = 0; run < 2; ++run) {
+    auto s = OpenOk(p, o);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->Close().ok());
+  }
+  auto s = OpenOk(p, o);
+  ASSERT_TRUE(s);
+  {
+    std::ofstream(o.stats_path, std::ios::trunc) << "GGUF and more";
+  }
+  Status closed = s->Close();
+  ASSERT_FALSE(closed.ok());
+  EXPECT_NE(closed.error().message().find("it is a GGUF file, not a stats file"), std::string::npos)
+      << closed.error().message();
+  EXPECT_EQ(*ReadFileToString(o.stats_path), "GGUF and more");
+}
+
+// A forked child's close() and snapshot() waited for the store's mutex,
+// which a parent thread held at the fork (here: inside the buffer allocator
+// of a read it was submitting). That thread does not exist in the child, so
+// they hung. Now the child goes on without the mutex.
+TEST(StoreRuntimeAudit, ForkedChildClosesAStoreAParentThreadWasInside) {
+  TinyPack p(TinySpec{}, "fork-held");
+  auto inside = std::make_shared<std::atomic<bool>>(false);
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  StoreOptions o;
+  o.cache_bytes = 4 * kObject;
+  o.buffer_alloc = [inside, release](uint64_t bytes) -> void* {
+    inside->store(true);
+    while (!release->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return std::aligned_alloc(4096, bytes);
+  };
+  o.buffer_free = [](void* q, uint64_t) { std::free(q); };
+  auto s = OpenOk(p, o);
+  ASSERT_TRUE(s);
+  std::thread user([&] {
+    const int64_t shape[2] = {1, 2};
+    std::vector<int64_t> ids = {0, 1};
+    auto a = s->Acquire(1, ids, shape);
+    if (a.ok()) (void)s->MarkUsed(*a);
+  });
+  while (!inside->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int rc = k3test::InForkedChild([&] {
+    ::alarm(10);  // a hang ends the child with SIGALRM (142)
+    (void)s->Snapshot();
+    if (!s->Close().ok()) ::_exit(2);
+    ::_exit(0);
+  });
+  release->store(true);
+  user.join();
+  EXPECT_EQ(rc, 0) << "child exit status (142: it hung)";
+  ASSERT_TRUE(s->Close().ok());
+}
+
 // A slot cache with a host tier read a call's misses through one host-tier
 // acquire: a call missing more objects than the host tier holds (a prefill
 // over many experts) failed with "expert cache cannot evict the active
