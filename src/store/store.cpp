@@ -86,10 +86,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
                                                   : static_cast<uint64_t>(std::max<int64_t>(1, opt.queue_depth / 2));
   impl->staged.resize(s.num_objects());
   impl->stage_holds.emplace(s.num_objects(), s.num_active_layers());
-  if (impl->staged_mode && opt.keep_predicted) {
-    impl->kept.emplace(s.num_objects(), s.num_active_layers());
-    impl->policy->SetKeepHints(impl->kept->counts());
-  }
+  if (impl->staged_mode && opt.keep_predicted) impl->kept.emplace(s.num_objects(), s.num_active_layers());
   impl->checksum_mode = "off";
   if (opt.verify_checksums) {
     K3_ASSIGN_OR_RETURN(ObjectChecksums sums, LoadObjectChecksums(pack_path, impl->geo));
@@ -449,6 +446,10 @@ Status ExpertStore::Keep(uint32_t layer, std::span<const int64_t> ids, std::opti
   if (!s.kept)
     return Error("keep hints are off in this store (keep_predicted = false, or prefetch_mode \"cache\")")
         .WithHint("open it with prefetch_mode \"staged\" and keep_predicted on (both the defaults)");
+  if (!s.keep_hints_given) {
+    s.policy->SetKeepHints(s.kept->counts());
+    s.keep_hints_given = true;
+  }
   std::erase_if(keys, [&](ObjectId k) { return !s.policy->Resident(k); });
   s.KeepResidents(li, request_id.value_or(NextCallHolds::kAnyRequest), keys);
   return Status::OK();

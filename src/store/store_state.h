@@ -96,6 +96,11 @@ struct ExpertStore::Impl {
   // keep_predicted: resident objects a Prefetch() or Keep() named, as the
   // policy's keep hints, held the same way (set only with keep_predicted).
   std::optional<NextCallHolds> kept;
+  // The policy reads keep hints from the first Keep() on. Told of hints
+  // from open, request-aware took every previous-token expert without one
+  // as unlikely to return, in a store whose caller never gives any: its
+  // hits differed from the simulator's (trace replay against --simulate).
+  bool keep_hints_given = false;
   uint64_t prefetch_kept = 0;                    // hints given, for stats
   std::deque<std::shared_ptr<Entry>> spec_queue; // staged, read not yet submitted
   uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished

@@ -66,6 +66,23 @@ TEST(TraceCli, SmallCacheSimulationMatchesStore) {
     EXPECT_EQ(rj["hits"], sj["hits"]) << policy;
     EXPECT_EQ(rj["misses"], sj["misses"]) << policy;
   }
+  // Requests decoded side by side (each row's request id recorded): the
+  // request-aware policies too. The store told them of keep hints from open,
+  // though no caller gave any, and its hits differed from the simulator's.
+  const std::string side_by_side = p.dir + "/t2.k3trace";
+  ASSERT_EQ(Cli("trace gen --trace " + side_by_side +
+                " --layers 2 --experts 64 --top-k 2 --requests 6 --concurrent 3 --prompt-tokens 4 --decode-tokens 30")
+                .code,
+            0);
+  for (const char* policy : {"request-aware", "adaptive", "quota-decay"}) {
+    std::string common = " --cache-mib 1 --trace " + side_by_side + " --manifest " + p.manifest + " --policy " +
+                         policy + " --json";
+    auto sj = nlohmann::json::parse(Cli("trace replay --simulate" + common).out);
+    auto rj = nlohmann::json::parse(Cli("trace replay" + common).out);
+    EXPECT_GT(sj["misses"].get<int>(), 128) << "the cache must be too small to hold everything";
+    EXPECT_EQ(rj["hits"], sj["hits"]) << policy;
+    EXPECT_EQ(rj["misses"], sj["misses"]) << policy;
+  }
 }
 
 TEST(TraceCli, SweepWritesTableAndSvg) {
