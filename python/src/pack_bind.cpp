@@ -278,6 +278,9 @@ void RegisterPack(py::module_& m) {
       used.append(py::make_tuple(keyword, found.path, found.why));
     };
     std::string tok = tokenizer_dir, config = model_config;
+    // A directory without shards is what is wrong then (as `k3pack build`
+    // says), not the tokenizer or config that could not be found beside it.
+    if (tok.empty() || config.empty()) Check(gguf::ShardSet::Discover(gguf_dir).status());
     if (tok.empty()) {
       manifest::ImpliedPath found = Unwrap(manifest::ImpliedTokenizerDir(gguf_dir, kPyInputNames));
       tok = found.path;

@@ -245,6 +245,10 @@ Result<ExpertSet> CollectCheckedExperts(const gguf::ShardSet& shards, const kimi
 
 Result<ExpertSet> CollectExpertsFromGguf(const std::string& gguf_dir, const std::string& model_config,
                                          kimi::Profile profile, const CollectOptions& options) {
+  // SGLang's prepare_kimi_pack order: discover the shards, then the spec from
+  // the config, then the scan. An empty directory with a config of another
+  // model says "no GGUF files found", not the invariants mismatch.
+  K3_RETURN_IF_ERROR(gguf::ShardSet::Discover(gguf_dir).status());
   K3_ASSIGN_OR_RETURN(kimi::ModelSpec spec, kimi::LoadModelSpec(model_config, profile));
   K3_ASSIGN_OR_RETURN(gguf::ShardSet shards, gguf::ShardSet::Open(gguf_dir));
   return CollectCheckedExperts(shards, spec, options);

@@ -181,6 +181,18 @@ class PackManifestStore(unittest.TestCase):
             self.assertEqual(f.read(), k3pack.serialize_manifest(doc))
         self.assertTrue(self.progress)
 
+    def test_an_empty_shard_directory_is_reported_before_the_config(self):
+        # SGLang's prepare_kimi_pack discovers the shards before it reads the
+        # config: a directory without shards whose config.json is not K3's
+        # says "no GGUF files found", not the invariants mismatch.
+        empty = os.path.join(self.tmp.path, "no-shards")
+        os.makedirs(empty, exist_ok=True)
+        for call in (lambda: k3pack.build(empty, self.config, profile="kimi-k3"),
+                     lambda: k3pack.build_pack(empty, self.config, profile="kimi-k3")):
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertEqual(str(e.exception).splitlines()[0], "no GGUF files found in " + os.path.realpath(empty))
+
     def test_build_hashes_the_shards_once_beside_the_copy(self):
         # k3pack.build hashes every whole shard during the pack copy and hands the
         # digests to the manifest, as `k3pack build` does: one read of the shards.
