@@ -80,6 +80,12 @@ struct Trace {
   uint32_t version() const;   // 2 when any v2 field is used, else 1
 };
 
+// The most objects (layers x experts) a trace may declare. Every consumer
+// keeps per-object tables (a 850-byte file declaring 2,000 layers of 65,536
+// experts made replay allocate GBs and abort); K3 has 92 x 896 = 82,432.
+// The reader refuses more and the generator writes no more (docs/FORMATS.md).
+constexpr uint64_t kMaxObjects = uint64_t{1} << 24;
+
 Status WriteTrace(const std::string& path, const Trace& trace);
 // The bytes WriteTrace writes (to compare a run's trace with an existing file).
 std::string EncodeTrace(const Trace& trace);
@@ -131,6 +137,16 @@ struct GenOptions {
   bool predict_next_token = false;
   TrueDistribution* truth = nullptr; // filled when not null
 };
+
+// The generator's own bounds, so that a request it cannot hold in memory is
+// refused before it allocates (callers name their options with them):
+// the routes it writes (requests x (prompt + decode) x layers x top_k) and
+// the popularity weights it keeps at once ((domains + requests decoded side
+// by side [+ every request's, with `truth`]) x layers x experts).
+constexpr uint64_t kMaxGeneratedRoutes = uint64_t{1} << 30;
+constexpr uint64_t kMaxGeneratorWeights = uint64_t{1} << 27;
+uint64_t GeneratedRoutes(const GenOptions& options);
+uint64_t GeneratorWeights(const GenOptions& options);
 
 Result<Trace> Generate(const GenOptions& options);
 // Named presets: "kimi" (the defaults), "drift", "interleaved", "batched",

@@ -2,9 +2,12 @@
 // real store (or policy-only simulation), and policy sweeps vs Belady.
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <memory>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <tuple>
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
@@ -151,8 +154,102 @@ bool IsOurStats(const std::string& path) {
 // never "already built"; an existing file is replaced only when an earlier
 // k3pack run wrote it, or with --force; an input is never replaced.
 Status CheckStatsPath(const Args& a, const std::string& path) {
-  return CheckRegeneratedOutput(a, "--stats", path, "it is not a stats file written by a k3pack store", IsOurStats);
+  K3_RETURN_IF_ERROR(
+      CheckRegeneratedOutput(a, "--stats", path, "it is not a stats file written by a k3pack store", IsOurStats));
+  // What --force may replace is the store's rule: a stats file only.
+  return store::CheckStatsFile(path, "--stats");
 }
+
+// An integer option within [lo, hi] (a usage error naming the option and
+// its range otherwise: a cast to uint32_t wrapped 4294967297 to 1).
+Status IntInRange(const Args& a, const std::string& name, int64_t lo, int64_t hi, int64_t* dst) {
+  K3_ASSIGN_OR_RETURN(int64_t v, a.GetInt(name));
+  if (v < lo || v > hi)
+    return Error(name + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
+                 a.Get(name));
+  *dst = v;
+  return Status::OK();
+}
+
+Status U32InRange(const Args& a, const std::string& name, uint32_t lo, uint32_t* dst) {
+  int64_t v = 0;
+  K3_RETURN_IF_ERROR(IntInRange(a, name, lo, UINT32_MAX, &v));
+  *dst = static_cast<uint32_t>(v);
+  return Status::OK();
+}
+
+// The largest object `--object-bytes` may give (64 GiB; K3's is 11,956,224
+// bytes): 0 made every policy beat Belady (no byte is ever read) and -1
+// wrapped to 2^64-1. With at most trace::kMaxObjects objects a cache of
+// every object stays far below 2^64 bytes.
+constexpr int64_t kMaxObjectBytes = int64_t{1} << 36;
+// The most reads `--queue-depth` may keep in flight: the pread backend runs
+// a thread per read (2147483647 started 32k threads before failing), and
+// SGLang's drop-in store uses 64.
+constexpr int64_t kMaxQueueDepth = 1024;
+
+Status CheckObjectBytesOption(const Args& a) {
+  if (a.Has("--manifest")) return Status::OK();  // the manifest's sizes (the option is refused or unused)
+  int64_t v = 0;
+  return IntInRange(a, "--object-bytes", 1, kMaxObjectBytes, &v);
+}
+
+Status QueueDepthOption(const Args& a, uint32_t* depth) {
+  int64_t v = 0;
+  K3_RETURN_IF_ERROR(IntInRange(a, "--queue-depth", 1, kMaxQueueDepth, &v));
+  *depth = static_cast<uint32_t>(v);
+  return Status::OK();
+}
+
+// --sizes: at least 1, each once (the JSON and the table are keyed by size,
+// as by policy), and no more than any trace's objects (a size times the
+// object bytes wrapped past 2^64 into a "cannot evict" error).
+Result<std::vector<uint64_t>> ParseSizes(const std::string& s) {
+  K3_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, ParseList(s, "--sizes"));
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > trace::kMaxObjects)
+      return Error("--sizes " + std::to_string(sizes[i]) + " is more than any trace's objects (at most " +
+                   std::to_string(trace::kMaxObjects) + " = 2^24), got '" + s + "'");
+    if (std::find(sizes.begin(), sizes.begin() + i, sizes[i]) != sizes.begin() + i)
+      return Error("--sizes names " + std::to_string(sizes[i]) + " twice, got '" + s + "'");
+  }
+  return sizes;
+}
+
+// A cache of more objects than the trace has holds every one: its row would
+// be a share above 100% (4e12% for a huge size), not a measurement.
+Status SizesFitObjects(const std::vector<uint64_t>& sizes, const store::ObjectSpace& space, uint32_t ep_size,
+                       const std::string& what) {
+  const uint64_t objects = ep_size ? space.num_objects() / ep_size : space.num_objects();
+  const uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  if (largest <= objects) return Status::OK();
+  return Error("--sizes " + std::to_string(largest) + " is more than the " + std::to_string(objects) + " objects " +
+               (ep_size ? "of each EP rank of " : "of ") + what + " (" +
+               std::to_string(space.num_active_layers()) + " layers x " + std::to_string(space.num_experts) +
+               " experts" + (ep_size ? " / " + std::to_string(ep_size) + " ranks" : std::string()) +
+               "): such a cache holds every object")
+      .WithHint("pass --sizes of at most " + std::to_string(objects));
+}
+
+// The timed table's prefetch rows at the next-layer horizon replay the
+// trace's next-layer predictions: without any they equal the demand rows.
+std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string& horizon) {
+  if (horizon == "token") return "";
+  if (std::any_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_predictions; })) return "";
+  return "the trace has no next-layer predictions: the prefetch rows read nothing ahead and equal the demand "
+         "rows (write it with `k3pack trace gen --predict`)";
+}
+
+// One family's (or --trace's) input to the sweep, made before any simulation.
+struct SweepInput {
+  std::string family;  // "" for --trace
+  trace::Trace t;
+  trace::TrueDistribution truth;
+  bool have_truth = false;
+  store::ObjectSpace space;
+  store::CallSeq seq;
+  std::vector<uint64_t> sizes;
+};
 
 // The options AddGenOptions declares that only shape a generated trace
 // (--manifest also gives `trace sweep --trace` its object space).
@@ -199,31 +296,87 @@ void RequirePredictions(Args& a, const std::vector<std::string>& by) {
   a.Requires("--predict-accuracy", by).Requires("--predict-surprise", by);
 }
 
+// --manifest gives the dimensions: an explicit one that disagrees with it
+// was silently replaced by the manifest's (a usage error now, naming both).
+Status ManifestAgrees(const Args& a, const store::ObjectSpace& s) {
+  const std::string m = a.Get("--manifest");
+  const uint64_t first = s.active_layer_ids.empty() ? 0 : s.active_layer_ids.front();
+  for (auto [name, value] : {std::pair<const char*, uint64_t>{"--layers", s.active_layer_ids.size()},
+                             {"--first-layer", first},
+                             {"--experts", s.num_experts},
+                             {"--top-k", s.top_k}}) {
+    if (!a.Has(name) || a.Get(name) == std::to_string(value)) continue;
+    return Error(std::string(name) + " " + a.Get(name) + " disagrees with --manifest " + m + ", which gives " +
+                 std::to_string(value))
+        .WithHint("leave out " + std::string(name) + " (--manifest gives the layers, experts and top_k), or "
+                  "--manifest (to give the dimensions yourself)");
+  }
+  return Status::OK();
+}
+
+Status CheckDims(const trace::GenOptions& o) {
+  if (o.top_k == 0 || o.top_k > o.num_experts || o.num_experts > 65536)
+    return Error("--top-k must be in 1..--experts and --experts at most 65536, got --top-k " +
+                 std::to_string(o.top_k) + " --experts " + std::to_string(o.num_experts));
+  return Status::OK();
+}
+
+// The reader's limit on objects (trace::kMaxObjects): a trace the reader
+// would refuse is not written.
+Status CheckObjects(uint64_t layers, uint32_t experts) {
+  if (layers * experts <= trace::kMaxObjects) return Status::OK();
+  return Error("--layers " + std::to_string(layers) + " x --experts " + std::to_string(experts) + " = " +
+               std::to_string(layers * experts) + " objects, more than a trace may declare (" +
+               std::to_string(trace::kMaxObjects) + " = 2^24; docs/FORMATS.md): at most " +
+               std::to_string(trace::kMaxObjects / experts) + " layers of " + std::to_string(experts) + " experts");
+}
+
+// The generator's size bounds (trace::Generate refuses them too), named by
+// the options that set them, before anything is allocated.
+Status CheckGenSizes(const trace::GenOptions& o) {
+  const uint64_t layers = o.layer_ids.size(), objects = layers * o.num_experts;
+  K3_RETURN_IF_ERROR(CheckObjects(layers, o.num_experts));
+  if (trace::GeneratedRoutes(o) > trace::kMaxGeneratedRoutes)
+    return Error("--requests " + std::to_string(o.requests) + " x (--prompt-tokens " +
+                 std::to_string(o.prompt_tokens) + " + --decode-tokens " + std::to_string(o.decode_tokens) + ") x " +
+                 std::to_string(layers) + " layers x top-" + std::to_string(o.top_k) + " is more than the " +
+                 std::to_string(trace::kMaxGeneratedRoutes) + " routes (2^30) a generated trace may hold");
+  if (trace::GeneratorWeights(o) > trace::kMaxGeneratorWeights)
+    return Error("--domains " + std::to_string(o.domains) + " and --concurrent " + std::to_string(o.concurrent) +
+                 " with " + std::to_string(o.requests) + " requests keep more than the generator's " +
+                 std::to_string(trace::kMaxGeneratorWeights) + " (2^27) popularity weights of " +
+                 std::to_string(objects) + " objects each (a domain's, or a request's, weights per object)");
+  return Status::OK();
+}
+
 Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOptions* o) {
-  auto get_u32 = [&](const char* name, uint32_t* dst) -> Status {
-    auto v = a.GetInt(name);
-    if (!v.ok()) return v.error();
-    if (*v < 0 || *v > UINT32_MAX) return Error(std::string(name) + " must be a non-negative integer");
-    *dst = static_cast<uint32_t>(*v);
-    return Status::OK();
-  };
-  uint32_t layers = 0, first = 0, seed = 0;
-  K3_RETURN_IF_ERROR(get_u32("--layers", &layers));
+  uint32_t layers = 0, first = 0;
+  int64_t seed = 0;
   // No layers would leave the generator its default (92 of them).
-  if (layers == 0) return Error("--layers must be at least 1, got 0");
-  K3_RETURN_IF_ERROR(get_u32("--first-layer", &first));
-  K3_RETURN_IF_ERROR(get_u32("--experts", &o->num_experts));
-  K3_RETURN_IF_ERROR(get_u32("--top-k", &o->top_k));
-  K3_RETURN_IF_ERROR(get_u32("--seed", &seed));
-  o->seed = seed;
+  K3_RETURN_IF_ERROR(U32InRange(a, "--layers", 1, &layers));
+  K3_RETURN_IF_ERROR(U32InRange(a, "--first-layer", 0, &first));
+  if (uint64_t{first} + layers - 1 > UINT32_MAX)
+    return Error("--first-layer " + a.Get("--first-layer") + " with --layers " + a.Get("--layers") +
+                 " numbers layers beyond 4294967295, the largest layer id: --first-layer must be at most " +
+                 std::to_string(uint64_t{UINT32_MAX} - layers + 1));
+  K3_RETURN_IF_ERROR(U32InRange(a, "--experts", 0, &o->num_experts));
+  K3_RETURN_IF_ERROR(U32InRange(a, "--top-k", 0, &o->top_k));
+  // Any seed a 64-bit integer holds (a cast to uint32_t refused 99999999999).
+  K3_RETURN_IF_ERROR(IntInRange(a, "--seed", 0, INT64_MAX, &seed));
+  o->seed = static_cast<uint64_t>(seed);
   o->layer_ids.clear();
-  for (uint32_t l = 0; l < layers; ++l) o->layer_ids.push_back(first + l);
   if (a.Has("--manifest")) {
     K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));
     K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
+    K3_RETURN_IF_ERROR(ManifestAgrees(a, s));
     o->layer_ids = s.active_layer_ids;
     o->num_experts = s.num_experts;
     o->top_k = s.top_k;
+  } else {
+    // Checked before the layer list is made (--layers 4294967295 allocated it).
+    K3_RETURN_IF_ERROR(CheckDims(*o));
+    K3_RETURN_IF_ERROR(CheckObjects(layers, o->num_experts));
+    for (uint32_t l = 0; l < layers; ++l) o->layer_ids.push_back(first + l);
   }
   o->predict = a.Has("--predict");
   o->predict_next_token = a.Has("--predict-next-token");
@@ -234,10 +387,11 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
     for (const auto& f : trace::FamilyNames()) known += (known.empty() ? "" : ", ") + f;
     return Error("unknown trace family '" + family + "' (known: " + known + ")", ErrorKind::kValue);
   }
-  for (auto [name, dst] : {std::pair{"--requests", &o->requests}, {"--concurrent", &o->concurrent},
-                           {"--domains", &o->domains}, {"--prompt-tokens", &o->prompt_tokens},
-                           {"--decode-tokens", &o->decode_tokens}, {"--prefill-chunk", &o->prefill_chunk}})
-    if (a.Has(name)) K3_RETURN_IF_ERROR(get_u32(name, dst));
+  // At least 1 request and 1 concurrent: --concurrent 0 silently ran as 1.
+  for (auto [name, lo, dst] : {std::tuple{"--requests", 1u, &o->requests}, {"--concurrent", 1u, &o->concurrent},
+                               {"--domains", 0u, &o->domains}, {"--prompt-tokens", 0u, &o->prompt_tokens},
+                               {"--decode-tokens", 0u, &o->decode_tokens}, {"--prefill-chunk", 0u, &o->prefill_chunk}})
+    if (a.Has(name)) K3_RETURN_IF_ERROR(U32InRange(a, name, lo, dst));
   if (a.Has("--batched")) o->batched = true;
   for (auto [name, dst] : {std::pair{"--reuse", &o->reuse}, {"--skew", &o->skew},
                            {"--request-skew", &o->request_skew}, {"--drift", &o->drift}})
@@ -254,13 +408,13 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
   K3_RETURN_IF_ERROR(within("--drift", o->drift));
   K3_RETURN_IF_ERROR(within("--predict-accuracy", o->predict_accuracy));
   K3_RETURN_IF_ERROR(within("--predict-surprise", o->predict_surprise, true));
-  if (o->top_k == 0 || o->top_k > o->num_experts || o->num_experts > 65536)
-    return Error("--top-k must be in 1..--experts and --experts at most 65536, got --top-k " +
-                 std::to_string(o->top_k) + " --experts " + std::to_string(o->num_experts));
-  if (o->requests == 0) return Error("--requests must be at least 1");
-  if (o->prompt_tokens + o->decode_tokens == 0)
+  // A negative exponent used to read as a flat popularity (0).
+  for (auto [name, v] : {std::pair{"--skew", o->skew}, {"--request-skew", o->request_skew}})
+    if (v < 0) return Error(std::string(name) + " must be at least 0 (0: flat popularity), got " + a.Get(name));
+  K3_RETURN_IF_ERROR(CheckDims(*o));
+  if (uint64_t{o->prompt_tokens} + o->decode_tokens == 0)
     return Error("--prompt-tokens and --decode-tokens are both 0: no tokens to generate");
-  return Status::OK();
+  return CheckGenSizes(*o);
 }
 
 int RunGen(const std::vector<std::string>& argv) {
@@ -374,11 +528,16 @@ int RunReplay(const std::vector<std::string>& argv) {
   if (a.Get("--prefetch") != "none" && a.Get("--prefetch") != "oracle-lookahead")
     return ReportError("trace replay", Error("--prefetch: unknown prefetch mode '" + a.Get("--prefetch") +
                                              "' (known: none, oracle-lookahead)"), 2);
-  auto splits = a.GetInt("--read-splits"), depth = a.GetInt("--queue-depth"), look = a.GetInt("--lookahead");
-  for (auto [name, v] : {std::pair{"--read-splits", &splits}, {"--queue-depth", &depth}, {"--lookahead", &look}}) {
+  auto splits = a.GetInt("--read-splits"), look = a.GetInt("--lookahead");
+  for (auto [name, v] : {std::pair{"--read-splits", &splits}, {"--lookahead", &look}}) {
     if (!v->ok()) return ReportError("trace replay", v->error(), 2);
     if (**v < 1 || **v > INT32_MAX)
       return ReportError("trace replay", Error(std::string(name) + " must be a positive integer, got " + a.Get(name)), 2);
+  }
+  uint32_t depth = 0;
+  if (Status st = QueueDepthOption(a, &depth); !st.ok()) return ReportError("trace replay", st.error(), 2);
+  if (a.Has("--simulate")) {
+    if (Status st = CheckObjectBytesOption(a); !st.ok()) return ReportError("trace replay", st.error(), 2);
   }
   auto t = trace::ReadTrace(a.Get("--trace"));
   if (!t.ok()) return ReportError("trace replay", t.error());
@@ -456,7 +615,7 @@ int RunReplay(const std::vector<std::string>& argv) {
       if (Status st = CheckStatsPath(a, stats); !st.ok()) return ReportError("trace replay", st.error());
     }
     o.store.read_splits = *splits;
-    o.store.queue_depth = *depth;
+    o.store.queue_depth = depth;
     o.prefetch = a.Get("--prefetch");
     o.lookahead = static_cast<uint32_t>(*look);
     auto progress = StartProgress(*mode, "trace replay");
@@ -472,7 +631,12 @@ int RunReplay(const std::vector<std::string>& argv) {
     }
     auto r = store::ReplayOnStore(*t, o);
     progress->Finish();
-    if (!r.ok()) return ReportError("trace replay", r.error());
+    if (!r.ok()) {
+      // A record the store refused is the trace's fault: name it, as
+      // --simulate does (the store's own failures name their files).
+      const bool record = r.error().message().rfind("trace record ", 0) == 0;
+      return ReportError("trace replay", record ? r.error().WithContext(a.Get("--trace")) : r.error());
+    }
     report = std::move(r).value();
   }
   if (a.Has("--json")) {
@@ -502,12 +666,25 @@ int RunReplay(const std::vector<std::string>& argv) {
   return 0;
 }
 
-// `path` with "-<family>" before its extension (one plot per family).
+// `path` with "-<family>" before its extension (one plot per family):
+// plot.svg -> plot-kimi.svg; a path without one gets ".svg" too (plot ->
+// plot-kimi.svg, where it got no extension before).
 std::string PerFamilyPath(const std::string& path, const std::string& family) {
   size_t dot = path.rfind('.');
   size_t slash = path.rfind('/');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + "-" + family;
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1)
+    return path + "-" + family + ".svg";
   return path.substr(0, dot) + "-" + family + path.substr(dot);
+}
+
+// --svg names a file: a directory (`--svg adir/` became `adir/-kimi`) is
+// refused before anything runs.
+Status CheckPlotIsAFile(const std::string& path) {
+  std::error_code ec;
+  if (!path.empty() && path.back() != '/' && !std::filesystem::is_directory(path, ec)) return Status::OK();
+  return Error("--svg " + path + " is a directory; it names the plot file")
+      .WithHint("give a file path, such as " + (path.empty() || path.back() == '/' ? path : path + "/") +
+                "trace-sweep.svg (with --family all: one plot per family beside it, named PATH-FAMILY.svg)");
 }
 
 int RunSweep(const std::vector<std::string>& argv) {
@@ -620,9 +797,55 @@ int RunSweep(const std::vector<std::string>& argv) {
   else families.push_back(a.Get("--family"));
   std::vector<uint64_t> given_sizes;
   if (a.Has("--sizes")) {
-    auto l = ParseList(a.Get("--sizes"), "--sizes");
+    auto l = ParseSizes(a.Get("--sizes"));
     if (!l.ok()) return ReportError("trace sweep", l.error(), 2);
     given_sizes = *l;
+  }
+  if (Status st = CheckObjectBytesOption(a); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+  // The timed replay's values, checked once before any trace is made.
+  store::TimingOptions to;
+  double cu = 0, bw = 0, lat = 0, h2d = 0, h2d_lat = 0;
+  uint64_t dev = 0;
+  if (a.Has("--timing")) {
+    auto cu_r = a.GetDouble("--compute-us"), bw_r = a.GetDouble("--ssd-gbps"), lat_r = a.GetDouble("--ssd-latency-us");
+    // A value that is no (finite) number: the parser's error names it.
+    for (const Status& st : {cu_r.status(), bw_r.status(), lat_r.status()})
+      if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
+    cu = *cu_r, bw = *bw_r, lat = *lat_r;
+    if (cu < 0 || bw <= 0 || lat < 0)
+      return ReportError("trace sweep",
+                         Error("--compute-us and --ssd-latency-us must be non-negative numbers, --ssd-gbps "
+                               "positive"), 2);
+    uint32_t qd = 0;
+    if (Status st = QueueDepthOption(a, &qd); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+    auto budget = MibOptionBytes(a, "--prefetch-budget-mib", 0);
+    if (!budget.ok()) return ReportError("trace sweep", budget.error(), 2);
+    to.layer_compute_s = cu * 1e-6;
+    to.ssd_bytes_per_s = bw * 1e9;
+    to.ssd_latency_s = lat * 1e-6;
+    to.queue_depth = qd;
+    to.prefetch_budget_bytes = *budget;
+    to.prefetch_staged = a.Has("--staged");
+    to.keep_predicted = a.Has("--keep-predicted");
+    if (horizon != "layer")
+      to.lookahead = horizon == "token" ? store::TimingOptions::Lookahead::kNextToken
+                                        : store::TimingOptions::Lookahead::kBoth;
+    auto dev_r = MibOptionBytes(a, "--device-mib", 0);
+    if (!dev_r.ok()) return ReportError("trace sweep", dev_r.error(), 2);
+    dev = *dev_r;
+    auto h2d_r = a.GetDouble("--h2d-gbps"), h2d_lat_r = a.GetDouble("--h2d-latency-us");
+    for (const Status& st : {h2d_r.status(), h2d_lat_r.status()})
+      if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
+    h2d = *h2d_r, h2d_lat = *h2d_lat_r;
+    if (h2d <= 0 || h2d_lat < 0)
+      return ReportError("trace sweep", Error("--h2d-latency-us must be a non-negative number, --h2d-gbps positive"),
+                         2);
+    to.device_bytes = dev;
+    to.device_policy = a.Get("--device-policy");
+    if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
+      return ReportError("trace sweep", st.error(), 2);
+    to.h2d_bytes_per_s = h2d * 1e9;
+    to.h2d_latency_s = h2d_lat * 1e-6;
   }
   // Every plot path is checked before the first simulation, and the plots
   // are written only once every family has run: a refusal or a failure
@@ -632,16 +855,18 @@ int RunSweep(const std::vector<std::string>& argv) {
     return families.size() > 1 ? PerFamilyPath(a.Get("--svg"), family) : a.Get("--svg");
   };
   if (plots) {
+    if (Status st = CheckPlotIsAFile(a.Get("--svg")); !st.ok()) return ReportError("trace sweep", st.error(), 2);
     for (const std::string& family : families)
       if (Status st = CheckPlotPath(a, plot_path(family)); !st.ok()) return ReportError("trace sweep", st.error());
   }
-  std::vector<std::pair<std::string, std::string>> plot_files;  // path, SVG
-  json all = json::object();
-  std::string text;
+  // Every family's trace is made and checked (its sizes included) before
+  // the first simulation: a refusal at the fourth family used to come after
+  // three families' simulations.
+  std::vector<std::unique_ptr<SweepInput>> inputs;
   for (const std::string& family : families) {
-    trace::Trace t;
-    trace::TrueDistribution truth;
-    bool have_truth = false;
+    auto in = std::make_unique<SweepInput>();
+    in->family = family;
+    trace::Trace& t = in->t;
     if (family.empty()) {
       auto r = trace::ReadTrace(a.Get("--trace"));
       if (!r.ok()) return ReportError("trace sweep", r.error());
@@ -649,20 +874,22 @@ int RunSweep(const std::vector<std::string>& argv) {
       if (Status st = HasRecords(a.Get("--trace"), t); !st.ok()) return ReportError("trace sweep", st.error());
     } else {
       trace::GenOptions o;
+      o.truth = &in->truth;  // before the checks: the generator keeps every request's weights for it
       Status gs = GenOptionsFromArgs(a, family, &o);
       if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
-      o.truth = &truth;
+      o.truth = &in->truth;
       if (a.Has("--timing")) o.predict = true;
       if (a.Has("--timing") && a.Get("--horizon") != "layer") o.predict_next_token = true;
       auto r = trace::Generate(o);
       if (!r.ok()) return ReportError("trace sweep", r.error());
       t = std::move(r).value();
-      have_truth = true;
+      in->have_truth = true;
     }
     auto space = SpaceFor(a, t);
     if (!space.ok()) return ReportError("trace sweep", space.error());
+    in->space = std::move(space).value();
     for (const char* reference : {"--learner", "--informed-next"}) {
-      if (!a.Has(reference) || space->uniform()) continue;
+      if (!a.Has(reference) || in->space.uniform()) continue;
       return ReportError("trace sweep",
                          Error(std::string(reference) + " needs objects of one size, and the objects of " +
                                a.Get("--manifest") + " differ in size")
@@ -670,82 +897,60 @@ int RunSweep(const std::vector<std::string>& argv) {
                                        "--top-k"),
                          2);
     }
-    auto seq = store::BuildCallSeq(t, *space);
+    auto seq = store::BuildCallSeq(t, in->space);
     if (!seq.ok())
       return ReportError("trace sweep", family.empty() ? seq.error().WithContext(a.Get("--trace")) : seq.error());
+    in->seq = std::move(seq).value();
     if (ep_size != 0) {
-      if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, space->num_experts, ep::kCliNames); !st.ok())
+      if (Status st = ep::CheckRank(ep::Rank{ep_size, 0}, in->space.num_experts, ep::kCliNames); !st.ok())
         return ReportError("trace sweep", st.error(), 2);
     }
-    std::vector<uint64_t> sizes = given_sizes;
+    const std::string what = family.empty() ? "--trace " + a.Get("--trace") : "family " + family;
+    in->sizes = given_sizes;
     // The least cache that serves every call: a call's distinct objects are
     // co-resident (a batched call or a prefill chunk: up to rows x top_k).
     // With --ep-size a smaller size is reported as unavailable per rank.
-    const uint64_t least = store::LargestCall(*seq);
+    const uint64_t least = store::LargestCall(in->seq);
     if (!a.Has("--sizes")) {
       std::string note;
       // With --ep-size the defaults are shares of one rank's objects.
-      sizes = ep_size ? store::DefaultSweepSizes(store::RankSpace(*space, ep_size), &note, "each EP rank")
-                      : store::DefaultSweepSizes(*space, &note, "the model", least);
+      in->sizes = ep_size ? store::DefaultSweepSizes(store::RankSpace(in->space, ep_size), &note, "each EP rank")
+                          : store::DefaultSweepSizes(in->space, &note, "the model", least);
       if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
-    } else if (ep_size == 0) {
-      const uint64_t smallest = *std::min_element(sizes.begin(), sizes.end());
-      if (smallest < least)
+    } else {
+      if (Status st = SizesFitObjects(in->sizes, in->space, ep_size, what); !st.ok())
+        return ReportError("trace sweep", st.error(), 2);
+      const uint64_t smallest = *std::min_element(in->sizes.begin(), in->sizes.end());
+      if (ep_size == 0 && smallest < least)
         return ReportError("trace sweep",
-                           Error("--sizes " + std::to_string(smallest) + " is below the largest call of " +
-                                 (family.empty() ? "--trace " + a.Get("--trace") : "family " + family) + ": " +
-                                 std::to_string(least) + " distinct objects stay co-resident while it runs")
+                           Error("--sizes " + std::to_string(smallest) + " is below the largest call of " + what +
+                                 ": " + std::to_string(least) + " distinct objects stay co-resident while it runs")
                                .WithHint("pass --sizes of at least " + std::to_string(least) +
                                          " (a batched call or a prefill chunk needs up to rows x top_k objects)"),
                            2);
     }
+    // Without next-token predictions every policy's prefetch row would
+    // silently equal demand-only.
+    if (a.Has("--timing") && horizon != "layer" &&
+        std::none_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_token_predictions; }))
+      return ReportError("trace sweep", Error(a.Get("--trace") + ": the trace has no next-token predictions, "
+                                              "which --horizon " + horizon + " replays")
+                                            .WithHint("write it with `k3pack trace gen --predict-next-token`"));
+    inputs.push_back(std::move(in));
+  }
+  std::vector<std::pair<std::string, std::string>> plot_files;  // path, SVG
+  json all = json::object();
+  std::string text;
+  for (const auto& in : inputs) {
+    const std::string& family = in->family;
+    const trace::Trace& t = in->t;
+    const store::ObjectSpace& space = in->space;
+    const store::CallSeq& seq = in->seq;
+    const std::vector<uint64_t>& sizes = in->sizes;
     if (a.Has("--timing")) {
-      store::TimingOptions to;
-      auto cu = a.GetDouble("--compute-us"), bw = a.GetDouble("--ssd-gbps"), lat = a.GetDouble("--ssd-latency-us");
-      auto qd = a.GetInt("--queue-depth");
-      // A value that is no (finite) number: the parser's error names it.
-      for (const Status& st : {cu.status(), bw.status(), lat.status(), qd.status()})
-        if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
-      if (*cu < 0 || *bw <= 0 || *lat < 0 || *qd < 1)
-        return ReportError("trace sweep",
-                           Error("--compute-us and --ssd-latency-us must be non-negative numbers, --ssd-gbps "
-                                 "positive and --queue-depth at least 1"), 2);
-      auto budget = MibOptionBytes(a, "--prefetch-budget-mib", 0);
-      if (!budget.ok()) return ReportError("trace sweep", budget.error(), 2);
-      to.layer_compute_s = *cu * 1e-6;
-      to.ssd_bytes_per_s = *bw * 1e9;
-      to.ssd_latency_s = *lat * 1e-6;
-      to.queue_depth = static_cast<uint32_t>(*qd);
-      to.prefetch_budget_bytes = *budget;
-      to.prefetch_staged = a.Has("--staged");
-      to.keep_predicted = a.Has("--keep-predicted");
-      if (horizon != "layer") {
-        to.lookahead = horizon == "token" ? store::TimingOptions::Lookahead::kNextToken
-                                          : store::TimingOptions::Lookahead::kBoth;
-        // Without next-token predictions every policy's prefetch row would
-        // silently equal demand-only.
-        if (std::none_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_token_predictions; }))
-          return ReportError("trace sweep", Error(a.Get("--trace") + ": the trace has no next-token predictions, "
-                                                  "which --horizon " + horizon + " replays")
-                                                .WithHint("write it with `k3pack trace gen --predict-next-token`"));
-      }
-      auto dev = MibOptionBytes(a, "--device-mib", 0);
-      if (!dev.ok()) return ReportError("trace sweep", dev.error(), 2);
-      auto h2d = a.GetDouble("--h2d-gbps"), h2d_lat = a.GetDouble("--h2d-latency-us");
-      for (const Status& st : {h2d.status(), h2d_lat.status()})
-        if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
-      if (*h2d <= 0 || *h2d_lat < 0)
-        return ReportError("trace sweep", Error("--h2d-latency-us must be a non-negative number, --h2d-gbps positive"),
-                           2);
-      to.device_bytes = *dev;
-      to.device_policy = a.Get("--device-policy");
-      if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
-        return ReportError("trace sweep", st.error(), 2);
-      to.h2d_bytes_per_s = *h2d * 1e9;
-      to.h2d_latency_s = *h2d_lat * 1e-6;
       auto progress = StartProgress(*mode, "trace sweep");
       auto rows =
-          store::TimedSweep(t, *seq, *space, policies, sizes, to, static_cast<unsigned>(*threads), progress->Fn());
+          store::TimedSweep(t, seq, space, policies, sizes, to, static_cast<unsigned>(*threads), progress->Fn());
       progress->Finish();
       if (!rows.ok()) return ReportError("trace sweep", rows.error());
       json j = json::array();
@@ -767,35 +972,40 @@ int RunSweep(const std::vector<std::string>& argv) {
           j.back()["prefetch_copied_bytes"] = r.prefetch_copied_bytes;
         }
       }
-      json fj = {{"timing", j}, {"tokens", seq->tokens}, {"horizon", horizon}, {"keep_predicted", to.keep_predicted}};
+      json fj = {{"timing", j}, {"tokens", seq.tokens}, {"horizon", horizon}, {"keep_predicted", to.keep_predicted}};
       if (to.device_bytes)
         fj["device"] = {{"bytes", to.device_bytes}, {"policy", to.device_policy},
                         {"h2d_bytes_per_s", to.h2d_bytes_per_s}, {"h2d_latency_s", to.h2d_latency_s}};
+      // --horizon token refuses a trace without its predictions; the layer
+      // horizon replays one, but its prefetch rows are then demand-only.
+      const std::string unpredicted = NoNextLayerPredictionsNote(t, horizon);
+      if (!unpredicted.empty()) fj["note"] = unpredicted;
       if (families.size() > 1) all[family] = fj;
       else all = fj;
       char head[256];
       std::snprintf(head, sizeof head,
                     "%s%stimed replay: %.0f us/layer, SSD %.1f GB/s, %.0f us, queue depth %u, %llu tokens, "
                     "prefetch horizon: next %s\n",
-                    family.c_str(), family.empty() ? "" : ": ", *cu, *bw, *lat, to.queue_depth,
-                    (unsigned long long)seq->tokens,
+                    family.c_str(), family.empty() ? "" : ": ", cu, bw, lat, to.queue_depth,
+                    (unsigned long long)seq.tokens,
                     horizon == "both" ? "layer (reads), next token (keep hints)" : horizon.c_str());
       text += head;
+      if (!unpredicted.empty()) text += "note: " + unpredicted + "\n";
       if (to.keep_predicted) text += "predictions steer eviction: keep rows read nothing ahead; prefetch rows keep too\n";
       if (to.device_bytes) {
         std::snprintf(head, sizeof head, "device tier: %llu MiB = %llu objects (%.2f%%), %s, H2D %.1f GB/s, %.0f us\n",
-                      (unsigned long long)(*dev >> 20), (unsigned long long)(to.device_bytes / space->max_object_bytes()),
-                      100.0 * double(to.device_bytes / space->max_object_bytes()) / double(space->num_objects()),
-                      to.device_policy.c_str(), *h2d, *h2d_lat);
+                      (unsigned long long)(dev >> 20), (unsigned long long)(to.device_bytes / space.max_object_bytes()),
+                      100.0 * double(to.device_bytes / space.max_object_bytes()) / double(space.num_objects()),
+                      to.device_policy.c_str(), h2d, h2d_lat);
         text += head;
       }
-      text += store::TimedText(*rows, space->num_objects());
+      text += store::TimedText(*rows, space.num_objects());
       continue;
     }
     const bool bounds = !a.Has("--no-belady");
     if (ep_size != 0) {
       auto progress = StartProgress(*mode, "trace sweep");
-      auto table = store::EpSweep(*seq, *space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads),
+      auto table = store::EpSweep(seq, space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads),
                                   progress->Fn());
       progress->Finish();
       if (!table.ok()) return ReportError("trace sweep", table.error());
@@ -806,7 +1016,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       continue;
     }
     auto progress = StartProgress(*mode, "trace sweep");
-    auto table = store::Sweep(*seq, *space, policies, sizes, bounds, &t, have_truth ? &truth : nullptr,
+    auto table = store::Sweep(seq, space, policies, sizes, bounds, &t, in->have_truth ? &in->truth : nullptr,
                               static_cast<unsigned>(*threads), progress->Fn(),
                               store::SweepReferences{.learner = a.Has("--learner"),
                                                      .informed_next = a.Has("--informed-next")});
@@ -814,12 +1024,12 @@ int RunSweep(const std::vector<std::string>& argv) {
     if (!table.ok()) return ReportError("trace sweep", table.error());
     std::string title = (family.empty() ? std::string() : family + ": ") + "hit rate vs cache size, " +
                         std::to_string(t.layer_ids.size()) + " layers x top-" + std::to_string(t.top_k) + " of " +
-                        std::to_string(t.num_experts) + ", " + std::to_string(seq->tokens) + " tokens";
+                        std::to_string(t.num_experts) + ", " + std::to_string(seq.tokens) + " tokens";
     const std::string svg = plot_path(family);
     plot_files.emplace_back(svg, store::SweepSvg(*table, title));
     json j = store::SweepJson(*table);
     j["svg"] = svg;
-    j["tokens"] = seq->tokens;
+    j["tokens"] = seq.tokens;
     j["measured_reuse"] = trace::MeasuredReuse(t);
     if (families.size() > 1) all[family] = j;
     else all = j;

@@ -113,7 +113,13 @@ Result<Trace> ReadTrace(const std::string& path) {
 
 Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
   auto bad = [&](const std::string& why) { return Error(path + ": not a k3pack trace: " + why); };
-  if (data.size() < 32 || std::memcmp(data.data(), kMagic, 8) != 0) return bad("bad magic");
+  const std::string size = std::to_string(data.size()) + " bytes";
+  if (data.empty()) return bad("the file is empty (a trace starts with the magic K3TRACE\\0)");
+  // A prefix of the magic is a file cut short, not some other file.
+  const size_t magic_part = std::min<size_t>(data.size(), 8);
+  if (std::memcmp(data.data(), kMagic, magic_part) != 0)
+    return bad("bad magic (a trace starts with K3TRACE\\0)");
+  if (data.size() < 32) return bad("truncated header: the file holds " + size + ", a trace header is at least 32");
   Cursor c{data, 8};
   uint32_t version = 0, n_layers = 0;
   uint64_t n_records = 0;
@@ -125,22 +131,42 @@ Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
   c.Get(&n_records);
   if (version == 0 || version > kMaxVersion)
     return bad("unsupported version " + std::to_string(version) + " (this build reads 1 and 2)");
-  if (t.top_k == 0 || t.num_experts == 0 || t.num_experts > 65536) return bad("invalid dimensions");
+  if (t.top_k == 0 || t.num_experts == 0 || t.num_experts > 65536)
+    return bad("invalid dimensions: " + std::to_string(t.num_experts) + " experts (1..65536), top_k " +
+               std::to_string(t.top_k) + " (at least 1)");
   // A row routes top_k of the layer's experts; this also keeps rows x top_k
   // far from overflowing in the size checks below.
   if (t.top_k > t.num_experts)
     return bad("top_k " + std::to_string(t.top_k) + " exceeds " + std::to_string(t.num_experts) + " experts");
   if (n_records > data.size() / 16 + 1) return bad("record count exceeds the file size");
   if (version >= 2) {
-    if (!c.Get(&t.predict_k)) return bad("truncated header");
+    if (!c.Get(&t.predict_k))
+      return bad("truncated header: the file holds " + size + ", a v2 trace header is at least 36");
     if (t.predict_k > t.num_experts)
       return bad("predict_k " + std::to_string(t.predict_k) + " exceeds " + std::to_string(t.num_experts) +
                  " experts");
   }
+  // The layer count is checked against the bytes there before anything is
+  // read or allocated by it.
+  if (n_layers > (data.size() - c.pos) / 4)
+    return bad("the header declares " + std::to_string(n_layers) + " layers, a " + std::to_string(uint64_t{n_layers} * 4) +
+               "-byte layer list at offset " + std::to_string(c.pos) + ", but the file holds only " +
+               std::to_string(data.size() - c.pos) + " bytes after the header");
+  if (uint64_t{n_layers} * t.num_experts > kMaxObjects)
+    return bad(std::to_string(n_layers) + " layers x " + std::to_string(t.num_experts) + " experts = " +
+               std::to_string(uint64_t{n_layers} * t.num_experts) + " objects, more than a trace may declare (" +
+               std::to_string(kMaxObjects) + " = 2^24; docs/FORMATS.md)");
+  t.layer_ids.reserve(n_layers);
   for (uint32_t i = 0; i < n_layers; ++i) {
-    uint32_t l;
-    if (!c.Get(&l)) return bad("truncated layer list");
-    if (!t.layer_ids.empty() && l <= t.layer_ids.back()) return bad("layer ids are not ascending");
+    const size_t at = c.pos;
+    uint32_t l = 0;
+    c.Get(&l);  // in the file: checked against its size above
+    if (!t.layer_ids.empty() && l <= t.layer_ids.back())
+      return bad("layer ids are not ascending: layer id " + std::to_string(l) + " at offset " + std::to_string(at) +
+                 " follows " + std::to_string(t.layer_ids.back()) + " (entry " + std::to_string(i) + " of the " +
+                 std::to_string(n_layers) + " the header declares" +
+                 (version >= 2 ? "; a v2 header has predict_k before the list, which a v1 body marked v2 shifts)"
+                               : ")"));
     t.layer_ids.push_back(l);
   }
   t.records.reserve(n_records);
@@ -219,6 +245,7 @@ namespace {
 class Sampler {
  public:
   void Build(const std::vector<double>& w) {
+    w_ = w;
     cum_.resize(w.size());
     double s = 0;
     for (size_t i = 0; i < w.size(); ++i) cum_[i] = (s += w[i]);
@@ -229,10 +256,71 @@ class Sampler {
     return static_cast<uint32_t>(std::upper_bound(cum_.begin(), cum_.end(), x) - cum_.begin()) %
            static_cast<uint32_t>(cum_.size());
   }
+  // The chance that a draw hits an expert not marked in `used`: its share of
+  // the cumulative table (a weight below the table's rounding, or 0, is
+  // never drawn, whatever its value).
+  double UnusedShare(const std::vector<uint8_t>& used) const {
+    if (!(cum_.back() > 0)) return 0;
+    double unused = 0;
+    for (size_t e = 0; e < cum_.size(); ++e)
+      if (!used[e]) unused += cum_[e] - (e ? cum_[e - 1] : 0.0);
+    return unused / cum_.back();
+  }
+  // The experts not marked in `marked`, heaviest first (ties: lowest id).
+  std::vector<uint32_t> Heaviest(const std::vector<uint8_t>& marked) const {
+    std::vector<uint32_t> order;
+    for (uint32_t e = 0; e < w_.size(); ++e)
+      if (!marked[e]) order.push_back(e);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return w_[a] > w_[b]; });
+    return order;
+  }
 
  private:
+  std::vector<double> w_;
   std::vector<double> cum_;
 };
+
+// Rejection sampling stops paying off when the experts not yet chosen hold
+// less than this share of the drawable weight: a draw would find one less
+// than once in a million tries (a steep Zipf's tail weighs 1e-24, or 0 once
+// pow overflows), and the loop effectively never ended.
+constexpr double kMinUnusedShare = 1e-6;
+// Rejections in a row between two looks at that share (each look is O(E)).
+constexpr uint32_t kRejectionsPerCheck = 64;
+
+// Fills out[n..K) with distinct experts not marked in `used` (marking them),
+// drawn from `s` by rejection: the historical stream, so every trace whose
+// draws made progress is byte for byte what it was. When they cannot (see
+// kMinUnusedShare) the rest are taken deterministically, heaviest first,
+// consuming no randomness; should every expert be marked (a prediction that
+// must miss more of the true experts than there are others), the marked
+// ones not yet in `out` follow, heaviest first.
+void DrawDistinct(const Sampler& s, std::mt19937_64& g, std::vector<uint8_t>& used, uint16_t* out, uint32_t n,
+                  uint32_t K) {
+  uint32_t rejected = 0;
+  while (n < K) {
+    uint32_t e = s.Draw(g);
+    if (!used[e]) {
+      used[e] = 1;
+      out[n++] = static_cast<uint16_t>(e);
+      rejected = 0;
+      continue;
+    }
+    if (++rejected % kRejectionsPerCheck != 0 || s.UnusedShare(used) >= kMinUnusedShare) continue;
+    for (uint32_t h : s.Heaviest(used)) {
+      if (n == K) return;
+      used[h] = 1;
+      out[n++] = static_cast<uint16_t>(h);
+    }
+    if (n == K) return;
+    std::vector<uint8_t> chosen(used.size(), 0);
+    for (uint32_t k = 0; k < n; ++k) chosen[out[k]] = 1;
+    for (uint32_t h : s.Heaviest(chosen)) {
+      if (n == K) return;
+      out[n++] = static_cast<uint16_t>(h);
+    }
+  }
+}
 
 std::vector<double> ZipfWeights(uint32_t n, double s, std::mt19937_64& rng) {
   std::vector<double> w(n, 1.0);
@@ -246,11 +334,55 @@ std::vector<double> ZipfWeights(uint32_t n, double s, std::mt19937_64& rng) {
 
 }  // namespace
 
+namespace {
+
+// a x b, saturating at UINT64_MAX (the limits below are far from it).
+uint64_t SatMul(uint64_t a, uint64_t b) {
+  uint64_t p;
+  return __builtin_mul_overflow(a, b, &p) ? UINT64_MAX : p;
+}
+
+uint64_t GenLayers(const GenOptions& o) { return o.layer_ids.empty() ? 92 : o.layer_ids.size(); }
+
+}  // namespace
+
+uint64_t GeneratedRoutes(const GenOptions& o) {
+  const uint64_t tokens = uint64_t{o.prompt_tokens} + o.decode_tokens;
+  return SatMul(SatMul(SatMul(o.requests, tokens), GenLayers(o)), o.top_k);
+}
+
+uint64_t GeneratorWeights(const GenOptions& o) {
+  // Requests decoded side by side each keep their own weights (and their
+  // sampler's cumulative table); with `truth` every request's are kept.
+  const uint64_t live = std::min<uint64_t>(std::max<uint32_t>(1, o.concurrent), o.requests);
+  const uint64_t tables = uint64_t{o.domains} + live + (o.truth ? o.requests : 0);
+  return SatMul(SatMul(tables, GenLayers(o)), o.num_experts);
+}
+
 Result<Trace> Generate(const GenOptions& o) {
   if (o.top_k == 0 || o.num_experts < o.top_k || o.num_experts > 65536)
     return Error("trace: need 0 < top_k <= num_experts <= 65536");
   if (o.reuse < 0 || o.reuse > 1) return Error("trace: reuse must be within [0, 1]");
-  if (o.requests == 0 || o.prompt_tokens + o.decode_tokens == 0) return Error("trace: no tokens to generate");
+  if (o.requests == 0 || uint64_t{o.prompt_tokens} + o.decode_tokens == 0)
+    return Error("trace: no tokens to generate");
+  // Negative exponents used to read as flat (0): a typo passed unnoticed.
+  if (!(o.skew >= 0) || !(o.request_skew >= 0)) return Error("trace: skew and request skew must be at least 0");
+  if (o.concurrent == 0) return Error("trace: concurrent requests must be at least 1");
+  {
+    std::vector<uint32_t> ids = o.layer_ids;
+    std::sort(ids.begin(), ids.end());
+    // The reader refuses a list with a layer twice (ids ascend strictly).
+    if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) return Error("trace: a layer id is given twice");
+  }
+  if (SatMul(GenLayers(o), o.num_experts) > kMaxObjects)
+    return Error("trace: " + std::to_string(GenLayers(o)) + " layers x " + std::to_string(o.num_experts) +
+                 " experts exceed the trace format's " + std::to_string(kMaxObjects) + " objects");
+  if (GeneratedRoutes(o) > kMaxGeneratedRoutes)
+    return Error("trace: requests x (prompt + decode tokens) x layers x top_k exceeds the generator's " +
+                 std::to_string(kMaxGeneratedRoutes) + " routes");
+  if (GeneratorWeights(o) > kMaxGeneratorWeights)
+    return Error("trace: (domains + live requests) x layers x experts exceeds the generator's " +
+                 std::to_string(kMaxGeneratorWeights) + " popularity weights");
   if (o.drift < 0 || o.drift > 1) return Error("trace: drift must be within [0, 1]");
   if (o.predict_accuracy < 0 || o.predict_accuracy > 1 || o.predict_surprise < 0 || o.predict_surprise >= 1)
     return Error("trace: prediction accuracy must be within [0, 1] and the surprise share within [0, 1)");
@@ -336,12 +468,7 @@ Result<Trace> Generate(const GenOptions& o) {
     uint32_t n = 0;
     for (uint16_t e : q.prev[l])
       if (keep(rng)) { out[n++] = e; used[e] = 1; }
-    while (n < K) {
-      uint32_t e = q.samplers[l].Draw(rng);
-      if (used[e]) continue;
-      used[e] = 1;
-      out[n++] = static_cast<uint16_t>(e);
-    }
+    DrawDistinct(q.samplers[l], rng, used, out, n, K);
     std::shuffle(out, out + K, rng);  // route order carries no meaning
     q.prev[l].assign(out, out + K);
   };
@@ -364,12 +491,7 @@ Result<Trace> Generate(const GenOptions& o) {
       for (uint32_t k = 0; k < K; ++k)
         if (!surprise && unit(g) < keep_p) out[n++] = next[k];
     }
-    while (n < K) {
-      uint32_t e = q.samplers[next_l].Draw(g);
-      if (used[e]) continue;
-      used[e] = 1;
-      out[n++] = static_cast<uint16_t>(e);
-    }
+    DrawDistinct(q.samplers[next_l], g, used, out, n, K);
   };
   // One call per layer for `rows` tokens: routes every token through all
   // layers first (a prediction for layer l needs layer l+1's routes).

@@ -50,12 +50,20 @@ TEST(TraceGuardCli, ReplayStatsNeverReplacesAnUnrelatedFile) {
   EXPECT_NE(r.out.find("refusing to overwrite existing " + keep + " (--stats)"), std::string::npos) << r.out;
   EXPECT_EQ(Slurp(keep), "precious\n");
 
-  // --force replaces it; the stats written are then ours, refreshed by a
-  // later run without --force.
+  // Not even with --force: the store replaces only a stats file (a slip of
+  // the path once wrote the counters over the pack being served).
+  r = Cli(f.Replay("--stats " + keep + " --force"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("it is a file that starts with \"precious"), std::string::npos) << r.out;
+  EXPECT_EQ(Slurp(keep), "precious\n");
+
+  // A stats file (SGLang's keys, without k3pack's) is replaced with --force,
+  // and the stats written are then ours, refreshed by a later run without it.
+  Spit(keep, "{\"cache_policy\": \"reuse-lfu-lru-v2\"}\n");
   r = Cli(f.Replay("--stats " + keep + " --force"));
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string first = Slurp(keep);
-  EXPECT_NE(first.find("\"cache_policy\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"k3pack\""), std::string::npos) << first;
   r = Cli(f.Replay("--stats " + keep));
   EXPECT_EQ(r.code, 0) << r.out;
 

@@ -1,0 +1,223 @@
+// The trace generator's and reader's limits (session audit): steep Zipf
+// skews that never finished drawing, hostile headers that allocated GBs,
+// generator sizes that wrapped or aborted, and reader messages that named
+// the wrong rule.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "k3pack/trace.h"
+#include "util/sha256.h"
+
+namespace k3pack::trace {
+namespace {
+
+GenOptions Dims(uint32_t layers, uint32_t experts, uint32_t top_k) {
+  GenOptions o;
+  o.layer_ids.clear();
+  for (uint32_t l = 1; l <= layers; ++l) o.layer_ids.push_back(l);
+  o.num_experts = experts;
+  o.top_k = top_k;
+  return o;
+}
+
+void ExpectDistinctRows(const Trace& t) {
+  for (const Record& r : t.records) {
+    auto ids = t.RecordIds(r);
+    for (uint32_t row = 0; row < r.rows; ++row) {
+      std::vector<uint16_t> v(ids.begin() + size_t{row} * t.top_k, ids.begin() + size_t{row + 1} * t.top_k);
+      std::sort(v.begin(), v.end());
+      ASSERT_EQ(std::adjacent_find(v.begin(), v.end()), v.end()) << "a row's experts must be distinct";
+    }
+  }
+}
+
+// The generator's stream is what it was: these digests are of traces the
+// generator wrote before the steep-skew fallback existed (the docs' tables
+// depend on byte-identical traces). Dimensions as `trace gen --layers 3
+// --experts 64 --top-k 8` with the options shown.
+TEST(TraceLimits, GeneratedTracesAreByteIdenticalToBeforeTheFallback) {
+  struct Case {
+    const char* family;
+    void (*tweak)(GenOptions*);
+    const char* sha256;
+  };
+  const Case cases[] = {
+      {"kimi", nullptr, "964a91787983932748d54aac0a9d8dcd1ccc9565b7cfef2f4b66fb3a65875513"},
+      {"drift", nullptr, "b3da4fb38ffe952d1a35cc13b476f0e198c40436562080659a7f34b946488db9"},
+      {"interleaved", nullptr, "2449f2242b7678e19de7bf9d91d01b249b73496ab3d107100d998b0bddbb8435"},
+      {"batched", nullptr, "f801d8c3d9eb726a692b5f85c333e5b9a0dd256071ed2d254cc97028d6a35ecb"},
+      {"layer-local", nullptr, "511b86617cadd3da6303c4df80b860b5caef9bbf311099caf7a9a7e6939d8093"},
+      {"prefill-burst", nullptr, "a68c3274b8284a4ec2801615fe98a2a5b9c612c25274e189c9777a81d6f894ac"},
+      {"batched",
+       [](GenOptions* o) {
+         o->predict = o->predict_next_token = true;
+         o->predict_surprise = 0.3;
+       },
+       "2e32e394ffa2dafefbece6f06eb7693d4e692eb09ed7c4d0252b796023d4ee8e"},
+      {"kimi",
+       [](GenOptions* o) {
+         o->skew = 2;
+         o->request_skew = 3;
+         o->reuse = 0.5;
+         o->domains = 2;
+         o->concurrent = 2;
+       },
+       "df0acb8ccd6f339f1b2108838948d8acf0bf66616f21dfd0d37b8dd5d3a6a29b"},
+      {"kimi",
+       [](GenOptions* o) {
+         o->drift = 0.05;
+         o->predict = true;
+         o->predict_accuracy = 0.7;
+         o->prefill_chunk = 3;
+       },
+       "703de386c63befb37e38dcad9a63783487f1fbef8b59a69de0767da397428412"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.family);
+    GenOptions o = Dims(3, 64, 8);
+    if (c.tweak) c.tweak(&o);  // the flags ApplyFamily keeps
+    ASSERT_TRUE(ApplyFamily(c.family, &o));
+    if (c.tweak) c.tweak(&o);  // the options that override the family
+    auto t = Generate(o);
+    ASSERT_TRUE(t.ok()) << t.error().message();
+    EXPECT_EQ(Sha256Hex(EncodeTrace(*t)), c.sha256);
+  }
+}
+
+// Before: a Zipf exponent of 8 or more (or 1e300) gave the tail weights of
+// ~1e-24 or exactly 0, and drawing top_k distinct experts never ended.
+TEST(TraceLimits, SteepSkewsFinishWithDistinctExperts) {
+  for (auto [skew, request_skew] : {std::pair{0.0, 8.0}, {0.0, 2000.0}, {2000.0, 0.6}, {1e300, 0.6}, {30.0, 30.0}}) {
+    SCOPED_TRACE(std::to_string(skew) + " / " + std::to_string(request_skew));
+    GenOptions o = Dims(2, 896, 16);
+    o.requests = 2;
+    o.prompt_tokens = 2;
+    o.decode_tokens = 4;
+    o.skew = skew;
+    o.request_skew = request_skew;
+    o.predict = o.predict_next_token = true;
+    auto a = Generate(o);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    ExpectDistinctRows(*a);
+    auto b = Generate(o);  // the fallback is deterministic too
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(EncodeTrace(*a), EncodeTrace(*b));
+  }
+}
+
+// Before: a prediction of top_k 30 of 32 experts had to miss with the 2
+// other experts only, and its draw never ended once it needed a third.
+TEST(TraceLimits, PredictionsThatMustMissMoreThanTheOtherExpertsFinish) {
+  GenOptions o = Dims(2, 32, 30);
+  o.requests = 1;
+  o.prompt_tokens = 1;
+  o.decode_tokens = 20;
+  o.predict = o.predict_next_token = true;
+  o.predict_accuracy = 0.5;
+  auto t = Generate(o);
+  ASSERT_TRUE(t.ok()) << t.error().message();
+  ExpectDistinctRows(*t);
+  for (const Record& r : t->records) {
+    auto p = t->RecordPredictions(r);
+    for (uint32_t row = 0; row < r.rows && !p.empty(); ++row) {
+      std::vector<uint16_t> v(p.begin() + size_t{row} * t->predict_k, p.begin() + size_t{row + 1} * t->predict_k);
+      std::sort(v.begin(), v.end());
+      EXPECT_EQ(std::adjacent_find(v.begin(), v.end()), v.end()) << "predicted ids must be distinct";
+    }
+  }
+}
+
+TEST(TraceLimits, GeneratorRefusesWhatItCannotHold) {
+  auto refused = [](GenOptions o) {
+    auto t = Generate(o);
+    return t.ok() ? std::string("(generated)") : t.error().message();
+  };
+  GenOptions o = Dims(2, 16, 4);
+  o.concurrent = 0;  // silently ran as 1
+  EXPECT_NE(refused(o).find("concurrent"), std::string::npos) << refused(o);
+  o = Dims(2, 16, 4);
+  o.skew = -1;  // silently flat
+  EXPECT_NE(refused(o).find("skew"), std::string::npos) << refused(o);
+  o = Dims(2, 16, 4);
+  o.request_skew = -0.5;
+  EXPECT_NE(refused(o).find("skew"), std::string::npos) << refused(o);
+  o = Dims(2, 16, 4);
+  o.layer_ids = {3, 1, 3};  // the reader refuses a layer listed twice
+  EXPECT_NE(refused(o).find("twice"), std::string::npos) << refused(o);
+  o = Dims(300, 65536, 4);  // 19,660,800 objects
+  EXPECT_NE(refused(o).find("objects"), std::string::npos) << refused(o);
+  o = Dims(2, 16, 4);
+  o.prompt_tokens = 4294967295u;  // aborted with bad_alloc
+  o.prefill_chunk = 4294967295u;
+  EXPECT_NE(refused(o).find("routes"), std::string::npos) << refused(o);
+  o = Dims(2, 16, 4);
+  o.prompt_tokens = 4294967295u;  // + 1 wrapped to "no tokens"
+  o.decode_tokens = 1;
+  EXPECT_NE(refused(o).find("routes"), std::string::npos) << refused(o);
+  o = Dims(92, 896, 16);
+  o.domains = 10000000;  // every domain's popularity was allocated up front
+  EXPECT_NE(refused(o).find("popularity weights"), std::string::npos) << refused(o);
+  EXPECT_EQ(GeneratedRoutes(Dims(92, 896, 16)), uint64_t{4} * 288 * 92 * 16);
+}
+
+// A v1 header written byte by byte (the fields a hostile file chooses).
+std::string Header(uint32_t version, uint32_t experts, uint32_t top_k, uint32_t layers, uint64_t records) {
+  std::string b("K3TRACE\0", 8);
+  auto put = [&](auto v) { b.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(version), put(experts), put(top_k), put(layers), put(records);
+  return b;
+}
+
+std::string ParseError(const std::string& bytes) {
+  auto r = ParseTrace(bytes, "x.k3t");
+  return r.ok() ? std::string("(accepted)") : r.error().message();
+}
+
+TEST(TraceLimits, ReaderRefusesMoreObjectsThanTheLimit) {
+  // The audit's 850-byte file: 2,000 layers of 65,536 experts, one record.
+  std::string b = Header(1, 65536, 1, 2000, 1);
+  for (uint32_t l = 1; l <= 2000; ++l) b.append(reinterpret_cast<const char*>(&l), 4);
+  const uint32_t rec[4] = {1, 1, 0, 0};
+  b.append(reinterpret_cast<const char*>(rec), sizeof rec);
+  b.append(2, '\0');
+  EXPECT_EQ(ParseError(b),
+            "x.k3t: not a k3pack trace: 2000 layers x 65536 experts = 131072000 objects, more than a trace may "
+            "declare (16777216 = 2^24; docs/FORMATS.md)");
+  // K3's 92 x 896 and the limit itself are fine.
+  std::string k3 = Header(1, 896, 16, 92, 0);
+  for (uint32_t l = 1; l <= 92; ++l) k3.append(reinterpret_cast<const char*>(&l), 4);
+  EXPECT_EQ(ParseError(k3), "(accepted)");
+  std::string most = Header(1, 65536, 1, 256, 0);
+  for (uint32_t l = 1; l <= 256; ++l) most.append(reinterpret_cast<const char*>(&l), 4);
+  EXPECT_EQ(ParseError(most), "(accepted)");
+}
+
+TEST(TraceLimits, ReaderMessagesNameTheRealRule) {
+  EXPECT_EQ(ParseError(""), "x.k3t: not a k3pack trace: the file is empty (a trace starts with the magic K3TRACE\\0)");
+  EXPECT_EQ(ParseError("GGUF"), "x.k3t: not a k3pack trace: bad magic (a trace starts with K3TRACE\\0)");
+  const std::string full = Header(1, 16, 2, 0, 0);
+  ASSERT_EQ(full.size(), 32u);
+  EXPECT_EQ(ParseError(full.substr(0, 31)),
+            "x.k3t: not a k3pack trace: truncated header: the file holds 31 bytes, a trace header is at least 32");
+  EXPECT_EQ(ParseError(full.substr(0, 5)),
+            "x.k3t: not a k3pack trace: truncated header: the file holds 5 bytes, a trace header is at least 32");
+  // A layer count beyond the file was "layer ids are not ascending".
+  std::string huge = Header(1, 16, 2, 0xffffffffu, 0);
+  for (uint32_t l = 1; l <= 3; ++l) huge.append(reinterpret_cast<const char*>(&l), 4);
+  EXPECT_EQ(ParseError(huge),
+            "x.k3t: not a k3pack trace: the header declares 4294967295 layers, a 17179869180-byte layer list at "
+            "offset 32, but the file holds only 12 bytes after the header");
+  // Ids that do descend say where.
+  std::string down = Header(1, 16, 2, 2, 0);
+  for (uint32_t l : {5u, 4u}) down.append(reinterpret_cast<const char*>(&l), 4);
+  EXPECT_EQ(ParseError(down),
+            "x.k3t: not a k3pack trace: layer ids are not ascending: layer id 4 at offset 36 follows 5 (entry 1 of "
+            "the 2 the header declares)");
+}
+
+}  // namespace
+}  // namespace k3pack::trace
