@@ -4,6 +4,22 @@
 
 namespace k3pack::store {
 
+Error ExplainCannotEvict(const Error& error, size_t call_objects, uint64_t capacity_objects,
+                         bool waited_for_other_threads) {
+  if (error.message() != kCannotEvictText) return error;
+  if (call_objects > capacity_objects) {
+    return error.WithHint("this call routes " + std::to_string(call_objects) +
+                          " distinct experts of one layer and the cache holds " + std::to_string(capacity_objects) +
+                          " objects: give it room for a call's distinct experts, or route fewer tokens per call");
+  }
+  if (waited_for_other_threads) {
+    return error.WithHint(
+        "other threads' unreleased acquisitions held the rest of the cache for 10 s: release each call "
+        "(mark_used) before the next, or give the cache room for every thread's working set at once");
+  }
+  return error;
+}
+
 Policy::Policy(const ObjectSpace& space, uint64_t capacity_bytes)
     : space_(space),
       capacity_bytes_(capacity_bytes),

@@ -46,6 +46,13 @@ struct CallRows {
 // SGLang's text when every resident object is protected.
 inline constexpr const char* kCannotEvictText = "expert cache cannot evict the active top-k working set";
 
+// SGLang's text alone left a user guessing why: a hint after it says when
+// the call's own distinct objects outnumber the cache, or when the call
+// waited (10 s) for other threads' unreleased acquisitions. Other errors
+// pass unchanged.
+Error ExplainCannotEvict(const Error& error, size_t call_objects, uint64_t capacity_objects,
+                         bool waited_for_other_threads);
+
 class Policy {
  public:
   Policy(const ObjectSpace& space, uint64_t capacity_bytes);

@@ -385,7 +385,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   };
   if (!st.ok()) {  // SGLang keeps what it processed before failing
     forget_misses();
-    return st.error();
+    return ExplainCannotEvict(st.error(), keys.size(), s.slot_count(), waited);
   }
   // Pin the call for other threads before reading (the lock stays held:
   // one call's misses are read together, as SGLang does under its lock).

@@ -33,21 +33,22 @@ bool HoldsStoreStats(const std::string& path) {
 
 }  // namespace
 
-Status CheckStatsFile(const std::string& stats_path) {
+Status CheckStatsFile(const std::string& stats_path, const std::string& option) {
   std::error_code ec;
   if (std::filesystem::is_directory(stats_path, ec)) {
-    return Error("stats_path " + stats_path + " is a directory", ErrorKind::kFileExists)
+    return Error(option + " " + stats_path + " is a directory", ErrorKind::kFileExists)
         .WithHint("pass the path of the stats file to write, e.g. " +
                   (std::filesystem::path(stats_path) / "expert-store.stats.json").string());
   }
-  K3_RETURN_IF_ERROR(CheckOutputWritable("stats_path", stats_path));
+  K3_RETURN_IF_ERROR(CheckOutputWritable(option, stats_path));
   const FileStart kind = ClassifyFileStart(stats_path);
   if (kind == FileStart::kMissing || kind == FileStart::kEmpty) return Status::OK();
   if (kind == FileStart::kJson && HoldsStoreStats(stats_path)) return Status::OK();
-  return Error("refusing to write the expert store's stats over " + stats_path + " (stats_path): it is " +
+  return Error("refusing to write the expert store's stats over " + stats_path + " (" + option + "): it is " +
                    DescribeFileStart(stats_path) + ", not a stats file",
                ErrorKind::kFileExists)
-      .WithHint("the store replaces only a stats file (its own or SGLang's); pass another stats_path");
+      .WithHint("the store replaces only a stats file (its own or SGLang's), not even with --force; pass another " +
+                option);
 }
 
 json ExpertStore::Impl::SnapshotLocked() const {

@@ -285,10 +285,12 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   // Other callers' working sets are protected; wait for them rather than fail
   // (bounded, in case this very thread holds the acquisitions in the way).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  bool waited = false;
   while (!s.Fits(keys)) {
     const uint64_t mine = s.active_by_thread.count(std::this_thread::get_id())
                               ? s.active_by_thread[std::this_thread::get_id()] : 0;
     if (s.active_acquisitions > mine && std::chrono::steady_clock::now() < deadline) {
+      waited = true;
       s.cv.wait_until(lock, WakeForInterrupt(deadline));
       // Close() may have run meanwhile: its engine takes no more reads (a
       // read submitted now would never finish, and this call wait forever).
@@ -314,7 +316,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     // Keys the policy took in before failing have no bytes: forget them.
     for (ObjectId k : keys)
       if (s.policy->Resident(k) && !s.entries[k]) s.policy->Erase(k);
-    return st.error();
+    return ExplainCannotEvict(st.error(), keys.size(), s.policy->capacity_bytes() / space.max_object_bytes(), waited);
   }
   std::vector<std::shared_ptr<Impl::Entry>> call_entries(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -446,10 +448,6 @@ Status ExpertStore::Keep(uint32_t layer, std::span<const int64_t> ids, std::opti
   if (!s.kept)
     return Error("keep hints are off in this store (keep_predicted = false, or prefetch_mode \"cache\")")
         .WithHint("open it with prefetch_mode \"staged\" and keep_predicted on (both the defaults)");
-  if (!s.keep_hints_given) {
-    s.policy->SetKeepHints(s.kept->counts());
-    s.keep_hints_given = true;
-  }
   std::erase_if(keys, [&](ObjectId k) { return !s.policy->Resident(k); });
   s.KeepResidents(li, request_id.value_or(NextCallHolds::kAnyRequest), keys);
   return Status::OK();

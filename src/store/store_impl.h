@@ -49,7 +49,8 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
 // with cache_policy). Anything else is refused (kFileExists) rather than
 // replaced: a slip of the path once wrote the counters over the served pack.
 // Checked at open (so counters are not lost at close) and before each write.
-Status CheckStatsFile(const std::string& stats_path);
+// `option` names the path in messages (the CLI's --stats).
+Status CheckStatsFile(const std::string& stats_path, const std::string& option = "stats_path");
 
 Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
                                   const StoreOptions& options, int fd);

@@ -96,7 +96,8 @@ struct ExpertStore::Impl {
   // keep_predicted: resident objects a Prefetch() or Keep() named, as the
   // policy's keep hints, held the same way (set only with keep_predicted).
   std::optional<NextCallHolds> kept;
-  // The policy reads keep hints from the first Keep() on. Told of hints
+  // The policy reads keep hints from the first hint on (Keep(), or a staged
+  // Prefetch() of residents). Told of hints
   // from open, request-aware took every previous-token expert without one
   // as unlikely to return, in a store whose caller never gives any: its
   // hits differed from the simulator's (trace replay against --simulate).

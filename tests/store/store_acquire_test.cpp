@@ -107,6 +107,15 @@ TEST(StoreAcquire, CannotEvictTheActiveWorkingSet) {
   for (const auto& v : c->routes) ExpectBytes(v);
   // The earlier views stay valid after eviction (shared ownership).
   for (const auto& v : a->routes) ExpectBytes(v);
+  ASSERT_TRUE(s->MarkUsed(*c).ok());
+  // A call whose own distinct experts outnumber the cache: SGLang's text,
+  // then a hint that says so (the text alone left users guessing).
+  auto d = GetRowsOfTwo(*s, 1, {0, 1, 2, 3});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().message(),
+            "expert cache cannot evict the active top-k working set\nhint: this call routes 4 distinct experts of one "
+            "layer and the cache holds 3 objects: give it room for a call's distinct experts, or route fewer tokens "
+            "per call");
 }
 
 TEST(StoreAcquire, InjectedShortReadIsReportedNeverServed) {
