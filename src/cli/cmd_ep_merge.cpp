@@ -15,6 +15,7 @@
 #include "k3pack/pack.h"
 #include "pack/build_inputs.h"
 #include "pack/merge.h"
+#include "pack/sidecar_kinds.h"
 #include "pack/progress.h"
 #include "util/progress.h"
 #include "util/format.h"
@@ -51,6 +52,9 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
                                                                               pack::PartialPathFor(out)}},
       inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--pack", out));
+  // Before the overwrite rule, which takes a missing or unreadable sidecar
+  // for "not this merge" and lets --force replace it.
+  K3_RETURN_IF_ERROR(pack::CheckSidecarsAreOurs("--pack", out, "--force", /*building=*/false));
   OutputSpec spec;
   spec.option = "--pack";
   spec.path = out;

@@ -1,5 +1,7 @@
 // `k3pack repair IN OUT --fix ssm-a`: write a repaired copy of a shard set.
+#include <algorithm>
 #include <iostream>
+#include <set>
 
 #include <filesystem>
 
@@ -19,6 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 constexpr const char* kRepairRecord = "k3pack-repair.json";
+// Written by doctor::Repair before its first shard, removed here after the
+// record: OUT holds an unfinished repair while it is there.
+constexpr const char* kRepairMarker = ".k3pack-repair.partial";
 
 // What a finished repair records in OUT, so a rerun of the same command is
 // reported as already built and --force knows the directory is ours.
@@ -33,6 +38,25 @@ std::optional<nlohmann::json> RecordIn(const std::string& out) {
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
   return j;
+}
+
+// Whether OUT holds an unfinished repair: its marker, or only the temporary
+// a kill between naming it and renaming it left. *recipe: the marker's
+// recipe (null when it cannot be read).
+bool UnfinishedRepairIn(const std::string& out, nlohmann::json* recipe) {
+  std::error_code ec;
+  *recipe = nullptr;
+  if (!fs::is_directory(out, ec)) return false;
+  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarker).string());
+  if (text.ok()) {
+    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+    if (j.is_object() && j.contains("k3pack_repair_in_progress")) *recipe = j["k3pack_repair_in_progress"];
+    return true;
+  }
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    if (k3pack::IsAtomicTempNameOf(e.path().filename().string(), kRepairMarker)) return true;
+  }
+  return false;
 }
 
 int RunRepair(const std::vector<std::string>& argv) {
@@ -68,14 +92,18 @@ int RunRepair(const std::vector<std::string>& argv) {
   if (k3pack::cli::StderrIsTty()) opt.progress = [](const std::string& s) { std::cerr << s << "\n"; };
   const auto& pos = args.positionals();
   using k3pack::cli::OutputAction;
-  // The copy has no record of its own until it is complete, so a rerun refuses what it left.
+  // The copy is marked as this command's until its record is written: the rerun finishes it.
   k3pack::ExitOnInterrupt("k3pack repair: interrupted; " + pos[1] +
-                          " may hold an unfinished copy: empty it, then rerun the command");
+                          " holds an unfinished copy: rerun the same command to finish it");
   const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"));
   // Held from the look at OUT to the record written last (Repair, which
   // makes a missing OUT, takes it again): two repairs into one directory, or
   // a --force beside a running repair, would leave shards of both.
   std::optional<k3pack::LockFile> out_lock;
+  // The files of the output a --force replaces: those the new one does not
+  // write again go once the new record is written (the old shards stay
+  // until each new one is renamed over it).
+  std::vector<std::string> old_files;
   {
     k3pack::Status in_ok = k3pack::cli::CheckGgufDir("IN", pos[0]);
     if (!in_ok.ok()) return k3pack::cli::ReportError("repair", in_ok.error());
@@ -98,12 +126,25 @@ int RunRepair(const std::vector<std::string>& argv) {
     spec.path = pos[1];
     spec.directory = true;
     spec.force = args.Has("--force");
+    nlohmann::json unfinished_recipe;
+    const bool unfinished = UnfinishedRepairIn(pos[1], &unfinished_recipe);
     spec.is_finished = [&]() -> k3pack::Result<bool> {
       auto rec = RecordIn(pos[1]);
-      return rec && (*rec)["recipe"] == recipe;
+      return !unfinished && rec && (*rec)["recipe"] == recipe;
     };
     spec.why_refused = "it holds other files";
-    auto action = k3pack::cli::DecideOutput(spec);
+    if (unfinished && !spec.force && !unfinished_recipe.is_null() && unfinished_recipe != recipe) {
+      return k3pack::cli::ReportError(
+          "repair", k3pack::Error("refusing to overwrite " + pos[1] + " (OUT): it holds an unfinished repair of " +
+                                      unfinished_recipe.value("input", std::string("another input")) + " (--fix " +
+                                      unfinished_recipe.value("fix", std::string("?")) + ")",
+                                  k3pack::ErrorKind::kFileExists)
+                        .WithHint("rerun that repair to finish it, pass --force to write this one over it, or pass "
+                                  "another OUT"));
+    }
+    // An unfinished repair (ours, by its marker) is finished by the rerun,
+    // with or without --force.
+    auto action = unfinished ? k3pack::Result<OutputAction>(OutputAction::kResume) : k3pack::cli::DecideOutput(spec);
     if (!action.ok() && !RecordIn(pos[1])) {
       // Not an earlier repair's output: --force would be refused too, so the
       // hint does not offer it.
@@ -125,9 +166,14 @@ int RunRepair(const std::vector<std::string>& argv) {
             "repair", k3pack::Error("--force: " + pos[1] + " is not the output of an earlier `k3pack repair`")
                           .WithHint("k3pack only replaces its own output; pass a new or empty directory as OUT"));
       }
-      for (const auto& f : (*rec)["files"]) fs::remove(fs::path(pos[1]) / f.get<std::string>(), ec);
-      fs::remove(fs::path(pos[1]) / "tokenizer", ec);  // only when empty now
-      fs::remove(fs::path(pos[1]) / kRepairRecord, ec);
+    }
+    if (*action == OutputAction::kReplace || *action == OutputAction::kResume) {
+      // (A --force run that was interrupted left the old record beside the new files.)
+      if (auto rec = RecordIn(pos[1]); rec && rec->contains("files") && (*rec)["files"].is_array()) {
+        for (const auto& f : (*rec)["files"]) {
+          if (f.is_string()) old_files.push_back(f.get<std::string>());
+        }
+      }
     }
   }
   auto r = k3pack::doctor::Repair(pos[0], pos[1], opt);
@@ -136,19 +182,44 @@ int RunRepair(const std::vector<std::string>& argv) {
     // The record of what was written (relative names), then the profile sidecar.
     nlohmann::json files = nlohmann::json::array();
     std::error_code ec;
+    // What this run wrote (relative to OUT).
+    std::set<std::string> written(r->sidecars_copied.begin(), r->sidecars_copied.end());
+    for (const std::string& s : r->shards_written) {
+      std::error_code rel_ec;
+      written.insert(fs::relative(s, pos[1], rel_ec).string());
+    }
     for (fs::recursive_directory_iterator it(pos[1], ec), end; !ec && it != end; it.increment(ec)) {
-      if (it->is_regular_file(ec)) files.push_back(fs::relative(it->path(), pos[1], ec).string());
+      const std::string name = it->path().filename().string();
+      if (!it->is_regular_file(ec) || name == kRepairMarker || name == kRepairRecord ||
+          k3pack::IsAtomicTempNameOf(name, kRepairMarker)) {
+        continue;
+      }
+      const std::string rel = fs::relative(it->path(), pos[1], ec).string();
+      if (rel == k3pack::cli::kProfileSidecar) continue;  // recorded below when this run copies it
+      // What the replaced output had and this one does not write is not this output's.
+      if (std::find(old_files.begin(), old_files.end(), rel) != old_files.end() && !written.count(rel)) continue;
+      files.push_back(rel);
     }
     const fs::path in_dir = fs::is_directory(pos[0]) ? fs::path(pos[0]) : fs::path(pos[0]).parent_path();
     const fs::path side = in_dir / k3pack::cli::kProfileSidecar;
     if (!args.Has("--no-sidecars") && fs::is_regular_file(side, ec)) {
       auto text = k3pack::ReadFileToString(side.string());
       if (text.ok() && k3pack::WriteFileAtomic((fs::path(pos[1]) / k3pack::cli::kProfileSidecar).string(), *text).ok())
+      {
         files.push_back(k3pack::cli::kProfileSidecar);
+        written.insert(k3pack::cli::kProfileSidecar);
+      }
     }
     k3pack::Status st = k3pack::WriteFileAtomic((fs::path(pos[1]) / kRepairRecord).string(),
                                                 k3pack::DumpJsonEscaped(nlohmann::json{{"recipe", recipe}, {"files", files}}) + "\n");
     if (!st.ok()) return k3pack::cli::ReportError("repair", st.error());
+    // The new record stands: what only the replaced output had goes, then the marker.
+    for (const std::string& f : old_files) {
+      if (!written.count(f)) fs::remove(fs::path(pos[1]) / f, ec);
+    }
+    fs::remove(fs::path(pos[1]) / "tokenizer", ec);  // only when empty now
+    fs::remove(fs::path(pos[1]) / kRepairMarker, ec);
+    (void)k3pack::FsyncPath(pos[1]);
   }
   if (args.Has("--json")) {
     k3pack::cli::PrintJson(r->ToJson());

@@ -68,6 +68,29 @@ Status CopyFileAtomic(const std::string& from, const std::string& to, uint64_t* 
   return out.Commit();
 }
 
+// Written into OUT before the first shard and removed by `k3pack repair`
+// after its record (k3pack-repair.json): while it is there, OUT holds an
+// unfinished repair, which the rerun finishes. Before, a kill at almost any
+// point left k3pack's files without the record, refused by every rerun as
+// "other files". cmd_repair.cpp reads the same names.
+constexpr const char* kPartialMarker = ".k3pack-repair.partial";
+constexpr const char* kRecord = "k3pack-repair.json";
+
+// OUT may be written: missing, empty, or holding a repair's own output (a
+// finished one, replaced by `--force`, or an unfinished one with its
+// marker, or only the temporary a kill left of the marker).
+bool HoldsOnlyRepairOutput(const std::string& out_dir) {
+  std::error_code ec;
+  if (fs::is_empty(out_dir, ec) || fs::exists(fs::path(out_dir) / kPartialMarker, ec) ||
+      fs::exists(fs::path(out_dir) / kRecord, ec)) {
+    return true;
+  }
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    if (IsAtomicTempNameOf(e.path().filename().string(), kPartialMarker)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 nlohmann::json RepairResult::ToJson() const {
@@ -93,7 +116,7 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
   }
   std::error_code ec;
   if (fs::exists(out_dir, ec)) {
-    if (!fs::is_directory(out_dir, ec) || !fs::is_empty(out_dir, ec)) {
+    if (!fs::is_directory(out_dir, ec) || !HoldsOnlyRepairOutput(out_dir)) {
       return Error("refusing to write into " + out_dir + ": it exists and is not an empty directory",
                    ErrorKind::kFileExists);
     }
@@ -152,6 +175,13 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
   if (ec) return Error::FromErrno("cannot create " + out_dir, ec.value());
   // Two repairs into one directory would leave a set of shards from both.
   K3_ASSIGN_OR_RETURN(LockFile out_lock, LockFile::Acquire(out_dir, "repairing a shard set into " + out_dir));
+  {
+    // Before the first shard: from here to the record, OUT is an unfinished repair.
+    std::string fixes;
+    for (const std::string& f : options.fixes) fixes += (fixes.empty() ? "" : ",") + f;
+    const nlohmann::json marker = {{"k3pack_repair_in_progress", {{"input", ResolvedPathOrGiven(in)}, {"fix", fixes}}}};
+    K3_RETURN_IF_ERROR(WriteFileAtomic((fs::path(out_dir) / kPartialMarker).string(), marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
+  }
   for (uint32_t i = 0; i < view->shards.size(); ++i) {
     const internal::Shard& sh = view->shards[i];
     const std::string name = fs::path(sh.path).filename().string();

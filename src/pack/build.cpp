@@ -23,6 +23,7 @@
 #include "pack/build_inputs.h"
 #include "pack/checkpoint_file.h"
 #include "pack/copy.h"
+#include "pack/inputs_record.h"
 #include "pack/sidecars.h"
 #include "pack/source_hash.h"
 #include "util/threads.h"
@@ -62,7 +63,7 @@ Status CreateFresh(const Paths& p, const PackLayout& layout, UniqueFd* pack_fd, 
     return Error::FromErrno("cannot size " + p.partial, errno);
   }
   auto prefix = layout.EncodePrefix();
-  K3_RETURN_IF_ERROR(PwriteFull(pack_fd->get(), prefix.data(), prefix.size(), 0));
+  K3_RETURN_IF_ERROR(WriteFileAt(pack_fd->get(), p.partial, prefix.data(), prefix.size(), 0));
   if (::fsync(pack_fd->get()) != 0) return Error::FromErrno("fsync failed for " + p.partial, errno);
   K3_ASSIGN_OR_RETURN(*journal_fd, OpenRw(p.journal, O_CREAT | O_EXCL));
   if (::ftruncate(journal_fd->get(), static_cast<off_t>(DigestsFileBytes(layout.index_count()))) != 0) {
@@ -274,10 +275,17 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
   std::memcpy(records.data() + digests.size() * kDigestBytes, crcs.data(), crcs.size() * kCrcBytes);
   h.records_sha256 = Sha256Raw(records.data(), records.size());
   auto head = EncodeDigestsHeader(h);
-  K3_RETURN_IF_ERROR(PwriteFull(journal_fd, head.data(), head.size(), 0));
-  K3_RETURN_IF_ERROR(PwriteFull(journal_fd, records.data(), records.size(), kDigestsHeaderBytes));
+  K3_RETURN_IF_ERROR(WriteFileAt(journal_fd, p.journal, head.data(), head.size(), 0));
+  K3_RETURN_IF_ERROR(WriteFileAt(journal_fd, p.journal, records.data(), records.size(), kDigestsHeaderBytes));
   if (::fsync(journal_fd) != 0) return Error::FromErrno("fsync failed for " + p.journal, errno);
   maybe_kill(1);
+  // A pack being replaced loses its sidecar first: between the renames a
+  // reader then sees a pack without sidecar (unchecked), never the new pack
+  // with the old digests (read as damaged throughout).
+  if (PathExists(p.digests)) {
+    K3_RETURN_IF_ERROR(RemoveIfExists(p.digests));
+    K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+  }
   if (::rename(p.partial.c_str(), p.out.c_str()) != 0) {
     return Error::FromErrno("cannot rename " + p.partial + " to " + p.out, errno);
   }
@@ -288,8 +296,11 @@ Status Finalize(const Paths& p, const PackLayout& layout, int pack_fd, int journ
   }
   K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
   maybe_kill(3);
-  K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
+  // The spare first: a kill between the two leaves the checkpoint, which the
+  // rerun finishes (CompleteInterruptedFinalize); the other order left a
+  // spare nothing ever removed.
   K3_RETURN_IF_ERROR(RemoveIfExists(CheckpointSparePathFor(p.checkpoint)));
+  K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
   return FsyncParentDir(p.out);
 }
 
@@ -307,8 +318,8 @@ Result<bool> CompleteInterruptedFinalize(const Paths& p, const std::string& fing
     }
   }
   if (!PathExists(p.digests)) return false;
-  K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
   K3_RETURN_IF_ERROR(RemoveIfExists(CheckpointSparePathFor(p.checkpoint)));
+  K3_RETURN_IF_ERROR(RemoveIfExists(p.checkpoint));
   K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
   return true;
 }
@@ -352,7 +363,12 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     }
     // A rebuild under way over a finished pack (a `--force` run that was
     // interrupted) resumes as any other; the pack is replaced when it is done.
-    if (!o.replace_existing && !(PathExists(p.partial) && PathExists(p.checkpoint))) {
+    // Its checkpoint is made first, so it alone marks such a rebuild: one
+    // stopped before its partial file existed (a full disk at the
+    // checkpoint's reservation, a kill at its first renames) was refused
+    // here on every rerun, the plan having chosen to resume it and so
+    // dropped --force, and before --restart could clean up.
+    if (!o.replace_existing && !PathExists(p.checkpoint)) {
       return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
           .WithHint("`k3pack pack` and `k3pack build` rebuild it with --force; or write the pack to another path");
     }
@@ -457,8 +473,8 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     }
     if (!have_crcs && ckpt.objects_done > 0) {
       // The checkpoint predates the journal's CRCs: record the ones just derived.
-      K3_RETURN_IF_ERROR(PwriteFull(journal_fd.get(), crcs.data(), ckpt.objects_done * kRoleCount * kCrcBytes,
-                                    CrcRecordOffset(layout.index_count(), 0)));
+      K3_RETURN_IF_ERROR(WriteFileAt(journal_fd.get(), p.journal, crcs.data(),
+                                     ckpt.objects_done * kRoleCount * kCrcBytes, CrcRecordOffset(layout.index_count(), 0)));
       if (::fdatasync(journal_fd.get()) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
     }
     ckpt.journal_sha256 = JournalSha(digests, ckpt.objects_done * kRoleCount);
@@ -504,6 +520,9 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   // never published (the partial and its checkpoint stay; the checkpoint no
   // longer matches the shards, so the rerun asks for --restart).
   K3_RETURN_IF_ERROR(CheckShardsUnchanged(ex.shard_paths, stamps, p.out));
+  // While the checkpoint still stands: until the finalize is done, a rerun
+  // resumes or finishes it and never judges the pack by this record.
+  K3_RETURN_IF_ERROR(WriteInputsRecord(p.out, ex, stamps));
   const auto f0 = Clock::now();
   // A rank pack records which source it came from, so that ep-merge can refuse
   // rank packs of two checkpoints that share a layout.

@@ -1,6 +1,9 @@
 #include "pack/build_inputs.h"
 
 #include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -135,6 +138,27 @@ Result<LockFile> DecideUnderPackLock(const std::string& pack_path, const std::fu
   }
   K3_RETURN_IF_ERROR(decide());
   return std::move(*held);
+}
+
+Error WithFreeSpaceHint(Error e, const std::string& path) {
+  if (e.sys_errno() != ENOSPC && e.sys_errno() != EDQUOT) return e;
+  return e.WithHint("free space on the filesystem of " + path + " and rerun the same command; what is done is kept");
+}
+
+Status WriteFileAt(int fd, const std::string& path, const void* buf, size_t n, uint64_t offset) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  for (size_t done = 0; done < n;) {
+    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      // A zero-byte write of a non-zero count is a full disk too.
+      const int err = r < 0 ? errno : ENOSPC;
+      return WithFreeSpaceHint(
+          Error::FromErrno("cannot write " + path + " at offset " + std::to_string(offset + done), err), path);
+    }
+    done += static_cast<size_t>(r);
+  }
+  return Status::OK();
 }
 
 std::optional<uint64_t> EnvU64(const char* name) {

@@ -91,6 +91,15 @@ Result<LockFile> DecideUnderPackLock(const std::string& pack_path, const std::fu
 // filesystem that reports no size (0 blocks: ramfs).
 Result<uint64_t> AvailableBytes(const std::string& dir);
 
+// Writes all `n` bytes at `offset` of `fd`, the open file `path`. A failure
+// names the file and the offset ("cannot write P at offset N: ..."), and a
+// full disk or quota gives the hint the payload writes give; PwriteFull's
+// bare "write failed at offset 0" named neither.
+Status WriteFileAt(int fd, const std::string& path, const void* buf, size_t n, uint64_t offset);
+// The hint of a build stopped by a full disk (ENOSPC, EDQUOT) outside the
+// copy: free space and rerun; `e` unchanged for any other error.
+Error WithFreeSpaceHint(Error e, const std::string& path);
+
 // Unsigned integer from the environment (nullopt when unset or malformed).
 std::optional<uint64_t> EnvU64(const char* name);
 

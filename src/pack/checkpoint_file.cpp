@@ -7,6 +7,7 @@
 
 #include <cerrno>
 
+#include "pack/build_inputs.h"
 #include "util/file.h"
 
 namespace k3pack::pack {
@@ -29,7 +30,7 @@ Result<UniqueFd> OpenReserved(const std::string& path) {
   if (fd < 0) return Error::FromErrno("cannot open " + path, errno);
   UniqueFd out(fd);
   int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kCheckpointFileBytes));
-  if (rc != 0) return Error::FromErrno("cannot reserve space for " + path, rc);
+  if (rc != 0) return WithFreeSpaceHint(Error::FromErrno("cannot reserve space for " + path, rc), path);
   return out;
 }
 
@@ -59,7 +60,7 @@ Result<CheckpointFile> CheckpointFile::Create(const std::string& path, const Che
     return Error::FromErrno("cannot remove " + f.spare_, errno);
   }
   K3_ASSIGN_OR_RETURN(f.spare_fd_, OpenReserved(f.spare_));
-  K3_RETURN_IF_ERROR(PwriteFull(f.spare_fd_.get(), text.data(), text.size(), 0));
+  K3_RETURN_IF_ERROR(WriteFileAt(f.spare_fd_.get(), f.spare_, text.data(), text.size(), 0));
   if (::fsync(f.spare_fd_.get()) != 0) return Error::FromErrno("fsync failed for " + f.spare_, errno);
   // Both hold the same checkpoint, so trying the exchange once is harmless.
   if (::renameat2(AT_FDCWD, f.spare_.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
@@ -77,7 +78,7 @@ Status CheckpointFile::Write(const Checkpoint& c) {
   K3_ASSIGN_OR_RETURN(std::string text, Padded(path_, c));
   if (!exchange_) return WriteNewFile(text);
   // In place: the spare's blocks were allocated when the build started.
-  K3_RETURN_IF_ERROR(PwriteFull(spare_fd_.get(), text.data(), text.size(), 0));
+  K3_RETURN_IF_ERROR(WriteFileAt(spare_fd_.get(), spare_, text.data(), text.size(), 0));
   if (::fdatasync(spare_fd_.get()) != 0) return Error::FromErrno("fsync failed for " + spare_, errno);
   if (::renameat2(AT_FDCWD, spare_.c_str(), AT_FDCWD, path_.c_str(), RENAME_EXCHANGE) != 0) {
     return Error::FromErrno("cannot exchange " + spare_ + " with " + path_, errno);

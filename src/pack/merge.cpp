@@ -19,6 +19,7 @@
 #include "pack/copy.h"
 #include "pack/format.h"
 #include "pack/merge.h"
+#include "pack/sidecar_kinds.h"
 #include "pack/sidecars.h"
 #include "util/file.h"
 #include "util/sha256.h"
@@ -32,6 +33,15 @@ struct RankInput {
   uint64_t size = 0;
   PackDigests digests;
 };
+
+// Removes `path` if it is there, durably (before the next rename).
+Status RemoveFile(const std::string& path) {
+  if (::unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return Status::OK();
+    return Error::FromErrno("cannot remove " + path, errno);
+  }
+  return FsyncParentDir(path);
+}
 
 Result<RankInput> OpenRankPack(const std::string& path) {
   RankInput in;
@@ -174,6 +184,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   // Output under the build's lock (no build or merge of the same path runs beside it).
   PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
+  K3_RETURN_IF_ERROR(CheckSidecarsAreOurs("--pack", p.out, "--force", /*building=*/false));
   if (PathExists(p.out) && !o.replace_existing) {
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
         .WithHint("pass --force to replace it, or write the merged pack to another --pack path");
@@ -223,13 +234,30 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
                   std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
     }
   }
-  // The sidecar first, then the pack: a crash between the two leaves no pack
-  // (a rerun merges again and replaces the sidecar). The other order left a
-  // pack without its sidecar, which a rerun refuses as not this merge.
-  // Test seam: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two.
-  K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
-  if (EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1) ::raise(SIGKILL);
-  K3_RETURN_IF_ERROR(out.Commit());
+  // Test seam: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two
+  // files' renames.
+  const bool kill_between = EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1;
+  if (PathExists(p.out)) {
+    // Replacing a pack (--force): its sidecar goes first, then the new pack,
+    // then the new sidecar. A reader sees the old pair, a pack without
+    // sidecar (readers take it as unchecked, not damaged) or the new pair;
+    // the new sidecar first gave the old pack the new digests, and the good
+    // old pack read as damaged throughout.
+    K3_RETURN_IF_ERROR(RemoveFile(p.digests));
+    // A build's record of its shards does not describe a merged pack.
+    K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
+    K3_RETURN_IF_ERROR(out.Commit());
+    if (kill_between) ::raise(SIGKILL);
+    K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+  } else {
+    // No pack yet: the sidecar first, then the pack. A crash between the two
+    // leaves no pack (a rerun merges again and replaces the sidecar); the
+    // other order left a pack without its sidecar, which a rerun refuses as
+    // not this merge.
+    K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+    if (kill_between) ::raise(SIGKILL);
+    K3_RETURN_IF_ERROR(out.Commit());
+  }
   (void)lock;
   MergeResult r;
   r.pack_path = p.out;

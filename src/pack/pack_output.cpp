@@ -1,9 +1,29 @@
 #include "pack/pack_output.h"
 
+#include <unistd.h>
+
 #include "pack/build_inputs.h"
+#include "pack/checkpoint_file.h"
+#include "pack/inputs_record.h"
+#include "pack/sidecar_kinds.h"
 #include "util/file.h"
 
 namespace k3pack::pack {
+
+namespace {
+
+// A finalize killed between removing the checkpoint's spare and the
+// checkpoint (an older k3pack removed them the other way round) left a
+// spare that no later step removed: the finished pack's run does, under
+// the pack's lock. Only a file of k3pack's own (checked up front).
+void RemoveLeftoverSpare(const std::string& out) {
+  const std::string ckpt = CheckpointPathFor(out);
+  const std::string spare = CheckpointSparePathFor(ckpt);
+  if (PathExists(ckpt) || !PathExists(spare) || !NotOurSidecar(spare, SidecarKind::kCheckpoint).empty()) return;
+  if (::unlink(spare.c_str()) == 0) (void)FsyncParentDir(out);
+}
+
+}  // namespace
 
 std::string NotAPackFile(const std::string& path) {
   return NotAFileOf(path, FileStart::kExpertPack, "an Expert Pack");
@@ -19,6 +39,9 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
                                               {opt + " (its .lock)", LockPathFor(out)}},
                                              req.inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
+  // Before the overwrite rule: a user's file at `<pack>.partial` was taken
+  // for a build to resume, and --restart deleted it.
+  K3_RETURN_IF_ERROR(CheckSidecarsAreOurs(opt, out, req.force_option, /*building=*/true));
   {
     // Also before the repair of an existing pack, which opens it for writing.
     OutputSpec kind;
@@ -47,6 +70,21 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     spec.has_partial = has_partial;
     spec.not_own_kind = [&] { return NotAPackFile(out); };
     spec.is_finished = [&]() -> Result<bool> {
+      // The sampled payloads cannot tell a pack of edited shards (its build
+      // killed before the manifest was written) from a current one. Shards
+      // that only look different (copied without their times) are compared
+      // in full: every payload against the source.
+      if (std::string why = WhyInputsChanged(out, experts); !why.empty()) {
+        VerifyOptions full;
+        full.against_digests = false;
+        full.against_source = true;
+        full.ep = req.ep;
+        auto same = VerifyPayloads(out, experts, full);
+        if (!same.ok()) {
+          plan.invalid_reason = why + "; " + same.error().message();
+          return false;
+        }
+      }
       ValidateOptions vopts;
       vopts.payload_samples = 6;
       vopts.ep = req.ep;
@@ -95,6 +133,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   };
   K3_ASSIGN_OR_RETURN(LockFile lock, DecideUnderPackLock(out, decide));
   plan.lock = std::move(lock);
+  if (plan.action == OutputAction::kAlreadyBuilt) RemoveLeftoverSpare(out);
   return plan;
 }
 

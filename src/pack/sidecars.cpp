@@ -23,6 +23,7 @@ std::string PartialPathFor(const std::string& p) { return p + ".partial"; }
 std::string CheckpointPathFor(const std::string& p) { return p + ".partial.checkpoint"; }
 std::string LockPathFor(const std::string& p) { return p + ".lock"; }
 std::string JournalPathFor(const std::string& p) { return p + ".partial.digests"; }
+std::string InputsRecordPathFor(const std::string& p) { return p + ".inputs"; }
 
 std::string ToHex(const uint8_t* p, size_t n) {
   static const char* kHex = "0123456789abcdef";

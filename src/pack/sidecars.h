@@ -60,6 +60,8 @@ bool FromHex(const std::string& hex, uint8_t* out, size_t n);
 std::array<uint8_t, 32> Sha256Raw(const void* data, size_t n);
 
 std::string JournalPathFor(const std::string& pack_path);  // <pack>.partial.digests
+// <pack>.inputs: what the finished pack was built from (InputsRecord).
+std::string InputsRecordPathFor(const std::string& pack_path);
 
 struct Checkpoint {
   std::string fingerprint;       // hex SHA-256 over the build inputs

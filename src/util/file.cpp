@@ -1,6 +1,8 @@
 #include "util/file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -134,9 +136,57 @@ std::string UniqueTempName(const std::string& path) {
   return path + "." + std::to_string(::getpid()) + "." + std::to_string(next.fetch_add(1)) + ".tmp";
 }
 
+// The pid in `name` when it is `<base>.<pid>.<n>.tmp` (UniqueTempName's
+// shape for `base`), else 0.
+pid_t TempNamePid(const std::string& name, const std::string& base) {
+  if (name.size() <= base.size() + 1 || name.compare(0, base.size(), base) != 0 || name[base.size()] != '.' ||
+      !name.ends_with(".tmp")) {
+    return 0;
+  }
+  const std::string mid = name.substr(base.size() + 1, name.size() - base.size() - 1 - 4);  // "<pid>.<n>"
+  const size_t dot = mid.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == mid.size()) return 0;
+  if (mid.find_first_not_of("0123456789.") != std::string::npos || mid.find('.', dot + 1) != std::string::npos) return 0;
+  if (dot > 9) return 0;
+  return static_cast<pid_t>(std::stol(mid.substr(0, dot)));
+}
+
 }  // namespace
 
+bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_name) {
+  return TempNamePid(file_name, base_name) > 0;
+}
+
+size_t RemoveStaleTempFiles(const std::string& path) {
+  const std::filesystem::path p(path);
+  std::string dir = p.parent_path().string();
+  if (dir.empty()) dir = ".";
+  const std::string base = p.filename().string();
+  if (base.empty()) return 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  size_t removed = 0;
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const pid_t pid = TempNamePid(name, base);
+    // Only a writer that is gone: a live one (this process included) may be
+    // about to rename it.
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    stale.push_back(name);
+  }
+  ::closedir(d);
+  for (const std::string& name : stale) {
+    if (::unlink((std::filesystem::path(dir) / name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
 Result<AtomicFile> AtomicFile::Create(const std::string& path) {
+  // A writer killed between naming its temporary and the rename left it
+  // under its own pid, a name no later writer uses: this output's next
+  // writer is the one that can tell it is abandoned.
+  RemoveStaleTempFiles(path);
   AtomicFile f;
   f.path_ = path;
   std::string dir = std::filesystem::path(path).parent_path().string();

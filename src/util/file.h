@@ -114,6 +114,15 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Removes `<path>.<pid>.<n>.tmp` files (AtomicFile's named temporaries of
+// `path`) whose writer process no longer exists (kill(pid, 0) fails with
+// ESRCH): what a kill between naming the temporary and renaming it left.
+// Returns how many were removed. AtomicFile::Create calls it.
+size_t RemoveStaleTempFiles(const std::string& path);
+// Whether `file_name` is one of AtomicFile's named temporaries of a file
+// named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`).
+bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_name);
+
 // AtomicFile for a whole string.
 Status WriteFileAtomic(const std::string& path, std::string_view content);
 Result<std::string> ReadFileToString(const std::string& path);

@@ -1,0 +1,66 @@
+#include "pack/inputs_record.h"
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "pack/sidecars.h"
+
+namespace k3pack::pack {
+namespace {
+
+constexpr const char* kFormat = "K3PACK-PACK-INPUTS-v1";
+
+std::string BaseName(const std::string& path) { return std::filesystem::path(path).filename().string(); }
+
+}  // namespace
+
+Status WriteInputsRecord(const std::string& pack, const ExpertSet& ex, const std::vector<FileStamp>& stamps) {
+  nlohmann::json shards = nlohmann::json::array();
+  for (size_t i = 0; i < ex.shard_paths.size() && i < stamps.size(); ++i) {
+    shards.push_back({{"name", BaseName(ex.shard_paths[i])},
+                      {"size", static_cast<uint64_t>(stamps[i].size)},
+                      {"mtime_ns", stamps[i].mtime_ns}});
+  }
+  const nlohmann::json j = {{"format", kFormat}, {"shards", shards}};
+  // Shard names are any bytes: never throw on one that is not UTF-8.
+  return WriteFileAtomic(InputsRecordPathFor(pack), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+std::string WhyInputsChanged(const std::string& pack, const ExpertSet& ex) {
+  const std::string path = InputsRecordPathFor(pack);
+  if (!PathExists(path)) return "";
+  auto text = ReadFileToString(path);
+  const nlohmann::json j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+  if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("shards") || !j["shards"].is_array()) {
+    return "the record of its inputs " + path + " is unreadable";
+  }
+  const nlohmann::json& shards = j["shards"];
+  if (shards.size() != ex.shard_paths.size()) {
+    return "it was built from " + std::to_string(shards.size()) + " source shard(s) (" + path + "), not these " +
+           std::to_string(ex.shard_paths.size());
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string& shard = ex.shard_paths[i];
+    const nlohmann::json& rec = shards[i];
+    auto now = StampFile(shard);
+    if (!now.ok()) return "source shard " + shard + " cannot be looked at: " + now.error().message();
+    const auto recorded_size = rec.value("size", uint64_t{0});
+    const auto recorded_mtime = rec.value("mtime_ns", int64_t{0});
+    const std::string name = rec.value("name", std::string());
+    std::string how;
+    if (name != BaseName(shard)) {
+      how = "it was built from " + name + " there";
+    } else if (static_cast<uint64_t>(now->size) != recorded_size) {
+      how = "its size went from " + std::to_string(recorded_size) + " to " + std::to_string(now->size) + " bytes";
+    } else if (now->mtime_ns != recorded_mtime) {
+      how = "it was written to (its modification time changed)";
+    }
+    if (!how.empty()) {
+      return "source shard " + shard + " changed since the pack was built from it (" + path + "): " + how;
+    }
+  }
+  return "";
+}
+
+}  // namespace k3pack::pack

@@ -1,0 +1,124 @@
+#include "pack/sidecar_kinds.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "k3pack/pack.h"
+#include "pack/checkpoint_file.h"
+#include "pack/sidecars.h"
+#include "util/file.h"
+#include "util/output_guard.h"
+
+namespace k3pack::pack {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The checkpoint is padded to kCheckpointFileBytes; its format key comes
+// after the fingerprint (keys are sorted), well inside the first KiB.
+constexpr size_t kLook = kCheckpointFileBytes;
+
+std::string Head(const std::string& path) {
+  auto fd = OpenReadOnly(path);
+  if (!fd.ok()) return "";
+  std::string head(kLook, '\0');
+  auto got = PreadFull(fd->get(), head.data(), head.size(), 0);
+  head.resize(got.ok() ? *got : 0);
+  return head;
+}
+
+// A prefix of `magic` (a file cut short while its header was written) or a
+// file starting with all of it.
+bool BeginsMagic(const std::string& head, std::string_view magic) {
+  return head.size() >= magic.size() ? std::string_view(head).substr(0, magic.size()) == magic
+                                     : magic.substr(0, head.size()) == head;
+}
+
+bool HoldsKind(const std::string& head, SidecarKind kind) {
+  switch (kind) {
+    case SidecarKind::kDigests:
+      return BeginsMagic(head, std::string_view(reinterpret_cast<const char*>(kDigestsMagic.data()), 16));
+    case SidecarKind::kPartialPack: return BeginsMagic(head, "GGMLMOEPACKv1");
+    case SidecarKind::kCheckpoint: return head.find("\"K3PACK-PACK-CHECKPOINT-v1\"") != std::string::npos;
+    case SidecarKind::kInputs: return head.find("\"K3PACK-PACK-INPUTS-v1\"") != std::string::npos;
+  }
+  return false;
+}
+
+const char* KindName(SidecarKind kind) {
+  switch (kind) {
+    case SidecarKind::kDigests: return "a k3pack digest sidecar";
+    case SidecarKind::kPartialPack: return "a partial Expert Pack";
+    case SidecarKind::kCheckpoint: return "a k3pack build checkpoint";
+    case SidecarKind::kInputs: return "a k3pack record of a pack's inputs";
+  }
+  return "a k3pack file";
+}
+
+std::string NotAFile(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::fifo: return "a FIFO (named pipe)";
+    case fs::file_type::socket: return "a socket";
+    default: return "not a regular file";
+  }
+}
+
+}  // namespace
+
+std::vector<PackSidecar> PackSidecarsOf(const std::string& pack, bool building) {
+  std::vector<PackSidecar> out = {{DigestsPathFor(pack), "its .digests", SidecarKind::kDigests},
+                                  {InputsRecordPathFor(pack), "its .inputs", SidecarKind::kInputs}};
+  if (!building) return out;
+  const std::string ckpt = CheckpointPathFor(pack);
+  out.push_back({PartialPathFor(pack), "its .partial", SidecarKind::kPartialPack});
+  out.push_back({JournalPathFor(pack), "its .partial.digests", SidecarKind::kDigests});
+  out.push_back({ckpt, "its .partial.checkpoint", SidecarKind::kCheckpoint});
+  out.push_back({CheckpointSparePathFor(ckpt), "its .partial.checkpoint.spare", SidecarKind::kCheckpoint});
+  out.push_back({ckpt + ".tmp", "its .partial.checkpoint.tmp", SidecarKind::kCheckpoint});
+  return out;
+}
+
+std::string NotOurSidecar(const std::string& path, SidecarKind kind) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) return "";
+  const std::string head = Head(path);
+  // What a crash leaves: a file created but not yet written (the journal's
+  // 128-byte header stays zero until it is sealed, while its records are
+  // written; the checkpoint's spare is allocated before it is written).
+  const std::string start = head.substr(0, kDigestsHeaderBytes);
+  if (start.find_first_not_of('\0') == std::string::npos || HoldsKind(head, kind)) return "";
+  return "it is " + DescribeFileStart(path) + ", not " + KindName(kind);
+}
+
+Status CheckSidecarsAreOurs(const std::string& option, const std::string& pack, const std::string& force_option,
+                            bool building) {
+  for (const PackSidecar& s : PackSidecarsOf(pack, building)) {
+    std::error_code ec;
+    // The name is what the writers replace or remove: a link is looked at as
+    // its target's kind, since removing the name keeps the target.
+    const fs::file_status lst = fs::symlink_status(s.path, ec);
+    if (!fs::exists(lst)) continue;
+    const fs::file_status st = fs::status(s.path, ec);
+    std::string what;
+    if (fs::is_symlink(lst) && !fs::exists(st)) continue;  // a dangling link: nothing to lose
+    if (!fs::is_regular_file(st)) {
+      what = "it is " + NotAFile(st) + ", not " + KindName(s.kind);
+    } else {
+      what = NotOurSidecar(s.path, s.kind);
+    }
+    if (what.empty()) continue;
+    return Error("refusing to overwrite existing " + s.path + " (" + option + " (" + s.label + ")): " + what +
+                     "; k3pack replaces only a file of the kind it writes there, not even with " + force_option +
+                     (building ? " or --restart" : ""),
+                 ErrorKind::kFileExists)
+        .WithHint("pass another " + option + " path; if that file should go, move or remove it yourself");
+  }
+  return Status::OK();
+}
+
+}  // namespace k3pack::pack

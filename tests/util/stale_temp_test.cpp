@@ -1,0 +1,50 @@
+// AtomicFile's named temporaries (`<out>.<pid>.<n>.tmp`) left by a writer
+// killed between naming and renaming one: the next writer of the same output
+// removes those whose process is gone, never a live writer's or another
+// output's.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "util/file.h"
+
+namespace k3pack {
+namespace {
+
+namespace fs = std::filesystem;
+
+pid_t DeadPid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return pid;
+}
+
+TEST(StaleTempFiles, TheNextWriterRemovesOnlyThoseOfGoneWritersOfItsOutput) {
+  const fs::path dir = fs::temp_directory_path() / ("k3pack-stale-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string out = (dir / "m.json").string();
+  const std::string dead = out + "." + std::to_string(DeadPid()) + ".0.tmp";
+  const std::string live = out + "." + std::to_string(::getppid()) + ".1.tmp";
+  const std::string other = (dir / "n.json").string() + "." + std::to_string(DeadPid()) + ".0.tmp";
+  const std::string odd = out + ".x.0.tmp";
+  for (const auto& f : {dead, live, other, odd}) std::ofstream(f) << "x";
+  ASSERT_TRUE(WriteFileAtomic(out, "{}\n").ok());
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(odd));
+  EXPECT_TRUE(IsAtomicTempNameOf("m.json.12.0.tmp", "m.json"));
+  EXPECT_FALSE(IsAtomicTempNameOf("m.json.tmp", "m.json"));
+  EXPECT_FALSE(IsAtomicTempNameOf("m.json.12.tmp", "m.json"));
+  EXPECT_FALSE(IsAtomicTempNameOf("xm.json.12.0.tmp", "m.json"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace k3pack
