@@ -497,8 +497,12 @@ Result<Trace> Generate(const GenOptions& o) {
   // layers first (a prediction for layer l needs layer l+1's routes).
   std::vector<std::vector<uint16_t>> per_layer(L), pred(L);
   std::vector<uint32_t> row_req;
-  // Next-token predictions use their own stream: turning them on leaves the
-  // routes and the next-layer predictions as they were.
+  // Predictions use streams of their own: turning them on, or changing their
+  // accuracy, leaves the routes as they were (a timed sweep then runs on the
+  // untimed sweep's trace, and accuracies compare on the same routes), and
+  // next-token predictions leave the next-layer ones as they were. Before,
+  // next-layer predictions drew from the routes' stream.
+  std::mt19937_64 layer_rng(o.seed ^ 0x5851f42d4c957f2dull);
   std::mt19937_64 next_rng(o.seed ^ 0x9e3779b97f4a7c15ull);
   auto emit = [&](std::vector<Req*>& reqs, bool prefill, bool per_row_requests) {
     const uint32_t rows = static_cast<uint32_t>(reqs.size());
@@ -517,7 +521,7 @@ Result<Trace> Generate(const GenOptions& o) {
       for (uint32_t l = 0; l < L; ++l) route(q, l, per_layer[l].data() + size_t{r} * K);
       if (o.predict)
         for (uint32_t l = 0; l + 1 < L; ++l)
-          predict(rng, q, l + 1, per_layer[l + 1].data() + size_t{r} * K, pred[l].data() + size_t{r} * K);
+          predict(layer_rng, q, l + 1, per_layer[l + 1].data() + size_t{r} * K, pred[l].data() + size_t{r} * K);
       if (o.predict_next_token)
         for (uint32_t l = 0; l < L; ++l) {
           if (q.pending[l] != kNone)
