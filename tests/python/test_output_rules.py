@@ -49,7 +49,7 @@ class OutputRules(unittest.TestCase):
 
     def copy_model(self, name):
         d = self.fresh_dir(name)
-        outputs = shutil.ignore_patterns("*.pack", "*.digests", "*.lock", "*.manifest.json")
+        outputs = shutil.ignore_patterns("*.pack", "*.digests", "*.inputs", "*.lock", "*.manifest.json")
         shutil.copytree(self.model, d, ignore=outputs)
         return d
 

@@ -57,7 +57,7 @@ class WriterWait(unittest.TestCase):
 
     def copy_model(self, name):
         d = os.path.join(self.tmp.path, name)
-        shutil.copytree(self.model, d, ignore=shutil.ignore_patterns("*.pack", "*.digests", "*.lock", "*.json.tmp"))
+        shutil.copytree(self.model, d, ignore=shutil.ignore_patterns("*.pack", "*.digests", "*.inputs", "*.lock", "*.json.tmp"))
         return d
 
     def test_synth_without_wait_is_refused_at_once_naming_the_holder(self):
