@@ -28,6 +28,16 @@
 
 namespace k3test {
 
+// A process id that no process has now (a child that has exited and been
+// reaped): what a writer killed long ago left in its temp files' names.
+inline pid_t DeadPid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return pid;
+}
+
 // Runs `child` in a forked process and returns its exit status (-1: it did
 // not end, the fault; it is killed). The child must end with _exit().
 template <typename F>

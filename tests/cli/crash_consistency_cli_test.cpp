@@ -6,6 +6,7 @@
 // pack never pairs it with the other pack's digests, and leftovers of
 // killed writers are cleaned by the next run.
 #include "cli_fixture.h"
+#include "../forked_child.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,15 +23,6 @@ std::string ReadAll(const std::string& path) {
 }
 
 void WriteText(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-// A process id that no process has now (a child that has exited and been reaped).
-pid_t DeadPid() {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(0);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return pid;
-}
 
 bool HasTempFiles(const std::string& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
@@ -194,7 +186,7 @@ TEST(CrashConsistency, AnUnfinishedRepairOrSynthIsFinishedByTheRerun) {
   // Killed before the marker's rename: only its temporary is there.
   fs::remove_all(out);
   fs::create_directories(out);
-  WriteText(out + "/.k3pack-repair.partial." + std::to_string(DeadPid()) + ".0.tmp", "{}");
+  WriteText(out + "/.k3pack-repair.partial." + std::to_string(k3test::DeadPid()) + ".0.tmp", "{}");
   CliRun r = Cli(repair);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(Snapshot(out), repaired);
@@ -202,7 +194,7 @@ TEST(CrashConsistency, AnUnfinishedRepairOrSynthIsFinishedByTheRerun) {
   const std::string s = Root() + "/cc-synth";
   fs::remove_all(s);
   fs::create_directories(s);
-  WriteText(s + "/.k3pack-synth.partial." + std::to_string(DeadPid()) + ".0.tmp", "k3pack synth");
+  WriteText(s + "/.k3pack-synth.partial." + std::to_string(k3test::DeadPid()) + ".0.tmp", "k3pack synth");
   CliRun synth = Cli("synth --preset tiny --seed 1 --progress none --out " + Q(s));
   EXPECT_EQ(synth.code, 0) << synth.out;
   EXPECT_FALSE(HasTempFiles(s));
@@ -219,7 +211,7 @@ TEST(CrashConsistency, LeftoversOfKilledWritersAreRemovedByTheNextRun) {
   const std::string p = d + "/p.pack";
   ASSERT_EQ(Cli(PackArgs(m, p)).code, 0);
   WriteText(p + ".partial.checkpoint.spare", std::string(4096, '\0'));
-  const std::string dead = d + "/m.json." + std::to_string(DeadPid()) + ".3.tmp";
+  const std::string dead = d + "/m.json." + std::to_string(k3test::DeadPid()) + ".3.tmp";
   const std::string live = d + "/m.json." + std::to_string(::getpid()) + ".3.tmp";
   WriteText(dead, "{}");
   WriteText(live, "{}");

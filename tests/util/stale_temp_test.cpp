@@ -10,28 +10,21 @@
 #include <fstream>
 
 #include "util/file.h"
+#include "../forked_child.h"
 
 namespace k3pack {
 namespace {
 
 namespace fs = std::filesystem;
 
-pid_t DeadPid() {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(0);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return pid;
-}
-
 TEST(StaleTempFiles, TheNextWriterRemovesOnlyThoseOfGoneWritersOfItsOutput) {
   const fs::path dir = fs::temp_directory_path() / ("k3pack-stale-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string out = (dir / "m.json").string();
-  const std::string dead = out + "." + std::to_string(DeadPid()) + ".0.tmp";
+  const std::string dead = out + "." + std::to_string(k3test::DeadPid()) + ".0.tmp";
   const std::string live = out + "." + std::to_string(::getppid()) + ".1.tmp";
-  const std::string other = (dir / "n.json").string() + "." + std::to_string(DeadPid()) + ".0.tmp";
+  const std::string other = (dir / "n.json").string() + "." + std::to_string(k3test::DeadPid()) + ".0.tmp";
   const std::string odd = out + ".x.0.tmp";
   for (const auto& f : {dead, live, other, odd}) std::ofstream(f) << "x";
   ASSERT_TRUE(WriteFileAtomic(out, "{}\n").ok());
