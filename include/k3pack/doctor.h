@@ -200,4 +200,10 @@ struct RepairResult {
 // repair.
 Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, const RepairOptions& options = {});
 
+// What doctor still reports as errors on a repaired copy ("code object"), as
+// RepairResult::remaining_problems; an ssm_a error left is an internal error.
+// `k3pack repair --force` asks again once the replaced output's files are
+// gone (with both sets there it read as several-shard-sets).
+Result<std::vector<std::string>> CheckRepairedOutput(const std::string& out_dir, kimi::Profile profile);
+
 }  // namespace k3pack::doctor

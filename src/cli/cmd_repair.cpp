@@ -188,17 +188,11 @@ int RunRepair(const std::vector<std::string>& argv) {
       std::error_code rel_ec;
       written.insert(fs::relative(s, pos[1], rel_ec).string());
     }
-    for (fs::recursive_directory_iterator it(pos[1], ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (!it->is_regular_file(ec) || name == kRepairMarker || name == kRepairRecord ||
-          k3pack::IsAtomicTempNameOf(name, kRepairMarker)) {
-        continue;
-      }
-      const std::string rel = fs::relative(it->path(), pos[1], ec).string();
-      if (rel == k3pack::cli::kProfileSidecar) continue;  // recorded below when this run copies it
-      // What the replaced output had and this one does not write is not this output's.
-      if (std::find(old_files.begin(), old_files.end(), rel) != old_files.end() && !written.count(rel)) continue;
-      files.push_back(rel);
+    // Only what this run wrote (every shard and sidecar, each run writes them
+    // all): a directory walk also recorded a user's file found in OUT, which
+    // the next --force then removed as the old output's.
+    for (const std::string& rel : written) {
+      if (rel != k3pack::cli::kProfileSidecar) files.push_back(rel);  // recorded below when this run copies it
     }
     const fs::path in_dir = fs::is_directory(pos[0]) ? fs::path(pos[0]) : fs::path(pos[0]).parent_path();
     const fs::path side = in_dir / k3pack::cli::kProfileSidecar;
@@ -220,6 +214,11 @@ int RunRepair(const std::vector<std::string>& argv) {
     fs::remove(fs::path(pos[1]) / "tokenizer", ec);  // only when empty now
     fs::remove(fs::path(pos[1]) / kRepairMarker, ec);
     (void)k3pack::FsyncPath(pos[1]);
+    if (!old_files.empty()) {
+      auto remaining = k3pack::doctor::CheckRepairedOutput(pos[1], opt.profile);
+      if (!remaining.ok()) return k3pack::cli::ReportError("repair", remaining.error());
+      r->remaining_problems = std::move(*remaining);
+    }
   }
   if (args.Has("--json")) {
     k3pack::cli::PrintJson(r->ToJson());

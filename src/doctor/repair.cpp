@@ -232,19 +232,25 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     }
   }
   K3_RETURN_IF_ERROR(FsyncPath(out_dir));
-  // Check the output with the whole doctor: no ssm_a error may remain.
   say("repair: checking the output");
+  K3_ASSIGN_OR_RETURN(result.remaining_problems, CheckRepairedOutput(out_dir, options.profile));
+  return result;
+}
+
+Result<std::vector<std::string>> CheckRepairedOutput(const std::string& out_dir, kimi::Profile profile) {
+  // The whole doctor: no ssm_a error may remain.
   DiagnoseOptions dopt;
-  dopt.profile = options.profile;
+  dopt.profile = profile;
   const Report check = Diagnose({out_dir}, dopt);
+  std::vector<std::string> remaining;
   for (const Finding& f : check.findings) {
     if (f.severity != Severity::kError) continue;
     if (f.code.rfind("ssm-a-", 0) == 0) {
       return Error("internal error: the repaired copy still fails: " + f.code + " " + f.object + ": " + f.message);
     }
-    result.remaining_problems.push_back(f.code + " " + f.object);
+    remaining.push_back(f.code + " " + f.object);
   }
-  return result;
+  return remaining;
 }
 
 }  // namespace k3pack::doctor

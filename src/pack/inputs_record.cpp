@@ -1,5 +1,6 @@
 #include "pack/inputs_record.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,14 @@ namespace {
 constexpr const char* kFormat = "K3PACK-PACK-INPUTS-v1";
 
 std::string BaseName(const std::string& path) { return std::filesystem::path(path).filename().string(); }
+
+// One shard's entry, every field of its type: a damaged record (a number
+// where an entry belongs, "size": "big") made json's value() throw, and
+// pack/build ended in std::terminate.
+bool IsShardEntry(const nlohmann::json& rec) {
+  return rec.is_object() && rec.contains("name") && rec["name"].is_string() && rec.contains("size") &&
+         rec["size"].is_number_unsigned() && rec.contains("mtime_ns") && rec["mtime_ns"].is_number_integer();
+}
 
 }  // namespace
 
@@ -32,9 +41,10 @@ std::string WhyInputsChanged(const std::string& pack, const ExpertSet& ex) {
   if (!PathExists(path)) return "";
   auto text = ReadFileToString(path);
   const nlohmann::json j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
-  if (!j.is_object() || j.value("format", "") != kFormat || !j.contains("shards") || !j["shards"].is_array()) {
-    return "the record of its inputs " + path + " is unreadable";
-  }
+  const bool readable = j.is_object() && j.contains("format") && j["format"].is_string() &&
+                        j["format"].get<std::string>() == kFormat && j.contains("shards") && j["shards"].is_array() &&
+                        std::all_of(j["shards"].begin(), j["shards"].end(), IsShardEntry);
+  if (!readable) return "the record of its inputs " + path + " is unreadable";
   const nlohmann::json& shards = j["shards"];
   if (shards.size() != ex.shard_paths.size()) {
     return "it was built from " + std::to_string(shards.size()) + " source shard(s) (" + path + "), not these " +
@@ -45,9 +55,9 @@ std::string WhyInputsChanged(const std::string& pack, const ExpertSet& ex) {
     const nlohmann::json& rec = shards[i];
     auto now = StampFile(shard);
     if (!now.ok()) return "source shard " + shard + " cannot be looked at: " + now.error().message();
-    const auto recorded_size = rec.value("size", uint64_t{0});
-    const auto recorded_mtime = rec.value("mtime_ns", int64_t{0});
-    const std::string name = rec.value("name", std::string());
+    const auto recorded_size = rec["size"].get<uint64_t>();
+    const auto recorded_mtime = rec["mtime_ns"].get<int64_t>();
+    const std::string name = rec["name"].get<std::string>();
     std::string how;
     if (name != BaseName(shard)) {
       how = "it was built from " + name + " there";

@@ -253,7 +253,9 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
     // No pack yet: the sidecar first, then the pack. A crash between the two
     // leaves no pack (a rerun merges again and replaces the sidecar); the
     // other order left a pack without its sidecar, which a rerun refuses as
-    // not this merge.
+    // not this merge. A record of shards left from a pack deleted by hand
+    // would vouch for the merged one.
+    K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
     K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
     if (kill_between) ::raise(SIGKILL);
     K3_RETURN_IF_ERROR(out.Commit());

@@ -385,7 +385,8 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   };
   if (!st.ok()) {  // SGLang keeps what it processed before failing
     forget_misses();
-    return ExplainCannotEvict(st.error(), keys.size(), s.slot_count(), waited);
+    const bool waited_out = waited && std::chrono::steady_clock::now() >= deadline;
+    return ExplainCannotEvict(st.error(), keys.size(), s.slot_count(), waited_out);
   }
   // Pin the call for other threads before reading (the lock stays held:
   // one call's misses are read together, as SGLang does under its lock).

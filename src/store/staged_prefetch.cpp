@@ -83,6 +83,7 @@ void ExpertStore::Impl::EndStaged(uint32_t li, std::span<const uint64_t> request
 }
 
 void ExpertStore::Impl::KeepResidents(uint32_t li, uint64_t request, std::span<const ObjectId> residents) {
+  if (residents.empty()) return;
   if (!keep_hints_given) {
     policy->SetKeepHints(kept->counts());
     keep_hints_given = true;

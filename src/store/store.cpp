@@ -316,7 +316,10 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     // Keys the policy took in before failing have no bytes: forget them.
     for (ObjectId k : keys)
       if (s.policy->Resident(k) && !s.entries[k]) s.policy->Erase(k);
-    return ExplainCannotEvict(st.error(), keys.size(), s.policy->capacity_bytes() / space.max_object_bytes(), waited);
+    // A short wait that ended for another reason is not "held for 10 s".
+    const bool waited_out = waited && std::chrono::steady_clock::now() >= deadline;
+    return ExplainCannotEvict(st.error(), keys.size(), s.policy->capacity_bytes() / space.max_object_bytes(),
+                              waited_out);
   }
   std::vector<std::shared_ptr<Impl::Entry>> call_entries(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -125,7 +125,9 @@ TEST(CrashConsistency, EpMergeForceKilledBetweenItsFilesNeverPairsAPackWithOther
   const bool sidecar = fs::exists(out + "/m.pack.digests");
   const std::string dig = ReadAll(out + "/m.pack.digests");
   ASSERT_TRUE(pack == a_pack || pack == b_pack);
-  if (sidecar) EXPECT_EQ(dig, pack == a_pack ? a_dig : b_dig) << "the pack was left with the other pack's digests";
+  if (sidecar) {
+    EXPECT_EQ(dig, pack == a_pack ? a_dig : b_dig) << "the pack was left with the other pack's digests";
+  }
   CliRun rerun = Cli(merge(b, out + "/m.pack", " --force"));
   ASSERT_EQ(rerun.code, 0) << rerun.out;
   EXPECT_TRUE(ReadAll(out + "/m.pack") == b_pack);
@@ -199,6 +201,27 @@ TEST(CrashConsistency, AnUnfinishedRepairOrSynthIsFinishedByTheRerun) {
   EXPECT_EQ(synth.code, 0) << synth.out;
   EXPECT_FALSE(HasTempFiles(s));
   EXPECT_FALSE(fs::exists(s + "/.k3pack-synth.partial"));
+}
+
+// Review: the record of a --force repair listed every file in OUT, a user's
+// too, and the next --force removed it as the old output's; and a --force
+// over an output of another shard prefix reported several-shard-sets (its
+// check ran while the old set was still there).
+TEST(CrashConsistency, RepairForceNeverTakesAUsersFileAndJudgesTheSetItLeaves) {
+  const std::string a = Root() + "/cc-rf-a", b = Root() + "/cc-rf-b", out = Root() + "/cc-rf-out";
+  for (const auto& d : {a, b, out}) fs::remove_all(d);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 1 --fault raw-ssm-a --out " + Q(a)).code, 0);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 2 --fault raw-ssm-a --prefix OTHER --out " + Q(b)).code, 0);
+  ASSERT_EQ(Cli("repair " + Q(a) + " " + Q(out) + " --fix ssm-a").code, 0);
+  WriteText(out + "/notes.txt", "mine\n");
+  CliRun other = Cli("repair " + Q(b) + " " + Q(out) + " --fix ssm-a --force --json");
+  ASSERT_EQ(other.code, 0) << other.out;
+  EXPECT_FALSE(Contains(other.out, "several-shard-sets")) << other.out;
+  EXPECT_FALSE(Contains(ReadAll(out + "/k3pack-repair.json"), "notes.txt"));
+  CliRun back = Cli("repair " + Q(a) + " " + Q(out) + " --fix ssm-a --force");
+  ASSERT_EQ(back.code, 0) << back.out;
+  EXPECT_EQ(ReadAll(out + "/notes.txt"), "mine\n");
+  EXPECT_FALSE(fs::exists(out + "/OTHER-00001-of-00003.gguf"));
 }
 
 // Item 6: a killed writer's `<out>.<pid>.<n>.tmp` stayed for good, and so did

@@ -58,5 +58,40 @@ TEST(StalePack, APackOfEditedShardsIsNotReusedButACopiedOneIs) {
   std::filesystem::remove_all(root);
 }
 
+// A reuse after a full comparison left the old record, so every later run
+// read the whole pack again; a damaged record (a number where a shard's entry
+// belongs, a size that is a string) made json's value() throw: std::terminate.
+TEST(StalePack, AFullComparisonRecordsTheShardsAndADamagedRecordIsNotACrash) {
+  const std::string root = testing::TempDir("stale-record");
+  testing::Model model = testing::MakeModel(root + "/model", 9);
+  const std::string pack = root + "/p.pack";
+  const std::vector<std::string> args = {"pack", "--gguf-dir", model.dir, "--model-config", model.config,
+                                         "--profile", "scaled", "--pack", pack, "--safety-margin-gib", "0",
+                                         "--progress", "none"};
+  ASSERT_EQ(RunCli(args).first, 0);
+  const std::string record = InputsRecordPathFor(pack);
+  const std::string shard = model.experts.shard_paths.front();
+  ASSERT_EQ(std::system(("touch -d '2001-01-01' '" + shard + "'").c_str()), 0);
+  auto [rc, err] = RunCli(args);
+  ASSERT_EQ(rc, 0) << err;
+  auto stamp = StampFile(shard);
+  ASSERT_TRUE(stamp.ok());
+  auto text = ReadFileToString(record);
+  ASSERT_TRUE(text.ok());
+  EXPECT_NE(text->find(std::to_string(stamp->mtime_ns)), std::string::npos) << *text;
+  for (const std::string& damaged : {std::string("{\"format\": \"K3PACK-PACK-INPUTS-v1\", \"shards\": [1, 2, 3]}"),
+                                    std::string("{\"format\": \"K3PACK-PACK-INPUTS-v1\", \"shards\": [{\"name\": "
+                                                "\"x\", \"size\": \"big\", \"mtime_ns\": 1}]}")}) {
+    SCOPED_TRACE(damaged);
+    std::ofstream(record, std::ios::trunc) << damaged << "\n";
+    auto [rc2, err2] = RunCli(args);
+    EXPECT_EQ(rc2, 0) << err2;  // compared in full, reused, recorded again
+    auto again = ReadFileToString(record);
+    ASSERT_TRUE(again.ok());
+    EXPECT_NE(again->find(std::to_string(stamp->mtime_ns)), std::string::npos) << *again;
+  }
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
 }  // namespace k3pack::pack
