@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "k3pack/pack.h"
 #include "pack/checkpoint_file.h"
@@ -19,12 +20,15 @@ namespace fs = std::filesystem;
 // after the fingerprint (keys are sorted), well inside the first KiB.
 constexpr size_t kLook = kCheckpointFileBytes;
 
-std::string Head(const std::string& path) {
+// nullopt: the file cannot be read, so nothing tells it is ours (an empty
+// head would have passed it as a crash's leftover, to be replaced).
+std::optional<std::string> Head(const std::string& path) {
   auto fd = OpenReadOnly(path);
-  if (!fd.ok()) return "";
+  if (!fd.ok()) return std::nullopt;
   std::string head(kLook, '\0');
   auto got = PreadFull(fd->get(), head.data(), head.size(), 0);
-  head.resize(got.ok() ? *got : 0);
+  if (!got.ok()) return std::nullopt;
+  head.resize(*got);
   return head;
 }
 
@@ -86,7 +90,9 @@ std::string NotOurSidecar(const std::string& path, SidecarKind kind) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) return "";
-  const std::string head = Head(path);
+  const std::optional<std::string> read = Head(path);
+  if (!read) return "it cannot be read, so k3pack cannot tell it is " + std::string(KindName(kind));
+  const std::string& head = *read;
   // What a crash leaves: a file created but not yet written (the journal's
   // 128-byte header stays zero until it is sealed, while its records are
   // written; the checkpoint's spare is allocated before it is written).

@@ -224,6 +224,31 @@ TEST(CrashConsistency, RepairForceNeverTakesAUsersFileAndJudgesTheSetItLeaves) {
   EXPECT_FALSE(fs::exists(out + "/OTHER-00001-of-00003.gguf"));
 }
 
+// Review: a side file k3pack cannot read read as empty, which is what a
+// crash leaves, so it was replaced. Root reads everything: run as nobody.
+TEST(CrashConsistency, AnUnreadableSideFileIsNeverTakenForOurs) {
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv")) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("cc-unreadable");
+  const std::string d = Root() + "/cc-unreadable-out";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const auto& e : fs::recursive_directory_iterator(m)) {
+    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
+    if (e.is_directory()) fs::permissions(e.path(), fs::perms::others_exec, fs::perm_options::add);
+  }
+  for (const std::string& dir : {Root(), m}) fs::permissions(dir, fs::perms::others_read | fs::perms::others_exec,
+                                                             fs::perm_options::add);
+  fs::permissions(d, fs::perms::all);
+  const std::string p = d + "/p.pack";
+  WriteText(p + ".digests", "USER DATA\n");
+  fs::permissions(p + ".digests", fs::perms::owner_read | fs::perms::owner_write);  // root's, unreadable to nobody
+  CliRun r = CliVia("/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups", PackArgs(m, p) + " --force");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "it cannot be read, so k3pack cannot tell it is a k3pack digest sidecar")) << r.out;
+  fs::permissions(p + ".digests", fs::perms::owner_read, fs::perm_options::add);
+  EXPECT_EQ(ReadAll(p + ".digests"), "USER DATA\n");
+}
+
 // Item 6: a killed writer's `<out>.<pid>.<n>.tmp` stayed for good, and so did
 // a checkpoint's spare left by a kill in the finalize.
 TEST(CrashConsistency, LeftoversOfKilledWritersAreRemovedByTheNextRun) {
