@@ -47,11 +47,6 @@ Result<UniqueFd> OpenRw(const std::string& path, int flags) {
   return UniqueFd(fd);
 }
 
-Status RemoveIfExists(const std::string& p) {
-  if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Error::FromErrno("cannot remove " + p, errno);
-  return Status::OK();
-}
-
 Error RestartHint(Error e) { return e.WithHint("pass --restart to discard the partial build and start over"); }
 
 // Initializes a fresh partial pack (sparse, prefix written) and journal.

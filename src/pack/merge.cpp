@@ -36,10 +36,7 @@ struct RankInput {
 
 // Removes `path` if it is there, durably (before the next rename).
 Status RemoveFile(const std::string& path) {
-  if (::unlink(path.c_str()) != 0) {
-    if (errno == ENOENT) return Status::OK();
-    return Error::FromErrno("cannot remove " + path, errno);
-  }
+  K3_RETURN_IF_ERROR(RemoveIfExists(path));
   return FsyncParentDir(path);
 }
 

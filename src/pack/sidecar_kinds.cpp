@@ -1,9 +1,6 @@
 #include "pack/sidecar_kinds.h"
 
-#include <algorithm>
-#include <cstring>
 #include <filesystem>
-#include <optional>
 
 #include "k3pack/pack.h"
 #include "pack/checkpoint_file.h"
@@ -19,25 +16,6 @@ namespace fs = std::filesystem;
 // The checkpoint is padded to kCheckpointFileBytes; its format key comes
 // after the fingerprint (keys are sorted), well inside the first KiB.
 constexpr size_t kLook = kCheckpointFileBytes;
-
-// nullopt: the file cannot be read, so nothing tells it is ours (an empty
-// head would have passed it as a crash's leftover, to be replaced).
-std::optional<std::string> Head(const std::string& path) {
-  auto fd = OpenReadOnly(path);
-  if (!fd.ok()) return std::nullopt;
-  std::string head(kLook, '\0');
-  auto got = PreadFull(fd->get(), head.data(), head.size(), 0);
-  if (!got.ok()) return std::nullopt;
-  head.resize(*got);
-  return head;
-}
-
-// A prefix of `magic` (a file cut short while its header was written) or a
-// file starting with all of it.
-bool BeginsMagic(const std::string& head, std::string_view magic) {
-  return head.size() >= magic.size() ? std::string_view(head).substr(0, magic.size()) == magic
-                                     : magic.substr(0, head.size()) == head;
-}
 
 bool HoldsKind(const std::string& head, SidecarKind kind) {
   switch (kind) {
@@ -60,17 +38,6 @@ const char* KindName(SidecarKind kind) {
   return "a k3pack file";
 }
 
-std::string NotAFile(const fs::file_status& st) {
-  switch (st.type()) {
-    case fs::file_type::directory: return "a directory";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::fifo: return "a FIFO (named pipe)";
-    case fs::file_type::socket: return "a socket";
-    default: return "not a regular file";
-  }
-}
-
 }  // namespace
 
 std::vector<PackSidecar> PackSidecarsOf(const std::string& pack, bool building) {
@@ -90,8 +57,10 @@ std::string NotOurSidecar(const std::string& path, SidecarKind kind) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) return "";
-  const std::optional<std::string> read = Head(path);
-  if (!read) return "it cannot be read, so k3pack cannot tell it is " + std::string(KindName(kind));
+  // Unreadable: nothing tells it is ours (an empty head would have passed it
+  // as a crash's leftover, to be replaced).
+  const auto read = ReadFileHead(path, kLook);
+  if (!read.ok()) return "it cannot be read, so k3pack cannot tell it is " + std::string(KindName(kind));
   const std::string& head = *read;
   // What a crash leaves: a file created but not yet written (the journal's
   // 128-byte header stays zero until it is sealed, while its records are
@@ -113,7 +82,7 @@ Status CheckSidecarsAreOurs(const std::string& option, const std::string& pack, 
     std::string what;
     if (fs::is_symlink(lst) && !fs::exists(st)) continue;  // a dangling link: nothing to lose
     if (!fs::is_regular_file(st)) {
-      what = "it is " + NotAFile(st) + ", not " + KindName(s.kind);
+      what = "it is " + KindOf(st) + ", not " + KindName(s.kind);
     } else {
       what = NotOurSidecar(s.path, s.kind);
     }

@@ -259,6 +259,20 @@ Result<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
+Result<std::string> ReadFileHead(const std::string& path, size_t n) {
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+  std::string head(n, '\0');
+  auto got = PreadFull(fd.get(), head.data(), head.size(), 0);
+  if (!got.ok()) return got.error().WithContext("cannot read " + path);
+  head.resize(*got);
+  return head;
+}
+
+Status RemoveIfExists(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Error::FromErrno("cannot remove " + path, errno);
+  return Status::OK();
+}
+
 Result<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path, bool copy_on_write) {
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
   struct stat st;

@@ -126,6 +126,11 @@ bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_na
 // AtomicFile for a whole string.
 Status WriteFileAtomic(const std::string& path, std::string_view content);
 Result<std::string> ReadFileToString(const std::string& path);
+// The first `n` bytes of a file (fewer when it is shorter): what a check of a
+// file's kind needs, without reading a file of any size whole.
+Result<std::string> ReadFileHead(const std::string& path, size_t n);
+// Removes `path`; one that is not there is fine.
+Status RemoveIfExists(const std::string& path);
 
 // A read-only, shared mapping of a whole file. Views handed out from it keep
 // it alive through shared_ptr, so a tensor view never outlives its bytes.

@@ -19,9 +19,6 @@ namespace k3pack {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// "a character device", "a FIFO (named pipe)", ... for messages.
 std::string KindOf(const fs::file_status& st) {
   switch (st.type()) {
     case fs::file_type::regular: return "a file";
@@ -34,6 +31,8 @@ std::string KindOf(const fs::file_status& st) {
     default: return "not a regular file";
   }
 }
+
+namespace {
 
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
@@ -138,24 +137,22 @@ Status CheckOutputWritable(const std::string& option, const std::string& path) {
 namespace {
 
 std::string FirstBytes(const std::string& path, size_t n) {
-  auto fd = OpenReadOnly(path);
-  if (!fd.ok()) return "";
-  std::string head(n, '\0');
-  const ssize_t got = ::pread(fd->get(), head.data(), n, 0);
-  head.resize(got > 0 ? static_cast<size_t>(got) : 0);
-  return head;
+  auto head = ReadFileHead(path, n);
+  return head.ok() ? *head : std::string();
 }
 
 }  // namespace
+
+bool BeginsMagic(std::string_view head, std::string_view magic) {
+  return head.size() >= magic.size() ? head.starts_with(magic) : magic.starts_with(head);
+}
 
 FileStart ClassifyFileStart(const std::string& path) {
   if (!PathExists(path)) return FileStart::kMissing;
   std::string head = FirstBytes(path, 32);
   if (head.find_first_not_of('\0') == std::string::npos) return FileStart::kEmpty;
   if (head.starts_with("\xEF\xBB\xBF")) head.erase(0, 3);  // a byte-order mark before JSON
-  const auto begins = [&](std::string_view magic) {
-    return head.size() >= magic.size() ? head.starts_with(magic) : magic.starts_with(head);
-  };
+  const auto begins = [&](std::string_view magic) { return BeginsMagic(head, magic); };
   if (begins("GGUF")) return FileStart::kGguf;
   if (begins("GGMLMOEPACKv1")) return FileStart::kExpertPack;
   if (begins(std::string_view("K3TRACE\0", 8))) return FileStart::kTrace;

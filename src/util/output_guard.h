@@ -11,6 +11,7 @@
 // keyword ("out", "force=True") for Python.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -104,6 +105,11 @@ Status WriteIfStillAsSeen(const std::string& option, const std::string& path, co
 // as that kind when its bytes begin the magic: one cut short while written).
 // A file of NUL bytes only (as far as looked at: left by a crash) is kEmpty.
 enum class FileStart { kMissing, kEmpty, kGguf, kExpertPack, kTrace, kJson, kOther };
+// Whether a file's first bytes `head` are of a file that starts with `magic`:
+// all of it, or (a file cut short while its header was written) a prefix.
+bool BeginsMagic(std::string_view head, std::string_view magic);
+// "a file", "a directory", "a character device", "a FIFO (named pipe)", ...
+std::string KindOf(const std::filesystem::file_status& st);
 FileStart ClassifyFileStart(const std::string& path);
 // For messages: "a GGUF file", "an Expert Pack", "a k3pack routing trace",
 // "a JSON document", "an empty file", or "a file that starts with \"...\"".
