@@ -102,8 +102,10 @@ bool SameTrace(const trace::Trace& a, const trace::Trace& b) {
 
 // An SVG written by an earlier `trace sweep` (its title line is ours).
 bool IsOurPlot(const std::string& path) {
-  auto text = ReadFileToString(path);
-  return text.ok() && text->rfind("<svg", 0) == 0 && text->find("hit rate vs cache size") != std::string::npos;
+  // The title is in the first lines: a multi-GB file given as --svg by a
+  // slip was read whole only to be refused.
+  auto head = ReadFileHead(path, 64 << 10);
+  return head.ok() && head->starts_with("<svg") && head->find("hit rate vs cache size") != std::string::npos;
 }
 
 // An output of a trace command is never one of its inputs (--manifest, or
@@ -128,13 +130,19 @@ Status CheckPlotPath(const Args& a, const std::string& path) {
 
 // An existing file is kept when it already holds these bytes.
 Status WritePlot(const std::string& path, const std::string& svg) {
-  auto old = ReadFileToString(path);
-  if (old.ok() && *old == svg) return Status::OK();
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) == svg.size() && !ec) {  // else not these bytes: not read
+    auto old = ReadFileToString(path);
+    if (old.ok() && *old == svg) return Status::OK();
+  }
   return WriteFileAtomic(path, svg);
 }
 
 // A stats JSON written by an earlier k3pack store (the snapshot's own keys).
 bool IsOurStats(const std::string& path) {
+  // A snapshot is kilobytes: a far larger file is not one (and is not read).
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) > (64u << 20) || ec) return false;
   auto text = ReadFileToString(path);
   if (!text.ok()) return false;
   json j = json::parse(*text, nullptr, false);
