@@ -36,6 +36,15 @@ Status WriteInputsRecord(const std::string& pack, const ExpertSet& ex, const std
   return WriteFileAtomic(InputsRecordPathFor(pack), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
+Status RecordCurrentInputs(const std::string& pack, const ExpertSet& ex) {
+  std::vector<FileStamp> now;
+  for (const std::string& shard : ex.shard_paths) {
+    K3_ASSIGN_OR_RETURN(FileStamp stamp, StampFile(shard));
+    now.push_back(stamp);
+  }
+  return WriteInputsRecord(pack, ex, now);
+}
+
 std::string WhyInputsChanged(const std::string& pack, const ExpertSet& ex) {
   const std::string path = InputsRecordPathFor(pack);
   if (!PathExists(path)) return "";

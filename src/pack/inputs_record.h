@@ -26,6 +26,10 @@ namespace k3pack::pack {
 // atomically.
 Status WriteInputsRecord(const std::string& pack, const ExpertSet& ex, const std::vector<FileStamp>& stamps);
 
+// The record of the shards as they are now (after a full comparison showed
+// the pack holds their bytes).
+Status RecordCurrentInputs(const std::string& pack, const ExpertSet& ex);
+
 // "" when `pack` has no record or the shards of `ex` show what it records;
 // else why the pack is not of these shards ("source shard P changed since
 // the pack was built from it: its size went from A to B bytes").

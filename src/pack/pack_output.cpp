@@ -84,15 +84,9 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
           plan.invalid_reason = why + "; " + same.error().message();
           return false;
         }
-        // Every payload is these shards' now: record their stamps, or every
-        // later run read the whole pack again.
-        std::vector<FileStamp> now;
-        for (const std::string& shard : experts.shard_paths) {
-          auto stamp = StampFile(shard);
-          if (!stamp.ok()) break;
-          now.push_back(*stamp);
-        }
-        if (now.size() == experts.shard_paths.size()) K3_RETURN_IF_ERROR(WriteInputsRecord(out, experts, now));
+        // Every payload is these shards' now: record them, or every later
+        // run read the whole pack again.
+        K3_RETURN_IF_ERROR(RecordCurrentInputs(out, experts));
       }
       ValidateOptions vopts;
       vopts.payload_samples = 6;
