@@ -200,6 +200,13 @@ struct RepairResult {
 // repair.
 Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, const RepairOptions& options = {});
 
+// In OUT: `k3pack repair`'s record of a finished repair (recipe and files,
+// written last), and the marker Repair writes before its first shard and
+// `k3pack repair` removes after the record. While the marker is there, OUT
+// holds an unfinished repair, which a rerun finishes.
+inline constexpr const char* kRepairRecordName = "k3pack-repair.json";
+inline constexpr const char* kRepairMarkerName = ".k3pack-repair.partial";
+
 // What doctor still reports as errors on a repaired copy ("code object"), as
 // RepairResult::remaining_problems; an ssm_a error left is an internal error.
 // `k3pack repair --force` asks again once the replaced output's files are

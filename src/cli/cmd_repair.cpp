@@ -20,10 +20,8 @@
 namespace {
 
 namespace fs = std::filesystem;
-constexpr const char* kRepairRecord = "k3pack-repair.json";
-// Written by doctor::Repair before its first shard, removed here after the
-// record: OUT holds an unfinished repair while it is there.
-constexpr const char* kRepairMarker = ".k3pack-repair.partial";
+using k3pack::doctor::kRepairMarkerName;
+using k3pack::doctor::kRepairRecordName;
 
 // What a finished repair records in OUT, so a rerun of the same command is
 // reported as already built and --force knows the directory is ours.
@@ -33,7 +31,7 @@ nlohmann::json Recipe(const std::string& in, const std::string& fix) {
 }
 
 std::optional<nlohmann::json> RecordIn(const std::string& out) {
-  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairRecord).string());
+  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairRecordName).string());
   if (!text.ok()) return std::nullopt;
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
@@ -47,14 +45,14 @@ bool UnfinishedRepairIn(const std::string& out, nlohmann::json* recipe) {
   std::error_code ec;
   *recipe = nullptr;
   if (!fs::is_directory(out, ec)) return false;
-  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarker).string());
+  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarkerName).string());
   if (text.ok()) {
     nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
     if (j.is_object() && j.contains("k3pack_repair_in_progress")) *recipe = j["k3pack_repair_in_progress"];
     return true;
   }
   for (const auto& e : fs::directory_iterator(out, ec)) {
-    if (k3pack::IsAtomicTempNameOf(e.path().filename().string(), kRepairMarker)) return true;
+    if (k3pack::IsAtomicTempNameOf(e.path().filename().string(), kRepairMarkerName)) return true;
   }
   return false;
 }
@@ -204,7 +202,7 @@ int RunRepair(const std::vector<std::string>& argv) {
         written.insert(k3pack::cli::kProfileSidecar);
       }
     }
-    k3pack::Status st = k3pack::WriteFileAtomic((fs::path(pos[1]) / kRepairRecord).string(),
+    k3pack::Status st = k3pack::WriteFileAtomic((fs::path(pos[1]) / kRepairRecordName).string(),
                                                 k3pack::DumpJsonEscaped(nlohmann::json{{"recipe", recipe}, {"files", files}}) + "\n");
     if (!st.ok()) return k3pack::cli::ReportError("repair", st.error());
     // The new record stands: what only the replaced output had goes, then the marker.
@@ -212,7 +210,7 @@ int RunRepair(const std::vector<std::string>& argv) {
       if (!written.count(f)) fs::remove(fs::path(pos[1]) / f, ec);
     }
     fs::remove(fs::path(pos[1]) / "tokenizer", ec);  // only when empty now
-    fs::remove(fs::path(pos[1]) / kRepairMarker, ec);
+    fs::remove(fs::path(pos[1]) / kRepairMarkerName, ec);
     (void)k3pack::FsyncPath(pos[1]);
     if (!old_files.empty()) {
       auto remaining = k3pack::doctor::CheckRepairedOutput(pos[1], opt.profile);

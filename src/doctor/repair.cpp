@@ -68,25 +68,17 @@ Status CopyFileAtomic(const std::string& from, const std::string& to, uint64_t* 
   return out.Commit();
 }
 
-// Written into OUT before the first shard and removed by `k3pack repair`
-// after its record (k3pack-repair.json): while it is there, OUT holds an
-// unfinished repair, which the rerun finishes. Before, a kill at almost any
-// point left k3pack's files without the record, refused by every rerun as
-// "other files". cmd_repair.cpp reads the same names.
-constexpr const char* kPartialMarker = ".k3pack-repair.partial";
-constexpr const char* kRecord = "k3pack-repair.json";
-
 // OUT may be written: missing, empty, or holding a repair's own output (a
 // finished one, replaced by `--force`, or an unfinished one with its
 // marker, or only the temporary a kill left of the marker).
 bool HoldsOnlyRepairOutput(const std::string& out_dir) {
   std::error_code ec;
-  if (fs::is_empty(out_dir, ec) || fs::exists(fs::path(out_dir) / kPartialMarker, ec) ||
-      fs::exists(fs::path(out_dir) / kRecord, ec)) {
+  if (fs::is_empty(out_dir, ec) || fs::exists(fs::path(out_dir) / kRepairMarkerName, ec) ||
+      fs::exists(fs::path(out_dir) / kRepairRecordName, ec)) {
     return true;
   }
   for (const auto& e : fs::directory_iterator(out_dir, ec)) {
-    if (IsAtomicTempNameOf(e.path().filename().string(), kPartialMarker)) return true;
+    if (IsAtomicTempNameOf(e.path().filename().string(), kRepairMarkerName)) return true;
   }
   return false;
 }
@@ -180,7 +172,7 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     std::string fixes;
     for (const std::string& f : options.fixes) fixes += (fixes.empty() ? "" : ",") + f;
     const nlohmann::json marker = {{"k3pack_repair_in_progress", {{"input", ResolvedPathOrGiven(in)}, {"fix", fixes}}}};
-    K3_RETURN_IF_ERROR(WriteFileAtomic((fs::path(out_dir) / kPartialMarker).string(), marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
+    K3_RETURN_IF_ERROR(WriteFileAtomic((fs::path(out_dir) / kRepairMarkerName).string(), marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   }
   for (uint32_t i = 0; i < view->shards.size(); ++i) {
     const internal::Shard& sh = view->shards[i];
