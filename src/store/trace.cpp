@@ -245,7 +245,6 @@ namespace {
 class Sampler {
  public:
   void Build(const std::vector<double>& w) {
-    w_ = w;
     cum_.resize(w.size());
     double s = 0;
     for (size_t i = 0; i < w.size(); ++i) cum_[i] = (s += w[i]);
@@ -263,20 +262,22 @@ class Sampler {
     if (!(cum_.back() > 0)) return 0;
     double unused = 0;
     for (size_t e = 0; e < cum_.size(); ++e)
-      if (!used[e]) unused += cum_[e] - (e ? cum_[e - 1] : 0.0);
+      if (!used[e]) unused += Weight(e);
     return unused / cum_.back();
   }
   // The experts not marked in `marked`, heaviest first (ties: lowest id).
   std::vector<uint32_t> Heaviest(const std::vector<uint8_t>& marked) const {
     std::vector<uint32_t> order;
-    for (uint32_t e = 0; e < w_.size(); ++e)
+    for (uint32_t e = 0; e < cum_.size(); ++e)
       if (!marked[e]) order.push_back(e);
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return w_[a] > w_[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return Weight(a) > Weight(b); });
     return order;
   }
 
  private:
-  std::vector<double> w_;
+  // An expert's drawable weight: its step in the cumulative table (what a
+  // draw sees, below-rounding weights as 0).
+  double Weight(size_t e) const { return cum_[e] - (e ? cum_[e - 1] : 0.0); }
   std::vector<double> cum_;
 };
 
