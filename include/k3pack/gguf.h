@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -140,6 +141,11 @@ struct ShardName {
 std::optional<ShardName> ParseShardName(std::string_view file_name);
 // The inverse: "<prefix>-NNNNN-of-NNNNN.gguf" for a 1-based number.
 std::string ShardFileName(std::string_view prefix, uint32_t number, uint32_t count);
+
+// SGLang's verdict on the numbered files of a directory, given as (number,
+// count) pairs: its discovery error text, or empty when they form one
+// complete set (one count, numbers exactly 1..count).
+std::string SglangSetError(const std::vector<std::pair<int64_t, int64_t>>& numbered);
 
 struct ShardSetOptions {
   // Architecture required of every shard; empty accepts any.

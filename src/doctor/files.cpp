@@ -52,23 +52,6 @@ Result<std::shared_ptr<const gguf::GgufFile>> ParseCutOff(const std::string& pat
   }
 }
 
-// What SGLang's discovery says about a directory holding several numbered
-// sets: it takes every numbered *.gguf as one set (spec §3), so the counts
-// of all of them must agree and their numbers must be exactly 1..count.
-// Empty when the files happen to pass that check together.
-std::string DirectoryDiscoveryError(const std::vector<std::pair<int64_t, int64_t>>& numbered) {
-  std::set<int64_t> counts;
-  std::vector<int64_t> numbers;
-  for (const auto& [number, count] : numbered) counts.insert(count), numbers.push_back(number);
-  if (counts.size() > 1) return "GGUF shard filenames disagree on split count: " + PySet({counts.begin(), counts.end()});
-  std::sort(numbers.begin(), numbers.end());
-  const int64_t count = counts.empty() ? 0 : *counts.begin();
-  bool complete = static_cast<int64_t>(numbers.size()) == count;
-  for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
-  if (complete) return {};
-  return "GGUF shard set is incomplete: count=" + std::to_string(count) + ", numbers=" + PyList(numbers);
-}
-
 void OpenShard(Shard& s, Collector& out) {
   auto real = MappedFile::Open(s.path);
   if (!real.ok()) {
@@ -200,7 +183,8 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   }
 
   if (!prefix.empty()) {
-    const std::string whole = DirectoryDiscoveryError(numbered);
+    // SGLang takes every numbered *.gguf of the directory for one set.
+    const std::string whole = gguf::SglangSetError(numbered);
     for (const auto& [p, files] : sets) {
       if (p == prefix) continue;
       Finding& f = out.Add("several-shard-sets", v.dir,

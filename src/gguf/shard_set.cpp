@@ -82,6 +82,19 @@ Result<std::vector<std::string>> Ordered(const Candidate& c) {
 
 }  // namespace
 
+std::string SglangSetError(const std::vector<std::pair<int64_t, int64_t>>& numbered) {
+  std::set<int64_t> counts;
+  std::vector<int64_t> numbers;
+  for (const auto& [number, count] : numbered) counts.insert(count), numbers.push_back(number);
+  if (counts.size() > 1) return "GGUF shard filenames disagree on split count: " + PySet({counts.begin(), counts.end()});
+  std::sort(numbers.begin(), numbers.end());
+  const int64_t count = counts.empty() ? 0 : *counts.begin();
+  bool complete = static_cast<int64_t>(numbers.size()) == count;
+  for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
+  if (complete) return {};
+  return "GGUF shard set is incomplete: count=" + std::to_string(count) + ", numbers=" + PyList(numbers);
+}
+
 Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(fs::path(path), ec)) return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
