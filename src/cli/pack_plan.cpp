@@ -1,11 +1,13 @@
 #include "cli/pack_plan.h"
 
 #include <csignal>
+#include <iostream>
 #include <cstdlib>
 
 #include "cli/preflight.h"
 #include "cli/profile.h"
 #include "pack/pack_output.h"
+#include "pack/progress.h"
 #include "util/file.h"
 #include "util/progress.h"
 
@@ -42,6 +44,9 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   req.repair_existing = repair_existing;
   req.repair_hint = args.command() == "build" ? "--restart" : "--repair-damaged";
   req.ep = plan.ep;
+  K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
+  req.progress = pack::MakeProgressPrinter(mode);
+  req.note = [&args](const std::string& why) { std::cerr << "k3pack " << args.command() << ": note: " << why << "\n"; };
   auto take = [&plan](const pack::PackOutputPlan& out) {
     plan.action = out.action;
     plan.repair = out.repair;

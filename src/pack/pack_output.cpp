@@ -79,6 +79,14 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
         full.against_digests = false;
         full.against_source = true;
         full.ep = req.ep;
+        if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards (reads it once)");
+        if (req.progress) {
+          full.progress = [&req](const Progress& p) {
+            Progress shown = p;
+            shown.phase = "compare";  // not the user's `verify`: why the whole pack is read is the caller's note
+            req.progress(shown);
+          };
+        }
         auto same = VerifyPayloads(out, experts, full);
         if (!same.ok()) {
           plan.invalid_reason = why + "; " + same.error().message();

@@ -39,6 +39,11 @@ struct PackOutputRequest {
   // A finished pack is not judged: the caller repairs its damaged payloads.
   bool repair_existing = false;
   std::optional<ep::Rank> ep;
+  // Progress of the one long step a decision can take: comparing every
+  // payload of an existing pack with shards whose stamps changed. May be empty.
+  ProgressFn progress;
+  // Told why that comparison is made, before it starts. May be empty.
+  std::function<void(const std::string&)> note;
   // The caller's own look at the rest of its outputs, on this decision
   // (build: the checkpoint is one SGLang loads, and its manifest). Made in the
   // same pass, so its refusals too come before a lock file is made.

@@ -27,12 +27,19 @@ TEST(StalePack, APackOfEditedShardsIsNotReusedButACopiedOneIs) {
   // `pack` finishes the pack as `build` does before its manifest.
   ASSERT_EQ(RunCli(pack_args).first, 0);
   ASSERT_TRUE(PathExists(InputsRecordPathFor(pack)));
-  // Touched only (a copy without its times): compared in full, reused.
+  // Touched only (a copy without its times): compared in full, with a note
+  // saying why the whole pack is read and progress while it is, and reused.
   const ExpertTensor& up = model.experts.by_layer[0][1];
   const std::string shard = model.experts.shard_paths[up.tensor.shard_index];
   ASSERT_EQ(std::system(("touch -d '2001-01-01' '" + shard + "'").c_str()), 0);
-  auto [rc0, err0] = RunCli(pack_args);
+  std::vector<std::string> json_progress = pack_args;
+  json_progress.back() = "json";  // --progress
+  auto [rc0, err0] = RunCli(json_progress);
   EXPECT_EQ(rc0, 0) << err0;
+  EXPECT_NE(err0.find("note: source shard " + shard + " changed since the pack was built from it"), std::string::npos)
+      << err0;
+  EXPECT_NE(err0.find("comparing every payload of " + pack + " with the shards"), std::string::npos) << err0;
+  EXPECT_NE(err0.find("\"phase\":\"compare\""), std::string::npos) << err0;
   // Expert 1's up payload (entry 4; the six samples are entries 0, 28, 57, ...).
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
