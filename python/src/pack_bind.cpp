@@ -122,8 +122,10 @@ void RegisterPack(py::module_& m) {
         K3_ASSIGN_OR_RETURN(o.out_path, pack::DefaultPackPath(experts.shard_paths.front()));
       }
       // `k3pack pack`'s rule, before BuildPack creates its lock file beside the output.
-      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(PackRequest("out", o.out_path, model_config, experts, force),
-                                                     experts));
+      pack::PackOutputRequest req = PackRequest("out", o.out_path, model_config, experts, force);
+      req.progress = o.progress;  // the full comparison of a pack whose shards' stamps changed
+      if (o.log) req.note = [&o](const std::string& why) { o.log("note: " + why); };
+      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
       if (plan.action == OutputAction::kAlreadyBuilt) return pack::BuildResult{};
       o.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
       return pack::BuildPack(experts, o);
@@ -196,6 +198,9 @@ void RegisterPack(py::module_& m) {
         K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
       }
       pack::PackOutputRequest req = PackRequest("pack", out, model_config, experts, force);
+      req.note = [&](const std::string& why) {
+        if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
+      };
       // `k3pack build`'s manifest rule, in the plan's own pass (under the pack's lock; a refusal makes no
       // lock file): none of the inputs, the pack included.
       req.then = [&](const pack::PackOutputPlan& decided) -> Status {

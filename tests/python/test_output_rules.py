@@ -216,6 +216,22 @@ class OutputRules(unittest.TestCase):
                          (self.built["pack"]["size"], self.built["pack"]["index_sha256"]))
         self.assertEqual(digest(self.pack), before)
 
+    def test_build_pack_says_why_it_reads_a_reused_pack_whole(self):
+        # Shards copied without their times: every payload is compared with
+        # them once, with a note saying why and progress while it runs.
+        d = self.copy_model("m-touched")
+        config = os.path.join(d, "config.json")
+        k3pack.build_pack(d, config, safety_margin_gib=0)
+        shard = sorted(glob.glob(os.path.join(d, "*.gguf")))[0]
+        os.utime(shard, ns=(10**18, 10**18))
+        lines, phases = [], []
+        r = k3pack.build_pack(d, config, safety_margin_gib=0, log=lines.append,
+                              progress=lambda p: phases.append(p["phase"]))
+        self.assertTrue(r["already_built"])
+        self.assertTrue(any(line.startswith("note: source shard " + os.path.realpath(shard)) and
+                            "comparing every payload" in line for line in lines), lines)
+        self.assertIn("compare", phases)
+
     def test_build_refuses_a_stale_manifest_unless_force(self):
         d = self.copy_model("m6")
         manifest = os.path.join(d, MANIFEST_NAME)
