@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -157,6 +158,29 @@ bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_na
   return TempNamePid(file_name, base_name) > 0;
 }
 
+namespace {
+
+// A writer's temporary holds an flock from its creation to its writer's
+// exit, which the kernel drops however the writer ends. The pid in the name
+// alone cannot tell: a writer in another PID namespace sharing the directory
+// (a container) has a pid this process cannot see.
+bool TempIsAbandoned(const std::string& path, pid_t pid) {
+  if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) return false;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) return false;
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) return false;
+  // Between a writer's creating its temporary and locking it: left alone
+  // while new (a writer fills it from the start, so a live one's is recent).
+  constexpr int64_t kGraceNs = 10'000'000'000;
+  struct stat st;
+  struct timespec now;
+  if (::fstat(fd.get(), &st) != 0 || ::clock_gettime(CLOCK_REALTIME, &now) != 0) return false;
+  const int64_t age = (now.tv_sec - st.st_mtim.tv_sec) * 1'000'000'000LL + (now.tv_nsec - st.st_mtim.tv_nsec);
+  return age > kGraceNs;
+}
+
+}  // namespace
+
 size_t RemoveStaleTempFiles(const std::string& path) {
   const std::filesystem::path p(path);
   std::string dir = p.parent_path().string();
@@ -166,18 +190,16 @@ size_t RemoveStaleTempFiles(const std::string& path) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   size_t removed = 0;
-  std::vector<std::string> stale;
+  std::vector<std::pair<std::string, pid_t>> named;
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
-    const pid_t pid = TempNamePid(name, base);
-    // Only a writer that is gone: a live one (this process included) may be
-    // about to rename it.
-    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    stale.push_back(name);
+    if (const pid_t pid = TempNamePid(name, base); pid > 0) named.emplace_back(name, pid);
   }
   ::closedir(d);
-  for (const std::string& name : stale) {
-    if (::unlink((std::filesystem::path(dir) / name).c_str()) == 0) ++removed;
+  for (const auto& [name, pid] : named) {
+    const std::string full = (std::filesystem::path(dir) / name).string();
+    // Only a writer that is gone: a live one may be about to rename it.
+    if (TempIsAbandoned(full, pid) && ::unlink(full.c_str()) == 0) ++removed;
   }
   return removed;
 }
@@ -192,13 +214,13 @@ Result<AtomicFile> AtomicFile::Create(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   f.fd_ = UniqueFd(::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, kNewFileMode));
-  if (f.fd_.valid()) return f;
+  if (f.fd_.valid()) return f.MarkLive();
   // Every writer makes the directories an output path names (as `mkdir -p`).
   std::error_code ec;
   // (Another writer may have made it meanwhile: then it is there to use.)
   if (errno == ENOENT && (std::filesystem::create_directories(dir, ec) || std::filesystem::is_directory(dir, ec))) {
     f.fd_ = UniqueFd(::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, kNewFileMode));
-    if (f.fd_.valid()) return f;
+    if (f.fd_.valid()) return f.MarkLive();
   }
   // Filesystems without unnamed temporaries refuse with one of these; any
   // other error (no directory, no permission) is the named file's too.
@@ -208,7 +230,13 @@ Result<AtomicFile> AtomicFile::Create(const std::string& path) {
   f.tmp_ = UniqueTempName(path);
   f.fd_ = UniqueFd(::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kNewFileMode));
   if (!f.fd_.valid()) return Error::FromErrno("cannot write " + path, errno).WithHint(kAtomicHint);
-  return f;
+  return f.MarkLive();
+}
+
+AtomicFile&& AtomicFile::MarkLive() {
+  // Where flock is not supported the pid and the age still decide.
+  (void)::flock(fd_.get(), LOCK_EX | LOCK_NB);
+  return std::move(*this);
 }
 
 AtomicFile::~AtomicFile() {

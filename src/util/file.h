@@ -109,15 +109,19 @@ class AtomicFile {
 
  private:
   AtomicFile() = default;
+  // Takes the flock that marks the temporary as a live writer's.
+  AtomicFile&& MarkLive();
   std::string path_, tmp_;  // tmp_: the temporary's name; empty while it has none (O_TMPFILE)
   UniqueFd fd_;
   bool committed_ = false;
 };
 
 // Removes `<path>.<pid>.<n>.tmp` files (AtomicFile's named temporaries of
-// `path`) whose writer process no longer exists (kill(pid, 0) fails with
-// ESRCH): what a kill between naming the temporary and renaming it left.
-// Returns how many were removed. AtomicFile::Create calls it.
+// `path`) whose writer is gone: what a kill between naming the temporary and
+// renaming it left. Gone: no process of that pid here (kill(pid, 0) fails
+// with ESRCH), no flock on the file (a live writer holds one, also from
+// another PID namespace), and unchanged for 10 s. Returns how many were
+// removed. AtomicFile::Create calls it.
 size_t RemoveStaleTempFiles(const std::string& path);
 // Whether `file_name` is one of AtomicFile's named temporaries of a file
 // named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`).
