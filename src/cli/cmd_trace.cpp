@@ -137,7 +137,8 @@ int RunReplay(const std::vector<std::string>& argv) {
       .Option("--prefetch", "none | oracle-lookahead (prefetch the next record's experts)", "none")
       .Option("--lookahead", "records ahead for oracle-lookahead", "1")
       .Option("--stats", "write the store's stats JSON here at close (not with --simulate: no store)")
-      .Flag("--force", "replace an existing --stats file that is not a k3pack stats file")
+      .Flag("--force", "replace an existing --stats file another store wrote (e.g. SGLang's); a file that is not "
+                       "a stats file is never replaced")
       .Option("--object-bytes", "object size for --simulate without --manifest", "11956224")
       .Flag("--simulate", "policy only, no I/O")
       .Flag("--json", "print the report as JSON");
@@ -345,7 +346,7 @@ int RunSweep(const std::vector<std::string>& argv) {
             "traces): what 100%-accurate next-token predictions could add to eviction")
       .Option("--svg", "write the plot here (with --family all: one per family, named PATH-FAMILY.svg)",
               "trace-sweep.svg")
-      .Flag("--force", "replace an existing --svg file that is not a k3pack plot")
+      .Flag("--force", "replace an existing --svg image another program wrote; a file that is not an SVG is never replaced")
       .Option("--threads", "simulation threads", "2")
       .Option("--ep-size", "expert-parallel ranks: each rank replays only the routes to its experts with its own "
               "cache; --sizes are per rank (no plot, no informed bound)")

@@ -52,19 +52,16 @@ void ReportAlreadyBuilt(const std::string& command, const std::string& path, boo
 }
 
 Status CheckRegeneratedOutput(const Args& args, const std::string& option, const std::string& path,
-                              const std::string& why_refused, const std::function<bool(const std::string&)>& is_ours) {
+                              const std::string& why_refused, const std::function<bool(const std::string&)>& is_ours,
+                              FileStart own, const std::string& own_name) {
   OutputSpec spec;
   spec.option = option;
   spec.path = path;
   spec.force = args.Has("--force");
   spec.why_refused = why_refused;
-  // --force regenerates a plot or stats file, never an input of the kinds
-  // k3pack reads (a shard, a pack, a trace) given by a slip of the path.
-  spec.not_own_kind = [&]() -> std::string {
-    const FileStart kind = ClassifyFileStart(path);
-    if (kind != FileStart::kGguf && kind != FileStart::kExpertPack && kind != FileStart::kTrace) return "";
-    return "it is " + DescribeFileStart(path);
-  };
+  // --force regenerates a file of the kind the option writes (another
+  // program's plot), never a manifest or a shard given by a slip of the path.
+  spec.not_own_kind = [&] { return NotAFileOf(path, own, own_name); };
   // Before the run: a read-only directory found only at the end lost the run.
   K3_RETURN_IF_ERROR(CheckOutputWritable(option, path));
   // Before is_ours reads it: a device or pipe is never ours to replace.

@@ -52,11 +52,12 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command);
 void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key = "",
                         const nlohmann::json& fields = nlohmann::json::object());
 
-// The rule for an output each run regenerates (a plot, a run's stats, a
-// trace), which is never "already built": an existing file is replaced only
-// when `is_ours` says an earlier k3pack run wrote it, or with --force.
+// The rule for an output each run regenerates (a plot, a run's stats), which
+// is never "already built": an existing file is replaced when `is_ours` says
+// an earlier k3pack run wrote it, or with --force when it is of the kind
+// `own` (named `own_name` in messages); anything else never.
 Status CheckRegeneratedOutput(const Args& args, const std::string& option, const std::string& path,
-                              const std::string& why_refused,
-                              const std::function<bool(const std::string&)>& is_ours = {});
+                              const std::string& why_refused, const std::function<bool(const std::string&)>& is_ours,
+                              FileStart own, const std::string& own_name);
 
 }  // namespace k3pack::cli

@@ -125,7 +125,8 @@ Status NotAnInput(const Args& a, const std::string& option, const std::string& p
 // the sweep runs, so a refusal leaves no plot of the run written.
 Status CheckPlotPath(const Args& a, const std::string& path) {
   K3_RETURN_IF_ERROR(NotAnInput(a, "--svg", path, {"--trace", "--manifest"}));
-  return CheckRegeneratedOutput(a, "--svg", path, "it is not a plot written by `k3pack trace sweep`", IsOurPlot);
+  return CheckRegeneratedOutput(a, "--svg", path, "it is not a plot written by `k3pack trace sweep`", IsOurPlot,
+                                FileStart::kSvg, "an SVG plot");
 }
 
 // An existing file is kept when it already holds these bytes.
@@ -138,7 +139,8 @@ Status WritePlot(const std::string& path, const std::string& svg) {
   return WriteFileAtomic(path, svg);
 }
 
-// A stats JSON written by an earlier k3pack store (the snapshot's own keys).
+// A stats JSON written by an earlier k3pack store, the host store's or the
+// drop-in's (both have k3pack's section with its io_backend).
 bool IsOurStats(const std::string& path) {
   // A snapshot is kilobytes: a far larger file is not one (and is not read).
   std::error_code ec;
@@ -147,17 +149,17 @@ bool IsOurStats(const std::string& path) {
   if (!text.ok()) return false;
   json j = json::parse(*text, nullptr, false);
   return j.is_object() && j.contains("cache_policy") && j.contains("k3pack") && j["k3pack"].is_object() &&
-         j["k3pack"].contains("effective_capacity_experts");
+         j["k3pack"].contains("io_backend");
 }
 
 // The overwrite rule for `trace replay --stats`: the stats of a run are
-// never "already built"; an existing file is replaced only when an earlier
-// k3pack run wrote it, or with --force; an input is never replaced.
+// never "already built"; an existing file is replaced when a k3pack store
+// wrote it, or with --force when another store did (SGLang's); anything
+// else never (the store's rule, checked first: its refusal offers no --force).
 Status CheckStatsPath(const Args& a, const std::string& path) {
-  K3_RETURN_IF_ERROR(
-      CheckRegeneratedOutput(a, "--stats", path, "it is not a stats file written by a k3pack store", IsOurStats));
-  // What --force may replace is the store's rule: a stats file only.
-  return store::CheckStatsFile(path, "--stats");
+  K3_RETURN_IF_ERROR(store::CheckStatsFile(path, "--stats"));
+  return CheckRegeneratedOutput(a, "--stats", path, "it is a stats file another store wrote (SGLang's?)", IsOurStats,
+                                FileStart::kJson, "a stats file");
 }
 
 // An integer option within [lo, hi] (a usage error naming the option and

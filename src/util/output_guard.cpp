@@ -158,6 +158,9 @@ FileStart ClassifyFileStart(const std::string& path) {
   if (begins(std::string_view("K3TRACE\0", 8))) return FileStart::kTrace;
   const size_t first = head.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && (head[first] == '{' || head[first] == '[')) return FileStart::kJson;
+  if (first != std::string::npos && (head.compare(first, 4, "<svg") == 0 || head.compare(first, 5, "<?xml") == 0)) {
+    return FileStart::kSvg;
+  }
   return FileStart::kOther;
 }
 
@@ -169,6 +172,7 @@ std::string DescribeFileStart(const std::string& path) {
     case FileStart::kExpertPack: return "an Expert Pack";
     case FileStart::kTrace: return "a k3pack routing trace";
     case FileStart::kJson: return "a JSON document";
+    case FileStart::kSvg: return "an SVG image";
     case FileStart::kOther: break;
   }
   std::string shown;

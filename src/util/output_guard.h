@@ -104,7 +104,7 @@ Status WriteIfStillAsSeen(const std::string& option, const std::string& path, co
 // What a file is, from its first bytes (a file shorter than a magic counts
 // as that kind when its bytes begin the magic: one cut short while written).
 // A file of NUL bytes only (as far as looked at: left by a crash) is kEmpty.
-enum class FileStart { kMissing, kEmpty, kGguf, kExpertPack, kTrace, kJson, kOther };
+enum class FileStart { kMissing, kEmpty, kGguf, kExpertPack, kTrace, kJson, kSvg, kOther };
 // Whether a file's first bytes `head` are of a file that starts with `magic`:
 // all of it, or (a file cut short while its header was written) a prefix.
 bool BeginsMagic(std::string_view head, std::string_view magic);
@@ -112,7 +112,8 @@ bool BeginsMagic(std::string_view head, std::string_view magic);
 std::string KindOf(const std::filesystem::file_status& st);
 FileStart ClassifyFileStart(const std::string& path);
 // For messages: "a GGUF file", "an Expert Pack", "a k3pack routing trace",
-// "a JSON document", "an empty file", or "a file that starts with \"...\"".
+// "a JSON document", "an SVG image", "an empty file", or "a file that starts
+// with \"...\"".
 std::string DescribeFileStart(const std::string& path);
 
 // For OutputSpec::not_own_kind: "" when the file at `path` is missing, empty

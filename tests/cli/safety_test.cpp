@@ -329,6 +329,26 @@ TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + user_svg + " (--svg)")) << r.out;
   EXPECT_EQ(Snapshot(m), before);
+  // --force replaces another program's SVG, never a file of another kind (a
+  // manifest or config given by a slip of the path).
+  const std::string config = m + "/config.json", notes = m + "/notes.txt";
+  std::ofstream(notes) << "my notes\n";
+  const auto kept = Snapshot(m);
+  for (const std::string& other : {config, notes}) {
+    r = Cli("trace sweep --object-bytes 1000 --sizes 16,32 --force --svg " + Q(other));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "not an SVG plot")) << r.out;
+  }
+  EXPECT_EQ(Snapshot(m), kept);
+  const std::string other_svg = m + "/other.svg";
+  std::ofstream(other_svg) << "<?xml version=\"1.0\"?>\n<svg>another program's</svg>";
+  r = Cli("trace sweep --object-bytes 1000 --sizes 16,32 --force --svg " + Q(other_svg));
+  EXPECT_EQ(r.code, 0) << r.out;
+  auto plot = k3pack::ReadFileToString(other_svg);
+  ASSERT_TRUE(plot.ok());
+  EXPECT_TRUE(Contains(*plot, "hit rate vs cache size"));
+  fs::remove(notes);
+  fs::remove(other_svg);
   // Before, a plot path that could not be written failed after the whole
   // sweep, and its table was lost; now before the sweep runs.
   r = Cli("trace sweep --object-bytes 1000 --sizes 16,32 --json --svg " + Q(user_svg + "/plot.svg"));

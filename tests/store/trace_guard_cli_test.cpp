@@ -47,8 +47,16 @@ TEST(TraceGuardCli, ReplayStatsNeverReplacesAnUnrelatedFile) {
   Spit(keep, "precious\n");
   CliRun r = Cli(f.Replay("--stats " + keep));
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_NE(r.out.find("refusing to overwrite existing " + keep + " (--stats)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("over " + keep + " (--stats): it is a file that starts with"), std::string::npos) << r.out;
+  // The hint offers no --force, which would be refused too.
+  EXPECT_EQ(r.out.find("pass --force"), std::string::npos) << r.out;
   EXPECT_EQ(Slurp(keep), "precious\n");
+  Spit(keep, "{\"model_type\": \"kimi\"}\n");  // a JSON document, not stats (a config given by a slip)
+  r = Cli(f.Replay("--stats " + keep));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("it is a JSON document, not a stats file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("pass --force"), std::string::npos) << r.out;
+  Spit(keep, "precious\n");
 
   // Not even with --force: the store replaces only a stats file (a slip of
   // the path once wrote the counters over the pack being served).
@@ -60,10 +68,18 @@ TEST(TraceGuardCli, ReplayStatsNeverReplacesAnUnrelatedFile) {
   // A stats file (SGLang's keys, without k3pack's) is replaced with --force,
   // and the stats written are then ours, refreshed by a later run without it.
   Spit(keep, "{\"cache_policy\": \"reuse-lfu-lru-v2\"}\n");
+  r = Cli(f.Replay("--stats " + keep));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("it is a stats file another store wrote"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pass --force"), std::string::npos) << r.out;
   r = Cli(f.Replay("--stats " + keep + " --force"));
   ASSERT_EQ(r.code, 0) << r.out;
   const std::string first = Slurp(keep);
   EXPECT_NE(first.find("\"k3pack\""), std::string::npos) << first;
+  r = Cli(f.Replay("--stats " + keep));
+  EXPECT_EQ(r.code, 0) << r.out;
+  // The drop-in's stats (the device tier's k3pack section) are k3pack's too.
+  Spit(keep, "{\"cache_policy\": \"reuse-lfu-lru-v2\", \"k3pack\": {\"io_backend\": \"auto\", \"slot_memory\": \"host\"}}\n");
   r = Cli(f.Replay("--stats " + keep));
   EXPECT_EQ(r.code, 0) << r.out;
 
