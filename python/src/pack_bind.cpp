@@ -252,9 +252,9 @@ void RegisterPack(py::module_& m) {
      "the profile, and whether both are already built");
 
   m.def("validate_pack", [](const std::string& pack_path, const std::string& gguf_dir, const std::string& model_config,
-                            const std::string& profile, py::object allow_mixed_types, int64_t payload_samples,
+                            const py::object& profile, py::object allow_mixed_types, int64_t payload_samples,
                             bool full_pack_hash, py::object progress) {
-    kimi::Profile p = ProfileArg(profile);
+    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
     bool mixed = allow_mixed_types.is_none() ? p == kimi::Profile::kScaled : allow_mixed_types.cast<bool>();
     pack::ValidateOptions o;
     o.payload_samples = payload_samples;
@@ -272,9 +272,10 @@ void RegisterPack(py::module_& m) {
     signals->RaiseIfInterrupted();
     return JsonToPython(Unwrap(std::move(r)));
   }, py::arg("pack_path"), py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(),
-     py::arg("profile") = "kimi-k3", py::arg("allow_mixed_types") = py::none(), py::arg("payload_samples") = 6,
+     py::arg("profile") = py::none(), py::arg("allow_mixed_types") = py::none(), py::arg("payload_samples") = 6,
      py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
-     "SGLang's validate_ggml_moe_pack: returns the manifest's expert_pack section");
+     "SGLang's validate_ggml_moe_pack: returns the manifest's expert_pack section. profile=None: the one "
+     "recorded beside the inputs (as build_pack), else kimi-k3");
 
   m.def("_implied_inputs", [](const std::string& gguf_dir, const std::string& model_config,
                               const std::string& tokenizer_dir) {

@@ -230,6 +230,8 @@ class PackManifestStore(unittest.TestCase):
     def test_validate_and_verify(self):
         section = k3pack.validate_pack(self.pack, self.model, self.config, profile="scaled")
         self.assertEqual(section["index_sha256"], self.built["pack"]["index_sha256"])
+        # profile=None (the default): the profile synth recorded, as build_pack.
+        self.assertEqual(k3pack.validate_pack(self.pack, self.model, self.config), section)
         r = k3pack.verify_pack(self.manifest)
         self.assertEqual((r["structure"], r["payload_mode"]), ("ok", "samples"))
         self.assertGreater(r["entries_checked"], 0)
