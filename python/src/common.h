@@ -30,6 +30,15 @@ namespace py = pybind11;
 // non-zero errno is stored in `errno` (OSError family).
 [[noreturn]] void Raise(const k3pack::Error& error);
 
+// Raise() for what BuildPack returned. A copy stopped by SIGINT / SIGTERM
+// (pack::InterruptExitCode) checkpointed and returned; its handler kept the
+// signal from Python meanwhile. The signal is delivered now, to what Python
+// does with it: Ctrl-C raises KeyboardInterrupt, as every other long call
+// does, with the error's text (where the rerun resumes) as its argument;
+// SIGTERM's default ends the process. A handler that raises nothing leaves
+// the error itself raised.
+[[noreturn]] void RaiseBuildError(const k3pack::Error& error);
+
 // Returns the value or raises.
 template <typename T>
 T Unwrap(k3pack::Result<T>&& r) {

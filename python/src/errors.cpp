@@ -1,9 +1,11 @@
 // ErrorKind -> Python exception class, and the numpy view helper.
 #include <Python.h>
 
+#include <csignal>
 #include <cstring>
 
 #include "common.h"
+#include "k3pack/pack.h"
 
 namespace k3py {
 namespace {
@@ -71,6 +73,19 @@ void Raise(const k3pack::Error& error) {
   }
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw py::error_already_set();
+}
+
+void RaiseBuildError(const k3pack::Error& error) {
+  const int code = k3pack::pack::InterruptExitCode(error);
+  if (code <= 128) Raise(error);
+  ::raise(code - 128);  // Python's C handler only records it; PyErr_CheckSignals runs the Python one
+  if (PyErr_CheckSignals() == 0) Raise(error);
+  py::error_already_set raised;
+  // default_int_handler's KeyboardInterrupt says nothing: it says where to resume.
+  if (raised.matches(PyExc_KeyboardInterrupt) && py::len(raised.value().attr("args")) == 0) {
+    raised.value().attr("args") = py::make_tuple(py::str(error.message()));
+  }
+  throw raised;
 }
 
 py::dtype Dtype(const char* typestr) {

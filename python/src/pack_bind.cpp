@@ -131,7 +131,8 @@ void RegisterPack(py::module_& m) {
       return pack::BuildPack(experts, o);
     }();
     waiting.RaiseIfInterrupted();
-    pack::BuildResult b = Unwrap(std::move(r));
+    if (!r.ok()) RaiseBuildError(r.error());
+    pack::BuildResult b = std::move(r).value();
     py::dict d;
     if (plan.action == OutputAction::kAlreadyBuilt) {
       // A valid pack of these shards is there: nothing was written (the CLI's "already built").

@@ -109,7 +109,7 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   // The merged pack is an unnamed file until it is complete: nothing is left to resume.
-  ExitOnInterrupt(std::string("k3pack ") + kCmd + ": interrupted; no merged pack was written, rerun the command to start over");
+  StopOnSignals(kCmd, "no merged pack was written, rerun the command to start over");
   auto wait = LockWaitOf(args, kCmd);
   if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
   const k3pack::ScopedLockWait waiting(*wait);

@@ -106,7 +106,7 @@ int RunManifest(const std::vector<std::string>& argv) {
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   // The manifest is renamed into place whole: an interrupted run leaves the old one as it was.
-  ExitOnInterrupt(std::string("k3pack ") + kCmd + ": interrupted; nothing was written, rerun the command to start over");
+  StopOnSignals(kCmd, "nothing was written, rerun the command to start over");
   if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true, .pack = true}); !s.ok())
     return ReportError(kCmd, s.error(), kExitUsage);
   Values v;

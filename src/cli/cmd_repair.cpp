@@ -91,8 +91,7 @@ int RunRepair(const std::vector<std::string>& argv) {
   const auto& pos = args.positionals();
   using k3pack::cli::OutputAction;
   // The copy is marked as this command's until its record is written: the rerun finishes it.
-  k3pack::ExitOnInterrupt("k3pack repair: interrupted; " + pos[1] +
-                          " holds an unfinished copy: rerun the same command to finish it");
+  k3pack::cli::StopOnSignals("repair", pos[1] + " holds an unfinished copy: rerun the same command to finish it");
   const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"));
   // Held from the look at OUT to the record written last (Repair, which
   // makes a missing OUT, takes it again): two repairs into one directory, or

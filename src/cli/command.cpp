@@ -3,10 +3,12 @@
 #include "util/edit_distance.h"
 #include "util/utf8.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -28,16 +30,22 @@ class CountingBuf : public std::streambuf {
  protected:
   int_type overflow(int_type c) override {
     if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+    Taken();
     ++count_;
     return inner_->sputc(traits_type::to_char_type(c));
   }
   std::streamsize xsputn(const char* s, std::streamsize n) override {
+    if (n > 0) Taken();
     count_ += static_cast<uint64_t>(n);
     return inner_->sputn(s, n);
   }
   int sync() override { return inner_->pubsync(); }
 
  private:
+  // The command's own JSON has begun: a stop no longer adds the error object.
+  void Taken() {
+    if (count_ == 0) StdoutTaken();
+  }
   std::streambuf* inner_;
   uint64_t count_ = 0;
 };
@@ -55,8 +63,9 @@ void ExpectJsonOutput() {
   std::cout.rdbuf(g_json_stdout);
 }
 
-void PrintJsonError(const std::string& command, const Error& error, int exit_code) {
-  if (!g_json_stdout || g_json_stdout->count() > 0) return;
+// README: `command`, `error` = the first line, `message`, `error_kind`,
+// `exit_code`, and `hint` and `errno` when the error has them.
+nlohmann::json JsonError(const std::string& command, const Error& error, int exit_code) {
   nlohmann::json j = {{"command", command},
                       {"error", error.headline()},
                       {"message", error.message()},
@@ -64,7 +73,42 @@ void PrintJsonError(const std::string& command, const Error& error, int exit_cod
                       {"exit_code", exit_code}};
   if (const std::string hint = error.hint(); !hint.empty()) j["hint"] = hint;
   if (error.sys_errno() != 0) j["errno"] = error.sys_errno();
-  PrintJson(std::move(j));
+  return j;
+}
+
+void PrintJsonError(const std::string& command, const Error& error, int exit_code) {
+  if (!g_json_stdout || g_json_stdout->count() > 0) return;
+  PrintJson(JsonError(command, error, exit_code));
+}
+
+// What a stop signal ends the running command with (StopOnSignals); the
+// report is made again when Parse learns that stdout is JSON.
+struct StopAdvice {
+  std::string command, advice;
+};
+std::optional<StopAdvice> g_stop_advice;
+
+void InstallStopReport(const StopAdvice& a) {
+  // The same error a stopped copy returns (errno EINTR), so --json reads alike.
+  const Error error("interrupted; " + a.advice, ErrorKind::kOS, EINTR);
+  StopReport report;
+  report.line = "k3pack " + a.command + ": " + error.message();
+  if (g_json_stdout) {
+    report.stdout_on_sigint = DumpJsonEscaped(JsonError(a.command, error, kExitInterrupted)) + "\n";
+    report.stdout_on_sigterm = DumpJsonEscaped(JsonError(a.command, error, kExitTerminated)) + "\n";
+  }
+  ExitOnStopSignals(report);
+}
+
+// Every command's stop handling is in place once its words parsed, before
+// its first step. Test seam: K3PACK_TEST_STOP_AT_START=1 then makes the
+// process stop itself (SIGSTOP), so a test can send a real signal there.
+void StopOnSignalsFromHere(const std::string& command) {
+  // What the command said before its words parsed stands (pack, build).
+  if (!g_stop_advice || g_stop_advice->command != command) g_stop_advice = StopAdvice{command, kNothingToResume};
+  InstallStopReport(*g_stop_advice);
+  const char* seam = std::getenv("K3PACK_TEST_STOP_AT_START");
+  if (seam != nullptr && std::string(seam) == "1") ::raise(SIGSTOP);
 }
 
 }  // namespace
@@ -241,6 +285,12 @@ std::string Args::Suggest(const std::string& word) const {
 }
 
 bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
+  if (!ParseWords(argv, exit_code)) return false;
+  StopOnSignalsFromHere(command_);
+  return true;
+}
+
+bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
   // `--` ends the options (POSIX): every word after it is an argument, so a
   // path that starts with "-" can be given (`k3pack inspect -- --odd-name`).
   const auto options_end = std::find(argv.begin(), argv.end(), "--");
@@ -495,8 +545,12 @@ void AddProgressOption(Args& args) {
 
 Result<ProgressMode> ProgressModeOf(const Args& args) { return ParseProgressMode(args.Get("--progress"), StderrIsTty()); }
 
-std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string& command) {
-  ExitOnInterrupt("k3pack " + command + ": interrupted; nothing to resume, rerun the command to start over");
+void StopOnSignals(const std::string& command, const std::string& advice) {
+  g_stop_advice = StopAdvice{command, advice};
+  InstallStopReport(*g_stop_advice);
+}
+
+std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string&) {
   ProgressReporter::Options o;
   o.mode = mode;
   return std::make_unique<ProgressReporter>(o);

@@ -65,7 +65,8 @@ class Args {
   Args& RequiresValueOtherThan(std::string name, std::string companion, std::string inert, std::string why = {});
 
   // Returns false and prints to stderr (exit code 2) on a usage error, or
-  // prints help (exit code 0) on --help; `exit_code` says which.
+  // prints help (exit code 0) on --help; `exit_code` says which. Parsed, the
+  // command is stopped by SIGINT / SIGTERM as StopOnSignals says.
   bool Parse(const std::vector<std::string>& argv, int* exit_code);
 
   bool Has(const std::string& name) const;                 // option given or flag set
@@ -82,6 +83,7 @@ class Args {
   void Set(const std::string& name, std::string value);
 
  private:
+  bool ParseWords(const std::vector<std::string>& argv, int* exit_code);
   struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; bool repeatable = false; };
   struct ExclusiveGroup { std::vector<std::string> names; std::string why; };
   struct Requirement {
@@ -125,6 +127,7 @@ inline constexpr int kExitOk = 0;           // done (also: output already built)
 inline constexpr int kExitFailed = 1;       // the input is bad or a check failed
 inline constexpr int kExitUsage = 2;        // unknown flag, bad value, conflicting flags
 inline constexpr int kExitInterrupted = 130;  // SIGINT; rerun the same command to resume
+inline constexpr int kExitTerminated = 143;   // SIGTERM; as 130
 
 // Prints "k3pack <cmd>: error: <message>" (message may be several lines)
 // and returns the exit code to use (1 by default).
@@ -163,9 +166,21 @@ void AddProgressOption(Args& args);
 // The mode --progress asks for: auto is a bar on a terminal, else one line
 // every 10 s. The error names the option (a usage error: exit code 2).
 Result<ProgressMode> ProgressModeOf(const Args& args);
-// The reporter of a command with nothing to resume; Ctrl-C then ends the bar
-// line, says "k3pack <command>: interrupted" and exits 130.
+// The reporter of a long command (a stop signal ends its bar line: see
+// StopOnSignals).
 std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string& command);
+
+// What an interrupted command left, for the one line it ends with.
+inline constexpr const char* kNothingToResume = "nothing to resume, rerun the command to start over";
+// From the moment its words parsed (Args::Parse), before any work, every
+// command ends on SIGINT / SIGTERM with one line on stderr, "k3pack COMMAND:
+// interrupted; ADVICE" (kNothingToResume unless the command said otherwise
+// here), with --json the JSON error (exit_code 130 / 143, errno EINTR) on
+// stdout unless the command's own JSON has begun, and exit 130 / 143, never a
+// bare death by signal. Outputs are written through AtomicFile, so what is
+// under an output name is the old file or none. The same stop told twice
+// (`timeout`) is one stop. Called before Parse, it takes effect there.
+void StopOnSignals(const std::string& command, const std::string& advice);
 
 }  // namespace k3pack::cli
 

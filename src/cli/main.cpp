@@ -35,7 +35,9 @@ void PrintHelp() {
                "  0    done (also: the output is already built)\n"
                "  1    the input is bad or a check failed\n"
                "  2    usage error: unknown flag, bad value, conflicting flags\n"
-               "  130  interrupted (Ctrl-C); rerun the same command to resume\n";
+               "  130  interrupted (Ctrl-C, SIGINT): one line says what was left (with --json, the JSON error on stdout);\n"
+               "       rerun the same command to resume\n"
+               "  143  stopped by SIGTERM (kill, timeout): as 130\n";
 }
 
 // A process started with stdin, stdout or stderr closed (`k3pack build 2>&-`,

@@ -1,6 +1,5 @@
 #include "cli/pack_plan.h"
 
-#include <csignal>
 #include <iostream>
 #include <cstdlib>
 
@@ -66,9 +65,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
 }
 
 void StopCleanlyOnSignals(const std::string& command) {
-  ExitOnStopSignals("k3pack " + command + ": interrupted; rerun the same command to continue");
-  const char* seam = std::getenv("K3PACK_TEST_STOP_AT_START");
-  if (seam != nullptr && std::string(seam) == "1") ::raise(SIGSTOP);
+  StopOnSignals(command, "rerun the same command to continue");
 }
 
 }  // namespace k3pack::cli

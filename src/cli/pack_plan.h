@@ -50,14 +50,12 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
                           const std::optional<ep::Rank>& rank = std::nullopt,
                           const std::function<Status(const PackPlan&)>& then = {});
 
-// The first thing `pack` and `build` do, before any work: from here on a
-// SIGINT / SIGTERM ends the command with one line, "k3pack CMD: interrupted;
-// rerun the same command to continue", and exit 130 / 143, never a bare
-// death by signal. Outside the copy (which checkpoints on its own, see
-// RunCopy) the files on disk are at every moment ones the rerun continues
-// from, as after a `kill -9`. Test seam: K3PACK_TEST_STOP_AT_START=1 makes
-// the process stop itself (SIGSTOP) right after installing the handler,
-// before its first step, so a test can send a real signal at that moment.
+// The first thing `pack` and `build` do, before any work: from the moment
+// their words parsed a SIGINT / SIGTERM ends the command with one line,
+// "k3pack CMD: interrupted; rerun the same command to continue", and exit
+// 130 / 143 (StopOnSignals), never a bare death by signal. Outside the copy
+// (which checkpoints on its own, see RunCopy) the files on disk are at every
+// moment ones the rerun continues from, as after a `kill -9`.
 void StopCleanlyOnSignals(const std::string& command);
 
 }  // namespace k3pack::cli

@@ -29,16 +29,25 @@ using Clock = std::chrono::steady_clock;
 
 // SIGINT / SIGTERM during the copy: the handler only records the signal; the
 // coordinator sees it within its 100 ms tick, lets the workers finish their
-// batch, checkpoints what is durable and returns. A second signal while that
-// happens takes the default action (the checkpoint on disk is valid at every
-// moment, so nothing is lost but the last batch).
+// batch, checkpoints what is durable and returns. The same stop told twice
+// (GNU timeout signals the command and its process group: TakeStopSignal)
+// is one stop; a second one a moment later takes the default action (the
+// checkpoint on disk is valid at every moment, so nothing is lost but the
+// last batch).
 std::atomic<int> g_stop_signal{0};
 
 extern "C" void OnStopSignal(int sig) {
-  int none = 0;
-  if (!g_stop_signal.compare_exchange_strong(none, sig)) {
-    ::signal(sig, SIG_DFL);
-    ::raise(sig);
+  switch (TakeStopSignal()) {
+    case StopSignalTurn::kFirst:
+      g_stop_signal.store(sig);
+      return;
+    case StopSignalTurn::kRepeat:
+      return;
+    case StopSignalTurn::kInsist:
+      ProgressEndLineForSignal();
+      ::signal(sig, SIG_DFL);
+      ::raise(sig);
+      return;
   }
 }
 
@@ -46,6 +55,7 @@ class StopSignals {
  public:
   StopSignals() {
     g_stop_signal.store(0);
+    ForgetStopSignals();
     InstallUnlessIgnored(SIGINT, OnStopSignal, SA_RESTART, &old_int_);
     InstallUnlessIgnored(SIGTERM, OnStopSignal, SA_RESTART, &old_term_);
   }
@@ -57,7 +67,10 @@ class StopSignals {
     ::sigaction(SIGINT, &old_int_, nullptr);
     ::sigaction(SIGTERM, &old_term_, nullptr);
     const int sig = g_stop_signal.load();
-    if (sig != 0 && !reported_) ::raise(sig);
+    if (sig != 0 && !reported_) {
+      ForgetStopSignals();  // handed on, it is the stop, not a repeat of it
+      ::raise(sig);
+    }
   }
   // The copy returns an error for this run (the signal's own, or another):
   // the signal needs no second delivery.

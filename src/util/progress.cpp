@@ -6,7 +6,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
-#include <initializer_list>
+#include <cerrno>
+#include <ctime>
 
 #include <nlohmann/json.hpp>
 
@@ -18,8 +19,14 @@ namespace {
 // Set while a bar line is drawn without its newline; read by the signal
 // handler (a lock-free atomic is async-signal-safe).
 std::atomic<bool> g_line_open{false};
-char g_interrupt_message[512];
-size_t g_interrupt_len = 0;
+// The report a stop signal prints. Each ExitOnStopSignals publishes a new one
+// and never frees the old: a handler on another thread may be reading it.
+std::atomic<const StopReport*> g_stop_report{nullptr};
+std::atomic<bool> g_stdout_taken{false};
+// CLOCK_MONOTONIC time of the first stop signal, +1 (0: none yet).
+std::atomic<int64_t> g_first_stop_ns{0};
+static_assert(std::atomic<const StopReport*>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+              "read in signal handlers");
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -37,20 +44,24 @@ std::string ItemRate(double per_s, const std::string& unit) {
   return buf;
 }
 
-extern "C" void OnInterrupt(int sig) {
-  ProgressEndLineForSignal();
-  if (g_interrupt_len) {
-    ssize_t ignored = ::write(STDERR_FILENO, g_interrupt_message, g_interrupt_len);
-    (void)ignored;
+void WriteAll(int fd, const std::string& bytes) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0 && errno != EINTR) return;
+    if (n > 0) done += static_cast<size_t>(n);
   }
-  ::_exit(128 + sig);  // 130 for SIGINT, 143 for SIGTERM
 }
 
-void InstallInterruptHandler(const std::string& message, std::initializer_list<int> signals) {
-  const std::string m = message + "\n";
-  g_interrupt_len = std::min(m.size(), sizeof g_interrupt_message);
-  std::memcpy(g_interrupt_message, m.data(), g_interrupt_len);
-  for (int sig : signals) InstallUnlessIgnored(sig, OnInterrupt);
+// Only reads what was built before: no allocation, no stdio, no locks.
+extern "C" void OnStopExit(int sig) {
+  // The second half of a stop told twice: the first is printing and exiting.
+  if (TakeStopSignal() == StopSignalTurn::kRepeat) return;
+  ProgressEndLineForSignal();
+  if (const StopReport* r = g_stop_report.load()) {
+    WriteAll(STDERR_FILENO, r->line);
+    if (!g_stdout_taken.load()) WriteAll(STDOUT_FILENO, sig == SIGTERM ? r->stdout_on_sigterm : r->stdout_on_sigint);
+  }
+  ::_exit(128 + sig);  // 130 for SIGINT, 143 for SIGTERM
 }
 
 }  // namespace
@@ -260,9 +271,25 @@ void ProgressEndLineForSignal() {
   }
 }
 
-void ExitOnInterrupt(const std::string& message) { InstallInterruptHandler(message, {SIGINT}); }
+void ExitOnStopSignals(const StopReport& report) {
+  auto* r = new StopReport(report);
+  r->line += "\n";
+  g_stop_report.store(r);
+  for (int sig : {SIGINT, SIGTERM}) InstallUnlessIgnored(sig, OnStopExit);
+}
 
-void ExitOnStopSignals(const std::string& message) { InstallInterruptHandler(message, {SIGINT, SIGTERM}); }
+void StdoutTaken() { g_stdout_taken.store(true); }
+
+StopSignalTurn TakeStopSignal() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec + 1;
+  int64_t first = 0;
+  if (g_first_stop_ns.compare_exchange_strong(first, now)) return StopSignalTurn::kFirst;
+  return now - first < kSameStopWindowNs ? StopSignalTurn::kRepeat : StopSignalTurn::kInsist;
+}
+
+void ForgetStopSignals() { g_first_stop_ns.store(0); }
 
 void InstallUnlessIgnored(int sig, void (*handler)(int), int flags, struct sigaction* old) {
   struct sigaction previous {};

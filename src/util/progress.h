@@ -12,6 +12,7 @@
 
 #include <signal.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -88,16 +89,48 @@ class ProgressReporter {
 // handlers (e.g. pack/build's checkpointing one).
 void ProgressEndLineForSignal();
 
-// For commands with nothing to resume: on SIGINT, end the bar line, print
-// `message` (plus a newline) to stderr and exit with 130.
-void ExitOnInterrupt(const std::string& message);
+// What a command prints when a stop signal ends it, made before any signal
+// comes: the handler only writes these bytes.
+struct StopReport {
+  std::string line;              // stderr: "k3pack CMD: interrupted; ..." (a newline is added)
+  std::string stdout_on_sigint;  // stdout (--json): the error object for exit 130, with its newline; or ""
+  std::string stdout_on_sigterm;  // the same for exit 143
+};
 
-// For pack and build, whose files on disk can be resumed at every moment
-// (the state a `kill -9` leaves is one the rerun continues from): on SIGINT
-// or SIGTERM, end the bar line, print `message` and exit 128 + the signal
-// (130 / 143). Installed before any work; the copy phase puts its own
-// checkpointing handler in place while it runs and restores this one after.
-void ExitOnStopSignals(const std::string& message);
+// Every command, from before its first step (cli: Args::Parse): on SIGINT or
+// SIGTERM, end the bar line, print `report` and exit 128 + the signal (130 /
+// 143). Called again, the later report replaces the earlier one (a command
+// that knows better what an interruption leaves says so). Pack and build,
+// whose files on disk can be resumed at every moment (the state a `kill -9`
+// leaves is one the rerun continues from), keep this handler outside their
+// copy; the copy puts its own checkpointing handler in place while it runs
+// and restores this one after.
+void ExitOnStopSignals(const StopReport& report);
+
+// The command began printing its result on stdout: a stop from now on adds
+// no JSON error to it (a script would read two objects, or a broken one).
+// Async-signal-safe.
+void StdoutTaken();
+
+// One stop can arrive as two signals: GNU `timeout` sends its signal to the
+// command and then to the command's whole process group, which the command
+// is in, so both land within microseconds. A stop signal within this long
+// of the first is that same stop; only a later one is a second request.
+inline constexpr int64_t kSameStopWindowNs = 1'000'000'000;
+
+enum class StopSignalTurn {
+  kFirst,   // the stop: act on it
+  kRepeat,  // the same stop told again (within kSameStopWindowNs): ignore it
+  kInsist,  // a later, second stop while the first is being acted on: exit now
+};
+
+// Every stop handler asks this first. Async-signal-safe (an atomic and
+// clock_gettime(CLOCK_MONOTONIC)).
+StopSignalTurn TakeStopSignal();
+// The next stop signal is a first one again: for a new copy in a process
+// that lives on (Python), and before a recorded stop is handed to the
+// handler that was there before the copy.
+void ForgetStopSignals();
 
 // Puts `handler` in place for `sig` and returns the previous disposition in
 // `*old` (when given), unless the process ignores `sig`: an ignored signal
