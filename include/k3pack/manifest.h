@@ -249,7 +249,8 @@ struct CreateOptions {
   std::string created_at;
   // Status lines for the steps (scan, hashing shards); may be empty.
   std::function<void(const std::string&)> progress;
-  // Byte progress of pack validation (the whole-pack hash is long); may be empty.
+  // Byte progress of the long steps: the whole-shard digests ("hash shards")
+  // and the pack's validation ("hash pack" with full_pack_hash); may be empty.
   pack::ProgressFn pack_progress;
   // The pack is this expert-parallel rank's pack: recorded as k3pack.ep, and
   // payload samples are taken among its experts. Unset: taken from the

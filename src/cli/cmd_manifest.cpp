@@ -55,11 +55,16 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   inputs.push_back({"--manifest", output});
   K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(inputs));
 
+  std::unique_ptr<ProgressReporter> reporter;
   if (v.mode != pack::ProgressMode::kNone) {
-    // Step lines on a terminal or with json; logs get the 10 s lines only.
+    ProgressReporter::Options po;
+    po.mode = v.mode;
+    reporter = std::make_unique<ProgressReporter>(po);
+    // Steps as notes (JSON objects with --progress json); logs get the 10 s
+    // lines of the long steps only.
     if (v.mode != pack::ProgressMode::kLines)
-      o.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack manifest: %s\n", s.c_str()); };
-    o.pack_progress = pack::MakeProgressPrinter(v.mode);
+      o.progress = [r = reporter.get()](const std::string& s) { r->Note(kCmd, s); };
+    o.pack_progress = reporter->Fn();
   }
   const std::optional<FileStamp> seen = SeeOutput(output);
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));

@@ -129,6 +129,7 @@ Result<json> CreateManifest(const CreateOptions& o) {
   scan_opts.full_source_hashes = o.full_source_hashes;
   scan_opts.known_sha256 = o.known_shard_sha256;
   scan_opts.progress = o.progress;
+  scan_opts.hash_progress = o.pack_progress;
   scan_opts.interrupt_check = o.interrupt_check;
   K3_ASSIGN_OR_RETURN(json source, ScanSourceJson(shards, scan_opts));
 

@@ -34,6 +34,20 @@ Result<std::vector<std::string>> HashShards(const std::vector<std::string>& path
   std::atomic<bool> stop{false};
   std::optional<Error> interrupted;  // written by the calling thread only
   std::mutex progress_mu;
+  // Hours at full scale: bytes, not only one line per finished shard.
+  uint64_t total_bytes = 0, hashed_bytes = 0;
+  const auto started = std::chrono::steady_clock::now();
+  if (o.hash_progress) {
+    for (const auto& p : paths) {
+      if (auto size = FileSize(p); size.ok()) total_bytes += *size;
+    }
+  }
+  auto report_locked = [&](size_t shards_done) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    Progress p("hash shards", hashed_bytes, total_bytes, shards_done, paths.size(), elapsed);
+    p.unit = "shards";
+    o.hash_progress(p);
+  };
   // The caller's interrupt_check may only run on the calling thread (Python
   // runs signal handlers on its main thread only): that thread polls it and
   // the others follow its stop flag.
@@ -48,15 +62,20 @@ Result<std::vector<std::string>> HashShards(const std::vector<std::string>& path
   };
   auto worker = [&](bool calling_thread) {
     for (size_t i; !stop.load() && (i = next.fetch_add(1)) < paths.size();) {
-      auto r = Sha256File(paths[i], [&] { return between_chunks(calling_thread); });
+      auto hashed = [&](uint64_t n) {
+        if (!o.hash_progress) return;
+        std::lock_guard<std::mutex> lock(progress_mu);
+        hashed_bytes += n;
+        report_locked(done.load());
+      };
+      auto r = Sha256File(paths[i], [&] { return between_chunks(calling_thread); }, hashed);
       if (stop.load()) break;
       if (r.ok()) digests[i] = *r;
       else errors[i] = r.error().WithContext(paths[i]);
       const size_t d = ++done;
-      if (o.progress) {
-        std::lock_guard<std::mutex> lock(progress_mu);
-        o.progress("hashed shard " + std::to_string(d) + "/" + std::to_string(paths.size()) + ": " + paths[i]);
-      }
+      std::lock_guard<std::mutex> lock(progress_mu);
+      if (o.progress) o.progress("hashed shard " + std::to_string(d) + "/" + std::to_string(paths.size()) + ": " + paths[i]);
+      if (o.hash_progress) report_locked(d);
     }
   };
   std::vector<std::thread> pool;

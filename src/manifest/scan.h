@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 
 namespace k3pack::gguf {
 class ShardSet;
@@ -27,6 +28,8 @@ struct ScanOptions {
   // pack build that just read the shards: those shards are not read again.
   std::map<std::string, std::string> known_sha256;
   std::function<void(const std::string&)> progress;
+  // Byte progress of the shard digests (phase "hash shards"); may be empty.
+  ProgressFn hash_progress;
   // Polled on the calling thread between 8 MiB chunks of its shard digests;
   // an error stops every hashing thread and is returned.
   std::function<Status()> interrupt_check;

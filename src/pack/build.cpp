@@ -125,9 +125,18 @@ struct PrefixCheck {
 // the first object that differs. Several threads; holes are not read.
 Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objects_done,
                                 const std::vector<Digest>& digests, std::vector<uint32_t>* crcs, bool have_crcs,
-                                int threads, const std::string& path, ep::ExpertRange written) {
+                                int threads, const std::string& path, ep::ExpertRange written,
+                                const ProgressFn& progress) {
   std::atomic<uint64_t> first_bad{objects_done}, next{0};
   std::mutex mu;
+  // Minutes for a large prefix, on every resume: shown as its own phase.
+  uint64_t checked = 0;
+  const auto started = std::chrono::steady_clock::now();
+  auto report_locked = [&](uint64_t done) {
+    if (!progress) return;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    progress(Progress("resume check", 0, 0, done, objects_done, elapsed));
+  };
   std::optional<Error> error;
   std::string detail;
   constexpr uint64_t kChunk = 8u << 20;
@@ -179,11 +188,14 @@ Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objec
           break;
         }
       }
+      std::lock_guard<std::mutex> lock(mu);
+      report_locked(++checked);
     }
   };
   const int n = std::max(1, std::min<int>(threads > 0 ? threads : 4, static_cast<int>(std::max<uint64_t>(1, objects_done))));
   RunOnThreads(static_cast<unsigned>(n), worker);
   if (error) return *error;
+  report_locked(objects_done);  // a bad object ends the check early: it is over all the same
   return PrefixCheck{first_bad.load(), detail};
 }
 
@@ -459,7 +471,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     log("checking the " + std::to_string(ckpt.objects_done) + " checkpointed objects of " + p.partial +
         " against their " + (have_crcs ? "CRC32C" : "SHA-256") + " records");
     K3_ASSIGN_OR_RETURN(PrefixCheck check, CheckPrefix(layout, pack_fd.get(), ckpt.objects_done, digests, &crcs,
-                                                       have_crcs, o.threads, p.partial, written));
+                                                       have_crcs, o.threads, p.partial, written, o.progress));
     if (check.first_bad < ckpt.objects_done) {
       log("object " + std::to_string(check.first_bad) + " of " + p.partial + ", " + check.detail +
           ", changed since it was checkpointed; copying it and every later object again");
@@ -504,7 +516,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
                              &ckpt_file, &result));
   if (hasher) {
     log("finishing the SHA-256 of the source shards");
-    K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish());
+    K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish(o.progress));
     for (size_t i = 0; i < by_index.size() && i < ex.shard_paths.size(); ++i) {
       K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(ex.shard_paths[i]));
       result.source_sha256[resolved] = by_index[i];

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "k3pack/error.h"
+#include "k3pack/progress.h"
 
 namespace k3pack::pack {
 
@@ -27,8 +28,10 @@ class SourceHasher {
   SourceHasher(const SourceHasher&) = delete;
   SourceHasher& operator=(const SourceHasher&) = delete;
 
-  // Waits for every digest (hex, by index of `paths`).
-  Result<std::vector<std::string>> Finish();
+  // Waits for every digest (hex, by index of `paths`), showing the bytes
+  // hashed so far through `progress` (phase "hash shards") while it waits:
+  // after a resume most of each shard is still to be read.
+  Result<std::vector<std::string>> Finish(const ProgressFn& progress = nullptr);
   // Stops early (the result is discarded).
   void Cancel();
 
@@ -38,6 +41,9 @@ class SourceHasher {
   std::vector<std::optional<Error>> errors_;
   std::atomic<size_t> next_{0};
   std::atomic<bool> cancel_{false};
+  std::atomic<uint64_t> hashed_bytes_{0};
+  std::atomic<size_t> shards_done_{0}, working_threads_{0};
+  uint64_t total_bytes_ = 0;
   std::vector<std::thread> threads_;
 };
 

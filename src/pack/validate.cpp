@@ -2,6 +2,7 @@
 // layout, index digest, sampled payload compare with the GGUF source.
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 
@@ -218,7 +219,17 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
       {"full_pack_hash", o.full_pack_hash},
   };
   if (o.full_pack_hash) {
-    K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(resolved, o.interrupt_check));
+    std::function<void(uint64_t)> hashed;
+    uint64_t done = 0;
+    const auto started = std::chrono::steady_clock::now();
+    if (o.progress) {
+      hashed = [&](uint64_t n) {
+        done += n;
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        o.progress(Progress("hash pack", done, file_size, 0, 0, elapsed));
+      };
+    }
+    K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(resolved, o.interrupt_check, hashed));
     out["sha256"] = whole;
   }
   return out;

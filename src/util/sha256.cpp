@@ -49,7 +49,8 @@ std::string Sha256Hex(const void* data, size_t n) {
 }
 
 Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,
-                                    const std::function<Status()>& between_chunks) {
+                                    const std::function<Status()>& between_chunks,
+                                    const std::function<void(uint64_t)>& hashed) {
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
   Sha256 h;
   std::vector<uint8_t> buf(std::min<uint64_t>(length, 8u << 20));
@@ -65,13 +66,15 @@ Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, ui
     }
     h.Update(buf.data(), got);
     done += got;
+    if (hashed) hashed(got);
   }
   return h.HexDigest();
 }
 
-Result<std::string> Sha256File(const std::string& path, const std::function<Status()>& between_chunks) {
+Result<std::string> Sha256File(const std::string& path, const std::function<Status()>& between_chunks,
+                               const std::function<void(uint64_t)>& hashed) {
   K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(path));
-  return Sha256FileRange(path, 0, size, between_chunks);
+  return Sha256FileRange(path, 0, size, between_chunks, hashed);
 }
 
 }  // namespace k3pack

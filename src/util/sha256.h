@@ -35,9 +35,12 @@ inline std::string Sha256Hex(std::string_view s) { return Sha256Hex(s.data(), s.
 // A short read reports SGLang's text `short read at offset {o}; {r} bytes remain`.
 // `between_chunks`, when set, runs before each 8 MiB chunk: a whole shard
 // takes minutes, and a caller that must answer Ctrl-C or a close() stops the
-// hashing by returning an error, which is returned as it is.
+// hashing by returning an error, which is returned as it is. `hashed`, when
+// set, is told the bytes of each chunk once they are hashed (progress).
 Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,
-                                    const std::function<Status()>& between_chunks = nullptr);
-Result<std::string> Sha256File(const std::string& path, const std::function<Status()>& between_chunks = nullptr);
+                                    const std::function<Status()>& between_chunks = nullptr,
+                                    const std::function<void(uint64_t)>& hashed = nullptr);
+Result<std::string> Sha256File(const std::string& path, const std::function<Status()>& between_chunks = nullptr,
+                               const std::function<void(uint64_t)>& hashed = nullptr);
 
 }  // namespace k3pack
