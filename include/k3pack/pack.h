@@ -324,6 +324,14 @@ struct MergeOptions {
   // merged pack is complete and renamed over it.
   bool replace_existing = false;
   ProgressFn progress;
+  // Told (on the calling thread, SIGINT and SIGTERM blocked on it) once the
+  // merged pack and its sidecar are in place and before those signals are
+  // let through again: a Ctrl-C that came while the files were being
+  // renamed is handled after this, so its message can say the merge was
+  // done rather than that nothing was written.
+  std::function<void()> on_published;
+  // Notes for the operator ("finished an interrupted merge: P").
+  std::function<void(const std::string&)> log;
 };
 struct MergeResult {
   std::string pack_path;
@@ -333,6 +341,10 @@ struct MergeResult {
   uint64_t copied_bytes = 0;
   std::string index_sha256;
   double seconds = 0;
+  // The pack was already the complete merge, only its sidecar was missing (a
+  // merge interrupted between its two renames): the sidecar was written, no
+  // payload copied.
+  bool finished_interrupted = false;
 };
 // Rebuilds the full pack from the N rank packs of one EP group (any order):
 // each must have a version-3 digest sidecar; their header + index bytes and

@@ -71,6 +71,15 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
   OutputAction action{};
   auto decide = [&]() -> Status {
     why_not.clear();
+    // A pack without its sidecar may be a merge interrupted between its two
+    // renames: the merge compares it in full and finishes it, or (when it is
+    // not this merge) refuses it without --force; the rule took it for "not
+    // this merge" at once, so the plain rerun refused its own merge.
+    if (PathExists(out) && !PathExists(pack::DigestsPathFor(out))) {
+      K3_RETURN_IF_ERROR(CheckOutputKind(spec));
+      action = OutputAction::kResume;
+      return Status::OK();
+    }
     auto decided = DecideOutput(spec);
     if (!decided.ok() && !why_not.empty()) {
       return Error(decided.error().message().substr(0, decided.error().message().find('\n')) + ": " + why_not,
@@ -86,12 +95,20 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
   pack::MergeOptions o;
   o.out_path = out;
-  o.replace_existing = action == OutputAction::kReplace;  // kept until the merged pack is done
+  o.replace_existing = args.Has("--force");  // kept until the merged pack is done
   o.progress = pack::MakeProgressPrinter(mode);
+  o.log = [](const std::string& line) { std::fprintf(stderr, "k3pack %s: %s\n", kCmd, line.c_str()); };
+  // Until the files are in place a stop leaves --pack as it was (the merged
+  // bytes are an unnamed file); from then on the merge is done. Called with
+  // the stop signals held back, so the advice is never half replaced.
+  o.on_published = [out] {
+    StopOnSignals(kCmd, "the merge was done: " + out + " and its digest sidecar are complete");
+  };
   K3_ASSIGN_OR_RETURN(pack::MergeResult r, pack::MergeRankPacks(ranks, o));
   return nlohmann::json{{"pack", r.pack_path},       {"digests", r.digests_path}, {"ep_size", r.ep_size},
                         {"size", r.pack_bytes},      {"copied_bytes", r.copied_bytes},
-                        {"index_sha256", r.index_sha256}, {"seconds", r.seconds}};
+                        {"index_sha256", r.index_sha256}, {"seconds", r.seconds},
+                        {"finished_interrupted", r.finished_interrupted}};
 }
 
 int RunEpMerge(const std::vector<std::string>& argv) {
@@ -108,8 +125,12 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   AddProgressOption(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
-  // The merged pack is an unnamed file until it is complete: nothing is left to resume.
-  StopOnSignals(kCmd, "no merged pack was written, rerun the command to start over");
+  // The merged pack is an unnamed file until it is complete, and the files
+  // are put in place with the stop signals held back (MergeRankPacks):
+  // nothing is left to resume, and --pack is as it was. (Before, a stop in
+  // the replacement left the old pack without its sidecar, or the new one
+  // without its own, under this same line.)
+  StopOnSignals(kCmd, "no merged pack was written and --pack is as it was, rerun the command to start over");
   auto wait = LockWaitOf(args, kCmd);
   if (!wait.ok()) return ReportError(kCmd, wait.error(), kExitUsage);
   const k3pack::ScopedLockWait waiting(*wait);

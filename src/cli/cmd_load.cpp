@@ -3,11 +3,15 @@
 // bytes, throughput), or dump every tensor as a .npy file for inspection.
 #include <sys/resource.h>
 
+#include <csignal>
+#include <cstdlib>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +21,8 @@
 #include "cli/preflight.h"
 #include "k3pack/loader.h"
 #include "loader/npy.h"
+#include "util/file.h"
+#include "util/lock_file.h"
 
 namespace k3pack::cli {
 namespace {
@@ -76,14 +82,147 @@ std::string SafeFileName(const std::string& name) {
   return s;
 }
 
+// Present in DIR while `load --dump` writes it: an interrupted dump (Ctrl-C,
+// kill, a failed write) is then the next dump's to start over, where its
+// .npy files alone were refused as "not the dump of this run". A JSON object
+// (docs/FORMATS.md): {"k3pack_dump_in_progress": {"manifest": M, "found":
+// [the .npy files DIR held before that dump began]}}.
+constexpr const char* kDumpPartialMarker = ".k3pack-dump.partial";
+
+bool IsNpyFile(const std::filesystem::directory_entry& e) {
+  std::error_code ec;
+  return e.is_regular_file(ec) && !e.is_symlink(ec) && e.path().extension() == ".npy";
+}
+
 // The first entry of `dir` that is not a regular .npy file (what a dump
 // holds), or "" when there is none.
 std::string FirstNonNpyEntry(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (!e.is_regular_file(ec) || e.is_symlink(ec) || e.path().extension() != ".npy") return e.path().string();
+    if (!IsNpyFile(e)) return e.path().string();
   }
   return "";
+}
+
+std::vector<std::string> NpyFilesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (IsNpyFile(e)) names.push_back(e.path().filename().string());
+  }
+  return names;
+}
+
+// Whether DIR holds an unfinished dump: its marker, or only the temporary a
+// kill between naming it and renaming it left. *found: the marker's list of
+// files that were there before that dump (empty when it cannot be read).
+bool UnfinishedDumpIn(const std::string& dir, std::set<std::string>* found) {
+  found->clear();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return false;
+  if (auto text = ReadFileToString(dir + "/" + kDumpPartialMarker); text.ok()) {
+    const json j = json::parse(*text, nullptr, false);
+    if (j.is_object() && j.contains("k3pack_dump_in_progress") && j["k3pack_dump_in_progress"].is_object()) {
+      for (const auto& f : j["k3pack_dump_in_progress"].value("found", json::array())) {
+        if (f.is_string()) found->insert(f.get<std::string>());
+      }
+    }
+    return true;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (IsAtomicTempNameOf(e.path().filename().string(), kDumpPartialMarker)) return true;
+  }
+  return false;
+}
+
+// Starting over from an interrupted dump: what it wrote goes (every .npy
+// file DIR did not hold before it, which may be another model's), and so do
+// its marker's temporary and the .npy writers' named temporaries
+// (`<name>.npy.<pid>.<n>.tmp`, where the filesystem has no unnamed ones).
+// What is left is what the interrupted dump found, as an uninterrupted one
+// leaves it.
+void RemoveUnfinishedDump(const std::string& dir, const std::set<std::string>& found) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> doomed;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t npy = name.rfind(".npy.");
+    const bool temp = IsAtomicTempNameOf(name, kDumpPartialMarker) ||
+                      (npy != std::string::npos && IsAtomicTempNameOf(name, name.substr(0, npy + 4)));
+    if (temp || (IsNpyFile(e) && !found.contains(name))) doomed.push_back(e.path());
+  }
+  for (const auto& path : doomed) std::filesystem::remove(path, ec);
+}
+
+// Marks DIR as a dump under way, before its first .npy file.
+Status MarkDumpInProgress(const std::string& dir, const std::string& manifest) {
+  const json marker = {{"k3pack_dump_in_progress", {{"manifest", ResolvedPathOrGiven(manifest)}, {"found", NpyFilesIn(dir)}}}};
+  return WriteFileAtomic(dir + "/" + kDumpPartialMarker,
+                         marker.dump(-1, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
+// The dump is whole: DIR is no longer an interrupted dump.
+Status UnmarkDump(const std::string& dir) {
+  K3_RETURN_IF_ERROR(RemoveIfExists(dir + "/" + kDumpPartialMarker));
+  return FsyncPath(dir);
+}
+
+// What a dump run decided about DIR, under DIR's lock.
+struct DumpDecision {
+  std::optional<LockFile> lock;  // held from the look at DIR to the last file
+  bool compare = false;          // the same dump may be there: compare, write nothing
+};
+
+// The overwrite rule for the dump (output_rule.h), under DIR's lock as
+// synth's and repair's outputs: two dumps into one DIR mixed the two
+// models' files, or the later one refused the earlier one's files as "not
+// the dump of this run"; now the second waits (--wait) or is refused naming
+// the first. Which files a run writes is known only as the tensors stream,
+// so a non-empty DIR holding only .npy files is a candidate for "already
+// built": the run compares each tensor's .npy bytes with the file instead of
+// writing it, and DIR is already built when it holds exactly those files
+// (left untouched); anything else is refused without --force. An
+// interrupted dump (its marker) is started over.
+Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::string& manifest) {
+  DumpDecision d;
+  auto take_lock = [&]() -> Status {
+    K3_ASSIGN_OR_RETURN(LockFile taken, LockFile::Acquire(dir, "writing a tensor dump into " + dir));
+    d.lock = std::move(taken);
+    return Status::OK();
+  };
+  auto look = [&]() -> Status {
+    std::set<std::string> found;
+    if (UnfinishedDumpIn(dir, &found)) {
+      std::cerr << "k3pack load: note: " << dir << " holds an interrupted dump; starting over\n";
+      RemoveUnfinishedDump(dir, found);
+      d.compare = false;
+      return Status::OK();
+    }
+    const std::string foreign = FirstNonNpyEntry(dir);
+    OutputSpec spec;
+    spec.option = "--dump";
+    spec.path = dir;
+    spec.directory = true;
+    spec.force = force;
+    spec.is_finished = [&]() -> Result<bool> { return foreign.empty(); };
+    spec.why_refused = "it holds " + foreign + ", which `k3pack load --dump` does not write";
+    K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
+    d.compare = action == OutputAction::kAlreadyBuilt;
+    return Status::OK();
+  };
+  if (std::error_code ec; std::filesystem::is_directory(dir, ec)) K3_RETURN_IF_ERROR(take_lock());
+  K3_RETURN_IF_ERROR(look());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Error("cannot create dump directory " + dir + ": " + ec.message());
+  if (!d.lock) {
+    // Another dump may have made and filled it since the first look (this
+    // one then waited for it): look again, locked.
+    K3_RETURN_IF_ERROR(take_lock());
+    K3_RETURN_IF_ERROR(look());
+  }
+  if (!d.compare) K3_RETURN_IF_ERROR(MarkDumpInProgress(dir, manifest));
+  return d;
 }
 
 int RunLoad(const std::vector<std::string>& argv) {
@@ -115,6 +254,8 @@ int RunLoad(const std::vector<std::string>& argv) {
       .Exclusive({"--quiet", "--progress"}, "--quiet is the old spelling of --progress none")
       .Requires("--force", {"--dump"}, "it only applies to the dump directory");
   AddProgressOption(args);
+  AddWaitOption(args);
+  args.Requires("--wait", {"--dump"}, "only the dump directory is written, and so locked");
   int code = 0;
   if (!args.Parse(argv, &code)) return code;
   ManifestInDirectory(args, "load");
@@ -131,31 +272,24 @@ int RunLoad(const std::vector<std::string>& argv) {
   if (Status e = CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("load", e.error());
   }
-  // The overwrite rule for the dump (output_rule.h). Which files a run
-  // writes is known only as the tensors stream, so a non-empty DIR holding
-  // only .npy files is a candidate for "already built": the rerun compares
-  // each tensor's .npy bytes with the file instead of writing it, and DIR is
-  // already built when it holds exactly those files (left untouched);
-  // anything else is refused without --force.
+  auto wait = LockWaitOf(args, "load");
+  if (!wait.ok()) return ReportError("load", wait.error(), kExitUsage);
+  const ScopedLockWait waiting(*wait);
   bool compare_dump = false;
+  DumpDecision dump;
   OutputSpec dump_spec;
   dump_spec.option = "--dump";
   dump_spec.path = dump_dir;
   dump_spec.directory = true;
   if (!dump_dir.empty()) {
-    const std::string foreign = FirstNonNpyEntry(dump_dir);
-    OutputSpec spec = dump_spec;
-    spec.force = args.Has("--force");
-    spec.is_finished = [&]() -> Result<bool> { return foreign.empty(); };
-    spec.why_refused = "it holds " + foreign + ", which `k3pack load --dump` does not write";
-    auto action = DecideOutput(spec);
-    if (!action.ok()) return ReportError("load", action.error());
-    compare_dump = *action == OutputAction::kAlreadyBuilt;
-    std::error_code ec;
-    std::filesystem::create_directories(dump_dir, ec);
-    if (ec) return ReportError("load", Error("cannot create dump directory " + dump_dir + ": " + ec.message()));
+    auto decided = DecideDump(dump_dir, args.Has("--force"), args.Get("--manifest"));
+    if (!decided.ok()) return ReportError("load", decided.error());
+    dump = std::move(*decided);
+    compare_dump = dump.compare;
   }
   std::set<std::string> dump_files;  // the files this run writes (or compared)
+  const char* seam = std::getenv("K3PACK_TEST_STOP_AFTER_DUMP_FILES");
+  const size_t stop_after_files = seam ? std::strtoull(seam, nullptr, 10) : 0;
   std::string dump_differs;           // compare_dump: why DIR is not this run's dump
 
   loader::LoadOptions opts;
@@ -207,6 +341,9 @@ int RunLoad(const std::vector<std::string>& argv) {
         }
       } else {
         K3_RETURN_IF_ERROR(loader::WriteNpy(path, t));
+        // Test seam: stop (SIGSTOP) once N files are written, so a test
+        // interrupts a dump half done with a real signal.
+        if (dump_files.size() == stop_after_files) ::raise(SIGSTOP);
       }
     } else if (read_bytes) {
       checksum = checksum * 31 + TouchAndSum(t);
@@ -245,6 +382,9 @@ int RunLoad(const std::vector<std::string>& argv) {
     return ReportError("load", RefuseExisting(dump_spec));
   }
   if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
+  if (!dump_dir.empty() && !compare_dump) {
+    if (Status unmarked = UnmarkDump(dump_dir); !unmarked.ok()) return ReportError("load", unmarked.error());
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const loader::LoadStats& s = stream->stats();
   const double gbps = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0;

@@ -5,6 +5,7 @@
 // rank's digest sidecar on the way. Padding and other ranks' holes stay
 // holes, so the result is the direct build's bytes.
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -164,6 +165,88 @@ Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
   return g;
 }
 
+// The index entries of the group's pack, each expert in range of the rank
+// packs' experts and each payload inside the pack.
+Result<std::vector<PackEntry>> EntriesOf(const Group& g) {
+  std::vector<PackEntry> entries(g.header.index_count);
+  for (uint64_t i = 0; i < entries.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({g.prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
+    if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= g.num_experts ||
+        entries[i].offset + entries[i].nbytes > g.in[0].size) {
+      return Error("rank pack " + g.in[0].path + ": index entry " + std::to_string(i) + " is out of range");
+    }
+  }
+  return entries;
+}
+
+// The rank pack that owns an entry's expert.
+const RankInput& OwnerOf(const Group& g, const PackEntry& e) {
+  return g.in[g.by_rank[ep::OwnerOf(static_cast<uint32_t>(e.expert), g.num_experts, g.n)]];
+}
+
+// The merged pack's digest sidecar (a direct build's, version 2): every
+// entry's records are its owner's, so the rank packs alone determine it.
+PackDigests MergedDigests(const Group& g, const std::vector<PackEntry>& entries) {
+  PackDigests merged;
+  merged.index_count = g.header.index_count;
+  merged.pack_size = g.in[0].size;
+  merged.data_start = g.header.data_start;
+  merged.index_sha256 = g.index_sha;
+  for (uint64_t i = 0; i < entries.size(); ++i) {
+    const RankInput& owner = OwnerOf(g, entries[i]);
+    merged.entry_sha256.push_back(owner.digests.entry_sha256[i]);
+    merged.entry_crc32c.push_back(owner.digests.entry_crc32c[i]);
+  }
+  return merged;
+}
+
+// Why `pack_path` is not the pack whose digests are `d` ("" when it is): its
+// size, its header/index, and its payloads hashed: `samples` evenly spaced
+// ones (0: every one).
+Result<std::string> WhyNotPackOf(const Group& g, const std::vector<PackEntry>& entries, const PackDigests& d,
+                                 const std::string& pack_path, uint64_t samples) {
+  auto size = FileSize(pack_path);
+  if (!size.ok() || *size != g.in[0].size) return std::string("its size differs from the rank packs'");
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(pack_path));
+  std::vector<uint8_t> prefix(g.prefix.size());
+  K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), prefix.data(), prefix.size(), 0));
+  if (got != prefix.size() || prefix != g.prefix) return std::string("its header/index differs from the rank packs'");
+  const uint64_t count = entries.size();
+  const uint64_t n = samples == 0 || samples > count ? count : samples;
+  for (uint64_t k = 0; k < n; ++k) {
+    const uint64_t i = n == count ? k : n == 1 ? 0 : k * (count - 1) / (n - 1);
+    K3_ASSIGN_OR_RETURN(std::string sha, Sha256FileRange(pack_path, entries[i].offset, entries[i].nbytes));
+    if (sha != ToHex(d.entry_sha256[i].data(), 32)) {
+      return "payload " + entries[i].name + " expert " + std::to_string(entries[i].expert) + " (entry " +
+             std::to_string(i) + ") does not match its digest";
+    }
+  }
+  return std::string();
+}
+
+// SIGINT and SIGTERM held back on this thread (a merge runs on one) while
+// the merged files are put in place: a Ctrl-C lands before the first step or
+// after the last, never between, where it left the old pack without its
+// sidecar, the new pack without its own, or a sidecar without its pack,
+// each told as "no merged pack was written". A kill -9 can still land
+// between; the rerun finishes that (see MergeRankPacks).
+class StopSignalsHeld {
+ public:
+  StopSignalsHeld() {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &stop, &old_);
+  }
+  ~StopSignalsHeld() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  StopSignalsHeld(const StopSignalsHeld&) = delete;
+  StopSignalsHeld& operator=(const StopSignalsHeld&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
 }  // namespace
 
 Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, const MergeOptions& o) {
@@ -172,8 +255,7 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   if (o.out_path.empty()) return Error("MergeRankPacks: no output path");
   K3_ASSIGN_OR_RETURN(Group g, OpenGroup(rank_packs));
   const std::vector<RankInput>& in = g.in;
-  const std::vector<int>& by_rank = g.by_rank;
-  const uint32_t n = g.n, num_experts = g.num_experts;
+  const uint32_t n = g.n;
   const PackHeader& header = g.header;
   const std::vector<uint8_t>& prefix = g.prefix;
   const std::string& index_sha = g.index_sha;
@@ -182,6 +264,44 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   PackPaths p{o.out_path, PartialPathFor(o.out_path), "", "", DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));
   K3_RETURN_IF_ERROR(CheckSidecarsAreOurs("--pack", p.out, "--force", /*building=*/false));
+  K3_ASSIGN_OR_RETURN(std::vector<PackEntry> entries, EntriesOf(g));
+  const PackDigests merged = MergedDigests(g, entries);
+  MergeResult r;
+  r.pack_path = p.out;
+  r.digests_path = p.digests;
+  r.ep_size = n;
+  r.pack_bytes = in[0].size;
+  r.index_sha256 = index_sha;
+  auto log = [&](const std::string& line) {
+    if (o.log) o.log(line);
+  };
+  if (PathExists(p.out) && !PathExists(p.digests)) {
+    // A merge killed between renaming the pack into place and writing its
+    // sidecar left the complete merge without it, which every rerun refused
+    // ("its digest sidecar is missing"), and --force merged again. Without a
+    // sidecar only the bytes tell it from an old pack whose sidecar went
+    // first (the other window of a --force), so every payload is compared;
+    // as the build's finalize is finished by its rerun, this writes the
+    // sidecar only.
+    log(p.out + " has no digest sidecar: comparing every payload with the rank packs");
+    K3_ASSIGN_OR_RETURN(std::string why_not, WhyNotPackOf(g, entries, merged, p.out, /*samples=*/0));
+    if (why_not.empty()) {
+      const StopSignalsHeld held;
+      K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
+      K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+      if (o.on_published) o.on_published();
+      log("finished an interrupted merge: " + p.out);
+      r.finished_interrupted = true;
+      r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return r;
+    }
+    if (!o.replace_existing) {
+      return Error("refusing to overwrite existing " + p.out + " (--pack): it is not the merge of these rank packs: "
+                       "its digest sidecar " + p.digests + " is missing and " + why_not,
+                   ErrorKind::kFileExists)
+          .WithHint("pass --force to merge again, or write the merged pack to another --pack path");
+    }
+  }
   if (PathExists(p.out) && !o.replace_existing) {
     return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
         .WithHint("pass --force to replace it, or write the merged pack to another --pack path");
@@ -193,28 +313,13 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   }
   K3_RETURN_IF_ERROR(out.Write(prefix.data(), prefix.size(), 0));
 
-  PackDigests merged;
-  merged.index_count = header.index_count;
-  merged.pack_size = in[0].size;
-  merged.data_start = header.data_start;
-  merged.index_sha256 = index_sha;
-  merged.entry_sha256.resize(header.index_count);
-  merged.entry_crc32c.resize(header.index_count);
   uint64_t total = 0, done = 0;
-  std::vector<PackEntry> entries(header.index_count);
-  for (uint64_t i = 0; i < header.index_count; ++i) {
-    K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
-    if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= num_experts ||
-        entries[i].offset + entries[i].nbytes > in[0].size) {
-      return Error("rank pack " + in[0].path + ": index entry " + std::to_string(i) + " is out of range");
-    }
-    total += entries[i].nbytes;
-  }
+  for (const PackEntry& e : entries) total += e.nbytes;
   IoBuffer buf(8 << 20);
   CopyStats stats;
   for (uint64_t i = 0; i < header.index_count; ++i) {
     const PackEntry& e = entries[i];
-    const RankInput& src = in[by_rank[ep::OwnerOf(static_cast<uint32_t>(e.expert), num_experts, n)]];
+    const RankInput& src = OwnerOf(g, e);
     auto sha = CopyAndHash(src.fd.get(), e.offset, out.fd(), e.offset, e.nbytes, buf, &stats);
     if (!sha.ok()) return out.Fail(sha.error().WithContext("copying from " + src.path));
     if (*sha != src.digests.entry_sha256[i]) {
@@ -223,17 +328,23 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
                         ") does not match its digest sidecar")
           .WithHint("run `k3pack verify --full` on that rank's manifest and rebuild the rank pack");
     }
-    merged.entry_sha256[i] = *sha;
-    merged.entry_crc32c[i] = src.digests.entry_crc32c[i];
     done += e.nbytes;
     if (o.progress && (i % 256 == 0 || i + 1 == header.index_count)) {
       o.progress({"merge", done, total, i + 1, header.index_count,
                   std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
     }
   }
-  // Test seam: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two
-  // files' renames.
+  // The merged bytes are made durable before anything of an old pack is
+  // touched: this fsync is the merge's longest wait after the copy, and run
+  // inside the replacement (by Commit) it was where a Ctrl-C left the old
+  // pack without its sidecar and threw the merged bytes away.
+  if (::fsync(out.fd()) != 0) return out.Fail(Error::FromErrno("fsync failed", errno));
+  // Test seams: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two
+  // files' renames; K3PACK_TEST_STOP_IN_MERGE=1 stops (SIGSTOP) just before
+  // the first, so a test delivers a real signal while they are made.
   const bool kill_between = EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1;
+  const StopSignalsHeld held;
+  if (EnvU64("K3PACK_TEST_STOP_IN_MERGE").value_or(0) == 1) ::raise(SIGSTOP);
   if (PathExists(p.out)) {
     // Replacing a pack (--force): its sidecar goes first, then the new pack,
     // then the new sidecar. A reader sees the old pair, a pack without
@@ -257,14 +368,9 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
     if (kill_between) ::raise(SIGKILL);
     K3_RETURN_IF_ERROR(out.Commit());
   }
+  if (o.on_published) o.on_published();
   (void)lock;
-  MergeResult r;
-  r.pack_path = p.out;
-  r.digests_path = p.digests;
-  r.ep_size = n;
-  r.pack_bytes = in[0].size;
   r.copied_bytes = stats.data_bytes;
-  r.index_sha256 = index_sha;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
@@ -278,35 +384,16 @@ Result<std::string> WhyNotMergedPack(const std::vector<std::string>& rank_packs,
   if (d->ep || d->pack_size != g.in[0].size || d->index_sha256 != g.index_sha || d->entry_sha256.size() != count) {
     return "its digest sidecar " + dpath + " is not the full pack's of these rank packs";
   }
-  auto size = FileSize(pack_path);
-  if (!size.ok() || *size != g.in[0].size) return std::string("its size differs from the rank packs'");
-  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(pack_path));
-  std::vector<uint8_t> prefix(g.prefix.size());
-  K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), prefix.data(), prefix.size(), 0));
-  if (got != prefix.size() || prefix != g.prefix) return std::string("its header/index differs from the rank packs'");
   // Every payload's recorded digest is its owner's; a few payloads are hashed
   // (evenly spaced, as the build's already-built check samples them).
-  std::vector<PackEntry> entries(count);
+  K3_ASSIGN_OR_RETURN(std::vector<PackEntry> entries, EntriesOf(g));
   for (uint64_t i = 0; i < count; ++i) {
-    K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({g.prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
-    if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= g.num_experts) {
-      return "index entry " + std::to_string(i) + " is out of range";
-    }
-    const RankInput& owner = g.in[g.by_rank[ep::OwnerOf(static_cast<uint32_t>(entries[i].expert), g.num_experts, g.n)]];
+    const RankInput& owner = OwnerOf(g, entries[i]);
     if (d->entry_sha256[i] != owner.digests.entry_sha256[i]) {
       return "its digest sidecar differs from rank pack " + owner.path + " at entry " + std::to_string(i);
     }
   }
-  constexpr uint64_t kSamples = 6;
-  for (uint64_t k = 0; k < kSamples && count > 0; ++k) {
-    const uint64_t i = count == 1 ? 0 : k * (count - 1) / (kSamples - 1);
-    K3_ASSIGN_OR_RETURN(std::string sha, Sha256FileRange(pack_path, entries[i].offset, entries[i].nbytes));
-    if (sha != ToHex(d->entry_sha256[i].data(), 32)) {
-      return "payload " + entries[i].name + " expert " + std::to_string(entries[i].expert) + " (entry " +
-             std::to_string(i) + ") does not match its digest";
-    }
-  }
-  return std::string();
+  return WhyNotPackOf(g, entries, *d, pack_path, /*samples=*/6);
 }
 
 }  // namespace k3pack::pack

@@ -107,7 +107,7 @@ TEST(RequiredOptions, WithItsCompanionTheOptionIsAcceptedAndTakesEffect) {
 TEST(RequiredOptions, HelpListsWhatEachOptionNeeds) {
   CliRun help = Cli("load --help");
   EXPECT_EQ(help.code, 0);
-  EXPECT_TRUE(Contains(help.out, "\nneeds: --force needs --dump\n")) << help.out;
+  EXPECT_TRUE(Contains(help.out, "\nneeds: --force and --wait need --dump\n")) << help.out;
   // Options that need the same companion are listed together.
   help = Cli("trace sweep --help");
   EXPECT_EQ(help.code, 0);

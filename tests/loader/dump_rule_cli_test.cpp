@@ -3,9 +3,15 @@
 // reported "already built" and leaves DIR untouched; any other non-empty DIR
 // is refused naming --dump and --force; --force writes. Before, every rerun
 // was refused as if DIR were someone else's.
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "../cli_run.h"
 #include "loader_fixture.h"
@@ -48,6 +54,52 @@ std::map<std::string, FileState> State(const std::string& dir) {
                                        int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
   }
   return s;
+}
+
+// A `k3pack load` child whose stderr goes to a file (read while it runs, or
+// after), started in the foreground's way: SIGINT at its default (a runner
+// started in the background passes it ignored, which k3pack keeps).
+struct Child {
+  pid_t pid = -1;
+  std::string err_path;
+  std::string Err() const {
+    auto text = ReadFileToString(err_path);
+    return text.ok() ? *text : "";
+  }
+  // Waits for the child to stop itself (a test seam's SIGSTOP) or end: true
+  // when it stopped.
+  bool WaitStopped() const {
+    int status = 0;
+    return ::waitpid(pid, &status, WUNTRACED) == pid && WIFSTOPPED(status);
+  }
+  // Its exit code (128 + the signal that ended it).
+  int Wait() const {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+Child StartLoad(const std::vector<std::string>& args, const std::string& env, const std::string& err_path) {
+  Child c;
+  c.err_path = err_path;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::dup2(err, STDERR_FILENO);
+    ::signal(SIGINT, SIG_DFL);
+    if (!env.empty()) ::putenv(const_cast<char*>(env.c_str()));
+    std::vector<char*> argv{const_cast<char*>(K3PACK_BIN), const_cast<char*>("load")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(const_cast<char*>("--progress"));
+    argv.push_back(const_cast<char*>("none"));
+    argv.push_back(nullptr);
+    ::execv(K3PACK_BIN, argv.data());
+    ::_exit(127);
+  }
+  return c;
 }
 
 // Sets every file's mtime to an hour ago, so that a rewrite shows even on a
@@ -117,6 +169,99 @@ TEST(LoadDumpRule, AnotherDumpIsRefusedNamingTheOptionAndForceReplacesIt) {
   for (const auto& [name, st] : State(ref)) EXPECT_EQ(*ReadFileToString(out + "/" + name), st.bytes) << name;
   EXPECT_NE(*ReadFileToString(out + "/model.layers.0.self_attn.A_log.npy"),
             before.at("model.layers.0.self_attn.A_log.npy").bytes);
+}
+
+// Session 28: two dumps into one DIR both exited 0 and left a mix of the two
+// models' files (or, staggered, the second refused the first's files as "not
+// the dump of this run"). DIR is locked as synth's and repair's outputs: the
+// second is refused naming the first, or waits for it with --wait.
+TEST(LoadDumpRule, ASecondDumpIntoTheSameDirectoryIsRefusedNamingTheFirstOrWaitsForIt) {
+  TempDir dir("dump-lock");
+  const std::string m1 = Model(dir.path + "/a", -1.0f), m2 = Model(dir.path + "/b", -3.0f);
+  const std::string out = dir.path + "/dump", ref = dir.path + "/ref";
+  ASSERT_EQ(Load("--manifest " + m1 + " --dump " + ref).code, 0);
+  // The first stops itself right after taking DIR's lock (made here, so the
+  // lock is taken at its first look).
+  fs::create_directories(out);
+  Child first = StartLoad({"--manifest", m1, "--dump", out}, "K3PACK_TEST_STOP_HOLDING_LOCK=1", dir.path + "/first.err");
+  ASSERT_TRUE(first.WaitStopped()) << first.Err();
+
+  testing_cli::CliRun refused = Load("--manifest " + m2 + " --dump " + out);
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("another process is writing a tensor dump into " + out + ": pid " +
+                             std::to_string(first.pid) + " ("),
+            std::string::npos)
+      << refused.out;
+  EXPECT_NE(refused.out.find("load --manifest " + m1), std::string::npos) << "the holder's command" << refused.out;
+  EXPECT_TRUE(fs::is_empty(out)) << "the refused dump wrote into DIR";
+
+  // With --wait the second goes on once the first is done: the same dump is
+  // then there, already built.
+  Child second = StartLoad({"--manifest", m1, "--dump", out, "--wait", "60"}, "", dir.path + "/second.err");
+  for (int i = 0; i < 3000 && second.Err().find("waiting for") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(second.Err().find("waiting for"), std::string::npos) << second.Err();
+  ::kill(first.pid, SIGCONT);
+  EXPECT_EQ(first.Wait(), 0) << first.Err();
+  EXPECT_EQ(second.Wait(), 0) << second.Err();
+  const auto want = State(ref);
+  const auto got = State(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, st] : want) EXPECT_EQ(got.at(name).bytes, st.bytes) << name;
+}
+
+// Session 28: an interrupted dump said "rerun the command to start over", but
+// the rerun refused its files ("not the dump of this run (... is missing)").
+// A marker in DIR while the dump is written makes the rerun start over, and
+// the result is the uninterrupted dump.
+TEST(LoadDumpRule, AnInterruptedDumpIsStartedOverByTheRerun) {
+  TempDir dir("dump-interrupted");
+  const std::string m = Model(dir.path + "/a", -1.0f), out = dir.path + "/dump", ref = dir.path + "/ref";
+  ASSERT_EQ(Load("--manifest " + m + " --dump " + ref).code, 0);
+  const auto want = State(ref);
+
+  Child c = StartLoad({"--manifest", m, "--dump", out}, "K3PACK_TEST_STOP_AFTER_DUMP_FILES=2", dir.path + "/c.err");
+  ASSERT_TRUE(c.WaitStopped()) << c.Err();
+  ::kill(c.pid, SIGINT);  // pending until it runs again
+  ::kill(c.pid, SIGCONT);
+  EXPECT_EQ(c.Wait(), 130) << c.Err();
+  EXPECT_NE(c.Err().find("k3pack load: interrupted; nothing to resume, rerun the command to start over"),
+            std::string::npos)
+      << c.Err();
+  EXPECT_TRUE(fs::exists(out + "/.k3pack-dump.partial"));
+  const auto marker = nlohmann::json::parse(*ReadFileToString(out + "/.k3pack-dump.partial"));
+  EXPECT_EQ(marker["k3pack_dump_in_progress"]["found"], nlohmann::json::array()) << marker;
+
+  testing_cli::CliRun rerun = Load("--manifest " + m + " --dump " + out);
+  ASSERT_EQ(rerun.code, 0) << rerun.out;
+  EXPECT_NE(rerun.out.find(out + " holds an interrupted dump; starting over"), std::string::npos) << rerun.out;
+  EXPECT_NE(rerun.out.find("dumped to       " + out), std::string::npos) << rerun.out;
+  const auto got = State(out);
+  ASSERT_EQ(got.size(), want.size()) << "the marker must be gone";
+  for (const auto& [name, st] : want) EXPECT_EQ(got.at(name).bytes, st.bytes) << name;
+  // And the finished dump is the same command's "already built".
+  EXPECT_NE(Load("--manifest " + m + " --dump " + out).out.find("already built: " + out), std::string::npos);
+
+  // Interrupted over another model's dump with --force: the rerun starts
+  // over too, and keeps only what was there before (none of it here is
+  // missing from this dump, so it ends as the uninterrupted --force run).
+  const std::string m2 = Model(dir.path + "/b", -3.0f);
+  Child f = StartLoad({"--manifest", m2, "--dump", out, "--force"}, "K3PACK_TEST_STOP_AFTER_DUMP_FILES=1",
+                      dir.path + "/f.err");
+  ASSERT_TRUE(f.WaitStopped()) << f.Err();
+  ::kill(f.pid, SIGINT);
+  ::kill(f.pid, SIGCONT);
+  EXPECT_EQ(f.Wait(), 130) << f.Err();
+  EXPECT_EQ(nlohmann::json::parse(*ReadFileToString(out + "/.k3pack-dump.partial"))["k3pack_dump_in_progress"]["found"]
+                .size(),
+            want.size());
+  rerun = Load("--manifest " + m2 + " --dump " + out + " --force");
+  ASSERT_EQ(rerun.code, 0) << rerun.out;
+  const std::string ref2 = dir.path + "/ref2";
+  ASSERT_EQ(Load("--manifest " + m2 + " --dump " + ref2).code, 0);
+  EXPECT_TRUE(State(out).size() == want.size() && !fs::exists(out + "/.k3pack-dump.partial"));
+  for (const auto& [name, st] : State(ref2)) EXPECT_EQ(*ReadFileToString(out + "/" + name), st.bytes) << name;
 }
 
 }  // namespace
