@@ -168,15 +168,10 @@ bool TempIsAbandoned(const std::string& path, pid_t pid) {
   if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) return false;
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) return false;
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) return false;
-  // Between a writer's creating its temporary and locking it: left alone
-  // while new (a writer fills it from the start, so a live one's is recent).
-  constexpr int64_t kGraceNs = 10'000'000'000;
-  struct stat st;
-  struct timespec now;
-  if (::fstat(fd.get(), &st) != 0 || ::clock_gettime(CLOCK_REALTIME, &now) != 0) return false;
-  const int64_t age = (now.tv_sec - st.st_mtim.tv_sec) * 1'000'000'000LL + (now.tv_nsec - st.st_mtim.tv_nsec);
-  return age > kGraceNs;
+  // (A named temporary is locked before it has its name, except where the
+  // filesystem has no unnamed ones: there a writer is exposed between its
+  // open and its flock, a matter of microseconds.)
+  return !(::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK);
 }
 
 }  // namespace

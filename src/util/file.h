@@ -119,9 +119,9 @@ class AtomicFile {
 // Removes `<path>.<pid>.<n>.tmp` files (AtomicFile's named temporaries of
 // `path`) whose writer is gone: what a kill between naming the temporary and
 // renaming it left. Gone: no process of that pid here (kill(pid, 0) fails
-// with ESRCH), no flock on the file (a live writer holds one, also from
-// another PID namespace), and unchanged for 10 s. Returns how many were
-// removed. AtomicFile::Create calls it.
+// with ESRCH), and no flock on the file (a live writer holds one, also from
+// another PID namespace). Returns how many were removed. AtomicFile::Create
+// calls it.
 size_t RemoveStaleTempFiles(const std::string& path);
 // Whether `file_name` is one of AtomicFile's named temporaries of a file
 // named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`).
