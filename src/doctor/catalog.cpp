@@ -42,6 +42,14 @@ const std::vector<Diagnosis> kCatalog = {
      "Remove the files of the other download so that every shard name ends in the same -of-NNNNN."},
     {"shard-set-incomplete", E, "ValueError", "Shard files are missing from the numbered set.",
      "Download the missing shard files (numbers listed in the message) into the same directory."},
+    {"synth-unfinished", E, "",
+     "A `k3pack synth` into this directory did not finish (it was interrupted or failed): its marker "
+     ".k3pack-synth.partial is there, so shards may be missing or half written whatever they look like.",
+     "Run the same `k3pack synth` command again: it writes the directory over from the start."},
+    {"repair-unfinished", E, "",
+     "A `k3pack repair` into this directory did not finish: its marker .k3pack-repair.partial is there, so some "
+     "shards may be the input's, some repaired, some missing.",
+     "Run the same `k3pack repair` command again: it finishes the directory."},
     {"gguf-unreadable", E, "ValueError",
      "The file is not a readable GGUF: its header breaks a rule of ggml's reader (the message names "
      "the byte offset and the rule). Nothing else in this file could be checked.",

@@ -9,6 +9,8 @@
 #include <set>
 
 #include "doctor/internal.h"
+#include "kimi/synth_output.h"
+#include "util/file.h"
 #include "util/pyrepr.h"
 #include "util/utf8.h"
 
@@ -49,6 +51,30 @@ Result<std::shared_ptr<const gguf::GgufFile>> ParseCutOff(const std::string& pat
       if (!parsed.ok()) return parsed.error();
       return Error("the header itself is cut off");
     }
+  }
+}
+
+// A k3pack writer that stopped before its end leaves its marker (or the
+// marker's own temporary): the shards are not to be trusted, however
+// complete they look.
+void ReportUnfinishedWriters(const std::string& dir, Collector& out) {
+  struct Writer {
+    const char* marker;
+    const char* code;
+    const char* command;
+  };
+  for (const Writer& w : {Writer{kimi::kSynthPartialMarker, "synth-unfinished", "k3pack synth"},
+                          Writer{kRepairMarkerName, "repair-unfinished", "k3pack repair"}}) {
+    std::error_code ec;
+    bool found = fs::exists(fs::path(dir) / w.marker, ec);
+    for (auto it = fs::directory_iterator(dir, ec); !found && !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      found = IsAtomicTempNameOf(it->path().filename().string(), w.marker);
+    }
+    if (!found) continue;
+    Finding& f = out.Add(w.code, dir,
+                         std::string("a `") + w.command + "` into this directory did not finish (its marker " +
+                             w.marker + " is there)");
+    f.details = {{"marker", (fs::path(dir) / w.marker).string()}};
   }
 }
 
@@ -152,6 +178,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   fs::path dir = is_dir ? fs::path(path) : fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   v.dir = dir.string();
+  ReportUnfinishedWriters(v.dir, out);
 
   // Every *.gguf of the directory, grouped the way SGLang's discovery sees them.
   std::map<std::string, std::map<uint32_t, std::string>> sets;  // prefix -> number -> path

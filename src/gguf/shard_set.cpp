@@ -73,7 +73,8 @@ Result<std::vector<std::string>> Ordered(const Candidate& c) {
     for (const auto& [n, _] : c.by_number) numbers.push_back(n);
     return Error("GGUF shard set is incomplete: count=" + std::to_string(*c.counts.begin()) +
                  ", numbers=" + PyList(numbers))
-        .WithHint("shard files of the set '" + c.prefix + "' are missing; finish the download");
+        .WithHint("shard files of the set '" + c.prefix + "' are missing (an unfinished download or write); "
+                  "`k3pack doctor` names them and what was left behind");
   }
   std::vector<std::string> out;
   for (const auto& [_, p] : c.by_number) out.push_back(p);

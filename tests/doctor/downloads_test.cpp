@@ -90,3 +90,32 @@ TEST(Downloads, HuggingFaceSnapshotWithAMissingBlob) {
 
 }  // namespace
 }  // namespace dtest
+
+namespace dtest {
+namespace {
+
+// An interrupted `k3pack synth` or `repair` leaves its marker; its shards can
+// look complete (the set had been written up to the last one). The CLI audit
+// of session 28 saw doctor report only the shard faults, and `inspect` hint
+// at a download.
+TEST(Downloads, AnUnfinishedSynthOrRepairIsNamed) {
+  auto dir = TempDir("unfinished-synth");
+  Synth(dir);
+  Report clean = Scaled({dir.string()});
+  EXPECT_TRUE(clean.With("synth-unfinished").empty()) << Dump(clean);
+  std::ofstream(dir / ".k3pack-synth.partial") << "";
+  Report r = Scaled({dir.string()});
+  EXPECT_EQ(r.ExitCode(), 1) << Dump(r);
+  auto f = r.With("synth-unfinished");
+  ASSERT_EQ(f.size(), 1u) << Dump(r);
+  EXPECT_NE(f.front()->message.find("did not finish"), std::string::npos) << Dump(r);
+  fs::remove(dir / ".k3pack-synth.partial");
+  // The marker's own temporary (a kill between naming and renaming it).
+  std::ofstream(dir / ".k3pack-repair.partial.4242.0.tmp") << "";
+  r = Scaled({dir.string()});
+  EXPECT_EQ(r.With("repair-unfinished").size(), 1u) << Dump(r);
+  EXPECT_TRUE(r.With("synth-unfinished").empty()) << Dump(r);
+}
+
+}  // namespace
+}  // namespace dtest
