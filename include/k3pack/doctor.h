@@ -168,6 +168,10 @@ struct RepairOptions {
   // Profile of the doctor run that checks the output (remaining_problems).
   kimi::Profile profile = kimi::Profile::kKimiK3;
   std::function<void(const std::string&)> progress;
+  // Leave OUT's marker (kRepairMarkerName) for the caller to remove once it
+  // has written what else belongs to the output (the CLI's record). Without
+  // it the marker goes once every shard and sidecar is in place.
+  bool keep_marker = false;
 };
 
 struct RepairedTensor {

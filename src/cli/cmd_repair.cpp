@@ -84,6 +84,7 @@ int RunRepair(const std::vector<std::string>& argv) {
                                     k3pack::cli::kExitUsage);
   }
   k3pack::doctor::RepairOptions opt;
+  opt.keep_marker = true;  // removed after the record, below
   opt.fixes = {args.Get("--fix")};
   opt.profile = *profile;
   opt.copy_sidecars = !args.Has("--no-sidecars");

@@ -223,6 +223,10 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
       K3_RETURN_IF_ERROR(FsyncPath((fs::path(out_dir) / "tokenizer").string()));
     }
   }
+  if (!options.keep_marker) {
+    K3_RETURN_IF_ERROR(FsyncPath(out_dir));  // the files are there before the marker goes
+    fs::remove(fs::path(out_dir) / kRepairMarkerName, ec);
+  }
   K3_RETURN_IF_ERROR(FsyncPath(out_dir));
   say("repair: checking the output");
   K3_ASSIGN_OR_RETURN(result.remaining_problems, CheckRepairedOutput(out_dir, options.profile));
