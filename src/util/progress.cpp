@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cerrno>
 #include <ctime>
+#include <forward_list>
 
 #include <nlohmann/json.hpp>
 
@@ -21,7 +22,10 @@ namespace {
 std::atomic<bool> g_line_open{false};
 // The report a stop signal prints. Each ExitOnStopSignals publishes a new one
 // and never frees the old: a handler on another thread may be reading it.
+// They stay reachable (a leak checker's exit report stays clean) and are
+// never destroyed (a signal during exit may still read the last).
 std::atomic<const StopReport*> g_stop_report{nullptr};
+std::forward_list<StopReport>* const g_stop_reports = new std::forward_list<StopReport>;
 std::atomic<bool> g_stdout_taken{false};
 // CLOCK_MONOTONIC time of the first stop signal, +1 (0: none yet).
 std::atomic<int64_t> g_first_stop_ns{0};
@@ -272,7 +276,7 @@ void ProgressEndLineForSignal() {
 }
 
 void ExitOnStopSignals(const StopReport& report) {
-  auto* r = new StopReport(report);
+  StopReport* r = &g_stop_reports->emplace_front(report);
   r->line += "\n";
   g_stop_report.store(r);
   for (int sig : {SIGINT, SIGTERM}) InstallUnlessIgnored(sig, OnStopExit);
