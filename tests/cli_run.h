@@ -6,6 +6,8 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace k3pack::testing_cli {
@@ -30,5 +32,13 @@ inline CliRun CliVia(const std::string& prefix, const std::string& args) {
 }
 
 inline CliRun Cli(const std::string& args) { return CliVia("", args); }
+
+// A file's bytes ("" when it cannot be read): what a CLI run left behind.
+inline std::string FileBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 }  // namespace k3pack::testing_cli

@@ -20,6 +20,7 @@
 
 #include "store/object_space.h"
 #include "store/replay.h"
+#include "../cli_run.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -30,13 +31,6 @@ struct CliResult {
   int code = -1;  // exit status; -1 when killed by a signal
   std::string out, err;
 };
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 class CliSurface : public ::testing::Test {
  protected:
@@ -55,8 +49,8 @@ class CliSurface : public ::testing::Test {
     const int st = std::system(cmd.c_str());
     CliResult r;
     r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.out = Slurp(o);
-    r.err = Slurp(e);
+    r.out = k3pack::testing_cli::FileBytes(o);
+    r.err = k3pack::testing_cli::FileBytes(e);
     return r;
   }
   std::string P(const std::string& name) const { return (dir_ / name).string(); }
@@ -173,7 +167,7 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
 
   // A damaged payload: verify --full with progress still ends (its progress
   // loop once waited for entries that, being damaged, never counted as done).
-  const std::string pack = json::parse(Slurp(P("m.json")))["expert_pack"]["path"].get<std::string>();
+  const std::string pack = json::parse(k3pack::testing_cli::FileBytes(P("m.json")))["expert_pack"]["path"].get<std::string>();
   {
     std::fstream f(pack, std::ios::in | std::ios::out | std::ios::binary);
     const auto at = static_cast<std::streamoff>(fs::file_size(pack) / 2);
@@ -186,8 +180,8 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
                           " --full --progress json >/dev/null 2>" + P("verify.err");
   const int st = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 1) << Slurp(P("verify.err"));  // 124: it hung
-  EXPECT_NE(Slurp(P("verify.err")).find("does not match digest sidecar"), std::string::npos);
+  EXPECT_EQ(WEXITSTATUS(st), 1) << k3pack::testing_cli::FileBytes(P("verify.err"));  // 124: it hung
+  EXPECT_NE(k3pack::testing_cli::FileBytes(P("verify.err")).find("does not match digest sidecar"), std::string::npos);
 }
 
 TEST_F(CliSurface, ProgressValueIsCheckedOnEveryLongCommand) {
@@ -208,40 +202,43 @@ TEST_F(CliSurface, LoadQuietIsADeprecatedAliasOfProgressNone) {
   EXPECT_NE(r.err.find("--progress none"), std::string::npos) << r.err;
 }
 
-// Ctrl-C in a command with nothing to resume: the bar line is ended, the
-// user is told, the exit code is 130.
+// Ctrl-C (or SIGTERM) in a command with nothing to resume: the bar line is
+// ended, the user is told on a line of its own, the exit code is 130 (143).
 TEST_F(CliSurface, InterruptEndsTheBarLineAndExits130) {
-  int err_pipe[2];
-  ASSERT_EQ(::pipe(err_pipe), 0);
-  const std::string svg = P("s.svg");
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::dup2(err_pipe[1], STDERR_FILENO);
+  for (const auto& [sig, code] : {std::pair{SIGINT, 130}, std::pair{SIGTERM, 143}}) {
+    SCOPED_TRACE(sig);
+    int err_pipe[2];
+    ASSERT_EQ(::pipe(err_pipe), 0);
+    const std::string svg = P("s.svg");
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::dup2(err_pipe[1], STDERR_FILENO);
+      ::close(err_pipe[0]);
+      std::freopen("/dev/null", "w", stdout);
+      // The default trace on the full Kimi dimensions: many seconds of work.
+      ::execl(K3PACK_BIN, K3PACK_BIN, "trace", "sweep", "--progress", "bar", "--svg", svg.c_str(), (char*)nullptr);
+      ::_exit(127);
+    }
+    ::close(err_pipe[1]);
+    std::string err;
+    char c;
+    // Wait for the first bar draw (then the handler is installed), then stop it.
+    while (::read(err_pipe[0], &c, 1) == 1) {
+      err.push_back(c);
+      if (c == '\r') break;
+    }
+    ASSERT_FALSE(err.empty()) << "no progress bar drawn";
+    ::kill(pid, sig);
+    while (::read(err_pipe[0], &c, 1) == 1) err.push_back(c);
     ::close(err_pipe[0]);
-    std::freopen("/dev/null", "w", stdout);
-    // The default trace on the full Kimi dimensions: many seconds of work.
-    ::execl(K3PACK_BIN, K3PACK_BIN, "trace", "sweep", "--progress", "bar", "--svg", svg.c_str(), (char*)nullptr);
-    ::_exit(127);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0) << "\n" << err;
+    EXPECT_EQ(WEXITSTATUS(st), code) << err;
+    EXPECT_NE(err.find("\nk3pack trace sweep: interrupted"), std::string::npos) << err;  // on its own line
+    EXPECT_FALSE(fs::exists(svg));
   }
-  ::close(err_pipe[1]);
-  std::string err;
-  char c;
-  // Wait for the first bar draw (then the handler is installed), then Ctrl-C.
-  while (::read(err_pipe[0], &c, 1) == 1) {
-    err.push_back(c);
-    if (c == '\r') break;
-  }
-  ASSERT_FALSE(err.empty()) << "no progress bar drawn";
-  ::kill(pid, SIGINT);
-  while (::read(err_pipe[0], &c, 1) == 1) err.push_back(c);
-  ::close(err_pipe[0]);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0) << "\n" << err;
-  EXPECT_EQ(WEXITSTATUS(st), 130) << err;
-  EXPECT_NE(err.find("\nk3pack trace sweep: interrupted"), std::string::npos) << err;  // on its own line
-  EXPECT_FALSE(fs::exists(svg));
 }
 
 // Item 11: a small model gets sizes that fit and a note, not identical rows.

@@ -119,7 +119,9 @@ TEST(InterruptionAudit, EpMergeStoppedWhilePuttingItsFilesInPlaceFinishesThemAnd
     for (const int sig : {SIGINT, SIGTERM}) {
       SCOPED_TRACE(std::string(replace ? "--force over another merge" : "fresh") + ", signal " + std::to_string(sig));
       const std::string out = FreshOut("ia-stop");
-      if (replace) ASSERT_EQ(Cli(MergeArgs(m.a, out)).code, 0);
+      if (replace) {
+        ASSERT_EQ(Cli(MergeArgs(m.a, out)).code, 0);
+      }
       Stopped s = SignalInMerge(MergeArgs(m.b, out, replace ? " --force" : ""), "K3PACK_TEST_STOP_IN_MERGE=1", sig);
       ASSERT_TRUE(s.stopped) << s.err;
       EXPECT_EQ(s.code, 128 + sig) << s.err;

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../scratch_dir.h"
+#include "../cli_run.h"
 
 namespace {
 
@@ -37,13 +38,6 @@ struct Stopped {
   int code = -1;         // exit status, or 128 + the killing signal
   std::string out, err;
 };
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Runs k3pack `args` with the seam, sends `sigs` while it is stopped there,
 // continues it and collects stdout, stderr and how it ended.
@@ -76,8 +70,8 @@ Stopped SignalAtStart(const std::vector<std::string>& args, const std::vector<in
   }
   s.exited = WIFEXITED(status);
   s.code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
-  s.out = Slurp(out_path);
-  s.err = Slurp(err_path);
+  s.out = k3pack::testing_cli::FileBytes(out_path);
+  s.err = k3pack::testing_cli::FileBytes(err_path);
   return s;
 }
 
@@ -164,41 +158,6 @@ TEST(StopSignals, TwoSignalsAtOnceAreOneStop) {
     EXPECT_EQ(s.err.rfind("k3pack " + c.name + ": interrupted; ", 0), 0u) << s.err;
     EXPECT_EQ(std::count(s.err.begin(), s.err.end(), '\n'), 1) << s.err;
   }
-}
-
-// SIGTERM in the middle of the work ends an open progress bar line first, as
-// Ctrl-C does (CliSurface.InterruptEndsTheBarLineAndExits130): the message
-// is on its own line.
-TEST(StopSignals, SigtermEndsTheBarLine) {
-  const std::string svg = k3pack::testing_scratch::ProcessScratchDir("stop-signals") + "/s.svg";
-  int err_pipe[2];
-  ASSERT_EQ(::pipe(err_pipe), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(err_pipe[1], STDERR_FILENO);
-    ::close(err_pipe[0]);
-    std::freopen("/dev/null", "w", stdout);
-    // The default trace on the full Kimi dimensions: many seconds of work.
-    ::execl(K3PACK_BIN, K3PACK_BIN, "trace", "sweep", "--progress", "bar", "--svg", svg.c_str(), (char*)nullptr);
-    ::_exit(127);
-  }
-  ::close(err_pipe[1]);
-  std::string err;
-  char c;
-  while (::read(err_pipe[0], &c, 1) == 1) {  // the first bar draw
-    err.push_back(c);
-    if (c == '\r') break;
-  }
-  ASSERT_FALSE(err.empty()) << "no progress bar drawn";
-  ::kill(pid, SIGTERM);
-  while (::read(err_pipe[0], &c, 1) == 1) err.push_back(c);
-  ::close(err_pipe[0]);
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0) << "\n" << err;
-  EXPECT_EQ(WEXITSTATUS(st), 143) << err;
-  EXPECT_NE(err.find("\nk3pack trace sweep: interrupted; "), std::string::npos) << err;
-  EXPECT_FALSE(std::filesystem::exists(svg));
 }
 
 // `--help` names both exit codes of a stop.

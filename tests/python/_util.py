@@ -81,6 +81,21 @@ def build_tiny(tmp):
     return built["pack"]["pack"], built["manifest"], doc
 
 
+class SynthModelTestCase(unittest.TestCase):
+    """A test case with the tiny synthetic model written once per class into
+    cls.model (a directory under cls.tmp), removed with it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = TempDir()
+        cls.model = os.path.join(cls.tmp.path, "model")
+        synth(cls.model)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+
 class TinyPackTestCase(unittest.TestCase):
     """A test case with the tiny model built once per class: cls.pack,
     cls.manifest, cls.doc, cls.layers (active MoE layer ids), cls.top_k,

@@ -12,17 +12,7 @@ import _util
 import k3pack
 
 
-class BuildInputs(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = _util.TempDir()
-        cls.model = os.path.join(cls.tmp.path, "model")
-        _util.synth(cls.model)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
+class BuildInputs(_util.SynthModelTestCase):
     def test_only_the_shard_directory(self):
         logged = []
         out = k3pack.build(self.model, profile="scaled", safety_margin_gib=0, log=logged.append)

@@ -47,17 +47,7 @@ CHILD = """
 """
 
 
-class BuildPackInterrupt(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = _util.TempDir()
-        cls.model = os.path.join(cls.tmp.path, "model")
-        _util.synth(cls.model)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
+class BuildPackInterrupt(_util.SynthModelTestCase):
     def test_ctrl_c_in_the_copy_raises_keyboard_interrupt_saying_where_to_resume(self):
         out = os.path.join(self.tmp.path, "ki.pack")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
