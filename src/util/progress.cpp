@@ -203,6 +203,12 @@ void ProgressReporter::Update(const Progress& p) {
     base_bytes_ = p.done_bytes;
     base_objects_ = p.done_objects;
     base_copied_ = p.copied_bytes.value_or(0);
+    if (Complete(p) && p.elapsed_s > 0) {
+      // A phase told once, when done: its rate is all of it over the
+      // engine's own time (a resumed phase's first report is never complete).
+      phase_start_ = now - p.elapsed_s;
+      base_bytes_ = base_objects_ = base_copied_ = 0;
+    }
     complete_shown_ = false;
     if (options_.mode == ProgressMode::kJson) last_emit_ = -1e300;  // a new phase is announced at once
   }

@@ -127,6 +127,25 @@ TEST(ProgressReporter, JsonLinesThrottledToOneASecondPlusTheLast) {
   EXPECT_EQ(last["total_bytes"], 300);
 }
 
+// A phase reported once, already done (a short step): its rate is its
+// bytes over the engine's time, not 0 (it had no earlier report to measure
+// from).
+TEST(ProgressReporter, APhaseToldOnceWhenDoneHasItsRate) {
+  Harness h;
+  {
+    ProgressReporter r(h.Opts(ProgressMode::kJson));
+    h.now = 5;
+    Progress p = Bytes(2000, 2000, "compare");
+    p.elapsed_s = 0.5;
+    r.Update(p);
+  }
+  const auto lines = h.Lines();
+  ASSERT_EQ(lines.size(), 1u) << h.Text();
+  const auto j = nlohmann::json::parse(lines.front());
+  EXPECT_EQ(j["done"], true);
+  EXPECT_DOUBLE_EQ(j["bytes_per_s"].get<double>(), 4000.0);
+}
+
 TEST(ProgressReporter, AStoppedRunIsNeverReportedDone) {
   // The last report of a run stopped early (Ctrl-C, an error) says where it
   // stopped; "done" stays false, in JSON and in lines.
