@@ -34,7 +34,8 @@ void PrintHelp() {
   std::cout << "\nexit codes (every command):\n"
                "  0    done (also: the output is already built)\n"
                "  1    the input is bad or a check failed\n"
-               "  2    usage error: unknown flag, bad value, conflicting flags\n"
+               "  2    usage error: unknown flag, bad value, conflicting flags, an input that could not be found\n"
+               "       beside the others (name it: --tokenizer-dir, --model-config)\n"
                "  130  interrupted (Ctrl-C, SIGINT): one line says what was left (with --json, the JSON error on stdout);\n"
                "       rerun the same command to resume\n"
                "  143  stopped by SIGTERM (kill, timeout): as 130\n";

@@ -552,7 +552,7 @@ TEST(ExitCodes, UsageErrorsAreTwoAndDocumented) {
   EXPECT_EQ(Cli("manifest --gguf-dir d --pack p --model-config c --tokenizer-dir t --payload-samples -1").code, 2);
   CliRun help = Cli("--help");
   EXPECT_EQ(help.code, 0);
-  EXPECT_TRUE(Contains(help.out, "2    usage error: unknown flag, bad value, conflicting flags")) << help.out;
+  EXPECT_TRUE(Contains(help.out, "2    usage error: unknown flag, bad value, conflicting flags, an input that could not be found")) << help.out;
   EXPECT_TRUE(Contains(help.out, "130  interrupted")) << help.out;
   // A bad input (not a usage error) is 1.
   EXPECT_EQ(Cli("verify --manifest /nonexistent/m.manifest.json").code, 1);
