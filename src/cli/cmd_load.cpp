@@ -118,8 +118,7 @@ std::vector<std::string> NpyFilesIn(const std::string& dir) {
 // files that were there before that dump (empty when it cannot be read).
 bool UnfinishedDumpIn(const std::string& dir, std::set<std::string>* found) {
   found->clear();
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return false;
+  if (!HoldsMarker(dir, kDumpPartialMarker)) return false;
   if (auto text = ReadFileToString(dir + "/" + kDumpPartialMarker); text.ok()) {
     const json j = json::parse(*text, nullptr, false);
     if (j.is_object() && j.contains("k3pack_dump_in_progress") && j["k3pack_dump_in_progress"].is_object()) {
@@ -127,12 +126,8 @@ bool UnfinishedDumpIn(const std::string& dir, std::set<std::string>* found) {
         if (f.is_string()) found->insert(f.get<std::string>());
       }
     }
-    return true;
   }
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (IsAtomicTempNameOf(e.path().filename().string(), kDumpPartialMarker)) return true;
-  }
-  return false;
+  return true;
 }
 
 // Starting over from an interrupted dump: what it wrote goes (every .npy

@@ -42,19 +42,13 @@ std::optional<nlohmann::json> RecordIn(const std::string& out) {
 // a kill between naming it and renaming it left. *recipe: the marker's
 // recipe (null when it cannot be read).
 bool UnfinishedRepairIn(const std::string& out, nlohmann::json* recipe) {
-  std::error_code ec;
   *recipe = nullptr;
-  if (!fs::is_directory(out, ec)) return false;
-  auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarkerName).string());
-  if (text.ok()) {
+  if (!k3pack::HoldsMarker(out, kRepairMarkerName)) return false;
+  if (auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarkerName).string()); text.ok()) {
     nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
     if (j.is_object() && j.contains("k3pack_repair_in_progress")) *recipe = j["k3pack_repair_in_progress"];
-    return true;
   }
-  for (const auto& e : fs::directory_iterator(out, ec)) {
-    if (k3pack::IsAtomicTempNameOf(e.path().filename().string(), kRepairMarkerName)) return true;
-  }
-  return false;
+  return true;
 }
 
 int RunRepair(const std::vector<std::string>& argv) {

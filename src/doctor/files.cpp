@@ -65,12 +65,7 @@ void ReportUnfinishedWriters(const std::string& dir, Collector& out) {
   };
   for (const Writer& w : {Writer{kimi::kSynthPartialMarker, "synth-unfinished", "k3pack synth"},
                           Writer{kRepairMarkerName, "repair-unfinished", "k3pack repair"}}) {
-    std::error_code ec;
-    bool found = fs::exists(fs::path(dir) / w.marker, ec);
-    for (auto it = fs::directory_iterator(dir, ec); !found && !ec && it != fs::directory_iterator(); it.increment(ec)) {
-      found = IsAtomicTempNameOf(it->path().filename().string(), w.marker);
-    }
-    if (!found) continue;
+    if (!HoldsMarker(dir, w.marker)) continue;
     Finding& f = out.Add(w.code, dir,
                          std::string("a `") + w.command + "` into this directory did not finish (its marker " +
                              w.marker + " is there)");

@@ -73,14 +73,8 @@ Status CopyFileAtomic(const std::string& from, const std::string& to, uint64_t* 
 // marker, or only the temporary a kill left of the marker).
 bool HoldsOnlyRepairOutput(const std::string& out_dir) {
   std::error_code ec;
-  if (fs::is_empty(out_dir, ec) || fs::exists(fs::path(out_dir) / kRepairMarkerName, ec) ||
-      fs::exists(fs::path(out_dir) / kRepairRecordName, ec)) {
-    return true;
-  }
-  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
-    if (IsAtomicTempNameOf(e.path().filename().string(), kRepairMarkerName)) return true;
-  }
-  return false;
+  return fs::is_empty(out_dir, ec) || HoldsMarker(out_dir, kRepairMarkerName) ||
+         fs::exists(fs::path(out_dir) / kRepairRecordName, ec);
 }
 
 }  // namespace

@@ -23,18 +23,6 @@ void RemoveTempFiles(const std::string& dir) {
   }
 }
 
-// The marker, or what a kill between naming its temporary and renaming it
-// left (`<marker>.<pid>.<n>.tmp`, the only file in a fresh directory): the
-// directory was being written by a synth either way.
-bool HoldsPartialMarker(const std::string& dir, const std::string& marker) {
-  if (PathExists(marker)) return true;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (IsAtomicTempNameOf(e.path().filename().string(), kSynthPartialMarker)) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 Result<SynthOutput> WriteSynthModelInto(const SynthOutputRequest& request) {
@@ -62,7 +50,7 @@ Result<SynthOutput> WriteSynthModelInto(const SynthOutputRequest& request) {
   if (std::error_code ec; fs::is_directory(dir, ec)) K3_RETURN_IF_ERROR(take_lock());
   // true: the finished model is there.
   auto look = [&]() -> Result<bool> {
-    if (HoldsPartialMarker(dir, marker)) {
+    if (HoldsMarker(dir, kSynthPartialMarker)) {
       // Our own interrupted (or failed) write: start over, as its message said.
       if (request.note) request.note(dir + " holds an interrupted synth; starting over");
       RemoveTempFiles(dir);

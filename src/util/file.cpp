@@ -158,6 +158,15 @@ bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_na
   return TempNamePid(file_name, base_name) > 0;
 }
 
+bool HoldsMarker(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(dir) / name, ec)) return true;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (IsAtomicTempNameOf(e.path().filename().string(), name)) return true;
+  }
+  return false;
+}
+
 namespace {
 
 // A writer's temporary holds an flock from its creation to its writer's

@@ -126,6 +126,10 @@ size_t RemoveStaleTempFiles(const std::string& path);
 // Whether `file_name` is one of AtomicFile's named temporaries of a file
 // named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`).
 bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_name);
+// Whether `dir` holds the marker file `name` of an unfinished writer (synth,
+// repair, a dump), or only the named temporary a kill between naming it and
+// renaming it left: the directory was being written either way.
+bool HoldsMarker(const std::string& dir, const std::string& name);
 
 // AtomicFile for a whole string.
 Status WriteFileAtomic(const std::string& path, std::string_view content);
