@@ -142,14 +142,8 @@ Status WritePlot(const std::string& path, const std::string& svg) {
 // A stats JSON written by an earlier k3pack store, the host store's or the
 // drop-in's (both have k3pack's section with its io_backend).
 bool IsOurStats(const std::string& path) {
-  // A snapshot is kilobytes: a far larger file is not one (and is not read).
-  std::error_code ec;
-  if (std::filesystem::file_size(path, ec) > (64u << 20) || ec) return false;
-  auto text = ReadFileToString(path);
-  if (!text.ok()) return false;
-  json j = json::parse(*text, nullptr, false);
-  return j.is_object() && j.contains("cache_policy") && j.contains("k3pack") && j["k3pack"].is_object() &&
-         j["k3pack"].contains("io_backend");
+  const std::optional<json> j = store::ReadStoreStats(path);
+  return j && j->contains("k3pack") && (*j)["k3pack"].is_object() && (*j)["k3pack"].contains("io_backend");
 }
 
 // The overwrite rule for `trace replay --stats`: the stats of a run are

@@ -21,17 +21,18 @@ namespace {
 // A stats snapshot is kilobytes; anything far larger is not one.
 constexpr uint64_t kLargestStatsFile = 64ull << 20;
 
-bool HoldsStoreStats(const std::string& path) {
+}  // namespace
+
+std::optional<json> ReadStoreStats(const std::string& path) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
-  if (ec || size > kLargestStatsFile) return false;
+  if (ec || size > kLargestStatsFile) return std::nullopt;
   auto text = ReadFileToString(path);
-  if (!text.ok()) return false;
-  const json j = json::parse(*text, nullptr, false);
-  return j.is_object() && j.contains("cache_policy");
+  if (!text.ok()) return std::nullopt;
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_object() || !j.contains("cache_policy")) return std::nullopt;
+  return j;
 }
-
-}  // namespace
 
 Status CheckStatsFile(const std::string& stats_path, const std::string& option) {
   std::error_code ec;
@@ -43,7 +44,7 @@ Status CheckStatsFile(const std::string& stats_path, const std::string& option) 
   K3_RETURN_IF_ERROR(CheckOutputWritable(option, stats_path));
   const FileStart kind = ClassifyFileStart(stats_path);
   if (kind == FileStart::kMissing || kind == FileStart::kEmpty) return Status::OK();
-  if (kind == FileStart::kJson && HoldsStoreStats(stats_path)) return Status::OK();
+  if (kind == FileStart::kJson && ReadStoreStats(stats_path)) return Status::OK();
   return Error("refusing to write the expert store's stats over " + stats_path + " (" + option + "): it is " +
                    DescribeFileStart(stats_path) + ", not a stats file",
                ErrorKind::kFileExists)

@@ -51,6 +51,9 @@ Status CheckStoreFiles(const std::string& pack_path, const std::string& manifest
 // Checked at open (so counters are not lost at close) and before each write.
 // `option` names the path in messages (the CLI's --stats).
 Status CheckStatsFile(const std::string& stats_path, const std::string& option = "stats_path");
+// The stats object a store (SGLang's or k3pack's) wrote at `path`; nullopt
+// for anything else (a far larger file than a snapshot is not read).
+std::optional<nlohmann::json> ReadStoreStats(const std::string& path);
 
 Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
                                   const StoreOptions& options, int fd);
