@@ -43,7 +43,7 @@ int RunDoctor(const std::vector<std::string>& argv) {
   opt.allow_mixed_types = args.Has("--allow-mixed-types");
   opt.config_path = args.Get("--model-config");
   opt.check_values = !args.Has("--no-values");
-  auto progress = k3pack::cli::StartProgress(*mode, "doctor");
+  auto progress = k3pack::cli::StartProgress(*mode);
   if (progress->mode() != k3pack::ProgressMode::kNone) {
     opt.progress = [&](const std::string& s) {
       const std::string prefix = "doctor: ";

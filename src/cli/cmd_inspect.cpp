@@ -314,7 +314,7 @@ int RunInspect(const std::vector<std::string>& argv) {
                                                   "` lists them"));
   }
   std::unique_ptr<ProgressReporter> progress;
-  if (args.Has("--stats")) progress = StartProgress(*mode, "inspect");
+  if (args.Has("--stats")) progress = StartProgress(*mode);
   json j = ToJson(*in, StatsRequest{args.Has("--stats"), args.Get("--match"), progress.get()});
   if (args.Has("--summary") && !args.Has("--stats")) j.erase("tensors");
   if (args.Has("--json")) {

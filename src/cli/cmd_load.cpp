@@ -298,7 +298,7 @@ int RunLoad(const std::vector<std::string>& argv) {
   opts.prefetch = read_bytes || !dump_dir.empty();
   // Progress: shards entered (the stream's total is not known in bytes up
   // front) and bytes emitted.
-  auto progress = StartProgress(*mode, "load");
+  auto progress = StartProgress(*mode);
   Progress pr;
   pr.phase = "load";
   pr.unit = "shards";

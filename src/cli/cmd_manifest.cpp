@@ -57,9 +57,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
 
   std::unique_ptr<ProgressReporter> reporter;
   if (v.mode != pack::ProgressMode::kNone) {
-    ProgressReporter::Options po;
-    po.mode = v.mode;
-    reporter = std::make_unique<ProgressReporter>(po);
+    reporter = StartProgress(v.mode);
     // Steps as notes (JSON objects with --progress json); logs get the 10 s
     // lines of the long steps only.
     if (v.mode != pack::ProgressMode::kLines)

@@ -340,7 +340,7 @@ int RunExperts(const std::vector<std::string>& argv) {
   o.ep_size = static_cast<uint32_t>(*ep_size);
   // Layers take seconds to minutes each at Kimi-K3's dimensions: the run
   // shows how many of them are done.
-  auto progress = StartProgress(*progress_mode, "run-experts");
+  auto progress = StartProgress(*progress_mode);
   o.progress = progress->Fn();
   json runs = json::array();
   bool all_match = true;

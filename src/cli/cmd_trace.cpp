@@ -192,7 +192,7 @@ int RunReplay(const std::vector<std::string>& argv) {
     auto seq = store::BuildCallSeq(*t, *space);
     if (!seq.ok()) return ReportError("trace replay", seq.error().WithContext(a.Get("--trace")));
     // Progress in calls simulated: the policy's run, then Belady's.
-    auto progress = StartProgress(*mode, "trace replay");
+    auto progress = StartProgress(*mode);
     const bool belady = space->uniform();
     Progress p;
     p.phase = "simulate";
@@ -261,7 +261,7 @@ int RunReplay(const std::vector<std::string>& argv) {
     o.store.queue_depth = depth;
     o.prefetch = a.Get("--prefetch");
     o.lookahead = static_cast<uint32_t>(*look);
-    auto progress = StartProgress(*mode, "trace replay");
+    auto progress = StartProgress(*mode);
     if (progress->mode() != ProgressMode::kNone) {
       o.progress = [&](uint64_t done, uint64_t total) {
         Progress p;
@@ -591,7 +591,7 @@ int RunSweep(const std::vector<std::string>& argv) {
     const store::CallSeq& seq = in->seq;
     const std::vector<uint64_t>& sizes = in->sizes;
     if (a.Has("--timing")) {
-      auto progress = StartProgress(*mode, "trace sweep");
+      auto progress = StartProgress(*mode);
       auto rows =
           store::TimedSweep(t, seq, space, policies, sizes, to, static_cast<unsigned>(*threads), progress->Fn());
       progress->Finish();
@@ -647,7 +647,7 @@ int RunSweep(const std::vector<std::string>& argv) {
     }
     const bool bounds = !a.Has("--no-belady");
     if (ep_size != 0) {
-      auto progress = StartProgress(*mode, "trace sweep");
+      auto progress = StartProgress(*mode);
       auto table = store::EpSweep(seq, space, policies, sizes, ep_size, bounds, static_cast<unsigned>(*threads),
                                   progress->Fn());
       progress->Finish();
@@ -658,7 +658,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       text += (family.empty() ? std::string() : family + ": ") + store::EpSweepText(*table);
       continue;
     }
-    auto progress = StartProgress(*mode, "trace sweep");
+    auto progress = StartProgress(*mode);
     auto table = store::Sweep(seq, space, policies, sizes, bounds, &t, in->have_truth ? &in->truth : nullptr,
                               static_cast<unsigned>(*threads), progress->Fn(),
                               store::SweepReferences{.learner = a.Has("--learner"),

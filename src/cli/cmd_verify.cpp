@@ -28,7 +28,7 @@ Result<nlohmann::json> Run(const Args& args) {
   if (args.Has("--samples")) o.samples = *args.GetInt("--samples");  // checked by the caller
   K3_RETURN_IF_ERROR(CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"));
   K3_ASSIGN_OR_RETURN(ProgressMode mode, ProgressModeOf(args));  // checked by the caller
-  auto progress = StartProgress(mode, kCmd);
+  auto progress = StartProgress(mode);
   o.progress = progress->Fn();
   auto r = manifest::VerifyPack(args.Get("--manifest"), o);
   progress->Finish();

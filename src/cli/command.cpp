@@ -550,7 +550,7 @@ void StopOnSignals(const std::string& command, const std::string& advice) {
   InstallStopReport(*g_stop_advice);
 }
 
-std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string&) {
+std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode) {
   ProgressReporter::Options o;
   o.mode = mode;
   return std::make_unique<ProgressReporter>(o);

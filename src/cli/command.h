@@ -168,7 +168,7 @@ void AddProgressOption(Args& args);
 Result<ProgressMode> ProgressModeOf(const Args& args);
 // The reporter of a long command (a stop signal ends its bar line: see
 // StopOnSignals).
-std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode, const std::string& command);
+std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode);
 
 // What an interrupted command left, for the one line it ends with.
 inline constexpr const char* kNothingToResume = "nothing to resume, rerun the command to start over";
