@@ -46,35 +46,28 @@ std::string ShardFileName(std::string_view prefix, uint32_t number, uint32_t cou
 
 namespace {
 
+// One prefix's numbered files, as SGLang's discovery checks them.
 struct Candidate {
   std::string prefix;
-  std::set<uint32_t> counts;
+  std::vector<std::pair<int64_t, int64_t>> numbered;  // (number, count) of every file
   std::map<uint32_t, std::string> by_number;
+
+  void Add(const ShardName& n, std::string path) {
+    numbered.emplace_back(n.number, n.count);
+    by_number[n.number] = std::move(path);
+  }
 };
 
-bool IsComplete(const Candidate& c) {
-  if (c.counts.size() != 1) return false;
-  uint32_t count = *c.counts.begin();
-  if (c.by_number.size() != count) return false;
-  uint32_t expect = 1;
-  for (const auto& [n, _] : c.by_number) {
-    if (n != expect++) return false;
-  }
-  return true;
-}
+bool IsComplete(const Candidate& c) { return SglangSetError(c.numbered).empty(); }
 
 Result<std::vector<std::string>> Ordered(const Candidate& c) {
-  if (c.counts.size() != 1) {
-    std::vector<int64_t> counts(c.counts.begin(), c.counts.end());
-    return Error("GGUF shard filenames disagree on split count: " + PySet(counts));
-  }
-  if (!IsComplete(c)) {
-    std::vector<int64_t> numbers;
-    for (const auto& [n, _] : c.by_number) numbers.push_back(n);
-    return Error("GGUF shard set is incomplete: count=" + std::to_string(*c.counts.begin()) +
-                 ", numbers=" + PyList(numbers))
-        .WithHint("shard files of the set '" + c.prefix + "' are missing (an unfinished download or write); "
-                  "`k3pack doctor` names them and what was left behind");
+  if (std::string why = SglangSetError(c.numbered); !why.empty()) {
+    Error e(why);
+    if (why.starts_with("GGUF shard set is incomplete")) {
+      return e.WithHint("shard files of the set '" + c.prefix + "' are missing (an unfinished download or write); "
+                        "`k3pack doctor` names them and what was left behind");
+    }
+    return e;
   }
   std::vector<std::string> out;
   for (const auto& [_, p] : c.by_number) out.push_back(p);
@@ -118,10 +111,7 @@ Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
     fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       auto n = ParseShardName(e.path().filename().string());
-      if (n && n->prefix == name->prefix) {
-        c.counts.insert(n->count);
-        c.by_number[n->number] = e.path().string();
-      }
+      if (n && n->prefix == name->prefix) c.Add(*n, e.path().string());
     }
     return Ordered(c);
   }
@@ -134,8 +124,7 @@ Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
     if (auto n = ParseShardName(fname)) {
       Candidate& c = sets[n->prefix];
       c.prefix = n->prefix;
-      c.counts.insert(n->count);
-      c.by_number[n->number] = e.path().string();
+      c.Add(*n, e.path().string());
     } else {
       unnumbered.push_back(e.path().string());
     }
