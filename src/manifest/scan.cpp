@@ -2,17 +2,14 @@
 #include "manifest/scan.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <mutex>
 #include <optional>
-#include <system_error>
 #include <thread>
 
 #include "k3pack/ggml_types.h"
 #include "k3pack/gguf.h"
 #include "manifest/pyjson.h"
 #include "util/file.h"
+#include "util/parallel_sha256.h"
 #include "util/sha256.h"
 
 namespace k3pack::manifest {
@@ -24,80 +21,18 @@ namespace {
 // Whole-file digests of every shard, several shards at a time (each hash is
 // sequential reads of one file; different files overlap well on NVMe).
 Result<std::vector<std::string>> HashShards(const std::vector<std::string>& paths, const ScanOptions& o) {
-  std::vector<std::string> digests(paths.size());
-  std::vector<std::optional<Error>> errors(paths.size());
-  unsigned threads = o.threads > 0 ? static_cast<unsigned>(o.threads)
-                                   : std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  threads = std::min<unsigned>(threads, static_cast<unsigned>(paths.size()));
-  std::atomic<size_t> next{0};
-  std::atomic<size_t> done{0};
-  std::atomic<bool> stop{false};
-  std::optional<Error> interrupted;  // written by the calling thread only
-  std::mutex progress_mu;
-  // Hours at full scale: bytes, not only one line per finished shard.
-  uint64_t total_bytes = 0, hashed_bytes = 0;
-  const auto started = std::chrono::steady_clock::now();
-  if (o.hash_progress) {
-    for (const auto& p : paths) {
-      if (auto size = FileSize(p); size.ok()) total_bytes += *size;
-    }
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::min(4u, std::thread::hardware_concurrency())));
+  // The calling thread is one of the hashing threads.
+  ParallelSha256 hasher(paths, threads - 1);
+  ParallelSha256::Wait wait;
+  wait.progress = o.hash_progress;
+  wait.interrupt_check = o.interrupt_check;
+  if (o.progress) {
+    wait.file_done = [&](size_t index, size_t done) {
+      o.progress("hashed shard " + std::to_string(done) + "/" + std::to_string(paths.size()) + ": " + paths[index]);
+    };
   }
-  auto report_locked = [&](size_t shards_done) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    Progress p("hash shards", hashed_bytes, total_bytes, shards_done, paths.size(), elapsed);
-    p.unit = "shards";
-    o.hash_progress(p);
-  };
-  // The caller's interrupt_check may only run on the calling thread (Python
-  // runs signal handlers on its main thread only): that thread polls it and
-  // the others follow its stop flag.
-  auto between_chunks = [&](bool calling_thread) -> Status {
-    if (calling_thread && o.interrupt_check && !stop.load()) {
-      if (Status s = o.interrupt_check(); !s.ok()) {
-        interrupted = s.error();
-        stop.store(true);
-      }
-    }
-    return stop.load() ? Error("stopped") : Status::OK();
-  };
-  auto worker = [&](bool calling_thread) {
-    for (size_t i; !stop.load() && (i = next.fetch_add(1)) < paths.size();) {
-      auto hashed = [&](uint64_t n) {
-        if (!o.hash_progress) return;
-        std::lock_guard<std::mutex> lock(progress_mu);
-        hashed_bytes += n;
-        report_locked(done.load());
-      };
-      auto r = Sha256File(paths[i], [&] { return between_chunks(calling_thread); }, hashed);
-      if (stop.load()) break;
-      if (r.ok()) digests[i] = *r;
-      else errors[i] = r.error().WithContext(paths[i]);
-      const size_t d = ++done;
-      std::lock_guard<std::mutex> lock(progress_mu);
-      if (o.progress) o.progress("hashed shard " + std::to_string(d) + "/" + std::to_string(paths.size()) + ": " + paths[i]);
-      if (o.hash_progress) report_locked(d);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(worker, false);
-    } catch (const std::system_error&) {
-      break;  // out of threads: the calling thread hashes the rest
-    }
-  }
-  worker(true);
-  // Shards still hashed by other threads: keep polling while they finish.
-  while (!stop.load() && done.load() < paths.size()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    (void)between_chunks(true);
-  }
-  for (auto& t : pool) t.join();
-  if (interrupted) return *interrupted;
-  for (auto& e : errors) {
-    if (e) return *e;
-  }
-  return digests;
+  return hasher.Finish(wait);
 }
 
 }  // namespace

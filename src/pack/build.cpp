@@ -25,10 +25,10 @@
 #include "pack/copy.h"
 #include "pack/inputs_record.h"
 #include "pack/sidecars.h"
-#include "pack/source_hash.h"
 #include "util/threads.h"
 #include "util/crc32c.h"
 #include "util/file.h"
+#include "util/parallel_sha256.h"
 #include "util/sha256.h"
 
 namespace k3pack::pack {
@@ -510,13 +510,18 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     log("the filesystem of " + p.partial + " does not support sparse files: the objects of the other ranks are " +
         "written as zeros (the rank pack takes the full pack's disk space)");
   }
-  std::optional<SourceHasher> hasher;
+  // The shards' whole-file digests are computed beside the copy: its reads
+  // and these move through the same files, and the page cache serves
+  // whichever comes second.
+  std::optional<ParallelSha256> hasher;
   if (o.hash_sources) hasher.emplace(ex.shard_paths, std::max(1, std::min(4, o.threads > 0 ? o.threads : 4)));
   K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &crcs,
                              &ckpt_file, &result));
   if (hasher) {
     log("finishing the SHA-256 of the source shards");
-    K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish(o.progress));
+    ParallelSha256::Wait wait;
+    wait.progress = o.progress;
+    K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish(wait));
     for (size_t i = 0; i < by_index.size() && i < ex.shard_paths.size(); ++i) {
       K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(ex.shard_paths[i]));
       result.source_sha256[resolved] = by_index[i];

@@ -175,7 +175,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       e += n;
     }
   }
-  // O_DIRECT views of the shards (see ReadSource). Not while SourceHasher
+  // O_DIRECT views of the shards (see ReadSource). Not while the shard hasher
   // reads the same shards: it relies on the copy's reads filling the page
   // cache it then reads from. K3PACK_DIRECT_READ=0 reads through the page
   // cache (bench seam); so does a filesystem without O_DIRECT (tmpfs).

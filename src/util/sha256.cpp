@@ -52,6 +52,7 @@ Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, ui
                                     const std::function<Status()>& between_chunks,
                                     const std::function<void(uint64_t)>& hashed) {
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+  ::posix_fadvise(fd.get(), static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_SEQUENTIAL);
   Sha256 h;
   std::vector<uint8_t> buf(std::min<uint64_t>(length, 8u << 20));
   uint64_t done = 0;
