@@ -185,11 +185,30 @@ double LoadAsDouble(DType d, const uint8_t* p) {
   }
 }
 
+// double -> half rounded once. Through a float rounded to nearest, a double
+// just off a half's midpoint can land on the midpoint and then tie to even
+// the wrong way (log(0.005340576171875) does). Rounding the float to odd
+// instead (toward zero, last bit set when inexact) keeps it on the correct
+// side of every midpoint, since a float has 13 more bits than a half.
+uint16_t DoubleToHalf(double v) {
+  if (std::isnan(v)) return FloatToHalf(static_cast<float>(v));
+  if (std::fabs(v) >= 65520.0) return std::signbit(v) ? 0xfc00 : 0x7c00;  // rounds to infinity
+  float f = static_cast<float>(v);
+  if (static_cast<double>(f) != v) {
+    if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    bits |= 1;
+    std::memcpy(&f, &bits, 4);
+  }
+  return FloatToHalf(f);
+}
+
 void StoreFromDouble(DType d, double v, uint8_t* p) {
   switch (d) {
     case DType::kFloat32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
     case DType::kFloat64: std::memcpy(p, &v, 8); break;
-    case DType::kFloat16: { uint16_t h = FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DType::kFloat16: { uint16_t h = DoubleToHalf(v); std::memcpy(p, &h, 2); break; }
     case DType::kBFloat16: { uint16_t h = FloatToBFloat(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
     default: break;
   }
