@@ -3,6 +3,7 @@
 #include <cpuid.h>
 #endif
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "k3pack/quant.h"
 #include "quant/kernels.h"
+#include "util/threads.h"
 
 namespace k3pack::quant {
 namespace internal {
@@ -159,13 +161,12 @@ Status DequantizeParallel(GgmlType t, std::span<const uint8_t> src, std::span<fl
     return Status::OK();
   }
   const uint64_t per = (nblocks + want - 1) / want;
-  std::vector<std::thread> pool;
-  pool.reserve(want - 1);
-  for (uint64_t k = 1; k < want; ++k) {
-    pool.emplace_back(run, std::min(nblocks, k * per), std::min(nblocks, (k + 1) * per));
-  }
-  run(0, std::min(nblocks, per));  // the caller takes the first piece
-  for (auto& th : pool) th.join();
+  // Pieces are pulled from a counter, so a process that cannot start every
+  // thread (a pids or address-space limit) still decodes them all.
+  std::atomic<uint64_t> next{0};
+  RunOnThreads(static_cast<unsigned>(want), [&] {
+    for (uint64_t k; (k = next.fetch_add(1)) < want;) run(std::min(nblocks, k * per), std::min(nblocks, (k + 1) * per));
+  });
   return Status::OK();
 }
 

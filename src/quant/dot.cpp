@@ -1,6 +1,7 @@
 // Activation quantization (ggml's reference Q8_K / Q8_0 quantizers) and the
 // public dot-product / mat-vec entry points.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "quant/dot_kernels.h"
 #include "quant/fp.h"
 #include "quant/kernels.h"
+#include "util/threads.h"
 
 namespace k3pack::quant {
 namespace {
@@ -213,13 +215,13 @@ Status MatVec(std::span<const uint8_t> bytes, uint64_t rows, const PreparedActiv
     run(0, rows);
     return Status::OK();
   }
-  std::vector<std::thread> pool;
+  // Slices are pulled from a counter, so a process that cannot start every
+  // thread (a pids or address-space limit) still computes every row.
   const uint64_t per = (rows + nt - 1) / nt;
-  for (uint64_t t = 0; t < nt; ++t) {
-    const uint64_t r0 = t * per, r1 = std::min(rows, r0 + per);
-    if (r0 < r1) pool.emplace_back(run, r0, r1);
-  }
-  for (auto& th : pool) th.join();
+  std::atomic<uint64_t> next{0};
+  RunOnThreads(static_cast<unsigned>(nt), [&] {
+    for (uint64_t t; (t = next.fetch_add(1)) < nt;) run(std::min(rows, t * per), std::min(rows, t * per + per));
+  });
   return Status::OK();
 }
 
