@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -130,6 +131,17 @@ Status ValidateTensor(const TensorSpec& t, uint64_t* nbytes) {
   return Status::OK();
 }
 
+// The alignment is written as general.alignment and pads every offset: a
+// value ggml's reader refuses (and 0, a division by zero in Pad) is never
+// written.
+Status CheckAlignment(const std::string& path, const WriteOptions& opts) {
+  if (opts.alignment == 0 || !std::has_single_bit(opts.alignment)) {
+    return Error("cannot write " + path + ": alignment " + std::to_string(opts.alignment) +
+                 " is not a nonzero power of two (ggml's rule for general.alignment)");
+  }
+  return Status::OK();
+}
+
 // ggml's reader refuses a file (and llama.cpp a split set) naming a tensor
 // twice; checked over everything to be written before any file is created.
 Status CheckUniqueNames(const std::vector<TensorSpec>& tensors) {
@@ -209,6 +221,7 @@ std::vector<MetadataBuilder::Entry> WithAlignment(std::vector<MetadataBuilder::E
 
 Status WriteGguf(const std::string& path, const MetadataBuilder& meta, const std::vector<TensorSpec>& tensors,
                  const WriteOptions& opts) {
+  K3_RETURN_IF_ERROR(CheckAlignment(path, opts));
   K3_RETURN_IF_ERROR(CheckUniqueNames(tensors));
   std::vector<const TensorSpec*> ptrs;
   for (const auto& t : tensors) ptrs.push_back(&t);
@@ -219,6 +232,7 @@ Result<std::vector<std::string>> WriteGgufSplit(const std::string& dir, const st
                                                 const MetadataBuilder& meta, const MetadataBuilder& per_shard,
                                                 const std::vector<TensorSpec>& tensors,
                                                 const std::vector<uint32_t>& shard_of, const WriteOptions& opts) {
+  K3_RETURN_IF_ERROR(CheckAlignment(dir, opts));
   if (shard_of.size() != tensors.size()) return Error("WriteGgufSplit: shard_of must have one entry per tensor");
   uint32_t count = 1;
   for (size_t i = 0; i < shard_of.size(); ++i) {

@@ -105,3 +105,32 @@ TEST(GgufWriter, HolesStaySparse) {
   EXPECT_LT(st.st_blocks * 512, 1'000'000);
   fs::remove_all(dir);
 }
+
+// WriteOptions::alignment becomes the file's general.alignment, so ggml's rule
+// for that key (nonzero, a power of two) holds for it too. 0 used to divide
+// by zero (SIGFPE) while padding, and 24 wrote a file its own reader refuses.
+TEST(GgufWriter, AlignmentMustBeANonzeroPowerOfTwo) {
+  auto dir = k3test::TempDir("alignment");
+  const std::string path = (dir / "a.gguf").string();
+  MetadataBuilder per_shard;
+  for (uint32_t a : {24u, 3u, 0u}) {
+    WriteOptions o;
+    o.alignment = a;
+    Status s = WriteGguf(path, SomeMeta(), SomeTensors(), o);
+    ASSERT_FALSE(s.ok()) << a;
+    EXPECT_NE(s.error().message().find("alignment " + std::to_string(a) + " is not a nonzero power of two"),
+              std::string::npos)
+        << s.error().message();
+    EXPECT_FALSE(fs::exists(path));
+    auto split = WriteGgufSplit((dir / "split").string(), "S", SomeMeta(), per_shard, SomeTensors(), {0, 0, 1, 1}, o);
+    ASSERT_FALSE(split.ok()) << a;
+    EXPECT_FALSE(fs::exists(dir / "split"));
+  }
+  WriteOptions o;
+  o.alignment = 64;
+  ASSERT_TRUE(WriteGguf(path, SomeMeta(), SomeTensors(), o).ok());
+  auto r = GgufFile::Open(path);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ((*r)->alignment(), 64u);
+  fs::remove_all(dir);
+}
