@@ -26,6 +26,17 @@ Result<std::vector<DeviceSlots::Placement>> DeviceSlots::Place(std::span<const O
         .WithHint("raise the device budget or release earlier acquisitions");
   }
   std::vector<Placement> out(keys.size());
+  auto hold = [&](size_t i, uint32_t slot) {
+    if (holds_[slot]++ == 0) {
+      lru_.Unlink(slot);
+      ++held_;
+    }
+    out[i].slot = slot;
+  };
+  // Hits first: a miss takes the least recently used free slot, which may be
+  // one of this call's own hits until that hit is held.
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (slot_of_[keys[i]] != kNone) hold(i, slot_of_[keys[i]]);
   for (size_t i = 0; i < keys.size(); ++i) {
     uint32_t slot = slot_of_[keys[i]];
     if (slot == kNone) {
@@ -39,12 +50,8 @@ Result<std::vector<DeviceSlots::Placement>> DeviceSlots::Place(std::span<const O
       key_of_[slot] = keys[i];
       slot_of_[keys[i]] = slot;
       out[i].load = true;
+      hold(i, slot);
     }
-    if (holds_[slot]++ == 0) {
-      lru_.Unlink(slot);
-      ++held_;
-    }
-    out[i].slot = slot;
   }
   return out;
 }

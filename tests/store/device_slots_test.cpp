@@ -91,5 +91,23 @@ TEST(DeviceSlots, ForgottenSlotIsLoadedAgainAndReusedFirst) {
   EXPECT_FALSE(PlaceOk(d, {1})[0].load);
 }
 
+// A miss placed before a hit of the same call took the least recently used
+// free slot, which could be that very hit's: the hit was evicted and copied
+// in again (a miss in the stats, an eviction and a wasted copy).
+TEST(DeviceSlots, MissNeverTakesTheSlotOfAHitOfTheSameCall) {
+  DeviceSlots d(2, 16);
+  d.Release(SlotsOf(PlaceOk(d, {5})));  // 5 in the first slot
+  d.Release(SlotsOf(PlaceOk(d, {7})));  // 7 in the second; 5 is now least recent
+  auto p = PlaceOk(d, {3, 5});          // 3 sorts first and misses
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_TRUE(p[0].load);
+  EXPECT_FALSE(p[1].load) << "5 is resident: a hit, not a copy";
+  EXPECT_EQ(d.KeyOf(p[1].slot), 5u);
+  EXPECT_EQ(d.KeyOf(p[0].slot), 3u);
+  EXPECT_EQ(d.evictions(), 1u) << "only 7 makes room";
+  d.Release(SlotsOf(p));
+  EXPECT_EQ(d.held(), 0u);
+}
+
 }  // namespace
 }  // namespace k3pack::store
