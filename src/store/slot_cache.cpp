@@ -114,6 +114,8 @@ struct SlotCache::Impl {
   bool Fits(std::span<const ObjectId> keys) const;
   void FreeSlot(uint32_t slot);
   Status Attach(uint32_t slots);
+  // Undoes Attach() (a CUDA attach that failed after it).
+  void Detach();
   Status AttachCudaResources();
   Status LoadMisses(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
   Status ReadInto(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint8_t*>>& reads);
@@ -205,6 +207,18 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
   return Status::OK();
 }
 
+void SlotCache::Impl::Detach() {
+  policy.reset();
+  slot_of.clear();
+  key_of.clear();
+  pins.clear();
+  free_slots = {};
+  device_base = nullptr;
+  has_ready.clear();
+  has_last_use.clear();
+  stage_busy.clear();
+}
+
 Status SlotCache::AttachHost(uint8_t* base, uint32_t slot_count) {
   Impl& s = *impl_;
   K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
@@ -227,12 +241,19 @@ Status SlotCache::AttachCuda(void* device_base, uint32_t slot_count, int device)
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (device_base == nullptr) return Error("expert slot memory is null");
-  K3_ASSIGN_OR_RETURN(s.rt, cuda::LoadRuntime());
-  K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->SetDevice(device), "cudaSetDevice"));
+  // `rt` is what sends Acquire down the CUDA path: it is set only with the
+  // slots, and a failure takes both back, so a later AttachHost (or a retry)
+  // finds the cache as it was before.
+  K3_ASSIGN_OR_RETURN(const cuda::Runtime* rt, cuda::LoadRuntime());
+  K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->SetDevice(device), "cudaSetDevice"));
   K3_RETURN_IF_ERROR(s.Attach(slot_count));
+  s.rt = rt;
   s.device_base = device_base;
   Status st = s.AttachCudaResources();
-  if (!st.ok()) s.ReleaseCuda();
+  if (!st.ok()) {
+    s.ReleaseCuda();
+    s.Detach();
+  }
   return st;
 }
 

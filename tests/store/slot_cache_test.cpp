@@ -298,6 +298,65 @@ TEST(SlotCache, FailedCopyIsNeverServed) {
   testing::EmulatedCuda::Get().Free(device);
 }
 
+// An AttachCuda that failed (a device the runtime does not have, too few
+// slots, or a CUDA resource it could not create) kept what it had set up:
+// the runtime, and past the slot check the slots and their policy. After a
+// bad device the host attach that followed went down the CUDA path with no
+// events or staging (out-of-bounds reads); after a failed resource the cache
+// said it was attached, refused a retry, and read misses into slot memory
+// at a null base.
+TEST(SlotCache, FailedCudaAttachLeavesTheCacheUnattached) {
+  testing::ScopedEmulatedCuda emulated;  // resets the runtime whatever happens
+  TinyPack p(Spec(), "slots-attach-fail");
+  const std::vector<int64_t> ids = {4, 5, 6};
+  const int64_t shape[2] = {1, 3};
+  {
+    auto cache = OpenCache(p);
+    void* device = nullptr;
+    ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, 6 * cache->slot_bytes()), 0);
+    ASSERT_FALSE(cache->AttachCuda(device, 6, /*device=*/1).ok());  // the emulation has device 0 only
+    ASSERT_FALSE(cache->attached());
+    AlignedSlots mem(6, cache->slot_bytes());
+    ASSERT_TRUE(cache->AttachHost(mem.base, 6).ok());
+    auto got = cache->Acquire(2, ids, shape, std::nullopt);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_TRUE(SlotHolds(mem.base + uint64_t((*got)[i]) * cache->slot_bytes(), {4096, 4096, 4096}, 2,
+                            static_cast<uint32_t>(ids[i])));
+    EXPECT_EQ(cache->Snapshot()["k3pack"]["slot_memory"], "host");
+    ASSERT_TRUE(cache->Close().ok());
+    testing::EmulatedCuda::Get().Free(device);
+  }
+  {
+    cuda::Runtime no_pinned = testing::EmulatedCuda::Get();
+    no_pinned.HostAlloc = [](void**, size_t, unsigned) { return 2; };  // cudaErrorMemoryAllocation
+    cuda::SetRuntimeForTesting(&no_pinned);
+    auto cache = OpenCache(p);
+    void* device = nullptr;
+    ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, 6 * cache->slot_bytes()), 0);
+    Status st = cache->AttachCuda(device, 6, 0);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.error().message().find("cudaHostAlloc"), std::string::npos) << st.error().message();
+    EXPECT_FALSE(cache->attached());
+    auto r = cache->Acquire(2, ids, shape, std::nullopt);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message(), "expert device cache is not initialized");
+    // With a runtime that can, the same cache attaches and serves.
+    cuda::SetRuntimeForTesting(&testing::EmulatedCuda::Get());
+    ASSERT_TRUE(cache->AttachCuda(device, 6, 0).ok());
+    auto got = cache->Acquire(2, ids, shape, std::nullopt);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_TRUE(SlotHolds(static_cast<uint8_t*>(device) + uint64_t((*got)[i]) * cache->slot_bytes(),
+                            {4096, 4096, 4096}, 2, static_cast<uint32_t>(ids[i])));
+    ASSERT_TRUE(cache->Close().ok());
+    testing::EmulatedCuda::Get().Free(device);
+  }
+  EXPECT_EQ(testing::EmulatedCuda::live_events.load(), 0);
+  EXPECT_EQ(testing::EmulatedCuda::live_pinned.load(), 0);
+  EXPECT_EQ(testing::EmulatedCuda::live_streams.load(), 0);
+}
+
 // Two threads, each its own layer, check their slots before mark_used while
 // the other keeps evicting: another thread's unreleased call is protected.
 TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {
