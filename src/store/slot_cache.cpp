@@ -426,9 +426,16 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   if (s.rt) {  // the caller's stream waits for every slot this call uses
     for (ObjectId k : keys) {
       uint32_t slot = s.slot_of[k];
-      if (s.has_ready[slot])
-        K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->StreamWaitEvent(stream, s.ready_ev[slot], 0),
-                                       "cudaStreamWaitEvent"));
+      if (!s.has_ready[slot]) continue;
+      Status waits = cuda::Check(*s.rt, s.rt->StreamWaitEvent(stream, s.ready_ev[slot], 0), "cudaStreamWaitEvent");
+      if (!waits.ok()) {
+        // The caller gets no slots to release: the call's holds go now. The
+        // slots' bytes are sound (their copies and ready events stand).
+        s.SetPins(held, -1);
+        Impl::AddHolds(&mine, keys, -1);
+        s.cv.notify_all();
+        return waits.error();
+      }
     }
   }
   std::vector<int32_t> out;

@@ -3,6 +3,7 @@
 // the error texts, the CUDA path on the emulated runtime, and threads.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <list>
 #include <map>
@@ -355,6 +356,46 @@ TEST(SlotCache, FailedCudaAttachLeavesTheCacheUnattached) {
   EXPECT_EQ(testing::EmulatedCuda::live_events.load(), 0);
   EXPECT_EQ(testing::EmulatedCuda::live_pinned.load(), 0);
   EXPECT_EQ(testing::EmulatedCuda::live_streams.load(), 0);
+}
+
+// An acquire whose slots were placed and filled but whose caller's stream
+// could not be made to wait on them (cudaStreamWaitEvent failed: a stream of
+// another device, a sticky context error) returned the error and kept the
+// call's holds: nobody could release them, and other threads' calls that
+// needed those slots waited 10 s and failed.
+TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
+  testing::ScopedEmulatedCuda emulated;
+  static int bad_stream_storage = 0;
+  static void* const bad_stream = &bad_stream_storage;
+  cuda::Runtime rt = testing::EmulatedCuda::Get();
+  rt.StreamWaitEvent = [](cuda::Stream s, cuda::Event, unsigned) { return s == bad_stream ? 400 : 0; };
+  cuda::SetRuntimeForTesting(&rt);
+  TinyPack p(Spec(), "slots-wait-fail");
+  auto cache = OpenCache(p);
+  const uint32_t slots = 3;
+  void* device = nullptr;
+  ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, slots * cache->slot_bytes()), 0);
+  ASSERT_TRUE(cache->AttachCuda(device, slots, 0).ok());
+  const int64_t shape[2] = {1, 3};
+  const std::vector<int64_t> first = {0, 1, 2}, second = {3, 4, 5};
+  std::thread([&] {
+    // Misses, copied in; the caller's stream cannot wait for their copies.
+    auto r = cache->Acquire(1, first, shape, std::nullopt, bad_stream);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find("cudaStreamWaitEvent"), std::string::npos) << r.error().message();
+  }).join();
+  // Every slot holds the failed call's objects: only a released call lets them go.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = cache->Acquire(1, second, shape, std::nullopt);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_LT(waited, 2.0);
+  for (size_t i = 0; i < second.size(); ++i)
+    EXPECT_TRUE(SlotHolds(static_cast<uint8_t*>(device) + uint64_t((*r)[i]) * cache->slot_bytes(),
+                          {4096, 4096, 4096}, 1, static_cast<uint32_t>(second[i])));
+  ASSERT_TRUE(cache->MarkUsed(*r).ok());
+  ASSERT_TRUE(cache->Close().ok());
+  testing::EmulatedCuda::Get().Free(device);
 }
 
 // Two threads, each its own layer, check their slots before mark_used while
