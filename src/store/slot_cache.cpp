@@ -587,11 +587,14 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
   std::vector<int32_t> distinct(slots.begin(), slots.end());
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
-  for (int32_t slot : distinct) {
+  // All checked before any is released: a refused call releases nothing (its
+  // caller still uses those slots and may release them again).
+  for (int32_t slot : distinct)
     if (slot < 0 || static_cast<uint32_t>(slot) >= s.slot_count())
       return Error("expert slot " + std::to_string(slot) + " is out of range (" + std::to_string(s.slot_count()) +
                    " slots)");
+  Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
+  for (int32_t slot : distinct) {
     if (s.rt) {
       K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->EventRecord(s.last_use_ev[slot], stream), "cudaEventRecord"));
       s.has_last_use[slot] = 1;

@@ -3,6 +3,7 @@
 // the error texts, the CUDA path on the emulated runtime, and threads.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <list>
@@ -396,6 +397,42 @@ TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
   ASSERT_TRUE(cache->MarkUsed(*r).ok());
   ASSERT_TRUE(cache->Close().ok());
   testing::EmulatedCuda::Get().Free(device);
+}
+
+// MarkUsed checked each slot as it went: a list with a bad slot after a
+// good one failed, yet had already released the good one. The caller, told
+// nothing was done, still used that slot, which another thread's call could
+// now overwrite (and the caller's later MarkUsed released another thread's
+// hold on it instead).
+TEST(StoreConcurrency, SlotCacheMarkUsedWithABadSlotReleasesNothing) {
+  TinyPack p(Spec(), "slots-markused-bad");
+  auto cache = OpenCache(p);
+  const uint32_t slots = 3;
+  AlignedSlots mem(slots, cache->slot_bytes());
+  ASSERT_TRUE(cache->AttachHost(mem.base, slots).ok());
+  const int64_t shape[2] = {1, 3};
+  std::atomic<bool> refused{false}, released{false};
+  std::thread holder([&] {
+    auto r = cache->Acquire(1, std::vector<int64_t>{0, 1, 2}, shape, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    const std::vector<int32_t> bad = {(*r)[0], 99};
+    Status st = cache->MarkUsed(bad);
+    EXPECT_FALSE(st.ok());
+    refused = true;
+    // Still this call's: expert 0's bytes must stay put until released.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_TRUE(SlotHolds(mem.base + uint64_t((*r)[0]) * cache->slot_bytes(), {4096, 4096, 4096}, 1, 0));
+    released = true;
+    EXPECT_TRUE(cache->MarkUsed(*r).ok());
+  });
+  while (!refused) std::this_thread::yield();
+  // Needs a slot: the only candidate holds expert 0, which the holder holds.
+  auto r = cache->Acquire(1, std::vector<int64_t>{1, 2, 3}, shape, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_TRUE(released) << "took the slot of a call that was never released";
+  holder.join();
+  ASSERT_TRUE(cache->MarkUsed(*r).ok());
+  ASSERT_TRUE(cache->Close().ok());
 }
 
 // Two threads, each its own layer, check their slots before mark_used while
