@@ -105,7 +105,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     request.inputs = plan.inputs;
     request.tokenizer_dir = tokenizer_dir;
     request.note = [&](const std::string& why) {
-      if (told.insert(why).second) std::cerr << "k3pack build: note: " << why << "\n";
+      if (told.insert(why).second) Narrate(kCmd, "note: " + why);
     };
     manifest_seen = SeeOutput(manifest_path);
     K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
@@ -149,7 +149,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     bopts.hash_sources = !args.Has("--no-full-source-hashes") && shard_sha256->empty();  // beside the copy
     bopts.ep = rank;
     bopts.progress = pack::MakeProgressPrinter(v.mode);
-    bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
+    bopts.log = [](const std::string& s) { Narrate(kCmd, s); };
     bopts.started = [&] {
       Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
     };
@@ -178,7 +178,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   if (v.mode != pack::ProgressMode::kNone) {
     // Step lines on a terminal or with json; logs get the 10 s lines only.
     if (v.mode != pack::ProgressMode::kLines)
-      mo.progress = [](const std::string& s) { std::fprintf(stderr, "k3pack build: %s\n", s.c_str()); };
+      mo.progress = [](const std::string& s) { Narrate(kCmd, s); };
     mo.pack_progress = pack::MakeProgressPrinter(v.mode);
   }
   if (std::filesystem::is_directory(mo.gguf_dir) == false) {

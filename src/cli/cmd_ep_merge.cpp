@@ -97,7 +97,7 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
   o.out_path = out;
   o.replace_existing = args.Has("--force");  // kept until the merged pack is done
   o.progress = pack::MakeProgressPrinter(mode);
-  o.log = [](const std::string& line) { std::fprintf(stderr, "k3pack %s: %s\n", kCmd, line.c_str()); };
+  o.log = [](const std::string& line) { Narrate(kCmd, line); };
   // Until the files are in place a stop leaves --pack as it was (the merged
   // bytes are an unnamed file); from then on the merge is done. Called with
   // the stop signals held back, so the advice is never half replaced.

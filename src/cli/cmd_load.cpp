@@ -188,7 +188,7 @@ Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::s
   auto look = [&]() -> Status {
     std::set<std::string> found;
     if (UnfinishedDumpIn(dir, &found)) {
-      std::cerr << "k3pack load: note: " << dir << " holds an interrupted dump; starting over\n";
+      Narrate("load", "note: " + dir + " holds an interrupted dump; starting over");
       RemoveUnfinishedDump(dir, found);
       d.compare = false;
       return Status::OK();
@@ -257,7 +257,7 @@ int RunLoad(const std::vector<std::string>& argv) {
   auto mode = ProgressModeOf(args);
   if (!mode.ok()) return ReportError("load", mode.error(), 2);
   if (args.Has("--quiet")) {
-    std::cerr << "k3pack load: note: --quiet is deprecated and will be removed; use --progress none\n";
+    Narrate("load", "note: --quiet is deprecated and will be removed; use --progress none");
     *mode = ProgressMode::kNone;
   }
   const bool as_json = args.Has("--json");

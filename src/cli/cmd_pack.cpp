@@ -76,7 +76,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   bopts.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
   bopts.threads = threads;
   bopts.progress = pack::MakeProgressPrinter(mode);
-  bopts.log = [](const std::string& s) { std::fprintf(stderr, "k3pack pack: %s\n", s.c_str()); };
+  bopts.log = [](const std::string& s) { Narrate(kCmd, s); };
   bopts.ep = rank;
   if (!json) {
     std::printf("building %s (%s, %llu entries) from %zu shard(s)%s\n", out.c_str(),

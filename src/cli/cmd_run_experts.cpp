@@ -370,7 +370,7 @@ int RunExperts(const std::vector<std::string>& argv) {
     if (already_built) {
       prediction["trace_already_built"] = true;
       if (a.Has("--json"))
-        std::cerr << "k3pack run-experts: " << AlreadyBuiltLine(trace_out) << "\n";
+        Narrate("run-experts", AlreadyBuiltLine(trace_out));
     }
     if (!a.Has("--json")) {
       if (stack->predicted_routes) {

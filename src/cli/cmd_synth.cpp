@@ -156,7 +156,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
     }
   }
   for (const auto& l : layer_types) request.args_given.push_back("--layer-expert-types=" + l);
-  request.note = [](const std::string& line) { std::cerr << "k3pack synth: note: " << line << "\n"; };
+  request.note = [](const std::string& line) { Narrate("synth", "note: " + line); };
   auto progress = StartProgress(*mode);
   request.options.progress = progress->Fn();
 

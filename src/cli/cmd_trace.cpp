@@ -559,7 +559,7 @@ int RunSweep(const std::vector<std::string>& argv) {
       // With --ep-size the defaults are shares of one rank's objects.
       in->sizes = ep_size ? store::DefaultSweepSizes(store::RankSpace(in->space, ep_size), &note, "each EP rank")
                           : store::DefaultSweepSizes(in->space, &note, "the model", least);
-      if (!note.empty()) std::cerr << "k3pack trace sweep: note: " << note << "\n";
+      if (!note.empty()) Narrate("trace sweep", "note: " + note);
     } else {
       if (Status st = SizesFitObjects(in->sizes, in->space, ep_size, what); !st.ok())
         return ReportError("trace sweep", st.error(), 2);

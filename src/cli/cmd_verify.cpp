@@ -70,11 +70,12 @@ int RunVerify(const std::vector<std::string>& argv) {
   if (!copied_from.empty()) {
     // Its checks read the files it records: say whose they are.
     const std::string dir = std::filesystem::path(manifest_path).parent_path().string();
-    std::cerr << "k3pack verify: note: " << manifest_path << " records the shards and pack of the model in "
-              << copied_from << ", not the shards beside it in " << (dir.empty() ? "." : dir)
-              << " (a model directory copied with its manifest?): what is verified is the model in " << copied_from
-              << "; `k3pack build " << ShellQuoted(dir.empty() ? "." : dir)
-              << " --force` gives this directory a pack and manifest of its own\n";
+    const std::string here = dir.empty() ? "." : dir;
+    Narrate("verify", "note: " + manifest_path + " records the shards and pack of the model in " + copied_from +
+                          ", not the shards beside it in " + here +
+                          " (a model directory copied with its manifest?): what is verified is the model in " +
+                          copied_from + "; `k3pack build " + ShellQuoted(here) +
+                          " --force` gives this directory a pack and manifest of its own");
   }
   auto r = Run(args);
   if (!r.ok()) {
@@ -107,8 +108,9 @@ int RunVerify(const std::vector<std::string>& argv) {
   if (args.Has("--samples") && j.value("payload_mode", "") == "samples" &&
       *args.GetInt("--samples") > j.value("entries_checked", int64_t{0})) {
     // Nothing is silently capped: say that the request covered every entry.
-    std::cerr << "k3pack verify: note: --samples " << args.Get("--samples") << " is more than the "
-              << j.value("entries_checked", int64_t{0}) << " entries there are to sample: every one was checked\n";
+    Narrate("verify", "note: --samples " + args.Get("--samples") + " is more than the " +
+                          std::to_string(j.value("entries_checked", int64_t{0})) +
+                          " entries there are to sample: every one was checked");
   }
   if (args.Has("--json")) {
     PrintJson(j);

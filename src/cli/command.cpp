@@ -87,6 +87,8 @@ struct StopAdvice {
   std::string command, advice;
 };
 std::optional<StopAdvice> g_stop_advice;
+// --progress json: Narrate writes JSON objects.
+bool g_narrate_json = false;
 
 void InstallStopReport(const StopAdvice& a) {
   // The same error a stopped copy returns (errno EINTR), so --json reads alike.
@@ -286,6 +288,7 @@ std::string Args::Suggest(const std::string& word) const {
 
 bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
   if (!ParseWords(argv, exit_code)) return false;
+  g_narrate_json = specs_.contains("--progress") && Get("--progress") == "json";
   StopOnSignalsFromHere(command_);
   return true;
 }
@@ -548,6 +551,16 @@ Result<ProgressMode> ProgressModeOf(const Args& args) { return ParseProgressMode
 void StopOnSignals(const std::string& command, const std::string& advice) {
   g_stop_advice = StopAdvice{command, advice};
   InstallStopReport(*g_stop_advice);
+}
+
+void Narrate(const std::string& command, const std::string& line) {
+  ProgressEndLineForSignal();
+  if (g_narrate_json) {
+    std::cerr << DumpJsonEscaped(nlohmann::json{{"phase", command}, {"note", line}}, -1) << "\n";
+  } else {
+    std::cerr << "k3pack " << command << ": " << line << "\n";
+  }
+  std::cerr.flush();
 }
 
 std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode) {

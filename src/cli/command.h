@@ -166,6 +166,12 @@ void AddProgressOption(Args& args);
 // The mode --progress asks for: auto is a bar on a terminal, else one line
 // every 10 s. The error names the option (a usage error: exit code 2).
 Result<ProgressMode> ProgressModeOf(const Args& args);
+// One line of what a command is doing or noticed, on stderr: "k3pack
+// COMMAND: LINE" (an open bar line is ended first). With --progress json it
+// is {"phase": COMMAND, "note": LINE} instead, the shape of the reporter's
+// notes, so that stderr stays one JSON object per line until an error.
+void Narrate(const std::string& command, const std::string& line);
+
 // The reporter of a long command (a stop signal ends its bar line: see
 // StopOnSignals).
 std::unique_ptr<ProgressReporter> StartProgress(ProgressMode mode);

@@ -15,8 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 void Announce(const std::string& command, const std::string& option, const manifest::ImpliedPath& found) {
-  std::fprintf(stderr, "k3pack %s: using %s %s (%s)\n", command.c_str(), option.c_str(), found.path.c_str(),
-               found.why.c_str());
+  Narrate(command, "using " + option + " " + found.path + " (" + found.why + ")");
 }
 
 }  // namespace

@@ -31,7 +31,7 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command) {
     }
     wait.seconds = *seconds;
   }
-  wait.notify = [command](const std::string& line) { std::fprintf(stderr, "k3pack %s: %s\n", command.c_str(), line.c_str()); };
+  wait.notify = [command](const std::string& line) { Narrate(command, line); };
   return wait;
 }
 
@@ -41,7 +41,7 @@ void ReportAlreadyBuilt(const std::string& command, const std::string& path, boo
                         const nlohmann::json& fields) {
   const std::string line = AlreadyBuiltLine(path);
   if (json) {
-    std::cerr << "k3pack " << command << ": " << line << "\n";
+    Narrate(command, line);
     nlohmann::json j{{"already_built", true}, {"path", path}};
     if (!key.empty()) j[key] = path;
     for (const auto& [name, value] : fields.items()) j[name] = value;

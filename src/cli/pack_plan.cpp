@@ -45,7 +45,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   req.ep = plan.ep;
   K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
   req.progress = pack::MakeProgressPrinter(mode);
-  req.note = [&args](const std::string& why) { std::cerr << "k3pack " << args.command() << ": note: " << why << "\n"; };
+  req.note = [&args](const std::string& why) { Narrate(args.command(), "note: " + why); };
   auto take = [&plan](const pack::PackOutputPlan& out) {
     plan.action = out.action;
     plan.repair = out.repair;

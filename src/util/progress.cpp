@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/format.h"
+#include "util/utf8.h"
 
 namespace k3pack {
 namespace {
@@ -258,7 +259,7 @@ void ProgressReporter::Note(const std::string& phase, const std::string& text) {
     }
     case ProgressMode::kJson:
       std::fprintf(out, "%s\n",
-                   nlohmann::json({{"phase", phase}, {"note", text}, {"elapsed_s", now - start_}}).dump().c_str());
+                   DumpJsonEscaped({{"phase", phase}, {"note", text}, {"elapsed_s", now - start_}}, -1).c_str());
       break;
   }
   std::fflush(out);

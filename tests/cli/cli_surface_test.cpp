@@ -131,6 +131,40 @@ TEST_F(CliSurface, TraceSweepAndReplayShowJsonProgress) {
   EXPECT_TRUE(json::parse(r.out).contains("belady_hit_rate")) << r.out;
 }
 
+// With --progress json a successful run's stderr is JSON objects only: the
+// narration before and between the long steps ("using --model-config ...",
+// "finishing the SHA-256 ...", notes) is {"phase": COMMAND, "note": LINE}.
+// Before, those lines were text among the objects.
+TEST_F(CliSurface, ProgressJsonKeepsStderrOneJsonObjectPerLine) {
+  auto every_line_is_an_object = [](const CliResult& r) {
+    std::istringstream is(r.err);
+    size_t notes = 0;
+    for (std::string l; std::getline(is, l);) {
+      const json j = json::parse(l, nullptr, /*allow_exceptions=*/false);
+      EXPECT_TRUE(j.is_object()) << "not a JSON object on stderr: " << l;
+      if (j.is_object() && j.contains("note")) ++notes;
+    }
+    return notes;
+  };
+  ASSERT_EQ(K3("synth --preset tiny --out " + P("m") + " --progress none").code, 0);
+  // Every input implied by the model directory: each one is announced.
+  auto r = K3("build " + P("m") + " --progress json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_GE(every_line_is_an_object(r), 3u) << r.err;  // tokenizer, config, the manifest's steps
+  EXPECT_NE(r.err.find("\"note\":\"using --model-config"), std::string::npos) << r.err;
+  r = K3("build " + P("m") + " --progress json");  // already built
+  ASSERT_EQ(r.code, 0) << r.err;
+  every_line_is_an_object(r);
+  r = K3("trace sweep --family kimi --layers 2 --experts 64 --top-k 4 --decode-tokens 16 --svg " + P("s.svg") +
+         " --progress json --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  every_line_is_an_object(r);
+  // Without --progress json the same narration is text.
+  r = K3("build " + P("m") + " --progress none");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("k3pack build: using --model-config"), std::string::npos) << r.err;
+}
+
 // pack/build, verify --full, load and trace replay on a real (tiny) pack.
 TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
   ASSERT_EQ(K3("synth --preset tiny --seed 3 --out " + P("m") + " --progress none").code, 0);
