@@ -92,6 +92,17 @@ Status ValidateDims(const SynthDims& d) {
   K3_RETURN_IF_ERROR(need(d.vocab >= 512 && d.vocab <= 240000,
                           "vocab must be in 512..240000 (256 byte tokens + unique merges + specials)"));
   K3_RETURN_IF_ERROR(need(d.num_layers <= 9999 && d.num_experts <= 65536, "layers <= 9999 and experts <= 65536"));
+  // The table's extents multiply u32 values; from a corrupt file two of them
+  // can pass INT64_MAX (signed overflow, a negative extent).
+  auto fits = [](int64_t a, int64_t b) {
+    int64_t p;
+    return !__builtin_mul_overflow(a, b, &p);
+  };
+  const int64_t heads = d.heads;
+  K3_RETURN_IF_ERROR(need(fits(heads, d.head_dim) && fits(heads, int64_t{synth::MlaQkNope(d)} + d.qk_rope) &&
+                              fits(heads, synth::MlaVHead(d)) &&
+                              fits(d.moe_intermediate, std::max<int64_t>(d.num_shared_experts, 1)),
+                          "heads x head sizes or moe_intermediate x shared experts overflow int64"));
   for (uint32_t il : d.mla_layers.value_or(std::vector<uint32_t>{})) {
     K3_RETURN_IF_ERROR(need(il < d.num_layers, "MLA layer " + std::to_string(il) + " is out of range"));
   }

@@ -141,6 +141,39 @@ TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
   EXPECT_NE(ds.error().message().find("feed_forward_length"), std::string::npos) << ds.error().message();
 }
 
+// The table's extents are products of u32 metadata values (Di = H x Dk,
+// H x dk, H x dv, Fe x shared), which a corrupt or hostile file can push past
+// INT64_MAX: that was signed overflow (undefined; in practice a negative
+// extent the doctor then printed as what "the metadata implies"). Refused by
+// name instead.
+TEST(KimiLayout, ExtentsThatOverflowInt64AreRefused) {
+  const std::string a = "kimi-k3.";
+  const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-overflow";
+  fs::create_directories(dir);
+  const std::pair<const char*, const char*> cases[] = {
+      {"attention.head_count", "kda.head_dim"}, {"expert_feed_forward_length", "expert_shared_count"}};
+  for (const auto& [k1, k2] : cases) {
+    gguf::MetadataBuilder m;
+    SmallKimiMetadata(m, {0, 1}, 1);
+    m.U32(a + "feed_forward_length", 1024);
+    m.U32(a + k1, UINT32_MAX).U32(a + k2, UINT32_MAX);
+    const std::string path = (dir / (std::string(k1) + ".gguf")).string();
+    ASSERT_TRUE(gguf::WriteGguf(path, m, {}).ok());
+    auto f = gguf::GgufFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.error().message();
+    auto dims = DimsFromGguf(**f);
+    ASSERT_TRUE(dims.ok()) << dims.error().message();
+    auto table = ExpectedTensors(*dims);
+    if (table.ok()) {
+      for (const auto& t : *table) {
+        for (int64_t e : t.ne) ASSERT_GE(e, 0) << k1 << ": " << t.name;
+      }
+    }
+    ASSERT_FALSE(table.ok()) << k1;
+    EXPECT_NE(table.error().message().find("overflow"), std::string::npos) << table.error().message();
+  }
+}
+
 }  // namespace
 }  // namespace k3pack::kimi
 
