@@ -55,8 +55,11 @@ struct Value {
   std::optional<double> AsFloat() const;   // float or integer scalar
   std::optional<std::string> AsString() const;
   // Numeric array element i as double / int64 (caller checks i < array_count).
+  // ArrayInt saturates what int64 cannot hold (UINT64 above INT64_MAX,
+  // out-of-range floats); ArrayUint64 is a UINT64 array's exact element.
   double ArrayFloat(uint64_t i) const;
   int64_t ArrayInt(uint64_t i) const;
+  uint64_t ArrayUint64(uint64_t i) const;
 };
 
 struct KeyValue {

@@ -42,6 +42,7 @@ json ArrayElementJson(const Value& v, uint64_t i) {
     case ValueType::kString: return v.strings[i];
     case ValueType::kBool: return v.ArrayInt(i) != 0;
     case ValueType::kFloat32: case ValueType::kFloat64: return v.ArrayFloat(i);
+    case ValueType::kUint64: return v.ArrayUint64(i);  // above INT64_MAX too, as gguf-py shows it
     default: return v.ArrayInt(i);
   }
 }

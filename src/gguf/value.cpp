@@ -67,6 +67,7 @@ double Value::ArrayFloat(uint64_t i) const {
   switch (array_type) {
     case ValueType::kFloat32: return Load<float>(p);
     case ValueType::kFloat64: return Load<double>(p);
+    case ValueType::kUint64: return static_cast<double>(Load<uint64_t>(p));
     default: return static_cast<double>(ArrayInt(i));
   }
 }
@@ -90,12 +91,18 @@ int64_t Value::ArrayInt(uint64_t i) const {
     case ValueType::kInt16: return Load<int16_t>(p);
     case ValueType::kUint32: return Load<uint32_t>(p);
     case ValueType::kInt32: return Load<int32_t>(p);
-    case ValueType::kUint64: return static_cast<int64_t>(Load<uint64_t>(p));
+    case ValueType::kUint64: {
+      const uint64_t u = Load<uint64_t>(p);
+      return u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                                               : static_cast<int64_t>(u);
+    }
     case ValueType::kInt64: return Load<int64_t>(p);
     case ValueType::kFloat32: return SaturatingInt(Load<float>(p));
     case ValueType::kFloat64: return SaturatingInt(Load<double>(p));
     default: return 0;
   }
 }
+
+uint64_t Value::ArrayUint64(uint64_t i) const { return Load<uint64_t>(array_data + i * sizeof(uint64_t)); }
 
 }  // namespace k3pack::gguf

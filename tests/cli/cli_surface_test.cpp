@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3pack/gguf.h"
 #include "store/object_space.h"
 #include "store/replay.h"
 #include "../cli_run.h"
@@ -391,6 +393,26 @@ TEST_F(CliSurface, BashCompletionCompletesCommandsSubcommandsAndOptions) {
 }  // namespace
 
 namespace {
+
+// A UINT64 array element above INT64_MAX is shown as its value, as gguf-py
+// shows it (it was printed as a negative number).
+TEST_F(CliSurface, InspectJsonShowsUint64ArrayElementsAsTheirValue) {
+  std::string encoded;
+  auto put = [&](auto v) { encoded.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(static_cast<uint32_t>(k3pack::gguf::ValueType::kUint64));
+  put(uint64_t{2});
+  put(std::numeric_limits<uint64_t>::max());
+  put(uint64_t{42});
+  k3pack::gguf::MetadataBuilder meta;
+  meta.Str("general.architecture", "test").Raw("test.u64s", k3pack::gguf::ValueType::kArray, encoded);
+  ASSERT_TRUE(k3pack::gguf::WriteGguf(P("u.gguf"), meta, {}).ok());
+  auto r = K3("inspect " + P("u.gguf") + " --json --file-only");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json values = json::parse(r.out)["metadata"]["test.u64s"]["value"];
+  ASSERT_EQ(values.size(), 2u) << r.out;
+  EXPECT_EQ(values[0].get<uint64_t>(), std::numeric_limits<uint64_t>::max()) << r.out;
+  EXPECT_EQ(values[1].get<uint64_t>(), 42u);
+}
 
 // A path is bytes on Linux: a directory name that is not UTF-8 must come back
 // \xNN-escaped in --json output, never make the JSON dump abort the command.

@@ -209,6 +209,25 @@ TEST(GgufReader, FloatArrayReadAsIntegersSaturates) {
   EXPECT_EQ(d->ArrayInt(1), -4000000000000000000ll);
 }
 
+TEST(GgufReader, Uint64ArrayElementsAboveInt64MaxKeepTheirValue) {
+  // ArrayInt used to wrap 2^64-1 to -1 (and ArrayFloat with it), so
+  // `inspect --json` showed a negative number where gguf-py shows the value.
+  Bytes x = Header(3, 0, 1);
+  x.str("u64").put<uint32_t>(9).put<uint32_t>(10).put<uint64_t>(3);
+  x.put<uint64_t>(std::numeric_limits<uint64_t>::max()).put<uint64_t>(uint64_t{1} << 63).put<uint64_t>(7);
+  auto r = ParseBytes(x.b);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const gguf::Value* v = (*r)->Find("u64");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->ArrayUint64(0), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(v->ArrayUint64(1), uint64_t{1} << 63);
+  EXPECT_EQ(v->ArrayInt(0), std::numeric_limits<int64_t>::max());  // saturated, never negative
+  EXPECT_EQ(v->ArrayInt(1), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(v->ArrayInt(2), 7);
+  EXPECT_DOUBLE_EQ(v->ArrayFloat(0), 18446744073709551615.0);
+  EXPECT_DOUBLE_EQ(v->ArrayFloat(1), 9223372036854775808.0);
+}
+
 TEST(GgufReader, EveryTruncationIsRejectedWithoutCrash) {
   const std::string full = OneTensorFile(64).b;
   ASSERT_TRUE(ParseBytes(full).ok());
