@@ -51,7 +51,8 @@ std::optional<GgmlType> GgmlTypeFromName(std::string_view name);
 // which SGLang compares exactly.
 std::optional<GgmlType> GgmlTypeFromTypedName(std::string_view name);
 
-// The name, or "type#<id>" for ids without one.
+// The name, or "type#<id>" for ids without one; the view stays valid for the
+// life of the process.
 std::string_view GgmlTypeName(GgmlType t);
 
 // Bytes for `n_elements` elements of type t (n_elements % block == 0 assumed).

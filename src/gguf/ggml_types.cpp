@@ -4,6 +4,8 @@
 #include <array>
 #include <cctype>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <string>
 
 namespace k3pack {
@@ -90,9 +92,13 @@ std::optional<GgmlType> GgmlTypeFromTypedName(std::string_view name) {
 std::string_view GgmlTypeName(GgmlType t) {
   const GgmlTypeInfo* info = GgmlTypeInfoFor(t);
   if (info != nullptr && info->block_size != 0) return info->name;
-  static thread_local std::string unknown;
-  unknown = "type#" + std::to_string(static_cast<uint32_t>(t));
-  return unknown;
+  // One string per unknown id for the life of the process, so each view
+  // stays valid: a message naming two unknown types used to show the second
+  // twice (one reused buffer). Only ids read from files get here: few.
+  static std::mutex mu;
+  static std::set<std::string>* names = new std::set<std::string>;  // never destroyed: views outlive exit hooks
+  std::lock_guard<std::mutex> lock(mu);
+  return *names->insert("type#" + std::to_string(static_cast<uint32_t>(t))).first;
 }
 
 uint64_t GgmlRowBytes(GgmlType t, uint64_t n_elements) {

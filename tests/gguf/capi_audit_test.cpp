@@ -47,3 +47,22 @@ TEST(CppIntegratorAudit, TensorDataOfAnotherFilesTensorIsEmpty) {
 
 }  // namespace
 }  // namespace k3pack::gguf
+
+namespace k3pack {
+namespace {
+
+// GgmlTypeName's view of an unknown id pointed into one reused buffer, so a
+// second unknown name changed the first: a message naming both showed the
+// second twice.
+TEST(CppIntegratorAudit, UnknownTypeNamesStayValid) {
+  const std::string_view a = GgmlTypeName(static_cast<GgmlType>(4000));
+  const std::string_view b = GgmlTypeName(static_cast<GgmlType>(4001));
+  const std::string_view a_again = GgmlTypeName(static_cast<GgmlType>(4000));
+  EXPECT_EQ(a, "type#4000");
+  EXPECT_EQ(b, "type#4001");
+  EXPECT_EQ(a_again.data(), a.data());
+  EXPECT_EQ(GgmlTypeName(GgmlType::Q2_K), "Q2_K");
+}
+
+}  // namespace
+}  // namespace k3pack
