@@ -169,11 +169,11 @@ class PreadEngine final : public IoEngine {
 
 }  // namespace
 
-Result<std::unique_ptr<IoEngine>> MakeUringEngine(uint32_t queue_depth);  // io_uring.cpp
+Result<std::unique_ptr<IoEngine>> MakeUringEngine(uint32_t queue_depth, RingFaults faults);  // io_uring.cpp
 
-Result<std::unique_ptr<IoEngine>> IoEngine::Create(IoBackend backend, uint32_t queue_depth) {
+Result<std::unique_ptr<IoEngine>> IoEngine::Create(IoBackend backend, uint32_t queue_depth, RingFaults ring_faults) {
   if (queue_depth == 0) return Error("I/O queue depth must be positive");
-  if (backend == IoBackend::kUring) return MakeUringEngine(queue_depth);
+  if (backend == IoBackend::kUring) return MakeUringEngine(queue_depth, std::move(ring_faults));
   auto engine = std::make_unique<PreadEngine>();
   K3_RETURN_IF_ERROR(engine->Start(queue_depth));
   return std::unique_ptr<IoEngine>(std::move(engine));

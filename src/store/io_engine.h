@@ -64,9 +64,19 @@ struct ObjectRead {
 // offset and length.
 using FaultHook = std::function<void(uint64_t file_offset, uint64_t length, int64_t* result)>;
 
+// A test seam for the io_uring backend's own calls into its ring: before each
+// io_uring_submit and each completion wait, the hook set for it is called; a
+// negative errno it returns stands for that call's result (the call is not
+// made), 0 lets the call run. Hooks are called on the engine's threads. The
+// pread backend has no ring and ignores them.
+struct RingFaults {
+  std::function<int()> submit, wait;
+};
+
 class IoEngine {
  public:
-  static Result<std::unique_ptr<IoEngine>> Create(IoBackend backend, uint32_t queue_depth);
+  static Result<std::unique_ptr<IoEngine>> Create(IoBackend backend, uint32_t queue_depth,
+                                                  RingFaults ring_faults = {});
   virtual ~IoEngine() = default;
   virtual IoBackend backend() const = 0;
   virtual void Submit(std::unique_ptr<ObjectRead> read) = 0;

@@ -7,13 +7,29 @@
 // completion (res < remaining, > 0) is resubmitted for the rest; res == 0
 // before the end is EOF: a short read; -EAGAIN/-EINTR, and a few -ECANCELED
 // (defence in depth), are resubmitted.
+//
+// io_uring_submit may take fewer entries than are queued, or refuse them all
+// for now (-EAGAIN: the kernel is short of request memory; -EBUSY: the
+// completion ring overflowed and must be reaped first). Entries it did not
+// take stay in the SQ and are handed over again after the next completion
+// or, when nothing is in flight to complete, after a back-off on the
+// submitter. Any other error, or refusals that last kMaxRefusalNs, break the
+// engine: reads the kernel never took, and every later one, fail with that
+// error; those it took still complete. The reaper of a broken engine leaves
+// once the kernel holds nothing of ours (seen on its timed waits, 5.11+; on
+// older kernels only the shutdown marker, which a broken ring may not take,
+// ends its wait).
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <unordered_set>
+#include <utility>
 
 #include "store/io_engine.h"
 
@@ -22,6 +38,7 @@ namespace {
 
 class UringEngine final : public IoEngine {
  public:
+  explicit UringEngine(RingFaults faults) : faults_(std::move(faults)) {}
   ~UringEngine() override {
     Shutdown();
     if (ring_ok_) io_uring_queue_exit(&ring_);
@@ -34,6 +51,9 @@ class UringEngine final : public IoEngine {
     while (entries < depth) entries <<= 1;
     int rc = io_uring_queue_init(entries, &ring_, 0);
     if (rc < 0) return Error(std::string("io_uring is unavailable: ") + std::strerror(-rc), ErrorKind::kOS, -rc);
+    // Completion waits that time out without submitting anything (5.11+):
+    // a broken engine's reaper then leaves on its own.
+    timed_waits_ = (ring_.features & IORING_FEAT_EXT_ARG) != 0;
     try {
       reaper_ = std::thread([this] { Reap(); });
     } catch (const std::system_error& e) {
@@ -77,23 +97,60 @@ class UringEngine final : public IoEngine {
   }
 
  private:
-  // The engine's submitting thread: turns queued parts into SQEs.
+  static constexpr uint32_t kMaxCancelRetries = 3;
+  // How long the kernel may refuse every queued entry before the engine
+  // gives up on the ring (a hang would be worse than the error).
+  static constexpr uint64_t kMaxRefusalNs = 10'000'000'000;
+  // The submitter's back-off while entries wait for the kernel to take them.
+  static constexpr std::chrono::microseconds kMinBackoff{200}, kMaxBackoff{50'000};
+  // How often a reaper with timed waits looks whether it may leave.
+  static constexpr long long kWaitTickNs = 100'000'000;
+
+  // The engine's submitting thread: turns queued parts into SQEs, hands
+  // refused ones over again, and fails the parts of a broken engine.
   void SubmitLoop() {
     std::unique_lock<std::mutex> lock(mu_);
+    auto backoff = kMinBackoff;
+    auto work = [&] {
+      return stopped_ || (!pending_.empty() && (broken_ != 0 || (queued_.empty() && sqes_ < depth_)));
+    };
     for (;;) {
-      submit_cv_.wait(lock, [&] { return stopped_ || (!pending_.empty() && sqes_ < depth_); });
+      if (queued_.empty()) {
+        backoff = kMinBackoff;
+        submit_cv_.wait(lock, work);
+      } else {
+        // Refused entries: a completion may bring them to the kernel first
+        // (the reaper pumps after each), but none may be coming.
+        submit_cv_.wait_for(lock, backoff, work);
+        backoff = std::min(backoff * 2, kMaxBackoff);
+      }
       if (stopped_) break;
+      if (broken_ != 0) {
+        FailPending(lock);
+        continue;
+      }
       Pump();
     }
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    io_uring_prep_nop(sqe);
-    io_uring_sqe_set_data(sqe, nullptr);
-    io_uring_submit(&ring_);
+    // The reaper's shutdown marker; a reaper with timed waits leaves without it too.
+    for (int tries = 0; tries < 100; ++tries) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+      if (sqe == nullptr) break;
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data(sqe, nullptr);
+      const int rc = RingSubmit();
+      if (rc != -EAGAIN && rc != -EBUSY && rc != -EINTR) break;
+      lock.unlock();
+      std::this_thread::sleep_for(kMinBackoff);
+      lock.lock();
+    }
   }
 
-  // mu_ held.
+  // mu_ held. Prepares SQEs for what fits, then hands the SQ to the kernel.
   void Pump() {
-    bool any = false;
+    if (broken_ != 0) {
+      if (!pending_.empty()) submit_cv_.notify_one();  // the submitter fails them
+      return;
+    }
     while (sqes_ < depth_ && !pending_.empty()) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) break;
@@ -109,68 +166,153 @@ class UringEngine final : public IoEngine {
       // inline by io_uring_submit, serializing all reads on the submitter;
       // IOSQE_ASYNC hands it to io-wq workers so copies run in parallel.
       if (!r.direct) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
+      queued_.emplace_back(p, sqe);
       ++sqes_;
-      any = true;
     }
-    if (any) io_uring_submit(&ring_);
+    Flush();
+  }
+
+  // mu_ held. The kernel takes queued SQEs in order, as many as it returns.
+  void Flush() {
+    while (!queued_.empty() && broken_ == 0) {
+      int rc = RingSubmit();
+      if (rc > 0) {
+        refused_since_ns_ = 0;
+        for (int i = 0; i < rc && !queued_.empty(); ++i) {
+          in_kernel_.insert(queued_.front().first);
+          queued_.pop_front();
+        }
+        continue;
+      }
+      if (rc == 0 || rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) {
+        const uint64_t now = NowNs();
+        if (refused_since_ns_ == 0) refused_since_ns_ = now;
+        if (now - refused_since_ns_ < kMaxRefusalNs) return;  // left queued: handed over again later
+        if (rc == 0) rc = -EAGAIN;
+      }
+      Break(-rc);
+    }
+  }
+
+  // mu_ held. The ring is unusable (`err`): parts the kernel never took go
+  // back to pending_ for the submitter to fail, and their SQEs become no-ops
+  // (a later submission must not start a read whose caller was told it failed).
+  void Break(int err) {
+    if (broken_ != 0) return;
+    broken_ = err;
+    for (auto& [p, sqe] : queued_) {
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data(sqe, &kDropped);
+      pending_.push_back(p);
+    }
+    sqes_ -= static_cast<uint32_t>(queued_.size());
+    queued_.clear();
+    submit_cv_.notify_one();
+  }
+
+  // Fails every pending part with the engine's error (callbacks run without mu_).
+  void FailPending(std::unique_lock<std::mutex>& lock) {
+    std::deque<Part*> doomed;
+    doomed.swap(pending_);
+    const int64_t result = -static_cast<int64_t>(broken_);
+    lock.unlock();
+    for (Part* p : doomed) {
+      FinishRange(*p, result, p->start_ns != 0 ? NowNs() - p->start_ns : 0);
+      delete p;
+    }
+    lock.lock();
+    if (pending_.empty() && sqes_ == 0) idle_cv_.notify_all();
   }
 
   void Reap() {
     for (;;) {
       io_uring_cqe* cqe = nullptr;
-      int rc = io_uring_wait_cqe(&ring_, &cqe);
+      int rc = RingWait(&cqe);
       if (rc == -EINTR) continue;
+      if (rc == -ETIME) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if ((broken_ != 0 || stopped_) && in_kernel_.empty()) return;  // nothing of ours left to complete
+        continue;
+      }
       if (rc < 0) return;  // ring broken; Shutdown waits would hang, but this does not happen in practice
-      auto* p = static_cast<Part*>(io_uring_cqe_get_data(cqe));
+      void* data = io_uring_cqe_get_data(cqe);
       int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
-      if (p == nullptr) return;  // shutdown marker
-      bool finished = true;
-      int64_t result = 0;
-      {
-        // The Part reached us through the kernel's completion ring, which
-        // carries no happens-before edge a race detector can see; taking mu_
-        // (under which Submit/Pump wrote it) before touching it provides one.
-        std::lock_guard<std::mutex> lock(mu_);
-        const ReadRange& range = p->job->read->ranges[p->range];
-        --sqes_;
-        if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && p->cancels++ < kMaxCancelRetries)) {
-          pending_.push_front(p);
-          finished = false;
-        } else if (res > 0 && p->done + uint64_t(res) < range.length) {
-          p->done += uint64_t(res);
-          pending_.push_front(p);
-          finished = false;
-        } else {
-          result = res < 0 ? res : static_cast<int64_t>(p->done + uint64_t(res));
-        }
-        Pump();
-      }
-      if (finished) {
-        FinishRange(*p, result, NowNs() - p->start_ns);
-        delete p;
-        std::lock_guard<std::mutex> lock(mu_);
-        if (pending_.empty() && sqes_ == 0) idle_cv_.notify_all();
-      }
+      if (data == nullptr) return;  // shutdown marker
+      if (data == &kDropped) continue;
+      if (Complete(static_cast<Part*>(data), res)) return;
     }
   }
 
+  // A part's completion with `res`; true when the engine is broken and the
+  // kernel holds nothing more of ours (the reaper may leave).
+  bool Complete(Part* p, int res) {
+    bool finished = true, leave = false;
+    int64_t result = 0;
+    {
+      // The Part reached us through the kernel's completion ring, which
+      // carries no happens-before edge a race detector can see; taking mu_
+      // (under which Submit/Pump wrote it) before touching it provides one.
+      std::lock_guard<std::mutex> lock(mu_);
+      in_kernel_.erase(p);
+      const ReadRange& range = p->job->read->ranges[p->range];
+      --sqes_;
+      if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && p->cancels++ < kMaxCancelRetries)) {
+        pending_.push_front(p);
+        finished = false;
+      } else if (res > 0 && p->done + uint64_t(res) < range.length) {
+        p->done += uint64_t(res);
+        pending_.push_front(p);
+        finished = false;
+      } else {
+        result = res < 0 ? res : static_cast<int64_t>(p->done + uint64_t(res));
+      }
+      Pump();
+      leave = broken_ != 0 && in_kernel_.empty();
+    }
+    if (finished) {
+      FinishRange(*p, result, NowNs() - p->start_ns);
+      delete p;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty() && sqes_ == 0) idle_cv_.notify_all();
+    }
+    return leave;
+  }
+
+  int RingSubmit() {
+    if (faults_.submit)
+      if (int rc = faults_.submit(); rc != 0) return rc;
+    return io_uring_submit(&ring_);
+  }
+  int RingWait(io_uring_cqe** cqe) {
+    if (faults_.wait)
+      if (int rc = faults_.wait(); rc != 0) return rc;
+    if (!timed_waits_) return io_uring_wait_cqe(&ring_, cqe);
+    __kernel_timespec tick{0, kWaitTickNs};
+    return io_uring_wait_cqe_timeout(&ring_, cqe, &tick);
+  }
+
+  static inline char kDropped = 0;  // user_data of an SQE turned into a no-op by Break
+  const RingFaults faults_;
   io_uring ring_{};
-  bool ring_ok_ = false;
+  bool ring_ok_ = false, timed_waits_ = false;
   uint32_t depth_ = 1;
   std::mutex mu_;
-  static constexpr uint32_t kMaxCancelRetries = 3;
   std::condition_variable idle_cv_, submit_cv_;
-  std::deque<Part*> pending_;
-  uint32_t sqes_ = 0;
+  std::deque<Part*> pending_;                        // not yet in an SQE
+  std::deque<std::pair<Part*, io_uring_sqe*>> queued_;  // in an SQE the kernel has not taken yet
+  std::unordered_set<Part*> in_kernel_;              // taken by the kernel, not completed
+  uint32_t sqes_ = 0;                                // queued_ + in_kernel_
+  uint64_t refused_since_ns_ = 0;                    // 0: the last submission was taken
+  int broken_ = 0;                                   // errno that broke the engine
   bool stopped_ = false;
   std::thread reaper_, submitter_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<IoEngine>> MakeUringEngine(uint32_t queue_depth) {
-  auto e = std::make_unique<UringEngine>();
+Result<std::unique_ptr<IoEngine>> MakeUringEngine(uint32_t queue_depth, RingFaults faults) {
+  auto e = std::make_unique<UringEngine>(std::move(faults));
   K3_RETURN_IF_ERROR(e->Init(queue_depth));
   return std::unique_ptr<IoEngine>(std::move(e));
 }
