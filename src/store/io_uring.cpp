@@ -15,7 +15,8 @@
 // or, when nothing is in flight to complete, after a back-off on the
 // submitter. Any other error, or refusals that last kMaxRefusalNs, break the
 // engine: reads the kernel never took, and every later one, fail with that
-// error; those it took still complete. The reaper of a broken engine leaves
+// error; those it took still complete. A failing completion wait breaks it
+// too (see ReapBroken). The reaper of a broken engine leaves
 // once the kernel holds nothing of ours (seen on its timed waits, 5.11+; on
 // older kernels only the shutdown marker, which a broken ring may not take,
 // ends its wait).
@@ -30,6 +31,7 @@
 #include <thread>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "store/io_engine.h"
 
@@ -105,6 +107,9 @@ class UringEngine final : public IoEngine {
   static constexpr std::chrono::microseconds kMinBackoff{200}, kMaxBackoff{50'000};
   // How often a reaper with timed waits looks whether it may leave.
   static constexpr long long kWaitTickNs = 100'000'000;
+  // After a failed completion wait: how long the reaper polls for reads the
+  // kernel still holds (since the last one came back) before failing them.
+  static constexpr uint64_t kLostGraceNs = 2'000'000'000;
 
   // The engine's submitting thread: turns queued parts into SQEs, hands
   // refused ones over again, and fails the parts of a broken engine.
@@ -234,7 +239,10 @@ class UringEngine final : public IoEngine {
         if ((broken_ != 0 || stopped_) && in_kernel_.empty()) return;  // nothing of ours left to complete
         continue;
       }
-      if (rc < 0) return;  // ring broken; Shutdown waits would hang, but this does not happen in practice
+      if (rc < 0) {
+        ReapBroken(-rc);
+        return;
+      }
       void* data = io_uring_cqe_get_data(cqe);
       int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
@@ -242,6 +250,50 @@ class UringEngine final : public IoEngine {
       if (data == &kDropped) continue;
       if (Complete(static_cast<Part*>(data), res)) return;
     }
+  }
+
+  // The completion wait failed with `err`, so the ring cannot be waited on.
+  // Reads the kernel never took fail now. Those it holds may still complete
+  // into the CQ ring (its memory outlives a failing wait: an fd closed by
+  // mistake), so the ring is polled for them without entering the kernel
+  // until kLostGraceNs pass with none; the rest then fail with `err` too, so
+  // every caller, and Shutdown(), gets an answer. (A read the kernel still
+  // holds after that may yet write its buffer: the price of not hanging.)
+  void ReapBroken(int err) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Break(err);
+    }
+    for (uint64_t deadline = NowNs() + kLostGraceNs;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (in_kernel_.empty()) return;
+      }
+      io_uring_cqe* cqe = nullptr;
+      if (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
+        void* data = io_uring_cqe_get_data(cqe);
+        const int res = cqe->res;
+        io_uring_cqe_seen(&ring_, cqe);
+        if (data != nullptr && data != &kDropped) Complete(static_cast<Part*>(data), res);
+        deadline = NowNs() + kLostGraceNs;
+        continue;
+      }
+      if (NowNs() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<Part*> lost;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lost.assign(in_kernel_.begin(), in_kernel_.end());
+      in_kernel_.clear();
+      sqes_ -= static_cast<uint32_t>(lost.size());
+    }
+    for (Part* p : lost) {
+      FinishRange(*p, -static_cast<int64_t>(err), NowNs() - p->start_ns);
+      delete p;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.empty() && sqes_ == 0) idle_cv_.notify_all();
   }
 
   // A part's completion with `res`; true when the engine is broken and the

@@ -1,6 +1,6 @@
 // Faults a code-reading audit of the io_uring engine found (docs/RELIABILITY.md,
 // "Faults from a code-reading audit of the store (session 29)"): submissions
-// the kernel refuses. The ring's own calls are faulted through
+// the kernel refuses, and a ring whose completion wait fails. The ring's own calls are faulted through
 // RingFaults; a fault that used to hang runs in a forked child with an alarm.
 #include <fcntl.h>
 #include <unistd.h>
@@ -138,6 +138,23 @@ TEST(IoRingAudit, SubmissionErrorFailsTheReadsAndShutdownReturns) {
   RingFaults faults;
   faults.submit = [] { return -EINVAL; };
   const int rc = ReadTwiceInChild(f, 8, faults, [] {}, std::strerror(EINVAL));
+  EXPECT_EQ(rc, 0) << "child exit status (142: hung; 3: a read never finished; 6: another outcome)";
+}
+
+// When waiting for completions failed (other than EINTR), the reaper
+// returned: reads in flight or queued never finished, and Shutdown() waited
+// for them forever. Now they fail with the wait's error (those the kernel
+// already holds get a moment to complete), later reads fail at once, and
+// Shutdown() returns.
+TEST(IoRingAudit, CompletionWaitErrorFailsOutstandingReadsAndShutdownReturns) {
+  SmallFile f("ring-wait-error", 65536);
+  ASSERT_GE(f.fd, 0);
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  RingFaults faults;
+  faults.wait = [armed] { return armed->load() ? -EBADF : 0; };
+  // Queue depth 1: a read's four ranges go one after another, so when a wait
+  // fails one range is in the kernel's hands and the others are queued.
+  const int rc = ReadTwiceInChild(f, 1, faults, [armed] { armed->store(true); }, std::strerror(EBADF));
   EXPECT_EQ(rc, 0) << "child exit status (142: hung; 3: a read never finished; 6: another outcome)";
 }
 
