@@ -38,6 +38,17 @@ void SmallKimiMetadata(gguf::MetadataBuilder& m, const std::vector<int32_t>& kv,
   for (const auto& [key, value] : sizes) m.U32(a + key, value);
 }
 
+// The dimensions DimsFromGguf reads from a file holding `m` (written as
+// `name` in the test process's scratch directory).
+Result<synth::SynthDims> DimsOf(const gguf::MetadataBuilder& m, const std::string& name) {
+  const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout";
+  fs::create_directories(dir);
+  const std::string path = (dir / name).string();
+  K3_RETURN_IF_ERROR(gguf::WriteGguf(path, m, {}));
+  K3_ASSIGN_OR_RETURN(auto f, gguf::GgufFile::Open(path));
+  return DimsFromGguf(*f);
+}
+
 // Two layers: 0 KDA + dense FFN, 1 MLA + MoE. The MLA head sizes come from
 // attention.key_length_mla (dk = dn + dr) and value_length_mla (dv), not
 // from kda.head_dim: llama.cpp builds attn_q_b {qr, H*dk}, attn_k_b
@@ -51,13 +62,7 @@ TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
   m.U32(a + "feed_forward_length", 1024);
   m.U32(a + "attention.key_length_mla", 96 + 32);
   m.U32(a + "attention.value_length_mla", 48);
-  const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-mla";
-  fs::create_directories(dir);
-  const std::string path = (dir / "mla.gguf").string();
-  ASSERT_TRUE(gguf::WriteGguf(path, m, {}).ok());
-  auto f = gguf::GgufFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.error().message();
-  auto dims = DimsFromGguf(**f);
+  auto dims = DimsOf(m, "mla.gguf");
   ASSERT_TRUE(dims.ok()) << dims.error().message();
   auto table = ExpectedTensors(*dims);
   ASSERT_TRUE(table.ok()) << table.error().message();
@@ -89,11 +94,7 @@ TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
       rebuilt.Raw(e.key, e.type, e.encoded);
     }
   }
-  const std::string bad_path = (dir / "mla-bad.gguf").string();
-  ASSERT_TRUE(gguf::WriteGguf(bad_path, rebuilt, {}).ok());
-  auto fb = gguf::GgufFile::Open(bad_path);
-  ASSERT_TRUE(fb.ok()) << fb.error().message();
-  auto db = DimsFromGguf(**fb);
+  auto db = DimsOf(rebuilt, "mla-bad.gguf");
   ASSERT_FALSE(db.ok());
   EXPECT_NE(db.error().message().find("attention.key_length_mla"), std::string::npos) << db.error().message();
 }
@@ -104,19 +105,10 @@ TEST(KimiLayout, MlaHeadSizesComeFromTheMlaKeys) {
 TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
   const std::string a = "kimi-k3.";
   auto base = [&](gguf::MetadataBuilder& m) { SmallKimiMetadata(m, {0, 0, 1}, 2); };
-  const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-ff";
-  fs::create_directories(dir);
-  auto dims_of = [&](const gguf::MetadataBuilder& m, const std::string& name) {
-    const std::string path = (dir / name).string();
-    EXPECT_TRUE(gguf::WriteGguf(path, m, {}).ok());
-    auto f = gguf::GgufFile::Open(path);
-    EXPECT_TRUE(f.ok());
-    return DimsFromGguf(**f);
-  };
   gguf::MetadataBuilder arr;
   base(arr);
   arr.I32Array(a + "feed_forward_length", {768, 768, 0});
-  auto d = dims_of(arr, "ff-array.gguf");
+  auto d = DimsOf(arr, "ff-array.gguf");
   ASSERT_TRUE(d.ok()) << d.error().message();
   EXPECT_EQ(d->dense_intermediate, 768u);
   auto table = ExpectedTensors(*d);
@@ -128,7 +120,7 @@ TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
   gguf::MetadataBuilder mixed;
   base(mixed);
   mixed.U32Array(a + "feed_forward_length", {768, 1024, 0});
-  auto dm = dims_of(mixed, "ff-mixed.gguf");
+  auto dm = DimsOf(mixed, "ff-mixed.gguf");
   ASSERT_FALSE(dm.ok());
   EXPECT_NE(dm.error().message().find("feed_forward_length"), std::string::npos) << dm.error().message();
 
@@ -136,7 +128,7 @@ TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
   gguf::MetadataBuilder shortarr;
   base(shortarr);
   shortarr.I32Array(a + "feed_forward_length", {768, 768});
-  auto ds = dims_of(shortarr, "ff-short.gguf");
+  auto ds = DimsOf(shortarr, "ff-short.gguf");
   ASSERT_FALSE(ds.ok());
   EXPECT_NE(ds.error().message().find("feed_forward_length"), std::string::npos) << ds.error().message();
 }
@@ -148,8 +140,6 @@ TEST(KimiLayout, FeedForwardLengthMayBeAPerLayerArray) {
 // name instead.
 TEST(KimiLayout, ExtentsThatOverflowInt64AreRefused) {
   const std::string a = "kimi-k3.";
-  const fs::path dir = fs::path(testing_scratch::ProcessScratchDir("k3pack-test")) / "kimi-layout-overflow";
-  fs::create_directories(dir);
   const std::pair<const char*, const char*> cases[] = {
       {"attention.head_count", "kda.head_dim"}, {"expert_feed_forward_length", "expert_shared_count"}};
   for (const auto& [k1, k2] : cases) {
@@ -157,11 +147,7 @@ TEST(KimiLayout, ExtentsThatOverflowInt64AreRefused) {
     SmallKimiMetadata(m, {0, 1}, 1);
     m.U32(a + "feed_forward_length", 1024);
     m.U32(a + k1, UINT32_MAX).U32(a + k2, UINT32_MAX);
-    const std::string path = (dir / (std::string(k1) + ".gguf")).string();
-    ASSERT_TRUE(gguf::WriteGguf(path, m, {}).ok());
-    auto f = gguf::GgufFile::Open(path);
-    ASSERT_TRUE(f.ok()) << f.error().message();
-    auto dims = DimsFromGguf(**f);
+    auto dims = DimsOf(m, std::string(k1) + ".gguf");
     ASSERT_TRUE(dims.ok()) << dims.error().message();
     auto table = ExpectedTensors(*dims);
     if (table.ok()) {
