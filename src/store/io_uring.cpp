@@ -107,6 +107,11 @@ class UringEngine final : public IoEngine {
   static constexpr std::chrono::microseconds kMinBackoff{200}, kMaxBackoff{50'000};
   // How often a reaper with timed waits looks whether it may leave.
   static constexpr long long kWaitTickNs = 100'000'000;
+  // The most one SQE asks for: its length is 32 bits (a 4 GiB range read 0
+  // bytes), and the kernel reads at most 2 GiB - 4 KiB at a time anyway. A
+  // longer range goes in pieces, as a partial completion does; 1 GiB keeps
+  // each piece's offsets 4096-aligned for O_DIRECT.
+  static constexpr uint64_t kMaxSqeBytes = uint64_t{1} << 30;
   // After a failed completion wait: how long the reaper polls for reads the
   // kernel still holds (since the last one came back) before failing them.
   static constexpr uint64_t kLostGraceNs = 2'000'000'000;
@@ -164,7 +169,8 @@ class UringEngine final : public IoEngine {
       const ObjectRead& r = *p->job->read;
       const ReadRange& range = r.ranges[p->range];
       if (p->done == 0) p->start_ns = NowNs();
-      io_uring_prep_read(sqe, r.fd, r.dst + range.start + p->done, static_cast<unsigned>(range.length - p->done),
+      const uint64_t length = std::min(range.length - p->done, kMaxSqeBytes);
+      io_uring_prep_read(sqe, r.fd, r.dst + range.start + p->done, static_cast<unsigned>(length),
                          r.file_offset + range.start + p->done);
       io_uring_sqe_set_data(sqe, p);
       // A buffered read that hits the page cache would otherwise be copied

@@ -1,8 +1,10 @@
 // Faults a code-reading audit of the io_uring engine found (docs/RELIABILITY.md,
-// "Faults from a code-reading audit of the store (session 29)"): submissions
-// the kernel refuses, and a ring whose completion wait fails. The ring's own calls are faulted through
+// "Faults from a code-reading audit of the store (session 29)"): ranges too
+// long for one SQE, submissions the kernel refuses, and a ring whose
+// completion wait fails. The ring's own calls are faulted through
 // RingFaults; a fault that used to hang runs in a forked child with an alarm.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -23,6 +25,13 @@
 
 namespace k3pack::store {
 namespace io_ring_audit {
+
+uint64_t MemAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stoull(line.substr(13)) << 10;
+  return 0;
+}
 
 // One read's outcome, waited for with a bound (a read that never finishes
 // is the fault, not a reason to hang the suite).
@@ -75,6 +84,56 @@ std::unique_ptr<ObjectRead> ReadOf(int fd, uint8_t* dst, uint64_t bytes, uint32_
   r->expert = 7;
   r->done = out->Callback();
   return r;
+}
+
+// io_uring_prep_read took the range's remaining length cast to unsigned: a
+// range of 4 GiB + 8 KiB read its first 8 KiB, then asked for 0 bytes (EOF:
+// a "short expert-pack read"). Now such a range goes in pieces.
+TEST(IoRingAudit, RangeOfFourGibibytesAndMoreIsReadWhole) {
+  constexpr uint64_t kBytes = (uint64_t{4} << 30) + 8192;
+  if (MemAvailableBytes() < (uint64_t{10} << 30)) GTEST_SKIP() << "needs about 9 GiB of free memory";
+  const std::string dir = testing::TinyPack::TempDir("ring-4g");
+  const std::string path = dir + "/sparse.bin";
+  const uint64_t marks[] = {0, (uint64_t{1} << 32) - 1, uint64_t{1} << 32, kBytes - 1};
+  {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(kBytes)), 0);  // holes read as zeros
+    for (uint64_t at : marks) {
+      const uint8_t b = static_cast<uint8_t>(0x5a ^ (at >> 28));
+      ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(at)), 1);
+    }
+    ::close(fd);
+  }
+  // O_DIRECT where the filesystem has it: holes are zeroed straight into the
+  // buffer, without first filling 4 GiB of page cache (seconds less).
+  bool direct = true;
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd < 0) {
+    direct = false;
+    fd = ::open(path.c_str(), O_RDONLY);
+  }
+  ASSERT_GE(fd, 0);
+  void* mem = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* dst = static_cast<uint8_t*>(mem);
+  std::memset(dst + (uint64_t{1} << 32) - 4096, 0xee, 8192);  // bytes a cut read would leave as they were
+  auto engine = IoEngine::Create(IoBackend::kUring, 4);
+  ASSERT_TRUE(engine.ok()) << engine.error().message();
+  Outcome out;
+  auto read = ReadOf(fd, dst, kBytes, 1, &out);
+  read->direct = direct;
+  (*engine)->Submit(std::move(read));
+  ASSERT_TRUE(out.Wait(std::chrono::seconds(120)));
+  (*engine)->Shutdown();
+  EXPECT_TRUE(out.result.status.ok()) << out.result.status.message();
+  EXPECT_EQ(out.result.bytes, kBytes);
+  for (uint64_t at : marks) EXPECT_EQ(dst[at], static_cast<uint8_t>(0x5a ^ (at >> 28))) << at;
+  EXPECT_EQ(dst[(uint64_t{1} << 32) - 2], 0) << "the hole before the 4 GiB mark";
+  EXPECT_EQ(dst[(uint64_t{1} << 32) + 1], 0) << "the hole after the 4 GiB mark";
+  ::munmap(mem, kBytes);
+  ::close(fd);
+  std::filesystem::remove_all(dir);
 }
 
 // In a forked child (a hang ends it with SIGALRM: 142): one read of a 64 KiB
