@@ -40,9 +40,9 @@ constexpr const char* kRoleNames[3] = {"up", "gate", "down"};
 // for every layer (kimi-k3) or the k3pack extension's (scaled). `roles_bytes`
 // receives expert_pack.roles' sizes, which SGLang holds every entry to; the
 // walk holds the first active layer's entries to them under both profiles.
-Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>& ext,
-                 const std::vector<uint32_t>& layers, bool kimi, PackGeometry* g,
-                 std::array<uint64_t, 3>* roles_bytes) {
+Status LoadRoles(const std::string& manifest_path, const json& ep,
+                 const std::optional<manifest::K3packExtension>& ext, const std::vector<uint32_t>& layers, bool kimi,
+                 PackGeometry* g, std::array<uint64_t, 3>* roles_bytes) {
   K3_ASSIGN_OR_RETURN(const json* roles, At(ep, "roles"));
   // 9. Each role's dtype name and id: K3's Q2_K/Q2_K/Q3_K, or under scaled
   // the first active layer's types as the k3pack extension records them
@@ -80,14 +80,31 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
   // int(expert_bytes) in physical order: a missing key is named in that order.
   K3_ASSIGN_OR_RETURN(int64_t object_bytes, manifest::fields::IntAt(ep, "object_bytes"));
   K3_RETURN_IF_ERROR(manifest::fields::IntAt(ep, "data_start").status());
+  // Python's sum is exact, so sizes whose sum leaves 64 bits never match;
+  // here a wrapped sum could have matched.
+  const Error mismatch("Kimi expert-pack role sizes do not match object bytes");
+  auto overflow = [&](const std::string& where, const std::array<uint64_t, 3>& bytes, uint64_t object) {
+    return mismatch.WithHint(manifest_path + ": " + where + ": the roles' expert_bytes (up " +
+                             std::to_string(bytes[0]) + ", gate " + std::to_string(bytes[1]) + ", down " +
+                             std::to_string(bytes[2]) + ") overflow a 64-bit sum, so they cannot add up to "
+                             "object_bytes " + std::to_string(object) +
+                             " (an object is its three roles with no padding between them)");
+  };
   int64_t sum = 0;
+  bool overflowed = false;
   for (int r = 0; r < 3; ++r) {
     K3_ASSIGN_OR_RETURN(int64_t b, manifest::fields::IntAt((*roles)[kRoleNames[r]], "expert_bytes"));
-    if (b < 0) return Error("Kimi expert-pack role sizes do not match object bytes");  // no payload of that size
+    if (b < 0) return mismatch;  // no payload of that size
     (*roles_bytes)[r] = static_cast<uint64_t>(b);
-    sum += b;
+    overflowed = overflowed || __builtin_add_overflow(sum, b, &sum);
   }
-  if (sum != object_bytes) return Error("Kimi expert-pack role sizes do not match object bytes");
+  if (overflowed)
+    return overflow("expert_pack.roles (" +
+                        (kimi || layers.empty() ? std::string("every active layer")
+                                                : "layer " + std::to_string(layers.front())) +
+                        ")",
+                    *roles_bytes, static_cast<uint64_t>(std::max<int64_t>(object_bytes, 0)));
+  if (sum != object_bytes) return mismatch;
   if (kimi) {
     g->role_bytes.assign(layers.size(), *roles_bytes);
   } else {
@@ -96,6 +113,7 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
       const auto& lr = ext->layer_roles[i];
       std::array<uint64_t, 3> bytes{};
       uint64_t layer_sum = 0;
+      bool layer_overflowed = false;
       for (int r = 0; r < 3; ++r) {
         auto type = GgmlTypeFromName(lr.roles[r].dtype);
         if (!type || static_cast<uint32_t>(*type) != lr.roles[r].dtype_id)
@@ -103,8 +121,10 @@ Status LoadRoles(const json& ep, const std::optional<manifest::K3packExtension>&
               .WithHint("k3pack.layer_roles entry for layer " + std::to_string(lr.layer) + " says dtype " +
                         PyRepr(lr.roles[r].dtype) + " with dtype_id " + std::to_string(lr.roles[r].dtype_id));
         bytes[r] = lr.roles[r].expert_bytes;
-        layer_sum += bytes[r];
+        layer_overflowed = layer_overflowed || __builtin_add_overflow(layer_sum, bytes[r], &layer_sum);
       }
+      if (layer_overflowed)
+        return overflow("k3pack.layer_roles entry for layer " + std::to_string(lr.layer), bytes, lr.object_bytes);
       if (layer_sum != lr.object_bytes || layer_sum == 0)
         return Error("Kimi expert-pack role sizes do not match object bytes")
             .WithHint("k3pack.layer_roles entry for layer " + std::to_string(lr.layer) + ": roles add up to " +
@@ -354,7 +374,7 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   }
   // 9-10. role types and sizes.
   std::array<uint64_t, 3> roles_bytes{};
-  K3_RETURN_IF_ERROR(LoadRoles(*ep, ext, active, kimi, &g, &roles_bytes));
+  K3_RETURN_IF_ERROR(LoadRoles(manifest_path, *ep, ext, active, kimi, &g, &roles_bytes));
   g.space.active_layer_ids = active;
   g.space.num_experts = static_cast<uint32_t>(experts_n);
   g.space.top_k = static_cast<uint32_t>(top_k);

@@ -161,6 +161,48 @@ TEST(StoreOpen, QuantTypesAndRoleSizes) {
   EXPECT_EQ(OpenError(p).substr(0, 54), "Kimi expert-pack role sizes do not match object bytes\n");  // + hint
 }
 
+// LoadRoles added the roles' expert_bytes in int64 unchecked (undefined on
+// overflow), and a k3pack.layer_roles entry's in uint64: sizes whose sum
+// wraps round to object_bytes passed check 10 and failed later as another
+// fault. Python's exact sum never matches: SGLang's text, and a hint naming
+// the manifest, the layer and the rule.
+TEST(StoreOpen, RoleSizesWhoseSumOverflowsAreRefused) {
+  TinySpec spec;
+  spec.kimi_profile = true;
+  TinyPack k(spec);
+  k.json["model"]["num_hidden_layers"] = 93;
+  k.json["model"]["num_experts"] = 896;
+  k.json["model"]["num_experts_per_token"] = 16;
+  std::vector<int> layers;
+  for (int l = 1; l <= 92; ++l) layers.push_back(l);
+  k.json["model"]["active_moe_layer_ids"] = layers;
+  const int64_t object_bytes = k.json["expert_pack"]["object_bytes"].get<int64_t>();
+  k.json["expert_pack"]["roles"]["up"]["expert_bytes"] = INT64_MAX;
+  k.json["expert_pack"]["roles"]["gate"]["expert_bytes"] = INT64_MAX;
+  k.json["expert_pack"]["roles"]["down"]["expert_bytes"] = object_bytes + 2;  // wraps round to object_bytes
+  k.Save();
+  std::string e = OpenError(k);
+  EXPECT_EQ(e.substr(0, 54), "Kimi expert-pack role sizes do not match object bytes\n") << e;
+  EXPECT_NE(e.find(k.manifest), std::string::npos) << e;
+  EXPECT_NE(e.find("expert_pack.roles"), std::string::npos) << e;
+  EXPECT_NE(e.find("every active layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("overflow"), std::string::npos) << e;
+
+  TinyPack p(TinySpec{});
+  auto& lr = p.json["k3pack"]["layer_roles"][1];
+  const uint64_t half = uint64_t{1} << 63;
+  lr["up"]["expert_bytes"] = lr["up"]["expert_bytes"].get<uint64_t>() + half;
+  lr["gate"]["expert_bytes"] = lr["gate"]["expert_bytes"].get<uint64_t>() + half;  // the sum wraps by 2^64
+  p.Save();
+  e = OpenError(p);
+  EXPECT_EQ(e.substr(0, 54), "Kimi expert-pack role sizes do not match object bytes\n") << e;
+  EXPECT_NE(e.find(p.manifest), std::string::npos) << e;
+  EXPECT_NE(e.find("k3pack.layer_roles entry for layer " + std::to_string(lr["layer"].get<uint32_t>())),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("overflow"), std::string::npos) << e;
+}
+
 TEST(StoreOpen, HeaderChecks) {
   TinyPack p(TinySpec{});
   p.json["expert_pack"]["data_start"] = p.layout.data_start() + 4096;
