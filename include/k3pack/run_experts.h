@@ -32,8 +32,9 @@ struct ExpertRunOptions {
   uint64_t seed = 1;                  // hidden states are N(0, 1) from this seed
   bool quantize_activations = true;   // integer dots as ggml's CPU backend (false: float reference)
   int threads = 1;
-  // > 1: also run the block as ep_size EP ranks, one thread each with its own
-  // rank store, and sum their partial outputs (see RunRoutedExperts).
+  // > 1: also run the block as ep_size EP ranks, one thread each (fewer where
+  // the process gives fewer) with its own rank store, and sum their partial
+  // outputs (see RunRoutedExperts).
   uint32_t ep_size = 1;
   // The block's input hidden states, tokens x hidden (row-major); null: N(0, 1)
   // from `seed`.

@@ -1,6 +1,8 @@
 #include "store/device_copier.h"
 
 #include <cstring>
+#include <string>
+#include <system_error>
 
 namespace k3pack::store {
 
@@ -18,8 +20,35 @@ Result<std::unique_ptr<DeviceCopier>> DeviceCopier::Open(const cuda::Runtime* rt
       K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->EventCreate(&lane.copied[i]), "cudaEventCreate"));
     }
   }
-  for (size_t i = 0; i < c->lanes_.size(); ++i) c->threads_.emplace_back(&DeviceCopier::Work, c.get(), i);
+  // Workers pull jobs from one queue, so when the process cannot start them
+  // all (a pids or address-space limit) the copies run on those it started,
+  // and the lanes no thread drives are released.
+  for (size_t i = 0; i < c->lanes_.size(); ++i) {
+    try {
+      c->threads_.emplace_back(&DeviceCopier::Work, c.get(), &c->lanes_[i]);
+    } catch (const std::system_error& e) {
+      if (c->threads_.empty())
+        return Error("cannot start the device tier's copy threads (0 of " + std::to_string(workers) +
+                         " started): " + e.what(),
+                     ErrorKind::kOS, e.code().value())
+            .WithHint("lower copy_workers, or raise the process's thread or memory limits");
+      break;
+    }
+  }
+  while (c->lanes_.size() > c->threads_.size()) {
+    c->Release(c->lanes_.back());
+    c->lanes_.pop_back();
+  }
   return c;
+}
+
+void DeviceCopier::Release(Lane& lane) {
+  if (lane.stream) rt_->StreamSynchronize(lane.stream);
+  for (int i = 0; i < 2; ++i) {
+    if (lane.copied[i]) rt_->EventDestroy(lane.copied[i]);
+    if (lane.staging[i]) rt_->FreeHost(lane.staging[i]);
+  }
+  if (lane.stream) rt_->StreamDestroy(lane.stream);
 }
 
 DeviceCopier::~DeviceCopier() {
@@ -29,14 +58,7 @@ DeviceCopier::~DeviceCopier() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
-  for (Lane& lane : lanes_) {
-    if (lane.stream) rt_->StreamSynchronize(lane.stream);
-    for (int i = 0; i < 2; ++i) {
-      if (lane.copied[i]) rt_->EventDestroy(lane.copied[i]);
-      if (lane.staging[i]) rt_->FreeHost(lane.staging[i]);
-    }
-    if (lane.stream) rt_->StreamDestroy(lane.stream);
-  }
+  for (Lane& lane : lanes_) Release(lane);
 }
 
 Status DeviceCopier::Copy(Lane& lane, const CopyJob& job) {
@@ -58,8 +80,9 @@ Status DeviceCopier::Copy(Lane& lane, const CopyJob& job) {
   return Status::OK();
 }
 
-void DeviceCopier::Work(size_t index) {
-  Lane& lane = lanes_[index];
+// Given its lane, not an index: lanes_ may shrink while the first workers start.
+void DeviceCopier::Work(Lane* own) {
+  Lane& lane = *own;
   Status device = cuda::Check(*rt_, rt_->SetDevice(device_), "cudaSetDevice");  // the current device is per thread
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {

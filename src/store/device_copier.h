@@ -29,6 +29,8 @@ struct CopyJob {
 
 class DeviceCopier {
  public:
+  // Starts `workers` copy threads, or as many as the process gives (an error
+  // when it gives none).
   static Result<std::unique_ptr<DeviceCopier>> Open(const cuda::Runtime* rt, int device, uint32_t workers,
                                                     uint64_t staging_bytes, bool stage_pageable);
   ~DeviceCopier();
@@ -51,7 +53,8 @@ class DeviceCopier {
   };
   DeviceCopier(const cuda::Runtime* rt, int device, bool stage) : rt_(rt), device_(device), stage_(stage) {}
   Status Copy(Lane& lane, const CopyJob& job);
-  void Work(size_t lane);
+  void Release(Lane& lane);  // its stream, events and staging
+  void Work(Lane* lane);
 
   const cuda::Runtime* rt_;
   int device_;

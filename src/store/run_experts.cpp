@@ -1,6 +1,7 @@
 // The pack-vs-source routed-expert check (see k3pack/run_experts.h).
 #include "k3pack/run_experts.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "k3pack/moe.h"
 #include "k3pack/quant.h"
 #include "util/sha256.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 namespace {
@@ -313,56 +315,59 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
   }
   if (N == 1) return r;
 
-  // The EP run: rank r's thread serves, from its own store, the routes it owns.
+  // The EP run: rank r serves, from its own store, the routes it owns.
   r.ep_size = N;
   r.ranks.resize(N);
   std::vector<std::vector<std::vector<float>>> partials(N);  // [rank][token]
   std::vector<Status> status(N);
-  std::vector<std::thread> threads;
-  for (uint32_t rank = 0; rank < N; ++rank) {
-    threads.emplace_back([&, rank] {
-      ExpertStore& rs = *rank_stores[rank];
-      EpRankRun& run_r = r.ranks[rank];
-      run_r.rank = rank;
-      run_r.first_expert = rs.info().owned_experts.first;
-      run_r.end_expert = rs.info().owned_experts.end;
-      run_r.pack_path = rs.info().pack_path;
-      const nlohmann::json b = rs.Snapshot();
-      auto t2 = Clock::now();
-      status[rank] = [&]() -> Status {
-        for (uint32_t k = 0; k < o.tokens; ++k) {
-          const moe::Routing share = RankShare(routing[k], cfg.num_experts, N, rank);
-          if (share.experts.empty()) {
-            partials[rank].emplace_back(static_cast<size_t>(r.latent), 0.0f);
-            continue;
-          }
-          std::vector<int64_t> mine(share.experts.begin(), share.experts.end());
-          const int64_t shape2[2] = {1, static_cast<int64_t>(mine.size())};
-          K3_ASSIGN_OR_RETURN(Acquisition a, rs.Acquire(o.layer, mine, shape2));
-          ++run_r.acquire_calls;
-          run_r.routes += mine.size();
-          moe::ExpertSource src = [&](uint32_t, uint32_t e) -> Result<moe::ExpertWeights> {
-            for (const ExpertView& v : a.routes)
-              if (v.expert == e) return typed({v.up, v.gate, v.down});
-            return Error("run-experts: expert " + std::to_string(e) + " was not acquired by rank " +
-                         std::to_string(rank));
-          };
-          auto y = PartialForward(o.layer, share, x_lat[k], src, cfg);
-          Status released = rs.MarkUsed(a);
-          if (!y.ok()) return y.error();
-          K3_RETURN_IF_ERROR(released);
-          partials[rank].push_back(std::move(*y));
+  auto run_rank = [&](uint32_t rank) {
+    ExpertStore& rs = *rank_stores[rank];
+    EpRankRun& run_r = r.ranks[rank];
+    run_r.rank = rank;
+    run_r.first_expert = rs.info().owned_experts.first;
+    run_r.end_expert = rs.info().owned_experts.end;
+    run_r.pack_path = rs.info().pack_path;
+    const nlohmann::json b = rs.Snapshot();
+    auto t2 = Clock::now();
+    status[rank] = [&]() -> Status {
+      for (uint32_t k = 0; k < o.tokens; ++k) {
+        const moe::Routing share = RankShare(routing[k], cfg.num_experts, N, rank);
+        if (share.experts.empty()) {
+          partials[rank].emplace_back(static_cast<size_t>(r.latent), 0.0f);
+          continue;
         }
-        return Status::OK();
-      }();
-      run_r.seconds = Since(t2);
-      const nlohmann::json e = rs.Snapshot();
-      run_r.hits = e["cache_hits"].get<uint64_t>() - b["cache_hits"].get<uint64_t>();
-      run_r.misses = e["cache_misses"].get<uint64_t>() - b["cache_misses"].get<uint64_t>();
-      run_r.bytes_read = e["pack_read_bytes"].get<uint64_t>() - b["pack_read_bytes"].get<uint64_t>();
-    });
-  }
-  for (auto& t : threads) t.join();
+        std::vector<int64_t> mine(share.experts.begin(), share.experts.end());
+        const int64_t shape2[2] = {1, static_cast<int64_t>(mine.size())};
+        K3_ASSIGN_OR_RETURN(Acquisition a, rs.Acquire(o.layer, mine, shape2));
+        ++run_r.acquire_calls;
+        run_r.routes += mine.size();
+        moe::ExpertSource src = [&](uint32_t, uint32_t e) -> Result<moe::ExpertWeights> {
+          for (const ExpertView& v : a.routes)
+            if (v.expert == e) return typed({v.up, v.gate, v.down});
+          return Error("run-experts: expert " + std::to_string(e) + " was not acquired by rank " +
+                       std::to_string(rank));
+        };
+        auto y = PartialForward(o.layer, share, x_lat[k], src, cfg);
+        Status released = rs.MarkUsed(a);
+        if (!y.ok()) return y.error();
+        K3_RETURN_IF_ERROR(released);
+        partials[rank].push_back(std::move(*y));
+      }
+      return Status::OK();
+    }();
+    run_r.seconds = Since(t2);
+    const nlohmann::json e = rs.Snapshot();
+    run_r.hits = e["cache_hits"].get<uint64_t>() - b["cache_hits"].get<uint64_t>();
+    run_r.misses = e["cache_misses"].get<uint64_t>() - b["cache_misses"].get<uint64_t>();
+    run_r.bytes_read = e["pack_read_bytes"].get<uint64_t>() - b["pack_read_bytes"].get<uint64_t>();
+  };
+  // Ranks are pulled from a counter: when the process cannot start a thread
+  // per rank (a pids or address-space limit), those it starts, and this
+  // one, run them all (a rank's results do not depend on its thread).
+  std::atomic<uint32_t> next_rank{0};
+  RunOnThreads(N, [&] {
+    for (uint32_t rank; (rank = next_rank.fetch_add(1)) < N;) run_rank(rank);
+  });
   for (uint32_t rank = 0; rank < N; ++rank)
     if (!status[rank].ok()) return status[rank].error().WithContext("run-experts EP rank " + std::to_string(rank));
   for (uint32_t k = 0; k < o.tokens; ++k) {

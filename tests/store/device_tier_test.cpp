@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "../forked_child.h"
 #include "emulated_cuda.h"
 #include "k3pack/device_tier.h"
 #include "k3pack/store.h"
@@ -257,6 +258,45 @@ TEST(StoreConcurrency, DeviceTierAcquiresFromFourThreads) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ((*t)->Snapshot()["calls"].get<uint64_t>(), 160u);
+}
+
+// DeviceCopier::Open let std::thread's exception out of a Result function
+// when the process could not start a copy worker (a pids or address-space
+// limit): DeviceExpertTier::Open threw std::system_error. Now the copies
+// run on the workers that did start.
+TEST(DeviceTierEmulated, CopiesRunOnTheWorkersTheProcessGives) {
+#ifdef K3_TEST_UNDER_SANITIZER
+  GTEST_SKIP() << "an address-space limit under a sanitizer runtime";
+#endif
+  ScopedEmulatedCuda emulation;
+  TinyPack p(TinySpec{});
+  int rc = k3test::InForkedChild([&] {
+    ::alarm(60);
+    auto host = Host(p);
+    if (!host) ::_exit(2);
+    // 256 MiB more address space: 1024 thread stacks (8 MiB each) do not fit.
+    if (!k3test::LimitAddressSpaceGrowth(uint64_t{256} << 20)) ::_exit(4);
+    DeviceTierOptions o;
+    o.device_bytes = 4 * 12288;
+    o.copy_workers = 1024;
+    auto t = DeviceExpertTier::Open(host, o);
+    if (!t.ok()) {
+      std::fprintf(stderr, "%s\n", t.error().message().c_str());
+      ::_exit(5);
+    }
+    const uint64_t workers = (*t)->Snapshot()["copy_workers"].get<uint64_t>();
+    if (workers == 1024) ::_exit(7);  // the limit did not bite: nothing shown
+    if (workers == 0) ::_exit(6);
+    auto a = Get(**t, 1, {2, 5});
+    if (!a.ok()) ::_exit(8);
+    for (const auto& v : a->routes) {
+      std::vector<uint8_t> back(v.down.size);
+      if (!(*t)->CopyToHost(v.down, back).ok() || back[100] != PatternByte(1, v.expert, 2, 100)) ::_exit(9);
+    }
+    ::_exit(0);
+  });
+  if (rc == 7) GTEST_SKIP() << "1024 threads fit under the address-space limit here";
+  EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 5: an error; 8-9: the copy)";
 }
 
 TEST(DeviceTierEmulated, StoreRefusesHalfAnAllocator) {

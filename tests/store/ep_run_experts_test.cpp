@@ -19,6 +19,7 @@
 #include "pack/format.h"
 #include "util/file.h"
 #include "../cli_run.h"
+#include "../forked_child.h"
 #include "built_tiny_model.h"
 
 namespace k3pack::store {
@@ -168,6 +169,49 @@ TEST_F(EpRunExpertsTest, RankPacksServeTheSameAndDamageShows) {
   auto swapped = RunRoutedExperts(*single, source, o, ranks);
   ASSERT_FALSE(swapped.ok());
   EXPECT_NE(swapped.error().message().find("rank store 0"), std::string::npos) << swapped.error().message();
+}
+
+// The EP run started one std::thread per rank in a loop: when the process
+// could not start one (a pids or address-space limit) after others had
+// started, the vector of joinable threads was destroyed while unwinding and
+// std::terminate aborted the process. Now the ranks run on the threads the
+// process gives (the caller's included), and the outputs are the same.
+TEST_F(EpRunExpertsTest, RanksRunOnTheThreadsTheProcessGives) {
+#ifdef K3_TEST_UNDER_SANITIZER
+  GTEST_SKIP() << "an address-space limit under a sanitizer runtime";
+#endif
+  gguf::ShardSet source = Source();
+  int rc = k3test::InForkedChild([&] {
+    ::alarm(60);
+    auto single = Open(pack_, manifest_);
+    if (!single) ::_exit(2);
+    constexpr uint32_t n = 16;  // one expert per rank: 15 threads besides the caller
+    std::vector<std::shared_ptr<ExpertStore>> ranks;
+    for (uint32_t r = 0; r < n; ++r) {
+      ranks.push_back(Open(pack_, manifest_, ep::Rank{n, r}));
+      if (!ranks.back()) ::_exit(2);
+    }
+    ExpertRunOptions o;
+    o.layer = single->info().active_layer_ids.front();
+    o.tokens = 6;
+    o.seed = 11;
+    o.ep_size = n;
+    // A first run fills the stores' caches, so the second one needs memory
+    // for little besides thread stacks.
+    auto warm = RunRoutedExperts(*single, source, o, ranks);
+    if (!warm.ok() || !warm->matches()) ::_exit(3);
+    // 16 MiB more address space: one or two 8 MiB thread stacks (and those
+    // glibc keeps from exited threads, at most 40 MiB of them).
+    if (!k3test::LimitAddressSpaceGrowth(uint64_t{16} << 20)) ::_exit(4);
+    auto run = RunRoutedExperts(*single, source, o, ranks);
+    if (!run.ok()) {
+      std::fprintf(stderr, "%s\n", run.error().message().c_str());
+      ::_exit(5);
+    }
+    if (!run->matches() || run->ranks_sha256 != warm->ranks_sha256 || run->ranks.size() != n) ::_exit(6);
+    ::_exit(0);
+  });
+  EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 5: an error; 6: other outputs)";
 }
 
 TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
