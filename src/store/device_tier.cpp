@@ -93,9 +93,24 @@ struct DeviceExpertTier::Impl {
 
   // Reads the missed objects through the host store and copies them into
   // their slots. `requests` (empty: unknown): each missed object's request;
-  // the host call then has rows of one request each.
+  // the host calls then have rows of one request each. The host store holds
+  // at most effective_capacity_objects at once (at least top_k: its open
+  // checks that), so a call missing more (a prefill over many experts) goes
+  // through it in chunks that fit, as SlotCache's host tier does; this
+  // tier's lock is held, so none of its own calls holds host objects meanwhile.
   Status Load(uint32_t layer, std::span<const int64_t> experts, std::span<const uint32_t> target_slots,
               std::span<const uint64_t> requests) {
+    const size_t chunk = std::max<size_t>(space.top_k, host->info().effective_capacity_objects);
+    for (size_t first = 0; first < experts.size(); first += chunk) {
+      const size_t n = std::min(chunk, experts.size() - first);
+      K3_RETURN_IF_ERROR(LoadChunk(layer, experts.subspan(first, n), target_slots.subspan(first, n),
+                                   requests.empty() ? requests : requests.subspan(first, n)));
+    }
+    return Status::OK();
+  }
+
+  Status LoadChunk(uint32_t layer, std::span<const int64_t> experts, std::span<const uint32_t> target_slots,
+                   std::span<const uint64_t> requests) {
     const size_t top_k = space.top_k;
     std::vector<int64_t> ids;
     std::vector<uint64_t> row_requests;

@@ -260,6 +260,38 @@ TEST(StoreConcurrency, DeviceTierAcquiresFromFourThreads) {
   EXPECT_EQ((*t)->Snapshot()["calls"].get<uint64_t>(), 160u);
 }
 
+// A call's device misses went to the host store in one acquire: a call
+// missing more objects than the host store holds (a prefill over many
+// experts) failed with "expert cache cannot evict the active top-k working
+// set" although the device slots had room. They now go through the host
+// store in chunks it holds, as SlotCache's host tier does; with request ids
+// too (each chunk keeps a row per request).
+TEST(DeviceTierEmulated, MissesBeyondTheHostStoreGoThroughItInChunks) {
+  ScopedEmulatedCuda emulation;
+  TinyPack p(TinySpec{});
+  auto host = Host(p);  // holds 6 objects
+  auto t = Tier(host, 8);
+  ASSERT_TRUE(t.ok()) << t.error().message();
+  const std::vector<int64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};  // 4 tokens, 8 distinct experts
+  const int64_t shape[2] = {4, 2};
+  const std::vector<uint64_t> none, per_row = {40, 41, 40, 42};
+  for (uint32_t layer : {1u, 2u}) {
+    SCOPED_TRACE(layer);
+    auto a = (*t)->Acquire(layer, ids, shape, layer == 1 ? none : per_row);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    ASSERT_EQ(a->routes.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(a->routes[i].expert, ids[i]);
+      ExpectDeviceBytes(**t, a->routes[i]);
+    }
+    ASSERT_TRUE((*t)->Release(*a).ok());
+  }
+  const auto j = (*t)->Snapshot();
+  EXPECT_EQ(j["misses"].get<uint64_t>(), 16u);
+  EXPECT_EQ(j["h2d_bytes"].get<uint64_t>(), 16u * 12288);
+  EXPECT_EQ(host->Snapshot()["cache_misses"].get<uint64_t>(), 16u);
+}
+
 // DeviceCopier::Open let std::thread's exception out of a Result function
 // when the process could not start a copy worker (a pids or address-space
 // limit): DeviceExpertTier::Open threw std::system_error. Now the copies
