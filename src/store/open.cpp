@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <system_error>
 #include <thread>
 
 #include "k3pack/ggml_types.h"
@@ -423,9 +424,18 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
                        /*truncated=*/true);
   }
   std::string digest;
-  std::thread hasher([&] { digest = Sha256Hex(prefix, index_end); });
+  std::thread hasher;
+  try {
+    hasher = std::thread([&] { digest = Sha256Hex(prefix, index_end); });
+  } catch (const std::system_error&) {
+    // No thread to spare (a pids or address-space limit): hashed here after the walk.
+  }
   Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, roles_bytes, &g, first_object_reads);
-  hasher.join();
+  if (hasher.joinable()) {
+    hasher.join();
+  } else {
+    digest = Sha256Hex(prefix, index_end);
+  }
   K3_RETURN_IF_ERROR(walked);
   // 13. index digest.
   K3_ASSIGN_OR_RETURN(g.index_sha256, Str(*ep, "index_sha256"));

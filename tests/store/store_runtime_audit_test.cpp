@@ -394,5 +394,33 @@ TEST(StoreRuntimeAudit, OpenThatCannotStartItsIoThreadsFailsWithoutAborting) {
   EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 2: another error)";
 }
 
+// Open hashes the pack index on a second thread beside its entry walk;
+// when that thread could not start, std::thread's exception left
+// ValidatePack (a Result function) and Open threw. Now the index is hashed
+// on the opening thread, and Open answers with a Result.
+TEST(StoreRuntimeAudit, OpenWithoutASpareThreadAnswersWithAResult) {
+#ifdef K3_TEST_UNDER_SANITIZER
+  GTEST_SKIP() << "an address-space limit under a sanitizer runtime";
+#endif
+  TinyPack p(TinySpec{}, "no-hasher");
+  int rc = k3test::InForkedChild([&] {
+    // 1 MiB more address space: no 8 MiB thread stack fits.
+    if (!k3test::LimitAddressSpaceGrowth(uint64_t{1} << 20)) ::_exit(4);
+    StoreOptions o;
+    o.cache_bytes = 4 * kObject;
+    o.queue_depth = 1;
+    try {
+      // Opened (the I/O thread got a stack glibc kept from an exited thread)
+      // or refused: either way a Result.
+      auto s = ExpertStore::Open(p.pack, p.manifest, o);
+      ::_exit(s.ok() || !s.error().message().empty() ? 0 : 3);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "threw: %s\n", e.what());
+      ::_exit(2);
+    }
+  });
+  EXPECT_EQ(rc, 0) << "child exit code (2: Open threw)";
+}
+
 }  // namespace
 }  // namespace k3pack::store
