@@ -1,33 +1,24 @@
 // `k3pack trace sweep`: every policy, Belady's optimum and the informed
 // bound over a range of cache sizes (table + SVG plot); with --timing the
 // timed replay (stalls, bytes, prefetch), with --ep-size per rank.
-#include "cli/trace_sweep.h"
+#include "cli/trace_commands.h"
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <memory>
 #include <cstdio>
 #include <iostream>
-#include <sstream>
-#include <tuple>
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
 #include "cli/mib_option.h"
-#include "cli/output_rule.h"
-#include "cli/preflight.h"
 #include "cli/trace_args.h"
 #include "k3pack/ep.h"
-#include "k3pack/manifest.h"
 #include "k3pack/trace.h"
 #include "store/ep_sweep.h"
 #include "store/policy.h"
 #include "store/replay.h"
-#include "store/store_impl.h"
-#include "store/io_engine.h"
 #include "store/timed_sim.h"
-#include "util/file.h"
 
 namespace k3pack::cli {
 namespace {

@@ -1,4 +1,5 @@
-// `k3pack trace sweep` (src/cli/cmd_trace_sweep.cpp), dispatched by `k3pack trace`.
+// The `k3pack trace` subcommands that live in files of their own, dispatched
+// by `k3pack trace` (src/cli/cmd_trace.cpp).
 #pragma once
 
 #include <string>
@@ -6,6 +7,7 @@
 
 namespace k3pack::cli {
 
-int RunTraceSweep(const std::vector<std::string>& argv);
+int RunTraceReplay(const std::vector<std::string>& argv);  // cmd_trace_replay.cpp
+int RunTraceSweep(const std::vector<std::string>& argv);   // cmd_trace_sweep.cpp
 
 }  // namespace k3pack::cli
