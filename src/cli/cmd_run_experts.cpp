@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -162,7 +163,8 @@ Result<OutputAction> WriteTraceOut(const Args& a, const std::string& path, const
   return action;
 }
 
-int RunExperts(const std::vector<std::string>& argv) {
+// The command's options and the rules between them.
+Args RunExpertsArgs() {
   Args a("run-experts", "[--manifest] M.json|DIR [--layer L | --all-layers] [--tokens N] [options]",
          "Run Kimi-K3 routed-expert blocks (router, top-k, SiTU experts, weighted sum) for N synthetic tokens with\n"
          "the expert bytes served by the expert store from the pack, and check the outputs bit for bit against the\n"
@@ -200,11 +202,20 @@ int RunExperts(const std::vector<std::string>& argv) {
       .Requires("--force", {"--trace-out"}, "it only applies to the trace file")
       .RequiresValueOtherThan("--rank-manifests", "--ep-size", "1", "they are the manifests of the --ep-size ranks");
   AddProgressOption(a);
-  int code = 0;
-  if (!a.Parse(argv, &code)) return code;
-  ManifestInDirectory(a, "run-experts");
-  auto progress_mode = ProgressModeOf(a);
-  if (!progress_mode.ok()) return ReportError("run-experts", progress_mode.error(), kExitUsage);
+  return a;
+}
+
+// Every option value of the run, checked before any file is read (a bad
+// one is a usage error, exit 2).
+struct RunValues {
+  int64_t tokens = 0, seed = 0, mib = 0, threads = 0, ep_size = 0;
+  std::vector<std::string> rank_manifests;  // rank 0 first; empty: rank views of the full pack
+  std::string trace_out;                    // "" without --trace-out
+  int64_t predict_k = 0;                    // 0: top_k
+};
+
+// Reports the first bad value and returns its exit status; 0 when all are good.
+int ParseRunValues(const Args& a, RunValues* out) {
   auto tokens = a.GetInt("--tokens"), seed = a.GetInt("--seed"), mib = a.GetInt("--cache-mib"),
        threads = a.GetInt("--threads"), ep_size = a.GetInt("--ep-size");
   for (auto* v : {&tokens, &seed, &mib, &threads, &ep_size}) {
@@ -225,14 +236,13 @@ int RunExperts(const std::vector<std::string>& argv) {
     const std::string bound = r.value < r.lo ? "at least " + std::to_string(r.lo) : "at most " + std::to_string(r.hi);
     return ReportError("run-experts", Error(std::string(r.name) + " must be " + bound + ", got " + a.Get(r.name)), 2);
   }
-  const std::vector<std::string> rank_manifests = SplitCommas(a.Get("--rank-manifests"));
+  std::vector<std::string> rank_manifests = SplitCommas(a.Get("--rank-manifests"));
   if (!rank_manifests.empty() && rank_manifests.size() != static_cast<size_t>(*ep_size)) {
     return ReportError("run-experts",
                        Error("--rank-manifests lists " + std::to_string(rank_manifests.size()) +
                              " manifests for --ep-size " + std::to_string(*ep_size) + ": give one per rank, rank 0 first"),
                        2);
   }
-  const std::string trace_out = a.Get("--trace-out");
   int64_t predict_k = 0;
   if (a.Has("--predict-k")) {
     auto pk = a.GetInt("--predict-k");
@@ -241,6 +251,24 @@ int RunExperts(const std::vector<std::string>& argv) {
       return ReportError("run-experts", Error("--predict-k must be in 1..65536, got " + a.Get("--predict-k")), 2);
     predict_k = *pk;
   }
+  *out = RunValues{*tokens, *seed, *mib, *threads, *ep_size, std::move(rank_manifests), a.Get("--trace-out"),
+                   predict_k};
+  return 0;
+}
+
+// What the run reads: the manifest, the GGUF source shards the pack is
+// checked against, and the pack.
+struct RunInputs {
+  manifest::Manifest m;
+  std::string gguf_path;  // --gguf-dir, or the manifest's first source shard
+  gguf::ShardSet source;
+  std::string pack_path;  // --pack, or the manifest's expert pack
+};
+
+// Reads the manifest and opens the source shards (--gguf-dir is checked to
+// hold the recorded ones). Reports a refusal and returns its exit status; 0
+// when the inputs are open.
+int OpenRunInputs(const Args& a, std::unique_ptr<RunInputs>* out) {
   if (Status e = CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"); !e.ok()) {
     return ReportError("run-experts", e.error());
   }
@@ -257,28 +285,51 @@ int RunExperts(const std::vector<std::string>& argv) {
     if (Status same = CheckGgufDirHoldsRecordedShards(gguf_path, a.Get("--manifest")); !same.ok())
       return ReportError("run-experts", same.error());
   }
+  std::string pack_path = a.Has("--pack") ? a.Get("--pack") : m->expert_pack.path;
+  *out = std::make_unique<RunInputs>(
+      RunInputs{std::move(m).value(), std::move(gguf_path), std::move(source).value(), std::move(pack_path)});
+  return 0;
+}
 
+store::StoreOptions StoreOptionsOf(const Args& a, const RunValues& v) {
   store::StoreOptions so;
-  so.cache_bytes = static_cast<uint64_t>(*mib) << 20;
+  so.cache_bytes = static_cast<uint64_t>(v.mib) << 20;
   so.io_backend = a.Get("--io");
   so.direct_io = a.Has("--direct");
-  const std::string pack_path = a.Has("--pack") ? a.Get("--pack") : m->expert_pack.path;
-  if (!trace_out.empty()) {
-    std::vector<NamedPath> inputs = {{"--manifest", a.Get("--manifest")}, {"--pack", pack_path},
-                                     {"--gguf-dir", gguf_path}};
-    for (const auto& sh : m->source.shards) inputs.push_back({"source shard", sh.path});
-    for (const auto& rm : rank_manifests) inputs.push_back({"--rank-manifests", rm});
-    if (Status e = CheckOutputsAreNotInputs({{"--trace-out", trace_out}}, inputs); !e.ok())
-      return ReportError("run-experts", e.error());
-    // Checked before any work. The trace is known only once the layers ran:
-    // an existing file that is not a k3pack trace at all is refused now, a
-    // trace is compared with this run's after it (WriteTraceOut).
-    if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
-    auto action = DecideOutput(TraceOutSpec(a, trace_out, "it is not a k3pack trace",
-                                            [&] { return trace::ReadTrace(trace_out).ok(); }));
-    if (!action.ok()) return ReportError("run-experts", action.error());
-  }
-  auto st = store::ExpertStore::Open(pack_path, a.Get("--manifest"), so);
+  return so;
+}
+
+// --trace-out names none of the inputs and may be written. Reports a
+// refusal and returns its exit status.
+int CheckTraceOutBeforeRun(const Args& a, const RunValues& v, const RunInputs& in) {
+  const std::string& trace_out = v.trace_out;
+  std::vector<NamedPath> inputs = {{"--manifest", a.Get("--manifest")}, {"--pack", in.pack_path},
+                                   {"--gguf-dir", in.gguf_path}};
+  for (const auto& sh : in.m.source.shards) inputs.push_back({"source shard", sh.path});
+  for (const auto& rm : v.rank_manifests) inputs.push_back({"--rank-manifests", rm});
+  if (Status e = CheckOutputsAreNotInputs({{"--trace-out", trace_out}}, inputs); !e.ok())
+    return ReportError("run-experts", e.error());
+  // Checked before any work. The trace is known only once the layers ran:
+  // an existing file that is not a k3pack trace at all is refused now, a
+  // trace is compared with this run's after it (WriteTraceOut).
+  if (Status w = CheckOutputWritable("--trace-out", trace_out); !w.ok()) return ReportError("run-experts", w.error());
+  auto action = DecideOutput(TraceOutSpec(a, trace_out, "it is not a k3pack trace",
+                                          [&] { return trace::ReadTrace(trace_out).ok(); }));
+  if (!action.ok()) return ReportError("run-experts", action.error());
+  return 0;
+}
+
+// The stores the layers are served from.
+struct RunStores {
+  std::shared_ptr<store::ExpertStore> full;               // over the full pack
+  std::vector<std::shared_ptr<store::ExpertStore>> ranks;  // --ep-size > 1: one per rank, rank 0 first
+};
+
+// Opens the store over the full pack. Reports a refusal and returns its
+// exit status.
+int OpenFullStore(const Args& a, const RunInputs& in, const store::StoreOptions& so,
+                  std::shared_ptr<store::ExpertStore>* out) {
+  auto st = store::ExpertStore::Open(in.pack_path, a.Get("--manifest"), so);
   if (!st.ok()) return ReportError("run-experts", WithMovedModelHint(st.error(), a.Get("--manifest")));
   if (const ep::Rank rank = (*st)->info().ep; !rank.whole()) {
     // A rank pack serves only its own experts, and the run routes to all.
@@ -291,31 +342,39 @@ int RunExperts(const std::vector<std::string>& argv) {
                                      " rank manifests, rank 0 first> to run through the rank packs"),
                        2);
   }
+  *out = std::move(st).value();
+  return 0;
+}
 
-  // The EP ranks' stores: over their rank packs, or rank views of the full pack.
-  std::vector<std::shared_ptr<store::ExpertStore>> rank_stores;
-  for (uint32_t rank = 0; *ep_size > 1 && rank < static_cast<uint32_t>(*ep_size); ++rank) {
+// The EP ranks' stores: over their rank packs, or rank views of the full pack.
+// Reports a refusal and returns its exit status.
+int OpenRankStores(const Args& a, const RunValues& v, const RunInputs& in, const store::StoreOptions& so,
+                   std::vector<std::shared_ptr<store::ExpertStore>>* out) {
+  for (uint32_t rank = 0; v.ep_size > 1 && rank < static_cast<uint32_t>(v.ep_size); ++rank) {
     store::StoreOptions ro = so;
-    ro.ep = ep::Rank{static_cast<uint32_t>(*ep_size), rank};
+    ro.ep = ep::Rank{static_cast<uint32_t>(v.ep_size), rank};
     ro.ep_names = ep::kCliNames;  // a bad size is this command's --ep-size
-    std::string rank_pack = pack_path, rank_manifest = a.Get("--manifest");
-    if (!rank_manifests.empty()) {
-      rank_manifest = rank_manifests[rank];
+    std::string rank_pack = in.pack_path, rank_manifest = a.Get("--manifest");
+    if (!v.rank_manifests.empty()) {
+      rank_manifest = v.rank_manifests[rank];
       auto rm = manifest::ReadManifest(rank_manifest);
       if (!rm.ok()) return ReportError("run-experts", rm.error());
-      if (Status same = SameSourceShards(*m, a.Get("--manifest"), *rm, rank_manifest); !same.ok())
+      if (Status same = SameSourceShards(in.m, a.Get("--manifest"), *rm, rank_manifest); !same.ok())
         return ReportError("run-experts", same.error().WithContext("EP rank " + std::to_string(rank)));
       rank_pack = rm->expert_pack.path;
     }
     auto rs = store::ExpertStore::Open(rank_pack, rank_manifest, ro);
     if (!rs.ok()) return ReportError("run-experts", rs.error().WithContext("EP rank " + std::to_string(rank)));
-    rank_stores.push_back(*rs);
+    out->push_back(*rs);
   }
+  return 0;
+}
 
-  std::vector<uint32_t> layers;
-  const auto& active = (*st)->info().active_layer_ids;
+// The layers to run: every routed one, --layer, or the first routed one.
+// Reports a refusal and returns its exit status.
+int ChooseLayers(const Args& a, const std::vector<uint32_t>& active, std::vector<uint32_t>* layers) {
   if (a.Has("--all-layers")) {
-    layers = active;
+    *layers = active;
   } else if (a.Has("--layer")) {
     auto l = a.GetInt("--layer");
     if (!l.ok() || *l < 0) return ReportError("run-experts", Error("--layer must be a non-negative integer"), 2);
@@ -327,110 +386,177 @@ int RunExperts(const std::vector<std::string>& argv) {
                              .WithHint("routed layers are " + range + "; pass --layer in that range or --all-layers"),
                          kExitUsage);
     }
-    layers.push_back(static_cast<uint32_t>(*l));
+    layers->push_back(static_cast<uint32_t>(*l));
   } else if (!active.empty()) {
-    layers.push_back(active.front());
+    layers->push_back(active.front());
   }
+  return 0;
+}
 
+store::ExpertRunOptions RunOptionsOf(const Args& a, const RunValues& v) {
   store::ExpertRunOptions o;
-  o.tokens = static_cast<uint32_t>(*tokens);
-  o.seed = static_cast<uint64_t>(*seed);
-  o.threads = static_cast<int>(*threads);
+  o.tokens = static_cast<uint32_t>(v.tokens);
+  o.seed = static_cast<uint64_t>(v.seed);
+  o.threads = static_cast<int>(v.threads);
   o.quantize_activations = !a.Has("--float-dots");
-  o.ep_size = static_cast<uint32_t>(*ep_size);
-  // Layers take seconds to minutes each at Kimi-K3's dimensions: the run
-  // shows how many of them are done.
-  auto progress = StartProgress(*progress_mode);
-  o.progress = progress->Fn();
-  json runs = json::array();
+  o.ep_size = static_cast<uint32_t>(v.ep_size);
+  return o;
+}
+
+// What the layers that ran came to.
+struct RunTally {
+  json runs = json::array();  // --json: each layer's result
   bool all_match = true;
-  json prediction = nullptr;
-  size_t ran = 0;  // layers run
-  if (!trace_out.empty()) {
-    const uint32_t experts = (*st)->info().num_experts;
-    if (predict_k > static_cast<int64_t>(experts))
-      return ReportError("run-experts", Error("--predict-k " + std::to_string(predict_k) + " exceeds the " +
-                                              std::to_string(experts) + " experts per layer"), 2);
-    o.predict_k = static_cast<uint32_t>(predict_k);
-    o.predict_next_token = a.Has("--predict-next-token");
-    auto stack = store::RunLayerStack(**st, *source, o, layers, rank_stores);
-    progress->Finish();
-    if (!stack.ok()) return ReportError("run-experts", stack.error());
-    for (const auto& r : stack->layers) {
-      ++ran;
-      all_match = all_match && r.matches();
-      if (a.Has("--json")) runs.push_back(store::ExpertRunJson(r));
-      else PrintRun(r);
-    }
-    auto written = WriteTraceOut(a, trace_out, stack->trace);
-    if (!written.ok()) return ReportError("run-experts", written.error());
-    const bool already_built = *written == OutputAction::kAlreadyBuilt;
-    prediction = store::LayerStackJson(*stack);
-    prediction["trace"] = trace_out;
-    if (already_built) {
-      prediction["trace_already_built"] = true;
-      if (a.Has("--json"))
-        Narrate("run-experts", AlreadyBuiltLine(trace_out));
-    }
-    if (!a.Has("--json")) {
-      if (stack->predicted_routes) {
-        std::printf("router look-ahead (layer L+1's router on layer L's MoE input, top-%u): %llu of %llu routes "
-                    "predicted (%.1f%%)\n",
-                    stack->predict_k, (unsigned long long)stack->predicted_right,
-                    (unsigned long long)stack->predicted_routes, 100.0 * stack->accuracy());
-        for (size_t i = 0; i < stack->layer_routes.size(); ++i)
-          std::printf("  layer %u -> %u: %.1f%%\n", stack->layers[i].layer, stack->layers[i + 1].layer,
-                      100.0 * double(stack->layer_right[i]) / double(std::max<uint64_t>(1, stack->layer_routes[i])));
-      } else {
-        std::printf("router look-ahead: one layer only, nothing to predict\n");
-      }
-      if (o.predict_next_token)
-        std::printf("next-token proxy (each layer's router on the previous token's input): %llu of %llu routes "
-                    "predicted (%.1f%%)\n",
-                    (unsigned long long)stack->next_token_right, (unsigned long long)stack->next_token_routes,
-                    100.0 * double(stack->next_token_right) / double(std::max<uint64_t>(1, stack->next_token_routes)));
-      if (already_built) {
-        ReportAlreadyBuilt("run-experts", trace_out, false);
-      } else {
-        std::printf("wrote %s (format v%u): %zu records\n", trace_out.c_str(), stack->trace.version(),
-                    stack->trace.records.size());
-      }
-    }
-    layers.clear();  // done
+  json prediction = nullptr;  // --trace-out: the look-ahead's accuracy and the trace
+  size_t ran = 0;             // layers run
+};
+
+// One layer's result: a JSON entry with --json, else printed.
+void ReportRun(const Args& a, const store::ExpertRunResult& r, RunTally* tally) {
+  if (a.Has("--json")) {
+    tally->runs.push_back(store::ExpertRunJson(r));
+  } else {
+    PrintRun(r);
   }
+}
+
+// How well the stack's routers predicted the routes.
+void PrintPredictions(const store::LayerStackResult& stack, bool next_token) {
+  if (stack.predicted_routes) {
+    std::printf("router look-ahead (layer L+1's router on layer L's MoE input, top-%u): %llu of %llu routes "
+                "predicted (%.1f%%)\n",
+                stack.predict_k, (unsigned long long)stack.predicted_right,
+                (unsigned long long)stack.predicted_routes, 100.0 * stack.accuracy());
+    for (size_t i = 0; i < stack.layer_routes.size(); ++i)
+      std::printf("  layer %u -> %u: %.1f%%\n", stack.layers[i].layer, stack.layers[i + 1].layer,
+                  100.0 * double(stack.layer_right[i]) / double(std::max<uint64_t>(1, stack.layer_routes[i])));
+  } else {
+    std::printf("router look-ahead: one layer only, nothing to predict\n");
+  }
+  if (next_token)
+    std::printf("next-token proxy (each layer's router on the previous token's input): %llu of %llu routes "
+                "predicted (%.1f%%)\n",
+                (unsigned long long)stack.next_token_right, (unsigned long long)stack.next_token_routes,
+                100.0 * double(stack.next_token_right) / double(std::max<uint64_t>(1, stack.next_token_routes)));
+}
+
+// --trace-out: the layers run as one stack, and their routes are written as
+// a trace. Reports a failure and returns its exit status.
+int RunStackToTrace(const Args& a, const RunValues& v, const RunInputs& in, const RunStores& stores,
+                    const std::vector<uint32_t>& layers, store::ExpertRunOptions o, ProgressReporter* progress,
+                    RunTally* tally) {
+  const std::string& trace_out = v.trace_out;
+  const uint32_t experts = stores.full->info().num_experts;
+  if (v.predict_k > static_cast<int64_t>(experts))
+    return ReportError("run-experts", Error("--predict-k " + std::to_string(v.predict_k) + " exceeds the " +
+                                            std::to_string(experts) + " experts per layer"), 2);
+  o.predict_k = static_cast<uint32_t>(v.predict_k);
+  o.predict_next_token = a.Has("--predict-next-token");
+  auto stack = store::RunLayerStack(*stores.full, in.source, o, layers, stores.ranks);
+  progress->Finish();
+  if (!stack.ok()) return ReportError("run-experts", stack.error());
+  for (const auto& r : stack->layers) {
+    ++tally->ran;
+    tally->all_match = tally->all_match && r.matches();
+    ReportRun(a, r, tally);
+  }
+  auto written = WriteTraceOut(a, trace_out, stack->trace);
+  if (!written.ok()) return ReportError("run-experts", written.error());
+  const bool already_built = *written == OutputAction::kAlreadyBuilt;
+  tally->prediction = store::LayerStackJson(*stack);
+  tally->prediction["trace"] = trace_out;
+  if (already_built) {
+    tally->prediction["trace_already_built"] = true;
+    if (a.Has("--json"))
+      Narrate("run-experts", AlreadyBuiltLine(trace_out));
+  }
+  if (!a.Has("--json")) {
+    PrintPredictions(*stack, o.predict_next_token);
+    if (already_built) {
+      ReportAlreadyBuilt("run-experts", trace_out, false);
+    } else {
+      std::printf("wrote %s (format v%u): %zu records\n", trace_out.c_str(), stack->trace.version(),
+                  stack->trace.records.size());
+    }
+  }
+  return 0;
+}
+
+// The layers run one by one, their results reported once all have run.
+// Reports a failure and returns its exit status.
+int RunEachLayer(const Args& a, const RunInputs& in, const RunStores& stores, const std::vector<uint32_t>& layers,
+                 store::ExpertRunOptions o, ProgressReporter* progress, RunTally* tally) {
   std::vector<store::ExpertRunResult> finished;
   if (o.progress && !layers.empty()) o.progress(store::LayerProgress(0, layers.size()));
   for (size_t i = 0; i < layers.size(); ++i) {
     o.layer = layers[i];
-    ++ran;
-    auto r = store::RunRoutedExperts(**st, *source, o, rank_stores);
+    ++tally->ran;
+    auto r = store::RunRoutedExperts(*stores.full, in.source, o, stores.ranks);
     if (!r.ok()) return ReportError("run-experts", r.error());
     if (o.progress) o.progress(store::LayerProgress(i + 1, layers.size()));
-    all_match = all_match && r->matches();
+    tally->all_match = tally->all_match && r->matches();
     finished.push_back(std::move(*r));
   }
   progress->Finish();  // the bar's line ends before the results are printed
-  for (const auto& r : finished) {
-    if (a.Has("--json")) {
-      runs.push_back(store::ExpertRunJson(r));
-    } else {
-      PrintRun(r);
-    }
-  }
-  for (auto& rs : rank_stores) {
+  for (const auto& r : finished) ReportRun(a, r, tally);
+  return 0;
+}
+
+// The rank stores, then the full one: a close that fails fails the run.
+int CloseStores(const RunStores& stores) {
+  for (auto& rs : stores.ranks) {
     if (Status c = rs->Close(); !c.ok()) return ReportError("run-experts", c.error());
   }
-  Status closed = (*st)->Close();
+  Status closed = stores.full->Close();
   if (!closed.ok()) return ReportError("run-experts", closed.error());
+  return 0;
+}
+
+// The run's verdict: the JSON of every layer, or one line over several layers.
+void PrintSummary(const Args& a, const RunInputs& in, const RunTally& tally) {
   if (a.Has("--json")) {
-    json j{{"pack", pack_path}, {"gguf", gguf_path}, {"all_match", all_match}, {"layers", runs}};
-    if (!prediction.is_null()) j["prediction"] = prediction;
+    json j{{"pack", in.pack_path}, {"gguf", in.gguf_path}, {"all_match", tally.all_match}, {"layers", tally.runs}};
+    if (!tally.prediction.is_null()) j["prediction"] = tally.prediction;
     PrintJson(j);
-  } else if (ran > 1) {
-    std::printf("%zu layers: %s\n", ran,
-                all_match ? "all identical to the GGUF source" : "MISMATCHES found");
+  } else if (tally.ran > 1) {
+    std::printf("%zu layers: %s\n", tally.ran,
+                tally.all_match ? "all identical to the GGUF source" : "MISMATCHES found");
   }
-  return all_match ? 0 : 1;
+}
+
+int RunExperts(const std::vector<std::string>& argv) {
+  Args a = RunExpertsArgs();
+  int code = 0;
+  if (!a.Parse(argv, &code)) return code;
+  ManifestInDirectory(a, "run-experts");
+  auto progress_mode = ProgressModeOf(a);
+  if (!progress_mode.ok()) return ReportError("run-experts", progress_mode.error(), kExitUsage);
+  RunValues v;
+  if (int failed = ParseRunValues(a, &v)) return failed;
+  std::unique_ptr<RunInputs> in;
+  if (int failed = OpenRunInputs(a, &in)) return failed;
+  const store::StoreOptions so = StoreOptionsOf(a, v);
+  if (!v.trace_out.empty()) {
+    if (int failed = CheckTraceOutBeforeRun(a, v, *in)) return failed;
+  }
+  RunStores stores;
+  if (int failed = OpenFullStore(a, *in, so, &stores.full)) return failed;
+  if (int failed = OpenRankStores(a, v, *in, so, &stores.ranks)) return failed;
+  std::vector<uint32_t> layers;
+  if (int failed = ChooseLayers(a, stores.full->info().active_layer_ids, &layers)) return failed;
+  store::ExpertRunOptions o = RunOptionsOf(a, v);
+  // Layers take seconds to minutes each at Kimi-K3's dimensions: the run
+  // shows how many of them are done.
+  auto progress = StartProgress(*progress_mode);
+  o.progress = progress->Fn();
+  RunTally tally;
+  const int failed = v.trace_out.empty()
+                         ? RunEachLayer(a, *in, stores, layers, o, progress.get(), &tally)
+                         : RunStackToTrace(a, v, *in, stores, layers, o, progress.get(), &tally);
+  if (failed) return failed;
+  if (int close_failed = CloseStores(stores)) return close_failed;
+  PrintSummary(a, *in, tally);
+  return tally.all_match ? 0 : 1;
 }
 
 }  // namespace
