@@ -220,7 +220,8 @@ Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::s
   return d;
 }
 
-int RunLoad(const std::vector<std::string>& argv) {
+// The command's options and the rules between them.
+Args LoadArgs() {
   Args args("load", "[--manifest] M.json|DIR [--summary | --dump DIR | --json] [--verify-metadata]",
             "Streams the non-routed weights named by an adapter manifest in SGLang's exact order and form\n"
             "(routed expert payloads are skipped without being read) and reports what was emitted.");
@@ -251,42 +252,32 @@ int RunLoad(const std::vector<std::string>& argv) {
   AddProgressOption(args);
   AddWaitOption(args);
   args.Requires("--wait", {"--dump"}, "only the dump directory is written, and so locked");
-  int code = 0;
-  if (!args.Parse(argv, &code)) return code;
-  ManifestInDirectory(args, "load");
+  return args;
+}
+
+// What the options ask the load for.
+struct LoadValues {
+  ProgressMode mode{};
+  bool as_json = false;
+  bool list = false;
+  bool read_bytes = true;
+  std::string dump_dir;  // "" without --dump
+};
+
+// Reports a bad --progress and returns its exit status; 0 when the values
+// are good.
+int ParseLoadValues(const Args& args, LoadValues* out) {
   auto mode = ProgressModeOf(args);
   if (!mode.ok()) return ReportError("load", mode.error(), 2);
   if (args.Has("--quiet")) {
     Narrate("load", "note: --quiet is deprecated and will be removed; use --progress none");
     *mode = ProgressMode::kNone;
   }
-  const bool as_json = args.Has("--json");
-  const bool list = args.Has("--list");
-  const bool read_bytes = !args.Has("--no-read");
-  const std::string dump_dir = args.Get("--dump");
-  if (Status e = CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"); !e.ok()) {
-    return ReportError("load", e.error());
-  }
-  auto wait = LockWaitOf(args, "load");
-  if (!wait.ok()) return ReportError("load", wait.error(), kExitUsage);
-  const ScopedLockWait waiting(*wait);
-  bool compare_dump = false;
-  DumpDecision dump;
-  OutputSpec dump_spec;
-  dump_spec.option = "--dump";
-  dump_spec.path = dump_dir;
-  dump_spec.directory = true;
-  if (!dump_dir.empty()) {
-    auto decided = DecideDump(dump_dir, args.Has("--force"), args.Get("--manifest"));
-    if (!decided.ok()) return ReportError("load", decided.error());
-    dump = std::move(*decided);
-    compare_dump = dump.compare;
-  }
-  std::set<std::string> dump_files;  // the files this run writes (or compared)
-  const char* seam = std::getenv("K3PACK_TEST_STOP_AFTER_DUMP_FILES");
-  const size_t stop_after_files = seam ? std::strtoull(seam, nullptr, 10) : 0;
-  std::string dump_differs;           // compare_dump: why DIR is not this run's dump
+  *out = LoadValues{*mode, args.Has("--json"), args.Has("--list"), !args.Has("--no-read"), args.Get("--dump")};
+  return 0;
+}
 
+loader::LoadOptions LoadOptionsOf(const Args& args, const LoadValues& v) {
   loader::LoadOptions opts;
   opts.verify_metadata = args.Has("--verify-metadata");
   opts.sglang_compat = args.Has("--sglang-compat");
@@ -295,10 +286,186 @@ int RunLoad(const std::vector<std::string>& argv) {
   // The stream's read-ahead (MADV_WILLNEED on the next tensors) makes the
   // kernel read every non-routed byte: --no-read must not ask for them (62 GB
   // and 49 s on a full-size checkpoint for a walk that reads nothing).
-  opts.prefetch = read_bytes || !dump_dir.empty();
+  opts.prefetch = v.read_bytes || !v.dump_dir.empty();
+  return opts;
+}
+
+// What the stream emitted, as the summary reports it.
+struct LoadTally {
+  std::map<std::string, uint64_t> by_kind, by_dtype;
+  uint64_t checksum = 0, bytes = 0;
+  json listing = json::array();      // --list --json
+  std::set<std::string> dump_files;  // the files this run writes (or compared)
+  std::string dump_differs;          // compare_dump: why DIR is not this run's dump
+};
+
+// K3PACK_TEST_STOP_AFTER_DUMP_FILES: the N of DumpTensor's test seam (0: none).
+size_t StopAfterDumpFiles() {
+  const char* seam = std::getenv("K3PACK_TEST_STOP_AFTER_DUMP_FILES");
+  return seam ? std::strtoull(seam, nullptr, 10) : 0;
+}
+
+// --dump: writes the tensor's .npy file into DIR or, when DIR may already
+// hold this run's dump (`compare_dump`), compares the file with it.
+Status DumpTensor(const std::string& dump_dir, bool compare_dump, size_t stop_after_files, const NamedTensor& t,
+                  LoadTally* tally) {
+  const std::string file = SafeFileName(t.name) + ".npy", path = dump_dir + "/" + file;
+  const bool first = tally->dump_files.insert(file).second;
+  if (compare_dump) {
+    K3_ASSIGN_OR_RETURN(bool same, loader::NpyFileHolds(path, t));
+    if (!same || !first) {
+      // Stops the stream: the rerun's dump is not the one there.
+      tally->dump_differs = path + (!first                      ? " would be written twice by this run"
+                                    : std::filesystem::exists(path) ? " differs from what this run writes"
+                                                                    : " is missing");
+      return Error(tally->dump_differs);
+    }
+  } else {
+    K3_RETURN_IF_ERROR(loader::WriteNpy(path, t));
+    // Test seam: stop (SIGSTOP) once N files are written, so a test
+    // interrupts a dump half done with a real signal.
+    if (tally->dump_files.size() == stop_after_files) ::raise(SIGSTOP);
+  }
+  return Status::OK();
+}
+
+// --list: the tensor's line, or with --json its entry.
+void ListTensor(const NamedTensor& t, bool as_json, json* listing) {
+  if (as_json) {
+    listing->push_back({{"name", t.name}, {"source", t.source_name}, {"kind", loader::TensorKindName(t.kind)},
+                        {"dtype", loader::DTypeName(t.dtype)}, {"shape", t.shape}, {"nbytes", t.data.size()},
+                        {"zero_copy", t.zero_copy}});
+  } else {
+    std::cout << t.name << "  " << loader::DTypeName(t.dtype) << loader::PyTupleRepr(t.shape) << "  "
+              << loader::TensorKindName(t.kind) << (t.zero_copy ? " (view)" : "") << "  <- " << t.source_name
+              << "\n";
+  }
+}
+
+// Every tensor of the stream: counted, then dumped (or compared with the
+// dump there) or read, and listed. `pr` is the progress line the stream's
+// shard callback updates too.
+Status StreamTensors(loader::NonExpertStream* stream, const LoadValues& v, bool compare_dump,
+                     ProgressReporter* progress, Progress* pr, LoadTally* tally) {
+  const size_t stop_after_files = StopAfterDumpFiles();
+  Status st = stream->ForEach([&](NamedTensor&& t) -> Status {
+    tally->by_kind[loader::TensorKindName(t.kind)]++;
+    tally->by_dtype[loader::DTypeName(t.dtype)]++;
+    tally->bytes += t.data.size();
+    pr->done_bytes = tally->bytes;
+    progress->Update(*pr);
+    if (!v.dump_dir.empty()) {
+      K3_RETURN_IF_ERROR(DumpTensor(v.dump_dir, compare_dump, stop_after_files, t, tally));
+    } else if (v.read_bytes) {
+      tally->checksum = tally->checksum * 31 + TouchAndSum(t);
+    }
+    if (v.list) ListTensor(t, v.as_json, &tally->listing);
+    return Status::OK();
+  });
+  if (st.ok()) {
+    pr->done_objects = pr->total_objects;
+    progress->Update(*pr);
+  }
+  return st;
+}
+
+// The first entry of DIR that is not a file of this run's dump, as the
+// reason DIR is not that dump ("" when there is none).
+std::string EntryNotDumpedByThisRun(const std::string& dump_dir, const std::set<std::string>& dump_files) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dump_dir, ec)) {
+    if (!dump_files.contains(e.path().filename().string())) return e.path().string() + " is not written by this run";
+  }
+  return "";
+}
+
+// Refuses DIR, which holds something other than this run's dump.
+int RefuseDumpDir(const std::string& dump_dir, const std::string& dump_differs) {
+  OutputSpec dump_spec;
+  dump_spec.option = "--dump";
+  dump_spec.path = dump_dir;
+  dump_spec.directory = true;
+  dump_spec.why_refused = "it is not the dump of this run (" + dump_differs + ")";
+  return ReportError("load", RefuseExisting(dump_spec));
+}
+
+// How long the stream took, and its rate.
+struct LoadTime {
+  double secs = 0;
+  double gbps = 0;
+};
+
+void PrintLoadJson(const Args& args, const LoadValues& v, const loader::LoadStats& s, const LoadTally& tally,
+                   const LoadTime& time) {
+  json out = {{"manifest", args.Get("--manifest")},
+              {"shards", s.shards_opened},
+              {"source_tensors", s.source_tensors},
+              {"routed_skipped", s.routed_skipped},
+              {"routed_skipped_bytes", s.routed_skipped_bytes},
+              {"emitted", s.emitted},
+              {"emitted_bytes", tally.bytes},
+              {"zero_copy_tensors", s.zero_copy_tensors},
+              {"zero_copy_bytes", s.zero_copy_bytes},
+              {"computed_bytes", s.computed_bytes},
+              {"copied_bytes", s.copied_bytes},
+              {"by_kind", tally.by_kind},
+              {"by_dtype", tally.by_dtype},
+              {"bytes_read", v.read_bytes || !v.dump_dir.empty()},
+              {"seconds", time.secs},
+              {"gb_per_s", time.gbps},
+              {"peak_rss_bytes", PeakRssBytes()}};
+  if (v.read_bytes && v.dump_dir.empty()) out["checksum"] = tally.checksum;
+  if (v.list) out["tensors"] = tally.listing;
+  PrintJson(out);
+}
+
+void PrintLoadSummary(const Args& args, const LoadValues& v, const loader::LoadStats& s, const LoadTally& tally,
+                      const LoadTime& time, bool compare_dump) {
+  std::cout << "manifest        " << args.Get("--manifest") << "\n"
+            << "shards          " << s.shards_opened << "\n"
+            << "source tensors  " << s.source_tensors << " (" << s.routed_skipped << " routed aggregates skipped, "
+            << Bytes(s.routed_skipped_bytes) << " not read)\n"
+            << "emitted         " << s.emitted << " tensors, " << Bytes(tally.bytes) << " (" << s.zero_copy_tensors
+            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed"
+            << (s.copied_bytes ? " in fresh buffers, " + Bytes(s.copied_bytes) + " read with pread" : std::string()) << ")\n";
+  std::cout << "by kind        ";
+  for (const auto& [k, n] : tally.by_kind) std::cout << " " << k << "=" << n;
+  std::cout << "\nby dtype       ";
+  for (const auto& [k, n] : tally.by_dtype) std::cout << " " << k << "=" << n;
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.3f s, %.2f GB/s", time.secs, time.gbps);
+  std::cout << "\ntime            " << rate << (v.read_bytes || !v.dump_dir.empty() ? "" : " (bytes not read)") << "\n"
+            << "peak RSS        " << Bytes(PeakRssBytes()) << "\n";
+  if (compare_dump) {
+    ReportAlreadyBuilt("load", v.dump_dir, false);
+  } else if (!v.dump_dir.empty()) {
+    std::cout << "dumped to       " << v.dump_dir << "\n";
+  }
+}
+
+int RunLoad(const std::vector<std::string>& argv) {
+  Args args = LoadArgs();
+  int code = 0;
+  if (!args.Parse(argv, &code)) return code;
+  ManifestInDirectory(args, "load");
+  LoadValues v;
+  if (int failed = ParseLoadValues(args, &v)) return failed;
+  if (Status e = CheckInputExists("--manifest", args.Get("--manifest"), ".manifest.json"); !e.ok()) {
+    return ReportError("load", e.error());
+  }
+  auto wait = LockWaitOf(args, "load");
+  if (!wait.ok()) return ReportError("load", wait.error(), kExitUsage);
+  const ScopedLockWait waiting(*wait);
+  DumpDecision dump;  // compare: false without --dump
+  if (!v.dump_dir.empty()) {
+    auto decided = DecideDump(v.dump_dir, args.Has("--force"), args.Get("--manifest"));
+    if (!decided.ok()) return ReportError("load", decided.error());
+    dump = std::move(*decided);
+  }
+  loader::LoadOptions opts = LoadOptionsOf(args, v);
   // Progress: shards entered (the stream's total is not known in bytes up
   // front) and bytes emitted.
-  auto progress = StartProgress(*mode);
+  auto progress = StartProgress(v.mode);
   Progress pr;
   pr.phase = "load";
   pr.unit = "shards";
@@ -312,120 +479,26 @@ int RunLoad(const std::vector<std::string>& argv) {
   auto t0 = std::chrono::steady_clock::now();
   auto stream = loader::NonExpertStream::Open(args.Get("--manifest"), opts);
   if (!stream.ok()) return ReportError("load", WithMovedModelHint(stream.error(), args.Get("--manifest")));
-
-  std::map<std::string, uint64_t> by_kind, by_dtype;
-  uint64_t checksum = 0, bytes = 0;
-  json listing = json::array();
-  Status st = stream->ForEach([&](NamedTensor&& t) -> Status {
-    by_kind[loader::TensorKindName(t.kind)]++;
-    by_dtype[loader::DTypeName(t.dtype)]++;
-    bytes += t.data.size();
-    pr.done_bytes = bytes;
-    progress->Update(pr);
-    if (!dump_dir.empty()) {
-      const std::string file = SafeFileName(t.name) + ".npy", path = dump_dir + "/" + file;
-      const bool first = dump_files.insert(file).second;
-      if (compare_dump) {
-        K3_ASSIGN_OR_RETURN(bool same, loader::NpyFileHolds(path, t));
-        if (!same || !first) {
-          // Stops the stream: the rerun's dump is not the one there.
-          dump_differs = path + (!first                      ? " would be written twice by this run"
-                                 : std::filesystem::exists(path) ? " differs from what this run writes"
-                                                                 : " is missing");
-          return Error(dump_differs);
-        }
-      } else {
-        K3_RETURN_IF_ERROR(loader::WriteNpy(path, t));
-        // Test seam: stop (SIGSTOP) once N files are written, so a test
-        // interrupts a dump half done with a real signal.
-        if (dump_files.size() == stop_after_files) ::raise(SIGSTOP);
-      }
-    } else if (read_bytes) {
-      checksum = checksum * 31 + TouchAndSum(t);
-    }
-    if (list) {
-      if (as_json) {
-        listing.push_back({{"name", t.name}, {"source", t.source_name}, {"kind", loader::TensorKindName(t.kind)},
-                           {"dtype", loader::DTypeName(t.dtype)}, {"shape", t.shape}, {"nbytes", t.data.size()},
-                           {"zero_copy", t.zero_copy}});
-      } else {
-        std::cout << t.name << "  " << loader::DTypeName(t.dtype) << loader::PyTupleRepr(t.shape) << "  "
-                  << loader::TensorKindName(t.kind) << (t.zero_copy ? " (view)" : "") << "  <- " << t.source_name
-                  << "\n";
-      }
-    }
-    return Status::OK();
-  });
-  if (st.ok()) {
-    pr.done_objects = pr.total_objects;
-    progress->Update(pr);
-  }
+  LoadTally tally;
+  Status st = StreamTensors(&*stream, v, dump.compare, progress.get(), &pr, &tally);
   progress->Finish();
-  if (compare_dump && dump_differs.empty() && st.ok()) {
+  if (dump.compare && tally.dump_differs.empty() && st.ok()) {
     // Every file of this run's dump is there with its bytes; DIR is that
     // dump only if it holds nothing else.
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dump_dir, ec)) {
-      if (!dump_files.contains(e.path().filename().string())) {
-        dump_differs = e.path().string() + " is not written by this run";
-        break;
-      }
-    }
+    tally.dump_differs = EntryNotDumpedByThisRun(v.dump_dir, tally.dump_files);
   }
-  if (!dump_differs.empty()) {
-    dump_spec.why_refused = "it is not the dump of this run (" + dump_differs + ")";
-    return ReportError("load", RefuseExisting(dump_spec));
-  }
+  if (!tally.dump_differs.empty()) return RefuseDumpDir(v.dump_dir, tally.dump_differs);
   if (!st.ok()) return ReportError("load", WithMovedModelHint(st.error(), args.Get("--manifest")));
-  if (!dump_dir.empty() && !compare_dump) {
-    if (Status unmarked = UnmarkDump(dump_dir); !unmarked.ok()) return ReportError("load", unmarked.error());
+  if (!v.dump_dir.empty() && !dump.compare) {
+    if (Status unmarked = UnmarkDump(v.dump_dir); !unmarked.ok()) return ReportError("load", unmarked.error());
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const loader::LoadStats& s = stream->stats();
-  const double gbps = secs > 0 ? static_cast<double>(bytes) / secs / 1e9 : 0;
-
-  if (as_json) {
-    json out = {{"manifest", args.Get("--manifest")},
-                {"shards", s.shards_opened},
-                {"source_tensors", s.source_tensors},
-                {"routed_skipped", s.routed_skipped},
-                {"routed_skipped_bytes", s.routed_skipped_bytes},
-                {"emitted", s.emitted},
-                {"emitted_bytes", bytes},
-                {"zero_copy_tensors", s.zero_copy_tensors},
-                {"zero_copy_bytes", s.zero_copy_bytes},
-                {"computed_bytes", s.computed_bytes},
-                {"copied_bytes", s.copied_bytes},
-                {"by_kind", by_kind},
-                {"by_dtype", by_dtype},
-                {"bytes_read", read_bytes || !dump_dir.empty()},
-                {"seconds", secs},
-                {"gb_per_s", gbps},
-                {"peak_rss_bytes", PeakRssBytes()}};
-    if (read_bytes && dump_dir.empty()) out["checksum"] = checksum;
-    if (list) out["tensors"] = listing;
-    PrintJson(out);
-    return 0;
-  }
-  std::cout << "manifest        " << args.Get("--manifest") << "\n"
-            << "shards          " << s.shards_opened << "\n"
-            << "source tensors  " << s.source_tensors << " (" << s.routed_skipped << " routed aggregates skipped, "
-            << Bytes(s.routed_skipped_bytes) << " not read)\n"
-            << "emitted         " << s.emitted << " tensors, " << Bytes(bytes) << " (" << s.zero_copy_tensors
-            << " zero-copy views, " << Bytes(s.zero_copy_bytes) << "; " << Bytes(s.computed_bytes) << " computed"
-            << (s.copied_bytes ? " in fresh buffers, " + Bytes(s.copied_bytes) + " read with pread" : std::string()) << ")\n";
-  std::cout << "by kind        ";
-  for (const auto& [k, n] : by_kind) std::cout << " " << k << "=" << n;
-  std::cout << "\nby dtype       ";
-  for (const auto& [k, n] : by_dtype) std::cout << " " << k << "=" << n;
-  char rate[64];
-  std::snprintf(rate, sizeof rate, "%.3f s, %.2f GB/s", secs, gbps);
-  std::cout << "\ntime            " << rate << (read_bytes || !dump_dir.empty() ? "" : " (bytes not read)") << "\n"
-            << "peak RSS        " << Bytes(PeakRssBytes()) << "\n";
-  if (compare_dump) {
-    ReportAlreadyBuilt("load", dump_dir, false);
-  } else if (!dump_dir.empty()) {
-    std::cout << "dumped to       " << dump_dir << "\n";
+  LoadTime time;
+  time.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  time.gbps = time.secs > 0 ? static_cast<double>(tally.bytes) / time.secs / 1e9 : 0;
+  if (v.as_json) {
+    PrintLoadJson(args, v, stream->stats(), tally, time);
+  } else {
+    PrintLoadSummary(args, v, stream->stats(), tally, time, dump.compare);
   }
   return 0;
 }
