@@ -331,6 +331,119 @@ Result<bool> CompleteInterruptedFinalize(const Paths& p, const std::string& fing
   return true;
 }
 
+void Log(const BuildOptions& o, const std::string& line) {
+  if (o.log) o.log(line);
+}
+
+// A partial build's checkpoint, when it is one of these inputs with work to
+// resume: replaces `ckpt` (the fresh one) and returns true. Anything else
+// left at the partial's paths is refused with what to do.
+Result<bool> TakeCheckpoint(const Paths& p, Checkpoint* ckpt) {
+  const bool have_partial = PathExists(p.partial);
+  const bool have_ckpt = PathExists(p.checkpoint);
+  if (have_partial && !have_ckpt) {
+    return Error("partial Expert Pack already exists: " + p.partial, ErrorKind::kFileExists)
+        .WithHint("it has no k3pack checkpoint, so it cannot be resumed; pass --restart to discard it");
+  }
+  if (!have_ckpt) return false;
+  K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(p.checkpoint));
+  K3_ASSIGN_OR_RETURN(Checkpoint old, DecodeCheckpoint(p.checkpoint, text));
+  if (old.fingerprint != ckpt->fingerprint || old.pack_size != ckpt->pack_size ||
+      old.index_count != ckpt->index_count) {
+    return RestartHint(Error("the partial Expert Pack " + p.partial +
+                             " was started from different inputs (checkpoint " + p.checkpoint +
+                             " does not match the GGUF shards / config given now)"));
+  }
+  if (!have_partial && old.objects_done > 0) {
+    return RestartHint(Error("checkpoint " + p.checkpoint + " records " + std::to_string(old.objects_done) +
+                             " finished objects but " + p.partial + " is missing"));
+  }
+  if (!have_partial || old.objects_done == 0) return false;
+  *ckpt = std::move(old);
+  return true;
+}
+
+// Refuses to start without room for what is still to be written plus the
+// margin (SGLang's text), unless removing the pack being replaced makes it.
+Status CheckSpace(const Paths& p, const ExpertSet& ex, const PackLayout& layout, const std::vector<UniqueFd>& src,
+                  const Checkpoint& ckpt, bool resume, const ep::ExpertRange& written, const BuildOptions& o) {
+  // What is still to be written: the data of objects past the checkpoint,
+  // the journal, and (fresh) the header + index. Space the rerun takes back
+  // counts as free: the partial's bytes past the checkpoint (zeroed, then
+  // rewritten) and the journal's (rewritten in place), or all of both when a
+  // partial without usable checkpoint is replaced.
+  std::string dir = std::filesystem::path(p.out).parent_path().string();
+  if (dir.empty()) dir = ".";
+  K3_ASSIGN_OR_RETURN(uint64_t avail, AvailableBytes(dir));
+  const uint64_t margin = static_cast<uint64_t>(o.safety_margin_gib * 1024.0 * 1024.0 * 1024.0);
+  const uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done, written) + DigestsFileBytes(layout.index_count()) +
+                            (resume ? 0 : layout.data_start());
+  const uint64_t durable_end = !resume ? 0
+                               : ckpt.objects_done < layout.object_count()
+                                   ? layout.Entry(ckpt.objects_done * kRoleCount).offset
+                                   : layout.final_size();
+  const uint64_t reusable = HeldBytes(p.partial, durable_end) + HeldBytes(p.journal, 0);
+  const uint64_t required = estimate > reusable ? estimate - reusable : 0;
+  // The pack being replaced is kept until the new one is renamed over it;
+  // its blocks count as free only when the disk cannot hold both.
+  const uint64_t replaced = PathExists(p.out) ? HeldBytes(p.out, 0) + HeldBytes(p.digests, 0) : 0;
+  if (avail < required + margin) {
+    if (replaced > 0 && avail + replaced >= required + margin) {
+      Log(o, "not enough free space to keep " + p.out + " until its rebuild is complete (" + std::to_string(avail) +
+                 " bytes free, " + std::to_string(required + margin) + " needed): removing it now");
+      for (const std::string& f : {p.out, p.digests}) K3_RETURN_IF_ERROR(RemoveIfExists(f));
+      K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
+    } else {
+      return Error("insufficient space for Kimi Expert Pack: available=" + std::to_string(avail) +
+                       ", required=" + std::to_string(required + margin),
+                   ErrorKind::kOS, ENOSPC)
+          .WithHint("the pack needs " + std::to_string(required) + " more bytes on disk (logical size " +
+                    std::to_string(layout.final_size()) + ") plus the --safety-margin-gib margin" +
+                    (replaced > 0 ? " (the " + std::to_string(replaced) + " bytes of the pack it replaces counted as free)"
+                                  : std::string()));
+    }
+  }
+  return Status::OK();
+}
+
+// Reopens a checkpointed partial build: checks the checkpointed objects
+// against their journal records (anything changed since is copied again),
+// and clears what lies past them so source holes stay zero.
+Status ReopenPartial(const Paths& p, const PackLayout& layout, const ep::ExpertRange& written, const BuildOptions& o,
+                     Checkpoint* ckpt, UniqueFd* pack_fd, UniqueFd* journal_fd, std::vector<Digest>* digests,
+                     std::vector<uint32_t>* crcs, BuildResult* result) {
+  bool have_crcs = false;
+  K3_RETURN_IF_ERROR(OpenResume(p, layout, *ckpt, pack_fd, journal_fd, digests, crcs, &have_crcs));
+  Log(o, "checking the " + std::to_string(ckpt->objects_done) + " checkpointed objects of " + p.partial +
+             " against their " + (have_crcs ? "CRC32C" : "SHA-256") + " records");
+  K3_ASSIGN_OR_RETURN(PrefixCheck check, CheckPrefix(layout, pack_fd->get(), ckpt->objects_done, *digests, crcs,
+                                                     have_crcs, o.threads, p.partial, written, o.progress));
+  if (check.first_bad < ckpt->objects_done) {
+    Log(o, "object " + std::to_string(check.first_bad) + " of " + p.partial + ", " + check.detail +
+                 ", changed since it was checkpointed; copying it and every later object again");
+    result->rewritten_objects = ckpt->objects_done - check.first_bad;
+    ckpt->objects_done = check.first_bad;
+  }
+  if (!have_crcs && ckpt->objects_done > 0) {
+    // The checkpoint predates the journal's CRCs: record the ones just derived.
+    K3_RETURN_IF_ERROR(WriteFileAt(journal_fd->get(), p.journal, crcs->data(),
+                                   ckpt->objects_done * kRoleCount * kCrcBytes, CrcRecordOffset(layout.index_count(), 0)));
+    if (::fdatasync(journal_fd->get()) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
+  }
+  ckpt->journal_sha256 = JournalSha(*digests, ckpt->objects_done * kRoleCount);
+  ckpt->journal_crc_sha256 = ToHex(Sha256Raw(crcs->data(), ckpt->objects_done * kRoleCount * kCrcBytes).data(), 32);
+  // Objects past the watermark are re-copied; clear their ranges so source
+  // holes stay zero (punching keeps them sparse).
+  if (ckpt->objects_done < layout.object_count()) {
+    const uint64_t from = layout.Entry(ckpt->objects_done * kRoleCount).offset;
+    K3_RETURN_IF_ERROR(ZeroRange(pack_fd->get(), from, layout.final_size() - from));
+  }
+  result->resumed_objects = ckpt->objects_done;
+  Log(o, "resuming " + p.partial + " at object " + std::to_string(ckpt->objects_done) + " of " +
+             std::to_string(ckpt->objects_total));
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
@@ -342,13 +455,8 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
     return Error("--safety-margin-gib must be within 0..1048576 (GiB), got " + std::to_string(o.safety_margin_gib));
   Paths p{o.out_path, PartialPathFor(o.out_path), CheckpointPathFor(o.out_path), JournalPathFor(o.out_path),
           DigestsPathFor(o.out_path), LockPathFor(o.out_path)};
-  auto log = [&](const std::string& s) {
-    if (o.log) o.log(s);
-  };
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(p.out));  // makes the pack's directory
-  std::string dir = std::filesystem::path(p.out).parent_path().string();
-  if (dir.empty()) dir = ".";
   if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
   const ep::ExpertRange written = WrittenExperts(ex.num_experts, o.ep);
   K3_ASSIGN_OR_RETURN(std::string fingerprint, InputFingerprint(ex, layout, o.ep));
@@ -363,7 +471,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   if (PathExists(p.out)) {
     K3_ASSIGN_OR_RETURN(bool finished, CompleteInterruptedFinalize(p, fingerprint));
     if (finished) {
-      log("finished an interrupted build: " + p.out);
+      Log(o, "finished an interrupted build: " + p.out);
       result.resumed_objects = layout.object_count();
       result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       return result;
@@ -391,74 +499,19 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
 
   if (o.restart) {
     for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp", CheckpointSparePathFor(p.checkpoint)}) {
-      if (PathExists(f)) log("discarding " + f);
+      if (PathExists(f)) Log(o, "discarding " + f);
       K3_RETURN_IF_ERROR(RemoveIfExists(f));
     }
   }
-  const bool have_partial = PathExists(p.partial);
-  const bool have_ckpt = PathExists(p.checkpoint);
-  if (have_partial && !have_ckpt) {
-    return Error("partial Expert Pack already exists: " + p.partial, ErrorKind::kFileExists)
-        .WithHint("it has no k3pack checkpoint, so it cannot be resumed; pass --restart to discard it");
-  }
-
   Checkpoint ckpt;
   ckpt.fingerprint = fingerprint;
   ckpt.pack_size = layout.final_size();
   ckpt.index_count = layout.index_count();
   ckpt.index_sha256 = result.index_sha256;
   ckpt.objects_total = layout.object_count();
-  bool resume = false;
-  if (have_ckpt) {
-    K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(p.checkpoint));
-    K3_ASSIGN_OR_RETURN(Checkpoint old, DecodeCheckpoint(p.checkpoint, text));
-    if (old.fingerprint != fingerprint || old.pack_size != ckpt.pack_size || old.index_count != ckpt.index_count) {
-      return RestartHint(Error("the partial Expert Pack " + p.partial +
-                               " was started from different inputs (checkpoint " + p.checkpoint +
-                               " does not match the GGUF shards / config given now)"));
-    }
-    resume = have_partial && old.objects_done > 0;
-    if (!have_partial && old.objects_done > 0) {
-      return RestartHint(Error("checkpoint " + p.checkpoint + " records " + std::to_string(old.objects_done) +
-                               " finished objects but " + p.partial + " is missing"));
-    }
-    if (resume) ckpt = old;
-  }
+  K3_ASSIGN_OR_RETURN(const bool resume, TakeCheckpoint(p, &ckpt));
 
-  // What is still to be written: the data of objects past the checkpoint,
-  // the journal, and (fresh) the header + index. Space the rerun takes back
-  // counts as free: the partial's bytes past the checkpoint (zeroed, then
-  // rewritten) and the journal's (rewritten in place), or all of both when a
-  // partial without usable checkpoint is replaced.
-  K3_ASSIGN_OR_RETURN(uint64_t avail, AvailableBytes(dir));
-  const uint64_t margin = static_cast<uint64_t>(o.safety_margin_gib * 1024.0 * 1024.0 * 1024.0);
-  const uint64_t estimate = RemainingDataBytes(ex, src, ckpt.objects_done, written) + DigestsFileBytes(layout.index_count()) +
-                            (resume ? 0 : layout.data_start());
-  const uint64_t durable_end = !resume ? 0
-                               : ckpt.objects_done < layout.object_count()
-                                   ? layout.Entry(ckpt.objects_done * kRoleCount).offset
-                                   : layout.final_size();
-  const uint64_t reusable = HeldBytes(p.partial, durable_end) + HeldBytes(p.journal, 0);
-  const uint64_t required = estimate > reusable ? estimate - reusable : 0;
-  // The pack being replaced is kept until the new one is renamed over it;
-  // its blocks count as free only when the disk cannot hold both.
-  const uint64_t replaced = PathExists(p.out) ? HeldBytes(p.out, 0) + HeldBytes(p.digests, 0) : 0;
-  if (avail < required + margin) {
-    if (replaced > 0 && avail + replaced >= required + margin) {
-      log("not enough free space to keep " + p.out + " until its rebuild is complete (" + std::to_string(avail) +
-          " bytes free, " + std::to_string(required + margin) + " needed): removing it now");
-      for (const std::string& f : {p.out, p.digests}) K3_RETURN_IF_ERROR(RemoveIfExists(f));
-      K3_RETURN_IF_ERROR(FsyncParentDir(p.out));
-    } else {
-      return Error("insufficient space for Kimi Expert Pack: available=" + std::to_string(avail) +
-                       ", required=" + std::to_string(required + margin),
-                   ErrorKind::kOS, ENOSPC)
-          .WithHint("the pack needs " + std::to_string(required) + " more bytes on disk (logical size " +
-                    std::to_string(layout.final_size()) + ") plus the --safety-margin-gib margin" +
-                    (replaced > 0 ? " (the " + std::to_string(replaced) + " bytes of the pack it replaces counted as free)"
-                                  : std::string()));
-    }
-  }
+  K3_RETURN_IF_ERROR(CheckSpace(p, ex, layout, src, ckpt, resume, written, o));
 
   if (o.started) o.started();
 
@@ -466,35 +519,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   std::vector<uint32_t> crcs(layout.index_count());
   UniqueFd pack_fd, journal_fd;
   if (resume) {
-    bool have_crcs = false;
-    K3_RETURN_IF_ERROR(OpenResume(p, layout, ckpt, &pack_fd, &journal_fd, &digests, &crcs, &have_crcs));
-    log("checking the " + std::to_string(ckpt.objects_done) + " checkpointed objects of " + p.partial +
-        " against their " + (have_crcs ? "CRC32C" : "SHA-256") + " records");
-    K3_ASSIGN_OR_RETURN(PrefixCheck check, CheckPrefix(layout, pack_fd.get(), ckpt.objects_done, digests, &crcs,
-                                                       have_crcs, o.threads, p.partial, written, o.progress));
-    if (check.first_bad < ckpt.objects_done) {
-      log("object " + std::to_string(check.first_bad) + " of " + p.partial + ", " + check.detail +
-          ", changed since it was checkpointed; copying it and every later object again");
-      result.rewritten_objects = ckpt.objects_done - check.first_bad;
-      ckpt.objects_done = check.first_bad;
-    }
-    if (!have_crcs && ckpt.objects_done > 0) {
-      // The checkpoint predates the journal's CRCs: record the ones just derived.
-      K3_RETURN_IF_ERROR(WriteFileAt(journal_fd.get(), p.journal, crcs.data(),
-                                     ckpt.objects_done * kRoleCount * kCrcBytes, CrcRecordOffset(layout.index_count(), 0)));
-      if (::fdatasync(journal_fd.get()) != 0) return Error::FromErrno("fdatasync failed for " + p.journal, errno);
-    }
-    ckpt.journal_sha256 = JournalSha(digests, ckpt.objects_done * kRoleCount);
-    ckpt.journal_crc_sha256 = ToHex(Sha256Raw(crcs.data(), ckpt.objects_done * kRoleCount * kCrcBytes).data(), 32);
-    // Objects past the watermark are re-copied; clear their ranges so source
-    // holes stay zero (punching keeps them sparse).
-    if (ckpt.objects_done < layout.object_count()) {
-      const uint64_t from = layout.Entry(ckpt.objects_done * kRoleCount).offset;
-      K3_RETURN_IF_ERROR(ZeroRange(pack_fd.get(), from, layout.final_size() - from));
-    }
-    result.resumed_objects = ckpt.objects_done;
-    log("resuming " + p.partial + " at object " + std::to_string(ckpt.objects_done) + " of " +
-        std::to_string(ckpt.objects_total));
+    K3_RETURN_IF_ERROR(ReopenPartial(p, layout, written, o, &ckpt, &pack_fd, &journal_fd, &digests, &crcs, &result));
   } else {
     ckpt.objects_done = 0;
     ckpt.journal_sha256 = JournalSha(digests, 0);
@@ -507,7 +532,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   if (o.ep && !resume && !SupportsHoles(pack_fd.get(), layout)) {
     // ftruncate extended the file with zeros the filesystem stores: correct
     // bytes, but no disk saved.
-    log("the filesystem of " + p.partial + " does not support sparse files: the objects of the other ranks are " +
+    Log(o, "the filesystem of " + p.partial + " does not support sparse files: the objects of the other ranks are " +
         "written as zeros (the rank pack takes the full pack's disk space)");
   }
   // The shards' whole-file digests are computed beside the copy: its reads
@@ -518,7 +543,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &crcs,
                              &ckpt_file, &result));
   if (hasher) {
-    log("finishing the SHA-256 of the source shards");
+    Log(o, "finishing the SHA-256 of the source shards");
     ParallelSha256::Wait wait;
     wait.progress = o.progress;
     K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish(wait));
