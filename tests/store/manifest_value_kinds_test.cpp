@@ -18,6 +18,7 @@
 namespace k3pack::store {
 namespace {
 
+using testing::K3Model;
 using testing::TinyPack;
 using testing::TinySpec;
 
@@ -26,17 +27,6 @@ StoreOptions Small() { return testing::SmallStore(); }
 std::string FirstLine(const TinyPack& p, StoreOptions o = Small()) {
   const std::string m = testing::OpenError(p, o);
   return m.substr(0, m.find('\n'));
-}
-
-// A strict (kimi-k3 profile) manifest with K3's dimensions and layers, so
-// the checks after step 5 are reached.
-void K3Model(TinyPack& p) {
-  p.json["model"]["num_hidden_layers"] = 93;
-  p.json["model"]["num_experts"] = 896;
-  p.json["model"]["num_experts_per_token"] = 16;
-  std::vector<int> layers;
-  for (int l = 1; l <= 92; ++l) layers.push_back(l);
-  p.json["model"]["active_moe_layer_ids"] = layers;
 }
 
 TinySpec Strict() {

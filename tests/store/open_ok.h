@@ -36,6 +36,17 @@ inline StoreOptions SmallStore() {
   return o;
 }
 
+// Gives a strict (kimi-k3 profile) manifest K3's dimensions and routed
+// layers (1..`last_active_layer`), so an open reaches the checks after them.
+inline void K3Model(TinyPack& p, int last_active_layer = 92) {
+  p.json["model"]["num_hidden_layers"] = 93;
+  p.json["model"]["num_experts"] = 896;
+  p.json["model"]["num_experts_per_token"] = 16;
+  std::vector<int> layers;
+  for (int l = 1; l <= last_active_layer; ++l) layers.push_back(l);
+  p.json["model"]["active_moe_layer_ids"] = layers;
+}
+
 // "OK", or the error the open refuses this pack with (its kind in `kind`).
 inline std::string OpenError(const TinyPack& p, const StoreOptions& o = SmallStore(), ErrorKind* kind = nullptr) {
   auto s = ExpertStore::Open(p.pack, p.manifest, o);

@@ -16,6 +16,7 @@
 namespace k3pack::store {
 namespace {
 
+using testing::K3Model;
 using testing::TinyPack;
 using testing::TinySpec;
 
@@ -78,12 +79,7 @@ TEST(StoreOpen, KimiProfileDimensions) {
   TinyPack p(spec);
   EXPECT_EQ(OpenError(p), "Kimi expert-pack dimensions (3, 8, 2) != (93, 896, 16); Top-K is immutable at 16");
   // Right dimensions, wrong active layers.
-  p.json["model"]["num_hidden_layers"] = 93;
-  p.json["model"]["num_experts"] = 896;
-  p.json["model"]["num_experts_per_token"] = 16;
-  std::vector<int> layers;
-  for (int l = 1; l <= 91; ++l) layers.push_back(l);
-  p.json["model"]["active_moe_layer_ids"] = layers;
+  K3Model(p, 91);
   p.Save();
   EXPECT_EQ(OpenError(p), "Kimi active routed MoE layers must be exactly 1..92");
   // A caller expecting another top-k: still immutable at 16.
@@ -133,12 +129,7 @@ TEST(StoreOpen, QuantTypesAndRoleSizes) {
   spec.kimi_profile = true;
   TinyPack k(spec);
   // Reach check 9 on the strict profile: K3 dimensions and layers.
-  k.json["model"]["num_hidden_layers"] = 93;
-  k.json["model"]["num_experts"] = 896;
-  k.json["model"]["num_experts_per_token"] = 16;
-  std::vector<int> layers;
-  for (int l = 1; l <= 92; ++l) layers.push_back(l);
-  k.json["model"]["active_moe_layer_ids"] = layers;
+  K3Model(k);
   k.json["expert_pack"]["roles"]["gate"]["dtype"] = "Q4_K";
   k.Save();
   EXPECT_EQ(OpenError(k), "Kimi expert-pack gate quant type is unsupported");
@@ -170,12 +161,7 @@ TEST(StoreOpen, RoleSizesWhoseSumOverflowsAreRefused) {
   TinySpec spec;
   spec.kimi_profile = true;
   TinyPack k(spec);
-  k.json["model"]["num_hidden_layers"] = 93;
-  k.json["model"]["num_experts"] = 896;
-  k.json["model"]["num_experts_per_token"] = 16;
-  std::vector<int> layers;
-  for (int l = 1; l <= 92; ++l) layers.push_back(l);
-  k.json["model"]["active_moe_layer_ids"] = layers;
+  K3Model(k);
   const int64_t object_bytes = k.json["expert_pack"]["object_bytes"].get<int64_t>();
   k.json["expert_pack"]["roles"]["up"]["expert_bytes"] = INT64_MAX;
   k.json["expert_pack"]["roles"]["gate"]["expert_bytes"] = INT64_MAX;
