@@ -68,6 +68,9 @@ def ssm_a_to_a_log(values, dtype=None):
         # A view of other bytes as bfloat16 would be other values, silently.
         if arr.dtype.kind not in "iu" or arr.dtype.itemsize != 2:
             raise TypeError(f"dtype='bfloat16' takes uint16 bit patterns, got a {arr.dtype} array")
+        if not arr.dtype.isnative:
+            # A big-endian ('>u2') array viewed as uint16 would be the bfloat16 of its swapped bytes.
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         arr = arr.view(np.uint16)
     elif dtype is not None and np.dtype(dtype) != arr.dtype:
         raise TypeError(f"dtype={dtype!r} does not match the array's dtype {arr.dtype} (None: the array's own)")

@@ -96,6 +96,9 @@ def to_torch(array, dtype_name, copy=False):
         # numpy has no bfloat16: reinterpret the uint16 bits.
         if array.dtype.kind not in "iu" or array.dtype.itemsize != 2:
             raise TypeError(f"to_torch: bfloat16 values must be uint16 bit patterns, got a {array.dtype} array")
+        if not array.dtype.isnative:
+            # A big-endian ('>u2') array viewed as int16 would be the bfloat16 of its swapped bytes.
+            array = array.astype(array.dtype.newbyteorder("="))
         array = array.view(np.int16)
     elif np.dtype(dtype_name) != array.dtype:
         raise TypeError(f"to_torch: dtype_name {dtype_name!r} does not match the array's dtype {array.dtype}")
