@@ -254,6 +254,33 @@ inline std::vector<int64_t> IntegerIdsArg(const py::handle& obj, const char* arg
   return std::vector<int64_t>(v.data(), v.data() + v.size());
 }
 
+// An integer argument taken as a py::object, so that every int reaches the
+// caller's own range check: `.cast<uint32_t>()` of -1, 2**32 or a float was
+// pybind11's cast_error, a RuntimeError "Unable to cast Python instance to
+// C++ type" that named neither the argument nor the value. An int or anything
+// with __index__ (a numpy integer) gives its value, nullopt past int64 (no
+// id can be that); anything else is a TypeError naming `arg`.
+inline std::optional<int64_t> IntArg(const py::handle& o, const char* arg) {
+  if (!PyIndex_Check(o.ptr()))
+    throw py::type_error(std::string(arg) + " must be an int, got " +
+                         py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>());
+  py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
+  if (!i) throw py::error_already_set();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0) return std::nullopt;
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+// A ggml type id argument, checked as IntArg: nullopt for an int no type id
+// (uint32) can be, which the caller reports as its unknown-type error.
+inline std::optional<uint32_t> TypeIdArg(const py::handle& o, const char* arg) {
+  const std::optional<int64_t> v = IntArg(o, arg);
+  if (!v || *v < 0 || *v > int64_t{UINT32_MAX}) return std::nullopt;
+  return static_cast<uint32_t>(*v);
+}
+
 // A layer id argument: any int. One that no layer can have (negative, or
 // past 32 bits) is SGLang's inactive-layer ValueError rather than pybind11's
 // "incompatible function arguments" TypeError.

@@ -67,7 +67,13 @@ kimi::Profile ProfileArg(const std::string& name) { return Unwrap(kimi::ParsePro
 // section, or the sidecar k3pack.synth writes), else kimi-k3 - as the CLI
 // does without --profile.
 kimi::Profile ProfileArg(const py::object& name, const std::vector<std::string>& near) {
-  if (!name.is_none()) return ProfileArg(name.cast<std::string>());
+  if (!name.is_none()) {
+    // .cast<std::string>() of an int was pybind11's RuntimeError "Unable to cast Python instance".
+    if (!py::isinstance<py::str>(name))
+      throw py::type_error("profile must be None, 'kimi-k3' or 'scaled', got " +
+                           py::str(py::type::handle_of(name).attr("__name__")).cast<std::string>());
+    return ProfileArg(name.cast<std::string>());
+  }
   return Unwrap(kimi::ProfileRecordedNear(near));
 }
 

@@ -1,0 +1,52 @@
+"""Integer and name arguments of the wrong kind or range (a code-reading
+audit of the bindings): each test failed before its fix."""
+
+import unittest
+
+import numpy as np
+
+import _util  # noqa: F401  (import path)
+import k3pack
+
+
+class TypeArgumentTest(unittest.TestCase):
+    """A ggml type or profile argument of the wrong kind, or an int no type
+    can have, was pybind11's cast_error: RuntimeError "Unable to cast Python
+    instance to C++ type", naming neither the argument nor the value."""
+
+    def test_ggml_type_info_int_out_of_range_is_key_error(self):
+        for bad in (-1, 2 ** 32, 2 ** 70):
+            with self.assertRaises(KeyError) as cm:
+                k3pack.ggml_type_info(bad)
+            self.assertIn(str(bad), str(cm.exception))
+
+    def test_ggml_type_info_numpy_int(self):
+        self.assertEqual(k3pack.ggml_type_info(np.int64(10))["name"], "Q2_K")
+
+    def test_dequantize_type_out_of_range_is_value_error(self):
+        data = np.zeros((1, 34), np.uint8)
+        for call in (k3pack.dequantize, k3pack.tensor_stats):
+            for bad in (-1, 2 ** 32):
+                with self.assertRaises(ValueError) as cm:
+                    call(data, bad)
+                self.assertEqual(str(cm.exception), "invalid ggml type id %d" % bad)
+
+    def test_type_of_wrong_kind_is_type_error(self):
+        data = np.zeros((1, 34), np.uint8)
+        for call in (k3pack.dequantize, k3pack.tensor_stats, lambda d, t: k3pack.ggml_type_info(t)):
+            for bad in (1.5, None, b"Q8_0"):
+                with self.assertRaises(TypeError) as cm:
+                    call(data, bad)
+                self.assertIn("type", str(cm.exception))
+                self.assertIn(type(bad).__name__, str(cm.exception))
+
+    def test_profile_of_wrong_kind_is_type_error(self):
+        tmp = _util.TempDir()
+        self.addCleanup(tmp.cleanup)
+        with self.assertRaises(TypeError) as cm:
+            k3pack.validate_pack(tmp.path + "/x.pack", tmp.path, tmp.path + "/config.json", profile=1)
+        self.assertIn("profile", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
