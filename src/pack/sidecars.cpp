@@ -169,7 +169,11 @@ Result<Checkpoint> DecodeCheckpoint(const std::string& path, const std::string& 
         .WithHint("pass --restart to discard the partial build and start over");
   };
   if (j.is_discarded() || !j.is_object()) return bad("not JSON");
-  if (j.value("format", "") != "K3PACK-PACK-CHECKPOINT-v1") return bad("unknown format");
+  // Not value(): it throws when the key holds another type than the default's.
+  const auto format = j.find("format");
+  if (format == j.end() || !format->is_string() || *format != "K3PACK-PACK-CHECKPOINT-v1") {
+    return bad("unknown format");
+  }
   try {
     Checkpoint c;
     c.fingerprint = j.at("fingerprint").get<std::string>();

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "pack/sidecars.h"
 #include "pack_fixture.h"
 #include "util/file.h"
@@ -279,6 +281,21 @@ TEST_F(PackBuild, DamagedJournalNeedsRestart) {
   auto r = Build();
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message().find("does not match checkpoint"), std::string::npos) << r.error().message();
+}
+
+// A checkpoint is JSON a disk error or a hand can change: a "format" that is
+// no string made json's value() throw out of BuildPack.
+TEST_F(PackBuild, CheckpointWithNonStringFormatNeedsRestart) {
+  ASSERT_EQ(BuildAndCrash(3), 86);
+  auto j = nlohmann::json::parse(ReadAll(CheckpointPathFor(out_)));
+  j["format"] = 1;
+  testing::WriteAll(CheckpointPathFor(out_), j.dump(2));
+  Result<BuildResult> r = Error("not run");
+  ASSERT_NO_THROW(r = Build());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("checkpoint " + CheckpointPathFor(out_) + " is unreadable: unknown format"),
+            std::string::npos)
+      << r.error().message();
 }
 
 TEST_F(PackBuild, LockIsExclusive) {
