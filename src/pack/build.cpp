@@ -354,6 +354,13 @@ Result<bool> TakeCheckpoint(const Paths& p, Checkpoint* ckpt) {
                              " was started from different inputs (checkpoint " + p.checkpoint +
                              " does not match the GGUF shards / config given now)"));
   }
+  // The resume sizes its reads of the journal and its loops by objects_done,
+  // its vectors by the pack's entries: a count past the pack's (a damaged or
+  // edited checkpoint whose other fields agree) ran off their ends.
+  if (old.objects_total != ckpt->objects_total) {
+    return RestartHint(Error("checkpoint " + p.checkpoint + " records " + std::to_string(old.objects_total) +
+                             " objects, but the pack of these inputs has " + std::to_string(ckpt->objects_total)));
+  }
   if (!have_partial && old.objects_done > 0) {
     return RestartHint(Error("checkpoint " + p.checkpoint + " records " + std::to_string(old.objects_done) +
                              " finished objects but " + p.partial + " is missing"));

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../forked_child.h"
 #include "pack/sidecars.h"
 #include "pack_fixture.h"
 #include "util/file.h"
@@ -296,6 +297,37 @@ TEST_F(PackBuild, CheckpointWithNonStringFormatNeedsRestart) {
   EXPECT_NE(r.error().message().find("checkpoint " + CheckpointPathFor(out_) + " is unreadable: unknown format"),
             std::string::npos)
       << r.error().message();
+}
+
+// A checkpoint whose object count is not the pack's, every other field
+// consistent (its journal digest taken over as many records): the resume
+// copied that many digests into vectors sized for the pack's entries.
+TEST_F(PackBuild, CheckpointWithMoreObjectsThanThePackNeedsRestart) {
+  const uint64_t total = model_->experts.layers.size() * model_->experts.num_experts;
+  ASSERT_EQ(BuildAndCrash(total), 86);
+  const uint64_t claimed = total + 1;
+  const std::string journal = ReadAll(out_ + ".partial.digests");
+  ASSERT_GE(journal.size(), kDigestsHeaderBytes + claimed * 3 * kDigestBytes);  // the CRC area follows the digests
+  auto j = nlohmann::json::parse(ReadAll(CheckpointPathFor(out_)));
+  j["objects_total"] = claimed;
+  j["objects_done"] = claimed;
+  j["journal_sha256"] = Sha256Hex(journal.data() + kDigestsHeaderBytes, claimed * 3 * kDigestBytes);
+  j.erase("journal_crc_sha256");
+  testing::WriteAll(CheckpointPathFor(out_), j.dump(2));
+  // In a child: the resume wrote past the end of its digest and CRC vectors.
+  const int status = k3test::InForkedChild([&] {
+    try {
+      auto r = Build();
+      if (r.ok()) ::_exit(1);
+      const std::string& m = r.error().message();
+      ::_exit(m.find("pass --restart") != std::string::npos && m.find(CheckpointPathFor(out_)) != std::string::npos ? 0
+                                                                                                                   : 2);
+    } catch (...) {
+      ::_exit(3);
+    }
+  });
+  EXPECT_EQ(status, 0) << "1: resumed, 2: another error, 3: an exception, -1: still running after 60 s, >= 128: "
+                          "killed by a signal";
 }
 
 TEST_F(PackBuild, LockIsExclusive) {
