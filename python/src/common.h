@@ -155,6 +155,25 @@ class LockWaitKeyword {
   k3pack::ScopedLockWait scope_;
 };
 
+// A path argument as the file system's bytes, encoded as os.fsencode does:
+// a file whose name is not UTF-8 comes from os.listdir as a str with
+// surrogate escapes, which pybind11's std::string caster refused
+// ("incompatible function arguments"). Take the parameter as py::str.
+inline std::string PathArg(const py::str& path) {
+  py::bytes b = py::reinterpret_steal<py::bytes>(PyUnicode_EncodeFSDefault(path.ptr()));
+  if (!b) throw py::error_already_set();
+  return std::string(b);
+}
+
+// A path for Python, decoded as os.fsdecode does: pybind11's strict UTF-8
+// decode raised UnicodeDecodeError for a name that is not UTF-8 (a shard
+// ShardSet found in a directory), after the file had been opened.
+inline py::str PathStr(const std::string& path) {
+  PyObject* s = PyUnicode_DecodeFSDefaultAndSize(path.data(), static_cast<Py_ssize_t>(path.size()));
+  if (!s) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
+}
+
 // numpy dtype for an array-protocol typestr ("|u1", "<f4", "<u2", ...).
 // Built from the type number: py::dtype(std::string) goes through numpy's
 // Python-level parser and costs ~100 us per call.

@@ -269,7 +269,8 @@ py::dict TypeInfoDict(uint32_t id) {
   return d;
 }
 
-PyGguf OpenGguf(const std::string& path, bool packed) {
+PyGguf OpenGguf(const py::str& path_arg, bool packed) {
+  const std::string path = PathArg(path_arg);
   gguf::ReadOptions ro;
   ro.require_packed_offsets = packed;
   k3pack::Result<std::shared_ptr<const gguf::GgufFile>> r = [&] {
@@ -308,11 +309,13 @@ void RegisterGguf(py::module_& m) {
       .def_property_readonly("shard_index", [](const PyTensor& t) -> py::object {
         return t.shard_index < 0 ? py::object(py::none()) : py::object(py::int_(t.shard_index));
       }, "0-based shard holding the tensor (ShardSet), or None for a tensor of a lone GGUFFile")
-      .def_property_readonly("path", [](const PyTensor& t) { return t.path; },
+      .def_property_readonly("path", [](const PyTensor& t) { return PathStr(t.path); },
                              "path of the GGUF file that holds the tensor")
       .def("__repr__", [](const PyTensor& t) {
-        return "GGUFTensor(" + t.info.name + ", " + std::string(k3pack::GgmlTypeName(t.info.type)) + ", " +
-               py::str(ShapeTuple(t.info)).cast<std::string>() + ", nbytes=" + std::to_string(t.info.nbytes) + ")";
+        // Utf8 as `name`: a name that is not UTF-8 made repr() raise UnicodeDecodeError.
+        return Utf8("GGUFTensor(" + t.info.name + ", " + std::string(k3pack::GgmlTypeName(t.info.type)) + ", " +
+                    py::str(ShapeTuple(t.info)).cast<std::string>() + ", nbytes=" + std::to_string(t.info.nbytes) +
+                    ")");
       });
 
   py::class_<PyGguf>(m, "GGUFFile",
@@ -321,7 +324,8 @@ void RegisterGguf(py::module_& m) {
            "maps `path` and checks its header, metadata and tensor infos (GGUF v2 or v3, little-endian; errors "
            "name the byte offset). require_packed_offsets=True is ggml's rule: tensor offsets packed in info "
            "order, each padded to the alignment; False accepts any aligned offsets")
-      .def_property_readonly("path", [](const PyGguf& g) { return g.file->path(); }, "the path the file was opened as")
+      .def_property_readonly("path", [](const PyGguf& g) { return PathStr(g.file->path()); },
+                             "the path the file was opened as")
       .def_property_readonly("version", [](const PyGguf& g) { return g.file->version(); }, "GGUF version (2 or 3)")
       .def_property_readonly("alignment", [](const PyGguf& g) { return g.file->alignment(); },
                              "tensor data alignment in bytes: general.alignment, else 32")
@@ -371,11 +375,13 @@ void RegisterGguf(py::module_& m) {
          "read-only numpy view: layout 'gguf' (gguf-py's ReaderTensor.data), 'typed' (BF16 as uint16 in "
          "element shape), 'raw' (flat uint8)")
       .def("__repr__", [](const PyGguf& g) {
-        return "GGUFFile('" + g.file->path() + "', tensors=" + std::to_string(g.file->tensors().size()) + ")";
+        return "GGUFFile(" + py::repr(PathStr(g.file->path())).cast<std::string>() +
+               ", tensors=" + std::to_string(g.file->tensors().size()) + ")";
       });
 
   py::class_<PyShardSet>(m, "ShardSet", "An opened, cross-checked split GGUF set (or one unsplit file).")
-      .def(py::init([](const std::string& path, const std::string& architecture, bool packed) {
+      .def(py::init([](const py::str& path_arg, const std::string& architecture, bool packed) {
+             const std::string path = PathArg(path_arg);
              gguf::ShardSetOptions o;
              o.expected_architecture = architecture;
              o.read.require_packed_offsets = packed;
@@ -389,7 +395,11 @@ void RegisterGguf(py::module_& m) {
            }),
            py::arg("path"), py::arg("architecture") = "kimi-k3", py::arg("require_packed_offsets") = true,
            "path: a directory or any shard; architecture: required general.architecture ('' = any)")
-      .def_static("discover", [](const std::string& path) { return Unwrap(gguf::ShardSet::Discover(path)); },
+      .def_static("discover", [](const py::str& path) {
+        py::list out;
+        for (const std::string& p : Unwrap(gguf::ShardSet::Discover(PathArg(path)))) out.append(PathStr(p));
+        return out;
+      },
                   py::arg("path"), "shard paths in shard order")
       .def_property_readonly("shards", [](const PyShardSet& s) {
         std::vector<PyGguf> out;
@@ -397,14 +407,14 @@ void RegisterGguf(py::module_& m) {
         return out;
       }, "the shards as GGUFFile objects, in shard order (split.no 0 first)")
       .def_property_readonly("paths", [](const PyShardSet& s) {
-        std::vector<std::string> out;
-        for (const auto& f : s.set.shards()) out.push_back(f->path());
+        py::list out;
+        for (const auto& f : s.set.shards()) out.append(PathStr(f->path()));
         return out;
       }, "the shard paths, in shard order")
-      .def_property_readonly("prefix", [](const PyShardSet& s) { return s.set.prefix(); },
+      .def_property_readonly("prefix", [](const PyShardSet& s) { return PathStr(s.set.prefix()); },
                              "file name before '-NNNNN-of-NNNNN.gguf'; for an unsplit file, its name without "
                              "the extension")
-      .def_property_readonly("directory", [](const PyShardSet& s) { return s.set.directory(); },
+      .def_property_readonly("directory", [](const PyShardSet& s) { return PathStr(s.set.directory()); },
                              "the folder of the shards")
       .def_property_readonly("tensor_count", [](const PyShardSet& s) { return s.set.tensor_count(); },
                              "number of tensors in all shards together")
