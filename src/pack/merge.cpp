@@ -141,8 +141,12 @@ Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
   if (hgot != hb.size()) return Error("rank pack " + in[0].path + " is shorter than the pack header");
   K3_ASSIGN_OR_RETURN(g.header, DecodeHeader(hb));
   const PackHeader& header = g.header;
+  // data_start sizes the prefix read into memory before the index digest can
+  // vouch for the header: it must be where the writer puts it (the index's
+  // end, aligned), not merely inside the (terabyte) file.
   if (header.magic != kPackMagic || header.index_count != in[0].digests.index_count ||
-      header.data_start < kHeaderBytes + header.index_count * kEntryBytes || header.data_start > in[0].size) {
+      header.data_start != AlignUp(kHeaderBytes + header.index_count * kEntryBytes, kPackAlignment) ||
+      header.data_start > in[0].size) {
     return Error("rank pack " + in[0].path + " has a header that does not match its digest sidecar");
   }
   std::vector<uint8_t>& prefix = g.prefix;
