@@ -257,7 +257,9 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
   std::map<uint64_t, std::map<std::string, std::string>> by_shard;  // index -> name -> dtype
   if (tensors && tensors->is_array()) {
     for (const json& t : *tensors) {
-      if (t.contains("shard_index") && t.contains("name") && t.contains("dtype") && t["name"].is_string()) {
+      // (A shard_index of another type is the source-record comparison's to report.)
+      if (t.contains("shard_index") && t["shard_index"].is_number_unsigned() && t.contains("name") &&
+          t.contains("dtype") && t["name"].is_string()) {
         by_shard[t["shard_index"].get<uint64_t>()][t["name"].get<std::string>()] = t["dtype"].dump();
       }
     }
@@ -282,6 +284,16 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
         continue;
       }
       const std::string path = s["path"];
+      // A record edited by hand can hold any JSON here: get<uint64_t>() of a
+      // string threw out of Diagnose.
+      if (!s["size"].is_number_unsigned() || !s["index"].is_number_unsigned()) {
+        out.Add("manifest-invalid", "source.shards[" + path + "]",
+                "size and index must be non-negative integers, the record has size " + s["size"].dump() + ", index " +
+                    s["index"].dump(),
+                {}, manifest_path);
+        shards_intact = false;
+        continue;
+      }
       const uint64_t index = s["index"].get<uint64_t>();
       targets.shard_paths.push_back(path);  // the loader opens the recorded path, wherever it is
       auto size = FileSize(path);
@@ -327,7 +339,11 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
               .fix = regenerate;
         }
       }
-      if (s.contains("metadata_nbytes") && s.contains("metadata_sha256")) {
+      if (s.contains("metadata_nbytes") && !s["metadata_nbytes"].is_number_unsigned()) {
+        out.Add("manifest-invalid", "source.shards[" + path + "]",
+                "metadata_nbytes must be a non-negative integer, the record has " + s["metadata_nbytes"].dump(), {},
+                manifest_path);
+      } else if (s.contains("metadata_nbytes") && s.contains("metadata_sha256")) {
         auto digest = Sha256FileRange(path, 0, s["metadata_nbytes"].get<uint64_t>());
         if (digest.ok() && *digest != s["metadata_sha256"]) {
           out.Add("manifest-metadata-changed", path, "header bytes hash to " + *digest, {}, path).fix = regenerate;

@@ -80,6 +80,28 @@ TEST(DoctorManifest, ChangedShardAndKimiK3Dimensions) {
   EXPECT_TRUE(dims) << Dump(k3);
 }
 
+// Shard and tensor records whose numbers are strings: doctor read them with
+// json's get<uint64_t>(), whose type_error escaped Diagnose (doctor ended in
+// std::terminate) instead of the records being reported.
+TEST(DoctorManifest, RecordNumbersOfTheWrongTypeAreReported) {
+  Prepared p = Prepare("man-types");
+  EditJson(p.manifest, [](nlohmann::json& j) {
+    j["source"]["shards"][0]["index"] = "0";
+    j["source"]["shards"][1]["size"] = "big";
+    j["source"]["shards"][2]["metadata_nbytes"] = "many";
+    j["source"]["tensors"][0]["shard_index"] = "first";
+  });
+  doctor::Report r;
+  ASSERT_NO_THROW(r = Scaled({p.manifest.string()}));
+  EXPECT_EQ(r.ExitCode(), 1) << Dump(r);
+  ASSERT_TRUE(r.Has("manifest-invalid")) << Dump(r);
+  std::string invalid;
+  for (const auto* f : r.With("manifest-invalid")) invalid += f->object + ": " + f->message + "\n";
+  for (const char* field : {"index", "size", "metadata_nbytes"}) {
+    EXPECT_NE(invalid.find(field), std::string::npos) << field << "\n" << Dump(r);
+  }
+}
+
 TEST(DoctorManifest, NotJsonIsUnusable) {
   auto dir = TempDir("man-junk");
   { std::ofstream(dir / "m.json") << "{ not json"; }
