@@ -302,12 +302,14 @@ inline std::optional<uint32_t> TypeIdArg(const py::handle& o, const char* arg) {
 
 // A layer id argument: any int. One that no layer can have (negative, or
 // past 32 bits) is SGLang's inactive-layer ValueError rather than pybind11's
-// "incompatible function arguments" TypeError.
-inline uint32_t LayerArg(int64_t layer) {
-  if (layer < 0 || layer > int64_t{UINT32_MAX})
-    Raise(k3pack::Error("layer " + std::to_string(layer) + " is not an active routed MoE layer",
+// "incompatible function arguments" TypeError - past int64 too, which an
+// int64_t parameter turned into that TypeError.
+inline uint32_t LayerArg(const py::handle& layer) {
+  const std::optional<int64_t> v = IntArg(layer, "layer");
+  if (!v || *v < 0 || *v > int64_t{UINT32_MAX})
+    Raise(k3pack::Error("layer " + py::str(layer).cast<std::string>() + " is not an active routed MoE layer",
                         k3pack::ErrorKind::kValue));
-  return static_cast<uint32_t>(layer);
+  return static_cast<uint32_t>(*v);
 }
 
 // prefetch() and keep() of a store (`method`): (layer, expert_ids, *,
@@ -316,7 +318,7 @@ inline uint32_t LayerArg(int64_t layer) {
 template <class Store>
 auto PredictionMethod(const char* method,
                       k3pack::Status (Store::*call)(uint32_t, std::span<const int64_t>, std::optional<uint64_t>)) {
-  return [method, call](Store& self, int64_t layer_arg, py::object ids, py::object request_id) {
+  return [method, call](Store& self, py::object layer_arg, py::object ids, py::object request_id) {
     const uint32_t layer = LayerArg(layer_arg);
     std::vector<int64_t> v = IntegerIdsArg(ids, "expert_ids");
     const std::optional<uint64_t> request = PredictionRequestArg(request_id, method);

@@ -76,7 +76,7 @@ void RegisterSlotCache(py::module_& m) {
       .def("attach_cuda", [](store::SlotCache& c, uintptr_t address, uint32_t slots, int device) {
         Check(c.AttachCuda(Pointer(address), slots, device));
       }, py::arg("address"), py::arg("slot_count"), py::arg("device"))
-      .def("acquire", [](store::SlotCache& c, int64_t layer_arg, py::object ids, std::optional<bool> is_prefill,
+      .def("acquire", [](store::SlotCache& c, py::object layer_arg, py::object ids, std::optional<bool> is_prefill,
                          uintptr_t stream, py::object request_ids) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> shape;

@@ -175,7 +175,7 @@ void RegisterStore(py::module_& m) {
            py::arg("keep_predicted") = true,
            "opens the pack after SGLang's start-up checks (manifest, header, every index entry, index digest); "
            "cache_bytes: the host-memory budget of resident objects; the other options: docs/python.md")
-      .def("acquire", [](std::shared_ptr<store::ExpertStore> self, int64_t layer_arg, py::object topk_ids,
+      .def("acquire", [](std::shared_ptr<store::ExpertStore> self, py::object layer_arg, py::object topk_ids,
                          std::optional<bool> is_prefill, py::object request_ids) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> shape;
@@ -189,7 +189,7 @@ void RegisterStore(py::module_& m) {
          "topk_ids: integer array [tokens, top_k] (numpy, a CPU torch tensor or nested lists); request_ids: None "
          "(unknown), the call's request id or one per row (the request-aware and adaptive policies learn from "
          "them); returns an Acquisition (views in route order). Release it with mark_used() or a with block")
-      .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, int64_t layer_arg, py::object expert_ids) {
+      .def("acquire_token", [](std::shared_ptr<store::ExpertStore> self, py::object layer_arg, py::object expert_ids) {
         const uint32_t layer = LayerArg(layer_arg);
         std::vector<int64_t> ids = IntegerIdsArg(expert_ids, "expert_ids");
         k3pack::Result<store::Acquisition> r = InterruptibleWithoutGil(

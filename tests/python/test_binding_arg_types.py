@@ -48,5 +48,40 @@ class TypeArgumentTest(unittest.TestCase):
         self.assertIn("profile", str(cm.exception))
 
 
+class LayerArgumentTest(_util.TinyPackTestCase):
+    """A layer no model has is SGLang's `layer N is not an active routed MoE
+    layer` (docs/python.md: "negative, huge"), but an int past int64 was
+    pybind11's TypeError "incompatible function arguments"."""
+
+    def check(self, call, layer):
+        with self.assertRaises(ValueError) as cm:
+            call(layer)
+        self.assertEqual(str(cm.exception), f"layer {layer} is not an active routed MoE layer")
+
+    def test_expert_store(self):
+        ids = np.arange(self.top_k).reshape(1, self.top_k)
+        with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as store:
+            for layer in (-1, 2 ** 63, 2 ** 64, -2 ** 63 - 1):
+                self.check(lambda l: store.acquire(l, ids), layer)
+                self.check(lambda l: store.acquire_token(l, ids[0]), layer)
+                self.check(lambda l: store.prefetch(l, ids[0]), layer)
+                self.check(lambda l: store.keep(l, ids[0]), layer)
+            self.assertEqual(store.acquire(np.int64(self.layers[0]), ids).experts, list(range(self.top_k)))
+            with self.assertRaises(TypeError) as cm:
+                store.acquire(1.0, ids)
+            self.assertIn("layer", str(cm.exception))
+
+    def test_slot_cache(self):
+        from k3pack import _k3pack
+
+        ids = np.arange(self.top_k).reshape(1, self.top_k)
+        cache = _k3pack.SlotCache(self.pack, self.manifest, host_cache_bytes=64 << 20)
+        self.addCleanup(cache.close)
+        for layer in (2 ** 64, -2 ** 63 - 1):
+            self.check(lambda l: cache.acquire(l, ids), layer)
+            self.check(lambda l: cache.prefetch(l, ids[0]), layer)
+            self.check(lambda l: cache.keep(l, ids[0]), layer)
+
+
 if __name__ == "__main__":
     unittest.main()
