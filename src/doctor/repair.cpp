@@ -206,7 +206,10 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
       fs::create_directories(fs::path(out_dir) / "tokenizer", ec);
       std::vector<fs::path> files;
       for (const auto& e : fs::directory_iterator(src_dir / "tokenizer", ec)) {
-        if (e.is_regular_file()) files.push_back(e.path());  // follows symlinks, not recursive (as SGLang)
+        // The overload without an error_code throws where a link cannot be
+        // followed (a loop); such a link is skipped, as a broken one is.
+        std::error_code sec;
+        if (e.is_regular_file(sec)) files.push_back(e.path());  // follows symlinks, not recursive (as SGLang)
       }
       std::sort(files.begin(), files.end());
       for (const fs::path& f : files) {

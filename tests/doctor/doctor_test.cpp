@@ -188,5 +188,25 @@ TEST(Doctor, MissingShardAndStrayGguf) {
   EXPECT_TRUE(r.Has("split-count-mismatch")) << Dump(r);
 }
 
+// The repair copies the tokenizer files beside the shards after every shard
+// is written. A link there that cannot be followed for another reason than a
+// missing target (a loop: ELOOP) made directory_entry::is_regular_file()
+// throw filesystem_error out of Repair, after hours of copying, leaving its
+// marker. It is skipped, as a broken link is and as the manifest writer's
+// listing of the same directory skips it.
+TEST(Doctor, RepairSkipsATokenizerLinkThatLoops) {
+  synth::SynthResult raw = Synth(TempDir("repair-loop"), {synth::Fault::kRawSsmA});
+  const fs::path in = fs::path(raw.shard_paths.front()).parent_path();
+  ASSERT_TRUE(fs::is_directory(in / "tokenizer"));
+  fs::create_symlink("loop", in / "tokenizer" / "loop");
+  const fs::path out = TempDir("repair-loop-out") / "o";
+  Result<doctor::RepairResult> rep = Error("not run");
+  ASSERT_NO_THROW(rep = doctor::Repair(in.string(), out.string(), {}));
+  ASSERT_TRUE(rep.ok()) << rep.error().message();
+  EXPECT_FALSE(fs::exists(out / "tokenizer" / "loop"));
+  EXPECT_FALSE(rep->sidecars_copied.empty());
+  EXPECT_FALSE(fs::exists(out / doctor::kRepairMarkerName));
+}
+
 }  // namespace
 }  // namespace dtest
