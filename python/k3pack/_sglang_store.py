@@ -123,83 +123,92 @@ class KimiGGMLExpertPackStore:
             expected_layers=int(expected_layers), expected_experts=int(expected_experts),
             expected_top_k=int(expected_top_k), ep_size=None if ep_size is None else int(ep_size),
             ep_rank=None if ep_rank is None else int(ep_rank))
-        with open(self.manifest_path, "rb") as f:
-            manifest = json.load(f)
-        # SGLang's synthesized header digests, compared like the shared store
-        # compares configured digests.
-        digests = {
-            "model_identity_sha256": ("0" * 64, expected_model_identity_sha256),
-            "source_blob_sha256": (manifest["source"]["inventory_sha256"], expected_source_sha256),
-            "config_sha256": (manifest["model"]["config_sha256"], expected_config_sha256),
-        }
-        for field, (actual, expected) in digests.items():
-            if expected is not None and str(expected).lower() != actual:
-                raise ValueError(f"expert-pack {field} does not match configured digest")
-        # SGLang's _initialize_runtime_state checks.
-        if cache_vram_mib <= 0 or cache_vram_reserve_mib <= 0 or stage_slots <= 0 or read_splits <= 0:
-            raise ValueError("expert cache and staging budgets, and read splits, must be positive")
-        if stats_flush_interval < 0:
-            raise ValueError("expert-pack stats flush interval cannot be negative")
-        if direct_io and not hasattr(os, "O_DIRECT"):
-            raise ValueError("expert-pack direct I/O is unavailable on this platform")
-        if prefetch and host_cache_mib <= 0:
-            raise ValueError("prefetch needs a host tier: pass host_cache_mib > 0")
-        self.expected_layers = int(expected_layers)
-        self.expected_experts = int(expected_experts)
-        self.top_k = self._engine.top_k
-        self.ep_size = self._engine.ep_size
-        self.ep_rank = self._engine.ep_rank
-        self.owned_experts = range(*self._engine.owned_experts)
-        self.cache_vram_mib = int(cache_vram_mib)
-        self.cache_vram_reserve_mib = int(cache_vram_reserve_mib)
-        self.stage_slots = int(stage_slots)
-        self.read_splits = int(read_splits)
-        self.direct_io = bool(direct_io)
-        self.stats_flush_interval = int(stats_flush_interval)
-        self.policy = policy
-        self.io_backend = io_backend
-        self.host_cache_mib = int(host_cache_mib)
-        self.prefetch_enabled = bool(prefetch)
-        self.active_moe_layer_ids = frozenset(self._engine.active_layer_ids)
-        self.object_payload_bytes = self.object_stride = self._engine.slot_bytes
-        self.role_offsets = self._role_map(self._engine.role_offsets[0])
-        self.role_nbytes = self._role_map(self._engine.role_bytes[0])
-        self.role_bytes = self.role_nbytes["gate"]
-        self.index_sha256 = self._engine.index_sha256
-        # SGLang: str(expert_pack.get("sha256") or the index digest).
-        self.pack_sha256 = str(manifest["expert_pack"].get("sha256") or self.index_sha256)
-        # What SGLang's store gives the code around it (spec §7.2-§7.3): the
-        # synthesized header, the entry records (its MoE method reads their
-        # shapes), the mutable stats dict (its loader adds dense_bytes).
-        layers = list(self.active_moe_layer_ids)  # ascending: the store checked it
-        self.header = PackHeader(
-            flags=3, index_count=len(layers) * self._engine.num_experts * 3,
-            data_start=int(manifest["expert_pack"]["data_start"]), alignment=int(manifest["expert_pack"]["alignment"]),
-            num_layers=self.expected_layers, num_experts=self._engine.num_experts, top_k=self.top_k, role_count=3,
-            model_identity_sha256="0" * 64, source_blob_sha256=str(manifest["source"]["inventory_sha256"]),
-            config_sha256=str(manifest["model"]["config_sha256"]))
-        self.entries = PackEntries(self.pack_path, manifest, layers, self._engine.num_experts, self.index_sha256)
-        self.stats = StoreStats(self._engine)
-        # SGLang: Path(stats_path).resolve() (symlinks resolved, no "~" expansion).
-        self.stats_path = str(pathlib.Path(os.fspath(stats_path)).resolve()) if stats_path else None
-        if self.stats_path:
-            # Checked now, not at close: a slip of the path (the pack, the
-            # manifest) was overwritten with the counters, and a directory
-            # lost them.
-            _k3pack._check_stats_path(self.stats_path)
-        self._last_flush = 0
-        self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
-        self._device = None
-        self._slot_count = 0
-        # Stats writes share <stats>.<pid>.tmp: one at a time (threads'
-        # mark_used flushes used to race: a rename failed, FileNotFoundError).
-        self._stats_lock = threading.Lock()
-        self._init_lock = threading.Lock()  # initialize_device_cache: one attach
-        # SGLang registers atexit(self.close), which keeps every store alive
-        # until exit; a finalizer holds only the engine, so a store that is
-        # dropped unclosed frees its slots, fd and read threads.
-        self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock,
-                                           self.stats.extra)
+        # SGLang checks the digests, budgets and stats_path after the pack. One
+        # that failed left the engine open: its read threads and the pack's
+        # descriptor lived as long as the exception did (a kept, logged or
+        # chained one), for every store that failed.
+        try:
+            with open(self.manifest_path, "rb") as f:
+                manifest = json.load(f)
+            # SGLang's synthesized header digests, compared like the shared store
+            # compares configured digests.
+            digests = {
+                "model_identity_sha256": ("0" * 64, expected_model_identity_sha256),
+                "source_blob_sha256": (manifest["source"]["inventory_sha256"], expected_source_sha256),
+                "config_sha256": (manifest["model"]["config_sha256"], expected_config_sha256),
+            }
+            for field, (actual, expected) in digests.items():
+                if expected is not None and str(expected).lower() != actual:
+                    raise ValueError(f"expert-pack {field} does not match configured digest")
+            # SGLang's _initialize_runtime_state checks.
+            if cache_vram_mib <= 0 or cache_vram_reserve_mib <= 0 or stage_slots <= 0 or read_splits <= 0:
+                raise ValueError("expert cache and staging budgets, and read splits, must be positive")
+            if stats_flush_interval < 0:
+                raise ValueError("expert-pack stats flush interval cannot be negative")
+            if direct_io and not hasattr(os, "O_DIRECT"):
+                raise ValueError("expert-pack direct I/O is unavailable on this platform")
+            if prefetch and host_cache_mib <= 0:
+                raise ValueError("prefetch needs a host tier: pass host_cache_mib > 0")
+            self.expected_layers = int(expected_layers)
+            self.expected_experts = int(expected_experts)
+            self.top_k = self._engine.top_k
+            self.ep_size = self._engine.ep_size
+            self.ep_rank = self._engine.ep_rank
+            self.owned_experts = range(*self._engine.owned_experts)
+            self.cache_vram_mib = int(cache_vram_mib)
+            self.cache_vram_reserve_mib = int(cache_vram_reserve_mib)
+            self.stage_slots = int(stage_slots)
+            self.read_splits = int(read_splits)
+            self.direct_io = bool(direct_io)
+            self.stats_flush_interval = int(stats_flush_interval)
+            self.policy = policy
+            self.io_backend = io_backend
+            self.host_cache_mib = int(host_cache_mib)
+            self.prefetch_enabled = bool(prefetch)
+            self.active_moe_layer_ids = frozenset(self._engine.active_layer_ids)
+            self.object_payload_bytes = self.object_stride = self._engine.slot_bytes
+            self.role_offsets = self._role_map(self._engine.role_offsets[0])
+            self.role_nbytes = self._role_map(self._engine.role_bytes[0])
+            self.role_bytes = self.role_nbytes["gate"]
+            self.index_sha256 = self._engine.index_sha256
+            # SGLang: str(expert_pack.get("sha256") or the index digest).
+            self.pack_sha256 = str(manifest["expert_pack"].get("sha256") or self.index_sha256)
+            # What SGLang's store gives the code around it (spec §7.2-§7.3): the
+            # synthesized header, the entry records (its MoE method reads their
+            # shapes), the mutable stats dict (its loader adds dense_bytes).
+            layers = list(self.active_moe_layer_ids)  # ascending: the store checked it
+            self.header = PackHeader(
+                flags=3, index_count=len(layers) * self._engine.num_experts * 3,
+                data_start=int(manifest["expert_pack"]["data_start"]),
+                alignment=int(manifest["expert_pack"]["alignment"]),
+                num_layers=self.expected_layers, num_experts=self._engine.num_experts, top_k=self.top_k, role_count=3,
+                model_identity_sha256="0" * 64, source_blob_sha256=str(manifest["source"]["inventory_sha256"]),
+                config_sha256=str(manifest["model"]["config_sha256"]))
+            self.entries = PackEntries(self.pack_path, manifest, layers, self._engine.num_experts, self.index_sha256)
+            self.stats = StoreStats(self._engine)
+            # SGLang: Path(stats_path).resolve() (symlinks resolved, no "~" expansion).
+            self.stats_path = str(pathlib.Path(os.fspath(stats_path)).resolve()) if stats_path else None
+            if self.stats_path:
+                # Checked now, not at close: a slip of the path (the pack, the
+                # manifest) was overwritten with the counters, and a directory
+                # lost them.
+                _k3pack._check_stats_path(self.stats_path)
+            self._last_flush = 0
+            self._route_calls = 0  # sum(route_calls_by_layer), kept here so mark_used stays cheap
+            self._device = None
+            self._slot_count = 0
+            # Stats writes share <stats>.<pid>.tmp: one at a time (threads'
+            # mark_used flushes used to race: a rename failed, FileNotFoundError).
+            self._stats_lock = threading.Lock()
+            self._init_lock = threading.Lock()  # initialize_device_cache: one attach
+            # SGLang registers atexit(self.close), which keeps every store alive
+            # until exit; a finalizer holds only the engine, so a store that is
+            # dropped unclosed frees its slots, fd and read threads.
+            self._finalizer = weakref.finalize(self, _finish, self._engine, self.stats_path, self._stats_lock,
+                                               self.stats.extra)
+        except BaseException:
+            self._engine.close()
+            raise
 
     @staticmethod
     def _role_map(values):
