@@ -97,6 +97,21 @@ pack::PackOutputRequest PackRequest(const std::string& option, const std::string
 
 const manifest::InputNames kPyInputNames{"gguf_dir", "expert_pack", "model_config", "tokenizer_dir"};
 
+// nlohmann's DOM parser, except that an integer outside int64 / uint64 is
+// refused: nlohmann parses it as a double, which was then written back as
+// "1.8446744073709552e+19" where json.dump writes the integer's digits.
+struct IntegersAsWritten : nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using json_sax_dom_parser::json_sax_dom_parser;
+  std::string inexact;  // the first such integer's text
+  bool number_float(double value, const std::string& text) {
+    if (text.find_first_of(".eE") == std::string::npos) {
+      inexact = text;
+      return false;  // stops the parse
+    }
+    return json_sax_dom_parser::number_float(value, text);
+  }
+};
+
 }  // namespace
 
 void RegisterPack(py::module_& m) {
@@ -366,8 +381,17 @@ void RegisterPack(py::module_& m) {
      "those shards are not read again for full_source_hashes");
 
   m.def("serialize_manifest", [](py::object doc) {
-    std::string text = py::module_::import("json").attr("dumps")(doc).cast<std::string>();
-    return py::bytes(manifest::SerializeManifest(nlohmann::json::parse(text)));
+    // allow_nan=False: NaN / Infinity is json's own ValueError, not nlohmann's parse_error as a RuntimeError.
+    std::string text =
+        py::module_::import("json").attr("dumps")(doc, py::arg("allow_nan") = false).cast<std::string>();
+    nlohmann::json parsed;
+    IntegersAsWritten sax(parsed);
+    nlohmann::json::sax_parse(text, &sax);
+    if (!sax.inexact.empty()) {
+      throw py::value_error("serialize_manifest: the integer " + sax.inexact +
+                            " does not fit in 64 bits, so the manifest's JSON cannot hold it exactly");
+    }
+    return py::bytes(manifest::SerializeManifest(parsed));
   }, py::arg("manifest"), "the exact bytes the manifest file holds (indent=2, sorted keys, raw UTF-8, newline)");
 
   m.def("read_manifest", [](const std::string& path) {

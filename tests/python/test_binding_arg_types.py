@@ -83,5 +83,29 @@ class LayerArgumentTest(_util.TinyPackTestCase):
             self.check(lambda l: cache.keep(l, ids[0]), layer)
 
 
+class SerializeManifestNumbersTest(unittest.TestCase):
+    """serialize_manifest hands the document to C++ as json.dumps text: an
+    int past 64 bits came back as a float ("1.8446744073709552e+19", not the
+    bytes json.dump writes), and NaN / Infinity was nlohmann's parse_error as
+    a RuntimeError."""
+
+    def test_ints_past_64_bits_are_refused_not_rounded(self):
+        import json
+
+        for value in (2 ** 63, 2 ** 64 - 1, -2 ** 63):
+            doc = {"a": value}
+            want = (json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+            self.assertEqual(k3pack.serialize_manifest(doc), want)
+        for value in (2 ** 64, -2 ** 63 - 1, 10 ** 30):
+            with self.assertRaises(ValueError) as cm:
+                k3pack.serialize_manifest({"k": [1, {"a": value}]})
+            self.assertIn(str(value), str(cm.exception))
+
+    def test_nan_is_value_error(self):
+        for value in (float("nan"), float("inf")):
+            with self.assertRaises(ValueError):
+                k3pack.serialize_manifest({"a": value})
+
+
 if __name__ == "__main__":
     unittest.main()
