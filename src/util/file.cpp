@@ -108,6 +108,8 @@ Status PwriteFull(int fd, const void* buf, size_t n, uint64_t offset) {
       if (errno == EINTR) continue;
       return Error::FromErrno("write failed at offset " + std::to_string(offset + done), errno);
     }
+    // No error and no progress: retrying would spin forever.
+    if (r == 0) return Error::FromErrno("write failed at offset " + std::to_string(offset + done) + ": wrote nothing", EIO);
     done += static_cast<size_t>(r);
   }
   return Status::OK();
