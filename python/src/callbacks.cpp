@@ -14,6 +14,18 @@ std::shared_ptr<py::object> HoldCallable(py::object fn) {
   });
 }
 
+void DiscardCallbackError(py::error_already_set& e, const char* what) {
+  if (e.matches(PyExc_KeyboardInterrupt)) {
+    // A Ctrl-C whose handler ran inside the callback (the main thread was
+    // running its Python code) raised there; discarded, it was lost and the
+    // call went on for as long as it lasts. Re-armed, it stops the call at
+    // its next interrupt check (PendingSignals), or is raised when it returns.
+    PyErr_SetInterrupt();
+    return;
+  }
+  e.discard_as_unraisable(what);
+}
+
 std::function<void(const std::string&)> LineCallback(py::object fn) {
   if (fn.is_none()) return nullptr;
   auto holder = HoldCallable(std::move(fn));
@@ -23,7 +35,7 @@ std::function<void(const std::string&)> LineCallback(py::object fn) {
     try {
       (*holder)(line);
     } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("k3pack log callback");
+      DiscardCallbackError(e, "k3pack log callback");
     }
   };
 }

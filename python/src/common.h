@@ -130,8 +130,14 @@ auto InterruptibleWithoutGil(const std::string& doing, Call&& call) {
 // thread: the last reference is released under the GIL.
 std::shared_ptr<py::object> HoldCallable(py::object fn);
 
+// What a Python callback raised, from native code that cannot raise it
+// (`what` names the callback); called with the GIL held. Reported as
+// unraisable, except KeyboardInterrupt, which is re-armed as a pending Ctrl-C.
+void DiscardCallbackError(py::error_already_set& e, const char* what);
+
 // A C++ line callback that calls `fn` (None: no callback) under the GIL; an
-// exception it raises is reported as unraisable, never into the engine.
+// exception it raises is reported as unraisable, never into the engine
+// (DiscardCallbackError).
 std::function<void(const std::string&)> LineCallback(py::object fn);
 
 // `log`'s callback, or (None) the "k3pack" logger's warning: for what a

@@ -56,7 +56,7 @@ pack::ProgressFn ProgressCallback(py::object fn) {
       d["elapsed_s"] = p.elapsed_s;
       (*holder)(d);
     } catch (py::error_already_set& e) {
-      e.discard_as_unraisable("k3pack progress callback");
+      DiscardCallbackError(e, "k3pack progress callback");
     }
   };
 }
