@@ -68,17 +68,18 @@ class _ArrayAlias:
 
 def _writable_alias(array):
     """A writable numpy array over `array`'s bytes, for torch.from_numpy, when
-    they are k3pack's (the base chain ends in the extension's capsule): its
-    zero-copy arrays are private copy-on-write mappings (the stream's,
-    GGUFFile's), where a write lands in a private page, never the file. Any
-    other array is returned as it is (torch then warns, as it does for
-    anyone's read-only array)."""
+    a write through it stays private: k3pack's stream arrays and GGUFFile's
+    private copy-on-write mappings, where it lands in a page of its own, never
+    the file. Any other array is returned as it is (torch then warns, as it
+    does for anyone's read-only array): an ExpertStore view is the store's
+    shared cache, and a GGUFFile view past its private mappings is the file's
+    read-only mapping (a write kills the process). Any k3pack capsule used to
+    pass, and those were aliased without the warning."""
     if array.flags.writeable:
         return array
-    base = array
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if type(base).__name__ != "PyCapsule":
+    from . import _k3pack
+
+    if not _k3pack._writes_stay_private(array):
         return array
     return np.asarray(_ArrayAlias(array))
 
@@ -88,8 +89,11 @@ def to_torch(array, dtype_name, copy=False):
     dtype_name is the record's dtype ("bfloat16": the array holds uint16 bit
     patterns; otherwise it must name the array's own dtype: TypeError if
     not, rather than a tensor of reinterpreted bytes). copy=False shares the
-    memory (k3pack's arrays are private copy-on-write mappings: a write
-    through the tensor never reaches the file); copy=True makes a fresh, writable tensor (one plain
+    memory (the stream's and GGUFFile's arrays are private copy-on-write
+    mappings: a write through the tensor never reaches the file; for other
+    read-only arrays, an ExpertStore view included, torch warns that the
+    array is not writable, and a write reaches whatever else shares the
+    bytes); copy=True makes a fresh, writable tensor (one plain
     memcpy, like SGLang's torch.tensor())."""
     torch = _torch_module()
     if dtype_name == "bfloat16":

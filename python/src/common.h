@@ -187,8 +187,12 @@ py::dtype Dtype(const char* typestr);
 
 // A read-only numpy array over [data, data + bytes) with the given dtype and
 // C-contiguous shape; `owner` is held by the array's base (a capsule).
+// private_bytes: a write through the array changes bytes no one else sees (a
+// private copy-on-write mapping, a buffer of its own), which the capsule's
+// name records for WritesStayPrivate; otherwise they are shared (the file's
+// read-only mapping, the expert store's cache).
 py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,
-                       std::shared_ptr<const void> owner);
+                       std::shared_ptr<const void> owner, bool private_bytes = false);
 
 // What the library's EP errors (ep::CheckRank) call the size and rank from
 // Python: the keywords, not the CLI's flags. The store bindings pass them as

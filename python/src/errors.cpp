@@ -99,10 +99,15 @@ py::dtype Dtype(const char* typestr) {
   return py::dtype(std::string(typestr));
 }
 
+namespace {
+const char kPrivateBytes[] = "k3pack.private_bytes";
+}  // namespace
+
 py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape, const void* data,
-                       std::shared_ptr<const void> owner) {
+                       std::shared_ptr<const void> owner, bool private_bytes) {
   auto* holder = new std::shared_ptr<const void>(std::move(owner));
   py::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
+  if (private_bytes && PyCapsule_SetName(base.ptr(), kPrivateBytes) != 0) throw py::error_already_set();
   std::vector<py::ssize_t> dims(shape.begin(), shape.end());
   std::vector<py::ssize_t> strides(dims.size());
   py::ssize_t stride = dtype.itemsize();
@@ -121,6 +126,14 @@ py::array ReadOnlyView(const py::dtype& dtype, const std::vector<int64_t>& shape
 }
 
 void RegisterErrors(py::module_& m) {
+  m.def("_writes_stay_private", [](py::handle array) {
+    py::handle base = array;
+    while (py::isinstance<py::array>(base)) base = py::detail::array_proxy(base.ptr())->base;
+    return base && PyCapsule_CheckExact(base.ptr()) && PyCapsule_GetName(base.ptr()) != nullptr &&
+           std::strcmp(PyCapsule_GetName(base.ptr()), kPrivateBytes) == 0;
+  }, py::arg("array"),
+     "whether a write through `array` (torch ignores numpy's read-only flag) changes bytes private to it: "
+     "an array k3pack made over a private copy-on-write mapping or a buffer of its own (internal)");
   m.def("_raise_for_test", [](const std::string& kind, const std::string& message, int err) {
     static const std::pair<const char*, k3pack::ErrorKind> kKinds[] = {
         {"ValueError", k3pack::ErrorKind::kValue},       {"KeyError", k3pack::ErrorKind::kKey},

@@ -128,7 +128,7 @@ py::array PrivateView(const gguf::GgufFile& file, const Handle& h, const py::dty
     if (p != MAP_FAILED) {
       map->base = p;  // from here the PrivateMap gives the count back
       const uint8_t* at = static_cast<const uint8_t*>(p) + (off - start);
-      return ReadOnlyView(dtype, shape, at, std::move(map));
+      return ReadOnlyView(dtype, shape, at, std::move(map), /*private_bytes=*/true);
     }
   }
   g_private_maps.fetch_sub(1, std::memory_order_relaxed);

@@ -88,7 +88,8 @@ py::dtype NumpyDtype(loader::DType d) {
 
 PyNamedTensor Convert(loader::NamedTensor&& t) {
   PyNamedTensor out;
-  out.array = ReadOnlyView(NumpyDtype(t.dtype), t.shape, t.data.data(), std::move(t.owner));
+  // The stream maps its shards copy-on-write (o.copy_on_write) and computes the rest into buffers of their own.
+  out.array = ReadOnlyView(NumpyDtype(t.dtype), t.shape, t.data.data(), std::move(t.owner), /*private_bytes=*/true);
   if (t.writable) {
     // Copy mode: a buffer of this tensor's own (not the shard mapping), so
     // the caller may write into it as into SGLang's torch.tensor() copies.
