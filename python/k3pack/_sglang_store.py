@@ -62,9 +62,12 @@ def _write_stats_file(snapshot, path):
     <path>.<pid>.tmp, then replace."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     _k3pack._check_stats_path(path)  # the path may name another file by now
+    # Serialized before the temp file exists: a value JSON cannot hold (set
+    # through store.stats) raised with an empty temp file left behind.
+    text = json.dumps(snapshot, indent=2, sort_keys=True) + "\n"
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="ascii") as f:
-        f.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
+        f.write(text)
     os.replace(tmp, path)
 
 
