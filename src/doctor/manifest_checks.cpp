@@ -375,7 +375,14 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
       const json* count = need({"expert_pack", "index_count"});
       const json* digest = need({"expert_pack", "index_sha256"});
       if (count && digest && count->is_number_unsigned()) {
-        auto d = Sha256FileRange(pack, 0, 40 + 152 * count->get<uint64_t>());
+        // The header and index SGLang hashes; a count whose index would end
+        // past 2^64 bytes wrapped to a short range and read as a digest
+        // mismatch, where no file can hold it: truncated.
+        const uint64_t n = count->get<uint64_t>();
+        constexpr uint64_t kHeader = 40, kEntry = 152;
+        auto d = n > (UINT64_MAX - kHeader) / kEntry
+                     ? Result<std::string>(Error("index_count " + std::to_string(n) + " makes an index longer than any file"))
+                     : Sha256FileRange(pack, 0, kHeader + kEntry * n);
         if (!d.ok()) {
           out.Add("pack-invalid", pack, d.error().message(), "Kimi expert-pack index is truncated", pack);
         } else if (*d != *digest) {

@@ -102,6 +102,19 @@ TEST(DoctorManifest, RecordNumbersOfTheWrongTypeAreReported) {
   }
 }
 
+// 40 + 152 x index_count was computed in uint64 unchecked: this count wraps
+// it to 80 bytes, which hashed and read as a digest mismatch.
+TEST(DoctorManifest, AnIndexCountPastAnyFileIsATruncatedIndex) {
+  Prepared p = Prepare("man-index-count");
+  EditJson(p.manifest, [](nlohmann::json& j) { j["expert_pack"]["index_count"] = uint64_t{121360158379668103}; });
+  doctor::Report r;
+  ASSERT_NO_THROW(r = Scaled({p.manifest.string()}));
+  EXPECT_FALSE(r.Has("pack-index-digest")) << Dump(r);
+  bool truncated = false;
+  for (const auto* f : r.With("pack-invalid")) truncated |= f->message.find("index_count") != std::string::npos;
+  EXPECT_TRUE(truncated) << Dump(r);
+}
+
 TEST(DoctorManifest, NotJsonIsUnusable) {
   auto dir = TempDir("man-junk");
   { std::ofstream(dir / "m.json") << "{ not json"; }
