@@ -3,7 +3,6 @@
 #include <cpuid.h>
 #endif
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -161,12 +160,10 @@ Status DequantizeParallel(GgmlType t, std::span<const uint8_t> src, std::span<fl
     return Status::OK();
   }
   const uint64_t per = (nblocks + want - 1) / want;
-  // Pieces are pulled from a counter, so a process that cannot start every
-  // thread (a pids or address-space limit) still decodes them all.
-  std::atomic<uint64_t> next{0};
-  RunOnThreads(static_cast<unsigned>(want), [&] {
-    for (uint64_t k; (k = next.fetch_add(1)) < want;) run(std::min(nblocks, k * per), std::min(nblocks, (k + 1) * per));
-  });
+  // A process that cannot start every thread (a pids or address-space
+  // limit) still decodes every piece.
+  RunJobsOnThreads(static_cast<unsigned>(want), want,
+                   [&](uint64_t k) { run(std::min(nblocks, k * per), std::min(nblocks, (k + 1) * per)); });
   return Status::OK();
 }
 

@@ -1,7 +1,6 @@
 // Activation quantization (ggml's reference Q8_K / Q8_0 quantizers) and the
 // public dot-product / mat-vec entry points.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -215,13 +214,11 @@ Status MatVec(std::span<const uint8_t> bytes, uint64_t rows, const PreparedActiv
     run(0, rows);
     return Status::OK();
   }
-  // Slices are pulled from a counter, so a process that cannot start every
-  // thread (a pids or address-space limit) still computes every row.
+  // A process that cannot start every thread (a pids or address-space
+  // limit) still computes every row.
   const uint64_t per = (rows + nt - 1) / nt;
-  std::atomic<uint64_t> next{0};
-  RunOnThreads(static_cast<unsigned>(nt), [&] {
-    for (uint64_t t; (t = next.fetch_add(1)) < nt;) run(std::min(rows, t * per), std::min(rows, t * per + per));
-  });
+  RunJobsOnThreads(static_cast<unsigned>(nt), nt,
+                   [&](uint64_t t) { run(std::min(rows, t * per), std::min(rows, t * per + per)); });
   return Status::OK();
 }
 

@@ -127,9 +127,9 @@ Status LoadRoles(const std::string& manifest_path, const json& ep,
       if (layer_overflowed)
         return overflow("k3pack.layer_roles entry for layer " + std::to_string(lr.layer), bytes, lr.object_bytes);
       if (layer_sum != lr.object_bytes || layer_sum == 0)
-        return Error("Kimi expert-pack role sizes do not match object bytes")
-            .WithHint("k3pack.layer_roles entry for layer " + std::to_string(lr.layer) + ": roles add up to " +
-                      std::to_string(layer_sum) + " bytes, object_bytes is " + std::to_string(lr.object_bytes));
+        return mismatch.WithHint("k3pack.layer_roles entry for layer " + std::to_string(lr.layer) +
+                                 ": roles add up to " + std::to_string(layer_sum) + " bytes, object_bytes is " +
+                                 std::to_string(lr.object_bytes));
       g->role_bytes.push_back(bytes);
     }
   }

@@ -1,7 +1,6 @@
 // The pack-vs-source routed-expert check (see k3pack/run_experts.h).
 #include "k3pack/run_experts.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -361,13 +360,10 @@ Result<ExpertRunResult> RunRoutedExperts(ExpertStore& store, const gguf::ShardSe
     run_r.misses = e["cache_misses"].get<uint64_t>() - b["cache_misses"].get<uint64_t>();
     run_r.bytes_read = e["pack_read_bytes"].get<uint64_t>() - b["pack_read_bytes"].get<uint64_t>();
   };
-  // Ranks are pulled from a counter: when the process cannot start a thread
-  // per rank (a pids or address-space limit), those it starts, and this
-  // one, run them all (a rank's results do not depend on its thread).
-  std::atomic<uint32_t> next_rank{0};
-  RunOnThreads(N, [&] {
-    for (uint32_t rank; (rank = next_rank.fetch_add(1)) < N;) run_rank(rank);
-  });
+  // When the process cannot start a thread per rank (a pids or
+  // address-space limit), those it starts, and this one, run them all (a
+  // rank's results do not depend on its thread).
+  RunJobsOnThreads(N, N, [&](uint64_t rank) { run_rank(static_cast<uint32_t>(rank)); });
   for (uint32_t rank = 0; rank < N; ++rank)
     if (!status[rank].ok()) return status[rank].error().WithContext("run-experts EP rank " + std::to_string(rank));
   for (uint32_t k = 0; k < o.tokens; ++k) {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -25,6 +27,17 @@ void RunOnThreads(unsigned threads, Work&& work) {
   }
   work();
   for (auto& th : pool) th.join();
+}
+
+// Calls job(i) once for every i in [0, jobs), on up to `threads` threads
+// that pull the next i from a shared counter (RunOnThreads: every job runs
+// on the threads the system gives).
+template <typename Job>
+void RunJobsOnThreads(unsigned threads, uint64_t jobs, Job&& job) {
+  std::atomic<uint64_t> next{0};
+  RunOnThreads(threads, [&] {
+    for (uint64_t j; (j = next.fetch_add(1)) < jobs;) job(j);
+  });
 }
 
 }  // namespace k3pack
