@@ -283,6 +283,12 @@ inline std::vector<int64_t> IntegerIdsArg(const py::handle& obj, const char* arg
   return std::vector<int64_t>(v.data(), v.data() + v.size());
 }
 
+// The name of `o`'s type ("float", "NoneType"), for a TypeError naming what
+// was passed.
+inline std::string TypeNameOf(const py::handle& o) {
+  return py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>();
+}
+
 // An integer argument taken as a py::object, so that every int reaches the
 // caller's own range check: `.cast<uint32_t>()` of -1, 2**32 or a float was
 // pybind11's cast_error, a RuntimeError "Unable to cast Python instance to
@@ -291,8 +297,7 @@ inline std::vector<int64_t> IntegerIdsArg(const py::handle& obj, const char* arg
 // id can be that); anything else is a TypeError naming `arg`.
 inline std::optional<int64_t> IntArg(const py::handle& o, const char* arg) {
   if (!PyIndex_Check(o.ptr()))
-    throw py::type_error(std::string(arg) + " must be an int, got " +
-                         py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>());
+    throw py::type_error(std::string(arg) + " must be an int, got " + TypeNameOf(o));
   py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
   if (!i) throw py::error_already_set();
   int overflow = 0;
@@ -302,10 +307,13 @@ inline std::optional<int64_t> IntArg(const py::handle& o, const char* arg) {
   return v;
 }
 
-// A ggml type id argument, checked as IntArg: nullopt for an int no type id
-// (uint32) can be, which the caller reports as its unknown-type error.
-inline std::optional<uint32_t> TypeIdArg(const py::handle& o, const char* arg) {
-  const std::optional<int64_t> v = IntArg(o, arg);
+// A ggml type argument that is not a name (the caller took a str as one):
+// its id, or nullopt for an int no type id (uint32) can be, which the caller
+// reports as its unknown-type error; anything but an int is a TypeError.
+inline std::optional<uint32_t> TypeIdArg(const py::handle& o) {
+  if (!PyIndex_Check(o.ptr()))
+    throw py::type_error("type must be a ggml type name (str) or id (int), got " + TypeNameOf(o));
+  const std::optional<int64_t> v = IntArg(o, "type");
   if (!v || *v < 0 || *v > int64_t{UINT32_MAX}) return std::nullopt;
   return static_cast<uint32_t>(*v);
 }

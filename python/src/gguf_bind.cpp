@@ -451,10 +451,7 @@ void RegisterGguf(py::module_& m) {
       if (!t) throw py::key_error("unknown ggml type name " + key.cast<std::string>());
       return TypeInfoDict(static_cast<uint32_t>(*t));
     }
-    if (!PyIndex_Check(key.ptr()))
-      throw py::type_error("type must be a ggml type name (str) or id (int), got " +
-                           py::str(py::type::handle_of(key).attr("__name__")).cast<std::string>());
-    const std::optional<uint32_t> id = TypeIdArg(key, "type");
+    const std::optional<uint32_t> id = TypeIdArg(key);
     if (!id) throw py::key_error("unknown or removed ggml type id " + py::str(key).cast<std::string>());
     return TypeInfoDict(*id);
   }, py::arg("type"), "{name, id, block_size, type_size, quantized} for a type name ('Q2_K') or id");

@@ -70,8 +70,7 @@ kimi::Profile ProfileArg(const py::object& name, const std::vector<std::string>&
   if (!name.is_none()) {
     // .cast<std::string>() of an int was pybind11's RuntimeError "Unable to cast Python instance".
     if (!py::isinstance<py::str>(name))
-      throw py::type_error("profile must be None, 'kimi-k3' or 'scaled', got " +
-                           py::str(py::type::handle_of(name).attr("__name__")).cast<std::string>());
+      throw py::type_error("profile must be None, 'kimi-k3' or 'scaled', got " + TypeNameOf(name));
     return ProfileArg(name.cast<std::string>());
   }
   return Unwrap(kimi::ProfileRecordedNear(near));

@@ -24,10 +24,7 @@ GgmlType TypeArg(const py::object& t) {
     if (!g) throw py::value_error("unknown ggml type name '" + t.cast<std::string>() + "'");
     return *g;
   }
-  if (!PyIndex_Check(t.ptr()))
-    throw py::type_error("type must be a ggml type name (str) or id (int), got " +
-                         py::str(py::type::handle_of(t).attr("__name__")).cast<std::string>());
-  const std::optional<uint32_t> id = TypeIdArg(t, "type");
+  const std::optional<uint32_t> id = TypeIdArg(t);
   if (!id || !k3pack::IsValidGgmlType(*id))
     throw py::value_error("invalid ggml type id " + py::str(t).cast<std::string>());
   return static_cast<GgmlType>(*id);
