@@ -13,10 +13,18 @@ namespace {
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// rows x n matrix of type t times x, through the quant dot path.
+// rows x n matrix of type t times x, through the quant dot path. `rows_from`
+// names the setting the row count comes from, for the errors.
 Result<std::vector<float>> MatVec(GgmlType t, std::span<const uint8_t> bytes, std::span<const float> x,
-                                  uint64_t rows, bool quantize, int threads, const char* what) {
-  const uint64_t need = GgmlRowBytes(t, x.size()) * rows;
+                                  uint64_t rows, const char* rows_from, bool quantize, int threads, const char* what) {
+  uint64_t need = 0;
+  // A byte count that wraps would pass the size check below with a few bytes
+  // at hand, and y(rows) would then throw out of this Result function.
+  if (__builtin_mul_overflow(GgmlRowBytes(t, x.size()), rows, &need)) {
+    return Error(std::string(what) + ": " + rows_from + " " + std::to_string(rows) + " rows of " +
+                 std::to_string(x.size()) + " " + std::string(GgmlTypeName(t)) +
+                 " elements need more bytes than a 64-bit count holds");
+  }
   if (bytes.size() < need) {
     return Error(std::string(what) + ": " + std::to_string(rows) + " rows of " + std::to_string(x.size()) + " " +
                  std::string(GgmlTypeName(t)) + " elements need " + std::to_string(need) + " bytes, got " +
@@ -85,7 +93,7 @@ Result<Routing> Route(std::span<const float> logits, std::span<const float> exp_
 
 Result<std::vector<float>> RouterLogits(GgmlType type, std::span<const uint8_t> bytes, std::span<const float> x,
                                         uint32_t num_experts) {
-  return MatVec(type, bytes, x, num_experts, /*quantize=*/false, 1, "moe router");
+  return MatVec(type, bytes, x, num_experts, "num_experts", /*quantize=*/false, 1, "moe router");
 }
 
 Result<std::vector<float>> ExpertForward(const ExpertWeights& w, std::span<const float> x_lat, const MoeConfig& cfg) {
@@ -93,14 +101,17 @@ Result<std::vector<float>> ExpertForward(const ExpertWeights& w, std::span<const
     return Error("moe: latent vector has " + std::to_string(x_lat.size()) + " values, expected " +
                  std::to_string(cfg.latent));
   }
+  if (cfg.inter < 0) return Error("moe: MoeConfig::inter " + std::to_string(cfg.inter) + " is negative");
   const uint64_t inter = static_cast<uint64_t>(cfg.inter), latent = static_cast<uint64_t>(cfg.latent);
-  K3_ASSIGN_OR_RETURN(auto g, MatVec(w.gate_type, w.gate, x_lat, inter, cfg.quantize_activations, cfg.threads,
-                                     "moe expert gate"));
-  K3_ASSIGN_OR_RETURN(auto u, MatVec(w.up_type, w.up, x_lat, inter, cfg.quantize_activations, cfg.threads,
+  constexpr const char* kInter = "MoeConfig::inter";
+  K3_ASSIGN_OR_RETURN(auto g, MatVec(w.gate_type, w.gate, x_lat, inter, kInter, cfg.quantize_activations,
+                                     cfg.threads, "moe expert gate"));
+  K3_ASSIGN_OR_RETURN(auto u, MatVec(w.up_type, w.up, x_lat, inter, kInter, cfg.quantize_activations, cfg.threads,
                                      "moe expert up"));
   std::vector<float> act(inter);
   for (uint64_t i = 0; i < inter; ++i) act[i] = Situ(g[i], u[i], cfg.situ_beta, cfg.situ_lambda);
-  return MatVec(w.down_type, w.down, act, latent, cfg.quantize_activations, cfg.threads, "moe expert down");
+  return MatVec(w.down_type, w.down, act, latent, "MoeConfig::latent", cfg.quantize_activations, cfg.threads,
+                "moe expert down");
 }
 
 Result<std::vector<float>> RoutedForward(uint32_t layer, const Routing& routing, std::span<const float> x_lat,

@@ -149,6 +149,24 @@ TEST(Moe, SourceErrorsAndShortWeightsAreReported) {
   EXPECT_FALSE(Forward(3, std::vector<float>{0, 1}, {}, std::vector<float>(4, 1.0f), short_src, cfg).ok());
 }
 
+// A MoeConfig::inter whose byte count wraps 2^64 (2^60 rows of 16 bytes is
+// exactly 2^64, read as 0) or that is negative passed the size check and then
+// threw std::bad_alloc / std::length_error out of the Result function.
+TEST(Moe, AnInterWhoseByteCountOverflowsIsNamed) {
+  MoeConfig cfg;
+  cfg.latent = 4;
+  std::vector<uint8_t> small(64);
+  const ExpertWeights w{small, small, small, GgmlType::F32, GgmlType::F32, GgmlType::F32};
+  for (int64_t inter : {int64_t{1} << 60, int64_t{-(int64_t{1} << 60)}, int64_t{-1}}) {
+    cfg.inter = inter;
+    Result<std::vector<float>> y = Error("not run");
+    ASSERT_NO_THROW(y = ExpertForward(w, std::vector<float>(4, 1.0f), cfg)) << inter;
+    ASSERT_FALSE(y.ok()) << inter;
+    EXPECT_NE(y.error().message().find("MoeConfig::inter " + std::to_string(inter)), std::string::npos)
+        << y.error().message();
+  }
+}
+
 TEST(Moe, QuantizedExpertsTrackFloatReference) {
   std::mt19937 rng(11);
   std::normal_distribution<float> g(0, 1);
