@@ -306,10 +306,6 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
     PrintJsonError(command_, Error(msg), *exit_code);
     return false;
   };
-  auto is_option_name = [&](const std::string& w) {
-    const std::string name = w.substr(0, w.find('='));
-    return name == "--help" || specs_.count(name) > 0 || deprecated_.count(name) > 0;
-  };
   bool options_done = false;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
@@ -324,80 +320,97 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
       return false;
     }
     if (!options_done && a.size() > 2 && a.rfind("--", 0) == 0) {
-      std::string name = a, value;
-      bool inline_value = false;
-      if (auto eq = a.find('='); eq != std::string::npos) {
-        name = a.substr(0, eq);
-        value = a.substr(eq + 1);
-        inline_value = true;
-      }
-      const std::string spelling = name;
-      if (auto dep = deprecated_.find(name); dep != deprecated_.end()) {
-        std::cerr << "k3pack " << command_ << ": note: " << name << " is deprecated; use " << dep->second << "\n";
-        name = dep->second;
-      }
-      auto it = specs_.find(name);
-      if (it == specs_.end()) {
-        const std::string near = Suggest(name);
-        return fail("unknown option " + name + (near.empty() ? "" : " (did you mean " + near + "?)"));
-      }
-      if (it->second.is_flag && inline_value) return fail(name + " takes no value");
-      if (!it->second.is_flag && !inline_value) {
-        if (i + 1 >= argv.size()) return fail(name + " needs a value");
-        // `--out --force` is a forgotten value, not a directory named
-        // "--force": this command's own option names are never taken as a
-        // value unless attached (`--out=--force`).
-        if (is_option_name(argv[i + 1])) {
-          return fail(name + " needs a value, but the next argument is the option " + argv[i + 1] +
-                      " (write " + name + "=" + argv[i + 1] + " if that is the value)");
-        }
-        value = argv[++i];
-      }
-      // An empty value is almost always an unset shell variable
-      // (`--out "$DIR"`); taken as given it read as "no option" or as the
-      // current directory.
-      if (!it->second.is_flag && value.empty()) return fail(name + " needs a value, but an empty one was given");
-      if (it->second.is_flag) value = "1";
-      if (it->second.repeatable) all_values_[name].push_back(value);
-      if (auto seen = spelled_.find(name); seen != spelled_.end()) {
-        // Never "last one wins": a repeated option is a typo or two scripts'
-        // arguments glued together, and either value could be the meant one.
-        if (it->second.repeatable) continue;
-        if (values_.at(name) != value) {
-          if (seen->second != spelling) {
-            const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
-            return fail(older + " and " + name + " are the same option, given as '" + values_.at(name) + "' and '" +
-                        value + "'; give it once");
-          }
-          return fail(name + " given twice, as '" + values_.at(name) + "' and '" + value + "'; give it once");
-        }
-        continue;  // a flag, or the same value again (under either spelling)
-      }
-      spelled_[name] = spelling;
-      values_[name] = value;
+      if (std::string error = TakeOption(argv, &i); !error.empty()) return fail(error);
       continue;
     }
     if (a.empty()) return fail("an argument is empty (an unset shell variable?); give the path or value itself");
     positionals_.push_back(a);
   }
-  if (!positional_option_.empty() && !positionals_.empty() && pos_name_.empty()) {
-    // The same value twice is fine, as for any option.
-    if (values_.count(positional_option_) && values_.at(positional_option_) != positionals_.front()) {
-      return fail("both " + positional_option_ + " " + values_.at(positional_option_) + " and the argument " +
-                  positionals_.front() + " given; give one");
-    }
-    values_[positional_option_] = positionals_.front();
-    positionals_.erase(positionals_.begin());
-    if (positionals_before_dashdash_ != SIZE_MAX && positionals_before_dashdash_ > 0) --positionals_before_dashdash_;
+  for (std::string error : {TakePositionalOption(), CheckCombinations(), CheckPositionalCount()}) {
+    if (!error.empty()) return fail(error);
   }
+  return true;
+}
+
+bool Args::IsOptionName(const std::string& word) const {
+  const std::string name = word.substr(0, word.find('='));
+  return name == "--help" || specs_.count(name) > 0 || deprecated_.count(name) > 0;
+}
+
+std::string Args::TakeOption(const std::vector<std::string>& argv, size_t* i) {
+  const std::string& a = argv[*i];
+  std::string name = a, value;
+  bool inline_value = false;
+  if (auto eq = a.find('='); eq != std::string::npos) {
+    name = a.substr(0, eq);
+    value = a.substr(eq + 1);
+    inline_value = true;
+  }
+  const std::string spelling = name;
+  if (auto dep = deprecated_.find(name); dep != deprecated_.end()) {
+    std::cerr << "k3pack " << command_ << ": note: " << name << " is deprecated; use " << dep->second << "\n";
+    name = dep->second;
+  }
+  auto it = specs_.find(name);
+  if (it == specs_.end()) {
+    const std::string near = Suggest(name);
+    return "unknown option " + name + (near.empty() ? "" : " (did you mean " + near + "?)");
+  }
+  const Spec& spec = it->second;
+  if (spec.is_flag && inline_value) return name + " takes no value";
+  if (!spec.is_flag && !inline_value) {
+    if (*i + 1 >= argv.size()) return name + " needs a value";
+    // `--out --force` is a forgotten value, not a directory named
+    // "--force": this command's own option names are never taken as a
+    // value unless attached (`--out=--force`).
+    if (IsOptionName(argv[*i + 1])) {
+      return name + " needs a value, but the next argument is the option " + argv[*i + 1] + " (write " + name + "=" +
+             argv[*i + 1] + " if that is the value)";
+    }
+    value = argv[++*i];
+  }
+  // An empty value is almost always an unset shell variable
+  // (`--out "$DIR"`); taken as given it read as "no option" or as the
+  // current directory.
+  if (!spec.is_flag && value.empty()) return name + " needs a value, but an empty one was given";
+  if (spec.is_flag) value = "1";
+  if (spec.repeatable) all_values_[name].push_back(value);
+  if (auto seen = spelled_.find(name); seen != spelled_.end()) {
+    // Never "last one wins": a repeated option is a typo or two scripts'
+    // arguments glued together, and either value could be the meant one.
+    if (spec.repeatable || values_.at(name) == value) return "";  // a flag, or the same value again
+    if (seen->second != spelling) {
+      const std::string& older = deprecated_.count(spelling) ? spelling : seen->second;
+      return older + " and " + name + " are the same option, given as '" + values_.at(name) + "' and '" + value +
+             "'; give it once";
+    }
+    return name + " given twice, as '" + values_.at(name) + "' and '" + value + "'; give it once";
+  }
+  spelled_[name] = spelling;
+  values_[name] = value;
+  return "";
+}
+
+std::string Args::TakePositionalOption() {
+  if (positional_option_.empty() || positionals_.empty() || !pos_name_.empty()) return "";
+  // The same value twice is fine, as for any option.
+  if (values_.count(positional_option_) && values_.at(positional_option_) != positionals_.front()) {
+    return "both " + positional_option_ + " " + values_.at(positional_option_) + " and the argument " +
+           positionals_.front() + " given; give one";
+  }
+  values_[positional_option_] = positionals_.front();
+  positionals_.erase(positionals_.begin());
+  if (positionals_before_dashdash_ != SIZE_MAX && positionals_before_dashdash_ > 0) --positionals_before_dashdash_;
+  return "";
+}
+
+std::string Args::CheckCombinations() const {
   for (const ExclusiveGroup& g : exclusive_) {
     std::vector<std::string> given;
     for (const std::string& n : g.names) {
       if (values_.count(n)) given.push_back(n);
     }
-    if (given.size() > 1) {
-      return fail(AndList(given) + " cannot be used together" + (g.why.empty() ? "" : ": " + g.why));
-    }
+    if (given.size() > 1) return AndList(given) + " cannot be used together" + (g.why.empty() ? "" : ": " + g.why);
   }
   for (const Requirement& r : requires_) {
     if (!values_.count(r.name) || Satisfies(r)) continue;
@@ -413,14 +426,18 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
         msg += ", but " + companion + " was not given";
       }
     }
-    return fail(msg);
+    return msg;
   }
   for (const auto& [name, spec] : specs_) {
-    if (spec.required && !values_.count(name)) return fail("missing required option " + name);
+    if (spec.required && !values_.count(name)) return "missing required option " + name;
   }
-  int n = static_cast<int>(positionals_.size());
+  return "";
+}
+
+std::string Args::CheckPositionalCount() const {
+  const int n = static_cast<int>(positionals_.size());
   if (n < pos_min_) {
-    if (pos_name_.empty()) return fail("missing argument");
+    if (pos_name_.empty()) return "missing argument";
     // "FILE_OR_DIR NAME" with one given: name the one that is missing.
     std::vector<std::string> names;
     std::istringstream words(pos_name_);
@@ -428,20 +445,20 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
     if (n > 0 && static_cast<int>(names.size()) == pos_min_) {
       std::string missing;
       for (int i = n; i < pos_min_; ++i) missing += (missing.empty() ? "" : " ") + names[size_t(i)];
-      return fail("missing " + missing + " (after " + names[size_t(n - 1)] + " " + positionals_.back() + ")");
+      return "missing " + missing + " (after " + names[size_t(n - 1)] + " " + positionals_.back() + ")";
     }
-    return fail("missing " + pos_name_);
+    return "missing " + pos_name_;
   }
   if (pos_max_ >= 0 && n > pos_max_) {
     const std::string& extra = positionals_[pos_max_];
     if (static_cast<size_t>(pos_max_) >= positionals_before_dashdash_ && extra.size() > 1 && extra[0] == '-') {
       // "--full" after `--` is an argument by the rule, not a misspelt option.
-      return fail("unexpected argument " + extra + " (after `--` every word is an argument; give options before `--`)");
+      return "unexpected argument " + extra + " (after `--` every word is an argument; give options before `--`)";
     }
     const std::string near = extra.size() > 1 && extra[0] == '-' ? Suggest("-" + extra) : "";
-    return fail("unexpected argument " + extra + (near.empty() ? "" : " (did you mean " + near + "?)"));
+    return "unexpected argument " + extra + (near.empty() ? "" : " (did you mean " + near + "?)");
   }
-  return true;
+  return "";
 }
 
 bool Args::Has(const std::string& name) const { return values_.count(name) > 0; }

@@ -84,6 +84,12 @@ class Args {
 
  private:
   bool ParseWords(const std::vector<std::string>& argv, int* exit_code);
+  // The parse steps; each returns the usage error, or "" when the words pass.
+  std::string TakeOption(const std::vector<std::string>& argv, size_t* i);  // argv[*i] starts with "--"
+  std::string TakePositionalOption();  // the first argument stands for positional_option_
+  std::string CheckCombinations() const;  // exclusive groups, requirements, required options
+  std::string CheckPositionalCount() const;
+  bool IsOptionName(const std::string& word) const;  // this command's option, with or without "=value"
   struct Spec { std::string help; std::optional<std::string> def; bool required; bool is_flag; bool repeatable = false; };
   struct ExclusiveGroup { std::vector<std::string> names; std::string why; };
   struct Requirement {
