@@ -93,6 +93,50 @@ Result<synth::SynthOptions> BuildOptions(const Args& args, const std::vector<std
   return o;
 }
 
+// The arguments as the model's sidecar records them. A sidecar of an
+// earlier k3pack recorded them as given, with the per-layer types moved last:
+// the same arguments are still the same model.
+nlohmann::json ArgsAsRecorded(const std::vector<std::string>& argv, const std::vector<std::string>& layer_types) {
+  nlohmann::json recorded = nlohmann::json::array();
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--layer-expert-types") {
+      ++i;  // its value, recorded below
+    } else if (a.rfind("--layer-expert-types=", 0) != 0 && a != "--force" && a != "--json") {
+      recorded.push_back(a);
+    }
+  }
+  for (const auto& l : layer_types) recorded.push_back("--layer-expert-types=" + l);
+  return recorded;
+}
+
+void PrintWritten(const kimi::SynthOutput& written, const std::string& out_dir, uint64_t seed, double secs,
+                  bool as_json) {
+  const synth::SynthResult& res = written.written;
+  const kimi::Profile profile = written.profile;
+  if (as_json) {
+    nlohmann::json j = {{"out_dir", out_dir},
+                        {"shards", res.shard_paths},
+                        {"config", res.config_path},
+                        {"tokenizer_dir", res.tokenizer_dir},
+                        {"tensor_count", res.tensor_count},
+                        {"total_bytes", res.total_bytes},
+                        {"mla_layers", res.mla_layers},
+                        {"seed", seed},
+                        {"faults", res.fault_notes},
+                        {"profile", kimi::ProfileName(profile)},
+                        {"seconds", secs}};
+    PrintJson(j);
+    return;
+  }
+  std::cout << "wrote " << res.shard_paths.size() << " shards, " << res.tensor_count << " tensors, "
+            << res.total_bytes << " bytes (apparent) to " << out_dir << " in " << secs << " s\n"
+            << "config: " << res.config_path << "\ntokenizer: " << res.tokenizer_dir << "\n"
+            << "profile: " << kimi::ProfileName(profile) << " (recorded in " << out_dir << "/" << kProfileSidecar
+            << ")\n";
+  for (const auto& n : res.fault_notes) std::cout << "fault " << n << "\n";
+}
+
 int RunSynth(const std::vector<std::string>& argv_in) {
   std::string faults;
   for (synth::Fault f : synth::AllFaults()) faults += (faults.empty() ? "" : ", ") + std::string(synth::FaultName(f));
@@ -144,18 +188,7 @@ int RunSynth(const std::vector<std::string>& argv_in) {
   request.options = *opts;
   request.force = args.Has("--force");
   request.why_refused = "it is not a model written by `k3pack synth` with these options";
-  // A sidecar of an earlier k3pack recorded the arguments as given, with the
-  // per-layer types moved last: the same arguments are still the same model.
-  request.args_given = nlohmann::json::array();
-  for (size_t i = 0; i < argv_in.size(); ++i) {
-    const std::string& a = argv_in[i];
-    if (a == "--layer-expert-types") {
-      ++i;  // its value, recorded below
-    } else if (a.rfind("--layer-expert-types=", 0) != 0 && a != "--force" && a != "--json") {
-      request.args_given.push_back(a);
-    }
-  }
-  for (const auto& l : layer_types) request.args_given.push_back("--layer-expert-types=" + l);
+  request.args_given = ArgsAsRecorded(argv_in, layer_types);
   request.note = [](const std::string& line) { Narrate("synth", "note: " + line); };
   auto progress = StartProgress(*mode);
   request.options.progress = progress->Fn();
@@ -168,30 +201,8 @@ int RunSynth(const std::vector<std::string>& argv_in) {
     ReportAlreadyBuilt(kCmd, opts->out_dir, args.Has("--json"), "out_dir");
     return kExitOk;
   }
-  const synth::SynthResult& res = written->written;
-  const kimi::Profile profile = written->profile;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  if (args.Has("--json")) {
-    nlohmann::json j = {{"out_dir", opts->out_dir},
-                        {"shards", res.shard_paths},
-                        {"config", res.config_path},
-                        {"tokenizer_dir", res.tokenizer_dir},
-                        {"tensor_count", res.tensor_count},
-                        {"total_bytes", res.total_bytes},
-                        {"mla_layers", res.mla_layers},
-                        {"seed", opts->seed},
-                        {"faults", res.fault_notes},
-                        {"profile", kimi::ProfileName(profile)},
-                        {"seconds", secs}};
-    PrintJson(j);
-  } else {
-    std::cout << "wrote " << res.shard_paths.size() << " shards, " << res.tensor_count << " tensors, "
-              << res.total_bytes << " bytes (apparent) to " << opts->out_dir << " in " << secs << " s\n"
-              << "config: " << res.config_path << "\ntokenizer: " << res.tokenizer_dir << "\n"
-              << "profile: " << kimi::ProfileName(profile) << " (recorded in " << opts->out_dir << "/" << kProfileSidecar << ")\n";
-    for (const auto& n : res.fault_notes) std::cout << "fault " << n << "\n";
-  }
+  PrintWritten(*written, opts->out_dir, opts->seed, secs, args.Has("--json"));
   return 0;
 }
 
