@@ -40,6 +40,10 @@ __all__ = ["KimiGGMLExpertPackStore", "READ_SPLITS"]
 
 READ_SPLITS = 4
 _MIB = 1024 * 1024
+_MAX_HOST_CACHE_MIB = (2 ** 64 - 1) // _MIB  # host_cache_bytes is a uint64
+# The engine's reads in flight (a uint32): stage_slots x read_splits past it
+# is refused for the keyword at fault, not for this product.
+_MAX_QUEUE_DEPTH = 2 ** 32 - 1
 _ALIGN = 4096
 _PACK_FORMAT = "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1"
 _HARD_CONSTRAINTS = {
@@ -114,13 +118,19 @@ class KimiGGMLExpertPackStore:
         self._closed = False
         self.pack_path = str(fspath_arg(pack_path))
         self.manifest_path = str(fspath_arg(manifest_path))
-        if int(host_cache_mib) < 0:  # k3pack's keyword: checked before the C++ side sees a negative size
+        # k3pack's keyword: checked before the C++ side sees a size it cannot
+        # hold (negative, or past 64 bits once in bytes).
+        if int(host_cache_mib) < 0:
             raise ValueError(f"host_cache_mib must be 0 (no host tier) or positive, got {host_cache_mib}")
+        if int(host_cache_mib) > _MAX_HOST_CACHE_MIB:
+            raise ValueError(f"host_cache_mib must be 0 (no host tier) or positive, at most {_MAX_HOST_CACHE_MIB}, "
+                             f"got {host_cache_mib}")
         # The pack checks (manifest, header, every index entry, index digest)
         # run in C++, in SGLang's order and with its texts.
         self._engine = _k3pack.SlotCache(
             self.pack_path, self.manifest_path, policy=policy, io_backend=io_backend, direct_io=bool(direct_io),
-            read_splits=int(read_splits) if int(read_splits) > 0 else 1, queue_depth=max(1, int(stage_slots)) * max(1, int(read_splits)),
+            read_splits=int(read_splits) if int(read_splits) > 0 else 1,
+            queue_depth=min(max(1, int(stage_slots)) * max(1, int(read_splits)), _MAX_QUEUE_DEPTH),
             stage_slots=max(1, int(stage_slots)), host_cache_bytes=int(host_cache_mib) * _MIB,
             verify_pack_sha256=bool(verify_pack_sha256), cache_vram_reserve_mib=int(cache_vram_reserve_mib),
             expected_layers=int(expected_layers), expected_experts=int(expected_experts),

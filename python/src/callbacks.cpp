@@ -55,7 +55,17 @@ k3pack::LockWait LockWaitOf(const py::object& wait, const py::object& log,
   } else if (!wait.is_none()) {
     const bool number = (py::isinstance<py::int_>(wait) || py::isinstance<py::float_>(wait)) &&
                         !py::isinstance<py::bool_>(wait);
-    const double seconds = number ? wait.cast<double>() : -1;
+    double seconds = -1;
+    if (number) {
+      seconds = PyFloat_AsDouble(wait.ptr());
+      // An int past a double's range (OverflowError, which .cast<double>()
+      // turned into "Unable to cast"): longer than float('inf') waits when
+      // positive, refused below as negative otherwise.
+      if (seconds == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        seconds = wait > py::int_(0) ? std::numeric_limits<double>::infinity() : -1;
+      }
+    }
     if (!number || std::isnan(seconds) || seconds < 0) {
       throw py::value_error("wait must be a number of seconds (0 or more), float('inf') or 'forever', got " +
                             py::repr(wait).cast<std::string>());

@@ -202,19 +202,9 @@ inline constexpr k3pack::ep::RankNames kEpKeywordNames{"ep_size", "ep_rank"};
 // The ep_size / ep_rank keywords of the store bindings: both or neither
 // (neither: the manifest's k3pack.ep, else the whole model). Their ranges are
 // checked here, before the values are narrowed to uint32 (a negative rank
-// must not wrap); divisibility by the expert count is the library's check,
-// at open, in the same words (kEpKeywordNames).
-inline std::optional<k3pack::ep::Rank> EpRankArg(std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
-  if (!ep_size && !ep_rank) return std::nullopt;
-  if (!ep_size || !ep_rank)
-    Raise(k3pack::Error("ep_size and ep_rank go together: pass both (or neither, for a rank pack's own rank)"));
-  if (*ep_size < 1 || *ep_size > int64_t{UINT32_MAX})
-    Raise(k3pack::Error("ep_size must be at least 1, got " + std::to_string(*ep_size)));
-  if (*ep_rank < 0 || *ep_rank >= *ep_size)
-    Raise(k3pack::Error("ep_rank " + std::to_string(*ep_rank) + " is out of range for ep_size " +
-                        std::to_string(*ep_size) + " (ranks are 0.." + std::to_string(*ep_size - 1) + ")"));
-  return k3pack::ep::Rank{static_cast<uint32_t>(*ep_size), static_cast<uint32_t>(*ep_rank)};
-}
+// must not wrap, one past int64 is no TypeError); divisibility by the expert
+// count is the library's check, at open, in the same words (kEpKeywordNames).
+std::optional<k3pack::ep::Rank> EpRankArg(const py::object& ep_size, const py::object& ep_rank);
 
 // The request_ids keyword of acquire: None (unknown), one non-negative int
 // for the call, or a sequence of them, one per row.
@@ -289,22 +279,68 @@ inline std::string TypeNameOf(const py::handle& o) {
   return py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>();
 }
 
-// An integer argument taken as a py::object, so that every int reaches the
-// caller's own range check: `.cast<uint32_t>()` of -1, 2**32 or a float was
-// pybind11's cast_error, a RuntimeError "Unable to cast Python instance to
-// C++ type" that named neither the argument nor the value. An int or anything
-// with __index__ (a numpy integer) gives its value, nullopt past int64 (no
-// id can be that); anything else is a TypeError naming `arg`.
-inline std::optional<int64_t> IntArg(const py::handle& o, const char* arg) {
+// An integer argument as a Python int: an int, or anything with __index__
+// (a numpy integer); anything else is a TypeError naming `arg`.
+inline py::int_ IndexArg(const py::handle& o, const char* arg) {
   if (!PyIndex_Check(o.ptr()))
     throw py::type_error(std::string(arg) + " must be an int, got " + TypeNameOf(o));
   py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(o.ptr()));
   if (!i) throw py::error_already_set();
+  return py::reinterpret_steal<py::int_>(i.release());
+}
+
+// An integer argument taken as a py::object, so that every int reaches the
+// caller's own range check: `.cast<uint32_t>()` of -1, 2**32 or a float was
+// pybind11's cast_error, a RuntimeError "Unable to cast Python instance to
+// C++ type" that named neither the argument nor the value. Its value, or
+// nullopt past int64 (no id can be that); not an int: IndexArg's TypeError.
+inline std::optional<int64_t> IntArg(const py::handle& o, const char* arg) {
+  const py::int_ i = IndexArg(o, arg);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
   if (overflow != 0) return std::nullopt;
   if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
   return v;
+}
+
+// An integer option (a count, a byte size, an expected dimension) as a T in
+// lo..hi. pybind11's casters of a T parameter refused an int outside T with
+// "incompatible function arguments", a TypeError that named no argument and
+// listed the whole signature; an int outside lo..hi is a ValueError naming
+// `arg`, the range and the value, and another kind IndexArg's TypeError.
+template <typename T>
+T IntInRange(const py::handle& o, const char* arg, T lo, T hi) {
+  const py::int_ v = IndexArg(o, arg);
+  if (v < py::int_(lo) || v > py::int_(hi))
+    throw py::value_error(std::string(arg) + " must be in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                          ", got " + py::repr(v).cast<std::string>());
+  return v.cast<T>();
+}
+
+// An option the library refuses in SGLang's words below `lo` ("... must be
+// positive", "... cannot be negative"): any int below `lo` is passed on for
+// that (one past int64 as INT64_MIN, refused alike); above `hi` (where the
+// library would narrow it) it is IntInRange's ValueError.
+inline int64_t CountArg(const py::handle& o, const char* arg, int64_t lo, int64_t hi) {
+  const py::int_ v = IndexArg(o, arg);
+  if (v < py::int_(lo)) return IntArg(v, arg).value_or(INT64_MIN);
+  return IntInRange<int64_t>(v, arg, lo, hi);
+}
+
+// An optional integer option: None, or IntInRange.
+template <typename T>
+std::optional<T> OptionalIntInRange(const py::handle& o, const char* arg, T lo, T hi) {
+  if (o.is_none()) return std::nullopt;
+  return IntInRange<T>(o, arg, lo, hi);
+}
+
+// A bool argument by Python's truth value (what `if x:` decides): pybind11's
+// bool caster took only objects with __bool__ (a list, a str was "Unable to
+// cast"); an exception __bool__ or __len__ raises propagates.
+inline bool TruthArg(const py::handle& o) {
+  const int truth = PyObject_IsTrue(o.ptr());
+  if (truth < 0) throw py::error_already_set();
+  return truth != 0;
 }
 
 // A ggml type argument that is not a name (the caller took a str as one):

@@ -276,7 +276,7 @@ void RegisterPack(py::module_& m) {
                             const py::object& profile, py::object allow_mixed_types, int64_t payload_samples,
                             bool full_pack_hash, py::object progress) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
-    bool mixed = allow_mixed_types.is_none() ? p == kimi::Profile::kScaled : allow_mixed_types.cast<bool>();
+    bool mixed = allow_mixed_types.is_none() ? p == kimi::Profile::kScaled : TruthArg(allow_mixed_types);
     pack::ValidateOptions o;
     o.payload_samples = payload_samples;
     o.full_pack_hash = full_pack_hash;

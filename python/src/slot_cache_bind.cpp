@@ -23,26 +23,28 @@ void RegisterSlotCache(py::module_& m) {
   py::class_<store::SlotCache>(m, "SlotCache",
                                "SGLang's slot-level expert cache over a pack; slots live in caller memory.")
       .def(py::init([](const std::string& pack_path, const std::string& manifest_path, const std::string& policy,
-                       const std::string& io_backend, bool direct_io, int64_t read_splits, int64_t queue_depth,
-                       int64_t stage_slots, uint64_t host_cache_bytes, bool verify_pack_sha256,
-                       int64_t cache_vram_reserve_mib, std::optional<uint32_t> expected_layers,
-                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
-                       std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank) {
+                       const std::string& io_backend, bool direct_io, const py::object& read_splits,
+                       const py::object& queue_depth, const py::object& stage_slots,
+                       const py::object& host_cache_bytes, bool verify_pack_sha256,
+                       const py::object& cache_vram_reserve_mib, const py::object& expected_layers,
+                       const py::object& expected_experts, const py::object& expected_top_k,
+                       const py::object& ep_size, const py::object& ep_rank) {
              store::SlotCacheOptions o;
              o.store.ep = EpRankArg(ep_size, ep_rank);
              o.store.ep_names = kEpKeywordNames;
              o.store.policy = policy;
              o.store.io_backend = io_backend;
              o.store.direct_io = direct_io;
-             o.store.read_splits = read_splits;
-             o.store.queue_depth = queue_depth;
-             o.host_cache_bytes = host_cache_bytes;
+             o.store.read_splits = CountArg(read_splits, "read_splits", 1, UINT32_MAX);
+             o.store.queue_depth = CountArg(queue_depth, "queue_depth", 1, UINT32_MAX);
+             o.host_cache_bytes = IntInRange<uint64_t>(host_cache_bytes, "host_cache_bytes", 0, UINT64_MAX);
              o.store.verify_pack_sha256 = verify_pack_sha256;
-             o.store.expected_layers = expected_layers;
-             o.store.expected_experts = expected_experts;
-             o.store.expected_top_k = expected_top_k;
-             o.stage_slots = stage_slots > 0 ? static_cast<uint32_t>(std::min<int64_t>(stage_slots, UINT32_MAX)) : 0;
-             o.cache_vram_reserve_mib = cache_vram_reserve_mib;
+             o.store.expected_layers = OptionalIntInRange<uint32_t>(expected_layers, "expected_layers", 0, UINT32_MAX);
+             o.store.expected_experts = OptionalIntInRange<uint32_t>(expected_experts, "expected_experts", 0, UINT32_MAX);
+             o.store.expected_top_k = OptionalIntInRange<uint32_t>(expected_top_k, "expected_top_k", 0, UINT32_MAX);
+             // Not positive: SGLang's 'must be positive' (0 here), from the library.
+             o.stage_slots = static_cast<uint32_t>(std::max<int64_t>(0, CountArg(stage_slots, "stage_slots", 1, UINT32_MAX)));
+             o.cache_vram_reserve_mib = IntInRange<int64_t>(cache_vram_reserve_mib, "cache_vram_reserve_mib", INT64_MIN, INT64_MAX);
              k3pack::Result<std::unique_ptr<store::SlotCache>> r = [&] {
                NoGil nogil;
                return store::SlotCache::Open(pack_path, manifest_path, o);

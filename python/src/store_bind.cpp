@@ -82,6 +82,20 @@ void CloseStore(store::ExpertStore& self) {
 
 }  // namespace
 
+std::optional<k3pack::ep::Rank> EpRankArg(const py::object& ep_size, const py::object& ep_rank) {
+  if (ep_size.is_none() && ep_rank.is_none()) return std::nullopt;
+  if (ep_size.is_none() || ep_rank.is_none())
+    Raise(k3pack::Error("ep_size and ep_rank go together: pass both (or neither, for a rank pack's own rank)"));
+  const py::int_ size = IndexArg(ep_size, "ep_size"), rank = IndexArg(ep_rank, "ep_rank");
+  const std::string size_text = py::repr(size).cast<std::string>();
+  if (size < py::int_(1)) Raise(k3pack::Error("ep_size must be at least 1, got " + size_text));
+  const uint32_t n = IntInRange<uint32_t>(size, "ep_size", 1, UINT32_MAX);
+  if (rank < py::int_(0) || rank >= size)
+    Raise(k3pack::Error("ep_rank " + py::repr(rank).cast<std::string>() + " is out of range for ep_size " +
+                        size_text + " (ranks are 0.." + std::to_string(n - 1) + ")"));
+  return k3pack::ep::Rank{n, rank.cast<uint32_t>()};
+}
+
 void RegisterStore(py::module_& m) {
   m.def("_check_stats_path", [](const std::string& path) { Check(k3pack::store::CheckStatsFile(path)); },
         py::arg("path"),
@@ -114,9 +128,14 @@ void RegisterStore(py::module_& m) {
       .def_property_readonly("released", [](const PyAcquisition& a) { return a.acq.ticket == 0; },
                              "True once mark_used() (or the with block) has released the call")
       .def("__len__", [](const PyAcquisition& a) { return a.routes.size(); }, "the number of routes")
-      .def("__getitem__", [](const PyAcquisition& a, py::ssize_t i) {
-        const auto n = static_cast<py::ssize_t>(a.routes.size());
-        if (i < 0) i += n;  // Python's negative indexing
+      .def("__getitem__", [](const PyAcquisition& a, const py::object& index) {
+        // As a list's: any int (one past ssize_t is out of range, not
+        // pybind11's "incompatible function arguments"), negative from the end.
+        if (!PyIndex_Check(index.ptr()))
+          throw py::type_error("Acquisition indices must be integers, not " + TypeNameOf(index));
+        const auto n = static_cast<int64_t>(a.routes.size());
+        int64_t i = IntArg(index, "index").value_or(INT64_MIN);  // past int64: out of range either way
+        if (i < 0) i += n;
         if (i < 0 || i >= n) throw py::index_error("Acquisition index out of range");
         return a.routes[static_cast<size_t>(i)];
       }, "the ExpertView of route i (negative i counts from the end)")
@@ -131,33 +150,36 @@ void RegisterStore(py::module_& m) {
 
   py::class_<store::ExpertStore, std::shared_ptr<store::ExpertStore>>(
       m, "ExpertStore", "Host-memory expert cache over a GGMLMOEPACKv1 pack (SGLang's store semantics).")
-      .def(py::init([](const std::string& pack_path, const std::string& manifest_path, int64_t cache_bytes,
-                       const std::string& policy, const std::string& io_backend, bool direct_io, int64_t read_splits,
-                       int64_t queue_depth, int64_t stats_flush_interval, const std::string& stats_path,
-                       bool verify_pack_sha256, std::optional<uint32_t> expected_layers,
-                       std::optional<uint32_t> expected_experts, std::optional<uint32_t> expected_top_k,
-                       std::optional<int64_t> ep_size, std::optional<int64_t> ep_rank,
-                       const std::string& prefetch_mode, uint64_t prefetch_budget_bytes,
-                       int64_t prefetch_queue_depth, bool keep_predicted) {
+      .def(py::init([](const std::string& pack_path, const std::string& manifest_path, const py::object& cache_bytes,
+                       const std::string& policy, const std::string& io_backend, bool direct_io,
+                       const py::object& read_splits, const py::object& queue_depth,
+                       const py::object& stats_flush_interval, const std::string& stats_path, bool verify_pack_sha256,
+                       const py::object& expected_layers, const py::object& expected_experts,
+                       const py::object& expected_top_k, const py::object& ep_size, const py::object& ep_rank,
+                       const std::string& prefetch_mode, const py::object& prefetch_budget_bytes,
+                       const py::object& prefetch_queue_depth, bool keep_predicted) {
              store::StoreOptions o;
              o.ep = EpRankArg(ep_size, ep_rank);
              o.ep_names = kEpKeywordNames;
              o.prefetch_mode = prefetch_mode;
-             o.prefetch_budget_bytes = prefetch_budget_bytes;
-             o.prefetch_queue_depth = prefetch_queue_depth;
+             o.prefetch_budget_bytes = IntInRange<uint64_t>(prefetch_budget_bytes, "prefetch_budget_bytes", 0, UINT64_MAX);
+             o.prefetch_queue_depth = CountArg(prefetch_queue_depth, "prefetch_queue_depth", 0, INT64_MAX);
              o.keep_predicted = keep_predicted;
-             o.cache_bytes = cache_bytes < 0 ? 0 : static_cast<uint64_t>(cache_bytes);  // < 0: SGLang's 'must be positive'
+             // Not positive: SGLang's 'must be positive', from the library.
+             o.cache_bytes = IndexArg(cache_bytes, "cache_bytes") < py::int_(1)
+                                 ? 0
+                                 : IntInRange<uint64_t>(cache_bytes, "cache_bytes", 1, UINT64_MAX);
              o.policy = policy;
              o.io_backend = io_backend;
              o.direct_io = direct_io;
-             o.read_splits = read_splits;
-             o.queue_depth = queue_depth;
-             o.stats_flush_interval = stats_flush_interval;
+             o.read_splits = CountArg(read_splits, "read_splits", 1, UINT32_MAX);  // the library reads uint32
+             o.queue_depth = CountArg(queue_depth, "queue_depth", 1, UINT32_MAX);
+             o.stats_flush_interval = CountArg(stats_flush_interval, "stats_flush_interval", 0, INT64_MAX);
              o.stats_path = stats_path;
              o.verify_pack_sha256 = verify_pack_sha256;
-             o.expected_layers = expected_layers;
-             o.expected_experts = expected_experts;
-             o.expected_top_k = expected_top_k;
+             o.expected_layers = OptionalIntInRange<uint32_t>(expected_layers, "expected_layers", 0, UINT32_MAX);
+             o.expected_experts = OptionalIntInRange<uint32_t>(expected_experts, "expected_experts", 0, UINT32_MAX);
+             o.expected_top_k = OptionalIntInRange<uint32_t>(expected_top_k, "expected_top_k", 0, UINT32_MAX);
              k3pack::Result<std::shared_ptr<store::ExpertStore>> r = [&] {
                NoGil nogil;
                return store::ExpertStore::Open(pack_path, manifest_path, o);
