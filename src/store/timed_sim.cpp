@@ -211,6 +211,10 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     }
   }
   std::vector<std::pair<double, ObjectId>> copies;  // (source ready, object) of this call's device misses
+  // The most objects the host store always holds (StoreInfo::
+  // effective_capacity_objects; at least top_k, as its open checks).
+  const size_t host_chunk = static_cast<size_t>(std::max<uint64_t>(
+      {1, space.top_k, space.max_object_bytes() ? capacity_bytes / space.max_object_bytes() : UINT64_MAX}));
   // Staging (prefetch_staged): per object, whether staged and when its read
   // lands; what each row staged waits for its request's next host acquire
   // of the layer, as in the store (stage_refs: the groups naming an object).
@@ -248,7 +252,6 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     // With a device tier the call is served from the device; only its
     // device misses are acquired from the host tier (as the slot cache and
     // the device tier do), then copied.
-    std::span<const ObjectId> hkeys = keys;
     if (tiered) {
       gens.assign(keys.size(), 1);
       Status st = device->Access(keys, gens, call.is_prefill, nullptr, &dar);
@@ -271,76 +274,102 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
           call_ready = std::max(call_ready, dev_ready[keys[i]]);
         }
       }
-      hkeys = host_keys;
-      copies.clear();
     }
-    ar.hit.clear();
-    CallRows rows, miss_rows;
-    const CallRows* host_rows = nullptr;
-    if (!tiered || !hkeys.empty()) {
-      gens.assign(hkeys.size(), 1);
-      // The call's rows (request ids) describe `keys`; behind a device tier
-      // the host sees only the device misses, each in a row of the first
-      // request that asked for it, as the device tier passes them on.
-      host_rows = RowsOf(seq, c, &rows);
+    // The host tier's acquire of `hk` starting at `at` (the call's keys, or
+    // behind a device tier some of its misses, `hreq` their requests: empty
+    // when unknown); returns when its objects are usable: read, and behind a
+    // device tier copied.
+    auto host_acquire = [&](std::span<const ObjectId> hk, std::span<const uint64_t> hreq,
+                            double at) -> Result<double> {
+      double usable = at;
+      CallRows rows, miss_rows;
+      const CallRows* host_rows = RowsOf(seq, c, &rows);
       if (tiered && host_rows != nullptr) {
-        FirstRowRequests(host_rows->keys, host_rows->width, host_rows->requests, hkeys, &miss_requests);
-        MissRows(hkeys, std::span<const uint64_t>(miss_requests), host_rows->width, &miss_routes, &miss_row_requests,
-                 &miss_route_of);
+        // Behind a device tier the host sees only the device misses, each in
+        // a row of the first request that asked for it, as the tier passes
+        // them on.
+        MissRows(hk, hreq, host_rows->width, &miss_routes, &miss_row_requests, &miss_route_of);
         miss_rows = {miss_routes, miss_row_requests, host_rows->width};
         host_rows = &miss_rows;
       }
-      Status st = policy->Access(hkeys, gens, call.is_prefill, nullptr, &ar, host_rows);
+      gens.assign(hk.size(), 1);
+      Status st = policy->Access(hk, gens, call.is_prefill, nullptr, &ar, host_rows);
       if (!st.ok()) return st.error();
       for (ObjectId v : ar.evicted) drop(v);
-    }
-    for (size_t i = 0; i < hkeys.size(); ++i) {
-      ObjectId k = hkeys[i];
-      if (!tiered) ++r.accesses;
-      bool demand = false;
-      if (staging && !ar.hit[i] && staged[k]) {
-        // Taken from staging: a miss for the policy, but no second read.
-        staged[k] = 0;
-        staged_bytes -= space.Cost(k);
-        r.prefetch_useful_bytes += space.Cost(k);
-      } else if (ar.hit[i]) {
-        if (speculative[k]) {
+      copies.clear();
+      for (size_t i = 0; i < hk.size(); ++i) {
+        ObjectId k = hk[i];
+        bool demand = false;
+        if (staging && !ar.hit[i] && staged[k]) {
+          // Taken from staging: a miss for the policy, but no second read.
+          staged[k] = 0;
+          staged_bytes -= space.Cost(k);
           r.prefetch_useful_bytes += space.Cost(k);
-          speculative[k] = 0;
-        }
-      } else {
-        ready[k] = ssd.Read(now, space.Cost(k));
-        r.bytes_read += space.Cost(k);
-        demand = true;
-      }
-      if (!demand) {
-        if (ready[k] <= now) {
-          ++(tiered ? r.host_hits : r.hits);
+        } else if (ar.hit[i]) {
+          if (speculative[k]) {
+            r.prefetch_useful_bytes += space.Cost(k);
+            speculative[k] = 0;
+          }
         } else {
-          ++r.late_prefetches;  // resident or staged but its read is still in flight: a miss
+          ready[k] = ssd.Read(at, space.Cost(k));
+          r.bytes_read += space.Cost(k);
+          demand = true;
         }
+        if (!demand) {
+          if (ready[k] <= at) {
+            ++(tiered ? r.host_hits : r.hits);
+          } else {
+            ++r.late_prefetches;  // resident or staged but its read is still in flight: a miss
+          }
+        }
+        if (tiered) copies.push_back({std::max(at, ready[k]), k});
+        else usable = std::max(usable, ready[k]);
       }
-      if (tiered) copies.push_back({std::max(now, ready[k]), k});
-      else call_ready = std::max(call_ready, ready[k]);
-    }
-    // Device misses are copied as their host copies become ready.
-    std::sort(copies.begin(), copies.end());
-    for (auto [at, k] : copies) {
-      dev_ready[k] = link.Copy(at, space.Cost(k));
-      r.bytes_copied += space.Cost(k);
-      call_ready = std::max(call_ready, dev_ready[k]);
-    }
-    if (staging && !hkeys.empty()) {
-      // What this host acquire's requests staged and it did not route to is
-      // dropped; a read still in flight keeps its budget charge until it lands.
-      const auto host_requests = host_rows ? host_rows->requests : std::span<const uint64_t>();
-      stage_holds.CallStarts(li, host_requests, [&](ObjectId k) {
-        if (!staged[k]) return;  // taken
-        staged[k] = 0;
-        staged_bytes -= space.Cost(k);
-        r.prefetch_wasted_bytes += space.Cost(k);
-        if (o.prefetch_budget_bytes && ready[k] > now) spec_inflight.push_back({ready[k], space.Cost(k)});
-      });
+      // Device misses are copied as their host copies become ready.
+      std::sort(copies.begin(), copies.end());
+      for (auto [from, k] : copies) {
+        dev_ready[k] = link.Copy(from, space.Cost(k));
+        r.bytes_copied += space.Cost(k);
+        usable = std::max(usable, dev_ready[k]);
+      }
+      if (staging) {
+        // What this host acquire's requests staged and it did not route to
+        // is dropped; a read still in flight keeps its budget charge until
+        // it lands.
+        const auto host_requests = host_rows ? host_rows->requests : std::span<const uint64_t>();
+        stage_holds.CallStarts(li, host_requests, [&](ObjectId k) {
+          if (!staged[k]) return;  // taken
+          staged[k] = 0;
+          staged_bytes -= space.Cost(k);
+          r.prefetch_wasted_bytes += space.Cost(k);
+          if (o.prefetch_budget_bytes && ready[k] > at) spec_inflight.push_back({ready[k], space.Cost(k)});
+        });
+      }
+      return usable;
+    };
+    if (!tiered) {
+      r.accesses += keys.size();
+      K3_ASSIGN_OR_RETURN(call_ready, host_acquire(keys, {}, now));
+    } else if (!host_keys.empty()) {
+      // The device tier reads its misses through the host tier in chunks the
+      // host always holds (DeviceExpertTier::Load, SlotCache's
+      // CopyFromHostTier); each chunk's acquire starts once the previous
+      // chunk's copies have landed, as the tier waits for them before
+      // releasing its host objects.
+      miss_requests.clear();
+      CallRows rows;
+      if (const CallRows* call_rows = RowsOf(seq, c, &rows))
+        FirstRowRequests(call_rows->keys, call_rows->width, call_rows->requests,
+                         std::span<const ObjectId>(host_keys), &miss_requests);
+      const std::span<const ObjectId> misses(host_keys);
+      const std::span<const uint64_t> requests(miss_requests);
+      double at = now;
+      for (size_t first = 0; first < misses.size(); first += host_chunk) {
+        const size_t count = std::min(host_chunk, misses.size() - first);
+        K3_ASSIGN_OR_RETURN(at, host_acquire(misses.subspan(first, count),
+                                             requests.empty() ? requests : requests.subspan(first, count), at));
+        call_ready = std::max(call_ready, at);
+      }
     }
     r.stall_s += call_ready - now;
     now = call_ready;

@@ -36,11 +36,13 @@
 // Device tier (`device_bytes` > 0): the call is served from a device cache
 // of that size run by `device_policy` (the DeviceExpertTier's slots are
 // "lru"). Device hits cost nothing once their copy has landed; device misses
-// are acquired from the host tier exactly as the slot cache does (the host
-// policy sees only the device misses, as one call: a host hit, a staged
-// take, or an SSD read) and copied over one host-to-device link (FIFO,
-// `h2d_bytes_per_s`, `h2d_latency_s` per copy) as their host copies become
-// readable; the call waits for its last copy. So only a device hit whose
+// are acquired from the host tier exactly as the device tier does (the
+// host policy sees only the device misses: a host hit, a staged take, or an
+// SSD read; in acquires of at most the objects the host always holds,
+// capacity / largest object and at least top_k, each started when the
+// previous one's copies have landed) and copied over one host-to-device
+// link (FIFO, `h2d_bytes_per_s`, `h2d_latency_s` per copy) as their host
+// copies become readable; the call waits for its last copy. So only a device hit whose
 // copy landed before the acquire is stall-free (`hits`); `host_hits` counts
 // device misses whose host copy was ready. With prefetch into the cache the
 // predicted objects also go on to the device (admitted without evicting the

@@ -138,6 +138,50 @@ TEST(TimedDevice, WrongPredictionCostsAReadAndACopy) {
   EXPECT_EQ(r.prefetch_wasted_bytes, 1000u);
 }
 
+// One layer of 4 experts, top-1: a batched call of two rows (e0, e1), then
+// e2 alone, then e0 and e1 again.
+trace::Trace TwoRowCalls() {
+  trace::Trace t;
+  t.num_experts = 4;
+  t.top_k = 1;
+  t.layer_ids = {1};
+  const uint16_t both[2] = {0, 1}, e2[1] = {2};
+  t.Append(1, 2, 0, false, both);
+  t.Append(1, 1, 0, false, e2);
+  t.Append(1, 2, 0, false, both);
+  return t;
+}
+
+TEST(TimedDevice, DeviceMissesGoThroughASmallHostTierInChunks) {
+  // Device 2 objects (LRU), host 1 object, compute 0.5 ms. As DeviceExpertTier::Load
+  // does, a call's device misses go through the host in acquires of what it holds
+  // (1 object here), each once the previous one's copies have landed. In one host
+  // access the first call failed with "cannot evict the active top-k working set".
+  // call0 t=0: e0, e1 device misses. Chunk e0: read 0->1, copy 1->1.25. Chunk e1
+  //   at 1.25 (the host evicts e0): read 1.25->2.25, copy ->2.5. Stall 2.5; to 3.0.
+  // call1 t=3.0: e2 device miss (evicting e0, the least recent); host miss (evicting
+  //   e1): read 3.0->4.0, copy ->4.25. Stall 1.25; to 4.75.
+  // call2 t=4.75: e1 device hit (landed at 2.5); e0 device miss (evicting e2), host
+  //   miss: read 4.75->5.75, copy ->6.0. Stall 1.25; to 6.5.
+  TimedResult r = Timed(TwoRowCalls(), "lru", Device(Opts(0.5, false), 2), /*slots=*/1);
+  EXPECT_EQ(r.accesses, 5u);
+  EXPECT_EQ(r.hits, 1u);
+  EXPECT_EQ(r.host_hits, 0u);
+  EXPECT_EQ(r.bytes_read, 4000u);
+  EXPECT_EQ(r.bytes_copied, 4000u);
+  EXPECT_NEAR(r.stall_s, 5.0e-3, 1e-12);
+  EXPECT_NEAR(r.total_s, 6.5e-3, 1e-12);
+
+  // A host of 2 objects takes call0's misses in one acquire: both reads are issued at
+  // 0 (0->1, 1->2), copies 1->1.25 and 2->2.25; stall 2.25, to 2.75. call1 and call2
+  // as above, 0.25 ms earlier (the host's LRU then evicts e0, then e1): stall 4.75.
+  TimedResult one = Timed(TwoRowCalls(), "lru", Device(Opts(0.5, false), 2), /*slots=*/2);
+  EXPECT_EQ(one.hits, 1u);
+  EXPECT_EQ(one.bytes_read, 4000u);
+  EXPECT_NEAR(one.stall_s, 4.75e-3, 1e-12);
+  EXPECT_NEAR(one.total_s, 6.25e-3, 1e-12);
+}
+
 TEST(TimedDevice, DemandOnlyDeviceHitsMatchTheUntimedSimulator) {
   // Without prefetch the device sees every call: its hits are the untimed
   // simulator's for the device policy and size, and every device miss is
