@@ -14,6 +14,7 @@ building SGLang's 247,296 objects up front.
 """
 
 import hashlib
+import operator
 import os
 import struct
 from collections.abc import Mapping, MutableMapping
@@ -29,6 +30,21 @@ def object_generation(index_sha256, layer, expert):
     sha256(f"{index_sha256}:{layer}:{expert}"), 1 if that is 0."""
     digest = hashlib.sha256(f"{index_sha256}:{layer}:{expert}".encode("ascii")).digest()
     return int.from_bytes(digest[:8], "little") or 1
+
+
+def _held_int(value):
+    """The int a dict keyed by ints finds `value` as, else None. A dict
+    matches a key by hash and ==: 3.0, numpy.int64(3), Fraction(3) and True
+    (as 1) find an int key; 3.5, NaN or "3" find none."""
+    try:
+        whole = operator.index(value)
+    except TypeError:
+        try:
+            whole = int(value)  # truncates (3.5 -> 3): the comparison below refuses that
+        except (TypeError, ValueError, OverflowError):
+            return None
+    whole = int(whole)
+    return whole if value == whole and hash(value) == hash(whole) else None
 
 
 class PackHeader:
@@ -59,7 +75,8 @@ class ExpertPackEntry:
 
 class PackEntries(Mapping):
     """entries[(layer, expert, role_id)] read from the pack index on demand.
-    A key SGLang's store does not hold raises KeyError, as its dict does."""
+    Looked up as SGLang's dict of int keys is: a key equal to one it holds
+    (3.0 for 3) finds that entry, with int fields; any other raises KeyError."""
 
     def __init__(self, pack_path, manifest, active_layer_ids, num_experts, index_sha256):
         self._path = pack_path
@@ -85,19 +102,30 @@ class PackEntries(Mapping):
                 for role_id in range(3):
                     yield (layer, expert, role_id)
 
+    def _held_key(self, key):
+        """The (layer, expert, role_id) ints SGLang's dict would find `key` as,
+        or None. Hashed first: an unhashable key is a dict's TypeError."""
+        hash(key)
+        if not isinstance(key, tuple) or len(key) != 3:
+            return None
+        parts = [_held_int(v) for v in key]
+        if None in parts:
+            return None
+        layer, expert, role_id = parts
+        if layer in self._layer_index and 0 <= expert < self._experts and 0 <= role_id < 3:
+            return layer, expert, role_id
+        return None
+
     def __contains__(self, key):
-        try:
-            layer, expert, role_id = key
-        except (TypeError, ValueError):
-            return False
-        return layer in self._layer_index and 0 <= expert < self._experts and role_id in (0, 1, 2)
+        return self._held_key(key) is not None
 
     def __getitem__(self, key):
-        if key in self._cache:
-            return self._cache[key]
-        if key not in self:
+        held = self._held_key(key)
+        if held is None:
             raise KeyError(key)
-        layer, expert, role_id = key
+        if held in self._cache:
+            return self._cache[held]
+        layer, expert, role_id = held
         role = _LOGICAL[role_id]
         index = (self._layer_index[layer] * self._experts + expert) * 3 + _PHYSICAL.index(role)
         fd = os.open(self._path, os.O_RDONLY)
@@ -115,7 +143,7 @@ class PackEntries(Mapping):
             source_slice_offset=0, source_slice_nbytes=nbytes, checksum="", quant_scheme=dtype,
             transform_id="identity-v1", block_size=256,
             generation=object_generation(self._index_sha256, layer, expert))
-        self._cache[key] = entry
+        self._cache[held] = entry
         return entry
 
 
