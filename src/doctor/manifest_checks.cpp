@@ -157,14 +157,34 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
   }
 }
 
+// Finds a key of the manifest, reporting it once when missing with the name
+// SGLang's KeyError gives.
+class KeyFinder {
+ public:
+  KeyFinder(const json& j, const std::string& manifest_path, Collector& out)
+      : j_(j), manifest_path_(manifest_path), out_(out) {}
+  const json* operator()(std::initializer_list<const char*> path) const {
+    const json* v = Find(j_, path);
+    if (v == nullptr) {
+      out_.Add("manifest-invalid", Dotted(path), "key is missing", "'" + std::string(*(path.end() - 1)) + "'",
+               manifest_path_);
+    }
+    return v;
+  }
+
+ private:
+  const json& j_;
+  const std::string& manifest_path_;
+  Collector& out_;
+};
+
 // The store's and the non-expert loader's checks on the manifest alone,
 // every one a manifest breaks (the loaders stop at the first). The rules are
 // the loaders' own functions; `options.profile` says which constants hold (a
 // scaled manifest checked under kimi-k3 is held to SGLang's K3 rules). Keys
 // that are missing were reported by `need`.
-template <typename Need>
-void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::string& manifest_path, Need&& need,
-                      Collector& out) {
+void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::string& manifest_path,
+                      const KeyFinder& need, Collector& out) {
   const bool kimi = options.profile == kimi::Profile::kKimiK3;
   const json* format = Find(j, {"format"});
   if (!manifest::FormatSupported(j)) {
@@ -216,6 +236,160 @@ void CheckLoaderRules(const json& j, const DiagnoseOptions& options, const std::
   }
 }
 
+// What the shard loop compares a shard record with, and the fixes it offers.
+struct ShardRecordContext {
+  const json& j;
+  const std::string& manifest_path;
+  std::map<uint64_t, std::map<std::string, std::string>> listed;  // shard index -> tensor name -> dtype (JSON)
+  std::string rebuild;     // the pack and manifest rebuilt for the shards as they are
+  std::string regenerate;  // the manifest rewritten for the shards as they are
+};
+
+ShardRecordContext ShardRecordContextOf(const json& j, const std::string& manifest_path, const json* tensors) {
+  ShardRecordContext c{j, manifest_path, {}, {}, {}};
+  if (tensors && tensors->is_array()) {
+    for (const json& t : *tensors) {
+      // (A shard_index of another type is the source-record comparison's to report.)
+      if (t.contains("shard_index") && t["shard_index"].is_number_unsigned() && t.contains("name") &&
+          t.contains("dtype") && t["name"].is_string()) {
+        c.listed[t["shard_index"].get<uint64_t>()][t["name"].get<std::string>()] = t["dtype"].dump();
+      }
+    }
+  }
+  const json* p = Find(j, {"expert_pack", "path"});
+  c.rebuild = RebuildCommand(j, p != nullptr && p->is_string() ? p->get<std::string>() : "PACK", manifest_path);
+  // A shard whose names, types or header no longer match its record: the
+  // manifest is rewritten for the shards as they are; should the pack no
+  // longer match them, `manifest` says so and the rebuild is the fix.
+  c.regenerate = "Regenerate the manifest for the shards as they are: " + RewriteManifestCommand(j, manifest_path) +
+                 " (if it reports that the pack no longer matches them, rebuild both: " + c.rebuild + ").";
+  return c;
+}
+
+// The tensor names and types of a shard against those its record lists.
+void CheckShardInventory(const std::string& path, const gguf::GgufFile& file,
+                         const std::map<std::string, std::string>& listed, const std::string& regenerate,
+                         Collector& out) {
+  std::map<std::string, std::string> here;
+  for (const gguf::TensorInfo& t : file.tensors()) here[t.name] = json(std::string(GgmlTypeName(t.type))).dump();
+  std::set<std::string> a, b;
+  for (const auto& [n, _] : here) a.insert(n);
+  for (const auto& [n, _] : listed) b.insert(n);
+  if (a != b) {
+    std::vector<std::string> added, removed;
+    for (const auto& n : a) if (!b.count(n)) added.push_back(n);
+    for (const auto& n : b) if (!a.count(n)) removed.push_back(n);
+    Finding& fd = out.Add("manifest-shard-inventory", path,
+                          std::to_string(added.size()) + " tensor(s) not in the manifest, " +
+                              std::to_string(removed.size()) + " listed but absent",
+                          "Kimi-K3 GGUF shard inventory changed: " + path, path);
+    fd.details = {{"not_in_manifest", added}, {"absent", removed}};
+    fd.fix = regenerate;
+  }
+  for (const auto& [n, dtype] : here) {
+    auto it = listed.find(n);
+    if (it != listed.end() && it->second != dtype) {
+      out.Add("manifest-tensor-type", n, "type is " + dtype + ", the manifest says " + it->second,
+              "Kimi-K3 GGUF tensor type changed: " + n, path)
+          .fix = regenerate;
+    }
+  }
+}
+
+// One source.shards record against its file: presence and size, names and
+// types, header digest. Returns false when the shard is not the one recorded
+// (the pack's payload samples, which read it, are then skipped).
+bool CheckShardRecord(const json& s, const ShardRecordContext& c, ManifestTargets& targets, Collector& out) {
+  if (!s.contains("path") || !s["path"].is_string() || !s.contains("size") || !s.contains("index")) {
+    out.Add("manifest-invalid", "source.shards[]", "shard record without path/size/index", "'path'", c.manifest_path);
+    return false;
+  }
+  const std::string path = s["path"];
+  // A record edited by hand can hold any JSON here: get<uint64_t>() of a
+  // string threw out of Diagnose.
+  if (!s["size"].is_number_unsigned() || !s["index"].is_number_unsigned()) {
+    out.Add("manifest-invalid", "source.shards[" + path + "]",
+            "size and index must be non-negative integers, the record has size " + s["size"].dump() + ", index " +
+                s["index"].dump(),
+            {}, c.manifest_path);
+    return false;
+  }
+  const uint64_t index = s["index"].get<uint64_t>();
+  targets.shard_paths.push_back(path);  // the loader opens the recorded path, wherever it is
+  auto size = FileSize(path);
+  if (!size.ok() || *size != s["size"].get<uint64_t>()) {
+    Finding& f = out.Add("manifest-shard-changed", path,
+                         !size.ok() ? "the file is missing"
+                                    : "size is " + std::to_string(*size) + ", the manifest says " + s["size"].dump(),
+                         "Kimi-K3 GGUF shard is missing or changed: " + path, path);
+    f.details = {{"record", "source.shards[" + path + "]"}, {"field", size.ok() ? "size" : "path"}};
+    if (size.ok()) {
+      // Another size means other tensor bytes: the pack is rebuilt with its
+      // manifest (a record edited by hand is rewritten by the same command).
+      f.fix = "Restore the shard the manifest was written for, or rebuild the pack and its manifest for the "
+              "shard as it is: " + c.rebuild + ".";
+    }
+    return false;
+  }
+  auto f = gguf::GgufFile::Open(path);
+  if (!f.ok()) return true;  // the GGUF examination reports it
+  static const std::map<std::string, std::string> kNone;
+  auto listed = c.listed.find(index);
+  CheckShardInventory(path, **f, listed == c.listed.end() ? kNone : listed->second, c.regenerate, out);
+  if (s.contains("metadata_nbytes") && !s["metadata_nbytes"].is_number_unsigned()) {
+    out.Add("manifest-invalid", "source.shards[" + path + "]",
+            "metadata_nbytes must be a non-negative integer, the record has " + s["metadata_nbytes"].dump(), {},
+            c.manifest_path);
+  } else if (s.contains("metadata_nbytes") && s.contains("metadata_sha256")) {
+    auto digest = Sha256FileRange(path, 0, s["metadata_nbytes"].get<uint64_t>());
+    if (digest.ok() && *digest != s["metadata_sha256"]) {
+      out.Add("manifest-metadata-changed", path, "header bytes hash to " + *digest, {}, path).fix = c.regenerate;
+    }
+  }
+  return true;
+}
+
+// The pack the manifest records: presence, size and index digest, then
+// SGLang's validation of its structure.
+void CheckPackRecord(const json& j, const std::string& manifest_path, bool shards_intact,
+                     const DiagnoseOptions& options, const KeyFinder& need, Collector& out) {
+  const json* ppath = need({"expert_pack", "path"});
+  if (!ppath || !ppath->is_string()) return;
+  const std::string pack = *ppath;
+  auto size = FileSize(pack);
+  if (!size.ok()) {
+    out.Add("pack-missing", pack, "the expert pack does not exist",
+            "Kimi expert-pack or manifest is missing: " + pack + ", " + manifest_path, manifest_path);
+    return;
+  }
+  const json* psize = need({"expert_pack", "size"});
+  if (psize && *psize != *size) {
+    Finding& f = out.Add("pack-size", pack, "size is " + std::to_string(*size) + ", the manifest says " + psize->dump(),
+                         "Kimi expert-pack size does not match its manifest", pack);
+    f.fix = "Rebuild the pack and its manifest: " + RebuildCommand(j, pack, manifest_path) +
+            " (a pack whose size changed cannot be repaired in place).";
+  }
+  const json* count = need({"expert_pack", "index_count"});
+  const json* digest = need({"expert_pack", "index_sha256"});
+  if (count && digest && count->is_number_unsigned()) {
+    // The header and index SGLang hashes; a count whose index would end
+    // past 2^64 bytes wrapped to a short range and read as a digest
+    // mismatch, where no file can hold it: truncated.
+    const uint64_t n = count->get<uint64_t>();
+    constexpr uint64_t kHeader = 40, kEntry = 152;
+    auto d = n > (UINT64_MAX - kHeader) / kEntry
+                 ? Result<std::string>(Error("index_count " + std::to_string(n) + " makes an index longer than any file"))
+                 : Sha256FileRange(pack, 0, kHeader + kEntry * n);
+    if (!d.ok()) {
+      out.Add("pack-invalid", pack, d.error().message(), "Kimi expert-pack index is truncated", pack);
+    } else if (*d != *digest) {
+      out.Add("pack-index-digest", pack, "index hashes to " + *d, "Kimi expert-pack index SHA-256 does not match manifest",
+              pack);
+    }
+  }
+  ValidatePackAgainstManifest(j, pack, manifest_path, shards_intact, options, out);
+}
+
 }  // namespace
 
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
@@ -232,14 +406,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     return {};
   }
   out.report().files.push_back(manifest_path);
-  auto need = [&](std::initializer_list<const char*> path) -> const json* {
-    const json* v = Find(j, path);
-    if (v == nullptr) {
-      out.Add("manifest-invalid", Dotted(path), "key is missing", "'" + std::string(*(path.end() - 1)) + "'",
-              manifest_path);
-    }
-    return v;
-  };
+  const KeyFinder need(j, manifest_path, out);
 
   // SGLang's manifest-only rules, each through its one implementation
   // (manifest/loader_rules.h), each reported on its own.
@@ -250,149 +417,19 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     std::error_code ec;
     if (fs::is_regular_file(cp->get<std::string>(), ec)) targets.config_path = *cp;
   }
-
-  // Shards: presence and size, names and types per shard, header digest.
   const json* shards = need({"source", "shards"});
   const json* tensors = need({"source", "tensors"});
-  std::map<uint64_t, std::map<std::string, std::string>> by_shard;  // index -> name -> dtype
-  if (tensors && tensors->is_array()) {
-    for (const json& t : *tensors) {
-      // (A shard_index of another type is the source-record comparison's to report.)
-      if (t.contains("shard_index") && t["shard_index"].is_number_unsigned() && t.contains("name") &&
-          t.contains("dtype") && t["name"].is_string()) {
-        by_shard[t["shard_index"].get<uint64_t>()][t["name"].get<std::string>()] = t["dtype"].dump();
-      }
-    }
-  }
   bool shards_intact = shards != nullptr && shards->is_array();
-  // A shard whose names, types or header no longer match its record: the
-  // manifest is rewritten for the shards as they are; should the pack no
-  // longer match them, `manifest` says so and the rebuild is the fix.
-  const std::string rewrite = RewriteManifestCommand(j, manifest_path);
-  auto pack_of = [&] {
-    const json* p = Find(j, {"expert_pack", "path"});
-    return p != nullptr && p->is_string() ? p->get<std::string>() : std::string("PACK");
-  };
-  const std::string regenerate = "Regenerate the manifest for the shards as they are: " + rewrite +
-                                 " (if it reports that the pack no longer matches them, rebuild both: " +
-                                 RebuildCommand(j, pack_of(), manifest_path) + ").";
-  if (shards && shards->is_array()) {
+  if (shards_intact) {
+    const ShardRecordContext context = ShardRecordContextOf(j, manifest_path, tensors);
     for (const json& s : *shards) {
-      if (!s.contains("path") || !s["path"].is_string() || !s.contains("size") || !s.contains("index")) {
-        out.Add("manifest-invalid", "source.shards[]", "shard record without path/size/index", "'path'", manifest_path);
-        shards_intact = false;
-        continue;
-      }
-      const std::string path = s["path"];
-      // A record edited by hand can hold any JSON here: get<uint64_t>() of a
-      // string threw out of Diagnose.
-      if (!s["size"].is_number_unsigned() || !s["index"].is_number_unsigned()) {
-        out.Add("manifest-invalid", "source.shards[" + path + "]",
-                "size and index must be non-negative integers, the record has size " + s["size"].dump() + ", index " +
-                    s["index"].dump(),
-                {}, manifest_path);
-        shards_intact = false;
-        continue;
-      }
-      const uint64_t index = s["index"].get<uint64_t>();
-      targets.shard_paths.push_back(path);  // the loader opens the recorded path, wherever it is
-      auto size = FileSize(path);
-      if (!size.ok() || *size != s["size"].get<uint64_t>()) {
-        Finding& f = out.Add("manifest-shard-changed", path,
-                             !size.ok() ? "the file is missing"
-                                        : "size is " + std::to_string(*size) + ", the manifest says " + s["size"].dump(),
-                             "Kimi-K3 GGUF shard is missing or changed: " + path, path);
-        f.details = {{"record", "source.shards[" + path + "]"}, {"field", size.ok() ? "size" : "path"}};
-        if (size.ok()) {
-          // Another size means other tensor bytes: the pack is rebuilt with its
-          // manifest (a record edited by hand is rewritten by the same command).
-          f.fix = "Restore the shard the manifest was written for, or rebuild the pack and its manifest for the "
-                  "shard as it is: " + RebuildCommand(j, pack_of(), manifest_path) + ".";
-        }
-        shards_intact = false;
-        continue;
-      }
-      auto f = gguf::GgufFile::Open(path);
-      if (!f.ok()) continue;  // the GGUF examination reports it
-      std::map<std::string, std::string> here;
-      for (const gguf::TensorInfo& t : (*f)->tensors()) here[t.name] = json(std::string(GgmlTypeName(t.type))).dump();
-      const auto& listed = by_shard[index];
-      std::set<std::string> a, b;
-      for (const auto& [n, _] : here) a.insert(n);
-      for (const auto& [n, _] : listed) b.insert(n);
-      if (a != b) {
-        std::vector<std::string> added, removed;
-        for (const auto& n : a) if (!b.count(n)) added.push_back(n);
-        for (const auto& n : b) if (!a.count(n)) removed.push_back(n);
-        Finding& fd = out.Add("manifest-shard-inventory", path,
-                              std::to_string(added.size()) + " tensor(s) not in the manifest, " +
-                                  std::to_string(removed.size()) + " listed but absent",
-                              "Kimi-K3 GGUF shard inventory changed: " + path, path);
-        fd.details = {{"not_in_manifest", added}, {"absent", removed}};
-        fd.fix = regenerate;
-      }
-      for (const auto& [n, dtype] : here) {
-        auto it = listed.find(n);
-        if (it != listed.end() && it->second != dtype) {
-          out.Add("manifest-tensor-type", n, "type is " + dtype + ", the manifest says " + it->second,
-                  "Kimi-K3 GGUF tensor type changed: " + n, path)
-              .fix = regenerate;
-        }
-      }
-      if (s.contains("metadata_nbytes") && !s["metadata_nbytes"].is_number_unsigned()) {
-        out.Add("manifest-invalid", "source.shards[" + path + "]",
-                "metadata_nbytes must be a non-negative integer, the record has " + s["metadata_nbytes"].dump(), {},
-                manifest_path);
-      } else if (s.contains("metadata_nbytes") && s.contains("metadata_sha256")) {
-        auto digest = Sha256FileRange(path, 0, s["metadata_nbytes"].get<uint64_t>());
-        if (digest.ok() && *digest != s["metadata_sha256"]) {
-          out.Add("manifest-metadata-changed", path, "header bytes hash to " + *digest, {}, path).fix = regenerate;
-        }
-      }
+      if (!CheckShardRecord(s, context, targets, out)) shards_intact = false;
     }
   }
   // Every other recorded field (offsets, shapes, counts, the summary, the
   // inventory digest), as `k3pack verify` compares them.
   if (shards && shards->is_array() && tensors && tensors->is_array()) CheckSourceRecords(j, manifest_path, out);
-
-  // The pack: presence, size and index digest.
-  const json* ppath = need({"expert_pack", "path"});
-  if (ppath && ppath->is_string()) {
-    const std::string pack = *ppath;
-    auto size = FileSize(pack);
-    if (!size.ok()) {
-      out.Add("pack-missing", pack, "the expert pack does not exist",
-              "Kimi expert-pack or manifest is missing: " + pack + ", " + manifest_path, manifest_path);
-    } else {
-      const json* psize = need({"expert_pack", "size"});
-      if (psize && *psize != *size) {
-        Finding& f = out.Add("pack-size", pack,
-                             "size is " + std::to_string(*size) + ", the manifest says " + psize->dump(),
-                             "Kimi expert-pack size does not match its manifest", pack);
-        f.fix = "Rebuild the pack and its manifest: " + RebuildCommand(j, pack, manifest_path) +
-                " (a pack whose size changed cannot be repaired in place).";
-      }
-      const json* count = need({"expert_pack", "index_count"});
-      const json* digest = need({"expert_pack", "index_sha256"});
-      if (count && digest && count->is_number_unsigned()) {
-        // The header and index SGLang hashes; a count whose index would end
-        // past 2^64 bytes wrapped to a short range and read as a digest
-        // mismatch, where no file can hold it: truncated.
-        const uint64_t n = count->get<uint64_t>();
-        constexpr uint64_t kHeader = 40, kEntry = 152;
-        auto d = n > (UINT64_MAX - kHeader) / kEntry
-                     ? Result<std::string>(Error("index_count " + std::to_string(n) + " makes an index longer than any file"))
-                     : Sha256FileRange(pack, 0, kHeader + kEntry * n);
-        if (!d.ok()) {
-          out.Add("pack-invalid", pack, d.error().message(), "Kimi expert-pack index is truncated", pack);
-        } else if (*d != *digest) {
-          out.Add("pack-index-digest", pack, "index hashes to " + *d,
-                  "Kimi expert-pack index SHA-256 does not match manifest", pack);
-        }
-      }
-      ValidatePackAgainstManifest(j, pack, manifest_path, shards_intact, options, out);
-    }
-  }
+  CheckPackRecord(j, manifest_path, shards_intact, options, need, out);
   return targets;
 }
 
