@@ -1,7 +1,11 @@
 // Python callables handed to the engine (log lines, lock waits), called back
 // from native threads under the GIL.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "common.h"
 
@@ -14,13 +18,66 @@ std::shared_ptr<py::object> HoldCallable(py::object fn) {
   });
 }
 
+namespace {
+
+// A KeyboardInterrupt a callback raised, not yet raised again. Read and
+// written with the GIL held only.
+struct CallbackInterrupt {
+  std::thread::id thread;  // the callback's
+  py::object type, value, trace;
+  bool raised = false;
+};
+using CallbackInterruptPtr = std::shared_ptr<CallbackInterrupt>;
+
+// Leaked: an entry whose pending call never ran (the process ended) must not
+// drop its Python objects after the interpreter has gone.
+std::vector<CallbackInterruptPtr>& CallbackInterrupts() {
+  static auto* kept = new std::vector<CallbackInterruptPtr>();
+  return *kept;
+}
+
+void RestoreInterrupt(CallbackInterrupt& i) {
+  i.raised = true;
+  PyErr_Restore(i.type.release().ptr(), i.value.release().ptr(), i.trace.release().ptr());
+}
+
+// Py_AddPendingCall's function, run by the main thread with the GIL where it
+// next runs Python code (as Python raises a Ctrl-C's exception): raises the
+// interrupt when no interrupt check of its call took it.
+int RaiseUntakenInterrupt(void* arg) {
+  std::unique_ptr<CallbackInterruptPtr> entry(static_cast<CallbackInterruptPtr*>(arg));
+  auto& kept = CallbackInterrupts();
+  kept.erase(std::remove(kept.begin(), kept.end(), *entry), kept.end());
+  if ((*entry)->raised) return 0;
+  RestoreInterrupt(**entry);
+  return -1;
+}
+
+}  // namespace
+
+bool RestoreCallbackInterrupt() {
+  for (const CallbackInterruptPtr& entry : CallbackInterrupts()) {
+    if (entry->raised || entry->thread != std::this_thread::get_id()) continue;
+    RestoreInterrupt(*entry);
+    return true;
+  }
+  return false;
+}
+
 void DiscardCallbackError(py::error_already_set& e, const char* what) {
   if (e.matches(PyExc_KeyboardInterrupt)) {
     // A Ctrl-C whose handler ran inside the callback (the main thread was
     // running its Python code) raised there; discarded, it was lost and the
-    // call went on for as long as it lasts. Re-armed, it stops the call at
-    // its next interrupt check (PendingSignals), or is raised when it returns.
-    PyErr_SetInterrupt();
+    // call went on for as long as it lasts.
+    auto entry = std::make_shared<CallbackInterrupt>(
+        CallbackInterrupt{std::this_thread::get_id(), e.type(), e.value(), e.trace()});
+    auto* arg = new CallbackInterruptPtr(entry);
+    if (Py_AddPendingCall(&RaiseUntakenInterrupt, arg) == 0) {
+      CallbackInterrupts().push_back(std::move(entry));
+    } else {
+      delete arg;           // the queue is full: a pending Ctrl-C instead,
+      PyErr_SetInterrupt();  // which runs the SIGINT handler once more
+    }
     return;
   }
   e.discard_as_unraisable(what);

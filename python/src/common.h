@@ -78,6 +78,11 @@ class CallbackGil {
   std::optional<py::gil_scoped_acquire> acquire_;
 };
 
+// With the GIL: makes the KeyboardInterrupt that a callback on this thread
+// raised, and nothing has raised since, the current Python error
+// (DiscardCallbackError); false when there is none.
+bool RestoreCallbackInterrupt();
+
 // Ctrl-C for calls that run for minutes in C++ without the GIL (whole-shard
 // and whole-pack digests, full payload checks). The engine polls Check()
 // between chunks on the calling thread: it takes the GIL and runs Python's
@@ -91,7 +96,8 @@ class PendingSignals {
   k3pack::Status Check() {
     CallbackGil gil;
     if (!gil.held()) return k3pack::Error("interrupted while " + doing_ + ": the interpreter is exiting", k3pack::ErrorKind::kRuntime);
-    if (PyErr_CheckSignals() == 0) return k3pack::Status::OK();
+    // A Ctrl-C whose handler already ran, inside a callback, or one now.
+    if (!RestoreCallbackInterrupt() && PyErr_CheckSignals() == 0) return k3pack::Status::OK();
     raised_.emplace();  // takes the handler's exception out of the interpreter
     return k3pack::Error("interrupted while " + doing_);
   }
@@ -132,7 +138,11 @@ std::shared_ptr<py::object> HoldCallable(py::object fn);
 
 // What a Python callback raised, from native code that cannot raise it
 // (`what` names the callback); called with the GIL held. Reported as
-// unraisable, except KeyboardInterrupt, which is re-armed as a pending Ctrl-C.
+// unraisable, except KeyboardInterrupt (a Ctrl-C's handler ran inside the
+// callback): it is kept, and raised by the first interrupt check on the
+// callback's thread (PendingSignals), else where the main thread next runs
+// Python code - not re-armed as a Ctrl-C, which ran a program's own SIGINT
+// handler a second time.
 void DiscardCallbackError(py::error_already_set& e, const char* what);
 
 // A C++ line callback that calls `fn` (None: no callback) under the GIL; an
