@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,6 +59,10 @@ inline void Check(const k3pack::Status& s) {
 class NoGil {
  public:
   NoGil();
+  // For a destructor, which must not raise and may run anywhere (a garbage
+  // collection, interpreter teardown): lets go of the GIL only where this
+  // thread holds it and the interpreter is not exiting; otherwise keeps it.
+  explicit NoGil(std::nothrow_t);
   ~NoGil();
   NoGil(const NoGil&) = delete;
   NoGil& operator=(const NoGil&) = delete;

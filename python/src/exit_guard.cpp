@@ -102,7 +102,17 @@ NoGil::NoGil() {
   release_.emplace();
 }
 
+NoGil::NoGil(std::nothrow_t) {
+  inside.fetch_add(1);  // as NoGil(): the exit's wait sees this call or this call sees the exit
+  if (exiting.load() || PyGILState_Check() == 0) {
+    inside.fetch_sub(1);
+    return;
+  }
+  release_.emplace();
+}
+
 NoGil::~NoGil() {
+  if (!release_) return;  // NoGil(std::nothrow) kept the GIL
   const bool finalizer = OnFinalizingThread();
   if (!finalizer && !AnnounceGilTake()) Park();
   release_.reset();  // takes the GIL back

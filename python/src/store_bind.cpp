@@ -31,8 +31,11 @@ struct PyAcquisition {
   PyAcquisition& operator=(const PyAcquisition&) = delete;
   // Unreleased pins would protect these objects from eviction for the rest
   // of the store's life (every later acquire that needs their room fails).
+  // Without the GIL where it may be let go: a stats flush may be due.
   ~PyAcquisition() {
-    if (owner && acq.ticket != 0) (void)owner->MarkUsed(acq);
+    if (!owner || acq.ticket == 0) return;
+    NoGil nogil(std::nothrow);
+    (void)owner->MarkUsed(acq);
   }
 };
 
