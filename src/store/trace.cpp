@@ -109,133 +109,163 @@ Result<Trace> ReadTrace(const std::string& path) {
   return ParseTrace(data, path);
 }
 
-Result<Trace> ParseTrace(std::string_view data, const std::string& path) {
-  auto bad = [&](const std::string& why) { return Error(path + ": not a k3pack trace: " + why); };
-  const std::string size = std::to_string(data.size()) + " bytes";
-  if (data.empty()) return bad("the file is empty (a trace starts with the magic K3TRACE\\0)");
-  // A prefix of the magic is a file cut short, not some other file.
-  const size_t magic_part = std::min<size_t>(data.size(), 8);
-  if (std::memcmp(data.data(), kMagic, magic_part) != 0)
-    return bad("bad magic (a trace starts with K3TRACE\\0)");
-  if (data.size() < 32) return bad("truncated header: the file holds " + size + ", a trace header is at least 32");
-  Cursor c{data, 8};
-  uint32_t version = 0, n_layers = 0;
-  uint64_t n_records = 0;
-  Trace t;
-  c.Get(&version);
-  c.Get(&t.num_experts);
-  c.Get(&t.top_k);
-  c.Get(&n_layers);
-  c.Get(&n_records);
-  if (version == 0 || version > kMaxVersion)
-    return bad("unsupported version " + std::to_string(version) + " (this build reads 1 and 2)");
-  if (t.top_k == 0 || t.num_experts == 0 || t.num_experts > 65536)
-    return bad("invalid dimensions: " + std::to_string(t.num_experts) + " experts (1..65536), top_k " +
-               std::to_string(t.top_k) + " (at least 1)");
-  // A row routes top_k of the layer's experts; this also keeps rows x top_k
-  // far from overflowing in the size checks below.
-  if (t.top_k > t.num_experts)
-    return bad("top_k " + std::to_string(t.top_k) + " exceeds " + std::to_string(t.num_experts) + " experts");
-  if (n_records > data.size() / 16 + 1) return bad("record count exceeds the file size");
-  if (version >= 2) {
-    if (!c.Get(&t.predict_k))
-      return bad("truncated header: the file holds " + size + ", a v2 trace header is at least 36");
-    if (t.predict_k > t.num_experts)
-      return bad("predict_k " + std::to_string(t.predict_k) + " exceeds " + std::to_string(t.num_experts) +
-                 " experts");
+namespace {
+
+// Reads a trace file front to back; every count is checked against the bytes
+// left before anything is read or allocated by it.
+class TraceParser {
+ public:
+  TraceParser(std::string_view data, const std::string& path) : data_(data), path_(path), c_{data, 8} {}
+
+  Result<Trace> Parse() {
+    const std::string size = std::to_string(data_.size()) + " bytes";
+    if (data_.empty()) return Bad("the file is empty (a trace starts with the magic K3TRACE\\0)");
+    // A prefix of the magic is a file cut short, not some other file.
+    const size_t magic_part = std::min<size_t>(data_.size(), 8);
+    if (std::memcmp(data_.data(), kMagic, magic_part) != 0) return Bad("bad magic (a trace starts with K3TRACE\\0)");
+    if (data_.size() < 32) return Bad("truncated header: the file holds " + size + ", a trace header is at least 32");
+    K3_RETURN_IF_ERROR(ParseHeader());
+    K3_RETURN_IF_ERROR(ParseLayerList());
+    t_.records.reserve(n_records_);
+    for (uint64_t i = 0; i < n_records_; ++i) K3_RETURN_IF_ERROR(ParseRecord(i));
+    if (c_.pos != data_.size()) return Bad(std::to_string(data_.size() - c_.pos) + " trailing bytes");
+    return std::move(t_);
   }
-  // The layer count is checked against the bytes there before anything is
-  // read or allocated by it.
-  if (n_layers > (data.size() - c.pos) / 4)
-    return bad("the header declares " + std::to_string(n_layers) + " layers, a " + std::to_string(uint64_t{n_layers} * 4) +
-               "-byte layer list at offset " + std::to_string(c.pos) + ", but the file holds only " +
-               std::to_string(data.size() - c.pos) + " bytes after the header");
-  if (uint64_t{n_layers} * t.num_experts > kMaxObjects)
-    return bad(std::to_string(n_layers) + " layers x " + std::to_string(t.num_experts) + " experts = " +
-               std::to_string(uint64_t{n_layers} * t.num_experts) + " objects, more than a trace may declare (" +
-               std::to_string(kMaxObjects) + " = 2^24; docs/FORMATS.md)");
-  t.layer_ids.reserve(n_layers);
-  for (uint32_t i = 0; i < n_layers; ++i) {
-    const size_t at = c.pos;
-    uint32_t l = 0;
-    c.Get(&l);  // in the file: checked against its size above
-    if (!t.layer_ids.empty() && l <= t.layer_ids.back())
-      return bad("layer ids are not ascending: layer id " + std::to_string(l) + " at offset " + std::to_string(at) +
-                 " follows " + std::to_string(t.layer_ids.back()) + " (entry " + std::to_string(i) + " of the " +
-                 std::to_string(n_layers) + " the header declares" +
-                 (version >= 2 ? "; a v2 header has predict_k before the list, which a v1 body marked v2 shifts)"
-                               : ")"));
-    t.layer_ids.push_back(l);
+
+ private:
+  Error Bad(const std::string& why) const { return Error(path_ + ": not a k3pack trace: " + why); }
+
+  Status ParseHeader() {
+    c_.Get(&version_);
+    c_.Get(&t_.num_experts);
+    c_.Get(&t_.top_k);
+    c_.Get(&n_layers_);
+    c_.Get(&n_records_);
+    if (version_ == 0 || version_ > kMaxVersion)
+      return Bad("unsupported version " + std::to_string(version_) + " (this build reads 1 and 2)");
+    if (t_.top_k == 0 || t_.num_experts == 0 || t_.num_experts > 65536)
+      return Bad("invalid dimensions: " + std::to_string(t_.num_experts) + " experts (1..65536), top_k " +
+                 std::to_string(t_.top_k) + " (at least 1)");
+    // A row routes top_k of the layer's experts; this also keeps rows x top_k
+    // far from overflowing in the size checks below.
+    if (t_.top_k > t_.num_experts)
+      return Bad("top_k " + std::to_string(t_.top_k) + " exceeds " + std::to_string(t_.num_experts) + " experts");
+    if (n_records_ > data_.size() / 16 + 1) return Bad("record count exceeds the file size");
+    if (version_ >= 2) {
+      if (!c_.Get(&t_.predict_k))
+        return Bad("truncated header: the file holds " + std::to_string(data_.size()) +
+                   " bytes, a v2 trace header is at least 36");
+      if (t_.predict_k > t_.num_experts)
+        return Bad("predict_k " + std::to_string(t_.predict_k) + " exceeds " + std::to_string(t_.num_experts) +
+                   " experts");
+    }
+    return Status::OK();
   }
-  t.records.reserve(n_records);
-  for (uint64_t i = 0; i < n_records; ++i) {
+
+  Status ParseLayerList() {
+    if (n_layers_ > (data_.size() - c_.pos) / 4)
+      return Bad("the header declares " + std::to_string(n_layers_) + " layers, a " +
+                 std::to_string(uint64_t{n_layers_} * 4) + "-byte layer list at offset " + std::to_string(c_.pos) +
+                 ", but the file holds only " + std::to_string(data_.size() - c_.pos) + " bytes after the header");
+    if (uint64_t{n_layers_} * t_.num_experts > kMaxObjects)
+      return Bad(std::to_string(n_layers_) + " layers x " + std::to_string(t_.num_experts) + " experts = " +
+                 std::to_string(uint64_t{n_layers_} * t_.num_experts) + " objects, more than a trace may declare (" +
+                 std::to_string(kMaxObjects) + " = 2^24; docs/FORMATS.md)");
+    t_.layer_ids.reserve(n_layers_);
+    for (uint32_t i = 0; i < n_layers_; ++i) {
+      const size_t at = c_.pos;
+      uint32_t l = 0;
+      c_.Get(&l);  // in the file: checked against its size above
+      if (!t_.layer_ids.empty() && l <= t_.layer_ids.back())
+        return Bad("layer ids are not ascending: layer id " + std::to_string(l) + " at offset " + std::to_string(at) +
+                   " follows " + std::to_string(t_.layer_ids.back()) + " (entry " + std::to_string(i) + " of the " +
+                   std::to_string(n_layers_) + " the header declares" +
+                   (version_ >= 2 ? "; a v2 header has predict_k before the list, which a v1 body marked v2 shifts)"
+                                  : ")"));
+      t_.layer_ids.push_back(l);
+    }
+    return Status::OK();
+  }
+
+  Status ParseRecord(uint64_t i) {
     uint32_t layer, rows, request, flags;
-    if (!c.Get(&layer) || !c.Get(&rows) || !c.Get(&request) || !c.Get(&flags))
-      return bad("truncated at record " + std::to_string(i));
+    if (!c_.Get(&layer) || !c_.Get(&rows) || !c_.Get(&request) || !c_.Get(&flags))
+      return Bad("truncated at record " + std::to_string(i));
     const std::string at = " at record " + std::to_string(i);
-    if (rows == 0) return bad("0 rows" + at + " (a call routes at least one token)");
+    if (rows == 0) return Bad("0 rows" + at + " (a call routes at least one token)");
     // Every consumer looks the layer up in the header's list.
-    if (!std::binary_search(t.layer_ids.begin(), t.layer_ids.end(), layer))
-      return bad("layer " + std::to_string(layer) + at + " is not in the header's layer list");
-    uint64_t n = uint64_t{rows} * t.top_k;
-    if (n > (data.size() - c.pos) / 2) return bad("truncated ids" + at);
-    if (version >= 2) {
-      if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions | kFlagTokenPredictions))
-        return bad("unknown flag bits 0x" + [&] { char b[16]; std::snprintf(b, sizeof b, "%x", flags); return std::string(b); }() + at);
-      if ((flags & kFlagPredictions) && t.predict_k == 0)
-        return bad("predictions flagged" + at + " but the header's predict_k is 0");
-      if ((flags & kFlagTokenPredictions) && t.predict_k == 0)
-        return bad("next-token predictions flagged" + at + " but the header's predict_k is 0");
+    if (!std::binary_search(t_.layer_ids.begin(), t_.layer_ids.end(), layer))
+      return Bad("layer " + std::to_string(layer) + at + " is not in the header's layer list");
+    const uint64_t n = uint64_t{rows} * t_.top_k;
+    if (n > (data_.size() - c_.pos) / 2) return Bad("truncated ids" + at);
+    if (version_ >= 2) {
+      if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions | kFlagTokenPredictions)) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "%x", flags);
+        return Bad("unknown flag bits 0x" + std::string(hex) + at);
+      }
+      if ((flags & kFlagPredictions) && t_.predict_k == 0)
+        return Bad("predictions flagged" + at + " but the header's predict_k is 0");
+      if ((flags & kFlagTokenPredictions) && t_.predict_k == 0)
+        return Bad("next-token predictions flagged" + at + " but the header's predict_k is 0");
     } else {
       flags &= kFlagPrefill;  // v1 readers ignored the other bits
     }
-    Record r{layer, rows, request, (flags & kFlagPrefill) != 0, t.ids.size()};
-    size_t old = t.ids.size();
-    t.ids.resize(old + n);
-    std::memcpy(t.ids.data() + old, data.data() + c.pos, n * 2);
-    c.pos += n * 2;
+    Record r{layer, rows, request, (flags & kFlagPrefill) != 0, t_.ids.size()};
     // Every consumer indexes per-expert tables by these ids (found by trace_fuzz).
-    for (size_t k = old; k < t.ids.size(); ++k) {
-      if (t.ids[k] >= t.num_experts) {
-        return bad("expert id " + std::to_string(t.ids[k]) + " at record " + std::to_string(i) + " is not below " +
-                   std::to_string(t.num_experts) + " experts");
-      }
-    }
+    K3_RETURN_IF_ERROR(ReadIds(n, "truncated ids", "expert id ", at, &t_.ids, &r.offset));
     if (flags & kFlagRowRequests) {
-      if (c.pos + uint64_t{rows} * 4 > data.size()) return bad("truncated row requests" + at);
+      if (c_.pos + uint64_t{rows} * 4 > data_.size()) return Bad("truncated row requests" + at);
       r.has_row_requests = true;
-      r.row_request_offset = t.row_requests.size();
-      t.row_requests.resize(t.row_requests.size() + rows);
-      std::memcpy(t.row_requests.data() + r.row_request_offset, data.data() + c.pos, size_t{rows} * 4);
-      c.pos += size_t{rows} * 4;
+      r.row_request_offset = t_.row_requests.size();
+      t_.row_requests.resize(t_.row_requests.size() + rows);
+      std::memcpy(t_.row_requests.data() + r.row_request_offset, data_.data() + c_.pos, size_t{rows} * 4);
+      c_.pos += size_t{rows} * 4;
     }
-    // Predicted ids (next layer, then next token): rows * predict_k, each below num_experts.
-    auto read_predicted = [&](const std::string& kind, std::vector<uint16_t>* dst, uint64_t* offset) -> Status {
-      uint64_t np = uint64_t{rows} * t.predict_k;
-      if (c.pos + np * 2 > data.size()) return bad("truncated " + kind + "predictions" + at);
-      *offset = dst->size();
-      dst->resize(dst->size() + np);
-      std::memcpy(dst->data() + *offset, data.data() + c.pos, np * 2);
-      c.pos += np * 2;
-      for (uint64_t k = *offset; k < dst->size(); ++k)
-        if ((*dst)[k] >= t.num_experts)
-          return bad(kind + "predicted expert id " + std::to_string((*dst)[k]) + at + " is not below " +
-                     std::to_string(t.num_experts) + " experts");
-      return Status::OK();
-    };
+    // Predicted ids (next layer, then next token): rows * predict_k each.
+    const uint64_t np = uint64_t{rows} * t_.predict_k;
     if (flags & kFlagPredictions) {
-      K3_RETURN_IF_ERROR(read_predicted("", &t.predictions, &r.prediction_offset));
+      K3_RETURN_IF_ERROR(ReadIds(np, "truncated predictions", "predicted expert id ", at, &t_.predictions,
+                                 &r.prediction_offset));
       r.has_predictions = true;
     }
     if (flags & kFlagTokenPredictions) {
-      K3_RETURN_IF_ERROR(read_predicted("next-token ", &t.token_predictions, &r.token_prediction_offset));
+      K3_RETURN_IF_ERROR(ReadIds(np, "truncated next-token predictions", "next-token predicted expert id ", at,
+                                 &t_.token_predictions, &r.token_prediction_offset));
       r.has_token_predictions = true;
     }
-    t.records.push_back(r);
+    t_.records.push_back(r);
+    return Status::OK();
   }
-  if (c.pos != data.size()) return bad(std::to_string(data.size() - c.pos) + " trailing bytes");
-  return t;
-}
+
+  // Appends n expert ids to `dst` (their start in *offset), each below
+  // num_experts; `truncated` is the error when the file ends first.
+  Status ReadIds(uint64_t n, const std::string& truncated, const std::string& what, const std::string& at,
+                 std::vector<uint16_t>* dst, uint64_t* offset) {
+    if (c_.pos + n * 2 > data_.size()) return Bad(truncated + at);
+    *offset = dst->size();
+    dst->resize(dst->size() + n);
+    std::memcpy(dst->data() + *offset, data_.data() + c_.pos, n * 2);
+    c_.pos += n * 2;
+    for (uint64_t k = *offset; k < dst->size(); ++k) {
+      if ((*dst)[k] >= t_.num_experts)
+        return Bad(what + std::to_string((*dst)[k]) + at + " is not below " + std::to_string(t_.num_experts) +
+                   " experts");
+    }
+    return Status::OK();
+  }
+
+  std::string_view data_;
+  const std::string& path_;
+  Cursor c_;
+  Trace t_;
+  uint32_t version_ = 0, n_layers_ = 0;
+  uint64_t n_records_ = 0;
+};
+
+}  // namespace
+
+Result<Trace> ParseTrace(std::string_view data, const std::string& path) { return TraceParser(data, path).Parse(); }
 
 uint64_t CountTokens(const Trace& t) {
   uint32_t lowest = UINT32_MAX;
