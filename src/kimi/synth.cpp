@@ -283,37 +283,21 @@ Result<ModelPlan> PlanModel(const SynthOptions& o) {
   return p;
 }
 
-}  // namespace
-
-Result<uint64_t> PlannedTensorCount(const SynthOptions& o) {
-  K3_ASSIGN_OR_RETURN(ModelPlan p, PlanModel(o));
-  return p.table.size();
-}
-
-Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
-  if (o.out_dir.empty()) return Error("synth: no output directory given");
-  if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
-    return Error("synth: alignment must be a nonzero power of two, got " + std::to_string(o.alignment));
-  }
-  if (o.shards < 1 || o.shards > 65535) {
-    return Error("synth: shard count must be in 1..65535 (split.count is UINT16)");
-  }
-  K3_ASSIGN_OR_RETURN(ModelPlan plan, PlanModel(o));
-  const SynthDims& d = plan.d;
-  const std::vector<ExpectedTensor>& table = plan.table;
-  SynthResult& res = plan.res;
-  const std::map<std::string, Fault>& ssm_faults = plan.ssm_faults;
-  if (o.shards > table.size()) {
-    return Error("synth: " + std::to_string(o.shards) + " shards requested for only " + std::to_string(table.size()) +
-                 " tensors");
-  }
-
-  // Tensor specs with deterministic payloads.
+struct TensorSpecs {
   std::vector<gguf::TensorSpec> specs;
-  std::vector<uint64_t> padded;
+  std::vector<uint64_t> padded_bytes;  // each tensor's bytes padded to 32, for the shard assignment
+};
+
+// The writer's tensor specs: deterministic payloads per (seed, name), holes
+// for tensors above the hole threshold, progress counted as ranges are filled.
+TensorSpecs SpecsOf(const ModelPlan& plan, const SynthOptions& o) {
+  TensorSpecs out;
+  std::vector<gguf::TensorSpec>& specs = out.specs;
   auto progress = std::make_shared<Progress>();
   progress->phase = "synth";
   progress->unit = "tensors";
+  const std::vector<ExpectedTensor>& table = plan.table;
+  const std::map<std::string, Fault>& ssm_faults = plan.ssm_faults;
   specs.reserve(table.size());
   for (const ExpectedTensor& t : table) {
     gguf::TensorSpec s;
@@ -321,7 +305,7 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
     s.type = t.type;
     s.ne = t.ne;
     const uint64_t bytes = TensorBytes(t);
-    padded.push_back((bytes + 31) / 32 * 32);
+    out.padded_bytes.push_back((bytes + 31) / 32 * 32);
     const uint64_t seed = TensorSeed(o.seed, t.name);
     if (t.role == TensorRole::kSsmA && !IsBlockType(t.type)) {
       auto it = ssm_faults.find(t.name);
@@ -345,28 +329,11 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
     }
     specs.push_back(std::move(s));
   }
-  const std::vector<uint32_t> shard_of = AssignShards(padded, o.shards);
+  return out;
+}
 
-  const SynthVocab vocab = MakeVocab(d.vocab);
-  const gguf::MetadataBuilder meta = BuildMetadata(o, d, vocab);
-  gguf::MetadataBuilder per_shard;
-  per_shard.Str("general.architecture", "kimi-k3");
-  if (o.metadata_in_every_shard) {
-    for (const auto& e : meta.entries()) per_shard.Raw(e.key, e.type, e.encoded);
-  }
-
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  if (ec) return Error::FromErrno("cannot create directory " + o.out_dir, ec.value());
-  K3_RETURN_IF_ERROR(RemoveOldSet(o.out_dir, o.prefix));
-  gguf::WriteOptions wopts;
-  wopts.alignment = o.alignment;
-  K3_ASSIGN_OR_RETURN(res.shard_paths,
-                      gguf::WriteGgufSplit(o.out_dir, o.prefix, o.metadata_in_every_shard ? gguf::MetadataBuilder{} : meta,
-                                           per_shard, specs, shard_of, wopts));
-  res.tensor_count = specs.size();
-
-  // Faults that patch the written bytes.
+// The faults that patch bytes the writer wrote, each noted in res.
+Status ApplyWrittenFaults(const SynthOptions& o, uint64_t tensor_count, SynthResult& res) {
   if (Has(o, Fault::kBadSplitNo)) {
     const uint32_t target = res.shard_paths.size() >= 2 ? 1 : 0;
     const uint16_t bad = static_cast<uint16_t>(target + 1);
@@ -376,13 +343,13 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
                               " has split.no " + std::to_string(bad) + " instead of " + std::to_string(target));
   }
   if (Has(o, Fault::kStaleTensorCount)) {
-    const int32_t stale = static_cast<int32_t>(specs.size() + 1);
+    const int32_t stale = static_cast<int32_t>(tensor_count + 1);
     for (const std::string& p : res.shard_paths) {
       K3_ASSIGN_OR_RETURN(uint64_t at, ValueOffset(p, "split.tensors.count"));
       K3_RETURN_IF_ERROR(PatchFile(p, at, &stale, 4));
     }
     res.fault_notes.push_back("stale-tensor-count: split.tensors.count is " + std::to_string(stale) + ", " +
-                              std::to_string(specs.size()) + " tensors written");
+                              std::to_string(tensor_count) + " tensors written");
   }
   if (Has(o, Fault::kTruncatedShard)) {
     const std::string& last = res.shard_paths.back();
@@ -403,7 +370,12 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
                               std::to_string(cut) + " bytes, inside " + victim);
   }
 
-  // config.json and the tokenizer directory.
+  return Status::OK();
+}
+
+// config.json beside the shards, and the tokenizer directory.
+Status WriteConfigAndTokenizer(const SynthOptions& o, const SynthDims& d, const SynthVocab& vocab, SynthResult& res) {
+  std::error_code ec;
   const std::string config = ConfigJson(d, vocab).dump(2) + "\n";
   res.config_path = (fs::path(o.out_dir) / "config.json").string();
   res.tokenizer_dir = (fs::path(o.out_dir) / "tokenizer").string();
@@ -415,6 +387,58 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
       WriteFileAtomic(res.tokenizer_dir + "/tokenizer_config.json", TokenizerConfigJson(vocab, d).dump(2) + "\n"));
   K3_RETURN_IF_ERROR(WriteFileAtomic(res.tokenizer_dir + "/tiktoken.model", TiktokenModel(vocab)));
 
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<uint64_t> PlannedTensorCount(const SynthOptions& o) {
+  K3_ASSIGN_OR_RETURN(ModelPlan p, PlanModel(o));
+  return p.table.size();
+}
+
+Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
+  if (o.out_dir.empty()) return Error("synth: no output directory given");
+  if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0) {
+    return Error("synth: alignment must be a nonzero power of two, got " + std::to_string(o.alignment));
+  }
+  if (o.shards < 1 || o.shards > 65535) {
+    return Error("synth: shard count must be in 1..65535 (split.count is UINT16)");
+  }
+  K3_ASSIGN_OR_RETURN(ModelPlan plan, PlanModel(o));
+  const SynthDims& d = plan.d;
+  const std::vector<ExpectedTensor>& table = plan.table;
+  SynthResult& res = plan.res;
+  if (o.shards > table.size()) {
+    return Error("synth: " + std::to_string(o.shards) + " shards requested for only " + std::to_string(table.size()) +
+                 " tensors");
+  }
+
+  const TensorSpecs tensors = SpecsOf(plan, o);
+  const std::vector<gguf::TensorSpec>& specs = tensors.specs;
+  const std::vector<uint32_t> shard_of = AssignShards(tensors.padded_bytes, o.shards);
+
+  const SynthVocab vocab = MakeVocab(d.vocab);
+  const gguf::MetadataBuilder meta = BuildMetadata(o, d, vocab);
+  gguf::MetadataBuilder per_shard;
+  per_shard.Str("general.architecture", "kimi-k3");
+  if (o.metadata_in_every_shard) {
+    for (const auto& e : meta.entries()) per_shard.Raw(e.key, e.type, e.encoded);
+  }
+
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return Error::FromErrno("cannot create directory " + o.out_dir, ec.value());
+  K3_RETURN_IF_ERROR(RemoveOldSet(o.out_dir, o.prefix));
+  gguf::WriteOptions wopts;
+  wopts.alignment = o.alignment;
+  K3_ASSIGN_OR_RETURN(res.shard_paths,
+                      gguf::WriteGgufSplit(o.out_dir, o.prefix, o.metadata_in_every_shard ? gguf::MetadataBuilder{} : meta,
+                                           per_shard, specs, shard_of, wopts));
+  res.tensor_count = specs.size();
+
+  K3_RETURN_IF_ERROR(ApplyWrittenFaults(o, specs.size(), res));
+  K3_RETURN_IF_ERROR(WriteConfigAndTokenizer(o, d, vocab, res));
   for (const std::string& p : res.shard_paths) {
     K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(p));
     res.total_bytes += size;
