@@ -111,192 +111,230 @@ struct IntegersAsWritten : nlohmann::detail::json_sax_dom_parser<nlohmann::json>
   }
 };
 
-}  // namespace
+// build_pack(): collects the experts, applies `k3pack pack`'s output rule and
+// builds (or reports the pack already built).
+py::dict BuildPackCall(const std::string& gguf_dir, const std::string& model_config, const std::string& out,
+                       const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
+                       int threads, py::object progress, py::object log, bool force, bool hash_sources,
+                       const py::object& wait) {
+  kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
+  LockWaitKeyword waiting(wait, log, "the pack's lock");
+  pack::BuildOptions o;
+  o.out_path = out;
+  o.safety_margin_gib = safety_margin_gib;
+  o.restart = restart;
+  o.threads = threads;
+  o.hash_sources = hash_sources;
+  o.progress = ProgressCallback(progress);
+  o.log = LineCallback(log);
+  pack::PackOutputPlan plan;
+  Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
+    NoGil nogil;
+    pack::CollectOptions copts;
+    copts.allow_mixed_types = allow_mixed_types;
+    K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
+    if (o.out_path.empty()) {
+      K3_ASSIGN_OR_RETURN(o.out_path, pack::DefaultPackPath(experts.shard_paths.front()));
+    }
+    // `k3pack pack`'s rule, before BuildPack creates its lock file beside the output.
+    pack::PackOutputRequest req = PackRequest("out", o.out_path, model_config, experts, force);
+    req.progress = o.progress;  // the full comparison of a pack whose shards' stamps changed
+    if (o.log) req.note = [&o](const std::string& why) { o.log("note: " + why); };
+    K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
+    if (plan.action == OutputAction::kAlreadyBuilt) return pack::BuildResult{};
+    o.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
+    return pack::BuildPack(experts, o);
+  }();
+  waiting.RaiseIfInterrupted();
+  if (!r.ok()) RaiseBuildError(r.error());
+  pack::BuildResult b = std::move(r).value();
+  py::dict d;
+  if (plan.action == OutputAction::kAlreadyBuilt) {
+    // A valid pack of these shards is there: nothing was written (the CLI's "already built").
+    const nlohmann::json& v = plan.valid_section;
+    d["already_built"] = true;
+    d["pack"] = o.out_path;
+    d["digests"] = pack::DigestsPathFor(o.out_path);
+    d["size"] = v.value("size", uint64_t{0});
+    d["index_count"] = v.value("index_count", uint64_t{0});
+    d["index_sha256"] = v.value("index_sha256", std::string());
+    return d;
+  }
+  d["already_built"] = false;
+  d["pack"] = b.pack_path;
+  d["digests"] = b.digests_path;
+  d["size"] = b.pack_bytes;
+  d["index_count"] = b.index_count;
+  d["index_sha256"] = b.index_sha256;
+  d["copied_bytes"] = b.copied_bytes;
+  d["hole_bytes"] = b.hole_bytes;
+  d["resumed_objects"] = b.resumed_objects;
+  d["seconds"] = b.seconds;
+  if (hash_sources) d["source_sha256"] = b.source_sha256;
+  return d;
+}
 
-void RegisterPack(py::module_& m) {
+// _plan_build(): k3pack.build's checks before a byte is written; returns the
+// paths, the profile and the pack's lock, held for the build.
+py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_config,
+                       const std::string& tokenizer_dir, const std::string& pack_arg,
+                       const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
+                       bool allow_unsupported, bool force, const py::object& wait, const py::object& log) {
+  kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
+  LockWaitKeyword waiting(wait, log, "the pack's lock");
+  std::string out = pack_arg, manifest_path = manifest_arg;
+  pack::PackOutputPlan plan;
+  OutputAction maction{};
+  // Why an existing manifest is taken over, told to `log` (else the "k3pack"
+  // logger) once the GIL is back; the plan's pass may run twice: each once.
+  std::vector<std::string> notes;
+  Status st = [&]() -> Status {
+    NoGil nogil;
+    pack::CollectOptions copts;
+    copts.allow_mixed_types = allow_mixed_types;
+    K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
+    if (!allow_unsupported) {  // `k3pack build`'s gate, before a byte is written
+      Status gate = k3pack::doctor::CheckSglangCanLoad(experts.shard_paths.front(), p, model_config, allow_mixed_types);
+      if (!gate.ok()) {
+        return gate.error().WithHint("run `k3pack doctor " + gguf_dir +
+                                     "` for every problem and its fix; pass allow_unsupported=True to build the "
+                                     "pack anyway");
+      }
+    }
+    if (out.empty()) {
+      K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
+    }
+    pack::PackOutputRequest req = PackRequest("pack", out, model_config, experts, force);
+    req.note = [&](const std::string& why) {
+      if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
+    };
+    // `k3pack build`'s manifest rule, in the plan's own pass (under the pack's lock; a refusal makes no
+    // lock file): none of the inputs, the pack included.
+    req.then = [&](const pack::PackOutputPlan& decided) -> Status {
+      if (manifest_path.empty()) {
+        manifest_path = (std::filesystem::path(out).parent_path() / manifest::kDefaultManifestName).string();
+      }
+      manifest::BuildManifestRequest request;
+      request.path = manifest_path;
+      request.option = "manifest";
+      request.force_option = "force=True";
+      request.force = force;
+      request.pack_path = out;
+      request.pack_action = decided.action;
+      request.pack_section = decided.valid_section;
+      request.inputs = req.inputs;
+      request.tokenizer_dir = tokenizer_dir;
+      request.names.pack = "pack";
+      request.names.tokenizer_dir = "tokenizer_dir";
+      request.note = [&](const std::string& why) {
+        if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
+      };
+      K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
+      return Status::OK();
+    };
+    K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
+    return Status::OK();
+  }();
+  waiting.RaiseIfInterrupted();
+  Check(st);
+  if (!notes.empty()) {
+    auto say = LogLines(log);
+    for (const std::string& why : notes) say("note: " + why);
+  }
+  py::dict d;
+  d["pack"] = out;
+  d["manifest"] = manifest_path;
+  d["profile"] = kimi::ProfileName(p);
+  d["already_built"] = maction == OutputAction::kAlreadyBuilt;
+  // The manifest there is written over (force=True, or the rule took it over).
+  d["replace_manifest"] = maction == OutputAction::kReplace;
+  // k3pack.build holds it to its manifest's last byte, as `k3pack build` does.
+  d["lock"] = py::cast(std::move(*plan.lock));
+  return d;
+}
+
+// create_manifest(): the manifest, written as `k3pack manifest` writes it
+// when `output` is given.
+py::object CreateManifestCall(const std::string& gguf_dir, const std::string& expert_pack,
+                              const std::string& model_config, const std::string& tokenizer_dir,
+                              const std::string& output, const py::object& profile, int64_t payload_samples,
+                              bool full_source_hashes, bool full_pack_hash, py::object progress, bool force,
+                              std::map<std::string, std::string> known_shard_sha256) {
+  manifest::CreateOptions o;
+  o.gguf_dir = gguf_dir;
+  o.expert_pack = expert_pack;
+  o.model_config = model_config;
+  o.tokenizer_dir = tokenizer_dir;
+  o.profile = ProfileArg(profile, {expert_pack, model_config, gguf_dir});
+  o.payload_samples = payload_samples;
+  o.full_source_hashes = full_source_hashes;
+  o.full_pack_hash = full_pack_hash;
+  o.progress = LineCallback(progress);
+  o.known_shard_sha256 = std::move(known_shard_sha256);
+  auto signals = std::make_shared<PendingSignals>("creating the manifest");
+  o.interrupt_check = PendingSignals::CheckOf(signals);
+  Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
+    NoGil nogil;
+    if (!output.empty()) {
+      // `k3pack manifest`'s rule: the output is none of the inputs.
+      K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs(
+          {{"output", output}},
+          manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames)));
+      K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
+    }
+    const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);
+    K3_ASSIGN_OR_RETURN(nlohmann::json doc, manifest::CreateManifest(o));
+    if (output.empty()) return doc;
+    k3pack::OutputSpec spec;
+    spec.option = "output";
+    spec.path = output;
+    spec.force = force;
+    spec.force_option = "force=True";
+    spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, doc); };
+    spec.why_refused = "it differs from the manifest of these inputs";
+    spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
+    K3_ASSIGN_OR_RETURN(OutputAction action, k3pack::DecideOutput(spec));
+    // Already built: the file is left as it is, and is what is returned.
+    if (action == OutputAction::kAlreadyBuilt) return manifest::ReadManifestJson(output);
+    K3_RETURN_IF_ERROR(k3pack::WriteIfStillAsSeen("output", output, seen,
+                                                  [&] { return manifest::WriteManifest(output, doc); }));
+    return doc;
+  }();
+  signals->RaiseIfInterrupted();
+  return JsonToPython(Unwrap(std::move(r)));
+}
+
+// build_pack and the lock _plan_build hands k3pack.build.
+void RegisterBuildPack(py::module_& m) {
   py::class_<k3pack::LockFile>(m, "_PackLock",
                        "the exclusive lock on <pack>.lock that _plan_build took; held until release() "
                        "(or until the object goes): no other writer of the pack acts meanwhile")
       .def("release", [](k3pack::LockFile& lock) { lock = k3pack::LockFile(); }, "let the lock go (idempotent)");
-  m.def("build_pack", [](const std::string& gguf_dir, const std::string& model_config, const std::string& out,
-                         const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
-                         int threads, py::object progress, py::object log, bool force, bool hash_sources,
-                         const py::object& wait) {
-    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
-    LockWaitKeyword waiting(wait, log, "the pack's lock");
-    pack::BuildOptions o;
-    o.out_path = out;
-    o.safety_margin_gib = safety_margin_gib;
-    o.restart = restart;
-    o.threads = threads;
-    o.hash_sources = hash_sources;
-    o.progress = ProgressCallback(progress);
-    o.log = LineCallback(log);
-    pack::PackOutputPlan plan;
-    Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
-      NoGil nogil;
-      pack::CollectOptions copts;
-      copts.allow_mixed_types = allow_mixed_types;
-      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
-      if (o.out_path.empty()) {
-        K3_ASSIGN_OR_RETURN(o.out_path, pack::DefaultPackPath(experts.shard_paths.front()));
-      }
-      // `k3pack pack`'s rule, before BuildPack creates its lock file beside the output.
-      pack::PackOutputRequest req = PackRequest("out", o.out_path, model_config, experts, force);
-      req.progress = o.progress;  // the full comparison of a pack whose shards' stamps changed
-      if (o.log) req.note = [&o](const std::string& why) { o.log("note: " + why); };
-      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
-      if (plan.action == OutputAction::kAlreadyBuilt) return pack::BuildResult{};
-      o.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
-      return pack::BuildPack(experts, o);
-    }();
-    waiting.RaiseIfInterrupted();
-    if (!r.ok()) RaiseBuildError(r.error());
-    pack::BuildResult b = std::move(r).value();
-    py::dict d;
-    if (plan.action == OutputAction::kAlreadyBuilt) {
-      // A valid pack of these shards is there: nothing was written (the CLI's "already built").
-      const nlohmann::json& v = plan.valid_section;
-      d["already_built"] = true;
-      d["pack"] = o.out_path;
-      d["digests"] = pack::DigestsPathFor(o.out_path);
-      d["size"] = v.value("size", uint64_t{0});
-      d["index_count"] = v.value("index_count", uint64_t{0});
-      d["index_sha256"] = v.value("index_sha256", std::string());
-      return d;
-    }
-    d["already_built"] = false;
-    d["pack"] = b.pack_path;
-    d["digests"] = b.digests_path;
-    d["size"] = b.pack_bytes;
-    d["index_count"] = b.index_count;
-    d["index_sha256"] = b.index_sha256;
-    d["copied_bytes"] = b.copied_bytes;
-    d["hole_bytes"] = b.hole_bytes;
-    d["resumed_objects"] = b.resumed_objects;
-    d["seconds"] = b.seconds;
-    if (hash_sources) d["source_sha256"] = b.source_sha256;
-    return d;
-  }, py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(), py::arg("out") = "",
-     py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false, py::arg("safety_margin_gib") = 2.0,
-     py::arg("restart") = false, py::arg("threads") = 0, py::arg("progress") = py::none(),
-     py::arg("log") = py::none(), py::arg("force") = false, py::arg("hash_sources") = false,
-     py::arg("wait") = py::none(),
-     "build the expert-major pack (resumable; `k3pack pack`); out='' = <dir>/<prefix>.expert-major.pack. "
-     "As the CLI: out must not be an input; a valid pack of these shards there is reported "
-     "(already_built=True) and kept; anything else there is refused unless force=True. "
-     "Another process writing the same pack: refused at once, or, with wait=SECONDS (float('inf') or "
-     "'forever': until it lets go; `k3pack pack --wait`), waited for, then judged as it left the pack. "
-     "hash_sources=True also hashes every whole shard beside the copy (one read of the shards) and returns "
-     "source_sha256 {resolved shard path: hex}, which create_manifest(known_shard_sha256=...) takes");
 
-  m.def("_plan_build", [](const std::string& gguf_dir, const std::string& model_config,
-                          const std::string& tokenizer_dir, const std::string& pack_arg,
-                          const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
-                          bool allow_unsupported, bool force, const py::object& wait, const py::object& log) {
-    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
-    LockWaitKeyword waiting(wait, log, "the pack's lock");
-    std::string out = pack_arg, manifest_path = manifest_arg;
-    pack::PackOutputPlan plan;
-    OutputAction maction{};
-    // Why an existing manifest is taken over, told to `log` (else the "k3pack"
-    // logger) once the GIL is back; the plan's pass may run twice: each once.
-    std::vector<std::string> notes;
-    Status st = [&]() -> Status {
-      NoGil nogil;
-      pack::CollectOptions copts;
-      copts.allow_mixed_types = allow_mixed_types;
-      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
-      if (!allow_unsupported) {  // `k3pack build`'s gate, before a byte is written
-        Status gate = k3pack::doctor::CheckSglangCanLoad(experts.shard_paths.front(), p, model_config, allow_mixed_types);
-        if (!gate.ok()) {
-          return gate.error().WithHint("run `k3pack doctor " + gguf_dir +
-                                       "` for every problem and its fix; pass allow_unsupported=True to build the "
-                                       "pack anyway");
-        }
-      }
-      if (out.empty()) {
-        K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
-      }
-      pack::PackOutputRequest req = PackRequest("pack", out, model_config, experts, force);
-      req.note = [&](const std::string& why) {
-        if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
-      };
-      // `k3pack build`'s manifest rule, in the plan's own pass (under the pack's lock; a refusal makes no
-      // lock file): none of the inputs, the pack included.
-      req.then = [&](const pack::PackOutputPlan& decided) -> Status {
-        if (manifest_path.empty()) {
-          manifest_path = (std::filesystem::path(out).parent_path() / manifest::kDefaultManifestName).string();
-        }
-        manifest::BuildManifestRequest request;
-        request.path = manifest_path;
-        request.option = "manifest";
-        request.force_option = "force=True";
-        request.force = force;
-        request.pack_path = out;
-        request.pack_action = decided.action;
-        request.pack_section = decided.valid_section;
-        request.inputs = req.inputs;
-        request.tokenizer_dir = tokenizer_dir;
-        request.names.pack = "pack";
-        request.names.tokenizer_dir = "tokenizer_dir";
-        request.note = [&](const std::string& why) {
-          if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
-        };
-        K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
-        return Status::OK();
-      };
-      K3_ASSIGN_OR_RETURN(plan, pack::PlanPackOutput(req, experts));
-      return Status::OK();
-    }();
-    waiting.RaiseIfInterrupted();
-    Check(st);
-    if (!notes.empty()) {
-      auto say = LogLines(log);
-      for (const std::string& why : notes) say("note: " + why);
-    }
-    py::dict d;
-    d["pack"] = out;
-    d["manifest"] = manifest_path;
-    d["profile"] = kimi::ProfileName(p);
-    d["already_built"] = maction == OutputAction::kAlreadyBuilt;
-    // The manifest there is written over (force=True, or the rule took it over).
-    d["replace_manifest"] = maction == OutputAction::kReplace;
-    // k3pack.build holds it to its manifest's last byte, as `k3pack build` does.
-    d["lock"] = py::cast(std::move(*plan.lock));
-    return d;
-  }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
-     py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,
-     py::arg("allow_unsupported") = false, py::arg("force") = false, py::arg("wait") = py::none(),
-     py::arg("log") = py::none(),
-     "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
-     "the profile, and whether both are already built");
+  m.def("build_pack", &BuildPackCall,
+        py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(), py::arg("out") = "",
+        py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false, py::arg("safety_margin_gib") = 2.0,
+        py::arg("restart") = false, py::arg("threads") = 0, py::arg("progress") = py::none(),
+        py::arg("log") = py::none(), py::arg("force") = false, py::arg("hash_sources") = false,
+        py::arg("wait") = py::none(),
+        "build the expert-major pack (resumable; `k3pack pack`); out='' = <dir>/<prefix>.expert-major.pack. "
+        "As the CLI: out must not be an input; a valid pack of these shards there is reported "
+        "(already_built=True) and kept; anything else there is refused unless force=True. "
+        "Another process writing the same pack: refused at once, or, with wait=SECONDS (float('inf') or "
+        "'forever': until it lets go; `k3pack pack --wait`), waited for, then judged as it left the pack. "
+        "hash_sources=True also hashes every whole shard beside the copy (one read of the shards) and returns "
+        "source_sha256 {resolved shard path: hex}, which create_manifest(known_shard_sha256=...) takes");
+}
 
-  m.def("validate_pack", [](const std::string& pack_path, const std::string& gguf_dir, const std::string& model_config,
-                            const py::object& profile, py::object allow_mixed_types, int64_t payload_samples,
-                            bool full_pack_hash, py::object progress) {
-    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
-    bool mixed = allow_mixed_types.is_none() ? p == kimi::Profile::kScaled : TruthArg(allow_mixed_types);
-    pack::ValidateOptions o;
-    o.payload_samples = payload_samples;
-    o.full_pack_hash = full_pack_hash;
-    o.progress = ProgressCallback(progress);
-    auto signals = std::make_shared<PendingSignals>("validating the pack");
-    o.interrupt_check = PendingSignals::CheckOf(signals);
-    Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
-      NoGil nogil;
-      pack::CollectOptions copts;
-      copts.allow_mixed_types = mixed;
-      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
-      return pack::ValidatePack(pack_path, experts, o);
-    }();
-    signals->RaiseIfInterrupted();
-    return JsonToPython(Unwrap(std::move(r)));
-  }, py::arg("pack_path"), py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(),
-     py::arg("profile") = py::none(), py::arg("allow_mixed_types") = py::none(), py::arg("payload_samples") = 6,
-     py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
-     "SGLang's validate_ggml_moe_pack: returns the manifest's expert_pack section. profile=None: the one "
-     "recorded beside the inputs (as build_pack), else kimi-k3");
+// k3pack.build's planning: the outputs and the inputs it finds itself.
+void RegisterPlanBuild(py::module_& m) {
+  m.def("_plan_build", &PlanBuildCall,
+        py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
+        py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,
+        py::arg("allow_unsupported") = false, py::arg("force") = false, py::arg("wait") = py::none(),
+        py::arg("log") = py::none(),
+        "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
+        "the profile, and whether both are already built");
 
   m.def("_implied_inputs", [](const std::string& gguf_dir, const std::string& model_config,
                               const std::string& tokenizer_dir) {
@@ -322,62 +360,48 @@ void RegisterPack(py::module_& m) {
   }, py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"),
      "(model_config, tokenizer_dir, [(keyword, path, why)]): the inputs left empty, found as `k3pack build` "
      "finds them (SGLang's server's tokenizer rule; config.json beside the shards or in the tokenizer dir)");
+}
 
-  m.def("create_manifest", [](const std::string& gguf_dir, const std::string& expert_pack,
-                              const std::string& model_config, const std::string& tokenizer_dir,
-                              const std::string& output, const py::object& profile, int64_t payload_samples,
-                              bool full_source_hashes, bool full_pack_hash, py::object progress, bool force,
-                              std::map<std::string, std::string> known_shard_sha256) {
-    manifest::CreateOptions o;
-    o.gguf_dir = gguf_dir;
-    o.expert_pack = expert_pack;
-    o.model_config = model_config;
-    o.tokenizer_dir = tokenizer_dir;
-    o.profile = ProfileArg(profile, {expert_pack, model_config, gguf_dir});
+// SGLang's validator.
+void RegisterValidatePack(py::module_& m) {
+  m.def("validate_pack", [](const std::string& pack_path, const std::string& gguf_dir, const std::string& model_config,
+                            const py::object& profile, py::object allow_mixed_types, int64_t payload_samples,
+                            bool full_pack_hash, py::object progress) {
+    kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
+    bool mixed = allow_mixed_types.is_none() ? p == kimi::Profile::kScaled : TruthArg(allow_mixed_types);
+    pack::ValidateOptions o;
     o.payload_samples = payload_samples;
-    o.full_source_hashes = full_source_hashes;
     o.full_pack_hash = full_pack_hash;
-    o.progress = LineCallback(progress);
-    o.known_shard_sha256 = std::move(known_shard_sha256);
-    auto signals = std::make_shared<PendingSignals>("creating the manifest");
+    o.progress = ProgressCallback(progress);
+    auto signals = std::make_shared<PendingSignals>("validating the pack");
     o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       NoGil nogil;
-      if (!output.empty()) {
-        // `k3pack manifest`'s rule: the output is none of the inputs.
-        K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs(
-            {{"output", output}},
-            manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames)));
-        K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
-      }
-      const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);
-      K3_ASSIGN_OR_RETURN(nlohmann::json doc, manifest::CreateManifest(o));
-      if (output.empty()) return doc;
-      k3pack::OutputSpec spec;
-      spec.option = "output";
-      spec.path = output;
-      spec.force = force;
-      spec.force_option = "force=True";
-      spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, doc); };
-      spec.why_refused = "it differs from the manifest of these inputs";
-      spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
-      K3_ASSIGN_OR_RETURN(OutputAction action, k3pack::DecideOutput(spec));
-      // Already built: the file is left as it is, and is what is returned.
-      if (action == OutputAction::kAlreadyBuilt) return manifest::ReadManifestJson(output);
-      K3_RETURN_IF_ERROR(k3pack::WriteIfStillAsSeen("output", output, seen,
-                                                    [&] { return manifest::WriteManifest(output, doc); }));
-      return doc;
+      pack::CollectOptions copts;
+      copts.allow_mixed_types = mixed;
+      K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
+      return pack::ValidatePack(pack_path, experts, o);
     }();
     signals->RaiseIfInterrupted();
     return JsonToPython(Unwrap(std::move(r)));
-  }, py::arg("gguf_dir"), py::arg("expert_pack"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(),
-     py::arg("output") = "", py::arg("profile") = py::none(), py::arg("payload_samples") = 6,
-     py::arg("full_source_hashes") = true, py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
-     py::arg("force") = false, py::arg("known_shard_sha256") = std::map<std::string, std::string>{},
-     "SGLang's create_manifest; writes it byte-compatibly to `output` when given (as `k3pack manifest`: not an "
-     "input; the same manifest there is kept; anything else there is refused unless force=True); returns the "
-     "document. known_shard_sha256 {resolved shard path: hex} (build_pack(hash_sources=True)'s source_sha256): "
-     "those shards are not read again for full_source_hashes");
+  }, py::arg("pack_path"), py::arg("gguf_dir"), py::arg("model_config"), py::kw_only(),
+     py::arg("profile") = py::none(), py::arg("allow_mixed_types") = py::none(), py::arg("payload_samples") = 6,
+     py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
+     "SGLang's validate_ggml_moe_pack: returns the manifest's expert_pack section. profile=None: the one "
+     "recorded beside the inputs (as build_pack), else kimi-k3");
+}
+
+// Writing, serializing and reading manifests.
+void RegisterManifest(py::module_& m) {
+  m.def("create_manifest", &CreateManifestCall,
+        py::arg("gguf_dir"), py::arg("expert_pack"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(),
+        py::arg("output") = "", py::arg("profile") = py::none(), py::arg("payload_samples") = 6,
+        py::arg("full_source_hashes") = true, py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
+        py::arg("force") = false, py::arg("known_shard_sha256") = std::map<std::string, std::string>{},
+        "SGLang's create_manifest; writes it byte-compatibly to `output` when given (as `k3pack manifest`: not an "
+        "input; the same manifest there is kept; anything else there is refused unless force=True); returns the "
+        "document. known_shard_sha256 {resolved shard path: hex} (build_pack(hash_sources=True)'s source_sha256): "
+        "those shards are not read again for full_source_hashes");
 
   m.def("serialize_manifest", [](py::object doc) {
     // allow_nan=False: NaN / Infinity is json's own ValueError, not nlohmann's parse_error as a RuntimeError.
@@ -399,7 +423,10 @@ void RegisterPack(py::module_& m) {
      "the manifest file's JSON as dicts and lists, parsed but not checked (ExpertStore and verify_pack check "
      "it); a missing file is FileNotFoundError, text that is not JSON a ValueError naming the file and the "
      "parser's position");
+}
 
+// verify_pack: a pack against its manifest and shards.
+void RegisterVerifyPack(py::module_& m) {
   m.def("verify_pack", [](const std::string& manifest_path, bool full, int64_t samples, bool against_source,
                           py::object progress) {
     manifest::VerifyPackOptions o;
@@ -419,6 +446,16 @@ void RegisterPack(py::module_& m) {
      py::arg("against_source") = false, py::arg("progress") = py::none(),
      "shards unchanged (size + header digest), pack structure and index digest as recorded, then payloads: "
      "`samples` byte compares with GGUF, or full=True: every payload against the digest sidecar");
+}
+
+}  // namespace
+
+void RegisterPack(py::module_& m) {
+  RegisterBuildPack(m);
+  RegisterPlanBuild(m);
+  RegisterValidatePack(m);
+  RegisterManifest(m);
+  RegisterVerifyPack(m);
 }
 
 }  // namespace k3py
