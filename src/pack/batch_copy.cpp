@@ -23,9 +23,17 @@ struct Run {
 
 }  // namespace
 
-BatchBuffers::BatchBuffers(uint64_t read_bytes, uint64_t stage_bytes, bool staged) {
-  for (uint32_t r = 0; r < (staged ? 1 : kRoleCount); ++r) reads.push_back(std::make_unique<IoBuffer>(read_bytes + kDirectSlack));
-  if (staged) stage = std::make_unique<IoBuffer>(stage_bytes);
+Result<BatchBuffers> BatchBuffers::Allocate(uint64_t read_bytes, uint64_t stage_bytes, bool staged) {
+  BatchBuffers out;
+  for (uint32_t r = 0; r < (staged ? 1 : kRoleCount); ++r) {
+    K3_ASSIGN_OR_RETURN(IoBuffer read, IoBuffer::Allocate(read_bytes + kDirectSlack));
+    out.reads.push_back(std::make_unique<IoBuffer>(std::move(read)));
+  }
+  if (staged) {
+    K3_ASSIGN_OR_RETURN(IoBuffer stage, IoBuffer::Allocate(stage_bytes));
+    out.stage = std::make_unique<IoBuffer>(std::move(stage));
+  }
+  return out;
 }
 
 BatchSpan SpanOf(const PackLayout& layout, uint32_t li, uint32_t e0, uint32_t n) {

@@ -46,7 +46,7 @@ struct BatchIo {
 // cache, which is a copy already; a gather would be a second one): one read
 // buffer per role, the slices written from there, no stage.
 struct BatchBuffers {
-  BatchBuffers(uint64_t read_bytes, uint64_t stage_bytes, bool staged);
+  static Result<BatchBuffers> Allocate(uint64_t read_bytes, uint64_t stage_bytes, bool staged);
   std::vector<std::unique_ptr<IoBuffer>> reads;
   std::unique_ptr<IoBuffer> stage;  // null when unstaged
 };

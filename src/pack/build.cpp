@@ -141,7 +141,13 @@ Result<PrefixCheck> CheckPrefix(const PackLayout& layout, int fd, uint64_t objec
   std::string detail;
   constexpr uint64_t kChunk = 8u << 20;
   auto worker = [&] {
-    IoBuffer buf(kChunk);
+    auto allocated = IoBuffer::Allocate(kChunk);
+    if (!allocated.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = allocated.error();
+      return;
+    }
+    IoBuffer& buf = *allocated;
     for (uint64_t obj; (obj = next.fetch_add(1)) < objects_done && obj < first_bad.load();) {
       // Another rank's object: a hole by design, its records zero.
       if (!written.contains(static_cast<uint32_t>(obj % layout.num_experts()))) continue;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "util/crc32c.h"
 #include "util/file.h"
@@ -144,7 +145,7 @@ Status OutputFile::Write(const void* data, size_t n, uint64_t offset, std::optio
   return Status::OK();
 }
 
-IoBuffer::IoBuffer(size_t bytes) : size_(bytes) {
+Result<IoBuffer> IoBuffer::Allocate(size_t bytes) {
   // A buffer of several MiB is aligned to 2 MiB and asks for transparent
   // huge pages (the default policy here is madvise-only): the copy's
   // buffers take one fault per 2 MiB instead of 512, and every O_DIRECT
@@ -154,9 +155,21 @@ IoBuffer::IoBuffer(size_t bytes) : size_(bytes) {
   constexpr size_t kHuge = 2u << 20;
   const size_t align = bytes >= kHuge ? kHuge : 4096;
   void* p = nullptr;
-  if (posix_memalign(&p, align, bytes ? bytes : 4096) != 0) p = nullptr;
-  if (p && align == kHuge) ::madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // a hint; failure is harmless
-  data_ = static_cast<uint8_t*>(p);
+  if (int rc = posix_memalign(&p, align, bytes ? bytes : 4096); rc != 0)
+    return Error("cannot allocate an I/O buffer of " + std::to_string(bytes) + " bytes: " + std::strerror(rc),
+                 ErrorKind::kMemory, rc);
+  if (align == kHuge) ::madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // a hint; failure is harmless
+  return IoBuffer(static_cast<uint8_t*>(p), bytes);
+}
+IoBuffer::IoBuffer(IoBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+IoBuffer& IoBuffer::operator=(IoBuffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
 }
 IoBuffer::~IoBuffer() { std::free(data_); }
 

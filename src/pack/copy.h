@@ -28,14 +28,19 @@ uint32_t ZeroCrc32c(uint64_t n);
 // A reusable, page-aligned I/O buffer.
 class IoBuffer {
  public:
-  explicit IoBuffer(size_t bytes);
+  // An out-of-memory error naming the size when the memory cannot be had: a
+  // null buffer would surface later, far from here, as EFAULT from a read.
+  static Result<IoBuffer> Allocate(size_t bytes);
   ~IoBuffer();
+  IoBuffer(IoBuffer&& other) noexcept;
+  IoBuffer& operator=(IoBuffer&& other) noexcept;
   IoBuffer(const IoBuffer&) = delete;
   IoBuffer& operator=(const IoBuffer&) = delete;
   uint8_t* data() { return data_; }
   size_t size() const { return size_; }
 
  private:
+  IoBuffer(uint8_t* data, size_t size) : data_(data), size_(size) {}
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };

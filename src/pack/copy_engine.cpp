@@ -226,8 +226,17 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   std::atomic<uint64_t> objects_copied{0};
   double read_s = 0, write_s = 0, hash_s = 0, ckpt_s = 0;  // summed under mu
 
+  // The first error stops every worker; the main loop reports it.
+  auto fail = [&](const Error& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!first_error) first_error = e;
+    stop.store(true);
+    cv.notify_all();
+  };
   auto worker = [&]() {
-    BatchBuffers buf(max_batch_bytes, max_stage_bytes, pack_out.direct());
+    auto buffers = BatchBuffers::Allocate(max_batch_bytes, max_stage_bytes, pack_out.direct());
+    if (!buffers.ok()) return fail(buffers.error());
+    BatchBuffers& buf = *buffers;
     CopyStats stats;
     while (!stop.load()) {
       const uint64_t bi = next.fetch_add(1);
@@ -248,10 +257,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
                                CrcRecordOffset(n_entries, obj0 * kRoleCount));
       }
       if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first_error) first_error = st.error();
-        stop.store(true);
-        cv.notify_all();
+        fail(st.error());
         break;
       }
       written.fetch_add(stats.data_bytes - written_before, std::memory_order_relaxed);

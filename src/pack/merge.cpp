@@ -319,7 +319,9 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
 
   uint64_t total = 0, done = 0;
   for (const PackEntry& e : entries) total += e.nbytes;
-  IoBuffer buf(8 << 20);
+  auto allocated = IoBuffer::Allocate(8 << 20);
+  if (!allocated.ok()) return out.Fail(allocated.error());
+  IoBuffer& buf = *allocated;
   CopyStats stats;
   for (uint64_t i = 0; i < header.index_count; ++i) {
     const PackEntry& e = entries[i];

@@ -64,7 +64,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   }
 
   // 1. Find every damaged payload.
-  IoBuffer buf(8 << 20);
+  K3_ASSIGN_OR_RETURN(IoBuffer buf, IoBuffer::Allocate(8 << 20));
   CopyStats stats;
   std::vector<uint64_t> damaged;
   uint64_t total = 0, done = 0;

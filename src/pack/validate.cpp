@@ -163,7 +163,8 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   const auto samples = SampleEntries(h.index_count, ex.num_experts, o.payload_samples, o.ep);
   {
     std::map<uint32_t, UniqueFd> shard_fds;
-    IoBuffer a(4 << 20), b(4 << 20);
+    K3_ASSIGN_OR_RETURN(IoBuffer a, IoBuffer::Allocate(4 << 20));
+    K3_ASSIGN_OR_RETURN(IoBuffer b, IoBuffer::Allocate(4 << 20));
     for (uint64_t idx : samples) {
       if (o.interrupt_check) K3_RETURN_IF_ERROR(o.interrupt_check());
       K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + idx * kEntryBytes, kEntryBytes}));

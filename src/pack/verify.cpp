@@ -127,7 +127,10 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
     }
   };
   auto worker = [&](bool calling_thread) {
-    IoBuffer a(8 << 20), b(8 << 20);
+    auto buf_a = IoBuffer::Allocate(8 << 20), buf_b = IoBuffer::Allocate(8 << 20);
+    if (!buf_a.ok()) return fail(0, buf_a.error());
+    if (!buf_b.ok()) return fail(0, buf_b.error());
+    IoBuffer &a = *buf_a, &b = *buf_b;
     CopyStats stats;
     while (!stop.load()) {
       if (calling_thread) {

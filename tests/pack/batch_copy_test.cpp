@@ -144,7 +144,9 @@ TEST(PackBatchCopy, DirectOutputWritesRaggedTailAndChargesCountedBytes) {
   ASSERT_GE(dfd, 0) << "no O_DIRECT on " << root;
   const uint64_t size = 3 * 4096 + 100;
   ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
-  IoBuffer buf(4 * 4096);
+  auto allocated = IoBuffer::Allocate(4 * 4096);
+  ASSERT_TRUE(allocated.ok());
+  IoBuffer& buf = *allocated;
   for (size_t i = 0; i < buf.size(); ++i) buf.data()[i] = static_cast<uint8_t>(i * 7 + 1);
   WriteBudget budget;
   budget.limit = 1000;

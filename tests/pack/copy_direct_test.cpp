@@ -49,7 +49,10 @@ class CopyDirectTest : public ::testing::Test {
       EXPECT_TRUE(d.ok());
       if (d.ok()) in_direct = std::move(*d);
     }
-    IoBuffer buf(slice * n + kDirectSlack);
+    auto allocated = IoBuffer::Allocate(slice * n + kDirectSlack);
+    EXPECT_TRUE(allocated.ok());
+    if (!allocated.ok()) return c;
+    IoBuffer& buf = *allocated;
     c.digests.resize(n);
     c.crcs.resize(n);
     const auto size = std::filesystem::file_size(src);
