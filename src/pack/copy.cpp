@@ -324,15 +324,17 @@ Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBu
   return out;
 }
 
-Result<bool> RangesEqual(int a, uint64_t a_off, int b, uint64_t b_off, uint64_t n, IoBuffer& buf_a,
-                         IoBuffer& buf_b) {
+Result<bool> RangesEqual(const FileRange& a, const FileRange& b, uint64_t n, IoBuffer& buf_a, IoBuffer& buf_b) {
   const size_t chunk = std::min(buf_a.size(), buf_b.size());
   uint64_t done = 0;
   while (done < n) {
     size_t want = static_cast<size_t>(std::min<uint64_t>(chunk, n - done));
-    K3_ASSIGN_OR_RETURN(size_t ga, PreadFull(a, buf_a.data(), want, a_off + done));
-    K3_ASSIGN_OR_RETURN(size_t gb, PreadFull(b, buf_b.data(), want, b_off + done));
-    if (ga != want || gb != want) return false;
+    for (auto [range, buf] : {std::pair{&a, &buf_a}, std::pair{&b, &buf_b}}) {
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(range->fd, buf->data(), want, range->offset + done));
+      if (got != want)
+        return ShortRead(("short read of " + std::string(range->path)).c_str(), range->offset + done + got,
+                         n - done - got);
+    }
     if (std::memcmp(buf_a.data(), buf_b.data(), want) != 0) return false;
     done += want;
   }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "k3pack/error.h"
@@ -123,9 +124,16 @@ void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint3
 // SHA-256 of fd[off, +n), hole-aware. Short read: `short read at offset {o}; {r} bytes remain`.
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats);
 
-// Byte compare a[a_off, +n) with b[b_off, +n); false on mismatch or short read.
-Result<bool> RangesEqual(int a, uint64_t a_off, int b, uint64_t b_off, uint64_t n, IoBuffer& buf_a,
-                         IoBuffer& buf_b);
+// Bytes of an open file from `offset`, named for errors.
+struct FileRange {
+  int fd = -1;
+  uint64_t offset = 0;
+  std::string_view path;
+};
+// Byte compare a with b over n bytes; false on a mismatch. A file that ends
+// first is not a mismatch but an error (kEOF) naming it: `short read of
+// {path} at offset {o}; {r} bytes remain`.
+Result<bool> RangesEqual(const FileRange& a, const FileRange& b, uint64_t n, IoBuffer& buf_a, IoBuffer& buf_b);
 
 // Writes zeros over (or punches a hole into) [off, +n) of fd.
 Status ZeroRange(int fd, uint64_t off, uint64_t n);

@@ -175,11 +175,15 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
         K3_ASSIGN_OR_RETURN(UniqueFd sfd, OpenReadOnly(t.shard_path));
         it = shard_fds.emplace(t.tensor.shard_index, std::move(sfd)).first;
       }
-      K3_ASSIGN_OR_RETURN(bool same, RangesEqual(fd.get(), e.offset, it->second.get(),
-                                                 t.tensor.data_offset + s.expert * t.expert_bytes, t.expert_bytes, a, b));
-      if (!same) {
-        return Error("expert-pack payload does not match GGUF source for " + t.tensor.name + " expert " +
-                     std::to_string(s.expert));
+      auto same = RangesEqual({fd.get(), e.offset, pack_path},
+                              {it->second.get(), t.tensor.data_offset + s.expert * t.expert_bytes, t.shard_path},
+                              t.expert_bytes, a, b);
+      if (!same.ok() && same.error().kind() != ErrorKind::kEOF) return same.error();
+      if (!same.ok() || !*same) {
+        // SGLang's text for a short compare too; the hint says which file ended where.
+        Error mismatch("expert-pack payload does not match GGUF source for " + t.tensor.name + " expert " +
+                       std::to_string(s.expert));
+        return same.ok() ? mismatch : mismatch.WithHint(same.error().message());
       }
     }
   }

@@ -165,8 +165,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
           for (const Segment& sg : pm) entry_holes += sg.hole ? sg.length : 0;
         }
         if (!both_holes) {
-          auto same = RangesEqual(pack_fd.get(), s.offset, sfd, soff, s.nbytes, a, b);
-          if (!same.ok()) return fail(pos, same.error());
+          auto same = RangesEqual({pack_fd.get(), s.offset, pack_path},
+                                  {sfd, soff, ex.shard_paths[t.tensor.shard_index]}, s.nbytes, a, b);
+          if (!same.ok()) return fail(pos, same.error().WithContext("comparing " + what + " with its GGUF source"));
           if (!*same) {
             mismatch(pos, "expert-pack payload does not match GGUF source for " + what + hole_note(s));
             continue;

@@ -214,5 +214,51 @@ TEST_F(PackValidate, DigestSidecarDamageDetected) {
   EXPECT_NE(r.error().message().find("records checksum mismatch"), std::string::npos) << r.error().message();
 }
 
+// A source shard that ends inside a payload the compare reads (cut after the
+// shard set was read): verify names the shard and where it ended; validate
+// keeps SGLang's text, whose condition is "compare fails or is short", and
+// says the same in its hint. Before, both read as a payload that differs.
+TEST(PackSourceShortRead, IsNamedNotReportedAsADifferentPayload) {
+  const std::string root = testing::TempDir("short-source");
+  Model m = testing::MakeModel(root + "/model", 5);
+  BuildOptions bo;
+  bo.out_path = root + "/m.pack";
+  bo.safety_margin_gib = 0;
+  auto built = BuildPack(m.experts, bo);
+  ASSERT_TRUE(built.ok()) << built.error().message();
+  // The expert tensor whose bytes come last in the last shard: its last expert is cut in half.
+  const ExpertTensor* last = nullptr;
+  for (const auto& row : m.experts.by_layer)
+    for (const ExpertTensor& t : row)
+      if (!last || std::pair(t.tensor.shard_index, t.tensor.data_offset) >
+                       std::pair(last->tensor.shard_index, last->tensor.data_offset))
+        last = &t;
+  ASSERT_NE(last, nullptr);
+  const uint32_t expert = m.experts.num_experts - 1;
+  const uint64_t start = last->tensor.data_offset + expert * last->expert_bytes;
+  const uint64_t cut = start + last->expert_bytes / 2;
+  std::filesystem::resize_file(last->shard_path, cut);
+  const std::string where = "short read of " + last->shard_path + " at offset " + std::to_string(cut) + "; " +
+                            std::to_string(last->expert_bytes - last->expert_bytes / 2) + " bytes remain";
+  const std::string what = last->tensor.name + " expert " + std::to_string(expert);
+
+  VerifyOptions vo;
+  vo.against_digests = false;
+  vo.against_source = true;
+  auto v = VerifyPayloads(bo.out_path, m.experts, vo);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.error().kind(), ErrorKind::kEOF);
+  EXPECT_EQ(v.error().message(), "comparing " + what + " with its GGUF source: " + where);
+
+  ValidateOptions o;
+  o.payload_samples = 1 << 20;  // every entry
+  auto r = ValidatePack(bo.out_path, m.experts, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind(), ErrorKind::kValue);
+  EXPECT_EQ(r.error().headline(), "expert-pack payload does not match GGUF source for " + what);
+  EXPECT_EQ(r.error().hint(), where);
+  std::filesystem::remove_all(root);
+}
+
 }  // namespace
 }  // namespace k3pack::pack
