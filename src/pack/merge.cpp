@@ -175,8 +175,11 @@ Result<std::vector<PackEntry>> EntriesOf(const Group& g) {
   std::vector<PackEntry> entries(g.header.index_count);
   for (uint64_t i = 0; i < entries.size(); ++i) {
     K3_ASSIGN_OR_RETURN(entries[i], DecodeEntry({g.prefix.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
+    // offset + nbytes could wrap past 2^64 (the index digest vouches only
+    // that the rank packs agree, not that the index is sane).
+    const uint64_t size = g.in[0].size;
     if (entries[i].expert < 0 || static_cast<uint32_t>(entries[i].expert) >= g.num_experts ||
-        entries[i].offset + entries[i].nbytes > g.in[0].size) {
+        entries[i].nbytes > size || entries[i].offset > size - entries[i].nbytes) {
       return Error("rank pack " + g.in[0].path + ": index entry " + std::to_string(i) + " is out of range");
     }
   }
