@@ -204,18 +204,14 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     }
     if (fs::is_directory(src_dir / "tokenizer", ec)) {
       fs::create_directories(fs::path(out_dir) / "tokenizer", ec);
-      std::vector<fs::path> files;
-      for (const auto& e : fs::directory_iterator(src_dir / "tokenizer", ec)) {
-        // The overload without an error_code throws where a link cannot be
-        // followed (a loop); such a link is skipped, as a broken one is.
-        std::error_code sec;
-        if (e.is_regular_file(sec)) files.push_back(e.path());  // follows symlinks, not recursive (as SGLang)
-      }
-      std::sort(files.begin(), files.end());
-      for (const fs::path& f : files) {
-        K3_RETURN_IF_ERROR(CopyFileAtomic(f.string(), (fs::path(out_dir) / "tokenizer" / f.filename()).string(),
-                                          &result.bytes_copied));
-        result.sidecars_copied.push_back("tokenizer/" + f.filename().string());
+      // Not recursive, links followed, as SGLang; a listing that fails is an
+      // error, not a tokenizer left out of the output without a word.
+      K3_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                          RegularFileNames((src_dir / "tokenizer").string(), "tokenizer directory"));
+      for (const std::string& name : names) {
+        K3_RETURN_IF_ERROR(CopyFileAtomic((src_dir / "tokenizer" / name).string(),
+                                          (fs::path(out_dir) / "tokenizer" / name).string(), &result.bytes_copied));
+        result.sidecars_copied.push_back("tokenizer/" + name);
       }
       K3_RETURN_IF_ERROR(FsyncPath((fs::path(out_dir) / "tokenizer").string()));
     }

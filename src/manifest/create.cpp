@@ -89,15 +89,7 @@ Result<json> TokenizerSectionJson(const std::string& tokenizer_dir) {
   K3_ASSIGN_OR_RETURN(std::string dir, ResolveExisting(tokenizer_dir));
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Error::FromErrno(dir, ENOTDIR);
-  std::vector<std::string> names;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code sec;
-    if (!fs::is_regular_file(it->path(), sec)) continue;  // follows symlinks; broken links skipped
-    names.push_back(it->path().filename().string());
-  }
-  if (ec) return Error::FromErrno("cannot list tokenizer directory " + dir, ec.value());
-  // sorted(Path) within one directory = code point order of the names = byte order.
-  std::sort(names.begin(), names.end());
+  K3_ASSIGN_OR_RETURN(const std::vector<std::string> names, RegularFileNames(dir, "tokenizer directory"));
   json files = json::array();
   for (const std::string& name : names) {
     if (!IsValidUtf8(name)) return Error("tokenizer file name is not valid UTF-8: " + dir + "/" + name);

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -158,6 +159,20 @@ pid_t TempNamePid(const std::string& name, const std::string& base) {
 
 bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_name) {
   return TempNamePid(file_name, base_name) > 0;
+}
+
+Result<std::vector<std::string>> RegularFileNames(const std::string& dir, std::string_view what) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  // The range-for form advances with the throwing operator++.
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code sec;
+    if (it->is_regular_file(sec)) names.push_back(it->path().filename().string());
+  }
+  if (ec) return Error::FromErrno("cannot list " + std::string(what) + " " + dir, ec.value());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 bool HoldsMarker(const std::string& dir, const std::string& name) {

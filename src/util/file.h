@@ -139,6 +139,11 @@ Result<std::string> ReadFileToString(const std::string& path);
 Result<std::string> ReadFileHead(const std::string& path, size_t n);
 // Removes `path`; one that is not there is fine.
 Status RemoveIfExists(const std::string& path);
+// The names of the regular files in `dir`, sorted by bytes (sorted(Path) in
+// one directory): links are followed, and one that cannot be (broken, a
+// loop) is skipped. A listing that fails, at its start or mid-way, is an
+// error `cannot list {what} {dir}: ...`, never a shorter list.
+Result<std::vector<std::string>> RegularFileNames(const std::string& dir, std::string_view what);
 
 // A read-only, shared mapping of a whole file. Views handed out from it keep
 // it alive through shared_ptr, so a tensor view never outlives its bytes.

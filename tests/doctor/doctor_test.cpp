@@ -2,6 +2,15 @@
 // faults at once, without inventing others.
 #include "doctor_test_util.h"
 
+#include <linux/capability.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "../forked_child.h"
+
 namespace dtest {
 namespace {
 
@@ -206,6 +215,37 @@ TEST(Doctor, RepairSkipsATokenizerLinkThatLoops) {
   EXPECT_FALSE(fs::exists(out / "tokenizer" / "loop"));
   EXPECT_FALSE(rep->sidecars_copied.empty());
   EXPECT_FALSE(fs::exists(out / doctor::kRepairMarkerName));
+}
+
+// The repair listed the tokenizer directory with an iterator whose failures
+// it never saw: a directory it could not read made an output without the
+// tokenizer files, reported as a success. A listing that fails (at its start,
+// as here, or mid-way, which no test can bring about on demand) is an error.
+TEST(Doctor, RepairReportsATokenizerDirectoryItCannotList) {
+  synth::SynthResult raw = Synth(TempDir("repair-unlisted"), {synth::Fault::kRawSsmA});
+  const fs::path in = fs::path(raw.shard_paths.front()).parent_path();
+  const fs::path out = TempDir("repair-unlisted-out") / "o";
+  const fs::path said = out.parent_path() / "said.txt";
+  ASSERT_EQ(::chmod((in / "tokenizer").c_str(), 0), 0);
+  const int code = k3test::InForkedChild([&] {
+    if (::geteuid() == 0) {
+      // Root reads any directory: give up the capabilities that let it.
+      __user_cap_header_struct head{_LINUX_CAPABILITY_VERSION_3, 0};
+      __user_cap_data_struct caps[2] = {};
+      if (::syscall(SYS_capget, &head, caps) != 0) ::_exit(3);
+      for (int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH}) caps[cap / 32].effective &= ~(1u << (cap % 32));
+      if (::syscall(SYS_capset, &head, caps) != 0) ::_exit(3);
+    }
+    Result<doctor::RepairResult> rep = doctor::Repair(in.string(), out.string(), {});
+    std::ofstream(said) << (rep.ok() ? "OK" : rep.error().message());
+    ::_exit(rep.ok() ? 1 : 0);
+  });
+  ::chmod((in / "tokenizer").c_str(), 0755);
+  std::ifstream f(said);
+  const std::string message((std::istreambuf_iterator<char>(f)), {});
+  ASSERT_NE(code, 3) << "cannot drop the capabilities here";
+  EXPECT_EQ(code, 0) << message;
+  EXPECT_EQ(message, "cannot list tokenizer directory " + (in / "tokenizer").string() + ": Permission denied");
 }
 
 }  // namespace
