@@ -150,6 +150,12 @@ std::string ShardFileName(std::string_view prefix, uint32_t number, uint32_t cou
 // complete set (one count, numbers exactly 1..count).
 std::string SglangSetError(const std::vector<std::pair<int64_t, int64_t>>& numbered);
 
+// SGLang's discovery error for a directory it finds no *.gguf in
+// ("no GGUF files found in {dir}", `dir` as SGLang shows it). A directory
+// that cannot be listed (`list_errno` nonzero) reads the same to SGLang,
+// whose glob skips it in silence; the hint says why and carries the errno.
+Error NoGgufFilesError(const std::string& dir, int list_errno = 0);
+
 struct ShardSetOptions {
   // Architecture required of every shard; empty accepts any.
   std::string expected_architecture = "kimi-k3";

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "manifest/tokenizer_dir.h"
 #include "pack/build_inputs.h"
@@ -97,37 +98,41 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
         .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
   }
   if (!fs::is_directory(path, ec)) return Status::OK();  // a shard path: the reader judges it
-  auto count_gguf = [](const fs::path& d) {
+  const std::string shown = ResolvedPathOrGiven(path);  // SGLang's text names the resolved directory
+  // The *.gguf files of a directory, or the errno of a listing that failed.
+  auto count_gguf = [](const fs::path& d, int* list_errno) {
     std::error_code e;
     size_t n = 0;
     for (fs::directory_iterator it(d, e), end; !e && it != end; it.increment(e)) {
       if (it->path().extension() == ".gguf") ++n;
     }
+    *list_errno = e.value();
     return n;
   };
-  if (count_gguf(path) > 0) return Status::OK();
+  int list_errno = 0;
+  if (count_gguf(path, &list_errno) > 0) return Status::OK();
+  if (list_errno != 0) return gguf::NoGgufFilesError(shown, list_errno);
   std::vector<std::pair<std::string, size_t>> subs;
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code e;
     if (!it->is_directory(e)) continue;
-    if (size_t n = count_gguf(it->path()); n > 0) subs.emplace_back(it->path().filename().string(), n);
+    int sub_errno = 0;
+    if (size_t n = count_gguf(it->path(), &sub_errno); n > 0) subs.emplace_back(it->path().filename().string(), n);
   }
   std::sort(subs.begin(), subs.end());
-  const std::string shown = ResolvedPathOrGiven(path);  // SGLang's text names the resolved directory
   if (subs.size() == 1) {
     const std::string sub = (fs::path(path) / subs[0].first).string();
-    return Error("no GGUF files found in " + shown)
-        .WithHint("found " + std::to_string(subs[0].second) + " shards in " + subs[0].first + "/: pass " + option + " " +
-                  sub);
+    return gguf::NoGgufFilesError(shown).WithHint("found " + std::to_string(subs[0].second) + " shards in " + subs[0].first +
+                                            "/: pass " + option + " " + sub);
   }
   if (subs.size() > 1) {
     std::string list;
     for (const auto& [name, n] : subs) list += "\n  " + name + "/ (" + std::to_string(n) + " shards)";
-    return Error("no GGUF files found in " + shown)
-        .WithHint("quant folders inside it:" + list + "\npass " + option + " " + path + "/<one of them>");
+    return gguf::NoGgufFilesError(shown).WithHint("quant folders inside it:" + list + "\npass " + option + " " + path +
+                                            "/<one of them>");
   }
-  return Error("no GGUF files found in " + shown)
-      .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
+  return gguf::NoGgufFilesError(shown).WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " +
+                                          option);
 }
 
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -158,6 +159,97 @@ void IndexTensors(ShardView& v, Collector& out) {
   }
 }
 
+// Every *.gguf of a directory, grouped the way SGLang's discovery sees them.
+struct DirectoryGgufs {
+  std::map<std::string, std::map<uint32_t, std::string>> sets;  // prefix -> number -> path
+  std::map<std::string, std::set<int64_t>> counts;               // prefix -> the counts its names give
+  std::vector<std::pair<int64_t, int64_t>> numbered;  // (number, count) of every numbered file, any prefix
+  std::vector<std::string> unnumbered;                // sorted
+  int list_errno = 0;  // the listing failed: SGLang's glob finds nothing there
+};
+
+DirectoryGgufs ScanGgufs(const fs::path& dir) {
+  DirectoryGgufs found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& e = it->path();
+    if (e.extension() != ".gguf") continue;
+    if (auto n = gguf::ParseShardName(e.filename().string())) {
+      found.sets[n->prefix][n->number] = e.string();
+      found.counts[n->prefix].insert(n->count);
+      found.numbered.emplace_back(n->number, n->count);
+    } else {
+      found.unnumbered.push_back(e.string());
+    }
+  }
+  found.list_errno = ec.value();
+  std::sort(found.unnumbered.begin(), found.unnumbered.end());
+  return found;
+}
+
+// The numbered set `prefix` as SGLang takes it (every numbered *.gguf of the
+// directory for one set): other sets and stray files beside it, counts that
+// disagree, numbers missing. Returns the set's files in number order.
+std::vector<std::string> CheckNumberedSet(const DirectoryGgufs& found, const std::string& prefix, const fs::path& dir,
+                                          ShardView& v, Collector& out) {
+  const std::string whole = gguf::SglangSetError(found.numbered);
+  for (const auto& [p, files] : found.sets) {
+    if (p == prefix) continue;
+    Finding& f = out.Add("several-shard-sets", v.dir,
+                         "besides '" + prefix + "' the directory holds the set '" + p + "' (" +
+                             std::to_string(files.size()) + " file(s): " + fs::path(files.begin()->second).filename().string() +
+                             (files.size() > 1 ? ", ..." : "") + "); only '" + prefix + "' was examined",
+                         whole);
+    f.details = {{"examined_prefix", prefix}, {"other_prefix", p}, {"other_files", files.size()}};
+  }
+  for (const auto& u : found.unnumbered) {
+    out.Add("stray-gguf", u, "not a numbered shard of '" + prefix + "'",
+            "GGUF shard name does not contain NNNNN-of-NNNNN: " + ResolvedPathOrGiven(u), u);
+  }
+  const auto& files = found.sets.at(prefix);
+  const auto& cs = found.counts.at(prefix);
+  std::vector<int64_t> numbers;
+  std::vector<std::string> chosen;
+  for (const auto& [num, p] : files) numbers.push_back(num), chosen.push_back(p);
+  if (cs.size() > 1) {
+    out.Add("shard-count-disagree", v.dir + "/" + prefix + "-*.gguf",
+            "file names give the counts " + PySet({cs.begin(), cs.end()}),
+            "GGUF shard filenames disagree on split count: " + PySet({cs.begin(), cs.end()}));
+  } else {
+    const int64_t count = *cs.begin();
+    bool complete = static_cast<int64_t>(numbers.size()) == count;
+    for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
+    if (!complete) {
+      std::vector<int64_t> missing;
+      std::set<int64_t> have(numbers.begin(), numbers.end());
+      for (int64_t k = 1; k <= count; ++k) {
+        if (!have.count(k)) missing.push_back(k);
+      }
+      // A missing shard is often still there under a download tool's name.
+      std::vector<std::string> partial;
+      for (int64_t k : missing) {
+        const std::string name = gguf::ShardFileName(prefix, static_cast<uint32_t>(k), static_cast<uint32_t>(count));
+        for (std::string& p : DownloadLeftovers((dir / name).string())) partial.push_back(std::move(p));
+      }
+      std::string partial_list;
+      for (const std::string& p : partial) partial_list += (partial_list.empty() ? "" : ", ") + fs::path(p).filename().string();
+      Finding& f = out.Add("shard-set-incomplete", v.dir + "/" + prefix + "-*.gguf",
+                           std::to_string(numbers.size()) + " of " + std::to_string(count) +
+                               " shard files present; missing numbers " + PyList(missing) +
+                               (partial.empty() ? "" : "; unfinished downloads of them are there: " + partial_list),
+                           "GGUF shard set is incomplete: count=" + std::to_string(count) +
+                               ", numbers=" + PyList(numbers));
+      f.details = {{"count", count}, {"present", numbers}, {"missing", missing}, {"partial_downloads", partial}};
+      if (!partial.empty()) {
+        f.fix = "Finish (resume) the downloads of " + partial_list +
+                " so that each is saved under its shard name, or download the missing shards again.";
+      }
+      v.all_readable = false;  // tensors of the missing shards cannot be checked
+    }
+  }
+  return chosen;
+}
+
 }  // namespace
 
 std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out) {
@@ -175,95 +267,38 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
   v.dir = dir.string();
   ReportUnfinishedWriters(v.dir, out);
 
-  // Every *.gguf of the directory, grouped the way SGLang's discovery sees them.
-  std::map<std::string, std::map<uint32_t, std::string>> sets;  // prefix -> number -> path
-  std::map<std::string, std::set<int64_t>> counts;
-  std::vector<std::pair<int64_t, int64_t>> numbered;  // (number, count) of every numbered file, any prefix
-  std::vector<std::string> unnumbered;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().extension() != ".gguf") continue;
-    if (auto n = gguf::ParseShardName(e.path().filename().string())) {
-      sets[n->prefix][n->number] = e.path().string();
-      counts[n->prefix].insert(n->count);
-      numbered.emplace_back(n->number, n->count);
-    } else {
-      unnumbered.push_back(e.path().string());
-    }
+  const DirectoryGgufs found = ScanGgufs(dir);
+  if (found.list_errno != 0) {
+    // Examined alone, a shard of it passed as "healthy" (0 files checked),
+    // where SGLang's discovery finds nothing.
+    const std::string shown = ResolvedPathOrGiven(v.dir);
+    const Error error = gguf::NoGgufFilesError(shown, found.list_errno);
+    Finding& f = out.Add("no-gguf-files", v.dir,
+                         "the directory cannot be listed: " + std::string(std::strerror(found.list_errno)),
+                         error.headline());
+    f.fix = "Give this user read and search permission on " + shown +
+            " (SGLang's glob skips a directory it cannot list, so it finds no shards there).";
+    out.report().unusable = true;
+    return std::nullopt;
   }
-  std::sort(unnumbered.begin(), unnumbered.end());
-
   std::string prefix;
   bool single_unnumbered = false;
   if (!is_dir) {
     auto n = gguf::ParseShardName(fs::path(path).filename().string());
     if (n) prefix = n->prefix;
-  } else if (!sets.empty()) {
+  } else if (!found.sets.empty()) {
     size_t best = 0;
-    for (const auto& [p, files] : sets) {
+    for (const auto& [p, files] : found.sets) {
       if (files.size() > best) best = files.size(), prefix = p;
     }
   }
 
   if (!prefix.empty()) {
-    // SGLang takes every numbered *.gguf of the directory for one set.
-    const std::string whole = gguf::SglangSetError(numbered);
-    for (const auto& [p, files] : sets) {
-      if (p == prefix) continue;
-      Finding& f = out.Add("several-shard-sets", v.dir,
-                           "besides '" + prefix + "' the directory holds the set '" + p + "' (" +
-                               std::to_string(files.size()) + " file(s): " + fs::path(files.begin()->second).filename().string() +
-                               (files.size() > 1 ? ", ..." : "") + "); only '" + prefix + "' was examined",
-                           whole);
-      f.details = {{"examined_prefix", prefix}, {"other_prefix", p}, {"other_files", files.size()}};
-    }
-    for (const auto& u : unnumbered) {
-      out.Add("stray-gguf", u, "not a numbered shard of '" + prefix + "'",
-              "GGUF shard name does not contain NNNNN-of-NNNNN: " + ResolvedPathOrGiven(u), u);
-    }
-    const auto& files = sets[prefix];
-    const auto& cs = counts[prefix];
-    std::vector<int64_t> numbers;
-    for (const auto& [num, p] : files) numbers.push_back(num), chosen.push_back(p);
-    if (cs.size() > 1) {
-      out.Add("shard-count-disagree", v.dir + "/" + prefix + "-*.gguf",
-              "file names give the counts " + PySet({cs.begin(), cs.end()}),
-              "GGUF shard filenames disagree on split count: " + PySet({cs.begin(), cs.end()}));
-    } else {
-      const int64_t count = *cs.begin();
-      bool complete = static_cast<int64_t>(numbers.size()) == count;
-      for (size_t i = 0; complete && i < numbers.size(); ++i) complete = numbers[i] == static_cast<int64_t>(i + 1);
-      if (!complete) {
-        std::vector<int64_t> missing;
-        std::set<int64_t> have(numbers.begin(), numbers.end());
-        for (int64_t k = 1; k <= count; ++k) {
-          if (!have.count(k)) missing.push_back(k);
-        }
-        // A missing shard is often still there under a download tool's name.
-        std::vector<std::string> partial;
-        for (int64_t k : missing) {
-          const std::string name = gguf::ShardFileName(prefix, static_cast<uint32_t>(k), static_cast<uint32_t>(count));
-          for (std::string& p : DownloadLeftovers((dir / name).string())) partial.push_back(std::move(p));
-        }
-        std::string partial_list;
-        for (const std::string& p : partial) partial_list += (partial_list.empty() ? "" : ", ") + fs::path(p).filename().string();
-        Finding& f = out.Add("shard-set-incomplete", v.dir + "/" + prefix + "-*.gguf",
-                             std::to_string(numbers.size()) + " of " + std::to_string(count) +
-                                 " shard files present; missing numbers " + PyList(missing) +
-                                 (partial.empty() ? "" : "; unfinished downloads of them are there: " + partial_list),
-                             "GGUF shard set is incomplete: count=" + std::to_string(count) +
-                                 ", numbers=" + PyList(numbers));
-        f.details = {{"count", count}, {"present", numbers}, {"missing", missing}, {"partial_downloads", partial}};
-        if (!partial.empty()) {
-          f.fix = "Finish (resume) the downloads of " + partial_list +
-                  " so that each is saved under its shard name, or download the missing shards again.";
-        }
-        v.all_readable = false;  // tensors of the missing shards cannot be checked
-      }
-    }
+    chosen = CheckNumberedSet(found, prefix, dir, v, out);
     v.prefix = prefix;
-  } else if (!is_dir || !unnumbered.empty()) {
-    const std::string single = is_dir ? unnumbered.front() : path;
-    for (const auto& u : unnumbered) {
+  } else if (!is_dir || !found.unnumbered.empty()) {
+    const std::string single = is_dir ? found.unnumbered.front() : path;
+    for (const auto& u : found.unnumbered) {
       if (fs::equivalent(u, single, ec)) continue;
       out.Add("stray-gguf", u, "another unnumbered GGUF file beside " + single,
               "GGUF shard name does not contain NNNNN-of-NNNNN: " + ResolvedPathOrGiven(u), u);

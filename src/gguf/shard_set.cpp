@@ -2,6 +2,7 @@
 // llama.cpp's split loader perform, with SGLang's texts where they agree.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -89,6 +90,13 @@ std::string SglangSetError(const std::vector<std::pair<int64_t, int64_t>>& numbe
   return "GGUF shard set is incomplete: count=" + std::to_string(count) + ", numbers=" + PyList(numbers);
 }
 
+Error NoGgufFilesError(const std::string& dir, int list_errno) {
+  if (list_errno == 0) return Error("no GGUF files found in " + dir);
+  return Error("no GGUF files found in " + dir, ErrorKind::kValue, list_errno)
+      .WithHint("the directory cannot be listed: " + std::string(std::strerror(list_errno)) +
+                " (SGLang's glob skips it without a word); give this user read and search permission on it");
+}
+
 Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(fs::path(path), ec)) return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
@@ -109,30 +117,33 @@ Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
     if (!name) return std::vector<std::string>{shown};  // a single, unsplit file
     Candidate c{name->prefix, {}, {}};
     fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      auto n = ParseShardName(e.path().filename().string());
-      if (n && n->prefix == name->prefix) c.Add(*n, e.path().string());
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      auto n = ParseShardName(it->path().filename().string());
+      if (n && n->prefix == name->prefix) c.Add(*n, it->path().string());
     }
+    // SGLang lists the shard's directory for its set; one it cannot list
+    // gave "disagree on split count: set()" here.
+    if (ec) return NoGgufFilesError(dir.string(), ec.value());
     return Ordered(c);
   }
 
   std::map<std::string, Candidate> sets;
   std::vector<std::string> unnumbered;
-  for (const auto& e : fs::directory_iterator(p, ec)) {
-    const std::string fname = e.path().filename().string();
-    if (e.path().extension() != ".gguf") continue;
-    if (auto n = ParseShardName(fname)) {
+  for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& e = it->path();
+    if (e.extension() != ".gguf") continue;
+    if (auto n = ParseShardName(e.filename().string())) {
       Candidate& c = sets[n->prefix];
       c.prefix = n->prefix;
-      c.Add(*n, e.path().string());
+      c.Add(*n, e.string());
     } else {
-      unnumbered.push_back(e.path().string());
+      unnumbered.push_back(e.string());
     }
   }
-  if (ec) return Error::FromErrno("cannot list " + shown, ec.value());
+  if (ec) return NoGgufFilesError(shown, ec.value());
   if (sets.empty()) {
     if (unnumbered.size() == 1) return unnumbered;
-    if (unnumbered.empty()) return Error("no GGUF files found in " + shown);
+    if (unnumbered.empty()) return NoGgufFilesError(shown);
     std::sort(unnumbered.begin(), unnumbered.end());
     std::string list;
     for (const auto& u : unnumbered) list += "\n  " + u;

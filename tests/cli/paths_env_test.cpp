@@ -238,5 +238,34 @@ TEST(PathsEnv, AFilesystemWithoutOdirectOrASizeNamesTheRule) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
+// A model directory this user may enter but not list (mode 0711): SGLang's
+// glob skips it and says "no GGUF files found". Here doctor on one of its
+// shards said "healthy" after checking 0 files, and inspect said
+// "GGUF shard filenames disagree on split count: set()". Root lists every
+// directory: run as nobody.
+TEST(PathsEnv, ADirectoryThatCannotBeListedIsSglangsNoGgufFilesWithTheReason) {
+  if (::geteuid() != 0 || !fs::exists("/usr/bin/setpriv")) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("unlistable");
+  for (const auto& e : fs::recursive_directory_iterator(m)) {
+    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
+    if (e.is_directory()) fs::permissions(e.path(), fs::perms::others_exec, fs::perm_options::add);
+  }
+  fs::permissions(Root(), fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+  fs::permissions(m, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+  const std::string shard = m + "/KIMI-K3-SYNTH-00001-of-00003.gguf";
+  ASSERT_TRUE(fs::exists(shard));
+  const std::string shown = fs::canonical(m).string();  // SGLang's text names the resolved directory
+  const std::string nobody = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups";
+  for (const std::string& args : {"doctor " + Q(shard), "doctor " + Q(m), "inspect " + Q(shard), "inspect " + Q(m),
+                                  "build " + Q(m) + " --pack " + Q(Root() + "/unlistable.pack")}) {
+    CliRun r = CliVia(nobody, args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_TRUE(Contains(r.out, "no GGUF files found in " + shown)) << args << "\n" << r.out;
+    EXPECT_TRUE(Contains(r.out, "cannot be listed: Permission denied")) << args << "\n" << r.out;
+    EXPECT_FALSE(Contains(r.out, "healthy")) << args << "\n" << r.out;
+  }
+  fs::permissions(m, fs::perms::all);
+}
+
 }  // namespace
 }  // namespace k3cli
