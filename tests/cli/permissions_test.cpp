@@ -1,0 +1,67 @@
+// The CLI run by a user other than the files' owner (session 30 non-root
+// permissions audit): every other CLI test runs as root, which reads and
+// replaces anything, so a file or directory this user may not read, list or
+// replace was never met. Each test runs k3pack as nobody (setpriv) over a
+// model root made, and skips where it cannot.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli_fixture.h"
+
+namespace k3cli {
+namespace {
+
+const char* kNobody = "/usr/bin/setpriv --reuid=65534 --regid=65534 --clear-groups";
+
+bool CanRunAsNobody() { return ::geteuid() == 0 && fs::exists("/usr/bin/setpriv"); }
+
+// k3pack as nobody, under `timeout` (a hang is a failure, not a stalled run).
+CliRun AsNobody(const std::string& args) { return CliVia(std::string(kNobody) + " timeout -k 5 60", args); }
+
+// Everything under `dir` readable (and its directories searchable) by
+// others, with the scratch root, so nobody reaches it; `writable_dir` also
+// lets nobody write in `dir` itself.
+void OpenToOthers(const std::string& dir, bool writable_dir = false) {
+  fs::permissions(Root(), fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
+    if (e.is_directory()) fs::permissions(e.path(), fs::perms::others_exec, fs::perm_options::add);
+  }
+  fs::permissions(dir, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+  if (writable_dir) fs::permissions(dir, fs::perms::all);
+}
+
+// A file only its owner (root) may read, as a download or copy made by
+// another user leaves it.
+void OwnerOnly(const std::string& path) { fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write); }
+
+TEST(Permissions, AnUnreadableTokenizerFileIsRefusedBeforeThePackIsBuilt) {
+  if (!CanRunAsNobody()) GTEST_SKIP() << "needs root and setpriv";
+  for (const bool unlistable : {false, true}) {
+    SCOPED_TRACE(unlistable ? "tokenizer directory not listable" : "tokenizer file unreadable");
+    const std::string m = FreshModel(unlistable ? "perm-tok-dir" : "perm-tok-file");
+    OpenToOthers(m, /*writable_dir=*/true);
+    const std::string tok = m + "/tokenizer";
+    if (unlistable) {
+      fs::permissions(tok, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
+    } else {
+      OwnerOnly(tok + "/tiktoken.model");
+    }
+    // Before: the whole pack was built, then the manifest writer failed on
+    // the tokenizer (hours, for a real model), against "checks all inputs
+    // before writing a byte".
+    CliRun r = AsNobody("build --progress none --safety-margin-gib 0 " + Q(m));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, unlistable ? "cannot list tokenizer directory " + tok + ": Permission denied"
+                                           : "cannot open " + tok + "/tiktoken.model: Permission denied"))
+        << r.out;
+    EXPECT_TRUE(Contains(r.out, "every file of the tokenizer directory is hashed into the manifest")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "EXPERT_PACK_BUILD_START")) << r.out;
+    EXPECT_FALSE(fs::exists(m + "/" + kPackName)) << r.out;
+    EXPECT_FALSE(fs::exists(m + "/" + std::string(kPackName) + ".partial")) << r.out;
+    fs::permissions(tok, fs::perms::all);
+  }
+}
+
+}  // namespace
+}  // namespace k3cli
