@@ -146,6 +146,7 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt.store, impl->fd.get()));
   if (opt.store.queue_depth <= 0 || opt.store.read_splits <= 0 || opt.stage_slots == 0)
     return Error("expert cache and staging budgets, and read splits, must be positive");
+  K3_RETURN_IF_ERROR(CheckReadCountsFit(opt.store));
   if (opt.stage_slots > kMaxStageSlots)  // SGLang has no limit: say it is ours
     return Error("stage_slots must be at most " + std::to_string(kMaxStageSlots) + " (k3pack's limit), got " +
                  std::to_string(opt.stage_slots));

@@ -43,6 +43,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   // Runtime state (SGLang's _initialize_runtime_state) checks.
   if (opt.cache_bytes == 0 || opt.queue_depth <= 0 || opt.read_splits <= 0)
     return Error("expert cache and staging budgets, and read splits, must be positive");
+  K3_RETURN_IF_ERROR(CheckReadCountsFit(opt));
   if (opt.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
   if (static_cast<bool>(opt.buffer_alloc) != static_cast<bool>(opt.buffer_free))
     return Error("StoreOptions.buffer_alloc and buffer_free must be set together");

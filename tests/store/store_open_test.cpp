@@ -8,6 +8,7 @@
 #include <iostream>
 #include <random>
 
+#include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
 #include "store/store_impl.h"
 #include "open_ok.h"
@@ -340,6 +341,23 @@ TEST(StoreOpen, RuntimeBudgets) {
   o = Small();
   o.stats_flush_interval = -1;
   EXPECT_EQ(OpenError(p, o), "expert-pack stats flush interval cannot be negative");
+  // Counts past the engine's 32 bits were cut: 2^32 said "I/O queue depth
+  // must be positive", 2^32 + 1 opened with one read in flight.
+  for (int64_t big : {int64_t{1} << 32, (int64_t{1} << 32) + 1}) {
+    o = Small();
+    o.queue_depth = big;
+    EXPECT_EQ(OpenError(p, o), "queue_depth must be at most 4294967295 (k3pack's limit), got " + std::to_string(big));
+    o = Small();
+    o.read_splits = big;
+    EXPECT_EQ(OpenError(p, o), "read_splits must be at most 4294967295 (k3pack's limit), got " + std::to_string(big));
+    SlotCacheOptions so;
+    so.store = Small();
+    so.store.queue_depth = big;
+    auto cache = SlotCache::Open(p.pack, p.manifest, so);
+    ASSERT_FALSE(cache.ok());
+    EXPECT_EQ(cache.error().message(),
+              "queue_depth must be at most 4294967295 (k3pack's limit), got " + std::to_string(big));
+  }
   o = Small();
   o.cache_bytes = 12288 * 2 - 1;  // top_k = 2 objects do not fit
   ErrorKind kind{};
