@@ -54,6 +54,12 @@ const std::vector<Diagnosis> kCatalog = {
      "The file is not a readable GGUF: its header breaks a rule of ggml's reader (the message names "
      "the byte offset and the rule). Nothing else in this file could be checked.",
      "Re-download the file (compare its size and checksum with the source) or re-convert it."},
+    {"file-permission-denied", E, "PermissionError",
+     "This user may not read the file (its mode, owner or an ACL denies it; or a directory above it cannot be "
+     "searched). The file itself may be intact; SGLang run as the same user fails the same way when it opens it. "
+     "Nothing in it could be checked.",
+     "Make it readable for the user that runs k3pack and SGLang (chmod a+r FILE, or chown/chgrp it to that user), "
+     "or run as a user who may read it; then run doctor again."},
     {"shard-link-broken", E, "FileNotFoundError",
      "The shard is a symbolic link whose target does not exist, typically a Hugging Face cache snapshot "
      "(snapshots/<rev>/ links to blobs/) whose blob was deleted or has not finished downloading "

@@ -77,7 +77,9 @@ void ReportUnfinishedWriters(const std::string& dir, Collector& out) {
 void OpenShard(Shard& s, Collector& out) {
   auto real = MappedFile::Open(s.path);
   if (!real.ok()) {
-    if (!ReportBrokenLink(s, out)) out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
+    if (!ReportBrokenLink(s, out) && !ReportPermissionDenied(real.error(), s.path, out)) {
+      out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
+    }
     return;
   }
   CheckDownloadLeftovers(s, out);

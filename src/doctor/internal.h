@@ -30,6 +30,12 @@ class Collector {
   Report* report_;
 };
 
+// When `e` is the OS refusing this user `path` (EACCES, EPERM), reports
+// file-permission-denied, with the PermissionError Python's open() raises
+// for it, and returns true: a file this user may not read is not a damaged
+// one (to re-download or rebuild), whatever check tried to read it.
+bool ReportPermissionDenied(const Error& e, const std::string& path, Collector& out);
+
 // One shard file as doctor could read it.
 struct Shard {
   std::string path;

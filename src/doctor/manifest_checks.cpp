@@ -145,7 +145,7 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
     vo.ep = ep::Rank{(*ext)->ep->size, (*ext)->ep->rank};
   }
   auto v = pack::ValidatePack(pack, *experts, vo);
-  if (!v.ok()) {
+  if (!v.ok() && !ReportPermissionDenied(v.error(), pack, out)) {
     const std::string msg = v.error().message();
     Finding& f = out.Add("pack-invalid", pack, msg, v.error().headline(), pack);
     if (msg.rfind("expert-pack payload does not match GGUF source", 0) == 0) {
@@ -381,6 +381,7 @@ void CheckPackRecord(const json& j, const std::string& manifest_path, bool shard
                  ? Result<std::string>(Error("index_count " + std::to_string(n) + " makes an index longer than any file"))
                  : Sha256FileRange(pack, 0, kHeader + kEntry * n);
     if (!d.ok()) {
+      if (ReportPermissionDenied(d.error(), pack, out)) return;  // nothing else of the pack can be read
       out.Add("pack-invalid", pack, d.error().message(), "Kimi expert-pack index is truncated", pack);
     } else if (*d != *digest) {
       out.Add("pack-index-digest", pack, "index hashes to " + *d, "Kimi expert-pack index SHA-256 does not match manifest",
@@ -395,7 +396,9 @@ void CheckPackRecord(const json& j, const std::string& manifest_path, bool shard
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
   auto text = ReadFileToString(manifest_path);
   if (!text.ok()) {
-    out.Add("input-unrecognized", manifest_path, text.error().message(), {}, manifest_path);
+    if (!ReportPermissionDenied(text.error(), manifest_path, out)) {
+      out.Add("input-unrecognized", manifest_path, text.error().message(), {}, manifest_path);
+    }
     out.report().unusable = true;
     return {};
   }

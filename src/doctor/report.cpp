@@ -1,12 +1,15 @@
 // Report rendering (text for people, JSON for machines) and the small
 // helpers every check group uses.
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <sstream>
 #include <string_view>
 #include <tuple>
 
 #include "doctor/internal.h"
+#include "util/pyrepr.h"
 #include "util/utf8.h"
 
 namespace k3pack::doctor {
@@ -34,6 +37,14 @@ Finding& Collector::Add(std::string_view code, std::string object, std::string m
   f.file = std::move(file);
   report_->findings.push_back(std::move(f));
   return report_->findings.back();
+}
+
+bool ReportPermissionDenied(const Error& e, const std::string& path, Collector& out) {
+  const int err = e.sys_errno();
+  if (err != EACCES && err != EPERM) return false;
+  out.Add("file-permission-denied", path, e.message(),
+          "[Errno " + std::to_string(err) + "] " + std::strerror(err) + ": " + PyRepr(path), path);
+  return true;
 }
 
 std::string NumpyShapeRepr(const std::vector<int64_t>& ne) {

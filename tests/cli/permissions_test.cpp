@@ -63,5 +63,34 @@ TEST(Permissions, AnUnreadableTokenizerFileIsRefusedBeforeThePackIsBuilt) {
   }
 }
 
+// A shard, the manifest or the pack this user may not read is a permission to
+// fix, not a damaged file to download or rebuild again.
+TEST(Permissions, DoctorTellsAFileItMayNotReadFromADamagedOne) {
+  if (!CanRunAsNobody()) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("perm-doctor");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  OpenToOthers(m);
+  const std::string manifest = m + "/" + kManifestName, pack = m + "/" + kPackName;
+  // Before: the shard was `gguf-unreadable` ("its header breaks a rule of
+  // ggml's reader", fix "Re-download the file"), the pack `pack-invalid`
+  // with SGLang's "Kimi expert-pack index is truncated" and a rebuild, the
+  // manifest `input-unrecognized` ("neither a GGUF file ... nor a manifest").
+  for (const auto& [unreadable, target] : std::vector<std::pair<std::string, std::string>>{
+           {Shard(m, 2), m}, {Shard(m, 2), Shard(m, 1)}, {pack, manifest}, {manifest, manifest}}) {
+    SCOPED_TRACE("doctor " + target + " with " + unreadable + " unreadable");
+    OwnerOnly(unreadable);
+    CliRun r = AsNobody("doctor " + Q(target));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "ERROR [file-permission-denied] " + unreadable)) << r.out;
+    EXPECT_TRUE(Contains(r.out, "cannot open " + unreadable + ": Permission denied")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "PermissionError")) << r.out;
+    for (const char* wrong : {"gguf-unreadable", "Re-download", "pack-invalid", "index is truncated",
+                              "input-unrecognized", "healthy"}) {
+      EXPECT_FALSE(Contains(r.out, wrong)) << wrong << "\n" << r.out;
+    }
+    fs::permissions(unreadable, fs::perms::others_read, fs::perm_options::add);
+  }
+}
+
 }  // namespace
 }  // namespace k3cli
