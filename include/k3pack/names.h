@@ -43,9 +43,10 @@ struct Mapping {
 // SGLang's kimi_k3_checkpoint_targets plus the transform of each target.
 // Unknown names: ErrorKind::kKey, message
 // "unsupported Kimi-K3 GGUF tensor name: {name}" (the text, not Python's
-// quoted KeyError repr). Layer numbers are any run of ASCII digits, as the
-// regex `\d+` reads them for these ASCII names; leading zeros are kept
-// verbatim in the target ("blk.01.x" -> "model.layers.01.x").
+// quoted KeyError repr). Layer numbers are what Python's `\d+` takes: one or
+// more Unicode decimal digits, kept verbatim in the target as SGLang's
+// f-string keeps them ("blk.01.x" -> "model.layers.01.x", "blk.\u0663.x" ->
+// "model.layers.\u0663.x"); Mapping::layer is their int() value (3).
 Result<Mapping> MapTensorName(std::string_view gguf_name);
 
 // ^blk\.\d+\.ffn_(?:gate|up|down)_exps\.weight$ : a routed-expert aggregate,

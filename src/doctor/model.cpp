@@ -3,12 +3,12 @@
 // and storage types, and the routed-expert stacks the pack is built from.
 #include <algorithm>
 #include <filesystem>
-#include <regex>
 #include <set>
 
 #include "doctor/internal.h"
 #include "k3pack/names.h"
 #include "k3pack/pack.h"
+#include "pack/format.h"
 #include "util/pyrepr.h"
 
 namespace k3pack::doctor::internal {
@@ -26,7 +26,7 @@ std::string PyTuple(const std::vector<int64_t>& v) {
   return s + ")";
 }
 
-std::string LayerRoleRepr(uint32_t layer, int role) {
+std::string LayerRoleRepr(uint64_t layer, int role) {
   return "(" + std::to_string(layer) + ", '" + kRoleNames[role] + "')";
 }
 
@@ -346,7 +346,7 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
 namespace {
 
 void CheckRoleAlignment(const std::vector<uint32_t>& active,
-                        const std::map<std::pair<uint32_t, int>, std::string>& found, const ShardView& view,
+                        const std::map<std::pair<uint64_t, int>, std::string>& found, const ShardView& view,
                         uint64_t X, Collector& out) {
   if (X == 0) return;
   bool reported_contiguity = false, reported_direct_io = false;
@@ -407,13 +407,13 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
     out.Add("check-skipped", "routed experts", "no model spec (config.json or kimi-k3.* metadata) to check against");
     return;
   }
-  static const std::regex kExpert(R"(^blk\.(\d+)\.ffn_(up|gate|down)_exps\.weight$)");
-  std::map<std::pair<uint32_t, int>, std::string> found;  // (layer, role) -> first name
+  std::map<std::pair<uint64_t, int>, std::string> found;  // (layer, role) -> first name
   for (const std::string& name : view.order) {
-    std::smatch mt;
-    if (!std::regex_match(name, mt, kExpert)) continue;
-    const int role = mt[2] == "up" ? 0 : mt[2] == "gate" ? 1 : 2;
-    const auto layer = static_cast<uint32_t>(std::stoul(mt[1]));  // int(): "01" is layer 1
+    // int() of Python's \d+: "01" and "\u0663" are layers 1 and 3.
+    const std::optional<pack::ParsedExpertName> parsed = pack::ParseExpertTensorName(name);
+    if (!parsed) continue;
+    const int role = static_cast<int>(parsed->role);
+    const uint64_t layer = parsed->layer;
     auto [it, fresh] = found.emplace(std::make_pair(layer, role), name);
     if (!fresh) {
       Finding& f = out.Add("expert-duplicate", name, "names the same (layer, role) as " + it->second,
@@ -422,9 +422,9 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
       f.details = {{"other", it->second}};
     }
   }
-  const std::set<uint32_t> active_set(active.begin(), active.end());
+  const std::set<uint64_t> active_set(active.begin(), active.end());
   // SGLang's coverage text: sorted (layer, role) tuples, first 8 of each.
-  std::vector<std::pair<uint32_t, std::string>> miss, extra;
+  std::vector<std::pair<uint64_t, std::string>> miss, extra;
   for (uint32_t l : active) {
     for (int r = 0; r < 3; ++r) {
       if (!found.count({l, r})) miss.push_back({l, kRoleNames[r]});
@@ -435,7 +435,7 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
   }
   std::sort(miss.begin(), miss.end());
   std::sort(extra.begin(), extra.end());
-  auto list = [](const std::vector<std::pair<uint32_t, std::string>>& v) {
+  auto list = [](const std::vector<std::pair<uint64_t, std::string>>& v) {
     std::string s = "[";
     for (size_t i = 0; i < v.size() && i < 8; ++i) {
       s += (i ? ", " : "") + ("(" + std::to_string(v[i].first) + ", '" + v[i].second + "')");
@@ -453,7 +453,8 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
     }
   }
   for (const auto& [l, role] : extra) {
-    out.Add("expert-extra", "blk." + std::to_string(l) + ".ffn_" + role + "_exps.weight",
+    const int r = role == "up" ? 0 : role == "gate" ? 1 : 2;
+    out.Add("expert-extra", found.at({l, r}),
             "layer " + std::to_string(l) + " is not an active MoE layer", coverage);
   }
 

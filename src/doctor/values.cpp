@@ -2,9 +2,9 @@
 // attention-residual scores, and NaN/Inf in the small F32 vectors.
 #include <cmath>
 #include <cstring>
-#include <regex>
 
 #include "doctor/internal.h"
+#include "k3pack/names.h"
 #include "k3pack/quant.h"
 #include "loader/values.h"
 
@@ -103,9 +103,10 @@ namespace internal {
 
 namespace {
 
+// blk.N.ssm_a with N what SGLang's `\d+` takes (any Unicode decimal digit).
 bool IsSsmAName(const std::string& name) {
-  static const std::regex re(R"(^blk\.\d+\.ssm_a$)");
-  return std::regex_match(name, re);
+  auto mapped = kimi::MapTensorName(name);
+  return mapped.ok() && mapped->targets.front().transform == kimi::TargetTransform::kALog;
 }
 
 std::string Describe(const SsmAStats& s) {

@@ -3,32 +3,30 @@
 
 #include <array>
 
+#include "util/utf8.h"
+
 namespace k3pack::kimi {
 
 namespace {
 
 constexpr std::string_view kBlk = "blk.";
 
-bool AllDigits(std::string_view s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-  }
-  return true;
-}
-
-// Splits "blk.<digits>.<suffix>" (suffix non-empty); false otherwise.
-bool SplitLayerName(std::string_view name, std::string_view* layer, std::string_view* suffix) {
+// Splits "blk.<digits>.<suffix>" (suffix non-empty) as SGLang's
+// ^blk\.(?P<layer>\d+)\.(?P<suffix>.+)$ does; false otherwise. `\d` is
+// Python's: any Unicode decimal digit, read as int() reads it.
+bool SplitLayerName(std::string_view name, std::string_view* layer, std::string_view* suffix, uint64_t* value) {
   if (name.substr(0, kBlk.size()) != kBlk) return false;
   std::string_view rest = name.substr(kBlk.size());
   size_t dot = rest.find('.');
   if (dot == std::string_view::npos) return false;
   std::string_view digits = rest.substr(0, dot);
   std::string_view tail = rest.substr(dot + 1);
+  const std::optional<uint64_t> v = PyDecimalValue(digits);
   // `.+` in Python's re does not match a newline; names with one are unknown.
-  if (!AllDigits(digits) || tail.empty() || tail.find('\n') != std::string_view::npos) return false;
+  if (!v || tail.empty() || tail.find('\n') != std::string_view::npos) return false;
   *layer = digits;
   *suffix = tail;
+  *value = *v;
   return true;
 }
 
@@ -124,15 +122,13 @@ Result<Mapping> MapTensorName(std::string_view name) {
     }
   }
   std::string_view layer, suffix;
-  if (!SplitLayerName(name, &layer, &suffix)) return Unsupported(name);
+  uint64_t layer_value = 0;
+  if (!SplitLayerName(name, &layer, &suffix, &layer_value)) return Unsupported(name);
+  // SGLang's f-string copies the digits as written ("01", "\u0663").
   const std::string prefix = "model.layers." + std::string(layer) + ".";
   // Layer numbers beyond uint32 still map (the regex does not bound them);
   // `layer` is informational only.
-  if (layer.size() <= 9) {
-    uint32_t v = 0;
-    for (char c : layer) v = v * 10 + static_cast<uint32_t>(c - '0');
-    m.layer = v;
-  }
+  if (layer_value <= UINT32_MAX) m.layer = static_cast<uint32_t>(layer_value);
   if (suffix == "attn_res_score.weight" || suffix == "ffn_res_score.weight") {
     const std::string base = suffix == "attn_res_score.weight" ? "self_attention_res_" : "mlp_res_";
     m.table = NameTable::kResidual;
@@ -153,7 +149,8 @@ Result<Mapping> MapTensorName(std::string_view name) {
 
 bool IsRoutedExpertAggregate(std::string_view name) {
   std::string_view layer, suffix;
-  if (!SplitLayerName(name, &layer, &suffix)) return false;
+  uint64_t layer_value = 0;
+  if (!SplitLayerName(name, &layer, &suffix, &layer_value)) return false;
   return suffix == "ffn_gate_exps.weight" || suffix == "ffn_up_exps.weight" || suffix == "ffn_down_exps.weight";
 }
 

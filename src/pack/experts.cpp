@@ -13,7 +13,7 @@
 namespace k3pack::pack {
 namespace {
 
-using Key = std::pair<uint32_t, uint32_t>;  // (layer, role)
+using Key = std::pair<uint64_t, uint32_t>;  // (layer, role)
 
 // Python repr of the (layer, role) tuple: (1, 'up').
 std::string KeyRepr(const Key& k) {

@@ -96,20 +96,15 @@ Result<PackEntry> DecodeEntry(std::span<const uint8_t> bytes) {
 std::optional<ParsedExpertName> ParseExpertTensorName(std::string_view name) {
   constexpr std::string_view kPre = "blk.";
   if (name.substr(0, kPre.size()) != kPre) return std::nullopt;
-  size_t i = kPre.size();
-  uint64_t layer = 0;
-  size_t digits = 0;
-  while (i < name.size() && name[i] >= '0' && name[i] <= '9') {
-    layer = layer * 10 + static_cast<uint64_t>(name[i] - '0');
-    if (layer > std::numeric_limits<uint32_t>::max()) return std::nullopt;
-    ++i;
-    ++digits;
-  }
-  if (digits == 0) return std::nullopt;
-  std::string_view rest = name.substr(i);
+  const size_t dot = name.find('.', kPre.size());
+  if (dot == std::string_view::npos) return std::nullopt;
+  // Python's \d: any Unicode decimal digit, read as int() reads it.
+  const std::optional<uint64_t> layer = PyDecimalValue(name.substr(kPre.size(), dot - kPre.size()));
+  if (!layer || *layer == std::numeric_limits<uint64_t>::max()) return std::nullopt;  // saturated
+  std::string_view rest = name.substr(dot);
   for (Role r : kRoleOrder) {
     std::string expect = std::string(".ffn_") + RoleName(r) + "_exps.weight";
-    if (rest == expect) return ParsedExpertName{static_cast<uint32_t>(layer), r};
+    if (rest == expect) return ParsedExpertName{*layer, r};
   }
   return std::nullopt;
 }

@@ -79,12 +79,14 @@ using k3pack::IsValidUtf8;  // util/utf8.h
 // ---------------------------------------------------------- tensor names
 
 struct ParsedExpertName {
-  uint32_t layer = 0;
+  uint64_t layer = 0;  // Python's int has no bound: SGLang lists a layer past uint32 as extra
   Role role = Role::kUp;
 };
 // fullmatch of ^blk\.(?P<layer>\d+)\.ffn_(?P<role>up|gate|down)_exps\.weight$.
-// Like Python's \d+, leading zeros are accepted ("blk.01" is layer 1).
-// nullopt when the name does not match or the layer overflows uint32.
+// Like Python's \d+ and int(), leading zeros are accepted ("blk.01" is layer
+// 1) and so is any Unicode decimal digit ("blk.\u0663" is layer 3).
+// nullopt when the name does not match or the layer does not fit below
+// UINT64_MAX.
 std::optional<ParsedExpertName> ParseExpertTensorName(std::string_view name);
 std::string ExpertTensorName(uint32_t layer, Role role);  // "blk.{layer}.ffn_{role}_exps.weight"
 

@@ -1,5 +1,8 @@
 #include "util/utf8.h"
 
+#include <algorithm>
+#include <array>
+
 #include <nlohmann/json.hpp>
 
 namespace k3pack {
@@ -46,7 +49,46 @@ SequenceScan ScanSequence(const unsigned char* b, size_t n) {
 
 size_t ValidSequenceLength(const unsigned char* b, size_t n) { return ScanSequence(b, n).length; }
 
+// The zero of every run of ten Nd code points (Unicode keeps each script's
+// decimal digits contiguous, 0 to 9), from Python 3.12's unicodedata.
+constexpr std::array<uint32_t, 68> kDecimalZeros = {
+    0x30,    0x660,   0x6f0,   0x7c0,   0x966,   0x9e6,   0xa66,   0xae6,   0xb66,   0xbe6,   0xc66,   0xce6,
+    0xd66,   0xde6,   0xe50,   0xed0,   0xf20,   0x1040,  0x1090,  0x17e0,  0x1810,  0x1946,  0x19d0,  0x1a80,
+    0x1a90,  0x1b50,  0x1bb0,  0x1c40,  0x1c50,  0xa620,  0xa8d0,  0xa900,  0xa9d0,  0xa9f0,  0xaa50,  0xabf0,
+    0xff10,  0x104a0, 0x10d30, 0x11066, 0x110f0, 0x11136, 0x111d0, 0x112f0, 0x11450, 0x114d0, 0x11650, 0x116c0,
+    0x11730, 0x118e0, 0x11950, 0x11c50, 0x11d50, 0x11da0, 0x11f50, 0x16a60, 0x16ac0, 0x16b50, 0x1d7ce, 0x1d7d8,
+    0x1d7e2, 0x1d7ec, 0x1d7f6, 0x1e140, 0x1e2f0, 0x1e4f0, 0x1e950, 0x1fbf0};
+
+// The digit value of code point `cp`, or -1 when it is no decimal digit.
+int DecimalDigitValue(uint32_t cp) {
+  auto it = std::upper_bound(kDecimalZeros.begin(), kDecimalZeros.end(), cp);
+  if (it == kDecimalZeros.begin()) return -1;
+  const uint32_t zero = *(it - 1);
+  return cp - zero < 10 ? static_cast<int>(cp - zero) : -1;
+}
+
 }  // namespace
+
+std::optional<uint64_t> PyDecimalValue(std::string_view s) {
+  if (s.empty()) return std::nullopt;
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  uint64_t value = 0;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = ValidSequenceLength(b + i, s.size() - i);
+    if (n == 0) return std::nullopt;
+    // The lead byte's payload bits, then six from each continuation byte.
+    uint32_t cp = n == 1 ? b[i] : b[i] & (0x7Fu >> n);
+    for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (b[i + k] & 0x3Fu);
+    const int digit = DecimalDigitValue(cp);
+    if (digit < 0) return std::nullopt;
+    if (__builtin_mul_overflow(value, uint64_t{10}, &value) ||
+        __builtin_add_overflow(value, static_cast<uint64_t>(digit), &value)) {
+      value = UINT64_MAX;
+    }
+    i += n;
+  }
+  return value;
+}
 
 bool IsValidUtf8(std::string_view s) {
   const auto* b = reinterpret_cast<const unsigned char*>(s.data());

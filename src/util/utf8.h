@@ -4,6 +4,8 @@
 // strings are bytes: a key, value or tensor name may hold anything).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,5 +43,14 @@ std::string DumpJsonEscaped(nlohmann::json j, int indent = 2);
 // the members that held anything not UTF-8 (a key among them is reported by
 // its escaped name). Callers record the list as the object's "not_utf8".
 std::vector<std::string> EscapeInvalidUtf8Members(nlohmann::json& object);
+
+// Python's int(s) when `s` (UTF-8) is one or more Unicode decimal digits:
+// the characters of category Nd, which `\d` matches in a str pattern (the
+// `(?P<layer>\d+)` of SGLang's tensor-name regexes) and int() reads by their
+// digit value ("\u0663" is 3). nullopt for an empty string or any other
+// character (a superscript "\u00b2" is no decimal digit). The value saturates
+// at UINT64_MAX. The digits are Unicode 15.0's, which Python 3.12 and 3.13
+// both use; Python 3.10 and 3.11 lack a few scripts' (Kawi, Nag Mundari).
+std::optional<uint64_t> PyDecimalValue(std::string_view s);
 
 }  // namespace k3pack

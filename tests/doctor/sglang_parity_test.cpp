@@ -342,6 +342,39 @@ TEST(SglangParity, ExpertCoverageAndDuplicates) {
   r = Scaled({extra.string()});
   EXPECT_EQ(Sglang(r, "expert-extra"), "routed expert tensor coverage mismatch: missing=[], extra=[(0, 'up')]");
 
+  // SGLang keys a stack by int() of Python's `\d+`: an Arabic-Indic one is
+  // layer 1 again; a layer past uint32 is kept whole (it was cut to 32 bits,
+  // 4294967297 -> 1), and one past uint64 threw std::out_of_range here.
+  auto unicode = TempDir("p-exp-unicode");
+  RewriteSpecs(c.dir, unicode, [](auto& specs, auto& shard_of) {
+    gguf::TensorSpec copy = *Spec(specs, "blk.1.ffn_up_exps.weight");
+    copy.name = "blk.\u0661.ffn_up_exps.weight";
+    specs.push_back(copy);
+    shard_of.push_back(2);
+  });
+  r = Scaled({unicode.string()});
+  EXPECT_EQ(Sglang(r, "expert-duplicate"), "duplicate routed expert tensor (1, 'up')") << Dump(r);
+  auto wide = TempDir("p-exp-wide");
+  RewriteSpecs(c.dir, wide, [](auto& specs, auto& shard_of) {
+    gguf::TensorSpec copy = *Spec(specs, "blk.1.ffn_up_exps.weight");
+    copy.name = "blk.4294967297.ffn_up_exps.weight";
+    specs.push_back(copy);
+    shard_of.push_back(2);
+  });
+  r = Scaled({wide.string()});
+  EXPECT_EQ(Sglang(r, "expert-extra"),
+            "routed expert tensor coverage mismatch: missing=[], extra=[(4294967297, 'up')]") << Dump(r);
+  ASSERT_EQ(r.With("expert-extra").size(), 1u);
+  EXPECT_EQ(r.With("expert-extra")[0]->object, "blk.4294967297.ffn_up_exps.weight");
+  auto huge = TempDir("p-exp-huge");
+  RewriteSpecs(c.dir, huge, [](auto& specs, auto& shard_of) {
+    gguf::TensorSpec copy = *Spec(specs, "blk.1.ffn_up_exps.weight");
+    copy.name = "blk.99999999999999999999.ffn_up_exps.weight";
+    specs.push_back(copy);
+    shard_of.push_back(2);
+  });
+  EXPECT_NO_THROW(r = Scaled({huge.string()}));
+
   Clean missing("p-exp-missing", {Fault::kMissingExpert});
   r = Scaled({missing.dir.string()});
   EXPECT_EQ(Sglang(r, "expert-missing"), "routed expert tensor coverage mismatch: missing=[(3, 'gate')], extra=[]");

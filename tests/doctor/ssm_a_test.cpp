@@ -72,6 +72,18 @@ TEST(SsmA, NormWeightsInTheSsmASlot) {
   EXPECT_EQ(r.With("ssm-a-looks-like-norm")[0]->sglang_error, "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values");
 }
 
+// SGLang's `\d` takes an Arabic-Indic one, so its iterator reads
+// "blk.\u0661.ssm_a" as an ssm_a and refuses these values; the doctor's own
+// ASCII pattern left the tensor's values unchecked.
+TEST(SsmA, AnSsmANamedWithOtherDecimalDigitsIsStillChecked) {
+  TensorEdit e = WithBytes(F32Bytes({1.01f, 0.98f, 1.04f, 0.99f}));
+  e.rename = "blk.\u0661.ssm_a";
+  auto r = Crafted("unicode-digit", {{"blk.1.ssm_a", e}});
+  auto f = r.With("ssm-a-looks-like-norm");
+  ASSERT_EQ(f.size(), 1u) << Dump(r);
+  EXPECT_EQ(f[0]->object, "blk.\u0661.ssm_a");
+}
+
 TEST(SsmA, MixedFormsAreReportedAsAmbiguous) {
   auto r = Crafted("mixed", {{"blk.1.ssm_a", WithBytes(F32Bytes({-3.0f, -12.0f, 0.4f, 0.2f}))}});
   EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"ssm-a-mixed-forms"}) << Dump(r);

@@ -114,6 +114,50 @@ TEST(Names, RoutedSkipRule) {
   EXPECT_FALSE(IsRoutedExpertAggregate("blk.1.ffn_up_exps.weight.x"));
 }
 
+// SGLang's `(?P<layer>\d+)` is a str pattern: any Unicode decimal digit
+// matches, and the f-string copies the digits as written. These names were
+// "unsupported" here, where SGLang maps (and skips) them.
+TEST(Names, LayerDigitsAreWhatPythonsBackslashDTakes) {
+  struct Case {
+    const char* digits;  // UTF-8
+    uint32_t value;
+  };
+  const Case cases[] = {
+      {"\u0663", 3},                  // ARABIC-INDIC DIGIT THREE
+      {"1\u0662", 12},                // ASCII and Arabic-Indic in one number
+      {"\uff19\uff12", 92},          // FULLWIDTH DIGIT NINE, TWO
+      {"\U0001D7D1", 3},              // MATHEMATICAL BOLD DIGIT THREE (4 bytes)
+      {"\u0967\u0966", 10},          // DEVANAGARI ONE, ZERO
+      {"\U0001E4F5", 5},              // NAG MUNDARI DIGIT FIVE (Unicode 15.0)
+  };
+  for (const Case& c : cases) {
+    const std::string name = std::string("blk.") + c.digits + ".attn_norm.weight";
+    auto r = MapTensorName(name);
+    ASSERT_TRUE(r.ok()) << name << ": " << r.error().message();
+    EXPECT_EQ(Names(*r), std::vector<std::string>{std::string("model.layers.") + c.digits + ".input_layernorm.weight"});
+    EXPECT_EQ(r->layer, c.value) << name;
+    const std::string score = std::string("blk.") + c.digits + ".ffn_res_score.weight";
+    EXPECT_EQ(MapOk(score), (std::vector<std::string>{std::string("model.layers.") + c.digits + ".mlp_res_proj.weight",
+                                                      std::string("model.layers.") + c.digits + ".mlp_res_norm.weight"}));
+    EXPECT_TRUE(IsRoutedExpertAggregate(std::string("blk.") + c.digits + ".ffn_up_exps.weight")) << c.digits;
+  }
+  // Digit-like characters that are not Nd (superscript two, circled one,
+  // roman numeral one, a Chinese numeral), the character after Arabic-Indic
+  // nine (U+066A), and bytes that are not UTF-8 stay unknown: `\d` does not
+  // take them.
+  for (const char* digits : {"\u00b2", "\u2460", "\u2160", "\u4e09", "\u066a", "\xd9", "\xd9\xa3\xa3"}) {
+    const std::string name = std::string("blk.") + digits + ".attn_norm.weight";
+    auto r = MapTensorName(name);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_EQ(r.error().message(), "unsupported Kimi-K3 GGUF tensor name: " + name);
+    EXPECT_FALSE(IsRoutedExpertAggregate(std::string("blk.") + digits + ".ffn_up_exps.weight")) << digits;
+  }
+  // Past uint32 the name still maps (the regex has no bound); no layer value.
+  auto big = MapTensorName("blk.\u0664294967296.attn_norm.weight");
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(big->layer.has_value());
+}
+
 TEST(Names, RuntimeNames) {
   EXPECT_EQ(RuntimeName("model.layers.1.self_attn.q_b_proj.weight", true), "model.layers.1.self_attn.q_b_proj.qweight");
   EXPECT_EQ(RuntimeName("model.layers.1.self_attn.q_b_proj.weight", false), "model.layers.1.self_attn.q_b_proj.weight");

@@ -59,6 +59,18 @@ TEST(PackExpertsParity, TheOddTensorIsNamed) {
   EXPECT_EQ(FirstLine(Tensors({{kQ4K, kQ4K, kQ3K}, {kQ4K, kQ4K, kQ3K}, {kQ4K, kQ4K, kQ3K}})), "OK");
 }
 
+// SGLang's scanner keys routed stacks by Python's int() of `\d+`: a layer
+// past uint32 is one more (extra) stack and an Arabic-Indic "\u0663" is layer 3.
+// Both were dropped from the coverage check here (the pack built without a word).
+TEST(PackExpertsParity, LayerNumbersAreReadAsPythonsInt) {
+  const std::array<uint32_t, 3> k3 = {kQ2K, kQ2K, kQ3K};
+  auto t = Tensors({k3, k3, k3});
+  t.push_back({"blk.4294967296.ffn_up_exps.weight", {256, 512, 4}, kQ2K, 0, 0, Bytes(kQ2K)});
+  EXPECT_EQ(FirstLine(t), "routed expert tensor coverage mismatch: missing=[], extra=[(4294967296, 'up')]");
+  t.back().name = "blk.\u0663.ffn_up_exps.weight";
+  EXPECT_EQ(FirstLine(t), "duplicate routed expert tensor (3, 'up')");
+}
+
 TEST(PackExpertsParity, ExpectedTypesPerRole) {
   // Up and gate vote together; ties go to the earliest layer's type.
   EXPECT_EQ(ExpectedScaledExpertTypes({{kQ4K, kQ2K, kQ3K}, {kQ2K, kQ2K, kQ3K}}),

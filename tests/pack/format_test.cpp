@@ -69,10 +69,26 @@ TEST(PackFormat, ExpertTensorNames) {
   EXPECT_EQ(ParseExpertTensorName("blk.007.ffn_up_exps.weight")->layer, 7u);  // \d+ accepts leading zeros
   for (const char* bad : {"blk..ffn_up_exps.weight", "blk.1.ffn_up_exps.weight.x", "xblk.1.ffn_up_exps.weight",
                           "blk.1.ffn_up_shexp.weight", "blk.1.ffn_Up_exps.weight", "blk.-1.ffn_up_exps.weight",
-                          "blk.99999999999.ffn_up_exps.weight"}) {
+                          "blk.99999999999999999999.ffn_up_exps.weight"}) {
     EXPECT_FALSE(ParseExpertTensorName(bad)) << bad;
   }
+  // Python's int() has no bound: SGLang's coverage check lists such a layer as extra.
+  EXPECT_EQ(ParseExpertTensorName("blk.99999999999.ffn_up_exps.weight")->layer, 99999999999u);
   EXPECT_EQ(ExpertTensorName(3, Role::kDown), "blk.3.ffn_down_exps.weight");
+}
+
+// SGLang's scanner keys routed stacks by int() of a Python `\d+` match: an
+// Arabic-Indic "blk.\u0663" is layer 3 there (so it duplicates "blk.3"), and
+// its pack index entry, which keeps the GGUF name, is layer 3 to its reader.
+TEST(PackFormat, ExpertLayerDigitsAreWhatPythonsBackslashDTakes) {
+  auto p = ParseExpertTensorName("blk.\u0663.ffn_up_exps.weight");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->layer, 3u);
+  EXPECT_EQ(p->role, Role::kUp);
+  auto q = ParseExpertTensorName("blk.\uff19\uff12.ffn_down_exps.weight");  // fullwidth 92
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->layer, 92u);
+  EXPECT_FALSE(ParseExpertTensorName("blk.\u00b2.ffn_up_exps.weight"));  // superscript two is no \d
 }
 
 // Two layers, two experts, role sizes that need padding: hand-computed offsets.
