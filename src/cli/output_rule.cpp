@@ -66,6 +66,8 @@ Status CheckRegeneratedOutput(const Args& args, const std::string& option, const
   K3_RETURN_IF_ERROR(CheckOutputWritable(option, path));
   // Before is_ours reads it: a device or pipe is never ours to replace.
   K3_RETURN_IF_ERROR(CheckOutputKind(spec));
+  // Regenerated whenever it differs, ours or not: it must be replaceable.
+  K3_RETURN_IF_ERROR(CheckReplaceable(spec));
   auto action = DecideOutput(spec);
   if (!action.ok() && is_ours && is_ours(path)) return Status::OK();
   return action.ok() ? Status::OK() : Status(action.error());

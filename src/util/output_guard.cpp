@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,12 +84,32 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec) {
   if (spec.has_partial) return OutputAction::kResume;
   if (!exists || (spec.directory && empty_dir)) return OutputAction::kWrite;
   K3_RETURN_IF_ERROR(CheckOutputKind(spec));
-  if (spec.force) return OutputAction::kReplace;
+  // Before force and before the refusal's "pass --force": neither can
+  // replace a file this user may not rename over. A finished output is
+  // still reported as built: nothing is replaced.
+  const Status replaceable = CheckReplaceable(spec);
+  if (spec.force) return replaceable.ok() ? Result<OutputAction>(OutputAction::kReplace) : replaceable;
   if (spec.is_finished) {
     K3_ASSIGN_OR_RETURN(bool finished, spec.is_finished());
     if (finished) return OutputAction::kAlreadyBuilt;
   }
+  K3_RETURN_IF_ERROR(replaceable);
   return RefuseExisting(spec);
+}
+
+Status CheckReplaceable(const OutputSpec& spec) {
+  if (spec.directory) return Status::OK();
+  struct stat file {}, dir {};
+  fs::path parent = fs::path(spec.path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (::lstat(spec.path.c_str(), &file) != 0 || ::stat(parent.c_str(), &dir) != 0) return Status::OK();
+  const uid_t me = ::geteuid();
+  if ((dir.st_mode & S_ISVTX) == 0 || me == 0 || file.st_uid == me || dir.st_uid == me) return Status::OK();
+  return Error::FromErrno("refusing to overwrite existing " + spec.path + " (" + spec.option + "): it belongs to uid " +
+                              std::to_string(file.st_uid) + " and " + parent.string() +
+                              " has the sticky bit, so only the owner of the file or of the directory may replace it",
+                          EPERM)
+      .WithHint("pass another " + spec.option + " path, or ask the owner of " + spec.path + " to remove it");
 }
 
 Error RefuseExisting(const OutputSpec& spec) {

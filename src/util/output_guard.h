@@ -66,6 +66,13 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec);
 // not_own_kind says is another kind of file. Absent: OK.
 Status CheckOutputKind(const OutputSpec& spec);
 
+// An existing file output this user may rename over. In a directory with the
+// sticky bit (/tmp, a shared scratch directory) only the owner of the file or
+// of the directory may (root aside): the final rename would fail with EPERM
+// after the whole run. Refused naming the owner and the rule; absent or a
+// directory output: OK.
+Status CheckReplaceable(const OutputSpec& spec);
+
 // The rule's refusal of an existing output, for a caller that finds out
 // only later (e.g. while comparing) that the output is not its own.
 Error RefuseExisting(const OutputSpec& spec);

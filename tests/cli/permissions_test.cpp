@@ -92,5 +92,51 @@ TEST(Permissions, DoctorTellsAFileItMayNotReadFromADamagedOne) {
   }
 }
 
+// In a directory with the sticky bit (/tmp, a shared scratch directory) only
+// the owner of a file, or of the directory, may rename over it: another
+// user's output there cannot be replaced, with --force or without.
+TEST(Permissions, AnotherUsersOutputInAStickyDirectoryIsRefusedBeforeTheRun) {
+  if (!CanRunAsNobody()) GTEST_SKIP() << "needs root and setpriv";
+  const std::string d = Root() + "/perm-sticky";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string trace = d + "/t.k3t";
+  ASSERT_EQ(Cli(TraceGen(trace, "--seed 1")).code, 0);
+  OpenToOthers(d);
+  fs::permissions(d, fs::perms::all | fs::perms::sticky_bit);
+  const std::string before = k3pack::testing_cli::FileBytes(trace);
+  // Before: --force generated the trace and then failed to rename it into
+  // place ("cannot move it into place: Operation not permitted", the rule
+  // unnamed: after the run, for a sweep's plot after the whole sweep), and
+  // without --force the refusal's hint offered --force.
+  for (const std::string force : {"--force", ""}) {
+    SCOPED_TRACE(force);
+    CliRun r = AsNobody(TraceGen(trace, "--seed 2 " + force));
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + trace + " (--trace): it belongs to uid 0 and " + d +
+                                    " has the sticky bit, so only the owner of the file or of the directory may "
+                                    "replace it: Operation not permitted"))
+        << r.out;
+    EXPECT_FALSE(Contains(r.out, "pass --force")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "wrote ")) << r.out;
+    EXPECT_EQ(k3pack::testing_cli::FileBytes(trace), before);
+  }
+  // A plot is regenerated over its own kind without --force.
+  const std::string svg = d + "/s.svg";
+  const std::string sweep = "trace sweep --progress none --requests 1 --decode-tokens 2 --manifest " +
+                            Q(BuiltTinyModel()) + " --svg " + Q(svg);
+  fs::permissions(d, fs::perms::sticky_bit, fs::perm_options::remove);
+  ASSERT_EQ(Cli(sweep + " --seed 1").code, 0);
+  fs::permissions(svg, fs::perms::others_read, fs::perm_options::add);
+  fs::permissions(d, fs::perms::sticky_bit, fs::perm_options::add);
+  CliRun r = AsNobody(sweep + " --seed 7");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite existing " + svg + " (--svg): it belongs to uid 0")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "hit rate vs cache size")) << r.out;  // refused before the sweep
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(d)) ++entries;
+  EXPECT_EQ(entries, 2u);  // the trace and the plot, no temporary beside them
+}
+
 }  // namespace
 }  // namespace k3cli
