@@ -136,32 +136,27 @@ void AttachCoverageError(const ModelContext& m, std::vector<Finding>& findings, 
   }
 }
 
-}  // namespace
-
-ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out) {
-  ModelContext m;
-  const size_t first_finding = out.report().findings.size();
-  const gguf::GgufFile* first = view.first();
-  if (first == nullptr) {
-    out.Add("check-skipped", "model layout", "shard 0 is unreadable, so the kimi-k3.* metadata is unknown");
-    return m;
-  }
-  auto dims = kimi::DimsFromGguf(*first);
+// The layout the kimi-k3.* metadata of shard 0 implies (m.dims, m.expected).
+void ReadLayout(const ShardView& view, const gguf::GgufFile& first, ModelContext& m, Collector& out) {
+  auto dims = kimi::DimsFromGguf(first);
   if (!dims.ok()) {
     out.Add("model-metadata-invalid", "kimi-k3.*", dims.error().message(), {}, view.shards.front().path);
-  } else {
-    kimi::TypePlan plan;
-    plan.experts = {GgmlType::F32, GgmlType::F32, GgmlType::F32};  // types are checked separately
-    auto table = kimi::ExpectedTensors(*dims, plan);
-    if (!table.ok()) {
-      out.Add("model-metadata-invalid", "kimi-k3.*", table.error().message(), {}, view.shards.front().path);
-    } else {
-      m.dims = *dims;
-      for (auto& t : *table) m.expected.emplace(t.name, t);
-    }
+    return;
   }
+  kimi::TypePlan plan;
+  plan.experts = {GgmlType::F32, GgmlType::F32, GgmlType::F32};  // types are checked separately
+  auto table = kimi::ExpectedTensors(*dims, plan);
+  if (!table.ok()) {
+    out.Add("model-metadata-invalid", "kimi-k3.*", table.error().message(), {}, view.shards.front().path);
+    return;
+  }
+  m.dims = *dims;
+  for (auto& t : *table) m.expected.emplace(t.name, t);
+}
 
-  // The spec: config.json when there is one, else the GGUF's own dimensions.
+// The spec (m.spec): config.json when there is one, else the GGUF's own
+// dimensions.
+void ReadSpec(const ShardView& view, const DiagnoseOptions& options, ModelContext& m, Collector& out) {
   std::string config = options.config_path;
   std::error_code ec;
   if (config.empty() && fs::exists(fs::path(view.dir) / "config.json", ec)) {
@@ -177,122 +172,141 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
       m.spec = *spec;
       if (m.dims) CrossCheck(*m.spec, *m.dims, config, out);
     }
+    return;
+  }
+  out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --model-config");
+  if (!m.dims) return;
+  auto spec = kimi::ModelSpecFromConfig(ConfigFromDims(*m.dims), options.profile);
+  if (!spec.ok()) {
+    const Error& e = spec.error();
+    Finding& f = out.Add("config-invalid", "kimi-k3.* (GGUF metadata)",
+                         "the GGUF's own dimensions fail the " + std::string(kimi::ProfileName(options.profile)) +
+                             " profile: " + e.message(),
+                         e.headline(), view.shards.front().path);
+    f.sglang_exception = ErrorKindName(e.kind());
+    f.fix = "Use --profile scaled for synthetic or scaled-down models; a real Kimi-K3 must have these values.";
   } else {
-    out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --model-config");
-    if (m.dims) {
-      auto spec = kimi::ModelSpecFromConfig(ConfigFromDims(*m.dims), options.profile);
-      if (!spec.ok()) {
-        const Error& e = spec.error();
-        Finding& f = out.Add("config-invalid", "kimi-k3.* (GGUF metadata)",
-                             "the GGUF's own dimensions fail the " + std::string(kimi::ProfileName(options.profile)) +
-                                 " profile: " + e.message(),
-                             e.headline(), view.shards.front().path);
-        f.sglang_exception = ErrorKindName(e.kind());
-        f.fix = "Use --profile scaled for synthetic or scaled-down models; a real Kimi-K3 must have these values.";
-      } else {
-        m.spec = *spec;
-      }
+    m.spec = *spec;
+  }
+}
+
+// A tensor the layout expects: its shape and its storage type.
+void CheckExpectedTensor(const std::string& name, const kimi::ExpectedTensor& want, const gguf::TensorInfo& t,
+                         const std::string& file, Collector& out) {
+  const bool value_checked = want.role == kimi::TensorRole::kSsmA || want.role == kimi::TensorRole::kResScore;
+  if (!value_checked && !want.ShapeMatches(t.shape())) {
+    Finding& f = out.Add("tensor-shape-mismatch", name,
+                         "shape " + NeList(t.shape()) + ", the metadata implies " + NeList(want.ne) +
+                             (want.alt_ne.empty() ? "" : " or " + NeList(want.alt_ne)),
+                         {}, file);
+    f.details = {{"shape", t.shape()}, {"expected", want.ne}};
+  }
+  const GgmlTypeInfo* ti = GgmlTypeInfoFor(t.type);
+  if (want.role == kimi::TensorRole::kSsmA) {
+    // CheckValues reports ssm_a types with the ssm_a diagnoses.
+  } else if (kimi::RoleIsF32(want.role) && want.role != kimi::TensorRole::kF32Matrix) {
+    if (t.type == GgmlType::BF16) {
+      out.Add("tensor-bf16", name, "stored as BF16", {}, file);
+    } else if (ti != nullptr && ti->quantized) {
+      out.Add("tensor-must-be-float", name, "stored as " + TypeName(t.type) + ", must stay F32", {}, file);
+    }
+  } else if (want.role == kimi::TensorRole::kAttnKB && t.type != GgmlType::Q4_0) {
+    out.Add("mla-k-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA K projection must remain GGUF Q4_0",
+            file);
+  } else if (want.role == kimi::TensorRole::kAttnVB && t.type != GgmlType::Q2_K) {
+    out.Add("mla-v-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA V projection must remain GGUF Q2_K",
+            file);
+  } else if ((want.role == kimi::TensorRole::kMatrix || want.role == kimi::TensorRole::kEmbedding) &&
+             IsFloatStorage(t.type)) {
+    out.Add("tensor-must-be-quantized", name, "stored as " + TypeName(t.type), {}, file);
+  }
+}
+
+// A KDA name on an MLA layer or the reverse (SGLang maps it anyway); true
+// when reported.
+bool ReportWrongLayerKind(const std::string& name, const kimi::Mapping& mapped, const ModelContext& m,
+                          const std::string& file, Collector& out) {
+  if (!mapped.layer || !m.dims || *mapped.layer >= m.dims->num_layers) return false;
+  const std::string suffix = name.substr(name.find('.', 4) + 1);
+  const bool kda = Index().kda_suffixes.count(suffix) > 0, mla = Index().mla_suffixes.count(suffix) > 0;
+  if (!kda && !mla) return false;
+  const bool layer_mla = kimi::LayerKindOf(*m.dims, *mapped.layer) == kimi::LayerKind::kMla;
+  if (!((kda && layer_mla) || (mla && !layer_mla))) return false;
+  out.Add("tensor-wrong-layer-kind", name,
+          std::string(kda ? "a KDA" : "an MLA") + " tensor in " + (layer_mla ? "MLA" : "KDA") + " layer " +
+              std::to_string(*mapped.layer),
+          {}, file);
+  return true;
+}
+
+// A name outside the layout: the nearest missing expected name when close
+// (claimed in `suggested`), else what SGLang makes of it.
+void ReportUnexpectedName(const ShardView& view, const std::string& name, const Result<kimi::Mapping>& mapped,
+                          const ModelContext& m, const std::string& file, std::set<std::string>& suggested,
+                          Collector& out) {
+  // A missing name that differs only in its .weight/.bias suffix (the
+  // commonest converter rename: `blk.N.ssm_a.weight` for `blk.N.ssm_a`,
+  // `ssm_dt.weight` for `ssm_dt.bias`) wins whatever its edit distance.
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  bool suffix_only = false;
+  for (const auto& [ename, et] : m.expected) {
+    if (view.Find(ename) != nullptr) continue;
+    const size_t d = EditDistance(name, ename);
+    const bool same_stem = WithoutParamSuffix(name) == WithoutParamSuffix(ename);
+    if ((same_stem && !suffix_only) || (same_stem == suffix_only && d < best_d)) {
+      best_d = d, best = ename, suffix_only = same_stem;
     }
   }
+  const size_t limit = std::max<size_t>(2, name.size() / 8);
+  const std::string sg = mapped.ok() ? std::string() : mapped.error().message();
+  if (!best.empty() && (best_d <= limit || suffix_only)) {
+    suggested.insert(best);
+    Finding& f = out.Add("tensor-name-misspelled", name,
+                         "unknown name, " +
+                             (suffix_only ? std::string("only its .weight/.bias suffix differs from")
+                                          : std::to_string(best_d) + " edit(s) from") +
+                             " the missing '" + best + "'",
+                         sg, file);
+    f.fix = "Rename '" + name + "' to '" + best + "' (the converter's scheme), or re-convert the model.";
+    f.details = {{"suggestion", best}, {"distance", best_d}};
+  } else if (mapped.ok()) {
+    out.Add("tensor-name-unknown", name,
+            "SGLang maps it, but the kimi-k3.* layout has no such tensor (the model never uses it)", {}, file)
+        .severity = Severity::kWarning;
+  } else {
+    out.Add("tensor-name-unknown", name, "not in SGLang's name table nor in the Kimi-K3 layout", sg, file);
+  }
+}
 
-  // ---------------------------------------------------------------- names
-  std::set<std::string> suggested;  // expected names claimed by a near miss
+// Every non-expert tensor against the layout, or against SGLang's name table
+// when there is no layout. Returns the expected names claimed by a near miss.
+std::set<std::string> CheckNames(const ShardView& view, const ModelContext& m, Collector& out) {
+  std::set<std::string> suggested;
   for (const std::string& name : view.order) {
     if (kimi::IsRoutedExpertAggregate(name)) continue;  // CheckExperts
     const Located& loc = *view.Find(name);
-    const gguf::TensorInfo& t = *loc.info;
     const std::string& file = view.shards[loc.shard].path;
     auto it = m.expected.find(name);
     if (it != m.expected.end()) {
-      const kimi::ExpectedTensor& want = it->second;
-      const bool value_checked = want.role == kimi::TensorRole::kSsmA || want.role == kimi::TensorRole::kResScore;
-      if (!value_checked && !want.ShapeMatches(t.shape())) {
-        Finding& f = out.Add("tensor-shape-mismatch", name,
-                             "shape " + NeList(t.shape()) + ", the metadata implies " + NeList(want.ne) +
-                                 (want.alt_ne.empty() ? "" : " or " + NeList(want.alt_ne)),
-                             {}, file);
-        f.details = {{"shape", t.shape()}, {"expected", want.ne}};
-      }
-      const GgmlTypeInfo* ti = GgmlTypeInfoFor(t.type);
-      if (want.role == kimi::TensorRole::kSsmA) {
-        // CheckValues reports ssm_a types with the ssm_a diagnoses.
-      } else if (kimi::RoleIsF32(want.role) && want.role != kimi::TensorRole::kF32Matrix) {
-        if (t.type == GgmlType::BF16) {
-          out.Add("tensor-bf16", name, "stored as BF16", {}, file);
-        } else if (ti != nullptr && ti->quantized) {
-          out.Add("tensor-must-be-float", name, "stored as " + TypeName(t.type) + ", must stay F32", {}, file);
-        }
-      } else if (want.role == kimi::TensorRole::kAttnKB && t.type != GgmlType::Q4_0) {
-        out.Add("mla-k-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA K projection must remain GGUF Q4_0",
-                file);
-      } else if (want.role == kimi::TensorRole::kAttnVB && t.type != GgmlType::Q2_K) {
-        out.Add("mla-v-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA V projection must remain GGUF Q2_K",
-                file);
-      } else if ((want.role == kimi::TensorRole::kMatrix || want.role == kimi::TensorRole::kEmbedding) &&
-                 IsFloatStorage(t.type)) {
-        out.Add("tensor-must-be-quantized", name, "stored as " + TypeName(t.type), {}, file);
-      }
-      continue;
-    }
-    if (m.expected.empty()) {
-      // No layout to compare with: SGLang's name table is all we have.
-      auto mapped = kimi::MapTensorName(name);
-      if (!mapped.ok()) out.Add("tensor-name-unknown", name, "not in SGLang's name table", mapped.error().message(), file);
+      CheckExpectedTensor(name, it->second, *loc.info, file, out);
       continue;
     }
     auto mapped = kimi::MapTensorName(name);
-    if (mapped.ok() && mapped->layer) {
-      const std::string suffix = name.substr(name.find('.', 4) + 1);
-      const bool kda = Index().kda_suffixes.count(suffix) > 0, mla = Index().mla_suffixes.count(suffix) > 0;
-      if ((kda || mla) && m.dims && *mapped->layer < m.dims->num_layers) {
-        const bool layer_mla = kimi::LayerKindOf(*m.dims, *mapped->layer) == kimi::LayerKind::kMla;
-        if ((kda && layer_mla) || (mla && !layer_mla)) {
-          out.Add("tensor-wrong-layer-kind", name,
-                  std::string(kda ? "a KDA" : "an MLA") + " tensor in " + (layer_mla ? "MLA" : "KDA") + " layer " +
-                      std::to_string(*mapped->layer),
-                  {}, file);
-          continue;
-        }
-      }
+    if (m.expected.empty()) {
+      // No layout to compare with: SGLang's name table is all we have.
+      if (!mapped.ok()) out.Add("tensor-name-unknown", name, "not in SGLang's name table", mapped.error().message(), file);
+      continue;
     }
-    // Not part of the layout: the nearest missing expected name, if close.
-    // A missing name that differs only in its .weight/.bias suffix (the
-    // commonest converter rename: `blk.N.ssm_a.weight` for `blk.N.ssm_a`,
-    // `ssm_dt.weight` for `ssm_dt.bias`) wins whatever its edit distance.
-    std::string best;
-    size_t best_d = SIZE_MAX;
-    bool suffix_only = false;
-    for (const auto& [ename, et] : m.expected) {
-      if (view.Find(ename) != nullptr) continue;
-      const size_t d = EditDistance(name, ename);
-      const bool same_stem = WithoutParamSuffix(name) == WithoutParamSuffix(ename);
-      if ((same_stem && !suffix_only) || (same_stem == suffix_only && d < best_d)) {
-        best_d = d, best = ename, suffix_only = same_stem;
-      }
-    }
-    const size_t limit = std::max<size_t>(2, name.size() / 8);
-    const std::string sg = mapped.ok() ? std::string() : mapped.error().message();
-    if (!best.empty() && (best_d <= limit || suffix_only)) {
-      suggested.insert(best);
-      Finding& f = out.Add("tensor-name-misspelled", name,
-                           "unknown name, " +
-                               (suffix_only ? std::string("only its .weight/.bias suffix differs from")
-                                            : std::to_string(best_d) + " edit(s) from") +
-                               " the missing '" + best + "'",
-                           sg, file);
-      f.fix = "Rename '" + name + "' to '" + best + "' (the converter's scheme), or re-convert the model.";
-      f.details = {{"suggestion", best}, {"distance", best_d}};
-    } else if (mapped.ok()) {
-      out.Add("tensor-name-unknown", name,
-              "SGLang maps it, but the kimi-k3.* layout has no such tensor (the model never uses it)", {}, file)
-          .severity = Severity::kWarning;
-    } else {
-      out.Add("tensor-name-unknown", name, "not in SGLang's name table nor in the Kimi-K3 layout", sg, file);
-    }
+    if (mapped.ok() && ReportWrongLayerKind(name, *mapped, m, file, out)) continue;
+    ReportUnexpectedName(view, name, mapped, m, file, suggested, out);
   }
+  return suggested;
+}
 
-  // SGLang's iterator emits each parameter name once; a later tensor mapping
-  // to a name already emitted stops it (ssm_g and attn_gate share g_proj).
+// SGLang's iterator emits each parameter name once; a later tensor mapping
+// to a name already emitted stops it (ssm_g and attn_gate share g_proj).
+void CheckDuplicateTargets(const ShardView& view, Collector& out) {
   std::set<std::string> emitted;
   for (const std::string& name : view.order) {
     if (kimi::IsRoutedExpertAggregate(name)) continue;
@@ -317,8 +331,12 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
       if (stop) break;
     }
   }
+}
 
-  // Expected tensors that are absent (experts: CheckExperts).
+// Expected tensors that are absent (experts: CheckExperts), unless a near
+// miss already named them.
+void CheckMissingTensors(const ShardView& view, const ModelContext& m, const std::set<std::string>& suggested,
+                         Collector& out) {
   std::vector<std::string> missing;
   for (const auto& [ename, et] : m.expected) {
     if (kimi::RoleIsExpert(et.role) || view.Find(ename) != nullptr || suggested.count(ename)) continue;
@@ -327,12 +345,29 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
   if (!missing.empty() && !view.all_readable) {
     out.Add("check-skipped", "tensor coverage",
             std::to_string(missing.size()) + " expected tensor(s) not found, but unreadable shards may hold them");
-  } else {
-    for (const std::string& ename : missing) {
-      Finding& f = out.Add("tensor-missing", ename, "expected " + NeList(m.expected.at(ename).ne) + " tensor is absent");
-      f.details = {{"expected_shape", m.expected.at(ename).ne}};
-    }
+    return;
   }
+  for (const std::string& ename : missing) {
+    Finding& f = out.Add("tensor-missing", ename, "expected " + NeList(m.expected.at(ename).ne) + " tensor is absent");
+    f.details = {{"expected_shape", m.expected.at(ename).ne}};
+  }
+}
+
+}  // namespace
+
+ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out) {
+  ModelContext m;
+  const size_t first_finding = out.report().findings.size();
+  const gguf::GgufFile* first = view.first();
+  if (first == nullptr) {
+    out.Add("check-skipped", "model layout", "shard 0 is unreadable, so the kimi-k3.* metadata is unknown");
+    return m;
+  }
+  ReadLayout(view, *first, m, out);
+  ReadSpec(view, options, m, out);
+  const std::set<std::string> suggested = CheckNames(view, m, out);
+  CheckDuplicateTargets(view, out);
+  CheckMissingTensors(view, m, suggested, out);
   AttachCoverageError(m, out.report().findings, first_finding);
   return m;
 }
