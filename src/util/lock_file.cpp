@@ -134,10 +134,21 @@ ScopedLockWait::~ScopedLockWait() { current_wait = std::move(previous_); }
 
 Result<LockFile> LockFile::Acquire(const std::string& path, const std::string& what) {
   struct stat pst;
-  const bool directory = ::stat(path.c_str(), &pst) == 0 && S_ISDIR(pst.st_mode);
-  const int fd = directory ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-                           : ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, kNewFileMode);
-  if (fd < 0) return Error::FromErrno("cannot open lock file " + path, errno);
+  const bool exists = ::stat(path.c_str(), &pst) == 0;
+  const bool directory = exists && S_ISDIR(pst.st_mode);
+  int fd = directory ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                     : ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, kNewFileMode);
+  // The lock file is never written and flock needs no write access: one that
+  // another user's run left (kept between runs) is locked read-only.
+  if (fd < 0 && errno == EACCES && exists && !directory) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    Error e = Error::FromErrno("cannot open lock file " + path, err);
+    if (err != EACCES || !exists) return e;
+    return e.WithHint("it belongs to uid " + std::to_string(pst.st_uid) +
+                      ", who ran k3pack here before; it must be readable for you to take the lock: ask its owner to "
+                      "chmod a+r it, or pass another output path");
+  }
   UniqueFd owned(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat lock file " + path, errno);

@@ -138,5 +138,27 @@ TEST(Permissions, AnotherUsersOutputInAStickyDirectoryIsRefusedBeforeTheRun) {
   EXPECT_EQ(entries, 2u);  // the trace and the plot, no temporary beside them
 }
 
+// A lock file another user's build left (the pack's `.lock`, kept between
+// runs): flock needs no write access, so it is no reason to refuse.
+TEST(Permissions, AnotherUsersLockFileIsTakenReadOnly) {
+  if (!CanRunAsNobody()) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("perm-lock");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  OpenToOthers(m, /*writable_dir=*/true);
+  const std::string lock = m + "/" + std::string(kPackName) + ".lock";
+  ASSERT_TRUE(fs::exists(lock));
+  // Before: "cannot open lock file P.lock: Permission denied", exit 1, where
+  // the pack and manifest are built and readable.
+  CliRun r = AsNobody("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built")) << r.out;
+  // One this user may not even open: the owner and what to do are named.
+  OwnerOnly(lock);
+  r = AsNobody("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "cannot open lock file " + lock + ": Permission denied")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "it belongs to uid 0")) << r.out;
+}
+
 }  // namespace
 }  // namespace k3cli
