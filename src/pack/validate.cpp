@@ -64,20 +64,11 @@ std::vector<uint64_t> SampleEntries(uint64_t index_count, uint32_t num_experts, 
   return out;
 }
 
-Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSet& ex, const ValidateOptions& o) {
-  if (!PathExists(pack_path)) {
-    return Error("[Errno 2] No such file or directory: " + PyRepr(pack_path), ErrorKind::kFileNotFound, ENOENT);
-  }
-  K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(pack_path));
-  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(resolved));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + resolved, errno);
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
-  const uint64_t expected_count = layout.index_count();
+namespace {
 
-  std::array<uint8_t, kHeaderBytes> hb{};
-  K3_ASSIGN_OR_RETURN(size_t hgot, PreadFull(fd.get(), hb.data(), hb.size(), 0));
+// The header's fields against SGLang's rules and the expected entry count.
+Result<PackHeader> ReadCheckedHeader(int fd, uint64_t expected_count, std::array<uint8_t, kHeaderBytes>& hb) {
+  K3_ASSIGN_OR_RETURN(size_t hgot, PreadFull(fd, hb.data(), hb.size(), 0));
   if (hgot < kHeaderBytes) return Error("GGML expert-pack header is truncated");
   K3_ASSIGN_OR_RETURN(PackHeader h, DecodeHeader(hb));
   if (h.magic != kPackMagic || h.version != kPackVersion) {
@@ -92,23 +83,25 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   if (h.data_start < index_end || h.data_start % kPackAlignment != 0) {
     return Error("GGML expert-pack data_start is invalid or unaligned");
   }
-  std::vector<uint8_t> index(index_end);
-  std::memcpy(index.data(), hb.data(), kHeaderBytes);
-  K3_ASSIGN_OR_RETURN(size_t igot, PreadFull(fd.get(), index.data() + kHeaderBytes, index_end - kHeaderBytes,
-                                             kHeaderBytes));
+  return h;
+}
 
-  uint64_t previous_end = h.data_start;
-  uint64_t up_start = 0;
-  std::map<uint32_t, uint64_t> span_by_layer;  // fixed object span (per layer when mixed)
-  std::optional<uint64_t> global_span;
-  // SGLang's per-entry checks, in its order.
-  auto check_entry = [&](uint64_t i) -> Status {
-    K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
+// SGLang's per-entry checks, in its order, entry after entry: each payload
+// follows the previous one, and an object (up..down) spans the same bytes
+// throughout (per layer when the layers' types differ).
+class IndexChecker {
+ public:
+  IndexChecker(const std::vector<uint8_t>& index, const PackLayout& layout, const ExpertSet& ex, uint64_t data_start,
+               uint64_t file_size)
+      : index_(index), layout_(layout), ex_(ex), file_size_(file_size), previous_end_(data_start) {}
+
+  Status Check(uint64_t i) {
+    K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index_.data() + kHeaderBytes + i * kEntryBytes, kEntryBytes}));
     if (e.reserved != 0) return Error("GGML expert-pack reserved entry field must be zero");
     if (!e.name_utf8_ok) return Error("expert-pack tensor name is not valid UTF-8");
     auto parsed = ParseExpertTensorName(e.name);
     if (!parsed) return Error("invalid expert tensor name: " + PyRepr(e.name));
-    const EntrySlot want = layout.Entry(i);
+    const EntrySlot want = layout_.Entry(i);
     if (parsed->layer != want.layer || parsed->role != want.role || e.expert != static_cast<int64_t>(want.expert)) {
       return Error("GGML expert-pack is not complete expert-major up/gate/down layout at index " + std::to_string(i) +
                    ": expected=" + Triple(want.layer, RoleName(want.role), want.expert) +
@@ -119,75 +112,77 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
                    " != " + std::to_string(want.nbytes));
     }
     if (e.offset % kPackAlignment != 0) return Error("expert-pack entry " + std::to_string(i) + " is not 4 KiB aligned");
-    if (e.offset < previous_end || e.offset + e.nbytes > file_size || e.offset + e.nbytes < e.offset) {
+    if (e.offset < previous_end_ || e.offset + e.nbytes > file_size_ || e.offset + e.nbytes < e.offset) {
       return Error("expert-pack entry " + std::to_string(i) + " overlaps or is out of range");
     }
-    previous_end = e.offset + e.nbytes;
-    if (want.role == Role::kUp) up_start = e.offset;
+    previous_end_ = e.offset + e.nbytes;
+    if (want.role == Role::kUp) up_start_ = e.offset;
     if (want.role == Role::kDown) {
-      const uint64_t span = previous_end - up_start;
-      if (ex.mixed) {
-        auto [it, fresh] = span_by_layer.emplace(want.layer, span);
+      const uint64_t span = previous_end_ - up_start_;
+      if (ex_.mixed) {
+        auto [it, fresh] = span_by_layer_.emplace(want.layer, span);
         if (!fresh && it->second != span) return Error("expert-pack object spans are not fixed size");
       } else {
-        if (!global_span) global_span = span;
-        if (*global_span != span) return Error("expert-pack object spans are not fixed size");
+        if (!global_span_) global_span_ = span;
+        if (*global_span_ != span) return Error("expert-pack object spans are not fixed size");
       }
     }
     return Status::OK();
-  };
-  if (igot < index_end - kHeaderBytes) {
-    // Cut inside the index. SGLang's entry checks run before it notices the
-    // short index, and an intact first entry fails its range check (its
-    // payload would start at data_start, past the end of the file); only a
-    // file cut inside entry 0 reaches the truncation text.
-    const std::string hint = "the pack is truncated inside its index: the file is " + std::to_string(file_size) +
-                             " bytes, the index of " + std::to_string(h.index_count) + " entries ends at byte " +
-                             std::to_string(index_end) + " and the payloads at byte " +
-                             std::to_string(layout.final_size());
-    const uint64_t complete = igot / kEntryBytes;
-    for (uint64_t i = 0; i < complete; ++i) {
-      Status st = check_entry(i);
-      if (!st.ok()) return st.error().WithHint(hint);
-    }
-    return Error("GGML expert-pack index is truncated").WithHint(hint);
-  }
-  const std::string index_sha = Sha256Hex(index.data(), index.size());
-  for (uint64_t i = 0; i < h.index_count; ++i) K3_RETURN_IF_ERROR(check_entry(i));
-  if (file_size != previous_end) {
-    return Error("expert-pack has unexplained trailing bytes: " + std::to_string(file_size - previous_end));
   }
 
-  // Sampled payload compare with the GGUF source.
-  if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
-  const auto samples = SampleEntries(h.index_count, ex.num_experts, o.payload_samples, o.ep);
-  {
-    std::map<uint32_t, UniqueFd> shard_fds;
-    K3_ASSIGN_OR_RETURN(IoBuffer a, IoBuffer::Allocate(4 << 20));
-    K3_ASSIGN_OR_RETURN(IoBuffer b, IoBuffer::Allocate(4 << 20));
-    for (uint64_t idx : samples) {
-      if (o.interrupt_check) K3_RETURN_IF_ERROR(o.interrupt_check());
-      K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + idx * kEntryBytes, kEntryBytes}));
-      const EntrySlot s = layout.Entry(idx);
-      const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
-      auto it = shard_fds.find(t.tensor.shard_index);
-      if (it == shard_fds.end()) {
-        K3_ASSIGN_OR_RETURN(UniqueFd sfd, OpenReadOnly(t.shard_path));
-        it = shard_fds.emplace(t.tensor.shard_index, std::move(sfd)).first;
-      }
-      auto same = RangesEqual({fd.get(), e.offset, pack_path},
-                              {it->second.get(), t.tensor.data_offset + s.expert * t.expert_bytes, t.shard_path},
-                              t.expert_bytes, a, b);
-      if (!same.ok() && same.error().kind() != ErrorKind::kEOF) return same.error();
-      if (!same.ok() || !*same) {
-        // SGLang's text for a short compare too; the hint says which file ended where.
-        Error mismatch("expert-pack payload does not match GGUF source for " + t.tensor.name + " expert " +
-                       std::to_string(s.expert));
-        return same.ok() ? mismatch : mismatch.WithHint(same.error().message());
-      }
+  uint64_t previous_end() const { return previous_end_; }
+
+  // The object span SGLang's report gives: the first active layer's.
+  uint64_t object_bytes() const {
+    if (ex_.mixed && !ex_.layers.empty()) {
+      auto it = span_by_layer_.find(ex_.layers.front());
+      return it == span_by_layer_.end() ? 0 : it->second;
     }
+    return global_span_ ? *global_span_ : (span_by_layer_.empty() ? 0 : span_by_layer_.begin()->second);
   }
 
+ private:
+  const std::vector<uint8_t>& index_;
+  const PackLayout& layout_;
+  const ExpertSet& ex_;
+  const uint64_t file_size_;
+  uint64_t previous_end_;
+  uint64_t up_start_ = 0;
+  std::map<uint32_t, uint64_t> span_by_layer_;
+  std::optional<uint64_t> global_span_;
+};
+
+// Sampled payloads against the GGUF source, with SGLang's text for a
+// difference and for a short compare (the hint says which file ended where).
+Status CompareSamples(int fd, const std::string& pack_path, const std::vector<uint8_t>& index, const PackLayout& layout,
+                      const ExpertSet& ex, const std::vector<uint64_t>& samples, const ValidateOptions& o) {
+  std::map<uint32_t, UniqueFd> shard_fds;
+  K3_ASSIGN_OR_RETURN(IoBuffer a, IoBuffer::Allocate(4 << 20));
+  K3_ASSIGN_OR_RETURN(IoBuffer b, IoBuffer::Allocate(4 << 20));
+  for (uint64_t idx : samples) {
+    if (o.interrupt_check) K3_RETURN_IF_ERROR(o.interrupt_check());
+    K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + idx * kEntryBytes, kEntryBytes}));
+    const EntrySlot s = layout.Entry(idx);
+    const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
+    auto it = shard_fds.find(t.tensor.shard_index);
+    if (it == shard_fds.end()) {
+      K3_ASSIGN_OR_RETURN(UniqueFd sfd, OpenReadOnly(t.shard_path));
+      it = shard_fds.emplace(t.tensor.shard_index, std::move(sfd)).first;
+    }
+    auto same = RangesEqual({fd, e.offset, pack_path},
+                            {it->second.get(), t.tensor.data_offset + s.expert * t.expert_bytes, t.shard_path},
+                            t.expert_bytes, a, b);
+    if (!same.ok() && same.error().kind() != ErrorKind::kEOF) return same.error();
+    if (!same.ok() || !*same) {
+      Error mismatch("expert-pack payload does not match GGUF source for " + t.tensor.name + " expert " +
+                     std::to_string(s.expert));
+      return same.ok() ? mismatch : mismatch.WithHint(same.error().message());
+    }
+  }
+  return Status::OK();
+}
+
+nlohmann::json RolesSection(const ExpertSet& ex) {
   nlohmann::json roles = nlohmann::json::object();
   for (Role r : kRoleOrder) {
     const auto ri = static_cast<uint32_t>(r);
@@ -201,8 +196,70 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
                           {"entry_count", static_cast<uint64_t>(ex.layers.size()) * ex.num_experts},
                           {"payload_bytes", payload}};
   }
-  uint64_t object_bytes = global_span ? *global_span : (span_by_layer.empty() ? 0 : span_by_layer.begin()->second);
-  if (ex.mixed && !ex.layers.empty()) object_bytes = span_by_layer[ex.layers.front()];
+  return roles;
+}
+
+Result<std::string> HashWholePack(const std::string& path, uint64_t file_size, const ValidateOptions& o) {
+  std::function<void(uint64_t)> hashed;
+  uint64_t done = 0;
+  const auto started = std::chrono::steady_clock::now();
+  if (o.progress) {
+    hashed = [&](uint64_t n) {
+      done += n;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      o.progress(Progress("hash pack", done, file_size, 0, 0, elapsed));
+    };
+  }
+  return Sha256File(path, o.interrupt_check, hashed);
+}
+
+}  // namespace
+
+Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSet& ex, const ValidateOptions& o) {
+  if (!PathExists(pack_path)) {
+    return Error("[Errno 2] No such file or directory: " + PyRepr(pack_path), ErrorKind::kFileNotFound, ENOENT);
+  }
+  K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(pack_path));
+  K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(resolved));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::FromErrno("cannot stat " + resolved, errno);
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
+
+  std::array<uint8_t, kHeaderBytes> hb{};
+  K3_ASSIGN_OR_RETURN(PackHeader h, ReadCheckedHeader(fd.get(), layout.index_count(), hb));
+  const uint64_t index_end = kHeaderBytes + h.index_count * kEntryBytes;
+  std::vector<uint8_t> index(index_end);
+  std::memcpy(index.data(), hb.data(), kHeaderBytes);
+  K3_ASSIGN_OR_RETURN(size_t igot, PreadFull(fd.get(), index.data() + kHeaderBytes, index_end - kHeaderBytes,
+                                             kHeaderBytes));
+  IndexChecker entries(index, layout, ex, h.data_start, file_size);
+  if (igot < index_end - kHeaderBytes) {
+    // Cut inside the index. SGLang's entry checks run before it notices the
+    // short index, and an intact first entry fails its range check (its
+    // payload would start at data_start, past the end of the file); only a
+    // file cut inside entry 0 reaches the truncation text.
+    const std::string hint = "the pack is truncated inside its index: the file is " + std::to_string(file_size) +
+                             " bytes, the index of " + std::to_string(h.index_count) + " entries ends at byte " +
+                             std::to_string(index_end) + " and the payloads at byte " +
+                             std::to_string(layout.final_size());
+    const uint64_t complete = igot / kEntryBytes;
+    for (uint64_t i = 0; i < complete; ++i) {
+      Status checked = entries.Check(i);
+      if (!checked.ok()) return checked.error().WithHint(hint);
+    }
+    return Error("GGML expert-pack index is truncated").WithHint(hint);
+  }
+  const std::string index_sha = Sha256Hex(index.data(), index.size());
+  for (uint64_t i = 0; i < h.index_count; ++i) K3_RETURN_IF_ERROR(entries.Check(i));
+  if (file_size != entries.previous_end()) {
+    return Error("expert-pack has unexplained trailing bytes: " + std::to_string(file_size - entries.previous_end()));
+  }
+
+  if (o.ep) K3_RETURN_IF_ERROR(ep::CheckRank(*o.ep, ex.num_experts));
+  const auto samples = SampleEntries(h.index_count, ex.num_experts, o.payload_samples, o.ep);
+  K3_RETURN_IF_ERROR(CompareSamples(fd.get(), pack_path, index, layout, ex, samples, o));
+
   nlohmann::json out = {
       {"path", resolved},
       {"size", file_size},
@@ -218,23 +275,13 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
       {"active_moe_layer_ids", ex.layers},
       {"num_experts", ex.num_experts},
       {"top_k", ex.top_k},
-      {"object_bytes", object_bytes},
-      {"roles", roles},
+      {"object_bytes", entries.object_bytes()},
+      {"roles", RolesSection(ex)},
       {"payload_samples_verified", samples.size()},
       {"full_pack_hash", o.full_pack_hash},
   };
   if (o.full_pack_hash) {
-    std::function<void(uint64_t)> hashed;
-    uint64_t done = 0;
-    const auto started = std::chrono::steady_clock::now();
-    if (o.progress) {
-      hashed = [&](uint64_t n) {
-        done += n;
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        o.progress(Progress("hash pack", done, file_size, 0, 0, elapsed));
-      };
-    }
-    K3_ASSIGN_OR_RETURN(std::string whole, Sha256File(resolved, o.interrupt_check, hashed));
+    K3_ASSIGN_OR_RETURN(std::string whole, HashWholePack(resolved, file_size, o));
     out["sha256"] = whole;
   }
   return out;
