@@ -33,6 +33,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   const std::string& out = req.path;
   const std::string& opt = req.option;
   // Before anything is created beside the pack (its lock file included).
+  K3_RETURN_IF_ERROR(CheckSideFileNamesFit(opt, out, /*building=*/true));
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{opt, out},
                                               {opt + " (its .digests)", DigestsPathFor(out)},
                                               {opt + " (its .partial)", PartialPathFor(out)},

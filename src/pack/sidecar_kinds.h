@@ -44,4 +44,9 @@ std::string NotOurSidecar(const std::string& path, SidecarKind kind);
 Status CheckSidecarsAreOurs(const std::string& option, const std::string& pack, const std::string& force_option,
                             bool building);
 
+// Refuses a pack name that fits the 255-byte limit of a file name while the
+// side files the writers add to it (".partial.checkpoint.spare", ".lock")
+// do not: the build failed after it had started, with a lock file left.
+Status CheckSideFileNamesFit(const std::string& option, const std::string& pack, bool building);
+
 }  // namespace k3pack::pack

@@ -134,25 +134,42 @@ namespace {
 
 const char* const kAtomicHint = "written to a temporary file beside it, renamed into place when complete";
 
+// The longest file name Linux filesystems take (NAME_MAX).
+constexpr size_t kNameMax = 255;
+
 // A name no other writer uses: this process's id and a per-process count.
+// Where the output's own name leaves no room for that suffix (a legal name
+// of 240 bytes), the name is cut to fit, so any name the filesystem takes
+// can be written atomically.
 std::string UniqueTempName(const std::string& path) {
   static std::atomic<uint64_t> next{0};
-  return path + "." + std::to_string(::getpid()) + "." + std::to_string(next.fetch_add(1)) + ".tmp";
+  const std::string suffix = "." + std::to_string(::getpid()) + "." + std::to_string(next.fetch_add(1)) + ".tmp";
+  const size_t slash = path.rfind('/');
+  const size_t name_start = slash == std::string::npos ? 0 : slash + 1;
+  const size_t name_bytes = path.size() - name_start;
+  if (name_bytes + suffix.size() <= kNameMax) return path + suffix;
+  return path.substr(0, name_start + (kNameMax - suffix.size())) + suffix;
 }
 
 // The pid in `name` when it is `<base>.<pid>.<n>.tmp` (UniqueTempName's
-// shape for `base`), else 0.
+// shape for `base`, with `base` cut where the whole name would pass
+// NAME_MAX), else 0.
 pid_t TempNamePid(const std::string& name, const std::string& base) {
-  if (name.size() <= base.size() + 1 || name.compare(0, base.size(), base) != 0 || name[base.size()] != '.' ||
-      !name.ends_with(".tmp")) {
-    return 0;
-  }
-  const std::string mid = name.substr(base.size() + 1, name.size() - base.size() - 1 - 4);  // "<pid>.<n>"
-  const size_t dot = mid.find('.');
-  if (dot == std::string::npos || dot == 0 || dot + 1 == mid.size()) return 0;
-  if (mid.find_first_not_of("0123456789.") != std::string::npos || mid.find('.', dot + 1) != std::string::npos) return 0;
-  if (dot > 9) return 0;
-  return static_cast<pid_t>(std::stol(mid.substr(0, dot)));
+  if (!name.ends_with(".tmp")) return 0;
+  const std::string head = name.substr(0, name.size() - 4);  // "<stem>.<pid>.<n>"
+  const size_t n_dot = head.rfind('.');
+  if (n_dot == std::string::npos || n_dot == 0) return 0;
+  const size_t pid_dot = head.rfind('.', n_dot - 1);
+  if (pid_dot == std::string::npos) return 0;
+  const std::string pid = head.substr(pid_dot + 1, n_dot - pid_dot - 1), count = head.substr(n_dot + 1);
+  auto digits = [](const std::string& x) { return !x.empty() && x.find_first_not_of("0123456789") == std::string::npos; };
+  if (!digits(pid) || !digits(count) || pid.size() > 9) return 0;
+  const std::string stem = head.substr(0, pid_dot);
+  const bool whole = stem == base;
+  const bool cut = name.size() == kNameMax && !stem.empty() && stem.size() < base.size() &&
+                   base.compare(0, stem.size(), stem) == 0;
+  if (!whole && !cut) return 0;
+  return static_cast<pid_t>(std::stol(pid));
 }
 
 }  // namespace

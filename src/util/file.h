@@ -124,7 +124,8 @@ class AtomicFile {
 // calls it.
 size_t RemoveStaleTempFiles(const std::string& path);
 // Whether `file_name` is one of AtomicFile's named temporaries of a file
-// named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`).
+// named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`, with
+// `base_name` cut short where the whole would pass the 255-byte name limit).
 bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_name);
 // Whether `dir` holds the marker file `name` of an unfinished writer (synth,
 // repair, a dump), or only the named temporary a kill between naming it and

@@ -267,5 +267,31 @@ TEST(PathsEnv, ADirectoryThatCannotBeListedIsSglangsNoGgufFilesWithTheReason) {
   fs::permissions(m, fs::perms::all);
 }
 
+// File names up to the 255-byte limit: a manifest of 250 bytes failed with
+// "cannot give the temporary file a name: File name too long" (the
+// temporary adds `.<pid>.<n>.tmp`), and a pack of 250 bytes failed after the
+// build had started, its lock file left, because `.partial.checkpoint.spare`
+// does not fit. The manifest is written; the pack is refused before anything
+// is created, with the longest name it may have.
+TEST(PathsEnv, NamesNearTheFileNameLimitAreWrittenOrRefusedUpFront) {
+  const std::string m = FreshModel("long-names");
+  const std::string out = Root() + "/long-names-out";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  CliRun refused = Cli("build --progress none " + Q(m) + " --pack " + Q(out + "/" + std::string(245, 'p') + ".pack"));
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_TRUE(Contains(refused.out, "the pack's name is 250 bytes")) << refused.out;
+  EXPECT_TRUE(Contains(refused.out, "past the 255-byte limit of a file name")) << refused.out;
+  EXPECT_TRUE(Contains(refused.out, "hint: give the pack a name of at most 230 bytes")) << refused.out;
+  EXPECT_TRUE(fs::is_empty(out));
+  const std::string pack = out + "/" + std::string(225, 'p') + ".pack";
+  const std::string manifest = out + "/" + std::string(245, 'm') + ".json";
+  CliRun built = Cli("build --progress none " + Q(m) + " --pack " + Q(pack) + " --manifest " + Q(manifest));
+  EXPECT_EQ(built.code, 0) << built.out;
+  EXPECT_TRUE(fs::exists(pack));
+  EXPECT_TRUE(fs::exists(manifest));
+  EXPECT_EQ(Cli("verify --progress none " + Q(manifest)).code, 0);
+}
+
 }  // namespace
 }  // namespace k3cli

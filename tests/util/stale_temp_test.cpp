@@ -51,5 +51,35 @@ TEST(StaleTempFiles, TheNextWriterRemovesOnlyThoseOfGoneWritersOfItsOutput) {
   fs::remove_all(dir);
 }
 
+// A name of 250 bytes is legal, but `<name>.<pid>.<n>.tmp` is not: the
+// write failed with "cannot give the temporary file a name: File name too
+// long". The temporary's name is cut to fit, and the next writer still
+// knows a gone writer's cut temporary as its own.
+TEST(StaleTempFiles, AnOutputWhoseNameLeavesNoRoomForTheSuffixIsWrittenAndItsTemporariesKnown) {
+  const fs::path dir = fs::temp_directory_path() / ("k3pack-longname-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string name(250, 'm');
+  const std::string out = (dir / name).string();
+  ASSERT_TRUE(WriteFileAtomic(out, "{}\n").ok());
+  {
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "{}\n");
+  }
+  const std::string suffix = "." + std::to_string(k3test::DeadPid()) + ".0.tmp";
+  const std::string cut = name.substr(0, 255 - suffix.size()) + suffix;
+  EXPECT_TRUE(IsAtomicTempNameOf(cut, name));
+  EXPECT_FALSE(IsAtomicTempNameOf(cut, std::string(250, 'n')));
+  EXPECT_FALSE(IsAtomicTempNameOf("mm" + suffix, name));  // cut, but not to the limit: another output's
+  std::ofstream((dir / cut).string()) << "x";
+  ASSERT_TRUE(WriteFileAtomic(out, "{}\n").ok());
+  EXPECT_FALSE(fs::exists(dir / cut));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{name});
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace k3pack
