@@ -31,7 +31,7 @@ int RunDoctor(const std::vector<std::string>& argv) {
   // Scaled manifests and synthetic models record their profile: checking them
   // against the full-size invariants would report false errors.
   auto profile = k3pack::cli::ResolveProfile(args, args.positionals());
-  if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), k3pack::cli::kExitUsage);
+  if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), k3pack::cli::ProfileErrorExit(args));
 
   if (args.Has("--allow-mixed-types") && *profile != k3pack::kimi::Profile::kScaled) {
     return k3pack::cli::ReportError(

@@ -280,7 +280,7 @@ int RunRepair(const std::vector<std::string>& argv) {
   if (!wait.ok()) return k3pack::cli::ReportError("repair", wait.error(), k3pack::cli::kExitUsage);
   const k3pack::ScopedLockWait waiting(*wait);
   auto profile = k3pack::cli::ResolveProfile(args, {args.positionals()[0]});
-  if (!profile.ok()) return k3pack::cli::ReportError("repair", profile.error(), k3pack::cli::kExitUsage);
+  if (!profile.ok()) return k3pack::cli::ReportError("repair", profile.error(), k3pack::cli::ProfileErrorExit(args));
   if (args.Get("--fix") != "ssm-a") {
     return k3pack::cli::ReportError("repair", k3pack::Error("unknown --fix '" + args.Get("--fix") + "' (available: ssm-a)"),
                                     k3pack::cli::kExitUsage);

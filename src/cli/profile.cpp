@@ -13,4 +13,6 @@ Result<kimi::Profile> ResolveProfile(const Args& args, const std::vector<std::st
   return kimi::ProfileRecordedNear(near);
 }
 
+int ProfileErrorExit(const Args& args) { return args.Has("--profile") ? kExitUsage : kExitFailed; }
+
 }  // namespace k3pack::cli

@@ -21,7 +21,11 @@ void AddProfileOption(Args& args);
 // `near`: paths (files or directories) of the inputs. A directory is searched
 // for the sidecar, a file's directory too; a *.json file that is a manifest
 // contributes its k3pack section. A bad --profile value is an error the
-// caller reports as a usage error.
+// caller reports as a usage error; a sidecar that is there but cannot be
+// read, as a bad input (ProfileErrorExit gives which).
 Result<kimi::Profile> ResolveProfile(const Args& args, const std::vector<std::string>& near);
+
+// The exit code of a ResolveProfile failure.
+int ProfileErrorExit(const Args& args);
 
 }  // namespace k3pack::cli

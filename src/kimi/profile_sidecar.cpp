@@ -12,20 +12,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using Recorded = std::optional<std::string>;
+
 // The profile a JSON file records: the sidecar's "profile", or a manifest's
-// "k3pack" section (whose presence means scaled).
-std::optional<std::string> RecordedIn(const std::string& path) {
+// "k3pack" section (whose presence means scaled). A sidecar that is there but
+// cannot be read (another user's, mode 0600) is an error: taken as absent, a
+// scaled model was checked as kimi-k3 and its config blamed. A manifest that
+// cannot be read is left to the reader of the manifest to report.
+Result<Recorded> RecordedIn(const std::string& path) {
   auto text = ReadFileToString(path);
-  if (!text.ok()) return std::nullopt;
+  if (!text.ok()) {
+    const int err = text.error().sys_errno();
+    if (fs::path(path).filename() != kProfileSidecar || err == ENOENT || err == ENOTDIR) return Recorded();
+    return text.error().WithHint(std::string("it records the validation profile of the model `k3pack synth` wrote; "
+                                             "make it readable for this user, or pass --profile kimi-k3|scaled"));
+  }
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  if (j.is_discarded() || !j.is_object()) return Recorded();
   if (auto it = j.find("k3pack"); it != j.end() && it->is_object()) {
-    if (auto p = it->find("profile"); p != it->end() && p->is_string()) return p->get<std::string>();
+    if (auto p = it->find("profile"); p != it->end() && p->is_string()) return Recorded(p->get<std::string>());
   }
   if (fs::path(path).filename() == kProfileSidecar) {
-    if (auto p = j.find("profile"); p != j.end() && p->is_string()) return p->get<std::string>();
+    if (auto p = j.find("profile"); p != j.end() && p->is_string()) return Recorded(p->get<std::string>());
   }
-  return std::nullopt;
+  return Recorded();
 }
 
 // The files that may record the profile of `near`, in the order they are
@@ -50,7 +60,8 @@ std::vector<std::string> Candidates(const std::vector<std::string>& near) {
 
 Result<Profile> ProfileRecordedNear(const std::vector<std::string>& near) {
   for (const std::string& c : Candidates(near)) {
-    if (auto name = RecordedIn(c)) return ParseProfile(*name);
+    K3_ASSIGN_OR_RETURN(Recorded name, RecordedIn(c));
+    if (name) return ParseProfile(*name);
   }
   return Profile::kKimiK3;
 }

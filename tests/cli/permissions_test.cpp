@@ -160,5 +160,30 @@ TEST(Permissions, AnotherUsersLockFileIsTakenReadOnly) {
   EXPECT_TRUE(Contains(r.out, "it belongs to uid 0")) << r.out;
 }
 
+// The profile record synth writes says a scaled model is scaled; one this
+// user may not read is not "no record".
+TEST(Permissions, AnUnreadableProfileRecordIsNotTakenAsNone) {
+  if (!CanRunAsNobody()) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("perm-profile");
+  OpenToOthers(m, /*writable_dir=*/true);
+  const std::string record = m + "/k3pack-profile.json";
+  ASSERT_TRUE(fs::exists(record));
+  OwnerOnly(record);
+  // Before: build and doctor went on with the kimi-k3 profile and blamed the
+  // config ("Kimi K3 model invariants do not match the audited model").
+  for (const std::string& args : {"build --progress none --safety-margin-gib 0 " + Q(m), "doctor " + Q(m),
+                                  "repair --fix ssm-a " + Q(m) + " " + Q(m + "/repaired")}) {
+    SCOPED_TRACE(args);
+    CliRun r = AsNobody(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "cannot open " + record + ": Permission denied")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "pass --profile")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "model invariants do not match")) << r.out;
+    EXPECT_FALSE(fs::exists(m + "/" + kPackName)) << r.out;
+  }
+  // Told the profile, nothing needs the record.
+  EXPECT_EQ(AsNobody("doctor --profile scaled " + Q(m)).code, 0);
+}
+
 }  // namespace
 }  // namespace k3cli
