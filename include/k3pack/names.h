@@ -44,9 +44,9 @@ struct Mapping {
 // Unknown names: ErrorKind::kKey, message
 // "unsupported Kimi-K3 GGUF tensor name: {name}" (the text, not Python's
 // quoted KeyError repr). Layer numbers are what Python's `\d+` takes: one or
-// more Unicode decimal digits, kept verbatim in the target as SGLang's
-// f-string keeps them ("blk.01.x" -> "model.layers.01.x", "blk.\u0663.x" ->
-// "model.layers.\u0663.x"); Mapping::layer is their int() value (3).
+// more Unicode decimal digits, written in the target as SGLang's
+// f"model.layers.{int(layer)}." writes them ("blk.01.x" -> "model.layers.1.x",
+// "blk.\u0663.x" -> "model.layers.3.x"); Mapping::layer is that int (3).
 Result<Mapping> MapTensorName(std::string_view gguf_name);
 
 // ^blk\.\d+\.ffn_(?:gate|up|down)_exps\.weight$ : a routed-expert aggregate,

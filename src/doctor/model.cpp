@@ -305,7 +305,9 @@ std::set<std::string> CheckNames(const ShardView& view, const ModelContext& m, C
 }
 
 // SGLang's iterator emits each parameter name once; a later tensor mapping
-// to a name already emitted stops it (ssm_g and attn_gate share g_proj).
+// to a name already emitted stops it (ssm_g and attn_gate share g_proj). It
+// checks the runtime name first, then a quantized target's qweight_type, as
+// the stream does.
 void CheckDuplicateTargets(const ShardView& view, Collector& out) {
   std::set<std::string> emitted;
   for (const std::string& name : view.order) {
@@ -314,21 +316,22 @@ void CheckDuplicateTargets(const ShardView& view, Collector& out) {
     if (!mapped.ok()) continue;
     const Located& loc = *view.Find(name);
     const bool quantized = kimi::IsSglangQuantized(loc.info->type);
-    bool stop = false;
     for (const kimi::Target& target : mapped->targets) {
       const std::string runtime = kimi::RuntimeName(target.name, quantized);
-      std::vector<std::string> names;
-      if (quantized) names.push_back(kimi::QweightTypeName(runtime));
-      names.push_back(runtime);
-      for (const std::string& n : names) {
-        if (emitted.insert(n).second) continue;
-        Finding& f = out.Add("duplicate-target", name, "maps to " + n + ", which an earlier tensor already fills",
-                             "duplicate Kimi-K3 target parameter: " + n, view.shards[loc.shard].path);
-        f.details = {{"parameter", n}};
-        stop = true;
-        break;
+      std::string repeated;
+      if (emitted.count(runtime)) {
+        repeated = runtime;
+      } else if (quantized && !emitted.insert(kimi::QweightTypeName(runtime)).second) {
+        repeated = kimi::QweightTypeName(runtime);
       }
-      if (stop) break;
+      if (repeated.empty()) {
+        emitted.insert(runtime);
+        continue;
+      }
+      Finding& f = out.Add("duplicate-target", name, "maps to " + repeated + ", which an earlier tensor already fills",
+                           "duplicate Kimi-K3 target parameter: " + repeated, view.shards[loc.shard].path);
+      f.details = {{"parameter", repeated}};
+      break;
     }
   }
 }

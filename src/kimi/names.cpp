@@ -124,8 +124,9 @@ Result<Mapping> MapTensorName(std::string_view name) {
   std::string_view layer, suffix;
   uint64_t layer_value = 0;
   if (!SplitLayerName(name, &layer, &suffix, &layer_value)) return Unsupported(name);
-  // SGLang's f-string copies the digits as written ("01", "\u0663").
-  const std::string prefix = "model.layers." + std::string(layer) + ".";
+  // SGLang's prefix is f"model.layers.{int(layer)}.": "01" and "\u0663" are
+  // written 1 and 3, a number past 64 bits in full.
+  const std::string prefix = "model.layers." + *PyDecimalText(layer) + ".";
   // Layer numbers beyond uint32 still map (the regex does not bound them);
   // `layer` is informational only.
   if (layer_value <= UINT32_MAX) m.layer = static_cast<uint32_t>(layer_value);

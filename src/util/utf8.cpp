@@ -69,23 +69,45 @@ int DecimalDigitValue(uint32_t cp) {
 
 }  // namespace
 
-std::optional<uint64_t> PyDecimalValue(std::string_view s) {
-  if (s.empty()) return std::nullopt;
+namespace {
+
+// `s` as the ASCII digits of its Unicode decimal digits ("1\u0662" -> "12");
+// false when it is empty or holds anything else.
+bool AsciiDecimalDigits(std::string_view s, std::string* ascii) {
+  if (s.empty()) return false;
   const auto* b = reinterpret_cast<const unsigned char*>(s.data());
-  uint64_t value = 0;
   for (size_t i = 0; i < s.size();) {
     const size_t n = ValidSequenceLength(b + i, s.size() - i);
-    if (n == 0) return std::nullopt;
+    if (n == 0) return false;
     // The lead byte's payload bits, then six from each continuation byte.
     uint32_t cp = n == 1 ? b[i] : b[i] & (0x7Fu >> n);
     for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (b[i + k] & 0x3Fu);
     const int digit = DecimalDigitValue(cp);
-    if (digit < 0) return std::nullopt;
-    if (__builtin_mul_overflow(value, uint64_t{10}, &value) ||
-        __builtin_add_overflow(value, static_cast<uint64_t>(digit), &value)) {
-      value = UINT64_MAX;
-    }
+    if (digit < 0) return false;
+    ascii->push_back(static_cast<char>('0' + digit));
     i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> PyDecimalText(std::string_view s) {
+  std::string ascii;
+  if (!AsciiDecimalDigits(s, &ascii)) return std::nullopt;
+  const size_t first = ascii.find_first_not_of('0');
+  return first == std::string::npos ? std::string("0") : ascii.substr(first);
+}
+
+std::optional<uint64_t> PyDecimalValue(std::string_view s) {
+  std::string ascii;
+  if (!AsciiDecimalDigits(s, &ascii)) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : ascii) {
+    if (__builtin_mul_overflow(value, uint64_t{10}, &value) ||
+        __builtin_add_overflow(value, static_cast<uint64_t>(c - '0'), &value)) {
+      return UINT64_MAX;
+    }
   }
   return value;
 }

@@ -52,5 +52,8 @@ std::vector<std::string> EscapeInvalidUtf8Members(nlohmann::json& object);
 // at UINT64_MAX. The digits are Unicode 15.0's, which Python 3.12 and 3.13
 // both use; Python 3.10 and 3.11 lack a few scripts' (Kawi, Nag Mundari).
 std::optional<uint64_t> PyDecimalValue(std::string_view s);
+// str(int(s)) for the same `s`: ASCII digits without leading zeros
+// ("0\u0663" -> "3", "00" -> "0"), of any length; nullopt likewise.
+std::optional<std::string> PyDecimalText(std::string_view s);
 
 }  // namespace k3pack

@@ -516,9 +516,11 @@ TEST(SglangParity, DuplicateTargetParameter) {
     shard_of.push_back(2);  // after ssm_g in stream order
   });
   Report r = Scaled({dir.string()});
+  // SGLang checks the runtime name (qweight) before its qweight_type, as the
+  // stream does (tests/loader/stream_test.cpp); the doctor named qweight_type.
   EXPECT_EQ(Sglang(r, "duplicate-target"), std::string("duplicate Kimi-K3 target parameter: ") +
                                                "model.layers.1.self_attn.g_proj." +
-                                               (quantized ? "qweight_type" : "weight"));
+                                               (quantized ? "qweight" : "weight"));
   EXPECT_EQ(r.With("duplicate-target")[0]->object, "blk.1.attn_gate.weight");
 }
 

@@ -115,8 +115,9 @@ TEST(Names, RoutedSkipRule) {
 }
 
 // SGLang's `(?P<layer>\d+)` is a str pattern: any Unicode decimal digit
-// matches, and the f-string copies the digits as written. These names were
-// "unsupported" here, where SGLang maps (and skips) them.
+// matches, and its prefix is f"model.layers.{int(layer)}.". These names were
+// "unsupported" here, and "blk.01" kept its zero ("model.layers.01."), where
+// SGLang maps both to the layer's own parameter.
 TEST(Names, LayerDigitsAreWhatPythonsBackslashDTakes) {
   struct Case {
     const char* digits;  // UTF-8
@@ -129,16 +130,19 @@ TEST(Names, LayerDigitsAreWhatPythonsBackslashDTakes) {
       {"\U0001D7D1", 3},              // MATHEMATICAL BOLD DIGIT THREE (4 bytes)
       {"\u0967\u0966", 10},          // DEVANAGARI ONE, ZERO
       {"\U0001E4F5", 5},              // NAG MUNDARI DIGIT FIVE (Unicode 15.0)
+      {"07", 7},                      // int() drops leading zeros
+      {"0\u0660", 0},                 // all zeros: 0
   };
   for (const Case& c : cases) {
     const std::string name = std::string("blk.") + c.digits + ".attn_norm.weight";
+    const std::string layer = std::to_string(c.value);
     auto r = MapTensorName(name);
     ASSERT_TRUE(r.ok()) << name << ": " << r.error().message();
-    EXPECT_EQ(Names(*r), std::vector<std::string>{std::string("model.layers.") + c.digits + ".input_layernorm.weight"});
+    EXPECT_EQ(Names(*r), std::vector<std::string>{"model.layers." + layer + ".input_layernorm.weight"});
     EXPECT_EQ(r->layer, c.value) << name;
     const std::string score = std::string("blk.") + c.digits + ".ffn_res_score.weight";
-    EXPECT_EQ(MapOk(score), (std::vector<std::string>{std::string("model.layers.") + c.digits + ".mlp_res_proj.weight",
-                                                      std::string("model.layers.") + c.digits + ".mlp_res_norm.weight"}));
+    EXPECT_EQ(MapOk(score), (std::vector<std::string>{"model.layers." + layer + ".mlp_res_proj.weight",
+                                                      "model.layers." + layer + ".mlp_res_norm.weight"}));
     EXPECT_TRUE(IsRoutedExpertAggregate(std::string("blk.") + c.digits + ".ffn_up_exps.weight")) << c.digits;
   }
   // Digit-like characters that are not Nd (superscript two, circled one,
@@ -152,10 +156,14 @@ TEST(Names, LayerDigitsAreWhatPythonsBackslashDTakes) {
     EXPECT_EQ(r.error().message(), "unsupported Kimi-K3 GGUF tensor name: " + name);
     EXPECT_FALSE(IsRoutedExpertAggregate(std::string("blk.") + digits + ".ffn_up_exps.weight")) << digits;
   }
-  // Past uint32 the name still maps (the regex has no bound); no layer value.
+  // Past uint32 the name still maps (the regex has no bound), past 64 bits
+  // written in full as Python's int prints it; no layer value.
   auto big = MapTensorName("blk.\u0664294967296.attn_norm.weight");
   ASSERT_TRUE(big.ok());
+  EXPECT_EQ(Names(*big), std::vector<std::string>{"model.layers.4294967296.input_layernorm.weight"});
   EXPECT_FALSE(big->layer.has_value());
+  EXPECT_EQ(MapOk("blk.00099999999999999999999.ssm_a"),
+            std::vector<std::string>{"model.layers.99999999999999999999.self_attn.A_log"});
 }
 
 TEST(Names, RuntimeNames) {

@@ -224,7 +224,7 @@ def checkpoint_targets(name):
         return (_TOP[name],)
     m = _BLK.fullmatch(name)
     if m:
-        prefix = "model.layers.%s." % m.group("layer")
+        prefix = "model.layers.%d." % int(m.group("layer"))  # SGLang writes int(layer)
         suffix = m.group("suffix")
         if suffix == "attn_res_score.weight":
             return (prefix + "self_attention_res_proj.weight", prefix + "self_attention_res_norm.weight")
@@ -304,19 +304,19 @@ def sglang_nonexpert_weights(manifest_path, torch_a_log=False):
                 name = target
                 if quantized and name.endswith(".weight"):
                     name = name[: -len("weight")] + "qweight"
+                # The runtime name is checked first, then its qweight_type.
+                if name in emitted:
+                    raise ValueError("duplicate Kimi-K3 target parameter: %s" % name)
                 if quantized:
                     type_name = name[: -len("qweight")] if name.endswith("qweight") else name
                     type_name += "qweight_type"
-                    for n, v in ((type_name, np.array(t.type_id, dtype=np.uint8)), (name, value)):
-                        if n in emitted:
-                            raise ValueError("duplicate Kimi-K3 target parameter: %s" % n)
-                        emitted.add(n)
-                        yield n, v, torch_dtype_name(v)
-                else:
-                    if name in emitted:
-                        raise ValueError("duplicate Kimi-K3 target parameter: %s" % name)
-                    emitted.add(name)
-                    yield name, value, torch_dtype_name(value)
+                    if type_name in emitted:
+                        raise ValueError("duplicate Kimi-K3 target parameter: %s" % type_name)
+                    emitted.add(type_name)
+                    type_value = np.array(t.type_id, dtype=np.uint8)
+                    yield type_name, type_value, torch_dtype_name(type_value)
+                emitted.add(name)
+                yield name, value, torch_dtype_name(value)
 
 
 # ------------------------------------------------------- minimal manifest
