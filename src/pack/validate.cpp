@@ -16,7 +16,7 @@
 namespace k3pack::pack {
 namespace {
 
-std::string Triple(uint32_t layer, const std::string& role, int64_t expert) {
+std::string Triple(uint64_t layer, const std::string& role, int64_t expert) {
   return "(" + std::to_string(layer) + ", " + PyRepr(role) + ", " + std::to_string(expert) + ")";
 }
 

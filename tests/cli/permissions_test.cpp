@@ -76,7 +76,8 @@ TEST(Permissions, DoctorTellsAFileItMayNotReadFromADamagedOne) {
   // with SGLang's "Kimi expert-pack index is truncated" and a rebuild, the
   // manifest `input-unrecognized` ("neither a GGUF file ... nor a manifest").
   for (const auto& [unreadable, target] : std::vector<std::pair<std::string, std::string>>{
-           {Shard(m, 2), m}, {Shard(m, 2), Shard(m, 1)}, {pack, manifest}, {manifest, manifest}}) {
+           {Shard(m, 2), m}, {Shard(m, 2), Shard(m, 1)}, {pack, manifest}, {manifest, manifest},
+           {m + "/config.json", m}}) {
     SCOPED_TRACE("doctor " + target + " with " + unreadable + " unreadable");
     OwnerOnly(unreadable);
     CliRun r = AsNobody("doctor " + Q(target));
@@ -85,7 +86,7 @@ TEST(Permissions, DoctorTellsAFileItMayNotReadFromADamagedOne) {
     EXPECT_TRUE(Contains(r.out, "cannot open " + unreadable + ": Permission denied")) << r.out;
     EXPECT_TRUE(Contains(r.out, "PermissionError")) << r.out;
     for (const char* wrong : {"gguf-unreadable", "Re-download", "pack-invalid", "index is truncated",
-                              "input-unrecognized", "healthy"}) {
+                              "input-unrecognized", "config-invalid", "healthy"}) {
       EXPECT_FALSE(Contains(r.out, wrong)) << wrong << "\n" << r.out;
     }
     fs::permissions(unreadable, fs::perms::others_read, fs::perm_options::add);

@@ -128,6 +128,13 @@ TEST_F(PackValidate, EntryErrors) {
   std::swap_ranges(&b[Entry(0)], &b[Entry(0)] + 128, &b[Entry(1)]);
   EXPECT_EQ(Check(b), "GGML expert-pack is not complete expert-major up/gate/down layout at index 0: expected=(" +
                           std::to_string(l0) + ", 'up', 0), actual=(" + std::to_string(l0) + ", 'gate', 0)");
+  // A layer past 32 bits is shown as Python's int shows it, not cut.
+  b = *good_;
+  const std::string far = "blk.4294967297.ffn_up_exps.weight";
+  std::memset(&b[Entry(0)], 0, 128);
+  std::memcpy(&b[Entry(0)], far.data(), far.size());
+  EXPECT_EQ(Check(b), "GGML expert-pack is not complete expert-major up/gate/down layout at index 0: expected=(" +
+                          std::to_string(l0) + ", 'up', 0), actual=(4294967297, 'up', 0)");
   b = *good_;
   PutU32(b, Entry(3) + 128, 5);
   EXPECT_EQ(Check(b), "GGML expert-pack is not complete expert-major up/gate/down layout at index 3: expected=(" +
