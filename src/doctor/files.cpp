@@ -370,104 +370,124 @@ void CheckStringsAreUtf8(const ShardView& view, Collector& out) {
   }
 }
 
-void CheckSplit(const ShardView& view, Collector& out) {
-  const bool numbered = !view.shards.empty() && view.shards.front().name.has_value();
-  // Unset: shard 0 has no such key (any value, a negative one too, is a
-  // value SGLang compares with what it finds).
-  std::optional<int64_t> count0, tcount0;
-  auto shown = [](const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string("none"); };
-  std::string arch0;
-  bool have0 = false;
-  bool has_arch0 = false;  // the first readable shard holds general.architecture
-  for (uint32_t i = 0; i < view.shards.size(); ++i) {
-    const Shard& s = view.shards[i];
-    if (!s.file) continue;
+namespace {
+
+// SGLang's split-key rules, shard after shard, against what the first
+// readable shard holds.
+class SplitChecker {
+ public:
+  SplitChecker(const ShardView& view, Collector& out)
+      : view_(view), out_(out), numbered_(!view.shards.empty() && view.shards.front().name.has_value()) {}
+
+  void CheckShard(uint32_t i) {
+    const Shard& s = view_.shards[i];
+    if (!s.file) return;
     const gguf::GgufFile& f = *s.file;
-    const std::string rpath = ResolvedPathOrGiven(s.path);
-    auto get = [&](const char* key) -> std::optional<int64_t> {
-      const gguf::Value* v = f.Find(key);
-      if (v == nullptr) {
-        if (numbered || f.Find("split.count") != nullptr) {
-          out.Add("split-key-missing", key, std::string("shard has no ") + key,
-                  std::string("GGUF metadata is missing required field '") + key + "'", s.path);
-        }
-        return std::nullopt;
+    if (!numbered_ && f.Find("split.count") == nullptr) {
+      arch0_ = f.architecture();
+      have0_ = true;
+      has_arch0_ = f.Find("general.architecture") != nullptr;
+      if (!has_arch0_) {
+        out_.Add("split-key-missing", "general.architecture", "no general.architecture key",
+                 "GGUF metadata is missing required field 'general.architecture'", s.path);
       }
-      auto x = v->AsInt();
-      if (!x) out.Add("split-key-missing", key, std::string(key) + " is not an integer", {}, s.path);
-      return x;
-    };
-    if (!numbered && f.Find("split.count") == nullptr) {
-      arch0 = f.architecture();
-      have0 = true;
-      has_arch0 = f.Find("general.architecture") != nullptr;
-      if (f.Find("general.architecture") == nullptr) {
-        out.Add("split-key-missing", "general.architecture", "no general.architecture key",
-                "GGUF metadata is missing required field 'general.architecture'", s.path);
-      }
-      continue;
+      return;
     }
-    auto count = get("split.count");
-    auto no = get("split.no");
-    auto tcount = get("split.tensors.count");
+    auto count = Key(s, "split.count");
+    auto no = Key(s, "split.no");
+    auto tcount = Key(s, "split.tensors.count");
     // The index the file's name gives it: its position in a complete set
     // (SGLang's rule). With a shard missing (shard-set-incomplete) the
     // positions shift, so the name's number is the fact to compare with.
     const int64_t index = s.name ? static_cast<int64_t>(s.name->number) - 1 : static_cast<int64_t>(i);
     if (no && *no != index) {
-      Finding& fd = out.Add("split-no-mismatch", s.path,
-                            "split.no is " + std::to_string(*no) + " but the file is shard index " +
-                                std::to_string(index) + " (number " + std::to_string(index + 1) + " in its name)",
-                            "GGUF split.no mismatch for " + rpath + ": " + std::to_string(*no) + " != " +
-                                std::to_string(index),
-                            s.path);
+      Finding& fd = out_.Add("split-no-mismatch", s.path,
+                             "split.no is " + std::to_string(*no) + " but the file is shard index " +
+                                 std::to_string(index) + " (number " + std::to_string(index + 1) + " in its name)",
+                             "GGUF split.no mismatch for " + ResolvedPathOrGiven(s.path) + ": " + std::to_string(*no) +
+                                 " != " + std::to_string(index),
+                             s.path);
       fd.details = {{"split_no", *no}, {"shard_index", index}};
     }
     const bool has_arch = f.Find("general.architecture") != nullptr;
-    if (!has_arch && i > 0) {
-      // SGLang's scanner reads the key from every shard; k3pack only from
-      // the first (llama.cpp's gguf-split writes it there only).
-      if (has_arch0) {
-        Finding& fd = out.Add("architecture-first-shard-only", "general.architecture",
-                              "shard " + std::to_string(i) + " has no general.architecture key (shard 0 has " +
-                                  PyRepr(arch0) + "); k3pack accepts this set, SGLang's scanner does not",
-                              "GGUF metadata is missing required field 'general.architecture'", s.path);
-        fd.details = {{"shard_index", i}, {"architecture", arch0}};
-      } else {
-        out.Add("split-key-missing", "general.architecture",
-                "shard " + std::to_string(i) + " has no general.architecture key",
-                "GGUF metadata is missing required field 'general.architecture'", s.path);
-      }
-    }
-    if (!have0) {
-      have0 = true;
-      has_arch0 = has_arch;
-      count0 = count;
-      tcount0 = tcount;
-      arch0 = f.architecture();
+    if (!has_arch && i > 0) ReportArchitectureMissing(s, i);
+    if (!have0_) {
+      have0_ = true;
+      has_arch0_ = has_arch;
+      count0_ = count;
+      tcount0_ = tcount;
+      arch0_ = f.architecture();
       if (!has_arch && i == 0) {
-        out.Add("split-key-missing", "general.architecture", "shard 0 has no general.architecture key",
-                "GGUF metadata is missing required field 'general.architecture'", s.path);
+        out_.Add("split-key-missing", "general.architecture", "shard 0 has no general.architecture key",
+                 "GGUF metadata is missing required field 'general.architecture'", s.path);
       }
-    } else if ((count && count != count0) || (tcount && tcount != tcount0) || (has_arch && f.architecture() != arch0)) {
+    } else if ((count && count != count0_) || (tcount && tcount != tcount0_) ||
+               (has_arch && f.architecture() != arch0_)) {
       std::string what;
-      if (count && count != count0) what += " split.count=" + std::to_string(*count) + " (shard 0: " + shown(count0) + ")";
-      if (tcount && tcount != tcount0) {
-        what += " split.tensors.count=" + std::to_string(*tcount) + " (shard 0: " + shown(tcount0) + ")";
+      if (count && count != count0_) what += " split.count=" + std::to_string(*count) + " (shard 0: " + Shown(count0_) + ")";
+      if (tcount && tcount != tcount0_) {
+        what += " split.tensors.count=" + std::to_string(*tcount) + " (shard 0: " + Shown(tcount0_) + ")";
       }
-      if (has_arch && f.architecture() != arch0) what += " general.architecture=" + PyRepr(f.architecture());
-      out.Add("split-metadata-mismatch", s.path, "differs from shard 0:" + what,
-              "GGUF split metadata mismatch at " + rpath, s.path);
+      if (has_arch && f.architecture() != arch0_) what += " general.architecture=" + PyRepr(f.architecture());
+      out_.Add("split-metadata-mismatch", s.path, "differs from shard 0:" + what,
+               "GGUF split metadata mismatch at " + ResolvedPathOrGiven(s.path), s.path);
     }
   }
-  if (count0 && *count0 != static_cast<int64_t>(view.shards.size())) {
-    out.Add("split-count-mismatch", "split.count",
-            "split.count says " + std::to_string(*count0) + " shards, " + std::to_string(view.shards.size()) +
-                " file(s) found",
-            "GGUF split.count=" + std::to_string(*count0) + ", found " + std::to_string(view.shards.size()) + " files",
-            view.shards.front().path);
+
+  // Unset: shard 0 has no such key (any value, a negative one too, is a
+  // value SGLang compares with what it finds).
+  const std::optional<int64_t>& count0() const { return count0_; }
+  const std::optional<int64_t>& tensor_count0() const { return tcount0_; }
+  // The first readable shard's architecture, when it has the key.
+  std::optional<std::string> architecture0() const {
+    return have0_ && has_arch0_ ? std::optional<std::string>(arch0_) : std::nullopt;
   }
-  // Duplicates across shards (the view keeps the first occurrence).
+
+ private:
+  static std::string Shown(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string("none"); }
+
+  std::optional<int64_t> Key(const Shard& s, const char* key) {
+    const gguf::Value* v = s.file->Find(key);
+    if (v == nullptr) {
+      if (numbered_ || s.file->Find("split.count") != nullptr) {
+        out_.Add("split-key-missing", key, std::string("shard has no ") + key,
+                 std::string("GGUF metadata is missing required field '") + key + "'", s.path);
+      }
+      return std::nullopt;
+    }
+    auto x = v->AsInt();
+    if (!x) out_.Add("split-key-missing", key, std::string(key) + " is not an integer", {}, s.path);
+    return x;
+  }
+
+  // SGLang's scanner reads the key from every shard; k3pack only from the
+  // first (llama.cpp's gguf-split writes it there only).
+  void ReportArchitectureMissing(const Shard& s, uint32_t i) {
+    if (has_arch0_) {
+      Finding& fd = out_.Add("architecture-first-shard-only", "general.architecture",
+                             "shard " + std::to_string(i) + " has no general.architecture key (shard 0 has " +
+                                 PyRepr(arch0_) + "); k3pack accepts this set, SGLang's scanner does not",
+                             "GGUF metadata is missing required field 'general.architecture'", s.path);
+      fd.details = {{"shard_index", i}, {"architecture", arch0_}};
+    } else {
+      out_.Add("split-key-missing", "general.architecture",
+               "shard " + std::to_string(i) + " has no general.architecture key",
+               "GGUF metadata is missing required field 'general.architecture'", s.path);
+    }
+  }
+
+  const ShardView& view_;
+  Collector& out_;
+  const bool numbered_;
+  std::optional<int64_t> count0_, tcount0_;
+  std::string arch0_;
+  bool have0_ = false;
+  bool has_arch0_ = false;  // the first readable shard holds general.architecture
+};
+
+// Tensors named in two shards (the view keeps the first occurrence), and the
+// total against split.tensors.count.
+void CheckTensorCounts(const ShardView& view, const std::optional<int64_t>& tcount0, Collector& out) {
   std::map<std::string, uint32_t> first;
   uint64_t total = 0;
   for (uint32_t i = 0; i < view.shards.size(); ++i) {
@@ -476,8 +496,7 @@ void CheckSplit(const ShardView& view, Collector& out) {
       ++total;
       auto [it, fresh] = first.emplace(t.name, i);
       if (!fresh) {
-        out.Add("duplicate-tensor", t.name,
-                "in shard " + std::to_string(it->second) + " and shard " + std::to_string(i),
+        out.Add("duplicate-tensor", t.name, "in shard " + std::to_string(it->second) + " and shard " + std::to_string(i),
                 "duplicate GGUF tensor across shards: " + t.name, view.shards[i].path);
       }
     }
@@ -490,9 +509,24 @@ void CheckSplit(const ShardView& view, Collector& out) {
                          view.shards.front().path);
     f.details = {{"recorded", *tcount0}, {"found", total}};
   }
-  if (have0 && has_arch0 && arch0 != "kimi-k3") {
-    out.Add("architecture-mismatch", "general.architecture", "general.architecture is " + PyRepr(arch0),
-            "expected GGUF architecture 'kimi-k3', got " + PyRepr(arch0), view.shards.front().path);
+}
+
+}  // namespace
+
+void CheckSplit(const ShardView& view, Collector& out) {
+  SplitChecker split(view, out);
+  for (uint32_t i = 0; i < view.shards.size(); ++i) split.CheckShard(i);
+  if (const auto& count0 = split.count0(); count0 && *count0 != static_cast<int64_t>(view.shards.size())) {
+    out.Add("split-count-mismatch", "split.count",
+            "split.count says " + std::to_string(*count0) + " shards, " + std::to_string(view.shards.size()) +
+                " file(s) found",
+            "GGUF split.count=" + std::to_string(*count0) + ", found " + std::to_string(view.shards.size()) + " files",
+            view.shards.front().path);
+  }
+  CheckTensorCounts(view, split.tensor_count0(), out);
+  if (auto arch0 = split.architecture0(); arch0 && *arch0 != "kimi-k3") {
+    out.Add("architecture-mismatch", "general.architecture", "general.architecture is " + PyRepr(*arch0),
+            "expected GGUF architecture 'kimi-k3', got " + PyRepr(*arch0), view.shards.front().path);
   }
 }
 
