@@ -147,19 +147,12 @@ Status CheckWholePackDigest(const std::string& pack_path, const nlohmann::json& 
   return Status::OK();
 }
 
-}  // namespace
-
-Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const VerifyPackOptions& options) {
-  const bool full = options.full;
-  if (options.samples < 0) return Error("samples must be non-negative");
-  K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
-  // Step 2 of the store's checks first: a JSON file that is no finished
-  // manifest is named as such, not by a key it lacks.
-  if (Status st = CheckStoreFormatAndComplete(raw); !st.ok()) {
-    return st.error().WithHint(WhyNotAFinishedManifest(raw, manifest_path));
-  }
-  K3_ASSIGN_OR_RETURN(Manifest m, ParseManifestOf(raw, manifest_path));
-  const std::string pack_path = m.expert_pack.path;
+// The checks before any byte of the pack is read: the pack is there, the
+// manifest passes SGLang's store rules, the pack has the recorded size, and
+// every input the manifest records a digest of is unchanged.
+Status CheckManifestAndInputs(const nlohmann::json& raw, const Manifest& m, const std::string& manifest_path,
+                              const VerifyPackOptions& options) {
+  const std::string& pack_path = m.expert_pack.path;
   if (!PathExists(pack_path)) {
     Error missing("Kimi expert-pack or manifest is missing: " + pack_path + ", " + manifest_path,
                   ErrorKind::kFileNotFound);
@@ -180,97 +173,134 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   if (pack_size != m.expert_pack.size) {
     return PackSizeMismatch(pack_path, pack_size, manifest_path, static_cast<int64_t>(m.expert_pack.size));
   }
-  // Every input the manifest records a digest of, against the files, with the
-  // writer's functions (recorded_inputs.h): the shards (size, header digest,
-  // whole-file digest with --full when recorded), every source.tensors record,
-  // the inventory digest; the model config; the tokenizer files.
+  // With the writer's functions (recorded_inputs.h): the shards (size, header
+  // digest, whole-file digest with --full when recorded), every
+  // source.tensors record, the inventory digest; the model config; the
+  // tokenizer files.
   SourceCheckOptions sopts;
-  sopts.whole_files = full;
+  sopts.whole_files = options.full;
   sopts.between_chunks = options.interrupt_check;
   K3_ASSIGN_OR_RETURN(SourceDifference source_diff, CompareSourceWithShards(raw.at("source"), sopts));
   K3_RETURN_IF_ERROR(SourceDifferenceStatus(source_diff));
   K3_RETURN_IF_ERROR(CheckModelAgainstConfig(raw.at("model"), m.profile()));
   if (m.tokenizer.recorded) K3_RETURN_IF_ERROR(CheckTokenizerAgainstFiles(raw.at("tokenizer")));
+  return Status::OK();
+}
 
-  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsOf(m));
-
-  // A rank pack's manifest names its rank (k3pack.ep): only its experts'
-  // payloads are checked; the others are holes by design.
-  std::optional<ep::Rank> rank;
-  if (m.k3pack && m.k3pack->ep) rank = ep::Rank{m.k3pack->ep->size, m.k3pack->ep->rank};
-  if (rank) {
-    K3_RETURN_IF_ERROR(ep::CheckRank(*rank, experts.num_experts));
-    const ep::ExpertRange owned = ep::OwnedExperts(*rank, experts.num_experts);
-    if (owned.first != m.k3pack->ep->first_expert || owned.end != m.k3pack->ep->end_expert) {
-      return Error("manifest k3pack.ep: experts [" + std::to_string(m.k3pack->ep->first_expert) + ", " +
-                   std::to_string(m.k3pack->ep->end_expert) + ") are not what " +
-                   ep::Describe(*rank, experts.num_experts) + " owns");
-    }
+// A rank pack's manifest names its rank (k3pack.ep), which must own the
+// experts it records.
+Result<std::optional<ep::Rank>> RankOf(const Manifest& m, const pack::ExpertSet& experts) {
+  if (!m.k3pack || !m.k3pack->ep) return std::optional<ep::Rank>();
+  const ep::Rank rank{m.k3pack->ep->size, m.k3pack->ep->rank};
+  K3_RETURN_IF_ERROR(ep::CheckRank(rank, experts.num_experts));
+  const ep::ExpertRange owned = ep::OwnedExperts(rank, experts.num_experts);
+  if (owned.first != m.k3pack->ep->first_expert || owned.end != m.k3pack->ep->end_expert) {
+    return Error("manifest k3pack.ep: experts [" + std::to_string(m.k3pack->ep->first_expert) + ", " +
+                 std::to_string(m.k3pack->ep->end_expert) + ") are not what " +
+                 ep::Describe(rank, experts.num_experts) + " owns");
   }
+  return std::optional<ep::Rank>(rank);
+}
+
+// SGLang's validation of the pack's structure, compared with the manifest's
+// expert_pack section; an error keeps its first line (SGLang's text) and
+// says where the damage lies.
+Result<nlohmann::json> CheckStructure(const std::string& pack_path, const pack::ExpertSet& experts,
+                                      const std::optional<ep::Rank>& rank, const nlohmann::json& recorded) {
   pack::ValidateOptions vopts;
   vopts.payload_samples = 0;
   vopts.ep = rank;
   auto validated = pack::ValidatePack(pack_path, experts, vopts);
-  Status structure = validated.ok() ? CompareSection(*validated, raw.at("expert_pack")) : validated.status();
-  if (!structure.ok()) {
-    std::string where = LocatePrefixDamage(pack_path, experts);
-    const Error& e = structure.error();
-    // SGLang's validator texts name an entry, not the file.
-    if (e.message().find(pack_path) == std::string::npos) where += (where.empty() ? "" : "\n") + ("pack: " + pack_path);
-    // First line unchanged (SGLang's text where it has one), then the location.
-    const size_t nl = e.message().find('\n');
-    const std::string msg = nl == std::string::npos ? e.message() + "\n" + where
-                                                    : e.message().substr(0, nl) + "\n" + where + e.message().substr(nl);
-    return Error(msg, e.kind(), e.sys_errno());
-  }
-  const nlohmann::json& fresh = *validated;
+  Status structure = validated.ok() ? CompareSection(*validated, recorded) : validated.status();
+  if (structure.ok()) return validated;
+  std::string where = LocatePrefixDamage(pack_path, experts);
+  const Error& e = structure.error();
+  // SGLang's validator texts name an entry, not the file.
+  if (e.message().find(pack_path) == std::string::npos) where += (where.empty() ? "" : "\n") + ("pack: " + pack_path);
+  const size_t nl = e.message().find('\n');
+  const std::string msg = nl == std::string::npos ? e.message() + "\n" + where
+                                                  : e.message().substr(0, nl) + "\n" + where + e.message().substr(nl);
+  return Error(msg, e.kind(), e.sys_errno());
+}
 
-  pack::VerifyOptions o;
+// How the payloads are checked, and the names the report gives it.
+struct PayloadPlan {
+  pack::VerifyOptions options;
+  std::string mode;         // samples, full, full+source, full-source-only
+  bool no_sidecar = false;  // --full --against-source of a pack without a digest sidecar
+};
+
+PayloadPlan PlanPayloads(const VerifyPackOptions& options, const std::string& pack_path, uint64_t index_count,
+                         const pack::ExpertSet& experts, const std::optional<ep::Rank>& rank) {
+  PayloadPlan plan;
+  pack::VerifyOptions& o = plan.options;
   o.progress = options.progress;
   o.interrupt_check = options.interrupt_check;
   o.ep = rank;
-  std::string payload_mode;
-  bool no_sidecar = false;
-  if (full) {
+  if (options.full) {
     // A pack SGLang's prepare_kimi_pack wrote has no digest sidecar; asked to
     // compare with the source, every payload still is (the sidecar would only
     // add a second check). Without --against-source the missing sidecar is
     // the error, naming the way that works.
-    no_sidecar = options.against_source && !PathExists(pack::DigestsPathFor(pack_path));
-    o.against_digests = !no_sidecar;
+    plan.no_sidecar = options.against_source && !PathExists(pack::DigestsPathFor(pack_path));
+    o.against_digests = !plan.no_sidecar;
     o.against_source = options.against_source;
-    payload_mode = no_sidecar ? "full-source-only" : o.against_source ? "full+source" : "full";
+    plan.mode = plan.no_sidecar ? "full-source-only" : o.against_source ? "full+source" : "full";
   } else {
     o.against_digests = false;
     o.against_source = true;
-    o.entries = pack::SampleEntries(fresh["index_count"].get<uint64_t>(), experts.num_experts, options.samples, rank);
-    payload_mode = "samples";
+    o.entries = pack::SampleEntries(index_count, experts.num_experts, options.samples, rank);
+    plan.mode = "samples";
   }
+  return plan;
+}
+
+}  // namespace
+
+Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const VerifyPackOptions& options) {
+  const bool full = options.full;
+  if (options.samples < 0) return Error("samples must be non-negative");
+  K3_ASSIGN_OR_RETURN(nlohmann::json raw, ReadManifestJson(manifest_path));
+  // Step 2 of the store's checks first: a JSON file that is no finished
+  // manifest is named as such, not by a key it lacks.
+  if (Status st = CheckStoreFormatAndComplete(raw); !st.ok()) {
+    return st.error().WithHint(WhyNotAFinishedManifest(raw, manifest_path));
+  }
+  K3_ASSIGN_OR_RETURN(Manifest m, ParseManifestOf(raw, manifest_path));
+  const std::string pack_path = m.expert_pack.path;
+  K3_RETURN_IF_ERROR(CheckManifestAndInputs(raw, m, manifest_path, options));
+  K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, ExpertsOf(m));
+  // A rank pack: only its experts' payloads are checked; the others are
+  // holes by design.
+  K3_ASSIGN_OR_RETURN(std::optional<ep::Rank> rank, RankOf(m, experts));
+  K3_ASSIGN_OR_RETURN(const nlohmann::json fresh, CheckStructure(pack_path, experts, rank, raw.at("expert_pack")));
+
+  const PayloadPlan plan = PlanPayloads(options, pack_path, fresh["index_count"].get<uint64_t>(), experts, rank);
   pack::VerifyResult vr;
-  if (full || !o.entries.empty()) {
-    K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, o));
+  if (full || !plan.options.entries.empty()) {
+    K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, plan.options));
   }
   if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack"), options.interrupt_check));
   nlohmann::json out{{"manifest", manifest_path},
-                        {"pack", pack_path},
-                        {"structure", "ok"},
-                        {"index_sha256", fresh["index_sha256"]},
-                        {"shards_checked", m.source.shards.size()},
-                        // What "unchanged" rests on: a sampled verify compares each shard's size
-                        // and header digest; --full hashes whole shards where their SHA-256 is recorded.
-                        {"shard_check", full && std::all_of(m.source.shards.begin(), m.source.shards.end(),
-                                                            [](const ShardRecord& s) { return s.sha256.has_value(); })
-                                            ? "whole-file SHA-256"
-                                            : "size and header digest"},
-                        {"tokenizer_checked", m.tokenizer.recorded},
-                        {"pack_sha256_checked", full && raw.at("expert_pack").contains("sha256")},
-                        {"payload_mode", payload_mode},
-                        {"digest_sidecar", full ? (no_sidecar ? "missing" : "checked") : "not used"},
-                        {"entries_checked", vr.entries_checked},
-                        {"bytes_checked", vr.bytes_checked},
-                        {"bytes_read", vr.bytes_read},
-                        {"seconds", vr.seconds},
-                        {"mb_per_s", vr.MBps()}};
+                     {"pack", pack_path},
+                     {"structure", "ok"},
+                     {"index_sha256", fresh["index_sha256"]},
+                     {"shards_checked", m.source.shards.size()},
+                     // What "unchanged" rests on: a sampled verify compares each shard's size
+                     // and header digest; --full hashes whole shards where their SHA-256 is recorded.
+                     {"shard_check", full && std::all_of(m.source.shards.begin(), m.source.shards.end(),
+                                                         [](const ShardRecord& s) { return s.sha256.has_value(); })
+                                         ? "whole-file SHA-256"
+                                         : "size and header digest"},
+                     {"tokenizer_checked", m.tokenizer.recorded},
+                     {"pack_sha256_checked", full && raw.at("expert_pack").contains("sha256")},
+                     {"payload_mode", plan.mode},
+                     {"digest_sidecar", full ? (plan.no_sidecar ? "missing" : "checked") : "not used"},
+                     {"entries_checked", vr.entries_checked},
+                     {"bytes_checked", vr.bytes_checked},
+                     {"bytes_read", vr.bytes_read},
+                     {"seconds", vr.seconds},
+                     {"mb_per_s", vr.MBps()}};
   if (rank) {
     // The other ranks' objects: expected holes, a count, not damage.
     out["ep"] = {{"size", rank->size},
