@@ -96,6 +96,101 @@ nlohmann::json RepairResult::ToJson() const {
   return j;
 }
 
+namespace {
+
+// The ssm_a tensors to rewrite: raw A_log only. Any other failing form is
+// refused with every reason, since -exp() of it would not be a trustworthy
+// A_log.
+Result<std::vector<const internal::SsmAVerdict*>> ChooseRepairs(const internal::ShardView& view,
+                                                                const std::vector<internal::SsmAVerdict>& verdicts) {
+  std::vector<const internal::SsmAVerdict*> todo;
+  std::string refusals;
+  for (const auto& v : verdicts) {
+    const internal::Shard& sh = view.shards[v.shard];
+    if (!sh.DataReadable(*v.info)) {
+      refusals += "\n  " + v.name + ": its data is cut off (truncated shard)";
+    } else if (!v.stats || (v.info->type != GgmlType::F32 && v.info->type != GgmlType::F16)) {
+      // BF16 too: gguf-py hands BF16 out as raw bytes, so SGLang refuses it
+      // whatever the values; a type change would move every later byte.
+      refusals += "\n  " + v.name + ": stored as " + std::string(GgmlTypeName(v.info->type)) +
+                  ", not F32/F16; SGLang refuses it whatever the values, and changing the type in place is impossible";
+    } else {
+      switch (v.stats->form) {
+        case SsmAForm::kNegExp:
+        case SsmAForm::kTinyNegative: break;  // SGLang accepts these; left as they are
+        case SsmAForm::kRawALog: todo.push_back(&v); break;
+        default:
+          refusals += "\n  " + v.name + ": values look " + SsmAFormName(v.stats->form) + " (" +
+                      "min " + std::to_string(v.stats->min) + ", max " + std::to_string(v.stats->max) +
+                      "); -exp() would not give a trustworthy A_log";
+      }
+    }
+  }
+  if (!refusals.empty()) {
+    return Error("refusing to repair: some ssm_a tensors fail SGLang's check but are not plain raw A_log:" + refusals)
+        .WithHint("raw A_log means some values > 0 and all in [-1, " + std::to_string(static_cast<int>(kMaxRawALog)) +
+                  "]; see docs/doctor.md (repair rule). Re-export the GGUF from the checkpoint instead.");
+  }
+  if (todo.empty()) return Error("nothing to repair: no ssm_a tensor holds raw A_log (run `k3pack doctor`)");
+  return todo;
+}
+
+// Shard i of the input, copied sparse into out_dir with its repaired ssm_a
+// tensors rewritten in place, published atomically.
+Status WriteRepairedShard(const internal::Shard& sh, uint32_t i, const std::vector<const internal::SsmAVerdict*>& todo,
+                          const std::string& out_dir, RepairResult& result) {
+  const std::string name = fs::path(sh.path).filename().string();
+  const std::string final_path = (fs::path(out_dir) / name).string();
+  K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
+  K3_ASSIGN_OR_RETURN(AtomicFile dst, AtomicFile::Create(final_path));
+  // Errors name the shard being written and the one read.
+  auto failed = [&](const Error& e) { return dst.Fail(e.WithContext("copying " + sh.path)); };
+  auto n = CopySparse(src.get(), dst.fd(), sh.size);
+  if (!n.ok()) return failed(n.error());
+  result.bytes_copied += *n;
+  for (const internal::SsmAVerdict* v : todo) {
+    if (v->shard != i) continue;
+    std::vector<float> fixed(v->values.size());
+    for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
+    K3_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodeFloatTensor(v->info->type, fixed));
+    if (bytes.size() != v->info->nbytes) return Error("internal: re-encoded " + v->name + " has the wrong size");
+    if (Status st = PwriteFull(dst.fd(), bytes.data(), bytes.size(), v->info->data_offset); !st.ok()) {
+      return failed(st.error());
+    }
+    result.repaired.push_back({v->name, final_path, v->info->data_offset, v->info->nbytes, *v->stats});
+  }
+  K3_RETURN_IF_ERROR(dst.Commit());
+  result.shards_written.push_back(final_path);
+  return Status::OK();
+}
+
+// The sidecars SGLang's tooling looks for beside the shards: config.json
+// and the tokenizer directory's files.
+Status CopySidecars(const fs::path& src_dir, const std::string& out_dir, RepairResult& result) {
+  std::error_code ec;
+  if (fs::is_regular_file(src_dir / "config.json", ec)) {
+    K3_RETURN_IF_ERROR(CopyFileAtomic((src_dir / "config.json").string(), (fs::path(out_dir) / "config.json").string(),
+                                      &result.bytes_copied));
+    result.sidecars_copied.push_back("config.json");
+  }
+  if (fs::is_directory(src_dir / "tokenizer", ec)) {
+    fs::create_directories(fs::path(out_dir) / "tokenizer", ec);
+    // Not recursive, links followed, as SGLang; a listing that fails is an
+    // error, not a tokenizer left out of the output without a word.
+    K3_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                        RegularFileNames((src_dir / "tokenizer").string(), "tokenizer directory"));
+    for (const std::string& name : names) {
+      K3_RETURN_IF_ERROR(CopyFileAtomic((src_dir / "tokenizer" / name).string(),
+                                        (fs::path(out_dir) / "tokenizer" / name).string(), &result.bytes_copied));
+      result.sidecars_copied.push_back("tokenizer/" + name);
+    }
+    K3_RETURN_IF_ERROR(FsyncPath((fs::path(out_dir) / "tokenizer").string()));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, const RepairOptions& options) {
   for (const std::string& f : options.fixes) {
     if (f != "ssm-a") return Error("unknown fix '" + f + "' (available: ssm-a)");
@@ -124,36 +219,8 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     return Error("refusing to repair: " + f->object + " is still being downloaded (" + f->message + ")")
         .WithHint("finish the download first; a repaired copy would hide that parts of it are still zeros");
   }
-  std::vector<internal::SsmAVerdict> verdicts = internal::ExamineSsmA(*view);
-  std::vector<const internal::SsmAVerdict*> todo;
-  std::string refusals;
-  for (const auto& v : verdicts) {
-    const internal::Shard& sh = view->shards[v.shard];
-    if (!sh.DataReadable(*v.info)) {
-      refusals += "\n  " + v.name + ": its data is cut off (truncated shard)";
-    } else if (!v.stats || (v.info->type != GgmlType::F32 && v.info->type != GgmlType::F16)) {
-      // BF16 too: gguf-py hands BF16 out as raw bytes, so SGLang refuses it
-      // whatever the values; a type change would move every later byte.
-      refusals += "\n  " + v.name + ": stored as " + std::string(GgmlTypeName(v.info->type)) +
-                  ", not F32/F16; SGLang refuses it whatever the values, and changing the type in place is impossible";
-    } else {
-      switch (v.stats->form) {
-        case SsmAForm::kNegExp:
-        case SsmAForm::kTinyNegative: break;  // SGLang accepts these; left as they are
-        case SsmAForm::kRawALog: todo.push_back(&v); break;
-        default:
-          refusals += "\n  " + v.name + ": values look " + SsmAFormName(v.stats->form) + " (" +
-                      "min " + std::to_string(v.stats->min) + ", max " + std::to_string(v.stats->max) +
-                      "); -exp() would not give a trustworthy A_log";
-      }
-    }
-  }
-  if (!refusals.empty()) {
-    return Error("refusing to repair: some ssm_a tensors fail SGLang's check but are not plain raw A_log:" + refusals)
-        .WithHint("raw A_log means some values > 0 and all in [-1, " + std::to_string(static_cast<int>(kMaxRawALog)) +
-                  "]; see docs/doctor.md (repair rule). Re-export the GGUF from the checkpoint instead.");
-  }
-  if (todo.empty()) return Error("nothing to repair: no ssm_a tensor holds raw A_log (run `k3pack doctor`)");
+  const std::vector<internal::SsmAVerdict> verdicts = internal::ExamineSsmA(*view);  // `todo` points into it
+  K3_ASSIGN_OR_RETURN(const std::vector<const internal::SsmAVerdict*> todo, ChooseRepairs(*view, verdicts));
 
   RepairResult result;
   result.out_dir = out_dir;
@@ -169,53 +236,10 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     K3_RETURN_IF_ERROR(WriteFileAtomic((fs::path(out_dir) / kRepairMarkerName).string(), marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   }
   for (uint32_t i = 0; i < view->shards.size(); ++i) {
-    const internal::Shard& sh = view->shards[i];
-    const std::string name = fs::path(sh.path).filename().string();
-    const std::string final_path = (fs::path(out_dir) / name).string();
-    say("repair: writing " + final_path);
-    K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
-    K3_ASSIGN_OR_RETURN(AtomicFile dst, AtomicFile::Create(final_path));
-    // Errors name the shard being written and the one read.
-    auto failed = [&](const Error& e) { return dst.Fail(e.WithContext("copying " + sh.path)); };
-    auto n = CopySparse(src.get(), dst.fd(), sh.size);
-    if (!n.ok()) return failed(n.error());
-    result.bytes_copied += *n;
-    for (const internal::SsmAVerdict* v : todo) {
-      if (v->shard != i) continue;
-      std::vector<float> fixed(v->values.size());
-      for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
-      K3_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodeFloatTensor(v->info->type, fixed));
-      if (bytes.size() != v->info->nbytes) return Error("internal: re-encoded " + v->name + " has the wrong size");
-      if (Status st = PwriteFull(dst.fd(), bytes.data(), bytes.size(), v->info->data_offset); !st.ok()) {
-        return failed(st.error());
-      }
-      result.repaired.push_back({v->name, final_path, v->info->data_offset, v->info->nbytes, *v->stats});
-    }
-    K3_RETURN_IF_ERROR(dst.Commit());
-    result.shards_written.push_back(final_path);
+    say("repair: writing " + (fs::path(out_dir) / fs::path(view->shards[i].path).filename()).string());
+    K3_RETURN_IF_ERROR(WriteRepairedShard(view->shards[i], i, todo, out_dir, result));
   }
-  // Sidecars SGLang's tooling looks for beside the shards.
-  if (options.copy_sidecars) {
-    const fs::path src_dir(view->dir);
-    if (fs::is_regular_file(src_dir / "config.json", ec)) {
-      K3_RETURN_IF_ERROR(CopyFileAtomic((src_dir / "config.json").string(), (fs::path(out_dir) / "config.json").string(),
-                                        &result.bytes_copied));
-      result.sidecars_copied.push_back("config.json");
-    }
-    if (fs::is_directory(src_dir / "tokenizer", ec)) {
-      fs::create_directories(fs::path(out_dir) / "tokenizer", ec);
-      // Not recursive, links followed, as SGLang; a listing that fails is an
-      // error, not a tokenizer left out of the output without a word.
-      K3_ASSIGN_OR_RETURN(const std::vector<std::string> names,
-                          RegularFileNames((src_dir / "tokenizer").string(), "tokenizer directory"));
-      for (const std::string& name : names) {
-        K3_RETURN_IF_ERROR(CopyFileAtomic((src_dir / "tokenizer" / name).string(),
-                                          (fs::path(out_dir) / "tokenizer" / name).string(), &result.bytes_copied));
-        result.sidecars_copied.push_back("tokenizer/" + name);
-      }
-      K3_RETURN_IF_ERROR(FsyncPath((fs::path(out_dir) / "tokenizer").string()));
-    }
-  }
+  if (options.copy_sidecars) K3_RETURN_IF_ERROR(CopySidecars(view->dir, out_dir, result));
   if (!options.keep_marker) {
     K3_RETURN_IF_ERROR(FsyncPath(out_dir));  // the files are there before the marker goes
     fs::remove(fs::path(out_dir) / kRepairMarkerName, ec);
