@@ -29,6 +29,72 @@ std::string NotAPackFile(const std::string& path) {
   return NotAFileOf(path, FileStart::kExpertPack, "an Expert Pack");
 }
 
+namespace {
+
+// Whether the pack already at req.path is a finished pack of these shards
+// (then plan.valid_section holds its validation); when not, why is in
+// plan.invalid_reason.
+Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& experts, PackOutputPlan& plan) {
+  const std::string& out = req.path;
+  // The sampled payloads cannot tell a pack of edited shards (its build
+  // killed before the manifest was written) from a current one. Shards
+  // that only look different (copied without their times) are compared
+  // in full: every payload against the source.
+  if (std::string why = WhyInputsChanged(out, experts); !why.empty()) {
+    VerifyOptions full;
+    full.against_digests = false;
+    full.against_source = true;
+    full.ep = req.ep;
+    if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards (reads it once)");
+    if (req.progress) {
+      full.progress = [&req](const Progress& p) {
+        Progress shown = p;
+        shown.phase = "compare";  // not the user's `verify`: why the whole pack is read is the caller's note
+        req.progress(shown);
+      };
+    }
+    auto same = VerifyPayloads(out, experts, full);
+    if (!same.ok()) {
+      plan.invalid_reason = why + "; " + same.error().message();
+      return false;
+    }
+    // Every payload is these shards' now: record them, or every later
+    // run read the whole pack again.
+    K3_RETURN_IF_ERROR(RecordCurrentInputs(out, experts));
+  }
+  ValidateOptions vopts;
+  vopts.payload_samples = 6;
+  vopts.ep = req.ep;
+  auto valid = ValidatePack(out, experts, vopts);
+  if (valid.ok() && req.ep) {
+    // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
+    auto d = ReadPackDigests(DigestsPathFor(out));
+    if (!d.ok() || !d->ep || d->ep->size != req.ep->size || d->ep->rank != req.ep->rank) {
+      plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
+                            ep::Describe(*req.ep, experts.num_experts);
+      return false;
+    }
+  }
+  if (valid.ok()) {
+    // SGLang's validator reads a name only up to its NUL, so a changed
+    // byte of the padding (or of any field it skips) passes it; the
+    // header and index of these shards are one byte string.
+    K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(experts));
+    const std::string got = valid->value("index_sha256", std::string());
+    if (got != layout.IndexSha256()) {
+      plan.invalid_reason = "its header/index hashes to " + got + ", the layout of these shards to " +
+                            layout.IndexSha256();
+      return false;
+    }
+    plan.valid_section = *valid;
+    return true;
+  }
+  plan.invalid_reason = valid.error().message();
+  return false;
+}
+
+}  // namespace
+
 Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts) {
   const std::string& out = req.path;
   const std::string& opt = req.option;
@@ -70,63 +136,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     spec.force_option = req.force_option;
     spec.has_partial = has_partial;
     spec.not_own_kind = [&] { return NotAPackFile(out); };
-    spec.is_finished = [&]() -> Result<bool> {
-      // The sampled payloads cannot tell a pack of edited shards (its build
-      // killed before the manifest was written) from a current one. Shards
-      // that only look different (copied without their times) are compared
-      // in full: every payload against the source.
-      if (std::string why = WhyInputsChanged(out, experts); !why.empty()) {
-        VerifyOptions full;
-        full.against_digests = false;
-        full.against_source = true;
-        full.ep = req.ep;
-        if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards (reads it once)");
-        if (req.progress) {
-          full.progress = [&req](const Progress& p) {
-            Progress shown = p;
-            shown.phase = "compare";  // not the user's `verify`: why the whole pack is read is the caller's note
-            req.progress(shown);
-          };
-        }
-        auto same = VerifyPayloads(out, experts, full);
-        if (!same.ok()) {
-          plan.invalid_reason = why + "; " + same.error().message();
-          return false;
-        }
-        // Every payload is these shards' now: record them, or every later
-        // run read the whole pack again.
-        K3_RETURN_IF_ERROR(RecordCurrentInputs(out, experts));
-      }
-      ValidateOptions vopts;
-      vopts.payload_samples = 6;
-      vopts.ep = req.ep;
-      auto valid = ValidatePack(out, experts, vopts);
-      if (valid.ok() && req.ep) {
-        // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
-        auto d = ReadPackDigests(DigestsPathFor(out));
-        if (!d.ok() || !d->ep || d->ep->size != req.ep->size || d->ep->rank != req.ep->rank) {
-          plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
-                                ep::Describe(*req.ep, experts.num_experts);
-          return false;
-        }
-      }
-      if (valid.ok()) {
-        // SGLang's validator reads a name only up to its NUL, so a changed
-        // byte of the padding (or of any field it skips) passes it; the
-        // header and index of these shards are one byte string.
-        K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(experts));
-        const std::string got = valid->value("index_sha256", std::string());
-        if (got != layout.IndexSha256()) {
-          plan.invalid_reason = "its header/index hashes to " + got + ", the layout of these shards to " +
-                                layout.IndexSha256();
-          return false;
-        }
-        plan.valid_section = *valid;
-        return true;
-      }
-      plan.invalid_reason = valid.error().message();
-      return false;
-    };
+    spec.is_finished = [&] { return IsFinishedPackOf(req, experts, plan); };
     spec.why_refused = "it is not a valid pack of these shards";
     auto action = DecideOutput(spec);
     if (!action.ok()) {
