@@ -254,6 +254,66 @@ class StopSignalsHeld {
   sigset_t old_;
 };
 
+// Every payload from the rank that owns it into `out`, each checked against
+// that rank's digest sidecar as it is copied.
+Status CopyRankPayloads(const Group& g, const std::vector<PackEntry>& entries, AtomicFile& out, const MergeOptions& o,
+                        std::chrono::steady_clock::time_point t0, CopyStats* stats) {
+  uint64_t total = 0, done = 0;
+  for (const PackEntry& e : entries) total += e.nbytes;
+  auto allocated = IoBuffer::Allocate(8 << 20);
+  if (!allocated.ok()) return out.Fail(allocated.error());
+  IoBuffer& buf = *allocated;
+  for (uint64_t i = 0; i < g.header.index_count; ++i) {
+    const PackEntry& e = entries[i];
+    const RankInput& src = OwnerOf(g, e);
+    auto sha = CopyAndHash(src.fd.get(), e.offset, out.fd(), e.offset, e.nbytes, buf, stats);
+    if (!sha.ok()) return out.Fail(sha.error().WithContext("copying from " + src.path));
+    if (*sha != src.digests.entry_sha256[i]) {
+      return Error("rank pack " + src.path + ": payload " + e.name + " expert " + std::to_string(e.expert) +
+                        " (entry " + std::to_string(i) + ", offset " + std::to_string(e.offset) +
+                        ") does not match its digest sidecar")
+          .WithHint("run `k3pack verify --full` on that rank's manifest and rebuild the rank pack");
+    }
+    done += e.nbytes;
+    if (o.progress && (i % 256 == 0 || i + 1 == g.header.index_count)) {
+      o.progress({"merge", done, total, i + 1, g.header.index_count,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), stats->data_bytes});
+    }
+  }
+  return Status::OK();
+}
+
+// Renames the merged pack into place beside its sidecar, in the order that
+// never pairs a pack with another's digests. K3PACK_TEST_KILL_IN_MERGE=1
+// raises SIGKILL between the two renames (a test seam).
+Status PublishMergedPack(const PackPaths& p, AtomicFile& out, const PackDigests& merged) {
+  const bool kill_between = EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1;
+  if (PathExists(p.out)) {
+    // Replacing a pack (--force): its sidecar goes first, then the new pack,
+    // then the new sidecar. A reader sees the old pair, a pack without
+    // sidecar (readers take it as unchecked, not damaged) or the new pair;
+    // the new sidecar first gave the old pack the new digests, and the good
+    // old pack read as damaged throughout.
+    K3_RETURN_IF_ERROR(RemoveFile(p.digests));
+    // A build's record of its shards does not describe a merged pack.
+    K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
+    K3_RETURN_IF_ERROR(out.Commit());
+    if (kill_between) ::raise(SIGKILL);
+    K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+  } else {
+    // No pack yet: the sidecar first, then the pack. A crash between the two
+    // leaves no pack (a rerun merges again and replaces the sidecar); the
+    // other order left a pack without its sidecar, which a rerun refuses as
+    // not this merge. A record of shards left from a pack deleted by hand
+    // would vouch for the merged one.
+    K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
+    K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
+    if (kill_between) ::raise(SIGKILL);
+    K3_RETURN_IF_ERROR(out.Commit());
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, const MergeOptions& o) {
@@ -263,7 +323,6 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   K3_ASSIGN_OR_RETURN(Group g, OpenGroup(rank_packs));
   const std::vector<RankInput>& in = g.in;
   const uint32_t n = g.n;
-  const PackHeader& header = g.header;
   const std::vector<uint8_t>& prefix = g.prefix;
   const std::string& index_sha = g.index_sha;
 
@@ -320,63 +379,18 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   }
   K3_RETURN_IF_ERROR(out.Write(prefix.data(), prefix.size(), 0));
 
-  uint64_t total = 0, done = 0;
-  for (const PackEntry& e : entries) total += e.nbytes;
-  auto allocated = IoBuffer::Allocate(8 << 20);
-  if (!allocated.ok()) return out.Fail(allocated.error());
-  IoBuffer& buf = *allocated;
   CopyStats stats;
-  for (uint64_t i = 0; i < header.index_count; ++i) {
-    const PackEntry& e = entries[i];
-    const RankInput& src = OwnerOf(g, e);
-    auto sha = CopyAndHash(src.fd.get(), e.offset, out.fd(), e.offset, e.nbytes, buf, &stats);
-    if (!sha.ok()) return out.Fail(sha.error().WithContext("copying from " + src.path));
-    if (*sha != src.digests.entry_sha256[i]) {
-      return Error("rank pack " + src.path + ": payload " + e.name + " expert " + std::to_string(e.expert) +
-                        " (entry " + std::to_string(i) + ", offset " + std::to_string(e.offset) +
-                        ") does not match its digest sidecar")
-          .WithHint("run `k3pack verify --full` on that rank's manifest and rebuild the rank pack");
-    }
-    done += e.nbytes;
-    if (o.progress && (i % 256 == 0 || i + 1 == header.index_count)) {
-      o.progress({"merge", done, total, i + 1, header.index_count,
-                  std::chrono::duration<double>(Clock::now() - t0).count(), stats.data_bytes});
-    }
-  }
+  K3_RETURN_IF_ERROR(CopyRankPayloads(g, entries, out, o, t0, &stats));
   // The merged bytes are made durable before anything of an old pack is
   // touched: this fsync is the merge's longest wait after the copy, and run
   // inside the replacement (by Commit) it was where a Ctrl-C left the old
   // pack without its sidecar and threw the merged bytes away.
   if (::fsync(out.fd()) != 0) return out.Fail(Error::FromErrno("fsync failed", errno));
-  // Test seams: K3PACK_TEST_KILL_IN_MERGE=1 raises SIGKILL between the two
-  // files' renames; K3PACK_TEST_STOP_IN_MERGE=1 stops (SIGSTOP) just before
-  // the first, so a test delivers a real signal while they are made.
-  const bool kill_between = EnvU64("K3PACK_TEST_KILL_IN_MERGE").value_or(0) == 1;
+  // Test seam: K3PACK_TEST_STOP_IN_MERGE=1 stops (SIGSTOP) just before the
+  // renames, so a test delivers a real signal while they are made.
   const StopSignalsHeld held;
   if (EnvU64("K3PACK_TEST_STOP_IN_MERGE").value_or(0) == 1) ::raise(SIGSTOP);
-  if (PathExists(p.out)) {
-    // Replacing a pack (--force): its sidecar goes first, then the new pack,
-    // then the new sidecar. A reader sees the old pair, a pack without
-    // sidecar (readers take it as unchecked, not damaged) or the new pair;
-    // the new sidecar first gave the old pack the new digests, and the good
-    // old pack read as damaged throughout.
-    K3_RETURN_IF_ERROR(RemoveFile(p.digests));
-    // A build's record of its shards does not describe a merged pack.
-    K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
-    K3_RETURN_IF_ERROR(out.Commit());
-    if (kill_between) ::raise(SIGKILL);
-    K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
-  } else {
-    // No pack yet: the sidecar first, then the pack. A crash between the two
-    // leaves no pack (a rerun merges again and replaces the sidecar); the
-    // other order left a pack without its sidecar, which a rerun refuses as
-    // not this merge. A record of shards left from a pack deleted by hand
-    // would vouch for the merged one.
-    K3_RETURN_IF_ERROR(RemoveFile(InputsRecordPathFor(p.out)));
-    K3_RETURN_IF_ERROR(WritePackDigests(p.digests, merged));
-    if (kill_between) ::raise(SIGKILL);
-    K3_RETURN_IF_ERROR(out.Commit());
-  }
+  K3_RETURN_IF_ERROR(PublishMergedPack(p, out, merged));
   if (o.on_published) o.on_published();
   (void)lock;
   r.copied_bytes = stats.data_bytes;
