@@ -326,9 +326,10 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
     if (a.empty()) return fail("an argument is empty (an unset shell variable?); give the path or value itself");
     positionals_.push_back(a);
   }
-  for (std::string error : {TakePositionalOption(), CheckCombinations(), CheckPositionalCount()}) {
-    if (!error.empty()) return fail(error);
-  }
+  // In order: the positional option moves an argument the later checks count.
+  if (std::string error = TakePositionalOption(); !error.empty()) return fail(error);
+  if (std::string error = CheckCombinations(); !error.empty()) return fail(error);
+  if (std::string error = CheckPositionalCount(); !error.empty()) return fail(error);
   return true;
 }
 

@@ -114,14 +114,15 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
   }
   if (!fs::is_directory(path, ec)) return Status::OK();  // a shard path: the reader judges it
   const std::string shown = ResolvedPathOrGiven(path);  // SGLang's text names the resolved directory
-  // The *.gguf files of a directory, or the errno of a listing that failed.
-  auto count_gguf = [](const fs::path& d, int* list_errno) {
+  // The *.gguf files of a directory; the errno of a listing that failed in
+  // *list_errno when asked.
+  auto count_gguf = [](const fs::path& d, int* list_errno = nullptr) {
     std::error_code e;
     size_t n = 0;
     for (fs::directory_iterator it(d, e), end; !e && it != end; it.increment(e)) {
       if (it->path().extension() == ".gguf") ++n;
     }
-    *list_errno = e.value();
+    if (list_errno != nullptr) *list_errno = e.value();
     return n;
   };
   int list_errno = 0;
@@ -131,8 +132,7 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
   for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code e;
     if (!it->is_directory(e)) continue;
-    int sub_errno = 0;
-    if (size_t n = count_gguf(it->path(), &sub_errno); n > 0) subs.emplace_back(it->path().filename().string(), n);
+    if (size_t n = count_gguf(it->path()); n > 0) subs.emplace_back(it->path().filename().string(), n);
   }
   std::sort(subs.begin(), subs.end());
   if (subs.size() == 1) {

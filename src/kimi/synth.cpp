@@ -333,7 +333,8 @@ TensorSpecs SpecsOf(const ModelPlan& plan, const SynthOptions& o) {
 }
 
 // The faults that patch bytes the writer wrote, each noted in res.
-Status ApplyWrittenFaults(const SynthOptions& o, uint64_t tensor_count, SynthResult& res) {
+Status ApplyWrittenFaults(const SynthOptions& o, SynthResult& res) {
+  const uint64_t tensor_count = res.tensor_count;
   if (Has(o, Fault::kBadSplitNo)) {
     const uint32_t target = res.shard_paths.size() >= 2 ? 1 : 0;
     const uint16_t bad = static_cast<uint16_t>(target + 1);
@@ -437,7 +438,7 @@ Result<SynthResult> WriteSynthModel(const SynthOptions& o) {
                                            per_shard, specs, shard_of, wopts));
   res.tensor_count = specs.size();
 
-  K3_RETURN_IF_ERROR(ApplyWrittenFaults(o, specs.size(), res));
+  K3_RETURN_IF_ERROR(ApplyWrittenFaults(o, res));
   K3_RETURN_IF_ERROR(WriteConfigAndTokenizer(o, d, vocab, res));
   for (const std::string& p : res.shard_paths) {
     K3_ASSIGN_OR_RETURN(uint64_t size, FileSize(p));

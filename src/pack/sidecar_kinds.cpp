@@ -71,7 +71,6 @@ std::string NotOurSidecar(const std::string& path, SidecarKind kind) {
 }
 
 Status CheckSideFileNamesFit(const std::string& option, const std::string& pack, bool building) {
-  constexpr size_t kNameMax = 255;  // NAME_MAX of Linux filesystems
   std::vector<std::string> written = {LockPathFor(pack)};
   for (const PackSidecar& s : PackSidecarsOf(pack, building)) written.push_back(s.path);
   const size_t pack_name = fs::path(pack).filename().string().size();
@@ -81,12 +80,12 @@ Status CheckSideFileNamesFit(const std::string& option, const std::string& pack,
     const size_t bytes = fs::path(path).filename().string().size();
     if (bytes > longest) longest = bytes, longest_path = path;
   }
-  if (longest <= kNameMax) return Status::OK();
+  if (longest <= kFileNameMax) return Status::OK();
   return Error(option + " " + pack + ": the pack's name is " + std::to_string(pack_name) + " bytes, and " +
                (building ? "a build" : "the writer") + " writes " + longest_path + " beside it, a name of " +
-               std::to_string(longest) + " bytes, past the " + std::to_string(kNameMax) +
+               std::to_string(longest) + " bytes, past the " + std::to_string(kFileNameMax) +
                "-byte limit of a file name")
-      .WithHint("give the pack a name of at most " + std::to_string(kNameMax - (longest - pack_name)) + " bytes");
+      .WithHint("give the pack a name of at most " + std::to_string(kFileNameMax - (longest - pack_name)) + " bytes");
 }
 
 Status CheckSidecarsAreOurs(const std::string& option, const std::string& pack, const std::string& force_option,

@@ -134,9 +134,6 @@ namespace {
 
 const char* const kAtomicHint = "written to a temporary file beside it, renamed into place when complete";
 
-// The longest file name Linux filesystems take (NAME_MAX).
-constexpr size_t kNameMax = 255;
-
 // A name no other writer uses: this process's id and a per-process count.
 // Where the output's own name leaves no room for that suffix (a legal name
 // of 240 bytes), the name is cut to fit, so any name the filesystem takes
@@ -147,8 +144,8 @@ std::string UniqueTempName(const std::string& path) {
   const size_t slash = path.rfind('/');
   const size_t name_start = slash == std::string::npos ? 0 : slash + 1;
   const size_t name_bytes = path.size() - name_start;
-  if (name_bytes + suffix.size() <= kNameMax) return path + suffix;
-  return path.substr(0, name_start + (kNameMax - suffix.size())) + suffix;
+  if (name_bytes + suffix.size() <= kFileNameMax) return path + suffix;
+  return path.substr(0, name_start + (kFileNameMax - suffix.size())) + suffix;
 }
 
 // The pid in `name` when it is `<base>.<pid>.<n>.tmp` (UniqueTempName's
@@ -166,7 +163,7 @@ pid_t TempNamePid(const std::string& name, const std::string& base) {
   if (!digits(pid) || !digits(count) || pid.size() > 9) return 0;
   const std::string stem = head.substr(0, pid_dot);
   const bool whole = stem == base;
-  const bool cut = name.size() == kNameMax && !stem.empty() && stem.size() < base.size() &&
+  const bool cut = name.size() == kFileNameMax && !stem.empty() && stem.size() < base.size() &&
                    base.compare(0, stem.size(), stem) == 0;
   if (!whole && !cut) return 0;
   return static_cast<pid_t>(std::stol(pid));

@@ -123,6 +123,10 @@ class AtomicFile {
 // another PID namespace). Returns how many were removed. AtomicFile::Create
 // calls it.
 size_t RemoveStaleTempFiles(const std::string& path);
+// The longest file name Linux filesystems take (NAME_MAX): AtomicFile cuts
+// its temporaries' names to it, and writers of fixed side-file names check
+// theirs against it.
+inline constexpr size_t kFileNameMax = 255;
 // Whether `file_name` is one of AtomicFile's named temporaries of a file
 // named `base_name` in the same directory (`<base_name>.<pid>.<n>.tmp`, with
 // `base_name` cut short where the whole would pass the 255-byte name limit).
