@@ -208,16 +208,22 @@ uint32_t ZeroCrc32c(uint64_t n) {
   return crc;
 }
 
-Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
-                                            IoBuffer& buf, CopyStats* stats) {
-  auto segs = MapRange(src, src_off, n);
+namespace {
+
+// SHA-256 of fd[off, +n) read segment by segment (holes hashed as zeros,
+// never read); with dst >= 0 the data segments are also written to dst at
+// dst_off + their place in the range, so holes stay holes there. A range the
+// file does not hold is `{what} at offset {o}; {r} bytes remain`.
+Result<std::array<uint8_t, 32>> HashSegments(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats,
+                                             const char* what, int dst, uint64_t dst_off) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error::FromErrno("fstat failed", errno);
+  if (static_cast<uint64_t>(st.st_size) < off + n) {
+    const uint64_t have = static_cast<uint64_t>(st.st_size) > off ? st.st_size - off : 0;
+    return ShortRead(what, off + have, n - have);
+  }
+  const auto segs = MapRange(fd, off, n);
   if (segs.size() == 1 && segs[0].hole) {
-    // Confirm the range exists (a hole past EOF would be a short read).
-    struct stat st;
-    if (::fstat(src, &st) == 0 && static_cast<uint64_t>(st.st_size) < src_off + n) {
-      uint64_t have = static_cast<uint64_t>(st.st_size) > src_off ? st.st_size - src_off : 0;
-      return ShortRead("short GGUF read", src_off + have, n - have);
-    }
     if (stats) stats->hole_bytes += n;
     return ZeroSha256(n);
   }
@@ -228,22 +234,27 @@ Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, 
       if (stats) stats->hole_bytes += s.length;
       continue;
     }
-    uint64_t done = 0;
-    while (done < s.length) {
-      size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), s.length - done));
-      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(src, buf.data(), want, s.offset + done));
+    for (uint64_t done = 0; done < s.length;) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), s.length - done));
+      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, buf.data(), want, s.offset + done));
       if (got != want) {
-        uint64_t at = s.offset + done + got;
-        return ShortRead("short GGUF read", at, src_off + n - at);
+        const uint64_t at = s.offset + done + got;
+        return ShortRead(what, at, off + n - at);
       }
       ctx.Update(buf.data(), got);
-      K3_RETURN_IF_ERROR(PwriteFull(dst, buf.data(), got, dst_off + (s.offset - src_off) + done));
+      if (dst >= 0) K3_RETURN_IF_ERROR(PwriteFull(dst, buf.data(), got, dst_off + (s.offset - off) + done));
       done += got;
     }
     if (stats) stats->data_bytes += s.length;
   }
-  auto out = ctx.Final();
-  return out;
+  return ctx.Final();
+}
+
+}  // namespace
+
+Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
+                                            IoBuffer& buf, CopyStats* stats) {
+  return HashSegments(src, src_off, n, buf, stats, "short GGUF read", dst, dst_off);
 }
 
 Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uint64_t len, IoBuffer& buf,
@@ -292,36 +303,7 @@ void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint3
 }
 
 Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return Error::FromErrno("fstat failed", errno);
-  if (static_cast<uint64_t>(st.st_size) < off + n) {
-    uint64_t have = static_cast<uint64_t>(st.st_size) > off ? st.st_size - off : 0;
-    return ShortRead("short read", off + have, n - have);
-  }
-  auto segs = MapRange(fd, off, n);
-  if (segs.size() == 1 && segs[0].hole) {
-    if (stats) stats->hole_bytes += n;
-    return ZeroSha256(n);
-  }
-  Hasher ctx;
-  for (const Segment& s : segs) {
-    if (s.hole) {
-      UpdateZeros(&ctx, s.length);
-      if (stats) stats->hole_bytes += s.length;
-      continue;
-    }
-    uint64_t done = 0;
-    while (done < s.length) {
-      size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), s.length - done));
-      K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, buf.data(), want, s.offset + done));
-      if (got != want) return ShortRead("short read", s.offset + done + got, off + n - (s.offset + done + got));
-      ctx.Update(buf.data(), got);
-      done += got;
-    }
-    if (stats) stats->data_bytes += s.length;
-  }
-  auto out = ctx.Final();
-  return out;
+  return HashSegments(fd, off, n, buf, stats, "short read", -1, 0);
 }
 
 Result<bool> RangesEqual(const FileRange& a, const FileRange& b, uint64_t n, IoBuffer& buf_a, IoBuffer& buf_b) {
