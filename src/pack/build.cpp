@@ -457,6 +457,90 @@ Status ReopenPartial(const Paths& p, const PackLayout& layout, const ep::ExpertR
   return Status::OK();
 }
 
+// An existing pack at the output path: a finalize cut short is finished
+// (true), a rebuild under way resumes, anything else needs --force.
+Result<bool> CheckExistingPack(const Paths& p, const std::string& fingerprint, const BuildOptions& o) {
+  if (!PathExists(p.out)) return false;
+  K3_ASSIGN_OR_RETURN(bool finished, CompleteInterruptedFinalize(p, fingerprint));
+  if (finished) {
+    Log(o, "finished an interrupted build: " + p.out);
+    return true;
+  }
+  // A rebuild under way over a finished pack (a `--force` run that was
+  // interrupted) resumes as any other; the pack is replaced when it is done.
+  // Its checkpoint is made first, so it alone marks such a rebuild: one
+  // stopped before its partial file existed (a full disk at the
+  // checkpoint's reservation, a kill at its first renames) was refused
+  // here on every rerun, the plan having chosen to resume it and so
+  // dropped --force, and before --restart could clean up.
+  if (!o.replace_existing && !PathExists(p.checkpoint)) {
+    return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
+        .WithHint("`k3pack pack` and `k3pack build` rebuild it with --force; or write the pack to another path");
+  }
+  return false;
+}
+
+Result<std::vector<UniqueFd>> OpenSources(const ExpertSet& ex) {
+  std::vector<UniqueFd> src;
+  for (const auto& path : ex.shard_paths) {
+    K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    src.push_back(std::move(fd));
+  }
+  return src;
+}
+
+Status DiscardPartialBuild(const Paths& p, const BuildOptions& o) {
+  for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp", CheckpointSparePathFor(p.checkpoint)}) {
+    if (PathExists(f)) Log(o, "discarding " + f);
+    K3_RETURN_IF_ERROR(RemoveIfExists(f));
+  }
+  return Status::OK();
+}
+
+// The journal records a fresh build starts from: no object done.
+void StartFresh(const std::vector<Digest>& digests, const std::vector<uint32_t>& crcs, Checkpoint* ckpt) {
+  ckpt->objects_done = 0;
+  ckpt->journal_sha256 = JournalSha(digests, 0);
+  ckpt->journal_crc_sha256 = ToHex(Sha256Raw(crcs.data(), 0).data(), 32);
+}
+
+// The shards' whole-file digests, computed beside the copy, keyed by the
+// shards' resolved paths.
+Status FinishSourceHashes(ParallelSha256& hasher, const ExpertSet& ex, const BuildOptions& o, BuildResult* result) {
+  Log(o, "finishing the SHA-256 of the source shards");
+  ParallelSha256::Wait wait;
+  wait.progress = o.progress;
+  K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher.Finish(wait));
+  for (size_t i = 0; i < by_index.size() && i < ex.shard_paths.size(); ++i) {
+    K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(ex.shard_paths[i]));
+    result->source_sha256[resolved] = by_index[i];
+  }
+  return Status::OK();
+}
+
+// Publishes the copied partial: the inputs record, then the finalize (index,
+// digests, renames).
+Status Publish(const ExpertSet& ex, const BuildOptions& o, const Paths& p, const PackLayout& layout,
+               const std::vector<FileStamp>& stamps, int pack_fd, int journal_fd, const std::vector<Digest>& digests,
+               const std::vector<uint32_t>& crcs) {
+  // A shard appended to, truncated, rewritten or replaced while it was read
+  // gives a pack that may match neither its old bytes nor its new ones:
+  // never published (the partial and its checkpoint stay; the checkpoint no
+  // longer matches the shards, so the rerun asks for --restart).
+  K3_RETURN_IF_ERROR(CheckShardsUnchanged(ex.shard_paths, stamps, p.out));
+  // While the checkpoint still stands: until the finalize is done, a rerun
+  // resumes or finishes it and never judges the pack by this record.
+  K3_RETURN_IF_ERROR(WriteInputsRecord(p.out, ex, stamps));
+  // A rank pack records which source it came from, so that ep-merge can refuse
+  // rank packs of two checkpoints that share a layout.
+  uint32_t source_tag = 0;
+  if (o.ep) {
+    K3_ASSIGN_OR_RETURN(source_tag, SourceTag(ex));
+  }
+  return Finalize(p, layout, pack_fd, journal_fd, digests, crcs, o.ep, source_tag);
+}
+
 }  // namespace
 
 Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
@@ -480,42 +564,17 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   result.pack_bytes = layout.final_size();
   result.index_count = layout.index_count();
   result.index_sha256 = layout.IndexSha256();
+  auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
 
-  if (PathExists(p.out)) {
-    K3_ASSIGN_OR_RETURN(bool finished, CompleteInterruptedFinalize(p, fingerprint));
-    if (finished) {
-      Log(o, "finished an interrupted build: " + p.out);
-      result.resumed_objects = layout.object_count();
-      result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      return result;
-    }
-    // A rebuild under way over a finished pack (a `--force` run that was
-    // interrupted) resumes as any other; the pack is replaced when it is done.
-    // Its checkpoint is made first, so it alone marks such a rebuild: one
-    // stopped before its partial file existed (a full disk at the
-    // checkpoint's reservation, a kill at its first renames) was refused
-    // here on every rerun, the plan having chosen to resume it and so
-    // dropped --force, and before --restart could clean up.
-    if (!o.replace_existing && !PathExists(p.checkpoint)) {
-      return Error("refusing to overwrite existing Expert Pack: " + p.out, ErrorKind::kFileExists)
-          .WithHint("`k3pack pack` and `k3pack build` rebuild it with --force; or write the pack to another path");
-    }
+  K3_ASSIGN_OR_RETURN(const bool finished, CheckExistingPack(p, fingerprint, o));
+  if (finished) {
+    result.resumed_objects = layout.object_count();
+    result.seconds = seconds_since(t0);
+    return result;
   }
-
-  std::vector<UniqueFd> src;
-  for (const auto& path : ex.shard_paths) {
-    K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
-    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-    src.push_back(std::move(fd));
-  }
+  K3_ASSIGN_OR_RETURN(std::vector<UniqueFd> src, OpenSources(ex));
   K3_ASSIGN_OR_RETURN(std::vector<FileStamp> stamps, StampShards(src, ex.shard_paths));
-
-  if (o.restart) {
-    for (const auto& f : {p.partial, p.checkpoint, p.journal, p.checkpoint + ".tmp", CheckpointSparePathFor(p.checkpoint)}) {
-      if (PathExists(f)) Log(o, "discarding " + f);
-      K3_RETURN_IF_ERROR(RemoveIfExists(f));
-    }
-  }
+  if (o.restart) K3_RETURN_IF_ERROR(DiscardPartialBuild(p, o));
   Checkpoint ckpt;
   ckpt.fingerprint = fingerprint;
   ckpt.pack_size = layout.final_size();
@@ -523,9 +582,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   ckpt.index_sha256 = result.index_sha256;
   ckpt.objects_total = layout.object_count();
   K3_ASSIGN_OR_RETURN(const bool resume, TakeCheckpoint(p, &ckpt));
-
   K3_RETURN_IF_ERROR(CheckSpace(p, ex, layout, src, ckpt, resume, written, o));
-
   if (o.started) o.started();
 
   std::vector<Digest> digests(layout.index_count());
@@ -534,9 +591,7 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   if (resume) {
     K3_RETURN_IF_ERROR(ReopenPartial(p, layout, written, o, &ckpt, &pack_fd, &journal_fd, &digests, &crcs, &result));
   } else {
-    ckpt.objects_done = 0;
-    ckpt.journal_sha256 = JournalSha(digests, 0);
-    ckpt.journal_crc_sha256 = ToHex(Sha256Raw(crcs.data(), 0).data(), 32);
+    StartFresh(digests, crcs, &ckpt);
   }
   // Checkpoint first: a partial file never exists without one. Its space is
   // reserved now, while there is room (CheckpointFile).
@@ -555,34 +610,11 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   if (o.hash_sources) hasher.emplace(ex.shard_paths, std::max(1, std::min(4, o.threads > 0 ? o.threads : 4)));
   K3_RETURN_IF_ERROR(RunCopy(ex, layout, o, p, ckpt, pack_fd.get(), journal_fd.get(), src, &digests, &crcs,
                              &ckpt_file, &result));
-  if (hasher) {
-    Log(o, "finishing the SHA-256 of the source shards");
-    ParallelSha256::Wait wait;
-    wait.progress = o.progress;
-    K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher->Finish(wait));
-    for (size_t i = 0; i < by_index.size() && i < ex.shard_paths.size(); ++i) {
-      K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(ex.shard_paths[i]));
-      result.source_sha256[resolved] = by_index[i];
-    }
-  }
-  // A shard appended to, truncated, rewritten or replaced while it was read
-  // gives a pack that may match neither its old bytes nor its new ones:
-  // never published (the partial and its checkpoint stay; the checkpoint no
-  // longer matches the shards, so the rerun asks for --restart).
-  K3_RETURN_IF_ERROR(CheckShardsUnchanged(ex.shard_paths, stamps, p.out));
-  // While the checkpoint still stands: until the finalize is done, a rerun
-  // resumes or finishes it and never judges the pack by this record.
-  K3_RETURN_IF_ERROR(WriteInputsRecord(p.out, ex, stamps));
+  if (hasher) K3_RETURN_IF_ERROR(FinishSourceHashes(*hasher, ex, o, &result));
   const auto f0 = Clock::now();
-  // A rank pack records which source it came from, so that ep-merge can refuse
-  // rank packs of two checkpoints that share a layout.
-  uint32_t source_tag = 0;
-  if (o.ep) {
-    K3_ASSIGN_OR_RETURN(source_tag, SourceTag(ex));
-  }
-  K3_RETURN_IF_ERROR(Finalize(p, layout, pack_fd.get(), journal_fd.get(), digests, crcs, o.ep, source_tag));
-  result.phases.finalize = std::chrono::duration<double>(Clock::now() - f0).count();
-  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  K3_RETURN_IF_ERROR(Publish(ex, o, p, layout, stamps, pack_fd.get(), journal_fd.get(), digests, crcs));
+  result.phases.finalize = seconds_since(f0);
+  result.seconds = seconds_since(t0);
   (void)lock;
   return result;
 }
