@@ -13,20 +13,19 @@ constexpr std::string_view kBlk = "blk.";
 
 // Splits "blk.<digits>.<suffix>" (suffix non-empty) as SGLang's
 // ^blk\.(?P<layer>\d+)\.(?P<suffix>.+)$ does; false otherwise. `\d` is
-// Python's: any Unicode decimal digit, read as int() reads it.
-bool SplitLayerName(std::string_view name, std::string_view* layer, std::string_view* suffix, uint64_t* value) {
+// Python's: any Unicode decimal digit, read as int() reads it (`layer`).
+bool SplitLayerName(std::string_view name, PyDecimal* layer, std::string_view* suffix) {
   if (name.substr(0, kBlk.size()) != kBlk) return false;
   std::string_view rest = name.substr(kBlk.size());
   size_t dot = rest.find('.');
   if (dot == std::string_view::npos) return false;
-  std::string_view digits = rest.substr(0, dot);
   std::string_view tail = rest.substr(dot + 1);
-  const std::optional<uint64_t> v = PyDecimalValue(digits);
   // `.+` in Python's re does not match a newline; names with one are unknown.
-  if (!v || tail.empty() || tail.find('\n') != std::string_view::npos) return false;
-  *layer = digits;
+  if (tail.empty() || tail.find('\n') != std::string_view::npos) return false;
+  std::optional<PyDecimal> digits = ParsePyDecimal(rest.substr(0, dot));
+  if (!digits) return false;
+  *layer = std::move(*digits);
   *suffix = tail;
-  *value = *v;
   return true;
 }
 
@@ -121,15 +120,15 @@ Result<Mapping> MapTensorName(std::string_view name) {
       return m;
     }
   }
-  std::string_view layer, suffix;
-  uint64_t layer_value = 0;
-  if (!SplitLayerName(name, &layer, &suffix, &layer_value)) return Unsupported(name);
+  PyDecimal layer;
+  std::string_view suffix;
+  if (!SplitLayerName(name, &layer, &suffix)) return Unsupported(name);
   // SGLang's prefix is f"model.layers.{int(layer)}.": "01" and "\u0663" are
   // written 1 and 3, a number past 64 bits in full.
-  const std::string prefix = "model.layers." + *PyDecimalText(layer) + ".";
+  const std::string prefix = "model.layers." + layer.text + ".";
   // Layer numbers beyond uint32 still map (the regex does not bound them);
   // `layer` is informational only.
-  if (layer_value <= UINT32_MAX) m.layer = static_cast<uint32_t>(layer_value);
+  if (layer.value <= UINT32_MAX) m.layer = static_cast<uint32_t>(layer.value);
   if (suffix == "attn_res_score.weight" || suffix == "ffn_res_score.weight") {
     const std::string base = suffix == "attn_res_score.weight" ? "self_attention_res_" : "mlp_res_";
     m.table = NameTable::kResidual;
@@ -149,9 +148,9 @@ Result<Mapping> MapTensorName(std::string_view name) {
 }
 
 bool IsRoutedExpertAggregate(std::string_view name) {
-  std::string_view layer, suffix;
-  uint64_t layer_value = 0;
-  if (!SplitLayerName(name, &layer, &suffix, &layer_value)) return false;
+  PyDecimal layer;
+  std::string_view suffix;
+  if (!SplitLayerName(name, &layer, &suffix)) return false;
   return suffix == "ffn_gate_exps.weight" || suffix == "ffn_up_exps.weight" || suffix == "ffn_down_exps.weight";
 }
 

@@ -92,24 +92,32 @@ bool AsciiDecimalDigits(std::string_view s, std::string* ascii) {
 
 }  // namespace
 
-std::optional<std::string> PyDecimalText(std::string_view s) {
+std::optional<PyDecimal> ParsePyDecimal(std::string_view s) {
   std::string ascii;
   if (!AsciiDecimalDigits(s, &ascii)) return std::nullopt;
+  PyDecimal d;
   const size_t first = ascii.find_first_not_of('0');
-  return first == std::string::npos ? std::string("0") : ascii.substr(first);
+  d.text = first == std::string::npos ? std::string("0") : ascii.substr(first);
+  for (char c : d.text) {
+    if (__builtin_mul_overflow(d.value, uint64_t{10}, &d.value) ||
+        __builtin_add_overflow(d.value, static_cast<uint64_t>(c - '0'), &d.value)) {
+      d.value = UINT64_MAX;
+      break;
+    }
+  }
+  return d;
+}
+
+std::optional<std::string> PyDecimalText(std::string_view s) {
+  std::optional<PyDecimal> d = ParsePyDecimal(s);
+  if (!d) return std::nullopt;
+  return std::move(d->text);
 }
 
 std::optional<uint64_t> PyDecimalValue(std::string_view s) {
-  std::string ascii;
-  if (!AsciiDecimalDigits(s, &ascii)) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : ascii) {
-    if (__builtin_mul_overflow(value, uint64_t{10}, &value) ||
-        __builtin_add_overflow(value, static_cast<uint64_t>(c - '0'), &value)) {
-      return UINT64_MAX;
-    }
-  }
-  return value;
+  const std::optional<PyDecimal> d = ParsePyDecimal(s);
+  if (!d) return std::nullopt;
+  return d->value;
 }
 
 bool IsValidUtf8(std::string_view s) {

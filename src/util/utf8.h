@@ -55,5 +55,11 @@ std::optional<uint64_t> PyDecimalValue(std::string_view s);
 // str(int(s)) for the same `s`: ASCII digits without leading zeros
 // ("0\u0663" -> "3", "00" -> "0"), of any length; nullopt likewise.
 std::optional<std::string> PyDecimalText(std::string_view s);
+// Both from one decoding of `s`, for a caller that needs both.
+struct PyDecimal {
+  uint64_t value = 0;  // PyDecimalValue
+  std::string text;    // PyDecimalText
+};
+std::optional<PyDecimal> ParsePyDecimal(std::string_view s);
 
 }  // namespace k3pack
