@@ -115,15 +115,15 @@ struct IntegersAsWritten : nlohmann::detail::json_sax_dom_parser<nlohmann::json>
 // builds (or reports the pack already built).
 py::dict BuildPackCall(const std::string& gguf_dir, const std::string& model_config, const std::string& out,
                        const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
-                       int threads, py::object progress, py::object log, bool force, bool hash_sources,
-                       const py::object& wait) {
+                       const py::object& threads, py::object progress, py::object log, bool force,
+                       bool hash_sources, const py::object& wait) {
   kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
   LockWaitKeyword waiting(wait, log, "the pack's lock");
   pack::BuildOptions o;
   o.out_path = out;
   o.safety_margin_gib = safety_margin_gib;
   o.restart = restart;
-  o.threads = threads;
+  o.threads = IntInRange<int>(threads, "threads", 0, INT_MAX);  // 0: the default
   o.hash_sources = hash_sources;
   o.progress = ProgressCallback(progress);
   o.log = LineCallback(log);
@@ -188,6 +188,9 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
   // Why an existing manifest is taken over, told to `log` (else the "k3pack"
   // logger) once the GIL is back; the plan's pass may run twice: each once.
   std::vector<std::string> notes;
+  auto note = [&](const std::string& why) {
+    if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
+  };
   Status st = [&]() -> Status {
     NoGil nogil;
     pack::CollectOptions copts;
@@ -201,13 +204,13 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
                                      "pack anyway");
       }
     }
+    // `k3pack build`'s preflight: the manifest's tokenizer files, before the pack.
+    K3_RETURN_IF_ERROR(manifest::CheckTokenizerFilesReadable("tokenizer_dir", tokenizer_dir));
     if (out.empty()) {
       K3_ASSIGN_OR_RETURN(out, pack::DefaultPackPath(experts.shard_paths.front()));
     }
     pack::PackOutputRequest req = PackRequest("pack", out, model_config, experts, force);
-    req.note = [&](const std::string& why) {
-      if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
-    };
+    req.note = note;
     // `k3pack build`'s manifest rule, in the plan's own pass (under the pack's lock; a refusal makes no
     // lock file): none of the inputs, the pack included.
     req.then = [&](const pack::PackOutputPlan& decided) -> Status {
@@ -226,9 +229,7 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
       request.tokenizer_dir = tokenizer_dir;
       request.names.pack = "pack";
       request.names.tokenizer_dir = "tokenizer_dir";
-      request.note = [&](const std::string& why) {
-        if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
-      };
+      request.note = note;
       K3_ASSIGN_OR_RETURN(maction, manifest::DecideBuildManifest(request));
       return Status::OK();
     };
@@ -257,7 +258,8 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
 // when `output` is given.
 py::object CreateManifestCall(const std::string& gguf_dir, const std::string& expert_pack,
                               const std::string& model_config, const std::string& tokenizer_dir,
-                              const std::string& output, const py::object& profile, int64_t payload_samples,
+                              const std::string& output, const py::object& profile,
+                              const py::object& payload_samples,
                               bool full_source_hashes, bool full_pack_hash, py::object progress, bool force,
                               std::map<std::string, std::string> known_shard_sha256) {
   manifest::CreateOptions o;
@@ -266,7 +268,8 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
   o.model_config = model_config;
   o.tokenizer_dir = tokenizer_dir;
   o.profile = ProfileArg(profile, {expert_pack, model_config, gguf_dir});
-  o.payload_samples = payload_samples;
+  // By its keyword: the library's refusal names the CLI's --payload-samples.
+  o.payload_samples = IntInRange<int64_t>(payload_samples, "payload_samples", 0, INT64_MAX);
   o.full_source_hashes = full_source_hashes;
   o.full_pack_hash = full_pack_hash;
   o.progress = LineCallback(progress);
@@ -277,9 +280,9 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
     NoGil nogil;
     if (!output.empty()) {
       // `k3pack manifest`'s rule: the output is none of the inputs.
-      K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs(
-          {{"output", output}},
-          manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames)));
+      K3_ASSIGN_OR_RETURN(const std::vector<k3pack::NamedPath> inputs,
+                          manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames));
+      K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"output", output}}, inputs));
       K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
     }
     const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);
@@ -365,12 +368,13 @@ void RegisterPlanBuild(py::module_& m) {
 // SGLang's validator.
 void RegisterValidatePack(py::module_& m) {
   m.def("validate_pack", [](const std::string& pack_path, const std::string& gguf_dir, const std::string& model_config,
-                            const py::object& profile, py::object allow_mixed_types, int64_t payload_samples,
+                            const py::object& profile, py::object allow_mixed_types,
+                            const py::object& payload_samples,
                             bool full_pack_hash, py::object progress) {
     kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
     bool mixed = allow_mixed_types.is_none() ? p == kimi::Profile::kScaled : TruthArg(allow_mixed_types);
     pack::ValidateOptions o;
-    o.payload_samples = payload_samples;
+    o.payload_samples = IntInRange<int64_t>(payload_samples, "payload_samples", 0, INT64_MAX);
     o.full_pack_hash = full_pack_hash;
     o.progress = ProgressCallback(progress);
     auto signals = std::make_shared<PendingSignals>("validating the pack");
@@ -427,12 +431,12 @@ void RegisterManifest(py::module_& m) {
 
 // verify_pack: a pack against its manifest and shards.
 void RegisterVerifyPack(py::module_& m) {
-  m.def("verify_pack", [](const std::string& manifest_path, bool full, int64_t samples, bool against_source,
-                          py::object progress) {
+  m.def("verify_pack", [](const std::string& manifest_path, bool full, const py::object& samples,
+                          bool against_source, py::object progress) {
     manifest::VerifyPackOptions o;
     o.full = full;
     o.against_source = against_source;
-    o.samples = samples;
+    o.samples = CountArg(samples, "samples", 0, INT64_MAX);  // negative: the library's "must be non-negative"
     o.progress = ProgressCallback(progress);
     auto signals = std::make_shared<PendingSignals>("verifying the pack");
     o.interrupt_check = PendingSignals::CheckOf(signals);

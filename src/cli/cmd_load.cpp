@@ -207,6 +207,7 @@ Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::s
   };
   if (std::error_code ec; std::filesystem::is_directory(dir, ec)) K3_RETURN_IF_ERROR(take_lock());
   K3_RETURN_IF_ERROR(look());
+  if (!d.compare) K3_RETURN_IF_ERROR(CheckOutputDirWritable("--dump", dir));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error("cannot create dump directory " + dir + ": " + ec.message());

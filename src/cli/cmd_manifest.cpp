@@ -48,8 +48,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_RETURN_IF_ERROR(CheckInputExists("--pack", o.expert_pack, ".pack"));
   K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", o.model_config));
   K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", o.tokenizer_dir));
-  std::vector<NamedPath> inputs =
-      manifest::ManifestInputs(o.gguf_dir, o.expert_pack, o.model_config, o.tokenizer_dir);
+  K3_ASSIGN_OR_RETURN(std::vector<NamedPath> inputs,
+                      manifest::ManifestInputs(o.gguf_dir, o.expert_pack, o.model_config, o.tokenizer_dir));
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
   inputs.push_back({"--manifest", output});

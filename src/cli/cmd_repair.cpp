@@ -85,8 +85,7 @@ k3pack::doctor::RepairOptions RepairOptionsOf(const k3pack::cli::Args& args, k3p
 int CheckInAndOut(const std::string& in, const std::string& out) {
   k3pack::Status in_ok = k3pack::cli::CheckGgufDir("IN", in);
   if (!in_ok.ok()) return k3pack::cli::ReportError("repair", in_ok.error());
-  k3pack::Status w = k3pack::cli::CheckOutputWritable("OUT", (fs::path(out) / "x").string());
-  if (!w.ok() && !fs::exists(out)) w = k3pack::cli::CheckOutputWritable("OUT", out);
+  k3pack::Status w = k3pack::cli::CheckOutputDirWritable("OUT", out);
   if (!w.ok()) return k3pack::cli::ReportError("repair", w.error());
   std::error_code ec;
   if (fs::exists(in, ec) && fs::exists(out, ec) && fs::equivalent(in, out, ec)) {

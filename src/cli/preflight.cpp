@@ -41,21 +41,6 @@ std::string Describe(const nlohmann::json& j) {
   return "no model_type";
 }
 
-// The manifest writer lists the tokenizer directory and hashes every file in
-// it after the pack is built: one this user may not list or read would fail
-// the command only then (hours, for a real model), so it is tried first.
-Status CheckTokenizerFilesReadable(const std::string& option, const std::string& dir) {
-  const std::string why = "every file of the tokenizer directory is hashed into the manifest; make it readable for "
-                          "this user or pass a readable copy as " + option;
-  auto names = RegularFileNames(dir, "tokenizer directory");
-  if (!names.ok()) return names.error().WithHint(why);
-  for (const std::string& name : *names) {
-    auto fd = OpenReadOnly((fs::path(dir) / name).string());
-    if (!fd.ok()) return fd.error().WithHint(why);
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 Status CheckModelConfig(const std::string& option, const std::string& path) {
@@ -103,7 +88,7 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
     return Error("Kimi tokenizer config does not contain text_config")
         .WithHint((d / "config.json").string() + " (" + option + ") must be the model's HF config with text_config");
   }
-  return CheckTokenizerFilesReadable(option, dir);
+  return manifest::CheckTokenizerFilesReadable(option, dir);
 }
 
 Status CheckGgufDir(const std::string& option, const std::string& path) {

@@ -13,10 +13,10 @@
 namespace k3pack::cli {
 
 // Shared with the Python binding (util/output_guard.h): the output-is-not-an-
-// input and writable-directory checks, and FilesIn.
+// input and writable-directory checks.
+using k3pack::CheckOutputDirWritable;
 using k3pack::CheckOutputsAreNotInputs;
 using k3pack::CheckOutputWritable;
-using k3pack::FilesIn;
 using k3pack::NamedPath;
 
 // --model-config: a readable file (not a directory) holding a JSON object that

@@ -62,6 +62,8 @@ Result<SynthOutput> WriteSynthModelInto(const SynthOutputRequest& request) {
   SynthOutput out;
   K3_ASSIGN_OR_RETURN(out.already_built, look());
   if (out.already_built) return out;
+  // Named by the option, as every writer names a read-only place.
+  K3_RETURN_IF_ERROR(CheckOutputDirWritable(request.option, dir));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Error("cannot create directory " + dir + ": " + ec.message());

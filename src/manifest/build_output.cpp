@@ -68,7 +68,9 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
 
 Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& r) {
   std::vector<NamedPath> inputs = r.inputs;
-  for (auto& f : FilesIn("a " + r.names.tokenizer_dir + " file", r.tokenizer_dir)) inputs.push_back(std::move(f));
+  K3_ASSIGN_OR_RETURN(std::vector<NamedPath> tokenizer_files,
+                      FilesIn("a " + r.names.tokenizer_dir + " file", r.tokenizer_dir, "tokenizer directory"));
+  for (auto& f : tokenizer_files) inputs.push_back(std::move(f));
   inputs.push_back({r.names.pack, r.pack_path});
   inputs.push_back({r.names.pack + " (its .digests)", pack::DigestsPathFor(r.pack_path)});
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{r.option, r.path}}, inputs));

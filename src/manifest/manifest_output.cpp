@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "kimi/profile_sidecar.h"
@@ -13,18 +14,23 @@ namespace k3pack::manifest {
 
 namespace fs = std::filesystem;
 
-std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::string& pack_path,
-                                      const std::string& model_config, const std::string& tokenizer_dir,
-                                      const InputNames& names) {
+Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const std::string& pack_path,
+                                              const std::string& model_config, const std::string& tokenizer_dir,
+                                              const InputNames& names) {
   std::vector<NamedPath> inputs = {{names.model_config, model_config},
                                    {names.pack, pack_path},
                                    {names.pack + " (its .digests)", pack::DigestsPathFor(pack_path)}};
-  for (auto& f : FilesIn("a " + names.tokenizer_dir + " file", tokenizer_dir)) inputs.push_back(std::move(f));
+  K3_ASSIGN_OR_RETURN(std::vector<NamedPath> tokenizer_files,
+                      FilesIn("a " + names.tokenizer_dir + " file", tokenizer_dir, "tokenizer directory"));
+  for (auto& f : tokenizer_files) inputs.push_back(std::move(f));
   // The sidecar the profile search reads (profile=None / no --profile).
   for (auto& s : kimi::ProfileSidecarsNear({pack_path, model_config, gguf_dir})) inputs.push_back({"the profile record", s});
   std::error_code ec;
   if (fs::is_directory(gguf_dir, ec)) {
-    for (auto& f : FilesIn("a shard in " + names.gguf_dir, gguf_dir)) {
+    auto shards = FilesIn("a shard in " + names.gguf_dir, gguf_dir, "GGUF directory");
+    // What the shard discovery says of such a directory, SGLang's text.
+    if (!shards.ok()) return gguf::NoGgufFilesError(ResolvedPathOrGiven(gguf_dir), shards.error().sys_errno());
+    for (auto& f : *shards) {
       if (fs::path(f.path).extension() == ".gguf") inputs.push_back(std::move(f));
     }
   } else {

@@ -27,10 +27,12 @@ struct InputNames {
 
 // Every file a manifest of these inputs reads: the config, the pack and its
 // .digests, each tokenizer file, and the shards (each .gguf in `gguf_dir`, or
-// `gguf_dir` itself when it names a shard).
-std::vector<NamedPath> ManifestInputs(const std::string& gguf_dir, const std::string& pack,
-                                      const std::string& model_config, const std::string& tokenizer_dir,
-                                      const InputNames& names = {});
+// `gguf_dir` itself when it names a shard). A directory of them that cannot
+// be listed is an error (the tokenizer's `cannot list tokenizer directory`,
+// the shards' SGLang `no GGUF files found`), never an input left unseen.
+Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const std::string& pack,
+                                              const std::string& model_config, const std::string& tokenizer_dir,
+                                              const InputNames& names = {});
 
 // For OutputSpec::not_own_kind: what the file at `path` is when it is a GGUF
 // shard, a pack or a trace ("it is a GGUF file, not an adapter manifest"),

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "util/file.h"
+
 namespace k3pack::manifest {
 
 namespace fs = std::filesystem;
@@ -27,6 +29,18 @@ bool IsKimiTokenizerDir(const std::string& dir) {
     if (fs::is_regular_file(d / name, ec)) return true;
   }
   return false;
+}
+
+Status CheckTokenizerFilesReadable(const std::string& option, const std::string& dir) {
+  const std::string why = "every file of the tokenizer directory is hashed into the manifest; make it readable for "
+                          "this user or pass a readable copy as " + option;
+  auto names = RegularFileNames(dir, "tokenizer directory");
+  if (!names.ok()) return names.error().WithHint(why);
+  for (const std::string& name : *names) {
+    auto fd = OpenReadOnly((fs::path(dir) / name).string());
+    if (!fd.ok()) return fd.error().WithHint(why);
+  }
+  return Status::OK();
 }
 
 namespace {

@@ -14,6 +14,13 @@ namespace k3pack::manifest {
 // tokenizer.json, tiktoken.model, tokenizer_config.json, as regular files.
 bool IsKimiTokenizerDir(const std::string& dir);
 
+// The manifest writer lists the tokenizer directory and hashes every file in
+// it after the pack is built: one this user may not list or read would fail
+// a build only then (hours, for a real model), so `k3pack build` and
+// k3pack.build try it first. The listing's or the open's error, with a hint
+// naming `option` (the caller's name of the directory).
+Status CheckTokenizerFilesReadable(const std::string& option, const std::string& dir);
+
 // The one valid tokenizer directory among <shard dir>/tokenizer,
 // <shard dir>/../kimi-k3-tokenizer and the sorted <shard dir>/../*tokenizer*
 // directories (`gguf_path` is the shard directory or one shard). None or

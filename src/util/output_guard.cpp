@@ -105,10 +105,11 @@ Status CheckReplaceable(const OutputSpec& spec) {
   if (::lstat(spec.path.c_str(), &file) != 0 || ::stat(parent.c_str(), &dir) != 0) return Status::OK();
   const uid_t me = ::geteuid();
   if ((dir.st_mode & S_ISVTX) == 0 || me == 0 || file.st_uid == me || dir.st_uid == me) return Status::OK();
-  return Error::FromErrno("refusing to overwrite existing " + spec.path + " (" + spec.option + "): it belongs to uid " +
-                              std::to_string(file.st_uid) + " and " + parent.string() +
-                              " has the sticky bit, so only the owner of the file or of the directory may replace it",
-                          EPERM)
+  // The sentence says what EPERM would; the errno stays on the error (Python's PermissionError).
+  return Error("refusing to overwrite existing " + spec.path + " (" + spec.option + "): it belongs to uid " +
+                   std::to_string(file.st_uid) + " and " + parent.string() +
+                   " has the sticky bit, so only the owner of the file or of the directory may replace it",
+               ErrorKind::kOS, EPERM)
       .WithHint("pass another " + spec.option + " path, or ask the owner of " + spec.path + " to remove it");
 }
 
@@ -133,10 +134,12 @@ Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std
   return Status::OK();
 }
 
-Status CheckOutputWritable(const std::string& option, const std::string& path) {
-  // The writers create missing directories: what must be writable is the
-  // nearest one that exists.
-  fs::path dir = fs::path(path).parent_path();
+namespace {
+
+// `dir`, or where it does not exist the nearest directory above it that
+// does, may be written: the writers create the missing ones. `path` (named
+// by `option`) is what the messages name.
+Status CheckWritableFrom(const std::string& option, const std::string& path, fs::path dir) {
   if (dir.empty()) dir = ".";
   std::error_code ec;
   while (!fs::exists(dir, ec) && dir.parent_path() != dir) {
@@ -153,6 +156,16 @@ Status CheckOutputWritable(const std::string& option, const std::string& path) {
         .WithHint("the directory is read-only for you; pass " + option + " elsewhere");
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status CheckOutputWritable(const std::string& option, const std::string& path) {
+  return CheckWritableFrom(option, path, fs::path(path).parent_path());
+}
+
+Status CheckOutputDirWritable(const std::string& option, const std::string& dir) {
+  return CheckWritableFrom(option, dir, dir);
 }
 
 namespace {
@@ -268,13 +281,10 @@ Status WriteIfStillAsSeen(const std::string& option, const std::string& path, co
   return write();
 }
 
-std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir) {
+Result<std::vector<NamedPath>> FilesIn(const std::string& label, const std::string& dir, std::string_view what) {
+  K3_ASSIGN_OR_RETURN(const std::vector<std::string> names, RegularFileNames(dir, what));
   std::vector<NamedPath> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code e;
-    if (it->is_regular_file(e)) out.push_back({label, it->path().string()});
-  }
+  for (const std::string& name : names) out.push_back({label, (fs::path(dir) / name).string()});
   return out;
 }
 

@@ -86,6 +86,9 @@ Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std
 // the writers create the rest) is writable; a read-only model directory is
 // reported with the option to pass elsewhere.
 Status CheckOutputWritable(const std::string& option, const std::string& path);
+// The same for a directory output (synth's --out, repair's OUT, a dump): the
+// directory itself, or the nearest existing one above it, is writable.
+Status CheckOutputDirWritable(const std::string& option, const std::string& dir);
 
 // Every path a manifest records (shards, pack, config, tokenizer files, the
 // manifest itself) must be UTF-8: SGLang reads the manifest as UTF-8 JSON.
@@ -127,7 +130,10 @@ std::string DescribeFileStart(const std::string& path);
 // or of kind `own`; else "it is <DescribeFileStart>, not <own_name>".
 std::string NotAFileOf(const std::string& path, FileStart own, const std::string& own_name);
 
-// Every regular file in `dir` (one level), as NamedPaths labelled `label`.
-std::vector<NamedPath> FilesIn(const std::string& label, const std::string& dir);
+// Every regular file in `dir` (one level, RegularFileNames), as NamedPaths
+// labelled `label`. A directory that cannot be listed is RegularFileNames's
+// error (`cannot list {what} {dir}: ...`): an input the rule did not see
+// could be written over, and the writer would fail on it only later.
+Result<std::vector<NamedPath>> FilesIn(const std::string& label, const std::string& dir, std::string_view what);
 
 }  // namespace k3pack
