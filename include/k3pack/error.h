@@ -35,7 +35,9 @@ class Error {
   explicit Error(std::string message, ErrorKind kind = ErrorKind::kValue, int sys_errno = 0)
       : message_(std::move(message)), kind_(kind), errno_(sys_errno) {}
 
-  // An OS failure: message + ": " + strerror(err).
+  // An OS failure: message + ": " + strerror(err). A process limit that
+  // `err` may stand for (EMFILE, ENFILE, EFBIG under `ulimit -f`) is named in
+  // a hint with its value.
   static Error FromErrno(std::string what, int err);
 
   const std::string& message() const { return message_; }

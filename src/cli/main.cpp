@@ -1,11 +1,14 @@
 // k3pack: command-line entry point. Dispatches to the registered sub-commands.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <sstream>
 
 #include "cli/command.h"
@@ -80,12 +83,38 @@ int FinishStdout(const std::string& who, int rc) {
   return rc == 0 ? 1 : rc;
 }
 
+// An allocation that no Result reports (a container's growth deep in a
+// library) ends the command with one line naming the limit that is likely to
+// have caused it, not with `terminate called after throwing an instance of
+// 'std::bad_alloc'` and SIGABRT. Sizes k3pack asks for itself are reported
+// where they are asked, with the size.
+int OutOfMemory(const std::string& who) {
+  struct rlimit rl;
+  const bool capped = ::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+  std::cerr << who << ": error: out of memory (an allocation failed)"
+            << (capped ? "\nhint: this process may use at most " + std::to_string(rl.rlim_cur) +
+                             " bytes of address space (`ulimit -v`); raise it and rerun"
+                       : std::string("\nhint: free memory or lower the command's buffer and cache sizes"))
+            << "\n";
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   OccupyClosedStandardFds();
+  // Under `ulimit -f` a write past the limit raises SIGXFSZ, whose default
+  // action kills the process with no message and leaves its temporaries:
+  // ignored, the write fails with EFBIG and the writer's error path runs
+  // (the file named, the temporary removed, the old output kept), as in
+  // Python, which ignores SIGXFSZ at start-up too.
+  ::signal(SIGXFSZ, SIG_IGN);
   const std::string who = argc >= 2 && argv[1][0] != '-' ? std::string("k3pack ") + argv[1] : "k3pack";
-  return FinishStdout(who, Dispatch(argc, argv));
+  try {
+    return FinishStdout(who, Dispatch(argc, argv));
+  } catch (const std::bad_alloc&) {
+    return FinishStdout(who, OutOfMemory(who));
+  }
 }
 
 namespace {

@@ -1,5 +1,7 @@
 #include "k3pack/error.h"
 
+#include <sys/resource.h>
+
 #include <cstring>
 
 namespace k3pack {
@@ -20,6 +22,37 @@ const char* ErrorKindName(ErrorKind kind) {
 
 namespace {
 constexpr const char kHintLabel[] = "\nhint: ";
+
+// The soft limit `resource` has now, "unlimited" when none.
+std::string SoftLimitOf(int resource) {
+  struct rlimit rl;
+  if (::getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(rl.rlim_cur);
+}
+
+// A limit of the process, not the file named, made the call fail: without
+// saying which limit and its value, "Too many open files" on a shard or
+// "File too large" on a pack reads like a fault of that file.
+std::string ProcessLimitHint(int err) {
+  switch (err) {
+    case EMFILE:
+      return "this process may have " + SoftLimitOf(RLIMIT_NOFILE) +
+             " files open at once (`ulimit -n`); raise it (e.g. `ulimit -n 4096`) and rerun; the file itself is "
+             "not at fault";
+    case ENFILE:
+      return "the system's table of open files is full (sysctl fs.file-max); close other programs' files or raise it, "
+             "and rerun; the file itself is not at fault";
+    case EFBIG: {
+      const std::string cap = SoftLimitOf(RLIMIT_FSIZE);
+      if (cap == "unlimited") return {};
+      return "this process may write files of at most " + cap + " bytes (`ulimit -f` counts 1024-byte blocks); raise "
+             "it (`ulimit -f unlimited`) and rerun";
+    }
+    default:
+      return {};
+  }
+}
+
 }  // namespace
 
 const Error& ErrorOfOk() {
@@ -31,7 +64,9 @@ Error Error::FromErrno(std::string what, int err) {
   ErrorKind kind = ErrorKind::kOS;
   if (err == ENOENT) kind = ErrorKind::kFileNotFound;
   if (err == EEXIST) kind = ErrorKind::kFileExists;
-  return Error(what + ": " + std::strerror(err), kind, err);
+  Error e(what + ": " + std::strerror(err), kind, err);
+  const std::string hint = ProcessLimitHint(err);
+  return hint.empty() ? e : e.WithHint(hint);
 }
 
 Error Error::WithHint(const std::string& hint) const {
