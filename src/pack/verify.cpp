@@ -30,7 +30,7 @@ struct VerifyInputs {
   PackLayout layout;
   UniqueFd pack_fd;
   std::optional<PackDigests> digests;  // o.against_digests
-  std::vector<UniqueFd> src;           // o.against_source: the shards, by index
+  bool against_source = false;         // each checker opens the shard it reads (PayloadChecker::SourceFd)
   std::optional<ep::Rank> rank;        // a rank pack: other ranks' entries are holes by design
   std::vector<uint64_t> entries;       // the entries to check, in order
   uint64_t unowned_entries = 0, unowned_bytes = 0, total_bytes = 0;
@@ -62,12 +62,7 @@ Result<VerifyInputs> OpenVerifyInputs(const std::string& pack_path, const Expert
   if (o.against_digests) {
     K3_ASSIGN_OR_RETURN(in.digests, OpenDigestsOf(pack_path, in.layout, static_cast<uint64_t>(st.st_size)));
   }
-  if (o.against_source) {
-    for (const auto& p : ex.shard_paths) {
-      K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(p));
-      in.src.push_back(std::move(fd));
-    }
-  }
+  in.against_source = o.against_source;
   // A rank named by the caller or by the pack's version-3 sidecar.
   in.rank = o.ep;
   if (!in.rank && in.digests) in.rank = in.digests->ep;
@@ -152,8 +147,10 @@ class PayloadChecker {
                        HoleNote(in_, ex_, s));
       }
     }
-    if (!in_.src.empty()) {
-      const int sfd = in_.src[t.tensor.shard_index].get();
+    if (in_.against_source) {
+      auto opened = SourceFd(t.tensor.shard_index);
+      if (!opened.ok()) return Failed(opened.error());
+      const int sfd = *opened;
       const uint64_t soff = t.tensor.data_offset + s.expert * t.expert_bytes;
       auto pm = MapRange(pack_fd, s.offset, s.nbytes);
       auto sm = MapRange(sfd, soff, s.nbytes);
@@ -173,6 +170,20 @@ class PayloadChecker {
   }
 
  private:
+  // The shard `index`, kept open while entries of it follow one another
+  // (the index is in layer, role, expert order: one tensor's experts are
+  // consecutive). Before, every shard was opened up front and held for the
+  // whole run: a model of many shards ran out of descriptors under a
+  // `ulimit -n` that the check needs one of per worker.
+  Result<int> SourceFd(uint32_t index) {
+    if (!src_fd_.valid() || src_index_ != index) {
+      src_fd_ = UniqueFd();
+      K3_ASSIGN_OR_RETURN(src_fd_, OpenReadOnly(ex_.shard_paths[index]));
+      src_index_ = index;
+    }
+    return src_fd_.get();
+  }
+
   static Outcome Failed(Error e) {
     Outcome o;
     o.error = std::move(e);
@@ -190,6 +201,8 @@ class PayloadChecker {
   IoBuffer& a_;
   IoBuffer& b_;
   CopyStats stats_;
+  UniqueFd src_fd_;
+  uint32_t src_index_ = 0;
 };
 
 }  // namespace
