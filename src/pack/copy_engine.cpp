@@ -22,6 +22,7 @@
 #include "pack/checkpoint_file.h"
 #include "pack/copy.h"
 #include "util/progress.h"
+#include "util/threads.h"
 
 namespace k3pack::pack {
 namespace {
@@ -276,11 +277,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
 
   std::vector<std::thread> pool;
   for (int i = 0; i < threads; ++i) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error& e) {
+    if (const std::error_code ec = TryStartThread([&] { pool.emplace_back(worker); })) {
       if (!pool.empty()) break;  // fewer copy threads take every batch all the same
-      return Error::FromErrno("cannot start the pack build's copy threads", e.code().value())
+      return Error::FromErrno("cannot start the pack build's copy threads", ec.value())
           .WithHint("the process is out of threads or address space (ulimit -u / -v); nothing was copied");
     }
   }

@@ -1,10 +1,12 @@
 #include "util/parallel_sha256.h"
 
 #include <algorithm>
+#include <new>
 #include <system_error>
 
 #include "util/file.h"
 #include "util/sha256.h"
+#include "util/threads.h"
 
 namespace k3pack {
 
@@ -18,11 +20,8 @@ ParallelSha256::ParallelSha256(std::vector<std::string> paths, int background_th
   }
   const size_t n = std::min<size_t>(paths_.size(), static_cast<size_t>(std::max(0, background_threads)));
   for (size_t i = 0; i < n; ++i) {
-    try {
-      threads_.emplace_back([this] { HashFiles(nullptr); });
-    } catch (const std::system_error&) {
-      break;  // out of threads (a pids limit): Finish's thread does the rest
-    }
+    // Out of threads (a pids or address-space limit): Finish's thread does the rest.
+    if (TryStartThread([&] { threads_.emplace_back([this] { HashFiles(nullptr); }); })) break;
   }
 }
 
@@ -38,13 +37,23 @@ void ParallelSha256::HashFiles(const std::function<Status()>& between_chunks) {
   };
   auto hashed = [this](uint64_t n) { hashed_bytes_ += n; };
   for (size_t i; !cancel_.load() && (i = next_.fetch_add(1)) < paths_.size();) {
-    auto digest = Sha256File(paths_[i], poll, hashed);
-    if (cancel_.load()) break;
-    std::lock_guard<std::mutex> lock(finished_mu_);
-    if (digest.ok()) digests_[i] = *digest;
-    else errors_[i] = digest.error().WithContext(paths_[i]);
-    finished_.push_back(i);
-    ++done_;
+    try {
+      auto digest = Sha256File(paths_[i], poll, hashed);
+      if (cancel_.load()) break;
+      std::lock_guard<std::mutex> lock(finished_mu_);
+      if (digest.ok()) digests_[i] = *digest;
+      else errors_[i] = digest.error().WithContext(paths_[i]);
+      finished_.push_back(i);
+      ++done_;
+    } catch (const std::bad_alloc&) {
+      // Under `ulimit -v` any allocation of a background thread may fail
+      // (a thread's malloc arena is address space too), and std::bad_alloc
+      // leaving a thread ends the process. The file counts as done, so
+      // Finish stops waiting, and Finish names it; nothing is allocated here.
+      size_t none = kNoFile;
+      out_of_memory_at_.compare_exchange_strong(none, i);
+      ++done_;
+    }
   }
 }
 
@@ -87,6 +96,7 @@ Result<std::vector<std::string>> ParallelSha256::Finish(const Wait& wait) {
   threads_.clear();
   if (interrupted_) return *interrupted_;
   if (cancel_.load()) return Error("hashing was cancelled", ErrorKind::kRuntime);
+  if (const size_t i = out_of_memory_at_.load(); i != kNoFile) return HashOutOfMemory(paths_[i], 0);
   Report(wait);
   for (auto& e : errors_) {
     if (e) return *e;

@@ -56,6 +56,8 @@ class ParallelSha256 {
   std::vector<std::string> paths_, digests_;
   std::vector<std::optional<Error>> errors_;
   std::atomic<size_t> next_{0}, done_{0};
+  static constexpr size_t kNoFile = SIZE_MAX;
+  std::atomic<size_t> out_of_memory_at_{kNoFile};  // the first file a thread could not hash for want of memory
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> hashed_bytes_{0};
   uint64_t total_bytes_ = 0;

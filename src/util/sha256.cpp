@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <memory>
+#include <new>
 #include <vector>
 
 #include "util/file.h"
@@ -48,24 +50,35 @@ std::string Sha256Hex(const void* data, size_t n) {
   return h.HexDigest();
 }
 
+Error HashOutOfMemory(const std::string& path, uint64_t bytes) {
+  return Error("cannot allocate " + (bytes ? std::to_string(bytes) + " bytes" : std::string("memory")) + " to hash " +
+                   path,
+               ErrorKind::kMemory, ENOMEM)
+      .WithHint("the process is out of memory or address space (`ulimit -v`); raise the limit and rerun");
+}
+
 Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,
                                     const std::function<Status()>& between_chunks,
                                     const std::function<void(uint64_t)>& hashed) {
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(path));
   ::posix_fadvise(fd.get(), static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_SEQUENTIAL);
   Sha256 h;
-  std::vector<uint8_t> buf(std::min<uint64_t>(length, 8u << 20));
+  // Allocated without throwing: this runs on the build's hashing threads,
+  // where std::bad_alloc under `ulimit -v` ended the process (std::terminate).
+  const size_t buf_size = static_cast<size_t>(std::min<uint64_t>(length, 8u << 20));
+  std::unique_ptr<uint8_t[]> buf(new (std::nothrow) uint8_t[buf_size]);
+  if (!buf) return HashOutOfMemory(path, buf_size);
   uint64_t done = 0;
   while (done < length) {
     if (between_chunks) K3_RETURN_IF_ERROR(between_chunks());
-    size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), length - done));
-    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), buf.data(), want, offset + done));
+    size_t want = static_cast<size_t>(std::min<uint64_t>(buf_size, length - done));
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), buf.get(), want, offset + done));
     if (got != want) {
       return Error("short read at offset " + std::to_string(offset + done + got) + "; " +
                        std::to_string(length - done - got) + " bytes remain",
                    ErrorKind::kEOF);
     }
-    h.Update(buf.data(), got);
+    h.Update(buf.get(), got);
     done += got;
     if (hashed) hashed(got);
   }

@@ -37,6 +37,9 @@ inline std::string Sha256Hex(std::string_view s) { return Sha256Hex(s.data(), s.
 // takes minutes, and a caller that must answer Ctrl-C or a close() stops the
 // hashing by returning an error, which is returned as it is. `hashed`, when
 // set, is told the bytes of each chunk once they are hashed (progress).
+// "cannot allocate N bytes to hash PATH" (bytes 0: the size is not known),
+// with the address-space hint: what a hash that ran out of memory returns.
+Error HashOutOfMemory(const std::string& path, uint64_t bytes);
 Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,
                                     const std::function<Status()>& between_chunks = nullptr,
                                     const std::function<void(uint64_t)>& hashed = nullptr);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 #include <system_error>
 
 namespace k3pack {
@@ -28,6 +29,11 @@ TaskPool::TaskPool(int threads) {
       // is the caller's error to handle. No thread is running then, so
       // leaving the constructor by an exception is safe.
       if (threads_.empty()) throw;
+      break;
+    } catch (const std::bad_alloc&) {
+      // The thread's state could not be allocated: the same, as the
+      // std::system_error callers handle.
+      if (threads_.empty()) throw std::system_error(std::make_error_code(std::errc::not_enough_memory));
       break;
     }
   }
