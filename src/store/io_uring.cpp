@@ -38,6 +38,32 @@
 namespace k3pack::store {
 namespace {
 
+// A kernel that refuses io_uring leaves the store usable with pread: the
+// hint says so and why the ring was refused, so the user need not know that
+// containers block io_uring_setup by default.
+Error RingSetupError(uint32_t entries, int err) {
+  std::string why;
+  switch (err) {
+    case EPERM:
+      why = "the kernel refuses io_uring to this process: a seccomp filter (a container's default profile) or "
+            "sysctl kernel.io_uring_disabled";
+      break;
+    case ENOSYS:
+      why = "this kernel has no io_uring (Linux 5.1 or later has it)";
+      break;
+    case ENOMEM:
+      why = "the ring's memory could not be had (before Linux 5.12 it is locked memory: `ulimit -l`)";
+      break;
+    default:
+      break;
+  }
+  const Error e = Error::FromErrno(
+      "io_uring is unavailable: cannot set up a ring of " + std::to_string(entries) + " entries", err);
+  const std::string use = "use the pread backend (--io pread, io_backend=\"pread\"), which needs no io_uring";
+  // FromErrno's own hint (EMFILE) comes first.
+  return e.WithHint(why.empty() ? use : why + "; " + use);
+}
+
 class UringEngine final : public IoEngine {
  public:
   explicit UringEngine(RingFaults faults) : faults_(std::move(faults)) {}
@@ -52,7 +78,7 @@ class UringEngine final : public IoEngine {
     uint32_t entries = 1;
     while (entries < depth) entries <<= 1;
     int rc = io_uring_queue_init(entries, &ring_, 0);
-    if (rc < 0) return Error(std::string("io_uring is unavailable: ") + std::strerror(-rc), ErrorKind::kOS, -rc);
+    if (rc < 0) return RingSetupError(entries, -rc);
     // Completion waits that time out without submitting anything (5.11+):
     // a broken engine's reaper then leaves on its own.
     timed_waits_ = (ring_.features & IORING_FEAT_EXT_ARG) != 0;
