@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -17,6 +18,7 @@
 
 #include "k3pack/ep.h"
 #include "k3pack/error.h"
+#include "store/runtime_options.h"
 #include "util/interrupt.h"
 #include "util/lock_file.h"
 
@@ -340,6 +342,19 @@ inline int64_t CountArg(const py::handle& o, const char* arg, int64_t lo, int64_
   const py::int_ v = IndexArg(o, arg);
   if (v < py::int_(lo)) return IntArg(v, arg).value_or(INT64_MIN);
   return IntInRange<int64_t>(v, arg, lo, hi);
+}
+
+// A count the store checks itself (store/runtime_options.h: SGLang's
+// "must be positive" below 1, k3pack's `limit` above it), taken as any int:
+// one in lo..hi (what the C++ option holds) is passed on for the library to
+// judge, and one outside is refused here with the library's own error, so
+// 2**32 and 2**100 read alike.
+inline int64_t StoreCountArg(const py::handle& o, const char* arg, uint64_t limit, int64_t lo, int64_t hi) {
+  const py::int_ v = IndexArg(o, arg);
+  const std::string shown = py::repr(v).cast<std::string>();
+  if (v < py::int_(lo)) Raise(k3pack::store::NotPositiveError(arg, shown));
+  if (v > py::int_(hi)) Raise(k3pack::store::PastLimitError(arg, limit, shown));
+  return v.cast<int64_t>();
 }
 
 // An optional integer option: None, or IntInRange.

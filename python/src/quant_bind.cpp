@@ -84,8 +84,9 @@ py::array LittleEndianArray(const py::object& data) {
 }  // namespace
 
 void RegisterQuant(py::module_& m) {
-  m.def("dequantize", [](py::array data, py::object type, int threads, py::object out_arg) {
+  m.def("dequantize", [](py::array data, py::object type, const py::object& threads_arg, py::object out_arg) {
     GgmlType t = TypeArg(type);
+    const int threads = IntInRange<int>(threads_arg, "threads", 0, INT_MAX);
     if (!quant::CanDequantize(t))
       throw py::value_error(std::string("cannot dequantize ") + std::string(k3pack::GgmlTypeName(t)));
     py::array a = LittleEndianArray(data);

@@ -35,15 +35,14 @@ void RegisterSlotCache(py::module_& m) {
              o.store.policy = policy;
              o.store.io_backend = io_backend;
              o.store.direct_io = direct_io;
-             o.store.read_splits = CountArg(read_splits, "read_splits", 1, UINT32_MAX);
-             o.store.queue_depth = CountArg(queue_depth, "queue_depth", 1, UINT32_MAX);
+             o.store.read_splits = StoreCountArg(read_splits, "read_splits", store::kMaxReadCount, INT64_MIN, INT64_MAX);
+             o.store.queue_depth = StoreCountArg(queue_depth, "queue_depth", store::kMaxReadCount, INT64_MIN, INT64_MAX);
              o.host_cache_bytes = IntInRange<uint64_t>(host_cache_bytes, "host_cache_bytes", 0, UINT64_MAX);
              o.store.verify_pack_sha256 = verify_pack_sha256;
              o.store.expected_layers = OptionalIntInRange<uint32_t>(expected_layers, "expected_layers", 0, UINT32_MAX);
              o.store.expected_experts = OptionalIntInRange<uint32_t>(expected_experts, "expected_experts", 0, UINT32_MAX);
              o.store.expected_top_k = OptionalIntInRange<uint32_t>(expected_top_k, "expected_top_k", 0, UINT32_MAX);
-             // Not positive: SGLang's 'must be positive' (0 here), from the library.
-             o.stage_slots = static_cast<uint32_t>(std::max<int64_t>(0, CountArg(stage_slots, "stage_slots", 1, UINT32_MAX)));
+             o.stage_slots = static_cast<uint32_t>(StoreCountArg(stage_slots, "stage_slots", store::kMaxStageSlots, 0, UINT32_MAX));
              o.cache_vram_reserve_mib = IntInRange<int64_t>(cache_vram_reserve_mib, "cache_vram_reserve_mib", INT64_MIN, INT64_MAX);
              k3pack::Result<std::unique_ptr<store::SlotCache>> r = [&] {
                NoGil nogil;
@@ -72,11 +71,14 @@ void RegisterSlotCache(py::module_& m) {
       .def_property_readonly("role_offsets", [](const store::SlotCache& c) { return c.info().role_offsets; })
       .def_property_readonly("role_bytes", [](const store::SlotCache& c) { return c.info().role_bytes; })
       .def_property_readonly("index_sha256", [](const store::SlotCache& c) { return c.info().index_sha256; })
-      .def("attach_host", [](store::SlotCache& c, uintptr_t address, uint32_t slots) {
+      .def("attach_host", [](store::SlotCache& c, uintptr_t address, const py::object& slot_count) {
+        const uint32_t slots = IntInRange<uint32_t>(slot_count, "slot_count", 0, UINT32_MAX);
         Check(c.AttachHost(static_cast<uint8_t*>(Pointer(address)), slots));
       }, py::arg("address"), py::arg("slot_count"))
-      .def("attach_cuda", [](store::SlotCache& c, uintptr_t address, uint32_t slots, int device) {
-        Check(c.AttachCuda(Pointer(address), slots, device));
+      .def("attach_cuda", [](store::SlotCache& c, uintptr_t address, const py::object& slot_count,
+                             const py::object& device) {
+        const uint32_t slots = IntInRange<uint32_t>(slot_count, "slot_count", 0, UINT32_MAX);
+        Check(c.AttachCuda(Pointer(address), slots, IntInRange<int>(device, "device", 0, INT_MAX)));
       }, py::arg("address"), py::arg("slot_count"), py::arg("device"))
       .def("acquire", [](store::SlotCache& c, py::object layer_arg, py::object ids, std::optional<bool> is_prefill,
                          uintptr_t stream, py::object request_ids) {

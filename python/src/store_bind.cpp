@@ -168,15 +168,16 @@ void RegisterStore(py::module_& m) {
              o.prefetch_budget_bytes = IntInRange<uint64_t>(prefetch_budget_bytes, "prefetch_budget_bytes", 0, UINT64_MAX);
              o.prefetch_queue_depth = CountArg(prefetch_queue_depth, "prefetch_queue_depth", 0, INT64_MAX);
              o.keep_predicted = keep_predicted;
-             // Not positive: SGLang's 'must be positive', from the library.
-             o.cache_bytes = IndexArg(cache_bytes, "cache_bytes") < py::int_(1)
-                                 ? 0
-                                 : IntInRange<uint64_t>(cache_bytes, "cache_bytes", 1, UINT64_MAX);
+             // Not positive: SGLang's 'must be positive', in the library's words (a uint64 holds no -1).
+             if (const py::int_ c = IndexArg(cache_bytes, "cache_bytes"); c < py::int_(1)) {
+               Raise(store::NotPositiveError("cache_bytes", py::repr(c).cast<std::string>()));
+             }
+             o.cache_bytes = IntInRange<uint64_t>(cache_bytes, "cache_bytes", 1, UINT64_MAX);
              o.policy = policy;
              o.io_backend = io_backend;
              o.direct_io = direct_io;
-             o.read_splits = CountArg(read_splits, "read_splits", 1, UINT32_MAX);  // the library reads uint32
-             o.queue_depth = CountArg(queue_depth, "queue_depth", 1, UINT32_MAX);
+             o.read_splits = StoreCountArg(read_splits, "read_splits", store::kMaxReadCount, INT64_MIN, INT64_MAX);
+             o.queue_depth = StoreCountArg(queue_depth, "queue_depth", store::kMaxReadCount, INT64_MIN, INT64_MAX);
              o.stats_flush_interval = CountArg(stats_flush_interval, "stats_flush_interval", 0, INT64_MAX);
              o.stats_path = stats_path;
              o.verify_pack_sha256 = verify_pack_sha256;

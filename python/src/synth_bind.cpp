@@ -16,13 +16,16 @@ namespace k3py {
 namespace synth = k3pack::synth;
 
 void RegisterSynth(py::module_& m) {
-  m.def("synth", [](const std::string& out_dir, const std::string& preset, uint64_t seed,
-                    const std::vector<std::string>& faults, bool all_data, std::optional<uint32_t> shards,
-                    std::optional<std::string> matrix_type, std::optional<uint32_t> hidden,
-                    std::optional<uint32_t> vocab, bool force, const py::object& wait, const py::object& log) {
+  m.def("synth", [](const std::string& out_dir, const std::string& preset, const py::object& seed,
+                    const std::vector<std::string>& faults, bool all_data, const py::object& shards_arg,
+                    std::optional<std::string> matrix_type, const py::object& hidden_arg,
+                    const py::object& vocab_arg, bool force, const py::object& wait, const py::object& log) {
     synth::SynthOptions o = Unwrap(synth::PresetOptions(preset));
     o.out_dir = out_dir;
-    o.seed = seed;
+    o.seed = IntInRange<uint64_t>(seed, "seed", 0, UINT64_MAX);
+    const std::optional<uint32_t> shards = OptionalIntInRange<uint32_t>(shards_arg, "shards", 0, UINT32_MAX);
+    const std::optional<uint32_t> hidden = OptionalIntInRange<uint32_t>(hidden_arg, "hidden", 0, UINT32_MAX);
+    const std::optional<uint32_t> vocab = OptionalIntInRange<uint32_t>(vocab_arg, "vocab", 0, UINT32_MAX);
     for (const auto& f : faults) o.faults.push_back(Unwrap(synth::ParseFault(f)));
     if (all_data) o.hole_threshold_bytes = UINT64_MAX;
     if (shards) o.shards = *shards;

@@ -14,17 +14,6 @@
 
 namespace k3pack::store {
 
-Status CheckReadCountsFit(const StoreOptions& opt) {
-  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"read_splits", opt.read_splits},
-                                    std::pair<const char*, int64_t>{"queue_depth", opt.queue_depth}}) {
-    if (value > int64_t{UINT32_MAX}) {
-      return Error(std::string(name) + " must be at most " + std::to_string(UINT32_MAX) + " (k3pack's limit), got " +
-                   std::to_string(value));
-    }
-  }
-  return Status::OK();
-}
-
 Result<ReadPlan> PlanObjectReads(const std::string& pack_path, const PackGeometry& geo, const StoreOptions& opt) {
   ReadPlan plan;
   const ObjectSpace& s = geo.space;

@@ -30,7 +30,6 @@ namespace k3pack::store {
 namespace {
 
 constexpr uint32_t kNoSlot = 0xffffffffu;
-constexpr uint32_t kMaxStageSlots = 1024;
 
 // Waits for one call's reads; completions arrive on engine threads.
 struct ReadBatch {
@@ -144,13 +143,10 @@ Result<std::unique_ptr<SlotCache>> SlotCache::Open(const std::string& pack_path,
   auto impl = std::make_unique<Impl>();
   K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt.store, impl->fd.get()));
-  if (opt.store.queue_depth <= 0 || opt.store.read_splits <= 0 || opt.stage_slots == 0)
-    return Error("expert cache and staging budgets, and read splits, must be positive");
-  K3_RETURN_IF_ERROR(CheckReadCountsFit(opt.store));
-  if (opt.stage_slots > kMaxStageSlots)  // SGLang has no limit: say it is ours
-    return Error("stage_slots must be at most " + std::to_string(kMaxStageSlots) + " (k3pack's limit), got " +
-                 std::to_string(opt.stage_slots));
-  if (opt.store.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
+  K3_RETURN_IF_ERROR(CheckRuntimeCounts(opt.store, "stage_slots", opt.stage_slots));
+  if (opt.stage_slots > kMaxStageSlots) {
+    return PastLimitError("stage_slots", kMaxStageSlots, std::to_string(opt.stage_slots));
+  }
   K3_ASSIGN_OR_RETURN(IoBackend backend, ParseIoBackend(opt.store.io_backend));
   const ObjectSpace& s = impl->geo.space;
   // The policy is made when the slots are attached; an unknown name is

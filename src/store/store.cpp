@@ -41,10 +41,7 @@ Result<std::shared_ptr<ExpertStore>> ExpertStore::Open(const std::string& pack_p
   K3_ASSIGN_OR_RETURN(impl->fd, OpenReadOnly(pack_path));
   K3_ASSIGN_OR_RETURN(impl->geo, ValidatePack(pack_path, manifest_path, opt, impl->fd.get()));
   // Runtime state (SGLang's _initialize_runtime_state) checks.
-  if (opt.cache_bytes == 0 || opt.queue_depth <= 0 || opt.read_splits <= 0)
-    return Error("expert cache and staging budgets, and read splits, must be positive");
-  K3_RETURN_IF_ERROR(CheckReadCountsFit(opt));
-  if (opt.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
+  K3_RETURN_IF_ERROR(CheckRuntimeCounts(opt, "cache_bytes", opt.cache_bytes));
   if (static_cast<bool>(opt.buffer_alloc) != static_cast<bool>(opt.buffer_free))
     return Error("StoreOptions.buffer_alloc and buffer_free must be set together");
   if (opt.prefetch_mode != "staged" && opt.prefetch_mode != "cache")

@@ -16,6 +16,7 @@
 #include "store/io_engine.h"
 #include "store/object_space.h"
 #include "store/policy.h"
+#include "store/runtime_options.h"
 #include "util/file.h"
 
 namespace k3pack::store {
@@ -70,11 +71,6 @@ struct ReadPlan {
   UniqueFd direct_fd;
 };
 Result<ReadPlan> PlanObjectReads(const std::string& pack_path, const PackGeometry& geo, const StoreOptions& opt);
-
-// read_splits and queue_depth are int64 (SGLang's are Python ints) but the
-// range planner and the I/O engine count in 32 bits: a larger value is
-// refused by name rather than cut (2^32 read as 0, 2^32 + 1 as 1).
-Status CheckReadCountsFit(const StoreOptions& opt);
 
 // What a caller of either store learns about the pack it opened.
 StoreInfo DescribePack(const std::string& pack_path, const std::string& manifest_path, const PackGeometry& geo);

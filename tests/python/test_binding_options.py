@@ -45,8 +45,8 @@ class StoreIntegerOptionsTest(_util.TinyPackTestCase):
 
     def test_expert_store_out_of_range(self):
         cases = [("expected_layers", 0, U32), ("expected_experts", 0, U32), ("expected_top_k", 0, U32),
-                 ("prefetch_budget_bytes", 0, U64), ("cache_bytes", 1, U64), ("read_splits", 1, U32),
-                 ("queue_depth", 1, U32), ("stats_flush_interval", 0, I64), ("prefetch_queue_depth", 0, I64)]
+                 ("prefetch_budget_bytes", 0, U64), ("cache_bytes", 1, U64), ("stats_flush_interval", 0, I64),
+                 ("prefetch_queue_depth", 0, I64)]
         for arg, lo, hi in cases:
             for value in (hi + 1, 2 ** 64, 2 ** 100):
                 self.check_value_error(self.expert_store, arg, value, lo, hi)
@@ -57,8 +57,7 @@ class StoreIntegerOptionsTest(_util.TinyPackTestCase):
 
     def test_slot_cache_out_of_range(self):
         cases = [("expected_layers", 0, U32), ("expected_experts", 0, U32), ("expected_top_k", 0, U32),
-                 ("host_cache_bytes", 0, U64), ("read_splits", 1, U32), ("queue_depth", 1, U32),
-                 ("stage_slots", 1, U32)]
+                 ("host_cache_bytes", 0, U64)]
         for arg, lo, hi in cases:
             for value in (hi + 1, 2 ** 100):
                 self.check_value_error(self.slot_cache, arg, value, lo, hi)
@@ -66,6 +65,31 @@ class StoreIntegerOptionsTest(_util.TinyPackTestCase):
         self.check_value_error(self.slot_cache, "host_cache_bytes", -1, 0, U64)
         for value in (2 ** 63, -2 ** 63 - 1):
             self.check_value_error(self.slot_cache, "cache_vram_reserve_mib", value, -2 ** 63, I64)
+
+    def test_counts_past_the_limit_read_as_the_library_says(self):
+        # Before: 2**32 was the binding's own "read_splits must be in
+        # 1..4294967295, got 4294967296" where a C++ caller read "must be at
+        # most 4294967295 (k3pack's limit)", and stage_slots=5000 the
+        # library's words but 2**32 the binding's.
+        cases = [(self.expert_store, "read_splits", U32), (self.expert_store, "queue_depth", U32),
+                 (self.slot_cache, "read_splits", U32), (self.slot_cache, "queue_depth", U32),
+                 (self.slot_cache, "stage_slots", 1024)]
+        for make, arg, limit in cases:
+            for value in (limit + 1, U32 + 1, 2 ** 64, 2 ** 100):
+                with self.assertRaises(ValueError) as cm:
+                    make(**{arg: value})
+                self.assertEqual(str(cm.exception), f"{arg} must be at most {limit} (k3pack's limit), got {value}")
+            self.check_type_error(make, arg)
+
+    def test_counts_that_are_not_positive_name_the_option_in_the_hint(self):
+        for make, arg in [(self.expert_store, "read_splits"), (self.expert_store, "queue_depth"),
+                          (self.expert_store, "cache_bytes"), (self.slot_cache, "read_splits"),
+                          (self.slot_cache, "stage_slots")]:
+            for value in (0, -1, -2 ** 64):
+                with self.assertRaises(ValueError) as cm:
+                    make(**{arg: value})
+                self.assertEqual(str(cm.exception), "expert cache and staging budgets, and read splits, must be positive")
+                self.assertEqual(cm.exception.k3pack_hint, f"{arg} must be at least 1, got {value}")
 
     def test_negative_counts_keep_sglang_texts(self):
         # The library's own words for a count that is not positive (SGLang's),
@@ -128,10 +152,11 @@ class DropInSizesTest(_util.TinyPackTestCase):
                              f"host_cache_mib must be 0 (no host tier) or positive, at most {2 ** 44 - 1}, got {value}")
 
     def test_stage_slots_past_32_bits(self):
-        # It was clamped, and k3pack's limit then named 2**32 - 1 as the value given.
+        # It was clamped, and k3pack's limit then named 2**32 - 1 as the value
+        # given; it is k3pack's limit with the value, as for stage_slots=5000.
         with self.assertRaises(ValueError) as cm:
             self.dropin(stage_slots=2 ** 40)
-        self.assertEqual(str(cm.exception), f"stage_slots must be in 1..{U32}, got {2 ** 40}")
+        self.assertEqual(str(cm.exception), f"stage_slots must be at most 1024 (k3pack's limit), got {2 ** 40}")
 
 
 class WaitAndBoolArgumentsTest(unittest.TestCase):
@@ -170,6 +195,65 @@ class WaitAndBoolArgumentsTest(unittest.TestCase):
         with self.assertRaises(ZeroDivisionError):
             k3pack.validate_pack(missing, self.model, config, profile="scaled", allow_mixed_types=Raises())
 
+
+
+class OtherIntegerParametersTest(_util.TinyPackTestCase):
+    """threads, payload_samples, samples, SlotCache.attach_*'s slot_count and
+    device, and synth's seed / shards / hidden / vocab kept pybind11's
+    casters: a float, or an int the C++ type cannot hold (threads=-1 was
+    taken as 0, "one per CPU"), was its TypeError "incompatible function
+    arguments" listing the whole signature, or went on; create_manifest's
+    payload_samples=-1 named the CLI's --payload-samples."""
+
+    def assert_value_error(self, call, text):
+        with self.assertRaises(ValueError) as cm:
+            call()
+        self.assertEqual(str(cm.exception), text)
+
+    def assert_type_error(self, call, arg, kind):
+        with self.assertRaises(TypeError) as cm:
+            call()
+        self.assertEqual(str(cm.exception), f"{arg} must be an int, got {kind}")
+
+    def test_threads(self):
+        data = np.zeros((1, 34), np.uint8)
+        missing = os.path.join(self.tmp.path, "missing")
+        for call in (lambda t: k3pack.dequantize(data, "Q8_0", threads=t),
+                     lambda t: _k3pack.build_pack(missing, missing, profile="scaled", threads=t)):
+            self.assert_value_error(lambda: call(-1), "threads must be in 0..2147483647, got -1")
+            self.assert_value_error(lambda: call(2 ** 31), "threads must be in 0..2147483647, got 2147483648")
+            self.assert_type_error(lambda: call(2.0), "threads", "float")
+        self.assertEqual(k3pack.dequantize(data, "Q8_0", threads=np.int64(1)).shape, (1, 32))
+
+    def test_samples(self):
+        gguf = os.path.join(os.path.dirname(self.pack), "model")  # build_tiny's layout
+        config = os.path.join(gguf, "config.json")
+        tok = os.path.join(gguf, "tokenizer")
+        for call in (lambda n: _k3pack.create_manifest(gguf, self.pack, config, tok, profile="scaled",
+                                                       payload_samples=n),
+                     lambda n: _k3pack.validate_pack(self.pack, gguf, config, profile="scaled", payload_samples=n)):
+            self.assert_value_error(lambda: call(-1), f"payload_samples must be in 0..{I64}, got -1")
+            self.assert_type_error(lambda: call(1.5), "payload_samples", "float")
+        self.assertEqual(_k3pack.validate_pack(self.pack, gguf, config, profile="scaled",
+                                               payload_samples=np.int32(2))["payload_samples_verified"], 2)
+        self.assert_type_error(lambda: _k3pack.verify_pack(self.manifest, samples=1.5), "samples", "float")
+        self.assert_value_error(lambda: _k3pack.verify_pack(self.manifest, samples=-1), "samples must be non-negative")
+
+    def test_slot_cache_attach(self):
+        cache = _k3pack.SlotCache(self.pack, self.manifest)
+        self.addCleanup(cache.close)
+        self.assert_value_error(lambda: cache.attach_host(0, -1), f"slot_count must be in 0..{U32}, got -1")
+        self.assert_type_error(lambda: cache.attach_host(0, 2.0), "slot_count", "float")
+        self.assert_value_error(lambda: cache.attach_cuda(0, 2 ** 32, 0), f"slot_count must be in 0..{U32}, got {2 ** 32}")
+        self.assert_value_error(lambda: cache.attach_cuda(0, 1, -1), "device must be in 0..2147483647, got -1")
+
+    def test_synth(self):
+        out = os.path.join(self.tmp.path, "never")
+        self.assert_value_error(lambda: k3pack.synth(out, seed=-1), f"seed must be in 0..{U64}, got -1")
+        self.assert_type_error(lambda: k3pack.synth(out, seed=1.5), "seed", "float")
+        for arg in ("shards", "hidden", "vocab"):
+            self.assert_value_error(lambda: k3pack.synth(out, **{arg: -1}), f"{arg} must be in 0..{U32}, got -1")
+        self.assertFalse(os.path.exists(out))
 
 if __name__ == "__main__":
     unittest.main()

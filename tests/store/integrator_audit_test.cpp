@@ -79,7 +79,9 @@ TEST(IntegratorAudit, SlotCacheOpenRefusesUnknownPolicyAndNamesTheStageLimit) {
   zero.stage_slots = 0;
   r = SlotCache::Open(p.pack, p.manifest, zero);
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message(), "expert cache and staging budgets, and read splits, must be positive");
+  EXPECT_EQ(r.error().message(),
+            "expert cache and staging budgets, and read splits, must be positive\nhint: stage_slots must be at least 1, "
+            "got 0");
   for (const char* policy : {"reuse-lfu-lru-v2", "lru", "quota-decay"}) {
     SlotCacheOptions ok;
     ok.store.policy = policy;

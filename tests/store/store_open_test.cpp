@@ -328,16 +328,24 @@ TEST(StoreOpen, MissingKeysAreKeyErrors) {
 
 TEST(StoreOpen, RuntimeBudgets) {
   TinyPack p(TinySpec{});
-  const std::string budgets = "expert cache and staging budgets, and read splits, must be positive";
+  // SGLang's one text for all three; the hint says which and its value
+  // (before: the lumped text alone, naming none).
+  const std::string budgets = "expert cache and staging budgets, and read splits, must be positive\nhint: ";
   StoreOptions o = Small();
   o.queue_depth = 0;
-  EXPECT_EQ(OpenError(p, o), budgets);
+  EXPECT_EQ(OpenError(p, o), budgets + "queue_depth must be at least 1, got 0");
   o = Small();
-  o.read_splits = 0;
-  EXPECT_EQ(OpenError(p, o), budgets);
+  o.read_splits = -3;
+  EXPECT_EQ(OpenError(p, o), budgets + "read_splits must be at least 1, got -3");
   o = Small();
   o.cache_bytes = 0;
-  EXPECT_EQ(OpenError(p, o), budgets);
+  EXPECT_EQ(OpenError(p, o), budgets + "cache_bytes must be at least 1, got 0");
+  SlotCacheOptions neg;
+  neg.store = Small();
+  neg.store.read_splits = -1;
+  auto refused = SlotCache::Open(p.pack, p.manifest, neg);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().message(), budgets + "read_splits must be at least 1, got -1");
   o = Small();
   o.stats_flush_interval = -1;
   EXPECT_EQ(OpenError(p, o), "expert-pack stats flush interval cannot be negative");
