@@ -135,12 +135,10 @@ Result<std::vector<const internal::SsmAVerdict*>> ChooseRepairs(const internal::
   return todo;
 }
 
-// Shard i of the input, copied sparse into out_dir with its repaired ssm_a
+// Shard i of the input, copied sparse to final_path with its repaired ssm_a
 // tensors rewritten in place, published atomically.
 Status WriteRepairedShard(const internal::Shard& sh, uint32_t i, const std::vector<const internal::SsmAVerdict*>& todo,
-                          const std::string& out_dir, RepairResult& result) {
-  const std::string name = fs::path(sh.path).filename().string();
-  const std::string final_path = (fs::path(out_dir) / name).string();
+                          const std::string& final_path, RepairResult& result) {
   K3_ASSIGN_OR_RETURN(UniqueFd src, OpenReadOnly(sh.path));
   K3_ASSIGN_OR_RETURN(AtomicFile dst, AtomicFile::Create(final_path));
   // Errors name the shard being written and the one read.
@@ -236,8 +234,9 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
     K3_RETURN_IF_ERROR(WriteFileAtomic((fs::path(out_dir) / kRepairMarkerName).string(), marker.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   }
   for (uint32_t i = 0; i < view->shards.size(); ++i) {
-    say("repair: writing " + (fs::path(out_dir) / fs::path(view->shards[i].path).filename()).string());
-    K3_RETURN_IF_ERROR(WriteRepairedShard(view->shards[i], i, todo, out_dir, result));
+    const std::string final_path = (fs::path(out_dir) / fs::path(view->shards[i].path).filename()).string();
+    say("repair: writing " + final_path);
+    K3_RETURN_IF_ERROR(WriteRepairedShard(view->shards[i], i, todo, final_path, result));
   }
   if (options.copy_sidecars) K3_RETURN_IF_ERROR(CopySidecars(view->dir, out_dir, result));
   if (!options.keep_marker) {
