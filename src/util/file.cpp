@@ -279,7 +279,13 @@ AtomicFile::~AtomicFile() {
 }
 
 Error AtomicFile::Fail(const Error& cause) const {
-  return cause.WithContext("cannot write " + path_).WithHint(kAtomicHint);
+  Error e = cause.WithContext("cannot write " + path_);
+  // A full disk: the way out first (the temporary goes with the error, an
+  // older file at `path_` stays), as the pack build's own hint says it.
+  if (cause.sys_errno() == ENOSPC || cause.sys_errno() == EDQUOT) {
+    e = e.WithHint("free space on the filesystem of " + path_ + " and rerun the same command");
+  }
+  return e.WithHint(kAtomicHint);
 }
 
 Status AtomicFile::Write(const void* buf, size_t n, uint64_t offset) {
