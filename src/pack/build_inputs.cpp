@@ -19,11 +19,13 @@ namespace k3pack::pack {
 
 Result<PackLayout> LayoutOf(const ExpertSet& ex) {
   std::vector<LayerRoleBytes> v;
+  std::vector<std::array<std::string, 3>> names;
   for (size_t i = 0; i < ex.layers.size(); ++i) {
-    v.push_back({ex.layers[i], {ex.by_layer[i][0].expert_bytes, ex.by_layer[i][1].expert_bytes,
-                                ex.by_layer[i][2].expert_bytes}});
+    const auto& row = ex.by_layer[i];
+    v.push_back({ex.layers[i], {row[0].expert_bytes, row[1].expert_bytes, row[2].expert_bytes}});
+    names.push_back({row[0].tensor.name, row[1].tensor.name, row[2].tensor.name});
   }
-  return PackLayout::Make(std::move(v), ex.num_experts);
+  return PackLayout::Make(std::move(v), ex.num_experts, std::move(names));
 }
 
 ep::ExpertRange WrittenExperts(uint32_t num_experts, const std::optional<ep::Rank>& ep) {

@@ -37,6 +37,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
                std::vector<Digest>* digests, std::vector<uint32_t>* crcs, CheckpointFile* ckpt_file,
                BuildResult* result);
 
+// The layout the writer builds from `experts`: their sizes, and in the index
+// their tensors' own names (SGLang's writer keeps a GGUF's "blk.07").
 Result<PackLayout> LayoutOf(const ExpertSet& experts);
 
 // Hex SHA-256 over what determines the pack's bytes: the layout (index

@@ -13,16 +13,20 @@
 namespace k3pack::pack {
 namespace {
 
-using Key = std::pair<uint64_t, uint32_t>;  // (layer, role)
+// (str(int(layer)), role): SGLang's key holds a Python int, which has no
+// bound, so a stack of layer 2^64 is a key like any other.
+using Key = std::pair<std::string, uint32_t>;
+
+Key KeyOf(uint32_t layer, Role role) { return {std::to_string(layer), static_cast<uint32_t>(role)}; }
 
 // Python repr of the (layer, role) tuple: (1, 'up').
 std::string KeyRepr(const Key& k) {
-  return "(" + std::to_string(k.first) + ", " + PyRepr(RoleName(static_cast<Role>(k.second))) + ")";
+  return "(" + k.first + ", " + PyRepr(RoleName(static_cast<Role>(k.second))) + ")";
 }
 
 // Python sorts (layer, role-string) tuples: by layer, then role name.
 bool PyKeyLess(const Key& a, const Key& b) {
-  if (a.first != b.first) return a.first < b.first;
+  if (a.first != b.first) return PyIntTextLess(a.first, b.first);
   return std::string_view(RoleName(static_cast<Role>(a.second))) <
          std::string_view(RoleName(static_cast<Role>(b.second)));
 }
@@ -101,14 +105,14 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
   for (const auto& t : tensors) {
     auto parsed = ParseExpertTensorName(t.name);
     if (!parsed) continue;
-    Key key{parsed->layer, static_cast<uint32_t>(parsed->role)};
+    Key key{parsed->layer_text, static_cast<uint32_t>(parsed->role)};
     if (found.count(key)) return Error("duplicate routed expert tensor " + KeyRepr(key));
     found[key] = &t;
     scan_order.push_back(key);
   }
   std::set<Key> expected;
   for (uint32_t layer : spec.active_moe_layer_ids) {
-    for (Role r : kRoleOrder) expected.insert({layer, static_cast<uint32_t>(r)});
+    for (Role r : kRoleOrder) expected.insert(KeyOf(layer, r));
   }
   std::vector<Key> missing, extra;
   for (const Key& k : expected) {
@@ -136,7 +140,7 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
     std::vector<std::array<uint32_t, 3>> layer_types;
     for (uint32_t layer : spec.active_moe_layer_ids) {
       std::array<uint32_t, 3> row{};
-      for (Role r : kRoleOrder) row[static_cast<uint32_t>(r)] = found.at({layer, static_cast<uint32_t>(r)})->dtype_id;
+      for (Role r : kRoleOrder) row[static_cast<uint32_t>(r)] = found.at(KeyOf(layer, r))->dtype_id;
       layer_types.push_back(row);
     }
     scaled_types = ExpectedScaledExpertTypes(layer_types);
@@ -175,7 +179,7 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
     std::array<ExpertTensor, 3> row;
     for (Role r : kRoleOrder) {
       const auto ri = static_cast<uint32_t>(r);
-      const Key key{layer, ri};
+      const Key key = KeyOf(layer, r);
       const SourceTensor& t = *found.at(key);  // checked by pass 1
       if (!k3 && options.allow_mixed_types) {
         if (li == 0) first_dtype[ri] = t.dtype_id;

@@ -99,14 +99,19 @@ std::optional<ParsedExpertName> ParseExpertTensorName(std::string_view name) {
   const size_t dot = name.find('.', kPre.size());
   if (dot == std::string_view::npos) return std::nullopt;
   // Python's \d: any Unicode decimal digit, read as int() reads it.
-  const std::optional<uint64_t> layer = PyDecimalValue(name.substr(kPre.size(), dot - kPre.size()));
-  if (!layer || *layer == std::numeric_limits<uint64_t>::max()) return std::nullopt;  // saturated
+  const std::string_view digits = name.substr(kPre.size(), dot - kPre.size());
+  const std::optional<uint64_t> layer = PyDecimalValue(digits);
+  if (!layer) return std::nullopt;
   std::string_view rest = name.substr(dot);
   for (Role r : kRoleOrder) {
     std::string expect = std::string(".ffn_") + RoleName(r) + "_exps.weight";
-    if (rest == expect) return ParsedExpertName{*layer, r};
+    if (rest == expect) return ParsedExpertName{*layer, *PyDecimalText(digits), r};
   }
   return std::nullopt;
+}
+
+bool PyIntTextLess(std::string_view a, std::string_view b) {
+  return a.size() != b.size() ? a.size() < b.size() : a < b;
 }
 
 std::string ExpertTensorName(uint32_t layer, Role role) {
@@ -115,10 +120,27 @@ std::string ExpertTensorName(uint32_t layer, Role role) {
 
 // ------------------------------------------------------------------ layout
 
-Result<PackLayout> PackLayout::Make(std::vector<LayerRoleBytes> layers, uint32_t num_experts) {
+Result<PackLayout> PackLayout::Make(std::vector<LayerRoleBytes> layers, uint32_t num_experts,
+                                    std::vector<std::array<std::string, 3>> names) {
   if (layers.empty()) return Error("pack layout needs at least one active MoE layer", ErrorKind::kValue);
   if (num_experts == 0) return Error("pack layout needs num_experts > 0", ErrorKind::kValue);
+  if (!names.empty() && names.size() != layers.size()) {
+    return Error("pack layout: " + std::to_string(names.size()) + " rows of names for " +
+                     std::to_string(layers.size()) + " layers",
+                 ErrorKind::kValue);
+  }
+  // The index field holds 128 bytes and must keep a NUL; SGLang's writer
+  // meets this only once its .partial exists, k3pack before any output.
+  for (const auto& row : names) {
+    for (const std::string& name : row) {
+      if (name.size() < kEntryNameBytes) continue;
+      return Error("expert tensor name is too long for the Pack index: " + name, ErrorKind::kValue)
+          .WithHint("the name is " + std::to_string(name.size()) + " bytes; a pack index entry holds at most " +
+                    std::to_string(kEntryNameBytes - 1) + " (rename the tensor in the GGUF)");
+    }
+  }
   PackLayout out;
+  out.names_ = std::move(names);
   out.num_experts_ = num_experts;
   const uint64_t n_layers = layers.size();
   if (MulOverflows(n_layers * kRoleCount, num_experts, &out.index_count_)) {
@@ -236,7 +258,8 @@ bool PackLayout::Uniform() const {
 PackEntry PackLayout::EntryRecord(uint64_t entry_index) const {
   EntrySlot s = Entry(entry_index);
   PackEntry e;
-  e.name = ExpertTensorName(s.layer, s.role);
+  e.name = names_.empty() ? ExpertTensorName(s.layer, s.role)
+                          : names_[entry_index / kRoleCount / num_experts_][static_cast<uint32_t>(s.role)];
   e.expert = static_cast<int32_t>(s.expert);
   e.offset = s.offset;
   e.nbytes = s.nbytes;

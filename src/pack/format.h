@@ -79,15 +79,21 @@ using k3pack::IsValidUtf8;  // util/utf8.h
 // ---------------------------------------------------------- tensor names
 
 struct ParsedExpertName {
-  uint64_t layer = 0;  // Python's int has no bound: SGLang lists a layer past uint32 as extra
+  // int(layer), saturated: UINT64_MAX stands for 2^64 - 1 and every larger
+  // layer, which no pack or spec can hold; layer_text tells them apart.
+  uint64_t layer = 0;
+  // str(int(layer)) at any size: Python's int has no bound, so SGLang keys
+  // (and lists as extra) a stack of layer 2^64 like any other.
+  std::string layer_text;
   Role role = Role::kUp;
 };
 // fullmatch of ^blk\.(?P<layer>\d+)\.ffn_(?P<role>up|gate|down)_exps\.weight$.
 // Like Python's \d+ and int(), leading zeros are accepted ("blk.01" is layer
-// 1) and so is any Unicode decimal digit ("blk.\u0663" is layer 3).
-// nullopt when the name does not match or the layer does not fit below
-// UINT64_MAX.
+// 1) and so is any Unicode decimal digit ("blk.\u0663" is layer 3). nullopt
+// when the name does not match.
 std::optional<ParsedExpertName> ParseExpertTensorName(std::string_view name);
+// Python's < on two ints written as str(int(x)) (no sign, no leading zeros).
+bool PyIntTextLess(std::string_view a, std::string_view b);
 std::string ExpertTensorName(uint32_t layer, Role role);  // "blk.{layer}.ffn_{role}_exps.weight"
 
 // ------------------------------------------------------------------ layout
@@ -118,8 +124,13 @@ struct EntrySlot {
 class PackLayout {
  public:
   // `layers` in active order (strictly increasing layer ids expected, not required).
-  // Fails on empty layers, zero experts, a zero expert_bytes or on overflow.
-  static Result<PackLayout> Make(std::vector<LayerRoleBytes> layers, uint32_t num_experts);
+  // Fails on empty layers, zero experts, a zero expert_bytes, on overflow, or
+  // on a name of 128 bytes or more (SGLang's writer text). `names` (by
+  // active layer, then Role) are the GGUF tensors' own names, which SGLang's
+  // writer puts in the index ("blk.07.ffn_up_exps.weight" stays so); without
+  // them the index says ExpertTensorName's.
+  static Result<PackLayout> Make(std::vector<LayerRoleBytes> layers, uint32_t num_experts,
+                                 std::vector<std::array<std::string, 3>> names = {});
   // Convenience: the same three sizes for every layer.
   static Result<PackLayout> MakeUniform(const std::vector<uint32_t>& layers, uint32_t num_experts,
                                         std::array<uint64_t, 3> expert_bytes);
@@ -164,6 +175,7 @@ class PackLayout {
     uint64_t object_bytes = 0;              // up start .. down end
   };
   std::vector<LayerRoleBytes> layers_;
+  std::vector<std::array<std::string, 3>> names_;  // empty, or one row per layer
   std::vector<LayerGeom> geom_;
   uint32_t num_experts_ = 0;
   uint64_t index_count_ = 0;

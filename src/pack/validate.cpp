@@ -16,8 +16,9 @@
 namespace k3pack::pack {
 namespace {
 
-std::string Triple(uint64_t layer, const std::string& role, int64_t expert) {
-  return "(" + std::to_string(layer) + ", " + PyRepr(role) + ", " + std::to_string(expert) + ")";
+// `layer` as str(int(...)): a name's layer may be past 64 bits.
+std::string Triple(const std::string& layer, const std::string& role, int64_t expert) {
+  return "(" + layer + ", " + PyRepr(role) + ", " + std::to_string(expert) + ")";
 }
 
 std::string DtypeName(uint32_t id) {
@@ -104,8 +105,8 @@ class IndexChecker {
     const EntrySlot want = layout_.Entry(i);
     if (parsed->layer != want.layer || parsed->role != want.role || e.expert != static_cast<int64_t>(want.expert)) {
       return Error("GGML expert-pack is not complete expert-major up/gate/down layout at index " + std::to_string(i) +
-                   ": expected=" + Triple(want.layer, RoleName(want.role), want.expert) +
-                   ", actual=" + Triple(parsed->layer, RoleName(parsed->role), e.expert));
+                   ": expected=" + Triple(std::to_string(want.layer), RoleName(want.role), want.expert) +
+                   ", actual=" + Triple(parsed->layer_text, RoleName(parsed->role), e.expert));
     }
     if (e.nbytes != want.nbytes) {
       return Error("expert-pack byte size mismatch for index " + std::to_string(i) + ": " + std::to_string(e.nbytes) +

@@ -244,7 +244,12 @@ std::string LocateNonCanonicalEntry(const uint8_t* index, uint64_t count, const 
     const uint8_t* e = index + i * pack::kEntryBytes;
     const uint64_t object = i / 3;
     const uint32_t layer = s.active_layer_ids[object / s.num_experts];
-    const std::string name = pack::ExpertTensorName(layer, pack::Role(i % 3));
+    std::string name = pack::ExpertTensorName(layer, pack::Role(i % 3));
+    // SGLang's writer keeps a GGUF's own spelling of the layer ("blk.07"):
+    // a name that identifies the same stack is the writer's name.
+    const std::string own(reinterpret_cast<const char*>(e), strnlen(reinterpret_cast<const char*>(e), 128));
+    const auto parsed = pack::ParseExpertTensorName(own);
+    if (parsed && parsed->layer == layer && static_cast<uint32_t>(parsed->role) == i % 3) name = own;
     for (size_t k = 0; k < 128; ++k) {
       const uint8_t want = k < name.size() ? static_cast<uint8_t>(name[k]) : 0;
       if (e[k] == want) continue;

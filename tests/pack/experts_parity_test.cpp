@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "k3pack/pack.h"
+#include "pack/build_inputs.h"
 
 namespace k3pack::pack {
 namespace {
@@ -69,6 +70,52 @@ TEST(PackExpertsParity, LayerNumbersAreReadAsPythonsInt) {
   EXPECT_EQ(FirstLine(t), "routed expert tensor coverage mismatch: missing=[], extra=[(4294967296, 'up')]");
   t.back().name = "blk.\u0663.ffn_up_exps.weight";
   EXPECT_EQ(FirstLine(t), "duplicate routed expert tensor (3, 'up')");
+}
+
+// Python's int has no bound: a layer of 2^64 - 1 or more is a key of
+// SGLang's like any other, so it is an extra stack and two spellings of it are
+// a duplicate. Here such a stack was no stack at all (the pack built).
+TEST(PackExpertsParity, ALayerPastSixtyFourBitsIsStillAStack) {
+  const std::array<uint32_t, 3> k3 = {kQ2K, kQ2K, kQ3K};
+  auto t = Tensors({k3, k3, k3});
+  t.push_back({"blk.18446744073709551615.ffn_up_exps.weight", {256, 512, 4}, kQ2K, 0, 0, Bytes(kQ2K)});
+  EXPECT_EQ(FirstLine(t), "routed expert tensor coverage mismatch: missing=[], extra=[(18446744073709551615, 'up')]");
+  t.back().name = "blk.018446744073709551616.ffn_gate_exps.weight";
+  t.push_back({"blk.99999999999999999999.ffn_down_exps.weight", {512, 256, 4}, kQ3K, 0, 0, Bytes(kQ3K)});
+  // Sorted as Python sorts the tuples: by the int, whatever its length.
+  EXPECT_EQ(FirstLine(t), "routed expert tensor coverage mismatch: missing=[], extra=[(18446744073709551616, "
+                          "'gate'), (99999999999999999999, 'down')]");
+  t.push_back({"blk.\u0661\u0668446744073709551616.ffn_gate_exps.weight", {256, 512, 4}, kQ2K, 0, 0, Bytes(kQ2K)});
+  EXPECT_EQ(FirstLine(t), "duplicate routed expert tensor (18446744073709551616, 'gate')");
+}
+
+// SGLang's writer puts each GGUF tensor's own name in the index
+// (PackEntryRecord(tensor.name, ...)), so "blk.01" stays "blk.01" and the
+// index digest is that of SGLang's pack; k3pack wrote "blk.1". A name of 128
+// bytes or more is its writer's ValueError, before anything is written here.
+TEST(PackExpertsParity, TheIndexKeepsTheGgufSpellingOfALayer) {
+  const std::array<uint32_t, 3> k3 = {kQ2K, kQ2K, kQ3K};
+  auto t = Tensors({k3, k3, k3});
+  t[0].name = "blk.01.ffn_up_exps.weight";
+  t[4].name = "blk.\u0662.ffn_gate_exps.weight";
+  auto ex = CollectExperts(t, {"/x/a-00001-of-00001.gguf"}, Spec3());
+  ASSERT_TRUE(ex.ok()) << ex.error().message();
+  auto layout = LayoutOf(*ex);
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  EXPECT_EQ(layout->EntryRecord(0).name, "blk.01.ffn_up_exps.weight");
+  EXPECT_EQ(layout->EntryRecord(1).name, "blk.1.ffn_gate_exps.weight");
+  EXPECT_EQ(layout->EntryRecord(4 * 3 + 1).name, "blk.\u0662.ffn_gate_exps.weight");  // layer 2, expert 0
+  EXPECT_EQ(layout->EntryRecord(4 * 3 + 4).name, "blk.\u0662.ffn_gate_exps.weight");  // expert 1
+  const std::vector<uint8_t> prefix = layout->EncodePrefix();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(prefix.data()) + kHeaderBytes), "blk.01.ffn_up_exps.weight");
+
+  const std::string long_name = "blk." + std::string(110, '0') + "3.ffn_down_exps.weight";  // 130 bytes
+  t[8].name = long_name;
+  ex = CollectExperts(t, {"/x/a-00001-of-00001.gguf"}, Spec3());
+  ASSERT_TRUE(ex.ok()) << ex.error().message();
+  layout = LayoutOf(*ex);
+  ASSERT_FALSE(layout.ok());
+  EXPECT_EQ(layout.error().headline(), "expert tensor name is too long for the Pack index: " + long_name);
 }
 
 TEST(PackExpertsParity, ExpectedTypesPerRole) {

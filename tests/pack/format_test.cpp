@@ -68,12 +68,22 @@ TEST(PackFormat, ExpertTensorNames) {
   EXPECT_EQ(p->role, Role::kGate);
   EXPECT_EQ(ParseExpertTensorName("blk.007.ffn_up_exps.weight")->layer, 7u);  // \d+ accepts leading zeros
   for (const char* bad : {"blk..ffn_up_exps.weight", "blk.1.ffn_up_exps.weight.x", "xblk.1.ffn_up_exps.weight",
-                          "blk.1.ffn_up_shexp.weight", "blk.1.ffn_Up_exps.weight", "blk.-1.ffn_up_exps.weight",
-                          "blk.99999999999999999999.ffn_up_exps.weight"}) {
+                          "blk.1.ffn_up_shexp.weight", "blk.1.ffn_Up_exps.weight", "blk.-1.ffn_up_exps.weight"}) {
     EXPECT_FALSE(ParseExpertTensorName(bad)) << bad;
   }
   // Python's int() has no bound: SGLang's coverage check lists such a layer as extra.
   EXPECT_EQ(ParseExpertTensorName("blk.99999999999.ffn_up_exps.weight")->layer, 99999999999u);
+  EXPECT_EQ(ParseExpertTensorName("blk.007.ffn_up_exps.weight")->layer_text, "7");
+  // Past 64 bits the value saturates and the text keeps the int (it was no
+  // match, so such a stack was no stack to `pack` and the doctor).
+  auto huge = ParseExpertTensorName("blk.099999999999999999999.ffn_up_exps.weight");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->layer, UINT64_MAX);
+  EXPECT_EQ(huge->layer_text, "99999999999999999999");
+  EXPECT_EQ(ParseExpertTensorName("blk.18446744073709551615.ffn_up_exps.weight")->layer_text, "18446744073709551615");
+  EXPECT_TRUE(PyIntTextLess("18446744073709551615", "18446744073709551616"));
+  EXPECT_TRUE(PyIntTextLess("9", "10"));
+  EXPECT_FALSE(PyIntTextLess("10", "10"));
   EXPECT_EQ(ExpertTensorName(3, Role::kDown), "blk.3.ffn_down_exps.weight");
 }
 

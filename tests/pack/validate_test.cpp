@@ -135,6 +135,16 @@ TEST_F(PackValidate, EntryErrors) {
   std::memcpy(&b[Entry(0)], far.data(), far.size());
   EXPECT_EQ(Check(b), "GGML expert-pack is not complete expert-major up/gate/down layout at index 0: expected=(" +
                           std::to_string(l0) + ", 'up', 0), actual=(4294967297, 'up', 0)");
+  // So is one past 64 bits: SGLang's regex matches it and int() holds it
+  // (here it was "invalid expert tensor name", the name taken as no match).
+  for (const std::string huge : {"18446744073709551615", "018446744073709551616", "99999999999999999999999"}) {
+    b = *good_;
+    const std::string name = "blk." + huge + ".ffn_up_exps.weight";
+    std::memset(&b[Entry(0)], 0, 128);
+    std::memcpy(&b[Entry(0)], name.data(), name.size());
+    EXPECT_EQ(Check(b), "GGML expert-pack is not complete expert-major up/gate/down layout at index 0: expected=(" +
+                            std::to_string(l0) + ", 'up', 0), actual=(" + huge.substr(huge[0] == '0') + ", 'up', 0)");
+  }
   b = *good_;
   PutU32(b, Entry(3) + 128, 5);
   EXPECT_EQ(Check(b), "GGML expert-pack is not complete expert-major up/gate/down layout at index 3: expected=(" +
