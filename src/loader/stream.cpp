@@ -186,7 +186,9 @@ struct NonExpertStream::Impl {
     static const std::vector<StreamTensorRecord> kNone;
     auto it = manifest.tensors_by_shard.find(rec.index);
     const auto& recs = it == manifest.tensors_by_shard.end() ? kNone : it->second;
-    for (const auto& r : recs) records.emplace(r.name, &r);  // later duplicates collapse, like a dict
+    // A later record of one name replaces the earlier, as in SGLang's dict
+    // of the records: its dtype is the one compared.
+    for (const auto& r : recs) records.insert_or_assign(r.name, &r);
     bool same = records.size() == shard->tensors().size();
     for (const auto& t : shard->tensors()) {
       if (!same) break;

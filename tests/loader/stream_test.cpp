@@ -493,6 +493,24 @@ TEST_F(ManifestErrors, TensorTypeChanged) {
   EXPECT_EQ(StreamError(Rewrite(m)).message(), "Kimi-K3 GGUF tensor type changed: blk.1.ffn_gate_exps.weight");
 }
 
+TEST_F(ManifestErrors, ARepeatedTensorRecordIsTheLastOne) {
+  // SGLang builds {record["name"]: record} per shard: of two records of one
+  // name the last is the one whose dtype it compares. The stream kept the
+  // first, so it refused what SGLang loads and loaded what SGLang refuses.
+  json m = manifest;
+  json stale;
+  for (const auto& t : m["source"]["tensors"]) {
+    if (t["name"] == "blk.0.attn_q.weight") stale = t;
+  }
+  ASSERT_FALSE(stale.is_null());
+  stale["dtype"] = "BF16";
+  m["source"]["tensors"].insert(m["source"]["tensors"].begin(), stale);  // before the true one
+  EXPECT_EQ(StreamError(Rewrite(m)).message(), "<no error>");
+  m["source"]["tensors"].erase(m["source"]["tensors"].begin());
+  m["source"]["tensors"].push_back(stale);  // after it
+  EXPECT_EQ(StreamError(Rewrite(m)).message(), "Kimi-K3 GGUF tensor type changed: blk.0.attn_q.weight");
+}
+
 TEST_F(ManifestErrors, VerifyMetadataCatchesSameSizeHeaderChange) {
   // Rename a metadata key in place: same size, different header.
   auto bytes = ReadFileToString(shards[0]);
