@@ -48,6 +48,15 @@ void Raise(const k3pack::Error& error) {
   }
   if (error.kind() == k3pack::ErrorKind::kKey) msg = KeyErrorArg(msg);
   py::object cls = py::reinterpret_borrow<py::object>(ExceptionClass(error.kind()));
+  if (error.kind() == k3pack::ErrorKind::kOS && error.sys_errno() != 0) {
+    // OSError(errno, ...) is the subclass Python's own calls raise for that
+    // errno (EACCES and EPERM: PermissionError, as open() raises), so
+    // `except PermissionError` catches k3pack's as it catches Python's.
+    PyObject* probe = PyObject_CallFunction(PyExc_OSError, "is", error.sys_errno(), "");
+    if (probe == nullptr) throw py::error_already_set();
+    cls = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(probe)));
+    Py_DECREF(probe);
+  }
   py::object text = py::reinterpret_steal<py::object>(
       PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "replace"));
   py::object exc = cls(text);

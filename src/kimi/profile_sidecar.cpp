@@ -25,7 +25,8 @@ Result<Recorded> RecordedIn(const std::string& path) {
     const int err = text.error().sys_errno();
     if (fs::path(path).filename() != kProfileSidecar || err == ENOENT || err == ENOTDIR) return Recorded();
     return text.error().WithHint(std::string("it records the validation profile of the model `k3pack synth` wrote; "
-                                             "make it readable for this user, or pass --profile kimi-k3|scaled"));
+                                             "make it readable for this user, or pass --profile kimi-k3|scaled (from Python, "
+                                             "profile='kimi-k3' or 'scaled')"));
   }
   nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Recorded();
