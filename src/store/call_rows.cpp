@@ -27,4 +27,15 @@ Result<const CallRows*> StoreCallRows(const ObjectSpace& space, const RouteCall&
   return static_cast<const CallRows*>(out);
 }
 
+Result<PreparedAcquire> PrepareAcquire(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
+                                       std::span<const int64_t> ids, std::optional<bool> is_prefill,
+                                       std::span<const uint64_t> request_ids) {
+  PreparedAcquire out;
+  K3_ASSIGN_OR_RETURN(out.call, PrepareStoreRoute(geo, layer, shape, ids, is_prefill));
+  K3_ASSIGN_OR_RETURN(const CallRows* rows,
+                      StoreCallRows(geo.space, out.call, ids, request_ids, &out.row_keys, &out.rows));
+  out.has_rows = rows != nullptr;
+  return out;
+}
+
 }  // namespace k3pack::store

@@ -264,11 +264,10 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   Impl& s = *impl_;
   const ObjectSpace& space = s.geo.space;
   K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));  // no read would ever finish in a forked child
-  K3_ASSIGN_OR_RETURN(RouteCall call, PrepareStoreRoute(s.geo, layer, shape, ids, is_prefill_opt));
-  std::vector<ObjectId> row_keys;
-  CallRows rows_storage;
-  K3_ASSIGN_OR_RETURN(const CallRows* call_rows,
-                      StoreCallRows(space, call, ids, request_ids, &row_keys, &rows_storage));
+  K3_ASSIGN_OR_RETURN(const PreparedAcquire prepared,
+                      PrepareAcquire(s.geo, layer, shape, ids, is_prefill_opt, request_ids));
+  const RouteCall& call = prepared.call;
+  const CallRows* call_rows = prepared.call_rows();
   const int64_t rows = call.rows;
   const bool is_prefill = call.is_prefill;
   const uint32_t li = call.layer_index;

@@ -116,6 +116,19 @@ Status CheckRequestIdCount(uint64_t count, uint64_t rows);
 Result<const CallRows*> StoreCallRows(const ObjectSpace& space, const RouteCall& call, std::span<const int64_t> ids,
                                       std::span<const uint64_t> request_ids, std::vector<ObjectId>* keys,
                                       CallRows* out);
+// An acquire's checked route and its rows for the policy, shared by both
+// stores' Acquire: PrepareStoreRoute, then StoreCallRows. `rows.keys` points
+// into `row_keys`' buffer, which a move keeps.
+struct PreparedAcquire {
+  RouteCall call;
+  std::vector<ObjectId> row_keys;
+  CallRows rows;
+  bool has_rows = false;  // false: no request ids given
+  const CallRows* call_rows() const { return has_rows ? &rows : nullptr; }
+};
+Result<PreparedAcquire> PrepareAcquire(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
+                                       std::span<const int64_t> ids, std::optional<bool> is_prefill,
+                                       std::span<const uint64_t> request_ids);
 // The smallest working set one token may need resident: top_k objects, or
 // for a rank store min(top_k, owned experts).
 uint32_t WorkingSetObjects(const PackGeometry& geo);
