@@ -174,6 +174,13 @@ def pack_section(pack_path, spec, source, blobs, samples, full_hash):
     magic, version, header_size, count, data_start = PACK_HEADER.unpack_from(data, 0)
     E = spec["num_experts"]
     by_name = {t["name"]: t for t in source["tensors"]}
+    # SGLang keys a stack by (int(layer), role): "blk.07" is layer 7's, and its
+    # writer keeps that name in the index.
+    by_key = {}
+    for t in source["tensors"]:
+        m = EXPERT_RE.fullmatch(t["name"])
+        if m:
+            by_key[(int(m.group("layer")), m.group("role"))] = t
     entries = [PACK_ENTRY.unpack_from(data, 40 + 152 * i) for i in range(count)]
     assert count == len(spec["active"]) * E * 3
     # Per layer geometry from the entries themselves (first expert of each layer).
@@ -184,19 +191,20 @@ def pack_section(pack_path, spec, source, blobs, samples, full_hash):
         nb = [entries[base + r][4] for r in range(3)]
         item = dict(layer=layer, object_bytes=off[2] + nb[2] - off[0])
         for r, role in enumerate(ROLE_ORDER):
-            t = by_name[f"blk.{layer}.ffn_{role}_exps.weight"]
+            t = by_key[(layer, role)]
             item[role] = dict(dtype=t["dtype"], dtype_id=t["dtype_id"], expert_bytes=t["nbytes"] // E)
         layer_roles.append(item)
     for i, (name, expert, reserved, off, nb) in enumerate(entries):
         obj, role_id = divmod(i, 3)
         li, e = divmod(obj, E)
-        want = f"blk.{spec['active'][li]}.ffn_{ROLE_ORDER[role_id]}_exps.weight"
-        assert name.split(b"\0", 1)[0].decode() == want and expert == e and reserved == 0
+        m = EXPERT_RE.fullmatch(name.split(b"\0", 1)[0].decode())
+        assert m and (int(m.group("layer")), m.group("role")) == (spec["active"][li], ROLE_ORDER[role_id])
+        assert expert == e and reserved == 0
         assert nb == layer_roles[li][ROLE_ORDER[role_id]]["expert_bytes"] and off % 4096 == 0
     roles = {}
     first = spec["active"][0]
     for role in ROLE_ORDER:
-        t = by_name[f"blk.{first}.ffn_{role}_exps.weight"]
+        t = by_key[(first, role)]
         n = len(spec["active"]) * E
         roles[role] = dict(dtype=t["dtype"], dtype_id=t["dtype_id"], logical_shape=t["shape"][:2],
                            expert_bytes=t["nbytes"] // E, entry_count=n,
