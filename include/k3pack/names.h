@@ -49,6 +49,12 @@ struct Mapping {
 // "blk.\u0663.x" -> "model.layers.3.x"); Mapping::layer is that int (3).
 Result<Mapping> MapTensorName(std::string_view gguf_name);
 
+// The name as the converter spells it, "blk.{int(layer)}.{suffix}", for a
+// name of SGLang's per-layer form ("blk.07.attn_norm.weight" ->
+// "blk.7.attn_norm.weight"); any other name unchanged. Two names with one
+// spelling are one tensor to SGLang: the same layer, the same targets.
+std::string ConverterSpelling(std::string_view gguf_name);
+
 // ^blk\.\d+\.ffn_(?:gate|up|down)_exps\.weight$ : a routed-expert aggregate,
 // type-checked and then skipped by the non-expert stream (its bytes are the
 // expert pack's business). *_shexp and ffn_routed_* are not routed aggregates.

@@ -26,8 +26,13 @@ std::string PyTuple(const std::vector<int64_t>& v) {
   return s + ")";
 }
 
-std::string LayerRoleRepr(uint64_t layer, int role) {
-  return "(" + std::to_string(layer) + ", '" + kRoleNames[role] + "')";
+// A routed stack's (layer, role) as SGLang keys it: the layer is
+// str(int(...)), a Python int of any size.
+using StackKey = std::pair<std::string, int>;
+StackKey KeyOf(uint32_t layer, int role) { return {std::to_string(layer), role}; }
+
+std::string LayerRoleRepr(const StackKey& key) {
+  return "(" + key.first + ", '" + kRoleNames[key.second] + "')";
 }
 
 std::string TypeName(GgmlType t) { return std::string(GgmlTypeName(t)); }
@@ -104,7 +109,7 @@ void AttachCoverageError(const ModelContext& m, std::vector<Finding>& findings, 
   for (size_t i = from; i < findings.size(); ++i) {
     const Finding& f = findings[i];
     if (f.code != "tensor-missing" && f.code != "tensor-must-be-float" && f.code != "tensor-must-be-quantized") continue;
-    auto want = m.expected.find(f.object);
+    auto want = m.expected.find(kimi::ConverterSpelling(f.object));
     auto mapped = kimi::MapTensorName(f.object);
     if (want == m.expected.end() || !mapped.ok()) continue;
     // The model's parameter is what the tensor should have been: a GGUF
@@ -244,8 +249,8 @@ bool ReportWrongLayerKind(const std::string& name, const kimi::Mapping& mapped, 
 // A name outside the layout: the nearest missing expected name when close
 // (claimed in `suggested`), else what SGLang makes of it.
 void ReportUnexpectedName(const ShardView& view, const std::string& name, const Result<kimi::Mapping>& mapped,
-                          const ModelContext& m, const std::string& file, std::set<std::string>& suggested,
-                          Collector& out) {
+                          const ModelContext& m, const std::string& file, const std::set<std::string>& respelled,
+                          std::set<std::string>& suggested, Collector& out) {
   // A missing name that differs only in its .weight/.bias suffix (the
   // commonest converter rename: `blk.N.ssm_a.weight` for `blk.N.ssm_a`,
   // `ssm_dt.weight` for `ssm_dt.bias`) wins whatever its edit distance.
@@ -253,7 +258,7 @@ void ReportUnexpectedName(const ShardView& view, const std::string& name, const 
   size_t best_d = SIZE_MAX;
   bool suffix_only = false;
   for (const auto& [ename, et] : m.expected) {
-    if (view.Find(ename) != nullptr) continue;
+    if (view.Find(ename) != nullptr || respelled.count(ename)) continue;
     const size_t d = EditDistance(name, ename);
     const bool same_stem = WithoutParamSuffix(name) == WithoutParamSuffix(ename);
     if ((same_stem && !suffix_only) || (same_stem == suffix_only && d < best_d)) {
@@ -281,16 +286,38 @@ void ReportUnexpectedName(const ShardView& view, const std::string& name, const 
   }
 }
 
+// The expected names that a tensor fills under another spelling of its
+// layer (blk.07.x for blk.7.x): SGLang reads the layer as int(), so it loads
+// that tensor as the expected one.
+std::set<std::string> RespelledExpectedNames(const ShardView& view, const ModelContext& m) {
+  std::set<std::string> respelled;
+  for (const std::string& name : view.order) {
+    const std::string spelled = kimi::ConverterSpelling(name);
+    if (spelled != name && m.expected.count(spelled)) respelled.insert(spelled);
+  }
+  return respelled;
+}
+
 // Every non-expert tensor against the layout, or against SGLang's name table
-// when there is no layout. Returns the expected names claimed by a near miss.
+// when there is no layout. Returns the expected names claimed by a near miss
+// or filled under another spelling of their layer.
 std::set<std::string> CheckNames(const ShardView& view, const ModelContext& m, Collector& out) {
+  const std::set<std::string> respelled = RespelledExpectedNames(view, m);
   std::set<std::string> suggested;
   for (const std::string& name : view.order) {
     if (kimi::IsRoutedExpertAggregate(name)) continue;  // CheckExperts
     const Located& loc = *view.Find(name);
     const std::string& file = view.shards[loc.shard].path;
-    auto it = m.expected.find(name);
+    const std::string spelled = kimi::ConverterSpelling(name);
+    auto it = m.expected.find(spelled);
     if (it != m.expected.end()) {
+      if (spelled != name) {
+        Finding& f = out.Add("tensor-layer-spelling", name,
+                             "SGLang reads the layer as int(), so it loads this tensor as " + spelled +
+                                 " (the converter writes that name)",
+                             {}, file);
+        f.details = {{"converter_name", spelled}};
+      }
       CheckExpectedTensor(name, it->second, *loc.info, file, out);
       continue;
     }
@@ -301,8 +328,9 @@ std::set<std::string> CheckNames(const ShardView& view, const ModelContext& m, C
       continue;
     }
     if (mapped.ok() && ReportWrongLayerKind(name, *mapped, m, file, out)) continue;
-    ReportUnexpectedName(view, name, mapped, m, file, suggested, out);
+    ReportUnexpectedName(view, name, mapped, m, file, respelled, suggested, out);
   }
+  suggested.insert(respelled.begin(), respelled.end());
   return suggested;
 }
 
@@ -385,8 +413,8 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
 // with direct I/O (its loader's default); k3pack's store reads it.
 namespace {
 
-void CheckRoleAlignment(const std::vector<uint32_t>& active,
-                        const std::map<std::pair<uint64_t, int>, std::string>& found, const ShardView& view,
+void CheckRoleAlignment(const std::vector<uint32_t>& active, const std::map<StackKey, std::string>& found,
+                        const ShardView& view,
                         uint64_t X, Collector& out) {
   if (X == 0) return;
   bool reported_contiguity = false, reported_direct_io = false;
@@ -395,7 +423,7 @@ void CheckRoleAlignment(const std::vector<uint32_t>& active,
     std::array<const std::string*, 3> names{};
     bool complete = true;
     for (int r = 0; r < 3; ++r) {
-      auto it = found.find({active[li], r});
+      auto it = found.find(KeyOf(active[li], r));
       if (it == found.end() || view.Find(it->second)->info->nbytes % X != 0) {
         complete = false;
         break;
@@ -447,39 +475,42 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
     out.Add("check-skipped", "routed experts", "no model spec (config.json or kimi-k3.* metadata) to check against");
     return;
   }
-  std::map<std::pair<uint64_t, int>, std::string> found;  // (layer, role) -> first name
+  std::map<StackKey, std::string> found;  // (layer, role) -> first name
   for (const std::string& name : view.order) {
     // int() of Python's \d+: "01" and "\u0663" are layers 1 and 3.
     const std::optional<pack::ParsedExpertName> parsed = pack::ParseExpertTensorName(name);
     if (!parsed) continue;
-    const int role = static_cast<int>(parsed->role);
-    const uint64_t layer = parsed->layer;
-    auto [it, fresh] = found.emplace(std::make_pair(layer, role), name);
+    const StackKey key{parsed->layer_text, static_cast<int>(parsed->role)};
+    auto [it, fresh] = found.emplace(key, name);
     if (!fresh) {
       Finding& f = out.Add("expert-duplicate", name, "names the same (layer, role) as " + it->second,
-                           "duplicate routed expert tensor " + LayerRoleRepr(layer, role),
+                           "duplicate routed expert tensor " + LayerRoleRepr(key),
                            view.shards[view.Find(name)->shard].path);
       f.details = {{"other", it->second}};
     }
   }
-  const std::set<uint64_t> active_set(active.begin(), active.end());
+  std::set<std::string> active_set;
+  for (uint32_t l : active) active_set.insert(std::to_string(l));
   // SGLang's coverage text: sorted (layer, role) tuples, first 8 of each.
-  std::vector<std::pair<uint64_t, std::string>> miss, extra;
+  std::vector<StackKey> miss, extra;
   for (uint32_t l : active) {
     for (int r = 0; r < 3; ++r) {
-      if (!found.count({l, r})) miss.push_back({l, kRoleNames[r]});
+      if (!found.count(KeyOf(l, r))) miss.push_back(KeyOf(l, r));
     }
   }
   for (const auto& [key, name] : found) {
-    if (!active_set.count(key.first)) extra.push_back({key.first, kRoleNames[key.second]});
+    if (!active_set.count(key.first)) extra.push_back(key);
   }
-  std::sort(miss.begin(), miss.end());
-  std::sort(extra.begin(), extra.end());
-  auto list = [](const std::vector<std::pair<uint64_t, std::string>>& v) {
+  // Python orders the tuples by layer, then by the role's name.
+  auto py_less = [](const StackKey& a, const StackKey& b) {
+    if (a.first != b.first) return pack::PyIntTextLess(a.first, b.first);
+    return std::string_view(kRoleNames[a.second]) < std::string_view(kRoleNames[b.second]);
+  };
+  std::sort(miss.begin(), miss.end(), py_less);
+  std::sort(extra.begin(), extra.end(), py_less);
+  auto list = [](const std::vector<StackKey>& v) {
     std::string s = "[";
-    for (size_t i = 0; i < v.size() && i < 8; ++i) {
-      s += (i ? ", " : "") + ("(" + std::to_string(v[i].first) + ", '" + v[i].second + "')");
-    }
+    for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + LayerRoleRepr(v[i]);
     return s + "]";
   };
   const std::string coverage = "routed expert tensor coverage mismatch: missing=" + list(miss) + ", extra=" + list(extra);
@@ -487,15 +518,13 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
     out.Add("check-skipped", "routed expert coverage",
             std::to_string(miss.size()) + " expert stack(s) not found, but unreadable shards may hold them");
   } else {
-    for (const auto& [l, role] : miss) {
-      out.Add("expert-missing", "blk." + std::to_string(l) + ".ffn_" + role + "_exps.weight",
-              "layer " + std::to_string(l) + " has no " + role + " expert stack", coverage);
+    for (const auto& [l, r] : miss) {
+      out.Add("expert-missing", "blk." + l + ".ffn_" + kRoleNames[r] + "_exps.weight",
+              "layer " + l + " has no " + kRoleNames[r] + " expert stack", coverage);
     }
   }
-  for (const auto& [l, role] : extra) {
-    const int r = role == "up" ? 0 : role == "gate" ? 1 : 2;
-    out.Add("expert-extra", found.at({l, r}),
-            "layer " + std::to_string(l) + " is not an active MoE layer", coverage);
+  for (const StackKey& key : extra) {
+    out.Add("expert-extra", found.at(key), "layer " + key.first + " is not an active MoE layer", coverage);
   }
 
   // Types: Kimi-K3's fixed ones, or (scaled) the ones `k3pack pack` holds
@@ -504,9 +533,9 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
   if (options.profile == kimi::Profile::kScaled) {
     std::vector<std::array<uint32_t, 3>> layer_types;
     for (uint32_t l : active) {
-      if (!found.count({l, 0}) || !found.count({l, 1}) || !found.count({l, 2})) continue;
+      if (!found.count(KeyOf(l, 0)) || !found.count(KeyOf(l, 1)) || !found.count(KeyOf(l, 2))) continue;
       std::array<uint32_t, 3> row{};
-      for (int r = 0; r < 3; ++r) row[r] = static_cast<uint32_t>(view.Find(found.at({l, r}))->info->type);
+      for (int r = 0; r < 3; ++r) row[r] = static_cast<uint32_t>(view.Find(found.at(KeyOf(l, r)))->info->type);
       layer_types.push_back(row);
     }
     if (!layer_types.empty()) {
@@ -516,7 +545,7 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
   }
   for (const auto& [key, name] : found) {
     if (!active_set.count(key.first)) continue;
-    const auto [l, r] = key;
+    const int r = key.second;
     const Located& loc = *view.Find(name);
     const gguf::TensorInfo& t = *loc.info;
     const std::string& file = view.shards[loc.shard].path;
@@ -525,7 +554,7 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
                                            : std::vector<int64_t>{int64_t(L), int64_t(Fe), int64_t(X)};
     if (shape != ws) {
       Finding& f = out.Add("expert-shape", name, "shape " + NeList(shape) + ", the spec needs " + NeList(ws),
-                           "unexpected expert shape for " + LayerRoleRepr(l, r) + ": " + PyTuple(shape), file);
+                           "unexpected expert shape for " + LayerRoleRepr(key) + ": " + PyTuple(shape), file);
       f.details = {{"shape", shape}, {"expected", ws}};
     }
     const bool mixed_ok = options.allow_mixed_types && options.profile == kimi::Profile::kScaled;
@@ -533,7 +562,7 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
       Finding& f = out.Add("expert-dtype", name,
                            "stored as " + TypeName(t.type) + ", expected " + TypeName(want[r]) +
                                (options.profile == kimi::Profile::kScaled ? " (the type of the other layers)" : ""),
-                           "unexpected expert dtype for " + LayerRoleRepr(l, r) + ": " + TypeName(t.type), file);
+                           "unexpected expert dtype for " + LayerRoleRepr(key) + ": " + TypeName(t.type), file);
       f.details = {{"dtype", TypeName(t.type)}, {"expected", TypeName(want[r])}};
     }
     if (X == 0 || t.nbytes % X != 0) {

@@ -161,9 +161,17 @@ std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view, const std::function<
 
 namespace {
 
+// A residual score as SGLang's name table has it (two targets: projection
+// and norm), whose values it splits and so holds to a vector; another name
+// ending in _res_score.weight is its KeyError first.
+bool IsResidualScore(const std::string& name) {
+  auto mapped = kimi::MapTensorName(name);
+  return mapped.ok() && mapped->table == kimi::NameTable::kResidual;
+}
+
 // Which tensors the small-vector scan decodes (ssm_a is examined apart).
 bool ScannedForNonFinite(const std::string& name, const gguf::TensorInfo& t, const Shard& sh) {
-  const bool res = name.size() > 17 && name.compare(name.size() - 17, 17, "_res_score.weight") == 0;
+  const bool res = IsResidualScore(name);
   if (IsSsmAName(name) || t.nbytes > (64u << 20) || !sh.DataReadable(t)) return false;
   return (res || t.n_dims == 1) && IsPlainFloat(t.type);
 }
@@ -252,8 +260,7 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, c
     const Located& loc = *view.Find(name);
     const gguf::TensorInfo& t = *loc.info;
     const Shard& sh = view.shards[loc.shard];
-    const bool res = name.size() > 17 && name.compare(name.size() - 17, 17, "_res_score.weight") == 0;
-    if (res && t.n_dims != 1) {
+    if (IsResidualScore(name) && t.n_dims != 1) {
       Finding& f = out.Add("res-score-not-vector", name, "shape " + NeList(t.shape()) + " is not a vector",
                            "Kimi-K3 attention-residual score must be a vector, got " + NumpyShapeRepr(t.shape()),
                            sh.path);

@@ -147,6 +147,13 @@ Result<Mapping> MapTensorName(std::string_view name) {
   return Unsupported(name);
 }
 
+std::string ConverterSpelling(std::string_view name) {
+  PyDecimal layer;
+  std::string_view suffix;
+  if (!SplitLayerName(name, &layer, &suffix)) return std::string(name);
+  return std::string(kBlk) + layer.text + "." + std::string(suffix);
+}
+
 bool IsRoutedExpertAggregate(std::string_view name) {
   PyDecimal layer;
   std::string_view suffix;

@@ -374,6 +374,24 @@ TEST(SglangParity, ExpertCoverageAndDuplicates) {
     shard_of.push_back(2);
   });
   EXPECT_NO_THROW(r = Scaled({huge.string()}));
+  // Python's int holds it, so SGLang lists it as extra; here it was no stack.
+  EXPECT_EQ(Sglang(r, "expert-extra"),
+            "routed expert tensor coverage mismatch: missing=[], extra=[(99999999999999999999, 'up')]") << Dump(r);
+  ASSERT_EQ(r.With("expert-extra").size(), 1u);
+  EXPECT_EQ(r.With("expert-extra")[0]->object, "blk.99999999999999999999.ffn_up_exps.weight");
+  auto edge = TempDir("p-exp-edge");
+  RewriteSpecs(c.dir, edge, [](auto& specs, auto& shard_of) {
+    for (const char* name : {"blk.18446744073709551615.ffn_up_exps.weight", "blk.018446744073709551615.ffn_up_exps.weight"}) {
+      gguf::TensorSpec copy = *Spec(specs, "blk.1.ffn_up_exps.weight");
+      copy.name = name;
+      specs.push_back(copy);
+      shard_of.push_back(2);
+    }
+  });
+  r = Scaled({edge.string()});
+  EXPECT_EQ(Sglang(r, "expert-duplicate"), "duplicate routed expert tensor (18446744073709551615, 'up')") << Dump(r);
+  EXPECT_EQ(Sglang(r, "expert-extra"),
+            "routed expert tensor coverage mismatch: missing=[], extra=[(18446744073709551615, 'up')]") << Dump(r);
 
   Clean missing("p-exp-missing", {Fault::kMissingExpert});
   r = Scaled({missing.dir.string()});
@@ -482,6 +500,19 @@ TEST(SglangParity, IteratorNamesAndValues) {
   });
   r = Scaled({res.string()});
   EXPECT_EQ(Sglang(r, "res-score-not-vector"), "Kimi-K3 attention-residual score must be a vector, got (2, 256)");
+  // SGLang splits only the residual scores of its name table; another name
+  // ending in _res_score.weight is its KeyError, never the vector check (the
+  // doctor went by the suffix and reported both).
+  auto odd = TempDir("p-res-odd");
+  RewriteSpecs(c.dir, odd, [](auto& specs, auto&) {
+    gguf::TensorSpec* s = Spec(specs, "output_res_score.weight");
+    s->name = "blk.1.shexp_res_score.weight";
+    s->ne = {256, 2};
+  });
+  r = Scaled({odd.string()});
+  EXPECT_EQ(Sglang(r, "tensor-name-unknown"), "unsupported Kimi-K3 GGUF tensor name: blk.1.shexp_res_score.weight")
+      << Dump(r);
+  EXPECT_TRUE(r.With("res-score-not-vector").empty()) << Dump(r);
 
   Clean nan("p-nan", {Fault::kNanSsmA});
   EXPECT_EQ(Sglang(Scaled({nan.dir.string()}), "ssm-a-nonfinite"), "Kimi-K3 GGUF ssm_a must contain finite floating values");
@@ -522,6 +553,55 @@ TEST(SglangParity, DuplicateTargetParameter) {
                                                "model.layers.1.self_attn.g_proj." +
                                                (quantized ? "qweight" : "weight"));
   EXPECT_EQ(r.With("duplicate-target")[0]->object, "blk.1.attn_gate.weight");
+}
+
+// SGLang writes a layer as int(layer): blk.07.attn_norm.weight is layer 7's
+// norm to it, loaded as blk.7.attn_norm.weight is. The doctor compared names
+// with the layout's spelling and reported it as a misspelling of the (then
+// "missing") blk.7 name; a second spelling beside the first is SGLang's
+// duplicate target.
+TEST(SglangParity, ALayerSpelledWithOtherDigitsIsThatLayersTensor) {
+  Clean c("p-spelling");
+  auto dir = TempDir("p-spelling-out");
+  RewriteSpecs(c.dir, dir, [](auto& specs, auto&) {
+    Spec(specs, "blk.2.attn_norm.weight")->name = "blk.02.attn_norm.weight";
+    Spec(specs, "blk.1.ssm_g.weight")->name = "blk.\u0661.ssm_g.weight";
+  });
+  Report r = Scaled({dir.string()});
+  EXPECT_TRUE(r.With("tensor-name-misspelled").empty()) << Dump(r);
+  EXPECT_TRUE(r.With("tensor-name-unknown").empty()) << Dump(r);
+  EXPECT_TRUE(r.With("tensor-missing").empty()) << Dump(r);
+  auto notes = r.With("tensor-layer-spelling");
+  ASSERT_EQ(notes.size(), 2u) << Dump(r);
+  EXPECT_EQ(notes[0]->severity, doctor::Severity::kInfo);
+  std::set<std::string> objects = {notes[0]->object, notes[1]->object};
+  EXPECT_EQ(objects, (std::set<std::string>{"blk.02.attn_norm.weight", "blk.\u0661.ssm_g.weight"}));
+  EXPECT_EQ(r.Count(doctor::Severity::kError), 0u) << Dump(r);
+
+  // The tensor is still checked as the one it fills: a wrong shape is named.
+  auto bad = TempDir("p-spelling-shape");
+  RewriteSpecs(c.dir, bad, [](auto& specs, auto&) {
+    gguf::TensorSpec* s = Spec(specs, "blk.2.attn_norm.weight");
+    s->name = "blk.002.attn_norm.weight";
+    s->ne[0] /= 2;
+    s->fill = Bytes(std::vector<uint8_t>(s->ne[0] * 4, 0));
+  });
+  r = Scaled({bad.string()});
+  ASSERT_EQ(r.With("tensor-shape-mismatch").size(), 1u) << Dump(r);
+  EXPECT_EQ(r.With("tensor-shape-mismatch")[0]->object, "blk.002.attn_norm.weight");
+
+  // Both spellings: one parameter filled twice, as SGLang's iterator says.
+  auto both = TempDir("p-spelling-both");
+  RewriteSpecs(c.dir, both, [](auto& specs, auto& shard_of) {
+    gguf::TensorSpec copy = *Spec(specs, "blk.2.attn_norm.weight");
+    copy.name = "blk.02.attn_norm.weight";
+    specs.push_back(copy);
+    shard_of.push_back(2);
+  });
+  r = Scaled({both.string()});
+  EXPECT_EQ(Sglang(r, "duplicate-target"),
+            "duplicate Kimi-K3 target parameter: model.layers.2.input_layernorm.weight") << Dump(r);
+  EXPECT_TRUE(r.With("tensor-name-misspelled").empty()) << Dump(r);
 }
 
 TEST(SglangParity, MlaProjectionTypes) {
