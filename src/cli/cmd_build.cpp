@@ -62,7 +62,9 @@ Result<Values> ParseValues(const Args& args) {
 Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   Status st = doctor::CheckSglangCanLoad(plan.experts.shard_paths.front(), plan.profile, args.Get("--model-config"),
                                          args.Has("--allow-mixed-types"));
-  if (st.ok()) return st;
+  // An OS error (out of descriptors) is no problem of the model: doctor and
+  // --allow-unsupported are no way out of it.
+  if (st.ok() || st.error().kind() == ErrorKind::kOS) return st;
   return st.error().WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
                              "--allow-unsupported to build the pack anyway");
 }

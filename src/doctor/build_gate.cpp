@@ -18,6 +18,11 @@ Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, c
     if (f.severity == Severity::kError) fatal.push_back(&f);
   }
   if (fatal.empty()) return Status::OK();
+  // A file doctor could not open for want of descriptors says nothing of the
+  // checkpoint: the error is the OS's, with its hint (ulimit -n).
+  for (const Finding* f : fatal) {
+    if (f->code == "open-file-limit") return Error(f->message, ErrorKind::kOS);
+  }
   const Finding& first = *fatal.front();
   return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +
                " error(s); first: [" + first.code + "] " + first.object + ": " + first.message +

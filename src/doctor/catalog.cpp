@@ -60,6 +60,12 @@ const std::vector<Diagnosis> kCatalog = {
      "Nothing in it could be checked.",
      "Make it readable for the user that runs k3pack and SGLang (chmod a+r FILE, or chown/chgrp it to that user), "
      "or run as a user who may read it; then run doctor again."},
+    {"open-file-limit", E, "OSError",
+     "The process ran out of file descriptors when doctor opened the file (the per-process limit, `ulimit -n`, or "
+     "the system's table of open files): the file itself may be intact, and nothing in it could be checked. SGLang "
+     "run under the same limit fails the same way when it opens it.",
+     "Raise the limit in the shell that runs doctor (`ulimit -n 4096`; the hint in the message says the value now) "
+     "and run doctor again."},
     {"shard-link-broken", E, "FileNotFoundError",
      "The shard is a symbolic link whose target does not exist, typically a Hugging Face cache snapshot "
      "(snapshots/<rev>/ links to blobs/) whose blob was deleted or has not finished downloading "
@@ -147,6 +153,10 @@ const std::vector<Diagnosis> kCatalog = {
      "A tensor of the other attention kind (KDA vs MLA) sits in this layer; SGLang maps it without checking "
      "and the model never uses it.",
      "Check attention.head_count_kv (0 = KDA layer) against the layer pattern of the converter."},
+    {"tensor-layer-spelling", I, "",
+     "The tensor's layer is written with leading zeros or other decimal digits (blk.07 for blk.7); SGLang reads "
+     "the layer as int(), so it loads the tensor as the converter's name, and doctor checks it as that tensor.",
+     "Nothing to do for SGLang or k3pack; rename it to the converter's name (in the message) for other tools."},
     {"duplicate-target", E, "ValueError",
      "Two GGUF tensors map to the same SGLang parameter (blk.N.ssm_g and blk.N.attn_gate both map to "
      "self_attn.g_proj), so SGLang's non-expert iterator stops at the second one.",

@@ -271,9 +271,16 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
 
   const DirectoryGgufs found = ScanGgufs(dir);
   if (found.list_errno != 0) {
+    const std::string shown = ResolvedPathOrGiven(v.dir);
+    // Out of descriptors, the directory could not be opened to list it: its
+    // permissions are not at fault.
+    if (IsOpenFileLimit(found.list_errno)) {
+      ReportPermissionDenied(Error::FromErrno("cannot list " + shown, found.list_errno), v.dir, out);
+      out.report().unusable = true;
+      return std::nullopt;
+    }
     // Examined alone, a shard of it passed as "healthy" (0 files checked),
     // where SGLang's discovery finds nothing.
-    const std::string shown = ResolvedPathOrGiven(v.dir);
     const Error error = gguf::NoGgufFilesError(shown, found.list_errno);
     Finding& f = out.Add("no-gguf-files", v.dir,
                          "the directory cannot be listed: " + std::string(std::strerror(found.list_errno)),

@@ -33,8 +33,12 @@ class Collector {
 // When `e` is the OS refusing this user `path` (EACCES, EPERM), reports
 // file-permission-denied, with the PermissionError Python's open() raises
 // for it, and returns true: a file this user may not read is not a damaged
-// one (to re-download or rebuild), whatever check tried to read it.
+// one (to re-download or rebuild), whatever check tried to read it. The same
+// for a process out of file descriptors (EMFILE, ENFILE: open-file-limit),
+// which can open no file at all.
 bool ReportPermissionDenied(const Error& e, const std::string& path, Collector& out);
+// Whether `err` is the process or system out of file descriptors.
+bool IsOpenFileLimit(int err);
 
 // One shard file as doctor could read it.
 struct Shard {

@@ -39,11 +39,17 @@ Finding& Collector::Add(std::string_view code, std::string object, std::string m
   return report_->findings.back();
 }
 
+bool IsOpenFileLimit(int err) { return err == EMFILE || err == ENFILE; }
+
 bool ReportPermissionDenied(const Error& e, const std::string& path, Collector& out) {
   const int err = e.sys_errno();
-  if (err != EACCES && err != EPERM) return false;
-  out.Add("file-permission-denied", path, e.message(),
-          "[Errno " + std::to_string(err) + "] " + std::strerror(err) + ": " + PyRepr(path), path);
+  const char* code = err == EACCES || err == EPERM ? "file-permission-denied"
+                     : IsOpenFileLimit(err)         ? "open-file-limit"
+                                                    : nullptr;
+  if (code == nullptr) return false;
+  // Python's open() raises the same text (OSError's str) for each of them.
+  out.Add(code, path, e.message(), "[Errno " + std::to_string(err) + "] " + std::strerror(err) + ": " + PyRepr(path),
+          path);
   return true;
 }
 

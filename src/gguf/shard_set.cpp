@@ -92,6 +92,9 @@ std::string SglangSetError(const std::vector<std::pair<int64_t, int64_t>>& numbe
 
 Error NoGgufFilesError(const std::string& dir, int list_errno) {
   if (list_errno == 0) return Error("no GGUF files found in " + dir);
+  // Out of descriptors, the directory could not even be opened: neither an
+  // empty directory nor one this user may not list.
+  if (list_errno == EMFILE || list_errno == ENFILE) return Error::FromErrno("cannot list " + dir, list_errno);
   return Error("no GGUF files found in " + dir, ErrorKind::kValue, list_errno)
       .WithHint("the directory cannot be listed: " + std::string(std::strerror(list_errno)) +
                 " (SGLang's glob skips it without a word); give this user read and search permission on it");
