@@ -460,22 +460,31 @@ void CheckRoleAlignment(const std::vector<uint32_t>& active, const std::map<Stac
   }
 }
 
-}  // namespace
-
-void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOptions& options, Collector& out) {
+// What the routed stacks are checked against: the active MoE layers and the
+// experts' dimensions (X experts of L x Fe), from the spec or the metadata.
+struct ExpertDims {
   std::vector<uint32_t> active;
   uint64_t X = 0, L = 0, Fe = 0;
+};
+
+std::optional<ExpertDims> ExpertDimsOf(const ModelContext& m) {
+  ExpertDims d;
   if (m.spec) {
-    active = m.spec->active_moe_layer_ids;
-    X = m.spec->num_experts, L = m.spec->routed_expert_hidden_size, Fe = m.spec->moe_intermediate_size;
+    d.active = m.spec->active_moe_layer_ids;
+    d.X = m.spec->num_experts, d.L = m.spec->routed_expert_hidden_size, d.Fe = m.spec->moe_intermediate_size;
   } else if (m.dims) {
-    for (uint32_t l = m.dims->first_k_dense; l < m.dims->num_layers; ++l) active.push_back(l);
-    X = m.dims->num_experts, L = m.dims->latent, Fe = m.dims->moe_intermediate;
+    for (uint32_t l = m.dims->first_k_dense; l < m.dims->num_layers; ++l) d.active.push_back(l);
+    d.X = m.dims->num_experts, d.L = m.dims->latent, d.Fe = m.dims->moe_intermediate;
   } else {
-    out.Add("check-skipped", "routed experts", "no model spec (config.json or kimi-k3.* metadata) to check against");
-    return;
+    return std::nullopt;
   }
-  std::map<StackKey, std::string> found;  // (layer, role) -> first name
+  return d;
+}
+
+// The routed stacks by (int(layer), role), each with its first name; a
+// second name of one (layer, role) is SGLang's duplicate.
+std::map<StackKey, std::string> FindStacks(const ShardView& view, Collector& out) {
+  std::map<StackKey, std::string> found;
   for (const std::string& name : view.order) {
     // int() of Python's \d+: "01" and "\u0663" are layers 1 and 3.
     const std::optional<pack::ParsedExpertName> parsed = pack::ParseExpertTensorName(name);
@@ -489,9 +498,13 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
       f.details = {{"other", it->second}};
     }
   }
-  std::set<std::string> active_set;
-  for (uint32_t l : active) active_set.insert(std::to_string(l));
-  // SGLang's coverage text: sorted (layer, role) tuples, first 8 of each.
+  return found;
+}
+
+// SGLang's coverage check: the active layers' missing stacks and the
+// stacks of other layers, in its text (sorted tuples, first 8 of each).
+void CheckCoverage(const ShardView& view, const std::vector<uint32_t>& active, const std::set<std::string>& active_set,
+                   const std::map<StackKey, std::string>& found, Collector& out) {
   std::vector<StackKey> miss, extra;
   for (uint32_t l : active) {
     for (int r = 0; r < 3; ++r) {
@@ -526,52 +539,77 @@ void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOp
   for (const StackKey& key : extra) {
     out.Add("expert-extra", found.at(key), "layer " + key.first + " is not an active MoE layer", coverage);
   }
+}
 
-  // Types: Kimi-K3's fixed ones, or (scaled) the ones `k3pack pack` holds
-  // each role to (the type most active layers use, up and gate together).
+// The type each role must have: Kimi-K3's fixed ones, or (scaled) the ones
+// `k3pack pack` holds each role to (the type most active layers use, up and
+// gate together).
+std::array<GgmlType, 3> ExpectedExpertTypes(const ShardView& view, const std::vector<uint32_t>& active,
+                                            const std::map<StackKey, std::string>& found,
+                                            const DiagnoseOptions& options) {
   std::array<GgmlType, 3> want = {GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K};
-  if (options.profile == kimi::Profile::kScaled) {
-    std::vector<std::array<uint32_t, 3>> layer_types;
-    for (uint32_t l : active) {
-      if (!found.count(KeyOf(l, 0)) || !found.count(KeyOf(l, 1)) || !found.count(KeyOf(l, 2))) continue;
-      std::array<uint32_t, 3> row{};
-      for (int r = 0; r < 3; ++r) row[r] = static_cast<uint32_t>(view.Find(found.at(KeyOf(l, r)))->info->type);
-      layer_types.push_back(row);
-    }
-    if (!layer_types.empty()) {
-      const auto types = pack::ExpectedScaledExpertTypes(layer_types);
-      for (int r = 0; r < 3; ++r) want[r] = static_cast<GgmlType>(types[r]);
-    }
+  if (options.profile != kimi::Profile::kScaled) return want;
+  std::vector<std::array<uint32_t, 3>> layer_types;
+  for (uint32_t l : active) {
+    if (!found.count(KeyOf(l, 0)) || !found.count(KeyOf(l, 1)) || !found.count(KeyOf(l, 2))) continue;
+    std::array<uint32_t, 3> row{};
+    for (int r = 0; r < 3; ++r) row[r] = static_cast<uint32_t>(view.Find(found.at(KeyOf(l, r)))->info->type);
+    layer_types.push_back(row);
   }
+  if (!layer_types.empty()) {
+    const auto types = pack::ExpectedScaledExpertTypes(layer_types);
+    for (int r = 0; r < 3; ++r) want[r] = static_cast<GgmlType>(types[r]);
+  }
+  return want;
+}
+
+// One active layer's stack: its shape, its type and whether it slices into
+// X equal experts.
+void CheckStack(const ShardView& view, const StackKey& key, const std::string& name, const ExpertDims& d,
+                GgmlType want, const DiagnoseOptions& options, Collector& out) {
+  const Located& loc = *view.Find(name);
+  const gguf::TensorInfo& t = *loc.info;
+  const std::string& file = view.shards[loc.shard].path;
+  const std::vector<int64_t> shape = t.shape();
+  const std::vector<int64_t> ws = key.second == 2 ? std::vector<int64_t>{int64_t(d.Fe), int64_t(d.L), int64_t(d.X)}
+                                                  : std::vector<int64_t>{int64_t(d.L), int64_t(d.Fe), int64_t(d.X)};
+  if (shape != ws) {
+    Finding& f = out.Add("expert-shape", name, "shape " + NeList(shape) + ", the spec needs " + NeList(ws),
+                         "unexpected expert shape for " + LayerRoleRepr(key) + ": " + PyTuple(shape), file);
+    f.details = {{"shape", shape}, {"expected", ws}};
+  }
+  const bool mixed_ok = options.allow_mixed_types && options.profile == kimi::Profile::kScaled;
+  if (t.type != want && !mixed_ok) {
+    Finding& f = out.Add("expert-dtype", name,
+                         "stored as " + TypeName(t.type) + ", expected " + TypeName(want) +
+                             (options.profile == kimi::Profile::kScaled ? " (the type of the other layers)" : ""),
+                         "unexpected expert dtype for " + LayerRoleRepr(key) + ": " + TypeName(t.type), file);
+    f.details = {{"dtype", TypeName(t.type)}, {"expected", TypeName(want)}};
+  }
+  if (d.X == 0 || t.nbytes % d.X != 0) {
+    out.Add("expert-not-sliceable", name,
+            std::to_string(t.nbytes) + " bytes is not a multiple of " + std::to_string(d.X) + " experts",
+            "expert tensor is not evenly sliceable: " + name, file);
+  }
+}
+
+}  // namespace
+
+void CheckExperts(const ShardView& view, const ModelContext& m, const DiagnoseOptions& options, Collector& out) {
+  const std::optional<ExpertDims> dims = ExpertDimsOf(m);
+  if (!dims) {
+    out.Add("check-skipped", "routed experts", "no model spec (config.json or kimi-k3.* metadata) to check against");
+    return;
+  }
+  const std::map<StackKey, std::string> found = FindStacks(view, out);
+  std::set<std::string> active_set;
+  for (uint32_t l : dims->active) active_set.insert(std::to_string(l));
+  CheckCoverage(view, dims->active, active_set, found, out);
+  const std::array<GgmlType, 3> want = ExpectedExpertTypes(view, dims->active, found, options);
   for (const auto& [key, name] : found) {
-    if (!active_set.count(key.first)) continue;
-    const int r = key.second;
-    const Located& loc = *view.Find(name);
-    const gguf::TensorInfo& t = *loc.info;
-    const std::string& file = view.shards[loc.shard].path;
-    const std::vector<int64_t> shape = t.shape();
-    const std::vector<int64_t> ws = r == 2 ? std::vector<int64_t>{int64_t(Fe), int64_t(L), int64_t(X)}
-                                           : std::vector<int64_t>{int64_t(L), int64_t(Fe), int64_t(X)};
-    if (shape != ws) {
-      Finding& f = out.Add("expert-shape", name, "shape " + NeList(shape) + ", the spec needs " + NeList(ws),
-                           "unexpected expert shape for " + LayerRoleRepr(key) + ": " + PyTuple(shape), file);
-      f.details = {{"shape", shape}, {"expected", ws}};
-    }
-    const bool mixed_ok = options.allow_mixed_types && options.profile == kimi::Profile::kScaled;
-    if (t.type != want[r] && !mixed_ok) {
-      Finding& f = out.Add("expert-dtype", name,
-                           "stored as " + TypeName(t.type) + ", expected " + TypeName(want[r]) +
-                               (options.profile == kimi::Profile::kScaled ? " (the type of the other layers)" : ""),
-                           "unexpected expert dtype for " + LayerRoleRepr(key) + ": " + TypeName(t.type), file);
-      f.details = {{"dtype", TypeName(t.type)}, {"expected", TypeName(want[r])}};
-    }
-    if (X == 0 || t.nbytes % X != 0) {
-      out.Add("expert-not-sliceable", name,
-              std::to_string(t.nbytes) + " bytes is not a multiple of " + std::to_string(X) + " experts",
-              "expert tensor is not evenly sliceable: " + name, file);
-    }
+    if (active_set.count(key.first)) CheckStack(view, key, name, *dims, want[key.second], options, out);
   }
-  CheckRoleAlignment(active, found, view, X, out);
+  CheckRoleAlignment(dims->active, found, view, dims->X, out);
 }
 
 }  // namespace k3pack::doctor::internal
