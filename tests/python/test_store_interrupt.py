@@ -17,6 +17,14 @@ import numpy as np
 
 
 class StoreInterruptTest(_util.TinyPackTestCase):
+    def setUp(self):
+        super().setUp()
+        # Python leaves SIGINT ignored when it starts with it ignored (a
+        # command run in the background by a non-interactive shell, as a CI
+        # job may run the suite): Ctrl-C is Python's default handler here.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
+
     def test_acquire_waiting_for_room_takes_ctrl_c(self):
         k, layer = self.top_k, self.layers[0]
         with k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=64 << 20) as probe:
