@@ -112,6 +112,11 @@ TEST(ResourceLimits, OutOfDescriptorsNamesTheLimitAndTheBuildResumes) {
 // `pack-invalid` and told the user to rebuild it with --force.
 TEST(ResourceLimits, DoctorDoesNotTakeAFileItCouldNotOpenForADamagedOne) {
   if (!HasPrlimit()) GTEST_SKIP() << "needs /usr/bin/prlimit";
+#ifdef K3_TEST_UNDER_SANITIZER
+  // UBSan's vptr check reads the process's maps through a descriptor: with
+  // one to spare it reports every virtual call as an invalid object.
+  GTEST_SKIP() << "a limit of 4 descriptors under a sanitizer runtime";
+#endif
   const std::string m = ManyShardModel() + "/" + kManifestName;
   ASSERT_EQ(Timed("doctor " + Q(m)).code, 0);
   // One descriptor beyond stdin, stdout and stderr: the manifest and each
