@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <new>
 #include <system_error>
+
+#include "util/threads.h"
 
 namespace k3pack {
 
 TaskPool::TaskPool(int threads) {
   for (int i = 0; i < std::max(1, threads); ++i) {
-    try {
+    const std::error_code failed = TryStartThread([this] {
       threads_.emplace_back([this] {
         while (true) {
           std::packaged_task<void()> job;
@@ -23,19 +24,14 @@ TaskPool::TaskPool(int threads) {
           job();
         }
       });
-    } catch (const std::system_error&) {
-      // Out of threads (a process or address-space limit): fewer threads
-      // still run every job; none would leave submitted jobs unrun, so that
-      // is the caller's error to handle. No thread is running then, so
-      // leaving the constructor by an exception is safe.
-      if (threads_.empty()) throw;
-      break;
-    } catch (const std::bad_alloc&) {
-      // The thread's state could not be allocated: the same, as the
-      // std::system_error callers handle.
-      if (threads_.empty()) throw std::system_error(std::make_error_code(std::errc::not_enough_memory));
-      break;
-    }
+    });
+    if (!failed) continue;
+    // Out of threads (a process or address-space limit): fewer threads
+    // still run every job; none would leave submitted jobs unrun, so that
+    // is the caller's error to handle. No thread is running then, so
+    // leaving the constructor by an exception is safe.
+    if (threads_.empty()) throw std::system_error(failed);
+    break;
   }
 }
 
