@@ -158,11 +158,9 @@ class IndexChecker {
 // difference and for a short compare (the hint says which file ended where).
 Status CompareSamples(int fd, const std::string& pack_path, const std::vector<uint8_t>& index, const PackLayout& layout,
                       const ExpertSet& ex, const std::vector<uint64_t>& samples, const ValidateOptions& o) {
-  // One shard open at a time (reopened when the next sample lies in another):
-  // a descriptor per sampled shard, held to the end, ran a model of many
+  // A descriptor per sampled shard, held to the end, ran a model of many
   // shards out of descriptors under a `ulimit -n` the check needs two of.
-  std::optional<uint32_t> shard_index;
-  UniqueFd shard_fd;
+  OneOpenFile shard;
   K3_ASSIGN_OR_RETURN(IoBuffer a, IoBuffer::Allocate(4 << 20));
   K3_ASSIGN_OR_RETURN(IoBuffer b, IoBuffer::Allocate(4 << 20));
   for (uint64_t idx : samples) {
@@ -170,13 +168,9 @@ Status CompareSamples(int fd, const std::string& pack_path, const std::vector<ui
     K3_ASSIGN_OR_RETURN(PackEntry e, DecodeEntry({index.data() + kHeaderBytes + idx * kEntryBytes, kEntryBytes}));
     const EntrySlot s = layout.Entry(idx);
     const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
-    if (shard_index != t.tensor.shard_index) {
-      shard_fd = UniqueFd();
-      K3_ASSIGN_OR_RETURN(shard_fd, OpenReadOnly(t.shard_path));
-      shard_index = t.tensor.shard_index;
-    }
+    K3_ASSIGN_OR_RETURN(const int shard_fd, shard.Get(t.tensor.shard_index, t.shard_path));
     auto same = RangesEqual({fd, e.offset, pack_path},
-                            {shard_fd.get(), t.tensor.data_offset + s.expert * t.expert_bytes, t.shard_path},
+                            {shard_fd, t.tensor.data_offset + s.expert * t.expert_bytes, t.shard_path},
                             t.expert_bytes, a, b);
     if (!same.ok() && same.error().kind() != ErrorKind::kEOF) return same.error();
     if (!same.ok() || !*same) {

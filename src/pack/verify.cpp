@@ -148,7 +148,7 @@ class PayloadChecker {
       }
     }
     if (in_.against_source) {
-      auto opened = SourceFd(t.tensor.shard_index);
+      auto opened = source_.Get(t.tensor.shard_index, ex_.shard_paths[t.tensor.shard_index]);
       if (!opened.ok()) return Failed(opened.error());
       const int sfd = *opened;
       const uint64_t soff = t.tensor.data_offset + s.expert * t.expert_bytes;
@@ -170,20 +170,6 @@ class PayloadChecker {
   }
 
  private:
-  // The shard `index`, kept open while entries of it follow one another
-  // (the index is in layer, role, expert order: one tensor's experts are
-  // consecutive). Before, every shard was opened up front and held for the
-  // whole run: a model of many shards ran out of descriptors under a
-  // `ulimit -n` that the check needs one of per worker.
-  Result<int> SourceFd(uint32_t index) {
-    if (!src_fd_.valid() || src_index_ != index) {
-      src_fd_ = UniqueFd();
-      K3_ASSIGN_OR_RETURN(src_fd_, OpenReadOnly(ex_.shard_paths[index]));
-      src_index_ = index;
-    }
-    return src_fd_.get();
-  }
-
   static Outcome Failed(Error e) {
     Outcome o;
     o.error = std::move(e);
@@ -201,8 +187,9 @@ class PayloadChecker {
   IoBuffer& a_;
   IoBuffer& b_;
   CopyStats stats_;
-  UniqueFd src_fd_;
-  uint32_t src_index_ = 0;
+  // The source shard being read: the index is in layer, role, expert
+  // order, so one tensor's experts follow one another.
+  OneOpenFile source_;
 };
 
 }  // namespace

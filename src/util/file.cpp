@@ -52,6 +52,15 @@ Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags) {
   return owned;
 }
 
+Result<int> OneOpenFile::Get(uint32_t index, const std::string& path) {
+  if (!fd_.valid() || index_ != index) {
+    fd_ = UniqueFd();  // closed before the next is opened: one descriptor at most
+    K3_ASSIGN_OR_RETURN(fd_, OpenReadOnly(path));
+    index_ = index;
+  }
+  return fd_.get();
+}
+
 Result<uint64_t> FileSize(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return Error::FromErrno("cannot stat " + path, errno);

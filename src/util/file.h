@@ -38,6 +38,20 @@ class UniqueFd {
 
 Result<UniqueFd> OpenReadOnly(const std::string& path, int extra_flags = 0);
 
+// One file of a set open at a time (read-only), reopened when asked for
+// another: readers that go through many shards in order (verify, the
+// payload samples) hold one descriptor, not one per shard, so a model of
+// many shards fits a small `ulimit -n`.
+class OneOpenFile {
+ public:
+  // The descriptor of file `index` (at `path`), opening it if another is open.
+  Result<int> Get(uint32_t index, const std::string& path);
+
+ private:
+  UniqueFd fd_;
+  uint32_t index_ = 0;
+};
+
 // Mode for every file k3pack creates: the umask decides what is taken away,
 // as it does for cp and for Python's open() (SGLang's writer), so a group
 // that shares a model directory under umask 002 can manage the outputs.
