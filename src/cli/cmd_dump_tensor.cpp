@@ -1,6 +1,7 @@
 // `k3pack dump-tensor`: decode rows of one tensor to float32 and print them,
 // bit-exact with ggml's to_float, so a value can be checked by eye or diffed
 // against llama.cpp / gguf-py output.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -9,6 +10,7 @@
 
 #include "cli/command.h"
 #include "cli/stats_json.h"
+#include "util/edit_distance.h"
 #include "util/utf8.h"
 #include "k3pack/gguf.h"
 #include "k3pack/quant.h"
@@ -37,19 +39,25 @@ Result<Found> FindTensor(const std::string& path, const std::string& name) {
     if (!f.ok()) return set.error();
     files.push_back(*f);
   }
-  std::vector<std::string> similar;
+  // Similar: a name that contains the one asked for or the reverse (a prefix
+  // typed short), or a typo within doctor's near-miss distance,
+  // max(2, len/8) edits; the closest five, nearest first.
+  const size_t limit = std::max<size_t>(2, name.size() / 8);
+  std::vector<std::pair<size_t, std::string>> similar;  // (edits, name)
   for (size_t s = 0; s < files.size(); ++s) {
     if (const gguf::TensorInfo* t = files[s]->FindTensor(name)) return Found{files[s], t, static_cast<uint32_t>(s)};
     for (const auto& t : files[s]->tensors()) {
-      if (similar.size() < 5 && (t.name.find(name) != std::string::npos || name.find(t.name) != std::string::npos)) {
-        similar.push_back(t.name);
-      }
+      const bool contains = t.name.find(name) != std::string::npos || name.find(t.name) != std::string::npos;
+      const size_t d = EditDistance(name, t.name);
+      if (contains || d <= limit) similar.emplace_back(contains ? 0 : d, t.name);
     }
   }
   Error err("tensor '" + name + "' not found in " + path, ErrorKind::kKey);
   if (!similar.empty()) {
+    std::stable_sort(similar.begin(), similar.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     std::string h = "similar names:";
-    for (const auto& s : similar) h += " " + s;
+    for (size_t i = 0; i < similar.size() && i < 5; ++i) h += " " + similar[i].second;
     return err.WithHint(h);
   }
   return err.WithHint("list the tensors with `k3pack inspect " + path + "`");

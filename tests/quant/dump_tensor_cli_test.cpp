@@ -113,6 +113,21 @@ TEST_F(DumpTensorCli, TextOutputAndErrors) {
   EXPECT_EQ(usage.code, 2);
 }
 
+// docs/quant.md promises "a hint listing similar names" for an unknown name:
+// a typo (letters swapped or dropped) is the common case, and it is neither a
+// substring of the real name nor the reverse, so it used to get no names.
+TEST_F(DumpTensorCli, AMisspelledNameGetsSimilarNames) {
+  CliRun swapped = RunCli(path_ + " q.wieght");
+  EXPECT_EQ(swapped.code, 1);
+  EXPECT_NE(swapped.out.find("similar names: q.weight"), std::string::npos) << swapped.out;
+  CliRun dropped = RunCli(path_ + " odd.weght --json");
+  EXPECT_EQ(dropped.code, 1);
+  EXPECT_NE(dropped.out.find("similar names: odd.weight"), std::string::npos) << dropped.out;
+  // Far from every name: no guess, the pointer to `inspect` instead.
+  CliRun far = RunCli(path_ + " blk.7.ffn_gate_exps.weight");
+  EXPECT_NE(far.out.find("list the tensors with `k3pack inspect"), std::string::npos) << far.out;
+}
+
 // `inspect --stats`: per-tensor statistics of the decoded values.
 TEST_F(DumpTensorCli, InspectStatsSummarizesDecodedValues) {
   CliRun r = RunCli(path_ + " --stats --json", "inspect");
