@@ -248,4 +248,70 @@ TEST(DocsCitations, EveryOptionShownForACommandExists) {
   }();
 }
 
+// A synopsis block (a fenced block of `k3pack CMD [...]` lines) is where a
+// reader looks for what CMD takes, so it lists every option of CMD's --help
+// but deprecated spellings; `[pack options]` stands for `k3pack pack`'s. A
+// block of examples (no `[--option]`) is not a synopsis.
+// Session 32 found synth's, pack's and load's synopses without --wait,
+// --progress or --ep-size/--ep-rank, which the commands had taken for a while.
+TEST(DocsCitations, EverySynopsisListsEveryOption) {
+  auto options_of = [](const std::string& cmd) {
+    std::set<std::string> opts;
+    std::istringstream help(k3pack::testing_cli::Cli(cmd + " --help").out);
+    static const std::regex opt(R"(^  (--[a-z][a-z0-9-]*)\b)");
+    std::string line, name;
+    std::smatch m;
+    while (std::getline(help, line)) {
+      if (std::regex_search(line, m, opt)) {
+        name = m[1];
+        if (name != "--help") opts.insert(name);
+      } else if (!name.empty() && line.find("      deprecated") == 0) {
+        opts.erase(name);
+      }
+    }
+    return opts;
+  };
+  static const std::regex head(R"(^k3pack (trace (?:gen|replay|sweep)|[a-z][a-z-]+)\b)");
+  std::vector<std::string> missing;
+  size_t synopses = 0;
+  for (const fs::path& doc : Docs()) {
+    std::ifstream in(doc);
+    std::string line, cmd, text, where;
+    bool fenced = false;
+    auto finish = [&] {
+      // An example (README's "Typical use") shows a few options; a synopsis brackets them.
+      if (cmd.empty() || text.find("[--") == std::string::npos) return cmd.clear();
+      ++synopses;
+      const bool with_pack = text.find("[pack options]") != std::string::npos;
+      const std::set<std::string> pack = with_pack ? options_of("pack") : std::set<std::string>{};
+      for (const std::string& o : options_of(cmd)) {
+        if (pack.count(o) || std::regex_search(text, std::regex("(^|[\\s\\[|(])" + o + "([\\s\\]|)=]|$)"))) continue;
+        missing.push_back(where + ": k3pack " + cmd + " " + o);
+      }
+      cmd.clear();
+    };
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.rfind("```", 0) == 0) {
+        finish();
+        fenced = !fenced;
+        continue;
+      }
+      if (!fenced) continue;
+      std::smatch m;
+      if (std::regex_search(line, m, head)) {
+        finish();
+        cmd = m[1], text.clear();
+        where = doc.lexically_relative(kRoot).string() + ":" + std::to_string(n);
+      }
+      if (!cmd.empty()) text += line + "\n";
+    }
+  }
+  EXPECT_GE(synopses, 5u);
+  EXPECT_TRUE(missing.empty()) << "options a synopsis leaves out:\n" << [&] {
+    std::string out;
+    for (const auto& m : missing) out += "  " + m + "\n";
+    return out;
+  }();
+}
+
 }  // namespace
