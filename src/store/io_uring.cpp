@@ -122,6 +122,11 @@ class UringEngine final : public IoEngine {
     submit_cv_.notify_one();
     submitter_.join();  // it posts the reaper's shutdown marker on its way out
     reaper_.join();
+    // The ring (its descriptor and mappings) goes now, not with the engine:
+    // a closed store may live on long after Close().
+    lock.lock();
+    io_uring_queue_exit(&ring_);
+    ring_ok_ = false;
   }
 
  private:

@@ -507,6 +507,9 @@ Status ExpertStore::Close() {
     s.cv.wait(lock, [&] { return s.loading == 0; });
   }
   s.engine->Shutdown();
+  // No read completes any more, so no check is queued: the checksum threads
+  // go now, not when the (closed, maybe long-lived) store is destroyed.
+  s.verify_pool.reset();
   {
     std::lock_guard<std::mutex> lock(s.mu);
     for (auto& e : s.entries)

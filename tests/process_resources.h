@@ -1,0 +1,68 @@
+// What a process holds, read from /proc/self: open descriptors, threads,
+// mappings and resident memory. The soak tests take it before and after
+// running a long-lived object many times in one process: an object that
+// keeps a descriptor, a thread or a mapping per use shows as growth that a
+// leak check at exit (ASan) never sees while the object is alive.
+#pragma once
+
+#include <dirent.h>
+#include <malloc.h>
+
+#include <cstdint>
+#include <fstream>
+#include <ostream>
+#include <string>
+
+namespace k3pack::testing_resources {
+
+inline int CountDirEntries(const char* dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+// Call before the process starts any thread. glibc gives threads malloc
+// arenas of their own (up to 8 per core), each a mapping that stays, and keeps
+// freed memory in them: growth that depends on the core count and on which
+// thread ran first, not on what an object keeps. One arena, trimmed before
+// each count (Now()), leaves only what is really held.
+inline void UseOneMallocArena() { ::mallopt(M_ARENA_MAX, 1); }
+
+struct ProcessResources {
+  int fds = 0, threads = 0, maps = 0;
+  int64_t rss_kib = 0;
+
+  static ProcessResources Now() {
+    ::malloc_trim(0);
+    ProcessResources r;
+    // The directory stream of /proc/self/fd is itself one entry: not counted.
+    r.fds = CountDirEntries("/proc/self/fd") - 1;
+    r.threads = CountDirEntries("/proc/self/task");
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) ++r.maps;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmRSS:", 0) == 0) r.rss_kib = std::stoll(line.substr(6));
+    return r;
+  }
+};
+
+inline std::ostream& operator<<(std::ostream& os, const ProcessResources& r) {
+  return os << "{fds " << r.fds << ", threads " << r.threads << ", maps " << r.maps << ", rss " << r.rss_kib
+            << " KiB}";
+}
+
+// Whether `after` came back to `before`: descriptors and threads exactly,
+// mappings and resident memory within a fixed slack (malloc keeps freed arenas
+// and pages for reuse; a leak per use of hundreds of uses exceeds it).
+inline bool CameBack(const ProcessResources& before, const ProcessResources& after, int map_slack = 4,
+                     int64_t rss_slack_kib = 8 << 10) {
+  return after.fds <= before.fds && after.threads <= before.threads && after.maps <= before.maps + map_slack &&
+         after.rss_kib <= before.rss_kib + rss_slack_kib;
+}
+
+}  // namespace k3pack::testing_resources
