@@ -36,8 +36,8 @@ class Error {
       : message_(std::move(message)), kind_(kind), errno_(sys_errno) {}
 
   // An OS failure: message + ": " + strerror(err). A process limit that
-  // `err` may stand for (EMFILE, ENFILE, EFBIG under `ulimit -f`) is named in
-  // a hint with its value.
+  // `err` may stand for (EMFILE, ENFILE, EFBIG under `ulimit -f`, ENOMEM under
+  // `ulimit -v`) is named in a hint with its value.
   static Error FromErrno(std::string what, int err);
 
   const std::string& message() const { return message_; }

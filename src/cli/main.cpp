@@ -1,7 +1,6 @@
 // k3pack: command-line entry point. Dispatches to the registered sub-commands.
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +13,7 @@
 #include "cli/command.h"
 #include "cli/help_gen.h"
 #include "util/edit_distance.h"
+#include "util/process_limits.h"
 #include "k3pack_version.h"
 
 namespace {
@@ -89,13 +89,7 @@ int FinishStdout(const std::string& who, int rc) {
 // 'std::bad_alloc'` and SIGABRT. Sizes k3pack asks for itself are reported
 // where they are asked, with the size.
 int OutOfMemory(const std::string& who) {
-  struct rlimit rl;
-  const bool capped = ::getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
-  std::cerr << who << ": error: out of memory (an allocation failed)"
-            << (capped ? "\nhint: this process may use at most " + std::to_string(rl.rlim_cur) +
-                             " bytes of address space (`ulimit -v`); raise it and rerun"
-                       : std::string("\nhint: free memory or lower the command's buffer and cache sizes"))
-            << "\n";
+  std::cerr << who << ": error: out of memory (an allocation failed)\nhint: " << k3pack::OutOfMemoryHint() << "\n";
   return 1;
 }
 

@@ -18,10 +18,12 @@ Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, c
     if (f.severity == Severity::kError) fatal.push_back(&f);
   }
   if (fatal.empty()) return Status::OK();
-  // A file doctor could not open for want of descriptors says nothing of the
-  // checkpoint: the error is the OS's, with its hint (ulimit -n).
+  // A file doctor could not open for want of descriptors, or map for want
+  // of address space, says nothing of the checkpoint: the error is the OS's,
+  // with its hint (ulimit -n / -v).
   for (const Finding* f : fatal) {
     if (f->code == "open-file-limit") return Error(f->message, ErrorKind::kOS);
+    if (f->code == "out-of-memory") return Error(f->message, ErrorKind::kMemory);
   }
   const Finding& first = *fatal.front();
   return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +

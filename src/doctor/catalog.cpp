@@ -66,6 +66,12 @@ const std::vector<Diagnosis> kCatalog = {
      "run under the same limit fails the same way when it opens it.",
      "Raise the limit in the shell that runs doctor (`ulimit -n 4096`; the hint in the message says the value now) "
      "and run doctor again."},
+    {"out-of-memory", E, "OSError",
+     "The process could not map or allocate memory when doctor read the file (mostly an address-space limit, "
+     "`ulimit -v`, far below what the file's mapping needs; else memory is exhausted): the file itself may be "
+     "intact, and nothing in it could be checked. SGLang run under the same limit fails when it maps it.",
+     "Raise the limit in the shell that runs doctor (`ulimit -v unlimited`; the hint in the message says the value "
+     "now) or free memory, and run doctor again."},
     {"shard-link-broken", E, "FileNotFoundError",
      "The shard is a symbolic link whose target does not exist, typically a Hugging Face cache snapshot "
      "(snapshots/<rev>/ links to blobs/) whose blob was deleted or has not finished downloading "

@@ -77,7 +77,7 @@ void ReportUnfinishedWriters(const std::string& dir, Collector& out) {
 void OpenShard(Shard& s, Collector& out) {
   auto real = MappedFile::Open(s.path);
   if (!real.ok()) {
-    if (!ReportBrokenLink(s, out) && !ReportPermissionDenied(real.error(), s.path, out)) {
+    if (!ReportBrokenLink(s, out) && !ReportProcessCannotRead(real.error(), s.path, out)) {
       out.Add("gguf-unreadable", s.path, real.error().message(), {}, s.path);
     }
     return;
@@ -275,7 +275,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     // Out of descriptors, the directory could not be opened to list it: its
     // permissions are not at fault.
     if (IsOpenFileLimit(found.list_errno)) {
-      ReportPermissionDenied(Error::FromErrno("cannot list " + shown, found.list_errno), v.dir, out);
+      ReportProcessCannotRead(Error::FromErrno("cannot list " + shown, found.list_errno), v.dir, out);
       out.report().unusable = true;
       return std::nullopt;
     }

@@ -35,8 +35,14 @@ class Collector {
 // for it, and returns true: a file this user may not read is not a damaged
 // one (to re-download or rebuild), whatever check tried to read it. The same
 // for a process out of file descriptors (EMFILE, ENFILE: open-file-limit),
-// which can open no file at all.
-bool ReportPermissionDenied(const Error& e, const std::string& path, Collector& out);
+// which can open no file at all, and one that could not map or allocate
+// memory (ENOMEM, mostly under `ulimit -v`: out-of-memory).
+bool ReportProcessCannotRead(const Error& e, const std::string& path, Collector& out);
+// Which of `files` the first line of `e` names as the file an OS call failed
+// on ("cannot open FILE: ..."); `otherwise` when none: a check that reads
+// several files (the pack and its source shards) files the finding under
+// the one that failed.
+std::string FileNamedIn(const Error& e, const std::vector<std::string>& files, const std::string& otherwise);
 // Whether `err` is the process or system out of file descriptors.
 bool IsOpenFileLimit(int err);
 

@@ -56,6 +56,16 @@ std::string RewriteManifestCommand(const json& j, const std::string& manifest_pa
   return "`" + manifest::RewriteManifestCommand(j, manifest_path) + "`";
 }
 
+std::vector<std::string> RecordedShardPaths(const json& j) {
+  std::vector<std::string> paths;
+  const json* shards = Find(j, {"source", "shards"});
+  if (shards == nullptr || !shards->is_array()) return paths;
+  for (const json& s : *shards) {
+    if (s.is_object() && s.contains("path") && s["path"].is_string()) paths.push_back(s["path"].get<std::string>());
+  }
+  return paths;
+}
+
 // The manifest's source records (every shard and tensor record, the summary
 // and inventory_sha256) against the shards, with the comparison verify runs
 // (manifest/recorded_inputs.h), cheap form: sizes and header digests, no
@@ -66,7 +76,12 @@ void CheckSourceRecords(const json& j, const std::string& manifest_path, Collect
   using Kind = manifest::SourceDifference::Kind;
   auto diffs = manifest::CompareSourceWithShardsAll(j.at("source"));
   if (!diffs.ok()) {
-    out.Add("manifest-invalid", "source", diffs.error().message(), {}, manifest_path);
+    // A shard this process could not read (ulimit -n / -v, permissions) is
+    // not a manifest that disagrees with its shards.
+    if (!ReportProcessCannotRead(diffs.error(), FileNamedIn(diffs.error(), RecordedShardPaths(j), manifest_path),
+                                 out)) {
+      out.Add("manifest-invalid", "source", diffs.error().message(), {}, manifest_path);
+    }
     return;
   }
   const std::string rewrite = RewriteManifestCommand(j, manifest_path);
@@ -145,7 +160,7 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
     vo.ep = ep::Rank{(*ext)->ep->size, (*ext)->ep->rank};
   }
   auto v = pack::ValidatePack(pack, *experts, vo);
-  if (!v.ok() && !ReportPermissionDenied(v.error(), pack, out)) {
+  if (!v.ok() && !ReportProcessCannotRead(v.error(), FileNamedIn(v.error(), experts->shard_paths, pack), out)) {
     const std::string msg = v.error().message();
     Finding& f = out.Add("pack-invalid", pack, msg, v.error().headline(), pack);
     if (msg.rfind("expert-pack payload does not match GGUF source", 0) == 0) {
@@ -381,7 +396,7 @@ void CheckPackRecord(const json& j, const std::string& manifest_path, bool shard
                  ? Result<std::string>(Error("index_count " + std::to_string(n) + " makes an index longer than any file"))
                  : Sha256FileRange(pack, 0, kHeader + kEntry * n);
     if (!d.ok()) {
-      if (ReportPermissionDenied(d.error(), pack, out)) return;  // nothing else of the pack can be read
+      if (ReportProcessCannotRead(d.error(), pack, out)) return;  // nothing else of the pack can be read
       out.Add("pack-invalid", pack, d.error().message(), "Kimi expert-pack index is truncated", pack);
     } else if (*d != *digest) {
       out.Add("pack-index-digest", pack, "index hashes to " + *d, "Kimi expert-pack index SHA-256 does not match manifest",
@@ -396,7 +411,7 @@ void CheckPackRecord(const json& j, const std::string& manifest_path, bool shard
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
   auto text = ReadFileToString(manifest_path);
   if (!text.ok()) {
-    if (!ReportPermissionDenied(text.error(), manifest_path, out)) {
+    if (!ReportProcessCannotRead(text.error(), manifest_path, out)) {
       out.Add("input-unrecognized", manifest_path, text.error().message(), {}, manifest_path);
     }
     out.report().unusable = true;

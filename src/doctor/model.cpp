@@ -172,7 +172,7 @@ void ReadSpec(const ShardView& view, const DiagnoseOptions& options, ModelContex
     if (!spec.ok()) {
       const Error& e = spec.error();
       // A config this user may not read breaks no rule of the model.
-      if (ReportPermissionDenied(e, config, out)) return;
+      if (ReportProcessCannotRead(e, config, out)) return;
       Finding& f = out.Add("config-invalid", config, e.message(), e.headline(), config);
       f.sglang_exception = ErrorKindName(e.kind());
     } else {

@@ -41,16 +41,28 @@ Finding& Collector::Add(std::string_view code, std::string object, std::string m
 
 bool IsOpenFileLimit(int err) { return err == EMFILE || err == ENFILE; }
 
-bool ReportPermissionDenied(const Error& e, const std::string& path, Collector& out) {
+bool ReportProcessCannotRead(const Error& e, const std::string& path, Collector& out) {
   const int err = e.sys_errno();
   const char* code = err == EACCES || err == EPERM ? "file-permission-denied"
                      : IsOpenFileLimit(err)         ? "open-file-limit"
+                     : err == ENOMEM                ? "out-of-memory"
                                                     : nullptr;
   if (code == nullptr) return false;
-  // Python's open() raises the same text (OSError's str) for each of them.
-  out.Add(code, path, e.message(), "[Errno " + std::to_string(err) + "] " + std::strerror(err) + ": " + PyRepr(path),
-          path);
+  // Python's open() raises the same text (OSError's str) for each of them;
+  // its mmap (gguf-py's reader) names no file.
+  std::string python = "[Errno " + std::to_string(err) + "] " + std::strerror(err);
+  if (err != ENOMEM) python += ": " + PyRepr(path);
+  out.Add(code, path, e.message(), python, path);
   return true;
+}
+
+std::string FileNamedIn(const Error& e, const std::vector<std::string>& files, const std::string& otherwise) {
+  const std::string& m = e.message();
+  for (const std::string& file : files) {
+    const size_t at = m.find(" " + file + ": ");
+    if (at != std::string::npos && at < m.find('\n')) return file;
+  }
+  return otherwise;
 }
 
 std::string NumpyShapeRepr(const std::vector<int64_t>& ne) {

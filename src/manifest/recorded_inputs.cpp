@@ -111,6 +111,11 @@ Status CompareSource(const json& source, const SourceCheckOptions& options, bool
     gguf::ReadOptions ro;
     ro.require_packed_offsets = false;  // what the loader accepts
     auto f = gguf::GgufFile::Open(path, ro);
+    // An OS call that failed on a file whose size and header digest match
+    // (mmap under `ulimit -v`, out of descriptors) says nothing about the
+    // file: calling it "changed since the manifest was written" sent users to
+    // rebuild an intact pack.
+    if (!f.ok() && f.error().sys_errno() != 0) return f.error();
     if (!f.ok()) {
       if (found(Kind::kShardUnreadable, path, "", "", "it is no longer a readable GGUF file: " + f.error().message())) {
         return Status::OK();

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "util/crc32c.h"
+#include "util/process_limits.h"
 #include "util/file.h"
 
 namespace k3pack::pack {
@@ -157,7 +158,8 @@ Result<IoBuffer> IoBuffer::Allocate(size_t bytes) {
   void* p = nullptr;
   if (int rc = posix_memalign(&p, align, bytes ? bytes : 4096); rc != 0)
     return Error("cannot allocate an I/O buffer of " + std::to_string(bytes) + " bytes: " + std::strerror(rc),
-                 ErrorKind::kMemory, rc);
+                 ErrorKind::kMemory, rc)
+        .WithHint(OutOfMemoryHint());
   if (align == kHuge) ::madvise(p, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // a hint; failure is harmless
   return IoBuffer(static_cast<uint8_t*>(p), bytes);
 }

@@ -1,4 +1,5 @@
 #include "k3pack/error.h"
+#include "util/process_limits.h"
 
 #include <sys/resource.h>
 
@@ -48,12 +49,22 @@ std::string ProcessLimitHint(int err) {
       return "this process may write files of at most " + cap + " bytes (`ulimit -f` counts 1024-byte blocks); raise "
              "it (`ulimit -f unlimited`) and rerun";
     }
+    case ENOMEM:
+      // Under `ulimit -v` a mapping or buffer of ordinary size fails long
+      // before memory runs out; without a cap the cause is not the process's.
+      return SoftLimitOf(RLIMIT_AS) == "unlimited" ? std::string() : OutOfMemoryHint();
     default:
       return {};
   }
 }
 
 }  // namespace
+
+std::string OutOfMemoryHint() {
+  const std::string cap = SoftLimitOf(RLIMIT_AS);
+  if (cap == "unlimited") return "free memory or lower the command's buffer and cache sizes, and rerun";
+  return "this process may use at most " + cap + " bytes of address space (`ulimit -v`); raise it and rerun";
+}
 
 const Error& ErrorOfOk() {
   static const Error ok("OK", ErrorKind::kRuntime);

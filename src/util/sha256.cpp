@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "util/file.h"
+#include "util/process_limits.h"
 
 namespace k3pack {
 
@@ -54,7 +55,7 @@ Error HashOutOfMemory(const std::string& path, uint64_t bytes) {
   return Error("cannot allocate " + (bytes ? std::to_string(bytes) + " bytes" : std::string("memory")) + " to hash " +
                    path,
                ErrorKind::kMemory, ENOMEM)
-      .WithHint("the process is out of memory or address space (`ulimit -v`); raise the limit and rerun");
+      .WithHint(OutOfMemoryHint());
 }
 
 Result<std::string> Sha256FileRange(const std::string& path, uint64_t offset, uint64_t length,

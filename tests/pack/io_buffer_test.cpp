@@ -51,8 +51,10 @@ TEST(IoBuffer, AllocationFailureIsAnOutOfMemoryErrorNamingTheSize) {
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.error().kind(), ErrorKind::kMemory);
   EXPECT_EQ(b.error().sys_errno(), ENOMEM);
-  EXPECT_EQ(b.error().message(), "cannot allocate an I/O buffer of " + std::to_string(kAbsurd) +
-                                     " bytes: " + std::strerror(ENOMEM));
+  EXPECT_EQ(b.error().headline(), "cannot allocate an I/O buffer of " + std::to_string(kAbsurd) +
+                                      " bytes: " + std::strerror(ENOMEM));
+  // The hint says what to do (the address-space case is in ResourceLimits).
+  EXPECT_FALSE(b.error().hint().empty());
 }
 
 TEST(IoBuffer, MovedBufferKeepsItsBytes) {
