@@ -81,7 +81,7 @@ class Soak(_util.TinyPackTestCase):
                         del holder
 
                 with self.subTest(io=io, direct=direct):
-                    self.soak(40, once)
+                    self.soak(16, once)
 
     def test_closed_stores_kept_alive_hold_no_descriptor_thread_or_mapping(self):
         # Before: a closed io_uring store kept its ring (descriptor, mappings)
@@ -109,8 +109,8 @@ class Soak(_util.TinyPackTestCase):
 
         # Resident memory is not compared: the drop-in's slot tensor is the
         # caller's and stays with the store object (docs/python.md).
-        self.soak(8, once, rss=False)
-        self.assertEqual(len(kept), 16)
+        self.soak(6, once, rss=False)
+        self.assertEqual(len(kept), 12)
 
     def test_expert_views_outlive_close_and_release(self):
         store = k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=2 * self.top_k * self.object_bytes)
@@ -160,7 +160,7 @@ class Soak(_util.TinyPackTestCase):
                         store.acquire(layer, self.ids(i))
 
             with self.subTest(**kw):
-                self.soak(12, once, warm=3)
+                self.soak(6, once, warm=3)
 
     def test_nonexpert_stream_whole_abandoned_and_views_kept(self):
         kept = []
@@ -173,7 +173,7 @@ class Soak(_util.TinyPackTestCase):
                 if i % 2 and n == 3:
                     break  # abandoned half way: the generator is dropped unfinished
 
-        self.soak(30, once)
+        self.soak(12, once)
         for name, array, first in kept:  # views outlive their stream
             self.assertEqual(bytes(array.tobytes()[:64]), first, name)
 
@@ -188,7 +188,7 @@ class Soak(_util.TinyPackTestCase):
             self.assertTrue(stream.closed)
             self.assertEqual(list(stream), [])  # a closed stream stops at once
 
-        self.soak(40, stream_once, warm=1)
+        self.soak(20, stream_once, warm=1)
         kept = []
 
         def shard_set_once(i):
@@ -198,7 +198,7 @@ class Soak(_util.TinyPackTestCase):
             if len(kept) < 3:
                 kept.append((data, bytes(data.tobytes()[:32])))
 
-        self.soak(100, shard_set_once, warm=1)
+        self.soak(40, shard_set_once, warm=1)
         gc.collect()
         for data, first in kept:  # a tensor's view keeps its shard mapped after the set is gone
             self.assertEqual(bytes(data.tobytes()[:32]), first)
@@ -214,7 +214,7 @@ class Soak(_util.TinyPackTestCase):
                          profile="scaled", safety_margin_gib=0)
 
         self.soak(4, build_once, warm=1)
-        self.soak(12, lambda i: k3pack.verify_pack(self.manifest, full=bool(i % 2)), warm=2)
+        self.soak(6, lambda i: k3pack.verify_pack(self.manifest, full=bool(i % 2)), warm=2)
 
         missing = os.path.join(self.tmp.path, "no-such-model")
 
@@ -223,13 +223,13 @@ class Soak(_util.TinyPackTestCase):
                 k3pack.build(missing, os.path.join(missing, "config.json"), os.path.join(missing, "tokenizer"),
                              pack=os.path.join(out, "q.expert-major.pack"), profile="scaled")
 
-        self.soak(50, failed_build, warm=1)
+        self.soak(20, failed_build, warm=1)
 
         def failed_store(i):
             with self.assertRaises((OSError, ValueError)):
                 k3pack.ExpertStore(os.path.join(missing, "p.pack"), self.manifest)
 
-        self.soak(100, failed_store, warm=1)
+        self.soak(40, failed_store, warm=1)
 
 
 if __name__ == "__main__":
