@@ -21,8 +21,14 @@ namespace k3pack::quant {
 
 // Code paths. kAuto = the best the running CPU supports.
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAuto = 3 };
+// The best the CPU supports, capped by K3PACK_QUANT_ISA (scalar, avx2,
+// avx512 or auto; read once).
 Isa DetectedIsa();
 const char* IsaName(Isa isa);  // "scalar", "avx2", "avx512", "auto"
+// K3PACK_QUANT_ISA's value when it names none of IsaName's values, so it
+// caps nothing ("" when unset or valid): the CLI and the Python module warn
+// of it, since a typo would otherwise leave the choice silently uncapped.
+std::string IgnoredIsaCap();
 // True when `isa` has a kernel of its own for `t` (otherwise a lower ISA's runs).
 bool HasKernel(GgmlType t, Isa isa);
 

@@ -50,3 +50,16 @@ from ._ops import *  # noqa: E402,F401,F403  (quant, pack, manifest, store)
 from ._ops import __all__ as _ops_all  # noqa: E402
 
 __all__ += _ops_all
+
+
+def _warn_of_an_ignored_isa_cap():
+    # A typo in the debugging knob would leave dequantize on the fastest path
+    # without a word, so a comparison meant to run the scalar code would not.
+    value = _k3pack._ignored_isa_cap()
+    if value:
+        import warnings
+        warnings.warn("K3PACK_QUANT_ISA=%r names none of scalar, avx2, avx512, auto and is ignored; dequantize "
+                      "uses %s" % (value, _k3pack.quant_isa()), RuntimeWarning, stacklevel=3)
+
+
+_warn_of_an_ignored_isa_cap()

@@ -147,6 +147,8 @@ void RegisterQuant(py::module_& m) {
 
   m.def("quant_isa", [] { return std::string(quant::IsaName(quant::DetectedIsa())); },
         "the SIMD code path dequantize uses on this CPU");
+  m.def("_ignored_isa_cap", &quant::IgnoredIsaCap,
+        "K3PACK_QUANT_ISA's value when it names no code path (so it caps nothing), else ''");
 }
 
 }  // namespace k3py

@@ -31,7 +31,8 @@ int RunGen(const std::vector<std::string>& argv) {
          "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
          "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
          "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"
-         "like Kimi's balanced router). --family picks a workload preset. Format: docs/store.md.");
+         "like Kimi's balanced router). --family picks a workload preset; an option below without a default shown\n"
+         "takes the preset's value (docs/store.md lists each family's). Format: docs/store.md.");
   a.Option("--trace", "trace file to write", std::nullopt, true)
       .Deprecated("--out", "--trace")
       .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)");
@@ -99,7 +100,7 @@ int RunTrace(const std::vector<std::string>& argv) {
     std::cout << "usage: k3pack trace <gen|replay|sweep> [options]\n\n"
                  "  gen     write a synthetic Kimi-like routing trace\n"
                  "  replay  replay a trace on the real store (or --simulate the policy only)\n"
-                 "  sweep   hit rate of every policy and Belady over cache sizes (table + SVG)\n\n"
+                 "  sweep   hit rate of the policies and Belady over cache sizes (table + SVG)\n\n"
                  "run `k3pack trace <sub> --help` for the options of each\n";
     return 0;
   }

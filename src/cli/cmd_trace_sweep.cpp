@@ -70,9 +70,10 @@ Status CheckPlotIsAFile(const std::string& path) {
 // The sweep's options and the rules between them.
 Args SweepArgs() {
   Args a("trace sweep", "[--trace T | --family F|all] [options]",
-         "Simulates every policy, Belady's optimum and (for generated traces) the distribution-informed bound over\n"
-         "a range of cache sizes, prints a table and writes an SVG plot of hit rate vs cache size. Without --trace\n"
-         "the --family preset is generated (seed --seed); --family all sweeps every family.");
+         "Simulates the --policies (every policy but request-aware by default), Belady's optimum and (for generated\n"
+         "traces) the distribution-informed bound over a range of cache sizes, prints a table and writes an SVG plot\n"
+         "of hit rate vs cache size. Without --trace the --family preset is generated (seed --seed); --family all\n"
+         "sweeps every family.");
   a.Option("--trace", "trace file (default: generate --family)")
       .Option("--object-bytes", "object size without --manifest", "11956224")
       .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54,1,2,3.5,5,8,12,20% of all objects; on a model too small for those, sizes from top_k up)")

@@ -12,6 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/help_gen.h"
+#include "k3pack/quant.h"
 #include "util/edit_distance.h"
 #include "util/process_limits.h"
 #include "k3pack_version.h"
@@ -93,6 +94,16 @@ int OutOfMemory(const std::string& who) {
   return 1;
 }
 
+// A typo in the debugging knob would leave dequantize on the fastest path
+// without a word, so a comparison meant to run the scalar code would not.
+void WarnOfAnIgnoredIsaCap(const std::string& who) {
+  const std::string cap = k3pack::quant::IgnoredIsaCap();
+  if (cap.empty()) return;
+  std::cerr << who << ": warning: K3PACK_QUANT_ISA='" << cap
+            << "' names none of scalar, avx2, avx512, auto and is ignored; dequantize uses "
+            << k3pack::quant::IsaName(k3pack::quant::DetectedIsa()) << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,6 +115,7 @@ int main(int argc, char** argv) {
   // Python, which ignores SIGXFSZ at start-up too.
   ::signal(SIGXFSZ, SIG_IGN);
   const std::string who = argc >= 2 && argv[1][0] != '-' ? std::string("k3pack ") + argv[1] : "k3pack";
+  WarnOfAnIgnoredIsaCap(who);
   try {
     return FinishStdout(who, Dispatch(argc, argv));
   } catch (const std::bad_alloc&) {

@@ -58,6 +58,13 @@ Isa ProbeIsa() {
   return best;
 }
 
+bool IsIsaName(const std::string& s) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAuto}) {
+    if (s == IsaName(isa)) return true;
+  }
+  return false;
+}
+
 Isa Resolve(Isa isa) {
   const Isa best = DetectedIsa();
   if (isa == Isa::kAuto) return best;
@@ -78,6 +85,11 @@ internal::DequantFn Pick(GgmlType t, Isa isa) {
 Isa DetectedIsa() {
   static const Isa isa = ProbeIsa();
   return isa;
+}
+
+std::string IgnoredIsaCap() {
+  const char* cap = std::getenv("K3PACK_QUANT_ISA");
+  return cap == nullptr || IsIsaName(cap) ? std::string() : std::string(cap);
 }
 
 const char* IsaName(Isa isa) {

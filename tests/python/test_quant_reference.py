@@ -155,6 +155,23 @@ class QuantReference(unittest.TestCase):
             self.assertEqual(result["isa"], isa)
             self.assertEqual(result["bad"], {}, isa)
 
+    def test_an_isa_cap_naming_no_path_is_a_warning(self):
+        # Before, a typo ("scaler") left dequantize on the fastest path
+        # without a word. Valid values (avx512 and auto cap nothing) are quiet.
+        code = "import warnings; warnings.simplefilter('error'); import k3pack; print(k3pack.quant_isa())"
+        for value, warned in (("scaler", True), ("AVX2", True), ("scalar", False), ("avx512", False), ("auto", False)):
+            with self.subTest(value=value):
+                env = dict(os.environ, K3PACK_QUANT_ISA=value, PYTHONPATH=os.pathsep.join(sys.path))
+                proc = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, timeout=120)
+                if warned:
+                    self.assertNotEqual(proc.returncode, 0, proc.stdout)
+                    self.assertIn("RuntimeWarning: K3PACK_QUANT_ISA=%r names none of scalar, avx2, avx512, auto "
+                                  "and is ignored; dequantize uses %s" % (value, k3pack.quant_isa()), proc.stderr)
+                else:
+                    self.assertEqual(proc.returncode, 0, proc.stderr)
+                    self.assertEqual(proc.stderr, "")
+
     def test_odd_shapes_decode_row_by_row(self):
         # One block per row, many blocks per row, 3-D stacks, and empty tensors
         # (ggml allows ne = 0): each row decodes as the reference does.

@@ -128,6 +128,22 @@ TEST_F(DumpTensorCli, AMisspelledNameGetsSimilarNames) {
   EXPECT_NE(far.out.find("list the tensors with `k3pack inspect"), std::string::npos) << far.out;
 }
 
+// K3PACK_QUANT_ISA with a typo used to leave dequantize on the fastest path
+// without a word; a value naming a path is quiet, and the output is the same.
+TEST_F(DumpTensorCli, AnIsaCapNamingNoPathIsAWarning) {
+  CliRun typo = testing_cli::CliVia("K3PACK_QUANT_ISA=scaler", "dump-tensor " + path_ + " q.weight --rows 0");
+  EXPECT_EQ(typo.code, 0) << typo.out;
+  EXPECT_NE(typo.out.find("k3pack dump-tensor: warning: K3PACK_QUANT_ISA='scaler' names none of scalar, avx2, "
+                          "avx512, auto and is ignored; dequantize uses "),
+            std::string::npos)
+      << typo.out;
+  for (const char* valid : {"scalar", "avx2", "avx512", "auto"}) {
+    CliRun r = testing_cli::CliVia(std::string("K3PACK_QUANT_ISA=") + valid, "dump-tensor " + path_ + " q.weight --rows 0");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out.find("warning"), std::string::npos) << valid << ": " << r.out;
+  }
+}
+
 // `inspect --stats`: per-tensor statistics of the decoded values.
 TEST_F(DumpTensorCli, InspectStatsSummarizesDecodedValues) {
   CliRun r = RunCli(path_ + " --stats --json", "inspect");
