@@ -211,11 +211,10 @@ def _replace_everywhere(target_module, attribute, replacement):
     patched, nor is a module that imported k3pack's public function or class
     from k3pack itself. So repeated installs, in any order, switch what
     SGLang's modules hold."""
-    import importlib
     import sys
     import weakref
 
-    target = importlib.import_module(target_module)
+    target = _import_sglang_module(target_module)
     ours = _OURS[attribute]
     originals = _sglang_originals.setdefault(attribute, [])
     current = getattr(target, attribute, None)
@@ -242,6 +241,32 @@ def _replace_everywhere(target_module, attribute, replacement):
             pass
         patched.append(name)
     return patched
+
+
+def _import_sglang_module(name):
+    """SGLang's module `name`. Python's bare "No module named 'sglang'" does
+    not say which interpreter looked, nor that an SGLang without the Kimi-K3
+    GGUF path is too old: both are said, as the same ModuleNotFoundError. A
+    module SGLang's own code imports that is missing keeps its own error."""
+    import importlib
+    import sys
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not missing or not (name == missing or name.startswith(missing + ".")):
+            raise
+        if missing == "sglang":
+            why = "SGLang is not installed for this Python (%s)" % sys.executable
+            fix = "install SGLang into it, or run under the Python that has SGLang"
+        else:
+            why = "this SGLang has no module %s (a version without the Kimi-K3 GGUF path)" % missing
+            fix = "use an SGLang with the Kimi-K3 GGUF expert-pack loader"
+        raise ModuleNotFoundError(
+            "k3pack.sglang.install_into_sglang: %s, so there is no %s to patch; %s (k3pack's iterator and store "
+            "work without SGLang: kimi_k3_nonexpert_weights_iterator, KimiGGMLExpertPackStore)" % (why, name, fix),
+            name=missing) from exc
 
 
 def _was_patched(module, patched_before):

@@ -343,6 +343,42 @@ class InstallIntoSglang(unittest.TestCase):
             self.assertIs(consumer.kimi_k3_nonexpert_weights_iterator, adapter._copying_iterator)
 
 
+class InstallIntoSglangWithoutSglang(unittest.TestCase):
+    """Before: Python's bare "No module named 'sglang'" (or '...kimi_k3_gguf'
+    for an SGLang without the path), naming neither the interpreter nor what
+    to do."""
+
+    def test_sglang_not_installed(self):
+        import importlib.util
+        import sys
+
+        import k3pack.sglang as adapter
+
+        with _util.StandInModules("sglang", adapter.SGLANG_MODULE):  # restored on exit
+            # Another test's stand-ins gone, `import sglang` looks on sys.path.
+            sys.modules.pop(adapter.SGLANG_MODULE)
+            sys.modules.pop("sglang")
+            if importlib.util.find_spec("sglang") is not None:
+                self.skipTest("SGLang is installed here")
+            with self.assertRaises(ModuleNotFoundError) as ctx:
+                adapter.install_into_sglang()
+        self.assertEqual(ctx.exception.name, "sglang")
+        self.assertIn("SGLang is not installed for this Python (%s)" % sys.executable, str(ctx.exception))
+        self.assertIn("kimi_k3_nonexpert_weights_iterator", str(ctx.exception))
+
+    def test_sglang_without_the_kimi_k3_module(self):
+        import sys
+
+        import k3pack.sglang as adapter
+
+        with _util.StandInModules("sglang", "sglang.srt", "sglang.srt.model_loader", adapter.SGLANG_MODULE):
+            sys.modules[adapter.SGLANG_MODULE] = None  # as when SGLang has no such module
+            with self.assertRaises(ModuleNotFoundError) as ctx:
+                adapter.install_into_sglang()
+        self.assertEqual(ctx.exception.name, adapter.SGLANG_MODULE)
+        self.assertIn("this SGLang has no module %s" % adapter.SGLANG_MODULE, str(ctx.exception))
+
+
 class SynthModel(AdapterCase):
     """The tiny synthetic Kimi-K3 model, with manifests from the oracle and
     (when the CLI has them) from `k3pack pack` + `k3pack manifest`."""
