@@ -5,6 +5,7 @@
 #include "pack/build_inputs.h"
 #include "pack/checkpoint_file.h"
 #include "pack/inputs_record.h"
+#include "pack/sidecar_upgrade.h"
 #include "pack/sidecar_kinds.h"
 #include "util/file.h"
 
@@ -155,7 +156,11 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   };
   K3_ASSIGN_OR_RETURN(LockFile lock, DecideUnderPackLock(out, decide));
   plan.lock = std::move(lock);
-  if (plan.action == OutputAction::kAlreadyBuilt) RemoveLeftoverSpare(out);
+  if (plan.action == OutputAction::kAlreadyBuilt) {
+    RemoveLeftoverSpare(out);
+    // An older k3pack's pack reused as it is gets the sidecar this one writes.
+    K3_RETURN_IF_ERROR(AddCrcRecordsToOldSidecar(out, experts, 4, req.note));
+  }
   return plan;
 }
 

@@ -89,7 +89,8 @@ Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const 
   }
   if (d.entry_crc32c.empty()) {
     out.mode = "unavailable: digest sidecar " + path +
-               " predates per-object CRC32C (rebuild the pack's digests with this k3pack)";
+               " predates per-object CRC32C (an older k3pack wrote it; rerun the `k3pack build` or `k3pack pack` "
+               "that made the pack: it adds the CRC32C records)";
     return out;
   }
   out.entry_crc32c = std::move(d.entry_crc32c);
