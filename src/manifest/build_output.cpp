@@ -4,6 +4,7 @@
 
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "manifest/loader_rules.h"
 #include "util/file.h"
 
 namespace k3pack::manifest {
@@ -54,6 +55,19 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
     if (recorded.ok() && here.ok() && *recorded == *here) {
       return tell("resuming the rebuild of " + r.pack_path + "; " + r.path +
                   ", the manifest of the pack it replaces, is written anew when it is done");
+    }
+  }
+  // An older k3pack's manifest of this very pack that SGLang's store now
+  // refuses (hard_constraints.top_k was the model's top-k before it was
+  // SGLang's literal 16): reporting it as built left verify, the stores and
+  // run-experts refusing it, with a hint to run this `build` again.
+  if (r.pack_action == OutputAction::kAlreadyBuilt && ManifestRecordsPack(r.path, r.pack_section)) {
+    auto raw = ReadManifestJson(r.path);
+    if (raw.ok()) {
+      if (auto rules = CheckLoaderManifestRules(*raw); !rules.ok()) {
+        return tell(r.path + " records this pack, but SGLang's store refuses it (" + rules.error().headline() +
+                    "; an older k3pack wrote it): writing a new manifest");
+      }
     }
   }
   if (r.pack_action == OutputAction::kAlreadyBuilt && RankManifestSglangWouldServe(r.path, r.pack_section)) {

@@ -3,6 +3,8 @@
 // the rules the old code followed, not by an old binary.
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "pack/sidecars.h"
 #include "pack_fixture.h"
 #include "spawn.h"
@@ -85,6 +87,31 @@ TEST_F(PackUpgrade, DamagedPayloadIsNamedAndTheOldSidecarKept) {
   EXPECT_NE(err2.find("k3pack verify"), std::string::npos) << err2;
   EXPECT_TRUE(ReadAll(DigestsPathFor(out)) == damaged);
   EXPECT_TRUE(ReadAll(out) == *expected_);
+}
+
+// A manifest an older k3pack wrote for this pack, with hard_constraints.top_k
+// the model's top-k (before it was SGLang's literal 16): SGLang's store,
+// verify and run-experts refuse it and say to regenerate it with `k3pack
+// build`, which reported it as already built. The rerun writes a new one.
+TEST_F(PackUpgrade, BuildRewritesAnOlderK3packsManifestSglangRefuses) {
+  const std::string out = *root_ + "/old-manifest/p.pack", manifest = out + ".json";
+  const std::vector<std::string> args = {"build", "--gguf-dir", model_->dir, "--model-config", model_->config,
+                                         "--tokenizer-dir", model_->dir + "/tokenizer", "--profile", "scaled",
+                                         "--out", out, "--manifest", manifest, "--safety-margin-gib", "0"};
+  auto [rc, err] = RunCli(args);
+  ASSERT_EQ(rc, 0) << err;
+  auto m = nlohmann::json::parse(ReadAll(manifest));
+  const auto top_k = m["model"]["num_experts_per_token"];
+  ASSERT_NE(top_k, 16);
+  m["hard_constraints"]["top_k"] = top_k;
+  testing::WriteAll(manifest, m.dump(2) + "\n");
+
+  auto [rc2, err2] = RunCli(args);
+  ASSERT_EQ(rc2, 0) << err2;
+  EXPECT_NE(err2.find("SGLang's store refuses it"), std::string::npos) << err2;
+  EXPECT_EQ(nlohmann::json::parse(ReadAll(manifest))["hard_constraints"]["top_k"], 16);
+  auto [rc3, err3] = RunCli({"verify", "--manifest", manifest});
+  EXPECT_EQ(rc3, 0) << err3;
 }
 
 }  // namespace
