@@ -35,13 +35,13 @@ class PipelineSoak : public store::testing_model::BuiltTinyModelTest {
 
   // Runs `once` a first time (what stays for the process: locale, thread
   // pools' first arenas), then `rounds` times, and compares.
-  static void Soak(int rounds, const std::function<void()>& once) {
+  static void Soak(int rounds, const std::function<void()>& once, int map_slack = 4) {
     once();
     if (::testing::Test::HasFatalFailure()) return;
     const ProcessResources before = ProcessResources::Now();
     for (int i = 0; i < rounds && !::testing::Test::HasFatalFailure(); ++i) once();
     const ProcessResources after = ProcessResources::Now();
-    EXPECT_TRUE(CameBack(before, after)) << "before " << before << ", after " << after;
+    EXPECT_TRUE(CameBack(before, after, map_slack)) << "before " << before << ", after " << after;
   }
 
   // A copy of the model with one shard cut short (a broken checkpoint).
@@ -141,7 +141,12 @@ TEST_F(PipelineSoak, PackBuildsAndFailedBuildsLeaveNothingBehind) {
   auto experts = pack::CollectExpertsFromGguf(Model(), Model() + "/config.json", kimi::Profile::kScaled);
   ASSERT_TRUE(experts.ok()) << experts.error().message();
   const std::string out = dir_ + "/soak-out/p.expert-major.pack";
-  Soak(8, [&] {
+  // A build starts and joins threads; glibc keeps up to 40 MiB of freed
+  // thread stacks for reuse, each two mappings (stack, guard page), so the
+  // count wanders by up to about 10 from build to build (8 builds once
+  // ended 6 above the start with slack 4). 24 builds against a slack of 12:
+  // a mapping kept per build still shows.
+  Soak(24, [&] {
     pack::BuildOptions o;
     o.out_path = out;
     o.safety_margin_gib = 0;
@@ -149,7 +154,7 @@ TEST_F(PipelineSoak, PackBuildsAndFailedBuildsLeaveNothingBehind) {
     o.hash_sources = true;
     auto r = pack::BuildPack(*experts, o);
     ASSERT_TRUE(r.ok()) << r.error().message();
-  });
+  }, /*map_slack=*/12);
   // A build whose output directory is a file fails before the copy; one
   // from the broken checkpoint fails to collect.
   const std::string blocker = dir_ + "/blocker";

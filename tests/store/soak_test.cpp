@@ -92,7 +92,9 @@ TEST_F(StoreSoak, OpenUseCloseHundredsOfTimesLeavesNothingBehind) {
       ASSERT_TRUE(s);
       UseStore(*s, round);
       // Half are closed, half just dropped: the destructor must free as much.
-      if (round % 2 == 0) ASSERT_TRUE(s->Close().ok());
+      if (round % 2 == 0) {
+        ASSERT_TRUE(s->Close().ok());
+      }
     }
     const ProcessResources after = ProcessResources::Now();
     EXPECT_TRUE(CameBack(before, after)) << "before " << before << ", after " << after;
@@ -111,7 +113,9 @@ void UseSlotCache(SlotCache& c, int round, bool host_tier) {
     const uint32_t layer = 1 + (call & 1);
     const std::vector<int64_t> ids = {(round + call) % 16, (round * 5 + call + 1) % 16};
     const int64_t shape[2] = {1, 2};
-    if (host_tier) ASSERT_TRUE(c.Prefetch(layer, ids).ok());
+    if (host_tier) {
+      ASSERT_TRUE(c.Prefetch(layer, ids).ok());
+    }
     auto slots = c.Acquire(layer, ids, shape, std::nullopt);
     ASSERT_TRUE(slots.ok()) << slots.error().message();
     ASSERT_TRUE(c.MarkUsed(*slots).ok());
@@ -132,7 +136,9 @@ TEST_F(StoreSoak, SlotCacheOpenUseCloseHundredsOfTimesLeavesNothingBehind) {
         SoakSlotMemory mem(4, (*c)->slot_bytes());
         ASSERT_TRUE((*c)->AttachHost(mem.base, 4).ok());
         UseSlotCache(**c, round, host_objects != 0);
-        if (round % 2 == 0) ASSERT_TRUE((*c)->Close().ok());
+        if (round % 2 == 0) {
+          ASSERT_TRUE((*c)->Close().ok());
+        }
       };
       once(0);
       const ProcessResources before = ProcessResources::Now();
