@@ -191,6 +191,20 @@ std::array<uint8_t, 32> ZeroSha256(uint64_t n) {
   return out;
 }
 
+namespace {
+
+// CRC32C of `crc`'s bytes followed by n zero bytes.
+uint32_t ExtendCrc32cWithZeros(uint32_t crc, uint64_t n) {
+  for (uint64_t done = 0; done < n;) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, n - done));
+    crc = Crc32c(ZeroBlock(), k, crc);
+    done += k;
+  }
+  return crc;
+}
+
+}  // namespace
+
 uint32_t ZeroCrc32c(uint64_t n) {
   static std::mutex mu;
   static std::map<uint64_t, uint32_t> cache;
@@ -199,12 +213,7 @@ uint32_t ZeroCrc32c(uint64_t n) {
     auto it = cache.find(n);
     if (it != cache.end()) return it->second;
   }
-  uint32_t crc = 0;
-  for (uint64_t done = 0; done < n;) {
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(kZeroChunk, n - done));
-    crc = Crc32c(ZeroBlock(), k, crc);
-    done += k;
-  }
+  const uint32_t crc = ExtendCrc32cWithZeros(0, n);
   std::lock_guard<std::mutex> lock(mu);
   if (cache.size() < 4096) cache[n] = crc;
   return crc;
@@ -212,12 +221,13 @@ uint32_t ZeroCrc32c(uint64_t n) {
 
 namespace {
 
-// SHA-256 of fd[off, +n) read segment by segment (holes hashed as zeros,
-// never read); with dst >= 0 the data segments are also written to dst at
-// dst_off + their place in the range, so holes stay holes there. A range the
-// file does not hold is `{what} at offset {o}; {r} bytes remain`.
+// SHA-256 (and with `crc`, CRC32C) of fd[off, +n) read segment by segment
+// (holes hashed as zeros, never read); with dst >= 0 the data segments are
+// also written to dst at dst_off + their place in the range, so holes stay
+// holes there. A range the file does not hold is `{what} at offset {o}; {r}
+// bytes remain`.
 Result<std::array<uint8_t, 32>> HashSegments(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats,
-                                             const char* what, int dst, uint64_t dst_off) {
+                                             const char* what, int dst, uint64_t dst_off, uint32_t* crc) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("fstat failed", errno);
   if (static_cast<uint64_t>(st.st_size) < off + n) {
@@ -227,12 +237,15 @@ Result<std::array<uint8_t, 32>> HashSegments(int fd, uint64_t off, uint64_t n, I
   const auto segs = MapRange(fd, off, n);
   if (segs.size() == 1 && segs[0].hole) {
     if (stats) stats->hole_bytes += n;
+    if (crc) *crc = ZeroCrc32c(n);
     return ZeroSha256(n);
   }
+  if (crc) *crc = 0;
   Hasher ctx;
   for (const Segment& s : segs) {
     if (s.hole) {
       UpdateZeros(&ctx, s.length);
+      if (crc) *crc = ExtendCrc32cWithZeros(*crc, s.length);
       if (stats) stats->hole_bytes += s.length;
       continue;
     }
@@ -244,6 +257,7 @@ Result<std::array<uint8_t, 32>> HashSegments(int fd, uint64_t off, uint64_t n, I
         return ShortRead(what, at, off + n - at);
       }
       ctx.Update(buf.data(), got);
+      if (crc) *crc = Crc32c(buf.data(), got, *crc);
       if (dst >= 0) K3_RETURN_IF_ERROR(PwriteFull(dst, buf.data(), got, dst_off + (s.offset - off) + done));
       done += got;
     }
@@ -256,7 +270,7 @@ Result<std::array<uint8_t, 32>> HashSegments(int fd, uint64_t off, uint64_t n, I
 
 Result<std::array<uint8_t, 32>> CopyAndHash(int src, uint64_t src_off, int dst, uint64_t dst_off, uint64_t n,
                                             IoBuffer& buf, CopyStats* stats) {
-  return HashSegments(src, src_off, n, buf, stats, "short GGUF read", dst, dst_off);
+  return HashSegments(src, src_off, n, buf, stats, "short GGUF read", dst, dst_off, nullptr);
 }
 
 Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uint64_t len, IoBuffer& buf,
@@ -304,8 +318,9 @@ void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint3
   *crc = Crc32c(p, n);
 }
 
-Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats) {
-  return HashSegments(fd, off, n, buf, stats, "short read", -1, 0);
+Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats,
+                                          uint32_t* crc) {
+  return HashSegments(fd, off, n, buf, stats, "short read", -1, 0, crc);
 }
 
 Result<bool> RangesEqual(const FileRange& a, const FileRange& b, uint64_t n, IoBuffer& buf_a, IoBuffer& buf_b) {

@@ -121,8 +121,10 @@ Result<SourceRange> ReadSource(int src, uint64_t src_size, uint64_t src_off, uin
 // SHA-256 and CRC32C of one payload.
 void HashSlice(const uint8_t* p, uint64_t n, std::array<uint8_t, 32>* sha, uint32_t* crc);
 
-// SHA-256 of fd[off, +n), hole-aware. Short read: `short read at offset {o}; {r} bytes remain`.
-Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats);
+// SHA-256 of fd[off, +n), hole-aware, and with `crc` its CRC32C too. Short
+// read: `short read at offset {o}; {r} bytes remain`.
+Result<std::array<uint8_t, 32>> HashRange(int fd, uint64_t off, uint64_t n, IoBuffer& buf, CopyStats* stats,
+                                          uint32_t* crc = nullptr);
 
 // Bytes of an open file from `offset`, named for errors.
 struct FileRange {

@@ -1,6 +1,7 @@
 #include "pack/sidecar_upgrade.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <mutex>
 #include <optional>
@@ -8,41 +9,10 @@
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
 #include "pack/sidecars.h"
-#include "util/crc32c.h"
 #include "util/file.h"
-#include "util/sha256.h"
 #include "util/threads.h"
 
 namespace k3pack::pack {
-namespace {
-
-// SHA-256 (hex) and CRC32C of fd[e.offset, +e.nbytes), holes read as zeros.
-Status HashEntry(int fd, const EntrySlot& e, IoBuffer& buf, const std::string& path, std::string* sha_hex,
-                 uint32_t* crc) {
-  Sha256 sha;
-  *crc = 0;
-  for (const Segment& sg : MapRange(fd, e.offset, e.nbytes)) {
-    for (uint64_t done = 0; done < sg.length;) {
-      const size_t k = static_cast<size_t>(std::min<uint64_t>(buf.size(), sg.length - done));
-      if (sg.hole) {
-        std::fill_n(buf.data(), k, uint8_t{0});
-      } else {
-        K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, buf.data(), k, sg.offset + done));
-        if (got != k) {
-          return Error("short read of " + path + " at offset " + std::to_string(sg.offset + done + got),
-                       ErrorKind::kEOF);
-        }
-      }
-      sha.Update(buf.data(), k);
-      *crc = Crc32c(buf.data(), k, *crc);
-      done += k;
-    }
-  }
-  *sha_hex = sha.HexDigest();
-  return Status::OK();
-}
-
-}  // namespace
 
 Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& experts, int threads,
                                  const std::function<void(const std::string&)>& note) {
@@ -68,11 +38,11 @@ Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& 
   RunOnThreads(static_cast<unsigned>(std::max(1, threads)), [&] {
     auto buf = IoBuffer::Allocate(8u << 20);
     for (uint64_t i; (i = next.fetch_add(1)) < d.index_count;) {
-      std::string sha;
-      Status s = buf.ok() ? HashEntry(fd.get(), layout.Entry(i), *buf, pack_path, &sha, &d.entry_crc32c[i])
-                          : buf.error();
-      if (s.ok() && sha != ToHex(d.entry_sha256[i].data(), 32)) {
-        const EntrySlot e = layout.Entry(i);
+      const EntrySlot e = layout.Entry(i);
+      Result<std::array<uint8_t, 32>> sha =
+          buf.ok() ? HashRange(fd.get(), e.offset, e.nbytes, *buf, nullptr, &d.entry_crc32c[i]) : buf.error();
+      Status s = sha.ok() ? Status::OK() : Status(sha.error().WithContext(pack_path));
+      if (sha.ok() && *sha != d.entry_sha256[i]) {
         s = Error("expert-pack payload does not match digest sidecar for layer " + std::to_string(e.layer) +
                   " expert " + std::to_string(e.expert) + " " + RoleName(e.role) + " (entry " + std::to_string(i) +
                   ", offset " + std::to_string(e.offset) + ") of " + pack_path + ", so no CRC32C records were added to " +
