@@ -11,8 +11,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "pack/build_inputs.h"
 #include "pack/checkpoint_file.h"
 #include "pack/copy.h"
+#include "util/process_limits.h"
 #include "util/progress.h"
 #include "util/threads.h"
 
@@ -121,6 +124,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   // the first), wherever the checkpoints happen to be.
   const auto kill_after = EnvU64("K3PACK_TEST_KILL_AFTER_OBJECTS");
   if (kill_after && *kill_after == 0) ::raise(SIGKILL);
+  // Test seam: std::bad_alloc on a copy thread once this run has written N
+  // objects, as an allocation under `ulimit -v` throws at any moment.
+  const auto bad_alloc_after = EnvU64("K3PACK_TEST_BAD_ALLOC_AFTER_OBJECTS");
   WriteBudget budget;
   budget.limit = WriteBudget::FromEnv();
   // The staged batches are written with O_DIRECT where the filesystem allows
@@ -234,7 +240,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     stop.store(true);
     cv.notify_all();
   };
-  auto worker = [&]() {
+  std::atomic<bool> out_of_memory{false};
+  auto copy = [&]() {
     auto buffers = BatchBuffers::Allocate(max_batch_bytes, max_stage_bytes, pack_out.direct());
     if (!buffers.ok()) return fail(buffers.error());
     BatchBuffers& buf = *buffers;
@@ -243,6 +250,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       const uint64_t bi = next.fetch_add(1);
       if (bi >= batches.size()) break;
       const Batch bt = batches[bi];
+      if (bad_alloc_after && objects_copied.load() >= *bad_alloc_after) throw std::bad_alloc();
       const uint64_t obj0 = static_cast<uint64_t>(bt.ali) * ex.num_experts + bt.e0;
       const uint64_t written_before = stats.data_bytes;
       Status st = CopyBatch(io, bt.ali, bt.e0, bt.n, buf, &*hash_pool, digests->data() + obj0 * kRoleCount,
@@ -265,7 +273,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       if (throttle_us) std::this_thread::sleep_for(std::chrono::microseconds(throttle_us * bt.n));
       for (uint32_t i = 0; i < bt.n; ++i) finished[obj0 + i].store(1, std::memory_order_release);
       cv.notify_all();
-      if (kill_after && objects_copied.fetch_add(bt.n) + bt.n >= *kill_after) ::raise(SIGKILL);
+      if (objects_copied.fetch_add(bt.n) + bt.n >= kill_after.value_or(UINT64_MAX)) ::raise(SIGKILL);
     }
     data_bytes += stats.data_bytes;
     hole_bytes += stats.hole_bytes;
@@ -274,8 +282,19 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     write_s += stats.write_s;
     hash_s += stats.hash_s;
   };
+  auto worker = [&]() {
+    if (RanOutOfMemory(copy)) {
+      out_of_memory.store(true);
+      stop.store(true);
+      cv.notify_all();
+    }
+  };
 
   std::vector<std::thread> pool;
+  const JoinedOnExit joined(pool, [&] {
+    stop.store(true);
+    cv.notify_all();
+  });
   for (int i = 0; i < threads; ++i) {
     if (const std::error_code ec = TryStartThread([&] { pool.emplace_back(worker); })) {
       if (!pool.empty()) break;  // fewer copy threads take every batch all the same
@@ -323,7 +342,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait_for(lock, std::chrono::milliseconds(100));
-      if (first_error) break;
+      if (first_error || out_of_memory.load()) break;
     }
     if (g_stop_signal.load() != 0) {
       interrupted = true;
@@ -348,6 +367,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   stop.store(true);
   cv.notify_all();
   for (auto& t : pool) t.join();
+  if (out_of_memory.load() && !first_error) first_error = OutOfMemoryOn("a copy thread of the pack build");
   // Test seam: the copy finished without a signal; stop here, after its last
   // look at one, so a test can deliver a real signal at this moment.
   if (!first_error && !interrupted && EnvU64("K3PACK_TEST_STOP_AFTER_COPY").value_or(0) == 1) ::raise(SIGSTOP);
@@ -371,7 +391,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
       return Error("interrupted; rerun the same command to resume from object " + resume_at, ErrorKind::kOS, EINTR);
     }
     Error e = *first_error;
-    if (e.sys_errno() == ENOSPC || e.sys_errno() == EDQUOT) {
+    if (e.sys_errno() == ENOMEM) {
+      e = e.WithHint("the rerun resumes at object " + resume_at);
+    } else if (e.sys_errno() == ENOSPC || e.sys_errno() == EDQUOT) {
       e = e.WithHint("free space on the filesystem of " + p.partial + " and rerun the same command; the build " +
                      "resumes at object " + resume_at);
     }

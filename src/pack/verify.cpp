@@ -17,6 +17,8 @@
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
 #include "pack/sidecars.h"
+#include "util/process_limits.h"
+#include "util/threads.h"
 
 namespace k3pack::pack {
 
@@ -259,19 +261,26 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   const int threads = o.threads > 0 ? o.threads : 4;
   std::vector<std::thread> pool;
   std::atomic<int> running{0};
+  std::atomic<bool> out_of_memory{false};
+  auto checking = [&](bool calling_thread) {
+    if (RanOutOfMemory([&] { worker(calling_thread); })) {
+      out_of_memory.store(true);
+      stop.store(true);
+    }
+  };
   for (int i = 1; i < threads; ++i) {
     running.fetch_add(1);
-    try {
-      pool.emplace_back([&] {
-        worker(false);
-        running.fetch_sub(1);
-      });
-    } catch (const std::system_error&) {
+    if (TryStartThread([&] {
+          pool.emplace_back([&] {
+            checking(false);
+            running.fetch_sub(1);
+          });
+        })) {
       running.fetch_sub(1);
       break;  // out of threads: the calling thread checks the rest
     }
   }
-  worker(true);
+  checking(true);
   // Payloads other threads still check: keep reporting and polling.
   while (running.load() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -279,6 +288,7 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   }
   for (auto& t : pool) t.join();
   if (interrupted) return *interrupted;
+  if (out_of_memory.load()) return OutOfMemoryOn("a checking thread of verify");
   if (first_error) return first_error->second;
   if (!mismatches.empty()) return DamagedPayloadsError(std::move(mismatches), entries.size());
   VerifyResult r;

@@ -4,6 +4,8 @@
 #include <string>
 #include <system_error>
 
+#include "util/threads.h"
+
 namespace k3pack::store {
 
 Result<std::unique_ptr<DeviceCopier>> DeviceCopier::Open(const cuda::Runtime* rt, int device, uint32_t workers,
@@ -24,13 +26,12 @@ Result<std::unique_ptr<DeviceCopier>> DeviceCopier::Open(const cuda::Runtime* rt
   // all (a pids or address-space limit) the copies run on those it started,
   // and the lanes no thread drives are released.
   for (size_t i = 0; i < c->lanes_.size(); ++i) {
-    try {
-      c->threads_.emplace_back(&DeviceCopier::Work, c.get(), &c->lanes_[i]);
-    } catch (const std::system_error& e) {
+    if (const std::error_code failed =
+            TryStartThread([&] { c->threads_.emplace_back(&DeviceCopier::Work, c.get(), &c->lanes_[i]); })) {
       if (c->threads_.empty())
         return Error("cannot start the device tier's copy threads (0 of " + std::to_string(workers) +
-                         " started): " + e.what(),
-                     ErrorKind::kOS, e.code().value())
+                         " started): " + failed.message(),
+                     ErrorKind::kOS, failed.value())
             .WithHint("lower copy_workers, or raise the process's thread or memory limits");
       break;
     }

@@ -8,6 +8,8 @@
 #include <deque>
 #include <thread>
 
+#include "util/threads.h"
+
 namespace k3pack::store {
 
 uint64_t NowNs() {
@@ -16,10 +18,10 @@ uint64_t NowNs() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-Error ThreadStartError(const std::system_error& e, size_t started, size_t wanted) {
+Error ThreadStartError(std::error_code failed, size_t started, size_t wanted) {
   return Error("cannot start the expert store's I/O threads (" + std::to_string(started) + " of " +
-                   std::to_string(wanted) + " started): " + e.what(),
-               ErrorKind::kOS, e.code().value())
+                   std::to_string(wanted) + " started): " + failed.message(),
+               ErrorKind::kOS, failed.value())
       .WithHint("lower queue_depth (the pread backend runs one thread per read in flight), or raise the "
                 "process's thread or memory limits");
 }
@@ -99,12 +101,12 @@ class PreadEngine final : public IoEngine {
   // Starts `threads` workers; when the process cannot make them all, those
   // already running are stopped and the open fails with an error.
   Status Start(uint32_t threads) {
-    try {
-      for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
-    } catch (const std::system_error& e) {
-      const size_t started = workers_.size();
-      Shutdown();
-      return ThreadStartError(e, started, threads);
+    for (uint32_t i = 0; i < threads; ++i) {
+      if (const std::error_code failed = TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) {
+        const size_t started = workers_.size();
+        Shutdown();
+        return ThreadStartError(failed, started, threads);
+      }
     }
     return Status::OK();
   }

@@ -124,6 +124,6 @@ uint64_t NowNs();
 // `wanted`; the process's thread or memory limit): std::thread throws, and
 // an escaping exception (or a joinable thread destroyed while unwinding)
 // used to abort the whole process from Open().
-Error ThreadStartError(const std::system_error& e, size_t started, size_t wanted);
+Error ThreadStartError(std::error_code failed, size_t started, size_t wanted);
 
 }  // namespace k3pack::store

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "store/io_engine.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 namespace {
@@ -82,15 +83,11 @@ class UringEngine final : public IoEngine {
     // Completion waits that time out without submitting anything (5.11+):
     // a broken engine's reaper then leaves on its own.
     timed_waits_ = (ring_.features & IORING_FEAT_EXT_ARG) != 0;
-    try {
-      reaper_ = std::thread([this] { Reap(); });
-    } catch (const std::system_error& e) {
+    if (const std::error_code failed = TryStartThread([this] { reaper_ = std::thread([this] { Reap(); }); })) {
       io_uring_queue_exit(&ring_);
-      return ThreadStartError(e, 0, 2);
+      return ThreadStartError(failed, 0, 2);
     }
-    try {
-      submitter_ = std::thread([this] { SubmitLoop(); });
-    } catch (const std::system_error& e) {
+    if (const std::error_code failed = TryStartThread([this] { submitter_ = std::thread([this] { SubmitLoop(); }); })) {
       // Stop the reaper with its shutdown marker (what SubmitLoop posts).
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       io_uring_prep_nop(sqe);
@@ -98,7 +95,7 @@ class UringEngine final : public IoEngine {
       io_uring_submit(&ring_);
       reaper_.join();
       io_uring_queue_exit(&ring_);
-      return ThreadStartError(e, 1, 2);
+      return ThreadStartError(failed, 1, 2);
     }
     ring_ok_ = true;  // Shutdown() and the destructor now own the threads and the ring
     return Status::OK();

@@ -22,6 +22,7 @@
 #include "store/store_impl.h"
 #include "util/pyrepr.h"
 #include "util/sha256.h"
+#include "util/threads.h"
 #include "util/utf8.h"
 
 namespace k3pack::store {
@@ -429,18 +430,19 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
                        /*truncated=*/true);
   }
   std::string digest;
-  std::thread hasher;
-  try {
-    hasher = std::thread([&] { digest = Sha256Hex(prefix, index_end); });
-  } catch (const std::system_error&) {
-    // No thread to spare (a pids or address-space limit): hashed here after the walk.
+  bool hashed = false;
+  Status walked;
+  {
+    // With no thread to spare, or no memory on it (a pids or address-space
+    // limit), it is hashed here after the walk.
+    std::vector<std::thread> hasher;
+    const JoinedOnExit joined(hasher, [] {});
+    (void)TryStartThread([&] {
+      hasher.emplace_back([&] { hashed = !RanOutOfMemory([&] { digest = Sha256Hex(prefix, index_end); }); });
+    });
+    walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, roles_bytes, &g, first_object_reads);
   }
-  Status walked = WalkEntries(prefix + pack::kHeaderBytes, g.index_count, file_size, roles_bytes, &g, first_object_reads);
-  if (hasher.joinable()) {
-    hasher.join();
-  } else {
-    digest = Sha256Hex(prefix, index_end);
-  }
+  if (!hashed) digest = Sha256Hex(prefix, index_end);
   K3_RETURN_IF_ERROR(walked);
   // 13. index digest.
   K3_ASSIGN_OR_RETURN(g.index_sha256, Str(*ep, "index_sha256"));

@@ -12,6 +12,7 @@
 #include "store/fork_guard.h"
 #include "store/store_state.h"
 #include "util/interrupt.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 
@@ -200,8 +201,10 @@ void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
   read->layer = geo.space.active_layer_ids[li];
   read->expert = geo.space.ExpertOf(id);
   read->done = [this, e](const ObjectReadResult& r) {
-    if (verify_pool && r.status.ok()) {
-      verify_pool->Submit([this, e, r] { CheckAndFinish(e, r); });
+    // Queuing allocates, on the I/O thread: with no memory for it (under
+    // `ulimit -v`), the read is checked here instead of ending the process.
+    if (verify_pool && r.status.ok() &&
+        !RanOutOfMemory([&] { verify_pool->Submit([this, e, r] { CheckAndFinish(e, r); }); })) {
       return;
     }
     CheckAndFinish(e, r);

@@ -66,6 +66,11 @@ std::string OutOfMemoryHint() {
   return "this process may use at most " + cap + " bytes of address space (`ulimit -v`); raise it and rerun";
 }
 
+Error OutOfMemoryOn(const std::string& where) {
+  return Error("out of memory on " + where + " (an allocation failed)", ErrorKind::kMemory, ENOMEM)
+      .WithHint(OutOfMemoryHint());
+}
+
 const Error& ErrorOfOk() {
   static const Error ok("OK", ErrorKind::kRuntime);
   return ok;

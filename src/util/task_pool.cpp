@@ -71,6 +71,7 @@ void TaskPool::Wait(std::future<void>& done) {
   while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     if (!RunOne()) done.wait();
   }
+  done.get();
 }
 
 }  // namespace k3pack

@@ -27,7 +27,8 @@ class TaskPool {
   std::future<void> Submit(std::function<void()> job);
   // Waits for `done`, running queued jobs on the calling thread meanwhile
   // (a thread waiting for its jobs runs them too, instead of idling while
-  // the pool's threads catch up).
+  // the pool's threads catch up), and throws what the job threw (under
+  // `ulimit -v`, std::bad_alloc): a job that failed never passes as done.
   void Wait(std::future<void>& done);
 
  private:

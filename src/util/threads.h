@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <new>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace k3pack {
@@ -30,18 +32,71 @@ std::error_code TryStartThread(Start&& start) {
   }
 }
 
+// Runs a background thread's body and says whether it ended by
+// std::bad_alloc. Under `ulimit -v` any allocation may fail (a thread's
+// malloc arena is address space too), and an exception leaving a thread ends
+// the process (std::terminate, SIGABRT): the owner records the failure
+// without allocating (a flag) and reports it from the thread that waits.
+template <typename Body>
+bool RanOutOfMemory(Body&& body) {
+  try {
+    body();
+    return false;
+  } catch (const std::bad_alloc&) {
+    return true;
+  }
+}
+
+// Joins the threads still running when the scope is left, by an exception
+// too (std::bad_alloc on the thread that owns them): a std::thread destroyed
+// while joinable ends the process. `stop` first tells them to finish early.
+template <typename Stop>
+class JoinedOnExit {
+ public:
+  JoinedOnExit(std::vector<std::thread>& threads, Stop stop) : threads_(threads), stop_(std::move(stop)) {}
+  ~JoinedOnExit() {
+    if (std::none_of(threads_.begin(), threads_.end(), [](const std::thread& t) { return t.joinable(); })) return;
+    stop_();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+  }
+  JoinedOnExit(const JoinedOnExit&) = delete;
+  JoinedOnExit& operator=(const JoinedOnExit&) = delete;
+
+ private:
+  std::vector<std::thread>& threads_;
+  Stop stop_;
+};
+
 // Calls `work` on max(1, threads) threads (threads - 1 new ones plus the
 // caller) and returns once every call has returned. When the system gives
 // fewer threads (a pids or address-space limit), `work` runs on those it
-// gave: a loop pulling from a shared counter still does every job.
+// gave: a loop pulling from a shared counter still does every job. An
+// exception thrown by any call (std::bad_alloc under `ulimit -v`) is thrown
+// again here once every thread has been joined, as if one thread had run.
 template <typename Work>
 void RunOnThreads(unsigned threads, Work&& work) {
+  const unsigned wanted = std::max(1u, threads);
+  std::vector<std::exception_ptr> thrown(wanted);  // before any thread: may throw with none running
   std::vector<std::thread> pool;
-  for (unsigned k = 1; k < std::max(1u, threads); ++k) {
-    if (TryStartThread([&] { pool.emplace_back([&work] { work(); }); })) break;
+  for (unsigned k = 1; k < wanted; ++k) {
+    auto run = [&work, &slot = thrown[k]] {
+      try {
+        work();
+      } catch (...) {
+        slot = std::current_exception();  // the thrown object's reference, no allocation
+      }
+    };
+    if (TryStartThread([&] { pool.emplace_back(run); })) break;
   }
-  work();
+  try {
+    work();
+  } catch (...) {
+    thrown[0] = std::current_exception();
+  }
   for (auto& th : pool) th.join();
+  for (const std::exception_ptr& e : thrown)
+    if (e) std::rethrow_exception(e);
 }
 
 // Calls job(i) once for every i in [0, jobs), on up to `threads` threads

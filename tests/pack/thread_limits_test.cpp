@@ -7,8 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
+#include <new>
+#include <stdexcept>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "../forked_child.h"
@@ -75,6 +79,71 @@ TEST(ThreadLimits, RunOnThreadsDoesEveryJobOnTheThreadsItGets) {
   });
   if (rc == 5) GTEST_SKIP() << "1024 threads fit under the address-space limit here";
   EXPECT_EQ(rc, 0) << "child exit code (134: aborted; 3: jobs lost)";
+}
+
+// Under `ulimit -v` any allocation may throw std::bad_alloc, on any thread.
+// Before, one thrown on a thread of RunOnThreads ended the process
+// (std::terminate), and a job of a TaskPool that threw passed as done: the
+// pack build's digests of that batch were never computed.
+TEST(ThreadLimits, RunOnThreadsThrowsWhatAThreadThrewAfterJoiningAll) {
+  for (unsigned thrower : {0u, 1u, 3u}) {  // the first, second and last call to arrive
+    SCOPED_TRACE(thrower);
+    std::atomic<unsigned> who{0};
+    std::atomic<int> finished{0};
+    bool caught = false;
+    try {
+      RunOnThreads(4, [&] {
+        const unsigned me = who.fetch_add(1);
+        if (me == thrower) throw std::bad_alloc();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // still running when the other throws
+        finished.fetch_add(1);
+      });
+    } catch (const std::bad_alloc&) {
+      caught = true;
+    }
+    EXPECT_TRUE(caught);
+    EXPECT_EQ(who.load(), 4u);
+    EXPECT_EQ(finished.load(), 3);  // every other call ran to its end before the throw reached here
+  }
+}
+
+TEST(ThreadLimits, RanOutOfMemorySaysWhetherTheBodyThrewBadAlloc) {
+  int ran = 0;
+  EXPECT_FALSE(RanOutOfMemory([&] { ++ran; }));
+  EXPECT_TRUE(RanOutOfMemory([&] {
+    ++ran;
+    throw std::bad_alloc();
+  }));
+  EXPECT_EQ(ran, 2);
+  // Other exceptions are not its business: they pass through.
+  EXPECT_THROW(RanOutOfMemory([] { throw std::runtime_error("x"); }), std::runtime_error);
+}
+
+TEST(TaskPoolLimits, WaitThrowsWhatTheJobThrew) {
+  TaskPool pool(2);
+  std::future<void> ok = pool.Submit([] {});
+  std::future<void> failed = pool.Submit([] { throw std::bad_alloc(); });
+  EXPECT_NO_THROW(pool.Wait(ok));
+  EXPECT_THROW(pool.Wait(failed), std::bad_alloc);
+}
+
+TEST(ThreadLimits, JoinedOnExitStopsAndJoinsWhenTheOwnerThrows) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> left{0};
+  try {
+    std::vector<std::thread> threads;
+    const JoinedOnExit joined(threads, [&] { stop.store(true); });
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([&] {
+        while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        left.fetch_add(1);
+      });
+    }
+    throw std::bad_alloc();  // without the guard: std::terminate (a joinable std::thread destroyed)
+  } catch (const std::bad_alloc&) {
+  }
+  EXPECT_TRUE(stop.load());
+  EXPECT_EQ(left.load(), 3);
 }
 
 }  // namespace
