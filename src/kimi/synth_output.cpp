@@ -23,6 +23,19 @@ void RemoveTempFiles(const std::string& dir) {
   }
 }
 
+// GGUF files without the record of the options they were written with: a
+// model an older k3pack's synth wrote (before the record existed), or one
+// another tool wrote. Either way this k3pack cannot tell it is the model
+// asked for, and the refusal says why.
+bool HoldsGgufWithoutSynthRecord(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kProfileSidecar, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".gguf") return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Result<SynthOutput> WriteSynthModelInto(const SynthOutputRequest& request) {
@@ -38,6 +51,11 @@ Result<SynthOutput> WriteSynthModelInto(const SynthOutputRequest& request) {
   spec.force_option = request.force_option;
   spec.is_finished = [&]() -> Result<bool> { return SynthSidecarRecords(dir, recipe, request.args_given); };
   spec.why_refused = request.why_refused;
+  if (HoldsGgufWithoutSynthRecord(dir)) {
+    spec.why_refused += " (it holds GGUF files but no " + std::string(kProfileSidecar) +
+                        ", the record of the options `k3pack synth` wrote them with: an older k3pack, or another "
+                        "tool, wrote them)";
+  }
   // Held from the look at the directory to the last file: a second synth
   // into it took the first one's marker for an interrupted run and removed
   // its temporary files under it. A missing directory is locked once made.

@@ -319,6 +319,33 @@ TEST(OverwriteRule, SynthIntoNonEmptyDirRefusedSameModelAlreadyBuilt) {
   EXPECT_EQ(Snapshot(d2), first);
 }
 
+// A model an older k3pack wrote has no k3pack-profile.json (the record of
+// the options it was written with). Before, its refusal read like a
+// stranger's directory ("not a model written by `k3pack synth` with these
+// options"); it now says what is missing and who may have written it.
+TEST(OverwriteRule, SynthIntoAModelWithoutItsRecordSaysAnOlderK3packMayHaveWrittenIt) {
+  const std::string d = Root() + "/ow-synth-old";
+  fs::remove_all(d);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 3 --out " + Q(d)).code, 0);
+  ASSERT_TRUE(fs::remove(d + "/k3pack-profile.json"));
+  const auto before = Snapshot(d);
+  CliRun r = Cli("synth --preset tiny --seed 3 --out " + Q(d));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "refusing to overwrite non-empty directory " + d + " (--out)")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "no k3pack-profile.json")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "an older k3pack, or another tool, wrote them")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--force")) << r.out;
+  EXPECT_EQ(Snapshot(d), before);
+  // A stranger's directory without GGUF files keeps the plain refusal.
+  const std::string other = Root() + "/ow-synth-other";
+  fs::remove_all(other);
+  fs::create_directories(other);
+  std::ofstream(other + "/notes.txt") << "keep me";
+  r = Cli("synth --preset tiny --out " + Q(other));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_FALSE(Contains(r.out, "k3pack-profile.json")) << r.out;
+}
+
 TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
   const std::string m = FreshModel("ow-misc");
   const std::string user_svg = m + "/figure.svg";
