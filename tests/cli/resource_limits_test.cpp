@@ -49,6 +49,29 @@ const std::string& ManyShardModel() {
   return dir;
 }
 
+// A fresh output directory Root()/name and the `build` of the 30-shard
+// model into it (p.pack, m.json).
+struct FreshBuildOf {
+  std::string out, args;
+};
+FreshBuildOf FreshBuild(const std::string& name) {
+  const std::string out = Root() + "/" + name;
+  fs::remove_all(out);
+  fs::create_directories(out);
+  return {out, "build --progress none --safety-margin-gib 0 " + Q(ManyShardModel()) + " --pack " +
+                   Q(out + "/p.pack") + " --manifest " + Q(out + "/m.json")};
+}
+
+// The rerun, with no limit, of a build that failed: it finishes and its pack
+// verifies in full. Returns the rerun's output.
+std::string RerunFinishesAndVerifies(const std::string& out, const std::string& args) {
+  CliRun r = Timed(args);
+  EXPECT_EQ(r.code, 0) << r.out;
+  const CliRun verified = Timed("verify --full " + Q(out + "/m.json"));
+  EXPECT_EQ(verified.code, 0) << verified.out;
+  return r.out;
+}
+
 // Before: `verify` (and `verify --full --against-source`) opened every
 // source shard up front and held them all for the run, so a 30-shard model
 // failed under `ulimit -n 16` ("cannot open ...-00012-of-00030.gguf: Too many
@@ -89,23 +112,14 @@ TEST(ResourceLimits, PayloadSamplesHoldOneShardOpenAtATime) {
 // once the limit is raised.
 TEST(ResourceLimits, OutOfDescriptorsNamesTheLimitAndTheBuildResumes) {
   if (!HasPrlimit()) GTEST_SKIP() << "needs /usr/bin/prlimit";
-  const std::string src = ManyShardModel();
-  const std::string out = Root() + "/nofile-build";
-  fs::remove_all(out);
-  fs::create_directories(out);
-  const std::string args = "build --progress none --safety-margin-gib 0 " + Q(src) + " --pack " + Q(out + "/p.pack") +
-                           " --manifest " + Q(out + "/m.json");
+  const auto [out, args] = FreshBuild("nofile-build");
   CliRun r = Limited("--nofile=16", args);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, ".gguf: Too many open files")) << r.out;
   EXPECT_TRUE(Contains(r.out, "hint: this process may have 16 files open at once (`ulimit -n`)")) << r.out;
   EXPECT_FALSE(fs::exists(out + "/p.pack")) << r.out;
   EXPECT_FALSE(fs::exists(out + "/m.json")) << r.out;
-
-  r = Timed(args);
-  EXPECT_EQ(r.code, 0) << r.out;
-  r = Timed("verify --full " + Q(out + "/m.json"));
-  EXPECT_EQ(r.code, 0) << r.out;
+  RerunFinishesAndVerifies(out, args);
 }
 
 // Before: doctor out of descriptors reported the intact pack as
@@ -280,12 +294,7 @@ TEST(ResourceLimits, SmallAddressSpaceIsAnErrorNeverAnAbort) {
 // ends with one error line and the hint, keeps what it copied, and the rerun
 // finishes the same pack.
 TEST(ResourceLimits, BadAllocOnACopyThreadIsAnErrorAndTheRerunResumes) {
-  const std::string src = ManyShardModel();
-  const std::string out = Root() + "/bad-alloc-build";
-  fs::remove_all(out);
-  fs::create_directories(out);
-  const std::string args = "build --progress none --safety-margin-gib 0 " + Q(src) + " --pack " + Q(out + "/p.pack") +
-                           " --manifest " + Q(out + "/m.json");
+  const auto [out, args] = FreshBuild("bad-alloc-build");
   CliRun r = CliVia("K3PACK_TEST_BAD_ALLOC_AFTER_OBJECTS=6 K3PACK_BATCH_BYTES=1 K3PACK_CHECKPOINT_BYTES=1", args);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "k3pack build: error: out of memory on a copy thread of the pack build (an allocation "
@@ -294,13 +303,10 @@ TEST(ResourceLimits, BadAllocOnACopyThreadIsAnErrorAndTheRerunResumes) {
   EXPECT_FALSE(Contains(r.out, "terminate called")) << r.out;
   EXPECT_FALSE(fs::exists(out + "/p.pack")) << r.out;
   EXPECT_TRUE(fs::exists(out + "/p.pack.partial")) << r.out;
-
-  r = Timed(args);
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(Contains(r.out, "resuming ")) << r.out;
-  EXPECT_TRUE(k3pack::testing_cli::FileBytes(out + "/p.pack") == k3pack::testing_cli::FileBytes(src + "/" + kPackName));
-  r = Timed("verify --full " + Q(out + "/m.json"));
-  EXPECT_EQ(r.code, 0) << r.out;
+  const std::string rerun = RerunFinishesAndVerifies(out, args);
+  EXPECT_TRUE(Contains(rerun, "resuming ")) << rerun;
+  EXPECT_TRUE(k3pack::testing_cli::FileBytes(out + "/p.pack") ==
+              k3pack::testing_cli::FileBytes(ManyShardModel() + "/" + kPackName));
 }
 
 // Before: under a small address space `verify --full` said a shard had
