@@ -233,12 +233,15 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   std::atomic<uint64_t> objects_copied{0};
   double read_s = 0, write_s = 0, hash_s = 0, ckpt_s = 0;  // summed under mu
 
+  auto stop_workers = [&] {
+    stop.store(true);
+    cv.notify_all();
+  };
   // The first error stops every worker; the main loop reports it.
   auto fail = [&](const Error& e) {
     std::lock_guard<std::mutex> lock(mu);
     if (!first_error) first_error = e;
-    stop.store(true);
-    cv.notify_all();
+    stop_workers();
   };
   std::atomic<bool> out_of_memory{false};
   auto copy = [&]() {
@@ -285,16 +288,12 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   auto worker = [&]() {
     if (RanOutOfMemory(copy)) {
       out_of_memory.store(true);
-      stop.store(true);
-      cv.notify_all();
+      stop_workers();
     }
   };
 
   std::vector<std::thread> pool;
-  const JoinedOnExit joined(pool, [&] {
-    stop.store(true);
-    cv.notify_all();
-  });
+  const JoinedOnExit joined(pool, stop_workers);
   for (int i = 0; i < threads; ++i) {
     if (const std::error_code ec = TryStartThread([&] { pool.emplace_back(worker); })) {
       if (!pool.empty()) break;  // fewer copy threads take every batch all the same
@@ -364,8 +363,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     }
     if (all_done) break;
   }
-  stop.store(true);
-  cv.notify_all();
+  stop_workers();
   for (auto& t : pool) t.join();
   if (out_of_memory.load() && !first_error) first_error = OutOfMemoryOn("a copy thread of the pack build");
   // Test seam: the copy finished without a signal; stop here, after its last

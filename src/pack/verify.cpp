@@ -260,6 +260,9 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   };
   const int threads = o.threads > 0 ? o.threads : 4;
   std::vector<std::thread> pool;
+  // Progress and the interrupt check run on this thread between its own
+  // payloads and while the others finish: they may throw too.
+  const JoinedOnExit joined(pool, [&] { stop.store(true); });
   std::atomic<int> running{0};
   std::atomic<bool> out_of_memory{false};
   auto checking = [&](bool calling_thread) {

@@ -78,22 +78,18 @@ template <typename Work>
 void RunOnThreads(unsigned threads, Work&& work) {
   const unsigned wanted = std::max(1u, threads);
   std::vector<std::exception_ptr> thrown(wanted);  // before any thread: may throw with none running
+  auto run = [&work](std::exception_ptr* slot) {
+    try {
+      work();
+    } catch (...) {
+      *slot = std::current_exception();  // the thrown object's reference, no allocation
+    }
+  };
   std::vector<std::thread> pool;
   for (unsigned k = 1; k < wanted; ++k) {
-    auto run = [&work, &slot = thrown[k]] {
-      try {
-        work();
-      } catch (...) {
-        slot = std::current_exception();  // the thrown object's reference, no allocation
-      }
-    };
-    if (TryStartThread([&] { pool.emplace_back(run); })) break;
+    if (TryStartThread([&] { pool.emplace_back(run, &thrown[k]); })) break;
   }
-  try {
-    work();
-  } catch (...) {
-    thrown[0] = std::current_exception();
-  }
+  run(&thrown[0]);
   for (auto& th : pool) th.join();
   for (const std::exception_ptr& e : thrown)
     if (e) std::rethrow_exception(e);
