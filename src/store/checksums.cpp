@@ -11,6 +11,7 @@
 #include "pack/sidecars.h"
 #include "store/store_impl.h"
 #include "util/crc32c.h"
+#include "util/process_limits.h"
 
 namespace k3pack::store {
 
@@ -118,6 +119,17 @@ Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& en
                   "damaged entry; rebuild the pack");
   }
   return Status::OK();
+}
+
+Error ExplainReadError(const PackGeometry& geo, ObjectId id, const Error& e) {
+  if (!IsBareOutOfMemory(e)) return e;
+  const uint32_t li = geo.space.LayerIndexOf(id);
+  return Error("expert-pack object (layer " + std::to_string(geo.space.LayerOf(id)) + ", expert " +
+                   std::to_string(geo.space.ExpertOf(id)) + ", " + std::to_string(geo.space.object_bytes[li]) +
+                   " bytes) of " + geo.resolved_pack_path +
+                   " could not be read: out of memory (an allocation for its buffer, its read or its result failed)",
+               ErrorKind::kMemory, ENOMEM)
+      .WithHint(OutOfMemoryHint());
 }
 
 }  // namespace k3pack::store

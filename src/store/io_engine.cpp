@@ -1,5 +1,6 @@
 #include "store/io_engine.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +9,7 @@
 #include <deque>
 #include <thread>
 
+#include "util/process_limits.h"
 #include "util/threads.h"
 
 namespace k3pack::store {
@@ -18,12 +20,19 @@ uint64_t NowNs() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-Error ThreadStartError(std::error_code failed, size_t started, size_t wanted) {
+Error ThreadStartError(IoBackend backend, std::error_code failed, size_t started, size_t wanted) {
+  std::string hint = backend == IoBackend::kPread
+                         ? "lower queue_depth (the pread backend runs one thread per read in flight), or raise "
+                         : "raise ";
+  hint += "the process's thread limit (`ulimit -u`; in a container, its pids limit)";
+  // pthread_create says EAGAIN whichever limit stopped it; a thread's stack
+  // is address space, so under `ulimit -v` that limit is the likelier one.
+  if (const std::string cap = SoftLimitOf(RLIMIT_AS); cap != "unlimited")
+    hint += " or its address space (`ulimit -v`: at most " + cap + " bytes now; each thread's stack takes some)";
   return Error("cannot start the expert store's I/O threads (" + std::to_string(started) + " of " +
                    std::to_string(wanted) + " started): " + failed.message(),
                ErrorKind::kOS, failed.value())
-      .WithHint("lower queue_depth (the pread backend runs one thread per read in flight), or raise the "
-                "process's thread or memory limits");
+      .WithHint(hint);
 }
 
 const char* IoBackendName(IoBackend b) { return b == IoBackend::kUring ? "uring" : "pread"; }
@@ -50,6 +59,8 @@ static std::string RouteTuple(const ObjectRead& r, const ReadRange& range) {
          ", " + std::to_string(range.length) + ")";
 }
 
+void IoEngine::AbandonJob() { inflight_.fetch_sub(1); }
+
 std::shared_ptr<IoEngine::Job> IoEngine::StartJob(std::unique_ptr<ObjectRead> read) {
   auto job = std::make_shared<Job>();
   job->remaining = read->ranges.size();
@@ -72,18 +83,23 @@ void IoEngine::FinishRange(const Part& part, int64_t result, uint64_t ns) {
   while (ns > prev && !job.max_ns.compare_exchange_weak(prev, ns)) {
   }
   if (result < 0 || static_cast<uint64_t>(result) != range.length) {
-    Error e = result < 0
-                  ? Error("expert-pack read failed for " + RouteTuple(r, range) + ": " + std::strerror(int(-result)),
-                          ErrorKind::kOS, int(-result))
-                  : Error("short expert-pack read for " + RouteTuple(r, range) + ": " + std::to_string(result) +
-                              " != " + std::to_string(range.length),
-                          ErrorKind::kOS);
+    // This runs on an engine thread: with no memory for the text, the read
+    // still fails, with an error made without allocating.
+    Error e = BareOutOfMemory();
+    RanOutOfMemory([&] {
+      e = result < 0
+              ? Error("expert-pack read failed for " + RouteTuple(r, range) + ": " + std::strerror(int(-result)),
+                      ErrorKind::kOS, int(-result))
+              : Error("short expert-pack read for " + RouteTuple(r, range) + ": " + std::to_string(result) +
+                          " != " + std::to_string(range.length),
+                      ErrorKind::kOS);
+    });
     std::lock_guard<std::mutex> lock(job.mu);
     if (!job.error) job.error = std::move(e);
   }
   if (--job.remaining != 0) return;
   ObjectReadResult out;
-  if (job.error) out.status = *job.error;
+  if (job.error) out.status = std::move(*job.error);  // moved: a copy of the text could fail to allocate
   out.bytes = job.bytes;
   out.max_range_ns = job.max_ns;
   out.latency_ns = NowNs() - job.submit_ns;
@@ -105,7 +121,7 @@ class PreadEngine final : public IoEngine {
       if (const std::error_code failed = TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) {
         const size_t started = workers_.size();
         Shutdown();
-        return ThreadStartError(failed, started, threads);
+        return ThreadStartError(IoBackend::kPread, failed, started, threads);
       }
     }
     return Status::OK();
@@ -117,7 +133,15 @@ class PreadEngine final : public IoEngine {
     size_t n = job->read->ranges.size();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i = 0; i < n; ++i) queue_.push_back(Part{job, i, 0, 0});
+      size_t queued = 0;
+      try {
+        for (; queued < n; ++queued) queue_.push_back(Part{job, queued, 0, 0});
+      } catch (const std::bad_alloc&) {
+        // Nothing of a read half queued may run: its job would never finish.
+        for (; queued > 0; --queued) queue_.pop_back();
+        AbandonJob();
+        throw;
+      }
     }
     if (n == 1) cv_.notify_one(); else cv_.notify_all();
   }

@@ -56,7 +56,9 @@ struct ObjectRead {
   std::vector<ReadRange> ranges;
   uint32_t layer = 0, expert = 0;  // for error texts
   bool direct = false;             // fd is O_DIRECT (io_uring: native async; buffered: punted to workers)
-  std::function<void(const ObjectReadResult&)> done;  // called once, from an engine thread
+  // Called once, from an engine thread, and must not throw: an exception
+  // leaving an engine thread ends the process.
+  std::function<void(const ObjectReadResult&)> done;
 };
 
 // Called once per range after it finished, with the range's result (bytes
@@ -79,6 +81,8 @@ class IoEngine {
                                                   RingFaults ring_faults = {});
   virtual ~IoEngine() = default;
   virtual IoBackend backend() const = 0;
+  // Queues a read. Throws std::bad_alloc (under `ulimit -v`) with nothing
+  // queued and `done` never to be called.
   virtual void Submit(std::unique_ptr<ObjectRead> read) = 0;
   // Stops accepting work, waits for everything submitted, joins threads.
   virtual void Shutdown() = 0;
@@ -104,11 +108,19 @@ class IoEngine {
     uint64_t done = 0;      // bytes of the range already read (short reads are retried)
     uint64_t start_ns = 0;
     uint32_t cancels = 0;   // -ECANCELED completions resubmitted (io_uring)
+    // io_uring: the engine's list the part is in, its links there, and its
+    // SQE while the kernel has not taken it (io_uring.cpp's PartList).
+    const void* list = nullptr;
+    Part* prev = nullptr;
+    Part* next = nullptr;
+    void* sqe = nullptr;
   };
   // A range finished with `result` (its total bytes, or -errno) after `ns`;
   // completes the job when it is the last range.
   void FinishRange(const Part& part, int64_t result, uint64_t ns);
   std::shared_ptr<Job> StartJob(std::unique_ptr<ObjectRead> read);
+  // Undoes StartJob for a job none of whose ranges could be queued.
+  void AbandonJob();
   void ApplyHook(uint64_t offset, uint64_t length, int64_t* result) const {
     if (hook_) hook_(offset, length, result);
   }
@@ -120,10 +132,11 @@ class IoEngine {
 
 uint64_t NowNs();
 
-// The error for engine threads that could not be started (`started` of
-// `wanted`; the process's thread or memory limit): std::thread throws, and
-// an escaping exception (or a joinable thread destroyed while unwinding)
-// used to abort the whole process from Open().
-Error ThreadStartError(std::error_code failed, size_t started, size_t wanted);
+// The error for `backend`'s threads that could not be started (`started` of
+// `wanted`; the process's thread or address-space limit, named with its
+// value): std::thread throws, and an escaping exception (or a joinable
+// thread destroyed while unwinding) used to abort the whole process from
+// Open().
+Error ThreadStartError(IoBackend backend, std::error_code failed, size_t started, size_t wanted);
 
 }  // namespace k3pack::store

@@ -27,9 +27,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <thread>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -66,6 +64,48 @@ Error RingSetupError(uint32_t entries, int err) {
 }
 
 class UringEngine final : public IoEngine {
+  // A FIFO of parts threaded through their own links. A part is in one list
+  // at a time and moves between them without allocating: the engine's
+  // threads must not allocate, because under `ulimit -v` any allocation may
+  // fail and an exception leaving a thread ends the process.
+  class PartList {
+   public:
+    bool empty() const { return head_ == nullptr; }
+    uint32_t size() const { return size_; }
+    void push_back(Part* p) { Link(p, tail_, nullptr); }
+    void push_front(Part* p) { Link(p, nullptr, head_); }
+    Part* pop_front() {
+      Part* p = head_;
+      if (p != nullptr) erase(p);
+      return p;
+    }
+    // A part of another list (or of none) is left where it is.
+    void erase(Part* p) {
+      if (p->list != this) return;
+      (p->prev ? p->prev->next : head_) = p->next;
+      (p->next ? p->next->prev : tail_) = p->prev;
+      p->prev = p->next = nullptr;
+      p->list = nullptr;
+      --size_;
+    }
+    void take_all(PartList& from) {
+      while (Part* p = from.pop_front()) push_back(p);
+    }
+
+   private:
+    void Link(Part* p, Part* before, Part* after) {
+      p->list = this;
+      p->prev = before;
+      p->next = after;
+      (before ? before->next : head_) = p;
+      (after ? after->prev : tail_) = p;
+      ++size_;
+    }
+    Part* head_ = nullptr;
+    Part* tail_ = nullptr;
+    uint32_t size_ = 0;
+  };
+
  public:
   explicit UringEngine(RingFaults faults) : faults_(std::move(faults)) {}
   ~UringEngine() override {
@@ -85,7 +125,7 @@ class UringEngine final : public IoEngine {
     timed_waits_ = (ring_.features & IORING_FEAT_EXT_ARG) != 0;
     if (const std::error_code failed = TryStartThread([this] { reaper_ = std::thread([this] { Reap(); }); })) {
       io_uring_queue_exit(&ring_);
-      return ThreadStartError(failed, 0, 2);
+      return ThreadStartError(IoBackend::kUring, failed, 0, 2);
     }
     if (const std::error_code failed = TryStartThread([this] { submitter_ = std::thread([this] { SubmitLoop(); }); })) {
       // Stop the reaper with its shutdown marker (what SubmitLoop posts).
@@ -95,7 +135,7 @@ class UringEngine final : public IoEngine {
       io_uring_submit(&ring_);
       reaper_.join();
       io_uring_queue_exit(&ring_);
-      return ThreadStartError(failed, 1, 2);
+      return ThreadStartError(IoBackend::kUring, failed, 1, 2);
     }
     ring_ok_ = true;  // Shutdown() and the destructor now own the threads and the ring
     return Status::OK();
@@ -103,9 +143,17 @@ class UringEngine final : public IoEngine {
 
   void Submit(std::unique_ptr<ObjectRead> read) override {
     auto job = StartJob(std::move(read));
+    PartList parts;  // made before any is queued: a read is queued whole or not at all
+    try {
+      for (size_t i = 0; i < job->read->ranges.size(); ++i) parts.push_back(new Part{job, i, 0, 0});
+    } catch (const std::bad_alloc&) {
+      while (Part* p = parts.pop_front()) delete p;
+      AbandonJob();
+      throw;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t i = 0; i < job->read->ranges.size(); ++i) pending_.push_back(new Part{job, i, 0, 0});
+      pending_.take_all(parts);
     }
     submit_cv_.notify_one();
   }
@@ -192,8 +240,7 @@ class UringEngine final : public IoEngine {
     while (sqes_ < depth_ && !pending_.empty()) {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) break;
-      Part* p = pending_.front();
-      pending_.pop_front();
+      Part* p = pending_.pop_front();
       const ObjectRead& r = *p->job->read;
       const ReadRange& range = r.ranges[p->range];
       if (p->done == 0) p->start_ns = NowNs();
@@ -205,7 +252,8 @@ class UringEngine final : public IoEngine {
       // inline by io_uring_submit, serializing all reads on the submitter;
       // IOSQE_ASYNC hands it to io-wq workers so copies run in parallel.
       if (!r.direct) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
-      queued_.emplace_back(p, sqe);
+      p->sqe = sqe;
+      queued_.push_back(p);
       ++sqes_;
     }
     Flush();
@@ -218,8 +266,9 @@ class UringEngine final : public IoEngine {
       if (rc > 0) {
         refused_since_ns_ = 0;
         for (int i = 0; i < rc && !queued_.empty(); ++i) {
-          in_kernel_.insert(queued_.front().first);
-          queued_.pop_front();
+          Part* p = queued_.pop_front();
+          p->sqe = nullptr;
+          in_kernel_.push_back(p);
         }
         continue;
       }
@@ -239,23 +288,23 @@ class UringEngine final : public IoEngine {
   void Break(int err) {
     if (broken_ != 0) return;
     broken_ = err;
-    for (auto& [p, sqe] : queued_) {
+    sqes_ -= queued_.size();
+    while (Part* p = queued_.pop_front()) {
+      auto* sqe = static_cast<io_uring_sqe*>(std::exchange(p->sqe, nullptr));
       io_uring_prep_nop(sqe);
       io_uring_sqe_set_data(sqe, &kDropped);
       pending_.push_back(p);
     }
-    sqes_ -= static_cast<uint32_t>(queued_.size());
-    queued_.clear();
     submit_cv_.notify_one();
   }
 
   // Fails every pending part with the engine's error (callbacks run without mu_).
   void FailPending(std::unique_lock<std::mutex>& lock) {
-    std::deque<Part*> doomed;
-    doomed.swap(pending_);
+    PartList doomed;
+    doomed.take_all(pending_);
     const int64_t result = -static_cast<int64_t>(broken_);
     lock.unlock();
-    for (Part* p : doomed) {
+    while (Part* p = doomed.pop_front()) {
       FinishRange(*p, result, p->start_ns != 0 ? NowNs() - p->start_ns : 0);
       delete p;
     }
@@ -315,14 +364,13 @@ class UringEngine final : public IoEngine {
       if (NowNs() > deadline) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    std::vector<Part*> lost;
+    PartList lost;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      lost.assign(in_kernel_.begin(), in_kernel_.end());
-      in_kernel_.clear();
-      sqes_ -= static_cast<uint32_t>(lost.size());
+      lost.take_all(in_kernel_);
+      sqes_ -= lost.size();
     }
-    for (Part* p : lost) {
+    while (Part* p = lost.pop_front()) {
       FinishRange(*p, -static_cast<int64_t>(err), NowNs() - p->start_ns);
       delete p;
     }
@@ -385,9 +433,9 @@ class UringEngine final : public IoEngine {
   uint32_t depth_ = 1;
   std::mutex mu_;
   std::condition_variable idle_cv_, submit_cv_;
-  std::deque<Part*> pending_;                        // not yet in an SQE
-  std::deque<std::pair<Part*, io_uring_sqe*>> queued_;  // in an SQE the kernel has not taken yet
-  std::unordered_set<Part*> in_kernel_;              // taken by the kernel, not completed
+  PartList pending_;    // not yet in an SQE
+  PartList queued_;     // in an SQE (Part::sqe) the kernel has not taken yet
+  PartList in_kernel_;  // taken by the kernel, not completed
   uint32_t sqes_ = 0;                                // queued_ + in_kernel_
   uint64_t refused_since_ns_ = 0;                    // 0: the last submission was taken
   int broken_ = 0;                                   // errno that broke the engine

@@ -1,13 +1,19 @@
 #include "store/latency_window.h"
 
 #include <algorithm>
+#include <new>
 
 namespace k3pack::store {
 
 void LatencyWindow::Add(uint64_t ns) {
   ++total_;
   if (ring_.size() < capacity_) {
-    ring_.push_back(ns);
+    // Called as reads finish, on the I/O threads, which must not throw: a
+    // sample that finds no memory is left out of the percentiles.
+    try {
+      ring_.push_back(ns);
+    } catch (const std::bad_alloc&) {
+    }
     return;
   }
   ring_[next_] = ns;

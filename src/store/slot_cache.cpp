@@ -24,6 +24,8 @@
 #include "store/policy.h"
 #include "store/store_impl.h"
 #include "util/interrupt.h"
+#include "util/process_limits.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 
@@ -39,11 +41,22 @@ struct ReadBatch {
   std::vector<std::optional<Error>> errors;
   std::vector<ObjectReadResult> results;
 
+  // On an engine thread, which must not throw: the counts are copied
+  // without the status, and an error whose text cannot be copied is
+  // recorded as BareOutOfMemory (ReadInto names the object).
   void Done(size_t i, const ObjectReadResult& r) {
     std::lock_guard<std::mutex> lock(mu);
-    results[i] = r;
-    if (!r.status.ok()) errors[i] = r.status.error();
+    results[i].bytes = r.bytes;
+    results[i].max_range_ns = r.max_range_ns;
+    results[i].latency_ns = r.latency_ns;
+    if (!r.status.ok() && RanOutOfMemory([&] { errors[i] = r.status.error(); })) errors[i] = BareOutOfMemory();
     if (--pending == 0) cv.notify_all();
+  }
+  // Reads [first, end) were never submitted: nothing will call Done for them.
+  void Unsubmitted(size_t first, size_t end) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = first; i < end; ++i) errors[i] = BareOutOfMemory();
+    pending -= end - first;
   }
   void Wait() {
     std::unique_lock<std::mutex> lock(mu);
@@ -481,18 +494,25 @@ Status SlotCache::Impl::ReadInto(uint32_t li, const std::vector<std::pair<Object
   batch->pending = reads.size();
   batch->errors.resize(reads.size());
   batch->results.resize(reads.size());
-  for (size_t i = 0; i < reads.size(); ++i) {
-    auto r = std::make_unique<ObjectRead>();
-    r->fd = opt.store.direct_io ? direct_fd.get() : fd.get();
-    r->direct = opt.store.direct_io;
-    r->file_offset = geo.object_offsets[reads[i].first];
-    r->dst = reads[i].second;
-    r->ranges = ranges[li];
-    r->layer = geo.space.active_layer_ids[li];
-    r->expert = geo.space.ExpertOf(reads[i].first);
-    r->done = [batch, i](const ObjectReadResult& res) { batch->Done(i, res); };
-    engine->Submit(std::move(r));
-  }
+  size_t submitted = 0;
+  // Without memory for a request (`ulimit -v`) the rest are not submitted,
+  // but those in flight are waited for: they write into the caller's slots.
+  RanOutOfMemory([&] {
+    for (; submitted < reads.size(); ++submitted) {
+      const size_t i = submitted;
+      auto r = std::make_unique<ObjectRead>();
+      r->fd = opt.store.direct_io ? direct_fd.get() : fd.get();
+      r->direct = opt.store.direct_io;
+      r->file_offset = geo.object_offsets[reads[i].first];
+      r->dst = reads[i].second;
+      r->ranges = ranges[li];
+      r->layer = geo.space.active_layer_ids[li];
+      r->expert = geo.space.ExpertOf(reads[i].first);
+      r->done = [batch, i](const ObjectReadResult& res) { batch->Done(i, res); };
+      engine->Submit(std::move(r));  // queues all of it, or throws with nothing queued
+    }
+  });
+  if (submitted < reads.size()) batch->Unsubmitted(submitted, reads.size());
   batch->Wait();
   std::optional<Error> first;
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -502,7 +522,7 @@ Status SlotCache::Impl::ReadInto(uint32_t li, const std::vector<std::pair<Object
     pack_read_ns += r.max_range_ns;
     if (batch->errors[i]) {
       ++io_errors;
-      if (!first) first = batch->errors[i];
+      if (!first) first = ExplainReadError(geo, reads[i].first, *batch->errors[i]);
       continue;
     }
     // Damaged bytes never reach a caller: the call fails and its misses are forgotten.

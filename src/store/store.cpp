@@ -12,6 +12,7 @@
 #include "store/fork_guard.h"
 #include "store/store_state.h"
 #include "util/interrupt.h"
+#include "util/process_limits.h"
 #include "util/threads.h"
 
 namespace k3pack::store {
@@ -181,44 +182,53 @@ std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId 
   return e;
 }
 
-// mu held.
+// mu held. Never throws: a read that cannot be started (no buffer, no memory
+// for its request under `ulimit -v`) fails its entry, so that nobody waits
+// for it forever. It also runs on I/O threads (speculative reads started as
+// others finish), where an exception would end the process.
 void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
   const ObjectId id = e->id;
   const uint32_t li = geo.space.LayerIndexOf(id);
   e->submitted = true;
-  e->buffer = pool->Get(geo.space.object_bytes[li]);
   ++loading;
-  if (!e->buffer) {
-    FinishRead(e, {Error("cannot allocate an expert buffer", ErrorKind::kMemory), 0, 0, 0});
-    return;
-  }
-  auto read = std::make_unique<ObjectRead>();
-  read->fd = opt.direct_io ? direct_fd.get() : fd.get();
-  read->direct = opt.direct_io;
-  read->file_offset = geo.object_offsets[id];
-  read->dst = e->buffer.get();
-  read->ranges = ranges[li];
-  read->layer = geo.space.active_layer_ids[li];
-  read->expert = geo.space.ExpertOf(id);
-  read->done = [this, e](const ObjectReadResult& r) {
-    // Queuing allocates, on the I/O thread: with no memory for it (under
-    // `ulimit -v`), the read is checked here instead of ending the process.
-    if (verify_pool && r.status.ok() &&
-        !RanOutOfMemory([&] { verify_pool->Submit([this, e, r] { CheckAndFinish(e, r); }); })) {
-      return;
-    }
-    CheckAndFinish(e, r);
-  };
-  engine->Submit(std::move(read));
+  const bool out_of_memory = RanOutOfMemory([&] {
+    e->buffer = pool->Get(geo.space.object_bytes[li]);
+    if (!e->buffer) return;
+    auto read = std::make_unique<ObjectRead>();
+    read->fd = opt.direct_io ? direct_fd.get() : fd.get();
+    read->direct = opt.direct_io;
+    read->file_offset = geo.object_offsets[id];
+    read->dst = e->buffer.get();
+    read->ranges = ranges[li];
+    read->layer = geo.space.active_layer_ids[li];
+    read->expert = geo.space.ExpertOf(id);
+    read->done = [this, e](const ObjectReadResult& r) {
+      // Queuing allocates, on the I/O thread: with no memory for it, the
+      // read is checked here instead.
+      if (verify_pool && r.status.ok() &&
+          !RanOutOfMemory([&] { verify_pool->Submit([this, e, r] { CheckAndFinish(e, r); }); })) {
+        return;
+      }
+      CheckAndFinish(e, r);
+    };
+    engine->Submit(std::move(read));  // queues all of it, or throws with nothing queued
+  });
+  if (out_of_memory || !e->buffer) FinishRead(e, {BareOutOfMemory(), 0, 0, 0});
 }
 
+// Never throws: it runs on I/O and checksum threads (a checksum job's
+// exception would be kept in a future nobody reads, and the read would
+// never finish).
 void ExpertStore::Impl::CheckAndFinish(const std::shared_ptr<Entry>& e, const ObjectReadResult& r) {
   // Before anyone can see the bytes.
   if (r.status.ok() && !entry_crc32c.empty()) {
-    Status bad = CheckObject(e->id, e->buffer.get());
+    Status bad = Status::OK();
+    // Only a mismatch allocates (its text): without memory for that, the
+    // bytes are refused all the same.
+    if (RanOutOfMemory([&] { bad = CheckObject(e->id, e->buffer.get()); })) bad = BareOutOfMemory();
     if (!bad.ok()) {
-      ObjectReadResult damaged = r;
-      damaged.status = bad;
+      ObjectReadResult damaged = r;  // an OK status: copied without allocating
+      damaged.status = std::move(bad);
       std::lock_guard<std::mutex> lock(mu);
       FinishRead(e, damaged, true);
       return;
@@ -243,7 +253,9 @@ void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const Object
   } else {
     ++(checksum_failed ? checksum_errors : io_errors);
     e->state = Entry::kFailed;
-    e->error = r.status.error();
+    // On an I/O thread: a text that cannot be copied is replaced by one that
+    // needs no memory, and the waiter says what was lost (ExplainReadError).
+    if (RanOutOfMemory([&] { e->error = r.status.error(); })) e->error = BareOutOfMemory();
     if (e->prefetched && staged_mode) FinishStagedRead(e, false);
     // Never serve or keep the bytes: forget the object.
     if (entries[e->id] == e) {
@@ -360,7 +372,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   };
   for (const auto& e : call_entries) {
     if (e->state == Impl::Entry::kFailed) {
-      Error err = *e->error;
+      Error err = ExplainReadError(s.geo, e->id, *e->error);
       release();
       return err;
     }

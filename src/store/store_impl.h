@@ -90,6 +90,11 @@ Result<ObjectChecksums> LoadObjectChecksums(const std::string& pack_path, const 
 Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& entry_crc32c, ObjectId id,
                         const uint8_t* bytes);
 
+// What a caller is told of a read of `id` that failed with `e`: `e`, or for
+// BareOutOfMemory (all an I/O thread without memory could record) an error
+// naming the object, the pack and the process's memory limit.
+Error ExplainReadError(const PackGeometry& geo, ObjectId id, const Error& e);
+
 // The EP rank a store serves: the manifest's k3pack.ep (a rank pack) and
 // StoreOptions::ep must agree when both are given; the error names both.
 // Checked after every SGLang check (k3pack's own rule). Sets geo->ep/owned.

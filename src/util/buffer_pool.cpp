@@ -1,6 +1,7 @@
 #include "util/buffer_pool.h"
 
 #include <cstdlib>
+#include <new>
 
 namespace k3pack {
 
@@ -71,8 +72,15 @@ void BufferPool::Release(uint8_t* p, uint64_t bytes) {
     Free(*allocator_, p, bytes);
     return;
   }
-  free_[bytes].push_back(p);
-  free_bytes_ += bytes;
+  try {
+    free_[bytes].push_back(p);
+    free_bytes_ += bytes;
+  } catch (const std::bad_alloc&) {
+    // This runs in a shared_ptr's deleter, where an exception ends the
+    // process: with no memory to keep the buffer for reuse, free it.
+    allocated_ -= bytes;
+    Free(*allocator_, p, bytes);
+  }
 }
 
 }  // namespace k3pack

@@ -24,13 +24,6 @@ const char* ErrorKindName(ErrorKind kind) {
 namespace {
 constexpr const char kHintLabel[] = "\nhint: ";
 
-// The soft limit `resource` has now, "unlimited" when none.
-std::string SoftLimitOf(int resource) {
-  struct rlimit rl;
-  if (::getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return std::to_string(rl.rlim_cur);
-}
-
 // A limit of the process, not the file named, made the call fail: without
 // saying which limit and its value, "Too many open files" on a shard or
 // "File too large" on a pack reads like a fault of that file.
@@ -60,6 +53,12 @@ std::string ProcessLimitHint(int err) {
 
 }  // namespace
 
+std::string SoftLimitOf(int resource) {
+  struct rlimit rl;
+  if (::getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(rl.rlim_cur);
+}
+
 std::string OutOfMemoryHint() {
   const std::string cap = SoftLimitOf(RLIMIT_AS);
   if (cap == "unlimited") return "free memory or lower the command's buffer and cache sizes, and rerun";
@@ -69,6 +68,17 @@ std::string OutOfMemoryHint() {
 Error OutOfMemoryOn(const std::string& where) {
   return Error("out of memory on " + where + " (an allocation failed)", ErrorKind::kMemory, ENOMEM)
       .WithHint(OutOfMemoryHint());
+}
+
+namespace {
+constexpr const char kBareOutOfMemory[] = "out of memory";
+static_assert(sizeof(kBareOutOfMemory) - 1 <= 15, "libstdc++ keeps up to 15 characters inline, without allocating");
+}  // namespace
+
+Error BareOutOfMemory() noexcept { return Error(kBareOutOfMemory, ErrorKind::kMemory, ENOMEM); }
+
+bool IsBareOutOfMemory(const Error& e) {
+  return e.kind() == ErrorKind::kMemory && e.sys_errno() == ENOMEM && e.message() == kBareOutOfMemory;
 }
 
 const Error& ErrorOfOk() {

@@ -8,6 +8,10 @@
 
 namespace k3pack {
 
+// The soft limit `resource` (RLIMIT_AS, ...) has now, in its own units;
+// "unlimited" when none.
+std::string SoftLimitOf(int resource);
+
 // For an allocation that failed: under `ulimit -v` it names the limit and its
 // value; without one it says to free memory or ask for smaller buffers.
 std::string OutOfMemoryHint();
@@ -16,5 +20,14 @@ std::string OutOfMemoryHint();
 // ("a copy thread of the pack build"): `out of memory on {where} (an
 // allocation failed)`, ENOMEM, with OutOfMemoryHint().
 Error OutOfMemoryOn(const std::string& where);
+
+// "out of memory" (ENOMEM), made without allocating: the text fits
+// std::string's inline buffer, so a thread whose every allocation fails (an
+// I/O thread under `ulimit -v`) can still fail a read with it rather than
+// end the process. The thread that reports it to the user, which may
+// allocate, replaces it with an error naming what was lost; IsBareOutOfMemory
+// tells it apart.
+Error BareOutOfMemory() noexcept;
+bool IsBareOutOfMemory(const Error& e);
 
 }  // namespace k3pack

@@ -1,0 +1,254 @@
+// The store's I/O threads when no allocation succeeds on them (any
+// allocation may fail under `ulimit -v`). An exception leaving an engine or
+// checksum thread ends the process, and one swallowed by a checksum job left
+// its read unfinished and its waiter waiting forever. This binary's operator
+// new fails, while "starved", on every thread but the test's: the engine,
+// checksum and reaping threads get no memory at all, the test's own thread
+// (the acquiring caller, which reports errors) gets what it asks for.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <cerrno>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../forked_child.h"
+#include "k3pack/pack.h"
+#include "k3pack/slot_cache.h"
+#include "k3pack/store.h"
+#include "open_ok.h"
+#include "store/synthetic_pack.h"
+
+#ifndef K3_TEST_UNDER_SANITIZER
+namespace {
+std::atomic<bool> g_starved{false};
+std::atomic<std::thread::id> g_fed_thread{};
+
+bool Starved() {
+  return g_starved.load(std::memory_order_relaxed) && std::this_thread::get_id() != g_fed_thread.load();
+}
+}  // namespace
+
+// The sanitizers bring their own allocator: there the tests are skipped and
+// these replacements are not built. g++ takes free() in a replaced operator
+// delete for a mismatch with the new-expression it was inlined into.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  if (!Starved())
+    if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return Starved() ? nullptr : std::malloc(n != 0 ? n : 1); }
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return ::operator new(n, t); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+#endif
+
+namespace k3pack::store {
+namespace {
+
+using testing::Get;
+using testing::PatternByte;
+using testing::TinyPack;
+using testing::TinySpec;
+
+#ifndef K3_TEST_UNDER_SANITIZER
+// While alive, every thread but the one that made it is out of memory.
+class StarveOtherThreads {
+ public:
+  StarveOtherThreads() {
+    g_fed_thread.store(std::this_thread::get_id());
+    g_starved.store(true);
+  }
+  ~StarveOtherThreads() { g_starved.store(false); }
+};
+#endif
+
+StoreOptions Opts(const char* io) {
+  StoreOptions o;
+  o.cache_bytes = 16 * 12288;
+  o.policy = "lru";
+  o.queue_depth = 4;
+  o.io_backend = io;
+  return o;
+}
+
+void ExpectPattern(const Acquisition& a) {
+  for (const ExpertView& v : a.routes)
+    for (uint64_t i = 0; i < v.gate.size(); i += 509) ASSERT_EQ(v.gate[i], PatternByte(v.layer, v.expert, 1, i));
+}
+
+#ifdef K3_TEST_UNDER_SANITIZER
+#define SKIP_UNDER_SANITIZER() GTEST_SKIP() << "replaces operator new, which the sanitizer runtimes own"
+#else
+#define SKIP_UNDER_SANITIZER()
+#endif
+
+// A read that fails (EIO) when its engine thread has no memory for the
+// error's text: before, std::bad_alloc left the thread (std::terminate).
+// Now the acquire fails with an out-of-memory error naming the object, and
+// once memory is back the same acquire is served with the right bytes.
+TEST(StoreOutOfMemory, AFailedReadOnAStarvedIoThreadIsAnErrorNamingTheObject) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    TinyPack p(TinySpec{}, "oom-eio");
+    ASSERT_TRUE(p.WriteDigestSidecar(true).ok());
+    auto opened = ExpertStore::Open(p.pack, p.manifest, Opts(io));
+    ASSERT_TRUE(opened.ok()) << opened.error().message();
+    auto s = *opened;
+    const uint64_t target = p.layout.ObjectOffset(0, 2);  // layer 1, expert 2
+    std::atomic<bool> failing{true};
+    s->SetReadFaultHook([&](uint64_t off, uint64_t, int64_t* result) {
+      if (off == target && failing.load()) *result = -EIO;
+    });
+    {
+      StarveOtherThreads starved;
+      auto a = Get(*s, 1, {2, 3});
+      ASSERT_FALSE(a.ok()) << "a failed read was served";
+      EXPECT_EQ(a.error().kind(), ErrorKind::kMemory);
+      EXPECT_EQ(a.error().sys_errno(), ENOMEM);
+      EXPECT_NE(a.error().message().find("expert-pack object (layer 1, expert 2, 12288 bytes) of "),
+                std::string::npos)
+          << a.error().message();
+      EXPECT_NE(a.error().message().find(" could not be read: out of memory"), std::string::npos)
+          << a.error().message();
+      EXPECT_NE(a.error().message().find("\nhint: "), std::string::npos) << a.error().message();
+      // A read that succeeds needs no memory on its thread: served as usual.
+      auto b = Get(*s, 2, {0, 1});
+      ASSERT_TRUE(b.ok()) << b.error().message();
+      ExpectPattern(*b);
+      ASSERT_TRUE(s->MarkUsed(*b).ok());
+    }
+    failing = false;
+    auto again = Get(*s, 1, {2, 3});
+    ASSERT_TRUE(again.ok()) << again.error().message();
+    ExpectPattern(*again);
+    ASSERT_TRUE(s->MarkUsed(*again).ok());
+    auto j = s->Snapshot();
+    EXPECT_EQ(j["io_errors"], 1);
+    EXPECT_EQ(j["k3pack"]["checksum_errors"], 0);
+    ASSERT_TRUE(s->Close().ok());
+  }
+#endif
+}
+
+// A damaged object found by a starved checksum check: the text of the
+// mismatch cannot be made, but the bytes are refused all the same, and with
+// memory back the next acquire names the damage.
+TEST(StoreOutOfMemory, ADamagedObjectCheckedOnAStarvedThreadIsNeverServed) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    TinyPack p(TinySpec{}, "oom-crc");
+    ASSERT_TRUE(p.WriteDigestSidecar(true).ok());
+    const uint64_t at = p.layout.Slot(1, 3, pack::Role::kGate).offset + 1000;  // layer 2, expert 3
+    const std::string bytes = *ReadFileToString(p.pack);
+    const char flipped = static_cast<char>(bytes[at] ^ 0x10);
+    p.Patch(at, &flipped, 1);
+    auto opened = ExpertStore::Open(p.pack, p.manifest, Opts(io));
+    ASSERT_TRUE(opened.ok()) << opened.error().message();
+    auto s = *opened;
+    {
+      StarveOtherThreads starved;
+      auto a = Get(*s, 2, {3, 4});
+      ASSERT_FALSE(a.ok()) << "a damaged object was served";
+      EXPECT_EQ(a.error().kind(), ErrorKind::kMemory);
+    }
+    auto named = Get(*s, 2, {3, 4});
+    ASSERT_FALSE(named.ok()) << "a damaged object was served";
+    EXPECT_NE(named.error().message().find("expert-pack object (layer 2, expert 3) is damaged"), std::string::npos)
+        << named.error().message();
+    EXPECT_EQ(s->Snapshot()["k3pack"]["checksum_errors"], 2);
+    ASSERT_TRUE(s->Close().ok());
+  }
+#endif
+}
+
+// Staged prefetch starts its queued reads from the I/O thread as earlier
+// ones finish. Starved there, such a read fails before it is submitted; the
+// acquire that wants the object then reads it on demand.
+TEST(StoreOutOfMemory, PrefetchesStartedOnAStarvedIoThreadFallBackToDemandReads) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    TinyPack p(TinySpec{}, "oom-prefetch");
+    StoreOptions o = Opts(io);
+    o.prefetch_queue_depth = 1;  // one speculative read at a time: the rest start from the I/O thread
+    auto opened = ExpertStore::Open(p.pack, p.manifest, o);
+    ASSERT_TRUE(opened.ok()) << opened.error().message();
+    auto s = *opened;
+    {
+      StarveOtherThreads starved;
+      ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1, 2, 3, 4, 5}).ok());
+      auto a = Get(*s, 1, {4, 5});
+      ASSERT_TRUE(a.ok()) << a.error().message();
+      ExpectPattern(*a);
+      ASSERT_TRUE(s->MarkUsed(*a).ok());
+    }
+    auto b = Get(*s, 1, {0, 1});
+    ASSERT_TRUE(b.ok()) << b.error().message();
+    ExpectPattern(*b);
+    ASSERT_TRUE(s->MarkUsed(*b).ok());
+    ASSERT_TRUE(s->Close().ok());
+  }
+#endif
+}
+
+// The SGLang drop-in's slot cache reads misses straight into the caller's
+// slots through the same engines: a short read (the pack cut under a live
+// cache) on a starved engine thread fails the call, naming the object.
+TEST(StoreOutOfMemory, TheSlotCachesFailedReadOnAStarvedIoThreadIsAnError) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  TinyPack p(TinySpec{}, "oom-slots");
+  for (const char* io : {"pread", "uring"}) {
+    SCOPED_TRACE(io);
+    p.WritePack();
+    SlotCacheOptions o;
+    o.store.io_backend = io;
+    auto opened = SlotCache::Open(p.pack, p.manifest, o);
+    ASSERT_TRUE(opened.ok()) << opened.error().message();
+    auto cache = std::move(opened).value();
+    const uint32_t slots = 4;
+    std::vector<uint8_t> memory(uint64_t{slots} * cache->slot_bytes() + 4096);
+    uint8_t* base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
+    ASSERT_TRUE(cache->AttachHost(base, slots).ok());
+    // The last object (layer 2, expert 7) ends 7288 bytes short.
+    std::filesystem::resize_file(p.pack, p.layout.final_size() - 12288 + 5000);
+    const int64_t shape[2] = {1, 2};
+    const std::vector<int64_t> ids = {7, 6};
+    {
+      StarveOtherThreads starved;
+      auto r = cache->Acquire(2, ids, shape, std::nullopt);
+      ASSERT_FALSE(r.ok()) << "a short read was served";
+      EXPECT_EQ(r.error().kind(), ErrorKind::kMemory);
+      EXPECT_NE(r.error().message().find("expert-pack object (layer 2, expert 7, 12288 bytes) of "),
+                std::string::npos)
+          << r.error().message();
+    }
+    auto named = cache->Acquire(2, ids, shape, std::nullopt);
+    ASSERT_FALSE(named.ok());
+    EXPECT_EQ(named.error().message(), "short expert-pack read for (2, 7, 0, 12288): 5000 != 12288");
+    const std::vector<int64_t> fine = {6, 5};
+    auto served = cache->Acquire(2, fine, shape, std::nullopt);
+    ASSERT_TRUE(served.ok()) << served.error().message();
+    ASSERT_TRUE(cache->Close().ok());
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace k3pack::store
