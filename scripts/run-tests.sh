@@ -49,7 +49,7 @@ wanted() {
 if wanted ctest; then
   step "unit and integration tests (build/)"
   rm -f build/Testing/Temporary/LastTestsFailed.log
-  (cd build && ctest --output-on-failure -j "$JOBS" --timeout 600) || { failed+=("ctest"); note_ctest_failures build; }
+  (cd build && ctest --output-on-failure --no-tests=error -j "$JOBS" --timeout 600) || { failed+=("ctest"); note_ctest_failures build; }
 fi
 
 if wanted python; then
@@ -72,7 +72,7 @@ if wanted asan; then
   step "unit and integration tests under AddressSanitizer + UBSan (build-asan/)"
   rm -f build-asan/Testing/Temporary/LastTestsFailed.log
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --output-on-failure -j "$JOBS" --timeout 900 -E 'PackCli.KillNineAtTwentySeededPointsThenResume') \
+    ctest --output-on-failure --no-tests=error -j "$JOBS" --timeout 900 -E 'PackCli.KillNineAtTwentySeededPointsThenResume') \
     || { failed+=("asan"); note_ctest_failures build-asan; }
 fi
 

@@ -28,6 +28,7 @@
 #include "pack/progress.h"
 #include "pack/repair_damaged.h"
 #include "util/file.h"
+#include "util/process_limits.h"
 
 namespace k3pack::cli {
 namespace {
@@ -62,9 +63,10 @@ Result<Values> ParseValues(const Args& args) {
 Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   Status st = doctor::CheckSglangCanLoad(plan.experts.shard_paths.front(), plan.profile, args.Get("--model-config"),
                                          args.Has("--allow-mixed-types"));
-  // An OS error (out of descriptors) is no problem of the model: doctor and
-  // --allow-unsupported are no way out of it.
-  if (st.ok() || st.error().kind() == ErrorKind::kOS) return st;
+  // A shard the process could not read (permissions, `ulimit -n`, `ulimit
+  // -v`) is no problem of the model: doctor and --allow-unsupported are no
+  // way out of it.
+  if (st.ok() || IsProcessCannotRead(st.error().sys_errno())) return st;
   return st.error().WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
                              "--allow-unsupported to build the pack anyway");
 }

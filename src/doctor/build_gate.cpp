@@ -2,6 +2,10 @@
 // refuse to build a pack for (one rule for both front ends).
 #include "k3pack/doctor.h"
 
+#include <cerrno>
+
+#include "util/process_limits.h"
+
 namespace k3pack::doctor {
 
 Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
@@ -18,12 +22,13 @@ Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, c
     if (f.severity == Severity::kError) fatal.push_back(&f);
   }
   if (fatal.empty()) return Status::OK();
-  // A file doctor could not open for want of descriptors, or map for want
-  // of address space, says nothing of the checkpoint: the error is the OS's,
-  // with its hint (ulimit -n / -v).
+  // A file doctor could not read for want of permission, descriptors or
+  // address space says nothing of the checkpoint: the error is the OS's,
+  // with its errno (Python's PermissionError, ...) and its hint (ulimit -n
+  // / -v), and --allow-unsupported is no way out of it.
   for (const Finding* f : fatal) {
-    if (f->code == "open-file-limit") return Error(f->message, ErrorKind::kOS);
-    if (f->code == "out-of-memory") return Error(f->message, ErrorKind::kMemory);
+    const int err = f->details.value("errno", 0);
+    if (IsProcessCannotRead(err)) return Error(f->message, err == ENOMEM ? ErrorKind::kMemory : ErrorKind::kOS, err);
   }
   const Finding& first = *fatal.front();
   return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +

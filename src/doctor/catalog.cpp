@@ -59,19 +59,19 @@ const std::vector<Diagnosis> kCatalog = {
      "searched). The file itself may be intact; SGLang run as the same user fails the same way when it opens it. "
      "Nothing in it could be checked.",
      "Make it readable for the user that runs k3pack and SGLang (chmod a+r FILE, or chown/chgrp it to that user), "
-     "or run as a user who may read it; then run doctor again."},
+     "or run as a user who may read it; then run doctor again. `details`: `errno`."},
     {"open-file-limit", E, "OSError",
      "The process ran out of file descriptors when doctor opened the file (the per-process limit, `ulimit -n`, or "
      "the system's table of open files): the file itself may be intact, and nothing in it could be checked. SGLang "
      "run under the same limit fails the same way when it opens it.",
      "Raise the limit in the shell that runs doctor (`ulimit -n 4096`; the hint in the message says the value now) "
-     "and run doctor again."},
+     "and run doctor again. `details`: `errno`."},
     {"out-of-memory", E, "OSError",
      "The process could not map or allocate memory when doctor read the file (mostly an address-space limit, "
      "`ulimit -v`, far below what the file's mapping needs; else memory is exhausted): the file itself may be "
      "intact, and nothing in it could be checked. SGLang run under the same limit fails when it maps it.",
      "Raise the limit in the shell that runs doctor (`ulimit -v unlimited`; the hint in the message says the value "
-     "now) or free memory, and run doctor again."},
+     "now) or free memory, and run doctor again. `details`: `errno`."},
     {"shard-link-broken", E, "FileNotFoundError",
      "The shard is a symbolic link whose target does not exist, typically a Hugging Face cache snapshot "
      "(snapshots/<rev>/ links to blobs/) whose blob was deleted or has not finished downloading "

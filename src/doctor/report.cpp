@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "doctor/internal.h"
+#include "util/process_limits.h"
 #include "util/pyrepr.h"
 #include "util/utf8.h"
 
@@ -43,16 +44,15 @@ bool IsOpenFileLimit(int err) { return err == EMFILE || err == ENFILE; }
 
 bool ReportProcessCannotRead(const Error& e, const std::string& path, Collector& out) {
   const int err = e.sys_errno();
+  if (!IsProcessCannotRead(err)) return false;
   const char* code = err == EACCES || err == EPERM ? "file-permission-denied"
                      : IsOpenFileLimit(err)         ? "open-file-limit"
-                     : err == ENOMEM                ? "out-of-memory"
-                                                    : nullptr;
-  if (code == nullptr) return false;
+                                                    : "out-of-memory";
   // Python's open() raises the same text (OSError's str) for each of them;
   // its mmap (gguf-py's reader) names no file.
   std::string python = "[Errno " + std::to_string(err) + "] " + std::strerror(err);
   if (err != ENOMEM) python += ": " + PyRepr(path);
-  out.Add(code, path, e.message(), python, path);
+  out.Add(code, path, e.message(), python, path).details["errno"] = err;
   return true;
 }
 

@@ -218,7 +218,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     hash_pool.emplace(hash_threads);
   } catch (const std::system_error& e) {
     return Error::FromErrno("cannot start the pack build's hashing threads", e.code().value())
-        .WithHint("the process is out of threads or address space (ulimit -u / -v); nothing was copied");
+        .WithHint(ThreadStartHint() + "; nothing was copied");
   }
 
   std::unique_ptr<std::atomic<uint8_t>[]> finished(new std::atomic<uint8_t>[total]);
@@ -298,7 +298,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     if (const std::error_code ec = TryStartThread([&] { pool.emplace_back(worker); })) {
       if (!pool.empty()) break;  // fewer copy threads take every batch all the same
       return Error::FromErrno("cannot start the pack build's copy threads", ec.value())
-          .WithHint("the process is out of threads or address space (ulimit -u / -v); nothing was copied");
+          .WithHint(ThreadStartHint() + "; nothing was copied");
     }
   }
 
@@ -365,7 +365,8 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
   }
   stop_workers();
   for (auto& t : pool) t.join();
-  if (out_of_memory.load() && !first_error) first_error = OutOfMemoryOn("a copy thread of the pack build");
+  if (out_of_memory.load() && !first_error)
+    first_error = OutOfMemoryOn("a copy thread of the pack build").WithContext(p.partial);
   // Test seam: the copy finished without a signal; stop here, after its last
   // look at one, so a test can deliver a real signal at this moment.
   if (!first_error && !interrupted && EnvU64("K3PACK_TEST_STOP_AFTER_COPY").value_or(0) == 1) ::raise(SIGSTOP);

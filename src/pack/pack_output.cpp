@@ -8,6 +8,7 @@
 #include "pack/sidecar_upgrade.h"
 #include "pack/sidecar_kinds.h"
 #include "util/file.h"
+#include "util/process_limits.h"
 
 namespace k3pack::pack {
 
@@ -31,6 +32,15 @@ std::string NotAPackFile(const std::string& path) {
 }
 
 namespace {
+
+// A check of the pack at `out` that failed because the process could not
+// read it (permissions, `ulimit -n`, `ulimit -v`) says nothing of the pack:
+// that error, not "not a valid pack" and a --force that would copy the whole
+// model again. OK for a failure that does judge the pack.
+Status CouldNotCheck(const std::string& out, const Error& e) {
+  if (!IsProcessCannotRead(e.sys_errno())) return Status::OK();
+  return e.WithContext("cannot check the existing pack " + out);
+}
 
 // Whether the pack already at req.path is a finished pack of these shards
 // (then plan.valid_section holds its validation); when not, why is in
@@ -56,6 +66,7 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
     }
     auto same = VerifyPayloads(out, experts, full);
     if (!same.ok()) {
+      K3_RETURN_IF_ERROR(CouldNotCheck(out, same.error()));
       plan.invalid_reason = why + "; " + same.error().message();
       return false;
     }
@@ -90,6 +101,7 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
     plan.valid_section = *valid;
     return true;
   }
+  K3_RETURN_IF_ERROR(CouldNotCheck(out, valid.error()));
   plan.invalid_reason = valid.error().message();
   return false;
 }

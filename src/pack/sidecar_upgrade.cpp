@@ -10,6 +10,7 @@
 #include "pack/copy.h"
 #include "pack/sidecars.h"
 #include "util/file.h"
+#include "util/process_limits.h"
 #include "util/threads.h"
 
 namespace k3pack::pack {
@@ -35,7 +36,8 @@ Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& 
   std::mutex mu;
   std::optional<Error> error;
   std::atomic<uint64_t> next{0};
-  RunOnThreads(static_cast<unsigned>(std::max(1, threads)), [&] {
+  std::atomic<bool> out_of_memory{false};
+  auto check = [&] {
     auto buf = IoBuffer::Allocate(8u << 20);
     for (uint64_t i; (i = next.fetch_add(1)) < d.index_count;) {
       const EntrySlot e = layout.Entry(i);
@@ -56,7 +58,17 @@ Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& 
         return;
       }
     }
+  };
+  RunOnThreads(static_cast<unsigned>(std::max(1, threads)), [&] {
+    // Under `ulimit -v`: the other threads stop too, rather than read the
+    // rest of the pack for an upgrade that has already failed.
+    if (RanOutOfMemory(check)) {
+      out_of_memory.store(true);
+      next.store(d.index_count);
+    }
   });
+  if (out_of_memory.load())
+    return OutOfMemoryOn("a hashing thread of the digest-sidecar upgrade").WithContext(pack_path);
   if (error) return *error;
   return WritePackDigests(dpath, d);
 }

@@ -260,9 +260,6 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   };
   const int threads = o.threads > 0 ? o.threads : 4;
   std::vector<std::thread> pool;
-  // Progress and the interrupt check run on this thread between its own
-  // payloads and while the others finish: they may throw too.
-  const JoinedOnExit joined(pool, [&] { stop.store(true); });
   std::atomic<int> running{0};
   std::atomic<bool> out_of_memory{false};
   auto checking = [&](bool calling_thread) {
@@ -271,6 +268,10 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
       stop.store(true);
     }
   };
+  // Progress and the interrupt check run on this thread between its own
+  // payloads and while the others finish: they may throw too. Declared after
+  // everything the threads use, so that it joins them before those go.
+  const JoinedOnExit joined(pool, [&] { stop.store(true); });
   for (int i = 1; i < threads; ++i) {
     running.fetch_add(1);
     if (TryStartThread([&] {
@@ -291,7 +292,7 @@ Result<VerifyResult> VerifyPayloads(const std::string& pack_path, const ExpertSe
   }
   for (auto& t : pool) t.join();
   if (interrupted) return *interrupted;
-  if (out_of_memory.load()) return OutOfMemoryOn("a checking thread of verify");
+  if (out_of_memory.load()) return OutOfMemoryOn("a checking thread of verify").WithContext(pack_path);
   if (first_error) return first_error->second;
   if (!mismatches.empty()) return DamagedPayloadsError(std::move(mismatches), entries.size());
   VerifyResult r;

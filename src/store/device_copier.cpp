@@ -4,6 +4,7 @@
 #include <string>
 #include <system_error>
 
+#include "util/process_limits.h"
 #include "util/threads.h"
 
 namespace k3pack::store {
@@ -32,7 +33,7 @@ Result<std::unique_ptr<DeviceCopier>> DeviceCopier::Open(const cuda::Runtime* rt
         return Error("cannot start the device tier's copy threads (0 of " + std::to_string(workers) +
                          " started): " + failed.message(),
                      ErrorKind::kOS, failed.value())
-            .WithHint("lower copy_workers, or raise the process's thread or memory limits");
+            .WithHint("lower copy_workers, or " + ThreadStartHint());
       break;
     }
   }

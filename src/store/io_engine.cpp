@@ -1,6 +1,5 @@
 #include "store/io_engine.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,14 +20,9 @@ uint64_t NowNs() {
 }
 
 Error ThreadStartError(IoBackend backend, std::error_code failed, size_t started, size_t wanted) {
-  std::string hint = backend == IoBackend::kPread
-                         ? "lower queue_depth (the pread backend runs one thread per read in flight), or raise "
-                         : "raise ";
-  hint += "the process's thread limit (`ulimit -u`; in a container, its pids limit)";
-  // pthread_create says EAGAIN whichever limit stopped it; a thread's stack
-  // is address space, so under `ulimit -v` that limit is the likelier one.
-  if (const std::string cap = SoftLimitOf(RLIMIT_AS); cap != "unlimited")
-    hint += " or its address space (`ulimit -v`: at most " + cap + " bytes now; each thread's stack takes some)";
+  const std::string hint =
+      (backend == IoBackend::kPread ? "lower queue_depth (the pread backend runs one thread per read in flight), or " : "") +
+      ThreadStartHint();
   return Error("cannot start the expert store's I/O threads (" + std::to_string(started) + " of " +
                    std::to_string(wanted) + " started): " + failed.message(),
                ErrorKind::kOS, failed.value())

@@ -59,6 +59,17 @@ std::string SoftLimitOf(int resource) {
   return std::to_string(rl.rlim_cur);
 }
 
+bool IsProcessCannotRead(int err) {
+  return err == EACCES || err == EPERM || err == EMFILE || err == ENFILE || err == ENOMEM;
+}
+
+std::string ThreadStartHint() {
+  std::string hint = "raise the process's thread limit (`ulimit -u`; in a container, its pids limit)";
+  if (const std::string cap = SoftLimitOf(RLIMIT_AS); cap != "unlimited")
+    hint += " or its address space (`ulimit -v`: at most " + cap + " bytes now; each thread's stack takes some)";
+  return hint;
+}
+
 std::string OutOfMemoryHint() {
   const std::string cap = SoftLimitOf(RLIMIT_AS);
   if (cap == "unlimited") return "free memory or lower the command's buffer and cache sizes, and rerun";

@@ -12,6 +12,17 @@ namespace k3pack {
 // "unlimited" when none.
 std::string SoftLimitOf(int resource);
 
+// Whether `err` says the process, not the file, is why a read failed: no
+// permission (EACCES, EPERM) or a limit of the process (EMFILE, ENFILE,
+// ENOMEM). Such a failure judges nothing of the file's contents.
+bool IsProcessCannotRead(int err);
+
+// For threads that could not be started: pthread_create says EAGAIN
+// whichever limit stopped it, so this names the thread limit and, under
+// `ulimit -v` (each thread's stack is address space), that limit with its
+// value: "raise the process's thread limit (...) or its address space (...)".
+std::string ThreadStartHint();
+
 // For an allocation that failed: under `ulimit -v` it names the limit and its
 // value; without one it says to free memory or ask for smaller buffers.
 std::string OutOfMemoryHint();

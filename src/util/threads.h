@@ -97,12 +97,20 @@ void RunOnThreads(unsigned threads, Work&& work) {
 
 // Calls job(i) once for every i in [0, jobs), on up to `threads` threads
 // that pull the next i from a shared counter (RunOnThreads: every job runs
-// on the threads the system gives).
+// on the threads the system gives). A job that throws ends the others'
+// loops too: its exception is what the call ends with.
 template <typename Job>
 void RunJobsOnThreads(unsigned threads, uint64_t jobs, Job&& job) {
   std::atomic<uint64_t> next{0};
   RunOnThreads(threads, [&] {
-    for (uint64_t j; (j = next.fetch_add(1)) < jobs;) job(j);
+    for (uint64_t j; (j = next.fetch_add(1)) < jobs;) {
+      try {
+        job(j);
+      } catch (...) {
+        next.store(jobs);
+        throw;
+      }
+    }
   });
 }
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -126,6 +127,24 @@ TEST_F(InterruptCheck, PayloadChecksStopBetweenPayloadsOnTheCallingThread) {
   auto stopped = pack::VerifyPayloads(pack_, *ex, o);
   ASSERT_FALSE(stopped.ok());
   EXPECT_EQ(stopped.error().message(), "caller stopped it");
+}
+
+// A progress callback that throws (Python's, when it raises) unwinds
+// VerifyPayloads while its helper threads still check payloads. They were
+// joined only after the counters they update had gone out of scope (ASan:
+// stack-use-after-scope); now they are joined first, and the exception
+// reaches the caller.
+TEST_F(InterruptCheck, AProgressCallbackThatThrowsLeavesNoThreadBehind) {
+  auto ex = Experts();
+  ASSERT_TRUE(ex.ok()) << ex.error().message();
+  pack::VerifyOptions o;
+  o.threads = 4;
+  o.progress = [](const Progress&) { throw std::runtime_error("the caller's progress failed"); };
+  EXPECT_THROW((void)pack::VerifyPayloads(pack_, *ex, o), std::runtime_error);
+  o.progress = nullptr;
+  auto ok = pack::VerifyPayloads(pack_, *ex, o);
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  EXPECT_EQ(ok->entries_checked, entries_);
 }
 
 TEST_F(InterruptCheck, ValidatePollsBetweenSamplesAndPackChunks) {

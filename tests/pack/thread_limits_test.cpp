@@ -107,6 +107,22 @@ TEST(ThreadLimits, RunOnThreadsThrowsWhatAThreadThrewAfterJoiningAll) {
   }
 }
 
+// A job that throws ends the other threads' loops: before, they ran every
+// remaining job (for the digest-sidecar upgrade, read the rest of the pack)
+// for a call that had already failed.
+TEST(ThreadLimits, RunJobsOnThreadsStopsPullingJobsOnceOneThrew) {
+  constexpr uint64_t kJobs = 40000;  // 100 us each: about 1 s on 4 threads if nothing stops them
+  std::atomic<uint64_t> ran{0};
+  EXPECT_THROW(RunJobsOnThreads(4, kJobs,
+                                [&](uint64_t j) {
+                                  if (j == 0) throw std::bad_alloc();
+                                  std::this_thread::sleep_for(std::chrono::microseconds(100));
+                                  ran.fetch_add(1);
+                                }),
+               std::bad_alloc);
+  EXPECT_LT(ran.load(), kJobs / 10) << "the other threads kept pulling jobs";
+}
+
 TEST(ThreadLimits, RanOutOfMemorySaysWhetherTheBodyThrewBadAlloc) {
   int ran = 0;
   EXPECT_FALSE(RanOutOfMemory([&] { ++ran; }));
