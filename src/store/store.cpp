@@ -179,8 +179,17 @@ bool ExpertStore::Impl::Fits(std::span<const ObjectId> keys) const {
   return blocked + need <= policy->capacity_bytes();
 }
 
+// mu held. Never throws: with no memory for the entry, the object is
+// forgotten as after a failed read, and the shared failed entry stands in.
 std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId id, bool prefetched) {
-  auto e = std::make_shared<Entry>();
+  std::shared_ptr<Entry> e;
+  if (RanOutOfMemory([&] { e = std::make_shared<Entry>(); })) {
+    if (policy->Resident(id)) {
+      if (pins[id] != 0) pinned_resident_bytes -= geo.space.Cost(id);
+      policy->Erase(id);
+    }
+    return out_of_memory_entry;
+  }
   e->id = id;
   e->prefetched = prefetched;
   entries[id] = e;
@@ -327,6 +336,9 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   }
   std::vector<uint64_t> gens(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
+  // Allocated before the cache changes: from here on, no allocation of
+  // this call may fail with pins taken and not given back.
+  std::vector<std::shared_ptr<Impl::Entry>> call_entries(keys.size());
   AccessResult ar;
   Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows);
   for (ObjectId v : ar.evicted) s.DropEntry(v, true);
@@ -339,7 +351,6 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     return ExplainCannotEvict(st.error(), keys.size(), s.policy->capacity_bytes() / space.max_object_bytes(),
                               waited_out);
   }
-  std::vector<std::shared_ptr<Impl::Entry>> call_entries(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     ObjectId k = keys[i];
     if (ar.hit[i] && s.entries[k]) {
@@ -363,9 +374,13 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     s.Pin(k);
   }
   if (s.staged_mode) s.EndStaged(li, request_ids);  // what this call's requests did not route to
-  ++s.active_acquisitions;
-  ++s.active_by_thread[std::this_thread::get_id()];
   const std::thread::id owner = std::this_thread::get_id();
+  if (RanOutOfMemory([&] { ++s.active_by_thread[owner]; })) {
+    for (ObjectId k : keys) s.Unpin(k);
+    s.cv.notify_all();
+    return OutOfMemoryOn("the expert store's acquire of layer " + std::to_string(layer));
+  }
+  ++s.active_acquisitions;
   s.cv.wait(lock, [&] {
     for (const auto& e : call_entries)
       if (e->state == Impl::Entry::kLoading) return false;
@@ -376,21 +391,26 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     s.EndAcquisition(owner);
     s.cv.notify_all();
   };
-  for (const auto& e : call_entries) {
-    if (e->state == Impl::Entry::kFailed) {
-      Error err = ExplainReadError(s.geo, e->id, *e->error);
-      release();
-      return err;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (call_entries[i]->state == Impl::Entry::kFailed) {
+      release();  // first: making the error allocates
+      return ExplainReadError(s.geo, keys[i], *call_entries[i]->error);
     }
   }
   Acquisition out;
-  out.layer = layer;
-  out.ticket = ++s.next_ticket;
-  s.live_tickets.insert(out.ticket);
-  out.distinct_objects = keys;
-  out.owner = owner;
-  out.store = this;
-  out.routes.reserve(ids.size());
+  const bool out_of_memory = RanOutOfMemory([&] {
+    out.layer = layer;
+    out.owner = owner;
+    out.store = this;
+    out.distinct_objects = keys;
+    out.routes.reserve(ids.size());
+    s.live_tickets.insert(s.next_ticket + 1);
+    out.ticket = ++s.next_ticket;  // set last: a ticket is live once it is in live_tickets
+  });
+  if (out_of_memory) {
+    release();
+    return OutOfMemoryOn("the expert store's acquire of layer " + std::to_string(layer));
+  }
   const auto& off = s.geo.role_offsets[li];
   const auto& rb = s.geo.role_bytes[li];
   for (int64_t e : ids) {
@@ -496,9 +516,9 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
       s.StartRead(k, true);
     }
     if (!s.prefetch_pinned[k]) {
+      s.prefetch_by_layer[li].push_back(k);  // first: it may fail to allocate, and then nothing is pinned
       s.prefetch_pinned[k] = 1;
       s.Pin(k);
-      s.prefetch_by_layer[li].push_back(k);
     }
   }
   s.resident_experts = s.policy->resident_count();

@@ -21,6 +21,7 @@
 #include "store/latency_window.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
+#include "util/process_limits.h"
 
 namespace k3pack::store {
 
@@ -110,6 +111,15 @@ struct ExpertStore::Impl {
   uint64_t prefetch_refused = 0, prefetch_refused_bytes = 0;      // budget full
   uint64_t prefetch_cancelled = 0, prefetch_cancelled_bytes = 0;  // dropped before their read was issued
   uint64_t checksum_errors = 0, checksum_verified = 0;
+  // What an acquire waits on for an object whose entry could not be
+  // allocated: failed, with BareOutOfMemory (made at open, while memory was
+  // there). Never in `entries`.
+  std::shared_ptr<Entry> out_of_memory_entry = [] {
+    auto e = std::make_shared<Entry>();
+    e->state = Entry::kFailed;
+    e->error = BareOutOfMemory();
+    return e;
+  }();
   // Checks run here, not on io_uring's one reaping thread: there they would
   // run one after another while other reads' completions wait behind them.
   // Declared last: destroyed (joined) first.

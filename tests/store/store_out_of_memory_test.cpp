@@ -27,8 +27,11 @@
 namespace {
 std::atomic<bool> g_starved{false};
 std::atomic<std::thread::id> g_fed_thread{};
+// Counts down the allocations of one thread; the one that reaches 0 fails.
+thread_local int64_t t_fail_in = 0;
 
 bool Starved() {
+  if (t_fail_in > 0 && --t_fail_in == 0) return true;
   return g_starved.load(std::memory_order_relaxed) && std::this_thread::get_id() != g_fed_thread.load();
 }
 }  // namespace
@@ -71,7 +74,15 @@ class StarveOtherThreads {
   }
   ~StarveOtherThreads() { g_starved.store(false); }
 };
-#endif
+
+// While alive, the `n`th allocation of the thread that made it fails (and
+// only that one): a sweep over n fails each allocation of a call in turn.
+class FailNthAllocation {
+ public:
+  explicit FailNthAllocation(int64_t n) { t_fail_in = n; }
+  ~FailNthAllocation() { t_fail_in = 0; }
+  bool fired() const { return t_fail_in == 0; }
+};
 
 StoreOptions Opts(const char* io) {
   StoreOptions o;
@@ -86,6 +97,7 @@ void ExpectPattern(const Acquisition& a) {
   for (const ExpertView& v : a.routes)
     for (uint64_t i = 0; i < v.gate.size(); i += 509) ASSERT_EQ(v.gate[i], PatternByte(v.layer, v.expert, 1, i));
 }
+#endif
 
 #ifdef K3_TEST_UNDER_SANITIZER
 #define SKIP_UNDER_SANITIZER() GTEST_SKIP() << "replaces operator new, which the sanitizer runtimes own"
@@ -246,6 +258,55 @@ TEST(StoreOutOfMemory, TheSlotCachesFailedReadOnAStarvedIoThreadIsAnError) {
     auto served = cache->Acquire(2, fine, shape, std::nullopt);
     ASSERT_TRUE(served.ok()) << served.error().message();
     ASSERT_TRUE(cache->Close().ok());
+  }
+#endif
+}
+
+// The caller's own allocations: each allocation of an acquire (its
+// entries, the policy's bookkeeping, the views it returns) fails in turn.
+// Whatever the acquire answers (an error, or std::bad_alloc), the store
+// must stay usable: no pin or acquisition left held (a call that needs the
+// whole cache is served), every read finished (Close() does not hang).
+TEST(StoreOutOfMemory, EveryAllocationOfAnAcquireMayFailAndTheStoreStaysUsable) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  for (const char* io : {"pread", "uring"}) {
+    for (const char* policy : {"lru", "reuse-lfu-lru-v2", "adaptive"}) {
+      SCOPED_TRACE(std::string(io) + " " + policy);
+      TinyPack p(TinySpec{}, "oom-acquire");
+      StoreOptions o = Opts(io);
+      o.cache_bytes = 4 * 12288;  // 4 objects: a call of 4 distinct experts needs all of it
+      o.policy = policy;
+      auto opened = ExpertStore::Open(p.pack, p.manifest, o);
+      ASSERT_TRUE(opened.ok()) << opened.error().message();
+      auto s = *opened;
+      bool finished = false;
+      int failures = 0;
+      for (int64_t n = 1; n < 2000 && !finished; ++n) {
+        SCOPED_TRACE("allocation " + std::to_string(n));
+        bool fired = false;
+        {
+          FailNthAllocation fail(n);
+          try {
+            auto a = Get(*s, 1 + n % 2, {n % 8, (n + 3) % 8});
+            if (a.ok()) (void)s->MarkUsed(*a);
+          } catch (const std::bad_alloc&) {
+          }
+          fired = fail.fired();
+        }
+        finished = !fired;  // the call made fewer than n allocations: every one has failed once
+        failures += fired;
+        const std::vector<int64_t> four = {4, 5, 6, 7};
+        const int64_t two_rows[2] = {2, 2};
+        auto whole = s->Acquire(2, four, two_rows, std::nullopt);
+        ASSERT_TRUE(whole.ok()) << whole.error().message();
+        ExpectPattern(*whole);
+        ASSERT_TRUE(s->MarkUsed(*whole).ok());
+      }
+      EXPECT_TRUE(finished) << "the sweep did not reach the end of the call's allocations";
+      EXPECT_GT(failures, 10) << "too few of the call's allocations were failed to test anything";
+      ASSERT_TRUE(s->Close().ok());
+    }
   }
 #endif
 }
