@@ -67,9 +67,9 @@ Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& 
       next.store(d.index_count);
     }
   });
+  if (error) return *error;  // a damaged payload first: it is what the rerun would find too
   if (out_of_memory.load())
     return OutOfMemoryOn("a hashing thread of the digest-sidecar upgrade").WithContext(pack_path);
-  if (error) return *error;
   return WritePackDigests(dpath, d);
 }
 

@@ -127,7 +127,8 @@ Error ExplainReadError(const PackGeometry& geo, ObjectId id, const Error& e) {
   return Error("expert-pack object (layer " + std::to_string(geo.space.LayerOf(id)) + ", expert " +
                    std::to_string(geo.space.ExpertOf(id)) + ", " + std::to_string(geo.space.object_bytes[li]) +
                    " bytes) of " + geo.resolved_pack_path +
-                   " could not be read: out of memory (an allocation for its buffer, its read or its result failed)",
+                   " could not be read or checked: out of memory (an allocation for its buffer, its read, its check "
+                   "or its result failed)",
                ErrorKind::kMemory, ENOMEM)
       .WithHint(OutOfMemoryHint());
 }

@@ -12,6 +12,7 @@
 #include "store/miss_rows.h"
 #include "store/object_space.h"
 #include "store/store_impl.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 
@@ -189,7 +190,12 @@ Status DeviceExpertTier::UsePinnedHostBuffers(StoreOptions& options) {
   options.buffer_alloc = [rt](uint64_t bytes) -> void* {
     void* p = nullptr;
     if (rt->HostAlloc(&p, bytes, 0) != 0) return nullptr;
-    PinnedRegistry::Get().Add(p, bytes);
+    // The registry's entry allocates: without memory for it, the pinned
+    // buffer goes back rather than leak (the read fails for want of memory).
+    if (RanOutOfMemory([&] { PinnedRegistry::Get().Add(p, bytes); })) {
+      rt->FreeHost(p);
+      return nullptr;
+    }
     return p;
   };
   options.buffer_free = [rt](void* p, uint64_t) {

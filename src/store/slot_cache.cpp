@@ -119,9 +119,18 @@ struct SlotCache::Impl {
       total_pins += sign * static_cast<int64_t>(n);
     }
   }
+  // Adding (+1) may throw std::bad_alloc, and then adds nothing; removing
+  // (-1) holds that are there never allocates.
   static void AddHolds(Holds* holds, std::span<const ObjectId> keys, int sign) {
-    for (ObjectId k : keys)
-      if (((*holds)[k] += sign) == 0) holds->erase(k);
+    size_t done = 0;
+    try {
+      for (; done < keys.size(); ++done)
+        if (((*holds)[keys[done]] += sign) == 0) holds->erase(keys[done]);
+    } catch (const std::bad_alloc&) {
+      for (size_t i = 0; i < done; ++i)
+        if (((*holds)[keys[i]] -= sign) == 0) holds->erase(keys[i]);
+      throw;
+    }
   }
   bool Fits(std::span<const ObjectId> keys) const;
   void FreeSlot(uint32_t slot);
@@ -369,19 +378,28 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   std::vector<uint64_t> gens(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
   const size_t free_before = s.free_slots.size();
+  // Room for every result before the cache changes (an object is one slot,
+  // so a call evicts at most one per key): an allocation that fails while
+  // the policy's choice is applied to the slots would leave them apart.
   AccessResult ar;
+  ar.hit.reserve(keys.size());
+  ar.evicted.reserve(keys.size());
+  std::vector<uint32_t> vacated;
+  vacated.reserve(keys.size());
+  std::vector<std::pair<ObjectId, uint32_t>> misses;
+  misses.reserve(keys.size());
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
   Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows);
   s.SetPins(mine, +1);
   // Evicted objects give up their slots, in eviction order; misses take the
   // free slots first (lowest index), then those slots in that order.
-  std::vector<uint32_t> vacated;
   for (ObjectId v : ar.evicted) {
     vacated.push_back(s.slot_of[v]);
     s.slot_of[v] = kNoSlot;
     s.key_of[vacated.back()] = kNoObject;
   }
   s.cache_evictions += ar.evicted.size();
-  std::vector<std::pair<ObjectId, uint32_t>> misses;
   size_t next_vacated = 0, free_used = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     ObjectId k = keys[i];
@@ -420,16 +438,27 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   }
   // Pin the call for other threads before reading (the lock stays held:
   // one call's misses are read together, as SGLang does under its lock).
+  // Without memory for the holds or the reads (`ulimit -v`), the misses are
+  // forgotten like a failed read's: their slots never serve bytes not read.
   Impl::Holds held;
-  Impl::AddHolds(&held, keys, +1);
-  Impl::AddHolds(&mine, keys, +1);
+  if (RanOutOfMemory([&] {
+        Impl::AddHolds(&held, keys, +1);
+        Impl::AddHolds(&mine, keys, +1);
+      })) {
+    forget_misses();
+    s.cv.notify_all();
+    return OutOfMemoryOn("the slot cache's acquire of layer " + std::to_string(layer));
+  }
   s.SetPins(held, +1);
-  Status load = s.LoadMisses(li, misses);
+  Status load = Status::OK();
+  if (RanOutOfMemory([&] { load = s.LoadMisses(li, misses); })) load = BareOutOfMemory();
   if (!load.ok()) {
     forget_misses();
     s.SetPins(held, -1);
     Impl::AddHolds(&mine, keys, -1);
     s.cv.notify_all();
+    if (IsBareOutOfMemory(load.error()))
+      return OutOfMemoryOn("the slot cache's acquire of layer " + std::to_string(layer));
     return load.error();
   }
   if (s.rt) {  // the caller's stream waits for every slot this call uses
@@ -447,8 +476,6 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
       }
     }
   }
-  std::vector<int32_t> out;
-  out.reserve(ids.size());
   for (int64_t e : ids) out.push_back(static_cast<int32_t>(s.slot_of[space.Id(li, static_cast<uint32_t>(e))]));
   return out;
 }

@@ -228,7 +228,21 @@ void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
     };
     engine->Submit(std::move(read));  // queues all of it, or throws with nothing queued
   });
-  if (out_of_memory || !e->buffer) FinishRead(e, {BareOutOfMemory(), 0, 0, 0});
+  if (out_of_memory) {
+    FinishRead(e, {BareOutOfMemory(), 0, 0, 0});
+  } else if (!e->buffer) {
+    // The buffer allocator said no (posix_memalign, or cudaHostAlloc for
+    // pinned buffers): not necessarily the address-space limit.
+    Error no_buffer = BareOutOfMemory();
+    RanOutOfMemory([&] {
+      no_buffer = Error("cannot allocate an expert buffer of " + std::to_string(geo.space.object_bytes[li]) +
+                            " bytes for expert-pack object (layer " + std::to_string(geo.space.LayerOf(id)) +
+                            ", expert " + std::to_string(geo.space.ExpertOf(id)) + ")",
+                        ErrorKind::kMemory, ENOMEM)
+                      .WithHint(OutOfMemoryHint());
+    });
+    FinishRead(e, {std::move(no_buffer), 0, 0, 0});
+  }
 }
 
 // Never throws: it runs on I/O and checksum threads (a checksum job's

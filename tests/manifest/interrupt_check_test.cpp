@@ -129,19 +129,27 @@ TEST_F(InterruptCheck, PayloadChecksStopBetweenPayloadsOnTheCallingThread) {
   EXPECT_EQ(stopped.error().message(), "caller stopped it");
 }
 
-// A progress callback that throws (Python's, when it raises) unwinds
+// A caller's callback that throws (Python's, when it raises) unwinds
 // VerifyPayloads while its helper threads still check payloads. They were
 // joined only after the counters they update had gone out of scope (ASan:
 // stack-use-after-scope); now they are joined first, and the exception
-// reaches the caller.
-TEST_F(InterruptCheck, AProgressCallbackThatThrowsLeavesNoThreadBehind) {
+// reaches the caller. The interrupt check is polled before every payload
+// of the calling thread, so its second poll comes while the helpers run
+// (progress is reported at most every 100 ms: too late on a small pack).
+TEST_F(InterruptCheck, ACallbackThatThrowsMidCheckLeavesNoThreadBehind) {
   auto ex = Experts();
   ASSERT_TRUE(ex.ok()) << ex.error().message();
+  ASSERT_GT(entries_, 8u);
   pack::VerifyOptions o;
   o.threads = 4;
-  o.progress = [](const Progress&) { throw std::runtime_error("the caller's progress failed"); };
+  int polls = 0;
+  o.interrupt_check = [&]() -> Status {
+    if (++polls == 2) throw std::runtime_error("the caller's check failed");
+    return Status::OK();
+  };
   EXPECT_THROW((void)pack::VerifyPayloads(pack_, *ex, o), std::runtime_error);
-  o.progress = nullptr;
+  EXPECT_EQ(polls, 2);
+  o.interrupt_check = nullptr;
   auto ok = pack::VerifyPayloads(pack_, *ex, o);
   ASSERT_TRUE(ok.ok()) << ok.error().message();
   EXPECT_EQ(ok->entries_checked, entries_);
