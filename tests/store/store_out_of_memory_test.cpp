@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <cerrno>
 #include <cstdlib>
 #include <new>
@@ -97,6 +99,73 @@ void ExpectPattern(const Acquisition& a) {
   for (const ExpertView& v : a.routes)
     for (uint64_t i = 0; i < v.gate.size(); i += 509) ASSERT_EQ(v.gate[i], PatternByte(v.layer, v.expert, 1, i));
 }
+
+// A slot cache over `p` with 4 host slots in memory this test owns.
+struct HostSlotCache {
+  std::unique_ptr<SlotCache> cache;
+  std::vector<uint8_t> memory;
+  uint8_t* base = nullptr;
+
+  HostSlotCache(const TinyPack& p, const char* io) {
+    SlotCacheOptions o;
+    o.store.io_backend = io;
+    auto opened = SlotCache::Open(p.pack, p.manifest, o);
+    EXPECT_TRUE(opened.ok()) << opened.error().message();
+    if (!opened.ok()) return;
+    cache = std::move(opened).value();
+    memory.resize(4 * cache->slot_bytes() + 4096);
+    base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
+    const Status attached = cache->AttachHost(base, 4);
+    EXPECT_TRUE(attached.ok()) << attached.error().message();
+  }
+  // `ids` as rows of two (top-2).
+  Result<std::vector<int32_t>> Acquire(uint32_t layer, const std::vector<int64_t>& ids) {
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
+    return cache->Acquire(layer, ids, shape, std::nullopt);
+  }
+  // Acquires `ids`, checks each slot holds its object's bytes, releases.
+  void ExpectServed(uint32_t layer, const std::vector<int64_t>& ids) {
+    auto got = Acquire(layer, ids);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint8_t* slot = base + uint64_t((*got)[i]) * cache->slot_bytes();
+      ASSERT_EQ(slot[4096 + 777], PatternByte(layer, static_cast<uint32_t>(ids[i]), 1, 777)) << "expert " << ids[i];
+    }
+    ASSERT_TRUE(cache->MarkUsed(*got).ok());
+  }
+};
+
+// Fails each allocation of `call(layer, ids)` in turn (the nth of the nth
+// run, on this thread), for calls of two experts on alternating layers.
+// After each, whatever the call answered (an error, or std::bad_alloc),
+// `served(layer, ids)` must find the same call, and a call of every slot
+// (experts 4-7 of layer 2), served with the right bytes.
+void SweepEachAllocation(const std::function<void(uint32_t, const std::vector<int64_t>&)>& call,
+                         const std::function<void(uint32_t, const std::vector<int64_t>&)>& served) {
+  bool finished = false;
+  int failures = 0;
+  for (int64_t n = 1; n < 2000 && !finished; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n));
+    const uint32_t layer = 1 + n % 2;
+    const std::vector<int64_t> ids = {n % 8, (n + 3) % 8};
+    bool fired = false;
+    {
+      FailNthAllocation fail(n);
+      try {
+        call(layer, ids);
+      } catch (const std::bad_alloc&) {
+      }
+      fired = fail.fired();
+    }
+    finished = !fired;  // the call made fewer than n allocations: every one has failed once
+    failures += fired;
+    served(layer, ids);  // a slot or entry whose read never ran would be served as a hit
+    served(2, {4, 5, 6, 7});  // no pin or hold left behind
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_TRUE(finished) << "the sweep did not reach the end of the call's allocations";
+  EXPECT_GT(failures, 10) << "too few of the call's allocations were failed to test anything";
+}
 #endif
 
 #ifdef K3_TEST_UNDER_SANITIZER
@@ -116,9 +185,8 @@ TEST(StoreOutOfMemory, AFailedReadOnAStarvedIoThreadIsAnErrorNamingTheObject) {
     SCOPED_TRACE(io);
     TinyPack p(TinySpec{}, "oom-eio");
     ASSERT_TRUE(p.WriteDigestSidecar(true).ok());
-    auto opened = ExpertStore::Open(p.pack, p.manifest, Opts(io));
-    ASSERT_TRUE(opened.ok()) << opened.error().message();
-    auto s = *opened;
+    auto s = testing::OpenOk(p, Opts(io));
+    ASSERT_TRUE(s);
     const uint64_t target = p.layout.ObjectOffset(0, 2);  // layer 1, expert 2
     std::atomic<bool> failing{true};
     s->SetReadFaultHook([&](uint64_t off, uint64_t, int64_t* result) {
@@ -169,9 +237,8 @@ TEST(StoreOutOfMemory, ADamagedObjectCheckedOnAStarvedThreadIsNeverServed) {
     const std::string bytes = *ReadFileToString(p.pack);
     const char flipped = static_cast<char>(bytes[at] ^ 0x10);
     p.Patch(at, &flipped, 1);
-    auto opened = ExpertStore::Open(p.pack, p.manifest, Opts(io));
-    ASSERT_TRUE(opened.ok()) << opened.error().message();
-    auto s = *opened;
+    auto s = testing::OpenOk(p, Opts(io));
+    ASSERT_TRUE(s);
     {
       StarveOtherThreads starved;
       auto a = Get(*s, 2, {3, 4});
@@ -199,9 +266,8 @@ TEST(StoreOutOfMemory, PrefetchesStartedOnAStarvedIoThreadFallBackToDemandReads)
     TinyPack p(TinySpec{}, "oom-prefetch");
     StoreOptions o = Opts(io);
     o.prefetch_queue_depth = 1;  // one speculative read at a time: the rest start from the I/O thread
-    auto opened = ExpertStore::Open(p.pack, p.manifest, o);
-    ASSERT_TRUE(opened.ok()) << opened.error().message();
-    auto s = *opened;
+    auto s = testing::OpenOk(p, o);
+    ASSERT_TRUE(s);
     {
       StarveOtherThreads starved;
       ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1, 2, 3, 4, 5}).ok());
@@ -229,44 +295,33 @@ TEST(StoreOutOfMemory, TheSlotCachesFailedReadOnAStarvedIoThreadIsAnError) {
   for (const char* io : {"pread", "uring"}) {
     SCOPED_TRACE(io);
     p.WritePack();
-    SlotCacheOptions o;
-    o.store.io_backend = io;
-    auto opened = SlotCache::Open(p.pack, p.manifest, o);
-    ASSERT_TRUE(opened.ok()) << opened.error().message();
-    auto cache = std::move(opened).value();
-    const uint32_t slots = 4;
-    std::vector<uint8_t> memory(uint64_t{slots} * cache->slot_bytes() + 4096);
-    uint8_t* base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
-    ASSERT_TRUE(cache->AttachHost(base, slots).ok());
+    HostSlotCache slots(p, io);
+    ASSERT_TRUE(slots.base != nullptr);
     // The last object (layer 2, expert 7) ends 7288 bytes short.
     std::filesystem::resize_file(p.pack, p.layout.final_size() - 12288 + 5000);
-    const int64_t shape[2] = {1, 2};
-    const std::vector<int64_t> ids = {7, 6};
     {
       StarveOtherThreads starved;
-      auto r = cache->Acquire(2, ids, shape, std::nullopt);
+      auto r = slots.Acquire(2, {7, 6});
       ASSERT_FALSE(r.ok()) << "a short read was served";
       EXPECT_EQ(r.error().kind(), ErrorKind::kMemory);
       EXPECT_NE(r.error().message().find("expert-pack object (layer 2, expert 7, 12288 bytes) of "),
                 std::string::npos)
           << r.error().message();
     }
-    auto named = cache->Acquire(2, ids, shape, std::nullopt);
+    auto named = slots.Acquire(2, {7, 6});
     ASSERT_FALSE(named.ok());
     EXPECT_EQ(named.error().message(), "short expert-pack read for (2, 7, 0, 12288): 5000 != 12288");
-    const std::vector<int64_t> fine = {6, 5};
-    auto served = cache->Acquire(2, fine, shape, std::nullopt);
-    ASSERT_TRUE(served.ok()) << served.error().message();
-    ASSERT_TRUE(cache->Close().ok());
+    slots.ExpectServed(2, {6, 5});
+    ASSERT_TRUE(slots.cache->Close().ok());
   }
 #endif
 }
 
 // The caller's own allocations: each allocation of an acquire (its
 // entries, the policy's bookkeeping, the views it returns) fails in turn.
-// Whatever the acquire answers (an error, or std::bad_alloc), the store
-// must stay usable: no pin or acquisition left held (a call that needs the
-// whole cache is served), every read finished (Close() does not hang).
+// The store must stay usable: no pin or acquisition left held (a call that
+// needs the whole cache is served), no entry served that was never read,
+// every read finished (Close() does not hang).
 TEST(StoreOutOfMemory, EveryAllocationOfAnAcquireMayFailAndTheStoreStaysUsable) {
   SKIP_UNDER_SANITIZER();
 #ifndef K3_TEST_UNDER_SANITIZER
@@ -277,104 +332,45 @@ TEST(StoreOutOfMemory, EveryAllocationOfAnAcquireMayFailAndTheStoreStaysUsable) 
       StoreOptions o = Opts(io);
       o.cache_bytes = 4 * 12288;  // 4 objects: a call of 4 distinct experts needs all of it
       o.policy = policy;
-      auto opened = ExpertStore::Open(p.pack, p.manifest, o);
-      ASSERT_TRUE(opened.ok()) << opened.error().message();
-      auto s = *opened;
-      bool finished = false;
-      int failures = 0;
-      for (int64_t n = 1; n < 2000 && !finished; ++n) {
-        SCOPED_TRACE("allocation " + std::to_string(n));
-        bool fired = false;
-        const uint32_t layer = 1 + n % 2;
-        {
-          FailNthAllocation fail(n);
-          try {
-            auto a = Get(*s, layer, {n % 8, (n + 3) % 8});
+      auto s = testing::OpenOk(p, o);
+      ASSERT_TRUE(s);
+      auto acquire = [&](uint32_t layer, const std::vector<int64_t>& ids) {
+        const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
+        return s->Acquire(layer, ids, shape, std::nullopt);
+      };
+      SweepEachAllocation(
+          [&](uint32_t layer, const std::vector<int64_t>& ids) {
+            auto a = acquire(layer, ids);
             if (a.ok()) (void)s->MarkUsed(*a);
-          } catch (const std::bad_alloc&) {
-          }
-          fired = fail.fired();
-        }
-        finished = !fired;  // the call made fewer than n allocations: every one has failed once
-        failures += fired;
-        auto again = Get(*s, layer, {n % 8, (n + 3) % 8});  // served from what the failed call left
-        ASSERT_TRUE(again.ok()) << again.error().message();
-        ExpectPattern(*again);
-        ASSERT_TRUE(s->MarkUsed(*again).ok());
-        const std::vector<int64_t> four = {4, 5, 6, 7};
-        const int64_t two_rows[2] = {2, 2};
-        auto whole = s->Acquire(2, four, two_rows, std::nullopt);
-        ASSERT_TRUE(whole.ok()) << whole.error().message();
-        ExpectPattern(*whole);
-        ASSERT_TRUE(s->MarkUsed(*whole).ok());
-      }
-      EXPECT_TRUE(finished) << "the sweep did not reach the end of the call's allocations";
-      EXPECT_GT(failures, 10) << "too few of the call's allocations were failed to test anything";
+          },
+          [&](uint32_t layer, const std::vector<int64_t>& ids) {
+            auto a = acquire(layer, ids);
+            ASSERT_TRUE(a.ok()) << a.error().message();
+            ExpectPattern(*a);
+            ASSERT_TRUE(s->MarkUsed(*a).ok());
+          });
       ASSERT_TRUE(s->Close().ok());
     }
   }
 #endif
 }
 
-// The same sweep over the slot cache's acquire (SGLang's drop-in): after a
-// failed allocation, whatever the call answered, a call that needs every
-// slot is served with the right bytes.
+// The same sweep over the slot cache's acquire (SGLang's drop-in).
 TEST(StoreOutOfMemory, EveryAllocationOfASlotCacheAcquireMayFailAndTheCacheStaysUsable) {
   SKIP_UNDER_SANITIZER();
 #ifndef K3_TEST_UNDER_SANITIZER
   for (const char* io : {"pread", "uring"}) {
     SCOPED_TRACE(io);
     TinyPack p(TinySpec{}, "oom-slot-acquire");
-    SlotCacheOptions o;
-    o.store.io_backend = io;
-    auto opened = SlotCache::Open(p.pack, p.manifest, o);
-    ASSERT_TRUE(opened.ok()) << opened.error().message();
-    auto cache = std::move(opened).value();
-    const uint32_t slots = 4;
-    std::vector<uint8_t> memory(uint64_t{slots} * cache->slot_bytes() + 4096);
-    uint8_t* base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
-    ASSERT_TRUE(cache->AttachHost(base, slots).ok());
-    bool finished = false;
-    int failures = 0;
-    for (int64_t n = 1; n < 2000 && !finished; ++n) {
-      SCOPED_TRACE("allocation " + std::to_string(n));
-      bool fired = false;
-      const uint32_t layer = 1 + n % 2;
-      const std::vector<int64_t> ids = {n % 8, (n + 3) % 8};
-      const int64_t one_row[2] = {1, 2};
-      {
-        FailNthAllocation fail(n);
-        try {
-          auto a = cache->Acquire(layer, ids, one_row, std::nullopt);
-          if (a.ok()) (void)cache->MarkUsed(*a);
-        } catch (const std::bad_alloc&) {
-        }
-        fired = fail.fired();
-      }
-      finished = !fired;
-      failures += fired;
-      // The same call again: a slot given to an object whose read never ran
-      // would now be served as a hit.
-      auto again = cache->Acquire(layer, ids, one_row, std::nullopt);
-      ASSERT_TRUE(again.ok()) << again.error().message();
-      for (size_t i = 0; i < ids.size(); ++i) {
-        const uint8_t* slot = base + uint64_t((*again)[i]) * cache->slot_bytes();
-        ASSERT_EQ(slot[4096 + 777], PatternByte(layer, static_cast<uint32_t>(ids[i]), 1, 777));
-      }
-      ASSERT_TRUE(cache->MarkUsed(*again).ok());
-      const std::vector<int64_t> four = {4, 5, 6, 7};
-      const int64_t two_rows[2] = {2, 2};
-      auto whole = cache->Acquire(2, four, two_rows, std::nullopt);
-      ASSERT_TRUE(whole.ok()) << whole.error().message();
-      for (size_t i = 0; i < four.size(); ++i) {
-        const uint8_t* slot = base + uint64_t((*whole)[i]) * cache->slot_bytes();
-        ASSERT_EQ(slot[4096 + 777], PatternByte(2, static_cast<uint32_t>(four[i]), 1, 777));
-      }
-      ASSERT_TRUE(cache->MarkUsed(*whole).ok());
-    }
-    EXPECT_TRUE(finished) << "the sweep did not reach the end of the call's allocations";
-    EXPECT_GT(failures, 10) << "too few of the call's allocations were failed to test anything";
-    ASSERT_TRUE(cache->Close().ok());
+    HostSlotCache slots(p, io);
+    ASSERT_TRUE(slots.base != nullptr);
+    SweepEachAllocation(
+        [&](uint32_t layer, const std::vector<int64_t>& ids) {
+          auto a = slots.Acquire(layer, ids);
+          if (a.ok()) (void)slots.cache->MarkUsed(*a);
+        },
+        [&](uint32_t layer, const std::vector<int64_t>& ids) { slots.ExpectServed(layer, ids); });
+    ASSERT_TRUE(slots.cache->Close().ok());
   }
 #endif
 }
