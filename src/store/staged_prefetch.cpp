@@ -19,11 +19,20 @@
 #include <algorithm>
 
 #include "store/store_state.h"
+#include "util/process_limits.h"
+#include "util/threads.h"
 
 namespace k3pack::store {
 
 Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> keys, uint64_t request) {
-  std::vector<ObjectId> resident, held;  // held: staged for this request's next acquire
+  // Room first: under `ulimit -v` an allocation that failed after an object
+  // was staged and charged, but before its hold was given, left it staged
+  // for good, its bytes charged against the prefetch budget.
+  std::vector<ObjectId> resident, held, fresh;  // held: staged for this request's next acquire
+  resident.reserve(keys.size());
+  held.reserve(keys.size());
+  fresh.reserve(keys.size());
+  bool short_of_memory = false;
   for (ObjectId k : keys) {
     if (policy->Resident(k)) {  // nothing to read; kept for that acquire
       if (kept) resident.push_back(k);
@@ -39,7 +48,15 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
       prefetch_refused_bytes += cost;
       continue;
     }
-    auto e = std::make_shared<Entry>();
+    std::shared_ptr<Entry> e;
+    const bool queued = !RanOutOfMemory([&] {
+      e = std::make_shared<Entry>();
+      spec_queue.push_back(e);  // before anything is charged: the one step that may fail
+    });
+    if (!queued) {
+      short_of_memory = true;  // the rest is not staged; what is staged gets its hold below
+      break;
+    }
     e->id = k;
     e->prefetched = true;
     staged[k] = e;
@@ -47,12 +64,18 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
     staged_bytes_max = std::max(staged_bytes_max, staged_bytes);
     ++prefetch_issued;
     prefetch_issued_bytes += cost;
-    spec_queue.push_back(std::move(e));
     held.push_back(k);
+    fresh.push_back(k);
   }
-  stage_holds->Give(li, request, held);
-  if (kept) KeepResidents(li, request, resident);
+  if (RanOutOfMemory([&] { stage_holds->Give(li, request, held); })) {
+    for (ObjectId k : fresh) DropStaged(k);  // no hold would ever release them
+    PumpSpeculative();
+    return BareOutOfMemory();
+  }
+  // Keep hints are advice: without memory for them, none is given.
+  if (kept) (void)RanOutOfMemory([&] { KeepResidents(li, request, resident); });
   PumpSpeculative();
+  if (short_of_memory) return BareOutOfMemory();
   return Status::OK();
 }
 

@@ -516,7 +516,13 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
   K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
-  if (s.staged_mode) return s.StagePrefetch(li, keys, request_id.value_or(NextCallHolds::kAnyRequest));
+  if (s.staged_mode) {
+    Status staged = s.StagePrefetch(li, keys, request_id.value_or(NextCallHolds::kAnyRequest));
+    if (!staged.ok() && IsBareOutOfMemory(staged.error()))
+      return OutOfMemoryOn("the expert store's prefetch of layer " + std::to_string(layer) +
+                           " (what it could stage is staged)");
+    return staged;
+  }
   std::vector<ObjectId> evicted;
   for (ObjectId k : keys) {
     if (!s.policy->Resident(k)) {
