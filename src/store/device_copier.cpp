@@ -93,9 +93,12 @@ void DeviceCopier::Work(Lane* own) {
     const CopyJob* job = queue_.front();
     queue_.pop_front();
     lock.unlock();
-    Status st = device.ok() ? Copy(lane, *job) : device;
+    // On a copy thread, which must not throw: an error whose text cannot be
+    // made is BareOutOfMemory.
+    Status st = Status::OK();
+    if (RanOutOfMemory([&] { st = device.ok() ? Copy(lane, *job) : device; })) st = BareOutOfMemory();
     lock.lock();
-    if (!st.ok() && first_error_.ok()) first_error_ = st;
+    if (!st.ok() && first_error_.ok()) first_error_ = std::move(st);
     if (--remaining_ == 0) done_cv_.notify_all();
   }
 }
@@ -105,8 +108,16 @@ Status DeviceCopier::CopyAll(std::span<const CopyJob> jobs) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     first_error_ = Status::OK();
+    size_t queued = 0;
+    try {
+      for (; queued < jobs.size(); ++queued) queue_.push_back(&jobs[queued]);
+    } catch (const std::bad_alloc&) {
+      // Under the lock: no worker has seen them. A half-queued call would
+      // have workers copy from jobs the caller has already let go.
+      for (; queued > 0; --queued) queue_.pop_back();
+      throw;
+    }
     remaining_ = jobs.size();
-    for (const CopyJob& j : jobs) queue_.push_back(&j);
     work_cv_.notify_all();
     done_cv_.wait(lock, [&] { return remaining_ == 0; });
   }

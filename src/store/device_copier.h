@@ -38,7 +38,8 @@ class DeviceCopier {
   DeviceCopier& operator=(const DeviceCopier&) = delete;
 
   // Copies every job and returns once all bytes are on the device (or the
-  // first error, after every copy already started has finished).
+  // first error, after every copy already started has finished). Throws
+  // std::bad_alloc (under `ulimit -v`) only with no job queued.
   Status CopyAll(std::span<const CopyJob> jobs);
   uint32_t workers() const { return static_cast<uint32_t>(lanes_.size()); }
   bool stages_pageable() const { return stage_; }

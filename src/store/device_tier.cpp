@@ -12,6 +12,7 @@
 #include "store/miss_rows.h"
 #include "store/object_space.h"
 #include "store/store_impl.h"
+#include "util/process_limits.h"
 #include "util/threads.h"
 
 namespace k3pack::store {
@@ -118,18 +119,21 @@ struct DeviceExpertTier::Impl {
     std::vector<size_t> route_of;  // missed object -> its route in the host call
     MissRows(experts, requests, top_k, &ids, &row_requests, &route_of);
     const int64_t shape[2] = {static_cast<int64_t>(ids.size() / top_k), static_cast<int64_t>(top_k)};
+    std::vector<CopyJob> jobs(experts.size());  // before the host's objects are held
     auto t0 = std::chrono::steady_clock::now();
     K3_ASSIGN_OR_RETURN(Acquisition from_host, host->Acquire(layer, ids, shape, false, row_requests));
     host_seconds += SecondsSince(t0);
 
-    std::vector<CopyJob> jobs(experts.size());
     for (size_t j = 0; j < jobs.size(); ++j) {
       const auto& bytes = from_host.routes[route_of[j]].bytes;
       jobs[j] = {bytes.data(), SlotAddress(target_slots[j]), bytes.size(),
                  PinnedRegistry::Get().Contains(bytes.data(), bytes.size())};
     }
     t0 = std::chrono::steady_clock::now();
-    Status copied = copier->CopyAll(jobs);  // returns only when no copy still reads the host buffers
+    // Returns only when no copy still reads the host buffers; throws only
+    // with nothing queued.
+    Status copied = Status::OK();
+    if (RanOutOfMemory([&] { copied = copier->CopyAll(jobs); })) copied = BareOutOfMemory();
     h2d_seconds += SecondsSince(t0);
     Status released = host->MarkUsed(from_host);
     if (!copied.ok()) return copied;
@@ -218,13 +222,20 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
   K3_RETURN_IF_ERROR(CheckRequestIdCount(request_ids.size(), static_cast<uint64_t>(shape[0])));
   std::vector<ObjectId> keys;
   DistinctSorted(s.space, li, ids.data(), ids.size(), &keys);
-  K3_ASSIGN_OR_RETURN(auto placed, s.slots->Place(keys));
-
+  // Room for everything the call returns, before it holds any slot: an
+  // allocation that failed after Place() left slots held (and placed
+  // objects resident that were never copied) under `ulimit -v`.
   DeviceAcquisition a;
   a.layer = layer;
+  a.slots.reserve(keys.size());
+  a.routes.reserve(ids.size());
   std::vector<int64_t> missed_experts;
   std::vector<uint32_t> missed_slots;
   std::vector<uint64_t> missed_requests;
+  missed_experts.reserve(keys.size());
+  missed_slots.reserve(keys.size());
+  missed_requests.reserve(keys.size());
+  K3_ASSIGN_OR_RETURN(auto placed, s.slots->Place(keys));
   for (size_t i = 0; i < keys.size(); ++i) {
     a.slots.push_back(placed[i].slot);
     if (placed[i].load) {
@@ -233,15 +244,25 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
     }
   }
   if (!missed_experts.empty()) {
-    if (!request_ids.empty())
-      FirstRowRequests(ids, static_cast<size_t>(shape[1]), request_ids, std::span<const int64_t>(missed_experts),
-                       &missed_requests);
-    Status st = s.Load(layer, missed_experts, missed_slots, missed_requests);
+    Status st = Status::OK();
+    if (RanOutOfMemory([&] {
+          if (!request_ids.empty())
+            FirstRowRequests(ids, static_cast<size_t>(shape[1]), request_ids,
+                             std::span<const int64_t>(missed_experts), &missed_requests);
+          st = s.Load(layer, missed_experts, missed_slots, missed_requests);
+        })) {
+      st = BareOutOfMemory();
+    }
     if (!st.ok()) {
       for (uint32_t slot : missed_slots) s.slots->Forget(slot);  // never serve a slot whose copy failed
       s.slots->Release(a.slots);
+      if (IsBareOutOfMemory(st.error())) return OutOfMemoryOn("the device tier's acquire of layer " + std::to_string(layer));
       return st.error();
     }
+  }
+  if (RanOutOfMemory([&] { s.live_tickets.insert(s.next_ticket); })) {
+    s.slots->Release(a.slots);  // copied and sound: they stay resident, unheld
+    return OutOfMemoryOn("the device tier's acquire of layer " + std::to_string(layer));
   }
   ++s.calls;
   s.routes += ids.size();
@@ -264,9 +285,8 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
     v.down = {base + offsets[2], sizes[2]};
     a.routes.push_back(v);
   }
-  a.ticket = s.next_ticket++;
+  a.ticket = s.next_ticket++;  // in live_tickets already
   a.tier = this;
-  s.live_tickets.insert(a.ticket);
   return a;
 }
 

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "../forked_child.h"
+#include "emulated_cuda.h"
+#include "k3pack/device_tier.h"
 #include "k3pack/pack.h"
 #include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
@@ -396,6 +398,46 @@ TEST(StoreOutOfMemory, EveryAllocationOfAPrefetchMayFailAndNothingStaysStaged) {
         });
     ASSERT_TRUE(s->Close().ok());
   }
+#endif
+}
+
+// The same sweep over the GPU tier's acquire (the emulated CUDA runtime of
+// the device-tier tests): no slot held by a call that failed, none served
+// that was never copied.
+TEST(StoreOutOfMemory, EveryAllocationOfADeviceTierAcquireMayFailAndTheTierStaysUsable) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  testing::ScopedEmulatedCuda emulation;
+  TinyPack p(TinySpec{}, "oom-tier");
+  StoreOptions o = Opts("pread");
+  o.cache_bytes = 6 * 12288;
+  auto host = testing::OpenOk(p, o);
+  ASSERT_TRUE(host);
+  DeviceTierOptions to;
+  to.device_bytes = 4 * 12288;  // 4 slots: a call of 4 distinct experts needs all of them
+  to.copy_workers = 2;
+  auto opened = DeviceExpertTier::Open(host, to);
+  ASSERT_TRUE(opened.ok()) << opened.error().message();
+  auto tier = std::move(opened).value();
+  auto acquire = [&](uint32_t layer, const std::vector<int64_t>& ids) {
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
+    return tier->Acquire(layer, ids, shape);
+  };
+  SweepEachAllocation(
+      [&](uint32_t layer, const std::vector<int64_t>& ids) {
+        auto a = acquire(layer, ids);
+        if (a.ok()) (void)tier->Release(*a);
+      },
+      [&](uint32_t layer, const std::vector<int64_t>& ids) {
+        auto a = acquire(layer, ids);
+        ASSERT_TRUE(a.ok()) << a.error().message();
+        for (const DeviceExpertView& v : a->routes) {
+          std::vector<uint8_t> back(v.gate.size);
+          ASSERT_TRUE(tier->CopyToHost(v.gate, back).ok());
+          ASSERT_EQ(back[777], PatternByte(v.layer, v.expert, 1, 777)) << "expert " << v.expert;
+        }
+        ASSERT_TRUE(tier->Release(*a).ok());
+      });
 #endif
 }
 
