@@ -103,6 +103,20 @@ void ExpectPattern(const Acquisition& a) {
     for (uint64_t i = 0; i < v.gate.size(); i += 509) ASSERT_EQ(v.gate[i], PatternByte(v.layer, v.expert, 1, i));
 }
 
+// `ids` as rows of two (top-2) at `layer`.
+Result<Acquisition> AcquireRows(ExpertStore& s, uint32_t layer, const std::vector<int64_t>& ids) {
+  const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
+  return s.Acquire(layer, ids, shape, std::nullopt);
+}
+
+// Acquires `ids`, checks the bytes of each, releases.
+void ExpectServed(ExpertStore& s, uint32_t layer, const std::vector<int64_t>& ids) {
+  auto a = AcquireRows(s, layer, ids);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  ExpectPattern(*a);
+  ASSERT_TRUE(s.MarkUsed(*a).ok());
+}
+
 // A slot cache over `p` with 4 host slots in memory this test owns.
 struct HostSlotCache {
   std::unique_ptr<SlotCache> cache;
@@ -337,21 +351,12 @@ TEST(StoreOutOfMemory, EveryAllocationOfAnAcquireMayFailAndTheStoreStaysUsable) 
       o.policy = policy;
       auto s = testing::OpenOk(p, o);
       ASSERT_TRUE(s);
-      auto acquire = [&](uint32_t layer, const std::vector<int64_t>& ids) {
-        const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
-        return s->Acquire(layer, ids, shape, std::nullopt);
-      };
       SweepEachAllocation(
           [&](uint32_t layer, const std::vector<int64_t>& ids) {
-            auto a = acquire(layer, ids);
+            auto a = AcquireRows(*s, layer, ids);
             if (a.ok()) (void)s->MarkUsed(*a);
           },
-          [&](uint32_t layer, const std::vector<int64_t>& ids) {
-            auto a = acquire(layer, ids);
-            ASSERT_TRUE(a.ok()) << a.error().message();
-            ExpectPattern(*a);
-            ASSERT_TRUE(s->MarkUsed(*a).ok());
-          });
+          [&](uint32_t layer, const std::vector<int64_t>& ids) { ExpectServed(*s, layer, ids); });
       ASSERT_TRUE(s->Close().ok());
     }
   }
@@ -371,24 +376,18 @@ TEST(StoreOutOfMemory, EveryAllocationOfAPrefetchMayFailAndNothingStaysStaged) {
     o.cache_bytes = 4 * 12288;
     auto s = testing::OpenOk(p, o);
     ASSERT_TRUE(s);
-    auto acquire = [&](uint32_t layer, const std::vector<int64_t>& ids) {
-      const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
-      return s->Acquire(layer, ids, shape, std::nullopt);
-    };
     auto staged_bytes = [&] { return s->Snapshot()["k3pack"]["prefetch"]["staged_bytes"].get<uint64_t>(); };
     SweepEachAllocation(
         [&](uint32_t layer, const std::vector<int64_t>& ids) {
           // A third expert the acquire does not route: staged, then dropped by it.
           const std::vector<int64_t> guessed = {ids[0], ids[1], (ids[0] + 5) % 8};
           (void)s->Prefetch(layer, guessed);
-          auto a = acquire(layer, ids);
+          auto a = AcquireRows(*s, layer, ids);
           if (a.ok()) (void)s->MarkUsed(*a);
         },
         [&](uint32_t layer, const std::vector<int64_t>& ids) {
-          auto a = acquire(layer, ids);
-          ASSERT_TRUE(a.ok()) << a.error().message();
-          ExpectPattern(*a);
-          ASSERT_TRUE(s->MarkUsed(*a).ok());
+          ExpectServed(*s, layer, ids);
+          if (::testing::Test::HasFatalFailure()) return;
           // The layer's staging has ended: once the reads of dropped guesses
           // land (they keep their charge until then), nothing is charged.
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
