@@ -133,4 +133,22 @@ Error ExplainReadError(const PackGeometry& geo, ObjectId id, const Error& e) {
       .WithHint(OutOfMemoryHint());
 }
 
+std::unique_ptr<ObjectRead> MakeObjectRead(const PackGeometry& geo, const std::vector<std::vector<ReadRange>>& ranges,
+                                           ObjectId id, int fd, bool direct, uint8_t* dst) {
+  const uint32_t li = geo.space.LayerIndexOf(id);
+  auto read = std::make_unique<ObjectRead>();
+  read->fd = fd;
+  read->direct = direct;
+  read->file_offset = geo.object_offsets[id];
+  read->dst = dst;
+  read->ranges = ranges[li];
+  read->layer = geo.space.active_layer_ids[li];
+  read->expert = geo.space.ExpertOf(id);
+  return read;
+}
+
+Error AcquireOutOfMemory(const std::string& who, uint32_t layer) {
+  return OutOfMemoryOn(who + "'s acquire of layer " + std::to_string(layer));
+}
+
 }  // namespace k3pack::store

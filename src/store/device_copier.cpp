@@ -4,6 +4,7 @@
 #include <string>
 #include <system_error>
 
+#include "util/all_or_none.h"
 #include "util/process_limits.h"
 #include "util/threads.h"
 
@@ -108,15 +109,7 @@ Status DeviceCopier::CopyAll(std::span<const CopyJob> jobs) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     first_error_ = Status::OK();
-    size_t queued = 0;
-    try {
-      for (; queued < jobs.size(); ++queued) queue_.push_back(&jobs[queued]);
-    } catch (const std::bad_alloc&) {
-      // Under the lock: no worker has seen them. A half-queued call would
-      // have workers copy from jobs the caller has already let go.
-      for (; queued > 0; --queued) queue_.pop_back();
-      throw;
-    }
+    AppendAllOrNone(queue_, jobs.size(), [&](size_t i) { return &jobs[i]; });
     remaining_ = jobs.size();
     work_cv_.notify_all();
     done_cv_.wait(lock, [&] { return remaining_ == 0; });

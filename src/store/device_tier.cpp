@@ -256,13 +256,13 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
     if (!st.ok()) {
       for (uint32_t slot : missed_slots) s.slots->Forget(slot);  // never serve a slot whose copy failed
       s.slots->Release(a.slots);
-      if (IsBareOutOfMemory(st.error())) return OutOfMemoryOn("the device tier's acquire of layer " + std::to_string(layer));
+      if (IsBareOutOfMemory(st.error())) return AcquireOutOfMemory("the device tier", layer);
       return st.error();
     }
   }
   if (RanOutOfMemory([&] { s.live_tickets.insert(s.next_ticket); })) {
     s.slots->Release(a.slots);  // copied and sound: they stay resident, unheld
-    return OutOfMemoryOn("the device tier's acquire of layer " + std::to_string(layer));
+    return AcquireOutOfMemory("the device tier", layer);
   }
   ++s.calls;
   s.routes += ids.size();

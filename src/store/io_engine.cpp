@@ -8,6 +8,7 @@
 #include <deque>
 #include <thread>
 
+#include "util/all_or_none.h"
 #include "util/process_limits.h"
 #include "util/threads.h"
 
@@ -127,12 +128,9 @@ class PreadEngine final : public IoEngine {
     size_t n = job->read->ranges.size();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      size_t queued = 0;
       try {
-        for (; queued < n; ++queued) queue_.push_back(Part{job, queued, 0, 0});
+        AppendAllOrNone(queue_, n, [&](size_t i) { return Part{job, i, 0, 0}; });
       } catch (const std::bad_alloc&) {
-        // Nothing of a read half queued may run: its job would never finish.
-        for (; queued > 0; --queued) queue_.pop_back();
         AbandonJob();
         throw;
       }

@@ -139,7 +139,7 @@ struct SlotCache::Impl {
   void Detach();
   Status AttachCudaResources();
   Status LoadMisses(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
-  Status ReadInto(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint8_t*>>& reads);
+  Status ReadInto(const std::vector<std::pair<ObjectId, uint8_t*>>& reads);
   Status CopyToSlot(uint32_t slot, const uint8_t* src);
   Status CopyFromHostTier(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
   void ReleaseCuda();
@@ -447,7 +447,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
       })) {
     forget_misses();
     s.cv.notify_all();
-    return OutOfMemoryOn("the slot cache's acquire of layer " + std::to_string(layer));
+    return AcquireOutOfMemory("the slot cache", layer);
   }
   s.SetPins(held, +1);
   Status load = Status::OK();
@@ -458,7 +458,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     Impl::AddHolds(&mine, keys, -1);
     s.cv.notify_all();
     if (IsBareOutOfMemory(load.error()))
-      return OutOfMemoryOn("the slot cache's acquire of layer " + std::to_string(layer));
+      return AcquireOutOfMemory("the slot cache", layer);
     return load.error();
   }
   if (s.rt) {  // the caller's stream waits for every slot this call uses
@@ -486,7 +486,7 @@ Status SlotCache::Impl::LoadMisses(uint32_t li, const std::vector<std::pair<Obje
   if (!rt) {  // host slots: read straight into them
     std::vector<std::pair<ObjectId, uint8_t*>> reads;
     for (auto [k, slot] : misses) reads.push_back({k, host_base + uint64_t{slot} * slot_bytes});
-    Status st = ReadInto(li, reads);
+    Status st = ReadInto(reads);
     if (st.ok()) h2d_bytes += misses.size() * slot_bytes;
     return st;
   }
@@ -505,7 +505,7 @@ Status SlotCache::Impl::LoadMisses(uint32_t li, const std::vector<std::pair<Obje
       stages.push_back(stage);
       reads.push_back({misses[first + i].first, staging[stage]});
     }
-    K3_RETURN_IF_ERROR(ReadInto(li, reads));
+    K3_RETURN_IF_ERROR(ReadInto(reads));
     for (size_t i = 0; i < n; ++i) {
       K3_RETURN_IF_ERROR(CopyToSlot(misses[first + i].second, staging[stages[i]]));
       K3_RETURN_IF_ERROR(cuda::Check(*rt, rt->EventRecord(stage_ev[stages[i]], transfer), "cudaEventRecord"));
@@ -516,7 +516,7 @@ Status SlotCache::Impl::LoadMisses(uint32_t li, const std::vector<std::pair<Obje
 }
 
 // Reads objects into host memory, all in flight together.
-Status SlotCache::Impl::ReadInto(uint32_t li, const std::vector<std::pair<ObjectId, uint8_t*>>& reads) {
+Status SlotCache::Impl::ReadInto(const std::vector<std::pair<ObjectId, uint8_t*>>& reads) {
   auto batch = std::make_shared<ReadBatch>();
   batch->pending = reads.size();
   batch->errors.resize(reads.size());
@@ -527,14 +527,8 @@ Status SlotCache::Impl::ReadInto(uint32_t li, const std::vector<std::pair<Object
   RanOutOfMemory([&] {
     for (; submitted < reads.size(); ++submitted) {
       const size_t i = submitted;
-      auto r = std::make_unique<ObjectRead>();
-      r->fd = opt.store.direct_io ? direct_fd.get() : fd.get();
-      r->direct = opt.store.direct_io;
-      r->file_offset = geo.object_offsets[reads[i].first];
-      r->dst = reads[i].second;
-      r->ranges = ranges[li];
-      r->layer = geo.space.active_layer_ids[li];
-      r->expert = geo.space.ExpertOf(reads[i].first);
+      auto r = MakeObjectRead(geo, ranges, reads[i].first, opt.store.direct_io ? direct_fd.get() : fd.get(),
+                              opt.store.direct_io, reads[i].second);
       r->done = [batch, i](const ObjectReadResult& res) { batch->Done(i, res); };
       engine->Submit(std::move(r));  // queues all of it, or throws with nothing queued
     }

@@ -140,6 +140,16 @@ void ExpertStore::Impl::BecameResident(ObjectId id) {
   if (pins[id] != 0) pinned_resident_bytes += geo.space.Cost(id);
 }
 
+// mu held. An object whose bytes will not be served (its read failed, or
+// could not be started) leaves the cache and the pinned-bytes count.
+void ExpertStore::Impl::ForgetObject(ObjectId id) {
+  if (policy->Resident(id)) {
+    if (pins[id] != 0) pinned_resident_bytes -= geo.space.Cost(id);
+    policy->Erase(id);
+  }
+  entries[id].reset();
+}
+
 void ExpertStore::Impl::Unpin(ObjectId id) {
   if (--pins[id] == 0 && policy->Resident(id)) pinned_resident_bytes -= geo.space.Cost(id);
 }
@@ -184,10 +194,7 @@ bool ExpertStore::Impl::Fits(std::span<const ObjectId> keys) const {
 std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::StartRead(ObjectId id, bool prefetched) {
   std::shared_ptr<Entry> e;
   if (RanOutOfMemory([&] { e = std::make_shared<Entry>(); })) {
-    if (policy->Resident(id)) {
-      if (pins[id] != 0) pinned_resident_bytes -= geo.space.Cost(id);
-      policy->Erase(id);
-    }
+    ForgetObject(id);
     return out_of_memory_entry;
   }
   e->id = id;
@@ -209,14 +216,8 @@ void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
   const bool out_of_memory = RanOutOfMemory([&] {
     e->buffer = pool->Get(geo.space.object_bytes[li]);
     if (!e->buffer) return;
-    auto read = std::make_unique<ObjectRead>();
-    read->fd = opt.direct_io ? direct_fd.get() : fd.get();
-    read->direct = opt.direct_io;
-    read->file_offset = geo.object_offsets[id];
-    read->dst = e->buffer.get();
-    read->ranges = ranges[li];
-    read->layer = geo.space.active_layer_ids[li];
-    read->expert = geo.space.ExpertOf(id);
+    auto read = MakeObjectRead(geo, ranges, id, opt.direct_io ? direct_fd.get() : fd.get(), opt.direct_io,
+                               e->buffer.get());
     read->done = [this, e](const ObjectReadResult& r) {
       // Queuing allocates, on the I/O thread: with no memory for it, the
       // read is checked here instead.
@@ -287,11 +288,7 @@ void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const Object
     if (RanOutOfMemory([&] { e->error = r.status.error(); })) e->error = BareOutOfMemory();
     if (e->prefetched && staged_mode) FinishStagedRead(e, false);
     // Never serve or keep the bytes: forget the object.
-    if (entries[e->id] == e) {
-      if (pins[e->id] != 0) pinned_resident_bytes -= geo.space.Cost(e->id);
-      policy->Erase(e->id);
-      entries[e->id].reset();
-    }
+    if (entries[e->id] == e) ForgetObject(e->id);
   }
   cv.notify_all();
 }
@@ -392,7 +389,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   if (RanOutOfMemory([&] { ++s.active_by_thread[owner]; })) {
     for (ObjectId k : keys) s.Unpin(k);
     s.cv.notify_all();
-    return OutOfMemoryOn("the expert store's acquire of layer " + std::to_string(layer));
+    return AcquireOutOfMemory("the expert store", layer);
   }
   ++s.active_acquisitions;
   s.cv.wait(lock, [&] {
@@ -423,7 +420,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   });
   if (out_of_memory) {
     release();
-    return OutOfMemoryOn("the expert store's acquire of layer " + std::to_string(layer));
+    return AcquireOutOfMemory("the expert store", layer);
   }
   const auto& off = s.geo.role_offsets[li];
   const auto& rb = s.geo.role_bytes[li];

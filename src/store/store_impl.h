@@ -72,6 +72,12 @@ struct ReadPlan {
 };
 Result<ReadPlan> PlanObjectReads(const std::string& pack_path, const PackGeometry& geo, const StoreOptions& opt);
 
+// The read of object `id` into `dst` over its layer's ranges (ReadPlan's
+// per-layer `ranges`), from `fd` (the O_DIRECT one when `direct`); its
+// `done` is the caller's.
+std::unique_ptr<ObjectRead> MakeObjectRead(const PackGeometry& geo, const std::vector<std::vector<ReadRange>>& ranges,
+                                           ObjectId id, int fd, bool direct, uint8_t* dst);
+
 // What a caller of either store learns about the pack it opened.
 StoreInfo DescribePack(const std::string& pack_path, const std::string& manifest_path, const PackGeometry& geo);
 
@@ -94,6 +100,10 @@ Status CheckObjectBytes(const PackGeometry& geo, const std::vector<uint32_t>& en
 // BareOutOfMemory (all an I/O thread without memory could record) an error
 // naming the object, the pack and the process's memory limit.
 Error ExplainReadError(const PackGeometry& geo, ObjectId id, const Error& e);
+
+// An acquire of `layer` by `who` ("the expert store", "the slot cache", ...)
+// that ran out of memory on the caller's thread and gave back what it took.
+Error AcquireOutOfMemory(const std::string& who, uint32_t layer);
 
 // The EP rank a store serves: the manifest's k3pack.ep (a rank pack) and
 // StoreOptions::ep must agree when both are given; the error names both.

@@ -127,6 +127,7 @@ struct ExpertStore::Impl {
 
   uint64_t Generation(ObjectId id);
   void Pin(ObjectId id);
+  void ForgetObject(ObjectId id);
   void Unpin(ObjectId id);
   void BecameResident(ObjectId id);
   void DropEntry(ObjectId id, bool evicted);
