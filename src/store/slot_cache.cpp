@@ -538,11 +538,14 @@ Status SlotCache::Impl::ReadInto(const std::vector<std::pair<ObjectId, uint8_t*>
   std::optional<Error> first;
   for (size_t i = 0; i < reads.size(); ++i) {
     const ObjectReadResult& r = batch->results[i];
-    ++pack_reads;
-    pack_read_bytes += r.bytes;
-    pack_read_ns += r.max_range_ns;
+    // A read never submitted (no memory) reached no pack: not counted.
+    if (i < submitted) {
+      ++pack_reads;
+      pack_read_bytes += r.bytes;
+      pack_read_ns += r.max_range_ns;
+    }
     if (batch->errors[i]) {
-      ++io_errors;
+      if (i < submitted) ++io_errors;
       if (!first) first = ExplainReadError(geo, reads[i].first, *batch->errors[i]);
       continue;
     }

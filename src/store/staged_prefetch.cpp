@@ -60,6 +60,7 @@ Status ExpertStore::Impl::StagePrefetch(uint32_t li, std::span<const ObjectId> k
     e->id = k;
     e->prefetched = true;
     staged[k] = e;
+    ++staged_objects;
     staged_bytes += cost;
     staged_bytes_max = std::max(staged_bytes_max, staged_bytes);
     ++prefetch_issued;
@@ -93,6 +94,7 @@ void ExpertStore::Impl::PumpSpeculative() {
 std::shared_ptr<ExpertStore::Impl::Entry> ExpertStore::Impl::TakeStaged(ObjectId id) {
   std::shared_ptr<Entry> e = std::move(staged[id]);
   if (!e) return nullptr;
+  --staged_objects;
   staged_bytes -= geo.space.Cost(id);
   ++prefetch_useful;
   prefetch_useful_bytes += geo.space.Cost(id);
@@ -118,6 +120,7 @@ void ExpertStore::Impl::KeepResidents(uint32_t li, uint64_t request, std::span<c
 void ExpertStore::Impl::DropStaged(ObjectId id) {
   std::shared_ptr<Entry> e = std::move(staged[id]);
   if (!e) return;  // taken, or not staged
+  --staged_objects;
   const uint64_t cost = geo.space.Cost(id);
   e->dropped = true;
   if (!e->submitted) {
@@ -143,6 +146,7 @@ void ExpertStore::Impl::FinishStagedRead(const std::shared_ptr<Entry>& e, bool o
   } else if (!ok && staged[e->id] == e) {
     // Failed before anyone took it: forget it; the acquire reads on demand.
     staged[e->id].reset();
+    --staged_objects;
     staged_bytes -= cost;
   }
   PumpSpeculative();

@@ -101,7 +101,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["prefetch_useful"] = prefetch_useful;
   k["prefetch_wasted"] = prefetch_wasted;
   // The prefetch policy's accounting: issued = useful + wasted + cancelled +
-  // still staged (+ failed reads); refused prefetches were never issued.
+  // staged (+ failed reads); refused prefetches were never issued.
   json pf = json::object();
   pf["mode"] = staged_mode ? "staged" : "cache";
   pf["budget_bytes"] = staged_mode ? prefetch_budget : 0;
@@ -118,6 +118,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   pf["cancelled_bytes"] = prefetch_cancelled_bytes;
   pf["keep_predicted"] = kept.has_value();
   pf["kept"] = prefetch_kept;  // keep hints given to residents (Prefetch of a resident object)
+  pf["staged"] = staged_objects;
   pf["staged_bytes"] = staged_bytes;
   pf["staged_bytes_max"] = staged_bytes_max;
   pf["inflight"] = spec_inflight;

@@ -230,7 +230,7 @@ void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
     engine->Submit(std::move(read));  // queues all of it, or throws with nothing queued
   });
   if (out_of_memory) {
-    FinishRead(e, {BareOutOfMemory(), 0, 0, 0});
+    FinishRead(e, {BareOutOfMemory(), 0, 0, 0}, ReadEnd::kNeverStarted);
   } else if (!e->buffer) {
     // The buffer allocator said no (posix_memalign, or cudaHostAlloc for
     // pinned buffers): not necessarily the address-space limit.
@@ -242,7 +242,7 @@ void ExpertStore::Impl::SubmitRead(const std::shared_ptr<Entry>& e) {
                         ErrorKind::kMemory, ENOMEM)
                       .WithHint(OutOfMemoryHint());
     });
-    FinishRead(e, {std::move(no_buffer), 0, 0, 0});
+    FinishRead(e, {std::move(no_buffer), 0, 0, 0}, ReadEnd::kNeverStarted);
   }
 }
 
@@ -260,7 +260,7 @@ void ExpertStore::Impl::CheckAndFinish(const std::shared_ptr<Entry>& e, const Ob
       ObjectReadResult damaged = r;  // an OK status: copied without allocating
       damaged.status = std::move(bad);
       std::lock_guard<std::mutex> lock(mu);
-      FinishRead(e, damaged, true);
+      FinishRead(e, damaged, ReadEnd::kChecksumFailed);
       return;
     }
   }
@@ -269,19 +269,21 @@ void ExpertStore::Impl::CheckAndFinish(const std::shared_ptr<Entry>& e, const Ob
 }
 
 // mu held.
-void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r,
-                                   bool checksum_failed) {
+void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r, ReadEnd how) {
   --loading;
-  ++pack_reads;
-  pack_read_bytes += r.bytes;
-  pack_read_ns += r.max_range_ns;
-  latency.Add(r.latency_ns);
+  if (how != ReadEnd::kNeverStarted) {
+    ++pack_reads;
+    pack_read_bytes += r.bytes;
+    pack_read_ns += r.max_range_ns;
+    latency.Add(r.latency_ns);
+  }
   if (r.status.ok() && !entry_crc32c.empty()) ++checksum_verified;
   if (r.status.ok()) {
     e->state = Entry::kReady;
     if (e->prefetched && staged_mode) FinishStagedRead(e, true);
   } else {
-    ++(checksum_failed ? checksum_errors : io_errors);
+    if (how == ReadEnd::kChecksumFailed) ++checksum_errors;
+    if (how == ReadEnd::kRead) ++io_errors;
     e->state = Entry::kFailed;
     // On an I/O thread: a text that cannot be copied is replaced by one that
     // needs no memory, and the waiter says what was lost (ExplainReadError).

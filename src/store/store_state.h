@@ -107,6 +107,10 @@ struct ExpertStore::Impl {
   std::deque<std::shared_ptr<Entry>> spec_queue; // staged, read not yet submitted
   uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished
   uint64_t staged_bytes = 0, staged_bytes_max = 0;  // charged against prefetch_budget
+  // Staged, neither taken nor dropped yet: issued = useful + wasted +
+  // cancelled + staged_objects (+ failed reads) at every moment. In-flight
+  // reads are no stand-in: one taken or dropped is still in flight.
+  uint64_t staged_objects = 0;
   uint64_t prefetch_issued_bytes = 0, prefetch_useful_bytes = 0, prefetch_wasted_bytes = 0;
   uint64_t prefetch_refused = 0, prefetch_refused_bytes = 0;      // budget full
   uint64_t prefetch_cancelled = 0, prefetch_cancelled_bytes = 0;  // dropped before their read was issued
@@ -154,7 +158,10 @@ struct ExpertStore::Impl {
   void PumpSpeculative();
   // A staged entry's read finished (mu held): bookkeeping before FinishRead.
   void FinishStagedRead(const std::shared_ptr<Entry>& e, bool ok);
-  void FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r, bool checksum_failed = false);
+  // How a read ended: only reads that reached the pack count in pack_reads
+  // and io_errors (one never started, for lack of a buffer or memory, did not).
+  enum class ReadEnd { kRead, kChecksumFailed, kNeverStarted };
+  void FinishRead(const std::shared_ptr<Entry>& e, const ObjectReadResult& r, ReadEnd how = ReadEnd::kRead);
   // Checks a finished read's bytes (when checksums are on), then FinishRead.
   void CheckAndFinish(const std::shared_ptr<Entry>& e, const ObjectReadResult& r);
   // The object's bytes against its CRC32Cs (engine or verify thread, no

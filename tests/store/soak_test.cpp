@@ -322,9 +322,11 @@ TEST_F(StoreSoak, ManyThreadsRandomWorkloadStaysWithinCapacityAndCountersAddUp) 
     // Every miss is one object read (demand) or one staged read taken.
     const nlohmann::json& pf = st["k3pack"]["prefetch"];
     EXPECT_LE(st["pack_reads"].get<uint64_t>(), misses + pf["issued"].get<uint64_t>());
+    // Not `inflight` for the last term: a read taken or dropped may still be
+    // in flight (1 in ~60 runs counted one object twice that way).
     EXPECT_EQ(pf["issued"].get<uint64_t>(),
               pf["useful"].get<uint64_t>() + pf["wasted"].get<uint64_t>() + pf["cancelled"].get<uint64_t>() +
-                  pf["inflight"].get<uint64_t>())
+                  pf["staged"].get<uint64_t>())
         << pf.dump();
     EXPECT_EQ(pf["staged_bytes"].get<uint64_t>() <= pf["budget_bytes"].get<uint64_t>(), true) << pf.dump();
     EXPECT_EQ(st["io_errors"].get<uint64_t>(), 0u);

@@ -117,6 +117,14 @@ void ExpectServed(ExpertStore& s, uint32_t layer, const std::vector<int64_t>& id
   ASSERT_TRUE(s.MarkUsed(*a).ok());
 }
 
+// Every read counted reached the pack in full, and none failed: a read
+// never submitted (its request could not be allocated) is neither a pack
+// read nor an I/O error. Every object of the tiny pack is 12288 bytes.
+void ExpectOnlyRealReadsCounted(const nlohmann::json& snapshot) {
+  EXPECT_EQ(snapshot["io_errors"].get<uint64_t>(), 0u);
+  EXPECT_EQ(snapshot["pack_read_bytes"].get<uint64_t>(), snapshot["pack_reads"].get<uint64_t>() * 12288);
+}
+
 // A slot cache over `p` with 4 host slots in memory this test owns.
 struct HostSlotCache {
   std::unique_ptr<SlotCache> cache;
@@ -357,6 +365,7 @@ TEST(StoreOutOfMemory, EveryAllocationOfAnAcquireMayFailAndTheStoreStaysUsable) 
             if (a.ok()) (void)s->MarkUsed(*a);
           },
           [&](uint32_t layer, const std::vector<int64_t>& ids) { ExpectServed(*s, layer, ids); });
+      ExpectOnlyRealReadsCounted(s->Snapshot());
       ASSERT_TRUE(s->Close().ok());
     }
   }
@@ -455,6 +464,7 @@ TEST(StoreOutOfMemory, EveryAllocationOfASlotCacheAcquireMayFailAndTheCacheStays
           if (a.ok()) (void)slots.cache->MarkUsed(*a);
         },
         [&](uint32_t layer, const std::vector<int64_t>& ids) { slots.ExpectServed(layer, ids); });
+    ExpectOnlyRealReadsCounted(slots.cache->Snapshot());
     ASSERT_TRUE(slots.cache->Close().ok());
   }
 #endif

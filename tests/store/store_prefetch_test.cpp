@@ -80,9 +80,11 @@ TEST(PrefetchStaged, UnusedIsWastedAndDroppedAtTheNextAcquireOfItsLayer) {
   Token(*s, 2, 0, 1);  // another layer: layer 1's staging is untouched
   auto j = s->Snapshot();
   EXPECT_EQ(Pf(j, "wasted"), 0u);
+  EXPECT_EQ(Pf(j, "staged"), 1u);
   EXPECT_EQ(Pf(j, "staged_bytes"), kObject);
   Token(*s, 1, 3, 5);  // does not route to 4: dropped, its read wasted
   j = s->Snapshot();
+  EXPECT_EQ(Pf(j, "staged"), 0u);
   EXPECT_EQ(Pf(j, "wasted"), 1u);
   EXPECT_EQ(Pf(j, "wasted_bytes"), kObject);
   EXPECT_EQ(Pf(j, "useful"), 0u);
@@ -209,8 +211,12 @@ TEST(PrefetchStaged, QueuedReadsTheAcquireNoLongerNeedsAreCancelled) {
   auto j = s->Snapshot();
   EXPECT_EQ(Pf(j, "issued"), 3u);
   EXPECT_EQ(Pf(j, "inflight"), 1u);  // 1 and 2 wait in the store
+  EXPECT_EQ(Pf(j, "staged"), 3u);
   Token(*s, 1, 1, 5);  // takes 1 (queued: read now), drops 0 (in flight) and 2 (queued)
   j = s->Snapshot();
+  // 0 is wasted and still in flight: issued = useful + wasted + cancelled + staged.
+  EXPECT_EQ(Pf(j, "inflight"), 1u);
+  EXPECT_EQ(Pf(j, "staged"), 0u);
   EXPECT_EQ(Pf(j, "useful"), 1u);
   EXPECT_EQ(Pf(j, "cancelled"), 1u);
   EXPECT_EQ(Pf(j, "cancelled_bytes"), kObject);
