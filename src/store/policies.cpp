@@ -32,7 +32,9 @@ class ReuseLfuLruV2 final : public Policy {
  public:
   ReuseLfuLruV2(const ObjectSpace& space, uint64_t cap)
       : Policy(space, cap), key_freq_(space.num_objects(), 0), slot_freq_(space.num_objects(), 0),
-        lists_(space.num_objects(), 256) {}
+        lists_(space.num_objects(), 256), waiting_(space.num_objects(), 0) {
+    touched_.reserve(space.num_objects());  // a key waits at most once: hooks never allocate
+  }
   std::string name() const override { return "reuse-lfu-lru-v2"; }
 
  protected:
@@ -42,12 +44,16 @@ class ReuseLfuLruV2 final : public Policy {
   }
   void OnCallEnd() override {
     in_call_ = false;
-    for (ObjectId k : touched_) Link(k);
+    for (ObjectId k : touched_)
+      if (std::exchange(waiting_[k], 0)) Link(k);
     touched_.clear();
   }
   void OnHit(ObjectId k) override { Touch(k); }
   void OnInsert(ObjectId k, bool) override { Touch(k); }
-  void OnRemove(ObjectId k) override { Unlink(k); }
+  void OnRemove(ObjectId k) override {
+    Unlink(k);
+    waiting_[k] = 0;  // an object removed mid-call is not linked at its end
+  }
   ObjectId PickVictim(bool is_prefill, std::span<const ObjectId> call, const PinCounts* pins) override {
     // Non-empty frequency lists, lowest first (a bit per list).
     for (uint32_t w = 0; w < 4; ++w) {
@@ -67,8 +73,12 @@ class ReuseLfuLruV2 final : public Policy {
   void Touch(ObjectId k) {
     Unlink(k);
     slot_freq_[k] = key_freq_[k];
-    if (in_call_) touched_.push_back(k);
-    else Link(k);
+    if (!in_call_) {
+      Link(k);
+    } else if (!waiting_[k]) {  // twice in one call: linked once, at the end
+      waiting_[k] = 1;
+      touched_.push_back(k);
+    }
   }
   void Link(ObjectId k) {
     lists_.PushBack(slot_freq_[k], k);
@@ -86,6 +96,7 @@ class ReuseLfuLruV2 final : public Policy {
   uint64_t nonempty_[4] = {0, 0, 0, 0};
   bool in_call_ = false;
   std::vector<ObjectId> touched_;  // this call's keys, linked when it ends
+  std::vector<uint8_t> waiting_;   // per object: in touched_
 };
 
 // Plain LRU: the victim is the least recently used unprotected object.
@@ -198,6 +209,7 @@ class QuotaDecay final : public Policy {
     winner_.assign(2 * leaves_, 0);
     for (uint32_t i = 0; i < leaves_; ++i) winner_[leaves_ + i] = i;
     for (uint32_t n = leaves_; n-- > 1;) winner_[n] = Better(winner_[2 * n], winner_[2 * n + 1]);
+    tried_.reserve(space.num_active_layers());  // PickVictim's scan never allocates
   }
   std::string name() const override { return "quota-decay"; }
 

@@ -69,8 +69,10 @@ bool Policy::MakeRoom(uint64_t cost, bool is_prefill, std::span<const ObjectId> 
     }
     if (victim == kNoObject) victim = PickVictim(is_prefill, call_keys, pins);
     if (victim == kNoObject) return false;
-    Remove(victim);
+    // Reported first: if that allocation fails, the victim stays resident
+    // (an eviction the caller never hears of would keep its bytes for good).
     if (evicted) evicted->push_back(victim);
+    Remove(victim);
   }
   return true;
 }
@@ -88,15 +90,21 @@ Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> 
   for (ObjectId k : keys) call_mark_[k] = call_serial_;
   marked_ = keys.data();
   rows_ = rows;
-  OnCall(keys, is_prefill);
-  rows_ = nullptr;
+  // The call ends however OnCall or the loop leave it (std::bad_alloc under
+  // `ulimit -v`): a call left open kept its keys held out of the ranking and
+  // a follower of `adaptive` "in call", which later linked a key twice.
+  // Every OnCallEnd accepts an OnCall that stopped halfway, and none
+  // allocates (it runs in a destructor).
   struct EndCall {
     Policy* p;
     ~EndCall() {
       p->marked_ = nullptr;
+      p->rows_ = nullptr;
       p->OnCallEnd();
     }
   } end_call{this};
+  OnCall(keys, is_prefill);
+  rows_ = nullptr;
   for (size_t i = 0; i < keys.size(); ++i) {
     ObjectId key = keys[i];
     if (resident_[key] && generation_[key] == generations[i]) {
@@ -105,9 +113,10 @@ Status Policy::Access(std::span<const ObjectId> keys, std::span<const uint64_t> 
       continue;
     }
     if (resident_[key]) {
-      // Stale generation: the slot is reused in place; its old content is an eviction.
-      Remove(key);
+      // Stale generation: the slot is reused in place; its old content is an
+      // eviction (reported first, as in MakeRoom).
       out->evicted.push_back(key);
+      Remove(key);
     }
     if (!MakeRoom(space_.Cost(key), is_prefill, keys, pins, &out->evicted)) {
       out->evictions = out->evicted.size();

@@ -38,8 +38,16 @@ class RankedSet {
  public:
   static constexpr uint32_t kNone = 0xffffffffu;
 
-  // Members are indices 0..objects-1.
-  explicit RankedSet(uint64_t objects) : pos_(objects, kNone), key_(objects), held_(objects, 0) {}
+  // Members are indices 0..objects-1. Every buffer is sized here, for the
+  // most it can hold (each index is in the heap, held_ids_ and skipped_ at
+  // most once): after construction nothing allocates, so a policy's
+  // mutators cannot fail halfway under `ulimit -v`, and ReleaseHeld (run
+  // from a call's end, in a destructor) cannot throw.
+  explicit RankedSet(uint64_t objects) : pos_(objects, kNone), key_(objects), held_(objects, 0) {
+    heap_.reserve(objects);
+    held_ids_.reserve(objects);
+    skipped_.reserve(objects);
+  }
 
   // Inserts `id` with rank `key`, or re-ranks it.
   void Set(uint32_t id, const Key& key) {
@@ -80,8 +88,8 @@ class RankedSet {
   // Keeps `id` (a member or not yet) out of FirstNot until ReleaseHeld().
   void Hold(uint32_t id) {
     if (held_[id]) return;
-    held_[id] = 1;
     held_ids_.push_back(id);
+    held_[id] = 1;
     if (pos_[id] == kNone) return;
     RemoveAt(pos_[id]);
     pos_[id] = kHeldOut;

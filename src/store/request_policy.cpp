@@ -364,8 +364,8 @@ class RequestAware final : public Policy {
     q.last_call = calls_;
     clusters_[q.cluster].last_use = calls_;
     if (!q.active) {
+      active_.push_back(r);  // first: a request marked active but not listed never expires
       q.active = true;
-      active_.push_back(r);
       q.pos = static_cast<uint32_t>(active_.size() - 1);
       active_changed_ = true;
     }

@@ -98,6 +98,11 @@ struct SlotCache::Impl {
   int64_t total_pins = 0;                       // sum of pins: 0 = no thread holds anything
   using Holds = std::unordered_map<ObjectId, uint32_t>;  // object -> unreleased calls naming it
   std::map<std::thread::id, Holds> outstanding;
+  // MarkUsed's "slot seen in this release" marks (serial == release_serial):
+  // a release allocates nothing, so under `ulimit -v` it cannot fail and
+  // leave a call's slots held for good.
+  std::vector<uint64_t> release_mark;  // per slot
+  uint64_t release_serial = 0;
   std::vector<uint64_t> generations;
   bool closed = false;
 
@@ -221,6 +226,7 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
   K3_ASSIGN_OR_RETURN(policy, MakePolicy(opt.store.policy, uniform, uint64_t{slots} * slot_bytes));
   slot_of.assign(s.num_objects(), kNoSlot);
   key_of.assign(slots, kNoObject);
+  release_mark.assign(slots, 0);
   pins.assign(s.num_objects(), 0);
   for (uint32_t i = 0; i < slots; ++i) free_slots.push(i);
   return Status::OK();
@@ -230,6 +236,7 @@ void SlotCache::Impl::Detach() {
   policy.reset();
   slot_of.clear();
   key_of.clear();
+  release_mark.clear();
   pins.clear();
   free_slots = {};
   device_base = nullptr;
@@ -357,6 +364,23 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   ++s.route_calls[layer];
   s.route_tokens[layer] += static_cast<uint64_t>(rows);
+  // Everything the call allocates comes before this thread's pins are
+  // lowered (below): a failed allocation in between never restored them,
+  // and another thread was then given this thread's held slots.
+  std::vector<uint64_t> gens(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
+  // Room for every result before the cache changes (an object is one slot,
+  // so a call evicts at most one per key): an allocation that fails while
+  // the policy's choice is applied to the slots would leave them apart.
+  AccessResult ar;
+  ar.hit.reserve(keys.size());
+  ar.evicted.reserve(keys.size());
+  std::vector<uint32_t> vacated;
+  vacated.reserve(keys.size());
+  std::vector<std::pair<ObjectId, uint32_t>> misses;
+  misses.reserve(keys.size());
+  std::vector<int32_t> out;
+  out.reserve(ids.size());
   // This thread's own unreleased calls do not protect their slots (SGLang).
   Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
   s.SetPins(mine, -1);
@@ -375,22 +399,15 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
     s.SetPins(mine, -1);
   }
-  std::vector<uint64_t> gens(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
   const size_t free_before = s.free_slots.size();
-  // Room for every result before the cache changes (an object is one slot,
-  // so a call evicts at most one per key): an allocation that fails while
-  // the policy's choice is applied to the slots would leave them apart.
-  AccessResult ar;
-  ar.hit.reserve(keys.size());
-  ar.evicted.reserve(keys.size());
-  std::vector<uint32_t> vacated;
-  vacated.reserve(keys.size());
-  std::vector<std::pair<ObjectId, uint32_t>> misses;
-  misses.reserve(keys.size());
-  std::vector<int32_t> out;
-  out.reserve(ids.size());
-  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows);
+  // The policy's own allocations may fail too: it stops with every
+  // eviction it made reported, and what it took in gets slots below and is
+  // forgotten with the call's other misses.
+  Status st = Status::OK();
+  if (RanOutOfMemory([&] { st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows); })) {
+    st = BareOutOfMemory();
+    ar.hit.resize(keys.size(), 0);  // reserved: if Access stopped before sizing it
+  }
   s.SetPins(mine, +1);
   // Evicted objects give up their slots, in eviction order; misses take the
   // free slots first (lowest index), then those slots in that order.
@@ -433,6 +450,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   };
   if (!st.ok()) {  // SGLang keeps what it processed before failing
     forget_misses();
+    if (IsBareOutOfMemory(st.error())) return AcquireOutOfMemory("the slot cache", layer);
     const bool waited_out = waited && std::chrono::steady_clock::now() >= deadline;
     return ExplainCannotEvict(st.error(), keys.size(), s.slot_count(), waited_out);
   }
@@ -624,17 +642,20 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
   Impl& s = *impl_;
   K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));
   std::lock_guard<std::mutex> lock(s.mu);
-  std::vector<int32_t> distinct(slots.begin(), slots.end());
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
   // All checked before any is released: a refused call releases nothing (its
   // caller still uses those slots and may release them again).
-  for (int32_t slot : distinct)
+  for (int32_t slot : slots)
     if (slot < 0 || static_cast<uint32_t>(slot) >= s.slot_count())
       return Error("expert slot " + std::to_string(slot) + " is out of range (" + std::to_string(s.slot_count()) +
                    " slots)");
-  Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
-  for (int32_t slot : distinct) {
+  if (++s.release_serial == 0) {  // wrapped: old marks could alias the new serial
+    std::fill(s.release_mark.begin(), s.release_mark.end(), 0);
+    s.release_serial = 1;
+  }
+  const auto mine = s.outstanding.find(std::this_thread::get_id());
+  for (int32_t slot : slots) {
+    if (s.release_mark[slot] == s.release_serial) continue;  // a slot named twice is released once
+    s.release_mark[slot] = s.release_serial;
     if (s.rt) {
       K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->EventRecord(s.last_use_ev[slot], stream), "cudaEventRecord"));
       s.has_last_use[slot] = 1;
@@ -651,11 +672,11 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
       --s.total_pins;
       return true;
     };
-    if (!drop(mine))
+    if (mine == s.outstanding.end() || !drop(mine->second))
       for (auto& [tid, holds] : s.outstanding)
         if (drop(holds)) break;
   }
-  if (mine.empty()) s.outstanding.erase(std::this_thread::get_id());
+  if (mine != s.outstanding.end() && mine->second.empty()) s.outstanding.erase(mine);
   s.cv.notify_all();
   return Status::OK();
 }

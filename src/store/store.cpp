@@ -353,12 +353,19 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   // this call may fail with pins taken and not given back.
   std::vector<std::shared_ptr<Impl::Entry>> call_entries(keys.size());
   AccessResult ar;
-  Status st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows);
+  // The policy's own allocations may fail too (`ulimit -v`): it stops with
+  // every eviction it made reported and its bookkeeping whole, and the
+  // call fails like one the policy refused.
+  Status st = Status::OK();
+  if (RanOutOfMemory([&] { st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows); }))
+    st = BareOutOfMemory();
   for (ObjectId v : ar.evicted) s.DropEntry(v, true);
   if (!st.ok()) {
     // Keys the policy took in before failing have no bytes: forget them.
     for (ObjectId k : keys)
       if (s.policy->Resident(k) && !s.entries[k]) s.policy->Erase(k);
+    s.resident_experts = s.policy->resident_count();
+    if (IsBareOutOfMemory(st.error())) return AcquireOutOfMemory("the expert store", layer);
     // A short wait that ended for another reason is not "held for 10 s".
     const bool waited_out = waited && std::chrono::steady_clock::now() >= deadline;
     return ExplainCannotEvict(st.error(), keys.size(), s.policy->capacity_bytes() / space.max_object_bytes(),
@@ -526,8 +533,16 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
   for (ObjectId k : keys) {
     if (!s.policy->Resident(k)) {
       evicted.clear();
-      bool admitted = s.policy->Admit(k, s.Generation(k), &s.pins, &evicted);
+      bool admitted = false;
+      const bool out_of_memory =
+          RanOutOfMemory([&] { admitted = s.policy->Admit(k, s.Generation(k), &s.pins, &evicted); });
       for (ObjectId v : evicted) s.DropEntry(v, true);
+      if (out_of_memory) {
+        s.policy->Erase(k);  // admitted or not: it has no entry
+        s.resident_experts = s.policy->resident_count();
+        return OutOfMemoryOn("the expert store's prefetch of layer " + std::to_string(layer) +
+                             " (what it could prefetch is prefetched)");
+      }
       if (!admitted) continue;  // everything is pinned: skip, the acquire will read it
       s.BecameResident(k);
       ++s.prefetch_issued;

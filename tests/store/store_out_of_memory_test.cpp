@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "../forked_child.h"
+#include "allocation_faults.h"
 #include "emulated_cuda.h"
 #include "k3pack/device_tier.h"
 #include "k3pack/pack.h"
@@ -29,30 +29,20 @@
 #include "store/synthetic_pack.h"
 
 #ifndef K3_TEST_UNDER_SANITIZER
-namespace {
-std::atomic<bool> g_starved{false};
-std::atomic<std::thread::id> g_fed_thread{};
-// Counts down the allocations of one thread; the one that reaches 0 fails.
-thread_local int64_t t_fail_in = 0;
-
-bool Starved() {
-  if (t_fail_in > 0 && --t_fail_in == 0) return true;
-  return g_starved.load(std::memory_order_relaxed) && std::this_thread::get_id() != g_fed_thread.load();
-}
-}  // namespace
-
 // The sanitizers bring their own allocator: there the tests are skipped and
 // these replacements are not built. g++ takes free() in a replaced operator
 // delete for a mismatch with the new-expression it was inlined into.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
-  if (!Starved())
+  if (!k3pack::store::testing::AllocationFails())
     if (void* p = std::malloc(n != 0 ? n : 1)) return p;
   throw std::bad_alloc();
 }
 void* operator new[](std::size_t n) { return ::operator new(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return Starved() ? nullptr : std::malloc(n != 0 ? n : 1); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return k3pack::store::testing::AllocationFails() ? nullptr : std::malloc(n != 0 ? n : 1);
+}
 void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return ::operator new(n, t); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
@@ -70,24 +60,8 @@ using testing::TinyPack;
 using testing::TinySpec;
 
 #ifndef K3_TEST_UNDER_SANITIZER
-// While alive, every thread but the one that made it is out of memory.
-class StarveOtherThreads {
- public:
-  StarveOtherThreads() {
-    g_fed_thread.store(std::this_thread::get_id());
-    g_starved.store(true);
-  }
-  ~StarveOtherThreads() { g_starved.store(false); }
-};
-
-// While alive, the `n`th allocation of the thread that made it fails (and
-// only that one): a sweep over n fails each allocation of a call in turn.
-class FailNthAllocation {
- public:
-  explicit FailNthAllocation(int64_t n) { t_fail_in = n; }
-  ~FailNthAllocation() { t_fail_in = 0; }
-  bool fired() const { return t_fail_in == 0; }
-};
+using testing::FailNthAllocation;
+using testing::StarveOtherThreads;
 
 StoreOptions Opts(const char* io) {
   StoreOptions o;
@@ -191,12 +165,6 @@ void SweepEachAllocation(const std::function<void(uint32_t, const std::vector<in
   EXPECT_TRUE(finished) << "the sweep did not reach the end of the call's allocations";
   EXPECT_GT(failures, 10) << "too few of the call's allocations were failed to test anything";
 }
-#endif
-
-#ifdef K3_TEST_UNDER_SANITIZER
-#define SKIP_UNDER_SANITIZER() GTEST_SKIP() << "replaces operator new, which the sanitizer runtimes own"
-#else
-#define SKIP_UNDER_SANITIZER()
 #endif
 
 // A read that fails (EIO) when its engine thread has no memory for the

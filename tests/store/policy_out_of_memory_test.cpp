@@ -1,0 +1,235 @@
+// A replacement policy's own allocations under `ulimit -v`. A policy
+// allocates only while its containers grow: a fresh cache's first calls, the
+// first big call, a new request. Before, a std::bad_alloc there left the
+// policy half updated and the caller's map apart from it: the process
+// aborted (a throw from a call's end, in a destructor), objects were served
+// from slot -1 or another expert's slot, a list got a cycle, or the cache
+// stayed full of objects nothing could evict. So each sweep here opens a
+// fresh cache for every allocation it fails (the nth of the nth run), and
+// then checks the cache serves the right bytes and can still use all of
+// itself. store_out_of_memory_test.cpp replaces operator new.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allocation_faults.h"
+#include "k3pack/slot_cache.h"
+#include "k3pack/store.h"
+#include "open_ok.h"
+#include "store/policy.h"
+#include "store/synthetic_pack.h"
+
+namespace k3pack::store {
+namespace {
+
+#ifndef K3_TEST_UNDER_SANITIZER
+using testing::FailNthAllocation;
+using testing::PatternByte;
+using testing::TinyPack;
+using testing::TinySpec;
+
+// The steps of one sweep run, in order, on a fresh cache: each may fail
+// (an error or std::bad_alloc); the nth allocation of the whole run fails.
+using Steps = std::vector<std::function<void()>>;
+
+// Runs `fresh_run(n, &fired)` for n = 1, 2, ... until a run makes fewer
+// than n allocations (fired stays false). `fresh_run` opens its own cache,
+// runs its steps with RunFailingNth(n, ...), then checks the cache with
+// memory back.
+void SweepFreshCaches(const std::function<void(int64_t, bool*)>& fresh_run, int64_t min_allocations = 50) {
+  for (int64_t n = 1; n < 20000; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n));
+    bool fired = false;
+    fresh_run(n, &fired);
+    if (::testing::Test::HasFatalFailure()) return;
+    if (!fired) {
+      EXPECT_GT(n, min_allocations) << "too few allocations were failed to test anything";
+      return;
+    }
+  }
+  ADD_FAILURE() << "the sweep did not reach the end of the run's allocations";
+}
+
+// Runs the steps with the nth allocation of this thread failing; whether
+// it did (false: the steps made fewer allocations).
+bool RunFailingNth(int64_t n, const Steps& steps) {
+  FailNthAllocation fail(n);
+  for (const auto& step : steps) {
+    try {
+      step();
+    } catch (const std::bad_alloc&) {
+    }
+  }
+  return fail.fired();
+}
+
+// Rows of two (top-2), one request per row.
+Result<Acquisition> AcquireRequests(ExpertStore& s, uint32_t layer, const std::vector<int64_t>& ids) {
+  const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
+  std::vector<uint64_t> requests;
+  for (size_t r = 0; r < ids.size() / 2; ++r) requests.push_back(100 + r);
+  return s.Acquire(layer, ids, shape, std::nullopt, requests);
+}
+
+void AcquireAndRelease(ExpertStore& s, uint32_t layer, const std::vector<int64_t>& ids) {
+  auto a = AcquireRequests(s, layer, ids);
+  if (a.ok()) (void)s.MarkUsed(*a);
+}
+
+void ExpectStoreServes(ExpertStore& s, uint32_t layer, const std::vector<int64_t>& ids) {
+  auto a = AcquireRequests(s, layer, ids);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  for (const ExpertView& v : a->routes)
+    ASSERT_EQ(v.gate[777], PatternByte(v.layer, v.expert, 1, 777)) << "layer " << v.layer << " expert " << v.expert;
+  ASSERT_TRUE(s.MarkUsed(*a).ok());
+}
+
+// A slot cache with 4 host slots in memory the test owns.
+struct OwnedHostSlots {
+  std::unique_ptr<SlotCache> cache;
+  std::vector<uint8_t> memory;
+  uint8_t* base = nullptr;
+
+  OwnedHostSlots(const TinyPack& p, const std::string& policy) {
+    SlotCacheOptions o;
+    o.store.io_backend = "pread";
+    o.store.policy = policy;
+    auto opened = SlotCache::Open(p.pack, p.manifest, o);
+    EXPECT_TRUE(opened.ok()) << opened.error().message();
+    if (!opened.ok()) return;
+    cache = std::move(opened).value();
+    memory.resize(4 * cache->slot_bytes() + 4096);
+    base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
+    const Status attached = cache->AttachHost(base, 4);
+    EXPECT_TRUE(attached.ok()) << attached.error().message();
+  }
+  Result<std::vector<int32_t>> Acquire(uint32_t layer, const std::vector<int64_t>& ids) {
+    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
+    std::vector<uint64_t> requests;
+    for (size_t r = 0; r < ids.size() / 2; ++r) requests.push_back(100 + r);
+    return cache->Acquire(layer, ids, shape, std::nullopt, nullptr, requests);
+  }
+  // Whether slot `slot` holds (layer, expert)'s bytes.
+  bool Holds(int32_t slot, uint32_t layer, int64_t expert) const {
+    return slot >= 0 && slot < 4 &&
+           base[uint64_t(slot) * cache->slot_bytes() + 4096 + 777] ==
+               PatternByte(layer, static_cast<uint32_t>(expert), 1, 777);
+  }
+  void AcquireAndRelease(uint32_t layer, const std::vector<int64_t>& ids) {
+    auto got = Acquire(layer, ids);
+    if (got.ok()) (void)cache->MarkUsed(*got);
+  }
+  void ExpectServes(uint32_t layer, const std::vector<int64_t>& ids) {
+    auto got = Acquire(layer, ids);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(Holds((*got)[i], layer, ids[i])) << "expert " << ids[i];
+    ASSERT_TRUE(cache->MarkUsed(*got).ok());
+  }
+};
+
+#endif
+
+// The store with every policy, both prefetch modes: a prefetch (admitted
+// through the policy in "cache" mode), two calls that fill the 4-object
+// cache with one layer and then the other, and a mixed call. Afterwards
+// both full calls are served (nothing left pinned, held or unevictable),
+// with the right bytes, within the budget, and Close() returns.
+TEST(PolicyOutOfMemory, AFreshStoresFirstCallsMayFailAtEveryAllocationForEveryPolicy) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  TinyPack p(TinySpec{}, "oom-policy");
+  for (const std::string& policy : PolicyNames()) {
+    for (const char* mode : {"staged", "cache"}) {
+      SCOPED_TRACE(policy + " " + mode);
+      StoreOptions o;
+      o.cache_bytes = 4 * testing::kObject;
+      o.queue_depth = 2;
+      o.io_backend = "pread";
+      o.policy = policy;
+      o.prefetch_mode = mode;
+      SweepFreshCaches([&](int64_t n, bool* fired) {
+        auto s = testing::OpenOk(p, o);
+        ASSERT_TRUE(s);
+        *fired = RunFailingNth(n, {
+                             [&] { (void)s->Prefetch(1, std::vector<int64_t>{6, 7}, 100); },
+                             [&] { AcquireAndRelease(*s, 1, {0, 1, 2, 3}); },
+                             [&] { AcquireAndRelease(*s, 2, {4, 5, 6, 7}); },
+                             [&] { AcquireAndRelease(*s, 1, {0, 6, 4, 5}); },
+                         });
+        ExpectStoreServes(*s, 1, {0, 1, 2, 3});
+        ExpectStoreServes(*s, 2, {4, 5, 6, 7});
+        const nlohmann::json j = s->Snapshot();
+        EXPECT_LE(j["resident_bytes"].get<uint64_t>(), o.cache_bytes);
+        EXPECT_EQ(j["resident_bytes"].get<uint64_t>(), j["resident_experts"].get<uint64_t>() * testing::kObject);
+        EXPECT_EQ(j["io_errors"].get<uint64_t>(), 0u);
+        ASSERT_TRUE(s->Close().ok());
+      });
+    }
+  }
+#endif
+}
+
+// The slot cache (SGLang's drop-in) with every policy: the same calls, and
+// the slots must match what the policy holds.
+TEST(PolicyOutOfMemory, AFreshSlotCachesFirstCallsMayFailAtEveryAllocationForEveryPolicy) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  TinyPack p(TinySpec{}, "oom-policy-slots");
+  for (const std::string& policy : PolicyNames()) {
+    SCOPED_TRACE(policy);
+    SweepFreshCaches([&](int64_t n, bool* fired) {
+      OwnedHostSlots slots(p, policy);
+      ASSERT_TRUE(slots.base != nullptr);
+      *fired = RunFailingNth(n, {
+                           [&] { slots.AcquireAndRelease(1, {0, 1, 2, 3}); },
+                           [&] { slots.AcquireAndRelease(2, {4, 5, 6, 7}); },
+                           [&] { slots.AcquireAndRelease(1, {0, 6, 4, 5}); },
+                       });
+      slots.ExpectServes(1, {0, 1, 2, 3});
+      slots.ExpectServes(1, {0, 1, 2, 3});  // all hits now: a slot-less "resident" would show here
+      slots.ExpectServes(2, {4, 5, 6, 7});
+      ASSERT_TRUE(slots.cache->Close().ok());
+    });
+  }
+#endif
+}
+
+// A call that fails while the same thread still holds an earlier one: the
+// earlier call's slots stay protected from other threads (before, a failed
+// allocation skipped giving back the pins the call had lowered, another
+// thread's call was then given those slots, and the later release wrapped
+// the pin counts, so a call needing the whole cache waited 10 s and failed).
+TEST(PolicyOutOfMemory, AFailedCallNeverUnprotectsTheSameThreadsHeldSlots) {
+  SKIP_UNDER_SANITIZER();
+#ifndef K3_TEST_UNDER_SANITIZER
+  TinyPack p(TinySpec{}, "oom-policy-held");
+  for (const char* policy : {"lru", "reuse-lfu-lru-v2", "adaptive"}) {
+    SCOPED_TRACE(policy);
+    SweepFreshCaches([&](int64_t n, bool* fired) {
+      OwnedHostSlots slots(p, policy);
+      ASSERT_TRUE(slots.base != nullptr);
+      auto held = slots.Acquire(1, {0, 1});
+      ASSERT_TRUE(held.ok()) << held.error().message();
+      // Two free slots: whether it fails or not, this call never needs the held ones.
+      *fired = RunFailingNth(n, {[&] { slots.AcquireAndRelease(2, {4, 5}); }});
+      // Another thread's call needs two slots: the released ones, never the held.
+      std::thread other([&] { slots.AcquireAndRelease(2, {6, 7}); });
+      other.join();
+      ASSERT_TRUE(slots.Holds((*held)[0], 1, 0)) << "a held slot was given to another call";
+      ASSERT_TRUE(slots.Holds((*held)[1], 1, 1)) << "a held slot was given to another call";
+      ASSERT_TRUE(slots.cache->MarkUsed(*held).ok());
+      slots.ExpectServes(1, {0, 1, 2, 3});  // every slot: no pin left or wrapped
+      ASSERT_TRUE(slots.cache->Close().ok());
+    }, /*min_allocations=*/20);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace k3pack::store
