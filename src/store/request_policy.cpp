@@ -83,6 +83,7 @@ class RequestAware final : public Policy {
 
  protected:
   void OnCall(std::span<const ObjectId> keys, bool) override {
+    announced_ = true;
     // The previous call's keys return to the order (see pending_).
     for (ObjectId k : pending_)
       if (resident_[k]) Place(k);
@@ -186,10 +187,15 @@ class RequestAware final : public Policy {
         if (order_.Contains(k)) Place(k);
     }
   }
+  void OnCallEnd() override { announced_ = false; }
   void OnHit(ObjectId) override {}
   void OnInsert(ObjectId k, bool demand) override {
     resident_[k] = 1;
-    if (!demand) Place(k);  // a demand insert is the call's key: pending
+    // A demand insert is the call's key: pending, ranked at the next call.
+    // A call this policy was not told of (`adaptive` tells it only of calls
+    // with request ids) put nothing in pending_: ranked now, or it would
+    // never be evicted while this policy leads.
+    if (!demand || !announced_) Place(k);
   }
   void OnRemove(ObjectId k) override {
     resident_[k] = 0;
@@ -634,6 +640,7 @@ class RequestAware final : public Policy {
   // 95%-accurate predictions that is a few percent, not rho's ~30%.
   double unhinted_num_ = 0, unhinted_den_ = 0, rho_unhinted_ = 0.3;
   bool active_changed_ = false;
+  bool announced_ = false;  // inside a call OnCall was told of
   std::vector<Req> reqs_;
   std::unordered_map<uint64_t, uint32_t> slot_of_;
   std::vector<uint32_t> active_;

@@ -220,15 +220,37 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
                      ", top_k=" + std::to_string(s.top_k) +
                      (geo.ep.whole() ? "" : ", owned experts=" + std::to_string(geo.owned.count())),
                  ErrorKind::kMemory);
-  // One slot holds any object: the policy counts slots, not bytes.
-  ObjectSpace uniform = s;
-  std::fill(uniform.object_bytes.begin(), uniform.object_bytes.end(), slot_bytes);
-  K3_ASSIGN_OR_RETURN(policy, MakePolicy(opt.store.policy, uniform, uint64_t{slots} * slot_bytes));
-  slot_of.assign(s.num_objects(), kNoSlot);
-  key_of.assign(slots, kNoObject);
-  release_mark.assign(slots, 0);
-  pins.assign(s.num_objects(), 0);
-  for (uint32_t i = 0; i < slots; ++i) free_slots.push(i);
+  // Everything is made first and then moved in (moves cannot fail): an
+  // allocation that failed half way left the cache "attached" with some of
+  // its tables empty, so a retried attach was refused and the next call
+  // indexed past their ends.
+  Result<std::unique_ptr<Policy>> made = Error("not made");
+  decltype(slot_of) new_slot_of;
+  decltype(key_of) new_key_of;
+  std::vector<uint32_t> all_slots;
+  std::vector<uint64_t> new_release_mark;
+  PinCounts new_pins;
+  const bool out_of_memory = RanOutOfMemory([&] {
+    // One slot holds any object: the policy counts slots, not bytes.
+    ObjectSpace uniform = s;
+    std::fill(uniform.object_bytes.begin(), uniform.object_bytes.end(), slot_bytes);
+    made = MakePolicy(opt.store.policy, uniform, uint64_t{slots} * slot_bytes);
+    new_slot_of.assign(s.num_objects(), kNoSlot);
+    new_key_of.assign(slots, kNoObject);
+    new_release_mark.assign(slots, 0);
+    new_pins.assign(s.num_objects(), 0);
+    all_slots.resize(slots);
+    for (uint32_t i = 0; i < slots; ++i) all_slots[i] = i;
+  });
+  if (out_of_memory)
+    return OutOfMemoryOn("the expert slot cache's attach of " + std::to_string(slots) + " slots (nothing attached)");
+  K3_RETURN_IF_ERROR(made.status());
+  policy = std::move(made).value();
+  slot_of = std::move(new_slot_of);
+  key_of = std::move(new_key_of);
+  release_mark = std::move(new_release_mark);
+  pins = std::move(new_pins);
+  free_slots = decltype(free_slots)(std::greater<>(), std::move(all_slots));  // ascending: already a heap
   return Status::OK();
 }
 
@@ -648,19 +670,32 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     if (slot < 0 || static_cast<uint32_t>(slot) >= s.slot_count())
       return Error("expert slot " + std::to_string(slot) + " is out of range (" + std::to_string(s.slot_count()) +
                    " slots)");
-  if (++s.release_serial == 0) {  // wrapped: old marks could alias the new serial
-    std::fill(s.release_mark.begin(), s.release_mark.end(), 0);
-    s.release_serial = 1;
+  auto next_serial = [&] {
+    if (++s.release_serial == 0) {  // wrapped: old marks could alias the new serial
+      std::fill(s.release_mark.begin(), s.release_mark.end(), 0);
+      s.release_serial = 1;
+    }
+  };
+  if (s.rt) {
+    // The slots' last-use events first: a CUDA error there releases nothing
+    // (a caller that retries must not release a hold twice, which would
+    // take another thread's).
+    next_serial();
+    for (int32_t slot : slots) {
+      if (s.release_mark[slot] == s.release_serial) continue;
+      s.release_mark[slot] = s.release_serial;
+      K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->EventRecord(s.last_use_ev[slot], stream), "cudaEventRecord"));
+    }
+    for (int32_t slot : slots) {
+      s.has_last_use[slot] = 1;
+      s.has_ready[slot] = 0;
+    }
   }
+  next_serial();
   const auto mine = s.outstanding.find(std::this_thread::get_id());
   for (int32_t slot : slots) {
     if (s.release_mark[slot] == s.release_serial) continue;  // a slot named twice is released once
     s.release_mark[slot] = s.release_serial;
-    if (s.rt) {
-      K3_RETURN_IF_ERROR(cuda::Check(*s.rt, s.rt->EventRecord(s.last_use_ev[slot], stream), "cudaEventRecord"));
-      s.has_last_use[slot] = 1;
-      s.has_ready[slot] = 0;
-    }
     ObjectId k = s.key_of[slot];
     if (k == kNoObject) continue;
     // Release one hold on the object, this thread's first, else any thread's.

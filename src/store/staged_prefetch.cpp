@@ -147,6 +147,7 @@ void ExpertStore::Impl::FinishStagedRead(const std::shared_ptr<Entry>& e, bool o
     // Failed before anyone took it: forget it; the acquire reads on demand.
     staged[e->id].reset();
     --staged_objects;
+    ++prefetch_failed;
     staged_bytes -= cost;
   }
   PumpSpeculative();

@@ -89,6 +89,13 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["queue_depth_max"] = engine->max_inflight();
   k["cache_budget_bytes"] = opt.cache_bytes;
   k["effective_capacity_experts"] = info.effective_capacity_objects;
+  // The store's own count of what it caches (objects it keeps an entry and
+  // buffer for), beside the policy's `resident_bytes`: the two agree unless
+  // the store kept an object the policy evicted, or the reverse.
+  uint64_t entry_bytes = 0;
+  for (ObjectId id = 0; id < entries.size(); ++id)
+    if (entries[id]) entry_bytes += s.Cost(id);
+  k["cache_entry_bytes"] = entry_bytes;
   uint64_t tokens = s.active_layer_ids.empty() ? 0 : route_tokens[s.active_layer_ids.front()];
   k["tokens"] = tokens;
   k["bytes_read_per_token"] = tokens ? double(pack_read_bytes) / double(tokens) : 0.0;
@@ -101,7 +108,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["prefetch_useful"] = prefetch_useful;
   k["prefetch_wasted"] = prefetch_wasted;
   // The prefetch policy's accounting: issued = useful + wasted + cancelled +
-  // staged (+ failed reads); refused prefetches were never issued.
+  // staged + failed; refused prefetches were never issued.
   json pf = json::object();
   pf["mode"] = staged_mode ? "staged" : "cache";
   pf["budget_bytes"] = staged_mode ? prefetch_budget : 0;
@@ -119,6 +126,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   pf["keep_predicted"] = kept.has_value();
   pf["kept"] = prefetch_kept;  // keep hints given to residents (Prefetch of a resident object)
   pf["staged"] = staged_objects;
+  pf["failed"] = prefetch_failed;
   pf["staged_bytes"] = staged_bytes;
   pf["staged_bytes_max"] = staged_bytes_max;
   pf["inflight"] = spec_inflight;

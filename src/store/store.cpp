@@ -364,7 +364,6 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     // Keys the policy took in before failing have no bytes: forget them.
     for (ObjectId k : keys)
       if (s.policy->Resident(k) && !s.entries[k]) s.policy->Erase(k);
-    s.resident_experts = s.policy->resident_count();
     if (IsBareOutOfMemory(st.error())) return AcquireOutOfMemory("the expert store", layer);
     // A short wait that ended for another reason is not "held for 10 s".
     const bool waited_out = waited && std::chrono::steady_clock::now() >= deadline;
@@ -448,7 +447,6 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     v.down = {base + off[2], rb[2]};
     out.routes.push_back(std::move(v));
   }
-  s.resident_experts = s.policy->resident_count();
   return out;
 }
 
@@ -539,8 +537,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
       for (ObjectId v : evicted) s.DropEntry(v, true);
       if (out_of_memory) {
         s.policy->Erase(k);  // admitted or not: it has no entry
-        s.resident_experts = s.policy->resident_count();
-        return OutOfMemoryOn("the expert store's prefetch of layer " + std::to_string(layer) +
+            return OutOfMemoryOn("the expert store's prefetch of layer " + std::to_string(layer) +
                              " (what it could prefetch is prefetched)");
       }
       if (!admitted) continue;  // everything is pinned: skip, the acquire will read it
@@ -555,7 +552,6 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
       s.Pin(k);
     }
   }
-  s.resident_experts = s.policy->resident_count();
   return Status::OK();
 }
 

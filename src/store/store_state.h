@@ -74,7 +74,7 @@ struct ExpertStore::Impl {
   bool closed = false;
   // SGLang's counters.
   uint64_t pack_reads = 0, pack_read_bytes = 0, pack_read_ns = 0;
-  uint64_t cache_hits = 0, cache_misses = 0, cache_evictions = 0, io_errors = 0, resident_experts = 0;
+  uint64_t cache_hits = 0, cache_misses = 0, cache_evictions = 0, io_errors = 0;
   std::vector<uint64_t> route_calls, route_tokens;  // indexed by layer id
   uint64_t last_flush_calls = 0;
   // k3pack's.
@@ -108,9 +108,10 @@ struct ExpertStore::Impl {
   uint64_t spec_inflight = 0;                    // speculative reads submitted, not finished
   uint64_t staged_bytes = 0, staged_bytes_max = 0;  // charged against prefetch_budget
   // Staged, neither taken nor dropped yet: issued = useful + wasted +
-  // cancelled + staged_objects (+ failed reads) at every moment. In-flight
+  // cancelled + staged_objects + prefetch_failed at every moment. In-flight
   // reads are no stand-in: one taken or dropped is still in flight.
   uint64_t staged_objects = 0;
+  uint64_t prefetch_failed = 0;  // staged reads that failed or never started before anyone took them
   uint64_t prefetch_issued_bytes = 0, prefetch_useful_bytes = 0, prefetch_wasted_bytes = 0;
   uint64_t prefetch_refused = 0, prefetch_refused_bytes = 0;      // budget full
   uint64_t prefetch_cancelled = 0, prefetch_cancelled_bytes = 0;  // dropped before their read was issued

@@ -174,6 +174,28 @@ TEST(AdaptivePolicy, WithoutRequestIdsIsTheFourCandidateRace) {
 // The store's request_ids: one id or one per row; another count is a
 // ValueError naming the rule; the policy sees them (same hits as without on
 // a fresh store is not required, only that both forms work).
+// `adaptive` tells its request-aware candidate only of calls with request
+// ids. Objects a call without them brought in were never ranked by it (its
+// demand inserts wait for the call it was told of), so once it led, they
+// could never be evicted: "cannot evict" with every resident unprotected.
+TEST(AdaptivePolicy, ObjectsOfCallsWithoutRequestIdsStayEvictableUnderRequestAware) {
+  ObjectSpace space = ObjectSpace::Uniform(1, 16, 1, 4096, 1);
+  const char* only[] = {"request-aware"};
+  auto policy = MakeAdaptivePolicy(space, 4 * 4096, only);
+  AccessResult ar;
+  auto call = [&](std::vector<ObjectId> keys, bool with_rows) {
+    std::vector<uint64_t> gens(keys.size(), 1);
+    const uint64_t request[1] = {7};
+    CallRows rows{keys, request, static_cast<uint32_t>(keys.size())};
+    return policy->Access(keys, gens, false, nullptr, &ar, with_rows ? &rows : nullptr);
+  };
+  ASSERT_TRUE(call({0, 1, 2}, false).ok());
+  ASSERT_TRUE(call({3}, true).ok());
+  const Status st = call({4, 5}, true);
+  EXPECT_TRUE(st.ok()) << st.error().message() << " (0, 1 and 2 are unprotected)";
+  EXPECT_EQ(policy->resident_count(), 4u);
+}
+
 TEST(StoreRequestIds, OneOrOnePerRow) {
   testing::TinyPack p(testing::TinySpec{});
   StoreOptions o;

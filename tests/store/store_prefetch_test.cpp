@@ -246,6 +246,9 @@ TEST(PrefetchStaged, FailedSpeculativeReadFallsBackToDemand) {
   Token(*s, 1, 2, 3);  // read on demand, succeeds
   auto j = s->Snapshot();
   EXPECT_EQ(Pf(j, "useful"), 0u);
+  EXPECT_EQ(Pf(j, "staged"), 0u);
+  EXPECT_EQ(Pf(j, "failed"), 1u);  // issued = useful + wasted + cancelled + staged + failed
+  EXPECT_EQ(Pf(j, "issued"), 1u);
   EXPECT_EQ(Pf(j, "staged_bytes"), 0u);
   EXPECT_EQ(j["pack_reads"], 3);
   ASSERT_TRUE(s->Close().ok());
