@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "allocation_faults.h"
+#include "host_slots.h"
 #include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
 #include "open_ok.h"
@@ -93,48 +94,7 @@ void ExpectStoreServes(ExpertStore& s, uint32_t layer, const std::vector<int64_t
 
 #endif
 
-// A slot cache with 4 host slots in memory the test owns.
-struct OwnedHostSlots {
-  std::unique_ptr<SlotCache> cache;
-  std::vector<uint8_t> memory;
-  uint8_t* base = nullptr;
-
-  OwnedHostSlots(const TinyPack& p, const std::string& policy) {
-    SlotCacheOptions o;
-    o.store.io_backend = "pread";
-    o.store.policy = policy;
-    auto opened = SlotCache::Open(p.pack, p.manifest, o);
-    EXPECT_TRUE(opened.ok()) << opened.error().message();
-    if (!opened.ok()) return;
-    cache = std::move(opened).value();
-    memory.resize(4 * cache->slot_bytes() + 4096);
-    base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
-    const Status attached = cache->AttachHost(base, 4);
-    EXPECT_TRUE(attached.ok()) << attached.error().message();
-  }
-  Result<std::vector<int32_t>> Acquire(uint32_t layer, const std::vector<int64_t>& ids) {
-    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
-    std::vector<uint64_t> requests;
-    for (size_t r = 0; r < ids.size() / 2; ++r) requests.push_back(100 + r);
-    return cache->Acquire(layer, ids, shape, std::nullopt, nullptr, requests);
-  }
-  // Whether slot `slot` holds (layer, expert)'s bytes.
-  bool Holds(int32_t slot, uint32_t layer, int64_t expert) const {
-    return slot >= 0 && slot < 4 &&
-           base[uint64_t(slot) * cache->slot_bytes() + 4096 + 777] ==
-               PatternByte(layer, static_cast<uint32_t>(expert), 1, 777);
-  }
-  void AcquireAndRelease(uint32_t layer, const std::vector<int64_t>& ids) {
-    auto got = Acquire(layer, ids);
-    if (got.ok()) (void)cache->MarkUsed(*got);
-  }
-  void ExpectServes(uint32_t layer, const std::vector<int64_t>& ids) {
-    auto got = Acquire(layer, ids);
-    ASSERT_TRUE(got.ok()) << got.error().message();
-    for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(Holds((*got)[i], layer, ids[i])) << "expert " << ids[i];
-    ASSERT_TRUE(cache->MarkUsed(*got).ok());
-  }
-};
+using testing::FourHostSlots;
 
 
 // The store with every policy, both prefetch modes: a prefetch (admitted
@@ -191,16 +151,16 @@ TEST(PolicyOutOfMemory, AFreshSlotCachesFirstCallsMayFailAtEveryAllocationForEve
   for (const std::string& policy : PolicyNames()) {
     SCOPED_TRACE(policy);
     SweepFreshCaches([&](int64_t n, bool* fired) {
-      OwnedHostSlots slots(p, policy);
+      FourHostSlots slots(p, "pread", policy);
       ASSERT_TRUE(slots.base != nullptr);
       *fired = RunFailingNth(n, {
                            [&] { slots.AcquireAndRelease(1, {0, 1, 2, 3}); },
                            [&] { slots.AcquireAndRelease(2, {4, 5, 6, 7}); },
                            [&] { slots.AcquireAndRelease(1, {0, 6, 4, 5}); },
                        });
-      slots.ExpectServes(1, {0, 1, 2, 3});
-      slots.ExpectServes(1, {0, 1, 2, 3});  // all hits now: a slot-less "resident" would show here
-      slots.ExpectServes(2, {4, 5, 6, 7});
+      slots.ExpectServed(1, {0, 1, 2, 3});
+      slots.ExpectServed(1, {0, 1, 2, 3});  // all hits now: a slot-less "resident" would show here
+      slots.ExpectServed(2, {4, 5, 6, 7});
       ASSERT_TRUE(slots.cache->Close().ok());
     });
   }
@@ -219,7 +179,7 @@ TEST(PolicyOutOfMemory, AFailedCallNeverUnprotectsTheSameThreadsHeldSlots) {
   for (const char* policy : {"lru", "reuse-lfu-lru-v2", "adaptive"}) {
     SCOPED_TRACE(policy);
     SweepFreshCaches([&](int64_t n, bool* fired) {
-      OwnedHostSlots slots(p, policy);
+      FourHostSlots slots(p, "pread", policy);
       ASSERT_TRUE(slots.base != nullptr);
       auto held = slots.Acquire(1, {0, 1});
       ASSERT_TRUE(held.ok()) << held.error().message();
@@ -231,8 +191,8 @@ TEST(PolicyOutOfMemory, AFailedCallNeverUnprotectsTheSameThreadsHeldSlots) {
       ASSERT_TRUE(slots.Holds((*held)[0], 1, 0)) << "a held slot was given to another call";
       ASSERT_TRUE(slots.Holds((*held)[1], 1, 1)) << "a held slot was given to another call";
       ASSERT_TRUE(slots.cache->MarkUsed(*held).ok());
-      slots.ExpectServes(1, {0, 1, 2, 3});  // every slot: no pin left or wrapped
-      slots.ExpectServes(2, {4, 5, 6, 7});  // every slot again, none of them named by the held call
+      slots.ExpectServed(1, {0, 1, 2, 3});  // every slot: no pin left or wrapped
+      slots.ExpectServed(2, {4, 5, 6, 7});  // every slot again, none of them named by the held call
       ASSERT_TRUE(slots.cache->Close().ok());
     }, /*min_allocations=*/20);
   }
@@ -281,7 +241,7 @@ TEST(PolicyOutOfMemory, AnAttachThatFailsAttachesNothing) {
 // call's (here the held call's, whose slots another thread then took).
 TEST(SlotCacheRelease, ASlotNamedByManyRowsIsReleasedOnce) {
   TinyPack p(TinySpec{}, "release-repeats");
-  OwnedHostSlots slots(p, "lru");
+  FourHostSlots slots(p, "pread", "lru");
   ASSERT_TRUE(slots.base != nullptr);
   auto held = slots.Acquire(1, {0, 1});  // this thread's, unreleased
   ASSERT_TRUE(held.ok()) << held.error().message();

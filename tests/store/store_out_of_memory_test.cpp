@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "allocation_faults.h"
+#include "host_slots.h"
 #include "emulated_cuda.h"
 #include "k3pack/device_tier.h"
 #include "k3pack/pack.h"
@@ -99,40 +100,6 @@ void ExpectOnlyRealReadsCounted(const nlohmann::json& snapshot) {
   EXPECT_EQ(snapshot["pack_read_bytes"].get<uint64_t>(), snapshot["pack_reads"].get<uint64_t>() * 12288);
 }
 
-// A slot cache over `p` with 4 host slots in memory this test owns.
-struct HostSlotCache {
-  std::unique_ptr<SlotCache> cache;
-  std::vector<uint8_t> memory;
-  uint8_t* base = nullptr;
-
-  HostSlotCache(const TinyPack& p, const char* io) {
-    SlotCacheOptions o;
-    o.store.io_backend = io;
-    auto opened = SlotCache::Open(p.pack, p.manifest, o);
-    EXPECT_TRUE(opened.ok()) << opened.error().message();
-    if (!opened.ok()) return;
-    cache = std::move(opened).value();
-    memory.resize(4 * cache->slot_bytes() + 4096);
-    base = memory.data() + (4096 - reinterpret_cast<uintptr_t>(memory.data()) % 4096) % 4096;
-    const Status attached = cache->AttachHost(base, 4);
-    EXPECT_TRUE(attached.ok()) << attached.error().message();
-  }
-  // `ids` as rows of two (top-2).
-  Result<std::vector<int32_t>> Acquire(uint32_t layer, const std::vector<int64_t>& ids) {
-    const int64_t shape[2] = {static_cast<int64_t>(ids.size() / 2), 2};
-    return cache->Acquire(layer, ids, shape, std::nullopt);
-  }
-  // Acquires `ids`, checks each slot holds its object's bytes, releases.
-  void ExpectServed(uint32_t layer, const std::vector<int64_t>& ids) {
-    auto got = Acquire(layer, ids);
-    ASSERT_TRUE(got.ok()) << got.error().message();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const uint8_t* slot = base + uint64_t((*got)[i]) * cache->slot_bytes();
-      ASSERT_EQ(slot[4096 + 777], PatternByte(layer, static_cast<uint32_t>(ids[i]), 1, 777)) << "expert " << ids[i];
-    }
-    ASSERT_TRUE(cache->MarkUsed(*got).ok());
-  }
-};
 
 // Fails each allocation of `call(layer, ids)` in turn (the nth of the nth
 // run, on this thread), for calls of two experts on alternating layers.
@@ -288,7 +255,7 @@ TEST(StoreOutOfMemory, TheSlotCachesFailedReadOnAStarvedIoThreadIsAnError) {
   for (const char* io : {"pread", "uring"}) {
     SCOPED_TRACE(io);
     p.WritePack();
-    HostSlotCache slots(p, io);
+    testing::FourHostSlots slots(p, io);
     ASSERT_TRUE(slots.base != nullptr);
     // The last object (layer 2, expert 7) ends 7288 bytes short.
     std::filesystem::resize_file(p.pack, p.layout.final_size() - 12288 + 5000);
@@ -424,7 +391,7 @@ TEST(StoreOutOfMemory, EveryAllocationOfASlotCacheAcquireMayFailAndTheCacheStays
   for (const char* io : {"pread", "uring"}) {
     SCOPED_TRACE(io);
     TinyPack p(TinySpec{}, "oom-slot-acquire");
-    HostSlotCache slots(p, io);
+    testing::FourHostSlots slots(p, io);
     ASSERT_TRUE(slots.base != nullptr);
     SweepEachAllocation(
         [&](uint32_t layer, const std::vector<int64_t>& ids) {
