@@ -150,7 +150,6 @@ class TraceParser {
     // far from overflowing in the size checks below.
     if (t_.top_k > t_.num_experts)
       return Bad("top_k " + std::to_string(t_.top_k) + " exceeds " + std::to_string(t_.num_experts) + " experts");
-    if (n_records_ > data_.size() / 16 + 1) return Bad("record count exceeds the file size");
     if (version_ >= 2) {
       if (!c_.Get(&t_.predict_k))
         return Bad("truncated header: the file holds " + std::to_string(data_.size()) +
@@ -159,6 +158,11 @@ class TraceParser {
         return Bad("predict_k " + std::to_string(t_.predict_k) + " exceeds " + std::to_string(t_.num_experts) +
                    " experts");
     }
+    // Every record takes at least 16 bytes (its fixed fields): a count past
+    // that is a damaged header, caught before anything is reserved for it.
+    if (n_records_ > data_.size() / 16 + 1)
+      return Bad("the header declares " + std::to_string(n_records_) + " records, but the file holds only " +
+                 std::to_string(data_.size()) + " bytes (a record takes at least 16)");
     return Status::OK();
   }
 

@@ -165,6 +165,14 @@ TEST(TraceV2, ReaderAcceptsGoodAndRejectsBadInput) {
   ExpectError(V2(2, 4, U16s({1, 2, 3})), "truncated predictions at record 0");
   ExpectError(V2(2, 4, U16s({1, 2, 3, 8})), "predicted expert id 8 at record 0 is not below 8 experts");
   ExpectError(V2(2, 2, U32s({7, 9}) + "x"), "1 trailing bytes");
+  // A record count the bytes cannot hold names both numbers; a header cut
+  // inside predict_k says that instead (before, the count was blamed first,
+  // with no numbers).
+  std::string many = V2(2, 0, "");
+  const uint64_t declared = 1000;
+  many.replace(24, 8, reinterpret_cast<const char*>(&declared), 8);  // the record count
+  ExpectError(many, "the header declares 1000 records, but the file holds only 64 bytes (a record takes at least 16)");
+  ExpectError(many.substr(0, 34), "truncated header: the file holds 34 bytes, a v2 trace header is at least 36");
   // v1 files keep their meaning: other flag bits are ignored, no v2 tails are read.
   auto v1 = trace::ParseTrace(V2(0, 1 | 2 | 4, "", 1), "t.k3trace");
   ASSERT_TRUE(v1.ok()) << v1.error().message();
