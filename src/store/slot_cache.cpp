@@ -424,12 +424,11 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   const size_t free_before = s.free_slots.size();
   // The policy's own allocations may fail too: it stops with every
   // eviction it made reported, and what it took in gets slots below and is
-  // forgotten with the call's other misses.
+  // forgotten with the call's other misses. (`ar.hit` is sized first thing
+  // in Access, into the room reserved above, so it never fails there.)
   Status st = Status::OK();
-  if (RanOutOfMemory([&] { st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows); })) {
+  if (RanOutOfMemory([&] { st = s.policy->Access(keys, gens, is_prefill, &s.pins, &ar, call_rows); }))
     st = BareOutOfMemory();
-    ar.hit.resize(keys.size(), 0);  // reserved: if Access stopped before sizing it
-  }
   s.SetPins(mine, +1);
   // Evicted objects give up their slots, in eviction order; misses take the
   // free slots first (lowest index), then those slots in that order.

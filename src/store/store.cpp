@@ -537,7 +537,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
       for (ObjectId v : evicted) s.DropEntry(v, true);
       if (out_of_memory) {
         s.policy->Erase(k);  // admitted or not: it has no entry
-            return OutOfMemoryOn("the expert store's prefetch of layer " + std::to_string(layer) +
+        return OutOfMemoryOn("the expert store's prefetch of layer " + std::to_string(layer) +
                              " (what it could prefetch is prefetched)");
       }
       if (!admitted) continue;  // everything is pinned: skip, the acquire will read it
