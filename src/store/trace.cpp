@@ -217,7 +217,7 @@ class TraceParser {
     }
     Record r{layer, rows, request, (flags & kFlagPrefill) != 0, t_.ids.size()};
     // Every consumer indexes per-expert tables by these ids (found by trace_fuzz).
-    K3_RETURN_IF_ERROR(ReadIds(n, "truncated ids", "expert id ", at, &t_.ids, &r.offset));
+    K3_RETURN_IF_ERROR(ReadIds(n, t_.top_k, "truncated ids", "expert id ", at, &t_.ids, &r.offset));
     if (flags & kFlagRowRequests) {
       if (c_.pos + uint64_t{rows} * 4 > data_.size()) return Bad("truncated row requests" + at);
       r.has_row_requests = true;
@@ -229,32 +229,42 @@ class TraceParser {
     // Predicted ids (next layer, then next token): rows * predict_k each.
     const uint64_t np = uint64_t{rows} * t_.predict_k;
     if (flags & kFlagPredictions) {
-      K3_RETURN_IF_ERROR(ReadIds(np, "truncated predictions", "predicted expert id ", at, &t_.predictions,
-                                 &r.prediction_offset));
+      K3_RETURN_IF_ERROR(ReadIds(np, t_.predict_k, "truncated predictions", "predicted expert id ", at,
+                                 &t_.predictions, &r.prediction_offset));
       r.has_predictions = true;
     }
     if (flags & kFlagTokenPredictions) {
-      K3_RETURN_IF_ERROR(ReadIds(np, "truncated next-token predictions", "next-token predicted expert id ", at,
-                                 &t_.token_predictions, &r.token_prediction_offset));
+      K3_RETURN_IF_ERROR(ReadIds(np, t_.predict_k, "truncated next-token predictions",
+                                 "next-token predicted expert id ", at, &t_.token_predictions,
+                                 &r.token_prediction_offset));
       r.has_token_predictions = true;
     }
     t_.records.push_back(r);
     return Status::OK();
   }
 
-  // Appends n expert ids to `dst` (their start in *offset), each below
-  // num_experts; `truncated` is the error when the file ends first.
-  Status ReadIds(uint64_t n, const std::string& truncated, const std::string& what, const std::string& at,
-                 std::vector<uint16_t>* dst, uint64_t* offset) {
+  // Appends n expert ids, rows of `width`, to `dst` (their start in
+  // *offset), each below num_experts and none twice in a row; `truncated` is
+  // the error when the file ends first. A router's top-k (or a predictor's)
+  // names distinct experts: a repeat is a damaged or padded row, and every
+  // consumer would silently count it as one route.
+  Status ReadIds(uint64_t n, uint32_t width, const std::string& truncated, const std::string& what,
+                 const std::string& at, std::vector<uint16_t>* dst, uint64_t* offset) {
     if (c_.pos + n * 2 > data_.size()) return Bad(truncated + at);
     *offset = dst->size();
     dst->resize(dst->size() + n);
     std::memcpy(dst->data() + *offset, data_.data() + c_.pos, n * 2);
     c_.pos += n * 2;
-    for (uint64_t k = *offset; k < dst->size(); ++k) {
-      if ((*dst)[k] >= t_.num_experts)
-        return Bad(what + std::to_string((*dst)[k]) + at + " is not below " + std::to_string(t_.num_experts) +
-                   " experts");
+    if (seen_in_row_.empty()) seen_in_row_.assign(t_.num_experts, 0);
+    for (uint64_t k = 0; k < n; ++k) {
+      const uint16_t e = (*dst)[*offset + k];
+      if (e >= t_.num_experts)
+        return Bad(what + std::to_string(e) + at + " is not below " + std::to_string(t_.num_experts) + " experts");
+      if (k % width == 0) ++row_serial_;
+      if (seen_in_row_[e] == row_serial_)
+        return Bad(what + std::to_string(e) + at + " appears twice in row " + std::to_string(k / width) +
+                   " (a row names " + std::to_string(width) + " distinct experts)");
+      seen_in_row_[e] = row_serial_;
     }
     return Status::OK();
   }
@@ -265,6 +275,9 @@ class TraceParser {
   Trace t_;
   uint32_t version_ = 0, n_layers_ = 0;
   uint64_t n_records_ = 0;
+  // seen_in_row_[e] == row_serial_: e is already in the row being read.
+  std::vector<uint64_t> seen_in_row_;
+  uint64_t row_serial_ = 0;
 };
 
 }  // namespace

@@ -168,8 +168,15 @@ TEST(Trace, HandWrittenFilesAreRejectedByRule) {
             "hand.k3trace: not a k3pack trace: layer 1 at record 0 is not in the header's layer list");
   EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 2})),
             "hand.k3trace: not a k3pack trace: truncated ids at record 0");
-  // The same rules leave a well-formed file (and an empty one) readable.
+  // Session 36: a repeated expert in a row (a padded or damaged top-k) was
+  // read, and every consumer counted it as one route.
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 3, 3})),
+            "hand.k3trace: not a k3pack trace: expert id 3 at record 0 appears twice in row 1 (a row names 2 "
+            "distinct experts)");
+  // The same rules leave a well-formed file (and an empty one) readable; an
+  // expert routed by two rows of one call is two routes, not a repeat.
   EXPECT_EQ(ParseError(HandTrace(16, 2, {1, 2}, 2).Record(1, 1, {0, 1}).Record(2, 2, {3, 4, 5, 15})), "(accepted)");
+  EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 1, 0})), "(accepted)");
   EXPECT_EQ(ParseError(HandTrace(16, 16, {1}, 0)), "(accepted)");
 }
 

@@ -164,6 +164,8 @@ TEST(TraceV2, ReaderAcceptsGoodAndRejectsBadInput) {
   ExpectError(V2(2, 2, U32s({7})), "truncated row requests at record 0");
   ExpectError(V2(2, 4, U16s({1, 2, 3})), "truncated predictions at record 0");
   ExpectError(V2(2, 4, U16s({1, 2, 3, 8})), "predicted expert id 8 at record 0 is not below 8 experts");
+  ExpectError(V2(2, 4, U16s({1, 2, 3, 3})),
+              "predicted expert id 3 at record 0 appears twice in row 1 (a row names 2 distinct experts)");
   ExpectError(V2(2, 2, U32s({7, 9}) + "x"), "1 trailing bytes");
   // A record count the bytes cannot hold names both numbers; a header cut
   // inside predict_k says that instead (before, the count was blamed first,
@@ -199,6 +201,8 @@ TEST(TraceV2, NextTokenPredictionsReadAndRejectBadInput) {
   ExpectError(V2(2, 8, U16s({1, 2, 3})), "truncated next-token predictions at record 0");
   ExpectError(V2(2, 4 | 8, U16s({1, 2, 3, 4}) + U16s({1})), "truncated next-token predictions at record 0");
   ExpectError(V2(2, 8, U16s({1, 2, 3, 9})), "next-token predicted expert id 9 at record 0 is not below 8 experts");
+  ExpectError(V2(2, 8, U16s({5, 5, 1, 2})),
+              "next-token predicted expert id 5 at record 0 appears twice in row 0 (a row names 2 distinct experts)");
   ExpectError(V2(2, 8, U16s({1, 2, 3, 4, 5})), "2 trailing bytes");
   // A v1 file's bit 3 was never defined: ignored, nothing more is read.
   auto v1 = trace::ParseTrace(V2(0, 8, "", 1), "t.k3trace");
