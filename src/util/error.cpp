@@ -37,10 +37,15 @@ std::string ProcessLimitHint(int err) {
       return "the system's table of open files is full (sysctl fs.file-max); close other programs' files or raise it, "
              "and rerun; the file itself is not at fault";
     case EFBIG: {
+      // The file system's own cap gives the same errno: a pack written to a
+      // FAT32 stick stops at 4 GiB with no process limit in sight.
+      const std::string file_system =
+          "the file system holding the file caps a file's size (vfat/FAT32: 4 GiB less a byte; ext4 with 4 KiB "
+          "blocks: 16 TiB): write it to a file system that holds files this large (ext4, xfs, btrfs)";
       const std::string cap = SoftLimitOf(RLIMIT_FSIZE);
-      if (cap == "unlimited") return {};
+      if (cap == "unlimited") return file_system;
       return "this process may write files of at most " + cap + " bytes (`ulimit -f` counts 1024-byte blocks); raise "
-             "it (`ulimit -f unlimited`) and rerun";
+             "it (`ulimit -f unlimited`) and rerun; if the file was still smaller than that, " + file_system;
     }
     case ENOMEM:
       // Under `ulimit -v` a mapping or buffer of ordinary size fails long

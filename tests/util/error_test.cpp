@@ -1,11 +1,16 @@
 // Status / Result (include/k3pack/error.h) used the way an integrator may
 // misuse them: error() without checking ok(), a Result made from an OK
 // Status (docs/RELIABILITY.md, "Faults from a C++ integrator's audit").
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <string>
 #include <variant>
 
+#include "../scratch_dir.h"
 #include "k3pack/error.h"
 
 namespace k3pack {
@@ -34,6 +39,34 @@ TEST(CppIntegratorAudit, ErrorOfAnOkStatusOrResultIsDefined) {
   EXPECT_EQ(failed.error().message(), "cannot open x: No such file or directory");
   // value() of an error is the one documented throw.
   EXPECT_THROW((void)failed.value(), std::bad_variant_access);
+}
+
+// Session 36: "File too large" was blamed on `ulimit -f` or on nothing,
+// but a file system's own size cap (FAT32's 4 GiB, ext4's 16 TiB) gives the
+// same EFBIG with no process limit set. Here a real one: a write past the
+// largest offset the scratch file system allows.
+TEST(ProcessLimitHints, FileTooLargeWithoutAProcessLimitNamesTheFileSystemsCap) {
+  rlimit fsize{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &fsize), 0);
+  if (fsize.rlim_cur != RLIM_INFINITY) GTEST_SKIP() << "runs without `ulimit -f`";
+  const std::string path = testing_scratch::ProcessScratchDir("k3-error-test") + "/huge";
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  // Past ext4's and xfs's caps; tmpfs and btrfs take any offset below 2^63.
+  const off_t past_cap = off_t{1} << 62;
+  const ssize_t wrote = ::pwrite(fd, "x", 1, past_cap);
+  const int err = errno;
+  ::close(fd);
+  ::unlink(path.c_str());
+  Error e = Error::FromErrno("cannot write " + path, EFBIG);
+  if (wrote < 0) {
+    ASSERT_EQ(err, EFBIG) << "a write past the file system's cap fails with EFBIG";
+    e = Error::FromErrno("cannot write " + path, err);
+  }
+  EXPECT_EQ(e.message().substr(0, e.message().find('\n')), "cannot write " + path + ": File too large");
+  EXPECT_NE(e.message().find("\nhint: the file system holding the file caps a file's size"), std::string::npos)
+      << e.message();
+  EXPECT_EQ(e.message().find("ulimit"), std::string::npos) << e.message();
 }
 
 }  // namespace
