@@ -44,8 +44,10 @@ int RunGen(const std::vector<std::string>& argv) {
   // As replay, verify, load and run-experts: before, a directory failed
   // with "cannot read DIR: read failed at offset 0: Is a directory".
   ManifestInDirectory(a, "trace gen");
+  auto manifest = ManifestSpace(a);
+  if (!manifest.ok()) return ReportError("trace gen", manifest.error());
   trace::GenOptions o;
-  Status gs = GenOptionsFromArgs(a, a.Get("--family"), &o);
+  Status gs = GenOptionsFromArgs(a, a.Get("--family"), manifest->has_value() ? &**manifest : nullptr, &o);
   if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
   const std::string out = a.Get("--trace");
   const std::optional<FileStamp> seen = SeeOutput(out);

@@ -11,6 +11,7 @@
 #include "cli/trace_args.h"
 #include "cli/trace_commands.h"
 #include "k3pack/manifest.h"
+#include "store/store_impl.h"
 #include "k3pack/trace.h"
 #include "store/io_engine.h"
 #include "store/policy.h"
@@ -57,6 +58,9 @@ Args ReplayArgs() {
   a.Requires("--force", {"--stats"}, "it only applies to the stats file")
       .RequiresValueOtherThan("--lookahead", "--prefetch", "none", "it is how far oracle-lookahead prefetches")
       .Requires("--object-bytes", {"--simulate"}, "a replay reads the manifest's objects");
+  // The manifest gives every object's size: a value beside it was ignored
+  // (and went unchecked: "5x" and -1 ran).
+  a.Exclusive({"--object-bytes", "--manifest"}, "the manifest gives each object's size");
   AddProgressOption(a);
   return a;
 }
@@ -118,7 +122,7 @@ int Simulate(const Args& a, const ReplayValues& v, const trace::Trace& t, Progre
   auto r = store::Simulate(*seq, *space, a.Get("--policy"), v.cache_bytes, calls_done(0));
   if (!r.ok()) {
     progress->Finish();
-    return ReportError("trace replay", r.error());
+    return ReportError("trace replay", r.error().WithContext(a.Get("--trace")));
   }
   json& report = *out;
   report = {{"policy", r->policy},
@@ -151,7 +155,7 @@ int ReplayOnTheStore(const Args& a, const ReplayValues& v, const trace::Trace& t
     return ReportError("trace replay", e.error());
   o.pack_path = a.Get("--pack");
   if (o.pack_path.empty()) {
-    auto m = manifest::ReadManifestJson(o.manifest_path);
+    auto m = store::ReadStoreManifest(o.manifest_path);
     if (!m.ok()) return ReportError("trace replay", m.error());
     if (!m->contains("expert_pack") || !(*m)["expert_pack"].contains("path") ||
         !(*m)["expert_pack"]["path"].is_string())

@@ -62,7 +62,9 @@ std::string PerFamilyPath(const std::string& path, const std::string& family) {
 Status CheckPlotIsAFile(const std::string& path) {
   std::error_code ec;
   if (!path.empty() && path.back() != '/' && !std::filesystem::is_directory(path, ec)) return Status::OK();
-  return Error("--svg " + path + " is a directory; it names the plot file")
+  const bool named_so = !path.empty() && path.back() == '/' && !std::filesystem::exists(path, ec);
+  return Error("--svg " + path + (named_so ? " ends in '/', so it names a directory" : " is a directory") +
+               "; it names the plot file")
       .WithHint("give a file path, such as " + (path.empty() || path.back() == '/' ? path : path + "/") +
                 "trace-sweep.svg (with --family all: one plot per family beside it, named PATH-FAMILY.svg)");
 }
@@ -106,14 +108,18 @@ Args SweepArgs() {
       .Option("--h2d-gbps", "--timing: host-to-device copy bandwidth, GB/s (PCIe-4 x16)", "25")
       .Option("--h2d-latency-us", "--timing: latency per host-to-device copy", "10")
       .Flag("--json", "print the table as JSON");
-  AddGenOptions(a);
+  AddGenOptions(a, /*every_family=*/true);
   AddProgressOption(a);
   for (const char* timing : {"--compute-us", "--ssd-gbps", "--ssd-latency-us", "--queue-depth", "--prefetch-budget-mib",
                              "--staged", "--horizon", "--keep-predicted", "--device-mib", "--device-policy", "--h2d-gbps", "--h2d-latency-us"}) {
     a.Requires(timing, {"--timing"});
   }
-  // --timing generates the predictions it replays.
-  RequirePredictions(a, {"--predict", "--predict-next-token", "--timing"});
+  // Only the timed replay reads predictions, and it generates the ones it
+  // replays: without --timing these changed nothing in the table.
+  for (const char* predict : {"--predict", "--predict-next-token"})
+    a.Requires(predict, {"--timing"}, "only the timed replay reads predictions, and it generates its own");
+  RequirePredictions(a, {"--timing"});
+  a.Exclusive({"--object-bytes", "--manifest"}, "the manifest gives each object's size");
   // The device tier's options describe a tier that --device-mib 0 leaves out.
   for (const char* device : {"--device-policy", "--h2d-gbps", "--h2d-latency-us"}) {
     a.RequiresValueOtherThan(device, "--device-mib", "0", "there is no device tier without one");
@@ -161,7 +167,8 @@ struct SweepValues {
 int ParseSweepValues(const Args& a, SweepValues* out) {
   auto threads = a.GetInt("--threads");
   if (!threads.ok() || *threads < 1 || *threads > 256)
-    return ReportError("trace sweep", Error("--threads must be an integer in 1..256"), 2);
+    return ReportError("trace sweep", Error("--threads must be an integer in 1..256, got '" + a.Get("--threads") + "'"),
+                       2);
   std::vector<std::string> policies;
   for (const std::string& p : CommaFields(a.Get("--policies"))) {
     if (Status st = CheckPolicyName("--policies", p); !st.ok()) return ReportError("trace sweep", st.error(), 2);
@@ -192,6 +199,13 @@ int ParseSweepValues(const Args& a, SweepValues* out) {
   if (a.Has("--trace")) families.push_back("");
   else if (a.Get("--family") == "all") families = trace::FamilyNames();
   else families.push_back(a.Get("--family"));
+  const auto known = trace::FamilyNames();
+  if (!a.Has("--trace") && std::find(known.begin(), known.end(), families.front()) == known.end()) {
+    std::string list;
+    for (const auto& f : known) list += f + ", ";
+    return ReportError("trace sweep",
+                       Error("unknown trace family '" + a.Get("--family") + "' (known: " + list + "or all)"), 2);
+  }
   std::vector<uint64_t> given_sizes;
   if (a.Has("--sizes")) {
     auto l = ParseSizes(a.Get("--sizes"));
@@ -209,10 +223,13 @@ int ParseSweepValues(const Args& a, SweepValues* out) {
     for (const Status& st : {cu_r.status(), bw_r.status(), lat_r.status()})
       if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
     cu = *cu_r, bw = *bw_r, lat = *lat_r;
-    if (cu < 0 || bw <= 0 || lat < 0)
-      return ReportError("trace sweep",
-                         Error("--compute-us and --ssd-latency-us must be non-negative numbers, --ssd-gbps "
-                               "positive"), 2);
+    for (auto [name, value, positive] : {std::tuple{"--compute-us", cu, false}, {"--ssd-gbps", bw, true},
+                                         {"--ssd-latency-us", lat, false}})
+      if (positive ? value <= 0 : value < 0)
+        return ReportError("trace sweep",
+                           Error(std::string(name) + " must be " + (positive ? "positive" : "at least 0") + ", got " +
+                                 a.Get(name)),
+                           2);
     uint32_t qd = 0;
     if (Status st = QueueDepthOption(a, &qd); !st.ok()) return ReportError("trace sweep", st.error(), 2);
     auto budget = MibOptionBytes(a, "--prefetch-budget-mib", 0);
@@ -234,9 +251,10 @@ int ParseSweepValues(const Args& a, SweepValues* out) {
     for (const Status& st : {h2d_r.status(), h2d_lat_r.status()})
       if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
     h2d = *h2d_r, h2d_lat = *h2d_lat_r;
-    if (h2d <= 0 || h2d_lat < 0)
-      return ReportError("trace sweep", Error("--h2d-latency-us must be a non-negative number, --h2d-gbps positive"),
-                         2);
+    if (h2d <= 0) return ReportError("trace sweep", Error("--h2d-gbps must be positive, got " + a.Get("--h2d-gbps")), 2);
+    if (h2d_lat < 0)
+      return ReportError("trace sweep",
+                         Error("--h2d-latency-us must be at least 0, got " + a.Get("--h2d-latency-us")), 2);
     to.device_bytes = dev;
     to.device_policy = a.Get("--device-policy");
     if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())
@@ -264,9 +282,11 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
     t = std::move(r).value();
     if (Status st = HasRecords(a.Get("--trace"), t); !st.ok()) return ReportError("trace sweep", st.error());
   } else {
+    auto manifest = ManifestSpace(a);
+    if (!manifest.ok()) return ReportError("trace sweep", manifest.error());
     trace::GenOptions o;
     o.truth = &in->truth;  // before the checks: the generator keeps every request's weights for it
-    Status gs = GenOptionsFromArgs(a, family, &o);
+    Status gs = GenOptionsFromArgs(a, family, manifest->has_value() ? &**manifest : nullptr, &o);
     if (!gs.ok()) return ReportError("trace sweep", gs.error(), 2);
     o.truth = &in->truth;
     if (a.Has("--timing")) o.predict = true;
@@ -305,8 +325,16 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
   if (!a.Has("--sizes")) {
     std::string note;
     // With --ep-size the defaults are shares of one rank's objects.
-    in->sizes = ep_size ? store::DefaultSweepSizes(store::RankSpace(in->space, ep_size), &note, "each EP rank")
-                        : store::DefaultSweepSizes(in->space, &note, "the model", least);
+    if (ep_size) {
+      // A token routes at most a rank's experts of a layer: with fewer of
+      // them than top_k, sizes from top_k up were more than a rank holds
+      // (sizes --sizes refuses).
+      store::ObjectSpace rank = store::RankSpace(in->space, ep_size);
+      rank.top_k = std::min(rank.top_k, rank.num_experts);
+      in->sizes = store::DefaultSweepSizes(rank, &note, "each EP rank");
+    } else {
+      in->sizes = store::DefaultSweepSizes(in->space, &note, "the model", least);
+    }
     if (!note.empty()) Narrate("trace sweep", "note: " + note);
   } else {
     if (Status st = SizesFitObjects(in->sizes, in->space, ep_size, what); !st.ok())
@@ -318,6 +346,17 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
                                ": " + std::to_string(least) + " distinct objects stay co-resident while it runs")
                              .WithHint("pass --sizes of at least " + std::to_string(least) +
                                        " (a batched call or a prefill chunk needs up to rows x top_k objects)"),
+                         2);
+  }
+  // A device tier too small for a call, as --sizes below the largest call: a
+  // usage error naming the family (under --family all it was exit 1, unnamed).
+  if (a.Has("--timing") && v.dev != 0) {
+    const uint64_t need = store::LargestCallBytes(in->seq, in->space);
+    if (v.dev < need)
+      return ReportError("trace sweep",
+                         Error("--device-mib " + a.Get("--device-mib") + " is below the largest call of " + what +
+                               ": its " + std::to_string(need) + " bytes stay on the device while it runs")
+                             .WithHint("pass --device-mib of at least " + std::to_string((need + (1u << 20) - 1) >> 20)),
                          2);
   }
   // Without next-token predictions every policy's prefetch row would

@@ -71,14 +71,22 @@ Status HasRecords(const std::string& path, const trace::Trace& t) {
   return Error(path + ": the trace has no records (no acquire call to replay)");
 }
 
+Result<std::optional<store::ObjectSpace>> ManifestSpace(const Args& a) {
+  if (!a.Has("--manifest")) return std::optional<store::ObjectSpace>();
+  K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));
+  K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
+  return std::optional<store::ObjectSpace>(std::move(s));
+}
+
 // Object space: the manifest's if given, else the trace's dims with K3's object size.
 Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
-  if (a.Has("--manifest")) {
-    K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));
-    K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
-    if (s.num_experts != t.num_experts || s.top_k != t.top_k)
-      return Error("trace dimensions do not match manifest " + a.Get("--manifest"));
-    return s;
+  K3_ASSIGN_OR_RETURN(std::optional<store::ObjectSpace> m, ManifestSpace(a));
+  if (m) {
+    if (m->num_experts != t.num_experts || m->top_k != t.top_k)
+      return Error("trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " +
+                   std::to_string(t.top_k) + ") do not match manifest " + a.Get("--manifest") + " (" +
+                   std::to_string(m->num_experts) + ", " + std::to_string(m->top_k) + ")");
+    return std::move(*m);
   }
   K3_ASSIGN_OR_RETURN(int64_t ob, a.GetInt("--object-bytes"));
   return store::SpaceForTrace(t, static_cast<uint64_t>(ob));
@@ -231,6 +239,9 @@ Status SizesFitObjects(const std::vector<uint64_t>& sizes, const store::ObjectSp
 // trace's next-layer predictions: without any they equal the demand rows.
 std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string& horizon) {
   if (horizon == "token") return "";
+  if (t.layer_ids.size() < 2)
+    return "the trace routes one layer: there is no next layer to predict, so the prefetch rows equal the demand "
+           "rows (--horizon token predicts the same layer's next token)";
   if (std::any_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_predictions; })) return "";
   return "the trace has no next-layer predictions: the prefetch rows read nothing ahead and equal the demand "
          "rows (write it with `k3pack trace gen --predict`)";
@@ -239,9 +250,10 @@ std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string&
 
 
 // Generator options shared by `trace gen` and `trace sweep`.
-void AddGenOptions(Args& a) {
+void AddGenOptions(Args& a, bool every_family) {
   std::string families;
   for (const auto& f : trace::FamilyNames()) families += (families.empty() ? "" : " | ") + f;
+  if (every_family) families += " | all (each in turn)";
   a.Option("--family", "preset: " + families + " (docs/store.md); the options below override it", "kimi")
       .Option("--manifest", "take layers / experts / top_k from this adapter manifest (or the directory holding it "
                             "under SGLang's name)")
@@ -328,7 +340,8 @@ Status CheckGenSizes(const trace::GenOptions& o) {
   return Status::OK();
 }
 
-Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOptions* o) {
+Status GenOptionsFromArgs(const Args& a, const std::string& family, const store::ObjectSpace* manifest,
+                          trace::GenOptions* o) {
   uint32_t layers = 0, first = 0;
   int64_t seed = 0;
   // No layers would leave the generator its default (92 of them).
@@ -338,19 +351,17 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
     return Error("--first-layer " + a.Get("--first-layer") + " with --layers " + a.Get("--layers") +
                  " numbers layers beyond 4294967295, the largest layer id: --first-layer must be at most " +
                  std::to_string(uint64_t{UINT32_MAX} - layers + 1));
-  K3_RETURN_IF_ERROR(U32InRange(a, "--experts", 0, &o->num_experts));
-  K3_RETURN_IF_ERROR(U32InRange(a, "--top-k", 0, &o->top_k));
+  K3_RETURN_IF_ERROR(U32InRange(a, "--experts", 1, &o->num_experts));
+  K3_RETURN_IF_ERROR(U32InRange(a, "--top-k", 1, &o->top_k));
   // Any seed a 64-bit integer holds (a cast to uint32_t refused 99999999999).
   K3_RETURN_IF_ERROR(IntInRange(a, "--seed", 0, INT64_MAX, &seed));
   o->seed = static_cast<uint64_t>(seed);
   o->layer_ids.clear();
-  if (a.Has("--manifest")) {
-    K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));
-    K3_ASSIGN_OR_RETURN(store::ObjectSpace s, store::SpaceFromManifest(a.Get("--manifest")));
-    K3_RETURN_IF_ERROR(ManifestAgrees(a, s));
-    o->layer_ids = s.active_layer_ids;
-    o->num_experts = s.num_experts;
-    o->top_k = s.top_k;
+  if (manifest != nullptr) {
+    K3_RETURN_IF_ERROR(ManifestAgrees(a, *manifest));
+    o->layer_ids = manifest->active_layer_ids;
+    o->num_experts = manifest->num_experts;
+    o->top_k = manifest->top_k;
   } else {
     // Checked before the layer list is made (--layers 4294967295 allocated it).
     K3_RETURN_IF_ERROR(CheckDims(*o));
@@ -387,6 +398,14 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOp
   K3_RETURN_IF_ERROR(within("--drift", o->drift));
   K3_RETURN_IF_ERROR(within("--predict-accuracy", o->predict_accuracy));
   K3_RETURN_IF_ERROR(within("--predict-surprise", o->predict_surprise, true));
+  if (o->predict_accuracy > 1.0 - o->predict_surprise + 1e-12) {
+    char most[32];
+    std::snprintf(most, sizeof most, "%.6g", 1.0 - o->predict_surprise);
+    return Error("--predict-accuracy " + a.Get("--predict-accuracy") + " with --predict-surprise " +
+                 a.Get("--predict-surprise") + " cannot be met: the rows that are no surprise would have to be "
+                 "right more often than always (accuracy / (1 - surprise) > 1)")
+        .WithHint("give --predict-accuracy of at most " + std::string(most) + " (1 - --predict-surprise)");
+  }
   // A negative exponent used to read as a flat popularity (0).
   for (auto [name, v] : {std::pair{"--skew", o->skew}, {"--request-skew", o->request_skew}})
     if (v < 0) return Error(std::string(name) + " must be at least 0 (0: flat popularity), got " + a.Get(name));

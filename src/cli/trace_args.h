@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string&
 // would read 0% for every policy and Belady alike.
 Status HasRecords(const std::string& path, const trace::Trace& t);
 
+// The object space --manifest describes, or nullopt without one. A manifest
+// that cannot be read or is not a finished adapter manifest is a bad input
+// (exit 1), not a usage error.
+Result<std::optional<store::ObjectSpace>> ManifestSpace(const Args& a);
 // Object space: the manifest's if given, else the trace's dims with K3's object size.
 Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t);
 
@@ -84,8 +89,9 @@ Status SizesFitObjects(const std::vector<uint64_t>& sizes, const store::ObjectSp
 // trace's next-layer predictions: without any they equal the demand rows.
 std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string& horizon);
 
-// Generator options shared by `trace gen` and `trace sweep`.
-void AddGenOptions(Args& a);
+// Generator options shared by `trace gen` and `trace sweep` (whose --family
+// also takes `all`: every_family).
+void AddGenOptions(Args& a, bool every_family = false);
 
 // The generator's prediction knobs mean nothing unless predictions are
 // written: `by` are the options that ask for them.
@@ -105,6 +111,9 @@ Status CheckObjects(uint64_t layers, uint32_t experts);
 // the options that set them, before anything is allocated.
 Status CheckGenSizes(const trace::GenOptions& o);
 
-Status GenOptionsFromArgs(const Args& a, const std::string& family, trace::GenOptions* o);
+// The generator's options; `manifest` (ManifestSpace's, or null) gives the
+// dimensions. Every refusal is a usage error.
+Status GenOptionsFromArgs(const Args& a, const std::string& family, const store::ObjectSpace* manifest,
+                          trace::GenOptions* o);
 
 }  // namespace k3pack::cli::trace_args

@@ -300,8 +300,18 @@ uint64_t ObjectGeneration(const std::string& index_sha256, uint32_t layer, uint3
   return v == 0 ? 1 : v;
 }
 
-Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
+Result<json> ReadStoreManifest(const std::string& manifest_path) {
   K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
+  if (Status st = manifest::CheckStoreFormatAndComplete(m); !st.ok()) {
+    return st.error().WithHint(manifest::WhyNotAFinishedManifest(m, manifest_path));
+  }
+  return m;
+}
+
+Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
+  // Step 2 first: a JSON file that is no manifest (a model's config.json)
+  // failed as the KeyError 'model'.
+  K3_ASSIGN_OR_RETURN(json m, ReadStoreManifest(manifest_path));
   K3_ASSIGN_OR_RETURN(auto ext, manifest::ParseK3packExtension(m));
   K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
   K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
@@ -334,10 +344,7 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   PackGeometry g;
   // 1. Files exist (checked by the caller before opening; repeated for direct use).
   K3_RETURN_IF_ERROR(CheckStoreFiles(pack_path, manifest_path));
-  K3_ASSIGN_OR_RETURN(json m, manifest::ReadManifestJson(manifest_path));
-  if (Status st = manifest::CheckStoreFormatAndComplete(m); !st.ok()) {
-    return st.error().WithHint(manifest::WhyNotAFinishedManifest(m, manifest_path));
-  }
+  K3_ASSIGN_OR_RETURN(json m, ReadStoreManifest(manifest_path));
   // 2-5. the checks on the manifest alone.
   manifest::ExpectedDims expected;
   expected.layers = opt.expected_layers;

@@ -50,6 +50,16 @@ uint64_t LargestCall(const CallSeq& seq) {
   return m;
 }
 
+uint64_t LargestCallBytes(const CallSeq& seq, const ObjectSpace& space) {
+  uint64_t need = 0;
+  for (const auto& call : seq.calls) {
+    uint64_t bytes = 0;
+    for (uint64_t p = call.begin; p < call.end; ++p) bytes += space.Cost(seq.keys[p]);
+    need = std::max(need, bytes);
+  }
+  return need;
+}
+
 const CallRows* RowsOf(const CallSeq& seq, size_t i, CallRows* storage) {
   if (!seq.has_rows()) return nullptr;
   const auto& c = seq.calls[i];
@@ -90,7 +100,11 @@ Result<SimResult> Simulate(const CallSeq& seq, const ObjectSpace& space, const s
     std::span<const ObjectId> keys(seq.keys.data() + c.begin, c.end - c.begin);
     gens.assign(keys.size(), 1);
     Status st = policy->Access(keys, gens, c.is_prefill, nullptr, &ar, call_rows);
-    if (!st.ok()) return st.error();
+    // The real store's words for a cache too small for a call (records and
+    // calls are one to one).
+    if (!st.ok())
+      return ExplainCannotEvict(st.error(), keys.size(), res.capacity_objects, false)
+          .WithContext("trace record " + std::to_string(done - 1));
     for (size_t i = 0; i < keys.size(); ++i) {
       if (ar.hit[i]) {
         ++res.hits;

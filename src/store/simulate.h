@@ -46,6 +46,9 @@ Result<CallSeq> BuildCallSeq(const trace::Trace& trace, const ObjectSpace& space
 // can serve every call (a call's objects stay co-resident while it runs; a
 // batched decode call or a prefill chunk holds up to rows x top_k of them).
 uint64_t LargestCall(const CallSeq& seq);
+// The bytes of the largest call's objects: the least device tier that can
+// hold every call's working set.
+uint64_t LargestCallBytes(const CallSeq& seq, const ObjectSpace& space);
 // The CallRows of call `i` (null when `seq` has no rows); `storage` backs it.
 const CallRows* RowsOf(const CallSeq& seq, size_t i, CallRows* storage);
 // The object space a trace implies when no manifest is given (K3 object size).

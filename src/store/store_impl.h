@@ -59,6 +59,9 @@ std::optional<nlohmann::json> ReadStoreStats(const std::string& path);
 Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::string& manifest_path,
                                   const StoreOptions& options, int fd);
 
+// The manifest's JSON once step 2 holds (the adapter format, marked
+// complete): SGLang's text, with a hint naming what the file lacks.
+Result<nlohmann::json> ReadStoreManifest(const std::string& manifest_path);
 // The object space a manifest describes (dimensions, per-layer object
 // sizes) without validating the pack: for trace generation and simulation.
 Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path);

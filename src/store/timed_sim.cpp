@@ -123,12 +123,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     return Error("timed replay: the host-to-device bandwidth must be positive and its latency non-negative");
   if (tiered) {
     // Every call's objects must fit on the device together (they are its working set).
-    uint64_t need = 0;
-    for (const auto& call : seq.calls) {
-      uint64_t bytes = 0;
-      for (uint64_t p = call.begin; p < call.end; ++p) bytes += space.Cost(seq.keys[p]);
-      need = std::max(need, bytes);
-    }
+    const uint64_t need = LargestCallBytes(seq, space);
     if (o.device_bytes < need)
       return Error("timed replay: the device tier (" + std::to_string(o.device_bytes) +
                    " bytes) cannot hold a call's working set of " + std::to_string(need) + " bytes")

@@ -159,6 +159,13 @@ Status CheckGenOptions(const GenOptions& o) {
   if (o.drift < 0 || o.drift > 1) return Error("trace: drift must be within [0, 1]");
   if (o.predict_accuracy < 0 || o.predict_accuracy > 1 || o.predict_surprise < 0 || o.predict_surprise >= 1)
     return Error("trace: prediction accuracy must be within [0, 1] and the surprise share within [0, 1)");
+  // The rows that are no surprise are right with chance accuracy / (1 -
+  // surprise): above 1 the mean accuracy asked for cannot be met (it was
+  // capped, and the trace's accuracy came out as 1 - surprise).
+  if (o.predict_accuracy > 1.0 - o.predict_surprise + 1e-12)
+    return Error("trace: prediction accuracy " + std::to_string(o.predict_accuracy) + " with a surprise share of " +
+                 std::to_string(o.predict_surprise) + " cannot be met: the other rows would have to be right more "
+                 "often than always (the accuracy is at most 1 - surprise)");
   return Status::OK();
 }
 

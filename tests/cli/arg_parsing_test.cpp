@@ -148,6 +148,30 @@ TEST(ArgParsing, NanAndInfAreUsageErrorsNotHangsOrNanTables) {
   }
 }
 
+// Session 36: decimal options took "+0.5", "0x10" (as 16) and leading
+// blanks, as strtod does, where the README says they are refused; integer
+// options already refused them.
+TEST(ArgParsing, DecimalsArePlainDecimalToo) {
+  const std::string root = Root() + "/plain-decimals";
+  fs::create_directories(root);
+  for (const std::string value : {"+0.5", "0x10", "' 0.5'", "0.5x", "0x1p-1"}) {
+    SCOPED_TRACE(value);
+    CliRun r = Cli(TraceGen(root + "/t.k3t", "--reuse " + value));
+    EXPECT_EQ(r.code, 2) << r.out;
+    const std::string shown = value.front() == '\'' ? value.substr(1, value.size() - 2) : value;
+    EXPECT_TRUE(Contains(r.out, "error: --reuse must be a number, got '" + shown + "'")) << r.out;
+  }
+  CliRun r = Cli(TraceGen(root + "/t.k3t", "--skew 1e999"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "error: --skew is out of range, got '1e999'")) << r.out;
+  EXPECT_TRUE(fs::is_empty(root));
+  // Plain decimals still read: a leading dot, an exponent, a minus sign where allowed.
+  for (const std::string ok : {"--reuse .5", "--reuse 5e-1", "--skew 0.", "--drift -0"}) {
+    SCOPED_TRACE(ok);
+    EXPECT_EQ(Cli(TraceGen(root + "/t.k3t", ok + " --force")).code, 0);
+  }
+}
+
 TEST(ArgParsing, IntegerListsAndIntegersTakeDigitsOnlyAndSayWhenOutOfRange) {
   const std::string root = Root() + "/int-lists";
   fs::create_directories(root);

@@ -53,13 +53,22 @@ TEST(RequiredOptions, LoneDependentOptionIsRefusedNamingBoth) {
        "--force needs --stats"},
       {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --lookahead 2",
        "--lookahead needs --prefetch"},
-      {"trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --cache-mib 1 --object-bytes 4096",
-       "--object-bytes needs --simulate"},
+      {"trace replay --trace " + Q(trace) + " --cache-mib 1 --object-bytes 4096", "--object-bytes needs --simulate"},
+      // Session 36: beside --manifest it was ignored, and never checked ("5x" ran).
+      {"trace replay --simulate --trace " + Q(trace) + " --manifest " + Q(manifest) + " --object-bytes 5x",
+       "--object-bytes and --manifest cannot be used together: the manifest gives each object's size"},
+      {"trace sweep --trace " + Q(trace) + " --manifest " + Q(manifest) + " --object-bytes 4096 --svg " +
+           Q(d + "/s.svg"),
+       "--object-bytes and --manifest cannot be used together"},
       {"trace sweep" + kSweepModel + "--compute-us 100 --svg " + Q(d + "/s.svg"), "--compute-us needs --timing"},
       {"trace sweep" + kSweepModel + "--horizon token --svg " + Q(d + "/s.svg"), "--horizon needs --timing"},
       {"trace sweep" + kSweepModel + "--staged --svg " + Q(d + "/s.svg"), "--staged needs --timing"},
+      // Session 36: only the timed replay reads predictions; --predict (and
+      // so --predict-accuracy with it) left the plain sweep's table unchanged.
       {"trace sweep" + kSweepModel + "--predict-surprise 0.1 --svg " + Q(d + "/s.svg"),
-       "--predict-surprise needs --predict, --predict-next-token or --timing"},
+       "--predict-surprise needs --timing"},
+      {"trace sweep" + kSweepModel + "--predict --predict-accuracy 0.1 --svg " + Q(d + "/s.svg"),
+       "--predict needs --timing (only the timed replay reads predictions, and it generates its own)"},
       {TraceGen(d + "/p.k3t", "--predict-accuracy 0.5"), "--predict-accuracy needs --predict or --predict-next-token"},
   };
   for (const Case& c : cases) {
@@ -113,8 +122,8 @@ TEST(RequiredOptions, HelpListsWhatEachOptionNeeds) {
   EXPECT_EQ(help.code, 0);
   EXPECT_TRUE(Contains(help.out, "\nneeds: --compute-us, --ssd-gbps, --ssd-latency-us, --queue-depth, "
                                  "--prefetch-budget-mib, --staged, --horizon, --keep-predicted, --device-mib, --device-policy, "
-                                 "--h2d-gbps and --h2d-latency-us need --timing; --predict-accuracy and "
-                                 "--predict-surprise need --predict, --predict-next-token or --timing; "
+                                 "--h2d-gbps, --h2d-latency-us, --predict, --predict-next-token, --predict-accuracy and "
+                                 "--predict-surprise need --timing; "
                                  "--device-policy, --h2d-gbps and --h2d-latency-us need --device-mib other than 0\n"))
       << help.out;
   help = Cli("run-experts --help");

@@ -56,6 +56,9 @@ TEST(TraceLimits, GeneratedTracesAreByteIdenticalToBeforeTheFallback) {
        [](GenOptions* o) {
          o->predict = o->predict_next_token = true;
          o->predict_surprise = 0.3;
+         // At most 1 - surprise (refused above since session 36): 0.95, as
+         // this case had, was capped to 0.7, so the trace is the same.
+         o->predict_accuracy = 0.7;
        },
        "218a128b7e90920e331ecbb8c47c7ed4c133047a86c6c4283658b6e54072d43d"},
       {"kimi",
