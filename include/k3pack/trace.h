@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -136,6 +137,9 @@ struct GenOptions {
   // the routes and next-layer predictions are those of the same trace without.
   bool predict_next_token = false;
   TrueDistribution* truth = nullptr; // filled when not null
+  // Called as tokens are routed through every layer (done, total): a large
+  // trace takes seconds to minutes. Not called when empty.
+  std::function<void(uint64_t done_tokens, uint64_t total_tokens)> progress;
 };
 
 // The generator's own bounds, so that a request it cannot hold in memory is

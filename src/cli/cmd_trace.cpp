@@ -38,9 +38,12 @@ int RunGen(const std::vector<std::string>& argv) {
       .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)");
   AddGenOptions(a);
   a.Flag("--json", "print the summary as JSON");
+  AddProgressOption(a);
   RequirePredictions(a, {"--predict", "--predict-next-token"});
   int code = 0;
   if (!a.Parse(argv, &code)) return code;
+  auto mode = ProgressModeOf(a);
+  if (!mode.ok()) return ReportError("trace gen", mode.error(), 2);
   // As replay, verify, load and run-experts: before, a directory failed
   // with "cannot read DIR: read failed at offset 0: Is a directory".
   ManifestInDirectory(a, "trace gen");
@@ -51,7 +54,18 @@ int RunGen(const std::vector<std::string>& argv) {
   if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
   const std::string out = a.Get("--trace");
   const std::optional<FileStamp> seen = SeeOutput(out);
+  // A trace of many requests at K3 dimensions takes tens of seconds.
+  auto progress = StartProgress(*mode);
+  o.progress = [&](uint64_t done, uint64_t total) {
+    Progress p;
+    p.phase = "gen";
+    p.unit = "tokens";
+    p.done_objects = done;
+    p.total_objects = total;
+    progress->Update(p);
+  };
   auto t = trace::Generate(o);
+  progress->Finish();
   if (!t.ok()) return ReportError("trace gen", t.error());
   // The overwrite rule: a trace is cheap to generate, so "finished" means the
   // file already holds exactly these records; anything else is refused

@@ -384,6 +384,12 @@ Trace Generator::Run() {
   std::vector<Request> active;
   uint32_t next_id = 0;
   std::vector<Request*> rows;
+  const uint64_t total_tokens = uint64_t{o_.requests} * (uint64_t{o_.prompt_tokens} + o_.decode_tokens);
+  uint64_t done_tokens = 0;
+  auto routed = [&](size_t tokens) {
+    done_tokens += tokens;
+    if (o_.progress) o_.progress(done_tokens, total_tokens);
+  };
   while (next_id < o_.requests || !active.empty()) {
     while (active.size() < concurrent && next_id < o_.requests) {
       active.push_back(Start(next_id++));
@@ -393,6 +399,7 @@ Trace Generator::Run() {
         // A chunk is n tokens of one request: rows of the same request.
         rows.assign(n, &q);
         Emit(rows, true, false);
+        routed(n);
         q.prompt_done += n;
       }
     }
@@ -401,12 +408,14 @@ Trace Generator::Run() {
       for (Request& q : active)
         if (q.decoded < o_.decode_tokens) rows.push_back(&q);
       if (!rows.empty()) Emit(rows, false, true);
+      routed(rows.size());
       for (Request* q : rows) ++q->decoded;
     } else {
       for (Request& q : active)
         if (q.decoded < o_.decode_tokens) {
           rows.assign(1, &q);
           Emit(rows, false, false);
+          routed(1);
           ++q.decoded;
         }
     }
@@ -441,6 +450,7 @@ bool ApplyFamily(const std::string& name, GenOptions* o) {
   d.predict_surprise = o->predict_surprise;
   d.predict_next_token = o->predict_next_token;
   d.truth = o->truth;
+  d.progress = o->progress;
   if (name == "kimi") {
     // Defaults: 4 requests x (32 + 256) tokens one after another.
   } else if (name == "drift") {

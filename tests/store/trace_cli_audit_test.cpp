@@ -108,5 +108,21 @@ TEST(TraceCliAudit, DimensionsThatDisagreeWithTheManifestAreBothNamed) {
   EXPECT_TRUE(Says(r, "trace dimensions (experts 16, top_k 4) do not match manifest " + p.manifest + " (8, 2)")) << r.out;
 }
 
+// `trace gen` had no progress: `--requests 200` at K3 dimensions was silent
+// for about 25 s. It takes --progress like the other long commands; the
+// last line counts every token of every request.
+TEST(TraceCliAudit, GenReportsProgressInTokens) {
+  const std::string dir = testing::TinyPack::TempDir("gen-progress");
+  CliRun r = Cli("trace gen --trace " + dir + "/t.k3t --layers 2 --experts 16 --top-k 4 --requests 3 "
+                 "--prompt-tokens 5 --decode-tokens 7 --progress json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Says(r, "\"phase\":\"gen\"")) << r.out;
+  EXPECT_TRUE(Says(r, "\"done\":true,\"done_bytes\":0,\"done_objects\":36,")) << r.out;
+  EXPECT_TRUE(Says(r, "\"total_objects\":36,\"unit\":\"tokens\"")) << r.out;
+  r = Cli("trace gen --trace " + dir + "/u.k3t --layers 2 --experts 16 --top-k 4 --progress sometimes");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_FALSE(fs::exists(dir + "/u.k3t"));
+}
+
 }  // namespace
 }  // namespace k3pack::store
