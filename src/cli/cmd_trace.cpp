@@ -56,14 +56,7 @@ int RunGen(const std::vector<std::string>& argv) {
   const std::optional<FileStamp> seen = SeeOutput(out);
   // A trace of many requests at K3 dimensions takes tens of seconds.
   auto progress = StartProgress(*mode);
-  o.progress = [&](uint64_t done, uint64_t total) {
-    Progress p;
-    p.phase = "gen";
-    p.unit = "tokens";
-    p.done_objects = done;
-    p.total_objects = total;
-    progress->Update(p);
-  };
+  o.progress = progress->CountFn("gen", "tokens");
   auto t = trace::Generate(o);
   progress->Finish();
   if (!t.ok()) return ReportError("trace gen", t.error());

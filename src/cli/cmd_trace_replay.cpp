@@ -182,16 +182,7 @@ int ReplayOnTheStore(const Args& a, const ReplayValues& v, const trace::Trace& t
   o.prefetch = a.Get("--prefetch");
   o.lookahead = v.lookahead;
   auto progress = StartProgress(mode);
-  if (progress->mode() != ProgressMode::kNone) {
-    o.progress = [&](uint64_t done, uint64_t total) {
-      Progress p;
-      p.phase = "replay";
-      p.unit = "records";
-      p.done_objects = done;
-      p.total_objects = total;
-      progress->Update(p);
-    };
-  }
+  o.progress = progress->CountFn("replay", "records");
   auto r = store::ReplayOnStore(t, o);
   progress->Finish();
   if (!r.ok()) {

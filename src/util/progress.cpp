@@ -92,6 +92,18 @@ ProgressFn ProgressReporter::Fn() {
   return [this](const Progress& p) { Update(p); };
 }
 
+std::function<void(uint64_t, uint64_t)> ProgressReporter::CountFn(std::string phase, std::string unit) {
+  if (options_.mode == ProgressMode::kNone) return {};
+  return [this, phase = std::move(phase), unit = std::move(unit)](uint64_t done, uint64_t total) {
+    Progress p;
+    p.phase = phase;
+    p.unit = unit;
+    p.done_objects = done;
+    p.total_objects = total;
+    Update(p);
+  };
+}
+
 // Fraction done: by bytes when the work is byte-shaped, else by items.
 static std::optional<double> Fraction(const Progress& p) {
   if (p.total_bytes > 0) return std::min(1.0, static_cast<double>(p.done_bytes) / static_cast<double>(p.total_bytes));

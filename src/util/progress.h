@@ -63,6 +63,8 @@ class ProgressReporter {
   // An adapter for engines taking a ProgressFn (empty for kNone); the
   // reporter must outlive it.
   ProgressFn Fn();
+  // The same for engines that count items (done, total) of one phase.
+  std::function<void(uint64_t, uint64_t)> CountFn(std::string phase, std::string unit);
 
  private:
   std::string Describe(const Progress& p, double now, std::optional<double>* eta, double* rate_bytes,
