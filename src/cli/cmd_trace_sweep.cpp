@@ -130,7 +130,7 @@ Args SweepArgs() {
   for (const char* mode : {"--timing", "--ep-size"}) {
     for (const char* plot : {"--svg", "--force"}) a.Exclusive({mode, plot}, std::string(mode) + " writes no plot");
   }
-  a.Exclusive({"--timing", "--no-belady"}, "the timed table's optimum is Belady with perfect prefetch");
+  a.Exclusive({"--timing", "--no-belady"}, "the timed table always has Belady with perfect prefetch, its reference");
   a.Exclusive({"--learner", "--trace"}, "the learning reference needs a generated trace (--family)");
   a.Exclusive({"--informed-next", "--trace"}, "the informed bound needs a generated trace (--family)");
   a.Exclusive({"--informed-next", "--no-belady"}, "it is a column beside the informed bound");

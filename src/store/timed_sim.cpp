@@ -32,19 +32,26 @@ class NextUseMin final : public Policy {
   }
   std::string name() const override { return "belady"; }
   void SetCall(uint64_t c) { call_ = c; }
+  // A use at the current call that the policy did not see (behind a device
+  // tier, a device hit): without it the object keeps a next use in the past
+  // and looks needed soonest for good.
+  void Used(ObjectId k) {
+    if (Resident(k)) Track(k);
+  }
   // MIN with prefetch: reading `k` ahead is worth it only if the cache has
-  // room or the victim it would evict is not needed before `k`. One layer
-  // ahead this always holds (k is needed at the next call, the earliest
-  // possible use); a token ahead it keeps MIN from evicting objects needed
-  // sooner.
+  // room or its victim is the one demand MIN would evict for `k` (the
+  // resident needed farthest off) and that is needed strictly later than
+  // `k`. If the farthest is pinned (this call's own objects), the victim
+  // would be one needed sooner than what MIN evicts once the pin is gone;
+  // on a tie the victim is needed by `k`'s own call. Either way reading
+  // ahead would add a read that demand MIN does not make.
   bool WorthAdmitting(ObjectId k, const PinCounts* pins) const {
     if (used_bytes() + space().Cost(k) <= capacity_bytes()) return true;
     const auto& u = uses_[k];
     auto it = std::upper_bound(u.begin(), u.end(), static_cast<uint32_t>(call_));
     const uint64_t nk = it == u.end() ? UINT64_MAX : *it;
-    for (auto v = order_.rbegin(); v != order_.rend(); ++v)
-      if (!Protected(v->second, {}, pins)) return v->first >= nk;
-    return false;
+    auto v = order_.rbegin();
+    return v != order_.rend() && !Protected(v->second, {}, pins) && v->first > nk;
   }
 
  protected:
@@ -96,19 +103,35 @@ class Ssd {
   std::priority_queue<double, std::vector<double>, std::greater<double>> inflight_;
 };
 
-// The host-to-device link: one copy engine, FIFO at a fixed bandwidth.
+// The host-to-device link: one copy engine at a fixed bandwidth. A copy
+// starts once its source is ready, in the earliest idle gap from then: a
+// prefetch copy booked for when its SSD read lands does not hold the link
+// before that, so a demand copy issued later whose source is ready can go
+// first.
 class Link {
  public:
   explicit Link(const TimingOptions& o) : o_(o) {}
   // Returns when a copy of `bytes` whose source is ready at `t` lands.
   double Copy(double t, uint64_t bytes) {
-    busy_until_ = std::max(t, busy_until_) + double(bytes) / o_.h2d_bytes_per_s;
-    return busy_until_ + o_.h2d_latency_s;
+    const double d = double(bytes) / o_.h2d_bytes_per_s;
+    double start = t;
+    for (const auto& [from, to] : busy_) {  // disjoint, in order
+      if (to <= start) continue;
+      if (from >= start + d) break;  // the gap before it fits
+      start = to;
+    }
+    busy_.insert({start, start + d});
+    return start + d + o_.h2d_latency_s;
+  }
+  // No copy is issued for a source ready before `t` any more (the replay's
+  // clock): forget the copies that ended by then.
+  void Forget(double t) {
+    while (!busy_.empty() && busy_.begin()->second <= t) busy_.erase(busy_.begin());
   }
 
  private:
   const TimingOptions& o_;
-  double busy_until_ = 0;
+  std::set<std::pair<double, double>> busy_;  // booked (start, end), disjoint
 };
 
 }  // namespace
@@ -217,17 +240,27 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   NextCallHolds stage_holds(staging ? n : 0, num_layers + 1);
   uint64_t staged_bytes = 0;
   double now = 0;
-  auto drop = [&](ObjectId k) {
+  auto waste = [&](ObjectId k) {
     if (speculative[k]) {
       r.prefetch_wasted_bytes += space.Cost(k);
       speculative[k] = 0;
     }
+  };
+  // A prefetched object is wasted when it leaves the host unused, unless the
+  // device still holds its copy (a device hit on it is still a use): then
+  // when the device evicts it too.
+  auto drop = [&](ObjectId k) {
+    if (!(tiered && device->Resident(k))) waste(k);
+  };
+  auto device_drop = [&](ObjectId k) {
+    if (!policy->Resident(k)) waste(k);
   };
   for (uint64_t c = 0; c < seq.calls.size(); ++c) {
     const auto& call = seq.calls[c];
     std::span<const ObjectId> keys(seq.keys.data() + call.begin, call.end - call.begin);
     if (min) min->SetCall(c);
     if (device_min) device_min->SetCall(c);
+    link.Forget(now);  // every copy from here on has its source ready at `now` or later
     // Prefetched objects stay pinned until the call they were read for
     // starts (like the store's live prefetches), so one batch of
     // prefetches cannot evict its own members.
@@ -251,6 +284,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       gens.assign(keys.size(), 1);
       Status st = device->Access(keys, gens, call.is_prefill, nullptr, &dar);
       if (!st.ok()) return st.error().WithContext("timed replay, device tier");
+      for (ObjectId v : dar.evicted) device_drop(v);
       host_keys.clear();
       for (size_t i = 0; i < keys.size(); ++i) {
         ++r.accesses;
@@ -258,6 +292,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
           host_keys.push_back(keys[i]);
           continue;
         }
+        if (min) min->Used(keys[i]);  // the host policy does not see device hits
         if (speculative[keys[i]]) {  // read and copied by a prefetch, used here
           r.prefetch_useful_bytes += space.Cost(keys[i]);
           speculative[keys[i]] = 0;
@@ -421,7 +456,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
               uint64_t held = staged_bytes;
               std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
               for (const auto& e : spec_inflight) held += e.second;
-              if (held + space.Cost(k) > o.prefetch_budget_bytes) break;
+              if (held + space.Cost(k) > o.prefetch_budget_bytes) continue;  // skip it, not the rest
             }
             ready[k] = ssd.Read(now, space.Cost(k));
             staged[k] = 1;
@@ -434,7 +469,9 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
             uint64_t in_flight = 0;
             std::erase_if(spec_inflight, [&](const auto& e) { return e.first <= now; });
             for (const auto& e : spec_inflight) in_flight += e.second;
-            if (in_flight + space.Cost(k) > o.prefetch_budget_bytes) break;
+            // Over budget: skip this read, not the rest; a later object that
+            // is already in host memory needs no read, only its device copy.
+            if (in_flight + space.Cost(k) > o.prefetch_budget_bytes) continue;
           }
           if (min && !min->WorthAdmitting(k, &pins)) continue;
           evicted.clear();
@@ -454,7 +491,9 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         // batch's: copied once its host copy is readable.
         if (device_min && !device_min->WorthAdmitting(k, &dev_pins)) continue;
         evicted.clear();
-        if (!device->Admit(k, 1, &dev_pins, &evicted)) continue;
+        const bool on_device = device->Admit(k, 1, &dev_pins, &evicted);
+        for (ObjectId v : evicted) device_drop(v);
+        if (!on_device) continue;
         dev_ready[k] = link.Copy(std::max(now, ready[k]), space.Cost(k));
         r.bytes_copied += space.Cost(k);
         r.prefetch_copied_bytes += space.Cost(k);
@@ -473,8 +512,8 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     }
     now += o.layer_compute_s * (call.is_prefill ? double(call.rows) : 1.0);
   }
-  for (ObjectId k = 0; k < n; ++k) {  // never used before the end
-    drop(k);
+  for (ObjectId k = 0; k < n; ++k) {  // never used before the end, on either tier
+    waste(k);
     if (staged[k]) r.prefetch_wasted_bytes += space.Cost(k);
   }
   r.total_s = now;

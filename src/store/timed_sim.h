@@ -41,8 +41,10 @@
 // SSD read; in acquires of at most the objects the host always holds,
 // capacity / largest object and at least top_k, each started when the
 // previous one's copies have landed) and copied over one host-to-device
-// link (FIFO, `h2d_bytes_per_s`, `h2d_latency_s` per copy) as their host
-// copies become readable; the call waits for its last copy. So only a device hit whose
+// link (`h2d_bytes_per_s`, `h2d_latency_s` per copy), each in the link's
+// first idle time once its host copy is readable (a prefetch copy waiting
+// for its read does not hold the link); the call waits for its last copy.
+// So only a device hit whose
 // copy landed before the acquire is stall-free (`hits`); `host_hits` counts
 // device misses whose host copy was ready. With prefetch into the cache the
 // predicted objects also go on to the device (admitted without evicting the
@@ -100,6 +102,8 @@ struct TimedResult {
   uint64_t hits = 0;                 // resident and readable at acquire (stall-free; tiered: on the device)
   uint64_t late_prefetches = 0;      // prefetched but still in flight at acquire (misses)
   uint64_t bytes_read = 0;           // demand + prefetch
+  // Wasted: prefetched, and evicted (behind a device tier: from both tiers),
+  // dropped from staging or still held at the end without a use.
   uint64_t prefetch_bytes = 0, prefetch_useful_bytes = 0, prefetch_wasted_bytes = 0;
   uint64_t host_hits = 0;            // tiered: device misses whose host copy was readable at acquire
   uint64_t bytes_copied = 0;         // tiered: host to device, demand + prefetch

@@ -16,17 +16,10 @@
 namespace k3pack::store {
 namespace {
 
+using timed_tiny::Device;
 using timed_tiny::Opts;
 using timed_tiny::Tiny;
 using timed_tiny::Timed;
-
-TimingOptions Device(TimingOptions o, uint64_t device_objects) {
-  o.device_bytes = device_objects * 1000;
-  o.device_policy = "lru";
-  o.h2d_bytes_per_s = 4e6;
-  o.h2d_latency_s = 0;
-  return o;
-}
 
 TEST(TimedDevice, OneDeviceSlotCopiesEveryCallFromTheHost) {
   // Device: 1 object, host: 4. Compute 0.5 ms.
