@@ -39,19 +39,24 @@ class NextUseMin final : public Policy {
     if (Resident(k)) Track(k);
   }
   // MIN with prefetch: reading `k` ahead is worth it only if the cache has
-  // room or its victim is the one demand MIN would evict for `k` (the
-  // resident needed farthest off) and that is needed strictly later than
-  // `k`. If the farthest is pinned (this call's own objects), the victim
-  // would be one needed sooner than what MIN evicts once the pin is gone;
-  // on a tie the victim is needed by `k`'s own call. Either way reading
-  // ahead would add a read that demand MIN does not make.
+  // room or its victim is one demand MIN would evict for `k` (a resident
+  // needed farthest off) and that is needed strictly later than `k`. If
+  // every resident needed farthest off is pinned (this call's own objects),
+  // the victim would be one needed sooner than what MIN evicts once the pin
+  // is gone; on a tie with `k` the victim is needed by `k`'s own call. Either
+  // way reading ahead would add a read that demand MIN does not make. Among
+  // residents tied for farthest (often "never again") any unpinned one will
+  // do: the set's order by id must not decide.
   bool WorthAdmitting(ObjectId k, const PinCounts* pins) const {
     if (used_bytes() + space().Cost(k) <= capacity_bytes()) return true;
+    if (order_.empty()) return false;
     const auto& u = uses_[k];
     auto it = std::upper_bound(u.begin(), u.end(), static_cast<uint32_t>(call_));
     const uint64_t nk = it == u.end() ? UINT64_MAX : *it;
-    auto v = order_.rbegin();
-    return v != order_.rend() && !Protected(v->second, {}, pins) && v->first > nk;
+    const uint64_t farthest = order_.rbegin()->first;
+    for (auto v = order_.rbegin(); v != order_.rend() && v->first == farthest; ++v)
+      if (!Protected(v->second, {}, pins)) return farthest > nk;
+    return false;
   }
 
  protected:

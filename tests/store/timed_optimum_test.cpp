@@ -121,6 +121,29 @@ TEST(TimedOptimum, LinkIsNotHeldByACopyWhoseSourceIsNotReady) {
   EXPECT_EQ(r.host_hits, 1u);  // c3
   EXPECT_NEAR(r.stall_s, 2.25e-3, 1e-12);
 }
+// F1, ties for farthest (found by the review of the fix): residents needed
+// farthest off are often several ("never again"), and the rule looked only
+// at the one with the largest id: when that was pinned it refused, though an
+// unpinned one was as far off. Two mirror-image traces, layers swapped, must
+// give the same schedule. Trace A: c0 L1{e0}, c1 L2{e0}, c2 L1{e1}; 2 slots,
+// 0.5 ms of compute; no object is used twice.
+//   c0 t=0: L1e0 misses, read 0->1, stall 1. Prefetch L2e0 (room): read 1->2. To 1.5.
+//   c1 t=1.5: L2e0 lands at 2, stall 0.5. Prefetch L1e1: both residents are
+//     needed never again; L2e0 is pinned, L1e0 is not: evict it, read 2->3. To 2.5.
+//   c2 t=2.5: L1e1 lands at 3, stall 0.5.
+//   => 3,000 bytes (demand MIN's), 2,000 of them read ahead, stall 2.0.
+// (Refusing at c1, c2 missed: read 2.5->3.5, stall 1, in all 2.5.) Trace B
+// is the same with layers 2 and 1 swapped.
+TEST(TimedOptimum, PerfectPrefetchAmongResidentsTiedForFarthestTakesAnUnpinnedOne) {
+  for (const auto& order : {std::vector<uint32_t>{1, 2}, std::vector<uint32_t>{2, 1}}) {
+    SCOPED_TRACE(order[0]);
+    trace::Trace t = Make({1, 2}, {{order[0], {0}, {}, {}}, {order[1], {0}, {}, {}}, {order[0], {1}, {}, {}}});
+    TimedResult opt = Timed(t, "belady", Opts(0.5, true), 2);
+    EXPECT_EQ(opt.bytes_read, 3000u);
+    EXPECT_EQ(opt.prefetch_bytes, 2000u);
+    EXPECT_NEAR(opt.stall_s, 2.0e-3, 1e-12);
+  }
+}
 
 // F4. Behind a device tier a prefetch is wasted only once it has left both
 // tiers unused: a device hit on its copy is a use, whatever the host did.
@@ -181,6 +204,38 @@ TEST(TimedOptimum, FullBudgetStillCopiesWhatNeedsNoRead) {
   EXPECT_EQ(with.prefetch_bytes, 1000u);
   EXPECT_EQ(with.hits, 1u);  // c4
   EXPECT_NEAR(demand.stall_s - with.stall_s, 0.25e-3, 1e-12);
+}
+
+// F4, the device's side (found by the review of the fix): a prefetch the
+// device evicts after the host already did is wasted then. Every prefetched
+// byte ends either used or wasted, whichever tier lets it go last; checked
+// on a generated trace of half-right predictions (many of both), for every
+// policy and with and without a device tier.
+TEST(TimedOptimum, EveryPrefetchedByteIsUsefulOrWastedWithADeviceTier) {
+  trace::GenOptions g;
+  g.num_experts = 16;
+  g.top_k = 2;
+  g.layer_ids = {1, 2, 3};
+  g.requests = 2;
+  g.prompt_tokens = 2;
+  g.decode_tokens = 40;
+  g.predict = true;
+  g.predict_accuracy = 0.5;
+  auto t = trace::Generate(g);
+  ASSERT_TRUE(t.ok()) << t.error().message();
+  for (const char* policy : {"lru", "quota-decay", "adaptive", "belady"}) {
+    for (uint64_t device : {0u, 4u, 6u}) {
+      SCOPED_TRACE(std::string(policy) + " device " + std::to_string(device));
+      TimingOptions o = Opts(1, true);
+      if (device) o = Device(o, device);
+      TimedResult r = Timed(*t, policy, o, 12);
+      EXPECT_GT(r.prefetch_bytes, 0u);
+      if (std::string(policy) != "belady") {  // Belady's prefetch is the truth: nothing to waste
+        EXPECT_GT(r.prefetch_wasted_bytes, 0u);
+      }
+      EXPECT_EQ(r.prefetch_useful_bytes + r.prefetch_wasted_bytes, r.prefetch_bytes);
+    }
+  }
 }
 
 }  // namespace
