@@ -230,7 +230,7 @@ TEST(TimedOptimum, EveryPrefetchedByteIsUsefulOrWastedWithADeviceTier) {
       if (device) o = Device(o, device);
       TimedResult r = Timed(*t, policy, o, 12);
       EXPECT_GT(r.prefetch_bytes, 0u);
-      if (std::string(policy) != "belady") {  // Belady's prefetch is the truth: nothing to waste
+      if (std::string(policy) != "belady") {  // one layer ahead Belady reads the true next call: no waste
         EXPECT_GT(r.prefetch_wasted_bytes, 0u);
       }
       EXPECT_EQ(r.prefetch_useful_bytes + r.prefetch_wasted_bytes, r.prefetch_bytes);
