@@ -200,12 +200,8 @@ int ParseSweepValues(const Args& a, SweepValues* out) {
   else if (a.Get("--family") == "all") families = trace::FamilyNames();
   else families.push_back(a.Get("--family"));
   const auto known = trace::FamilyNames();
-  if (!a.Has("--trace") && std::find(known.begin(), known.end(), families.front()) == known.end()) {
-    std::string list;
-    for (const auto& f : known) list += f + ", ";
-    return ReportError("trace sweep",
-                       Error("unknown trace family '" + a.Get("--family") + "' (known: " + list + "or all)"), 2);
-  }
+  if (!a.Has("--trace") && std::find(known.begin(), known.end(), families.front()) == known.end())
+    return ReportError("trace sweep", UnknownFamily(a.Get("--family"), /*every_family=*/true), 2);
   std::vector<uint64_t> given_sizes;
   if (a.Has("--sizes")) {
     auto l = ParseSizes(a.Get("--sizes"));
@@ -276,14 +272,14 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
   auto in = std::make_unique<SweepInput>();
   in->family = family;
   trace::Trace& t = in->t;
+  auto manifest = ManifestSpace(a);
+  if (!manifest.ok()) return ReportError("trace sweep", manifest.error());
   if (family.empty()) {
     auto r = trace::ReadTrace(a.Get("--trace"));
     if (!r.ok()) return ReportError("trace sweep", r.error());
     t = std::move(r).value();
     if (Status st = HasRecords(a.Get("--trace"), t); !st.ok()) return ReportError("trace sweep", st.error());
   } else {
-    auto manifest = ManifestSpace(a);
-    if (!manifest.ok()) return ReportError("trace sweep", manifest.error());
     trace::GenOptions o;
     o.truth = &in->truth;  // before the checks: the generator keeps every request's weights for it
     Status gs = GenOptionsFromArgs(a, family, manifest->has_value() ? &**manifest : nullptr, &o);
@@ -296,7 +292,7 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
     t = std::move(r).value();
     in->have_truth = true;
   }
-  auto space = SpaceFor(a, t);
+  auto space = SpaceFor(a, std::move(manifest).value(), t);
   if (!space.ok()) return ReportError("trace sweep", space.error());
   in->space = std::move(space).value();
   for (const char* reference : {"--learner", "--informed-next"}) {

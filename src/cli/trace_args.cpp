@@ -78,9 +78,19 @@ Result<std::optional<store::ObjectSpace>> ManifestSpace(const Args& a) {
   return std::optional<store::ObjectSpace>(std::move(s));
 }
 
-// Object space: the manifest's if given, else the trace's dims with K3's object size.
+Error UnknownFamily(const std::string& family, bool every_family) {
+  std::string known;
+  for (const auto& f : trace::FamilyNames()) known += (known.empty() ? "" : ", ") + f;
+  if (every_family) known += ", or all";
+  return Error("unknown trace family '" + family + "' (known: " + known + ")", ErrorKind::kValue);
+}
+
 Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
   K3_ASSIGN_OR_RETURN(std::optional<store::ObjectSpace> m, ManifestSpace(a));
+  return SpaceFor(a, std::move(m), t);
+}
+
+Result<store::ObjectSpace> SpaceFor(const Args& a, std::optional<store::ObjectSpace> m, const trace::Trace& t) {
   if (m) {
     if (m->num_experts != t.num_experts || m->top_k != t.top_k)
       return Error("trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " +
@@ -372,11 +382,7 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, const store:
   o->predict_next_token = a.Has("--predict-next-token");
   K3_ASSIGN_OR_RETURN(o->predict_accuracy, a.GetDouble("--predict-accuracy"));
   K3_ASSIGN_OR_RETURN(o->predict_surprise, a.GetDouble("--predict-surprise"));
-  if (!trace::ApplyFamily(family, o)) {
-    std::string known;
-    for (const auto& f : trace::FamilyNames()) known += (known.empty() ? "" : ", ") + f;
-    return Error("unknown trace family '" + family + "' (known: " + known + ")", ErrorKind::kValue);
-  }
+  if (!trace::ApplyFamily(family, o)) return UnknownFamily(family, /*every_family=*/false);
   // At least 1 request and 1 concurrent: --concurrent 0 silently ran as 1.
   for (auto [name, lo, dst] : {std::tuple{"--requests", 1u, &o->requests}, {"--concurrent", 1u, &o->concurrent},
                                {"--domains", 0u, &o->domains}, {"--prompt-tokens", 0u, &o->prompt_tokens},

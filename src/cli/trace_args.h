@@ -37,6 +37,12 @@ Status HasRecords(const std::string& path, const trace::Trace& t);
 Result<std::optional<store::ObjectSpace>> ManifestSpace(const Args& a);
 // Object space: the manifest's if given, else the trace's dims with K3's object size.
 Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t);
+// The same with ManifestSpace's result already read (a sweep of every
+// family reads the manifest once per family, not twice).
+Result<store::ObjectSpace> SpaceFor(const Args& a, std::optional<store::ObjectSpace> manifest,
+                                    const trace::Trace& t);
+// "unknown trace family 'X' (known: ...)", with `all` where a sweep takes it.
+Error UnknownFamily(const std::string& family, bool every_family);
 
 bool SameTrace(const trace::Trace& a, const trace::Trace& b);
 
