@@ -22,6 +22,13 @@
 // keep its key and membership, and the release puts every held member back
 // with its current key: with unique keys that is exactly the order keeping
 // them would have given.
+//
+// Going unordered: a set that is changed far more often than it is asked
+// (adaptive's followers of the candidates it does not follow are asked
+// nothing until one leads) stops sifting once it has taken more changes
+// since its last question than it has members; the next question rebuilds
+// the heap in one linear pass. With unique keys every answer is the one the
+// always-ordered heap gives.
 #pragma once
 
 #include <algorithm>
@@ -53,20 +60,22 @@ class RankedSet {
   void Set(uint32_t id, const Key& key) {
     key_[id] = key;
     const uint32_t p = pos_[id];
+    CountChange();
     if (held_[id]) {
       if (p == kNone) ++held_members_;
       pos_[id] = kHeldOut;
     } else if (p == kNone) {
       heap_.push_back({key, id});
       pos_[id] = static_cast<uint32_t>(heap_.size() - 1);
-      Up(pos_[id]);
+      if (!unordered_) Up(pos_[id]);
     } else if (key < heap_[p].key) {
       heap_[p].key = key;
-      Up(p);
+      if (!unordered_) Up(p);
     }  // else: raised; fixed when it reaches the top
   }
   void Erase(uint32_t id) {
     const uint32_t p = pos_[id];
+    CountChange();
     if (p == kNone) return;
     if (p == kHeldOut) {
       pos_[id] = kNone;
@@ -79,6 +88,8 @@ class RankedSet {
     ReleaseHeld();
     for (const Entry& e : heap_) pos_[e.id] = kNone;
     heap_.clear();
+    unordered_ = false;
+    changes_since_asked_ = 0;
   }
   bool Contains(uint32_t id) const { return pos_[id] != kNone; }
   // Members, held ones included.
@@ -110,6 +121,8 @@ class RankedSet {
   // membership is unchanged (skipped members are put back).
   template <typename Skip>
   uint32_t FirstNot(Skip&& skip) {
+    changes_since_asked_ = 0;
+    if (unordered_) Reorder();
     uint32_t found = kNone;
     while (!heap_.empty()) {
       Entry& top = heap_[0];
@@ -133,6 +146,7 @@ class RankedSet {
  private:
   static constexpr uint32_t kArity = 4;
   static constexpr uint32_t kHeldOut = 0xfffffffeu;  // pos_ of a held member
+  static constexpr uint64_t kUnorderedAfter = 64;     // changes beyond the member count
   struct Entry {
     Key key;
     uint32_t id;
@@ -167,6 +181,16 @@ class RankedSet {
     }
     Place(p, e);
   }
+  void CountChange() {
+    if (!unordered_ && ++changes_since_asked_ > heap_.size() + kUnorderedAfter) unordered_ = true;
+  }
+  // Floyd's heap construction with every member's current key.
+  void Reorder() {
+    for (Entry& e : heap_) e.key = key_[e.id];
+    const uint32_t n = static_cast<uint32_t>(heap_.size());
+    for (uint32_t p = n > 1 ? (n - 2) / kArity + 1 : 0; p-- > 0;) Down(p);
+    unordered_ = false;
+  }
   void RemoveAt(uint32_t p) {
     pos_[heap_[p].id] = kNone;
     const uint32_t last = static_cast<uint32_t>(heap_.size() - 1);
@@ -174,6 +198,7 @@ class RankedSet {
       Entry moved = heap_[last];
       heap_.pop_back();
       Place(p, moved);
+      if (unordered_) return;
       Up(p);
       Down(pos_[moved.id]);
     } else {
@@ -187,6 +212,8 @@ class RankedSet {
   std::vector<uint8_t> held_;  // per index: held until ReleaseHeld()
   std::vector<uint32_t> held_ids_, skipped_;
   uint64_t held_members_ = 0;
+  uint64_t changes_since_asked_ = 0;
+  bool unordered_ = false;  // heap_ holds the members in no order (see Reorder)
 };
 
 }  // namespace k3pack::store

@@ -51,7 +51,6 @@
 // a single stream. A request is active until it has not called for two
 // rounds of every active request through every layer.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -231,17 +230,19 @@ class RequestAware final : public Policy {
   // counts are scaled by up[layer] = gamma^-rows so a row's decay is one
   // multiply per layer, not per expert.
   struct Memory {
-    // Per [layer][expert], times up[layer]:
-    std::vector<float> counts;   // arrivals
-    std::vector<float> present;  // rows whose previous token had it (no arrival possible)
-    std::vector<float> stays;    // of those, rows that routed it again
+    // Per [layer][expert], times up[layer]. One cell holds all three, as
+    // Fresh() reads them together (one cache line, not three).
+    struct Cell {
+      float counts = 0;   // arrivals
+      float present = 0;  // rows whose previous token had it (no arrival possible)
+      float stays = 0;    // of those, rows that routed it again
+    };
+    std::vector<Cell> cells;
     std::vector<double> up;     // per layer: gamma^-rows
     std::vector<double> n;      // per layer: decayed rows (tokens) counted
     std::vector<double> sum;    // per layer: sum of stored counts
-    std::array<std::vector<float>*, 3> Tables() { return {&counts, &present, &stays}; }
-    std::array<const std::vector<float>*, 3> Tables() const { return {&counts, &present, &stays}; }
     void Reset(uint32_t L, uint32_t E) {
-      for (auto* t : Tables()) t->assign(size_t{L} * E, 0.0f);
+      cells.assign(size_t{L} * E, Cell{});
       up.assign(L, 1.0);
       n.assign(L, 0.0);
       sum.assign(L, 0.0);
@@ -251,19 +252,21 @@ class RequestAware final : public Policy {
       up[l] /= gamma;
       n[l] = n[l] * gamma + 1.0;
       const float u = static_cast<float>(up[l]);
-      const size_t at = size_t{l} * E;
-      for (uint16_t e : arrivals) counts[at + e] += u;
-      for (uint16_t e : prev) present[at + e] += u;
-      for (uint16_t e : stayed) stays[at + e] += u;
+      Cell* row = cells.data() + size_t{l} * E;
+      for (uint16_t e : arrivals) row[e].counts += u;
+      for (uint16_t e : prev) row[e].present += u;
+      for (uint16_t e : stayed) row[e].stays += u;
       sum[l] += up[l] * double(arrivals.size());
     }
     // Keeps the stored counts within float range.
     void Rebase(uint32_t l, uint32_t E) {
       if (up[l] <= 1e12) return;
       const float s = static_cast<float>(1.0 / up[l]);
-      for (auto* t : Tables()) {
-        float* row = t->data() + size_t{l} * E;
-        for (uint32_t e = 0; e < E; ++e) row[e] *= s;
+      Cell* row = cells.data() + size_t{l} * E;
+      for (uint32_t e = 0; e < E; ++e) {
+        row[e].counts *= s;
+        row[e].present *= s;
+        row[e].stays *= s;
       }
       sum[l] /= up[l];
       up[l] = 1.0;
@@ -271,19 +274,19 @@ class RequestAware final : public Policy {
     // Adds `o`'s counts at layer l (another table of the same half-life).
     void Absorb(const Memory& o, uint32_t l, uint32_t E) {
       const double s = up[l] / o.up[l];
-      const auto theirs = o.Tables();
-      const auto mine = Tables();
-      for (size_t t = 0; t < mine.size(); ++t) {
-        float* row = mine[t]->data() + size_t{l} * E;
-        const float* other = theirs[t]->data() + size_t{l} * E;
-        for (uint32_t e = 0; e < E; ++e) row[e] += static_cast<float>(other[e] * s);
+      Cell* row = cells.data() + size_t{l} * E;
+      const Cell* other = o.cells.data() + size_t{l} * E;
+      for (uint32_t e = 0; e < E; ++e) {
+        row[e].counts += static_cast<float>(other[e].counts * s);
+        row[e].present += static_cast<float>(other[e].present * s);
+        row[e].stays += static_cast<float>(other[e].stays * s);
       }
       sum[l] += o.sum[l] * s;
       n[l] += o.n[l];
     }
     // The probe's smoothed share of a layer's arrivals that go to e.
     double Share(uint32_t l, uint32_t E, uint16_t e) const {
-      return (counts[size_t{l} * E + e] + kProbeAlpha * up[l]) / (sum[l] + kProbeAlpha * up[l] * E);
+      return (cells[size_t{l} * E + e].counts + kProbeAlpha * up[l]) / (sum[l] + kProbeAlpha * up[l] * E);
     }
   };
   // A count table shared by the requests judged alike (one per request
@@ -451,8 +454,8 @@ class RequestAware final : public Policy {
   // probabilities (Brier) favoured the long memory's smoother but stale
   // counts on fast drift. The policy ranks with the memory ahead.
   void JudgeMemory(Cluster& c, uint32_t l) {
-    const float* s = c.mem[0].counts.data() + size_t{l} * E_;
-    const float* g = c.mem[1].counts.data() + size_t{l} * E_;
+    const Memory::Cell* s = c.mem[0].cells.data() + size_t{l} * E_;
+    const Memory::Cell* g = c.mem[1].cells.data() + size_t{l} * E_;
     const uint32_t routed = mark_serial_ + 1;  // this row's experts (see OnCall)
     double d = 0;
     for (uint16_t e : arrivals_)
@@ -462,7 +465,8 @@ class RequestAware final : public Policy {
         rng_ ^= rng_ << 17;
         const uint32_t f = static_cast<uint32_t>(rng_ % E_);
         if (mark_[f] == routed) continue;
-        d += ((g[e] > g[f]) - (g[e] < g[f])) - ((s[e] > s[f]) - (s[e] < s[f]));
+        d += ((g[e].counts > g[f].counts) - (g[e].counts < g[f].counts)) -
+             ((s[e].counts > s[f].counts) - (s[e].counts < s[f].counts));
       }
     c.judge = c.judge * kJudgeDecay + d;
     const bool want = c.judge > 0;
@@ -486,8 +490,8 @@ class RequestAware final : public Policy {
       if (c.members == 0) continue;
       const Memory& m = c.mem[1];
       const double inv = 1.0 / m.up[l];
-      const float* row = m.counts.data() + size_t{l} * E_;
-      for (size_t i = 0; i < A; ++i) gx_[i] += row[arrivals_[i]] * inv;
+      const Memory::Cell* row = m.cells.data() + size_t{l} * E_;
+      for (size_t i = 0; i < A; ++i) gx_[i] += row[arrivals_[i]].counts * inv;
       total += m.sum[l] * inv;
     }
     for (size_t i = 0; i < A; ++i) gx_[i] = double(E_) * (gx_[i] + kProbeAlpha) / (total + kProbeAlpha * E_);
@@ -562,14 +566,14 @@ class RequestAware final : public Policy {
   // `left_out` arrivals (and their rows) are taken off first: see PrevFresh.
   double Fresh(const Cluster& c, uint32_t l, uint16_t e, double left_out = 0) const {
     const size_t i = size_t{l} * E_ + e;
-    const Memory& m = c.Live();
-    const double held = double(m.present[i]) * c.inv_up[l];
-    const double arrivals = std::max(0.0, double(m.counts[i]) * c.inv_up[l] - left_out);
+    const Memory::Cell& m = c.Live().cells[i];
+    const double held = double(m.present) * c.inv_up[l];
+    const double arrivals = std::max(0.0, double(m.counts) * c.inv_up[l] - left_out);
     const double open = std::max(kPrior, c.snap_n[l] - left_out - held);
     const double f0 = std::min(1.0, (arrivals + c.prior[l]) / open);
     const double p0 = rho_ + (1.0 - rho_) * f0;
     const double weight = (1.0 - rho_) * (1.0 - rho_) * f0 * (1.0 - f0) / std::max(1e-9, p0 * (1.0 - p0));
-    const double drawn = arrivals + weight * (double(m.stays[i]) * c.inv_up[l] - rho_ * held);
+    const double drawn = arrivals + weight * (double(m.stays) * c.inv_up[l] - rho_ * held);
     const double trials = open + weight * (1.0 - rho_) * held;
     return std::clamp((drawn + c.prior[l]) / trials, 0.0, 1.0);
   }

@@ -19,17 +19,21 @@
 namespace k3pack::store {
 namespace {
 
-TEST(RankedSet, OrdersLikeStdSetUnderRandomUpdates) {
-  std::mt19937_64 rng(7);
+// One FirstNot in `ask_one_in` of the steps that would ask (1 in 6 steps
+// ask when it is 1).
+void RankedSetAgainstStdSet(uint64_t seed, int steps, uint32_t ask_one_in) {
+  std::mt19937_64 rng(seed);
   const uint32_t n = 200;
   RankedSet<std::pair<int, uint32_t>> rs(n);
   std::set<std::pair<int, uint32_t>> ref;
   std::vector<int> key(n, 0);
   std::vector<uint8_t> in(n, 0);
   std::set<uint32_t> held;  // out of FirstNot until released, members or not
-  for (int step = 0; step < 20000; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const uint32_t id = rng() % n;
-    switch (rng() % 6) {
+    uint64_t op = rng() % 6;
+    if (op == 3 && ask_one_in > 1 && rng() % ask_one_in != 0) op = 0;
+    switch (op) {
       case 0:
       case 1: {  // insert or re-rank
         if (in[id]) ref.erase({key[id], id});
@@ -74,6 +78,14 @@ TEST(RankedSet, OrdersLikeStdSetUnderRandomUpdates) {
   EXPECT_EQ(rs.size(), 0u);
   using Set = RankedSet<std::pair<int, uint32_t>>;
   EXPECT_EQ(rs.FirstNot([](uint32_t) { return false; }), Set::kNone);
+}
+
+TEST(RankedSet, OrdersLikeStdSetUnderRandomUpdates) { RankedSetAgainstStdSet(7, 20000, 1); }
+
+// Thousands of changes between two questions (more than the 200 members
+// and then some): the set stops sifting and rebuilds its heap when asked.
+TEST(RankedSet, AnswersLikeStdSetWhenAskedRarely) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) RankedSetAgainstStdSet(seed, 200000, 500);
 }
 
 // decay-lfu and quota-decay as first written: residents in std::sets of
