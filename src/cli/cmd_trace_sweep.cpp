@@ -485,7 +485,7 @@ int RunTraceSweep(const std::vector<std::string>& argv) {
     return families.size() > 1 ? PerFamilyPath(a.Get("--svg"), family) : a.Get("--svg");
   };
   if (plots) {
-    if (Status st = CheckPlotIsAFile(a.Get("--svg")); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+    if (Status st = CheckPlotIsAFile(a.Get("--svg")); !st.ok()) return ReportError("trace sweep", st.error());
     for (const std::string& family : families)
       if (Status st = CheckPlotPath(a, plot_path(family)); !st.ok()) return ReportError("trace sweep", st.error());
   }

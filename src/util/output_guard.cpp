@@ -41,9 +41,23 @@ bool SameFile(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
+// A file output named with a trailing '/' that does not exist: writing it
+// created the directory and then failed to rename onto it (and blamed a
+// race). An existing directory is refused below as one.
+Status RefuseDirectoryName(const OutputSpec& spec) {
+  std::error_code ec;
+  if (spec.directory || spec.path.empty() || spec.path.back() != '/' || fs::exists(spec.path, ec)) {
+    return Status::OK();
+  }
+  return Error(spec.option + " " + spec.path + " ends in '/', so it names a directory, not a file",
+               ErrorKind::kFileExists)
+      .WithHint("pass " + spec.option + " a path for a regular file, such as " + spec.path + "NAME");
+}
+
 }  // namespace
 
 Status CheckOutputKind(const OutputSpec& spec) {
+  K3_RETURN_IF_ERROR(RefuseDirectoryName(spec));
   std::error_code ec;
   // A directory output may be a link to a directory (the files go into its
   // target); a file output is looked at itself, as the final rename replaces
@@ -75,6 +89,7 @@ Status CheckOutputKind(const OutputSpec& spec) {
 }
 
 Result<OutputAction> DecideOutput(const OutputSpec& spec) {
+  K3_RETURN_IF_ERROR(RefuseDirectoryName(spec));
   std::error_code ec;
   const fs::file_status st = spec.directory ? fs::status(spec.path, ec) : fs::symlink_status(spec.path, ec);
   const bool exists = fs::exists(st);

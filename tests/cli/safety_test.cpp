@@ -437,6 +437,42 @@ TEST(OverwriteRule, TraceSweepSvgAndLoadDumpAndRepair) {
   EXPECT_EQ(Snapshot(out), repaired);
 }
 
+// A file output named with a trailing '/' that does not exist (a slip for
+// "write into this directory"). Before: each writer created the directory,
+// then failed to rename onto it, and said so in its own words (`build`:
+// "is a directory", `run-experts`: "cannot move it into place: Not a
+// directory", `trace gen`: another process wrote it), with exit 1, 2 or 1,
+// and left the empty directory behind.
+TEST(OverwriteRule, AFileOutputEndingInSlashIsRefusedAndLeavesNoDirectory) {
+  const std::string m = FreshModel("ow-slash");
+  const std::string manifest = m + "/" + kManifestName;
+  ASSERT_EQ(Build(m).code, 0);
+  const std::string trace = m + "/t.trace";
+  ASSERT_EQ(Cli("trace gen --manifest " + Q(manifest) + " --decode-tokens 2 --trace " + Q(trace)).code, 0);
+  const auto before = Snapshot(m);
+  const std::string out = Root() + "/ow-slash-out";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  const std::vector<std::pair<std::string, std::string>> writers = {
+      {"--pack", "build --progress none --gguf-dir " + Q(m) + " --manifest " + Q(out + "/m.json") + " --pack "},
+      {"--manifest", "build --progress none --gguf-dir " + Q(m) + " --pack " + Q(out + "/p.pack") + " --manifest "},
+      {"--trace", "trace gen --layers 2 --experts 8 --top-k 2 --decode-tokens 2 --trace "},
+      {"--stats", "trace replay --trace " + Q(trace) + " --manifest " + Q(manifest) + " --stats "},
+      {"--trace-out", "run-experts " + Q(manifest) + " --trace-out "},
+      {"--svg", "trace sweep --layers 2 --experts 8 --top-k 2 --decode-tokens 2 --policies lru --svg "},
+  };
+  for (const auto& [option, command] : writers) {
+    const std::string path = out + "/new/";
+    CliRun r = Cli(command + Q(path));
+    EXPECT_EQ(r.code, 1) << option << ": " << r.out;
+    EXPECT_TRUE(Contains(r.out, option + " " + path + " ends in '/', so it names a directory")) << option << ": " << r.out;
+    EXPECT_FALSE(fs::exists(out + "/new")) << option << " left a directory behind";
+    fs::remove_all(out + "/new");
+  }
+  EXPECT_TRUE(fs::is_empty(out));
+  EXPECT_EQ(Snapshot(m), before);
+}
+
 // ---------------------------------------------------------------- item 3
 
 void FlipByte(const std::string& path, uint64_t at) {

@@ -202,7 +202,7 @@ TEST(TraceLimitsCli, SvgNamingWithFamilyAll) {
   for (const std::string& svg : {dir + "/adir/", dir + "/adir", dir + "/nodir/"}) {
     for (const std::string family : {"all", "kimi"}) {
       CliRun r = Cli("trace sweep --family " + family + " --svg " + svg + small);
-      EXPECT_EQ(r.code, 2) << svg << ": " << r.out;
+      EXPECT_EQ(r.code, 1) << svg << ": " << r.out;  // as every writer's output that is a directory
       // A trailing '/' on a path that does not exist names a directory too
       // (session 36: it was called one).
       const bool missing = svg == dir + "/nodir/";
