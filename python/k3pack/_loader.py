@@ -3,7 +3,7 @@
 import json
 
 from . import _k3pack
-from ._paths import accept_paths_in, fspath_arg
+from ._paths import accept_paths_in, fspath_str
 
 __all__ = ["NonExpertStream", "NonExpertTensor", "nonexpert_weights", "nonexpert_tensors", "ssm_a_to_a_log"]
 
@@ -31,7 +31,7 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     about two tensors' worth of memory instead of a tensor plus its mapped
     pages plus a second copy. Use it instead of copying the zero-copy views.
     """
-    path = str(fspath_arg(manifest_path))
+    path = fspath_str(manifest_path, "manifest_path")
     try:
         return _k3pack.NonExpertStream(path, sglang_compat=sglang_compat, verify_metadata=verify_metadata,
                                        release_pages=release_pages, drop_page_cache=drop_page_cache, copy=copy)

@@ -11,7 +11,7 @@ other value is passed as it is (the binding then checks it as before)."""
 import functools
 import os
 
-__all__ = ["fspath_arg", "accepts_paths", "accept_paths_in"]
+__all__ = ["fspath_arg", "fspath_str", "accepts_paths", "accept_paths_in"]
 
 _MARK = "__k3pack_accepts_paths__"
 
@@ -29,6 +29,20 @@ def fspath_arg(value):
         if any(isinstance(key, os.PathLike) for key in value):
             return {os.fspath(key) if isinstance(key, os.PathLike) else key: item for key, item in value.items()}
     return value
+
+
+def fspath_str(value, keyword):
+    """os.fspath(value) for a path the Python side opens or keeps itself,
+    which must be a str: str(value) of None or bytes was a path of its own
+    ("None", "b'/m.json'"), refused later as a missing file under a name the
+    caller never passed. Anything else is a TypeError naming `keyword`."""
+    path = fspath_arg(value)
+    if isinstance(path, str):
+        return path
+    shown = type(path).__name__
+    if isinstance(path, bytes):
+        shown += " (bytes paths are not supported: pass os.fsdecode(path))"
+    raise TypeError(f"{keyword} must be a str or os.PathLike[str], got {shown}")
 
 
 def accepts_paths(func):

@@ -25,6 +25,7 @@ torch is imported when the class is constructed.
 """
 
 import json
+import operator
 import os
 import pathlib
 import threading
@@ -33,7 +34,7 @@ import weakref
 import numpy as np
 
 from . import _k3pack
-from ._paths import fspath_arg
+from ._paths import fspath_str
 from ._sglang_records import PackEntries, PackHeader, StoreStats
 
 __all__ = ["KimiGGMLExpertPackStore", "READ_SPLITS"]
@@ -53,6 +54,15 @@ _HARD_CONSTRAINTS = {
     "expert_pruning_allowed": False,
     "requantization_allowed": False,
 }
+
+
+def _int_option(value, keyword):
+    """value as an int, for k3pack's own integer keywords: any int or numpy
+    integer (what SlotCache takes), else a TypeError naming the keyword."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{keyword} must be an int, got {type(value).__name__}") from None
 
 
 def _torch():
@@ -116,10 +126,13 @@ class KimiGGMLExpertPackStore:
         index digest, configured digests, budgets), with its texts."""
         self._cache = None
         self._closed = False
-        self.pack_path = str(fspath_arg(pack_path))
-        self.manifest_path = str(fspath_arg(manifest_path))
+        self.pack_path = fspath_str(pack_path, "pack_path")
+        self.manifest_path = fspath_str(manifest_path, "manifest_path")
         # k3pack's keyword: checked before the C++ side sees a size it cannot
-        # hold (negative, or past 64 bits once in bytes).
+        # hold (negative, or past 64 bits once in bytes). int() took 1.5 as 1
+        # and "8" as 8; it is taken as every integer option is (any int or
+        # numpy integer, else a TypeError naming it).
+        host_cache_mib = _int_option(host_cache_mib, "host_cache_mib")
         if int(host_cache_mib) < 0:
             raise ValueError(f"host_cache_mib must be 0 (no host tier) or positive, got {host_cache_mib}")
         if int(host_cache_mib) > _MAX_HOST_CACHE_MIB:
@@ -134,8 +147,7 @@ class KimiGGMLExpertPackStore:
             stage_slots=max(1, int(stage_slots)), host_cache_bytes=int(host_cache_mib) * _MIB,
             verify_pack_sha256=bool(verify_pack_sha256), cache_vram_reserve_mib=int(cache_vram_reserve_mib),
             expected_layers=int(expected_layers), expected_experts=int(expected_experts),
-            expected_top_k=int(expected_top_k), ep_size=None if ep_size is None else int(ep_size),
-            ep_rank=None if ep_rank is None else int(ep_rank))
+            expected_top_k=int(expected_top_k), ep_size=ep_size, ep_rank=ep_rank)
         # SGLang checks the digests, budgets and stats_path after the pack. One
         # that failed left the engine open: its read threads and the pack's
         # descriptor lived as long as the exception did (a kept, logged or
