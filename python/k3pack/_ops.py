@@ -35,6 +35,11 @@ def dequantize_tensor(source, name):
     return _k3pack.dequantize(source.tensor_data(name), t.type_id)
 
 
+# What build() passes on to build_pack through **build_options (the rest of
+# build_pack's keywords build() sets itself).
+_BUILD_PACK_OPTIONS = frozenset({"allow_mixed_types", "safety_margin_gib", "restart", "threads"})
+
+
 @accepts_paths
 def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifest=None, profile=None,
           payload_samples=6, full_source_hashes=True, force=False, allow_unsupported=False, progress=None, log=None,
@@ -68,6 +73,16 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     (float("inf") or "forever": until it lets go; `k3pack build --wait`)
     waited for, each change told to `log` (else the "k3pack" logger), and the
     outputs then judged as it left them."""
+    # Checked before the plan, as `k3pack build` checks its flags: an already
+    # built model returned before these reached build_pack, so a misspelt
+    # option (threds=2) or a bad value (payload_samples=-1) passed unnoticed;
+    # a fresh build refused a misspelt one as build_pack()'s, a name not called.
+    unknown = sorted(set(build_options) - _BUILD_PACK_OPTIONS)
+    if unknown:
+        raise TypeError(f"build() got an unexpected keyword argument {unknown[0]!r}")
+    _k3pack._check_int_option(payload_samples, "payload_samples", 0, 2 ** 63 - 1)
+    if "threads" in build_options:
+        _k3pack._check_int_option(build_options["threads"], "threads", 0, 2 ** 31 - 1)
     model_config, tokenizer_dir, found = _k3pack._implied_inputs(
         os.fspath(gguf_dir), "" if model_config is None else os.fspath(model_config),
         "" if tokenizer_dir is None else os.fspath(tokenizer_dir))

@@ -21,6 +21,7 @@
 #include "pack/pack_output.h"
 #include "util/file.h"
 #include "util/process_limits.h"
+#include "util/pyrepr.h"
 #include "util/output_guard.h"
 #include "util/sha256.h"
 
@@ -276,6 +277,18 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
   o.full_source_hashes = full_source_hashes;
   o.full_pack_hash = full_pack_hash;
   o.progress = LineCallback(progress);
+  // Written into the manifest as given: a digest that is not one ("y", an
+  // uppercase one) made a manifest that every later verify refused, as if the
+  // shard had changed.
+  for (const auto& [path, digest] : known_shard_sha256) {
+    const bool hex = digest.size() == 64 && digest.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!hex) {
+      Raise(k3pack::Error("known_shard_sha256[" + k3pack::PyRepr(path) + "] must be a SHA-256 digest (64 lowercase hex "
+                          "digits, as hashlib's hexdigest()), got " + k3pack::PyRepr(digest),
+                          k3pack::ErrorKind::kValue)
+                .WithHint("pass build_pack(hash_sources=True)'s source_sha256, or leave the shard out to hash it"));
+    }
+  }
   o.known_shard_sha256 = std::move(known_shard_sha256);
   auto signals = std::make_shared<PendingSignals>("creating the manifest");
   o.interrupt_check = PendingSignals::CheckOf(signals);
@@ -341,6 +354,14 @@ void RegisterPlanBuild(py::module_& m) {
         py::arg("log") = py::none(),
         "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
         "the profile, and whether both are already built");
+
+  // k3pack.build checks its integer options with the binding's own rule
+  // before the plan: an already built model returned before build_pack or
+  // create_manifest saw a bad one (`k3pack build` refuses it either way).
+  m.def("_check_int_option", [](const py::object& value, const std::string& keyword, int64_t lo, int64_t hi) {
+    (void)IntInRange<int64_t>(value, keyword.c_str(), lo, hi);
+  }, py::arg("value"), py::arg("keyword"), py::arg("lo"), py::arg("hi"),
+     "IntInRange's check of an integer option: TypeError (not an int) or ValueError (outside lo..hi)");
 
   m.def("_implied_inputs", [](const std::string& gguf_dir, const std::string& model_config,
                               const std::string& tokenizer_dir) {
