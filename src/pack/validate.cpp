@@ -219,6 +219,12 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   if (!PathExists(pack_path)) {
     return Error("[Errno 2] No such file or directory: " + PyRepr(pack_path), ErrorKind::kFileNotFound, ENOENT);
   }
+  // SGLang's open(path, "rb") of a directory; the header read below failed
+  // with "read failed at offset 0: Is a directory", naming no file.
+  struct stat dir_st;
+  if (::stat(pack_path.c_str(), &dir_st) == 0 && S_ISDIR(dir_st.st_mode)) {
+    return Error("[Errno 21] Is a directory: " + PyRepr(pack_path), ErrorKind::kOS, EISDIR);
+  }
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(pack_path));
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(resolved));
   struct stat st;
