@@ -23,7 +23,8 @@ void RegisterSynth(py::module_& m) {
     synth::SynthOptions o = Unwrap(synth::PresetOptions(preset));
     o.out_dir = out_dir;
     o.seed = IntInRange<uint64_t>(seed, "seed", 0, UINT64_MAX);
-    const std::optional<uint32_t> shards = OptionalIntInRange<uint32_t>(shards_arg, "shards", 0, UINT32_MAX);
+    // 1..65535: split.count is a UINT16 (`k3pack synth --shards`'s range).
+    const std::optional<uint32_t> shards = OptionalIntInRange<uint32_t>(shards_arg, "shards", 1, 65535);
     const std::optional<uint32_t> hidden = OptionalIntInRange<uint32_t>(hidden_arg, "hidden", 0, UINT32_MAX);
     const std::optional<uint32_t> vocab = OptionalIntInRange<uint32_t>(vocab_arg, "vocab", 0, UINT32_MAX);
     for (const auto& f : faults) o.faults.push_back(Unwrap(synth::ParseFault(f)));
@@ -35,6 +36,15 @@ void RegisterSynth(py::module_& m) {
       auto t = k3pack::GgmlTypeFromName(*matrix_type);
       if (!t) throw py::value_error("unknown ggml type '" + *matrix_type + "'");
       o.matrix_type = *t;
+    }
+    // The model's rules on these values, checked before out_dir is looked at
+    // (as `k3pack synth` checks them): the writer checked them only after it
+    // had made out_dir and its .k3pack-synth.partial marker, which a refused
+    // call then left behind as "an interrupted synth".
+    const uint64_t planned = Unwrap(synth::PlannedTensorCount(o));
+    if (o.shards > planned) {
+      throw py::value_error("shards " + std::to_string(o.shards) + " is more than the model's " +
+                            std::to_string(planned) + " tensors (every shard holds at least one)");
     }
     k3pack::kimi::SynthOutputRequest request;
     request.options = std::move(o);
