@@ -224,12 +224,16 @@ inline constexpr k3pack::ep::RankNames kEpKeywordNames{"ep_size", "ep_rank"};
 std::optional<k3pack::ep::Rank> EpRankArg(const py::object& ep_size, const py::object& ep_rank);
 
 // The request_ids keyword of acquire: None (unknown), one non-negative int
-// for the call, or a sequence of them, one per row.
-inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
+// for the call, or a sequence of them, one per row. `keyword` is what the
+// messages name (prefetch's and keep's is request_id: "request_ids must be
+// non-negative" named a keyword those methods do not have).
+inline std::vector<uint64_t> RequestIdsArg(const py::object& o, const std::string& keyword = "request_ids") {
   std::vector<uint64_t> out;
   if (o.is_none()) return out;
-  const auto bad = [] {
-    Raise(k3pack::Error("request_ids must be None, an int or a sequence of ints", k3pack::ErrorKind::kValue));
+  const auto bad = [&] {
+    Raise(k3pack::Error(keyword == "request_ids" ? "request_ids must be None, an int or a sequence of ints"
+                                                 : keyword + " must be None or an int",
+                        k3pack::ErrorKind::kValue));
   };
   auto one = [&](const py::handle& h) {
     if (!py::isinstance<py::int_>(h) && !py::hasattr(h, "__index__")) bad();
@@ -237,7 +241,7 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     if (overflow < 0 || (overflow == 0 && v < 0))
-      Raise(k3pack::Error("request_ids must be non-negative", k3pack::ErrorKind::kValue));
+      Raise(k3pack::Error(keyword + " must be non-negative", k3pack::ErrorKind::kValue));
     if (overflow == 0) {
       out.push_back(static_cast<uint64_t>(v));
       return;
@@ -246,7 +250,7 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
     const unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
     if (PyErr_Occurred()) {
       PyErr_Clear();
-      Raise(k3pack::Error("request_ids must be below 2**64", k3pack::ErrorKind::kValue));
+      Raise(k3pack::Error(keyword + " must be below 2**64", k3pack::ErrorKind::kValue));
     }
     out.push_back(static_cast<uint64_t>(u));
   };
@@ -264,7 +268,7 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o) {
 // prefetch()'s and keep()'s request_id: None or one id (the request whose
 // next token was predicted), checked as request_ids are.
 inline std::optional<uint64_t> PredictionRequestArg(const py::object& o, const char* method) {
-  const std::vector<uint64_t> ids = RequestIdsArg(o);
+  const std::vector<uint64_t> ids = RequestIdsArg(o, "request_id");
   if (ids.size() > 1)
     Raise(k3pack::Error(std::string(method) + " takes one request_id: the request whose next token was predicted",
                         k3pack::ErrorKind::kValue));
