@@ -1,0 +1,200 @@
+"""Faults of an audit of the Python surface (arguments of the wrong type,
+paths ending in '/', builders' keywords, refused calls that left files).
+Each test failed before its fix."""
+
+import json
+import os
+import unittest
+
+import _util  # noqa: F401  (import path)
+
+import k3pack
+from k3pack.sglang import KimiGGMLExpertPackStore
+
+
+class PathArgumentsOfTheWrongType(_util.TinyPackTestCase):
+    """nonexpert_tensors and the drop-in store took str() of any path: None
+    became the file "None" (and bytes "b'/m.json'"), refused as a missing
+    file that the caller never named, in the current directory."""
+
+    def test_nonexpert_stream_refuses_none_and_bytes(self):
+        for bad, shown in [(None, "NoneType"), (self.manifest.encode(), "bytes")]:
+            for call in (lambda: k3pack.nonexpert_tensors(bad), lambda: list(k3pack.nonexpert_weights(bad))):
+                with self.assertRaises(TypeError) as cm:
+                    call()
+                self.assertIn(f"manifest_path must be a str or os.PathLike[str], got {shown}", str(cm.exception))
+
+    def test_sglang_iterator_refuses_none(self):
+        from k3pack.sglang import kimi_k3_nonexpert_weights_iterator
+
+        with self.assertRaises(TypeError) as cm:
+            next(kimi_k3_nonexpert_weights_iterator(None))
+        self.assertEqual(str(cm.exception), "manifest_path must be a str or os.PathLike[str], got NoneType")
+
+    def test_dropin_store_refuses_none_and_bytes(self):
+        kw = dict(expected_layers=self.num_layers, expected_experts=self.experts, expected_top_k=self.top_k)
+        with self.assertRaises(TypeError) as cm:
+            KimiGGMLExpertPackStore(None, manifest_path=self.manifest, **kw)
+        self.assertEqual(str(cm.exception), "pack_path must be a str or os.PathLike[str], got NoneType")
+        with self.assertRaises(TypeError) as cm:
+            KimiGGMLExpertPackStore(self.pack, manifest_path=self.manifest.encode(), **kw)
+        self.assertTrue(str(cm.exception).startswith("manifest_path must be a str or os.PathLike[str], got bytes"))
+
+
+class DropInIntegerKeywords(_util.TinyPackTestCase):
+    """k3pack's own keywords of the drop-in store went through int():
+    host_cache_mib=1.5 was 1 MiB (then a MemoryError about a 1 MiB budget),
+    "8" was 8, and ep_size="2" a rank store."""
+
+    def test_float_and_str_are_type_errors_naming_the_keyword(self):
+        for kw, text in [({"host_cache_mib": 1.5}, "host_cache_mib must be an int, got float"),
+                         ({"host_cache_mib": "8"}, "host_cache_mib must be an int, got str"),
+                         ({"host_cache_mib": None}, "host_cache_mib must be an int, got NoneType"),
+                         ({"ep_size": "2", "ep_rank": 0}, "ep_size must be an int, got str"),
+                         ({"ep_size": 2, "ep_rank": 0.0}, "ep_rank must be an int, got float")]:
+            with self.subTest(kw=kw):
+                with self.assertRaises(TypeError) as cm:
+                    self.dropin(**kw)
+                self.assertEqual(str(cm.exception), text)
+
+    def test_numpy_integers_still_serve(self):
+        import numpy as np
+
+        store = self.dropin(host_cache_mib=np.int64(8), ep_size=np.int32(2), ep_rank=np.uint8(1))
+        self.addCleanup(store.close)
+        self.assertEqual((store.host_cache_mib, store.ep_size, store.ep_rank), (8, 2, 1))
+
+
+class StatsPathEndingInSlash(_util.TinyPackTestCase):
+    """ExpertStore(stats_path="dir/") opened; its close() then made that
+    directory and refused it ("is a directory"), losing the counters."""
+
+    def test_refused_at_open_and_nothing_made(self):
+        target = os.path.join(self.tmp.path, "stats-dir") + "/"
+        with self.assertRaises(FileExistsError) as cm:
+            k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=8 << 20, stats_path=target)
+        self.assertEqual(str(cm.exception), f"stats_path {target} ends in '/', so it names a directory, not a file")
+        self.assertEqual(cm.exception.k3pack_hint,
+                         f"pass stats_path a path for a regular file, such as {target}NAME")
+        self.assertFalse(os.path.exists(target))
+
+    def test_dropin_resolves_it_as_sglang_does(self):
+        # SGLang's Path(stats_path).resolve() drops the '/': a file of that name.
+        target = os.path.join(self.tmp.path, "dropin-stats.json")
+        store = self.dropin(stats_path=target + "/")
+        store.close()
+        self.assertTrue(os.path.isfile(target))
+
+
+class PrefetchRequestIdIsNamedAsGiven(_util.TinyPackTestCase):
+    """prefetch(..., request_id=-1) and keep(...) said "request_ids must be
+    non-negative": acquire's keyword, which these methods do not take."""
+
+    def test_messages_name_request_id(self):
+        store = k3pack.ExpertStore(self.pack, self.manifest, cache_bytes=8 << 20)
+        self.addCleanup(store.close)
+        layer = self.layers[0]
+        for method in (store.prefetch, store.keep):
+            for bad, text in [(-1, "request_id must be non-negative"), (2 ** 64, "request_id must be below 2**64"),
+                              ("a", "request_id must be None or an int")]:
+                with self.subTest(method=method.__name__, bad=bad):
+                    with self.assertRaises(ValueError) as cm:
+                        method(layer, [0], request_id=bad)
+                    self.assertEqual(str(cm.exception), text)
+        # acquire's keyword keeps its own words.
+        with self.assertRaises(ValueError) as cm:
+            store.acquire(layer, [list(range(self.top_k))], request_ids=-1)
+        self.assertEqual(str(cm.exception), "request_ids must be non-negative")
+
+
+class KnownShardDigests(_util.TinyPackTestCase):
+    """create_manifest(known_shard_sha256=) wrote any string into the
+    manifest as the shard's digest ("y" included)."""
+
+    def test_malformed_digest_is_refused(self):
+        model = os.path.join(self.tmp.path, "model")
+        shard = os.path.realpath(k3pack.ShardSet.discover(model)[0])
+        out = os.path.join(self.tmp.path, "digest.manifest.json")
+        for bad in ["y", "AB" * 32, "ab" * 31, "ab" * 33]:
+            with self.subTest(bad=bad):
+                with self.assertRaises(ValueError) as cm:
+                    k3pack.create_manifest(model, self.pack, os.path.join(model, "config.json"),
+                                           os.path.join(model, "tokenizer"), output=out, profile="scaled",
+                                           known_shard_sha256={shard: bad})
+                self.assertEqual(str(cm.exception),
+                                 f"known_shard_sha256[{shard!r}] must be a SHA-256 digest (64 lowercase hex "
+                                 f"digits, as hashlib's hexdigest()), got {bad!r}")
+                self.assertFalse(os.path.exists(out))
+
+
+class BuildKeywords(_util.TinyPackTestCase):
+    """k3pack.build of a model already built returned before its options
+    reached build_pack: a misspelt keyword (threds=2) and a bad value
+    (payload_samples=-1, threads=-1) passed unnoticed, where `k3pack build`
+    refuses them; on a fresh build a misspelt one was build_pack()'s
+    "incompatible function arguments"."""
+
+    def build(self, **kw):
+        model = os.path.join(self.tmp.path, "model")
+        return k3pack.build(model, os.path.join(model, "config.json"), os.path.join(model, "tokenizer"),
+                            pack=self.pack, manifest=self.manifest, profile="scaled", **kw)
+
+    def test_already_built_still_checks_the_options(self):
+        self.assertTrue(self.build()["already_built"])
+        with self.assertRaises(TypeError) as cm:
+            self.build(threds=2)
+        self.assertEqual(str(cm.exception), "build() got an unexpected keyword argument 'threds'")
+        with self.assertRaises(ValueError) as cm:
+            self.build(payload_samples=-1)
+        self.assertEqual(str(cm.exception), "payload_samples must be in 0..9223372036854775807, got -1")
+        with self.assertRaises(ValueError) as cm:
+            self.build(threads=-1)
+        self.assertEqual(str(cm.exception), "threads must be in 0..2147483647, got -1")
+        with self.assertRaises(TypeError) as cm:
+            self.build(threads=1.5)
+        self.assertEqual(str(cm.exception), "threads must be an int, got float")
+        self.assertTrue(self.build(threads=1, restart=False)["already_built"])
+
+
+class ValidatePackOfADirectory(_util.TinyPackTestCase):
+    """validate_pack(<a directory>, ...) raised "read failed at offset 0: Is
+    a directory", naming no file; SGLang's open() names it."""
+
+    def test_names_the_directory(self):
+        model = os.path.join(self.tmp.path, "model")
+        with self.assertRaises(IsADirectoryError) as cm:
+            k3pack.validate_pack(self.tmp.path, model, os.path.join(model, "config.json"), profile="scaled")
+        self.assertEqual(str(cm.exception), f"[Errno 21] Is a directory: {self.tmp.path!r}")
+
+
+class SynthRefusedOptionsLeaveNothing(unittest.TestCase):
+    """k3pack.synth refused shards=0, hidden=0 or vocab=0 only after it had
+    made out_dir and its .k3pack-synth.partial marker (`k3pack synth` makes
+    nothing): the next call there was told of "an interrupted synth"."""
+
+    def setUp(self):
+        self.tmp = _util.TempDir()
+        self.addCleanup(self.tmp.cleanup)
+
+    def test_nothing_is_made(self):
+        out = os.path.join(self.tmp.path, "model")
+        for kw, text in [({"shards": 0}, "shards must be in 1..65535, got 0"),
+                         ({"shards": 70000}, "shards must be in 1..65535, got 70000"),
+                         ({"shards": 60000}, "shards 60000 is more than the model's"),
+                         ({"hidden": 0}, "invalid model dimensions"),
+                         ({"vocab": 0}, "invalid model dimensions")]:
+            with self.subTest(kw=kw):
+                with self.assertRaises(ValueError) as cm:
+                    k3pack.synth(out, **kw)
+                self.assertIn(text, str(cm.exception))
+                self.assertFalse(os.path.exists(out))
+        # And the directory then takes a model without a word about an interrupted one.
+        lines = []
+        k3pack.synth(out, log=lines.append)
+        self.assertEqual(lines, [])
+        with open(os.path.join(out, "config.json")) as f:
+            self.assertIn("text_config", json.load(f))
+
+
+if __name__ == "__main__":
+    unittest.main()
