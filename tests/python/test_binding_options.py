@@ -251,8 +251,10 @@ class OtherIntegerParametersTest(_util.TinyPackTestCase):
         out = os.path.join(self.tmp.path, "never")
         self.assert_value_error(lambda: k3pack.synth(out, seed=-1), f"seed must be in 0..{U64}, got -1")
         self.assert_type_error(lambda: k3pack.synth(out, seed=1.5), "seed", "float")
-        for arg in ("shards", "hidden", "vocab"):
+        for arg in ("hidden", "vocab"):
             self.assert_value_error(lambda: k3pack.synth(out, **{arg: -1}), f"{arg} must be in 0..{U32}, got -1")
+        # shards' range is split.count's (a UINT16), as `k3pack synth --shards` says.
+        self.assert_value_error(lambda: k3pack.synth(out, shards=-1), "shards must be in 1..65535, got -1")
         self.assertFalse(os.path.exists(out))
 
 if __name__ == "__main__":
