@@ -81,6 +81,9 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     if unknown:
         raise TypeError(f"build() got an unexpected keyword argument {unknown[0]!r}")
     _k3pack._check_int_option(payload_samples, "payload_samples", 0, 2 ** 63 - 1)
+    for keyword, callback in (("progress", progress), ("log", log)):
+        if callback is not None and not callable(callback):
+            raise TypeError(f"{keyword} must be a callable or None, got {type(callback).__name__}")
     if "threads" in build_options:
         _k3pack._check_int_option(build_options["threads"], "threads", 0, 2 ** 31 - 1)
     model_config, tokenizer_dir, found = _k3pack._implied_inputs(

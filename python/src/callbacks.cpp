@@ -11,7 +11,10 @@
 
 namespace k3py {
 
-std::shared_ptr<py::object> HoldCallable(py::object fn) {
+std::shared_ptr<py::object> HoldCallable(py::object fn, const char* keyword) {
+  if (!PyCallable_Check(fn.ptr())) {
+    throw py::type_error(std::string(keyword) + " must be a callable or None, got " + TypeNameOf(fn));
+  }
   return std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
     CallbackGil gil;
     if (gil.held()) delete p;  // else the interpreter is exiting: leave it to the process's end
@@ -83,9 +86,9 @@ void DiscardCallbackError(py::error_already_set& e, const char* what) {
   e.discard_as_unraisable(what);
 }
 
-std::function<void(const std::string&)> LineCallback(py::object fn) {
+std::function<void(const std::string&)> LineCallback(py::object fn, const char* keyword) {
   if (fn.is_none()) return nullptr;
-  auto holder = HoldCallable(std::move(fn));
+  auto holder = HoldCallable(std::move(fn), keyword);
   return [holder](const std::string& line) {
     CallbackGil gil;
     if (!gil.held()) return;
@@ -98,7 +101,8 @@ std::function<void(const std::string&)> LineCallback(py::object fn) {
 }
 
 std::function<void(const std::string&)> LogLines(const py::object& log) {
-  return LineCallback(log.is_none() ? py::module_::import("logging").attr("getLogger")("k3pack").attr("warning") : log);
+  return LineCallback(log.is_none() ? py::module_::import("logging").attr("getLogger")("k3pack").attr("warning") : log,
+                      "log");
 }
 
 namespace {

@@ -140,8 +140,11 @@ auto InterruptibleWithoutGil(const std::string& doing, Call&& call) {
 }
 
 // Shares a Python callable with C++ code that may copy and drop it on any
-// thread: the last reference is released under the GIL.
-std::shared_ptr<py::object> HoldCallable(py::object fn);
+// thread: the last reference is released under the GIL. One that is not
+// callable is a TypeError naming `keyword`: it was taken, and each call of it
+// then failed as an unraisable "'int' object is not callable" while the
+// operation went on.
+std::shared_ptr<py::object> HoldCallable(py::object fn, const char* keyword);
 
 // What a Python callback raised, from native code that cannot raise it
 // (`what` names the callback); called with the GIL held. Reported as
@@ -155,11 +158,11 @@ void DiscardCallbackError(py::error_already_set& e, const char* what);
 // A C++ line callback that calls `fn` (None: no callback) under the GIL; an
 // exception it raises is reported as unraisable, never into the engine
 // (DiscardCallbackError).
-std::function<void(const std::string&)> LineCallback(py::object fn);
+std::function<void(const std::string&)> LineCallback(py::object fn, const char* keyword);
 
 // `log`'s callback, or (None) the "k3pack" logger's warning: for what a
 // caller must hear of even when it passed no log (a wait, a start-over).
-std::function<void(const std::string&)> LogLines(const py::object& log);
+std::function<void(const std::string&)> LogLines(const py::object& log);  // `log`, checked as LineCallback's
 
 // The `wait=` keyword of the writers (the CLI's --wait), set for the calling
 // thread while the object lives: None or 0 refuses at once when another

@@ -44,7 +44,7 @@ py::object JsonToPython(const nlohmann::json& j) {
 // A C++ progress callback that calls `fn` (may be None) under the GIL.
 pack::ProgressFn ProgressCallback(py::object fn) {
   if (fn.is_none()) return nullptr;
-  auto holder = HoldCallable(std::move(fn));
+  auto holder = HoldCallable(std::move(fn), "progress");
   return [holder](const pack::Progress& p) {
     CallbackGil gil;
     if (!gil.held()) return;
@@ -128,7 +128,7 @@ py::dict BuildPackCall(const std::string& gguf_dir, const std::string& model_con
   o.threads = IntInRange<int>(threads, "threads", 0, INT_MAX);  // 0: the default
   o.hash_sources = hash_sources;
   o.progress = ProgressCallback(progress);
-  o.log = LineCallback(log);
+  o.log = LineCallback(log, "log");
   pack::PackOutputPlan plan;
   Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
     NoGil nogil;
@@ -276,7 +276,7 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
   o.payload_samples = IntInRange<int64_t>(payload_samples, "payload_samples", 0, INT64_MAX);
   o.full_source_hashes = full_source_hashes;
   o.full_pack_hash = full_pack_hash;
-  o.progress = LineCallback(progress);
+  o.progress = LineCallback(progress, "progress");
   // Written into the manifest as given: a digest that is not one ("y", an
   // uppercase one) made a manifest that every later verify refused, as if the
   // shard had changed.
