@@ -235,6 +235,14 @@ class KimiGGMLExpertPackStore:
             self._engine.close()
             raise
 
+    def __reduce_ex__(self, protocol):
+        # copy.copy made a second store over the same engine: the first one's
+        # finalizer closed it when that one was collected ("expert store is
+        # closed" from the copy), and each kept its own idea of the device
+        # cache. Refused as k3pack.ExpertStore (a C++ object) refuses it.
+        raise TypeError(f"cannot pickle {type(self).__name__!r} object: it owns the pack's descriptor, read threads "
+                        "and slots; share the store instead of copying it")
+
     @staticmethod
     def _role_map(values):
         up, gate, down = values  # the pack's physical order
