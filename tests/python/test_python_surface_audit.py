@@ -65,6 +65,23 @@ class DropInIntegerKeywords(_util.TinyPackTestCase):
         self.assertEqual((store.host_cache_mib, store.ep_size, store.ep_rank), (8, 2, 1))
 
 
+class DropInStoreIsNotCopied(_util.TinyPackTestCase):
+    """copy.copy(store) gave a second store over the same engine, closed
+    under it when the original was collected."""
+
+    def test_copy_and_pickle_are_refused(self):
+        import copy
+        import pickle
+
+        store = self.dropin()
+        self.addCleanup(store.close)
+        for call in (copy.copy, copy.deepcopy, pickle.dumps):
+            with self.subTest(call=call.__name__):
+                with self.assertRaises(TypeError) as cm:
+                    call(store)
+                self.assertTrue(str(cm.exception).startswith("cannot pickle 'KimiGGMLExpertPackStore' object"))
+
+
 class StatsPathEndingInSlash(_util.TinyPackTestCase):
     """ExpertStore(stats_path="dir/") opened; its close() then made that
     directory and refused it ("is a directory"), losing the counters."""
@@ -154,6 +171,69 @@ class BuildKeywords(_util.TinyPackTestCase):
             self.build(threads=1.5)
         self.assertEqual(str(cm.exception), "threads must be an int, got float")
         self.assertTrue(self.build(threads=1, restart=False)["already_built"])
+
+
+class CallbacksThatAreNotCallable(_util.TinyPackTestCase):
+    """progress=5 or log=[] was taken: each call of it was an unraisable
+    "'int' object is not callable" printed to stderr, and the operation went
+    on without the progress the caller asked for."""
+
+    def test_type_error_naming_the_keyword_before_any_work(self):
+        model = os.path.join(self.tmp.path, "model")
+        config, tok = os.path.join(model, "config.json"), os.path.join(model, "tokenizer")
+        out = os.path.join(self.tmp.path, "callback.pack")
+        calls = [
+            ("progress", "int", lambda: k3pack.verify_pack(self.manifest, progress=5)),
+            ("progress", "list", lambda: k3pack.validate_pack(self.pack, model, config, profile="scaled",
+                                                              progress=[])),
+            ("progress", "str", lambda: k3pack.create_manifest(model, self.pack, config, tok, profile="scaled",
+                                                               progress="x")),
+            ("progress", "int", lambda: k3pack.build_pack(model, config, out=out, profile="scaled", progress=5)),
+            ("log", "int", lambda: k3pack.build_pack(model, config, out=out, profile="scaled", log=5)),
+            ("log", "int", lambda: k3pack.synth(os.path.join(self.tmp.path, "callback-model"), log=5)),
+            ("log", "int", lambda: k3pack.build(model, config, tok, pack=self.pack, manifest=self.manifest,
+                                                profile="scaled", log=5)),
+            ("progress", "int", lambda: k3pack.build(model, config, tok, pack=self.pack, manifest=self.manifest,
+                                                     profile="scaled", progress=5)),
+        ]
+        for keyword, shown, call in calls:
+            with self.subTest(keyword=keyword, shown=shown):
+                with self.assertRaises(TypeError) as cm:
+                    call()
+                self.assertEqual(str(cm.exception), f"{keyword} must be a callable or None, got {shown}")
+        self.assertFalse(os.path.exists(out))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.path, "callback-model")))
+
+
+class DequantizeOfAnArrayOfAnotherKind(unittest.TestCase):
+    """dequantize read the bits of any array of the type's width: int32
+    [1, 2] as F32 came back [1e-45, 3e-45], float16 1.0 as BF16 0.0078125,
+    float32 1.0 as I32 1065353216, without a word."""
+
+    def test_values_of_another_kind_are_refused(self):
+        import numpy as np
+
+        for values, name in [(np.array([1, 2], np.int32), "F32"), (np.array([1.0], np.float16), "BF16"),
+                             (np.array([1.0], np.float32), "I32"), (np.array([1], np.int64), "F64"),
+                             (np.array([True]), "I8")]:
+            for call in (k3pack.dequantize, k3pack.tensor_stats):
+                with self.subTest(dtype=str(values.dtype), name=name, call=call.__name__):
+                    with self.assertRaises(TypeError) as cm:
+                        call(values, name)
+                    self.assertTrue(str(cm.exception).startswith(
+                        f"a {values.dtype} array cannot hold {name} data: its values would be read as {name} "
+                        "bit patterns"), str(cm.exception))
+
+    def test_own_values_and_raw_bits_still_decode(self):
+        import numpy as np
+
+        one = np.array([1.0], np.float32)
+        for arr, name in [(one, "F32"), (one.view(np.uint32), "F32"), (one.astype(np.float16), "F16"),
+                          (one.astype(np.float16).view(np.uint16), "F16"), (np.array([0x3F80], np.uint16), "BF16"),
+                          (np.array([0x3F80], np.int16), "BF16"), (np.array([1], np.int32), "I32"),
+                          (np.array([1], np.int8), "I8"), (np.array([1], np.uint8), "I8")]:
+            with self.subTest(dtype=str(arr.dtype), name=name):
+                self.assertEqual(k3pack.dequantize(arr, name).tolist(), [1.0])
 
 
 class ValidatePackOfADirectory(_util.TinyPackTestCase):
