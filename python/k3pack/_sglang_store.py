@@ -272,6 +272,12 @@ class KimiGGMLExpertPackStore:
         device = torch.device(device)
         if device.type not in ("cuda", "cpu"):
             raise ValueError("expert-pack runtime currently requires CUDA")
+        if device.type == "cuda" and device.index is None:
+            # "cuda" is the current device. torch.cuda.mem_get_info refuses a
+            # device without an index ("Expected a torch.device with a
+            # specified index or an integer"), so initialize_device_cache("cuda")
+            # failed before any slot was made.
+            device = torch.device("cuda", torch.cuda.current_device())
         budget = self.cache_vram_mib * _MIB
         if device.type == "cuda":
             free_bytes, _ = torch.cuda.mem_get_info(device)
@@ -286,8 +292,7 @@ class KimiGGMLExpertPackStore:
                 f"object={self.object_payload_bytes}")
         if device.type == "cuda":
             cache = torch.empty((slots, self.object_payload_bytes), dtype=torch.uint8, device=device)
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            self._engine.attach_cuda(cache.data_ptr(), slots, index)
+            self._engine.attach_cuda(cache.data_ptr(), slots, device.index)
         else:
             # Over-allocate and start at a 4096-aligned address, so reads
             # (O_DIRECT included) land straight in the slots.

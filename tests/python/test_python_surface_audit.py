@@ -82,6 +82,39 @@ class DropInStoreIsNotCopied(_util.TinyPackTestCase):
                 self.assertTrue(str(cm.exception).startswith("cannot pickle 'KimiGGMLExpertPackStore' object"))
 
 
+class DropInCudaWithoutIndex(_util.TinyPackTestCase):
+    """initialize_device_cache("cuda") handed torch.cuda.mem_get_info a device
+    without an index, which it refuses ("Expected a torch.device with a
+    specified index or an integer, but got:cuda"): the most natural call
+    failed on every GPU. Checked without a GPU: mem_get_info is replaced by
+    one that applies torch's own index rule and then stops the call."""
+
+    def test_mem_get_info_gets_the_current_device_index(self):
+        from unittest import mock
+
+        import torch
+        from torch.cuda._utils import _get_device_index
+
+        class Stop(Exception):
+            pass
+
+        seen = []
+
+        def mem_get_info(device=None):
+            seen.append(_get_device_index(device))  # torch's rule: ValueError without an index
+            raise Stop
+
+        store = self.dropin()
+        self.addCleanup(store.close)
+        with mock.patch.object(torch.cuda, "current_device", return_value=0), \
+                mock.patch.object(torch.cuda, "mem_get_info", mem_get_info):
+            for device in ("cuda", torch.device("cuda"), "cuda:0"):
+                with self.subTest(device=device):
+                    with self.assertRaises(Stop):
+                        store.initialize_device_cache(device)
+        self.assertEqual(seen, [0, 0, 0])
+
+
 class StatsPathEndingInSlash(_util.TinyPackTestCase):
     """ExpertStore(stats_path="dir/") opened; its close() then made that
     directory and refused it ("is a directory"), losing the counters."""
