@@ -35,10 +35,25 @@ std::string KindOf(const fs::file_status& st) {
 
 namespace {
 
+// A path as it resolves, for comparing paths that need not exist. Made
+// absolute first: weakly_canonical of a relative path with no existing
+// component stays relative, so `X` and `./X` (two spellings of one new file)
+// compared unequal and `build --pack X --manifest ./X` wrote the whole pack
+// before the manifest was refused. A path that cannot be resolved (a name too
+// long) is compared lexically: on error weakly_canonical gives an empty path,
+// which equalled every other that failed.
+fs::path Resolved(const std::string& p) {
+  std::error_code ec;
+  const fs::path abs = fs::absolute(p, ec);
+  if (ec) return fs::path(p).lexically_normal();
+  fs::path r = fs::weakly_canonical(abs, ec);
+  return ec ? abs.lexically_normal() : r;
+}
+
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+  return Resolved(a) == Resolved(b);
 }
 
 // A file output named with a trailing '/' that does not exist: writing it
