@@ -1,6 +1,7 @@
 #include "util/output_guard.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -166,13 +167,60 @@ Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std
 
 namespace {
 
+// What the kernel refuses only when the output is created or renamed into
+// place, which the writers do after their whole run (a trace generated, a
+// sweep simulated, a pack reused): a path of PATH_MAX bytes or more, or a
+// component past the 255-byte limit of a file name ("cannot move it into
+// place: File name too long", the work lost). And `nox/../x` where nox does
+// not exist: the kernel finds no x there, so the rule judged x absent, then the
+// writer made nox (mkdir -p) and found x, blaming another process for it.
+Status CheckPathShape(const std::string& option, const std::string& path) {
+  if (path.size() >= PATH_MAX) {
+    return Error(option + " " + path + ": the path is " + std::to_string(path.size()) + " bytes, past the " +
+                     std::to_string(PATH_MAX - 1) + "-byte limit of a path",
+                 ErrorKind::kFileExists, ENAMETOOLONG)
+        .WithHint("pass " + option + " a shorter path (a relative one, or from a directory nearer to it)");
+  }
+  fs::path prefix;
+  for (const fs::path& part : fs::path(path)) {
+    const std::string name = part.string();
+    if (name.size() > kFileNameMax) {
+      return Error(option + " " + path + ": its component " + name.substr(0, 32) + "... is " +
+                       std::to_string(name.size()) + " bytes, past the " + std::to_string(kFileNameMax) +
+                       "-byte limit of a file name",
+                   ErrorKind::kFileExists, ENAMETOOLONG)
+          .WithHint("give it a name of at most " + std::to_string(kFileNameMax) + " bytes");
+    }
+    std::error_code ec;
+    if (name == ".." && !prefix.empty() && !fs::exists(fs::symlink_status(prefix, ec))) {
+      return Error(option + " " + path + ": " + prefix.string() + " does not exist, so " + (prefix / "..").string() +
+                       " names no directory",
+                   ErrorKind::kFileNotFound, ENOENT)
+          .WithHint("write the path without it: " + option + " " + fs::path(path).lexically_normal().string());
+    }
+    prefix /= part;
+  }
+  return Status::OK();
+}
+
 // `dir`, or where it does not exist the nearest directory above it that
 // does, may be written: the writers create the missing ones. `path` (named
 // by `option`) is what the messages name.
 Status CheckWritableFrom(const std::string& option, const std::string& path, fs::path dir) {
+  K3_RETURN_IF_ERROR(CheckPathShape(option, path));
   if (dir.empty()) dir = ".";
   std::error_code ec;
   while (!fs::exists(dir, ec) && dir.parent_path() != dir) {
+    // A link to a directory not there (yet): creating it failed with "File
+    // exists", or for a file beneath it "cannot create its directory".
+    if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+      std::error_code rec;
+      const fs::path target = fs::read_symlink(dir, rec);
+      return Error(option + " " + path + ": " + dir.string() + " is a symbolic link to " + target.string() +
+                       ", which does not exist",
+                   ErrorKind::kFileNotFound, ENOENT)
+          .WithHint("create " + target.string() + " first, or pass " + option + " a path without the dangling link");
+    }
     // "out/p.pack" with no out/: the nearest existing one is the current directory.
     dir = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
   }

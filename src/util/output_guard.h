@@ -84,7 +84,10 @@ Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std
 
 // The directory an output is written in (or its nearest existing ancestor,
 // the writers create the rest) is writable; a read-only model directory is
-// reported with the option to pass elsewhere.
+// reported with the option to pass elsewhere. Refused first, before any work,
+// what the kernel would refuse only at the end: a path of PATH_MAX bytes or
+// more, a component of more than 255, a `..` after a component that does not
+// exist, and a dangling symbolic link where a directory is to be made.
 Status CheckOutputWritable(const std::string& option, const std::string& path);
 // The same for a directory output (synth's --out, repair's OUT, a dump): the
 // directory itself, or the nearest existing one above it, is writable.

@@ -34,5 +34,74 @@ TEST(PathShapes, TwoSpellingsOfOneNewOutputAreRefusedBeforeTheBuild) {
   EXPECT_TRUE(fs::is_empty(out));
 }
 
+// Before: `nox/../t.trace` with no nox was judged absent (the kernel finds
+// nothing there), then the writer made nox (mkdir -p), found t.trace, and
+// blamed another process; a run that succeeded left nox behind.
+TEST(PathShapes, ADotDotAfterAMissingDirectoryIsRefusedUpFront) {
+  const std::string d = EmptyDir("dotdot");
+  ASSERT_EQ(CliIn(d, TraceGen("t.trace")).code, 0);
+  const auto before = Snapshot(d);
+  CliRun gen = CliIn(d, TraceGen("nox/../t.trace", "--seed 7"));
+  EXPECT_EQ(gen.code, 1) << gen.out;
+  EXPECT_TRUE(Contains(gen.out, "--trace nox/../t.trace: nox does not exist, so nox/.. names no directory"))
+      << gen.out;
+  EXPECT_TRUE(Contains(gen.out, "hint: write the path without it: --trace t.trace")) << gen.out;
+  EXPECT_FALSE(Contains(gen.out, "another process")) << gen.out;
+  CliRun synth = CliIn(d, "synth --progress none --out nox/../S");
+  EXPECT_EQ(synth.code, 1) << synth.out;
+  EXPECT_TRUE(Contains(synth.out, "nox does not exist")) << synth.out;
+  EXPECT_EQ(Snapshot(d), before);
+}
+
+// Before: "cannot create directory DANG: File exists" (synth, load --dump,
+// repair), which names neither the link nor the missing target.
+TEST(PathShapes, ADanglingLinkWhereADirectoryIsMadeIsNamed) {
+  const std::string& m = BuiltTinyModel();
+  const std::string d = EmptyDir("dangling-dir");
+  const std::string link = d + "/out";
+  ASSERT_EQ(::symlink("nowhere", link.c_str()), 0);
+  const std::vector<std::pair<std::string, std::string>> writers = {
+      {"--out", "synth --progress none --out "},
+      {"--dump", "load --progress none " + Q(m) + " --dump "},
+      {"OUT", "repair --fix ssm-a " + Q(m) + " "},
+  };
+  for (const auto& [option, command] : writers) {
+    CliRun r = Cli(command + Q(link));
+    EXPECT_EQ(r.code, 1) << option << ": " << r.out;
+    EXPECT_TRUE(Contains(r.out, option + " " + link + ": " + link + " is a symbolic link to nowhere, which does not "
+                                "exist"))
+        << option << ": " << r.out;
+    EXPECT_FALSE(Contains(r.out, "File exists")) << option << ": " << r.out;
+  }
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_FALSE(fs::exists(d + "/nowhere"));
+}
+
+// Before: a file name over 255 bytes (or a path of 4096) was found only by
+// the final rename, after the whole run: "cannot move it into place: File name
+// too long"; `build --pack LONG/x.pack` said its manifest "is an input
+// (--pack)" (both paths failed to resolve, as the same empty path).
+TEST(PathShapes, NamesPastTheKernelLimitsAreRefusedBeforeTheRun) {
+  const std::string d = EmptyDir("past-limits");
+  const std::string long_name = std::string(300, 'a') + ".trace";
+  CliRun name = CliIn(d, TraceGen(long_name));
+  EXPECT_EQ(name.code, 1) << name.out;
+  EXPECT_TRUE(Contains(name.out, "bytes, past the 255-byte limit of a file name")) << name.out;
+  EXPECT_FALSE(Contains(name.out, "cannot move it into place")) << name.out;
+
+  std::string deep;
+  while (deep.size() < 4200) deep += std::string(90, 'd') + "/";
+  CliRun path = CliIn(d, TraceGen(deep + "x.trace"));
+  EXPECT_EQ(path.code, 1) << path.out.substr(0, 400);
+  EXPECT_TRUE(Contains(path.out, "-byte limit of a path")) << path.out.substr(0, 400);
+
+  const std::string m = FreshModel("past-limits-model");
+  CliRun pack = CliIn(d, "build --progress none " + Q(m) + " --pack " + Q(deep + "x.pack"));
+  EXPECT_EQ(pack.code, 1) << pack.out.substr(0, 400);
+  EXPECT_TRUE(Contains(pack.out, "--pack " + deep + "x.pack: the path is")) << pack.out.substr(0, 400);
+  EXPECT_FALSE(Contains(pack.out, "is an input")) << pack.out.substr(0, 400);
+  EXPECT_TRUE(fs::is_empty(d));
+}
+
 }  // namespace
 }  // namespace k3cli
