@@ -15,6 +15,7 @@ namespace k3pack::cli {
 // Shared with the Python binding (util/output_guard.h): the output-is-not-an-
 // input and writable-directory checks.
 using k3pack::CheckOutputDirWritable;
+using k3pack::CheckOutputNotIn;
 using k3pack::CheckOutputsAreNotInputs;
 using k3pack::CheckOutputWritable;
 using k3pack::NamedPath;

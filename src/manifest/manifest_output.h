@@ -25,6 +25,13 @@ struct InputNames {
   std::string tokenizer_dir = "--tokenizer-dir";
 };
 
+// Why a manifest is not written into its tokenizer directory. It records
+// every file there: `verify` then found the manifest itself unrecorded, and
+// a rerun of the same command took it for a tokenizer file (an input).
+inline constexpr const char* kManifestInTokenizerDir =
+    "the manifest records every file of that directory, so it would find itself there unrecorded "
+    "(`k3pack verify` refuses that) and a rerun would take it for a tokenizer file";
+
 // Every file a manifest of these inputs reads: the config, the pack and its
 // .digests, each tokenizer file, and the shards (each .gguf in `gguf_dir`, or
 // `gguf_dir` itself when it names a shard). A directory of them that cannot

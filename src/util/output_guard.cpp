@@ -152,6 +152,16 @@ Error RefuseExisting(const OutputSpec& spec) {
       .WithHint("pass " + spec.force_option + " to replace it, or another " + spec.option + " path");
 }
 
+Status CheckOutputNotIn(const NamedPath& output, const NamedPath& dir, const std::string& why) {
+  if (output.path.empty() || dir.path.empty()) return Status::OK();
+  fs::path parent = fs::path(output.path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!SameFile(parent.string(), dir.path)) return Status::OK();
+  return Error(output.option + " " + output.path + " is in " + dir.option + " " + dir.path + ": " + why,
+               ErrorKind::kFileExists)
+      .WithHint("pass " + output.option + " a path outside " + dir.path);
+}
+
 Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
   for (const NamedPath& out : outputs) {
     if (out.path.empty()) continue;

@@ -82,6 +82,12 @@ Error RefuseExisting(const OutputSpec& spec);
 // The refusal: "OPTION PATH is an input (INPUT); writing it would destroy it".
 Status CheckOutputsAreNotInputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
+// An output file is not directly in `dir` (a directory input whose every
+// file is read and recorded, such as the tokenizer directory of a manifest):
+// written there, it would be read as one of them. The refusal names both
+// options and `why`.
+Status CheckOutputNotIn(const NamedPath& output, const NamedPath& dir, const std::string& why);
+
 // The directory an output is written in (or its nearest existing ancestor,
 // the writers create the rest) is writable; a read-only model directory is
 // reported with the option to pass elsewhere. Refused first, before any work,

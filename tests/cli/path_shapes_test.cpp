@@ -34,6 +34,22 @@ TEST(PathShapes, TwoSpellingsOfOneNewOutputAreRefusedBeforeTheBuild) {
   EXPECT_TRUE(fs::is_empty(out));
 }
 
+// Before: only <pack>.digests was kept from being the manifest; <pack>.inputs
+// was refused after the build ("another process wrote it"), <pack>.lock once
+// the build had made it (and left it).
+TEST(PathShapes, AManifestAtAPackSideFileIsRefusedBeforeTheBuild) {
+  const std::string m = FreshModel("side-file-manifest");
+  const std::string out = EmptyDir("side-file-manifest-out");
+  for (const std::string side : {".inputs", ".lock", ".partial", ".partial.checkpoint"}) {
+    const std::string pack = out + "/p.pack";
+    CliRun r = Cli("build --progress none " + Q(m) + " --pack " + Q(pack) + " --manifest " + Q(pack + side));
+    EXPECT_EQ(r.code, 1) << side << ": " << r.out;
+    EXPECT_TRUE(Contains(r.out, "--manifest " + pack + side + " is an input (--pack (its " + side + "))"))
+        << side << ": " << r.out;
+    EXPECT_TRUE(fs::is_empty(out)) << side << " left files behind";
+  }
+}
+
 // Before: `nox/../t.trace` with no nox was judged absent (the kernel finds
 // nothing there), then the writer made nox (mkdir -p), found t.trace, and
 // blamed another process; a run that succeeded left nox behind.
@@ -101,6 +117,32 @@ TEST(PathShapes, NamesPastTheKernelLimitsAreRefusedBeforeTheRun) {
   EXPECT_TRUE(Contains(pack.out, "--pack " + deep + "x.pack: the path is")) << pack.out.substr(0, 400);
   EXPECT_FALSE(Contains(pack.out, "is an input")) << pack.out.substr(0, 400);
   EXPECT_TRUE(fs::is_empty(d));
+}
+
+// Before: the manifest was written into the tokenizer directory it records:
+// `verify` refused it ("has a file the manifest does not record") and a rerun
+// of the same build called it an input.
+TEST(PathShapes, AManifestInTheTokenizerDirectoryIsRefused) {
+  const std::string m = FreshModel("manifest-in-tokenizer");
+  const std::string tok = m + "/tokenizer";
+  const auto before = Snapshot(m);
+  CliRun explicit_path = Build(m, "--manifest " + Q(tok + "/m.json"));
+  EXPECT_EQ(explicit_path.code, 1) << explicit_path.out;
+  EXPECT_TRUE(Contains(explicit_path.out, "--manifest " + tok + "/m.json is in --tokenizer-dir " + tok + ": the "
+                                          "manifest records every file of that directory"))
+      << explicit_path.out;
+  // The default manifest goes beside the pack.
+  CliRun beside_pack = Build(m, "--pack " + Q(tok + "/p.pack"));
+  EXPECT_EQ(beside_pack.code, 1) << beside_pack.out;
+  EXPECT_TRUE(Contains(beside_pack.out, "is in --tokenizer-dir")) << beside_pack.out;
+  EXPECT_EQ(Snapshot(m), before);
+
+  ASSERT_EQ(Build(m).code, 0);
+  CliRun manifest = Cli("manifest --progress none " + Q(m) + " --model-config " + Q(m + "/config.json") +
+                        " --tokenizer-dir " + Q(tok) + " --manifest " + Q(tok + "/m.json"));
+  EXPECT_EQ(manifest.code, 1) << manifest.out;
+  EXPECT_TRUE(Contains(manifest.out, "is in --tokenizer-dir")) << manifest.out;
+  EXPECT_FALSE(fs::exists(tok + "/m.json"));
 }
 
 }  // namespace
