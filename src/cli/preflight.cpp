@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,7 @@
 #include "manifest/tokenizer_dir.h"
 #include "pack/build_inputs.h"
 #include "util/file.h"
+#include "util/output_guard.h"
 
 namespace k3pack::cli {
 
@@ -41,11 +44,31 @@ std::string Describe(const nlohmann::json& j) {
   return "no model_type";
 }
 
+// A path to a file written with a trailing '/' (`--manifest m.json/`, a
+// completion's slip): the kernel finds nothing there (ENOTDIR), and the
+// error said the path does not exist, the hint that directory m.json "does
+// not exist either", while m.json is right there. Set when that is the case;
+// `fix` is the hint where a directory is what the option takes (passing the
+// file without the '/' would be refused next).
+std::optional<Error> FileNamedWithSlash(const std::string& option, const std::string& path,
+                                        const std::string& fix = "") {
+  if (path.size() < 2 || path.back() != '/') return std::nullopt;
+  std::string bare = path;
+  while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
+  std::error_code ec;
+  const fs::file_status st = fs::status(bare, ec);
+  if (!fs::exists(st) || fs::is_directory(st)) return std::nullopt;
+  return Error(option + " " + path + " ends in '/', so it names a directory, but " + bare + " is " + KindOf(st),
+               ErrorKind::kFileNotFound, ENOTDIR)
+      .WithHint(fix.empty() ? "pass " + option + " " + bare + " (without the '/')" : fix);
+}
+
 }  // namespace
 
 Status CheckModelConfig(const std::string& option, const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
+    if (auto slash = FileNamedWithSlash(option, path)) return *slash;
     return Error(option + " " + path + " does not exist", ErrorKind::kFileNotFound)
         .WithHint("pass the HF config.json of the Kimi-K3 model as " + option);
   }
@@ -72,7 +95,10 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
   std::error_code ec;
   auto fix = "pass the Kimi tokenizer directory (config.json + tokenizer.json, tiktoken.model or "
              "tokenizer_config.json) as " + option;
-  if (!fs::exists(dir, ec)) return Error(option + " " + dir + " does not exist", ErrorKind::kFileNotFound).WithHint(fix);
+  if (!fs::exists(dir, ec)) {
+    if (auto slash = FileNamedWithSlash(option, dir, fix)) return *slash;
+    return Error(option + " " + dir + " does not exist", ErrorKind::kFileNotFound).WithHint(fix);
+  }
   if (!fs::is_directory(dir, ec)) return Error(option + " " + dir + " is not a directory").WithHint(fix);
   // SGLang's test of a tokenizer directory, and the text it raises.
   const fs::path d(dir);
@@ -94,6 +120,7 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
 Status CheckGgufDir(const std::string& option, const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
+    if (auto slash = FileNamedWithSlash(option, path)) return *slash;
     return Error(option + " " + path + " does not exist", ErrorKind::kFileNotFound)
         .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
   }
@@ -137,6 +164,7 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
 
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix) {
   if (PathExists(path)) return Status::OK();
+  if (auto slash = FileNamedWithSlash(option, path)) return *slash;
   fs::path dir = fs::path(path).parent_path();
   const bool bare_name = dir.empty();  // "nosuch": looked for in the current directory
   if (bare_name) dir = ".";

@@ -21,6 +21,38 @@ std::string EmptyDir(const std::string& name) {
   return d;
 }
 
+// Before: "--manifest M/m.json/ does not exist" with the hint "directory
+// M/m.json does not exist either", while M/m.json is right there.
+TEST(PathShapes, AFileInputWrittenWithASlashSaysItIsAFile) {
+  const std::string& m = BuiltTinyModel();
+  const std::string manifest = m + "/" + kManifestName;
+  CliRun verify = Cli("verify --progress none " + Q(manifest + "/"));
+  EXPECT_EQ(verify.code, 1) << verify.out;
+  EXPECT_TRUE(Contains(verify.out, "--manifest " + manifest + "/ ends in '/', so it names a directory, but " +
+                                       manifest + " is a file"))
+      << verify.out;
+  EXPECT_TRUE(Contains(verify.out, "hint: pass --manifest " + manifest + " (without the '/')")) << verify.out;
+  EXPECT_FALSE(Contains(verify.out, "does not exist")) << verify.out;
+
+  const std::string out = EmptyDir("slash-input-out");
+  CliRun build = Cli("build --progress none " + Q(m) + " --pack " + Q(out + "/p.pack") + " --model-config " +
+                     Q(m + "/config.json/"));
+  EXPECT_EQ(build.code, 1) << build.out;
+  EXPECT_TRUE(Contains(build.out, "--model-config " + m + "/config.json/ ends in '/', so it names a directory"))
+      << build.out;
+  // Where a directory is what the option takes, the hint does not offer the file.
+  CliRun tokenizer = Cli("build --progress none " + Q(m) + " --pack " + Q(out + "/p.pack") + " --tokenizer-dir " +
+                         Q(m + "/config.json/"));
+  EXPECT_EQ(tokenizer.code, 1) << tokenizer.out;
+  EXPECT_TRUE(Contains(tokenizer.out, "--tokenizer-dir " + m + "/config.json/ ends in '/', so it names a directory"))
+      << tokenizer.out;
+  EXPECT_TRUE(Contains(tokenizer.out, "hint: pass the Kimi tokenizer directory")) << tokenizer.out;
+  CliRun repair = Cli("repair --fix ssm-a " + Q(Shard(m, 1) + "/") + " " + Q(out + "/r"));
+  EXPECT_EQ(repair.code, 1) << repair.out;
+  EXPECT_TRUE(Contains(repair.out, "IN " + Shard(m, 1) + "/ ends in '/', so it names a directory")) << repair.out;
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
 // Before: `X` and `./X` compared unequal while neither existed, so the whole
 // pack was written to X, and then the manifest was refused as written by
 // "another process while this run went on".
