@@ -85,8 +85,22 @@ Status CheckOutputKind(const OutputSpec& spec) {
     return Error(spec.option + " " + spec.path + " is " + KindOf(st) + ", not a directory", ErrorKind::kFileExists)
         .WithHint("pass a new or empty directory as " + spec.option);
   }
-  if (fs::is_symlink(st)) return Status::OK();
-  if (fs::is_regular_file(st)) {
+  if (fs::is_symlink(st)) {
+    // The final rename replaces the link, never its target: a dangling link
+    // has nothing behind it to lose. A link to a directory, a device or a
+    // shard is the same slip of the path as naming that itself, which was
+    // refused while --force replaced the link with the output.
+    const fs::file_status target = fs::status(spec.path, ec);
+    if (!fs::exists(target)) return Status::OK();
+    if (!fs::is_regular_file(target)) {
+      return Error(spec.option + " " + spec.path + " is a symbolic link to " + KindOf(target) +
+                       ", not to a file: k3pack never replaces one" +
+                       (spec.force ? ", not even with " + spec.force_option : ""),
+                   ErrorKind::kFileExists)
+          .WithHint("pass " + spec.option + " a path for a regular file");
+    }
+  }
+  if (fs::is_symlink(st) || fs::is_regular_file(st)) {
     const std::string other = spec.not_own_kind ? spec.not_own_kind() : std::string();
     if (other.empty()) return Status::OK();
     return Error("refusing to overwrite existing " + spec.path + " (" + spec.option + "): " + other +

@@ -60,8 +60,8 @@ struct OutputSpec {
 Result<OutputAction> DecideOutput(const OutputSpec& spec);
 
 // An existing output must be what the rule may replace: a regular file (or
-// a link, whose name the final rename replaces), or for a directory output a
-// directory (or a link to one). A device, FIFO or socket, or a directory where
+// a link to one, or a dangling link: the final rename replaces the link's
+// name), or for a directory output a directory (or a link to one). A device, FIFO or socket, or a directory where
 // a file is written, is refused even with force; so is a regular file that
 // not_own_kind says is another kind of file. Absent: OK.
 Status CheckOutputKind(const OutputSpec& spec);

@@ -125,6 +125,28 @@ TEST(PathShapes, ADanglingLinkWhereADirectoryIsMadeIsNamed) {
   EXPECT_FALSE(fs::exists(d + "/nowhere"));
 }
 
+// Before: a link to a directory or to a shard at a file output was replaced
+// by the output with --force (the link's name renamed over), while the
+// directory or the shard named itself was refused even with it.
+TEST(PathShapes, ALinkToADirectoryOrAnotherKindOfFileIsRefusedEvenWithForce) {
+  const std::string& m = BuiltTinyModel();
+  const std::string d = EmptyDir("link-outputs");
+  const std::string to_dir = d + "/to-dir", to_shard = d + "/to-shard";
+  ASSERT_EQ(::symlink((m + "/tokenizer").c_str(), to_dir.c_str()), 0);
+  ASSERT_EQ(::symlink(Shard(m, 1).c_str(), to_shard.c_str()), 0);
+  CliRun dir = Cli(TraceGen(to_dir, "--force"));
+  EXPECT_EQ(dir.code, 1) << dir.out;
+  EXPECT_TRUE(Contains(dir.out, "--trace " + to_dir + " is a symbolic link to a directory, not to a file")) << dir.out;
+  CliRun manifest = Cli("build --progress none " + Q(m) + " --manifest " + Q(to_dir) + " --force");
+  EXPECT_EQ(manifest.code, 1) << manifest.out;
+  EXPECT_TRUE(Contains(manifest.out, "--manifest " + to_dir + " is a symbolic link to a directory")) << manifest.out;
+  CliRun shard = Cli(TraceGen(to_shard, "--force"));
+  EXPECT_EQ(shard.code, 1) << shard.out;
+  EXPECT_TRUE(Contains(shard.out, "it is a GGUF file, not a routing trace")) << shard.out;
+  EXPECT_TRUE(fs::is_symlink(to_dir));
+  EXPECT_TRUE(fs::is_symlink(to_shard));
+}
+
 // Before: a file name over 255 bytes (or a path of 4096) was found only by
 // the final rename, after the whole run: "cannot move it into place: File name
 // too long"; `build --pack LONG/x.pack` said its manifest "is an input
