@@ -229,9 +229,8 @@ int RunTraceReplay(const std::vector<std::string>& argv) {
   if (!mode.ok()) return ReportError("trace replay", mode.error(), 2);
   ReplayValues v;
   if (int failed = ParseReplayValues(a, &v)) return failed;
-  auto t = trace::ReadTrace(a.Get("--trace"));
+  auto t = ReadTraceArg(a);
   if (!t.ok()) return ReportError("trace replay", t.error());
-  if (Status st = HasRecords(a.Get("--trace"), *t); !st.ok()) return ReportError("trace replay", st.error());
   json report;
   if (int failed = a.Has("--simulate") ? Simulate(a, v, *t, *mode, &report) : ReplayOnTheStore(a, v, *t, *mode, &report))
     return failed;

@@ -275,10 +275,9 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
   auto manifest = ManifestSpace(a);
   if (!manifest.ok()) return ReportError("trace sweep", manifest.error());
   if (family.empty()) {
-    auto r = trace::ReadTrace(a.Get("--trace"));
+    auto r = ReadTraceArg(a);
     if (!r.ok()) return ReportError("trace sweep", r.error());
     t = std::move(r).value();
-    if (Status st = HasRecords(a.Get("--trace"), t); !st.ok()) return ReportError("trace sweep", st.error());
   } else {
     trace::GenOptions o;
     o.truth = &in->truth;  // before the checks: the generator keeps every request's weights for it

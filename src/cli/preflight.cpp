@@ -162,7 +162,8 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
                                           option);
 }
 
-Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix) {
+Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix,
+                        const std::string& make_it) {
   if (PathExists(path)) return Status::OK();
   if (auto slash = FileNamedWithSlash(option, path)) return *slash;
   fs::path dir = fs::path(path).parent_path();
@@ -185,7 +186,7 @@ Status CheckInputExists(const std::string& option, const std::string& path, cons
   }
   if (found.empty()) {
     const std::string where = bare_name ? "the current directory" : dir.string();
-    return e.WithHint(fs::is_directory(dir, ec) ? "no *" + suffix + " in " + where + " either; run `k3pack build` first"
+    return e.WithHint(fs::is_directory(dir, ec) ? "no *" + suffix + " in " + where + " either; " + make_it
                                                 : "directory " + dir.string() + " does not exist either");
   }
   std::string list = "found beside it:";

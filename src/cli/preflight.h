@@ -36,8 +36,10 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir);
 Status CheckGgufDir(const std::string& option, const std::string& path);
 
 // An input file/dir named by `option` exists; when it does not, the error
-// lists the candidates found beside it (names ending in `suffix`).
-Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix);
+// lists the candidates found beside it (names ending in `suffix`), or where
+// there are none says how such a file is made (`make_it`).
+Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix,
+                        const std::string& make_it = "run `k3pack build` first");
 
 // `e` from a command that reads what a manifest records: when files the
 // manifest names (pack, shards) are gone, as after moving the model directory,

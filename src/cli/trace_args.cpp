@@ -71,6 +71,19 @@ Status HasRecords(const std::string& path, const trace::Trace& t) {
   return Error(path + ": the trace has no records (no acquire call to replay)");
 }
 
+Result<trace::Trace> ReadTraceArg(const Args& a) {
+  const std::string path = a.Get("--trace");
+  K3_RETURN_IF_ERROR(CheckInputExists("--trace", path, ".trace", "write one with `k3pack trace gen`"));
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return Error("--trace " + path + " is a directory, not a trace file", ErrorKind::kFileNotFound)
+        .WithHint("pass the file `k3pack trace gen` or `k3pack run-experts --trace-out` wrote");
+  }
+  K3_ASSIGN_OR_RETURN(trace::Trace t, trace::ReadTrace(path));
+  K3_RETURN_IF_ERROR(HasRecords(path, t));
+  return t;
+}
+
 Result<std::optional<store::ObjectSpace>> ManifestSpace(const Args& a) {
   if (!a.Has("--manifest")) return std::optional<store::ObjectSpace>();
   K3_RETURN_IF_ERROR(CheckInputExists("--manifest", a.Get("--manifest"), ".manifest.json"));

@@ -31,6 +31,11 @@ Result<std::vector<uint64_t>> ParseList(const std::string& s, const std::string&
 // would read 0% for every policy and Belady alike.
 Status HasRecords(const std::string& path, const trace::Trace& t);
 
+// The trace --trace names, read and with records. A path that is missing or
+// is a directory is named with the option (the reader's "cannot read dd:
+// read failed at offset 0: Is a directory" named neither).
+Result<trace::Trace> ReadTraceArg(const Args& a);
+
 // The object space --manifest describes, or nullopt without one. A manifest
 // that cannot be read or is not a finished adapter manifest is a bad input
 // (exit 1), not a usage error.

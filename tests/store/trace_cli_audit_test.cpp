@@ -124,5 +124,35 @@ TEST(TraceCliAudit, GenReportsProgressInTokens) {
   EXPECT_FALSE(fs::exists(dir + "/u.k3t"));
 }
 
+// --trace named wrong (session 37): a directory read as "cannot read dd:
+// read failed at offset 0: Is a directory", a trace written with a '/' as
+// "cannot open t/: Not a directory", a missing one as "cannot open": none
+// named the option. Now each is named with --trace and what to pass.
+TEST(TraceCliAudit, ATraceArgumentThatIsNoTraceFileNamesTheOption) {
+  testing::TinyPack p{testing::TinySpec{}, "trace-arg"};
+  const std::string trace = p.dir + "/t.trace";
+  ASSERT_EQ(Cli("trace gen --trace " + trace + " --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4").code,
+            0);
+  fs::create_directories(p.dir + "/adir");
+  const std::string empty_dir = p.dir + "/none";
+  fs::create_directories(empty_dir);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {p.dir + "/adir", "--trace " + p.dir + "/adir is a directory, not a trace file"},
+      {trace + "/", "--trace " + trace + "/ ends in '/', so it names a directory, but " + trace + " is a file"},
+      {p.dir + "/nosuch.trace", "--trace " + p.dir + "/nosuch.trace does not exist\nhint: found beside it:\n  " + trace},
+      {empty_dir + "/t.trace", "does not exist\nhint: no *.trace in " + empty_dir + " either; write one with `k3pack trace gen`"},
+  };
+  for (const auto& [path, says] : cases) {
+    for (const std::string& cmd : {"trace sweep --progress none --svg " + p.dir + "/s.svg --trace ",
+                                   std::string("trace replay --progress none --simulate --trace ")}) {
+      SCOPED_TRACE(cmd + path);
+      CliRun r = Cli(cmd + path);
+      EXPECT_EQ(r.code, 1) << r.out;
+      EXPECT_TRUE(Says(r, says)) << r.out;
+    }
+  }
+  EXPECT_FALSE(fs::exists(p.dir + "/s.svg"));
+}
+
 }  // namespace
 }  // namespace k3pack::store
