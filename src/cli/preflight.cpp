@@ -50,15 +50,13 @@ std::string Describe(const nlohmann::json& j) {
 // not exist either", while m.json is right there. Set when that is the case;
 // `fix` is the hint where a directory is what the option takes (passing the
 // file without the '/' would be refused next).
-std::optional<Error> FileNamedWithSlash(const std::string& option, const std::string& path,
+std::optional<Error> SlashedFileError(const std::string& option, const std::string& path,
                                         const std::string& fix = "") {
-  if (path.size() < 2 || path.back() != '/') return std::nullopt;
-  std::string bare = path;
-  while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
+  const std::string bare = k3pack::FileNamedWithSlash(path);
+  if (bare.empty()) return std::nullopt;
   std::error_code ec;
-  const fs::file_status st = fs::status(bare, ec);
-  if (!fs::exists(st) || fs::is_directory(st)) return std::nullopt;
-  return Error(option + " " + path + " ends in '/', so it names a directory, but " + bare + " is " + KindOf(st),
+  return Error(option + " " + path + " ends in '/', so it names a directory, but " + bare + " is " +
+                   KindOf(fs::status(bare, ec)),
                ErrorKind::kFileNotFound, ENOTDIR)
       .WithHint(fix.empty() ? "pass " + option + " " + bare + " (without the '/')" : fix);
 }
@@ -68,7 +66,7 @@ std::optional<Error> FileNamedWithSlash(const std::string& option, const std::st
 Status CheckModelConfig(const std::string& option, const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    if (auto slash = FileNamedWithSlash(option, path)) return *slash;
+    if (auto slash = SlashedFileError(option, path)) return *slash;
     return Error(option + " " + path + " does not exist", ErrorKind::kFileNotFound)
         .WithHint("pass the HF config.json of the Kimi-K3 model as " + option);
   }
@@ -96,7 +94,7 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
   auto fix = "pass the Kimi tokenizer directory (config.json + tokenizer.json, tiktoken.model or "
              "tokenizer_config.json) as " + option;
   if (!fs::exists(dir, ec)) {
-    if (auto slash = FileNamedWithSlash(option, dir, fix)) return *slash;
+    if (auto slash = SlashedFileError(option, dir, fix)) return *slash;
     return Error(option + " " + dir + " does not exist", ErrorKind::kFileNotFound).WithHint(fix);
   }
   if (!fs::is_directory(dir, ec)) return Error(option + " " + dir + " is not a directory").WithHint(fix);
@@ -120,7 +118,7 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
 Status CheckGgufDir(const std::string& option, const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    if (auto slash = FileNamedWithSlash(option, path)) return *slash;
+    if (auto slash = SlashedFileError(option, path)) return *slash;
     return Error(option + " " + path + " does not exist", ErrorKind::kFileNotFound)
         .WithHint("pass the directory holding the <prefix>-NNNNN-of-NNNNN.gguf shards as " + option);
   }
@@ -165,7 +163,7 @@ Status CheckGgufDir(const std::string& option, const std::string& path) {
 Status CheckInputExists(const std::string& option, const std::string& path, const std::string& suffix,
                         const std::string& make_it) {
   if (PathExists(path)) return Status::OK();
-  if (auto slash = FileNamedWithSlash(option, path)) return *slash;
+  if (auto slash = SlashedFileError(option, path)) return *slash;
   fs::path dir = fs::path(path).parent_path();
   const bool bare_name = dir.empty();  // "nosuch": looked for in the current directory
   if (bare_name) dir = ".";

@@ -257,7 +257,10 @@ std::vector<std::string> CheckNumberedSet(const DirectoryGgufs& found, const std
 std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    out.Add("input-missing", path, "no such file or directory");
+    const std::string bare = FileNamedWithSlash(path);
+    out.Add("input-missing", path,
+            bare.empty() ? "no such file or directory"
+                         : "it ends in '/', so it names a directory, but " + bare + " is a file (pass it without the '/')");
     out.report().unusable = true;
     return std::nullopt;
   }

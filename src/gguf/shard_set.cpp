@@ -102,7 +102,14 @@ Error NoGgufFilesError(const std::string& dir, int list_errno) {
 
 Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(fs::path(path), ec)) return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
+  if (!fs::exists(fs::path(path), ec)) {
+    if (const std::string bare = FileNamedWithSlash(path); !bare.empty()) {
+      return Error::FromErrno("GGUF path " + path + " ends in '/', so it names a directory, but " + bare + " is a file",
+                              ENOTDIR)
+          .WithHint("pass " + bare + " (without the '/')");
+    }
+    return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);
+  }
   // SGLang resolves the directory before listing it, so every shard path it
   // prints (split.no mismatch, unnumbered shard, ...) is absolute. A shard's
   // own name stays as listed: a symlinked shard keeps its name.

@@ -72,6 +72,15 @@ bool PathExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+std::string FileNamedWithSlash(const std::string& path) {
+  if (path.size() < 2 || path.back() != '/') return "";
+  std::string bare = path;
+  while (bare.size() > 1 && bare.back() == '/') bare.pop_back();
+  struct stat st;
+  if (::stat(bare.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) return "";
+  return bare;
+}
+
 FileStamp StampOf(const struct stat& st) {
   return {st.st_dev, st.st_ino, st.st_size, static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }

@@ -59,6 +59,11 @@ inline constexpr mode_t kNewFileMode = 0666;
 Result<uint64_t> FileSize(const std::string& path);
 bool PathExists(const std::string& path);
 
+// For a path written with a trailing '/' whose bare form is an existing file
+// (not a directory), the bare path: the kernel answers ENOTDIR and a reader
+// would say the path does not exist while the file is right there. Else "".
+std::string FileNamedWithSlash(const std::string& path);
+
 // What tells a file changed since it was looked at: which file it is
 // (device, inode), its size and its modification time.
 struct FileStamp {

@@ -53,6 +53,24 @@ TEST(PathShapes, AFileInputWrittenWithASlashSaysItIsAFile) {
   EXPECT_TRUE(fs::is_empty(out));
 }
 
+// The shard readers (inspect, dump-tensor, doctor) said a shard written with
+// a trailing '/' "does not exist" (session 37).
+TEST(PathShapes, AShardWrittenWithASlashSaysItIsAFile) {
+  const std::string shard = Shard(BuiltTinyModel(), 1);
+  for (const std::string cmd : {"inspect ", "dump-tensor "}) {
+    CliRun r = Cli(cmd + Q(shard + "/") + (cmd == "inspect " ? "" : " blk.0.ssm_a"));
+    EXPECT_EQ(r.code, 1) << cmd << r.out;
+    EXPECT_TRUE(Contains(r.out, "GGUF path " + shard + "/ ends in '/', so it names a directory, but " + shard +
+                                    " is a file"))
+        << cmd << r.out;
+    EXPECT_TRUE(Contains(r.out, "hint: pass " + shard + " (without the '/')")) << cmd << r.out;
+  }
+  CliRun doctor = Cli("doctor " + Q(shard + "/"));
+  EXPECT_NE(doctor.code, 0) << doctor.out;
+  EXPECT_TRUE(Contains(doctor.out, "it ends in '/', so it names a directory, but " + shard + " is a file"))
+      << doctor.out;
+}
+
 // Before: `X` and `./X` compared unequal while neither existed, so the whole
 // pack was written to X, and then the manifest was refused as written by
 // "another process while this run went on".
