@@ -299,6 +299,8 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
       K3_ASSIGN_OR_RETURN(const std::vector<k3pack::NamedPath> inputs,
                           manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames));
       K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"output", output}}, inputs));
+      // Nor a side file of the pack, nor in the tokenizer directory (`k3pack manifest`'s rule too).
+      K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"output", output}, expert_pack, tokenizer_dir, kPyInputNames));
       K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
     }
     const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);

@@ -51,8 +51,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_ASSIGN_OR_RETURN(std::vector<NamedPath> inputs,
                       manifest::ManifestInputs(o.gguf_dir, o.expert_pack, o.model_config, o.tokenizer_dir));
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
-  K3_RETURN_IF_ERROR(CheckOutputNotIn({"--manifest", output}, {"--tokenizer-dir", o.tokenizer_dir},
-                                      manifest::kManifestInTokenizerDir));
+  K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"--manifest", output}, o.expert_pack, o.tokenizer_dir));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
   inputs.push_back({"--manifest", output});
   K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(inputs));

@@ -8,11 +8,24 @@
 #include "kimi/profile_sidecar.h"
 #include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
+#include "pack/sidecar_kinds.h"
 #include "util/format.h"
 
 namespace k3pack::manifest {
 
 namespace fs = std::filesystem;
+
+Status CheckManifestPlace(const NamedPath& output, const std::string& pack, const std::string& tokenizer_dir,
+                          const InputNames& names) {
+  if (output.path.empty()) return Status::OK();
+  std::vector<NamedPath> beside;
+  for (const pack::PackSidecar& side : pack::PackSidecarsOf(pack, /*building=*/true)) {
+    beside.push_back({names.pack + " (" + side.label + ")", side.path});
+  }
+  beside.push_back({names.pack + " (its .lock)", pack::LockPathFor(pack)});
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({output}, beside));
+  return CheckOutputNotIn(output, {names.tokenizer_dir, tokenizer_dir}, kManifestInTokenizerDir);
+}
 
 Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const std::string& pack_path,
                                               const std::string& model_config, const std::string& tokenizer_dir,

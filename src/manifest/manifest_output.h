@@ -32,6 +32,15 @@ inline constexpr const char* kManifestInTokenizerDir =
     "the manifest records every file of that directory, so it would find itself there unrecorded "
     "(`k3pack verify` refuses that) and a rerun would take it for a tokenizer file";
 
+// Where no manifest of `pack` is written, whichever writer (`k3pack build`,
+// `k3pack manifest`, create_manifest): at a file the pack's writers put
+// beside it (its .digests, .inputs, .lock, a build's .partial files; `k3pack
+// manifest --manifest P.inputs --force` replaced the pack's inputs record and
+// every later build of P refused it), or directly in the tokenizer directory
+// (kManifestInTokenizerDir). The refusal names `output`'s option.
+Status CheckManifestPlace(const NamedPath& output, const std::string& pack, const std::string& tokenizer_dir,
+                          const InputNames& names = {});
+
 // Every file a manifest of these inputs reads: the config, the pack and its
 // .digests, each tokenizer file, and the shards (each .gguf in `gguf_dir`, or
 // `gguf_dir` itself when it names a shard). A directory of them that cannot

@@ -100,6 +100,30 @@ TEST(PathShapes, AManifestAtAPackSideFileIsRefusedBeforeTheBuild) {
   }
 }
 
+// `k3pack manifest` and the binding's create_manifest write a manifest for a
+// pack that exists: at its .inputs with --force, the pack's inputs record was
+// replaced, and every later build of that pack refused it ("it is a JSON
+// document, not a k3pack record of a pack's inputs"). Refused as build does.
+TEST(PathShapes, ManifestCommandRefusesAPackSideFileEvenWithForce) {
+  const std::string m = FreshModel("manifest-side-file");
+  ASSERT_EQ(Build(m).code, 0);
+  std::string pack;
+  for (const auto& e : fs::directory_iterator(m))
+    if (e.path().extension() == ".pack") pack = e.path().string();
+  ASSERT_FALSE(pack.empty());
+  const auto before = Snapshot(m);
+  for (const std::string side : {".inputs", ".lock", ".digests", ".partial"}) {
+    CliRun r = Cli("manifest --progress none " + Q(m) + " --pack " + Q(pack) + " --model-config " +
+                   Q(m + "/config.json") + " --tokenizer-dir " + Q(m + "/tokenizer") + " --manifest " +
+                   Q(pack + side) + " --force");
+    EXPECT_EQ(r.code, 1) << side << ": " << r.out;
+    EXPECT_TRUE(Contains(r.out, "--manifest " + pack + side + " is an input (--pack (its " + side + "))"))
+        << side << ": " << r.out;
+  }
+  EXPECT_EQ(Snapshot(m), before);
+  EXPECT_EQ(Build(m).code, 0);  // the pack's record is intact: still already built
+}
+
 // Before: `nox/../t.trace` with no nox was judged absent (the kernel finds
 // nothing there), then the writer made nox (mkdir -p), found t.trace, and
 // blamed another process; a run that succeeded left nox behind.

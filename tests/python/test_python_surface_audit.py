@@ -177,6 +177,33 @@ class KnownShardDigests(_util.TinyPackTestCase):
                 self.assertFalse(os.path.exists(out))
 
 
+class CreateManifestPlace(_util.TinyPackTestCase):
+    """create_manifest(output=) took a side file of the pack (force=True
+    replaced its .inputs record, and every later build of the pack refused
+    it) and the tokenizer directory (the model's manifest then failed
+    verify: "has a file the manifest does not record"), both refused by
+    `k3pack build` and `k3pack manifest`."""
+
+    def test_side_files_and_tokenizer_directory_are_refused(self):
+        model = os.path.join(self.tmp.path, "model")
+        config, tok = os.path.join(model, "config.json"), os.path.join(model, "tokenizer")
+        with open(self.pack + ".inputs", "rb") as f:
+            record = f.read()
+        for side in (".inputs", ".lock", ".digests"):
+            with self.subTest(side=side):
+                with self.assertRaises(FileExistsError) as cm:
+                    k3pack.create_manifest(model, self.pack, config, tok, output=self.pack + side, profile="scaled",
+                                           force=True)
+                self.assertIn(f"output {self.pack}{side} is an input (expert_pack (its {side}))", str(cm.exception))
+        with open(self.pack + ".inputs", "rb") as f:
+            self.assertEqual(f.read(), record)
+        out = os.path.join(tok, "m.json")
+        with self.assertRaises(FileExistsError) as cm:
+            k3pack.create_manifest(model, self.pack, config, tok, output=out, profile="scaled")
+        self.assertIn(f"output {out} is in tokenizer_dir {tok}: the manifest records every file", str(cm.exception))
+        self.assertFalse(os.path.exists(out))
+
+
 class BuildKeywords(_util.TinyPackTestCase):
     """k3pack.build of a model already built returned before its options
     reached build_pack: a misspelt keyword (threds=2) and a bad value
