@@ -60,15 +60,20 @@ Rows RowsOf(const py::array& a, GgmlType t) {
     // Of the right width, the array's bits were decoded whatever its dtype:
     // int32 [1, 2] as F32 gave 1e-45 and 3e-45, a float16 1.0 as BF16 gave
     // 0.0078125, a float32 as I32 its bit pattern. An array of values of
-    // another kind is refused; unsigned integers stay the way to pass raw
-    // bits (and signed ones for BF16, as to_torch and ssm_a_to_a_log take).
+    // another kind is refused; unsigned integers and opaque ('V') items stay
+    // the way to pass raw bits (ml_dtypes' bfloat16 is one), and signed ones
+    // for the two 16-bit floats (`tensor.view(torch.int16).numpy()`, as
+    // to_torch and ssm_a_to_a_log take).
     const char kind = a.dtype().kind();
     const bool float_type = t == GgmlType::F16 || t == GgmlType::F32 || t == GgmlType::F64;
     const bool int_type = t == GgmlType::I8 || t == GgmlType::I16 || t == GgmlType::I32 || t == GgmlType::I64;
-    const bool takes = kind == 'u' || (float_type && kind == 'f') || (int_type && kind == 'i') ||
-                       (t == GgmlType::BF16 && kind == 'i');
+    const bool half_type = t == GgmlType::F16 || t == GgmlType::BF16;
+    const bool takes = kind == 'u' || kind == 'V' || (float_type && kind == 'f') || (int_type && kind == 'i') ||
+                       (half_type && kind == 'i');
     if (!takes) {
-      throw py::type_error("a " + py::str(a.dtype()).cast<std::string>() + " array cannot hold " + info->name +
+      const std::string dtype = py::str(a.dtype()).cast<std::string>();
+      const bool vowel = !dtype.empty() && std::string("aeiou").find(dtype[0]) != std::string::npos;
+      throw py::type_error(std::string(vowel ? "an " : "a ") + dtype + " array cannot hold " + info->name +
                            " data: its values would be read as " + info->name +
                            " bit patterns; pass an array of the type's own values, its bits as unsigned "
                            "integers, or the uint8 byte view");

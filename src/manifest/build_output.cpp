@@ -5,7 +5,6 @@
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "manifest/loader_rules.h"
-#include "pack/sidecar_kinds.h"
 #include "util/file.h"
 
 namespace k3pack::manifest {
@@ -87,17 +86,9 @@ Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& r) {
                       FilesIn("a " + r.names.tokenizer_dir + " file", r.tokenizer_dir, "tokenizer directory"));
   for (auto& f : tokenizer_files) inputs.push_back(std::move(f));
   inputs.push_back({r.names.pack, r.pack_path});
-  // Every file the pack's writers put beside it, not only its .digests: a
-  // manifest named <pack>.inputs was refused only after the whole build (as
-  // written by "another process"), and one named <pack>.lock once the lock
-  // file was made, which the refusal left behind.
-  for (const pack::PackSidecar& side : pack::PackSidecarsOf(r.pack_path, /*building=*/true)) {
-    inputs.push_back({r.names.pack + " (" + side.label + ")", side.path});
-  }
-  inputs.push_back({r.names.pack + " (its .lock)", pack::LockPathFor(r.pack_path)});
+  inputs.push_back({r.names.pack + " (its .digests)", pack::DigestsPathFor(r.pack_path)});
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{r.option, r.path}}, inputs));
-  K3_RETURN_IF_ERROR(CheckOutputNotIn({r.option, r.path}, {r.names.tokenizer_dir, r.tokenizer_dir},
-                                      kManifestInTokenizerDir));
+  K3_RETURN_IF_ERROR(CheckManifestPlace({r.option, r.path}, r.pack_path, r.tokenizer_dir, r.names));
   K3_RETURN_IF_ERROR(CheckOutputWritable(r.option, r.path));
   std::vector<NamedPath> recorded = std::move(inputs);
   recorded.push_back({r.option, r.path});
