@@ -52,6 +52,9 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
                                                                               pack::PartialPathFor(out)}},
       inputs));
   K3_RETURN_IF_ERROR(CheckOutputWritable("--pack", out));
+  // Rank packs that cannot be merged are refused before --pack's lock file
+  // is made (a refused merge left FULL.pack.lock behind).
+  K3_RETURN_IF_ERROR(pack::CheckRankPacksMerge(ranks));
   // Before the overwrite rule, which takes a missing or unreadable sidecar
   // for "not this merge" and lets --force replace it.
   K3_RETURN_IF_ERROR(pack::CheckSidecarsAreOurs("--pack", out, "--force", /*building=*/false));

@@ -24,7 +24,8 @@ Status CheckManifestPlace(const NamedPath& output, const std::string& pack, cons
   }
   beside.push_back({names.pack + " (its .lock)", pack::LockPathFor(pack)});
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({output}, beside));
-  return CheckOutputNotIn(output, {names.tokenizer_dir, tokenizer_dir}, kManifestInTokenizerDir);
+  K3_RETURN_IF_ERROR(CheckOutputNotIn(output, {names.tokenizer_dir, tokenizer_dir}, kManifestInTokenizerDir));
+  return CheckOutputNotIn({names.pack, pack}, {names.tokenizer_dir, tokenizer_dir}, kPackInTokenizerDir);
 }
 
 Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const std::string& pack_path,

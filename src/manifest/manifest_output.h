@@ -32,12 +32,21 @@ inline constexpr const char* kManifestInTokenizerDir =
     "the manifest records every file of that directory, so it would find itself there unrecorded "
     "(`k3pack verify` refuses that) and a rerun would take it for a tokenizer file";
 
+// Why a pack whose manifest is written is not put in its tokenizer
+// directory: the manifest hashes every file there in full (a terabyte pack
+// and its side files recorded as tokenizer files), and SGLang's model-meta
+// step copies each of them.
+inline constexpr const char* kPackInTokenizerDir =
+    "the manifest records every file of that directory, so the pack and its side files would be hashed in full "
+    "and recorded as tokenizer files (and SGLang's model-meta step copies every tokenizer file)";
+
 // Where no manifest of `pack` is written, whichever writer (`k3pack build`,
 // `k3pack manifest`, create_manifest): at a file the pack's writers put
 // beside it (its .digests, .inputs, .lock, a build's .partial files; `k3pack
 // manifest --manifest P.inputs --force` replaced the pack's inputs record and
 // every later build of P refused it), or directly in the tokenizer directory
-// (kManifestInTokenizerDir). The refusal names `output`'s option.
+// (kManifestInTokenizerDir); nor for a pack in the tokenizer directory
+// (kPackInTokenizerDir). The refusal names `output`'s option, or the pack's.
 Status CheckManifestPlace(const NamedPath& output, const std::string& pack, const std::string& tokenizer_dir,
                           const InputNames& names = {});
 

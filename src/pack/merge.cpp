@@ -398,6 +398,13 @@ Result<MergeResult> MergeRankPacks(const std::vector<std::string>& rank_packs, c
   return r;
 }
 
+Status CheckRankPacksMerge(const std::vector<std::string>& rank_packs) {
+  K3_ASSIGN_OR_RETURN(Group g, OpenGroup(rank_packs));
+  K3_ASSIGN_OR_RETURN(std::vector<PackEntry> entries, EntriesOf(g));
+  (void)entries;
+  return Status::OK();
+}
+
 Result<std::string> WhyNotMergedPack(const std::vector<std::string>& rank_packs, const std::string& pack_path) {
   K3_ASSIGN_OR_RETURN(Group g, OpenGroup(rank_packs));
   const std::string dpath = DigestsPathFor(pack_path);

@@ -15,4 +15,10 @@ namespace k3pack::pack {
 // that cannot be merged (the checks of MergeRankPacks).
 Result<std::string> WhyNotMergedPack(const std::vector<std::string>& rank_packs, const std::string& pack_path);
 
+// The checks of MergeRankPacks on the rank packs alone (one --ep-size, each
+// rank once, one checkpoint, one header and index), without touching the
+// output: the CLI runs them before it takes the output's lock, so a refused
+// merge leaves no FULL.pack.lock behind.
+Status CheckRankPacksMerge(const std::vector<std::string>& rank_packs);
+
 }  // namespace k3pack::pack

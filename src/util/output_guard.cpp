@@ -134,6 +134,21 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec) {
   // still reported as built: nothing is replaced.
   const Status replaceable = CheckReplaceable(spec);
   if (spec.force) return replaceable.ok() ? Result<OutputAction>(OutputAction::kReplace) : replaceable;
+  if (!spec.directory && fs::is_symlink(st) && !fs::exists(fs::status(spec.path, ec))) {
+    // The finished check read through the link and refused the pack as
+    // "not a valid pack of these shards: No such file"; the output replaces
+    // the link, it is never written through it (maybe onto another disk).
+    std::error_code rec;
+    fs::path link_target = fs::read_symlink(spec.path, rec);
+    if (link_target.is_relative()) link_target = fs::path(spec.path).parent_path() / link_target;
+    const std::string target = link_target.lexically_normal().string();
+    return Error("refusing to overwrite existing " + spec.path + " (" + spec.option + "): it is a symbolic link to " +
+                     target + ", which does not exist, and k3pack replaces a link with its output, never writes "
+                     "through it",
+                 ErrorKind::kFileExists)
+        .WithHint("pass " + spec.option + " " + target + " to write there, or " + spec.force_option +
+                  " to replace the link");
+  }
   if (spec.is_finished) {
     K3_ASSIGN_OR_RETURN(bool finished, spec.is_finished());
     if (finished) return OutputAction::kAlreadyBuilt;
@@ -199,6 +214,26 @@ namespace {
 // not exist: the kernel finds no x there, so the rule judged x absent, then the
 // writer made nox (mkdir -p) and found x, blaming another process for it.
 Status CheckPathShape(const std::string& option, const std::string& path) {
+  // A newline in an output's name split the KEY=value and progress lines
+  // that scripts read (`EXPERT_PACK_READY path=...`); no tool shows any
+  // control character in a name usably.
+  std::string shown, first;
+  for (char c : path) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b != 0x7f) {
+      shown += c;
+      continue;
+    }
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\x%02x", b);
+    shown += esc;
+    if (first.empty()) first = esc;
+  }
+  if (!first.empty()) {
+    return Error(option + " " + shown + ": the name holds a control character (" + first +
+                 "), which would split the lines k3pack prints about it (`KEY=value` results, progress)")
+        .WithHint("pass " + option + " a path without control characters (newlines, tabs, escapes)");
+  }
   if (path.size() >= PATH_MAX) {
     return Error(option + " " + path + ": the path is " + std::to_string(path.size()) + " bytes, past the " +
                      std::to_string(PATH_MAX - 1) + "-byte limit of a path",

@@ -167,6 +167,32 @@ TEST(PathShapes, ADanglingLinkWhereADirectoryIsMadeIsNamed) {
   EXPECT_FALSE(fs::exists(d + "/nowhere"));
 }
 
+// A dangling link at a file output. Session 38: `build --pack DANG` said the
+// pack "is not a valid pack of these shards: No such file or directory"; now
+// every file writer names the link and its target, and --force replaces the
+// link (never writing through it).
+TEST(PathShapes, ADanglingLinkAtAFileOutputIsNamed) {
+  const std::string& m = BuiltTinyModel();
+  const std::string d = EmptyDir("dangling-file-out");
+  const std::string link = d + "/p.pack";
+  ASSERT_EQ(::symlink("gone/p.pack", link.c_str()), 0);
+  CliRun build = Build(m, "--pack " + Q(link));
+  EXPECT_EQ(build.code, 1) << build.out;
+  EXPECT_TRUE(Contains(build.out, "refusing to overwrite existing " + link + " (--pack): it is a symbolic link to " +
+                                      d + "/gone/p.pack, which does not exist"))
+      << build.out;
+  EXPECT_TRUE(Contains(build.out, "hint: pass --pack " + d + "/gone/p.pack to write there, or --force")) << build.out;
+  EXPECT_FALSE(Contains(build.out, "not a valid pack")) << build.out;
+  const std::string trace_link = d + "/t.trace";
+  ASSERT_EQ(::symlink("gone/t.trace", trace_link.c_str()), 0);
+  CliRun trace = Cli("trace gen --manifest " + Q(m + "/" + kManifestName) + " --trace " + Q(trace_link));
+  EXPECT_EQ(trace.code, 1) << trace.out;
+  EXPECT_TRUE(Contains(trace.out, "(--trace): it is a symbolic link to " + d + "/gone/t.trace")) << trace.out;
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_TRUE(fs::is_symlink(trace_link));
+  EXPECT_FALSE(fs::exists(d + "/gone"));
+}
+
 // Before: a link to a directory or to a shard at a file output was replaced
 // by the output with --force (the link's name renamed over), while the
 // directory or the shard named itself was refused even with it.
@@ -231,6 +257,13 @@ TEST(PathShapes, AManifestInTheTokenizerDirectoryIsRefused) {
   CliRun beside_pack = Build(m, "--pack " + Q(tok + "/p.pack"));
   EXPECT_EQ(beside_pack.code, 1) << beside_pack.out;
   EXPECT_TRUE(Contains(beside_pack.out, "is in --tokenizer-dir")) << beside_pack.out;
+  // Session 38: a pack there with its manifest elsewhere was built, and the
+  // manifest recorded (and hashed) the pack and its sidecars as tokenizer files.
+  CliRun pack_there = Build(m, "--pack " + Q(tok + "/p.pack") + " --manifest " + Q(m + "/elsewhere.json"));
+  EXPECT_EQ(pack_there.code, 1) << pack_there.out;
+  EXPECT_TRUE(Contains(pack_there.out, "--pack " + tok + "/p.pack is in --tokenizer-dir " + tok +
+                                           ": the manifest records every file of that directory, so the pack"))
+      << pack_there.out;
   EXPECT_EQ(Snapshot(m), before);
 
   ASSERT_EQ(Build(m).code, 0);
@@ -239,6 +272,23 @@ TEST(PathShapes, AManifestInTheTokenizerDirectoryIsRefused) {
   EXPECT_EQ(manifest.code, 1) << manifest.out;
   EXPECT_TRUE(Contains(manifest.out, "is in --tokenizer-dir")) << manifest.out;
   EXPECT_FALSE(fs::exists(tok + "/m.json"));
+}
+
+// Session 38: a newline in an output's name was written, and split the
+// `EXPERT_PACK_READY path=...` line that scripts read. Every output refuses a control character before any work.
+TEST(PathShapes, AControlCharacterInAnOutputNameIsRefusedBeforeTheRun) {
+  const std::string& m = BuiltTinyModel();
+  const std::string out = EmptyDir("control-char-out");
+  CliRun pack = Pack(m, "--pack " + Q(out + "/a\nb.pack"));
+  EXPECT_EQ(pack.code, 1) << pack.out;
+  EXPECT_TRUE(Contains(pack.out, "--pack " + out + "/a\\x0ab.pack: the name holds a control character (\\x0a)"))
+      << pack.out;
+  CliRun trace = Cli("trace gen --manifest " + Q(m + "/" + kManifestName) + " --trace " +
+                     Q(out + "/t\tx.trace"));
+  EXPECT_EQ(trace.code, 1) << trace.out;
+  EXPECT_TRUE(Contains(trace.out, "--trace " + out + "/t\\x09x.trace: the name holds a control character"))
+      << trace.out;
+  EXPECT_TRUE(fs::is_empty(out));
 }
 
 }  // namespace

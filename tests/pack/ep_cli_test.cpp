@@ -252,6 +252,24 @@ TEST_F(EpCli, EpMergeKilledBeforeItsLastFileIsFinishedByTheRerun) {
   EXPECT_TRUE(ReadAll(DigestsPathFor(d + "/m.pack")) == ReadAll(DigestsPathFor(full + "/m.pack")));
 }
 
+// Rank packs that cannot be merged (a rank given twice, a rank missing) are
+// refused before anything is made beside --pack. Session 38: the checks ran
+// under the output's lock, so each refusal left m.pack.lock behind.
+TEST_F(EpCli, EpMergeOfBadRanksLeavesNothingBesideThePack) {
+  const std::string d = Dir("dup");
+  ASSERT_EQ(RunCli(Pack(d + "/m.pack", {"--ep-size", "2", "--ep-rank", "all"})).first, 0);
+  const auto before = std::distance(std::filesystem::directory_iterator(d), std::filesystem::directory_iterator());
+  const std::string r0 = d + "/m.ep0-of-2.pack", r1 = d + "/m.ep1-of-2.pack";
+  auto [rc, err] = RunCli({"ep-merge", "--progress", "none", r0, r0});
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("rank 0 of 2 is given twice: " + r0 + " and " + r0), std::string::npos) << err;
+  auto [rc2, err2] = RunCli({"ep-merge", "--progress", "none", r1});
+  EXPECT_EQ(rc2, 1);
+  EXPECT_NE(err2.find("rank(s) 0 of 2 missing"), std::string::npos) << err2;
+  EXPECT_FALSE(PathExists(d + "/m.pack.lock"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(d), std::filesystem::directory_iterator()), before);
+}
+
 // Bad --ep-size / --ep-rank: usage errors (exit 2), ep.h's texts.
 TEST_F(EpCli, BadEpOptionsAreUsageErrors) {
   const std::string d = Dir("bad");
