@@ -1,5 +1,6 @@
 // Reading a manifest into typed records. Missing keys mirror Python's bare
 // KeyError ('key'); wrong types name the JSON path of the offending value.
+#include <filesystem>
 #include <limits>
 
 #include "k3pack/manifest.h"
@@ -8,6 +9,7 @@
 #include "pack/format.h"
 #include "util/file.h"
 #include "util/output_guard.h"
+#include "util/pyrepr.h"
 
 namespace k3pack::manifest {
 
@@ -265,6 +267,17 @@ Result<json> ReadManifestJson(const std::string& path) {
     return Error(path + " is " + DescribeFileStart(path) + ", not a manifest")
         .WithHint("pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
                   std::string(kDefaultManifestName) + " beside the pack), or the directory holding it");
+  }
+  // SGLang's read_text() of a directory; ours said "cannot read M: read
+  // failed at offset 0", though the CLI takes the directory holding the
+  // manifest (the Python API takes the file, as SGLang does).
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    const std::string inside = (std::filesystem::path(path) / kDefaultManifestName).string();
+    return PyIsADirectoryError(path).WithHint(PathExists(inside)
+                                                  ? "pass the manifest in it: " + inside
+                                                  : "pass the adapter manifest file `k3pack build` or `k3pack "
+                                                    "manifest` wrote, not a directory");
   }
   auto text = ReadFileToString(path);
   if (!text.ok()) return text.error();

@@ -223,7 +223,7 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   // with "read failed at offset 0: Is a directory", naming no file.
   struct stat dir_st;
   if (::stat(pack_path.c_str(), &dir_st) == 0 && S_ISDIR(dir_st.st_mode)) {
-    return Error("[Errno 21] Is a directory: " + PyRepr(pack_path), ErrorKind::kOS, EISDIR);
+    return PyIsADirectoryError(pack_path);
   }
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(pack_path));
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(resolved));

@@ -1,6 +1,7 @@
 #include "util/pyrepr.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 
 namespace k3pack {
@@ -52,6 +53,10 @@ std::string PySet(const std::vector<int64_t>& v) {
   std::sort(s.begin(), s.end());
   s.erase(std::unique(s.begin(), s.end()), s.end());
   return Join(s, '{', '}');
+}
+
+Error PyIsADirectoryError(const std::string& path) {
+  return Error("[Errno 21] Is a directory: " + PyRepr(path), ErrorKind::kOS, EISDIR);
 }
 
 }  // namespace k3pack

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "k3pack/error.h"
+
 namespace k3pack {
 
 // repr(str): single quotes unless the text has ' and no ", escapes \\, the
@@ -17,5 +19,10 @@ std::string PyRepr(std::string_view s);
 // which is what CPython does for small non-negative ints).
 std::string PyList(const std::vector<int64_t>& v);
 std::string PySet(const std::vector<int64_t>& v);
+
+// What Python's open() of a directory raises: `[Errno 21] Is a directory:
+// 'PATH'` (IsADirectoryError), SGLang's text where it opens a file the user
+// gave as a directory.
+Error PyIsADirectoryError(const std::string& path);
 
 }  // namespace k3pack

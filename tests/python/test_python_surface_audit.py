@@ -309,6 +309,32 @@ class ValidatePackOfADirectory(_util.TinyPackTestCase):
         self.assertEqual(str(cm.exception), f"[Errno 21] Is a directory: {self.tmp.path!r}")
 
 
+class ManifestThatIsADirectory(_util.TinyPackTestCase):
+    """verify_pack and read_manifest given the directory
+    holding the manifest raised "cannot read M: read failed at offset 0: Is
+    a directory" (session 38); SGLang's read_text() names it, and the hint
+    names the manifest inside when there is one."""
+
+    def test_names_the_directory_and_the_manifest_in_it(self):
+        where = os.path.dirname(self.manifest)
+        calls = [("verify_pack", lambda: k3pack.verify_pack(where)),
+                 ("read_manifest", lambda: k3pack.read_manifest(where))]
+        for name, call in calls:
+            with self.assertRaises(IsADirectoryError, msg=name) as cm:
+                call()
+            self.assertEqual(str(cm.exception), f"[Errno 21] Is a directory: {where!r}", name)
+            self.assertIn("pass the adapter manifest file", cm.exception.k3pack_hint, name)
+        # A directory holding a manifest under the writers' default name: the hint names it.
+        holder = os.path.join(self.tmp.path, "holder")
+        os.makedirs(holder, exist_ok=True)
+        inside = os.path.join(holder, "kimi-k3-expert-pack.manifest.json")
+        with open(self.manifest, "rb") as src, open(inside, "wb") as dst:
+            dst.write(src.read())
+        with self.assertRaises(IsADirectoryError) as cm:
+            k3pack.read_manifest(holder)
+        self.assertEqual(cm.exception.k3pack_hint, f"pass the manifest in it: {inside}")
+
+
 class SynthRefusedOptionsLeaveNothing(unittest.TestCase):
     """k3pack.synth refused shards=0, hidden=0 or vocab=0 only after it had
     made out_dir and its .k3pack-synth.partial marker (`k3pack synth` makes
