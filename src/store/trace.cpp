@@ -191,27 +191,42 @@ class TraceParser {
     return Status::OK();
   }
 
+  // A record's fixed fields that break a rule. Records carry no length:
+  // where the one before wrote more or fewer ids than its rows and the
+  // header's top_k and predict_k say, this record's fields are that one's
+  // ids, and the fault is blamed here; the hint says so.
+  Error BadFields(uint64_t i, size_t start, const std::string& why) const {
+    Error e = Bad(why);
+    if (i == 0) return e;
+    return e.WithHint("record " + std::to_string(i) + " is read from byte " + std::to_string(start) +
+                      ", where record " + std::to_string(i - 1) + "'s ids end by its row count, top_k " +
+                      std::to_string(t_.top_k) + " and predict_k " + std::to_string(t_.predict_k) +
+                      ": a writer that put more or fewer ids in record " + std::to_string(i - 1) +
+                      " (a prediction list longer than predict_k) shifts every record after it");
+  }
+
   Status ParseRecord(uint64_t i) {
+    const size_t start = c_.pos;
     uint32_t layer, rows, request, flags;
     if (!c_.Get(&layer) || !c_.Get(&rows) || !c_.Get(&request) || !c_.Get(&flags))
       return Bad("truncated at record " + std::to_string(i));
     const std::string at = " at record " + std::to_string(i);
-    if (rows == 0) return Bad("0 rows" + at + " (a call routes at least one token)");
+    if (rows == 0) return BadFields(i, start, "0 rows" + at + " (a call routes at least one token)");
     // Every consumer looks the layer up in the header's list.
     if (!std::binary_search(t_.layer_ids.begin(), t_.layer_ids.end(), layer))
-      return Bad("layer " + std::to_string(layer) + at + " is not in the header's layer list");
+      return BadFields(i, start, "layer " + std::to_string(layer) + at + " is not in the header's layer list");
     const uint64_t n = uint64_t{rows} * t_.top_k;
     if (n > (data_.size() - c_.pos) / 2) return Bad("truncated ids" + at);
     if (version_ >= 2) {
       if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions | kFlagTokenPredictions)) {
         char hex[16];
         std::snprintf(hex, sizeof hex, "%x", flags);
-        return Bad("unknown flag bits 0x" + std::string(hex) + at);
+        return BadFields(i, start, "unknown flag bits 0x" + std::string(hex) + at);
       }
       if ((flags & kFlagPredictions) && t_.predict_k == 0)
-        return Bad("predictions flagged" + at + " but the header's predict_k is 0");
+        return BadFields(i, start, "predictions flagged" + at + " but the header's predict_k is 0");
       if ((flags & kFlagTokenPredictions) && t_.predict_k == 0)
-        return Bad("next-token predictions flagged" + at + " but the header's predict_k is 0");
+        return BadFields(i, start, "next-token predictions flagged" + at + " but the header's predict_k is 0");
     } else {
       flags &= kFlagPrefill;  // v1 readers ignored the other bits
     }

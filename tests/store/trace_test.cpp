@@ -144,9 +144,10 @@ struct HandTrace {
   }
 };
 
+// The error's first line (a hint may follow).
 std::string ParseError(const HandTrace& h) {
   auto r = ParseTrace(h.bytes, "hand.k3trace");
-  return r.ok() ? std::string("(accepted)") : r.error().message();
+  return r.ok() ? std::string("(accepted)") : r.error().headline();
 }
 
 // Session 14's trace audit: hand-written files that break a rule got a
@@ -178,6 +179,25 @@ TEST(Trace, HandWrittenFilesAreRejectedByRule) {
   EXPECT_EQ(ParseError(HandTrace(16, 2, {1, 2}, 2).Record(1, 1, {0, 1}).Record(2, 2, {3, 4, 5, 15})), "(accepted)");
   EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 1, 0})), "(accepted)");
   EXPECT_EQ(ParseError(HandTrace(16, 16, {1}, 0)), "(accepted)");
+}
+
+// Records carry no length: one id too many in record 0 makes record 1's
+// layer field the stray id and the next. Session 38: the error blamed
+// record 1 alone; its hint now says where record 1 was read from and why
+// record 0 may be the one at fault.
+TEST(Trace, ARecordShiftedByTheOneBeforeSaysSo) {
+  HandTrace shifted(16, 2, {1}, 2);
+  shifted.Record(1, 1, {0, 1, 5}).Record(1, 1, {0, 1});
+  auto r = ParseTrace(shifted.bytes, "hand.k3trace");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().headline(),
+            "hand.k3trace: not a k3pack trace: layer 65541 at record 1 is not in the header's layer list");
+  EXPECT_EQ(r.error().hint(),
+            "record 1 is read from byte 56, where record 0's ids end by its row count, top_k 2 and predict_k 0: a "
+            "writer that put more or fewer ids in record 0 (a prediction list longer than predict_k) shifts every "
+            "record after it");
+  // Record 0 has no record before it to blame.
+  EXPECT_EQ(ParseTrace(HandTrace(16, 2, {1}, 1).Record(1, 0, {}).bytes, "h").error().hint(), "");
 }
 
 // Session 14: a trace of layer 2 only (run-experts --layer 2 --trace-out)
