@@ -124,7 +124,14 @@ EXIT_CHILD = """
     def say(text, write=os.write):
         write(1, (text + "\\n").encode())
 
-    def late_hook(threading=threading, say=say):
+    daemon_said = threading.Event()
+
+    def late_hook(threading=threading, say=say, daemon_said=daemon_said, os=os):
+        # The daemon's own except clause runs once it has the GIL back; wait
+        # for it (without the GIL) rather than for the scheduler, which on a
+        # loaded machine left it no turn before finalization. (A daemon the
+        # exit gave up on is parked and never says anything.)
+        daemon_said.wait(0 if os.environ.get("K3PACK_TEST_EXIT_WAIT_MS") == "0" else 10)
         seen = []
         def call():
             try:
@@ -149,6 +156,7 @@ EXIT_CHILD = """
             say("daemon returned")
         except BaseException as e:
             say("daemon %s: %s" % (type(e).__name__, e))
+        daemon_said.set()
 
     base = rchar()
     threading.Thread(target=work, daemon=True).start()
