@@ -260,14 +260,6 @@ Result<LayerRolesRecord> LayerRolesOf(const Obj& o) {
 }  // namespace
 
 Result<json> ReadManifestJson(const std::string& path) {
-  // A shard or pack given where the manifest goes is named as such, and not
-  // read whole (a shard is tens of GB) to find that it is no JSON.
-  const FileStart kind = ClassifyFileStart(path);
-  if (kind == FileStart::kGguf || kind == FileStart::kExpertPack || kind == FileStart::kTrace) {
-    return Error(path + " is " + DescribeFileStart(path) + ", not a manifest")
-        .WithHint("pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
-                  std::string(kDefaultManifestName) + " beside the pack), or the directory holding it");
-  }
   // SGLang's read_text() of a directory; ours said "cannot read M: read
   // failed at offset 0", though the CLI takes the directory holding the
   // manifest (the Python API takes the file, as SGLang does).
@@ -278,6 +270,14 @@ Result<json> ReadManifestJson(const std::string& path) {
                                                   ? "pass the manifest in it: " + inside
                                                   : "pass the adapter manifest file `k3pack build` or `k3pack "
                                                     "manifest` wrote, not a directory");
+  }
+  // A shard or pack given where the manifest goes is named as such, and not
+  // read whole (a shard is tens of GB) to find that it is no JSON.
+  const FileStart kind = ClassifyFileStart(path);
+  if (kind == FileStart::kGguf || kind == FileStart::kExpertPack || kind == FileStart::kTrace) {
+    return Error(path + " is " + DescribeFileStart(path) + ", not a manifest")
+        .WithHint("pass the adapter manifest `k3pack build` or `k3pack manifest` wrote (" +
+                  std::string(kDefaultManifestName) + " beside the pack), or the directory holding it");
   }
   auto text = ReadFileToString(path);
   if (!text.ok()) return text.error();

@@ -38,13 +38,8 @@ Status CheckStatsFile(const std::string& stats_path, const std::string& option) 
   std::error_code ec;
   // "stats/" names a directory that is not there yet: the store opened, and
   // its first write made that directory and then refused it ("is a
-  // directory"), losing the counters at close. Refused now, in the words of
-  // every other file output (util/output_guard.cpp).
-  if (!stats_path.empty() && stats_path.back() == '/' && !std::filesystem::exists(stats_path, ec)) {
-    return Error(option + " " + stats_path + " ends in '/', so it names a directory, not a file",
-                 ErrorKind::kFileExists)
-        .WithHint("pass " + option + " a path for a regular file, such as " + stats_path + "NAME");
-  }
+  // directory"), losing the counters at close.
+  K3_RETURN_IF_ERROR(RefuseFileOutputEndingInSlash(option, stats_path));
   if (std::filesystem::is_directory(stats_path, ec)) {
     return Error(option + " " + stats_path + " is a directory", ErrorKind::kFileExists)
         .WithHint("pass the path of the stats file to write, e.g. " +

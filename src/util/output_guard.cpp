@@ -57,20 +57,18 @@ bool SameFile(const std::string& a, const std::string& b) {
   return Resolved(a) == Resolved(b);
 }
 
-// A file output named with a trailing '/' that does not exist: writing it
-// created the directory and then failed to rename onto it (and blamed a
-// race). An existing directory is refused below as one.
 Status RefuseDirectoryName(const OutputSpec& spec) {
-  std::error_code ec;
-  if (spec.directory || spec.path.empty() || spec.path.back() != '/' || fs::exists(spec.path, ec)) {
-    return Status::OK();
-  }
-  return Error(spec.option + " " + spec.path + " ends in '/', so it names a directory, not a file",
-               ErrorKind::kFileExists)
-      .WithHint("pass " + spec.option + " a path for a regular file, such as " + spec.path + "NAME");
+  return spec.directory ? Status::OK() : RefuseFileOutputEndingInSlash(spec.option, spec.path);
 }
 
 }  // namespace
+
+Status RefuseFileOutputEndingInSlash(const std::string& option, const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || path.back() != '/' || fs::exists(path, ec)) return Status::OK();
+  return Error(option + " " + path + " ends in '/', so it names a directory, not a file", ErrorKind::kFileExists)
+      .WithHint("pass " + option + " a path for a regular file, such as " + path + "NAME");
+}
 
 Status CheckOutputKind(const OutputSpec& spec) {
   K3_RETURN_IF_ERROR(RefuseDirectoryName(spec));

@@ -56,8 +56,15 @@ struct OutputSpec {
 };
 
 // Applies the rule. The refusal is ErrorKind::kFileExists, names the option
-// and says to pass force or another path.
+// and says to pass force or another path. A dangling link at a file output
+// is refused without force, naming its target (force replaces the link).
 Result<OutputAction> DecideOutput(const OutputSpec& spec);
+
+// A file output named with a trailing '/' that does not exist: writing it
+// created the directory and then failed to rename onto it (and blamed a
+// race), or (the store's stats file) lost what was to be written. An
+// existing directory is refused by the callers as one.
+Status RefuseFileOutputEndingInSlash(const std::string& option, const std::string& path);
 
 // An existing output must be what the rule may replace: a regular file (or
 // a link to one, or a dangling link: the final rename replaces the link's
