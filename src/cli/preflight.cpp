@@ -55,8 +55,7 @@ std::optional<Error> SlashedFileError(const std::string& option, const std::stri
   const std::string bare = k3pack::FileNamedWithSlash(path);
   if (bare.empty()) return std::nullopt;
   std::error_code ec;
-  return Error(option + " " + path + " ends in '/', so it names a directory, but " + bare + " is " +
-                   KindOf(fs::status(bare, ec)),
+  return Error(option + " " + path + " " + k3pack::EndsInSlashButNames(bare, KindOf(fs::status(bare, ec))),
                ErrorKind::kFileNotFound, ENOTDIR)
       .WithHint(fix.empty() ? "pass " + option + " " + bare + " (without the '/')" : fix);
 }

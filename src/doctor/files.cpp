@@ -260,7 +260,7 @@ std::optional<ShardView> DiscoverAndOpen(const std::string& path, Collector& out
     const std::string bare = FileNamedWithSlash(path);
     out.Add("input-missing", path,
             bare.empty() ? "no such file or directory"
-                         : "it ends in '/', so it names a directory, but " + bare + " is a file (pass it without the '/')");
+                         : "it " + EndsInSlashButNames(bare) + " (pass it without the '/')");
     out.report().unusable = true;
     return std::nullopt;
   }

@@ -104,8 +104,7 @@ Result<std::vector<std::string>> ShardSet::Discover(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(fs::path(path), ec)) {
     if (const std::string bare = FileNamedWithSlash(path); !bare.empty()) {
-      return Error::FromErrno("GGUF path " + path + " ends in '/', so it names a directory, but " + bare + " is a file",
-                              ENOTDIR)
+      return Error::FromErrno("GGUF path " + path + " " + EndsInSlashButNames(bare), ENOTDIR)
           .WithHint("pass " + bare + " (without the '/')");
     }
     return Error::FromErrno("GGUF path does not exist: " + path, ENOENT);

@@ -81,6 +81,10 @@ std::string FileNamedWithSlash(const std::string& path) {
   return bare;
 }
 
+std::string EndsInSlashButNames(const std::string& bare, const std::string& what) {
+  return "ends in '/', so it names a directory, but " + bare + " is " + what;
+}
+
 FileStamp StampOf(const struct stat& st) {
   return {st.st_dev, st.st_ino, st.st_size, static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }

@@ -63,6 +63,9 @@ bool PathExists(const std::string& path);
 // (not a directory), the bare path: the kernel answers ENOTDIR and a reader
 // would say the path does not exist while the file is right there. Else "".
 std::string FileNamedWithSlash(const std::string& path);
+// The one wording of that case, for every reader's message: "ends in '/', so
+// it names a directory, but BARE is WHAT".
+std::string EndsInSlashButNames(const std::string& bare, const std::string& what = "a file");
 
 // What tells a file changed since it was looked at: which file it is
 // (device, inode), its size and its modification time.

@@ -51,6 +51,16 @@ fs::path Resolved(const std::string& p) {
   return ec ? abs.lexically_normal() : r;
 }
 
+// Where a link points, as a path from here: a relative target is relative to
+// the link's directory, and "create ghost first" for out/lnk -> ghost would
+// send the user to ./ghost.
+std::string LinkTarget(const fs::path& link) {
+  std::error_code ec;
+  fs::path target = fs::read_symlink(link, ec);
+  if (target.is_relative()) target = link.parent_path() / target;
+  return target.lexically_normal().string();
+}
+
 bool SameFile(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
@@ -136,10 +146,7 @@ Result<OutputAction> DecideOutput(const OutputSpec& spec) {
     // The finished check read through the link and refused the pack as
     // "not a valid pack of these shards: No such file"; the output replaces
     // the link, it is never written through it (maybe onto another disk).
-    std::error_code rec;
-    fs::path link_target = fs::read_symlink(spec.path, rec);
-    if (link_target.is_relative()) link_target = fs::path(spec.path).parent_path() / link_target;
-    const std::string target = link_target.lexically_normal().string();
+    const std::string target = LinkTarget(spec.path);
     return Error("refusing to overwrite existing " + spec.path + " (" + spec.option + "): it is a symbolic link to " +
                      target + ", which does not exist, and k3pack replaces a link with its output, never writes "
                      "through it",
@@ -271,12 +278,11 @@ Status CheckWritableFrom(const std::string& option, const std::string& path, fs:
     // A link to a directory not there (yet): creating it failed with "File
     // exists", or for a file beneath it "cannot create its directory".
     if (fs::is_symlink(fs::symlink_status(dir, ec))) {
-      std::error_code rec;
-      const fs::path target = fs::read_symlink(dir, rec);
-      return Error(option + " " + path + ": " + dir.string() + " is a symbolic link to " + target.string() +
+      const std::string target = LinkTarget(dir);
+      return Error(option + " " + path + ": " + dir.string() + " is a symbolic link to " + target +
                        ", which does not exist",
                    ErrorKind::kFileNotFound, ENOENT)
-          .WithHint("create " + target.string() + " first, or pass " + option + " a path without the dangling link");
+          .WithHint("create " + target + " first, or pass " + option + " a path without the dangling link");
     }
     // "out/p.pack" with no out/: the nearest existing one is the current directory.
     dir = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
