@@ -75,6 +75,12 @@ class Adaptive final : public Policy {
     if (request_aware_ != kNone) alive_[request_aware_] = 0;  // until a call carries request ids
   }
   std::string name() const override { return "adaptive"; }
+  std::string BrokenBookkeeping() const override {
+    for (const auto* set : {&followers_, &ghosts_})
+      for (const auto& p : *set)
+        if (std::string broken = p->BrokenBookkeeping(); !broken.empty()) return "adaptive: " + broken;
+    return {};
+  }
   // The candidate currently followed (tests, stats).
   const std::string& leader() const { return names_[leader_]; }
 

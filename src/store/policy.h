@@ -87,6 +87,10 @@ class Policy {
   void SetKeepHints(const PinCounts* keep) { keep_ = keep; }
   static constexpr uint32_t kMaxKeptPassed = 1024;
 
+  // For tests: the first inconsistency in the policy's own bookkeeping
+  // (beyond what Access checks), or "" when there is none.
+  virtual std::string BrokenBookkeeping() const { return {}; }
+
   bool Resident(ObjectId key) const { return resident_[key] != 0; }
   uint64_t used_bytes() const { return used_bytes_; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }

@@ -126,7 +126,10 @@ class RankedSet {
     uint32_t found = kNone;
     while (!heap_.empty()) {
       Entry& top = heap_[0];
-      if (!(top.key == key_[top.id])) {  // raised since it was placed
+      // Raised since it was placed. A key that equals nothing, itself
+      // included (a NaN from a policy's arithmetic), is taken as it stands:
+      // re-placing it would find it stale again, forever.
+      if (!(top.key == key_[top.id]) && key_[top.id] == key_[top.id]) {
         top.key = key_[top.id];
         Down(0);
         continue;

@@ -53,6 +53,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -79,6 +80,17 @@ class RequestAware final : public Policy {
         mark_(space.num_experts, 0) {
   }
   std::string name() const override { return "request-aware"; }
+  // Each table's member count is the number of requests that name it.
+  std::string BrokenBookkeeping() const override {
+    std::vector<uint32_t> naming(clusters_.size(), 0);
+    for (const Req& q : reqs_)
+      if (q.cluster != kNoCluster) ++naming[q.cluster];
+    for (size_t c = 0; c < clusters_.size(); ++c)
+      if (naming[c] != clusters_[c].members)
+        return "request-aware: cluster " + std::to_string(c) + " counts " + std::to_string(clusters_[c].members) +
+               " members, " + std::to_string(naming[c]) + " requests name it";
+    return {};
+  }
 
  protected:
   void OnCall(std::span<const ObjectId> keys, bool) override {
@@ -145,7 +157,10 @@ class RequestAware final : public Policy {
       if (l % kJudgeStride == 0) JudgeMemory(c, l);
       if (q.probe_arrivals != kNotProbing) Probe(q, l);
       c.tokens[l] += 1;
-      for (int m = 0; m < 2; ++m) c.mem[m].Count(l, E_, gamma_[m], arrivals_, prev, stayed_);
+      for (int m = 0; m < 2; ++m) {
+        KeepInFloatRange(c, l, m);
+        c.mem[m].Count(l, E_, gamma_[m], arrivals_, prev, stayed_);
+      }
       prev = cur_;
       q.arrived[l] = arrivals_;
       touched_clusters_.push_back(q.cluster);
@@ -208,6 +223,7 @@ class RequestAware final : public Policy {
  private:
   static constexpr double kReuseDecay = 1.0 - 1.0 / 4096.0;  // rows
   static constexpr double kPrior = 2.0;                      // tokens of a flat popularity
+  static constexpr double kInCallRebase = 1e30;  // up beyond which a call's row rebases (floats reach 3e38)
   static constexpr double kRenormShare = 0.08;  // re-rank a layer when its token count grew by this
   static constexpr uint32_t kMaxRequests = 256, kMaxClusters = 64;
   // The long memory: long enough to learn a steady request's tail of
@@ -223,6 +239,7 @@ class RequestAware final : public Policy {
   // global table by kJoinNats per route (log-likelihood ratio).
   static constexpr uint32_t kProbeMin = 256, kProbeMax = 4096;
   static constexpr uint32_t kNotProbing = UINT32_MAX;
+  static constexpr uint32_t kNoCluster = UINT32_MAX;  // Req::cluster of a request whose table was reused
   static constexpr double kJoinGain = 0.06, kJoinZ = 4.0;
   static constexpr double kProbeAlpha = 0.5;  // pseudo-routes per expert in the probe's tables
 
@@ -337,12 +354,29 @@ class RequestAware final : public Policy {
     }
   }
 
+  // The counts are rebased (Snapshot) at the end of a call, which is enough
+  // for a decode call's few rows. A call of thousands of rows of one request
+  // (a long prefill chunk) multiplies up by gamma^-rows before that: at about
+  // 7,800 rows the float cells overflowed to inf, the scores became NaN and
+  // the victim search never ended. So a memory about to leave the range is
+  // rebased here, and the cluster's snapshot scale follows it, which leaves
+  // every Fresh() unchanged.
+  void KeepInFloatRange(Cluster& c, uint32_t l, int m) {
+    Memory& mem = c.mem[m];
+    const double up = mem.up[l];
+    if (up <= kInCallRebase) return;
+    mem.Rebase(l, E_);
+    if (m == int{c.use_long}) c.inv_up[l] *= up;
+  }
+
   // The request's slot, created (with a fresh cluster) or re-activated.
   uint32_t Touch(uint64_t id) {
     auto it = slot_of_.find(id);
     uint32_t r;
     if (it != slot_of_.end()) {
       r = it->second;
+      // Its table was given to another request while it was away (NewCluster).
+      if (reqs_[r].cluster == kNoCluster) StartCluster(r);
     } else {
       if (reqs_.size() < kMaxRequests) {
         r = static_cast<uint32_t>(reqs_.size());
@@ -354,19 +388,14 @@ class RequestAware final : public Policy {
         if (r == UINT32_MAX) r = 0;  // more active requests than slots: share the first
         slot_of_.erase(reqs_[r].id);
         if (reqs_[r].active) Deactivate(r);
-        --clusters_[reqs_[r].cluster].members;
+        if (reqs_[r].cluster != kNoCluster) --clusters_[reqs_[r].cluster].members;
       }
-      const uint32_t c = NewCluster();
       Req& q = reqs_[r];
       q.id = id;
       q.prev.assign(L_, {});
       q.arrived.assign(L_, {});
-      q.cluster = c;
-      ++clusters_[c].members;
-      // Probe only when there is another table to join.
-      q.probe_arrivals = clusters_.size() > 1 ? 0 : kNotProbing;
-      q.gain.assign(clusters_.size(), 0.0);
-      q.gain_sq.assign(clusters_.size(), 0.0);
+      q.cluster = kNoCluster;
+      StartCluster(r);
       slot_of_[id] = r;
     }
     Req& q = reqs_[r];
@@ -379,6 +408,17 @@ class RequestAware final : public Policy {
       active_changed_ = true;
     }
     return r;
+  }
+  // Request r ranks with a fresh table of its own until it joins another.
+  void StartCluster(uint32_t r) {
+    const uint32_t c = NewCluster();
+    Req& q = reqs_[r];
+    q.cluster = c;
+    ++clusters_[c].members;
+    // Probe only when there is another table to join.
+    q.probe_arrivals = clusters_.size() > 1 ? 0 : kNotProbing;
+    q.gain.assign(clusters_.size(), 0.0);
+    q.gain_sq.assign(clusters_.size(), 0.0);
   }
   void Deactivate(uint32_t r) {
     reqs_[r].active = false;
@@ -415,6 +455,12 @@ class RequestAware final : public Policy {
       for (uint32_t i = 0; i < clusters_.size(); ++i)
         if (!used[i] && (c == UINT32_MAX || older(i, c))) c = i;
       if (c == UINT32_MAX) return 0;  // all in use: share
+      // Requests away (inactive) may still name it: they would come back to
+      // another request's counts, and their members count, taken off again
+      // when their slot is reused, went below zero (wrapping: the table then
+      // looked in use for ever). They get a fresh table when they return.
+      for (Req& q : reqs_)
+        if (!q.active && q.cluster == c) q.cluster = kNoCluster;
       // Probes that scored against the old table must not join the new one.
       for (uint32_t r : active_)
         if (reqs_[r].probe_arrivals != kNotProbing && c < reqs_[r].gain.size())
@@ -626,7 +672,9 @@ class RequestAware final : public Policy {
   // Ties (new requests know nothing yet) evict the least recently used.
   void Place(ObjectId k) {
     if (const PinCounts* keep = keep_hints()) unhinted_[k] = (*keep)[k] == 0;
-    order_.Set(k, {Score(k), stamp_of_[k]});
+    const float score = Score(k);
+    // A NaN would rank nowhere; evicted first rather than lost in the order.
+    order_.Set(k, {std::isnan(score) ? 0.0f : score, stamp_of_[k]});
   }
   void RerankLayer(uint32_t l) {
     for (uint32_t e = 0; e < E_; ++e) {

@@ -203,7 +203,17 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   // next call of that layer starts (host and device).
   const bool token_ahead = o.lookahead == TimingOptions::Lookahead::kNextToken;
   const bool token_hints = o.lookahead != TimingOptions::Lookahead::kNextLayer;
-  const size_t num_layers = t.layer_ids.size();
+  // Layers are indexed as in the object space (CallSeq's layer_index), which
+  // a manifest can make wider than the trace: indexing by the trace's own
+  // list named every prediction's objects at the wrong layer there.
+  const size_t num_layers = space.num_active_layers();
+  // Per space layer index, the space index of the trace's next layer (what
+  // a record's next-layer predictions name), num_layers after the last.
+  std::vector<size_t> next_layer(num_layers + 1, num_layers);
+  for (size_t i = 0; i + 1 < t.layer_ids.size(); ++i) {
+    const int32_t from = space.LayerIndex(t.layer_ids[i]), to = space.LayerIndex(t.layer_ids[i + 1]);
+    if (from >= 0 && to >= 0) next_layer[size_t(from)] = size_t(to);
+  }
   std::vector<std::vector<ObjectId>> pinned_at(token_ahead ? num_layers + 1 : 0), dev_pinned_at(pinned_at.size());
   // Keep hints: per target layer, each row's predicted objects for its
   // request (see NextCallHolds).
@@ -220,10 +230,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
   };
   // Belady's perfect next-token prefetch: the next call of the same layer.
   std::vector<uint64_t> next_same_layer;
-  auto layer_index = [&](uint64_t c) {
-    return static_cast<size_t>(std::lower_bound(t.layer_ids.begin(), t.layer_ids.end(), t.records[c].layer) -
-                               t.layer_ids.begin());
-  };
+  auto layer_index = [&](uint64_t c) { return size_t{seq.calls[c].layer_index}; };
   if (token_ahead && min) {
     next_same_layer.assign(seq.calls.size(), UINT64_MAX);
     std::vector<uint64_t> last(num_layers + 1, UINT64_MAX);
@@ -413,7 +420,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     // this call computes.
     if ((o.prefetch || keeping) && c + 1 < seq.calls.size()) {
       predicted.clear();
-      const size_t target = token_ahead ? li : li + 1;
+      const size_t target = token_ahead ? li : next_layer[li];
       const auto p = min ? std::span<const uint16_t>()
                          : token_ahead ? t.RecordTokenPredictions(t.records[c]) : t.RecordPredictions(t.records[c]);
       if (!o.prefetch) {
@@ -443,7 +450,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
       // hints they would shield a whole prompt's experts from the decode
       // that follows. Only decode calls give hints.
       if (keeping && !call.is_prefill) {
-        const size_t hint_target = token_hints ? li : li + 1;
+        const size_t hint_target = token_hints ? li : next_layer[li];
         const auto hp = token_hints ? t.RecordTokenPredictions(t.records[c]) : t.RecordPredictions(t.records[c]);
         for_each_row(hp, hint_target, [&](uint64_t request) { hints->Give(hint_target, request, row_predicted); });
       }

@@ -115,5 +115,51 @@ TEST(TimedSim, WithoutPrefetchHitsMatchTheUntimedSimulator) {
   }
 }
 
+// A manifest's object space can hold layers the trace does not route (a
+// trace of layers 3-5 replayed against a 1-6 model). The timed replay
+// indexed its per-layer state and each record's prediction target by the
+// trace's own layer list, so every prediction named objects of another
+// layer: with exact next-layer predictions, all prefetch was wasted. Each
+// row must match the replay over the trace's own space.
+TEST(TimedSim, AWiderObjectSpaceThanTheTraceChangesNothing) {
+  trace::GenOptions g;
+  g.layer_ids = {3, 4, 5};
+  g.num_experts = 16;
+  g.top_k = 4;
+  g.requests = 2;
+  g.prompt_tokens = 4;
+  g.decode_tokens = 60;
+  g.predict = true;
+  g.predict_accuracy = 1.0;
+  g.predict_next_token = true;
+  auto t = trace::Generate(g);
+  ASSERT_TRUE(t.ok());
+  const ObjectSpace own = SpaceForTrace(*t, 4096);
+  const ObjectSpace wide = ObjectSpace::Uniform(6, 16, 4, 4096, 1);
+  auto own_seq = BuildCallSeq(*t, own);
+  auto wide_seq = BuildCallSeq(*t, wide);
+  ASSERT_TRUE(own_seq.ok() && wide_seq.ok());
+  using L = TimingOptions::Lookahead;
+  for (const L lookahead : {L::kNextLayer, L::kNextToken, L::kBoth}) {
+    for (const bool staged : {false, true}) {
+      TimingOptions o;
+      o.prefetch = true;
+      o.prefetch_staged = staged;
+      o.keep_predicted = true;
+      o.lookahead = lookahead;
+      auto a = SimulateTimed(*t, *own_seq, own, "lru", 12 * 4096, o);
+      auto b = SimulateTimed(*t, *wide_seq, wide, "lru", 12 * 4096, o);
+      ASSERT_TRUE(a.ok() && b.ok());
+      const std::string at = "lookahead " + std::to_string(int(lookahead)) + (staged ? " staged" : "");
+      EXPECT_GT(a->prefetch_useful_bytes, 0u) << at;
+      EXPECT_EQ(a->hits, b->hits) << at;
+      EXPECT_EQ(a->bytes_read, b->bytes_read) << at;
+      EXPECT_EQ(a->prefetch_useful_bytes, b->prefetch_useful_bytes) << at;
+      EXPECT_EQ(a->prefetch_wasted_bytes, b->prefetch_wasted_bytes) << at;
+      EXPECT_DOUBLE_EQ(a->stall_s, b->stall_s) << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace k3pack::store
