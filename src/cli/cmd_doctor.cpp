@@ -33,11 +33,8 @@ int RunDoctor(const std::vector<std::string>& argv) {
   auto profile = k3pack::cli::ResolveProfile(args, args.positionals());
   if (!profile.ok()) return k3pack::cli::ReportError("doctor", profile.error(), k3pack::cli::ProfileErrorExit(args));
 
-  if (args.Has("--allow-mixed-types") && *profile != k3pack::kimi::Profile::kScaled) {
-    return k3pack::cli::ReportError(
-        "doctor", k3pack::Error("--allow-mixed-types requires --profile scaled (Kimi K3 experts are Q2_K/Q2_K/Q3_K)"),
-        k3pack::cli::kExitUsage);
-  }
+  if (k3pack::Status mixed = k3pack::cli::CheckMixedTypesProfile(args, *profile); !mixed.ok())
+    return k3pack::cli::ReportError("doctor", mixed.error(), k3pack::cli::kExitUsage);
   k3pack::doctor::DiagnoseOptions opt;
   opt.profile = *profile;
   opt.allow_mixed_types = args.Has("--allow-mixed-types");

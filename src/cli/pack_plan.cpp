@@ -12,6 +12,12 @@
 
 namespace k3pack::cli {
 
+Status CheckMixedTypesBeforeRun(const Args& args) {
+  if (!args.Has("--allow-mixed-types")) return Status::OK();
+  auto profile = ResolveProfile(args, {args.Get("--model-config"), args.Get("--gguf-dir")});
+  return profile.ok() ? CheckMixedTypesProfile(args, *profile) : Status::OK();
+}
+
 // The shared front half of `pack` and `build`: preflight the inputs, collect
 // the experts, pick the pack path, and apply the overwrite rule to it.
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing,

@@ -50,6 +50,11 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
                           const std::optional<ep::Rank>& rank = std::nullopt,
                           const std::function<Status(const PackPlan&)>& then = {});
 
+// `pack` and `build` check --allow-mixed-types against the profile with the
+// other usage errors (exit 2), before the run; a profile that cannot be
+// found here is left for the run to report.
+Status CheckMixedTypesBeforeRun(const Args& args);
+
 // The first thing `pack` and `build` do, before any work: from the moment
 // their words parsed a SIGINT / SIGTERM ends the command with one line,
 // "k3pack CMD: interrupted; rerun the same command to continue", and exit

@@ -15,4 +15,9 @@ Result<kimi::Profile> ResolveProfile(const Args& args, const std::vector<std::st
 
 int ProfileErrorExit(const Args& args) { return args.Has("--profile") ? kExitUsage : kExitFailed; }
 
+Status CheckMixedTypesProfile(const Args& args, kimi::Profile profile) {
+  if (!args.Has("--allow-mixed-types") || profile == kimi::Profile::kScaled) return Status::OK();
+  return Error("--allow-mixed-types requires --profile scaled (Kimi K3 experts are Q2_K/Q2_K/Q3_K)");
+}
+
 }  // namespace k3pack::cli

@@ -28,4 +28,9 @@ Result<kimi::Profile> ResolveProfile(const Args& args, const std::vector<std::st
 // The exit code of a ResolveProfile failure.
 int ProfileErrorExit(const Args& args);
 
+// --allow-mixed-types packs what SGLang's Kimi-K3 invariants refuse, so it
+// needs the scaled profile: otherwise a usage error (exit 2) in every
+// command that takes it.
+Status CheckMixedTypesProfile(const Args& args, kimi::Profile profile);
+
 }  // namespace k3pack::cli

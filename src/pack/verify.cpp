@@ -75,15 +75,23 @@ Result<VerifyInputs> OpenVerifyInputs(const std::string& pack_path, const Expert
   }
   if (in.rank) K3_RETURN_IF_ERROR(ep::CheckRank(*in.rank, ex.num_experts));
   const ep::ExpertRange owned = WrittenExperts(ex.num_experts, in.rank);
+  // The other ranks' entries are counted over the whole index, whatever is
+  // checked: a sample is drawn from the rank's own entries, and counting
+  // within it said "0 entries of the other ranks skipped" of every rank pack.
+  if (in.rank) {
+    for (uint64_t i = 0; i < in.layout.index_count(); ++i) {
+      const EntrySlot e = in.layout.Entry(i);
+      if (owned.contains(e.expert)) continue;
+      ++in.unowned_entries;
+      in.unowned_bytes += e.nbytes;
+    }
+  }
   auto select = [&](uint64_t i) -> Status {
     if (i >= in.layout.index_count()) return Error("entry " + std::to_string(i) + " is out of range");
     const EntrySlot e = in.layout.Entry(i);
     if (owned.contains(e.expert)) {
       in.entries.push_back(i);
       in.total_bytes += e.nbytes;
-    } else {
-      ++in.unowned_entries;
-      in.unowned_bytes += e.nbytes;
     }
     return Status::OK();
   };

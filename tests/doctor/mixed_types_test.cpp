@@ -54,6 +54,16 @@ TEST(DoctorMixedTypes, CliFlag) {
   CliResult k3 = RunCli("doctor --profile kimi-k3 --allow-mixed-types " + dir.string() + " 2>&1");
   EXPECT_EQ(k3.exit_code, 2) << k3.out;
   EXPECT_NE(k3.out.find("--allow-mixed-types requires --profile scaled"), std::string::npos) << k3.out;
+  // The same usage error from pack and build, before any work (session 39:
+  // they exited 1, from the expert collection, after the "using" lines).
+  for (const std::string cmd : {"pack", "build"}) {
+    const fs::path out = dir / (cmd + "-out.pack");
+    CliResult r = RunCli(cmd + " --progress none --profile kimi-k3 --allow-mixed-types " + dir.string() + " --pack " +
+                         out.string() + " 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find("--allow-mixed-types requires --profile scaled"), std::string::npos) << cmd << ": " << r.out;
+    EXPECT_FALSE(fs::exists(out)) << cmd;
+  }
 }
 
 }  // namespace

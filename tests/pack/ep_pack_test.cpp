@@ -139,6 +139,13 @@ TEST_F(EpPack, RankPacksForOneTwoFourEightRanks) {
       EXPECT_EQ(v->entries_checked, layout.index_count() / n);
       EXPECT_EQ(v->unowned_entries, layout.index_count() - layout.index_count() / n);
       ASSERT_TRUE(v->ep.has_value());
+      // A sample of the entries (sampled `verify`) reports the same count:
+      // it said 0 (session 39).
+      vo.entries = {0, layout.index_count() - 1};
+      auto sampled = VerifyPayloads(path, model_->experts, vo);
+      ASSERT_TRUE(sampled.ok()) << sampled.error().message();
+      EXPECT_EQ(sampled->unowned_entries, v->unowned_entries);
+      EXPECT_EQ(sampled->unowned_bytes, v->unowned_bytes);
       // ValidatePack samples only the rank's entries.
       ValidateOptions val;
       val.ep = ep::Rank{n, r};

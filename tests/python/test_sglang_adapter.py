@@ -210,8 +210,11 @@ class HandWrittenModel(AdapterCase):
     def test_changed_shard_size(self):
         with open(self.paths[0], "ab") as f:
             f.write(b"\0" * 32)
+        size = os.path.getsize(self.paths[0])
         e = self.assert_same_error(self.manifest)
         self.assertEqual(str(e), "Kimi-K3 GGUF shard is missing or changed: %s" % os.path.realpath(self.paths[0]))
+        # What changed, as the CLI's metadata check says (it had no hint).
+        self.assertEqual(e.k3pack_hint, "size %d != %d (file != manifest); rebuild the manifest" % (size, size - 32))
 
     def test_inventory_changed(self):
         self.manifest_doc["source"]["tensors"] = [t for t in self.manifest_doc["source"]["tensors"]
