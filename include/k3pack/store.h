@@ -184,6 +184,16 @@ class ExpertStore {
   Status Keep(uint32_t layer, std::span<const int64_t> expert_ids,
               std::optional<uint64_t> request_id = std::nullopt);
 
+  // For a front tier (DeviceExpertTier, the slot cache) that reads one call's
+  // misses of `layer` through this store in several Acquire()s, each of what
+  // this store always holds: between BeginChunkedCall() and EndChunkedCall()
+  // this thread's acquires of the layer leave the staged reads in place (a
+  // later chunk takes them; ended by the first chunk, they were dropped and
+  // read again), and EndChunkedCall() ends the staged holds of `request_ids`
+  // (empty: of any request) once, as one acquire of the whole call would.
+  void BeginChunkedCall(uint32_t layer);
+  void EndChunkedCall(uint32_t layer, std::span<const uint64_t> request_ids = {});
+
   // SGLang's stats dict (same keys) plus k3pack's under "k3pack".
   nlohmann::json Snapshot() const;
   Status WriteStats() const;

@@ -103,6 +103,9 @@ struct DeviceExpertTier::Impl {
   Status Load(uint32_t layer, std::span<const int64_t> experts, std::span<const uint32_t> target_slots,
               std::span<const uint64_t> requests) {
     const size_t chunk = std::max<size_t>(space.top_k, host->info().effective_capacity_objects);
+    // One call for the host's staged prefetch: the first chunk's acquire
+    // would drop what the later chunks take.
+    const ChunkedHostCall one_call(*host, layer, experts.size() > chunk, requests);
     for (size_t first = 0; first < experts.size(); first += chunk) {
       const size_t n = std::min(chunk, experts.size() - first);
       K3_RETURN_IF_ERROR(LoadChunk(layer, experts.subspan(first, n), target_slots.subspan(first, n),

@@ -634,6 +634,8 @@ Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pai
   // least top_k, its open checks that). This cache's lock is held, so no
   // other call holds host objects meanwhile.
   const size_t chunk = std::max<size_t>(k, host->info().effective_capacity_objects);
+  // One call for the host's staged prefetch (ExpertStore::BeginChunkedCall).
+  const ChunkedHostCall one_call(*host, space.active_layer_ids[li], misses.size() > chunk);
   for (size_t first = 0; first < misses.size(); first += chunk) {
     const size_t n = std::min(chunk, misses.size() - first);
     std::vector<int64_t> ids;

@@ -392,7 +392,9 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
     call_entries[i]->used = true;
     s.Pin(k);
   }
-  if (s.staged_mode) s.EndStaged(li, request_ids);  // what this call's requests did not route to
+  // What this call's requests did not route to (a chunk of a front tier's
+  // call leaves that to EndChunkedCall).
+  if (s.staged_mode && !s.InChunkedCall(li)) s.EndStaged(li, request_ids);
   const std::thread::id owner = std::this_thread::get_id();
   if (RanOutOfMemory([&] { ++s.active_by_thread[owner]; })) {
     for (ObjectId k : keys) s.Unpin(k);
@@ -496,6 +498,26 @@ Status PredictedObjects(const ExpertStore::Impl& s, uint32_t layer, std::span<co
 }
 
 }  // namespace
+
+void ExpertStore::BeginChunkedCall(uint32_t layer) {
+  Impl& s = *impl_;
+  const int32_t li = s.geo.space.LayerIndex(layer);
+  if (li < 0) return;  // its acquires fail with SGLang's inactive-layer text
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.chunked_calls.emplace_back(std::this_thread::get_id(), static_cast<uint32_t>(li));
+}
+
+void ExpertStore::EndChunkedCall(uint32_t layer, std::span<const uint64_t> request_ids) {
+  Impl& s = *impl_;
+  const int32_t li = s.geo.space.LayerIndex(layer);
+  if (li < 0) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto it = std::find(s.chunked_calls.begin(), s.chunked_calls.end(),
+                            std::make_pair(std::this_thread::get_id(), static_cast<uint32_t>(li)));
+  if (it == s.chunked_calls.end()) return;
+  s.chunked_calls.erase(it);
+  if (s.staged_mode && !s.closed) s.EndStaged(static_cast<uint32_t>(li), request_ids);
+}
 
 Status ExpertStore::Keep(uint32_t layer, std::span<const int64_t> ids, std::optional<uint64_t> request_id) {
   Impl& s = *impl_;

@@ -128,6 +128,27 @@ Result<RouteCall> PrepareStoreRoute(const PackGeometry& geo, uint32_t layer, std
                                     std::span<const int64_t> ids, std::optional<bool> is_prefill);
 // An acquire's request ids hold none, one for the call or one per row.
 Status CheckRequestIdCount(uint64_t count, uint64_t rows);
+
+// A front tier's call of `layer` read through `host` in several acquires
+// (ExpertStore::BeginChunkedCall), ended on every way out; nothing when the
+// call fits one acquire (`chunked` false).
+class ChunkedHostCall {
+ public:
+  ChunkedHostCall(ExpertStore& host, uint32_t layer, bool chunked, std::span<const uint64_t> requests = {})
+      : host_(chunked ? &host : nullptr), layer_(layer), requests_(requests) {
+    if (host_) host_->BeginChunkedCall(layer_);
+  }
+  ~ChunkedHostCall() {
+    if (host_) host_->EndChunkedCall(layer_, requests_);
+  }
+  ChunkedHostCall(const ChunkedHostCall&) = delete;
+  ChunkedHostCall& operator=(const ChunkedHostCall&) = delete;
+
+ private:
+  ExpertStore* host_;
+  uint32_t layer_;
+  std::span<const uint64_t> requests_;
+};
 // The policy's CallRows for an acquire's optional request ids (empty:
 // unknown, null result; else one id for the call or one per row, a
 // ValueError otherwise); `keys` backs the result's route keys.

@@ -1,6 +1,7 @@
 // ExpertStore::Impl: the store's mutable state (guarded by `mu`) and stats.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -94,6 +96,13 @@ struct ExpertStore::Impl {
   // acquires of the layer), never before the request it was staged for has
   // come.
   std::optional<NextCallHolds> stage_holds;
+  // Chunked calls in progress (ExpertStore::BeginChunkedCall): (thread,
+  // layer index); their acquires do not end the staged holds.
+  std::vector<std::pair<std::thread::id, uint32_t>> chunked_calls;
+  bool InChunkedCall(uint32_t li) const {
+    return std::find(chunked_calls.begin(), chunked_calls.end(), std::make_pair(std::this_thread::get_id(), li)) !=
+           chunked_calls.end();
+  }
   // keep_predicted: resident objects a Prefetch() or Keep() named, as the
   // policy's keep hints, held the same way (set only with keep_predicted).
   std::optional<NextCallHolds> kept;

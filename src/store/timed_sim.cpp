@@ -321,8 +321,12 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     // behind a device tier some of its misses, `hreq` their requests: empty
     // when unknown); returns when its objects are usable: read, and behind a
     // device tier copied.
-    auto host_acquire = [&](std::span<const ObjectId> hk, std::span<const uint64_t> hreq,
-                            double at) -> Result<double> {
+    // `stage_end`: whose staged holds end with this acquire (what they staged
+    // and it did not take is dropped): the acquire's own requests; none, for
+    // a device tier's chunk before its call's last; or the call's misses'.
+    enum class StageEnd { kThisAcquire, kNone, kCall };
+    auto host_acquire = [&](std::span<const ObjectId> hk, std::span<const uint64_t> hreq, double at,
+                            StageEnd stage_end, std::span<const uint64_t> call_requests) -> Result<double> {
       double usable = at;
       CallRows rows, miss_rows;
       const CallRows* host_rows = RowsOf(seq, c, &rows);
@@ -374,11 +378,13 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
         r.bytes_copied += space.Cost(k);
         usable = std::max(usable, dev_ready[k]);
       }
-      if (staging) {
+      if (staging && stage_end != StageEnd::kNone) {
         // What this host acquire's requests staged and it did not route to
         // is dropped; a read still in flight keeps its budget charge until
         // it lands.
-        const auto host_requests = host_rows ? host_rows->requests : std::span<const uint64_t>();
+        const auto host_requests = stage_end == StageEnd::kCall ? call_requests
+                                   : host_rows                  ? host_rows->requests
+                                                                : std::span<const uint64_t>();
         stage_holds.CallStarts(li, host_requests, [&](ObjectId k) {
           if (!staged[k]) return;  // taken
           staged[k] = 0;
@@ -391,7 +397,7 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
     };
     if (!tiered) {
       r.accesses += keys.size();
-      K3_ASSIGN_OR_RETURN(call_ready, host_acquire(keys, {}, now));
+      K3_ASSIGN_OR_RETURN(call_ready, host_acquire(keys, {}, now, StageEnd::kThisAcquire, {}));
     } else if (!host_keys.empty()) {
       // The device tier reads its misses through the host tier in chunks the
       // host always holds (DeviceExpertTier::Load, SlotCache's
@@ -405,11 +411,20 @@ Result<TimedResult> SimulateTimed(const trace::Trace& t, const CallSeq& seq, con
                          std::span<const ObjectId>(host_keys), &miss_requests);
       const std::span<const ObjectId> misses(host_keys);
       const std::span<const uint64_t> requests(miss_requests);
+      // The staged holds of the call's requests end once, with its last
+      // chunk: ended by the first, they dropped what later chunks would take
+      // (read again, and counted wasted), as DeviceExpertTier::Load now
+      // tells the host store (BeginChunkedCall).
       double at = now;
+      const bool chunked = misses.size() > host_chunk;
       for (size_t first = 0; first < misses.size(); first += host_chunk) {
         const size_t count = std::min(host_chunk, misses.size() - first);
+        const StageEnd end = !chunked ? StageEnd::kThisAcquire
+                             : first + count < misses.size() ? StageEnd::kNone
+                                                             : StageEnd::kCall;
         K3_ASSIGN_OR_RETURN(at, host_acquire(misses.subspan(first, count),
-                                             requests.empty() ? requests : requests.subspan(first, count), at));
+                                             requests.empty() ? requests : requests.subspan(first, count), at, end,
+                                             requests));
         call_ready = std::max(call_ready, at);
       }
     }

@@ -112,5 +112,35 @@ TEST(DeviceTierRequests, RowsOfSeveralRequestsAndTheCountRule) {
   EXPECT_EQ(bad.error().message(), "request_ids must hold one id for the call or one per row; received 2 for 3 rows");
 }
 
+// A host store of two objects behind an eight-slot tier: a call over eight
+// experts reaches the host in four acquires of two. All eight were staged
+// by one Prefetch(); the first chunk's acquire ended the staged holds and
+// dropped the six the later chunks then read again (wasted). The tier now
+// makes the four acquires one call for staging: every staged read is used.
+TEST(DeviceTierRequests, StagedReadsOutliveTheFirstChunkOfACall) {
+  ScopedEmulatedCuda emulation;
+  TinyPack p(TinySpec{});
+  StoreOptions so;
+  so.cache_bytes = 2 * 12288;
+  so.prefetch_budget_bytes = 8 * 12288;
+  auto host = testing::OpenOk(p, so);
+  ASSERT_TRUE(host);
+  ASSERT_EQ(host->info().effective_capacity_objects, 2u);
+  DeviceTierOptions o;
+  o.device_bytes = 8 * 12288;
+  auto tier = DeviceExpertTier::Open(host, o);
+  ASSERT_TRUE(tier.ok()) << tier.error().message();
+  const std::vector<int64_t> ids = {0, 1, 2, 3, 4, 5, 6, 7};
+  ASSERT_TRUE(host->Prefetch(1, ids, 5).ok());
+  const int64_t shape[2] = {4, 2};
+  const uint64_t request[] = {5};
+  auto a = (*tier)->Acquire(1, ids, shape, request);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  ASSERT_TRUE((*tier)->Release(*a).ok());
+  const auto prefetch = host->Snapshot()["k3pack"]["prefetch"];
+  EXPECT_EQ(prefetch["useful"].get<uint64_t>(), 8u) << prefetch.dump();
+  EXPECT_EQ(prefetch["wasted"].get<uint64_t>(), 0u) << prefetch.dump();
+}
+
 }  // namespace
 }  // namespace k3pack::store

@@ -175,6 +175,42 @@ TEST(TimedDevice, DeviceMissesGoThroughASmallHostTierInChunks) {
   EXPECT_NEAR(one.total_s, 6.25e-3, 1e-12);
 }
 
+// Two 8-row prefill calls (layers 1, 2), 32 distinct experts each; layer
+// 1's records predict layer 2's routes exactly, staged. Behind a device tier
+// of 64 objects a host of 8 takes layer 2's 32 device misses in 4 chunks.
+// The first chunk's acquire ended the staged holds of the call: the 24
+// staged objects the later chunks would take were dropped (wasted) and read
+// again. The holds end once, with the last chunk: every staged read is used
+// and the bytes read are the host-only run's.
+TEST(TimedDevice, StagedReadsOutliveTheFirstChunkOfTheirCall) {
+  trace::Trace t;
+  t.num_experts = 64;
+  t.top_k = 4;
+  t.layer_ids = {1, 2};
+  t.predict_k = 4;
+  std::vector<uint16_t> routes;
+  for (uint16_t i = 0; i < 32; ++i) routes.push_back(i);
+  t.Append(1, 8, 0, true, routes);
+  t.SetPredictions(routes);
+  t.Append(2, 8, 0, true, routes);
+  const ObjectSpace space = SpaceForTrace(t, 1 << 20);
+  auto seq = BuildCallSeq(t, space);
+  ASSERT_TRUE(seq.ok());
+  TimingOptions o;
+  o.prefetch = true;
+  o.prefetch_staged = true;
+  auto host_only = SimulateTimed(t, *seq, space, "lru", 64 << 20, o);
+  o.device_bytes = 64 << 20;
+  auto tiered = SimulateTimed(t, *seq, space, "lru", 8 << 20, o);
+  ASSERT_TRUE(host_only.ok() && tiered.ok());
+  for (const TimedResult* r : {&*host_only, &*tiered}) {
+    EXPECT_EQ(r->prefetch_bytes, 32u << 20);
+    EXPECT_EQ(r->prefetch_useful_bytes, 32u << 20);
+    EXPECT_EQ(r->prefetch_wasted_bytes, 0u);
+    EXPECT_EQ(r->bytes_read, 64u << 20);
+  }
+}
+
 TEST(TimedDevice, DemandOnlyDeviceHitsMatchTheUntimedSimulator) {
   // Without prefetch the device sees every call: its hits are the untimed
   // simulator's for the device policy and size, and every device miss is
