@@ -173,14 +173,13 @@ struct NonExpertStream::Impl {
     // when it is reported.
     auto shown = [&rec] { return ShownPath(rec); };
     auto missing = [&] { return Missing(rec); };
-    // SGLang's text, and (as the metadata check's) what differs: without it
-    // an iterator that does not verify the metadata first (the Python
-    // default) named the shard and nothing else.
+    // SGLang's text, and for a shard that is there, what differs (as the
+    // metadata check says): without it an iterator that does not verify the
+    // metadata first (the Python default) named the shard and nothing else.
+    // A missing one is left bare: callers know more (`load`: the model
+    // directory moved).
     struct stat st;
-    if (::stat(rec.path.c_str(), &st) != 0) {
-      return missing().WithHint(std::string("cannot stat it: ") + std::strerror(errno) +
-                                "; restore the shard or rebuild the manifest");
-    }
+    if (::stat(rec.path.c_str(), &st) != 0) return missing();
     if (!S_ISREG(st.st_mode)) return missing().WithHint("it is not a regular file; rebuild the manifest");
     if (static_cast<uint64_t>(st.st_size) != rec.size) {
       return missing().WithHint("size " + std::to_string(st.st_size) + " != " + std::to_string(rec.size) +

@@ -120,6 +120,12 @@ class RequestAware final : public Policy {
       // mark_[e]: 2 * row serial if e was in the previous token, + 1 once
       // seen in this row (a row's distinct experts, no sort).
       auto& prev = q.prev[l];
+      // After 2^31 rows (~23M K3 tokens) the serial wraps: an expert last
+      // marked a wrap ago would read as marked now, so the marks restart.
+      if (mark_serial_ >= UINT32_MAX - 2) {
+        std::fill(mark_.begin(), mark_.end(), 0);
+        mark_serial_ = 0;
+      }
       const uint32_t was = mark_serial_ += 2;
       for (uint16_t e : prev) mark_[e] = was;
       cur_.clear();
@@ -201,7 +207,18 @@ class RequestAware final : public Policy {
         if (order_.Contains(k)) Place(k);
     }
   }
-  void OnCallEnd() override { announced_ = false; }
+  void OnCallEnd() override {
+    // The end of a call this policy was not told of (`adaptive` tells it
+    // only of calls with request ids) is past the next call for the last
+    // one's keys: they return to the order, or they were never evictable
+    // while this policy led calls without ids.
+    if (!announced_) {
+      for (ObjectId k : pending_)
+        if (resident_[k]) Place(k);
+      pending_.clear();
+    }
+    announced_ = false;
+  }
   void OnHit(ObjectId) override {}
   void OnInsert(ObjectId k, bool demand) override {
     resident_[k] = 1;

@@ -426,10 +426,14 @@ TEST_F(ManifestErrors, FormatAndComplete) {
 
 TEST_F(ManifestErrors, ShardMissingOrResized) {
   json m = manifest;
-  m["source"]["shards"][1]["size"] = m["source"]["shards"][1]["size"].get<uint64_t>() + 1;
+  const uint64_t size = m["source"]["shards"][1]["size"].get<uint64_t>();
+  m["source"]["shards"][1]["size"] = size + 1;
   std::vector<NamedTensor> before;
   Error e = StreamError(Rewrite(m), {}, &before);
-  EXPECT_EQ(e.message(), "Kimi-K3 GGUF shard is missing or changed: " + shards[1]);
+  // SGLang's line, then what differs (it had no hint without the metadata check).
+  EXPECT_EQ(e.message(), "Kimi-K3 GGUF shard is missing or changed: " + shards[1] + "\nhint: size " +
+                             std::to_string(size) + " != " + std::to_string(size + 1) +
+                             " (file != manifest); rebuild the manifest");
   EXPECT_EQ(e.kind(), ErrorKind::kFileNotFound);
   EXPECT_EQ(before.size(), 9u);  // all of shard 0 came first
   fs::remove(shards[0]);
@@ -446,7 +450,7 @@ TEST_F(ManifestErrors, ShardIsNamedByItsResolvedPath) {
   json m = manifest;
   m["source"]["shards"][1]["path"] = link + "/./" + fs::path(shards[1]).filename().string();
   m["source"]["shards"][1]["size"] = m["source"]["shards"][1]["size"].get<uint64_t>() + 1;
-  EXPECT_EQ(StreamError(Rewrite(m)).message(),
+  EXPECT_EQ(FirstLine(StreamError(Rewrite(m))),
             "Kimi-K3 GGUF shard is missing or changed: " + fs::canonical(shards[1]).string());
 }
 

@@ -283,6 +283,28 @@ TEST(AdaptivePolicy, ObjectsOfCallsWithoutRequestIdsStayEvictableUnderRequestAwa
   EXPECT_EQ(policy->resident_count(), 4u);
 }
 
+// The keys of the last call with request ids stay out of request-aware's
+// order until its next call, which `adaptive` tells it of only with ids:
+// after calls without, they were never evictable while it led (here, with
+// only 3 of 4 slots free of them, "cannot evict" at the second call).
+TEST(AdaptivePolicy, TheLastKeysWithRequestIdsStayEvictableThroughCallsWithout) {
+  ObjectSpace space = ObjectSpace::Uniform(1, 16, 1, 4096, 1);
+  const char* only[] = {"request-aware"};
+  auto policy = MakeAdaptivePolicy(space, 4 * 4096, only);
+  AccessResult ar;
+  auto call = [&](std::vector<ObjectId> keys, bool with_rows) {
+    std::vector<uint64_t> gens(keys.size(), 1);
+    const uint64_t request[1] = {7};
+    CallRows rows{keys, request, static_cast<uint32_t>(keys.size())};
+    return policy->Access(keys, gens, false, nullptr, &ar, with_rows ? &rows : nullptr);
+  };
+  ASSERT_TRUE(call({0, 1, 2}, true).ok());
+  ASSERT_TRUE(call({3}, false).ok());
+  const Status st = call({4, 5}, false);
+  EXPECT_TRUE(st.ok()) << st.error().message() << " (0, 1, 2 and 3 are unprotected)";
+  EXPECT_EQ(policy->resident_count(), 4u);
+}
+
 TEST(StoreRequestIds, OneOrOnePerRow) {
   testing::TinyPack p(testing::TinySpec{});
   StoreOptions o;
