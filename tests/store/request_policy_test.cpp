@@ -258,29 +258,39 @@ TEST(AdaptivePolicy, WithoutRequestIdsIsTheFourCandidateRace) {
   }
 }
 
-// The store's request_ids: one id or one per row; another count is a
-// ValueError naming the rule; the policy sees them (same hits as without on
-// a fresh store is not required, only that both forms work).
+// `adaptive` racing request-aware alone, over 4 slots of a 16-expert layer,
+// top-1: Call() is one call of `keys`, as request 7's rows or without ids.
+class RequestAwareOnly {
+ public:
+  RequestAwareOnly() {
+    const char* only[] = {"request-aware"};
+    policy_ = MakeAdaptivePolicy(space_, 4 * 4096, only);
+  }
+  Status Call(std::vector<ObjectId> keys, bool with_rows) {
+    std::vector<uint64_t> gens(keys.size(), 1);
+    const uint64_t request[1] = {7};
+    CallRows rows{keys, request, static_cast<uint32_t>(keys.size())};
+    return policy_->Access(keys, gens, false, nullptr, &ar_, with_rows ? &rows : nullptr);
+  }
+  uint64_t resident_count() const { return policy_->resident_count(); }
+
+ private:
+  ObjectSpace space_ = ObjectSpace::Uniform(1, 16, 1, 4096, 1);
+  std::unique_ptr<Policy> policy_;
+  AccessResult ar_;
+};
+
 // `adaptive` tells its request-aware candidate only of calls with request
 // ids. Objects a call without them brought in were never ranked by it (its
 // demand inserts wait for the call it was told of), so once it led, they
 // could never be evicted: "cannot evict" with every resident unprotected.
 TEST(AdaptivePolicy, ObjectsOfCallsWithoutRequestIdsStayEvictableUnderRequestAware) {
-  ObjectSpace space = ObjectSpace::Uniform(1, 16, 1, 4096, 1);
-  const char* only[] = {"request-aware"};
-  auto policy = MakeAdaptivePolicy(space, 4 * 4096, only);
-  AccessResult ar;
-  auto call = [&](std::vector<ObjectId> keys, bool with_rows) {
-    std::vector<uint64_t> gens(keys.size(), 1);
-    const uint64_t request[1] = {7};
-    CallRows rows{keys, request, static_cast<uint32_t>(keys.size())};
-    return policy->Access(keys, gens, false, nullptr, &ar, with_rows ? &rows : nullptr);
-  };
-  ASSERT_TRUE(call({0, 1, 2}, false).ok());
-  ASSERT_TRUE(call({3}, true).ok());
-  const Status st = call({4, 5}, true);
+  RequestAwareOnly adaptive;
+  ASSERT_TRUE(adaptive.Call({0, 1, 2}, false).ok());
+  ASSERT_TRUE(adaptive.Call({3}, true).ok());
+  const Status st = adaptive.Call({4, 5}, true);
   EXPECT_TRUE(st.ok()) << st.error().message() << " (0, 1 and 2 are unprotected)";
-  EXPECT_EQ(policy->resident_count(), 4u);
+  EXPECT_EQ(adaptive.resident_count(), 4u);
 }
 
 // The keys of the last call with request ids stay out of request-aware's
@@ -288,23 +298,17 @@ TEST(AdaptivePolicy, ObjectsOfCallsWithoutRequestIdsStayEvictableUnderRequestAwa
 // after calls without, they were never evictable while it led (here, with
 // only 3 of 4 slots free of them, "cannot evict" at the second call).
 TEST(AdaptivePolicy, TheLastKeysWithRequestIdsStayEvictableThroughCallsWithout) {
-  ObjectSpace space = ObjectSpace::Uniform(1, 16, 1, 4096, 1);
-  const char* only[] = {"request-aware"};
-  auto policy = MakeAdaptivePolicy(space, 4 * 4096, only);
-  AccessResult ar;
-  auto call = [&](std::vector<ObjectId> keys, bool with_rows) {
-    std::vector<uint64_t> gens(keys.size(), 1);
-    const uint64_t request[1] = {7};
-    CallRows rows{keys, request, static_cast<uint32_t>(keys.size())};
-    return policy->Access(keys, gens, false, nullptr, &ar, with_rows ? &rows : nullptr);
-  };
-  ASSERT_TRUE(call({0, 1, 2}, true).ok());
-  ASSERT_TRUE(call({3}, false).ok());
-  const Status st = call({4, 5}, false);
+  RequestAwareOnly adaptive;
+  ASSERT_TRUE(adaptive.Call({0, 1, 2}, true).ok());
+  ASSERT_TRUE(adaptive.Call({3}, false).ok());
+  const Status st = adaptive.Call({4, 5}, false);
   EXPECT_TRUE(st.ok()) << st.error().message() << " (0, 1, 2 and 3 are unprotected)";
-  EXPECT_EQ(policy->resident_count(), 4u);
+  EXPECT_EQ(adaptive.resident_count(), 4u);
 }
 
+// The store's request_ids: one id or one per row; another count is a
+// ValueError naming the rule; the policy sees them (same hits as without on
+// a fresh store is not required, only that both forms work).
 TEST(StoreRequestIds, OneOrOnePerRow) {
   testing::TinyPack p(testing::TinySpec{});
   StoreOptions o;
