@@ -76,7 +76,17 @@ struct CollectOptions {
   // sizes then vary by layer. Without it, every layer must use the dtypes of
   // the first active layer.
   bool allow_mixed_types = false;
+  // How errors name that option and the profile it needs (the Python
+  // module passes its keywords).
+  std::string mixed_types_option = "--allow-mixed-types";
+  std::string scaled_profile_option = "--profile scaled";
 };
+
+// allow_mixed_types needs the scaled profile (SGLang's Kimi-K3 expert types
+// are fixed): "--allow-mixed-types requires --profile scaled (...)" in the
+// options' names otherwise. CollectExperts checks it; callers may check it
+// first, with their other usage errors.
+Status CheckMixedTypesAllowed(const CollectOptions& options, kimi::Profile profile);
 
 // SGLang's routed-expert validation (§6.1), exact texts:
 //   duplicate routed expert tensor (1, 'up')

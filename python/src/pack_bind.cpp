@@ -68,6 +68,18 @@ kimi::Profile ProfileArg(const std::string& name) { return Unwrap(kimi::ParsePro
 // profile=None: the one recorded beside the inputs (a manifest's k3pack
 // section, or the sidecar k3pack.synth writes), else kimi-k3 - as the CLI
 // does without --profile.
+// The expert collection with its errors naming this module's keywords;
+// allow_mixed_types under kimi-k3 is refused first, as the CLI's usage error
+// (before, a small model's invariant error came first and hid it).
+Result<pack::CollectOptions> PythonCollectOptions(bool allow_mixed_types, kimi::Profile profile) {
+  pack::CollectOptions o;
+  o.allow_mixed_types = allow_mixed_types;
+  o.mixed_types_option = "allow_mixed_types=True";
+  o.scaled_profile_option = "profile='scaled'";
+  K3_RETURN_IF_ERROR(pack::CheckMixedTypesAllowed(o, profile));
+  return o;
+}
+
 kimi::Profile ProfileArg(const py::object& name, const std::vector<std::string>& near) {
   if (!name.is_none()) {
     // .cast<std::string>() of an int was pybind11's RuntimeError "Unable to cast Python instance".
@@ -132,8 +144,7 @@ py::dict BuildPackCall(const std::string& gguf_dir, const std::string& model_con
   pack::PackOutputPlan plan;
   Result<pack::BuildResult> r = [&]() -> Result<pack::BuildResult> {
     NoGil nogil;
-    pack::CollectOptions copts;
-    copts.allow_mixed_types = allow_mixed_types;
+    K3_ASSIGN_OR_RETURN(const pack::CollectOptions copts, PythonCollectOptions(allow_mixed_types, p));
     K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
     if (o.out_path.empty()) {
       K3_ASSIGN_OR_RETURN(o.out_path, pack::DefaultPackPath(experts.shard_paths.front()));
@@ -195,8 +206,7 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
   };
   Status st = [&]() -> Status {
     NoGil nogil;
-    pack::CollectOptions copts;
-    copts.allow_mixed_types = allow_mixed_types;
+    K3_ASSIGN_OR_RETURN(const pack::CollectOptions copts, PythonCollectOptions(allow_mixed_types, p));
     K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
     if (!allow_unsupported) {  // `k3pack build`'s gate, before a byte is written
       Status gate = k3pack::doctor::CheckSglangCanLoad(experts.shard_paths.front(), p, model_config, allow_mixed_types);
@@ -407,8 +417,7 @@ void RegisterValidatePack(py::module_& m) {
     o.interrupt_check = PendingSignals::CheckOf(signals);
     Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
       NoGil nogil;
-      pack::CollectOptions copts;
-      copts.allow_mixed_types = mixed;
+      K3_ASSIGN_OR_RETURN(const pack::CollectOptions copts, PythonCollectOptions(mixed, p));
       K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
       return pack::ValidatePack(pack_path, experts, o);
     }();

@@ -1,5 +1,7 @@
 #include "cli/profile.h"
 
+#include "k3pack/pack.h"
+
 namespace k3pack::cli {
 
 void AddProfileOption(Args& args) {
@@ -16,8 +18,9 @@ Result<kimi::Profile> ResolveProfile(const Args& args, const std::vector<std::st
 int ProfileErrorExit(const Args& args) { return args.Has("--profile") ? kExitUsage : kExitFailed; }
 
 Status CheckMixedTypesProfile(const Args& args, kimi::Profile profile) {
-  if (!args.Has("--allow-mixed-types") || profile == kimi::Profile::kScaled) return Status::OK();
-  return Error("--allow-mixed-types requires --profile scaled (Kimi K3 experts are Q2_K/Q2_K/Q3_K)");
+  pack::CollectOptions named;  // the CLI's names are the defaults
+  named.allow_mixed_types = args.Has("--allow-mixed-types");
+  return pack::CheckMixedTypesAllowed(named, profile);
 }
 
 }  // namespace k3pack::cli

@@ -92,12 +92,16 @@ uint64_t ExpertSet::EstimatedPackBytes() const {
   return layout.ok() ? layout->final_size() : 0;
 }
 
+Status CheckMixedTypesAllowed(const CollectOptions& options, kimi::Profile profile) {
+  if (!options.allow_mixed_types || profile == kimi::Profile::kScaled) return Status::OK();
+  return Error(options.mixed_types_option + " requires " + options.scaled_profile_option +
+               " (Kimi K3 experts are Q2_K/Q2_K/Q3_K)");
+}
+
 Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const std::vector<std::string>& shard_paths,
                                  const kimi::ModelSpec& spec, const CollectOptions& options) {
   const bool k3 = spec.profile == kimi::Profile::kKimiK3;
-  if (options.allow_mixed_types && k3) {
-    return Error("--allow-mixed-types requires --profile scaled (Kimi K3 experts are Q2_K/Q2_K/Q3_K)");
-  }
+  K3_RETURN_IF_ERROR(CheckMixedTypesAllowed(options, spec.profile));
   if (spec.num_experts == 0) return Error("num_experts must be positive");
 
   std::map<Key, const SourceTensor*> found;
@@ -167,7 +171,8 @@ Result<ExpertSet> CollectExperts(const std::vector<SourceTensor>& tensors, const
         return Error("unexpected expert dtype for " + KeyRepr(key) + ": " + DtypeName(t.dtype_id))
             .WithHint(std::string("the other layers' ") + (r == Role::kDown ? "down" : "up/gate") + " experts are " +
                       DtypeName(scaled_types[ri]) +
-                      "; pass --allow-mixed-types to pack mixed types (entry sizes then vary by layer)");
+                      "; pass " + options.mixed_types_option +
+                      " to pack mixed types (entry sizes then vary by layer)");
       }
     }
     if (t.nbytes % spec.num_experts != 0 || t.nbytes == 0) return Error("expert tensor is not evenly sliceable: " + t.name);

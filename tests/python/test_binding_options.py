@@ -195,6 +195,16 @@ class WaitAndBoolArgumentsTest(unittest.TestCase):
         with self.assertRaises(ZeroDivisionError):
             k3pack.validate_pack(missing, self.model, config, profile="scaled", allow_mixed_types=Raises())
 
+    def test_allow_mixed_types_under_kimi_k3_names_the_keywords(self):
+        # The text named the CLI's flags (--allow-mixed-types, --profile scaled).
+        config = os.path.join(self.model, "config.json")
+        with self.assertRaises(ValueError) as cm:
+            k3pack.build_pack(self.model, config, out=os.path.join(self.tmp.path, "p.pack"), profile="kimi-k3",
+                              allow_mixed_types=True)
+        self.assertEqual(str(cm.exception), "allow_mixed_types=True requires profile='scaled' (Kimi K3 experts are "
+                                            "Q2_K/Q2_K/Q3_K)")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.path, "p.pack")))
+
 
 
 class OtherIntegerParametersTest(_util.TinyPackTestCase):
