@@ -65,9 +65,6 @@ pack::ProgressFn ProgressCallback(py::object fn) {
 
 kimi::Profile ProfileArg(const std::string& name) { return Unwrap(kimi::ParseProfile(name)); }
 
-// profile=None: the one recorded beside the inputs (a manifest's k3pack
-// section, or the sidecar k3pack.synth writes), else kimi-k3 - as the CLI
-// does without --profile.
 // The expert collection with its errors naming this module's keywords;
 // allow_mixed_types under kimi-k3 is refused first, as the CLI's usage error
 // (before, a small model's invariant error came first and hid it).
@@ -80,6 +77,9 @@ Result<pack::CollectOptions> PythonCollectOptions(bool allow_mixed_types, kimi::
   return o;
 }
 
+// profile=None: the one recorded beside the inputs (a manifest's k3pack
+// section, or the sidecar k3pack.synth writes), else kimi-k3 - as the CLI
+// does without --profile.
 kimi::Profile ProfileArg(const py::object& name, const std::vector<std::string>& near) {
   if (!name.is_none()) {
     // .cast<std::string>() of an int was pybind11's RuntimeError "Unable to cast Python instance".
