@@ -82,10 +82,19 @@ struct Trace {
 };
 
 // The most objects (layers x experts) a trace may declare. Every consumer
-// keeps per-object tables (a 850-byte file declaring 2,000 layers of 65,536
-// experts made replay allocate GBs and abort); K3 has 92 x 896 = 82,432.
-// The reader refuses more and the generator writes no more (docs/FORMATS.md).
-constexpr uint64_t kMaxObjects = uint64_t{1} << 24;
+// keeps per-object tables sized by the declared model, not by the file (a
+// 850-byte file declaring 2,000 layers of 65,536 experts made replay
+// allocate GBs and abort; at 2^24 a 1 KB file still cost 3.5 GB per
+// adaptive replay and 7 GB per sweep). 2^20 is 12x K3's 92 x 896 = 82,432
+// and bounds a 1 KB file's sweep to about 450 MB. The reader refuses more
+// and the generator writes no more (docs/FORMATS.md).
+constexpr uint64_t kMaxObjects = uint64_t{1} << 20;
+inline constexpr char kMaxObjectsText[] = "1048576 = 2^20";
+
+// Whether a model's routes fit a trace (ids are u16: 1..65536 experts, and
+// at most kMaxObjects objects), so a writer refuses before it records
+// anything rather than truncating ids or writing a file no reader takes.
+Status CheckModelFits(uint64_t layers, uint32_t experts);
 
 Status WriteTrace(const std::string& path, const Trace& trace);
 // The bytes WriteTrace writes (to compare a run's trace with an existing file).

@@ -544,6 +544,9 @@ int RunExperts(const std::vector<std::string>& argv) {
   if (int failed = OpenRankStores(a, v, *in, so, &stores.ranks)) return failed;
   std::vector<uint32_t> layers;
   if (int failed = ChooseLayers(a, stores.full->info().active_layer_ids, &layers)) return failed;
+  if (!v.trace_out.empty())
+    if (Status fits = trace::CheckModelFits(layers.size(), stores.full->info().num_experts); !fits.ok())
+      return ReportError("run-experts", Error("--trace-out: " + fits.error().message()), kExitUsage);
   store::ExpertRunOptions o = RunOptionsOf(a, v);
   // Layers take seconds to minutes each at Kimi-K3's dimensions: the run
   // shows how many of them are done.

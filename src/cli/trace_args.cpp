@@ -236,7 +236,7 @@ Result<std::vector<uint64_t>> ParseSizes(const std::string& s) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] > trace::kMaxObjects)
       return Error("--sizes " + std::to_string(sizes[i]) + " is more than any trace's objects (at most " +
-                   std::to_string(trace::kMaxObjects) + " = 2^24), got '" + s + "'");
+                   trace::kMaxObjectsText + "), got '" + s + "'");
     if (std::find(sizes.begin(), sizes.begin() + i, sizes[i]) != sizes.begin() + i)
       return Error("--sizes names " + std::to_string(sizes[i]) + " twice, got '" + s + "'");
   }
@@ -341,7 +341,7 @@ Status CheckObjects(uint64_t layers, uint32_t experts) {
   if (layers * experts <= trace::kMaxObjects) return Status::OK();
   return Error("--layers " + std::to_string(layers) + " x --experts " + std::to_string(experts) + " = " +
                std::to_string(layers * experts) + " objects, more than a trace may declare (" +
-               std::to_string(trace::kMaxObjects) + " = 2^24; docs/FORMATS.md): at most " +
+               trace::kMaxObjectsText + "; docs/FORMATS.md): at most " +
                std::to_string(trace::kMaxObjects / experts) + " layers of " + std::to_string(experts) + " experts");
 }
 

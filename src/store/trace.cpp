@@ -102,6 +102,17 @@ std::string EncodeTrace(const Trace& t) {
   return out;
 }
 
+Status CheckModelFits(uint64_t layers, uint32_t experts) {
+  if (experts == 0 || experts > 65536)
+    return Error("a trace holds 1..65536 experts per layer (ids are 16-bit); this model has " +
+                 std::to_string(experts));
+  if (layers * experts > kMaxObjects)
+    return Error(std::to_string(layers) + " layers x " + std::to_string(experts) + " experts = " +
+                 std::to_string(layers * experts) + " objects, more than a trace may declare (" + kMaxObjectsText +
+                 "; docs/FORMATS.md): trace at most " + std::to_string(kMaxObjects / experts) + " layers");
+  return Status::OK();
+}
+
 Status WriteTrace(const std::string& path, const Trace& t) { return WriteFileAtomic(path, EncodeTrace(t)); }
 
 Result<Trace> ReadTrace(const std::string& path) {
@@ -174,7 +185,7 @@ class TraceParser {
     if (uint64_t{n_layers_} * t_.num_experts > kMaxObjects)
       return Bad(std::to_string(n_layers_) + " layers x " + std::to_string(t_.num_experts) + " experts = " +
                  std::to_string(uint64_t{n_layers_} * t_.num_experts) + " objects, more than a trace may declare (" +
-                 std::to_string(kMaxObjects) + " = 2^24; docs/FORMATS.md)");
+                 kMaxObjectsText + "; docs/FORMATS.md)");
     t_.layer_ids.reserve(n_layers_);
     for (uint32_t i = 0; i < n_layers_; ++i) {
       const size_t at = c_.pos;

@@ -69,7 +69,7 @@ TEST(TraceLimitsCli, HostileObjectCountIsRefusedNamingTheFile) {
     CliRun r = Timed(cmd);
     EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
     EXPECT_TRUE(Has(r, t + ": not a k3pack trace: 2000 layers x 65536 experts = 131072000 objects, more than a "
-                           "trace may declare (16777216 = 2^24")) << cmd << ": " << r.out;
+                           "trace may declare (1048576 = 2^20")) << cmd << ": " << r.out;
   }
   EXPECT_FALSE(fs::exists(dir + "/p.svg"));
 }

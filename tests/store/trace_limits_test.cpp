@@ -218,14 +218,35 @@ TEST(TraceLimits, ReaderRefusesMoreObjectsThanTheLimit) {
   b.append(2, '\0');
   EXPECT_EQ(ParseError(b),
             "x.k3t: not a k3pack trace: 2000 layers x 65536 experts = 131072000 objects, more than a trace may "
-            "declare (16777216 = 2^24; docs/FORMATS.md)");
+            "declare (1048576 = 2^20; docs/FORMATS.md)");
   // K3's 92 x 896 and the limit itself are fine.
   std::string k3 = Header(1, 896, 16, 92, 0);
   for (uint32_t l = 1; l <= 92; ++l) k3.append(reinterpret_cast<const char*>(&l), 4);
   EXPECT_EQ(ParseError(k3), "(accepted)");
-  std::string most = Header(1, 65536, 1, 256, 0);
-  for (uint32_t l = 1; l <= 256; ++l) most.append(reinterpret_cast<const char*>(&l), 4);
+  std::string most = Header(1, 65536, 1, 16, 0);
+  for (uint32_t l = 1; l <= 16; ++l) most.append(reinterpret_cast<const char*>(&l), 4);
   EXPECT_EQ(ParseError(most), "(accepted)");
+  // One layer more than the limit (it was 2^24: a 1 KB file cost GBs to simulate).
+  std::string over = Header(1, 65536, 1, 17, 0);
+  for (uint32_t l = 1; l <= 17; ++l) over.append(reinterpret_cast<const char*>(&l), 4);
+  EXPECT_NE(ParseError(over).find("17 layers x 65536 experts = 1114112 objects, more than"), std::string::npos)
+      << ParseError(over);
+}
+
+// A writer (run-experts --trace-out) asks before it runs: ids are 16-bit,
+// so 65,537 experts would have been written truncated.
+TEST(TraceLimits, ModelsThatFitATrace) {
+  EXPECT_TRUE(CheckModelFits(92, 896).ok());
+  EXPECT_TRUE(CheckModelFits(16, 65536).ok());
+  auto message = [](uint64_t layers, uint32_t experts) {
+    Status s = CheckModelFits(layers, experts);
+    return s.ok() ? std::string("(fits)") : s.error().message();
+  };
+  EXPECT_EQ(message(17, 65536),
+            "17 layers x 65536 experts = 1114112 objects, more than a trace may declare (1048576 = 2^20; "
+            "docs/FORMATS.md): trace at most 16 layers");
+  EXPECT_EQ(message(1, 65537), "a trace holds 1..65536 experts per layer (ids are 16-bit); this model has 65537");
+  EXPECT_EQ(message(1, 0), "a trace holds 1..65536 experts per layer (ids are 16-bit); this model has 0");
 }
 
 TEST(TraceLimits, ReaderMessagesNameTheRealRule) {
