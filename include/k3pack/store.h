@@ -149,7 +149,8 @@ class ExpertStore {
   // that would drop the active working set, and short/failed reads.
   // `request_ids` (optional): the request of the call (one id) or of each
   // row; the "request-aware" and "adaptive" policies learn per request from
-  // them. Empty: unknown (every policy behaves as without them).
+  // them. Empty: unknown (every policy behaves as without them). 2^64-1 is
+  // reserved for "no request" and refused here, in Prefetch() and in Keep().
   Result<Acquisition> Acquire(uint32_t layer, std::span<const int64_t> expert_ids, std::span<const int64_t> shape,
                               std::optional<bool> is_prefill = std::nullopt,
                               std::span<const uint64_t> request_ids = {});

@@ -259,15 +259,19 @@ Status SizesFitObjects(const std::vector<uint64_t>& sizes, const store::ObjectSp
 }
 
 // The timed table's prefetch rows at the next-layer horizon replay the
-// trace's next-layer predictions: without any they equal the demand rows.
+// trace's next-layer predictions: without any they equal the demand rows,
+// or at --horizon both (keep hints from the next-token predictions) the
+// keep rows.
 std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string& horizon) {
   if (horizon == "token") return "";
+  const std::string equal = horizon == "both" ? "the keep rows (their hints are the next-token predictions)"
+                                              : "the demand rows";
   if (t.layer_ids.size() < 2)
-    return "the trace routes one layer: there is no next layer to predict, so the prefetch rows equal the demand "
-           "rows (--horizon token predicts the same layer's next token)";
+    return "the trace routes one layer: there is no next layer to predict, so the prefetch rows read nothing "
+           "ahead and equal " + equal + " (--horizon token predicts the same layer's next token)";
   if (std::any_of(t.records.begin(), t.records.end(), [](const auto& r) { return r.has_predictions; })) return "";
-  return "the trace has no next-layer predictions: the prefetch rows read nothing ahead and equal the demand "
-         "rows (write it with `k3pack trace gen --predict`)";
+  return "the trace has no next-layer predictions: the prefetch rows read nothing ahead and equal " + equal +
+         " (write it with `k3pack trace gen --predict`)";
 }
 
 

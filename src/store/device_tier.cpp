@@ -222,7 +222,7 @@ Result<DeviceAcquisition> DeviceExpertTier::Acquire(uint32_t layer, std::span<co
   K3_RETURN_IF_ERROR(ValidateRoute(s.space, layer, shape, ids, !rank.whole()));
   K3_RETURN_IF_ERROR(CheckOwnedRoutes(rank, s.space.num_experts, layer, ids));
   const uint32_t li = static_cast<uint32_t>(s.space.LayerIndex(layer));
-  K3_RETURN_IF_ERROR(CheckRequestIdCount(request_ids.size(), static_cast<uint64_t>(shape[0])));
+  K3_RETURN_IF_ERROR(CheckRequestIds(request_ids, static_cast<uint64_t>(shape[0])));
   std::vector<ObjectId> keys;
   DistinctSorted(s.space, li, ids.data(), ids.size(), &keys);
   // Room for everything the call returns, before it holds any slot: an

@@ -22,7 +22,7 @@ namespace k3pack::store {
 // it (a policy passes over objects with a count).
 class NextCallHolds {
  public:
-  static constexpr uint64_t kAnyRequest = UINT64_MAX;  // a hold without a request id
+  static constexpr uint64_t kAnyRequest = kNoRequestId;  // a hold without a request id
   static constexpr uint64_t kMaxCalls = 16;
 
   NextCallHolds(uint64_t objects, size_t layers) : counts_(objects, 0), by_layer_(layers), calls_(layers, 0) {}

@@ -31,6 +31,11 @@ struct AccessResult {
   uint64_t evictions = 0;          // == evicted.size() (a stale reuse counts too)
 };
 
+// The request id that stands for none (a call, keep hint or staged read
+// without one): the store refuses it as a caller's id (CheckRequestId), so
+// a request given it never shares another's state.
+inline constexpr uint64_t kNoRequestId = UINT64_MAX;
+
 // Who asked for one acquire call's routes, for policies that keep per-request
 // state: `keys` holds every row's routes as ObjectIds (rows x width, route
 // order, duplicates kept), `requests` the request of each row, or one id

@@ -63,7 +63,7 @@
 namespace k3pack::store {
 namespace {
 
-constexpr uint64_t kUnknownRequest = UINT64_MAX;
+constexpr uint64_t kUnknownRequest = kNoRequestId;
 
 class RequestAware final : public Policy {
  public:

@@ -521,6 +521,7 @@ Status ExpertStore::Keep(uint32_t layer, std::span<const int64_t> ids, std::opti
   uint32_t li = 0;
   std::vector<ObjectId> keys;
   K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
+  K3_RETURN_IF_ERROR(CheckRequestId(request_id));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (!s.kept)
@@ -537,6 +538,7 @@ Status ExpertStore::Prefetch(uint32_t layer, std::span<const int64_t> ids, std::
   uint32_t li = 0;
   std::vector<ObjectId> keys;
   K3_RETURN_IF_ERROR(PredictedObjects(s, layer, ids, &li, &keys));
+  K3_RETURN_IF_ERROR(CheckRequestId(request_id));
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
   if (s.staged_mode) {

@@ -126,8 +126,10 @@ inline Status CheckOwnedRoutes(const PackGeometry& geo, uint32_t layer, std::spa
 // of its routes), then the rank's ownership (CheckOwnedRoutes).
 Result<RouteCall> PrepareStoreRoute(const PackGeometry& geo, uint32_t layer, std::span<const int64_t> shape,
                                     std::span<const int64_t> ids, std::optional<bool> is_prefill);
-// An acquire's request ids hold none, one for the call or one per row.
-Status CheckRequestIdCount(uint64_t count, uint64_t rows);
+// An acquire's request ids hold none, one for the call or one per row, and
+// none is kNoRequestId; a Prefetch()/Keep() id is not kNoRequestId.
+Status CheckRequestIds(std::span<const uint64_t> request_ids, uint64_t rows);
+Status CheckRequestId(std::optional<uint64_t> request_id);
 
 // A front tier's call of `layer` read through `host` in several acquires
 // (ExpertStore::BeginChunkedCall), ended on every way out; nothing when the

@@ -29,8 +29,9 @@
 // area, not admitted to the cache; the next call of that layer takes those it
 // routes to (the policy sees a demand miss, no second read) and drops the
 // rest (wasted). The cache then evolves exactly as without prefetch, so hits
-// are never below demand-only. The budget caps staged bytes (taken or not
-// yet dropped, and dropped reads still in flight); reads are issued at once
+// are never below demand-only. The budget caps staged bytes not yet taken
+// or dropped (landed or not) plus dropped reads still in flight; a take
+// frees its charge at once, as in the store; reads are issued at once
 // (the store's speculative queue depth and cancellation are not modelled).
 //
 // Device tier (`device_bytes` > 0): the call is served from a device cache

@@ -26,6 +26,12 @@ class StoreRequestIdsTest(_util.TinyPackTestCase):
                     store.acquire(layer, ids, request_ids=-1)
                 with self.assertRaises(ValueError):
                     store.acquire(layer, ids, request_ids="a")
+                # 2**64-1 stands for "no request id" inside the store.
+                for call in (lambda: store.acquire(layer, ids, request_ids=[7, 2**64 - 1]),
+                             lambda: store.prefetch(layer, [0], request_id=2**64 - 1)):
+                    with self.assertRaises(ValueError) as cm:
+                        call()
+                    self.assertIn("request id 18446744073709551615 (2^64-1) is reserved", str(cm.exception))
                 # A failed argument check counts no call.
                 self.assertEqual(store.snapshot()["route_calls_by_layer"][layer], 5)
 

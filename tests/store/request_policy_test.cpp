@@ -332,5 +332,39 @@ TEST(StoreRequestIds, OneOrOnePerRow) {
   EXPECT_EQ(bad.error().message(), "request_ids must hold one id for the call or one per row; received 3 for 2 rows");
 }
 
+// 2^64-1 is the store's "no request id": given as a caller's id it shared
+// the state of calls without ids (request-aware) and a staged read or keep
+// hint given it ended at any request's call.
+TEST(StoreRequestIds, TheReservedIdIsRefusedEverywhere) {
+  testing::TinyPack p(testing::TinySpec{});
+  StoreOptions o;
+  o.cache_bytes = 6 * 12288;
+  o.policy = "request-aware";
+  auto s = testing::OpenOk(p, o);
+  ASSERT_NE(s, nullptr);
+  std::vector<int64_t> ids = {5, 1, 2, 3};
+  int64_t shape[2] = {2, 2};
+  const std::string said = "request id 18446744073709551615 (2^64-1) is reserved: the store uses it for a call or "
+                           "prediction without one\nhint: give request ids below 2^64-1, or none";
+  const uint64_t reserved[] = {UINT64_MAX}, second_row[] = {7, UINT64_MAX};
+  for (std::span<const uint64_t> r : {std::span<const uint64_t>(reserved), std::span<const uint64_t>(second_row)}) {
+    auto a = s->Acquire(1, ids, shape, std::nullopt, r);
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.error().kind(), ErrorKind::kValue);
+    EXPECT_EQ(a.error().message(), said);
+  }
+  const int64_t guess[] = {4};
+  for (Status st : {s->Prefetch(1, guess, UINT64_MAX), s->Keep(1, guess, UINT64_MAX)}) {
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.error().message(), said);
+  }
+  EXPECT_TRUE(s->Prefetch(1, guess, UINT64_MAX - 1).ok());
+  EXPECT_TRUE(s->Keep(1, guess, UINT64_MAX - 1).ok());
+  const uint64_t largest[] = {UINT64_MAX - 1};
+  auto fine = s->Acquire(1, ids, shape, std::nullopt, largest);
+  ASSERT_TRUE(fine.ok()) << fine.error().message();
+  EXPECT_TRUE(s->MarkUsed(*fine).ok());
+}
+
 }  // namespace
 }  // namespace k3pack::store

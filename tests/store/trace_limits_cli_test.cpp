@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -192,6 +194,33 @@ TEST(TraceLimitsCli, TimedSweepWithoutPredictionsSaysSo) {
   CliRun with = Cli(cmd + predicted + " --json");
   ASSERT_EQ(with.code, 0) << with.out;
   EXPECT_FALSE(nlohmann::json::parse(with.out).contains("note")) << with.out;
+}
+
+// Before: at --horizon both the note said the prefetch rows equal the demand
+// rows, while their keep hints (next-token predictions) made them equal the
+// keep rows.
+TEST(TraceLimitsCli, TimedSweepAtHorizonBothNamesTheRowsItEquals) {
+  const std::string dir = testing::TinyPack::TempDir("limits-timing-both");
+  const std::string t = dir + "/next-token-only.k3t";
+  CliRun g = Cli("trace gen --trace " + t + " --layers 3 --experts 8 --top-k 2 --requests 1 --prompt-tokens 2 "
+                 "--decode-tokens 12 --predict-next-token");
+  ASSERT_EQ(g.code, 0) << g.out;
+  CliRun r = Cli("trace sweep --timing --policies lru --sizes 4 --horizon both --keep-predicted --json --trace " + t);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.value("note", ""),
+            "the trace has no next-layer predictions: the prefetch rows read nothing ahead and equal the keep rows "
+            "(their hints are the next-token predictions) (write it with `k3pack trace gen --predict`)");
+  // The claim itself: the prefetch-with-keep row's counts are the keep
+  // row's, and here the hints matter (the demand row differs).
+  std::map<std::pair<bool, bool>, nlohmann::json> rows;  // (prefetch, keep_predicted)
+  for (const auto& row : j.at("timing"))
+    if (row.value("policy", "") == "lru") rows[{row.at("prefetch"), row.at("keep_predicted")}] = row;
+  ASSERT_EQ(rows.size(), 3u) << r.out;
+  const auto &demand = rows[{false, false}], &keep = rows[{false, true}], &both = rows[{true, true}];
+  for (const char* field : {"hits", "bytes_read", "stall_s", "prefetch_bytes"})
+    EXPECT_EQ(keep.at(field), both.at(field)) << field << ": " << r.out;
+  EXPECT_NE(keep.at("hits"), demand.at("hits")) << r.out;
 }
 
 TEST(TraceLimitsCli, SvgNamingWithFamilyAll) {
