@@ -35,7 +35,7 @@ void RegisterSlotCache(py::module_& m) {
              o.store.policy = policy;
              o.store.io_backend = io_backend;
              o.store.direct_io = direct_io;
-             o.store.read_splits = StoreCountArg(read_splits, "read_splits", store::kMaxReadCount, INT64_MIN, INT64_MAX);
+             o.store.read_splits = StoreCountArg(read_splits, "read_splits", store::kMaxReadSplits, INT64_MIN, INT64_MAX);
              o.store.queue_depth = StoreCountArg(queue_depth, "queue_depth", store::kMaxReadCount, INT64_MIN, INT64_MAX);
              o.host_cache_bytes = IntInRange<uint64_t>(host_cache_bytes, "host_cache_bytes", 0, UINT64_MAX);
              o.store.verify_pack_sha256 = verify_pack_sha256;

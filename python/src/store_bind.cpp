@@ -176,7 +176,7 @@ void RegisterStore(py::module_& m) {
              o.policy = policy;
              o.io_backend = io_backend;
              o.direct_io = direct_io;
-             o.read_splits = StoreCountArg(read_splits, "read_splits", store::kMaxReadCount, INT64_MIN, INT64_MAX);
+             o.read_splits = StoreCountArg(read_splits, "read_splits", store::kMaxReadSplits, INT64_MIN, INT64_MAX);
              o.queue_depth = StoreCountArg(queue_depth, "queue_depth", store::kMaxReadCount, INT64_MIN, INT64_MAX);
              o.stats_flush_interval = CountArg(stats_flush_interval, "stats_flush_interval", 0, INT64_MAX);
              o.stats_path = stats_path;

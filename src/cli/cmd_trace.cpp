@@ -2,6 +2,7 @@
 // routing traces); replay and sweep live in cmd_trace_replay.cpp and
 // cmd_trace_sweep.cpp.
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <optional>
 
@@ -54,28 +55,38 @@ int RunGen(const std::vector<std::string>& argv) {
   if (!gs.ok()) return ReportError("trace gen", gs.error(), 2);
   const std::string out = a.Get("--trace");
   const std::optional<FileStamp> seen = SeeOutput(out);
+  // The overwrite rule: "finished" means the file already holds exactly
+  // these records; anything else is refused (a shard or a manifest passed as
+  // --trace by mistake is never replaced). All but the comparison is
+  // checked before generating: a large trace takes tens of seconds, and a
+  // directory or a JSON file as --trace was refused only after them.
+  auto spec = [&](std::function<bool()> finished, const std::string& why_refused) {
+    OutputSpec s;
+    s.option = "--trace";
+    s.path = out;
+    s.force = a.Has("--force");
+    s.is_finished = [finished = std::move(finished)]() -> Result<bool> { return finished(); };
+    s.why_refused = why_refused;
+    s.not_own_kind = [&] { return NotAFileOf(out, FileStart::kTrace, "a routing trace"); };
+    return s;
+  };
+  if (Status w = CheckOutputWritable("--trace", out); !w.ok()) return ReportError("trace gen", w.error());
+  if (Status in = NotAnInput(a, "--trace", out, {"--manifest"}); !in.ok()) return ReportError("trace gen", in.error());
+  if (auto early = DecideOutput(spec([&] { return trace::ReadTrace(out).ok(); }, "it is not a k3pack trace"));
+      !early.ok())
+    return ReportError("trace gen", early.error());
   // A trace of many requests at K3 dimensions takes tens of seconds.
   auto progress = StartProgress(*mode);
   o.progress = progress->CountFn("gen", "tokens");
   auto t = trace::Generate(o);
   progress->Finish();
   if (!t.ok()) return ReportError("trace gen", t.error());
-  // The overwrite rule: a trace is cheap to generate, so "finished" means the
-  // file already holds exactly these records; anything else is refused
-  // (a shard or a manifest passed as --trace by mistake is never replaced).
-  if (Status w = CheckOutputWritable("--trace", out); !w.ok()) return ReportError("trace gen", w.error());
-  if (Status in = NotAnInput(a, "--trace", out, {"--manifest"}); !in.ok()) return ReportError("trace gen", in.error());
-  OutputSpec spec;
-  spec.option = "--trace";
-  spec.path = out;
-  spec.force = a.Has("--force");
-  spec.is_finished = [&]() -> Result<bool> {
-    auto old = trace::ReadTrace(out);
-    return old.ok() && SameTrace(*old, *t);
-  };
-  spec.why_refused = "it is not this trace";
-  spec.not_own_kind = [&] { return NotAFileOf(out, FileStart::kTrace, "a routing trace"); };
-  auto action = DecideOutput(spec);
+  auto action = DecideOutput(spec(
+      [&] {
+        auto old = trace::ReadTrace(out);
+        return old.ok() && SameTrace(*old, *t);
+      },
+      "it is not this trace"));
   if (!action.ok()) return ReportError("trace gen", action.error());
   if (*action == OutputAction::kAlreadyBuilt) {
     ReportAlreadyBuilt("trace gen", out, a.Has("--json"), "trace");

@@ -2,6 +2,7 @@
 // reads from the pack), or with --simulate on the policy alone.
 #include <cstdio>
 #include <iostream>
+#include <tuple>
 
 #include "cli/command.h"
 #include "cli/implied_inputs.h"
@@ -16,6 +17,7 @@
 #include "store/io_engine.h"
 #include "store/policy.h"
 #include "store/replay.h"
+#include "store/runtime_options.h"
 
 namespace k3pack::cli {
 namespace {
@@ -86,10 +88,12 @@ int ParseReplayValues(const Args& a, ReplayValues* out) {
     return ReportError("trace replay", Error("--prefetch: unknown prefetch mode '" + a.Get("--prefetch") +
                                              "' (known: none, oracle-lookahead)"), 2);
   auto splits = a.GetInt("--read-splits"), look = a.GetInt("--lookahead");
-  for (auto [name, v] : {std::pair{"--read-splits", &splits}, {"--lookahead", &look}}) {
+  for (auto [name, v, most] : {std::tuple{"--read-splits", &splits, int64_t{store::kMaxReadSplits}},
+                               {"--lookahead", &look, int64_t{INT32_MAX}}}) {
     if (!v->ok()) return ReportError("trace replay", v->error(), 2);
-    if (**v < 1 || **v > INT32_MAX)
-      return ReportError("trace replay", Error(std::string(name) + " must be a positive integer, got " + a.Get(name)), 2);
+    if (**v < 1 || **v > most)
+      return ReportError("trace replay", Error(std::string(name) + " must be an integer in 1.." + std::to_string(most) +
+                                               ", got " + a.Get(name)), 2);
   }
   uint32_t depth = 0;
   if (Status st = QueueDepthOption(a, &depth); !st.ok()) return ReportError("trace replay", st.error(), 2);

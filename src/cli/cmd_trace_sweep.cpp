@@ -92,9 +92,9 @@ Args SweepArgs() {
       .Option("--ep-size", "expert-parallel ranks: each rank replays only the routes to its experts with its own "
               "cache; --sizes are per rank (no plot, no informed bound)")
       .Flag("--timing", "timed replay instead: stall time, bytes and prefetch per token (generated traces get predictions)")
-      .Option("--compute-us", "--timing: compute time of one routed layer per decode call (prefill: per row)", "350")
-      .Option("--ssd-gbps", "--timing: SSD read bandwidth, GB/s", "7")
-      .Option("--ssd-latency-us", "--timing: SSD latency per read", "80")
+      .Option("--compute-us", "--timing: compute time of one routed layer per decode call (prefill: per row), 0..1e9", "350")
+      .Option("--ssd-gbps", "--timing: SSD read bandwidth, GB/s, 0.001..10000", "7")
+      .Option("--ssd-latency-us", "--timing: SSD latency per read, 0..1e9", "80")
       .Option("--queue-depth", "--timing: SSD reads in flight", "16")
       .Option("--prefetch-budget-mib", "--timing: speculative reads in flight, MiB (0: no cap)", "0")
       .Flag("--staged", "--timing: also prefetch with the store's staging rule (reads outside the cache)")
@@ -105,8 +105,8 @@ Args SweepArgs() {
             "evicted only after every unpredicted one, until its call starts (prefetch rows)")
       .Option("--device-mib", "--timing: device (VRAM) tier in front of the host cache, MiB (0: none)", "0")
       .Option("--device-policy", "--timing: the device tier's policy (lru: the GPU tier's slots)", "lru")
-      .Option("--h2d-gbps", "--timing: host-to-device copy bandwidth, GB/s (PCIe-4 x16)", "25")
-      .Option("--h2d-latency-us", "--timing: latency per host-to-device copy", "10")
+      .Option("--h2d-gbps", "--timing: host-to-device copy bandwidth, GB/s (PCIe-4 x16), 0.001..10000", "25")
+      .Option("--h2d-latency-us", "--timing: latency per host-to-device copy, 0..1e9", "10")
       .Flag("--json", "print the table as JSON");
   AddGenOptions(a, /*every_family=*/true);
   AddProgressOption(a);
@@ -150,6 +150,24 @@ Args SweepArgs() {
 
 // Every option value of the sweep, checked before any trace is made (a bad
 // one is a usage error, exit 2).
+// The timed replay's times (µs) and rates (GB/s) are finite numbers in
+// these ranges: --ssd-gbps 1e-300 printed 300-digit stalls, and
+// --compute-us 1e300 left the clock no precision after the first call.
+struct TimingRange {
+  double lo, hi;
+  const char* text;
+};
+constexpr TimingRange kTimes{0, 1e9, "0..1e9 (up to 1,000 s)"};
+constexpr TimingRange kRates{1e-3, 1e4, "0.001..10000 (1 MB/s to 10 TB/s)"};
+
+Status TimingValue(const Args& a, const char* name, const TimingRange& range, double* value) {
+  // A value that is no (finite) number: the parser's error names it.
+  K3_ASSIGN_OR_RETURN(*value, a.GetDouble(name));
+  if (*value < range.lo || *value > range.hi)
+    return Error(std::string(name) + " must be in " + range.text + ", got " + a.Get(name));
+  return Status::OK();
+}
+
 struct SweepValues {
   unsigned threads = 2;
   std::vector<std::string> policies;
@@ -214,18 +232,10 @@ int ParseSweepValues(const Args& a, SweepValues* out) {
   double cu = 0, bw = 0, lat = 0, h2d = 0, h2d_lat = 0;
   uint64_t dev = 0;
   if (a.Has("--timing")) {
-    auto cu_r = a.GetDouble("--compute-us"), bw_r = a.GetDouble("--ssd-gbps"), lat_r = a.GetDouble("--ssd-latency-us");
-    // A value that is no (finite) number: the parser's error names it.
-    for (const Status& st : {cu_r.status(), bw_r.status(), lat_r.status()})
-      if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
-    cu = *cu_r, bw = *bw_r, lat = *lat_r;
-    for (auto [name, value, positive] : {std::tuple{"--compute-us", cu, false}, {"--ssd-gbps", bw, true},
-                                         {"--ssd-latency-us", lat, false}})
-      if (positive ? value <= 0 : value < 0)
-        return ReportError("trace sweep",
-                           Error(std::string(name) + " must be " + (positive ? "positive" : "at least 0") + ", got " +
-                                 a.Get(name)),
-                           2);
+    if (Status st = TimingValue(a, "--compute-us", kTimes, &cu); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+    if (Status st = TimingValue(a, "--ssd-gbps", kRates, &bw); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+    if (Status st = TimingValue(a, "--ssd-latency-us", kTimes, &lat); !st.ok())
+      return ReportError("trace sweep", st.error(), 2);
     uint32_t qd = 0;
     if (Status st = QueueDepthOption(a, &qd); !st.ok()) return ReportError("trace sweep", st.error(), 2);
     auto budget = MibOptionBytes(a, "--prefetch-budget-mib", 0);
@@ -243,14 +253,9 @@ int ParseSweepValues(const Args& a, SweepValues* out) {
     auto dev_r = MibOptionBytes(a, "--device-mib", 0);
     if (!dev_r.ok()) return ReportError("trace sweep", dev_r.error(), 2);
     dev = *dev_r;
-    auto h2d_r = a.GetDouble("--h2d-gbps"), h2d_lat_r = a.GetDouble("--h2d-latency-us");
-    for (const Status& st : {h2d_r.status(), h2d_lat_r.status()})
-      if (!st.ok()) return ReportError("trace sweep", st.error(), 2);
-    h2d = *h2d_r, h2d_lat = *h2d_lat_r;
-    if (h2d <= 0) return ReportError("trace sweep", Error("--h2d-gbps must be positive, got " + a.Get("--h2d-gbps")), 2);
-    if (h2d_lat < 0)
-      return ReportError("trace sweep",
-                         Error("--h2d-latency-us must be at least 0, got " + a.Get("--h2d-latency-us")), 2);
+    if (Status st = TimingValue(a, "--h2d-gbps", kRates, &h2d); !st.ok()) return ReportError("trace sweep", st.error(), 2);
+    if (Status st = TimingValue(a, "--h2d-latency-us", kTimes, &h2d_lat); !st.ok())
+      return ReportError("trace sweep", st.error(), 2);
     to.device_bytes = dev;
     to.device_policy = a.Get("--device-policy");
     if (Status st = CheckPolicyName("--device-policy", to.device_policy); !st.ok())

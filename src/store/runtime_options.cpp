@@ -24,9 +24,10 @@ Status CheckRuntimeCounts(const StoreOptions& opt, std::string_view budget_name,
   for (const auto& [name, value] : counts) {
     if (value <= 0) return NotPositiveError(name, std::to_string(value));
   }
-  for (const auto& [name, value] : counts) {
-    if (static_cast<uint64_t>(value) > kMaxReadCount) return PastLimitError(name, kMaxReadCount, std::to_string(value));
-  }
+  if (static_cast<uint64_t>(opt.queue_depth) > kMaxReadCount)
+    return PastLimitError("queue_depth", kMaxReadCount, std::to_string(opt.queue_depth));
+  if (static_cast<uint64_t>(opt.read_splits) > kMaxReadSplits)
+    return PastLimitError("read_splits", kMaxReadSplits, std::to_string(opt.read_splits));
   if (opt.stats_flush_interval < 0) return Error("expert-pack stats flush interval cannot be negative");
   return Status::OK();
 }

@@ -17,6 +17,11 @@ namespace k3pack::store {
 // range planner and the I/O engine count in 32 bits: a larger value is
 // refused rather than cut (2^32 read as 0, 2^32 + 1 as 1).
 inline constexpr uint64_t kMaxReadCount = UINT32_MAX;
+// Ranges per object read: each is a read job on every miss and a row of the
+// range plan of every layer made at open, so 10^7 took minutes and GBs
+// before the first read. 1024 ranges of a K3 object are 11.7 KB each; past
+// P / 4096 ranges they are no longer 4096-aligned anyway (SGLang's rule).
+inline constexpr uint64_t kMaxReadSplits = 1024;
 // SlotCache's pinned staging buffers; SGLang has no limit.
 inline constexpr uint64_t kMaxStageSlots = 1024;
 
@@ -30,8 +35,9 @@ Error PastLimitError(std::string_view name, uint64_t limit, std::string_view val
 
 // The budget (`budget_name`: ExpertStore's cache_bytes, SlotCache's
 // stage_slots), queue_depth and read_splits positive, in that order
-// (NotPositiveError), then read_splits and queue_depth at most
-// kMaxReadCount (PastLimitError), then the stats flush interval not
+// (NotPositiveError), then queue_depth at most kMaxReadCount and
+// read_splits at most kMaxReadSplits (PastLimitError), then the stats flush
+// interval not
 // negative (SGLang's text).
 Status CheckRuntimeCounts(const StoreOptions& opt, std::string_view budget_name, uint64_t budget);
 

@@ -6,6 +6,9 @@
 // error (exit 2) naming the option, or works as asked, and never hangs:
 // commands that hung before run under `timeout`.
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -134,6 +137,19 @@ TEST(ArgParsing, NanAndInfAreUsageErrorsNotHangsOrNanTables) {
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_TRUE(Contains(r.out, "must be a finite number")) << r.out;
     EXPECT_FALSE(Contains(r.out, "nan us/layer")) << r.out;
+  }
+  // Before: finite but absurd values ran, printing 300-digit stalls.
+  for (const auto& [opt, said] : std::vector<std::pair<std::string, std::string>>{
+           {"--ssd-gbps 1e-300", "--ssd-gbps must be in 0.001..10000 (1 MB/s to 10 TB/s), got 1e-300"},
+           {"--ssd-gbps 0", "--ssd-gbps must be in 0.001..10000 (1 MB/s to 10 TB/s), got 0"},
+           {"--compute-us 1e300", "--compute-us must be in 0..1e9 (up to 1,000 s), got 1e300"},
+           {"--ssd-latency-us -1", "--ssd-latency-us must be in 0..1e9 (up to 1,000 s), got -1"},
+           {"--device-mib 64 --h2d-gbps 1e5", "--h2d-gbps must be in 0.001..10000 (1 MB/s to 10 TB/s), got 1e5"},
+           {"--device-mib 64 --h2d-latency-us 2e9", "--h2d-latency-us must be in 0..1e9 (up to 1,000 s), got 2e9"}}) {
+    SCOPED_TRACE(opt);
+    CliRun r = Timed("trace sweep --progress none --sizes 8 --timing --trace " + Q(trace) + " " + opt);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_TRUE(Contains(r.out, "error: " + said)) << r.out;
   }
   // Before: inf passed "non-negative" and the build went ahead (its byte
   // conversion undefined); nan refused with required=9223372036882134208.

@@ -71,8 +71,8 @@ class StoreIntegerOptionsTest(_util.TinyPackTestCase):
         # 1..4294967295, got 4294967296" where a C++ caller read "must be at
         # most 4294967295 (k3pack's limit)", and stage_slots=5000 the
         # library's words but 2**32 the binding's.
-        cases = [(self.expert_store, "read_splits", U32), (self.expert_store, "queue_depth", U32),
-                 (self.slot_cache, "read_splits", U32), (self.slot_cache, "queue_depth", U32),
+        cases = [(self.expert_store, "read_splits", 1024), (self.expert_store, "queue_depth", U32),
+                 (self.slot_cache, "read_splits", 1024), (self.slot_cache, "queue_depth", U32),
                  (self.slot_cache, "stage_slots", 1024)]
         for make, arg, limit in cases:
             for value in (limit + 1, U32 + 1, 2 ** 64, 2 ** 100):

@@ -357,7 +357,7 @@ TEST(StoreOpen, RuntimeBudgets) {
     EXPECT_EQ(OpenError(p, o), "queue_depth must be at most 4294967295 (k3pack's limit), got " + std::to_string(big));
     o = Small();
     o.read_splits = big;
-    EXPECT_EQ(OpenError(p, o), "read_splits must be at most 4294967295 (k3pack's limit), got " + std::to_string(big));
+    EXPECT_EQ(OpenError(p, o), "read_splits must be at most 1024 (k3pack's limit), got " + std::to_string(big));
     SlotCacheOptions so;
     so.store = Small();
     so.store.queue_depth = big;
@@ -366,6 +366,16 @@ TEST(StoreOpen, RuntimeBudgets) {
     EXPECT_EQ(cache.error().message(),
               "queue_depth must be at most 4294967295 (k3pack's limit), got " + std::to_string(big));
   }
+  // 10^7 ranges per read took minutes and GBs in the range plan before the
+  // first read; 1024 is the most.
+  for (int64_t splits : {int64_t{1025}, int64_t{10000000}}) {
+    o = Small();
+    o.read_splits = splits;
+    EXPECT_EQ(OpenError(p, o), "read_splits must be at most 1024 (k3pack's limit), got " + std::to_string(splits));
+  }
+  o = Small();
+  o.read_splits = 1024;
+  EXPECT_NE(testing::OpenOk(p, o), nullptr);
   o = Small();
   o.cache_bytes = 12288 * 2 - 1;  // top_k = 2 objects do not fit
   ErrorKind kind{};

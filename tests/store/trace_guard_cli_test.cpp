@@ -112,6 +112,17 @@ TEST(TraceGuardCli, ReplayBadValuesAreUsageErrorsNamingTheOption) {
     EXPECT_EQ(r.code, 2) << flag << ": " << r.out;
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag << ": " << r.out;
   }
+  // Before: --read-splits 10000000 was taken, and the replay ran for minutes
+  // building ranges; a value past 2^31 was "must be a positive integer".
+  for (const auto& [value, said] : std::vector<std::pair<std::string, std::string>>{
+           {"--read-splits 10000000", "--read-splits must be an integer in 1..1024, got 10000000"},
+           {"--read-splits 4294967295", "--read-splits must be an integer in 1..1024, got 4294967295"},
+           {"--lookahead 4294967295 --prefetch oracle-lookahead",
+            "--lookahead must be an integer in 1..2147483647, got 4294967295"}}) {
+    CliRun r = Cli(f.Replay(value));
+    EXPECT_EQ(r.code, 2) << value << ": " << r.out;
+    EXPECT_NE(r.out.find(said), std::string::npos) << value << ": " << r.out;
+  }
 }
 
 TEST(TraceGuardCli, GenAndSweepRefuseZeroLayers) {
@@ -125,6 +136,37 @@ TEST(TraceGuardCli, GenAndSweepRefuseZeroLayers) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("--layers"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir + "/p.svg"));
+}
+
+// Before: a directory, a JSON file or a trace that does not read as one was
+// refused only after the whole trace was generated (14 s for 2,000 tokens).
+// The progress lines show whether generation started.
+TEST(TraceGuardCli, GenRefusesItsOutputBeforeGenerating) {
+  const std::string dir = testing::TinyPack::TempDir("guard-gen-out");
+  fs::create_directory(dir + "/adir");
+  { std::ofstream(dir + "/m.json") << "{\"format\": 1}\n"; }
+  { std::ofstream(dir + "/bad.k3t") << "K3TRACE"; }
+  const std::string gen = "trace gen --requests 1 --decode-tokens 3 --layers 2 --progress json --trace ";
+  for (const auto& [path, said] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/adir", "is a directory"},
+           {dir + "/m.json", "m.json"},
+           {dir + "/bad.k3t", "it is not a k3pack trace"}}) {
+    CliRun r = Cli(gen + path);
+    EXPECT_EQ(r.code, 1) << path << ": " << r.out;
+    EXPECT_NE(r.out.find(said), std::string::npos) << path << ": " << r.out;
+    EXPECT_EQ(r.out.find("\"phase\":\"gen\""), std::string::npos) << "generated before refusing: " << r.out;
+  }
+  EXPECT_EQ(Slurp(dir + "/m.json"), "{\"format\": 1}\n");
+  // A trace already there is still compared after generating: the same
+  // one is reported, another refused without --force and replaced with it.
+  const std::string t = dir + "/t.k3t";
+  ASSERT_EQ(Cli(gen + t).code, 0);
+  CliRun same = Cli(gen + t);
+  EXPECT_EQ(same.code, 0) << same.out;
+  CliRun other = Cli(gen + t + " --seed 2");
+  EXPECT_EQ(other.code, 1) << other.out;
+  EXPECT_NE(other.out.find("it is not this trace"), std::string::npos) << other.out;
+  EXPECT_EQ(Cli(gen + t + " --seed 2 --force").code, 0);
 }
 
 TEST(TraceGuardCli, GenValuesOutOfRangeAreUsageErrorsNamingTheOption) {
