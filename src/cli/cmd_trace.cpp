@@ -125,7 +125,7 @@ int RunTrace(const std::vector<std::string>& argv) {
     return 0;
   }
   const std::string msg = "unknown sub-command '" + sub + "'";
-  ReportDispatchError("trace", "k3pack trace: error: " + msg, msg, rest);
+  ReportDispatchError("trace", "k3pack trace: error: " + msg, msg, argv);
   return Usage();
 }
 

@@ -155,6 +155,7 @@ int ReplayOnTheStore(const Args& a, const ReplayValues& v, const trace::Trace& t
   if (!a.Has("--manifest")) return ReportError("trace replay", Error("--manifest is required without --simulate"), 2);
   store::ReplayOptions o;
   o.manifest_path = a.Get("--manifest");
+  o.trace_path = a.Get("--trace");
   if (Status e = CheckInputExists("--manifest", o.manifest_path, ".manifest.json"); !e.ok())
     return ReportError("trace replay", e.error());
   o.pack_path = a.Get("--pack");

@@ -106,7 +106,7 @@ Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
 Result<store::ObjectSpace> SpaceFor(const Args& a, std::optional<store::ObjectSpace> m, const trace::Trace& t) {
   if (m) {
     if (m->num_experts != t.num_experts || m->top_k != t.top_k)
-      return Error("trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " +
+      return Error((a.Has("--trace") ? a.Get("--trace") + ": " : std::string()) + "trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " +
                    std::to_string(t.top_k) + ") do not match manifest " + a.Get("--manifest") + " (" +
                    std::to_string(m->num_experts) + ", " + std::to_string(m->top_k) + ")");
     return std::move(*m);
@@ -286,7 +286,7 @@ void AddGenOptions(Args& a, bool every_family) {
                             "under SGLang's name)")
       .Option("--layers", "routed layers (numbered from --first-layer)", "92")
       .Option("--first-layer", "first routed layer id", "1")
-      .Option("--experts", "experts per layer", "896")
+      .Option("--experts", "experts per layer (1..65536)", "896")
       .Option("--top-k", "experts per token", "16")
       .Option("--requests", "requests in all")
       .Option("--concurrent", "requests decoded side by side (a new one starts when one finishes)")
@@ -333,9 +333,11 @@ Status ManifestAgrees(const Args& a, const store::ObjectSpace& s) {
 }
 
 Status CheckDims(const trace::GenOptions& o) {
-  if (o.top_k == 0 || o.top_k > o.num_experts || o.num_experts > 65536)
-    return Error("--top-k must be in 1..--experts and --experts at most 65536, got --top-k " +
-                 std::to_string(o.top_k) + " --experts " + std::to_string(o.num_experts));
+  if (o.num_experts == 0 || o.num_experts > 65536)
+    return Error("--experts must be in 1..65536 (trace ids are 16-bit), got " + std::to_string(o.num_experts));
+  if (o.top_k == 0 || o.top_k > o.num_experts)
+    return Error("--top-k must be in 1..--experts, got --top-k " + std::to_string(o.top_k) + " --experts " +
+                 std::to_string(o.num_experts));
   return Status::OK();
 }
 

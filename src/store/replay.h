@@ -19,6 +19,7 @@ namespace k3pack::store {
 
 struct ReplayOptions {
   std::string pack_path, manifest_path;
+  std::string trace_path;  // names the trace in errors
   StoreOptions store;
   std::string prefetch = "none";  // "none" | "oracle-lookahead"
   uint32_t lookahead = 1;         // records ahead prefetched by the oracle

@@ -139,7 +139,9 @@ class TraceParser {
     K3_RETURN_IF_ERROR(ParseLayerList());
     t_.records.reserve(n_records_);
     for (uint64_t i = 0; i < n_records_; ++i) K3_RETURN_IF_ERROR(ParseRecord(i));
-    if (c_.pos != data_.size()) return Bad(std::to_string(data_.size() - c_.pos) + " trailing bytes");
+    if (c_.pos != data_.size())
+      return Bad(std::to_string(data_.size() - c_.pos) + " trailing bytes at offset " + std::to_string(c_.pos) +
+                 ", after the " + std::to_string(n_records_) + " records the header declares");
     return std::move(t_);
   }
 
@@ -220,7 +222,9 @@ class TraceParser {
     const size_t start = c_.pos;
     uint32_t layer, rows, request, flags;
     if (!c_.Get(&layer) || !c_.Get(&rows) || !c_.Get(&request) || !c_.Get(&flags))
-      return Bad("truncated at record " + std::to_string(i));
+      return Bad("truncated at record " + std::to_string(i) + ": its 16-byte fields start at offset " +
+                 std::to_string(start) + " of " + std::to_string(data_.size()) + " bytes (the header declares " +
+                 std::to_string(n_records_) + " records)");
     const std::string at = " at record " + std::to_string(i);
     if (rows == 0) return BadFields(i, start, "0 rows" + at + " (a call routes at least one token)");
     // Every consumer looks the layer up in the header's list.

@@ -97,6 +97,10 @@ TEST(JsonErrors, AnUnknownCommandOrSubCommandIsJsonToo) {
   SplitRun t = RunSplit("trace bogus --json");
   EXPECT_EQ(t.code, 2) << t.err;
   EXPECT_EQ(ErrorJson(t, "trace").value("error", ""), "unknown sub-command 'bogus'");
+  // Before: `trace --json` (no sub-command) printed only the text line.
+  SplitRun bare = RunSplit("trace --json");
+  EXPECT_EQ(bare.code, 2) << bare.err;
+  EXPECT_EQ(ErrorJson(bare, "trace").value("error", ""), "unknown sub-command '--json'");
   // Without --json stdout stays empty.
   EXPECT_EQ(RunSplit("bogus").out, "");
 }

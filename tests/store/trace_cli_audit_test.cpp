@@ -105,7 +105,13 @@ TEST(TraceCliAudit, DimensionsThatDisagreeWithTheManifestAreBothNamed) {
             0);
   CliRun r = Cli("trace replay --progress none --simulate --trace " + trace + " --manifest " + p.manifest);
   EXPECT_EQ(r.code, 1) << r.out;
-  EXPECT_TRUE(Says(r, "trace dimensions (experts 16, top_k 4) do not match manifest " + p.manifest + " (8, 2)")) << r.out;
+  EXPECT_TRUE(Says(r, trace + ": trace dimensions (experts 16, top_k 4) do not match manifest " + p.manifest +
+                         " (8, 2)")) << r.out;
+  // The same from the store's replay (it named neither file).
+  CliRun store = Cli("trace replay --progress none --trace " + trace + " --manifest " + p.manifest);
+  EXPECT_EQ(store.code, 1) << store.out;
+  EXPECT_TRUE(Says(store, trace + ": trace dimensions (experts 16, top_k 4) do not match manifest " + p.manifest +
+                             " (8, 2)")) << store.out;
 }
 
 // `trace gen` had no progress: `--requests 200` at K3 dimensions was silent

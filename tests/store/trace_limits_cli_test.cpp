@@ -90,6 +90,8 @@ TEST(TraceLimitsCli, GenValuesOutOfRangeAreUsageErrors) {
       {"--first-layer 4294967295 --layers 3", "--first-layer must be at most 4294967293"},
       {"--concurrent 0", "--concurrent must be an integer in 1..4294967295, got 0"},
       {"--skew -1", "--skew must be at least 0"},
+      {"--experts 70000", "--experts must be in 1..65536 (trace ids are 16-bit), got 70000"},
+      {"--experts 8 --top-k 9", "--top-k must be in 1..--experts, got --top-k 9 --experts 8"},
       {"--request-skew -0.5", "--request-skew must be at least 0"},
       {"--requests 4294967296", "--requests must be an integer in 1..4294967295, got 4294967296"},
       {"--seed -1", "--seed must be an integer in 0..9223372036854775807, got -1"},

@@ -270,6 +270,16 @@ TEST(TraceLimits, ReaderMessagesNameTheRealRule) {
   EXPECT_EQ(ParseError(down),
             "x.k3t: not a k3pack trace: layer ids are not ascending: layer id 4 at offset 36 follows 5 (entry 1 of "
             "the 2 the header declares)");
+  // A record cut short said only "truncated at record 1".
+  std::string cut = Header(1, 16, 2, 1, 2);
+  const uint32_t fields[] = {1, 1, 1, 0, 0};  // layer list {1}, then record 0: layer 1, 1 row, request 0, flags 0
+  cut.append(reinterpret_cast<const char*>(fields), sizeof fields);
+  const uint16_t ids[] = {0, 1};  // record 0's two ids
+  cut.append(reinterpret_cast<const char*>(ids), sizeof ids);
+  cut.append(12, '\0');  // record 1's fields, 4 bytes short
+  EXPECT_EQ(ParseError(cut),
+            "x.k3t: not a k3pack trace: truncated at record 1: its 16-byte fields start at offset 56 of 68 bytes "
+            "(the header declares 2 records)");
 }
 
 }  // namespace

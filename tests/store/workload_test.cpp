@@ -166,7 +166,14 @@ TEST(TraceV2, ReaderAcceptsGoodAndRejectsBadInput) {
   ExpectError(V2(2, 4, U16s({1, 2, 3, 8})), "predicted expert id 8 at record 0 is not below 8 experts");
   ExpectError(V2(2, 4, U16s({1, 2, 3, 3})),
               "predicted expert id 3 at record 0 appears twice in row 1 (a row names 2 distinct experts)");
-  ExpectError(V2(2, 2, U32s({7, 9}) + "x"), "1 trailing bytes");
+  ExpectError(V2(2, 2, U32s({7, 9}) + "x"), "1 trailing bytes at offset ");
+  {
+    const std::string bytes = V2(2, 2, U32s({7, 9}) + "x");
+    auto r = trace::ParseTrace(bytes, "t.k3trace");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message().find(std::to_string(bytes.size() - 1) + ", after the 1 records the header declares"),
+              std::string::npos) << r.error().message();
+  }
   // A record count the bytes cannot hold names both numbers; a header cut
   // inside predict_k says that instead (before, the count was blamed first,
   // with no numbers).
