@@ -124,7 +124,8 @@ int RunTrace(const std::vector<std::string>& argv) {
                  "run `k3pack trace <sub> --help` for the options of each\n";
     return 0;
   }
-  const std::string msg = "unknown sub-command '" + sub + "'";
+  const std::string msg = sub.starts_with("-") ? "missing sub-command (gen, replay or sweep) before " + sub
+                                               : "unknown sub-command '" + sub + "'";
   ReportDispatchError("trace", "k3pack trace: error: " + msg, msg, argv);
   return Usage();
 }

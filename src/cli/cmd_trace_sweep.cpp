@@ -366,7 +366,7 @@ int MakeSweepInput(const Args& a, const SweepValues& v, const std::string& famil
     return ReportError("trace sweep", Error(a.Get("--trace") + ": the trace has no next-token predictions, "
                                             "which --horizon " + horizon + " replays")
                                           .WithHint("write it with `k3pack trace gen --predict-next-token`, or from a model with "
-                                                    "`k3pack run-experts --trace-out T --predict-next-token`"));
+                                                    "`k3pack run-experts M --all-layers --trace-out T --predict-next-token`"));
   *out = std::move(in);
   return 0;
 }

@@ -380,7 +380,10 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, const store:
     return Error("--first-layer " + a.Get("--first-layer") + " with --layers " + a.Get("--layers") +
                  " numbers layers beyond 4294967295, the largest layer id: --first-layer must be at most " +
                  std::to_string(uint64_t{UINT32_MAX} - layers + 1));
-  K3_RETURN_IF_ERROR(U32InRange(a, "--experts", 1, &o->num_experts));
+  // Trace ids are 16-bit.
+  int64_t experts = 0;
+  K3_RETURN_IF_ERROR(IntInRange(a, "--experts", 1, 65536, &experts));
+  o->num_experts = static_cast<uint32_t>(experts);
   K3_RETURN_IF_ERROR(U32InRange(a, "--top-k", 1, &o->top_k));
   // Any seed a 64-bit integer holds (a cast to uint32_t refused 99999999999).
   K3_RETURN_IF_ERROR(IntInRange(a, "--seed", 0, INT64_MAX, &seed));

@@ -106,7 +106,7 @@ Status CheckModelFits(uint64_t layers, uint32_t experts) {
   if (experts == 0 || experts > 65536)
     return Error("a trace holds 1..65536 experts per layer (ids are 16-bit); this model has " +
                  std::to_string(experts));
-  if (layers * experts > kMaxObjects)
+  if (layers > kMaxObjects / experts)
     return Error(std::to_string(layers) + " layers x " + std::to_string(experts) + " experts = " +
                  std::to_string(layers * experts) + " objects, more than a trace may declare (" + kMaxObjectsText +
                  "; docs/FORMATS.md): trace at most " + std::to_string(kMaxObjects / experts) + " layers");
@@ -231,7 +231,7 @@ class TraceParser {
     if (!std::binary_search(t_.layer_ids.begin(), t_.layer_ids.end(), layer))
       return BadFields(i, start, "layer " + std::to_string(layer) + at + " is not in the header's layer list");
     const uint64_t n = uint64_t{rows} * t_.top_k;
-    if (n > (data_.size() - c_.pos) / 2) return Bad("truncated ids" + at);
+    if (n > (data_.size() - c_.pos) / 2) return Cut("truncated ids" + at, n * 2);
     if (version_ >= 2) {
       if (flags & ~(kFlagPrefill | kFlagRowRequests | kFlagPredictions | kFlagTokenPredictions)) {
         char hex[16];
@@ -249,7 +249,7 @@ class TraceParser {
     // Every consumer indexes per-expert tables by these ids (found by trace_fuzz).
     K3_RETURN_IF_ERROR(ReadIds(n, t_.top_k, "truncated ids", "expert id ", at, &t_.ids, &r.offset));
     if (flags & kFlagRowRequests) {
-      if (c_.pos + uint64_t{rows} * 4 > data_.size()) return Bad("truncated row requests" + at);
+      if (c_.pos + uint64_t{rows} * 4 > data_.size()) return Cut("truncated row requests" + at, uint64_t{rows} * 4);
       r.has_row_requests = true;
       r.row_request_offset = t_.row_requests.size();
       t_.row_requests.resize(t_.row_requests.size() + rows);
@@ -278,9 +278,16 @@ class TraceParser {
   // the error when the file ends first. A router's top-k (or a predictor's)
   // names distinct experts: a repeat is a damaged or padded row, and every
   // consumer would silently count it as one route.
+  // A field that runs past the end of the file, with where it starts.
+  Error Cut(const std::string& what, uint64_t bytes) const {
+    return Bad(what + ": " + std::to_string(bytes) + " bytes from offset " + std::to_string(c_.pos) +
+               ", the file holds " + std::to_string(data_.size()) + " (the header declares " +
+               std::to_string(n_records_) + " records)");
+  }
+
   Status ReadIds(uint64_t n, uint32_t width, const std::string& truncated, const std::string& what,
                  const std::string& at, std::vector<uint16_t>* dst, uint64_t* offset) {
-    if (c_.pos + n * 2 > data_.size()) return Bad(truncated + at);
+    if (c_.pos + n * 2 > data_.size()) return Cut(truncated + at, n * 2);
     *offset = dst->size();
     dst->resize(dst->size() + n);
     std::memcpy(dst->data() + *offset, data_.data() + c_.pos, n * 2);

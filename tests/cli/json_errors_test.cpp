@@ -100,7 +100,7 @@ TEST(JsonErrors, AnUnknownCommandOrSubCommandIsJsonToo) {
   // Before: `trace --json` (no sub-command) printed only the text line.
   SplitRun bare = RunSplit("trace --json");
   EXPECT_EQ(bare.code, 2) << bare.err;
-  EXPECT_EQ(ErrorJson(bare, "trace").value("error", ""), "unknown sub-command '--json'");
+  EXPECT_EQ(ErrorJson(bare, "trace").value("error", ""), "missing sub-command (gen, replay or sweep) before --json");
   // Without --json stdout stays empty.
   EXPECT_EQ(RunSplit("bogus").out, "");
 }

@@ -174,6 +174,8 @@ class CpuDevice(StoreCase):
             ({"stats_flush_interval": -1}, ValueError, "expert-pack stats flush interval cannot be negative"),
             ({"expected_source_sha256": "0" * 64}, ValueError,
              "expert-pack source_blob_sha256 does not match configured digest"),
+            # k3pack's limit (SGLang has none): 10**7 took minutes and GBs.
+            ({"read_splits": 1025}, ValueError, "read_splits must be at most 1024 (k3pack's limit), got 1025"),
         ]
         for kw, kind, text in cases:
             with self.assertRaises(kind) as e:

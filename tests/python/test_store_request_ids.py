@@ -28,7 +28,8 @@ class StoreRequestIdsTest(_util.TinyPackTestCase):
                     store.acquire(layer, ids, request_ids="a")
                 # 2**64-1 stands for "no request id" inside the store.
                 for call in (lambda: store.acquire(layer, ids, request_ids=[7, 2**64 - 1]),
-                             lambda: store.prefetch(layer, [0], request_id=2**64 - 1)):
+                             lambda: store.prefetch(layer, [0], request_id=2**64 - 1),
+                             lambda: store.keep(layer, [0], request_id=2**64 - 1)):
                     with self.assertRaises(ValueError) as cm:
                         call()
                     self.assertIn("request id 18446744073709551615 (2^64-1) is reserved", str(cm.exception))

@@ -110,6 +110,13 @@ TEST(DeviceTierRequests, RowsOfSeveralRequestsAndTheCountRule) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind(), ErrorKind::kValue);
   EXPECT_EQ(bad.error().message(), "request_ids must hold one id for the call or one per row; received 2 for 3 rows");
+  // The store's "no request id" is refused here as by the host store.
+  const uint64_t reserved[] = {9, UINT64_MAX, 9};
+  auto refused = (*tier)->Acquire(2, ids, shape, reserved);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().kind(), ErrorKind::kValue);
+  EXPECT_TRUE(refused.error().message().starts_with("request id 18446744073709551615 (2^64-1) is reserved"))
+      << refused.error().message();
 }
 
 // A host store of two objects behind an eight-slot tier: a call over eight

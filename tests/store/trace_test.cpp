@@ -168,7 +168,8 @@ TEST(Trace, HandWrittenFilesAreRejectedByRule) {
   EXPECT_EQ(ParseError(HandTrace(16, 2, {}, 1).Record(1, 1, {0, 1})),
             "hand.k3trace: not a k3pack trace: layer 1 at record 0 is not in the header's layer list");
   EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 2})),
-            "hand.k3trace: not a k3pack trace: truncated ids at record 0");
+            "hand.k3trace: not a k3pack trace: truncated ids at record 0: 8 bytes from offset 52, the file holds 58 "
+            "(the header declares 1 records)");
   // Session 36: a repeated expert in a row (a padded or damaged top-k) was
   // read, and every consumer counted it as one route.
   EXPECT_EQ(ParseError(HandTrace(16, 2, {1}, 1).Record(1, 2, {0, 1, 3, 3})),
