@@ -243,8 +243,10 @@ class IntegratorAudit(_util.TinyPackTestCase):
             acq[-k - 1]
         with self.assertRaises(IndexError):
             acq[k]
-        # request_ids: any id below 2**64.
-        store.acquire(layer, ids, request_ids=2 ** 64 - 1).mark_used()
+        # request_ids: any id below 2**64 - 1, the store's "no request id".
+        store.acquire(layer, ids, request_ids=2 ** 64 - 2).mark_used()
+        with self.assertRaises(ValueError):
+            store.acquire(layer, ids, request_ids=2 ** 64 - 1)
         with self.assertRaises(ValueError) as cm:
             store.acquire(layer, ids, request_ids=2 ** 64)
         self.assertEqual(str(cm.exception), "request_ids must be below 2**64")

@@ -309,24 +309,31 @@ TEST(AdaptivePolicy, TheLastKeysWithRequestIdsStayEvictableThroughCallsWithout) 
 // The store's request_ids: one id or one per row; another count is a
 // ValueError naming the rule; the policy sees them (same hits as without on
 // a fresh store is not required, only that both forms work).
-TEST(StoreRequestIds, OneOrOnePerRow) {
-  testing::TinyPack p(testing::TinySpec{});
+// Two rows of two routes, for the request-id tests below.
+constexpr int64_t kIds[] = {5, 1, 2, 3};
+constexpr int64_t kShape[2] = {2, 2};
+
+// A store of six tiny objects under `policy`.
+std::shared_ptr<ExpertStore> SixObjectStore(const testing::TinyPack& p, const char* policy) {
   StoreOptions o;
   o.cache_bytes = 6 * 12288;
-  o.policy = "adaptive";
-  auto s = testing::OpenOk(p, o);
+  o.policy = policy;
+  return testing::OpenOk(p, o);
+}
+
+TEST(StoreRequestIds, OneOrOnePerRow) {
+  testing::TinyPack p(testing::TinySpec{});
+  auto s = SixObjectStore(p, "adaptive");
   ASSERT_NE(s, nullptr);
-  std::vector<int64_t> ids = {5, 1, 2, 3};
-  int64_t shape[2] = {2, 2};
   const uint64_t one[] = {7}, per_row[] = {7, 8}, three[] = {1, 2, 3};
   for (std::span<const uint64_t> r : {std::span<const uint64_t>(), std::span<const uint64_t>(one),
                                       std::span<const uint64_t>(per_row)}) {
-    auto a = s->Acquire(1, ids, shape, std::nullopt, r);
+    auto a = s->Acquire(1, kIds, kShape, std::nullopt, r);
     ASSERT_TRUE(a.ok()) << a.error().message();
     EXPECT_EQ(a->routes.size(), 4u);
     ASSERT_TRUE(s->MarkUsed(*a).ok());
   }
-  auto bad = s->Acquire(1, ids, shape, std::nullopt, three);
+  auto bad = s->Acquire(1, kIds, kShape, std::nullopt, three);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind(), ErrorKind::kValue);
   EXPECT_EQ(bad.error().message(), "request_ids must hold one id for the call or one per row; received 3 for 2 rows");
@@ -337,18 +344,13 @@ TEST(StoreRequestIds, OneOrOnePerRow) {
 // hint given it ended at any request's call.
 TEST(StoreRequestIds, TheReservedIdIsRefusedEverywhere) {
   testing::TinyPack p(testing::TinySpec{});
-  StoreOptions o;
-  o.cache_bytes = 6 * 12288;
-  o.policy = "request-aware";
-  auto s = testing::OpenOk(p, o);
+  auto s = SixObjectStore(p, "request-aware");
   ASSERT_NE(s, nullptr);
-  std::vector<int64_t> ids = {5, 1, 2, 3};
-  int64_t shape[2] = {2, 2};
   const std::string said = "request id 18446744073709551615 (2^64-1) is reserved: the store uses it for a call or "
                            "prediction without one\nhint: give request ids below 2^64-1, or none";
   const uint64_t reserved[] = {UINT64_MAX}, second_row[] = {7, UINT64_MAX};
   for (std::span<const uint64_t> r : {std::span<const uint64_t>(reserved), std::span<const uint64_t>(second_row)}) {
-    auto a = s->Acquire(1, ids, shape, std::nullopt, r);
+    auto a = s->Acquire(1, kIds, kShape, std::nullopt, r);
     ASSERT_FALSE(a.ok());
     EXPECT_EQ(a.error().kind(), ErrorKind::kValue);
     EXPECT_EQ(a.error().message(), said);
@@ -361,7 +363,7 @@ TEST(StoreRequestIds, TheReservedIdIsRefusedEverywhere) {
   EXPECT_TRUE(s->Prefetch(1, guess, UINT64_MAX - 1).ok());
   EXPECT_TRUE(s->Keep(1, guess, UINT64_MAX - 1).ok());
   const uint64_t largest[] = {UINT64_MAX - 1};
-  auto fine = s->Acquire(1, ids, shape, std::nullopt, largest);
+  auto fine = s->Acquire(1, kIds, kShape, std::nullopt, largest);
   ASSERT_TRUE(fine.ok()) << fine.error().message();
   EXPECT_TRUE(s->MarkUsed(*fine).ok());
 }
