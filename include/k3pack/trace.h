@@ -87,8 +87,8 @@ struct Trace {
 // allocate GBs and abort; at 2^24 a 1 KB file still cost 3.5 GB per
 // adaptive replay and 7 GB per sweep). 2^20 is 12x K3's 92 x 896 = 82,432
 // and bounds a 1 KB file's sweep to 0.5-0.9 GB (16 layers of 65,536
-// experts take the most). The reader refuses more
-// and the generator writes no more (docs/FORMATS.md).
+// experts take the most). The reader refuses more and the generator writes
+// no more (docs/FORMATS.md).
 constexpr uint64_t kMaxObjects = uint64_t{1} << 20;
 inline constexpr char kMaxObjectsText[] = "1048576 = 2^20";
 static_assert(kMaxObjects == 1048576, "kMaxObjectsText names kMaxObjects");

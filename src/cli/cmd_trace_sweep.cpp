@@ -148,8 +148,6 @@ Args SweepArgs() {
   return a;
 }
 
-// Every option value of the sweep, checked before any trace is made (a bad
-// one is a usage error, exit 2).
 // The timed replay's times (µs) and rates (GB/s) are finite numbers in
 // these ranges: --ssd-gbps 1e-300 printed 300-digit stalls, and
 // --compute-us 1e300 left the clock no precision after the first call.
@@ -168,6 +166,8 @@ Status TimingValue(const Args& a, const char* name, const TimingRange& range, do
   return Status::OK();
 }
 
+// Every option value of the sweep, checked before any trace is made (a bad
+// one is a usage error, exit 2).
 struct SweepValues {
   unsigned threads = 2;
   std::vector<std::string> policies;

@@ -22,8 +22,9 @@ Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
   K3_ASSIGN_OR_RETURN(auto store, ExpertStore::Open(o.pack_path, o.manifest_path, o.store));
   const StoreInfo& info = store->info();
   if (t.num_experts != info.num_experts || t.top_k != info.top_k)
-    return Error((o.trace_path.empty() ? std::string() : o.trace_path + ": ") + "trace dimensions (experts " + std::to_string(t.num_experts) + ", top_k " +
-                 std::to_string(t.top_k) + ") do not match manifest " + o.manifest_path + " (" +
+    return Error((o.trace_path.empty() ? std::string() : o.trace_path + ": ") + "trace dimensions (experts " +
+                 std::to_string(t.num_experts) + ", top_k " + std::to_string(t.top_k) + ") do not match manifest " +
+                 o.manifest_path + " (" +
                  std::to_string(info.num_experts) + ", " + std::to_string(info.top_k) + ")");
   if (!info.ep.whole()) {
     // A rank pack serves only its own experts; a whole trace routes to all.

@@ -37,8 +37,7 @@ Error PastLimitError(std::string_view name, uint64_t limit, std::string_view val
 // stage_slots), queue_depth and read_splits positive, in that order
 // (NotPositiveError), then queue_depth at most kMaxReadCount and
 // read_splits at most kMaxReadSplits (PastLimitError), then the stats flush
-// interval not
-// negative (SGLang's text).
+// interval not negative (SGLang's text).
 Status CheckRuntimeCounts(const StoreOptions& opt, std::string_view budget_name, uint64_t budget);
 
 }  // namespace k3pack::store
