@@ -512,7 +512,12 @@ void ExpertStore::EndChunkedCall(uint32_t layer, std::span<const uint64_t> reque
   const int32_t li = s.geo.space.LayerIndex(layer);
   if (li < 0) return;
   std::lock_guard<std::mutex> lock(s.mu);
-  if (std::erase(s.chunked_calls, std::make_pair(std::this_thread::get_id(), static_cast<uint32_t>(li))) == 0) return;
+  // One entry: Begin() may nest for a layer, and an inner End() leaves the
+  // outer call's chunks their staged reads.
+  const auto it = std::find(s.chunked_calls.begin(), s.chunked_calls.end(),
+                            std::make_pair(std::this_thread::get_id(), static_cast<uint32_t>(li)));
+  if (it == s.chunked_calls.end()) return;
+  s.chunked_calls.erase(it);
   if (s.staged_mode && !s.closed) s.EndStaged(static_cast<uint32_t>(li), request_ids);
 }
 
