@@ -36,6 +36,7 @@ int RunGen(const std::vector<std::string>& argv) {
          "takes the preset's value (docs/store.md lists each family's). Format: docs/store.md.");
   a.Option("--trace", "trace file to write", std::nullopt, true)
       .Deprecated("--out", "--trace")
+      .PositionalAsOption("--trace")
       .Flag("--force", "replace an existing --trace file (otherwise refused; the same trace already there is reported)");
   AddGenOptions(a);
   a.Flag("--json", "print the summary as JSON");

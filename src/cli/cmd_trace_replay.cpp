@@ -31,6 +31,7 @@ Args ReplayArgs() {
          "Replays a trace on the real expert store (real reads from the pack) and reports hit rate, bytes per\n"
          "token, read throughput and latency. With --simulate only the policy runs (no pack, no I/O).");
   a.Option("--trace", "trace file (k3pack trace gen)", std::nullopt, true)
+      .PositionalAsOption("--trace")
       .Option("--manifest", "adapter manifest, or the directory holding it under SGLang's name (required unless --simulate)")
       .Option("--pack", "expert pack (default: the manifest's expert_pack.path)")
       .Option("--cache-mib", "host cache budget in MiB (SGLang's loader default, cache_vram_mib)", "4096")
@@ -110,20 +111,22 @@ int Simulate(const Args& a, const ReplayValues& v, const trace::Trace& t, Progre
   if (!space.ok()) return ReportError("trace replay", space.error());
   auto seq = store::BuildCallSeq(t, *space);
   if (!seq.ok()) return ReportError("trace replay", seq.error().WithContext(a.Get("--trace")));
-  // Progress in calls simulated: the policy's run, then Belady's.
+  // Progress in calls simulated, one phase per pass: Belady's pass runs at
+  // its own speed, so one total over both gave a wrong ETA in the first half.
   auto progress = StartProgress(mode);
   const bool belady = space->uniform();
   Progress p;
   p.phase = "simulate";
   p.unit = "calls";
-  p.total_objects = seq->calls.size() * (belady ? 2 : 1);
-  auto calls_done = [&](uint64_t base) {
-    return [&, base](uint64_t done) {
-      p.done_objects = base + done;
+  p.total_objects = seq->calls.size();
+  auto calls_done = [&](const char* phase) {
+    return [&, phase](uint64_t done) {
+      p.phase = phase;
+      p.done_objects = done;
       progress->Update(p);
     };
   };
-  auto r = store::Simulate(*seq, *space, a.Get("--policy"), v.cache_bytes, calls_done(0));
+  auto r = store::Simulate(*seq, *space, a.Get("--policy"), v.cache_bytes, calls_done("simulate"));
   if (!r.ok()) {
     progress->Finish();
     return ReportError("trace replay", r.error().WithContext(a.Get("--trace")));
@@ -141,7 +144,7 @@ int Simulate(const Args& a, const ReplayValues& v, const trace::Trace& t, Progre
             {"bytes_read", r->bytes_read},
             {"bytes_per_token", seq->tokens ? double(r->bytes_read) / double(seq->tokens) : 0.0}};
   if (belady && r->capacity_objects >= space->top_k) {
-    auto b = store::SimulateBelady(*seq, *space, r->capacity_objects, calls_done(seq->calls.size()));
+    auto b = store::SimulateBelady(*seq, *space, r->capacity_objects, calls_done("belady"));
     if (b.ok()) report["belady_hit_rate"] = b->hit_rate();
   }
   p.done_objects = p.total_objects;  // also when Belady could not run

@@ -77,6 +77,7 @@ Args SweepArgs() {
          "of hit rate vs cache size. Without --trace the --family preset is generated (seed --seed); --family all\n"
          "sweeps every family.");
   a.Option("--trace", "trace file (default: generate --family)")
+      .PositionalAsOption("--trace")
       .Option("--object-bytes", "object size without --manifest", "11956224")
       .Option("--sizes", "cache sizes in objects, comma-separated (default: 0.54,1,2,3.5,5,8,12,20% of all objects; on a model too small for those, sizes from top_k up)")
       .Option("--policies", "comma-separated policies", "lru,reuse-lfu-lru-v2,decay-lfu,quota-decay,adaptive")
