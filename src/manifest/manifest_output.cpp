@@ -9,6 +9,7 @@
 #include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
 #include "pack/sidecar_kinds.h"
+#include "util/file.h"
 #include "util/format.h"
 
 namespace k3pack::manifest {
@@ -54,11 +55,21 @@ Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const
 }
 
 std::string NotAManifestFile(const std::string& path) {
-  // Only the binary inputs are protected: any JSON or text (an old, edited,
-  // damaged manifest doctor says to regenerate; a file the user named as
-  // --manifest) is the force option's to replace.
   const FileStart kind = ClassifyFileStart(path);
-  if (kind != FileStart::kGguf && kind != FileStart::kExpertPack && kind != FileStart::kTrace) return "";
+  if (kind == FileStart::kMissing || kind == FileStart::kEmpty) return "";
+  if (kind == FileStart::kJson) {
+    // Every manifest names the pack's magic near its start and the format at
+    // its end, so an old, edited or cut-short one (what doctor says to
+    // regenerate) still shows it; a manifest is kilobytes to a few MB.
+    constexpr uintmax_t kLargestManifest = uintmax_t{64} << 20;
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (!ec && size <= kLargestManifest) {
+      auto text = ReadFileToString(path);
+      if (text.ok() && text->find("GGMLMOEPACK") != std::string::npos) return "";
+    }
+    return "it is a JSON document that names no GGMLMOEPACK pack or format, not an adapter manifest";
+  }
   return "it is " + DescribeFileStart(path) + ", not an adapter manifest";
 }
 

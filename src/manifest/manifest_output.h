@@ -59,10 +59,12 @@ Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const
                                               const std::string& model_config, const std::string& tokenizer_dir,
                                               const InputNames& names = {});
 
-// For OutputSpec::not_own_kind: what the file at `path` is when it is a GGUF
-// shard, a pack or a trace ("it is a GGUF file, not an adapter manifest"),
-// else "": --force replaces any text or JSON file named as the manifest (an
-// old or damaged one included), never one of those given by a slip.
+// For OutputSpec::not_own_kind: "" when --force may replace the file at
+// `path`: an adapter manifest of any version, damaged or cut short (JSON that
+// names GGMLMOEPACK, the pack's magic or the format), or an empty file a crash
+// left. Anything else is what it is ("it is a GGUF file, not an adapter
+// manifest"): a model's config.json or a note given as --manifest by a slip
+// is the user's, not --force's to replace.
 std::string NotAManifestFile(const std::string& path);
 
 // The manifest at `path` is `fresh`, ignoring when it was written.

@@ -19,6 +19,7 @@ namespace fs = std::filesystem;
 using k3pack::testing_cli::Cli;
 using k3pack::testing_cli::CliVia;
 using k3pack::testing_cli::CliRun;
+using k3pack::testing_cli::FileBytes;
 
 // The names `build` gives the pack and the manifest of the synthetic model.
 inline const char* kPackName = "KIMI-K3-SYNTH.expert-major.pack";

@@ -183,6 +183,8 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
   ASSERT_EQ(Build(m, "--ep-size 2 --ep-rank all").code, 0);
   const std::string rank0 = m + "/KIMI-K3-SYNTH.expert-major.ep0-of-2.pack";
   const std::string rank1 = m + "/KIMI-K3-SYNTH.expert-major.ep1-of-2.pack";
+  { std::ofstream(m + "/notes.txt") << "hello\n"; }
+  { std::ofstream(m + "/other-config.json") << "{\"model_type\": \"kimi_k3\"}\n"; }
   const auto before = Snapshot(m);
   const std::pair<std::string, std::string> slips[] = {
       {"ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(Shard(m, 1)), "a GGUF file"},
@@ -192,6 +194,13 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
        "a file that starts with "},
       {"manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(rank1),
        "an Expert Pack, not an adapter manifest"},
+      // Another model's config or a note is no manifest either (session 41:
+      // --force replaced any JSON or text given as --manifest).
+      {"manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " +
+           Q(m + "/other-config.json"),
+       "a JSON document that names no GGMLMOEPACK pack or format, not an adapter manifest"},
+      {"manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(m + "/notes.txt"),
+       "a file that starts with \"hello\\x0a\", not an adapter manifest"},
       {"trace sweep --decode-tokens 4 --force --svg " + Q(Shard(m, 2)), "a GGUF file"},
   };
   for (const auto& [cmd, what] : slips) {
@@ -212,12 +221,21 @@ TEST(OverwriteRule, ForceReplacesOnlyAFileOfTheKindItWrites) {
   { std::ofstream(merged, std::ios::trunc) << std::string(4096, '\0'); }
   r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --force --pack " + Q(merged));
   EXPECT_EQ(r.code, 0) << r.out;
-  // Any JSON or text named as the manifest is --force's to replace (an old
-  // or damaged manifest doctor says to regenerate, one with a byte-order mark).
+  // An old or damaged manifest (what doctor says to regenerate) is --force's
+  // to replace: one of another version with a byte-order mark, one cut short
+  // before its format (it still names the pack's magic), an empty one.
   const std::string old_manifest = m + "/old.manifest.json";
   { std::ofstream(old_manifest) << "\xEF\xBB\xBF{\"format\": \"SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v0\"}"; }
   r = Cli("manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(old_manifest));
   EXPECT_EQ(r.code, 0) << r.out;
+  const std::string whole = FileBytes(old_manifest);
+  ASSERT_NE(whole.find("\"magic\": \"GGMLMOEPACKv1\""), std::string::npos);
+  for (const std::string& damaged : {whole.substr(0, whole.find("\"magic\"") + 40), std::string()}) {
+    { std::ofstream(old_manifest, std::ios::trunc) << damaged; }
+    r = Cli("manifest --progress none " + Q(m) + " --pack " + Q(rank0) + " --force --manifest " + Q(old_manifest));
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(FileBytes(old_manifest).size(), whole.size());
+  }
   r = Cli("ep-merge --progress none " + Q(rank0) + " " + Q(rank1) + " --pack " + Q(merged));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(Contains(r.out, "already built: " + merged)) << r.out;
