@@ -55,6 +55,17 @@ class CountingBuf : public std::streambuf {
 // command already printed its JSON (doctor's report, "already built").
 CountingBuf* g_json_stdout = nullptr;
 
+}  // namespace
+
+bool AsksForJson(const std::vector<std::string>& args) {
+  // `--json=1` asks too: the script that wrote it reads stdout as JSON, and
+  // the usage error ("--json takes no value") is what it must get there.
+  const auto options_end = std::find(args.begin(), args.end(), "--");
+  return std::any_of(args.begin(), options_end, [](const std::string& a) { return a == "--json" || a.starts_with("--json="); });
+}
+
+namespace {
+
 void ExpectJsonOutput() {
   if (g_json_stdout) return;
   // Never destroyed: std::cout is flushed by the runtime after every static
@@ -296,8 +307,8 @@ bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
 bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
   // `--` ends the options (POSIX): every word after it is an argument, so a
   // path that starts with "-" can be given (`k3pack inspect -- --odd-name`).
-  const auto options_end = std::find(argv.begin(), argv.end(), "--");
-  if (specs_.contains("--json") && std::find(argv.begin(), options_end, "--json") != options_end) ExpectJsonOutput();
+  // Also for a command without --json (completion): its error is then JSON.
+  if (AsksForJson(argv)) ExpectJsonOutput();
   auto fail = [&](const std::string& msg) {
     std::cerr << "k3pack " << command_ << ": error: " << msg << "\n"
               << "usage: k3pack " << command_ << " " << usage_ << "\n"
@@ -536,8 +547,7 @@ int ReportError(const std::string& command, const Error& error, int exit_code) {
 int ReportDispatchError(const std::string& command, const std::string& line, const std::string& message,
                         const std::vector<std::string>& args) {
   std::cerr << line << "\n";
-  const auto options_end = std::find(args.begin(), args.end(), "--");
-  if (std::find(args.begin(), options_end, "--json") != options_end) {
+  if (AsksForJson(args)) {
     ExpectJsonOutput();
     PrintJsonError(command, Error(message), kExitUsage);
   }

@@ -139,6 +139,10 @@ inline constexpr int kExitTerminated = 143;   // SIGTERM; as 130
 // and returns the exit code to use (1 by default).
 int ReportError(const std::string& command, const Error& error, int exit_code = 1);
 
+// Whether `args` ask for JSON on stdout: a word `--json` (or `--json=...`)
+// before `--`.
+bool AsksForJson(const std::vector<std::string>& args);
+
 // A usage error found before any Args parsed the words (an unknown command
 // or trace sub-command): prints `line` on stderr and, when `args` ask for
 // --json, the JSON error on stdout as Parse does (README: with --json a

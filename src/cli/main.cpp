@@ -162,7 +162,7 @@ int Dispatch(int argc, char** argv) {
     if (it == cmds.end()) {
       const std::string msg = UnknownCommand(argv[2]);
       return k3pack::cli::ReportDispatchError("help", "k3pack help: " + msg + " (run `k3pack --help` for the list)",
-                                              msg, {});
+                                              msg, std::vector<std::string>(argv + 3, argv + argc));
     }
     std::vector<std::string> words(argv + 3, argv + argc);
     words.push_back("--help");
@@ -174,27 +174,31 @@ int Dispatch(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   std::string name = argv[1];
+  const std::vector<std::string> words(argv + 1, argv + argc);
+  const std::vector<std::string> rest(argv + 2, argv + argc);
   if (name == "--version" || name == "-V") {
     if (argc > 2) {
       // `k3pack -V build`: a word after it was meant for something; it is not ignored.
-      std::cerr << "k3pack: " << name << " takes no arguments, got '" << argv[2]
-                << "' (run `k3pack --version` alone, or `k3pack COMMAND --help`)\n";
-      return 2;
+      const std::string msg = name + " takes no arguments, got '" + argv[2] + "'";
+      return k3pack::cli::ReportDispatchError(
+          "", "k3pack: " + msg + " (run `k3pack --version` alone, or `k3pack COMMAND --help`)", msg, rest);
     }
     std::cout << k3pack::cli::VersionLine() << "\n";
     return 0;
   }
   if (name.empty()) {
-    std::cerr << "k3pack: the command is an empty argument (an unset shell variable?); run `k3pack --help` for "
-                 "the list\n";
-    return 2;
+    const std::string msg = "the command is an empty argument (an unset shell variable?)";
+    return k3pack::cli::ReportDispatchError("", "k3pack: " + msg + "; run `k3pack --help` for the list", msg, rest);
   }
   const auto& cmds = k3pack::cli::Commands();
   auto it = cmds.find(name);
-  std::vector<std::string> rest(argv + 2, argv + argc);
   if (it == cmds.end()) {
     const std::string msg = UnknownCommand(name);
-    return k3pack::cli::ReportDispatchError(name, "k3pack: " + msg + " (run `k3pack --help` for the list)", msg, rest);
+    // `k3pack --json`: the word that asks for JSON is the unknown one itself.
+    const bool option = name.starts_with("-");
+    return k3pack::cli::ReportDispatchError(option ? "" : name,
+                                            "k3pack: " + msg + " (run `k3pack --help` for the list)", msg,
+                                            option ? words : rest);
   }
   return it->second.run(rest);
 }

@@ -105,6 +105,32 @@ TEST(JsonErrors, AnUnknownCommandOrSubCommandIsJsonToo) {
   EXPECT_EQ(RunSplit("bogus").out, "");
 }
 
+// Session 41: these usage errors left stdout empty with --json, though the
+// README promises a verdict there; `--json=1` and a command without --json
+// (completion) too.
+TEST(JsonErrors, EveryUsageErrorOfARunThatAsksForJsonIsJson) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--json", "unknown option '--json'"},
+      {"'' --json", "the command is an empty argument (an unset shell variable?)"},
+      {"help bogus --json", "unknown command 'bogus'"},
+      {"--version --json", "--version takes no arguments, got '--json'"},
+      {"completion bash --json", "unknown option --json"},
+      {"verify nowhere.json --json=1", "--json takes no value"},
+  };
+  for (const auto& [args, error] : cases) {
+    SCOPED_TRACE(args);
+    SplitRun r = RunSplit(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    EXPECT_EQ(j.value("error", ""), error);
+    EXPECT_EQ(j.value("exit_code", -1), 2);
+    EXPECT_TRUE(Contains(r.err, error)) << r.err;
+  }
+  // After `--` the word is an argument, not a request for JSON.
+  EXPECT_EQ(RunSplit("completion -- --json").out, "");
+}
+
 // A misspelled command got no hint (options did), and `help trace gen`
 // printed the top-level help.
 TEST(JsonErrors, AMisspelledCommandGetsTheNearestNameAndHelpTakesASubCommand) {
