@@ -298,8 +298,10 @@ std::string Args::Suggest(const std::string& word) const {
 }
 
 bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
-  if (!ParseWords(argv, exit_code)) return false;
-  g_narrate_json = specs_.contains("--progress") && Get("--progress") == "json";
+  const bool parsed = ParseWords(argv, exit_code);
+  if (parsed) g_narrate_json = specs_.contains("--progress") && Get("--progress") == "json";
+  for (const std::string& note : notes_) Narrate(command_, "note: " + note);
+  if (!parsed) return false;
   StopOnSignalsFromHere(command_);
   return true;
 }
@@ -310,6 +312,9 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
   // Also for a command without --json (completion): its error is then JSON.
   if (AsksForJson(argv)) ExpectJsonOutput();
   auto fail = [&](const std::string& msg) {
+    // The notes of the words before the fault come first, as text.
+    for (const std::string& note : notes_) std::cerr << "k3pack " << command_ << ": note: " << note << "\n";
+    notes_.clear();
     std::cerr << "k3pack " << command_ << ": error: " << msg << "\n"
               << "usage: k3pack " << command_ << " " << usage_ << "\n"
               << "(run `k3pack " << command_ << " --help` for details)\n";
@@ -360,7 +365,9 @@ std::string Args::TakeOption(const std::vector<std::string>& argv, size_t* i) {
   }
   const std::string spelling = name;
   if (auto dep = deprecated_.find(name); dep != deprecated_.end()) {
-    std::cerr << "k3pack " << command_ << ": note: " << name << " is deprecated; use " << dep->second << "\n";
+    // Told once the words parsed: only then is it known whether notes are
+    // JSON objects (--progress json may come later on the line).
+    notes_.push_back(name + " is deprecated; use " + dep->second);
     name = dep->second;
   }
   auto it = specs_.find(name);
@@ -582,7 +589,9 @@ void StopOnSignals(const std::string& command, const std::string& advice) {
 void Narrate(const std::string& command, const std::string& line) {
   ProgressEndLineForSignal();
   if (g_narrate_json) {
-    std::cerr << DumpJsonEscaped(nlohmann::json{{"phase", command}, {"note", line}}, -1) << "\n";
+    // The key says it is a note: {"note": "note: ..."} said it twice.
+    const std::string_view text = std::string_view(line).starts_with("note: ") ? std::string_view(line).substr(6) : line;
+    std::cerr << DumpJsonEscaped(nlohmann::json{{"phase", command}, {"note", text}}, -1) << "\n";
   } else {
     std::cerr << "k3pack " << command << ": " << line << "\n";
   }

@@ -112,6 +112,7 @@ class Args {
   size_t positionals_before_dashdash_ = SIZE_MAX;  // where `--` ended the options, if given
   std::map<std::string, std::string> deprecated_;  // old spelling -> current
   std::string positional_option_;
+  std::vector<std::string> notes_;  // deprecated spellings used, told after parsing
   std::map<std::string, std::string> spelled_;  // option -> the spelling it was given under
   std::vector<ExclusiveGroup> exclusive_;
   std::vector<Requirement> requires_;
