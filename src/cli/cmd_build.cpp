@@ -282,6 +282,8 @@ int RunBuild(const std::vector<std::string>& argv) {
   if (!v.ok()) return ReportError(kCmd, v.error(), kExitUsage);
   if (Status s = FillImpliedInputs(args, kCmd, {.tokenizer_dir = true, .model_config = true}); !s.ok())
     return ReportError(kCmd, s.error(), kExitUsage);
+  if (Status s = CheckEpChoiceForConfig(v->ep, args.Get("--model-config")); !s.ok())
+    return ReportError(kCmd, s.error(), kExitUsage);
   if (Status s = CheckMixedTypesBeforeRun(args); !s.ok()) return ReportError(kCmd, s.error(), kExitUsage);
   auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));

@@ -41,12 +41,7 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
     inputs.push_back({"rank pack", r});
     inputs.push_back({"rank pack (its .digests)", pack::DigestsPathFor(r)});
   }
-  std::string out = args.Get("--pack");
-  if (out.empty()) out = FullPackPathOf(ranks.front());
-  if (out.empty()) {
-    return Error("--pack is required: " + ranks.front() + " is not named <stem>.epR-of-N.pack, so the full pack's " +
-                 "name cannot be derived from it");
-  }
+  const std::string out = !args.Get("--pack").empty() ? args.Get("--pack") : FullPackPathOf(ranks.front());
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs(
       {{"--pack", out}, {"--pack (its .digests)", pack::DigestsPathFor(out)}, {"--pack (its .partial)",
                                                                               pack::PartialPathFor(out)}},
@@ -139,6 +134,14 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   const k3pack::ScopedLockWait waiting(*wait);
   auto mode = ProgressModeOf(args);
   if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
+  // An output that cannot be derived is a usage error (README), as for an
+  // implied --model-config: it was exit 1.
+  if (args.Get("--pack").empty() && FullPackPathOf(args.positionals().front()).empty()) {
+    return ReportError(kCmd,
+                       Error("--pack is required: " + args.positionals().front() +
+                             " is not named <stem>.epR-of-N.pack, so the full pack's name cannot be derived from it"),
+                       kExitUsage);
+  }
   auto r = Run(args, *mode);
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;

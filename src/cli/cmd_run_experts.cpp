@@ -14,6 +14,7 @@
 #include "cli/mib_option.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
+#include "cli/trace_args.h"
 #include "k3pack/ep.h"
 #include "k3pack/gguf.h"
 #include "k3pack/manifest.h"
@@ -236,6 +237,10 @@ int ParseRunValues(const Args& a, RunValues* out) {
     const std::string bound = r.value < r.lo ? "at least " + std::to_string(r.lo) : "at most " + std::to_string(r.hi);
     return ReportError("run-experts", Error(std::string(r.name) + " must be " + bound + ", got " + a.Get(r.name)), 2);
   }
+  // A usage error before the manifest is read, as in trace replay (it was
+  // the store's open failing, exit 1).
+  if (Status io = trace_args::CheckIoBackendName("--io", a.Get("--io")); !io.ok())
+    return ReportError("run-experts", io.error(), 2);
   std::vector<std::string> rank_manifests = SplitCommas(a.Get("--rank-manifests"));
   if (!rank_manifests.empty() && rank_manifests.size() != static_cast<size_t>(*ep_size)) {
     return ReportError("run-experts",
@@ -535,6 +540,13 @@ int RunExperts(const std::vector<std::string>& argv) {
   if (int failed = ParseRunValues(a, &v)) return failed;
   std::unique_ptr<RunInputs> in;
   if (int failed = OpenRunInputs(a, &in)) return failed;
+  // A size the model's experts refuse is a bad value (exit 2, as in pack and
+  // trace sweep), said once, not as rank 0's store failing to open.
+  if (v.ep_size > 1 && in->m.expert_pack.num_experts != 0)
+    if (Status st = ep::CheckRank(ep::Rank{static_cast<uint32_t>(v.ep_size), 0}, in->m.expert_pack.num_experts,
+                                  ep::kCliNames);
+        !st.ok())
+      return ReportError("run-experts", st.error(), kExitUsage);
   const store::StoreOptions so = StoreOptionsOf(a, v);
   if (!v.trace_out.empty()) {
     if (int failed = CheckTraceOutBeforeRun(a, v, *in)) return failed;

@@ -61,19 +61,20 @@ Result<EpChoice> ParseEpOptions(const Args& args) {
                    " (ranks are 0.." + std::to_string(n - 1) + ")");
     c.rank = static_cast<uint32_t>(*r);
   }
+  return c;
+}
+
+Status CheckEpChoiceForConfig(const EpChoice& choice, const std::string& model_config) {
+  if (!choice.given()) return Status::OK();
   // The divisibility rule needs the expert count: take it from the config
   // when it reads (a bad config is reported later, by the preflight).
-  uint32_t num_experts = 0;
   for (kimi::Profile p : {kimi::Profile::kKimiK3, kimi::Profile::kScaled}) {
-    if (auto spec = kimi::LoadModelSpec(args.Get("--model-config"), p); spec.ok()) {
-      num_experts = spec->num_experts;
+    if (auto spec = kimi::LoadModelSpec(model_config, p); spec.ok()) {
+      for (const ep::Rank& r : choice.Ranks()) K3_RETURN_IF_ERROR(ep::CheckRank(r, spec->num_experts, ep::kCliNames));
       break;
     }
   }
-  if (num_experts != 0) {
-    for (const ep::Rank& r : c.Ranks()) K3_RETURN_IF_ERROR(ep::CheckRank(r, num_experts, ep::kCliNames));
-  }
-  return c;
+  return Status::OK();
 }
 
 std::string RankManifestName(const std::string& name, const ep::Rank& rank) {

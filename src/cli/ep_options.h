@@ -35,9 +35,13 @@ Result<nlohmann::json> RunPerRank(const EpChoice& choice, const std::string& lis
                                   const std::function<Result<nlohmann::json>(std::optional<ep::Rank>)>& one);
 
 // Usage errors (exit 2): --ep-rank without --ep-size and the reverse, values
-// that are not integers (or "all"), and, when --model-config reads, what
-// ep::CheckRank says about the size/rank for the config's expert count.
+// that are not integers (or "all").
 Result<EpChoice> ParseEpOptions(const Args& args);
+// A usage error too, once --model-config is known (given or implied): what
+// ep::CheckRank says about the size/rank for the config's expert count, when
+// the config reads. A size the model's experts refuse is a bad value, not a
+// bad input (it was exit 1 when the config was implied).
+Status CheckEpChoiceForConfig(const EpChoice& choice, const std::string& model_config);
 
 // "kimi-k3-expert-pack.manifest.json" -> "kimi-k3-expert-pack.ep2-of-4.manifest.json".
 std::string RankManifestName(const std::string& manifest_name, const ep::Rank& rank);

@@ -17,10 +17,10 @@
 #include "k3pack/manifest.h"
 #include "k3pack/trace.h"
 #include "store/ep_sweep.h"
+#include "store/io_engine.h"
 #include "store/policy.h"
 #include "store/replay.h"
 #include "store/store_impl.h"
-#include "store/io_engine.h"
 #include "store/timed_sim.h"
 #include "util/file.h"
 
@@ -36,6 +36,11 @@ Status CheckPolicyName(const std::string& flag, const std::string& name) {
   std::string list;
   for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
   return Error(flag + ": unknown cache policy '" + name + "' (known: " + list + ")");
+}
+
+Status CheckIoBackendName(const std::string& flag, const std::string& name) {
+  if (auto io = store::ParseIoBackend(name); !io.ok()) return Error(flag + ": " + io.error().message());
+  return Status::OK();
 }
 
 // Every field of a comma-separated value, empty ones included: getline drops a

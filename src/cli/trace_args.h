@@ -20,6 +20,8 @@ namespace k3pack::cli::trace_args {
 // A name `flag` gives must be a cache policy: a usage error up front (exit 2),
 // not a failure after the trace has been read.
 Status CheckPolicyName(const std::string& flag, const std::string& name);
+// The same for an I/O backend (`--io` of trace replay and run-experts).
+Status CheckIoBackendName(const std::string& flag, const std::string& name);
 
 // Every field of a comma-separated value, empty ones included: getline drops a
 // trailing empty field, so "lru," read as "lru" and a typo passed unnoticed.
