@@ -158,9 +158,14 @@ struct GenOptions {
 // the routes it writes (requests x (prompt + decode) x layers x top_k) and
 // the popularity weights it keeps at once ((domains + requests decoded side
 // by side [+ every request's, with `truth`]) x layers x experts).
+// A token's pass through a layer is a record (tens of bytes in memory
+// whatever top_k), so passes are bounded too: at top_k 1 the routes bound
+// alone let through a trace of 90 GB.
 constexpr uint64_t kMaxGeneratedRoutes = uint64_t{1} << 30;
+constexpr uint64_t kMaxGeneratedPasses = uint64_t{1} << 25;
 constexpr uint64_t kMaxGeneratorWeights = uint64_t{1} << 27;
 uint64_t GeneratedRoutes(const GenOptions& options);
+uint64_t GeneratedPasses(const GenOptions& options);  // requests x tokens x layers
 uint64_t GeneratorWeights(const GenOptions& options);
 
 Result<Trace> Generate(const GenOptions& options);

@@ -195,12 +195,22 @@ Status CheckStatsPath(const Args& a, const std::string& path) {
 
 // An integer option within [lo, hi] (a usage error naming the option and
 // its range otherwise: a cast to uint32_t wrapped 4294967297 to 1).
-Status IntInRange(const Args& a, const std::string& name, int64_t lo, int64_t hi, int64_t* dst) {
-  K3_ASSIGN_OR_RETURN(int64_t v, a.GetInt(name));
-  if (v < lo || v > hi)
-    return Error(name + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
-                 a.Get(name));
-  *dst = v;
+Status IntInRange(const Args& a, const std::string& name, int64_t lo, int64_t hi, int64_t* dst,
+                  const std::string& range) {
+  const Error outside(name + " must be an integer in " +
+                      (range.empty() ? std::to_string(lo) + ".." + std::to_string(hi) : range) + ", got " +
+                      a.Get(name));
+  auto v = a.GetInt(name);
+  if (!v.ok()) {
+    // An integer past 64 bits is outside this range too: "from -2^63 to
+    // 2^63-1" contradicted the range said for -1.
+    const std::string& text = a.Get(name);
+    const size_t digits = text.starts_with('-') ? 1 : 0;
+    const bool integer = text.size() > digits && text.find_first_not_of("0123456789", digits) == std::string::npos;
+    return integer ? outside : v.error();
+  }
+  if (*v < lo || *v > hi) return outside;
+  *dst = *v;
   return Status::OK();
 }
 
@@ -362,11 +372,15 @@ Status CheckObjects(uint64_t layers, uint32_t experts) {
 Status CheckGenSizes(const trace::GenOptions& o) {
   const uint64_t layers = o.layer_ids.size(), objects = layers * o.num_experts;
   K3_RETURN_IF_ERROR(CheckObjects(layers, o.num_experts));
+  const std::string passes = "--requests " + std::to_string(o.requests) + " x (--prompt-tokens " +
+                             std::to_string(o.prompt_tokens) + " + --decode-tokens " +
+                             std::to_string(o.decode_tokens) + ") x " + std::to_string(layers) + " layers";
   if (trace::GeneratedRoutes(o) > trace::kMaxGeneratedRoutes)
-    return Error("--requests " + std::to_string(o.requests) + " x (--prompt-tokens " +
-                 std::to_string(o.prompt_tokens) + " + --decode-tokens " + std::to_string(o.decode_tokens) + ") x " +
-                 std::to_string(layers) + " layers x top-" + std::to_string(o.top_k) + " is more than the " +
+    return Error(passes + " x top-" + std::to_string(o.top_k) + " is more than the " +
                  std::to_string(trace::kMaxGeneratedRoutes) + " routes (2^30) a generated trace may hold");
+  if (trace::GeneratedPasses(o) > trace::kMaxGeneratedPasses)
+    return Error(passes + " is more than the " + std::to_string(trace::kMaxGeneratedPasses) +
+                 " token passes (2^25) a generated trace may hold (each is a record in memory, whatever the top-k)");
   if (trace::GeneratorWeights(o) > trace::kMaxGeneratorWeights)
     return Error("--domains " + std::to_string(o.domains) + " and --concurrent " + std::to_string(o.concurrent) +
                  " with " + std::to_string(o.requests) + " requests keep more than the generator's " +
@@ -390,7 +404,12 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, const store:
   int64_t experts = 0;
   K3_RETURN_IF_ERROR(IntInRange(a, "--experts", 1, 65536, &experts));
   o->num_experts = static_cast<uint32_t>(experts);
-  K3_RETURN_IF_ERROR(U32InRange(a, "--top-k", 1, &o->top_k));
+  // The range said is the rule's, 1..--experts (a manifest's top_k is
+  // compared with it later); "1..4294967295" was said for 0.
+  int64_t top_k = 0;
+  K3_RETURN_IF_ERROR(IntInRange(a, "--top-k", 1, manifest ? UINT32_MAX : experts, &top_k,
+                                manifest ? "" : "1..--experts " + std::to_string(experts)));
+  o->top_k = static_cast<uint32_t>(top_k);
   // Any seed a 64-bit integer holds (a cast to uint32_t refused 99999999999).
   K3_RETURN_IF_ERROR(IntInRange(a, "--seed", 0, INT64_MAX, &seed));
   o->seed = static_cast<uint64_t>(seed);

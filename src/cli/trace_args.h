@@ -80,7 +80,9 @@ Status CheckStatsPath(const Args& a, const std::string& path);
 
 // An integer option within [lo, hi] (a usage error naming the option and
 // its range otherwise: a cast to uint32_t wrapped 4294967297 to 1).
-Status IntInRange(const Args& a, const std::string& name, int64_t lo, int64_t hi, int64_t* dst);
+// `range` (default "lo..hi") is what the message says the range is.
+Status IntInRange(const Args& a, const std::string& name, int64_t lo, int64_t hi, int64_t* dst,
+                  const std::string& range = "");
 
 Status U32InRange(const Args& a, const std::string& name, uint32_t lo, uint32_t* dst);
 

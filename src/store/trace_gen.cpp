@@ -120,10 +120,12 @@ uint64_t GenLayers(const GenOptions& o) { return o.layer_ids.empty() ? 92 : o.la
 
 }  // namespace
 
-uint64_t GeneratedRoutes(const GenOptions& o) {
+uint64_t GeneratedPasses(const GenOptions& o) {
   const uint64_t tokens = uint64_t{o.prompt_tokens} + o.decode_tokens;
-  return SatMul(SatMul(SatMul(o.requests, tokens), GenLayers(o)), o.top_k);
+  return SatMul(SatMul(o.requests, tokens), GenLayers(o));
 }
+
+uint64_t GeneratedRoutes(const GenOptions& o) { return SatMul(GeneratedPasses(o), o.top_k); }
 
 uint64_t GeneratorWeights(const GenOptions& o) {
   // Requests decoded side by side each keep their own weights (and their
@@ -157,6 +159,9 @@ Status CheckGenOptions(const GenOptions& o) {
   if (GeneratedRoutes(o) > kMaxGeneratedRoutes)
     return Error("trace: requests x (prompt + decode tokens) x layers x top_k exceeds the generator's " +
                  std::to_string(kMaxGeneratedRoutes) + " routes");
+  if (GeneratedPasses(o) > kMaxGeneratedPasses)
+    return Error("trace: requests x (prompt + decode tokens) x layers exceeds the generator's " +
+                 std::to_string(kMaxGeneratedPasses) + " token passes");
   if (GeneratorWeights(o) > kMaxGeneratorWeights)
     return Error("trace: (domains + live requests) x layers x experts exceeds the generator's " +
                  std::to_string(kMaxGeneratorWeights) + " popularity weights");
