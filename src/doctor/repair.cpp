@@ -210,7 +210,18 @@ Result<RepairResult> Repair(const std::string& in, const std::string& out_dir, c
   auto view = internal::DiscoverAndOpen(in, col);
   if (!view || scratch.unusable) return Error("cannot read the input " + in + ": run `k3pack doctor " + in + "`");
   for (const internal::Shard& s : view->shards) {
-    if (!s.file) return Error("shard " + s.path + " is unreadable; repair needs every shard (run `k3pack doctor`)");
+    if (!s.file) {
+      // Why, as doctor found it (the reader's offset and rule): "is
+      // unreadable" alone sent the user to another command to learn it.
+      std::string why;
+      for (const Finding& f : scratch.findings)
+        if (f.severity == Severity::kError && (f.file == s.path || f.object == s.path)) {
+          const std::string named = s.path + ": ";  // the message may name the shard again
+          why = ": " + (f.message.starts_with(named) ? f.message.substr(named.size()) : f.message);
+          break;
+        }
+      return Error("shard " + s.path + " is unreadable" + why + "; repair needs every shard (run `k3pack doctor`)");
+    }
   }
   // A copy would drop the download tool's marker and look complete.
   for (const Finding* f : scratch.With("download-in-progress")) {

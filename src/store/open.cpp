@@ -308,10 +308,9 @@ Result<json> ReadStoreManifest(const std::string& manifest_path) {
   return m;
 }
 
-Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
-  // Step 2 first: a JSON file that is no manifest (a model's config.json)
-  // failed as the KeyError 'model'.
-  K3_ASSIGN_OR_RETURN(json m, ReadStoreManifest(manifest_path));
+namespace {
+
+Result<ObjectSpace> SpaceFromManifestJson(const json& m, const std::string& manifest_path) {
   K3_ASSIGN_OR_RETURN(auto ext, manifest::ParseK3packExtension(m));
   K3_ASSIGN_OR_RETURN(const json* model, At(m, "model"));
   K3_ASSIGN_OR_RETURN(const json* ep, At(m, "expert_pack"));
@@ -336,6 +335,21 @@ Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
   }
   if (s.object_bytes.size() != s.active_layer_ids.size())
     return Error(manifest_path + ": k3pack.layer_roles does not cover every active layer");
+  return s;
+}
+
+}  // namespace
+
+Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
+  // Step 2 first: a JSON file that is no manifest (a model's config.json)
+  // failed as the KeyError 'model'.
+  K3_ASSIGN_OR_RETURN(json m, ReadStoreManifest(manifest_path));
+  auto s = SpaceFromManifestJson(m, manifest_path);
+  // The bare KeyError (SGLang's text) with a hint naming the file, as the
+  // store's open gives it: trace gen and sweep said only 'expert_pack'.
+  if (!s.ok() && s.error().kind() == ErrorKind::kKey && s.error().hint().empty())
+    return s.error().WithHint("manifest " + manifest_path + " has no key " + s.error().message() +
+                              " that SGLang's expert store reads; regenerate it with `k3pack manifest`");
   return s;
 }
 
@@ -454,8 +468,10 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   // 13. index digest.
   K3_ASSIGN_OR_RETURN(g.index_sha256, Str(*ep, "index_sha256"));
   if (digest != g.index_sha256) {
+    // Which files (SGLang's line names neither), then where the damage is.
     return Error("Kimi expert-pack index SHA-256 does not match manifest")
-        .WithHint(LocateNonCanonicalEntry(prefix + pack::kHeaderBytes, g.index_count, g.space));
+        .WithHint("the index of " + pack_path + " hashes to " + digest + ", " + manifest_path + " records " +
+                  g.index_sha256 + "; " + LocateNonCanonicalEntry(prefix + pack::kHeaderBytes, g.index_count, g.space));
   }
   // 14. optional whole-pack digest.
   if (opt.verify_pack_sha256) {

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "doctor_test_util.h"
 
 namespace dtest {
@@ -169,6 +171,31 @@ TEST(RepairCli, ZeroedElementsAreReportedAsZerosAndNeverRewritten) {
   auto r = doctor::Repair(in.string(), (in / "out").string(), o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message().find("blk.1.ssm_a: values look zeroed-elements"), std::string::npos)
+      << r.error().message();
+  EXPECT_FALSE(fs::exists(in / "out"));
+}
+
+// Session 41: "shard P is unreadable" without why (the reader's offset and
+// rule were only in doctor's report).
+TEST(RepairCli, AnUnreadableShardIsRefusedWithTheReason) {
+  auto in = TempDir("rep-unreadable");
+  auto synth = Synth(in);
+  std::vector<std::string> shards;
+  for (const auto& e : fs::directory_iterator(in))
+    if (e.path().extension() == ".gguf") shards.push_back(e.path().string());
+  std::sort(shards.begin(), shards.end());
+  ASSERT_EQ(shards.size(), 3u);
+  {
+    std::fstream f(shards[1], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f << std::string(24, 'X');  // the tensor count and more: a header no reader accepts
+  }
+  doctor::RepairOptions o;
+  o.profile = kimi::Profile::kScaled;
+  auto r = doctor::Repair(in.string(), (in / "out").string(), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("shard " + shards[1] + " is unreadable: offset 8: tensor count "),
+            std::string::npos)
       << r.error().message();
   EXPECT_FALSE(fs::exists(in / "out"));
 }

@@ -294,11 +294,14 @@ TEST(StoreOpen, TrailingBytesAndDigests) {
   p.json = p.MakeManifest();
   p.json["expert_pack"]["index_sha256"] = std::string(64, '0');
   p.Save();
-  // SGLang's text, then where the damage is: here not in the pack.
+  // SGLang's text, then the files and where the damage is: here not in the pack.
+  const std::string digest = OpenError(p).substr(OpenError(p).find(" hashes to ") + 11, 64);
   EXPECT_EQ(OpenError(p),
             "Kimi expert-pack index SHA-256 does not match manifest\n"
-            "hint: the header and every index entry are in canonical form: the manifest's index_sha256 belongs to other "
-            "bytes");
+            "hint: the index of " + p.pack + " hashes to " + digest + ", " + p.manifest + " records " +
+                std::string(64, '0') +
+                "; the header and every index entry are in canonical form: the manifest's index_sha256 belongs to "
+                "other bytes");
   p.json = p.MakeManifest();
   p.Save();
   StoreOptions o = Small();

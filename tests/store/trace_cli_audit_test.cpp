@@ -52,6 +52,24 @@ TEST(TraceCliAudit, AJsonFileThatIsNoManifestIsNamedWithWhatItLacks) {
   EXPECT_TRUE(Says(r, "--manifest " + p.dir + "/nope.json does not exist")) << r.out;
 }
 
+// A finished manifest that lacks a key the store reads: trace gen and sweep
+// said only SGLang's bare KeyError ('model'), naming no file (session 41).
+TEST(TraceCliAudit, AManifestWithoutAKeyTheStoreReadsIsNamedInTheHint) {
+  const std::string dir = testing::TinyPack::TempDir("no-key");
+  const std::string bad = dir + "/bad.json";
+  std::ofstream(bad) << "{\"format\": \"SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1\", \"complete\": true}\n";
+  for (const std::string& args : {"trace gen --trace " + dir + "/z.k3t --manifest " + bad,
+                                  "trace sweep --progress none --manifest " + bad + " --svg " + dir + "/s.svg"}) {
+    SCOPED_TRACE(args);
+    CliRun r = Cli(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Says(r, "error: 'model'\nhint: manifest " + bad +
+                            " has no key 'model' that SGLang's expert store reads; regenerate it with `k3pack manifest`"))
+        << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/z.k3t"));
+}
+
 // --predict-surprise S makes a share S of rows miss every prediction and
 // the others right with chance accuracy / (1 - S): above 1 the generator
 // capped it, so --predict-accuracy 0.95 --predict-surprise 0.5 wrote a trace
