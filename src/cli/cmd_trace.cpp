@@ -28,7 +28,7 @@ int Usage() {
 using namespace trace_args;  // NOLINT: the subcommands' shared option handling
 
 int RunGen(const std::vector<std::string>& argv) {
-  Args a("trace gen", "--trace TRACE [options]",
+  Args a("trace gen", "[--trace] TRACE [options]",
          "Writes a seeded synthetic Kimi-like routing trace: every token passes each routed layer and picks top_k\n"
          "distinct experts; each expert of the previous token (same layer) is kept with probability --reuse, the\n"
          "rest are drawn from a per-request Zipf popularity (--request-skew) times a global one (--skew; 0 = flat,\n"

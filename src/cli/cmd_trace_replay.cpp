@@ -27,7 +27,7 @@ using namespace trace_args;  // NOLINT: the subcommands' shared option handling
 
 // The replay's options and the rules between them.
 Args ReplayArgs() {
-  Args a("trace replay", "--trace T [--manifest M.json|DIR] [--cache-mib N] [options]",
+  Args a("trace replay", "[--trace] T [--manifest M.json|DIR] [--cache-mib N] [options]",
          "Replays a trace on the real expert store (real reads from the pack) and reports hit rate, bytes per\n"
          "token, read throughput and latency. With --simulate only the policy runs (no pack, no I/O).");
   a.Option("--trace", "trace file (k3pack trace gen)", std::nullopt, true)

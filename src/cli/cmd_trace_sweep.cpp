@@ -71,7 +71,7 @@ Status CheckPlotIsAFile(const std::string& path) {
 
 // The sweep's options and the rules between them.
 Args SweepArgs() {
-  Args a("trace sweep", "[--trace T | --family F|all] [options]",
+  Args a("trace sweep", "[[--trace] T | --family F|all] [options]",
          "Simulates the --policies (every policy but request-aware by default), Belady's optimum and (for generated\n"
          "traces) the distribution-informed bound over a range of cache sizes, prints a table and writes an SVG plot\n"
          "of hit rate vs cache size. Without --trace the --family preset is generated (seed --seed); --family all\n"

@@ -119,7 +119,13 @@ std::string Error::headline() const { return message_.substr(0, message_.find('\
 
 std::string Error::hint() const {
   const size_t at = message_.find(kHintLabel);
-  return at == std::string::npos ? std::string() : message_.substr(at + sizeof(kHintLabel) - 1);
+  if (at == std::string::npos) return std::string();
+  // Every hint's label goes, the second's too: the JSON "hint" read
+  // "...first\nhint: second".
+  std::string hints = message_.substr(at + sizeof(kHintLabel) - 1);
+  const std::string_view label(kHintLabel, sizeof(kHintLabel) - 1);
+  for (size_t next; (next = hints.find(label)) != std::string::npos;) hints.replace(next, label.size(), "\n");
+  return hints;
 }
 
 Error Error::WithContext(const std::string& context) const {

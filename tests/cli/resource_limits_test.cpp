@@ -77,6 +77,9 @@ std::string RerunFinishesAndVerifies(const std::string& out, const std::string& 
 // source shard up front and held them all for the run, so a 30-shard model
 // failed under `ulimit -n 16` ("cannot open ...-00012-of-00030.gguf: Too many
 // open files") though the check reads one shard at a time.
+// An older manifest at the output path (of the kind --force replaces).
+constexpr const char* kOlderManifest = "{\"format\": \"SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1\", \"older\": true}\n";
+
 TEST(ResourceLimits, VerifyHoldsOneShardOpenAtATime) {
   if (!HasPrlimit()) GTEST_SKIP() << "needs /usr/bin/prlimit";
   const std::string m = ManyShardModel() + "/" + kManifestName;
@@ -179,14 +182,14 @@ TEST(ResourceLimits, FileSizeLimitIsAnErrorNotAKill) {
   fs::create_directories(out);
 
   const std::string manifest = out + "/m.json";
-  ASSERT_TRUE(k3pack::WriteFileAtomic(manifest, "{\"older\": true}\n").ok());
+  ASSERT_TRUE(k3pack::WriteFileAtomic(manifest, kOlderManifest).ok());
   CliRun r = Limited("--fsize=1000", "manifest " + Q(src) + " --pack " + Q(src + "/" + kPackName) + " --manifest " +
                                          Q(manifest) + " --force");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "cannot write " + manifest)) << r.out;
   EXPECT_TRUE(Contains(r.out, "File too large")) << r.out;
   EXPECT_TRUE(Contains(r.out, "may write files of at most 1000 bytes")) << r.out;
-  EXPECT_EQ(k3pack::testing_cli::FileBytes(manifest), "{\"older\": true}\n");
+  EXPECT_EQ(k3pack::testing_cli::FileBytes(manifest), kOlderManifest);
   size_t files = 0;
   for (const auto& e : fs::directory_iterator(out)) files += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(files, 1u) << "a temporary was left beside the manifest";
@@ -226,7 +229,7 @@ TEST(ResourceLimits, FullDiskNamesTheOutputAndTheRerunSucceeds) {
     ::close(fd);
   };
   const std::string manifest = disk.dir + "/m.json";
-  const std::string older = "{\"older\": true}\n";
+  const std::string older = kOlderManifest;
   ASSERT_TRUE(k3pack::WriteFileAtomic(manifest, older).ok());
   struct Writer {
     std::string what, args, output;

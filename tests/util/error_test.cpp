@@ -69,5 +69,15 @@ TEST(ProcessLimitHints, FileTooLargeWithoutAProcessLimitNamesTheFileSystemsCap) 
   EXPECT_EQ(e.message().find("ulimit"), std::string::npos) << e.message();
 }
 
+// Two hints: hint() is both, each without its label (the JSON "hint" read
+// "first\nhint: second"); the message keeps both labels.
+TEST(ErrorHints, EveryHintIsGivenWithoutItsLabel) {
+  const Error e = Error("cannot open fifo").WithHint("pass the file itself").WithHint("pass a readable config.json");
+  EXPECT_EQ(e.headline(), "cannot open fifo");
+  EXPECT_EQ(e.hint(), "pass the file itself\npass a readable config.json");
+  EXPECT_EQ(e.message(), "cannot open fifo\nhint: pass the file itself\nhint: pass a readable config.json");
+  EXPECT_EQ(Error("no hint").hint(), "");
+}
+
 }  // namespace
 }  // namespace k3pack
