@@ -49,7 +49,8 @@ class Error {
   Error WithHint(const std::string& hint) const;
   // The first line of the message (SGLang's text where it gives one).
   std::string headline() const;
-  // What WithHint added, without its label ("" when none).
+  // What WithHint added, one hint per line, without their labels ("" when
+  // none).
   std::string hint() const;
   // Prefixes context ("file.gguf: ") to the message.
   Error WithContext(const std::string& context) const;

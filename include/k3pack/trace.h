@@ -160,9 +160,10 @@ struct GenOptions {
 // by side [+ every request's, with `truth`]) x layers x experts).
 // A token's pass through a layer is a record (tens of bytes in memory
 // whatever top_k), so passes are bounded too: at top_k 1 the routes bound
-// alone let through a trace of 90 GB.
+// alone let through a trace of 90 GB. 2^26 is what the routes bound allows
+// at K3's top-16 (a few GB).
 constexpr uint64_t kMaxGeneratedRoutes = uint64_t{1} << 30;
-constexpr uint64_t kMaxGeneratedPasses = uint64_t{1} << 25;
+constexpr uint64_t kMaxGeneratedPasses = uint64_t{1} << 26;
 constexpr uint64_t kMaxGeneratorWeights = uint64_t{1} << 27;
 uint64_t GeneratedRoutes(const GenOptions& options);
 uint64_t GeneratedPasses(const GenOptions& options);  // requests x tokens x layers

@@ -58,7 +58,8 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     written: neither may be an input; a valid pack with its manifest is
     "already built" and left as it is; anything else there is refused
     (FileExistsError, saying whose model a copied directory's manifest
-    records) unless force=True. As `k3pack build`, a manifest that records
+    records) unless force=True, which replaces only a pack or a manifest
+    (another file there is refused even with it). As `k3pack build`, a manifest that records
     this pack where none of its files is any more (a moved model), the
     manifest of a forced rebuild under way, or an old rank manifest SGLang
     would serve with zeros is written anew without force, saying so to `log`

@@ -438,7 +438,8 @@ void RegisterManifest(py::module_& m) {
         py::arg("full_source_hashes") = true, py::arg("full_pack_hash") = false, py::arg("progress") = py::none(),
         py::arg("force") = false, py::arg("known_shard_sha256") = std::map<std::string, std::string>{},
         "SGLang's create_manifest; writes it byte-compatibly to `output` when given (as `k3pack manifest`: not an "
-        "input; the same manifest there is kept; anything else there is refused unless force=True); returns the "
+        "input; the same manifest there is kept; another manifest there is replaced only with force=True, and any "
+        "other file never); returns the "
         "document. known_shard_sha256 {resolved shard path: hex} (build_pack(hash_sources=True)'s source_sha256): "
         "those shards are not read again for full_source_hashes");
 

@@ -55,6 +55,9 @@ Result<Values> ParseValues(const Args& args) {
   if (v.samples < 0) return Error("--payload-samples must be non-negative");
   K3_ASSIGN_OR_RETURN(static_cast<CopyValues&>(v), ParseCopyValues(args));
   K3_ASSIGN_OR_RETURN(v.ep, ParseEpOptions(args));
+  // A given config is checked here, before the "using ..." lines; an implied
+  // one once it is found.
+  K3_RETURN_IF_ERROR(CheckEpChoiceForConfig(v.ep, args.Get("--model-config")));
   return v;
 }
 

@@ -33,7 +33,8 @@ std::string FullPackPathOf(const std::string& rank_pack) {
   return std::regex_match(rank_pack, m, kTag) ? m[1].str() + ".pack" : "";
 }
 
-Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
+// `out`: --pack, or the name the rank packs' names give (checked by the caller).
+Result<nlohmann::json> Run(const Args& args, const std::string& out, pack::ProgressMode mode) {
   const std::vector<std::string>& ranks = args.positionals();
   std::vector<NamedPath> inputs;
   for (const auto& r : ranks) {
@@ -41,7 +42,6 @@ Result<nlohmann::json> Run(const Args& args, pack::ProgressMode mode) {
     inputs.push_back({"rank pack", r});
     inputs.push_back({"rank pack (its .digests)", pack::DigestsPathFor(r)});
   }
-  const std::string out = !args.Get("--pack").empty() ? args.Get("--pack") : FullPackPathOf(ranks.front());
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs(
       {{"--pack", out}, {"--pack (its .digests)", pack::DigestsPathFor(out)}, {"--pack (its .partial)",
                                                                               pack::PartialPathFor(out)}},
@@ -136,13 +136,15 @@ int RunEpMerge(const std::vector<std::string>& argv) {
   if (!mode.ok()) return ReportError(kCmd, mode.error(), kExitUsage);
   // An output that cannot be derived is a usage error (README), as for an
   // implied --model-config: it was exit 1.
-  if (args.Get("--pack").empty() && FullPackPathOf(args.positionals().front()).empty()) {
+  const std::string out =
+      !args.Get("--pack").empty() ? args.Get("--pack") : FullPackPathOf(args.positionals().front());
+  if (out.empty()) {
     return ReportError(kCmd,
                        Error("--pack is required: " + args.positionals().front() +
                              " is not named <stem>.epR-of-N.pack, so the full pack's name cannot be derived from it"),
                        kExitUsage);
   }
-  auto r = Run(args, *mode);
+  auto r = Run(args, out, *mode);
   if (!r.ok()) return ReportError(kCmd, r.error());
   const auto& j = *r;
   if (j.contains("already_built")) {

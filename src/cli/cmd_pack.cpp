@@ -35,6 +35,9 @@ Result<Values> ParseValues(const Args& args) {
   Values v;
   K3_ASSIGN_OR_RETURN(static_cast<CopyValues&>(v), ParseCopyValues(args));
   K3_ASSIGN_OR_RETURN(v.ep, ParseEpOptions(args));
+  // A given config is checked here, before the "using ..." lines; an implied
+  // one once it is found.
+  K3_RETURN_IF_ERROR(CheckEpChoiceForConfig(v.ep, args.Get("--model-config")));
   return v;
 }
 

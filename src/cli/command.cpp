@@ -298,6 +298,7 @@ std::string Args::Suggest(const std::string& word) const {
 }
 
 bool Args::Parse(const std::vector<std::string>& argv, int* exit_code) {
+  g_narrate_json = false;  // this parse's --progress decides, not an earlier one's
   const bool parsed = ParseWords(argv, exit_code);
   if (parsed) g_narrate_json = specs_.contains("--progress") && Get("--progress") == "json";
   for (const std::string& note : notes_) Narrate(command_, "note: " + note);
@@ -331,6 +332,7 @@ bool Args::ParseWords(const std::vector<std::string>& argv, int* exit_code) {
       continue;
     }
     if (!options_done && (a == "--help" || a == "-h")) {
+      notes_.clear();  // the help is the answer; it lists the spellings
       std::cout << Usage();
       *exit_code = 0;
       return false;

@@ -161,8 +161,10 @@ int Dispatch(int argc, char** argv) {
     auto it = cmds.find(argv[2]);
     if (it == cmds.end()) {
       const std::string msg = UnknownCommand(argv[2]);
+      // `help --json`: the word that asks for JSON is the unknown one itself.
+      const int first = argv[2][0] == '-' ? 2 : 3;
       return k3pack::cli::ReportDispatchError("help", "k3pack help: " + msg + " (run `k3pack --help` for the list)",
-                                              msg, std::vector<std::string>(argv + 3, argv + argc));
+                                              msg, std::vector<std::string>(argv + first, argv + argc));
     }
     std::vector<std::string> words(argv + 3, argv + argc);
     words.push_back("--help");

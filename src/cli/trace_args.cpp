@@ -78,7 +78,13 @@ Status HasRecords(const std::string& path, const trace::Trace& t) {
 
 Result<trace::Trace> ReadTraceArg(const Args& a) {
   const std::string path = a.Get("--trace");
-  K3_RETURN_IF_ERROR(CheckInputExists("--trace", path, ".trace", "write one with `k3pack trace gen`"));
+  // `trace sweep all` (the argument is the trace) meant the family.
+  const auto families = trace::FamilyNames();
+  const bool family = a.command() == "trace sweep" &&
+                      (path == "all" || std::find(families.begin(), families.end(), path) != families.end());
+  K3_RETURN_IF_ERROR(CheckInputExists("--trace", path, ".trace",
+                                      family ? "did you mean --family " + path + "? (the argument is a trace file)"
+                                             : "write one with `k3pack trace gen`"));
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return Error("--trace " + path + " is a directory, not a trace file", ErrorKind::kFileNotFound)
@@ -380,7 +386,7 @@ Status CheckGenSizes(const trace::GenOptions& o) {
                  std::to_string(trace::kMaxGeneratedRoutes) + " routes (2^30) a generated trace may hold");
   if (trace::GeneratedPasses(o) > trace::kMaxGeneratedPasses)
     return Error(passes + " is more than the " + std::to_string(trace::kMaxGeneratedPasses) +
-                 " token passes (2^25) a generated trace may hold (each is a record in memory, whatever the top-k)");
+                 " token passes (2^26) a generated trace may hold (each is a record in memory, whatever the top-k)");
   if (trace::GeneratorWeights(o) > trace::kMaxGeneratorWeights)
     return Error("--domains " + std::to_string(o.domains) + " and --concurrent " + std::to_string(o.concurrent) +
                  " with " + std::to_string(o.requests) + " requests keep more than the generator's " +
@@ -404,12 +410,17 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, const store:
   int64_t experts = 0;
   K3_RETURN_IF_ERROR(IntInRange(a, "--experts", 1, 65536, &experts));
   o->num_experts = static_cast<uint32_t>(experts);
-  // The range said is the rule's, 1..--experts (a manifest's top_k is
-  // compared with it later); "1..4294967295" was said for 0.
-  int64_t top_k = 0;
-  K3_RETURN_IF_ERROR(IntInRange(a, "--top-k", 1, manifest ? UINT32_MAX : experts, &top_k,
-                                manifest ? "" : "1..--experts " + std::to_string(experts)));
-  o->top_k = static_cast<uint32_t>(top_k);
+  // The range said is the rule's, 1..the experts (of the manifest when one
+  // is given; a value inside that disagrees with its top_k is refused by
+  // ManifestAgrees); "1..4294967295" was said for 0.
+  if (!manifest || a.Has("--top-k")) {  // a manifest's replaces the default
+    const int64_t top_k_most = manifest ? int64_t{manifest->num_experts} : experts;
+    int64_t top_k = 0;
+    K3_RETURN_IF_ERROR(IntInRange(a, "--top-k", 1, top_k_most, &top_k,
+                                  (manifest ? "1..the manifest's experts " : "1..--experts ") +
+                                      std::to_string(top_k_most)));
+    o->top_k = static_cast<uint32_t>(top_k);
+  }
   // Any seed a 64-bit integer holds (a cast to uint32_t refused 99999999999).
   K3_RETURN_IF_ERROR(IntInRange(a, "--seed", 0, INT64_MAX, &seed));
   o->seed = static_cast<uint64_t>(seed);
@@ -421,7 +432,6 @@ Status GenOptionsFromArgs(const Args& a, const std::string& family, const store:
     o->top_k = manifest->top_k;
   } else {
     // Checked before the layer list is made (--layers 4294967295 allocated it).
-    K3_RETURN_IF_ERROR(CheckDims(*o));
     K3_RETURN_IF_ERROR(CheckObjects(layers, o->num_experts));
     for (uint32_t l = 0; l < layers; ++l) o->layer_ids.push_back(first + l);
   }

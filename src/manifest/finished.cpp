@@ -46,4 +46,10 @@ std::string WhyNotAFinishedManifest(const json& m, const std::string& path) {
          std::string(kDefaultManifestName) + " beside the pack)";
 }
 
+Error WithMissingKeyHint(const Error& error, const std::string& path, const std::string& reader) {
+  if (error.kind() != ErrorKind::kKey || error.message().find('\n') != std::string::npos) return error;
+  return error.WithHint("manifest " + path + " has no key " + error.message() + " that " + reader +
+                        " reads; regenerate it with `k3pack manifest`");
+}
+
 }  // namespace k3pack::manifest

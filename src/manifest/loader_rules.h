@@ -52,6 +52,10 @@ Status CheckStoreFormatAndComplete(const nlohmann::json& m);
 // SGLang's text (which names neither): "PATH: it has no \"format\" key (...)".
 // Empty when both conditions hold.
 std::string WhyNotAFinishedManifest(const nlohmann::json& m, const std::string& path);
+// SGLang's bare KeyError for a key `reader` reads (its repr, the only line)
+// with a hint naming the manifest: "manifest PATH has no key 'model' that
+// SGLang's loader reads; regenerate it ...". Any other error is as given.
+Error WithMissingKeyHint(const Error& error, const std::string& path, const std::string& reader);
 // Step 7 refused: SGLang's text, and a hint naming both files, both sizes and
 // what to run.
 Error PackSizeMismatch(const std::string& pack_path, uint64_t pack_size, const std::string& manifest_path,

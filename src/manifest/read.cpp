@@ -399,8 +399,7 @@ Result<Manifest> ParseManifestOf(const json& j, const std::string& path) {
     // SGLang's loader raises a bare KeyError (the key's repr, the first line);
     // the hint says which file lacks it, or that it is no manifest at all.
     if (std::string why = WhyNotAFinishedManifest(j, path); !why.empty()) return m.error().WithHint(why);
-    return m.error().WithHint("manifest " + path + " has no key " + m.error().message() +
-                              " that SGLang's loader reads; regenerate it with `k3pack manifest`");
+    return WithMissingKeyHint(m.error(), path, "SGLang's loader");
   }
   return m;
 }

@@ -345,11 +345,9 @@ Result<ObjectSpace> SpaceFromManifest(const std::string& manifest_path) {
   // failed as the KeyError 'model'.
   K3_ASSIGN_OR_RETURN(json m, ReadStoreManifest(manifest_path));
   auto s = SpaceFromManifestJson(m, manifest_path);
-  // The bare KeyError (SGLang's text) with a hint naming the file, as the
-  // store's open gives it: trace gen and sweep said only 'expert_pack'.
-  if (!s.ok() && s.error().kind() == ErrorKind::kKey && s.error().hint().empty())
-    return s.error().WithHint("manifest " + manifest_path + " has no key " + s.error().message() +
-                              " that SGLang's expert store reads; regenerate it with `k3pack manifest`");
+  // SGLang's bare KeyError, with the file named: trace gen and sweep said
+  // only 'model'.
+  if (!s.ok()) return manifest::WithMissingKeyHint(s.error(), manifest_path, "SGLang's expert store");
   return s;
 }
 

@@ -34,6 +34,25 @@ class Sampler {
       if (!used[e]) unused += Weight(e);
     return unused / cum_.back();
   }
+  // One expert not marked in `used`, drawn in proportion to the weights of
+  // those (what rejection draws, conditioned on missing the marked ones) by
+  // one uniform over their cumulative weight: O(E) per draw, for when the
+  // unmarked share is too small for rejection. Needs that share > 0.
+  uint32_t DrawUnused(std::mt19937_64& rng, const std::vector<uint8_t>& used) const {
+    double total = 0;
+    for (size_t e = 0; e < cum_.size(); ++e)
+      if (!used[e]) total += Weight(e);
+    std::uniform_real_distribution<double> u(0.0, total);
+    const double x = u(rng);
+    double seen = 0;
+    uint32_t last = 0;
+    for (uint32_t e = 0; e < cum_.size(); ++e) {
+      if (used[e] || !(Weight(e) > 0)) continue;
+      last = e;
+      if ((seen += Weight(e)) > x) return e;
+    }
+    return last;  // x at the top of the range after rounding
+  }
   // The experts not marked in `marked`, heaviest first (ties: lowest id).
   std::vector<uint32_t> Heaviest(const std::vector<uint8_t>& marked) const {
     std::vector<uint32_t> order;
@@ -55,6 +74,13 @@ class Sampler {
 // than once in a million tries (a steep Zipf's tail weighs 1e-24, or 0 once
 // pow overflows), and the loop effectively never ended.
 constexpr double kMinUnusedShare = 1e-6;
+// Below this share (and at least kMinUnusedShare) an expert is drawn exactly
+// among those not yet chosen instead: the same distribution, but rejection
+// spent ~1/share draws per expert there (`--skew 6` leaves ~2e-6 after ten
+// experts: 30 s for 10 tokens of 92 layers, an hour for the default trace).
+// Traces whose draws went there differ from those before session 41; at
+// 1e-3 or 1e-4 a pinned trace of --skew 2 --request-skew 3 changed too.
+constexpr double kExactDrawShare = 1e-5;
 // Rejections in a row before the one look at that share (O(E)): the share
 // cannot change during a run of rejections (only a drawn expert marks one),
 // so a second look would see the same value. Looking every 64 rejections
@@ -64,11 +90,12 @@ constexpr uint32_t kRejectionsBeforeCheck = 64;
 
 // Fills out[n..K) with distinct experts not marked in `used` (marking them),
 // drawn from `s` by rejection: the historical stream, so every trace whose
-// draws made progress is byte for byte what it was. When they cannot (see
-// kMinUnusedShare) the rest are taken deterministically, heaviest first,
-// consuming no randomness; should every expert be marked (a prediction that
-// must miss more of the true experts than there are others), the marked
-// ones not yet in `out` follow, heaviest first.
+// draws kept at least kExactDrawShare of the weight unchosen is byte for byte
+// what it was. Below it the rest of the row is drawn exactly among the
+// unchosen (kExactDrawShare); below kMinUnusedShare it is taken
+// deterministically, heaviest first, consuming no randomness; should every
+// expert be marked (a prediction that must miss more of the true experts than
+// there are others), the marked ones not yet in `out` follow, heaviest first.
 void DrawDistinct(const Sampler& s, std::mt19937_64& g, std::vector<uint8_t>& used, uint16_t* out, uint32_t n,
                   uint32_t K) {
   uint32_t rejected = 0;
@@ -80,7 +107,18 @@ void DrawDistinct(const Sampler& s, std::mt19937_64& g, std::vector<uint8_t>& us
       rejected = 0;
       continue;
     }
-    if (++rejected != kRejectionsBeforeCheck || s.UnusedShare(used) >= kMinUnusedShare) continue;
+    if (++rejected != kRejectionsBeforeCheck) continue;
+    const double unused = s.UnusedShare(used);
+    if (unused >= kExactDrawShare) continue;
+    if (unused >= kMinUnusedShare) {
+      // The rest of the row exactly; the share only shrinks as it fills.
+      for (; n < K && s.UnusedShare(used) >= kMinUnusedShare; ++n) {
+        const uint32_t drawn = s.DrawUnused(g, used);
+        used[drawn] = 1;
+        out[n] = static_cast<uint16_t>(drawn);
+      }
+      if (n == K) return;
+    }
     for (uint32_t h : s.Heaviest(used)) {
       if (n == K) return;
       used[h] = 1;

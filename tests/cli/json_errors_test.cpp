@@ -113,6 +113,7 @@ TEST(JsonErrors, EveryUsageErrorOfARunThatAsksForJsonIsJson) {
       {"--json", "unknown option '--json'"},
       {"'' --json", "the command is an empty argument (an unset shell variable?)"},
       {"help bogus --json", "unknown command 'bogus'"},
+      {"help --json", "unknown option '--json'"},
       {"--version --json", "--version takes no arguments, got '--json'"},
       {"completion bash --json", "unknown option --json"},
       {"verify nowhere.json --json=1", "--json takes no value"},

@@ -36,7 +36,9 @@ TEST(StalePack, APackOfEditedShardsIsNotReusedButACopiedOneIs) {
   json_progress.back() = "json";  // --progress
   auto [rc0, err0] = RunCli(json_progress);
   EXPECT_EQ(rc0, 0) << err0;
-  EXPECT_NE(err0.find("note: source shard " + shard + " changed since the pack was built from it"), std::string::npos)
+  // A note object: its key says it is a note (the text no longer repeats "note:").
+  EXPECT_NE(err0.find("{\"note\":\"source shard " + shard + " changed since the pack was built from it"),
+            std::string::npos)
       << err0;
   EXPECT_NE(err0.find("comparing every payload of " + pack + " with the shards"), std::string::npos) << err0;
   EXPECT_NE(err0.find("\"phase\":\"compare\""), std::string::npos) << err0;

@@ -51,6 +51,11 @@ TEST(TraceArgument, TheArgumentAndADifferentTraceOptionAreRefusedTogether) {
   r = Cli("trace replay --simulate " + dir + "/a.k3t " + dir + "/b.k3t");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("unexpected argument " + dir + "/b.k3t"), std::string::npos) << r.out;
+  // A family's name as the argument is taken for a file; the hint says so.
+  r = Cli("trace sweep --progress none " + dir + "/all");
+  EXPECT_NE(r.out.find("error: --trace " + dir + "/all does not exist"), std::string::npos) << r.out;
+  r = Cli("trace sweep --progress none all");
+  EXPECT_NE(r.out.find("did you mean --family all? (the argument is a trace file)"), std::string::npos) << r.out;
   // The argument reads a trace, so a family is refused beside it as beside --trace.
   r = Cli("trace sweep --family kimi " + dir + "/a.k3t");
   EXPECT_EQ(r.code, 2) << r.out;

@@ -96,8 +96,8 @@ TEST(TraceLimitsCli, GenValuesOutOfRangeAreUsageErrors) {
       {"--top-k 0", "--top-k must be an integer in 1..--experts 896, got 0"},
       {"--seed 9223372036854775808", "--seed must be an integer in 0..9223372036854775807, got 9223372036854775808"},
       {"--requests 1 --prompt-tokens 0 --decode-tokens 536870912 --layers 2 --experts 64 --top-k 1",
-       "--requests 1 x (--prompt-tokens 0 + --decode-tokens 536870912) x 2 layers is more than the 33554432 token "
-       "passes (2^25) a generated trace may hold"},
+       "--requests 1 x (--prompt-tokens 0 + --decode-tokens 536870912) x 2 layers is more than the 67108864 token "
+       "passes (2^26) a generated trace may hold"},
       {"--request-skew -0.5", "--request-skew must be at least 0"},
       {"--requests 4294967296", "--requests must be an integer in 1..4294967295, got 4294967296"},
       {"--seed -1", "--seed must be an integer in 0..9223372036854775807, got -1"},

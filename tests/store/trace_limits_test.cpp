@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -139,6 +140,35 @@ TEST(TraceLimits, SteepSkewsFinishWithDistinctExperts) {
     ASSERT_TRUE(b.ok());
     EXPECT_EQ(EncodeTrace(*a), EncodeTrace(*b));
   }
+}
+
+// Session 41: below 1e-5 of the weight left (`--skew 6` after ten experts)
+// the rest of a row is drawn exactly among the experts not yet chosen, not
+// by ~1/share rejections each. The draw must keep rejection's distribution:
+// with weights 1, 2^-18, 3^-18, 4^-18 (one request, no reuse) a row's second
+// expert is rank 3 or 4 with chance 6.8e-4 (rank 2 otherwise), whereas a
+// heaviest-first fill never picks them and a uniform draw would 2 times in 3.
+TEST(TraceLimits, RowsDrawnExactlyKeepTheWeightsDistribution) {
+  GenOptions o = Dims(1, 4, 2);
+  o.requests = 1;
+  o.prompt_tokens = 0;
+  o.decode_tokens = 100000;
+  o.skew = 18;
+  o.request_skew = 0;
+  o.domains = 0;
+  o.reuse = 0;
+  o.drift = 0;
+  auto t = Generate(o);
+  ASSERT_TRUE(t.ok()) << t.error().message();
+  ExpectDistinctRows(*t);
+  std::vector<uint64_t> count(4, 0);
+  for (uint16_t id : t->ids) ++count[id];
+  std::sort(count.begin(), count.end(), std::greater<>());
+  EXPECT_EQ(count[0], 100000u);  // rank 1 in (nearly) every row
+  // Binomial(100000, 6.8e-4): mean 68, sd 8.2; about 5 sd either side.
+  const uint64_t tail = count[2] + count[3];
+  EXPECT_GT(tail, 28u) << count[1] << " " << count[2] << " " << count[3];
+  EXPECT_LT(tail, 108u) << count[1] << " " << count[2] << " " << count[3];
 }
 
 // Before: a prediction of top_k 30 of 32 experts had to miss with the 2
