@@ -127,23 +127,21 @@ class OutputRules(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertEqual(sorted(os.listdir(out_dir)), ["m%d.manifest.json" % i for i in range(4)])
 
-    def test_force_never_replaces_a_gguf_file_given_as_the_manifest(self):
+    def assert_manifest_never_replaces(self, name, text, what):
         self.assert_user_file_kept_even_with_force(
-            "shard.gguf", "GGUF and more",
+            name, text,
             lambda out, force: k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out,
                                                       force=force),
-            "refusing to overwrite existing %s (output): it is a GGUF file, not an adapter manifest; k3pack replaces "
-            "only a file of the kind it writes, not even with force=True")
+            "refusing to overwrite existing %s (output): it is " + what + ", not an adapter manifest; k3pack "
+            "replaces only a file of the kind it writes, not even with force=True")
+
+    def test_force_never_replaces_a_gguf_file_given_as_the_manifest(self):
+        self.assert_manifest_never_replaces("shard.gguf", "GGUF and more", "a GGUF file")
 
     def test_force_never_replaces_json_that_is_no_manifest(self):
         # Session 41: force=True replaced any JSON or text named as the output.
-        self.assert_user_file_kept_even_with_force(
-            "settings.json", '{"model_type": "kimi_k3"}\n',
-            lambda out, force: k3pack.create_manifest(self.model, self.pack, self.config, self.tok, output=out,
-                                                      force=force),
-            "refusing to overwrite existing %s (output): it is a JSON document that names no GGMLMOEPACK pack or "
-            "format, not an adapter manifest; k3pack replaces only a file of the kind it writes, not even with "
-            "force=True")
+        self.assert_manifest_never_replaces("settings.json", '{"model_type": "kimi_k3"}\n',
+                                            "a JSON document that names no GGMLMOEPACK pack or format")
 
     def test_create_manifest_same_manifest_is_kept(self):
         out = os.path.join(self.tmp.path, "again.manifest.json")

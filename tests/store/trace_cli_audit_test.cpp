@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "store/synthetic_pack.h"
 #include "../cli_run.h"
@@ -19,6 +20,18 @@ using testing_cli::CliRun;
 
 bool Says(const CliRun& r, const std::string& text) { return r.out.find(text) != std::string::npos; }
 
+// Each run fails as a bad input (exit 1) saying `text` (and not `not_text`).
+void ExpectEachFailsSaying(const std::vector<std::string>& runs, const std::string& text,
+                           const std::string& not_text = "") {
+  for (const std::string& args : runs) {
+    SCOPED_TRACE(args);
+    CliRun r = Cli(args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Says(r, text)) << r.out;
+    if (!not_text.empty()) EXPECT_FALSE(Says(r, not_text)) << r.out;
+  }
+}
+
 // A model's config.json given as --manifest failed with the bare KeyError
 // 'model' (exit 2 from gen and from sweep of a family, 1 elsewhere); replay
 // without --pack sent the user to --pack. Now SGLang's step-2 text, a hint
@@ -30,20 +43,15 @@ TEST(TraceCliAudit, AJsonFileThatIsNoManifestIsNamedWithWhatItLacks) {
   const std::string trace = p.dir + "/t.k3t";
   ASSERT_EQ(Cli("trace gen --trace " + trace + " --layers 2 --experts 8 --top-k 2 --requests 1 --decode-tokens 4").code,
             0);
-  for (const std::string& args :
-       {"trace gen --trace " + p.dir + "/z.k3t --manifest " + config,
-        "trace sweep --progress none --manifest " + config + " --svg " + p.dir + "/s.svg",
-        "trace sweep --progress none --trace " + trace + " --manifest " + config + " --svg " + p.dir + "/s.svg",
-        "trace replay --progress none --simulate --trace " + trace + " --manifest " + config,
-        "trace replay --progress none --trace " + trace + " --manifest " + config}) {
-    SCOPED_TRACE(args);
-    CliRun r = Cli(args);
-    EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_TRUE(Says(r, "error: Kimi expert-pack manifest is incomplete or unsupported\nhint: " + config +
-                           ": it has no \"format\" key; pass the adapter manifest"))
-        << r.out;
-    EXPECT_FALSE(Says(r, "'model'")) << r.out;
-  }
+  ExpectEachFailsSaying(
+      {"trace gen --trace " + p.dir + "/z.k3t --manifest " + config,
+       "trace sweep --progress none --manifest " + config + " --svg " + p.dir + "/s.svg",
+       "trace sweep --progress none --trace " + trace + " --manifest " + config + " --svg " + p.dir + "/s.svg",
+       "trace replay --progress none --simulate --trace " + trace + " --manifest " + config,
+       "trace replay --progress none --trace " + trace + " --manifest " + config},
+      "error: Kimi expert-pack manifest is incomplete or unsupported\nhint: " + config +
+          ": it has no \"format\" key; pass the adapter manifest",
+      "'model'");
   EXPECT_FALSE(fs::exists(p.dir + "/z.k3t"));
   EXPECT_FALSE(fs::exists(p.dir + "/s.svg"));
   // A missing manifest is the same kind of fault: exit 1 from gen too (it was 2).
@@ -58,15 +66,10 @@ TEST(TraceCliAudit, AManifestWithoutAKeyTheStoreReadsIsNamedInTheHint) {
   const std::string dir = testing::TinyPack::TempDir("no-key");
   const std::string bad = dir + "/bad.json";
   std::ofstream(bad) << "{\"format\": \"SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1\", \"complete\": true}\n";
-  for (const std::string& args : {"trace gen --trace " + dir + "/z.k3t --manifest " + bad,
-                                  "trace sweep --progress none --manifest " + bad + " --svg " + dir + "/s.svg"}) {
-    SCOPED_TRACE(args);
-    CliRun r = Cli(args);
-    EXPECT_EQ(r.code, 1) << r.out;
-    EXPECT_TRUE(Says(r, "error: 'model'\nhint: manifest " + bad +
-                            " has no key 'model' that SGLang's expert store reads; regenerate it with `k3pack manifest`"))
-        << r.out;
-  }
+  ExpectEachFailsSaying({"trace gen --trace " + dir + "/z.k3t --manifest " + bad,
+                         "trace sweep --progress none --manifest " + bad + " --svg " + dir + "/s.svg"},
+                        "error: 'model'\nhint: manifest " + bad +
+                            " has no key 'model' that SGLang's expert store reads; regenerate it with `k3pack manifest`");
   EXPECT_FALSE(fs::exists(dir + "/z.k3t"));
 }
 
