@@ -146,7 +146,8 @@ class WritersAsNobody(unittest.TestCase):
         os.mkdir(shared)
         theirs = os.path.join(shared, "m.json")
         with open(theirs, "w") as f:
-            json.dump({"their": "notes"}, f)
+            # Another user's manifest (a note of theirs is refused by kind first).
+            json.dump({"format": "SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1", "their": "notes"}, f)
         open_to_others(shared)
         os.chmod(shared, 0o777 | stat.S_ISVTX)
         with open(theirs, "rb") as f:
