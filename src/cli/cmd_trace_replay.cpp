@@ -83,7 +83,8 @@ int ParseReplayValues(const Args& a, ReplayValues* out) {
   // Every named value is checked before the trace is read (usage errors).
   if (Status st = CheckPolicyName("--policy", a.Get("--policy")); !st.ok())
     return ReportError("trace replay", st.error(), 2);
-  if (Status io = CheckIoBackendName("--io", a.Get("--io")); !io.ok()) return ReportError("trace replay", io.error(), 2);
+  if (Status io = CheckIoBackendName("--io", a.Get("--io")); !io.ok())
+    return ReportError("trace replay", io.error(), 2);
   if (a.Get("--prefetch") != "none" && a.Get("--prefetch") != "oracle-lookahead")
     return ReportError("trace replay", Error("--prefetch: unknown prefetch mode '" + a.Get("--prefetch") +
                                              "' (known: none, oracle-lookahead)"), 2);

@@ -61,7 +61,8 @@ bool AsksForJson(const std::vector<std::string>& args) {
   // `--json=1` asks too: the script that wrote it reads stdout as JSON, and
   // the usage error ("--json takes no value") is what it must get there.
   const auto options_end = std::find(args.begin(), args.end(), "--");
-  return std::any_of(args.begin(), options_end, [](const std::string& a) { return a == "--json" || a.starts_with("--json="); });
+  return std::any_of(args.begin(), options_end,
+                     [](const std::string& a) { return a == "--json" || a.starts_with("--json="); });
 }
 
 namespace {
@@ -592,7 +593,8 @@ void Narrate(const std::string& command, const std::string& line) {
   ProgressEndLineForSignal();
   if (g_narrate_json) {
     // The key says it is a note: {"note": "note: ..."} said it twice.
-    const std::string_view text = std::string_view(line).starts_with("note: ") ? std::string_view(line).substr(6) : line;
+    std::string_view text = line;
+    if (text.starts_with("note: ")) text.remove_prefix(6);
     std::cerr << DumpJsonEscaped(nlohmann::json{{"phase", command}, {"note", text}}, -1) << "\n";
   } else {
     std::cerr << "k3pack " << command << ": " << line << "\n";
