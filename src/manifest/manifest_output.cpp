@@ -64,9 +64,9 @@ std::string NotAManifestFile(const std::string& path) {
     constexpr uintmax_t kLargestManifest = uintmax_t{64} << 20;
     std::error_code ec;
     const uintmax_t size = fs::file_size(path, ec);
-    if (ec || size > kLargestManifest) {
-      return "it is a JSON document of " + (ec ? std::string("unknown size") : std::to_string(size) + " bytes") +
-             ", larger than any adapter manifest (64 MiB)";
+    if (ec) return "it is a JSON document whose size cannot be read (" + ec.message() + ")";
+    if (size > kLargestManifest) {
+      return "it is a JSON document of " + std::to_string(size) + " bytes, larger than any adapter manifest (64 MiB)";
     }
     auto text = ReadFileToString(path);
     if (!text.ok()) return "it is a JSON document that cannot be read (" + text.error().message() + ")";

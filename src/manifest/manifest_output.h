@@ -62,9 +62,9 @@ Result<std::vector<NamedPath>> ManifestInputs(const std::string& gguf_dir, const
 // For OutputSpec::not_own_kind: "" when --force may replace the file at
 // `path`: an adapter manifest of any version, edited or cut short (JSON that
 // names GGMLMOEPACK, the pack's magic or the format), or an empty or
-// zero-filled file a crash left. Anything else is what it is ("it is a GGUF file, not an adapter
-// manifest"): a model's config.json or a note given as --manifest by a slip
-// is the user's, not --force's to replace.
+// zero-filled file a crash left. Anything else is said for what it is ("it
+// is a GGUF file, not an adapter manifest"): a model's config.json or a note
+// given as --manifest by a slip is the user's, not --force's to replace.
 std::string NotAManifestFile(const std::string& path);
 
 // The manifest at `path` is `fresh`, ignoring when it was written.

@@ -77,7 +77,7 @@ constexpr double kMinUnusedShare = 1e-6;
 // Below this share (and at least kMinUnusedShare) an expert is drawn exactly
 // among those not yet chosen instead: the same distribution, but rejection
 // spent ~1/share draws per expert there (`--skew 6` leaves ~2e-6 after ten
-// experts: 30 s for 10 tokens of 92 layers, an hour for the default trace).
+// experts: 30-43 s for 10 tokens of 92 layers, an hour for the default trace).
 // Traces whose draws went there differ from those before session 41; at
 // 1e-3 or 1e-4 a pinned trace of --skew 2 --request-skew 3 changed too.
 constexpr double kExactDrawShare = 1e-5;
