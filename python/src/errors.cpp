@@ -68,16 +68,7 @@ void Raise(const k3pack::Error& error) {
     // The note keeps the "hint: " label (it is shown in tracebacks beside the
     // message); the attribute is the hint itself, without it, so code that
     // prints "hint: " + exc.k3pack_hint does not say "hint: hint:".
-    std::string hint_text;
-    for (size_t pos = 0; pos < hint.size();) {
-      size_t end = hint.find('\n', pos);
-      if (end == std::string::npos) end = hint.size();
-      std::string line = hint.substr(pos, end - pos);
-      if (line.rfind("hint: ", 0) == 0) line.erase(0, 6);
-      hint_text += (hint_text.empty() ? "" : "\n") + line;
-      pos = end + 1;
-    }
-    exc.attr("k3pack_hint") = hint_text;
+    exc.attr("k3pack_hint") = error.hint();
     if (py::hasattr(exc, "add_note")) exc.attr("add_note")(hint);  // Python >= 3.11
   }
   PyErr_SetObject(cls.ptr(), exc.ptr());

@@ -147,9 +147,7 @@ int Simulate(const Args& a, const ReplayValues& v, const trace::Trace& t, Progre
     auto b = store::SimulateBelady(*seq, *space, r->capacity_objects, calls_done("belady"));
     if (b.ok()) report["belady_hit_rate"] = b->hit_rate();
   }
-  p.done_objects = p.total_objects;  // also when Belady could not run
-  progress->Update(p);
-  progress->Finish();
+  progress->Finish();  // each pass reported its end itself
   return 0;
 }
 

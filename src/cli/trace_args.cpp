@@ -117,10 +117,8 @@ Result<store::ObjectSpace> SpaceFor(const Args& a, const trace::Trace& t) {
 Result<store::ObjectSpace> SpaceFor(const Args& a, std::optional<store::ObjectSpace> m, const trace::Trace& t) {
   if (m) {
     if (m->num_experts != t.num_experts || m->top_k != t.top_k)
-      return Error((a.Has("--trace") ? a.Get("--trace") + ": " : std::string()) + "trace dimensions (experts " +
-                   std::to_string(t.num_experts) + ", top_k " + std::to_string(t.top_k) +
-                   ") do not match manifest " + a.Get("--manifest") + " (" +
-                   std::to_string(m->num_experts) + ", " + std::to_string(m->top_k) + ")");
+      return store::TraceDimensionMismatch(a.Has("--trace") ? a.Get("--trace") : std::string(), t,
+                                           a.Get("--manifest"), m->num_experts, m->top_k);
     return std::move(*m);
   }
   K3_ASSIGN_OR_RETURN(int64_t ob, a.GetInt("--object-bytes"));

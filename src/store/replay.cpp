@@ -16,16 +16,20 @@ namespace k3pack::store {
 
 using nlohmann::json;
 
+Error TraceDimensionMismatch(const std::string& trace_path, const trace::Trace& t, const std::string& manifest_path,
+                             uint32_t num_experts, uint32_t top_k) {
+  return Error((trace_path.empty() ? std::string() : trace_path + ": ") + "trace dimensions (experts " +
+               std::to_string(t.num_experts) + ", top_k " + std::to_string(t.top_k) + ") do not match manifest " +
+               manifest_path + " (" + std::to_string(num_experts) + ", " + std::to_string(top_k) + ")");
+}
+
 Result<json> ReplayOnStore(const trace::Trace& t, const ReplayOptions& o) {
   if (o.prefetch != "none" && o.prefetch != "oracle-lookahead")
     return Error("unknown prefetch mode '" + o.prefetch + "' (known: none, oracle-lookahead)");
   K3_ASSIGN_OR_RETURN(auto store, ExpertStore::Open(o.pack_path, o.manifest_path, o.store));
   const StoreInfo& info = store->info();
   if (t.num_experts != info.num_experts || t.top_k != info.top_k)
-    return Error((o.trace_path.empty() ? std::string() : o.trace_path + ": ") + "trace dimensions (experts " +
-                 std::to_string(t.num_experts) + ", top_k " + std::to_string(t.top_k) + ") do not match manifest " +
-                 o.manifest_path + " (" +
-                 std::to_string(info.num_experts) + ", " + std::to_string(info.top_k) + ")");
+    return TraceDimensionMismatch(o.trace_path, t, o.manifest_path, info.num_experts, info.top_k);
   if (!info.ep.whole()) {
     // A rank pack serves only its own experts; a whole trace routes to all.
     const ep::ExpertRange owned = info.owned_experts;

@@ -31,6 +31,12 @@ struct ReplayOptions {
 // seconds, gb_per_s, read_latency_ms{...}, open_seconds, stats{...}}.
 Result<nlohmann::json> ReplayOnStore(const trace::Trace& trace, const ReplayOptions& options);
 
+// A trace whose experts or top_k differ from the manifest's: "T: trace
+// dimensions (experts 8, top_k 2) do not match manifest M (16, 2)" (no "T: "
+// when `trace_path` is empty).
+Error TraceDimensionMismatch(const std::string& trace_path, const trace::Trace& trace,
+                             const std::string& manifest_path, uint32_t num_experts, uint32_t top_k);
+
 struct SweepTable {
   std::vector<std::string> series;        // policy names (+ "belady")
   std::vector<uint64_t> capacity_objects; // x values

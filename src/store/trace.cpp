@@ -273,11 +273,6 @@ class TraceParser {
     return Status::OK();
   }
 
-  // Appends n expert ids, rows of `width`, to `dst` (their start in
-  // *offset), each below num_experts and none twice in a row; `truncated` is
-  // the error when the file ends first. A router's top-k (or a predictor's)
-  // names distinct experts: a repeat is a damaged or padded row, and every
-  // consumer would silently count it as one route.
   // A field that runs past the end of the file, with where it starts.
   Error Cut(const std::string& what, uint64_t bytes) const {
     return Bad(what + ": " + std::to_string(bytes) + " bytes from offset " + std::to_string(c_.pos) +
@@ -285,6 +280,11 @@ class TraceParser {
                std::to_string(n_records_) + " records)");
   }
 
+  // Appends n expert ids, rows of `width`, to `dst` (their start in
+  // *offset), each below num_experts and none twice in a row; `truncated` is
+  // the error when the file ends first. A router's top-k (or a predictor's)
+  // names distinct experts: a repeat is a damaged or padded row, and every
+  // consumer would silently count it as one route.
   Status ReadIds(uint64_t n, uint32_t width, const std::string& truncated, const std::string& what,
                  const std::string& at, std::vector<uint16_t>* dst, uint64_t* offset) {
     if (c_.pos + n * 2 > data_.size()) return Cut(truncated + at, n * 2);
