@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -105,13 +106,22 @@ void IoEngine::FinishRange(const Part& part, int64_t result, uint64_t ns) {
 
 namespace {
 
-// Blocking pread on a pool of threads: `queue_depth` ranges in flight.
+// Blocking pread on a pool of threads, at most `queue_depth` ranges in
+// flight. The pool grows as ranges queue up, as SGLang's ThreadPoolExecutor
+// does: read_splits 1024 with 16 stage slots asked for 16,384 threads at
+// open (2.7 s) whether or not a call ever queued that many ranges. The first
+// kThreadsAtOpen start at open, so the default depths never start a thread
+// on the read path and a process that cannot start them fails at open.
 class PreadEngine final : public IoEngine {
  public:
+  static constexpr uint32_t kThreadsAtOpen = 64;
+
   ~PreadEngine() override { Shutdown(); }
-  // Starts `threads` workers; when the process cannot make them all, those
-  // already running are stopped and the open fails with an error.
-  Status Start(uint32_t threads) {
+  // Starts min(max_threads, kThreadsAtOpen) workers; when the process cannot
+  // make them all, those already running are stopped and the open fails.
+  Status Start(uint32_t max_threads) {
+    max_threads_ = max_threads;
+    const uint32_t threads = std::min(max_threads, kThreadsAtOpen);
     for (uint32_t i = 0; i < threads; ++i) {
       if (const std::error_code failed = TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) {
         const size_t started = workers_.size();
@@ -134,6 +144,7 @@ class PreadEngine final : public IoEngine {
         AbandonJob();
         throw;
       }
+      GrowForQueuedRanges();
     }
     if (n == 1) cv_.notify_one(); else cv_.notify_all();
   }
@@ -150,12 +161,23 @@ class PreadEngine final : public IoEngine {
   }
 
  private:
+  // Called with mu_ held. A thread that cannot start now is not an error:
+  // the ranges wait for the threads running (at least one, from open).
+  void GrowForQueuedRanges() {
+    if (stopping_ || queue_.size() <= idle_) return;
+    const size_t wanted = std::min<size_t>(queue_.size() - idle_, max_threads_ - workers_.size());
+    for (size_t i = 0; i < wanted; ++i)
+      if (TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) return;
+  }
+
   void Work() {
     for (;;) {
       Part part;
       {
         std::unique_lock<std::mutex> lock(mu_);
+        ++idle_;
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        --idle_;
         if (queue_.empty()) return;  // stopping and drained
         part = std::move(queue_.front());
         queue_.pop_front();
@@ -182,6 +204,8 @@ class PreadEngine final : public IoEngine {
   std::condition_variable cv_;
   std::deque<Part> queue_;
   bool stopping_ = false;
+  size_t idle_ = 0;  // workers waiting for a range
+  uint32_t max_threads_ = 0;
   std::vector<std::thread> workers_;
 };
 

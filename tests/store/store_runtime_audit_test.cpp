@@ -380,7 +380,7 @@ TEST(StoreRuntimeAudit, OpenThatCannotStartItsIoThreadsFailsWithoutAborting) {
 #endif
   TinyPack p(TinySpec{}, "thread-limit");
   int rc = k3test::InForkedChild([&] {
-    // This child's address space may grow by 256 MiB: 1024 thread stacks do not fit.
+    // This child's address space may grow by 256 MiB: the 64 thread stacks started at open do not fit.
     if (!k3test::LimitAddressSpaceGrowth(uint64_t{256} << 20)) ::_exit(4);
     StoreOptions o;
     o.cache_bytes = 4 * kObject;
