@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -184,7 +185,9 @@ uint64_t CountTokens(const Trace& trace);
 // Mean share of a token's experts (per layer) that the previous token of the
 // same request also used in that layer: the "reuse" a generated trace shows.
 // Rows are matched by request (per-row request ids included), so traces that
-// interleave requests report their true reuse.
-double MeasuredReuse(const Trace& trace);
+// interleave requests report their true reuse. Empty when no row has a
+// previous token of its request in its layer (a trace of one token per
+// request): there is nothing to measure, which 0% would misstate.
+std::optional<double> MeasuredReuse(const Trace& trace);
 
 }  // namespace k3pack::trace

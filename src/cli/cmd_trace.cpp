@@ -95,17 +95,22 @@ int RunGen(const std::vector<std::string>& argv) {
   }
   Status st = WriteIfStillAsSeen("--trace", out, seen, [&] { return trace::WriteTrace(out, *t); });
   if (!st.ok()) return ReportError("trace gen", st.error());
-  const double reuse = trace::MeasuredReuse(*t);
+  if (o.predict && t->layer_ids.size() < 2)
+    Narrate("trace gen", "note: --predict recorded no predictions: the trace routes one layer, so there is no next "
+                         "layer to predict (--predict-next-token predicts the same layer's next token)");
+  const std::optional<double> reuse = trace::MeasuredReuse(*t);
   json j = {{"trace", out},     {"records", t->records.size()},  {"routes", t->num_routes()},
             {"layers", t->layer_ids.size()}, {"experts", t->num_experts},    {"top_k", t->top_k},
-            {"measured_reuse", reuse}, {"seed", o.seed}, {"family", a.Get("--family")},
+            {"measured_reuse", MeasuredReuseJson(*t)}, {"seed", o.seed}, {"family", a.Get("--family")},
             {"version", t->version()}};
   if (a.Has("--json")) {
     PrintJson(j);
   } else {
-    std::printf("wrote %s (%s, format v%u): %zu records, %llu routes, %zu layers x top-%u of %u experts, measured reuse %.1f%%\n",
+    char measured[64] = "measured reuse n/a (no token follows another of its request)";
+    if (reuse) std::snprintf(measured, sizeof measured, "measured reuse %.1f%%", 100.0 * *reuse);
+    std::printf("wrote %s (%s, format v%u): %zu records, %llu routes, %zu layers x top-%u of %u experts, %s\n",
                 out.c_str(), a.Get("--family").c_str(), t->version(), t->records.size(),
-                (unsigned long long)t->num_routes(), t->layer_ids.size(), t->top_k, t->num_experts, 100.0 * reuse);
+                (unsigned long long)t->num_routes(), t->layer_ids.size(), t->top_k, t->num_experts, measured);
   }
   return 0;
 }

@@ -295,6 +295,10 @@ std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string&
 }
 
 
+nlohmann::json MeasuredReuseJson(const trace::Trace& t) {
+  const std::optional<double> reuse = trace::MeasuredReuse(t);
+  return reuse ? nlohmann::json(*reuse) : nlohmann::json(nullptr);
+}
 
 // Generator options shared by `trace gen` and `trace sweep`.
 void AddGenOptions(Args& a, bool every_family) {

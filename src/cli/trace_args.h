@@ -104,6 +104,10 @@ Status SizesFitObjects(const std::vector<uint64_t>& sizes, const store::ObjectSp
 // trace's next-layer predictions: without any they equal the demand rows.
 std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string& horizon);
 
+// The trace's measured reuse for a JSON summary: null when no row follows
+// another of its request in its layer.
+nlohmann::json MeasuredReuseJson(const trace::Trace& t);
+
 // Generator options shared by `trace gen` and `trace sweep` (whose --family
 // also takes `all`: every_family).
 void AddGenOptions(Args& a, bool every_family = false);

@@ -330,7 +330,7 @@ uint64_t CountTokens(const Trace& t) {
   return tokens;
 }
 
-double MeasuredReuse(const Trace& t) {
+std::optional<double> MeasuredReuse(const Trace& t) {
   // Compare consecutive tokens of the same request and layer, whatever
   // other requests' rows come in between.
   struct Key {
@@ -359,7 +359,8 @@ double MeasuredReuse(const Trace& t) {
       p->second = cur;
     }
   }
-  return total ? static_cast<double>(shared) / static_cast<double>(total) : 0.0;
+  if (total == 0) return std::nullopt;
+  return static_cast<double>(shared) / static_cast<double>(total);
 }
 
 }  // namespace k3pack::trace

@@ -31,6 +31,36 @@ TEST(TraceFamilyCli, GenFamiliesAndBadFamily) {
   std::filesystem::remove_all(dir);
 }
 
+// With one token per request no row follows another: the measured reuse
+// was printed as 0.0%, a figure nothing measured. --predict on one routed
+// layer wrote a v2 trace without any prediction and said nothing.
+TEST(TraceFamilyCli, NothingToMeasureOrPredictIsSaidSo) {
+  std::string dir = testing::TinyPack::TempDir("nothing-measured");
+  const std::string dims = " --family kimi --layers 4 --experts 32 --top-k 4 --requests 2 --concurrent 1"
+                           " --prompt-tokens 0";
+  const std::string one_token = dims + " --decode-tokens 1";
+  CliRun j = Cli("trace gen --json --trace " + dir + "/one.k3trace" + one_token);
+  ASSERT_EQ(j.code, 0) << j.out;
+  EXPECT_TRUE(nlohmann::json::parse(j.out)["measured_reuse"].is_null()) << j.out;
+  CliRun text = Cli("trace gen --force --trace " + dir + "/one.k3trace" + one_token);
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_NE(text.out.find("measured reuse n/a"), std::string::npos) << text.out;
+  CliRun two = Cli("trace gen --json --trace " + dir + "/two.k3trace" + dims + " --decode-tokens 2");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_TRUE(nlohmann::json::parse(two.out)["measured_reuse"].is_number()) << two.out;
+
+  CliRun one_layer = Cli("trace gen --predict --trace " + dir + "/l.k3trace --layers 1 --experts 32 --top-k 4"
+                         " --requests 1 --prompt-tokens 0 --decode-tokens 3");
+  ASSERT_EQ(one_layer.code, 0) << one_layer.out;
+  EXPECT_NE(one_layer.out.find("--predict recorded no predictions: the trace routes one layer"), std::string::npos)
+      << one_layer.out;
+  CliRun two_layers = Cli("trace gen --predict --trace " + dir + "/l2.k3trace --layers 2 --experts 32 --top-k 4"
+                          " --requests 1 --prompt-tokens 0 --decode-tokens 3");
+  ASSERT_EQ(two_layers.code, 0) << two_layers.out;
+  EXPECT_EQ(two_layers.out.find("recorded no predictions"), std::string::npos) << two_layers.out;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TraceFamilyCli, SweepAllFamiliesWithBounds) {
   std::string dir = testing::TinyPack::TempDir("sweep-all");
   CliRun r = Cli("trace sweep --family all --json --sizes 64,128 --svg " + dir + "/p.svg" + kSmallFamilyArgs);
