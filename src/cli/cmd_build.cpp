@@ -74,6 +74,16 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
                              "--allow-unsupported to build the pack anyway");
 }
 
+// Where the manifest of `pack` goes: --manifest or SGLang's name beside the
+// pack; beside a rank pack, one manifest per rank, named with .epR-of-N.
+std::string ManifestPathOf(const Args& args, const std::string& pack, const std::optional<ep::Rank>& rank) {
+  std::string path = args.Get("--manifest");
+  if (path.empty()) path = (std::filesystem::path(pack).parent_path() / kDefaultManifestName).string();
+  if (!rank) return path;
+  const std::filesystem::path mp(path);
+  return (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
+}
+
 // One pack and its manifest: the full pack, or the rank pack of `rank`.
 // `shard_sha256` carries whole-shard SHA-256s from one rank's build to the
 // next (--ep-rank all hashes the shards once).
@@ -93,15 +103,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   auto judge_the_rest = [&](const PackPlan& plan) -> Status {
     const std::string& out = plan.pack;
     if (!args.Has("--allow-unsupported")) K3_RETURN_IF_ERROR(RefuseWhatSglangCannotLoad(args, plan));
-    manifest_path = args.Get("--manifest");
-    if (manifest_path.empty()) {
-      manifest_path = (std::filesystem::path(out).parent_path() / kDefaultManifestName).string();
-    }
-    if (rank) {
-      // Beside the rank pack, one manifest per rank: the name gets .epR-of-N.
-      const std::filesystem::path mp(manifest_path);
-      manifest_path = (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
-    }
+    manifest_path = ManifestPathOf(args, out, rank);
     manifest::BuildManifestRequest request;
     request.path = manifest_path;
     request.force = args.Has("--force");
@@ -221,6 +223,18 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
 Result<nlohmann::json> Run(const Args& args, const Values& v) {
   // The shards are hashed once for all the ranks' manifests.
   std::map<std::string, std::string> shard_sha256;
+  // Each rank's manifest as its build will judge it, short of reading it.
+  auto manifest_of_rank = [&](const std::string& rank_pack, const ep::Rank& rank) -> Status {
+    OutputSpec spec;
+    spec.option = "--manifest";
+    spec.path = ManifestPathOf(args, rank_pack, rank);
+    spec.force = args.Has("--force");
+    spec.not_own_kind = [&] { return manifest::NotAManifestFile(spec.path); };
+    K3_RETURN_IF_ERROR(CheckOutputWritable(spec.option, spec.path));
+    return CheckOutputKind(spec);
+  };
+  K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--restart"),
+                                        manifest_of_rank));
   return RunPerRank(v.ep, "rank_builds",
                     [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank, &shard_sha256); });
 }

@@ -113,6 +113,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
 }
 
 Result<nlohmann::json> Run(const Args& args, const Values& v) {
+  K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--repair-damaged")));
   return RunPerRank(v.ep, "rank_packs", [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank); });
 }
 

@@ -120,7 +120,7 @@ int RunVerify(const std::vector<std::string>& argv) {
                               "it under SGLang's name", std::nullopt, true)
       .PositionalAsOption("--manifest")
       .Option("--samples", "evenly spaced payloads compared with the GGUF source (default 6)")
-      .Flag("--full", "hash every payload and compare with the digest sidecar")
+      .Flag("--full", "hash every payload and compare with the digest sidecar (and the default sample with the GGUF source)")
       .Flag("--against-source", "with --full: also compare every payload with the GGUF source")
       .Flag("--json", "print the result as JSON")
       .Exclusive({"--samples", "--full"}, "--full checks every payload against its digest instead of sampling")

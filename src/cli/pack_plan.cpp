@@ -20,8 +20,11 @@ Status CheckMixedTypesBeforeRun(const Args& args) {
 
 // The shared front half of `pack` and `build`: preflight the inputs, collect
 // the experts, pick the pack path, and apply the overwrite rule to it.
-Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing,
-                          const std::optional<ep::Rank>& rank, const std::function<Status(const PackPlan&)>& then) {
+namespace {
+
+// Inputs checked, experts collected, the pack path chosen (the rank's for
+// `rank`): everything before the output is judged.
+Result<PackPlan> PlanInputs(const Args& args, bool allow_mixed_types, const std::optional<ep::Rank>& rank) {
   const std::string gguf_dir = args.Get("--gguf-dir"), config = args.Get("--model-config");
   K3_RETURN_IF_ERROR(CheckGgufDir("--gguf-dir", gguf_dir));
   K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", config));
@@ -42,6 +45,10 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   plan.inputs = {{"--model-config", config}};
   for (const auto& s : plan.experts.shard_paths) plan.inputs.push_back({"source shard", s});
   for (const auto& s : kimi::ProfileSidecarsNear({config, gguf_dir})) plan.inputs.push_back({"the profile record", s});
+  return plan;
+}
+
+pack::PackOutputRequest OutputRequestOf(const Args& args, const PackPlan& plan, bool repair_existing) {
   pack::PackOutputRequest req;
   req.path = plan.pack;
   req.inputs = plan.inputs;
@@ -49,6 +56,31 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   req.repair_existing = repair_existing;
   req.repair_hint = args.command() == "build" ? "--restart" : "--repair-damaged";
   req.ep = plan.ep;
+  return req;
+}
+
+}  // namespace
+
+Status PreflightEveryRank(const Args& args, const EpChoice& choice, bool allow_mixed_types, bool repair_existing,
+                          const std::function<Status(const std::string&, const ep::Rank&)>& also) {
+  if (!choice.all) return Status::OK();
+  K3_ASSIGN_OR_RETURN(PackPlan whole, PlanInputs(args, allow_mixed_types, std::nullopt));
+  for (const ep::Rank& rank : choice.Ranks()) {
+    K3_RETURN_IF_ERROR(ep::CheckRank(rank, whole.experts.num_experts, ep::kCliNames));
+    PackPlan one;
+    one.pack = pack::RankPackPath(whole.pack, rank);
+    one.inputs = whole.inputs;
+    one.ep = rank;
+    K3_RETURN_IF_ERROR(pack::PreflightPackOutput(OutputRequestOf(args, one, repair_existing)));
+    if (also) K3_RETURN_IF_ERROR(also(one.pack, rank));
+  }
+  return Status::OK();
+}
+
+Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing,
+                          const std::optional<ep::Rank>& rank, const std::function<Status(const PackPlan&)>& then) {
+  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanInputs(args, allow_mixed_types, rank));
+  pack::PackOutputRequest req = OutputRequestOf(args, plan, repair_existing);
   K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
   req.progress = pack::MakeProgressPrinter(mode);
   req.note = [&args](const std::string& why) { Narrate(args.command(), "note: " + why); };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/ep_options.h"
 #include "cli/output_rule.h"
 #include "cli/preflight.h"
 #include "k3pack/ep.h"
@@ -49,6 +50,14 @@ using manifest::kDefaultManifestName;
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false,
                           const std::optional<ep::Rank>& rank = std::nullopt,
                           const std::function<Status(const PackPlan&)>& then = {});
+
+// `--ep-rank all` writes the N rank packs (and, for build, their manifests)
+// one after another: an output refused at rank 2 was found after ranks 0 and
+// 1 were built (hours at full scale). Before the first is written, every
+// rank's pack gets the checks that read no pack (pack::PreflightPackOutput)
+// and `also` the caller's own (build: the rank's manifest). OK without `all`.
+Status PreflightEveryRank(const Args& args, const EpChoice& choice, bool allow_mixed_types, bool repair_existing,
+                          const std::function<Status(const std::string& rank_pack, const ep::Rank&)>& also = {});
 
 // `pack` and `build` check --allow-mixed-types against the profile with the
 // other usage errors (exit 2), before the run; a profile that cannot be

@@ -255,6 +255,34 @@ PayloadPlan PlanPayloads(const VerifyPackOptions& options, const std::string& pa
   return plan;
 }
 
+// The digest sidecar vouches for a pack's own bytes, not for where they came
+// from: a pack merged (`ep-merge --force`) or built from another checkpoint
+// of the same layout beside this manifest passed --full while a sampled
+// verify found every payload different. So --full without --against-source
+// also compares the default sample with the GGUF source; the count compared.
+Result<uint64_t> CheckSourceSamplesOfFull(const VerifyPackOptions& options, const PayloadPlan& plan,
+                                          const std::string& pack_path, uint64_t index_count,
+                                          const pack::ExpertSet& experts, const std::optional<ep::Rank>& rank) {
+  if (!options.full || plan.options.against_source) return uint64_t{0};
+  pack::VerifyOptions o;
+  o.against_digests = false;
+  o.against_source = true;
+  o.ep = rank;
+  o.interrupt_check = options.interrupt_check;
+  o.entries = pack::SampleEntries(index_count, experts.num_experts, VerifyPackOptions{}.samples, rank);
+  if (o.entries.empty()) return uint64_t{0};
+  auto r = pack::VerifyPayloads(pack_path, experts, o);
+  if (!r.ok()) {
+    if (r.error().kind() != ErrorKind::kValue) return r.error();
+    return r.error().WithHint(
+        "every payload matches the pack's digest sidecar, so the pack is whole, but these differ from the GGUF "
+        "shards this manifest records: the pack was built or merged from other shards of the same layout. "
+        "Rebuild it from these shards (`k3pack build DIR --force`), or use the manifest of the shards it came "
+        "from");
+  }
+  return r->entries_checked;
+}
+
 }  // namespace
 
 Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const VerifyPackOptions& options) {
@@ -281,6 +309,9 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
     K3_ASSIGN_OR_RETURN(vr, pack::VerifyPayloads(pack_path, experts, plan.options));
   }
   if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack"), options.interrupt_check));
+  K3_ASSIGN_OR_RETURN(const uint64_t source_samples,
+                      CheckSourceSamplesOfFull(options, plan, pack_path, fresh["index_count"].get<uint64_t>(), experts,
+                                               rank));
   nlohmann::json out{{"manifest", manifest_path},
                      {"pack", pack_path},
                      {"structure", "ok"},
@@ -297,6 +328,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
                      {"payload_mode", plan.mode},
                      {"digest_sidecar", full ? (plan.no_sidecar ? "missing" : "checked") : "not used"},
                      {"entries_checked", vr.entries_checked},
+                     {"source_samples_checked", source_samples},
                      {"bytes_checked", vr.bytes_checked},
                      {"bytes_read", vr.bytes_read},
                      {"seconds", vr.seconds},

@@ -155,6 +155,16 @@ Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
   if (pgot != prefix.size()) return Error("short read of " + in[0].path);
   const uint64_t index_end = kHeaderBytes + header.index_count * kEntryBytes;
   const std::string& index_sha = g.index_sha = ToHex(Sha256Raw(prefix.data(), index_end).data(), 32);
+  // Each file is held to its own sidecar first: a damaged first pack was
+  // "not of the same pack as" itself, and a damaged later one was told only
+  // to differ from the first, which named no culprit.
+  const auto damaged = [&](const RankInput& r, const std::string& actual) {
+    return Error("rank pack " + r.path + " is damaged: its header and index hash to " + actual +
+                 ", not to the index digest its .digests sidecar recorded (" + r.digests.index_sha256 + ")")
+        .WithHint("rebuild that rank pack (`k3pack pack MODEL --ep-size " + std::to_string(r.digests.ep->size) +
+                  " --ep-rank " + std::to_string(r.digests.ep->rank) + " --force`) or copy it again");
+  };
+  if (in[0].digests.index_sha256 != index_sha) return damaged(in[0], index_sha);
   std::vector<uint8_t> other(prefix.size());
   for (auto& r : in) {
     if (r.size != in[0].size || r.digests.index_sha256 != index_sha) {
@@ -162,9 +172,8 @@ Result<Group> OpenGroup(const std::vector<std::string>& rank_packs) {
                    " (size or index digest differ)");
     }
     K3_ASSIGN_OR_RETURN(size_t got, PreadFull(r.fd.get(), other.data(), other.size(), 0));
-    if (got != other.size() || other != prefix) {
-      return Error("rank pack " + r.path + " has a header/index that differs from " + in[0].path);
-    }
+    if (got != other.size() || other != prefix)
+      return damaged(r, ToHex(Sha256Raw(other.data(), std::min<uint64_t>(got, index_end)).data(), 32));
   }
   return g;
 }

@@ -108,7 +108,7 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
 
 }  // namespace
 
-Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts) {
+Status PreflightPackOutput(const PackOutputRequest& req) {
   const std::string& out = req.path;
   const std::string& opt = req.option;
   // Before anything is created beside the pack (its lock file included).
@@ -129,8 +129,17 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     kind.path = out;
     kind.force = req.force;
     kind.force_option = req.force_option;
-    K3_RETURN_IF_ERROR(CheckOutputKind(kind));
+    // As the decision judges it: a pack being resumed or repaired is not.
+    const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
+    if (!req.repair_existing && !has_partial) kind.not_own_kind = [&] { return NotAPackFile(out); };
+    return CheckOutputKind(kind);
   }
+}
+
+Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts) {
+  const std::string& out = req.path;
+  const std::string& opt = req.option;
+  K3_RETURN_IF_ERROR(PreflightPackOutput(req));
   PackOutputPlan plan;
   // From the first look at what is there to the last write: another build,
   // `--force` or repair of the same pack never acts on what this one judged

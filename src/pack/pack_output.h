@@ -62,5 +62,12 @@ struct PackOutputPlan {
 
 Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts);
 
+// The checks PlanPackOutput makes before it takes the pack's lock, none of
+// which reads the pack: side-file names, outputs that are inputs, a writable
+// directory, side files that are ours, and the kind of thing at the path (a
+// file of another kind is refused, as the decision would). `--ep-rank all`
+// makes them for every rank's pack before it writes the first rank's.
+Status PreflightPackOutput(const PackOutputRequest& req);
+
 
 }  // namespace k3pack::pack

@@ -334,14 +334,22 @@ TEST_F(PackBuild, LockIsExclusive) {
   std::filesystem::create_directories(std::filesystem::path(out_).parent_path());
   int fd = ::open(LockPathFor(out_).c_str(), O_WRONLY | O_CREAT, 0644);
   ASSERT_GE(fd, 0);
+  // The child says when it holds the lock: a fixed sleep before Build() let a
+  // loaded machine run Build() first.
+  int locked[2];
+  ASSERT_EQ(::pipe(locked), 0);
   pid_t pid = fork();
   if (pid == 0) {
     int cfd = ::open(LockPathFor(out_).c_str(), O_WRONLY);
-    flock(cfd, LOCK_EX);
-    sleep(3);
+    if (cfd < 0 || flock(cfd, LOCK_EX) != 0) _exit(1);
+    (void)!::write(locked[1], "L", 1);
+    sleep(60);
     _exit(0);
   }
-  usleep(300000);
+  ::close(locked[1]);
+  char c = 0;
+  ASSERT_EQ(::read(locked[0], &c, 1), 1) << "the child could not take the lock";
+  ::close(locked[0]);
   auto r = Build();
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);

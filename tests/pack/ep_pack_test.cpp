@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "k3pack/ep.h"
@@ -197,6 +198,32 @@ TEST_F(EpPack, MergeRefusesIncompleteMixedOrDamagedGroups) {
                                                " records a pack of " + std::to_string(size) + " bytes"),
               std::string::npos)
         << truncated.error().message();
+  }
+  // A damaged index byte is named in the pack that holds it, first or not:
+  // the first was "not of the same pack as" itself, a later one "differs
+  // from" the first.
+  for (const std::string& original : {a0, a2}) {
+    const std::string copy = *root_ + "/mg/bad" + original.substr(original.rfind(".ep"));
+    std::filesystem::copy_file(original, copy, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(DigestsPathFor(original), DigestsPathFor(copy),
+                               std::filesystem::copy_options::overwrite_existing);
+    int fd = ::open(copy.c_str(), O_RDWR);
+    char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, 200), 1);  // inside the index
+    c ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &c, 1, 200), 1);
+    ::close(fd);
+    std::vector<std::string> group = {a0, a1, a2, a3};
+    std::replace(group.begin(), group.end(), original, copy);
+    auto bad = MergeRankPacks(group, mo);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message().find("rank pack " + copy + " is damaged: its header and index hash to "),
+              std::string::npos)
+        << bad.error().message();
+    EXPECT_NE(bad.error().hint().find("--ep-rank " + std::string(original == a0 ? "0" : "2") + " --force"),
+              std::string::npos)
+        << bad.error().hint();
+    std::filesystem::remove(copy);
   }
   auto full = MergeRankPacks({FullPack()}, mo);
   ASSERT_FALSE(full.ok());

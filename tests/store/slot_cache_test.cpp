@@ -385,12 +385,11 @@ TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.error().message().find("cudaStreamWaitEvent"), std::string::npos) << r.error().message();
   }).join();
-  // Every slot holds the failed call's objects: only a released call lets them go.
-  const auto t0 = std::chrono::steady_clock::now();
+  // Every slot holds the failed call's objects: only a released call lets
+  // them go. Holds that were kept make this call wait out its 10 s and fail
+  // (no wall-clock bound is asserted: that flakes on a loaded machine).
   auto r = cache->Acquire(1, second, shape, std::nullopt);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.ok()) << r.error().message();
-  EXPECT_LT(waited, 2.0);
   for (size_t i = 0; i < second.size(); ++i)
     EXPECT_TRUE(SlotHolds(static_cast<uint8_t*>(device) + uint64_t((*r)[i]) * cache->slot_bytes(),
                           {4096, 4096, 4096}, 1, static_cast<uint32_t>(second[i])));
