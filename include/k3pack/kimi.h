@@ -40,6 +40,11 @@ inline constexpr uint64_t kK3RoutedExpertHiddenSize = 3584;
 inline constexpr uint64_t kK3MoeIntermediateSize = 3072;
 inline constexpr std::string_view kK3HiddenAct = "situ";
 
+// k3pack's bound on a model's layers (Kimi-K3 has 93): every reader
+// materializes per-layer state, so a corrupt config or manifest must not ask
+// for billions.
+inline constexpr uint32_t kMaxLayers = 1u << 16;
+
 struct ModelSpec {
   uint32_t num_hidden_layers = 0;
   uint32_t first_k_dense_replace = 0;

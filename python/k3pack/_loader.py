@@ -1,6 +1,8 @@
 """Non-routed weight streaming (binds include/k3pack/loader.h)."""
 
 import json
+import os
+import stat
 
 from . import _k3pack
 from ._paths import accept_paths_in, fspath_str
@@ -40,7 +42,15 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     # SGLang reads the manifest with open() + json.load: an unreadable file or
     # malformed JSON raises Python's own exception (FileNotFoundError
     # "[Errno 2] ...", json.JSONDecodeError "Expecting value: ..."). Reproduce
-    # those exactly; every other error is k3pack's (with SGLang's text).
+    # those exactly; every other error is k3pack's (with SGLang's text). A
+    # named pipe or a device, which k3pack refuses without reading, is never
+    # opened here: open() waited on a pipe forever.
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise failure
     with open(path, encoding="utf-8") as f:
         json.load(f)
     raise failure

@@ -95,7 +95,6 @@ Result<ModelSpec> ModelSpecFromConfig(const nlohmann::json& config, Profile prof
   K3_ASSIGN_OR_RETURN(spec.moe_intermediate_size, InRange<uint64_t>(v[7], kIntKeys[7]));
   spec.hidden_act = act;
   // The layer list is materialized; keep a corrupt config from asking for billions.
-  constexpr uint32_t kMaxLayers = 1u << 16;
   if (spec.num_hidden_layers > kMaxLayers) {
     return Error("model config num_hidden_layers=" + std::to_string(v[0]) + " is implausibly large (max " +
                  std::to_string(kMaxLayers) + ")");

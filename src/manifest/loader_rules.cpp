@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "k3pack/kimi.h"
 #include "manifest/json_fields.h"
 #include "manifest/pyjson.h"
 
@@ -88,6 +89,18 @@ Result<ModelDims> CheckDimensions(const json& model, bool kimi, const ExpectedDi
   want.top_k = expected.top_k.value_or(kimi ? 16 : counts ? uint64_t(top_k) : 0);
   const bool equal = counts && uint64_t(layers) == want.layers && uint64_t(experts) == want.experts &&
                      uint64_t(top_k) == want.top_k;
+  // SGLang would go on with any count; each reader here holds per-layer
+  // state (2^32 wrapped to 0 and crashed the store, 2^31 asked for GBs).
+  if (equal && want.layers > kimi::kMaxLayers)
+    return Error("model.num_hidden_layers is " + std::to_string(layers) + ", more than k3pack's limit of " +
+                 std::to_string(kimi::kMaxLayers) + " layers: the manifest is damaged")
+        .WithHint("regenerate it with `k3pack manifest DIR --pack PACK --manifest M.json --force`");
+  // The tuples compared equal: SGLang's "A != A" named no problem.
+  if (equal && !kimi && !DimensionsUsable(want.experts, want.top_k))
+    return Error("model.num_experts " + std::to_string(experts) + " and num_experts_per_token " +
+                 std::to_string(top_k) + " are not dimensions k3pack serves: 1..65536 experts and a top-k of 1 to " +
+                 "the expert count")
+        .WithHint("regenerate it with `k3pack manifest DIR --pack PACK --manifest M.json --force`");
   if (!equal || (kimi && want.top_k != 16) || !DimensionsUsable(want.experts, want.top_k))
     return Error("Kimi expert-pack dimensions (" + std::to_string(layers) + ", " + std::to_string(experts) + ", " +
                  std::to_string(top_k) + ") != " + Tuple3(want.layers, want.experts, want.top_k) +

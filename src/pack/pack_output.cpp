@@ -45,6 +45,30 @@ Status CouldNotCheck(const std::string& out, const Error& e) {
 // Whether the pack already at req.path is a finished pack of these shards
 // (then plan.valid_section holds its validation); when not, why is in
 // plan.invalid_reason.
+// Every payload of the pack at req.path compared with the source, said
+// first with `why`; false (the reason in plan.invalid_reason) when one differs.
+Result<bool> SameAsTheShards(const PackOutputRequest& req, const ExpertSet& experts, const std::string& why,
+                             PackOutputPlan& plan) {
+  const std::string& out = req.path;
+  VerifyOptions full;
+  full.against_digests = false;
+  full.against_source = true;
+  full.ep = req.ep;
+  if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards (reads it once)");
+  if (req.progress) {
+    full.progress = [&req](const Progress& p) {
+      Progress shown = p;
+      shown.phase = "compare";  // not the user's `verify`: why the whole pack is read is the caller's note
+      req.progress(shown);
+    };
+  }
+  auto same = VerifyPayloads(out, experts, full);
+  if (same.ok()) return true;
+  K3_RETURN_IF_ERROR(CouldNotCheck(out, same.error()));
+  plan.invalid_reason = why + "; " + same.error().message();
+  return false;
+}
+
 Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& experts, PackOutputPlan& plan) {
   const std::string& out = req.path;
   // The sampled payloads cannot tell a pack of edited shards (its build
@@ -52,27 +76,20 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
   // that only look different (copied without their times) are compared
   // in full: every payload against the source.
   if (std::string why = WhyInputsChanged(out, experts); !why.empty()) {
-    VerifyOptions full;
-    full.against_digests = false;
-    full.against_source = true;
-    full.ep = req.ep;
-    if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards (reads it once)");
-    if (req.progress) {
-      full.progress = [&req](const Progress& p) {
-        Progress shown = p;
-        shown.phase = "compare";  // not the user's `verify`: why the whole pack is read is the caller's note
-        req.progress(shown);
-      };
-    }
-    auto same = VerifyPayloads(out, experts, full);
-    if (!same.ok()) {
-      K3_RETURN_IF_ERROR(CouldNotCheck(out, same.error()));
-      plan.invalid_reason = why + "; " + same.error().message();
-      return false;
-    }
+    K3_ASSIGN_OR_RETURN(const bool same, SameAsTheShards(req, experts, why, plan));
+    if (!same) return false;
     // Every payload is these shards' now: record them, or every later
     // run read the whole pack again.
     K3_RETURN_IF_ERROR(RecordCurrentInputs(out, experts));
+  }
+  // A damaged sidecar (a flipped byte, cut short, emptied, another pack's)
+  // made every store refuse a pack the rerun called "already built". The
+  // pack is compared with the shards and the sidecar written anew from it.
+  if (std::string why = WhySidecarIsUnusable(out, experts); !why.empty()) {
+    K3_ASSIGN_OR_RETURN(const bool same,
+                        SameAsTheShards(req, experts, why + ", which every store refuses; writing it anew", plan));
+    if (!same) return false;
+    K3_RETURN_IF_ERROR(RewriteSidecarFromPack(out, experts, 4));
   }
   ValidateOptions vopts;
   vopts.payload_samples = 6;

@@ -1,5 +1,6 @@
 // A finished pack whose digest sidecar an older k3pack wrote (version 1,
-// before CRC32C records existed) is given the sidecar this k3pack writes.
+// before CRC32C records existed), or whose sidecar was damaged, is given the
+// sidecar this k3pack writes.
 #pragma once
 
 #include <functional>
@@ -19,5 +20,15 @@ namespace k3pack::pack {
 // the pack's lock held. `note` (may be empty) says what is done and why.
 Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& experts, int threads,
                                  const std::function<void(const std::string&)>& note);
+
+// Why the digest sidecar of the finished full pack `pack_path` is one every
+// store refuses ("" when it is usable, absent, a rank pack's, or cannot be
+// read by this process): damaged, cut short, emptied, or of another pack.
+std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& experts);
+
+// Writes <pack>.digests anew (atomically) from the pack's own bytes: every
+// payload read once for its SHA-256 and CRC32C. The caller has checked the
+// payloads (against the source) and holds the pack's lock.
+Status RewriteSidecarFromPack(const std::string& pack_path, const ExpertSet& experts, int threads);
 
 }  // namespace k3pack::pack

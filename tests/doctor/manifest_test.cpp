@@ -153,8 +153,11 @@ TEST(DoctorManifest, LoaderRulesAreTheLoadersOwn) {
   // every profile (doctor checked dimensions under kimi-k3 only).
   r = diagnose_with([](nlohmann::json& j) { j["model"]["num_experts_per_token"] = 17; });
   ASSERT_TRUE(r.Has("manifest-dimensions")) << Dump(r);
+  // (The tuples are equal: the store's own words say what is wrong, where
+  // "(4, 16, 17) != (4, 16, 17)" named nothing.)
   EXPECT_EQ(r.With("manifest-dimensions")[0]->sglang_error,
-            "Kimi expert-pack dimensions (4, 16, 17) != (4, 16, 17); Top-K is immutable at 16");
+            "model.num_experts 16 and num_experts_per_token 17 are not dimensions k3pack serves: 1..65536 experts "
+            "and a top-k of 1 to the expert count");
   // The unedited manifest is healthy again.
   r = diagnose_with([](nlohmann::json&) {});
   EXPECT_EQ(r.ExitCode(), 0) << Dump(r);

@@ -56,6 +56,25 @@ TEST(ManifestValueKinds, DimensionsGoThroughPythonInt) {
   EXPECT_EQ(FirstLine(p), "Kimi active routed MoE layers must be exactly 1..92");
 }
 
+// A scaled pack's manifest is held to its own counts: 2^32 layers wrapped to
+// 0 in the store, which then crashed on its first acquire (SIGSEGV); 2^32 + 3
+// opened as 3 layers; 2^31 asked for gigabytes of per-layer state.
+TEST(ManifestValueKinds, ALayerCountPastTheLimitIsRefusedNotWrapped) {
+  TinyPack p{TinySpec{}};
+  for (const uint64_t layers : {uint64_t{1} << 32, (uint64_t{1} << 32) + 3, uint64_t{1} << 31, uint64_t{65537}}) {
+    SCOPED_TRACE(layers);
+    p.json["model"]["num_hidden_layers"] = layers;
+    p.Save();
+    EXPECT_EQ(FirstLine(p), "model.num_hidden_layers is " + std::to_string(layers) +
+                                ", more than k3pack's limit of 65536 layers: the manifest is damaged");
+  }
+  // Equal tuples that k3pack cannot serve are named, not printed as "A != A".
+  p.json["model"]["num_hidden_layers"] = 3;
+  p.json["model"]["num_experts"] = (uint64_t{1} << 32) + 4;
+  p.Save();
+  EXPECT_EQ(FirstLine(p).substr(0, 37), "model.num_experts 4294967300 and num_") << FirstLine(p);
+}
+
 TEST(ManifestValueKinds, ActiveLayersAreComparedAsAWholeTupleOfInts) {
   TinyPack p(Strict());
   K3Model(p);
