@@ -266,6 +266,11 @@ const std::vector<Diagnosis> kCatalog = {
     {"manifest-invalid", E, "KeyError",
      "The manifest JSON is missing keys or has values of the wrong type.",
      "Regenerate it with `k3pack manifest` (never edit it by hand)."},
+    {"manifest-refused", E, "",
+     "A reader (the expert store or the non-expert loader) refuses the manifest for a reason the other checks do "
+     "not name; the message is the reader's own.",
+     "Regenerate the manifest with `k3pack manifest` (or rebuild with `k3pack build DIR --force`); never edit it by "
+     "hand."},
     {"manifest-format", E, "ValueError", "The manifest's format is not SGLANG-KIMI-GGMLMOEPACK-ADAPTER-v1.",
      "Regenerate the manifest with `k3pack manifest`."},
     {"manifest-incomplete", E, "ValueError", "The manifest is not marked complete.",

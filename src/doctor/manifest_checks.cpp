@@ -3,12 +3,15 @@
 // tensor inventories and types, pack presence, size and index digest), each
 // reported on its own. Works on the raw JSON so that one missing key does not
 // hide the others.
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
 #include "doctor/internal.h"
+#include "k3pack/loader.h"
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
+#include "k3pack/store.h"
 #include "manifest/json_fields.h"
 #include "manifest/loader_rules.h"
 #include "manifest/manifest_output.h"
@@ -406,6 +409,36 @@ void CheckPackRecord(const json& j, const std::string& manifest_path, bool shard
   ValidatePackAgainstManifest(j, pack, manifest_path, shards_intact, options, out);
 }
 
+size_t ErrorsIn(const Report& r) {
+  return static_cast<size_t>(std::count_if(r.findings.begin(), r.findings.end(),
+                                           [](const Finding& f) { return f.severity == Severity::kError; }));
+}
+
+// The readers' own opens, after doctor's copy of their rules: a manifest one
+// of them refused for a reason those rules do not name (a UTF-8 BOM, a null
+// expert_pack.path, a missing data_start or roles entry, a damaged digest
+// sidecar) was called healthy. The stores are opened with the manifest's own
+// pack path, as `k3pack run-experts` opens them.
+void CheckReadersOpen(const json& j, const std::string& manifest_path, Collector& out) {
+  const json* p = Find(j, {"expert_pack", "path"});
+  const std::string pack = p && p->is_string() ? p->get<std::string>() : std::string();
+  store::StoreOptions o;
+  o.cache_bytes = uint64_t{1} << 40;  // allocated as objects are read (none are): any pack's working set fits
+  o.queue_depth = 1;
+  auto refused = [&](const std::string& reader, const Error& e) {
+    if (ReportProcessCannotRead(e, manifest_path, out)) return;
+    Finding& f = out.Add("manifest-refused", manifest_path, reader + " refuses it: " + e.message(), e.headline(),
+                         manifest_path);
+    f.details["reader"] = reader;
+  };
+  if (auto s = store::ExpertStore::Open(pack, manifest_path, o); !s.ok()) {
+    refused("the expert store", s.error());
+  } else {
+    (void)(*s)->Close();
+  }
+  if (auto l = loader::NonExpertStream::Open(manifest_path); !l.ok()) refused("the non-expert loader", l.error());
+}
+
 }  // namespace
 
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out) {
@@ -424,6 +457,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     return {};
   }
   out.report().files.push_back(manifest_path);
+  const size_t errors_before = ErrorsIn(out.report());
   const KeyFinder need(j, manifest_path, out);
 
   // SGLang's manifest-only rules, each through its one implementation
@@ -448,6 +482,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
   // inventory digest), as `k3pack verify` compares them.
   if (shards && shards->is_array() && tensors && tensors->is_array()) CheckSourceRecords(j, manifest_path, out);
   CheckPackRecord(j, manifest_path, shards_intact, options, need, out);
+  if (ErrorsIn(out.report()) == errors_before) CheckReadersOpen(j, manifest_path, out);
   return targets;
 }
 

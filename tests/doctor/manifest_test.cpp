@@ -163,5 +163,35 @@ TEST(DoctorManifest, LoaderRulesAreTheLoadersOwn) {
   EXPECT_EQ(r.ExitCode(), 0) << Dump(r);
 }
 
+// Doctor said "healthy" (exit 0) of manifests every reader refused for
+// reasons its own copies of their rules did not name. The readers' own
+// opens now run last, when nothing else found an error.
+TEST(DoctorManifest, AManifestAReaderRefusesIsNeverHealthy) {
+  Prepared p = Prepare("man-refused");
+  const std::string good = ReadAll(p.manifest);
+  ASSERT_EQ(Scaled({p.manifest.string()}).ExitCode(), 0);
+  auto diagnose_text = [&](const std::string& text) {
+    std::ofstream(p.manifest, std::ios::trunc | std::ios::binary) << text;
+    return Scaled({p.manifest.string()});
+  };
+  auto diagnose_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    edit(j);
+    return diagnose_text(j.dump(2));
+  };
+  std::vector<std::pair<std::string, doctor::Report>> cases;
+  cases.emplace_back("a UTF-8 BOM", diagnose_text("\xEF\xBB\xBF" + good));
+  cases.emplace_back("no data_start", diagnose_with([](nlohmann::json& j) { j["expert_pack"].erase("data_start"); }));
+  cases.emplace_back("no roles", diagnose_with([](nlohmann::json& j) { j["expert_pack"].erase("roles"); }));
+  cases.emplace_back("a null pack path", diagnose_with([](nlohmann::json& j) { j["expert_pack"]["path"] = nullptr; }));
+  for (const auto& [what, r] : cases) {
+    SCOPED_TRACE(what);
+    EXPECT_NE(r.ExitCode(), 0) << Dump(r);
+    EXPECT_FALSE(r.findings.empty()) << Dump(r);
+  }
+  EXPECT_TRUE(cases[0].second.Has("manifest-refused")) << Dump(cases[0].second);
+  EXPECT_EQ(diagnose_text(good).ExitCode(), 0);
+}
+
 }  // namespace
 }  // namespace dtest
