@@ -16,6 +16,7 @@
 #include "manifest/loader_rules.h"
 #include "manifest/manifest_output.h"
 #include "manifest/recorded_inputs.h"
+#include "pack/pack_output.h"
 #include "util/format.h"
 #include "util/sha256.h"
 
@@ -169,6 +170,13 @@ void ValidatePackAgainstManifest(const json& j, const std::string& pack, const s
     if (msg.rfind("expert-pack payload does not match GGUF source", 0) == 0) {
       f.fix = "Rewrite the damaged payloads from the source shards: " + RepairPayloadsCommand(j, pack) +
               " (or rerun `k3pack build` with --restart).";
+    } else if (const std::string other = pack::NotAPackFile(pack); !other.empty()) {
+      // `build --force` never replaces a file that is not a pack (a user's
+      // file given as --pack by a slip): the rebuild it was told failed.
+      f.fix = "Its first bytes are not an Expert Pack's (" + other + "), so `--force` will not replace it: " +
+              "rewrite its header and any damaged payload in place from the source shards with " +
+              RepairPayloadsCommand(j, pack) + ", or remove the file yourself and rebuild with " +
+              RebuildCommand(j, pack, manifest_path) + ".";
     } else {
       f.fix = "Rebuild the pack and its manifest: " + RebuildCommand(j, pack, manifest_path) + ".";
     }

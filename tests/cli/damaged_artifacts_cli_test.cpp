@@ -42,5 +42,29 @@ TEST(DamagedArtifacts, ARerunWritesADamagedSidecarAnew) {
   }
 }
 
+// A pack whose magic was damaged: doctor told `build --force`, which never
+// replaces a file that does not start as a pack and so failed. It now tells
+// the in-place repair, which rewrites the header from the shards' layout.
+TEST(DamagedArtifacts, DoctorsFixForADamagedMagicIsOneThatWorks) {
+  const std::string m = FreshModel("damaged-magic");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string pack = m + "/" + kPackName;
+  {
+    std::fstream f(pack, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f.put('F');
+  }
+  CliRun doctor = Cli("doctor " + Q(m + "/" + kManifestName));
+  EXPECT_NE(doctor.code, 0) << doctor.out;
+  EXPECT_TRUE(Contains(doctor.out, "so `--force` will not replace it")) << doctor.out;
+  const std::string repair = "pack --repair-damaged --gguf-dir " + Q(m) + " --model-config " + Q(m + "/config.json") +
+                             " --pack " + Q(pack);
+  EXPECT_TRUE(Contains(doctor.out, "`k3pack pack --repair-damaged --gguf-dir ")) << doctor.out;
+  CliRun repaired = Cli(repair + " --progress none");
+  EXPECT_EQ(repaired.code, 0) << repaired.out;
+  CliRun verified = Cli("verify --progress none " + Q(m + "/" + kManifestName));
+  EXPECT_EQ(verified.code, 0) << verified.out;
+}
+
 }  // namespace
 }  // namespace k3cli
