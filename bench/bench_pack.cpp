@@ -7,9 +7,13 @@
 // 1024) into DIR (default: a temp dir beside /tmp), then runs one warm-up
 // round (printed, not counted) and R rounds (default 5) of two pairs, dropping the page cache before every step
 // (drop_caches when permitted, otherwise POSIX_FADV_DONTNEED on the inputs):
-//   cp:     `cp` of the GGUF shards (same byte volume as the pack) + sync
+//   cp:     `cp` of the GGUF shards + sync: the pack's bytes plus the
+//           non-expert tensors (about 3% more at 1 GiB, 30% at 64 MiB), so
+//           each side's MB/s is over its own bytes and the ratio is of rates
 //   pack:   BuildPack as `k3pack pack` runs it (copies, SHA-256 and CRC32C
-//           of every payload, checkpoints, fsyncs)
+//           of every payload, checkpoints, fsyncs); its writes are O_DIRECT
+//           by default (K3PACK_DIRECT_WRITE=0 makes them buffered), so
+//           unless that is set it is the same build as pack-direct
 //   direct: an O_DIRECT copy of the shards (16 MiB O_DIRECT reads, each
 //           written with O_DIRECT, one at a time, as `dd iflag=direct
 //           oflag=direct bs=16M conv=fdatasync` does) + fdatasync
@@ -142,7 +146,8 @@ int main(int argc, char** argv) {
   bool with_direct = true;
   const char* usage =
       "bench_pack [--dir DIR] [--mib N] [--runs R] [--threads T] [--no-direct]\n"
-      "  pack build of ~N MiB of experts (default 1024) vs cp + sync of the same bytes, and\n"
+      "  pack build of ~N MiB of experts (default 1024) vs cp + sync of the shards (MB/s of each side's own\n"
+      "  bytes), and\n"
       "  (unless --no-direct) the build writing with O_DIRECT vs an O_DIRECT copy, one chunk and\n"
       "  8 chunks in flight; R paired\n"
       "  rounds (default 5, the order within a pair alternating), page cache dropped before each\n"

@@ -31,6 +31,11 @@ struct Rank {
   std::string FileTag() const { return ".ep" + std::to_string(rank) + "-of-" + std::to_string(size); }
 };
 
+// `stem` without a trailing rank tag (".ep<R>-of-<N>"), so a path that
+// already names a rank's file is tagged once: `--pack X.ep1-of-4.pack` gave
+// X.ep1-of-4.ep1-of-4.pack.
+std::string WithoutFileTag(const std::string& stem);
+
 // The routed experts a rank owns: global ids [first, end).
 struct ExpertRange {
   uint32_t first = 0;

@@ -110,7 +110,7 @@ Result<nlohmann::json> Run(const Args& args, const std::string& out, pack::Progr
 }
 
 int RunEpMerge(const std::vector<std::string>& argv) {
-  Args args(kCmd, "RANK_PACK... [--pack FULL.pack] [--force] [--json]",
+  Args args(kCmd, "RANK_PACK... [--pack FULL.pack] [options]",
             "Rebuild the full expert pack from the N rank packs of one expert-parallel group (written by\n"
             "`k3pack pack --ep-size N --ep-rank R|all`), byte-identical to a direct `k3pack pack`. Checks that the\n"
             "rank packs share the header and index and that ranks 0..N-1 are each given once; every payload is\n"

@@ -4,12 +4,14 @@
 // source tensors. Prints the outputs' checksums and timing.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/ep_options.h"
 #include "cli/implied_inputs.h"
 #include "cli/mib_option.h"
 #include "cli/output_rule.h"
@@ -20,6 +22,7 @@
 #include "k3pack/manifest.h"
 #include "k3pack/run_experts.h"
 #include "k3pack/trace.h"
+#include "manifest/manifest_output.h"
 #include "manifest/recorded_inputs.h"
 #include "util/file.h"
 #include "util/format.h"
@@ -121,17 +124,32 @@ void PrintRun(const store::ExpertRunResult& r) {
   }
 }
 
-// "a,b,c" -> {"a", "b", "c"} (empty: none).
-std::vector<std::string> SplitCommas(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (!s.empty() && start <= s.size()) {
-    size_t comma = s.find(',', start);
-    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+// --rank-manifests as the N rank manifests, rank 0 first (empty when not
+// given). An empty entry (",A", "A,") is a usage error naming it: it was
+// "cannot open : No such file". A directory stands for the rank's manifest
+// in it, as a directory does for --manifest. A manifest of another rank
+// than its place is named: the store's refusal told a library caller's fix.
+Result<std::vector<std::string>> RankManifestsOf(const Args& a, int64_t ep_size) {
+  if (!a.Has("--rank-manifests")) return std::vector<std::string>{};
+  std::vector<std::string> list = trace_args::CommaFields(a.Get("--rank-manifests"));
+  if (list.size() != static_cast<size_t>(ep_size)) {
+    return Error("--rank-manifests lists " + std::to_string(list.size()) + " manifests for --ep-size " +
+                 std::to_string(ep_size) + ": give one per rank, rank 0 first");
   }
-  return out;
+  for (size_t r = 0; r < list.size(); ++r) {
+    if (list[r].empty())
+      return Error("--rank-manifests entry " + std::to_string(r) + " is empty in '" + a.Get("--rank-manifests") +
+                   "': give " + std::to_string(ep_size) + " manifest paths, rank 0 first, comma-separated");
+    const ep::Rank rank{static_cast<uint32_t>(ep_size), static_cast<uint32_t>(r)};
+    if (std::filesystem::is_directory(list[r]))
+      list[r] = (std::filesystem::path(list[r]) / RankManifestName(manifest::kDefaultManifestName, rank)).string();
+    auto m = manifest::ReadManifest(list[r]);
+    if (m.ok() && m->k3pack && m->k3pack->ep && m->k3pack->ep->size == rank.size && m->k3pack->ep->rank != rank.rank)
+      return Error("--rank-manifests entry " + std::to_string(r) + " (" + list[r] + ") is the manifest of rank " +
+                   std::to_string(m->k3pack->ep->rank) + " of " + std::to_string(rank.size) +
+                   ": list them rank 0 first");
+  }
+  return list;
 }
 
 // The overwrite rule for --trace-out, the shared one (output_rule.h):
@@ -241,13 +259,8 @@ int ParseRunValues(const Args& a, RunValues* out) {
   // the store's open failing, exit 1).
   if (Status io = trace_args::CheckIoBackendName("--io", a.Get("--io")); !io.ok())
     return ReportError("run-experts", io.error(), 2);
-  std::vector<std::string> rank_manifests = SplitCommas(a.Get("--rank-manifests"));
-  if (!rank_manifests.empty() && rank_manifests.size() != static_cast<size_t>(*ep_size)) {
-    return ReportError("run-experts",
-                       Error("--rank-manifests lists " + std::to_string(rank_manifests.size()) +
-                             " manifests for --ep-size " + std::to_string(*ep_size) + ": give one per rank, rank 0 first"),
-                       2);
-  }
+  auto rank_manifests = RankManifestsOf(a, *ep_size);
+  if (!rank_manifests.ok()) return ReportError("run-experts", rank_manifests.error(), 2);
   int64_t predict_k = 0;
   if (a.Has("--predict-k")) {
     auto pk = a.GetInt("--predict-k");
@@ -256,7 +269,7 @@ int ParseRunValues(const Args& a, RunValues* out) {
       return ReportError("run-experts", Error("--predict-k must be in 1..65536, got " + a.Get("--predict-k")), 2);
     predict_k = *pk;
   }
-  *out = RunValues{*tokens, *seed, *mib, *threads, *ep_size, std::move(rank_manifests), a.Get("--trace-out"),
+  *out = RunValues{*tokens, *seed, *mib, *threads, *ep_size, std::move(*rank_manifests), a.Get("--trace-out"),
                    predict_k};
   return 0;
 }

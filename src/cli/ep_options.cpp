@@ -80,9 +80,10 @@ Status CheckEpChoiceForConfig(const EpChoice& choice, const std::string& model_c
 std::string RankManifestName(const std::string& name, const ep::Rank& rank) {
   const std::string tag = rank.FileTag();
   const std::string ext = ".manifest.json";
-  if (name.size() > ext.size() && name.ends_with(ext)) return name.substr(0, name.size() - ext.size()) + tag + ext;
-  if (name.size() > 5 && name.ends_with(".json")) return name.substr(0, name.size() - 5) + tag + ".json";
-  return name + tag;
+  if (name.size() > ext.size() && name.ends_with(ext))
+    return ep::WithoutFileTag(name.substr(0, name.size() - ext.size())) + tag + ext;
+  if (name.size() > 5 && name.ends_with(".json")) return ep::WithoutFileTag(name.substr(0, name.size() - 5)) + tag + ".json";
+  return ep::WithoutFileTag(name) + tag;
 }
 
 }  // namespace k3pack::cli

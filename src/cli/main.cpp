@@ -135,6 +135,10 @@ std::string UnknownCommand(const std::string& word) {
     const size_t d = k3pack::EditDistance(word, name);
     if (d < best_d) best_d = d, best = name;
   };
+  // Words for work another command does: its own name, not the nearest spelling.
+  if (word == "ep-split")
+    return "unknown command 'ep-split' (rank packs are written by `k3pack pack DIR --ep-size N --ep-rank R|all` or "
+           "`k3pack build` with the same options; `k3pack ep-merge` joins them)";
   if (option) {
     for (const char* name : {"--help", "--version"}) consider(name);
   } else {

@@ -1,5 +1,8 @@
 #include "k3pack/ep.h"
 
+#include <algorithm>
+#include <string_view>
+
 namespace k3pack::ep {
 
 Status CheckRank(const Rank& rank, uint32_t num_experts, const RankNames& names) {
@@ -14,6 +17,18 @@ Status CheckRank(const Rank& rank, uint32_t num_experts, const RankNames& names)
                  "experts, so the size must be a divisor of " +
                  std::to_string(num_experts));
   return Status::OK();
+}
+
+std::string WithoutFileTag(const std::string& stem) {
+  const size_t at = stem.rfind(".ep");
+  if (at == std::string::npos) return stem;
+  const std::string_view tag = std::string_view(stem).substr(at + 3);
+  const size_t of = tag.find("-of-");
+  const auto digits = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (of == std::string_view::npos || !digits(tag.substr(0, of)) || !digits(tag.substr(of + 4))) return stem;
+  return stem.substr(0, at);
 }
 
 ExpertRange OwnedExperts(const Rank& rank, uint32_t num_experts) {

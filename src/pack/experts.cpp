@@ -274,8 +274,8 @@ Result<std::string> DefaultPackPath(const std::string& any_shard_path) {
 
 std::string RankPackPath(const std::string& full, const ep::Rank& rank) {
   const std::string tag = rank.FileTag();
-  if (full.size() > 5 && full.ends_with(".pack")) return full.substr(0, full.size() - 5) + tag + ".pack";
-  return full + tag;
+  if (full.size() > 5 && full.ends_with(".pack")) return ep::WithoutFileTag(full.substr(0, full.size() - 5)) + tag + ".pack";
+  return ep::WithoutFileTag(full) + tag;
 }
 
 nlohmann::json LayerRolesJson(const ExpertSet& experts) {

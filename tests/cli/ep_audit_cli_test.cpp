@@ -75,5 +75,51 @@ TEST(EpAudit, EveryRanksOutputsAreCheckedBeforeTheFirstRankIsWritten) {
   }
 }
 
+// A --pack or --manifest that already named a rank's file was tagged again
+// (foo.ep0-of-2.ep0-of-2.pack): the path the user gave was not written.
+TEST(EpAudit, APathThatNamesTheRanksFileIsTaggedOnce) {
+  const std::string m = FreshModel("ep-tagged-once");
+  const std::string out = Root() + "/ep-tagged-once-out";
+  fs::remove_all(out);
+  fs::create_directories(out);
+  CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(m) + " --ep-size 2 --ep-rank 0 --pack " +
+                 Q(out + "/foo.ep0-of-2.pack") + " --manifest " + Q(out + "/kimi.ep0-of-2.manifest.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out + "/foo.ep0-of-2.pack")) << r.out;
+  EXPECT_TRUE(fs::exists(out + "/kimi.ep0-of-2.manifest.json")) << r.out;
+  EXPECT_FALSE(fs::exists(out + "/foo.ep0-of-2.ep0-of-2.pack")) << r.out;
+  EXPECT_FALSE(fs::exists(out + "/kimi.ep0-of-2.ep0-of-2.manifest.json")) << r.out;
+}
+
+// --rank-manifests: an empty entry was "cannot open : No such file" (exit
+// 1); a directory was Python's "[Errno 21] Is a directory"; a list out of
+// rank order got the library's advice. `ep-split`, which users reach for,
+// was only an unknown command.
+TEST(EpAudit, RankManifestListsAndTheSplitCommandAreSaidPlainly) {
+  const std::string m = FreshModel("ep-rank-lists");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);  // run-experts compares with it
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m) + " --ep-size 2 --ep-rank all").code, 0);
+  const std::string r0 = m + "/kimi-k3-expert-pack.ep0-of-2.manifest.json";
+  const std::string r1 = m + "/kimi-k3-expert-pack.ep1-of-2.manifest.json";
+  const std::string run = "run-experts --progress none " + Q(m) + " --ep-size 2 --tokens 1 --rank-manifests ";
+  CliRun empty = Cli(run + Q("," + r1));
+  EXPECT_EQ(empty.code, 2) << empty.out;
+  EXPECT_TRUE(Contains(empty.out, "--rank-manifests entry 0 is empty")) << empty.out;
+  CliRun swapped = Cli(run + Q(r1 + "," + r0));
+  EXPECT_EQ(swapped.code, 2) << swapped.out;
+  EXPECT_TRUE(Contains(swapped.out, "is the manifest of rank 1 of 2: list them rank 0 first")) << swapped.out;
+  CliRun dirs = Cli(run + Q(m + "," + m));
+  EXPECT_EQ(dirs.code, 0) << dirs.out;
+  CliRun files = Cli(run + Q(r0 + "," + r1));
+  EXPECT_EQ(files.code, 0) << files.out;
+
+  CliRun split = Cli("ep-split " + Q(m));
+  EXPECT_EQ(split.code, 2) << split.out;
+  EXPECT_TRUE(Contains(split.out, "--ep-size N --ep-rank R|all")) << split.out;
+  CliRun merge_help = Cli("ep-merge --help");
+  EXPECT_TRUE(Contains(merge_help.out, "--wait")) << merge_help.out;
+  EXPECT_TRUE(Contains(merge_help.out, "RANK_PACK... [--pack FULL.pack] [options]")) << merge_help.out;
+}
+
 }  // namespace
 }  // namespace k3cli

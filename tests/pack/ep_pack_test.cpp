@@ -64,6 +64,14 @@ class EpPack : public testing::SharedModelTest<EpModel> {
 TEST_F(EpPack, RankPathsDoNotCollideWithTheFullPack) {
   EXPECT_EQ(RankPackPath("/d/x.expert-major.pack", {4, 2}), "/d/x.expert-major.ep2-of-4.pack");
   EXPECT_EQ(RankPackPath("/d/x.bin", {2, 0}), "/d/x.bin.ep0-of-2");
+  // A path that already names a rank's file is tagged once (it was
+  // x.ep1-of-4.ep1-of-4.pack), whichever rank it named.
+  EXPECT_EQ(RankPackPath("/d/x.ep1-of-4.pack", {4, 1}), "/d/x.ep1-of-4.pack");
+  EXPECT_EQ(RankPackPath("/d/x.ep1-of-4.pack", {4, 3}), "/d/x.ep3-of-4.pack");
+  EXPECT_EQ(RankPackPath("/d/x.ep1-of-4.pack", {8, 3}), "/d/x.ep3-of-8.pack");
+  // Only a whole tag is one: these stay in the name.
+  EXPECT_EQ(RankPackPath("/d/x.ep1-of-.pack", {2, 1}), "/d/x.ep1-of-.ep1-of-2.pack");
+  EXPECT_EQ(RankPackPath("/d/x.deep.pack", {2, 1}), "/d/x.deep.ep1-of-2.pack");
 }
 
 // For N in {1, 2, 4, 8}, every rank pack: the full pack's size, header and
