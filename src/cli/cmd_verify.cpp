@@ -39,9 +39,10 @@ Result<nlohmann::json> Run(const Args& args) {
 // the manifest lies in (a model directory copied with its manifest), said as
 // a note because verify's checks read those files; "" when it is that one.
 std::string NoteModelRecordedElsewhere(const std::string& manifest_path) {
-  std::string copied_from;
+  std::string copied_from, rank_flags;
   if (auto raw = manifest::ReadManifestJson(manifest_path); raw.ok()) {
     copied_from = manifest::ModelDirRecordedElsewhere(*raw, manifest_path);
+    rank_flags = manifest::RankFlagsOf(*raw);
   }
   if (copied_from.empty()) return copied_from;
   const std::string dir = std::filesystem::path(manifest_path).parent_path().string();
@@ -49,7 +50,7 @@ std::string NoteModelRecordedElsewhere(const std::string& manifest_path) {
   Narrate("verify", "note: " + manifest_path + " records the shards and pack of the model in " + copied_from +
                         ", not the shards beside it in " + here +
                         " (a model directory copied with its manifest?): what is verified is the model in " +
-                        copied_from + "; `k3pack build " + ShellQuoted(here) +
+                        copied_from + "; `k3pack build " + ShellQuoted(here) + rank_flags +
                         " --force` gives this directory a pack and manifest of its own");
   return copied_from;
 }

@@ -24,10 +24,18 @@ bool RecordsThisPackMovedAway(const Manifest& old, const nlohmann::json& section
 // model directory copied with its manifest) says whose it is.
 Error ExplainRefusal(const Error& refused, const BuildManifestRequest& r) {
   auto raw = ReadManifestJson(r.path);
+  const std::string& message = refused.message();
+  if (!raw.ok() && message.find("it is not the manifest of this pack") != std::string::npos) {
+    // Empty, cut short, a BOM, not UTF-8: "not the manifest of this pack"
+    // said nothing of why; the reader's words say where it stops.
+    Error e(message.substr(0, message.find('\n')) + " (it cannot be read as a manifest: " + raw.error().headline() +
+                ")",
+            refused.kind());
+    return refused.hint().empty() ? e : e.WithHint(refused.hint());
+  }
   if (!raw.ok()) return refused;
   const std::string elsewhere = ModelDirRecordedElsewhere(*raw, r.path);
   if (elsewhere.empty()) return refused;
-  const std::string& message = refused.message();
   return Error(message.substr(0, message.find('\n')) + " (it records the shards and pack of the model in " + elsewhere +
                    ": a model directory copied with its manifest?)",
                refused.kind())
@@ -66,7 +74,7 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
     if (raw.ok()) {
       if (auto rules = CheckLoaderManifestRules(*raw); !rules.ok()) {
         return tell(r.path + " records this pack, but SGLang's store refuses it (" + rules.error().headline() +
-                    "; an older k3pack wrote it): writing a new manifest");
+                    "; an older k3pack wrote it, or it was edited): writing a new manifest");
       }
     }
   }

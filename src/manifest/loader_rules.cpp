@@ -4,6 +4,7 @@
 
 #include "k3pack/kimi.h"
 #include "manifest/json_fields.h"
+#include "manifest/manifest_output.h"
 #include "manifest/pyjson.h"
 
 namespace k3pack::manifest {
@@ -35,12 +36,14 @@ Status CheckStoreFormatAndComplete(const json& m) {
 }
 
 Error PackSizeMismatch(const std::string& pack_path, uint64_t pack_size, const std::string& manifest_path,
-                       int64_t recorded_size) {
+                       int64_t recorded_size, const json& manifest) {
+  // A rank pack's rebuild is its rank's: `build --force` alone wrote the full pack.
   return Error("Kimi expert-pack size does not match its manifest")
       .WithHint(pack_path + " is " + std::to_string(pack_size) + " bytes, the manifest " + manifest_path +
                 " records " + std::to_string(recorded_size) +
-                ": the pack was truncated or replaced; rebuild the pack and its manifest with `k3pack build "
-                "--force` (or, if the pack is the one you want, regenerate the manifest with `k3pack manifest`)");
+                ": the pack was truncated or replaced; rebuild the pack and its manifest with `k3pack build " +
+                RecordedShardDirOr(manifest) + RankFlagsOf(manifest) +
+                " --force` (or, if the pack is the one you want, regenerate the manifest with `k3pack manifest`)");
 }
 
 Status CheckHardConstraints(const json& m, bool kimi) {

@@ -59,7 +59,7 @@ Error WithMissingKeyHint(const Error& error, const std::string& path, const std:
 // Step 7 refused: SGLang's text, and a hint naming both files, both sizes and
 // what to run.
 Error PackSizeMismatch(const std::string& pack_path, uint64_t pack_size, const std::string& manifest_path,
-                       int64_t recorded_size);
+                       int64_t recorded_size, const nlohmann::json& manifest);
 // Step 3: SGLang's exact hard_constraints dict (a missing one fails too).
 Status CheckHardConstraints(const nlohmann::json& m, bool kimi);
 // Step 4: model.num_hidden_layers / num_experts / num_experts_per_token

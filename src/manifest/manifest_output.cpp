@@ -108,6 +108,13 @@ std::string RecordedShardDirOr(const nlohmann::json& m) {
              : std::string("GGUF_DIR");
 }
 
+std::string RankFlagsOf(const nlohmann::json& m) {
+  const nlohmann::json* size = fields::Find(m, {"k3pack", "ep", "size"});
+  const nlohmann::json* rank = fields::Find(m, {"k3pack", "ep", "rank"});
+  if (size == nullptr || rank == nullptr || !size->is_number_unsigned() || !rank->is_number_unsigned()) return "";
+  return " --ep-size " + size->dump() + " --ep-rank " + rank->dump();
+}
+
 std::string ModelDirRecordedElsewhere(const nlohmann::json& m, const std::string& manifest_path) {
   std::error_code ec;
   const fs::path here = fs::weakly_canonical(fs::absolute(manifest_path, ec).parent_path(), ec);

@@ -79,6 +79,10 @@ bool ManifestRecordsPack(const std::string& path, const nlohmann::json& section)
 std::string RecordedPathOr(const nlohmann::json& m, std::initializer_list<const char*> keys, const char* placeholder);
 // The directory of the first recorded shard (a command's --gguf-dir), else GGUF_DIR.
 std::string RecordedShardDirOr(const nlohmann::json& m);
+// " --ep-size N --ep-rank R" for the manifest of a rank pack (its k3pack.ep),
+// "" otherwise: a hint's rebuild command must rebuild that rank, not the
+// full pack.
+std::string RankFlagsOf(const nlohmann::json& m);
 // The directory of the shards the manifest `m` at `manifest_path` records,
 // when the directory beside it holds GGUF shards and none of the recorded
 // ones: a model directory copied with its manifest, whose checks then read

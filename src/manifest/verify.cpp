@@ -171,7 +171,7 @@ Status CheckManifestAndInputs(const nlohmann::json& raw, const Manifest& m, cons
   // or replaced pack is named as such, not by the first entry it cuts off.
   K3_ASSIGN_OR_RETURN(uint64_t pack_size, FileSize(pack_path));
   if (pack_size != m.expert_pack.size) {
-    return PackSizeMismatch(pack_path, pack_size, manifest_path, static_cast<int64_t>(m.expert_pack.size));
+    return PackSizeMismatch(pack_path, pack_size, manifest_path, static_cast<int64_t>(m.expert_pack.size), raw);
   }
   // With the writer's functions (recorded_inputs.h): the shards (size, header
   // digest, whole-file digest with --full when recorded), every

@@ -383,7 +383,7 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   K3_ASSIGN_OR_RETURN(int64_t ep_size, manifest::fields::IntAt(*ep, "size"));  // int(size), as SGLang
   K3_ASSIGN_OR_RETURN(uint64_t file_size, FileSize(pack_path));
   if (ep_size < 0 || uint64_t(ep_size) != file_size)
-    return manifest::PackSizeMismatch(pack_path, file_size, manifest_path, ep_size);
+    return manifest::PackSizeMismatch(pack_path, file_size, manifest_path, ep_size, m);
   g.pack_size = file_size;
   // expert_pack.get("physical_role_order"): a missing key is the mismatch.
   if (!ep->is_object() || !ep->contains("physical_role_order") ||

@@ -66,5 +66,19 @@ TEST(DamagedArtifacts, DoctorsFixForADamagedMagicIsOneThatWorks) {
   EXPECT_EQ(verified.code, 0) << verified.out;
 }
 
+// A rerun over a manifest cut short (or empty, or not UTF-8) said only "it
+// is not the manifest of this pack"; it now says why it cannot be read.
+TEST(DamagedArtifacts, AManifestThatDoesNotParseIsSaidToNotParse) {
+  const std::string m = FreshModel("manifest-cut-short");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string manifest = m + "/" + kManifestName;
+  const std::string text = FileBytes(manifest);
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << text.substr(0, text.size() / 2);
+  CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "it is not the manifest of this pack (it cannot be read as a manifest: ")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--force")) << r.out;
+}
+
 }  // namespace
 }  // namespace k3cli

@@ -91,6 +91,19 @@ TEST(EpAudit, APathThatNamesTheRanksFileIsTaggedOnce) {
   EXPECT_FALSE(fs::exists(out + "/kimi.ep0-of-2.ep0-of-2.manifest.json")) << r.out;
 }
 
+// A truncated rank pack's hint said `k3pack build --force`, which rebuilds
+// the full pack; the rank's own rebuild is named now.
+TEST(EpAudit, ARankPacksRebuildHintNamesItsRank) {
+  const std::string m = FreshModel("ep-rank-hint");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m) + " --ep-size 2 --ep-rank 1").code, 0);
+  const std::string pack = m + "/KIMI-K3-SYNTH.expert-major.ep1-of-2.pack";
+  fs::resize_file(pack, fs::file_size(pack) - 4096);
+  CliRun r = Cli("verify --progress none " + Q(m + "/kimi-k3-expert-pack.ep1-of-2.manifest.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "Kimi expert-pack size does not match its manifest")) << r.out;
+  EXPECT_TRUE(Contains(r.out, " --ep-size 2 --ep-rank 1 --force`")) << r.out;
+}
+
 // --rank-manifests: an empty entry was "cannot open : No such file" (exit
 // 1); a directory was Python's "[Errno 21] Is a directory"; a list out of
 // rank order got the library's advice. `ep-split`, which users reach for,

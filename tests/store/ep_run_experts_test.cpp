@@ -239,8 +239,11 @@ TEST_F(EpRunExpertsTest, CliReportsRanksAndTheCheck) {
   EXPECT_EQ(pr[1]["pack"], nlohmann::json::parse(std::ifstream(m1))["expert_pack"]["path"]);
   EXPECT_TRUE(pj["layers"][0]["ep"]["matches_single_store"].get<bool>());
   CliRun swapped = Cli("run-experts --manifest " + manifest_ + " --ep-size 2 --rank-manifests " + m1 + "," + m0);
-  EXPECT_NE(swapped.code, 0);
-  EXPECT_NE(swapped.out.find("EP rank mismatch"), std::string::npos) << swapped.out;
+  // A usage error naming the entry (session 42: it was the store's "EP rank
+  // mismatch" with the library's advice, exit 1).
+  EXPECT_EQ(swapped.code, 2) << swapped.out;
+  EXPECT_NE(swapped.out.find("is the manifest of rank 1 of 2: list them rank 0 first"), std::string::npos)
+      << swapped.out;
   // Session 13: a rank manifest of another checkpoint (same layout, other
   // bytes: its shards' SHA-256 differ) ran and only reported a MISMATCH.
   {
