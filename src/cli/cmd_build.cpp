@@ -305,7 +305,7 @@ int RunBuild(const std::vector<std::string>& argv) {
   auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const nlohmann::json& j = *r;
-  if (j.contains("already_built")) {
+  if (j.contains("already_built") && !j.contains("rank_builds")) {
     ReportAlreadyBuilt(kCmd, j["manifest"].get<std::string>(), args.Has("--json"), "manifest", AbsoluteOutputs(j));
     return kExitOk;
   }

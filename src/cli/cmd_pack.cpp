@@ -189,7 +189,7 @@ int RunPack(const std::vector<std::string>& argv) {
                 j["entries_checked"].get<unsigned long long>());
     return kExitOk;
   }
-  if (j.contains("already_built")) {
+  if (j.contains("already_built") && !j.contains("rank_packs")) {
     ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"), "pack");
     return kExitOk;
   }

@@ -16,13 +16,21 @@ Result<nlohmann::json> RunPerRank(const EpChoice& choice, const std::string& lis
                                   const std::function<Result<nlohmann::json>(std::optional<ep::Rank>)>& one) {
   if (!choice.given()) return one(std::nullopt);
   nlohmann::json results = nlohmann::json::array();
+  bool all_built = true;
   for (const ep::Rank& rank : choice.Ranks()) {
     K3_ASSIGN_OR_RETURN(nlohmann::json r, one(rank));
     if (!r.contains("ep")) r["ep"] = {{"size", rank.size}, {"rank", rank.rank}};
+    // As a single already-built output reports it: its path under "path" too.
+    if (r.value("already_built", false)) {
+      if (!r.contains("path")) r["path"] = r.contains("manifest") ? r["manifest"] : r.value("pack", nlohmann::json());
+    } else {
+      all_built = false;
+    }
     results.push_back(std::move(r));
   }
   if (!choice.all) return results[0];
-  return nlohmann::json{{"ep_size", choice.size}, {list_key, results}};
+  // `already_built` at the top as for one output (true only when every rank is).
+  return nlohmann::json{{"ep_size", choice.size}, {list_key, results}, {"already_built", all_built}};
 }
 
 void AddEpOptions(Args& args) {

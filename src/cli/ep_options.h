@@ -29,8 +29,9 @@ void AddEpOptions(Args& args);
 // Runs `one` for the whole model (no --ep-size) or for each chosen rank, one
 // after another: each rank copies only its own experts' bytes, so the source
 // is read once in all. One rank's result is returned as is; with --ep-rank
-// all they are gathered as {"ep_size": N, `list_key`: [...]}, each carrying
-// its "ep" {size, rank}.
+// all they are gathered as {"ep_size": N, `list_key`: [...], "already_built":
+// every rank was}, each carrying its "ep" {size, rank} (and, already built,
+// its "path", as one already-built output reports it).
 Result<nlohmann::json> RunPerRank(const EpChoice& choice, const std::string& list_key,
                                   const std::function<Result<nlohmann::json>(std::optional<ep::Rank>)>& one);
 

@@ -42,6 +42,18 @@ TEST(EpOptions, RankAllJsonListsEveryRankPack) {
     EXPECT_TRUE(Contains(one["pack"].get<std::string>(), ".ep" + std::to_string(rank) + "-of-2.pack"));
     EXPECT_EQ(one["index_sha256"], j["rank_packs"][0]["index_sha256"]);
   }
+  EXPECT_EQ(j["already_built"], false);
+  // The rerun: every rank already built, said at the top as for one output,
+  // each rank's path under "path" (session 42: neither was there).
+  CliRun again = Cli("pack " + Q(model) + " --model-config " + Q(model + "/config.json") +
+                     " --safety-margin-gib 0 --progress none --json --ep-size 2 --ep-rank all 2>/dev/null");
+  ASSERT_EQ(again.code, 0) << again.out;
+  auto k = nlohmann::json::parse(again.out, nullptr, false);
+  ASSERT_FALSE(k.is_discarded()) << again.out;
+  EXPECT_EQ(k["already_built"], true) << again.out;
+  ASSERT_EQ(k["rank_packs"].size(), 2u);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(k["rank_packs"][rank]["path"], j["rank_packs"][rank]["pack"]) << again.out;
 }
 
 TEST(EpOptions, RankPackThatIsAnInputIsRefused) {
