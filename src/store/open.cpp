@@ -169,7 +169,12 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, con
     const uint32_t role = static_cast<uint32_t>(i % 3);
     const uint32_t li = static_cast<uint32_t>(object / E), expert = static_cast<uint32_t>(object % E);
     const uint32_t layer = s.active_layer_ids[li];
-    auto identity = [&] { return Error("Kimi expert-pack identity mismatch at index " + std::to_string(i)); };
+    auto identity = [&] {
+      return Error("Kimi expert-pack identity mismatch at index " + std::to_string(i))
+          .WithHint("index entry " + std::to_string(i) + " of " + g->resolved_pack_path + " (file offset " +
+                    std::to_string(pack::kHeaderBytes + i * pack::kEntryBytes) + ") should name " +
+                    names[li][role] + " expert " + std::to_string(expert));
+    };
     // Fast path: the canonical name NUL-terminated; otherwise parse like SGLang
     // (cut at the first NUL, UTF-8, fullmatch of the regex; "blk.01" is layer 1).
     const std::string& expected = names[li][role];
@@ -211,7 +216,10 @@ Status WalkEntries(const uint8_t* index, uint64_t count, uint64_t file_size, con
         return e.WithHint("entry " + std::to_string(i) + " starts at byte " + std::to_string(offset) +
                           ", before the end of index entry " + std::to_string(i - 1) + " (byte " +
                           std::to_string(previous_end) + "): the offset or size of either entry may be the damaged field");
-      return e;
+      return e.WithHint("entry " + std::to_string(i) + " (" + names[li][role] + " expert " + std::to_string(expert) +
+                        ") of " + g->resolved_pack_path + " spans bytes " + std::to_string(offset) + " + " +
+                        std::to_string(nbytes) + ", which is not " + std::to_string(g->alignment) +
+                        "-aligned or runs past the file's " + std::to_string(file_size) + " bytes");
     }
     if (role == 0) {
       g->object_offsets[object] = offset;
@@ -428,8 +436,22 @@ Result<PackGeometry> ValidatePack(const std::string& pack_path, const std::strin
   const uint8_t* prefix = static_cast<const uint8_t*>(map);
   K3_ASSIGN_OR_RETURN(pack::PackHeader h, pack::DecodeHeader({prefix, pack::kHeaderBytes}));
   if (h.magic != pack::kPackMagic || h.version != 1 || h.header_size != pack::kHeaderBytes ||
-      h.index_count != g.index_count || h.data_start != g.data_start)
-    return Error("Kimi expert-pack header does not match its manifest");
+      h.index_count != g.index_count || h.data_start != g.data_start) {
+    // SGLang's line names no field and no file: the hint says which differs.
+    std::string field = h.magic != pack::kPackMagic   ? "its magic is not GGMLMOEPACKv1"
+                        : h.version != 1               ? "its version is " + std::to_string(h.version) + ", not 1"
+                        : h.header_size != pack::kHeaderBytes
+                            ? "its header size is " + std::to_string(h.header_size) + ", not " +
+                                  std::to_string(pack::kHeaderBytes)
+                        : h.index_count != g.index_count
+                            ? "its index count is " + std::to_string(h.index_count) + ", the manifest's layers x "
+                                  "experts x 3 is " + std::to_string(g.index_count)
+                            : "its data_start is " + std::to_string(h.data_start) + ", the manifest records " +
+                                  std::to_string(g.data_start);
+    return Error("Kimi expert-pack header does not match its manifest")
+        .WithHint("the header of " + pack_path + ": " + field + " (manifest " + manifest_path +
+                  "); `k3pack verify --full` names every damaged byte, `k3pack build --restart` rewrites the header");
+  }
   // 12. index entries (hashed on a second thread meanwhile: step 13's digest).
   if (g.alignment == 0) return Error("Kimi expert-pack range mismatch at index 0");
   const json* roles_j = &(*ep)["roles"];  // present: LoadRoles read it
