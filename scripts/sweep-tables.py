@@ -21,7 +21,9 @@ BOUNDS = ("belady", "informed", "learner")
 def table(name, fam):
     rates = fam["hit_rate"]
     cols = [(k, title) for k, title in COLUMNS if k in rates]
-    out = ["`%s` (%d tokens, measured reuse %.1f%%):" % (name, fam["tokens"], 100 * fam["measured_reuse"]), ""]
+    reuse = fam["measured_reuse"]  # null when no token follows another of its request
+    shown = "n/a" if reuse is None else "%.1f%%" % (100 * reuse)
+    out = ["`%s` (%d tokens, measured reuse %s):" % (name, fam["tokens"], shown), ""]
     head = ["cache (objects / share)"] + [t for _, t in cols]
     if "adaptive" in rates:
         head += ["adaptive / %s" % title for k, title in cols if k in BOUNDS]

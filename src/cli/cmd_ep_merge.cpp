@@ -3,7 +3,6 @@
 // `k3pack pack`, with its digest sidecar.
 #include <cstdio>
 #include <iostream>
-#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +11,7 @@
 #include "pack/pack_output.h"
 #include "cli/pack_plan.h"
 #include "cli/preflight.h"
+#include "k3pack/ep.h"
 #include "k3pack/pack.h"
 #include "pack/build_inputs.h"
 #include "pack/merge.h"
@@ -28,9 +28,10 @@ constexpr const char* kCmd = "ep-merge";
 // The full pack's name a rank pack's name was derived from (RankPackPath's
 // inverse): "X.ep2-of-4.pack" -> "X.pack"; empty when it is not such a name.
 std::string FullPackPathOf(const std::string& rank_pack) {
-  static const std::regex kTag(R"(^(.*)\.ep[0-9]+-of-[0-9]+\.pack$)");
-  std::smatch m;
-  return std::regex_match(rank_pack, m, kTag) ? m[1].str() + ".pack" : "";
+  if (!rank_pack.ends_with(".pack")) return "";
+  const std::string stem = rank_pack.substr(0, rank_pack.size() - 5);
+  const std::string full = ep::WithoutFileTag(stem);
+  return full == stem ? "" : full + ".pack";
 }
 
 // `out`: --pack, or the name the rank packs' names give (checked by the caller).

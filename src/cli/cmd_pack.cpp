@@ -42,13 +42,19 @@ Result<Values> ParseValues(const Args& args) {
 }
 
 // One pack: the full pack, or the rank pack of `rank`.
+// --repair-damaged needs a finished pack: the refusal of one that is
+// missing or unfinished.
+Status CheckRepairable(const std::string& pack) {
+  K3_RETURN_IF_ERROR(CheckInputExists("--pack", pack, ".pack"));
+  return Error("--repair-damaged: " + pack + " is an unfinished build, not a finished pack")
+      .WithHint("rerun the same command without --repair-damaged to resume the build");
+}
+
 Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::optional<ep::Rank>& rank) {
-  // --repair-damaged needs a finished pack: refused in the plan's own pass.
+  // Refused in the plan's own pass (plan.repair: a finished pack is there).
   auto repairable = [&](const PackPlan& plan) -> Status {
     if (!args.Has("--repair-damaged") || plan.repair) return Status::OK();
-    K3_RETURN_IF_ERROR(CheckInputExists("--pack", plan.pack, ".pack"));
-    return Error("--repair-damaged: " + plan.pack + " is an unfinished build, not a finished pack")
-        .WithHint("rerun the same command without --repair-damaged to resume the build");
+    return CheckRepairable(plan.pack);
   };
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
                                                 args.Has("--repair-damaged"), rank, repairable));
@@ -113,7 +119,15 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
 }
 
 Result<nlohmann::json> Run(const Args& args, const Values& v) {
-  K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--repair-damaged")));
+  // --repair-damaged needs every rank's finished pack: a missing one was
+  // found after the ranks before it were repaired.
+  auto each_repairable = [&](const std::string& rank_pack, const ep::Rank&) -> Status {
+    const bool finished = PathExists(rank_pack) && !PathExists(pack::CheckpointPathFor(rank_pack)) &&
+                          !PathExists(pack::PartialPathFor(rank_pack));
+    return !args.Has("--repair-damaged") || finished ? Status::OK() : CheckRepairable(rank_pack);
+  };
+  K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--repair-damaged"),
+                                        each_repairable));
   return RunPerRank(v.ep, "rank_packs", [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank); });
 }
 

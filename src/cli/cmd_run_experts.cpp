@@ -141,7 +141,8 @@ Result<std::vector<std::string>> RankManifestsOf(const Args& a, int64_t ep_size)
       return Error("--rank-manifests entry " + std::to_string(r) + " is empty in '" + a.Get("--rank-manifests") +
                    "': give " + std::to_string(ep_size) + " manifest paths, rank 0 first, comma-separated");
     const ep::Rank rank{static_cast<uint32_t>(ep_size), static_cast<uint32_t>(r)};
-    if (std::filesystem::is_directory(list[r]))
+    std::error_code ec;  // a name too long or a directory this user may not search: the open says so later
+    if (std::filesystem::is_directory(list[r], ec))
       list[r] = (std::filesystem::path(list[r]) / RankManifestName(manifest::kDefaultManifestName, rank)).string();
     auto m = manifest::ReadManifest(list[r]);
     if (m.ok() && m->k3pack && m->k3pack->ep && m->k3pack->ep->size == rank.size && m->k3pack->ep->rank != rank.rank)

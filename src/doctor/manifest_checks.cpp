@@ -43,7 +43,7 @@ std::string HintOf(const Error& e) { return e.hint().empty() ? std::string() : "
 // --force`; `pack --restart` refuses a finished pack and `--repair-damaged`
 // needs the layout intact), damaged payloads are rewritten in place.
 std::string RebuildCommand(const json& j, const std::string& pack, const std::string& manifest_path) {
-  return "`k3pack build " + manifest::RecordedShardDirOr(j) + " --model-config " +
+  return "`k3pack build " + manifest::RecordedShardDirOr(j) + manifest::RankFlagsOf(j) + " --model-config " +
          manifest::RecordedPathOr(j, {"model", "config_path"}, "CONFIG") + " --tokenizer-dir " +
          manifest::RecordedPathOr(j, {"tokenizer", "path"}, "TOKENIZER_DIR") + " --pack " + ShellQuoted(pack) +
          " --manifest " + ShellQuoted(manifest_path) + " --force`";
@@ -435,9 +435,15 @@ void CheckReadersOpen(const json& j, const std::string& manifest_path, Collector
   o.queue_depth = 1;
   auto refused = [&](const std::string& reader, const Error& e) {
     if (ReportProcessCannotRead(e, manifest_path, out)) return;
-    Finding& f = out.Add("manifest-refused", manifest_path, reader + " refuses it: " + e.message(), e.headline(),
-                         manifest_path);
+    // k3pack's own words: SGLang's store has no such check (a digest sidecar) or would say it otherwise.
+    Finding& f = out.Add("manifest-refused", manifest_path, reader + " refuses it: " + e.message(), {}, manifest_path);
     f.details["reader"] = reader;
+    if (e.message().find("digest sidecar") == std::string::npos) return;
+    const std::string rank = manifest::RankFlagsOf(j);
+    f.fix = rank.empty() ? "Rerun `k3pack build " + manifest::RecordedShardDirOr(j) +
+                               "`: it compares the pack with the shards and writes a damaged sidecar anew."
+                         : "Rebuild that rank (a rank pack's sidecar records its rank, which a damaged one no longer "
+                           "tells): `k3pack build " + manifest::RecordedShardDirOr(j) + rank + " --force`.";
   };
   if (auto s = store::ExpertStore::Open(pack, manifest_path, o); !s.ok()) {
     refused("the expert store", s.error());

@@ -262,7 +262,8 @@ PayloadPlan PlanPayloads(const VerifyPackOptions& options, const std::string& pa
 // also compares the default sample with the GGUF source; the count compared.
 Result<uint64_t> CheckSourceSamplesOfFull(const VerifyPackOptions& options, const PayloadPlan& plan,
                                           const std::string& pack_path, uint64_t index_count,
-                                          const pack::ExpertSet& experts, const std::optional<ep::Rank>& rank) {
+                                          const pack::ExpertSet& experts, const std::optional<ep::Rank>& rank,
+                                          const nlohmann::json& raw) {
   if (!options.full || plan.options.against_source) return uint64_t{0};
   pack::VerifyOptions o;
   o.against_digests = false;
@@ -274,11 +275,15 @@ Result<uint64_t> CheckSourceSamplesOfFull(const VerifyPackOptions& options, cons
   auto r = pack::VerifyPayloads(pack_path, experts, o);
   if (!r.ok()) {
     if (r.error().kind() != ErrorKind::kValue) return r.error();
-    return r.error().WithHint(
-        "every payload matches the pack's digest sidecar, so the pack is whole, but these differ from the GGUF "
-        "shards this manifest records: the pack was built or merged from other shards of the same layout. "
-        "Rebuild it from these shards (`k3pack build DIR --force`), or use the manifest of the shards it came "
-        "from");
+    // Whole, not damaged: the count line says what the hint explains.
+    std::string text = r.error().message();
+    if (const size_t at = text.rfind(" payloads are damaged"); at != std::string::npos)
+      text.replace(at, std::string(" payloads are damaged").size(), " payloads differ from the GGUF source");
+    return Error(text, r.error().kind())
+        .WithHint("every payload matches the pack's digest sidecar, so the pack is whole, but these differ from the "
+                  "GGUF shards this manifest records: the pack was built or merged from other shards of the same "
+                  "layout. Rebuild it from these shards (`k3pack build " + RecordedShardDirOr(raw) +
+                  RankFlagsOf(raw) + " --force`), or use the manifest of the shards it came from");
   }
   return r->entries_checked;
 }
@@ -311,7 +316,7 @@ Result<nlohmann::json> VerifyPack(const std::string& manifest_path, const Verify
   if (full) K3_RETURN_IF_ERROR(CheckWholePackDigest(pack_path, raw.at("expert_pack"), options.interrupt_check));
   K3_ASSIGN_OR_RETURN(const uint64_t source_samples,
                       CheckSourceSamplesOfFull(options, plan, pack_path, fresh["index_count"].get<uint64_t>(), experts,
-                                               rank));
+                                               rank, raw));
   nlohmann::json out{{"manifest", manifest_path},
                      {"pack", pack_path},
                      {"structure", "ok"},

@@ -46,15 +46,16 @@ Status CouldNotCheck(const std::string& out, const Error& e) {
 // (then plan.valid_section holds its validation); when not, why is in
 // plan.invalid_reason.
 // Every payload of the pack at req.path compared with the source, said
-// first with `why`; false (the reason in plan.invalid_reason) when one differs.
+// first with `why` and what follows (`after`); false (the reason in
+// plan.invalid_reason: `why`, then the payload that differs) when one differs.
 Result<bool> SameAsTheShards(const PackOutputRequest& req, const ExpertSet& experts, const std::string& why,
-                             PackOutputPlan& plan) {
+                             const std::string& after, PackOutputPlan& plan) {
   const std::string& out = req.path;
   VerifyOptions full;
   full.against_digests = false;
   full.against_source = true;
   full.ep = req.ep;
-  if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards (reads it once)");
+  if (req.note) req.note(why + "; comparing every payload of " + out + " with the shards" + after);
   if (req.progress) {
     full.progress = [&req](const Progress& p) {
       Progress shown = p;
@@ -76,7 +77,7 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
   // that only look different (copied without their times) are compared
   // in full: every payload against the source.
   if (std::string why = WhyInputsChanged(out, experts); !why.empty()) {
-    K3_ASSIGN_OR_RETURN(const bool same, SameAsTheShards(req, experts, why, plan));
+    K3_ASSIGN_OR_RETURN(const bool same, SameAsTheShards(req, experts, why, " (reads it once)", plan));
     if (!same) return false;
     // Every payload is these shards' now: record them, or every later
     // run read the whole pack again.
@@ -84,11 +85,18 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
   }
   // A damaged sidecar (a flipped byte, cut short, emptied, another pack's)
   // made every store refuse a pack the rerun called "already built". The
-  // pack is compared with the shards and the sidecar written anew from it.
-  if (std::string why = WhySidecarIsUnusable(out, experts); !why.empty()) {
+  // pack is compared with the shards and the sidecar written anew from it
+  // (a second read: the hashes). A rank pack's sidecar is not: which rank
+  // it was for is in the damaged header, and the rank check below refuses it.
+  if (std::string why = req.ep ? "" : WhySidecarIsUnusable(out, experts); !why.empty()) {
     K3_ASSIGN_OR_RETURN(const bool same,
-                        SameAsTheShards(req, experts, why + ", which every store refuses; writing it anew", plan));
-    if (!same) return false;
+                        SameAsTheShards(req, experts, why + " (every store refuses it)",
+                                        ", then writing the sidecar anew from the pack (reads it twice)", plan));
+    if (!same) {
+      // --restart repairs against the sidecar, which cannot be read.
+      plan.invalid_reason += "; with the sidecar damaged, only a rebuild (--force) can replace the pack";
+      return false;
+    }
     K3_RETURN_IF_ERROR(RewriteSidecarFromPack(out, experts, 4));
   }
   ValidateOptions vopts;

@@ -123,7 +123,12 @@ class PreadEngine final : public IoEngine {
     max_threads_ = max_threads;
     const uint32_t threads = std::min(max_threads, kThreadsAtOpen);
     for (uint32_t i = 0; i < threads; ++i) {
-      if (const std::error_code failed = TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) {
+      std::error_code failed;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failed = TryStartThread([this] { workers_.emplace_back([this] { Work(); }); });
+      }
+      if (failed) {
         const size_t started = workers_.size();
         Shutdown();
         return ThreadStartError(IoBackend::kPread, failed, started, threads);
@@ -161,11 +166,14 @@ class PreadEngine final : public IoEngine {
   }
 
  private:
-  // Called with mu_ held. A thread that cannot start now is not an error:
-  // the ranges wait for the threads running (at least one, from open).
+  // Called with mu_ held. Every worker not reading a range will take a
+  // queued one (waiting, just started, or just done with its last), so only
+  // the ranges beyond them start threads; one that cannot start now is not
+  // an error: the ranges wait for the threads running (at least one).
   void GrowForQueuedRanges() {
-    if (stopping_ || queue_.size() <= idle_) return;
-    const size_t wanted = std::min<size_t>(queue_.size() - idle_, max_threads_ - workers_.size());
+    const size_t ready = workers_.size() - std::min(workers_.size(), busy_.load());
+    if (stopping_ || queue_.size() <= ready) return;
+    const size_t wanted = std::min<size_t>(queue_.size() - ready, max_threads_ - workers_.size());
     for (size_t i = 0; i < wanted; ++i)
       if (TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) return;
   }
@@ -175,12 +183,11 @@ class PreadEngine final : public IoEngine {
       Part part;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        ++idle_;
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        --idle_;
         if (queue_.empty()) return;  // stopping and drained
         part = std::move(queue_.front());
         queue_.pop_front();
+        ++busy_;
       }
       const ObjectRead& r = *part.job->read;
       const ReadRange& range = r.ranges[part.range];
@@ -197,6 +204,7 @@ class PreadEngine final : public IoEngine {
       }
       if (result == 0) result = static_cast<int64_t>(done);
       FinishRange(part, result, NowNs() - t0);
+      --busy_;
     }
   }
 
@@ -204,7 +212,7 @@ class PreadEngine final : public IoEngine {
   std::condition_variable cv_;
   std::deque<Part> queue_;
   bool stopping_ = false;
-  size_t idle_ = 0;  // workers waiting for a range
+  std::atomic<size_t> busy_{0};  // workers reading a range (taken under mu_)
   uint32_t max_threads_ = 0;
   std::vector<std::thread> workers_;
 };

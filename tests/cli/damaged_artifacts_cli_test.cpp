@@ -5,6 +5,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_fixture.h"
 
 namespace k3cli {
@@ -34,12 +36,36 @@ TEST(DamagedArtifacts, ARerunWritesADamagedSidecarAnew) {
       EXPECT_NE(refused.code, 0) << "the damage did not show: " << refused.out;
       CliRun rerun = Cli(command + " --progress none --safety-margin-gib 0 " + Q(m));
       EXPECT_EQ(rerun.code, 0) << rerun.out;
-      EXPECT_TRUE(Contains(rerun.out, "which every store refuses; writing it anew")) << rerun.out;
+      EXPECT_TRUE(Contains(rerun.out, "(every store refuses it); comparing every payload of ")) << rerun.out;
+      EXPECT_TRUE(Contains(rerun.out, ", then writing the sidecar anew from the pack (reads it twice)")) << rerun.out;
       EXPECT_EQ(FileBytes(sidecar), intact) << "the sidecar written anew differs from the build's";
       CliRun served = Cli("run-experts --progress none " + manifest + " --layer 1");
       EXPECT_EQ(served.code, 0) << served.out;
     }
   }
+}
+
+// doctor's reader check on a damaged full-pack sidecar: k3pack's own words
+// (SGLang has no sidecar), and the fix that works: the build rerun.
+TEST(DamagedArtifacts, DoctorTellsTheRerunForADamagedSidecar) {
+  const std::string m = FreshModel("doctor-sidecar");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string sidecar = m + "/" + kPackName + ".digests";
+  std::string bytes = FileBytes(sidecar);
+  bytes[200] ^= 0x01;
+  std::ofstream(sidecar, std::ios::binary | std::ios::trunc) << bytes;
+  CliRun doctor = Cli("doctor --json " + Q(m + "/" + kManifestName));
+  EXPECT_NE(doctor.code, 0) << doctor.out;
+  auto j = nlohmann::json::parse(doctor.out.substr(doctor.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << doctor.out;
+  bool seen = false;
+  for (const auto& f : j["findings"]) {
+    if (f["code"] != "manifest-refused") continue;
+    seen = true;
+    EXPECT_EQ(f.value("sglang_error", std::string()), "") << f.dump();
+    EXPECT_TRUE(Contains(f["fix"].get<std::string>(), "Rerun `k3pack build ")) << f.dump();
+  }
+  EXPECT_TRUE(seen) << doctor.out;
 }
 
 // A pack whose magic was damaged: doctor told `build --force`, which never

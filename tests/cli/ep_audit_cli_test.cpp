@@ -104,6 +104,40 @@ TEST(EpAudit, ARankPacksRebuildHintNamesItsRank) {
   EXPECT_TRUE(Contains(r.out, " --ep-size 2 --ep-rank 1 --force`")) << r.out;
 }
 
+// From a review of the fixes above: a damaged rank sidecar was rewritten as
+// a full pack's (and the rank then refused); --repair-damaged with a rank
+// pack missing repaired the ranks before it; a rank entry too long for a
+// path aborted run-experts (std::filesystem threw); doctor's fix for a rank
+// pack rebuilt the full pack under the rank's name.
+TEST(EpAudit, ReviewOfTheRankFixes) {
+  const std::string m = FreshModel("ep-review");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m) + " --ep-size 2 --ep-rank all").code, 0);
+  const std::string stem = m + "/KIMI-K3-SYNTH.expert-major";
+  const std::string sidecar = stem + ".ep1-of-2.pack.digests";
+  std::string damaged = FileBytes(sidecar);
+  damaged[200] ^= 0x01;
+  std::ofstream(sidecar, std::ios::binary | std::ios::trunc) << damaged;
+  CliRun rerun = Cli("build --progress none --safety-margin-gib 0 " + Q(m) + " --ep-size 2 --ep-rank 1");
+  EXPECT_NE(rerun.code, 0) << rerun.out;
+  EXPECT_EQ(FileBytes(sidecar), damaged) << "a rank pack's sidecar was written anew as another kind";
+  CliRun doctor = Cli("doctor " + Q(m + "/kimi-k3-expert-pack.ep1-of-2.manifest.json"));
+  EXPECT_NE(doctor.code, 0) << doctor.out;
+  EXPECT_TRUE(Contains(doctor.out, "--ep-size 2 --ep-rank 1 --force")) << doctor.out;
+
+  fs::remove(stem + ".ep1-of-2.pack");
+  const auto before = Snapshot(m);
+  CliRun repair = Cli("pack --progress none --safety-margin-gib 0 " + Q(m) + " --ep-size 2 --ep-rank all --repair-damaged");
+  EXPECT_NE(repair.code, 0) << repair.out;
+  EXPECT_TRUE(Contains(repair.out, stem + ".ep1-of-2.pack")) << repair.out;
+  EXPECT_EQ(Snapshot(m), before) << repair.out;
+
+  CliRun long_name = Cli("run-experts --progress none " + Q(m) + " --ep-size 2 --tokens 1 --rank-manifests " +
+                         std::string(5000, 'x') + ",y");
+  EXPECT_TRUE(long_name.code == 1 || long_name.code == 2) << long_name.code << " " << long_name.out.substr(0, 400);
+  EXPECT_FALSE(Contains(long_name.out, "terminate called")) << long_name.out.substr(0, 400);
+}
+
 // --rank-manifests: an empty entry was "cannot open : No such file" (exit
 // 1); a directory was Python's "[Errno 21] Is a directory"; a list out of
 // rank order got the library's advice. `ep-split`, which users reach for,
