@@ -41,7 +41,6 @@ Result<Values> ParseValues(const Args& args) {
   return v;
 }
 
-// One pack: the full pack, or the rank pack of `rank`.
 // --repair-damaged needs a finished pack: the refusal of one that is
 // missing or unfinished.
 Status CheckRepairable(const std::string& pack) {
@@ -50,6 +49,7 @@ Status CheckRepairable(const std::string& pack) {
       .WithHint("rerun the same command without --repair-damaged to resume the build");
 }
 
+// One pack: the full pack, or the rank pack of `rank`.
 Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::optional<ep::Rank>& rank) {
   // Refused in the plan's own pass (plan.repair: a finished pack is there).
   auto repairable = [&](const PackPlan& plan) -> Status {

@@ -18,8 +18,6 @@ Status CheckMixedTypesBeforeRun(const Args& args) {
   return profile.ok() ? CheckMixedTypesProfile(args, *profile) : Status::OK();
 }
 
-// The shared front half of `pack` and `build`: preflight the inputs, collect
-// the experts, pick the pack path, and apply the overwrite rule to it.
 namespace {
 
 // Inputs checked, experts collected, the pack path chosen (the rank's for
@@ -77,6 +75,8 @@ Status PreflightEveryRank(const Args& args, const EpChoice& choice, bool allow_m
   return Status::OK();
 }
 
+// The shared front half of `pack` and `build`: preflight the inputs, collect
+// the experts, pick the pack path, and apply the overwrite rule to it.
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing,
                           const std::optional<ep::Rank>& rank, const std::function<Status(const PackPlan&)>& then) {
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanInputs(args, allow_mixed_types, rank));

@@ -42,9 +42,6 @@ Status CouldNotCheck(const std::string& out, const Error& e) {
   return e.WithContext("cannot check the existing pack " + out);
 }
 
-// Whether the pack already at req.path is a finished pack of these shards
-// (then plan.valid_section holds its validation); when not, why is in
-// plan.invalid_reason.
 // Every payload of the pack at req.path compared with the source, said
 // first with `why` and what follows (`after`); false (the reason in
 // plan.invalid_reason: `why`, then the payload that differs) when one differs.
@@ -70,6 +67,9 @@ Result<bool> SameAsTheShards(const PackOutputRequest& req, const ExpertSet& expe
   return false;
 }
 
+// Whether the pack already at req.path is a finished pack of these shards
+// (then plan.valid_section holds its validation); when not, why is in
+// plan.invalid_reason.
 Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& experts, PackOutputPlan& plan) {
   const std::string& out = req.path;
   // The sampled payloads cannot tell a pack of edited shards (its build
