@@ -101,7 +101,7 @@ int RunGen(const std::vector<std::string>& argv) {
   const std::optional<double> reuse = trace::MeasuredReuse(*t);
   json j = {{"trace", out},     {"records", t->records.size()},  {"routes", t->num_routes()},
             {"layers", t->layer_ids.size()}, {"experts", t->num_experts},    {"top_k", t->top_k},
-            {"measured_reuse", MeasuredReuseJson(*t)}, {"seed", o.seed}, {"family", a.Get("--family")},
+            {"measured_reuse", ReuseJson(reuse)}, {"seed", o.seed}, {"family", a.Get("--family")},
             {"version", t->version()}};
   if (a.Has("--json")) {
     PrintJson(j);

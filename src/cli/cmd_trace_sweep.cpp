@@ -464,7 +464,7 @@ int SweepHitRates(const Args& a, const SweepValues& v, const SweepInput& in, con
   json j = store::SweepJson(*table);
   j["svg"] = svg;
   j["tokens"] = in.seq.tokens;
-  j["measured_reuse"] = MeasuredReuseJson(t);
+  j["measured_reuse"] = ReuseJson(trace::MeasuredReuse(t));
   *out = std::move(j);
   *text += title + "\n" + store::SweepText(*table) + "plot: " + svg + "\n";
   return 0;

@@ -295,8 +295,7 @@ std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string&
 }
 
 
-nlohmann::json MeasuredReuseJson(const trace::Trace& t) {
-  const std::optional<double> reuse = trace::MeasuredReuse(t);
+nlohmann::json ReuseJson(const std::optional<double>& reuse) {
   return reuse ? nlohmann::json(*reuse) : nlohmann::json(nullptr);
 }
 

@@ -104,9 +104,9 @@ Status SizesFitObjects(const std::vector<uint64_t>& sizes, const store::ObjectSp
 // trace's next-layer predictions: without any they equal the demand rows.
 std::string NoNextLayerPredictionsNote(const trace::Trace& t, const std::string& horizon);
 
-// The trace's measured reuse for a JSON summary: null when no row follows
-// another of its request in its layer.
-nlohmann::json MeasuredReuseJson(const trace::Trace& t);
+// A measured reuse (trace::MeasuredReuse) for a JSON summary: null when
+// nothing was measured (no row follows another of its request in its layer).
+nlohmann::json ReuseJson(const std::optional<double>& reuse);
 
 // Generator options shared by `trace gen` and `trace sweep` (whose --family
 // also takes `all`: every_family).

@@ -76,6 +76,10 @@ bool DimensionsUsable(uint64_t experts, uint64_t top_k) {
   return experts != 0 && experts <= 65536 && top_k != 0 && top_k <= experts;
 }
 
+// The fix for counts no k3pack reader can hold: the manifest is damaged.
+constexpr const char* kRegenerateManifest =
+    "regenerate it with `k3pack manifest DIR --pack PACK --manifest M.json --force`";
+
 Result<ModelDims> CheckDimensions(const json& model, bool kimi, const ExpectedDims& expected) {
   // SGLang builds the tuple (int(num_hidden_layers), int(num_experts),
   // int(num_experts_per_token)) (Python int(): "16" and 16.0 are 16; "x" is
@@ -97,13 +101,13 @@ Result<ModelDims> CheckDimensions(const json& model, bool kimi, const ExpectedDi
   if (equal && want.layers > kimi::kMaxLayers)
     return Error("model.num_hidden_layers is " + std::to_string(layers) + ", more than k3pack's limit of " +
                  std::to_string(kimi::kMaxLayers) + " layers: the manifest is damaged")
-        .WithHint("regenerate it with `k3pack manifest DIR --pack PACK --manifest M.json --force`");
+        .WithHint(kRegenerateManifest);
   // The tuples compared equal: SGLang's "A != A" named no problem.
   if (equal && !kimi && !DimensionsUsable(want.experts, want.top_k))
     return Error("model.num_experts " + std::to_string(experts) + " and num_experts_per_token " +
                  std::to_string(top_k) + " are not dimensions k3pack serves: 1..65536 experts and a top-k of 1 to " +
                  "the expert count")
-        .WithHint("regenerate it with `k3pack manifest DIR --pack PACK --manifest M.json --force`");
+        .WithHint(kRegenerateManifest);
   if (!equal || (kimi && want.top_k != 16) || !DimensionsUsable(want.experts, want.top_k))
     return Error("Kimi expert-pack dimensions (" + std::to_string(layers) + ", " + std::to_string(experts) + ", " +
                  std::to_string(top_k) + ") != " + Tuple3(want.layers, want.experts, want.top_k) +

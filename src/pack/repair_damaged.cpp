@@ -11,6 +11,7 @@
 
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
+#include "pack/sidecars.h"
 #include "util/file.h"
 
 namespace k3pack::pack {
@@ -33,8 +34,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   UniqueFd pack_fd(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat " + pack_path, errno);
-  if (digests.index_count != layout.index_count() || digests.pack_size != static_cast<uint64_t>(st.st_size) ||
-      digests.index_sha256 != layout.IndexSha256()) {
+  if (!DigestsMatchPack(digests, layout, static_cast<uint64_t>(st.st_size))) {
     return Error("pack " + pack_path + " does not have the layout of these shards (index or size differ): its index "
                  "or header is damaged, not only payloads")
         .WithHint("rebuild the pack with --force");

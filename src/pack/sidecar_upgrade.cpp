@@ -98,7 +98,7 @@ std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& 
   auto layout = LayoutOf(experts);
   auto size = FileSize(pack_path);
   if (!layout.ok() || !size.ok()) return "";
-  if (d->index_count != layout->index_count() || d->index_sha256 != layout->IndexSha256() || d->pack_size != *size)
+  if (!DigestsMatchPack(*d, *layout, *size))
     return "digest sidecar " + dpath + " is of another pack (its index count, index digest or pack size differ)";
   return "";
 }

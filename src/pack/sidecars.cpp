@@ -19,6 +19,10 @@ namespace {
 }  // namespace
 
 std::string DigestsPathFor(const std::string& p) { return p + ".digests"; }
+bool DigestsMatchPack(const PackDigests& d, const PackLayout& layout, uint64_t pack_size) {
+  return d.index_count == layout.index_count() && d.index_sha256 == layout.IndexSha256() && d.pack_size == pack_size;
+}
+
 std::string PartialPathFor(const std::string& p) { return p + ".partial"; }
 std::string CheckpointPathFor(const std::string& p) { return p + ".partial.checkpoint"; }
 std::string LockPathFor(const std::string& p) { return p + ".lock"; }

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "k3pack/error.h"
+#include "k3pack/pack.h"
+#include "pack/format.h"
 
 namespace k3pack::pack {
 
@@ -58,6 +60,11 @@ std::array<uint8_t, kDigestsHeaderBytes> EncodeDigestsHeader(const DigestsHeader
 std::string ToHex(const uint8_t* p, size_t n);
 bool FromHex(const std::string& hex, uint8_t* out, size_t n);
 std::array<uint8_t, 32> Sha256Raw(const void* data, size_t n);
+
+// Whether the sidecar `d` records the pack of `layout` that is `pack_size`
+// bytes: its entry count, index digest and pack size (a sidecar copied from
+// another pack, or left by a pack since replaced, does not).
+bool DigestsMatchPack(const PackDigests& d, const PackLayout& layout, uint64_t pack_size);
 
 std::string JournalPathFor(const std::string& pack_path);  // <pack>.partial.digests
 // <pack>.inputs: what the finished pack was built from (InputsRecord).

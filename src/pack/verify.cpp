@@ -47,8 +47,7 @@ Result<PackDigests> OpenDigestsOf(const std::string& pack_path, const PackLayout
                   "shards instead");
   }
   K3_ASSIGN_OR_RETURN(PackDigests digests, ReadPackDigests(dpath));
-  if (digests.index_count != layout.index_count() || digests.pack_size != pack_size ||
-      digests.index_sha256 != layout.IndexSha256()) {
+  if (!DigestsMatchPack(digests, layout, pack_size)) {
     return Error("digest sidecar " + dpath + " does not belong to " + pack_path +
                  " (index count, size or index digest differ)");
   }

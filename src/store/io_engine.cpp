@@ -126,7 +126,7 @@ class PreadEngine final : public IoEngine {
       std::error_code failed;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        failed = TryStartThread([this] { workers_.emplace_back([this] { Work(); }); });
+        failed = StartWorker();
       }
       if (failed) {
         const size_t started = workers_.size();
@@ -175,7 +175,12 @@ class PreadEngine final : public IoEngine {
     if (stopping_ || queue_.size() <= ready) return;
     const size_t wanted = std::min<size_t>(queue_.size() - ready, max_threads_ - workers_.size());
     for (size_t i = 0; i < wanted; ++i)
-      if (TryStartThread([this] { workers_.emplace_back([this] { Work(); }); })) return;
+      if (StartWorker()) return;
+  }
+
+  // Called with mu_ held (workers_ grows under it).
+  std::error_code StartWorker() {
+    return TryStartThread([this] { workers_.emplace_back([this] { Work(); }); });
   }
 
   void Work() {
