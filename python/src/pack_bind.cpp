@@ -311,7 +311,7 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
       K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"output", output}}, inputs));
       // Nor a side file of the pack, nor in the tokenizer directory (`k3pack manifest`'s rule too).
       K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"output", output}, expert_pack, tokenizer_dir, kPyInputNames));
-      K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
+      K3_RETURN_IF_ERROR(k3pack::CheckOutputWritableUnlessThere("output", output, force));
     }
     const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);
     K3_ASSIGN_OR_RETURN(nlohmann::json doc, manifest::CreateManifest(o));
@@ -327,6 +327,7 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
     K3_ASSIGN_OR_RETURN(OutputAction action, k3pack::DecideOutput(spec));
     // Already built: the file is left as it is, and is what is returned.
     if (action == OutputAction::kAlreadyBuilt) return manifest::ReadManifestJson(output);
+    K3_RETURN_IF_ERROR(k3pack::CheckOutputWritable("output", output));
     K3_RETURN_IF_ERROR(k3pack::WriteIfStillAsSeen("output", output, seen,
                                                   [&] { return manifest::WriteManifest(output, doc); }));
     return doc;

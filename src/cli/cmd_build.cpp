@@ -137,7 +137,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   std::vector<std::string> repaired;
   if (plan.repair) {
     K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
-                        pack::RepairDamagedPayloads(out, experts, pack::MakeProgressPrinter(v.mode)));
+                        pack::RepairDamagedPayloads(out, experts, pack::MakeProgressPrinter(v.mode, rank)));
     for (const auto& w : rep.repaired) Say(json, "rewrote " + w + " from the source");
     Say(json, "EXPERT_PACK_CHECKED path=" + out + " entries=" + std::to_string(rep.entries_checked) +
                   " damaged_rewritten=" + std::to_string(rep.repaired.size()));
@@ -157,7 +157,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     bopts.threads = v.threads;
     bopts.hash_sources = !args.Has("--no-full-source-hashes") && shard_sha256->empty();  // beside the copy
     bopts.ep = rank;
-    bopts.progress = pack::MakeProgressPrinter(v.mode);
+    bopts.progress = pack::MakeProgressPrinter(v.mode, rank);
     bopts.log = [](const std::string& s) { Narrate(kCmd, s); };
     bopts.started = [&] {
       Say(json, "EXPERT_PACK_BUILD_START output=" + out + " size=" + std::to_string(experts.EstimatedPackBytes()));
@@ -188,7 +188,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     // Step lines on a terminal or with json; logs get the 10 s lines only.
     if (v.mode != pack::ProgressMode::kLines)
       mo.progress = [](const std::string& s) { Narrate(kCmd, s); };
-    mo.pack_progress = pack::MakeProgressPrinter(v.mode);
+    mo.pack_progress = pack::MakeProgressPrinter(v.mode, rank);
   }
   if (std::filesystem::is_directory(mo.gguf_dir) == false) {
     mo.gguf_dir = std::filesystem::path(experts.shard_paths.front()).parent_path().string();  // a shard path was given
@@ -230,7 +230,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
     spec.path = ManifestPathOf(args, rank_pack, rank);
     spec.force = args.Has("--force");
     spec.not_own_kind = [&] { return manifest::NotAManifestFile(spec.path); };
-    K3_RETURN_IF_ERROR(CheckOutputWritable(spec.option, spec.path));
+    K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(spec.option, spec.path, spec.force));
     return CheckOutputKind(spec);
   };
   K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--restart"),

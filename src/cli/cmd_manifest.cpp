@@ -52,7 +52,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
                       manifest::ManifestInputs(o.gguf_dir, o.expert_pack, o.model_config, o.tokenizer_dir));
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
   K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"--manifest", output}, o.expert_pack, o.tokenizer_dir));
-  K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
+  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere("--manifest", output, args.Has("--force")));
   inputs.push_back({"--manifest", output});
   K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(inputs));
 
@@ -76,6 +76,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
   K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"manifest", output}};
+  K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));
   K3_RETURN_IF_ERROR(WriteIfStillAsSeen("--manifest", output, seen, [&] { return manifest::WriteManifest(output, m); }));
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(output));
   return manifest::ManifestSummary(resolved, m);

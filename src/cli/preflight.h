@@ -18,6 +18,7 @@ using k3pack::CheckOutputDirWritable;
 using k3pack::CheckOutputNotIn;
 using k3pack::CheckOutputsAreNotInputs;
 using k3pack::CheckOutputWritable;
+using k3pack::CheckOutputWritableUnlessThere;
 using k3pack::NamedPath;
 
 // --model-config: a readable file (not a directory) holding a JSON object that

@@ -97,7 +97,7 @@ Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& r) {
   inputs.push_back({r.names.pack + " (its .digests)", pack::DigestsPathFor(r.pack_path)});
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{r.option, r.path}}, inputs));
   K3_RETURN_IF_ERROR(CheckManifestPlace({r.option, r.path}, r.pack_path, r.tokenizer_dir, r.names));
-  K3_RETURN_IF_ERROR(CheckOutputWritable(r.option, r.path));
+  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(r.option, r.path, r.force));
   std::vector<NamedPath> recorded = std::move(inputs);
   recorded.push_back({r.option, r.path});
   K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(recorded));
@@ -113,6 +113,7 @@ Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& r) {
   spec.not_own_kind = [&] { return NotAManifestFile(r.path); };
   auto decided = DecideOutput(spec);
   if (!decided.ok()) return ExplainRefusal(decided.error(), r);
+  if (*decided != OutputAction::kAlreadyBuilt) K3_RETURN_IF_ERROR(CheckOutputWritable(r.option, r.path));
   return *decided;
 }
 

@@ -143,7 +143,7 @@ Status PreflightPackOutput(const PackOutputRequest& req) {
                                               {opt + " (its .partial)", PartialPathFor(out)},
                                               {opt + " (its .lock)", LockPathFor(out)}},
                                              req.inputs));
-  K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
+  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(opt, out, req.force || req.repair_existing));
   // Before the overwrite rule: a user's file at `<pack>.partial` was taken
   // for a build to resume, and --restart deleted it.
   K3_RETURN_IF_ERROR(CheckSidecarsAreOurs(opt, out, req.force_option, /*building=*/true));
@@ -174,6 +174,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
     if (req.repair_existing && !has_partial && PathExists(out)) {
       plan.repair = true;
+      K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
       return req.then ? req.then(plan) : Status::OK();
     }
     OutputSpec spec;
@@ -198,8 +199,17 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
       return action.error();
     }
     plan.action = *action;
+    // Passed over by the preflight where the pack was there: a finished one
+    // needs no write.
+    if (plan.action != OutputAction::kAlreadyBuilt) K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
     return req.then ? req.then(plan) : Status::OK();
   };
+  if (!CheckOutputWritable(opt, out).ok() && !PathExists(LockPathFor(out))) {
+    // No lock file can be made where the user may not write, and no build
+    // can be at work there without one: a finished pack is judged unlocked.
+    K3_RETURN_IF_ERROR(decide());
+    return plan;
+  }
   K3_ASSIGN_OR_RETURN(LockFile lock, DecideUnderPackLock(out, decide));
   plan.lock = std::move(lock);
   if (plan.action == OutputAction::kAlreadyBuilt) {

@@ -305,6 +305,13 @@ Status CheckOutputWritable(const std::string& option, const std::string& path) {
   return CheckWritableFrom(option, path, fs::path(path).parent_path());
 }
 
+Status CheckOutputWritableUnlessThere(const std::string& option, const std::string& path, bool will_write) {
+  Status writable = CheckOutputWritable(option, path);
+  if (writable.ok() || will_write || !PathExists(path)) return writable;
+  const int err = writable.error().sys_errno();
+  return err == EACCES || err == EROFS || err == EPERM ? Status::OK() : writable;
+}
+
 Status CheckOutputDirWritable(const std::string& option, const std::string& dir) {
   return CheckWritableFrom(option, dir, dir);
 }

@@ -102,6 +102,12 @@ Status CheckOutputNotIn(const NamedPath& output, const NamedPath& dir, const std
 // more, a component of more than 255, a `..` after a component that does not
 // exist, and a dangling symbolic link where a directory is to be made.
 Status CheckOutputWritable(const std::string& option, const std::string& path);
+// The same, except that an output already there in a directory the user may
+// not write in passes unless `will_write` (--force, a repair): it may be a
+// finished one, reported as already built, and rerunning a finished build
+// must not fail for want of rights it never uses. Whoever then decides to
+// write it calls CheckOutputWritable.
+Status CheckOutputWritableUnlessThere(const std::string& option, const std::string& path, bool will_write);
 // The same for a directory output (synth's --out, repair's OUT, a dump): the
 // directory itself, or the nearest existing one above it, is writable.
 Status CheckOutputDirWritable(const std::string& option, const std::string& dir);

@@ -199,6 +199,53 @@ TEST(Permissions, AnotherUsersLockFileIsTakenReadOnly) {
   EXPECT_TRUE(Contains(r.out, "it belongs to uid 0")) << r.out;
 }
 
+// A finished build in a directory this user may not write (a shared model
+// directory, a read-only mount): its rerun writes nothing, so it is "already
+// built", with or without the lock file the first build left; what would
+// write there is still refused before any work, naming the option.
+TEST(Permissions, AFinishedBuildInAReadOnlyDirectoryIsAlreadyBuilt) {
+  if (!CanRunAsNobody()) GTEST_SKIP() << "needs root and setpriv";
+  const std::string m = FreshModel("perm-ro-built");
+  const std::string ro = Root() + "/perm-ro-built-out";
+  fs::remove_all(ro);
+  fs::create_directories(ro);
+  const std::string full = "--pack " + Q(ro + "/x.pack") + " --manifest " + Q(ro + "/x.json");
+  const std::string ranks = "--pack " + Q(ro + "/e.pack") + " --manifest " + Q(ro + "/e.json") +
+                            " --ep-size 2 --ep-rank all";
+  const std::string build = "build --progress none --safety-margin-gib 0 " + Q(m) + " ";
+  ASSERT_EQ(Cli(build + full).code, 0);
+  ASSERT_EQ(Cli(build + ranks).code, 0);
+  OpenToOthers(m);
+  OpenToOthers(ro);  // readable and searchable, not writable
+  // Before: "--pack RO/x.pack: cannot write in RO: Permission denied", exit 1.
+  for (const std::string& args : {build + full, build + ranks, "pack --progress none " + Q(m) + " --pack " +
+                                                                   Q(ro + "/e.pack") + " --ep-size 2 --ep-rank all"}) {
+    SCOPED_TRACE(args);
+    CliRun r = AsNobody(args);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(Contains(r.out, "already built")) << r.out;
+  }
+  fs::remove(ro + "/x.pack.lock");
+  CliRun r = AsNobody(build + full);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "already built: " + ro + "/x.json")) << r.out;
+  EXPECT_FALSE(fs::exists(ro + "/x.pack.lock"));
+  struct Case {
+    std::string args, option;
+  };
+  for (const Case& c : std::vector<Case>{{build + full + " --force", "--pack"},
+                                         {build + full + " --restart", "--pack"},
+                                         {build + "--pack " + Q(ro + "/x.pack") + " --manifest " + Q(ro + "/y.json"),
+                                          "--manifest"}}) {
+    SCOPED_TRACE(c.args);
+    r = AsNobody(c.args);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, ": cannot write in " + ro + ": Permission denied")) << r.out;
+    EXPECT_TRUE(Contains(r.out, "hint: the directory is read-only for you; pass " + c.option + " elsewhere")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "EXPERT_PACK_BUILD_START")) << r.out;
+  }
+}
+
 // The profile record synth writes says a scaled model is scaled; one this
 // user may not read is not "no record".
 TEST(Permissions, AnUnreadableProfileRecordIsNotTakenAsNone) {

@@ -121,6 +121,22 @@ class WritersAsNobody(unittest.TestCase):
         self.assertIn("cannot open lock file %s: Permission denied" % lock, got["message"])
         self.assertIn("it belongs to uid 0", got["message"] + got["hint"])
 
+    def test_a_finished_build_in_a_read_only_directory_is_already_built(self):
+        # A model directory this user may only read: rerunning the finished
+        # build writes nothing (before: "cannot write in M: Permission denied").
+        m = self.fresh_model("ro-built", built=True)
+        os.chmod(m, 0o755)
+        got = as_nobody("report(lambda: k3pack.build(m, safety_margin_gib=0)['already_built'])", m=m)
+        self.assertEqual(got, {"returned": True})
+        manifest = os.path.join(m, MANIFEST_NAME)
+        create = "k3pack.create_manifest(m, p, m + '/config.json', m + '/tokenizer', output=o"
+        got = as_nobody("report(lambda: %s)['format'])" % create, m=m, p=os.path.join(m, PACK_NAME), o=manifest)
+        self.assertEqual(got, {"returned": json.load(open(manifest))["format"]})
+        # What would write there is refused before any work, naming the output.
+        got = as_nobody("report(lambda: %s, force=True))" % create, m=m, p=os.path.join(m, PACK_NAME), o=manifest)
+        self.assertEqual(got.get("raised"), "PermissionError", got)
+        self.assertIn("output %s: cannot write in %s: Permission denied" % (manifest, m), got["message"])
+
     def test_an_unreadable_profile_record_is_not_taken_as_none(self):
         m = self.fresh_model("profile")
         record = os.path.join(m, "k3pack-profile.json")
