@@ -22,6 +22,9 @@
 // slots from its next call (SGLang's rule, so single-threaded sequences are
 // SGLang's exactly); other threads' unreleased acquisitions do, and a call
 // that cannot fit waits for them (bounded) before failing with SGLang's text.
+// A call may be released from another thread than the one that made it; a
+// thread naming again slots it already released (with no acquire of them
+// since) releases nothing, never another thread's call.
 #pragma once
 
 #include <cstdint>

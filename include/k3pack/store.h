@@ -84,7 +84,9 @@ struct StoreOptions {
   // Staged mode: speculative reads submitted at once; the rest wait in the
   // store and are cancelled (never issued) if the acquire they were for no
   // longer needs them. 0: half of queue_depth (at least 1), so demand reads
-  // always find room in the engine.
+  // find room in the engine (with a queue depth of 1 the one read may be a
+  // speculative one). Past queue_depth, the extra speculative reads wait in
+  // the engine's queue, ahead of demand reads submitted after them.
   int64_t prefetch_queue_depth = 0;
   // Staged mode: a resident object named by Prefetch() or Keep() is kept for
   // that request's next Acquire() of its layer: victim searches pass over it

@@ -62,10 +62,7 @@ std::shared_ptr<IoEngine::Job> IoEngine::StartJob(std::unique_ptr<ObjectRead> re
   job->remaining = read->ranges.size();
   job->submit_ns = NowNs();
   job->read = std::move(read);
-  uint64_t now = inflight_.fetch_add(1) + 1;
-  uint64_t prev = max_inflight_.load();
-  while (now > prev && !max_inflight_.compare_exchange_weak(prev, now)) {
-  }
+  inflight_.fetch_add(1);
   return job;
 }
 
@@ -192,7 +189,7 @@ class PreadEngine final : public IoEngine {
         if (queue_.empty()) return;  // stopping and drained
         part = std::move(queue_.front());
         queue_.pop_front();
-        ++busy_;
+        NoteDeviceReads(++busy_);
       }
       const ObjectRead& r = *part.job->read;
       const ReadRange& range = r.ranges[part.range];

@@ -89,9 +89,12 @@ class IoEngine {
   // Not thread-safe with in-flight reads; set it before submitting.
   void SetFaultHook(FaultHook hook) { hook_ = std::move(hook); }
 
-  // Reads submitted but not finished right now, and the largest such count seen.
+  // Objects submitted but not finished right now.
   uint64_t inflight() const { return inflight_.load(std::memory_order_relaxed); }
-  uint64_t max_inflight() const { return max_inflight_.load(std::memory_order_relaxed); }
+  // The most reads at the device at once (a pread running, an SQE given to
+  // the ring): never past the queue depth, where objects handed over at once
+  // were (they wait in the engine's queue).
+  uint64_t max_device_reads() const { return max_device_reads_.load(std::memory_order_relaxed); }
 
  protected:
   struct Job {
@@ -124,10 +127,16 @@ class IoEngine {
   void ApplyHook(uint64_t offset, uint64_t length, int64_t* result) const {
     if (hook_) hook_(offset, length, result);
   }
+  // `now` reads are at the device.
+  void NoteDeviceReads(uint64_t now) {
+    uint64_t prev = max_device_reads_.load();
+    while (now > prev && !max_device_reads_.compare_exchange_weak(prev, now)) {
+    }
+  }
 
  private:
   FaultHook hook_;
-  std::atomic<uint64_t> inflight_{0}, max_inflight_{0};
+  std::atomic<uint64_t> inflight_{0}, max_device_reads_{0};
 };
 
 uint64_t NowNs();

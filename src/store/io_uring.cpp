@@ -254,7 +254,7 @@ class UringEngine final : public IoEngine {
       if (!r.direct) io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
       p->sqe = sqe;
       queued_.push_back(p);
-      ++sqes_;
+      NoteDeviceReads(++sqes_);
     }
     Flush();
   }

@@ -103,6 +103,11 @@ struct SlotCache::Impl {
   // leave a call's slots held for good.
   std::vector<uint64_t> release_mark;  // per slot
   uint64_t release_serial = 0;
+  // Per slot: the thread that dropped its own last hold on the slot's object,
+  // until any thread acquires it again. Such a thread naming the slot again
+  // repeats its release: taken as another thread's, it let that thread's
+  // slots be overwritten while it still used them.
+  std::vector<std::thread::id> released_by;
   std::vector<uint64_t> generations;
   bool closed = false;
 
@@ -229,6 +234,7 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
   decltype(key_of) new_key_of;
   std::vector<uint32_t> all_slots;
   std::vector<uint64_t> new_release_mark;
+  std::vector<std::thread::id> new_released_by;
   PinCounts new_pins;
   const bool out_of_memory = RanOutOfMemory([&] {
     // One slot holds any object: the policy counts slots, not bytes.
@@ -238,6 +244,7 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
     new_slot_of.assign(s.num_objects(), kNoSlot);
     new_key_of.assign(slots, kNoObject);
     new_release_mark.assign(slots, 0);
+    new_released_by.assign(slots, std::thread::id());
     new_pins.assign(s.num_objects(), 0);
     all_slots.resize(slots);
     for (uint32_t i = 0; i < slots; ++i) all_slots[i] = i;
@@ -249,6 +256,7 @@ Status SlotCache::Impl::Attach(uint32_t slots) {
   slot_of = std::move(new_slot_of);
   key_of = std::move(new_key_of);
   release_mark = std::move(new_release_mark);
+  released_by = std::move(new_released_by);
   pins = std::move(new_pins);
   free_slots = decltype(free_slots)(std::greater<>(), std::move(all_slots));  // ascending: already a heap
   return Status::OK();
@@ -259,6 +267,7 @@ void SlotCache::Impl::Detach() {
   slot_of.clear();
   key_of.clear();
   release_mark.clear();
+  released_by.clear();
   pins.clear();
   free_slots = {};
   device_base = nullptr;
@@ -489,6 +498,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     return AcquireOutOfMemory("the slot cache", layer);
   }
   s.SetPins(held, +1);
+  for (ObjectId k : keys) s.released_by[s.slot_of[k]] = std::thread::id();
   Status load = Status::OK();
   if (RanOutOfMemory([&] { load = s.LoadMisses(li, misses); })) load = BareOutOfMemory();
   if (!load.ok()) {
@@ -699,7 +709,9 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     s.release_mark[slot] = s.release_serial;
     ObjectId k = s.key_of[slot];
     if (k == kNoObject) continue;
-    // Release one hold on the object, this thread's first, else any thread's.
+    // Release one hold on the object, this thread's first, else any thread's
+    // (a call may be released by another thread than the one that made it),
+    // never another's for a release this thread already made.
     auto drop = [&](Impl::Holds& holds) {
       auto it = holds.find(k);
       if (it == holds.end()) return false;
@@ -708,9 +720,14 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
       --s.total_pins;
       return true;
     };
-    if (mine == s.outstanding.end() || !drop(mine->second))
-      for (auto& [tid, holds] : s.outstanding)
-        if (drop(holds)) break;
+    const std::thread::id self = std::this_thread::get_id();
+    if (mine != s.outstanding.end() && drop(mine->second)) {
+      if (!mine->second.contains(k)) s.released_by[slot] = self;
+      continue;
+    }
+    if (s.released_by[slot] == self) continue;
+    for (auto& [tid, holds] : s.outstanding)
+      if (drop(holds)) break;
   }
   if (mine != s.outstanding.end() && mine->second.empty()) s.outstanding.erase(mine);
   s.cv.notify_all();
@@ -770,7 +787,7 @@ nlohmann::json SlotCache::Snapshot() const {
   k["slot_memory"] = s.rt ? "cuda" : (s.host_base ? "host" : "none");
   k["io_backend"] = s.opt.store.io_backend;
   k["queue_depth"] = s.opt.store.queue_depth;
-  k["queue_depth_max"] = s.engine ? s.engine->max_inflight() : 0;
+  k["queue_depth_max"] = s.engine ? s.engine->max_device_reads() : 0;
   k["waits_for_other_threads"] = s.waits_for_other_threads;
   k["checksums"] = s.host ? "by the host tier" : s.checksums.mode;
   k["checksum_errors"] = s.checksum_errors;

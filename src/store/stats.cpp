@@ -90,7 +90,7 @@ json ExpertStore::Impl::SnapshotLocked() const {
   k["profile"] = geo.profile;
   k["io_backend"] = IoBackendName(engine->backend());
   k["queue_depth"] = opt.queue_depth;
-  k["queue_depth_max"] = engine->max_inflight();
+  k["queue_depth_max"] = engine->max_device_reads();
   k["cache_budget_bytes"] = opt.cache_bytes;
   k["effective_capacity_experts"] = info.effective_capacity_objects;
   // The store's own count of what it caches (objects it keeps an entry and
@@ -129,9 +129,20 @@ json ExpertStore::Impl::SnapshotLocked() const {
   pf["cancelled_bytes"] = prefetch_cancelled_bytes;
   pf["keep_predicted"] = kept.has_value();
   pf["kept"] = prefetch_kept;  // keep hints given to residents (Prefetch of a resident object)
-  pf["staged"] = staged_objects;
+  // The cache mode stages nothing: its term is what it read ahead into the
+  // cache that no acquire has used yet (later useful, or wasted when dropped).
+  uint64_t pending = staged_objects, pending_bytes = staged_bytes;
+  if (!staged_mode) {
+    pending = pending_bytes = 0;
+    for (const auto& e : entries)
+      if (e && e->prefetched && !e->used) {
+        ++pending;
+        pending_bytes += geo.space.Cost(e->id);
+      }
+  }
+  pf["staged"] = pending;
   pf["failed"] = prefetch_failed;
-  pf["staged_bytes"] = staged_bytes;
+  pf["staged_bytes"] = pending_bytes;
   pf["staged_bytes_max"] = staged_bytes_max;
   pf["inflight"] = spec_inflight;
   k["prefetch"] = pf;

@@ -289,6 +289,10 @@ void ExpertStore::Impl::FinishRead(const std::shared_ptr<Entry>& e, const Object
     // needs no memory, and the waiter says what was lost (ExplainReadError).
     if (RanOutOfMemory([&] { e->error = r.status.error(); })) e->error = BareOutOfMemory();
     if (e->prefetched && staged_mode) FinishStagedRead(e, false);
+    if (e->prefetched && !staged_mode && !e->used) {  // the cache mode's term of the identity
+      ++prefetch_failed;
+      e->used = true;
+    }
     // Never serve or keep the bytes: forget the object.
     if (entries[e->id] == e) ForgetObject(e->id);
   }
@@ -327,6 +331,15 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   bool waited = false;
   while (!s.Fits(keys)) {
+    // The store's own prefetch pins go before any wait: they are hints, and
+    // waiting on other threads with them held stalled the call for the whole
+    // bound where dropping them made room at once.
+    bool dropped = false;
+    for (uint32_t l = 0; l < space.num_active_layers(); ++l) {
+      dropped |= !s.prefetch_by_layer[l].empty();
+      s.ReleasePrefetchPins(l);
+    }
+    if (dropped) continue;
     const uint64_t mine = s.active_by_thread.count(std::this_thread::get_id())
                               ? s.active_by_thread[std::this_thread::get_id()] : 0;
     if (s.active_acquisitions > mine && std::chrono::steady_clock::now() < deadline) {
@@ -340,12 +353,7 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
       if (s.closed) return Error("expert store is closed", ErrorKind::kRuntime);
       continue;
     }
-    bool dropped = false;
-    for (uint32_t l = 0; l < space.num_active_layers(); ++l) {
-      dropped |= !s.prefetch_by_layer[l].empty();
-      s.ReleasePrefetchPins(l);
-    }
-    if (!dropped) break;  // let the policy report SGLang's error
+    break;  // let the policy report SGLang's error
   }
   std::vector<uint64_t> gens(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) gens[i] = s.Generation(keys[i]);
@@ -618,7 +626,10 @@ Status ExpertStore::Close() {
     // The cache's memory goes now, not when the store object is destroyed
     // (a closed Python store may live on for long); views handed out keep
     // their own buffers, which are freed when the last view drops.
-    for (auto& e : s.entries) e.reset();
+    // The policy's residents with them: a closed store's stats said it
+    // still held objects whose buffers were gone (resident_bytes against a
+    // cache_entry_bytes of 0).
+    for (ObjectId id = 0; id < s.entries.size(); ++id) s.ForgetObject(id);
     for (auto& e : s.staged) e.reset();
     s.pool->Drain();
   }

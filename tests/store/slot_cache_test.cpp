@@ -434,6 +434,56 @@ TEST(StoreConcurrency, SlotCacheMarkUsedWithABadSlotReleasesNothing) {
   ASSERT_TRUE(cache->Close().ok());
 }
 
+// A thread releasing its call twice (a retry, a release in a finally block
+// and again by hand) released another thread's call on the same slots the
+// second time: that thread's slots were overwritten while it still used them.
+TEST(StoreConcurrency, SlotCacheARepeatedMarkUsedNeverReleasesAnotherThreadsCall) {
+  TinyPack p(Spec(), "slots-markused-twice");
+  auto cache = OpenCache(p);
+  const uint32_t slots = 3;
+  AlignedSlots mem(slots, cache->slot_bytes());
+  ASSERT_TRUE(cache->AttachHost(mem.base, slots).ok());
+  const int64_t shape[2] = {1, 3};
+  const std::vector<int64_t> ids = {0, 1, 2};
+  std::atomic<bool> held{false}, repeated{false}, released{false};
+  std::thread holder([&] {
+    auto r = cache->Acquire(1, ids, shape, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    held = true;
+    while (!repeated) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_TRUE(SlotHolds(mem.base + uint64_t((*r)[i]) * cache->slot_bytes(), {4096, 4096, 4096}, 1,
+                            static_cast<uint32_t>(ids[i])));
+    released = true;
+    EXPECT_TRUE(cache->MarkUsed(*r).ok());
+  });
+  while (!held) std::this_thread::yield();
+  auto mine = cache->Acquire(1, ids, shape, std::nullopt);  // the same slots, hits
+  ASSERT_TRUE(mine.ok()) << mine.error().message();
+  ASSERT_TRUE(cache->MarkUsed(*mine).ok());
+  ASSERT_TRUE(cache->MarkUsed(*mine).ok());  // a repeat: releases nothing
+  repeated = true;
+  // Needs every slot: it waits for the holder's release.
+  auto r = cache->Acquire(2, std::vector<int64_t>{3, 4, 5}, shape, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_TRUE(released) << "took the slots of a call that was never released";
+  holder.join();
+  ASSERT_TRUE(cache->MarkUsed(*r).ok());
+  // Released by another thread than the one that made it, a call is released.
+  std::thread([&] {
+    auto again = cache->Acquire(1, ids, shape, std::nullopt);
+    ASSERT_TRUE(again.ok()) << again.error().message();
+    mine = again;
+  }).join();
+  ASSERT_TRUE(cache->MarkUsed(*mine).ok());
+  r = cache->Acquire(2, std::vector<int64_t>{3, 4, 5}, shape, std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(cache->Snapshot()["k3pack"]["waits_for_other_threads"], 1) << "the released call was still held";
+  ASSERT_TRUE(cache->MarkUsed(*r).ok());
+  ASSERT_TRUE(cache->Close().ok());
+}
+
 // Two threads, each its own layer, check their slots before mark_used while
 // the other keeps evicting: another thread's unreleased call is protected.
 TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {

@@ -315,6 +315,100 @@ TEST(PrefetchStaged, NeverChangesWhatTheCacheHolds) {
   }
 }
 
+// issued = useful + wasted + cancelled + staged + failed, at every moment.
+void ExpectPrefetchIdentity(const nlohmann::json& j) {
+  EXPECT_EQ(Pf(j, "issued"), Pf(j, "useful") + Pf(j, "wasted") + Pf(j, "cancelled") + Pf(j, "staged") + Pf(j, "failed"))
+      << j["k3pack"]["prefetch"].dump();
+}
+
+// The cache mode's accounting: a read ahead into the cache that no acquire
+// used yet is its `staged` term, a failed one is `failed` (it was in no term
+// at all), and a closed store holds nothing, by the policy's count too (it
+// said so of buffers it had freed).
+TEST(PrefetchCache, EveryIssuedReadIsInOneTermAndAClosedStoreHoldsNothing) {
+  TinyPack p(TinySpec{});
+  StoreOptions o = PrefetchOpts(8);
+  o.prefetch_mode = "cache";
+  auto s = OpenOk(p, o);
+  std::atomic<int> calls{0};
+  s->SetReadFaultHook([&](uint64_t, uint64_t, int64_t* r) {
+    if (calls.fetch_add(1) == 0) *r = -5;  // EIO on the first prefetch
+  });
+  ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{2}).ok());
+  for (int i = 0; i < 2000 && s->Snapshot()["io_errors"] == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto j = s->Snapshot();
+  ASSERT_EQ(j["io_errors"], 1);
+  EXPECT_EQ(Pf(j, "failed"), 1u);
+  ExpectPrefetchIdentity(j);
+  ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{4, 5}).ok());
+  j = s->Snapshot();
+  EXPECT_EQ(Pf(j, "issued"), 3u);
+  EXPECT_EQ(Pf(j, "staged"), 2u);
+  EXPECT_EQ(Pf(j, "staged_bytes"), 2 * kObject);
+  ExpectPrefetchIdentity(j);
+  Token(*s, 1, 4, 6);  // 4 is used; 5 stays read ahead
+  j = s->Snapshot();
+  EXPECT_EQ(Pf(j, "useful"), 1u);
+  EXPECT_EQ(Pf(j, "staged"), 1u);
+  ExpectPrefetchIdentity(j);
+  ASSERT_TRUE(s->Close().ok());
+  j = s->Snapshot();
+  EXPECT_EQ(Pf(j, "wasted"), 1u);
+  EXPECT_EQ(Pf(j, "staged"), 0u);
+  ExpectPrefetchIdentity(j);
+  EXPECT_EQ(j["resident_experts"], 0);
+  EXPECT_EQ(j["resident_bytes"], 0);
+  EXPECT_EQ(j["k3pack"]["cache_entry_bytes"], 0);
+}
+
+// In the cache mode, prefetched objects stay pinned until their layer's next
+// acquire. An acquire that needed their room waited for another thread's
+// call first, and dropped them only when its 10 s wait ran out.
+TEST(PrefetchCache, PrefetchPinsGoBeforeAWaitForAnotherThread) {
+  TinyPack p(TinySpec{});
+  StoreOptions o = PrefetchOpts(4);
+  o.prefetch_mode = "cache";
+  auto s = OpenOk(p, o);
+  std::atomic<bool> held{false}, done{false}, released_first{false};
+  std::thread other([&] {
+    auto acq = s->AcquireToken(2, std::vector<int64_t>{0, 1});
+    ASSERT_TRUE(acq.ok()) << acq.error().message();
+    held = true;
+    // Holds its call until the acquire below returns (at most 3 s).
+    for (int i = 0; i < 3000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    released_first = !done;
+    ASSERT_TRUE(s->MarkUsed(*acq).ok());
+  });
+  while (!held) std::this_thread::yield();
+  ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{2, 3}).ok());  // fills the cache, pinned
+  auto acq = s->AcquireToken(2, std::vector<int64_t>{4, 5});
+  done = true;
+  other.join();
+  ASSERT_TRUE(acq.ok()) << acq.error().message();
+  EXPECT_FALSE(released_first) << "the acquire waited for the other thread with its own prefetch pins to drop";
+  ASSERT_TRUE(s->MarkUsed(*acq).ok());
+  ASSERT_TRUE(s->Close().ok());
+}
+
+// `queue_depth_max` is the most reads at the device at once: it counted the
+// objects handed to the engine, queued ones too (4 with a queue depth of 1).
+TEST(PrefetchStaged, TheQueueDepthSeenNeverPassesTheQueueDepth) {
+  TinyPack p(TinySpec{});
+  for (const char* io : {"pread", "uring"}) {
+    StoreOptions o = PrefetchOpts(8);
+    o.io_backend = io;
+    o.queue_depth = 1;
+    auto s = OpenOk(p, o);
+    ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0, 1, 2, 3}).ok());
+    Token(*s, 2, 4, 5);
+    Token(*s, 1, 6, 7);
+    auto j = s->Snapshot();
+    EXPECT_EQ(j["k3pack"]["queue_depth_max"], 1) << io;
+    ASSERT_TRUE(s->Close().ok());
+  }
+}
+
 TEST(PrefetchStaged, OptionsAreChecked) {
   TinyPack p(TinySpec{});
   StoreOptions o = PrefetchOpts(8);
