@@ -61,7 +61,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   const std::string out = plan.pack;
   if (args.Has("--repair-damaged")) {
     K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
-                        pack::RepairDamagedPayloads(out, plan.experts, pack::MakeProgressPrinter(v.mode)));
+                        pack::RepairDamagedPayloads(out, plan.experts, pack::MakeProgressPrinter(v.mode, rank)));
     return nlohmann::json{{"pack", out}, {"repaired_damaged", rep.repaired}, {"entries_checked", rep.entries_checked},
                           {"seconds", rep.seconds}};
   }
@@ -84,7 +84,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   bopts.restart = args.Has("--restart");
   bopts.replace_existing = plan.action == OutputAction::kReplace;  // kept until the new pack is done
   bopts.threads = threads;
-  bopts.progress = pack::MakeProgressPrinter(mode);
+  bopts.progress = pack::MakeProgressPrinter(mode, rank);
   bopts.log = [](const std::string& s) { Narrate(kCmd, s); };
   bopts.ep = rank;
   if (!json) {

@@ -82,7 +82,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanInputs(args, allow_mixed_types, rank));
   pack::PackOutputRequest req = OutputRequestOf(args, plan, repair_existing);
   K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
-  req.progress = pack::MakeProgressPrinter(mode);
+  req.progress = pack::MakeProgressPrinter(mode, rank);
   req.note = [&args](const std::string& why) { Narrate(args.command(), "note: " + why); };
   auto take = [&plan](const pack::PackOutputPlan& out) {
     plan.action = out.action;

@@ -2,8 +2,10 @@
 // (src/util/progress.h) behind a plain ProgressFn.
 #pragma once
 
+#include <optional>
 #include <string>
 
+#include "k3pack/ep.h"
 #include "k3pack/pack.h"
 #include "util/progress.h"
 
@@ -13,7 +15,9 @@ using ProgressMode = ::k3pack::ProgressMode;
 using ::k3pack::ParseProgressMode;
 
 // A ProgressFn writing to stderr in the given mode (empty for kNone). The
-// bar line ends when done == total.
-ProgressFn MakeProgressPrinter(ProgressMode mode);
+// bar line ends when done == total. A rank's work (`--ep-rank all` runs them
+// one after another) is told as that rank's: "(rank R of N)" after the phase,
+// `ep_rank` and `ep_size` in JSON.
+ProgressFn MakeProgressPrinter(ProgressMode mode, const std::optional<ep::Rank>& rank = std::nullopt);
 
 }  // namespace k3pack::pack

@@ -155,6 +155,10 @@ std::string ProgressReporter::Describe(const Progress& p, double now, std::optio
   return s;
 }
 
+std::string ProgressReporter::PhaseText(const Progress& p) const {
+  return options_.scope.empty() ? p.phase : p.phase + " (" + options_.scope + ")";
+}
+
 void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete, bool stopped) {
   std::FILE* out = options_.out;
   std::optional<double> eta;
@@ -175,12 +179,12 @@ void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete, 
       // counts as open before the draw starts: a signal arriving during it
       // (on any thread) still ends the line.
       g_line_open.store(true);
-      std::fprintf(out, "\r%s%s %s\033[K", p.phase.c_str(), bar.c_str(), text.c_str());
+      std::fprintf(out, "\r%s%s %s\033[K", PhaseText(p).c_str(), bar.c_str(), text.c_str());
       if ((complete || stopped) && g_line_open.exchange(false)) std::fprintf(out, "\n");
       break;
     }
     case ProgressMode::kLines:
-      std::fprintf(out, "%s: %s%s  (%s elapsed)\n", p.phase.c_str(), complete ? "done, " : stopped ? "stopped, " : "",
+      std::fprintf(out, "%s: %s%s  (%s elapsed)\n", PhaseText(p).c_str(), complete ? "done, " : stopped ? "stopped, " : "",
                    text.c_str(),
                    HumanDuration(now - start_).c_str());
       any_line_ = true;
@@ -198,6 +202,7 @@ void ProgressReporter::EmitLocked(const Progress& p, double now, bool complete, 
                           {"eta_s", eta ? nlohmann::json(*eta) : nlohmann::json(nullptr)},
                           {"done", complete}};
       if (stopped) j["stopped"] = true;
+      for (const auto& [key, value] : options_.scope_fields) j[key] = value;
       std::fprintf(out, "%s\n", j.dump().c_str());
       break;
     }

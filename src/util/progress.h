@@ -19,6 +19,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "k3pack/error.h"
 #include "k3pack/progress.h"
@@ -44,6 +46,12 @@ class ProgressReporter {
     // the work was done in this run (before that a rate is mostly noise).
     double eta_min_elapsed_s = 3;
     double eta_min_fraction = 0.01;
+    // Whose work it is where one command does several alike (the ranks of
+    // `--ep-rank all`): told after the phase in bar and lines ("build (rank
+    // 1 of 2)"), and `scope_fields` added to every JSON object, so the phase
+    // names stay what a reader of one rank's progress matches on.
+    std::string scope;
+    std::vector<std::pair<std::string, int64_t>> scope_fields;
   };
   explicit ProgressReporter(Options options);
   ~ProgressReporter();  // Finish()
@@ -72,6 +80,7 @@ class ProgressReporter {
   // `stopped`: the work ended before it was complete (Progress::final on an
   // interrupt or error): the line ends, and nothing says "done".
   void EmitLocked(const Progress& p, double now, bool complete, bool stopped = false);
+  std::string PhaseText(const Progress& p) const;
 
   Options options_;
   std::mutex mu_;

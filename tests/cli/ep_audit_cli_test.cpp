@@ -2,7 +2,9 @@
 // RELIABILITY.md, "session 42").
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,29 @@ TEST(EpAudit, VerifyFullComparesTheDefaultSampleWithTheSource) {
   EXPECT_TRUE(Contains(full.out, "every payload matches the pack's digest sidecar, so the pack is whole"))
       << full.out;
   EXPECT_FALSE(Contains(full.out, "EXPERT_PACK_VERIFIED")) << full.out;
+}
+
+// `--ep-rank all --progress json` printed every rank's progress objects
+// alike ("phase": "build", no rank): a reader could not tell whose they were.
+// Each rank's progress now carries its rank; the phase names stay the same.
+TEST(EpAudit, EachRanksProgressIsToldAsThatRanks) {
+  const std::string m = FreshModel("ep-progress");
+  CliRun r = Cli("pack --progress json --safety-margin-gib 0 --ep-size 2 --ep-rank all " + Q(m));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::pair<int, int>> seen;  // (ep_rank, ep_size) of each object with a byte count
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("{\"", 0) != 0) continue;
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("done_bytes")) continue;
+    EXPECT_EQ(j["phase"], "build") << line;
+    ASSERT_TRUE(j.contains("ep_rank") && j.contains("ep_size")) << line;
+    seen.push_back({j["ep_rank"].get<int>(), j["ep_size"].get<int>()});
+  }
+  ASSERT_FALSE(seen.empty()) << r.out;
+  EXPECT_EQ(seen.front(), std::make_pair(0, 2)) << r.out;
+  EXPECT_EQ(seen.back(), std::make_pair(1, 2)) << r.out;
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end())) << r.out;
 }
 
 // `--ep-rank all` found an output it must refuse at rank 2 after ranks 0

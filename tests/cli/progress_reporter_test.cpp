@@ -127,6 +127,34 @@ TEST(ProgressReporter, JsonLinesThrottledToOneASecondPlusTheLast) {
   EXPECT_EQ(last["total_bytes"], 300);
 }
 
+// Whose work it is (a rank of `--ep-rank all`): after the phase in text,
+// fields in JSON, the phase itself unchanged.
+TEST(ProgressReporter, AScopeIsToldInEveryMode) {
+  for (ProgressMode mode : {ProgressMode::kBar, ProgressMode::kLines, ProgressMode::kJson}) {
+    Harness h;
+    {
+      ProgressReporter::Options o = h.Opts(mode);
+      o.scope = "rank 1 of 2";
+      o.scope_fields = {{"ep_rank", 1}, {"ep_size", 2}};
+      ProgressReporter r(o);
+      h.now = 11;
+      r.Update(Bytes(150, 300));
+      h.now = 12;
+      r.Update(Bytes(300, 300));
+    }
+    const auto lines = h.Lines();
+    ASSERT_FALSE(lines.empty());
+    if (mode == ProgressMode::kJson) {
+      auto j = nlohmann::json::parse(lines.back());
+      EXPECT_EQ(j["phase"], "build");
+      EXPECT_EQ(j["ep_rank"], 1);
+      EXPECT_EQ(j["ep_size"], 2);
+    } else {
+      EXPECT_NE(h.Text().find("build (rank 1 of 2)"), std::string::npos) << h.Text();
+    }
+  }
+}
+
 // A phase reported once, already done (a short step): its rate is its
 // bytes over the engine's time, not 0 (it had no earlier report to measure
 // from).
