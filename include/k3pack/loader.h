@@ -133,7 +133,7 @@ struct LoadStats {
   uint64_t zero_copy_tensors = 0;
   uint64_t zero_copy_bytes = 0;      // bytes handed out as map views
   uint64_t computed_bytes = 0;       // bytes in fresh buffers
-  uint64_t copied_bytes = 0;         // read from the shards with pread (copy mode)
+  uint64_t copied_bytes = 0;         // read from the shards with pread (copy mode; holes are zero-filled, not read)
 };
 
 class NonExpertStream {

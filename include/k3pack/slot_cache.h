@@ -22,9 +22,16 @@
 // slots from its next call (SGLang's rule, so single-threaded sequences are
 // SGLang's exactly); other threads' unreleased acquisitions do, and a call
 // that cannot fit waits for them (bounded) before failing with SGLang's text.
-// A call may be released from another thread than the one that made it; a
-// thread naming again slots it already released (with no acquire of them
-// since) releases nothing, never another thread's call.
+// A release takes the releasing thread's own hold on each slot first, else
+// another thread's (a call may be released from another thread than the one
+// that made it), except where the releasing thread dropped its own last hold
+// on the slot and nobody has acquired it since: that is a repeat of its
+// release and releases nothing, so a double release never frees another
+// thread's slots for overwriting. Slots carry no call identity, so another
+// thread's call must be released from a thread that holds no call on the same
+// slots: one that released its own there cannot tell the two releases apart,
+// and the other call stays held (a later call that needs its slots waits its
+// bound and fails).
 #pragma once
 
 #include <cstdint>

@@ -102,10 +102,16 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     lock = plan.pop("lock")
     try:
         if plan["already_built"]:
+            document = _k3pack.read_manifest(plan["manifest"])
             if log is not None:
+                if full_source_hashes and document.get("verification", {}).get("full_source_hashes") is False:
+                    # Asked for (the default) but not in the finished manifest, which is kept as it is.
+                    log("note: %s was written without whole-shard SHA-256 of the shards (full_source_hashes=False) "
+                        "and is kept as it is; create_manifest(..., output=%r, force=True) writes it with them "
+                        "(reads every shard once)" % (plan["manifest"], plan["manifest"]))
                 log("already built: %s (use force=True to rebuild)" % plan["manifest"])
             return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
-                    "document": _k3pack.read_manifest(plan["manifest"]), "already_built": True, "inputs": inputs}
+                    "document": document, "already_built": True, "inputs": inputs}
         # The shards are hashed beside the copy (one read of them, as `k3pack build`), not again by the manifest.
         result = _k3pack.build_pack(gguf_dir, model_config, out=plan["pack"], profile=plan["profile"], force=force,
                                     progress=progress, log=log, hash_sources=full_source_hashes, **build_options)

@@ -264,7 +264,9 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
   // The manifest there is written over (force=True, or the rule took it over).
   d["replace_manifest"] = maction == OutputAction::kReplace;
   // k3pack.build holds it to its manifest's last byte, as `k3pack build` does.
-  d["lock"] = py::cast(std::move(*plan.lock));
+  // None taken where the user may not write and the pack is finished
+  // (nothing is written then): an empty one, released alike.
+  d["lock"] = py::cast(plan.lock ? std::move(*plan.lock) : k3pack::LockFile());
   return d;
 }
 

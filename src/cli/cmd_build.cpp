@@ -28,6 +28,7 @@
 #include "pack/progress.h"
 #include "pack/repair_damaged.h"
 #include "util/file.h"
+#include "util/format.h"
 #include "util/process_limits.h"
 
 namespace k3pack::cli {
@@ -84,6 +85,15 @@ std::string ManifestPathOf(const Args& args, const std::string& pack, const std:
   return (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
 }
 
+// Whether the manifest at `path` records the shards' whole-file SHA-256
+// (true where it cannot be read: nothing to add then).
+bool RecordsWholeShardHashes(const std::string& path) {
+  auto m = manifest::ReadManifestJson(path);
+  if (!m.ok()) return true;
+  const nlohmann::json* v = m->contains("verification") ? &(*m)["verification"] : nullptr;
+  return !(v && v->is_object() && v->contains("full_source_hashes") && (*v)["full_source_hashes"] == false);
+}
+
 // One pack and its manifest: the full pack, or the rank pack of `rank`.
 // `shard_sha256` carries whole-shard SHA-256s from one rank's build to the
 // next (--ep-rank all hashes the shards once).
@@ -129,6 +139,20 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   const pack::ExpertSet& experts = plan.experts;
   const std::string out = plan.pack;
   if (maction == OutputAction::kAlreadyBuilt) {
+    // Asked for (the default) but not in the finished manifest: kept as it
+    // is (the pack and manifest are sound), with the one command that adds them.
+    if (!rank && !args.Has("--no-full-source-hashes") && !RecordsWholeShardHashes(manifest_path)) {
+      // The manifest this build would write, from `k3pack manifest`: the
+      // options that shape it are passed on.
+      std::string command = "k3pack manifest " + ShellQuoted(args.Get("--gguf-dir")) + " --pack " + ShellQuoted(out) +
+                            " --manifest " + ShellQuoted(manifest_path);
+      for (const char* option : {"--model-config", "--tokenizer-dir", "--profile", "--payload-samples"})
+        if (!args.Get(option).empty()) command += std::string(" ") + option + " " + ShellQuoted(args.Get(option));
+      if (args.Has("--full-pack-hash")) command += " --full-pack-hash";
+      Narrate(kCmd, "note: " + manifest_path + " was written without whole-shard SHA-256 of the shards "
+                    "(--no-full-source-hashes) and is kept as it is; `" + command +
+                    " --force` writes it with them (reads every shard once)");
+    }
     return nlohmann::json{{"already_built", true}, {"manifest", manifest_path}, {"pack", out}};
   }
 

@@ -15,6 +15,7 @@
 #include "cli/stats_json.h"
 #include "k3pack/gguf.h"
 #include "k3pack/quant.h"
+#include "util/file.h"
 #include "util/format.h"
 #include "util/utf8.h"
 
@@ -126,12 +127,7 @@ Result<Inspected> OpenForInspect(const std::string& path, bool file_only) {
 // Drops this process's mapping of [p, p + n) (whole pages inside it). The
 // page cache keeps the bytes; without this, decoding a full-size checkpoint
 // kept every decoded page mapped: 11 GB of resident file pages after 9 GB.
-void ReleasePages(const uint8_t* p, uint64_t n) {
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t b = (reinterpret_cast<uint64_t>(p) + page - 1) / page * page;
-  const uint64_t e = (reinterpret_cast<uint64_t>(p) + n) / page * page;
-  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // best effort
-}
+void ReleasePages(const uint8_t* p, uint64_t n) { ReleaseMappedPages({p, static_cast<size_t>(n)}); }
 
 // Decoded bytes between two progress reports inside one tensor.
 constexpr uint64_t kStatsReportBytes = uint64_t{64} << 20;

@@ -21,7 +21,9 @@
 #include "cli/preflight.h"
 #include "k3pack/loader.h"
 #include "loader/npy.h"
+#include "pack/build_inputs.h"
 #include "util/file.h"
+#include "util/format.h"
 #include "util/lock_file.h"
 
 namespace k3pack::cli {
@@ -162,6 +164,41 @@ Status UnmarkDump(const std::string& dir) {
   return FsyncPath(dir);
 }
 
+// The bytes the dump of the manifest's stream into `dir` takes beyond what
+// it has now (every emitted tensor as .npy; a file of the same name, which
+// --force replaces, gives its bytes back), from a walk of the stream that
+// touches no tensor's bytes (views only; a fraction of a second at full scale).
+Result<uint64_t> DumpBytes(const std::string& dir, const std::string& manifest, loader::LoadOptions opts) {
+  opts.copy = opts.prefetch = opts.populate = opts.verify_metadata = false;
+  opts.on_shard = nullptr;
+  K3_ASSIGN_OR_RETURN(loader::NonExpertStream stream, loader::NonExpertStream::Open(manifest, opts));
+  uint64_t bytes = 0, replaced = 0;
+  K3_RETURN_IF_ERROR(stream.ForEach([&](NamedTensor&& t) -> Status {
+    bytes += loader::NpyHeader(t).size() + t.data.size();
+    if (auto there = FileSize(dir + "/" + SafeFileName(t.name) + ".npy"); there.ok()) replaced += *there;
+    return Status::OK();
+  }));
+  return bytes > replaced ? bytes - replaced : 0;
+}
+
+// A dump that cannot fit is refused before its first file: it wrote until
+// the disk was full (55 GB of a full-scale model's 62 GB), then failed.
+Status CheckDumpFits(const std::string& dir, const std::string& manifest, const loader::LoadOptions& opts) {
+  K3_ASSIGN_OR_RETURN(const uint64_t need, DumpBytes(dir, manifest, opts));
+  std::filesystem::path at = dir.empty() ? "." : dir;
+  std::error_code ec;
+  while (!std::filesystem::exists(at, ec) && at.has_parent_path() && at.parent_path() != at) at = at.parent_path();
+  if (!std::filesystem::exists(at, ec)) at = ".";
+  K3_ASSIGN_OR_RETURN(const uint64_t free, pack::AvailableBytes(at.string()));
+  if (need <= free) return Status::OK();
+  return Error::FromErrno("--dump " + dir + ": the dump needs " + HumanBytes(need) +
+                              " more (every emitted tensor as .npy) and the filesystem of " + at.string() + " has " +
+                              HumanBytes(free) + " free",
+                          ENOSPC)
+      .WithHint("free space there or pass --dump a directory on another filesystem; `k3pack load " +
+                ShellQuoted(manifest) + "` checks the whole stream without writing it");
+}
+
 // What a dump run decided about DIR, under DIR's lock.
 struct DumpDecision {
   std::optional<LockFile> lock;  // held from the look at DIR to the last file
@@ -178,7 +215,8 @@ struct DumpDecision {
 // writing it, and DIR is already built when it holds exactly those files
 // (left untouched); anything else is refused without --force. An
 // interrupted dump (its marker) is started over.
-Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::string& manifest) {
+Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::string& manifest,
+                                const loader::LoadOptions& opts) {
   DumpDecision d;
   auto take_lock = [&]() -> Status {
     K3_ASSIGN_OR_RETURN(LockFile taken, LockFile::Acquire(dir, "writing a tensor dump into " + dir));
@@ -208,6 +246,7 @@ Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::s
   if (std::error_code ec; std::filesystem::is_directory(dir, ec)) K3_RETURN_IF_ERROR(take_lock());
   K3_RETURN_IF_ERROR(look());
   if (!d.compare) K3_RETURN_IF_ERROR(CheckOutputDirWritable("--dump", dir));
+  if (!d.compare) K3_RETURN_IF_ERROR(CheckDumpFits(dir, manifest, opts));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error("cannot create dump directory " + dir + ": " + ec.message());
@@ -457,13 +496,13 @@ int RunLoad(const std::vector<std::string>& argv) {
   auto wait = LockWaitOf(args, "load");
   if (!wait.ok()) return ReportError("load", wait.error(), kExitUsage);
   const ScopedLockWait waiting(*wait);
+  loader::LoadOptions opts = LoadOptionsOf(args, v);
   DumpDecision dump;  // compare: false without --dump
   if (!v.dump_dir.empty()) {
-    auto decided = DecideDump(v.dump_dir, args.Has("--force"), args.Get("--manifest"));
-    if (!decided.ok()) return ReportError("load", decided.error());
+    auto decided = DecideDump(v.dump_dir, args.Has("--force"), args.Get("--manifest"), opts);
+    if (!decided.ok()) return ReportError("load", WithMovedModelHint(decided.error(), args.Get("--manifest")));
     dump = std::move(*decided);
   }
-  loader::LoadOptions opts = LoadOptionsOf(args, v);
   // Progress: shards entered (the stream's total is not known in bytes up
   // front) and bytes emitted.
   auto progress = StartProgress(v.mode);

@@ -508,7 +508,10 @@ void StartFresh(const std::vector<Digest>& digests, const std::vector<uint32_t>&
 // The shards' whole-file digests, computed beside the copy, keyed by the
 // shards' resolved paths.
 Status FinishSourceHashes(ParallelSha256& hasher, const ExpertSet& ex, const BuildOptions& o, BuildResult* result) {
-  Log(o, "finishing the SHA-256 of the source shards");
+  // Not checkpointed (a hash state is not resumable from a file here): say
+  // so before the long part, where a stop loses it.
+  Log(o, "finishing the SHA-256 of the source shards for the manifest (the copy is done and kept; a stop here "
+         "restarts this hashing on the rerun; --no-full-source-hashes skips it)");
   ParallelSha256::Wait wait;
   wait.progress = o.progress;
   K3_ASSIGN_OR_RETURN(std::vector<std::string> by_index, hasher.Finish(wait));

@@ -380,8 +380,9 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     advance();
     if (watermark > ckpt_watermark) (void)checkpoint();
     if (o.progress) {
+      // copied_bytes as in the loop: without it the holes were the rate.
       Progress last{"build", done_bytes, total_bytes, watermark, total,
-                    std::chrono::duration<double>(Clock::now() - t0).count()};
+                    std::chrono::duration<double>(Clock::now() - t0).count(), written.load()};
       last.final = true;  // ends a progress bar's line before the message
       o.progress(last);
     }

@@ -70,13 +70,27 @@ Result<bool> SameAsTheShards(const PackOutputRequest& req, const ExpertSet& expe
 // Whether the pack already at req.path is a finished pack of these shards
 // (then plan.valid_section holds its validation); when not, why is in
 // plan.invalid_reason.
-Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& experts, PackOutputPlan& plan) {
+// A judgement that must write beside the pack (a record of the shards, a
+// sidecar written anew) where the user may not write: refused before the
+// hours of reading it takes, not after them.
+Status CanWriteForJudgement(const Status& writable, const std::string& what) {
+  if (writable.ok()) return Status::OK();
+  return Error(writable.error().headline() + ", and judging the existing pack means " + what, ErrorKind::kOS,
+               writable.error().sys_errno())
+      .WithHint(writable.error().hint());
+}
+
+// `writable`: whether the user may write beside the pack (CheckOutputWritable).
+Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& experts, const Status& writable,
+                              PackOutputPlan& plan) {
   const std::string& out = req.path;
   // The sampled payloads cannot tell a pack of edited shards (its build
   // killed before the manifest was written) from a current one. Shards
   // that only look different (copied without their times) are compared
   // in full: every payload against the source.
   if (std::string why = WhyInputsChanged(out, experts); !why.empty()) {
+    K3_RETURN_IF_ERROR(CanWriteForJudgement(writable, "comparing every payload with the shards and recording them (" +
+                                                          why + ")"));
     K3_ASSIGN_OR_RETURN(const bool same, SameAsTheShards(req, experts, why, " (reads it once)", plan));
     if (!same) return false;
     // Every payload is these shards' now: record them, or every later
@@ -89,6 +103,7 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
   // (a second read: the hashes). A rank pack's sidecar is not: which rank
   // it was for is in the damaged header, and the rank check below refuses it.
   if (std::string why = req.ep ? "" : WhySidecarIsUnusable(out, experts); !why.empty()) {
+    K3_RETURN_IF_ERROR(CanWriteForJudgement(writable, "writing its digest sidecar anew (" + why + ")"));
     K3_ASSIGN_OR_RETURN(const bool same,
                         SameAsTheShards(req, experts, why + " (every store refuses it)",
                                         ", then writing the sidecar anew from the pack (reads it twice)", plan));
@@ -97,7 +112,7 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
       plan.invalid_reason += "; with the sidecar damaged, only a rebuild (--force) can replace the pack";
       return false;
     }
-    K3_RETURN_IF_ERROR(RewriteSidecarFromPack(out, experts, 4));
+    K3_RETURN_IF_ERROR(RewriteSidecarFromPack(out, experts, 4, req.progress));
   }
   ValidateOptions vopts;
   vopts.payload_samples = 6;
@@ -166,6 +181,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   const std::string& opt = req.option;
   K3_RETURN_IF_ERROR(PreflightPackOutput(req));
   PackOutputPlan plan;
+  const Status writable = CheckOutputWritable(opt, out);
   // From the first look at what is there to the last write: another build,
   // `--force` or repair of the same pack never acts on what this one judged
   // (a `--force` removing the pack a repair was rewriting lost both).
@@ -184,7 +200,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     spec.force_option = req.force_option;
     spec.has_partial = has_partial;
     spec.not_own_kind = [&] { return NotAPackFile(out); };
-    spec.is_finished = [&] { return IsFinishedPackOf(req, experts, plan); };
+    spec.is_finished = [&] { return IsFinishedPackOf(req, experts, writable, plan); };
     spec.why_refused = "it is not a valid pack of these shards";
     auto action = DecideOutput(spec);
     if (!action.ok()) {
@@ -204,18 +220,21 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
     if (plan.action != OutputAction::kAlreadyBuilt) K3_RETURN_IF_ERROR(CheckOutputWritable(opt, out));
     return req.then ? req.then(plan) : Status::OK();
   };
-  if (!CheckOutputWritable(opt, out).ok() && !PathExists(LockPathFor(out))) {
+  if (!writable.ok() && !PathExists(LockPathFor(out))) {
     // No lock file can be made where the user may not write, and no build
     // can be at work there without one: a finished pack is judged unlocked.
+    // Anything else (the directory became writable meanwhile) is decided
+    // again under the lock.
     K3_RETURN_IF_ERROR(decide());
-    return plan;
+    if (plan.action == OutputAction::kAlreadyBuilt && !plan.repair) return plan;
   }
   K3_ASSIGN_OR_RETURN(LockFile lock, DecideUnderPackLock(out, decide));
   plan.lock = std::move(lock);
   if (plan.action == OutputAction::kAlreadyBuilt) {
     RemoveLeftoverSpare(out);
-    // An older k3pack's pack reused as it is gets the sidecar this one writes.
-    K3_RETURN_IF_ERROR(AddCrcRecordsToOldSidecar(out, experts, 4, req.note));
+    // An older k3pack's pack reused as it is gets the sidecar this one writes
+    // (where the user may write: the stores serve it without the records).
+    if (writable.ok()) K3_RETURN_IF_ERROR(AddCrcRecordsToOldSidecar(out, experts, 4, req.note, req.progress));
   }
   return plan;
 }

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
@@ -20,9 +22,11 @@ namespace {
 // Every payload of the pack hashed once, on `threads` threads: its SHA-256
 // and CRC32C into `d` (sized index_count). Where `d` already holds SHA-256
 // records (`check_sha`), a payload that differs from its record fails,
-// naming it, and the rest are not read.
+// naming it, and the rest are not read. The whole pack is read (hours for a
+// full-scale one): the calling thread, one of the hashing ones, reports
+// `progress` between its payloads.
 Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, int threads, bool check_sha,
-                        PackDigests& d) {
+                        PackDigests& d, const ProgressFn& progress) {
   const std::string dpath = DigestsPathFor(pack_path);
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(pack_path));
   d.entry_crc32c.assign(d.index_count, 0);
@@ -31,9 +35,24 @@ Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, 
   std::optional<Error> error;
   std::atomic<uint64_t> next{0};
   std::atomic<bool> out_of_memory{false};
+  std::atomic<uint64_t> done_bytes{0}, done_entries{0};
+  uint64_t total_bytes = 0;
+  for (uint64_t i = 0; i < d.index_count; ++i) total_bytes += layout.Entry(i).nbytes;
+  const auto caller = std::this_thread::get_id();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_report = t0 - std::chrono::hours(1);
+  auto report = [&](bool last) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!progress || (!last && now - last_report < std::chrono::milliseconds(100))) return;
+    last_report = now;
+    progress({"sidecar", done_bytes.load(), total_bytes, done_entries.load(), d.index_count,
+              std::chrono::duration<double>(now - t0).count()});
+  };
   auto hash = [&] {
     auto buf = IoBuffer::Allocate(8u << 20);
+    const bool reporter = std::this_thread::get_id() == caller;
     for (uint64_t i; (i = next.fetch_add(1)) < d.index_count;) {
+      if (reporter) report(false);
       const EntrySlot e = layout.Entry(i);
       Result<std::array<uint8_t, 32>> sha =
           buf.ok() ? HashRange(fd.get(), e.offset, e.nbytes, *buf, nullptr, &d.entry_crc32c[i]) : buf.error();
@@ -52,6 +71,8 @@ Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, 
         next.store(d.index_count);
         return;
       }
+      done_bytes += e.nbytes;
+      ++done_entries;
     }
   };
   RunOnThreads(static_cast<unsigned>(std::max(1, threads)), [&] {
@@ -62,6 +83,7 @@ Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, 
       next.store(d.index_count);
     }
   });
+  if (!error && !out_of_memory.load()) report(true);
   if (error) return *error;  // a damaged payload first: it is what the rerun would find too
   if (out_of_memory.load()) return OutOfMemoryOn("a hashing thread of the digest sidecar").WithContext(pack_path);
   return Status::OK();
@@ -70,7 +92,7 @@ Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, 
 }  // namespace
 
 Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& experts, int threads,
-                                 const std::function<void(const std::string&)>& note) {
+                                 const std::function<void(const std::string&)>& note, const ProgressFn& progress) {
   const std::string dpath = DigestsPathFor(pack_path);
   if (!PathExists(dpath)) return Status::OK();
   auto read = ReadPackDigests(dpath);
@@ -85,7 +107,7 @@ Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& 
          "check what it reads; checking every payload of " + pack_path +
          " against its SHA-256 records once to add them (reads the pack once)");
   }
-  K3_RETURN_IF_ERROR(HashEveryPayload(pack_path, layout, threads, /*check_sha=*/true, d));
+  K3_RETURN_IF_ERROR(HashEveryPayload(pack_path, layout, threads, /*check_sha=*/true, d, progress));
   return WritePackDigests(dpath, d);
 }
 
@@ -103,14 +125,15 @@ std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& 
   return "";
 }
 
-Status RewriteSidecarFromPack(const std::string& pack_path, const ExpertSet& experts, int threads) {
+Status RewriteSidecarFromPack(const std::string& pack_path, const ExpertSet& experts, int threads,
+                              const ProgressFn& progress) {
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(experts));
   PackDigests d;
   d.index_count = layout.index_count();
   d.index_sha256 = layout.IndexSha256();
   K3_ASSIGN_OR_RETURN(d.pack_size, FileSize(pack_path));
   d.data_start = layout.data_start();
-  K3_RETURN_IF_ERROR(HashEveryPayload(pack_path, layout, threads, /*check_sha=*/false, d));
+  K3_RETURN_IF_ERROR(HashEveryPayload(pack_path, layout, threads, /*check_sha=*/false, d, progress));
   return WritePackDigests(DigestsPathFor(pack_path), d);
 }
 

@@ -17,9 +17,11 @@ namespace k3pack::pack {
 // with the CRC32C of each payload, the records the store checks every read
 // against. A payload that differs from its record fails naming it, and the
 // old sidecar is kept. Any other sidecar (or none) is left alone. Call with
-// the pack's lock held. `note` (may be empty) says what is done and why.
+// the pack's lock held. `note` (may be empty) says what is done and why;
+// `progress` (may be empty) is called on the calling thread, phase "sidecar".
 Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& experts, int threads,
-                                 const std::function<void(const std::string&)>& note);
+                                 const std::function<void(const std::string&)>& note,
+                                 const ProgressFn& progress = {});
 
 // Why the digest sidecar of the finished full pack `pack_path` is one every
 // store refuses ("" when it is usable, absent, a rank pack's, or cannot be
@@ -28,7 +30,9 @@ std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& 
 
 // Writes <pack>.digests anew (atomically) from the pack's own bytes: every
 // payload read once for its SHA-256 and CRC32C. The caller has checked the
-// payloads (against the source) and holds the pack's lock.
-Status RewriteSidecarFromPack(const std::string& pack_path, const ExpertSet& experts, int threads);
+// payloads (against the source) and holds the pack's lock. `progress` as
+// AddCrcRecordsToOldSidecar's.
+Status RewriteSidecarFromPack(const std::string& pack_path, const ExpertSet& experts, int threads,
+                              const ProgressFn& progress = {});
 
 }  // namespace k3pack::pack

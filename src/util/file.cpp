@@ -455,4 +455,11 @@ std::vector<Segment> MapRange(int fd, uint64_t offset, uint64_t length) {
   return out;
 }
 
+void ReleaseMappedPages(std::span<const uint8_t> view) {
+  static const uintptr_t mask = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE)) - 1;
+  const auto b = (reinterpret_cast<uintptr_t>(view.data()) + mask) & ~mask;
+  const auto e = (reinterpret_cast<uintptr_t>(view.data()) + view.size()) & ~mask;
+  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
 }  // namespace k3pack

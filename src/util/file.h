@@ -210,4 +210,11 @@ Result<std::string> ResolvePath(const std::string& path);
 // ResolvePath, or `path` as given when it cannot be resolved (for messages and reports).
 std::string ResolvedPathOrGiven(const std::string& path);
 
+// Drops this process's mapping of the whole pages inside `view` (a range of
+// a read-only file mapping): the page cache keeps the bytes and they fault
+// back in on access, but resident memory no longer grows with every range
+// read. Inward rounding: never drops a page that also holds bytes outside
+// `view`. Best effort.
+void ReleaseMappedPages(std::span<const uint8_t> view);
+
 }  // namespace k3pack

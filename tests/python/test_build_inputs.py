@@ -23,6 +23,21 @@ class BuildInputs(_util.SynthModelTestCase):
                       "\n".join(logged))
         self.assertEqual(out["document"]["tokenizer"]["path"], os.path.realpath(os.path.join(self.model, "tokenizer")))
 
+    def test_a_rerun_asking_for_shard_hashes_the_manifest_lacks_says_so(self):
+        # Before: "already built" and nothing else, the manifest kept without the hashes asked for.
+        m = os.path.join(self.tmp.path, "no-shard-hashes")
+        shutil.copytree(self.model, m, ignore=shutil.ignore_patterns("*.pack*", "*.manifest.json"))
+        k3pack.build(m, profile="scaled", safety_margin_gib=0, full_source_hashes=False)
+        logged = []
+        out = k3pack.build(m, profile="scaled", safety_margin_gib=0, log=logged.append)
+        self.assertTrue(out["already_built"])
+        self.assertFalse(out["document"]["verification"]["full_source_hashes"])
+        self.assertIn("was written without whole-shard SHA-256 of the shards (full_source_hashes=False) and is kept "
+                      "as it is", "\n".join(logged))
+        logged = []
+        k3pack.build(m, profile="scaled", safety_margin_gib=0, full_source_hashes=False, log=logged.append)
+        self.assertNotIn("whole-shard", "\n".join(logged))
+
     def test_shards_alone_raise_sglangs_text(self):
         root = os.path.join(self.tmp.path, "alone")
         gguf = os.path.join(root, "gguf")

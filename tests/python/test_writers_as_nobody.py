@@ -128,6 +128,10 @@ class WritersAsNobody(unittest.TestCase):
         os.chmod(m, 0o755)
         got = as_nobody("report(lambda: k3pack.build(m, safety_margin_gib=0)['already_built'])", m=m)
         self.assertEqual(got, {"returned": True})
+        # No lock file either (none can be made there): judged without one.
+        os.unlink(os.path.join(m, PACK_NAME + ".lock"))
+        got = as_nobody("report(lambda: k3pack.build(m, safety_margin_gib=0)['already_built'])", m=m)
+        self.assertEqual(got, {"returned": True})
         manifest = os.path.join(m, MANIFEST_NAME)
         create = "k3pack.create_manifest(m, p, m + '/config.json', m + '/tokenizer', output=o"
         got = as_nobody("report(lambda: %s)['format'])" % create, m=m, p=os.path.join(m, PACK_NAME), o=manifest)
