@@ -403,12 +403,22 @@ TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
 // nothing was done, still used that slot, which another thread's call could
 // now overwrite (and the caller's later MarkUsed released another thread's
 // hold on it instead).
+// A host cache of 3 slots over the tiny pack: one top-3 call fills it.
+struct ThreeSlots {
+  explicit ThreeSlots(const std::string& tag) : p(Spec(), tag), cache(OpenCache(p)), mem(3, cache->slot_bytes()) {
+    attached = cache->AttachHost(mem.base, 3).ok();
+  }
+  TinyPack p;
+  std::unique_ptr<SlotCache> cache;
+  AlignedSlots mem;
+  bool attached = false;
+};
+
 TEST(StoreConcurrency, SlotCacheMarkUsedWithABadSlotReleasesNothing) {
-  TinyPack p(Spec(), "slots-markused-bad");
-  auto cache = OpenCache(p);
-  const uint32_t slots = 3;
-  AlignedSlots mem(slots, cache->slot_bytes());
-  ASSERT_TRUE(cache->AttachHost(mem.base, slots).ok());
+  ThreeSlots three("slots-markused-bad");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  AlignedSlots& mem = three.mem;
   const int64_t shape[2] = {1, 3};
   std::atomic<bool> refused{false}, released{false};
   std::thread holder([&] {
@@ -438,11 +448,10 @@ TEST(StoreConcurrency, SlotCacheMarkUsedWithABadSlotReleasesNothing) {
 // and again by hand) released another thread's call on the same slots the
 // second time: that thread's slots were overwritten while it still used them.
 TEST(StoreConcurrency, SlotCacheARepeatedMarkUsedNeverReleasesAnotherThreadsCall) {
-  TinyPack p(Spec(), "slots-markused-twice");
-  auto cache = OpenCache(p);
-  const uint32_t slots = 3;
-  AlignedSlots mem(slots, cache->slot_bytes());
-  ASSERT_TRUE(cache->AttachHost(mem.base, slots).ok());
+  ThreeSlots three("slots-markused-twice");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  AlignedSlots& mem = three.mem;
   const int64_t shape[2] = {1, 3};
   const std::vector<int64_t> ids = {0, 1, 2};
   std::atomic<bool> held{false}, repeated{false}, released{false};
