@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -164,19 +165,28 @@ Status UnmarkDump(const std::string& dir) {
   return FsyncPath(dir);
 }
 
-// The bytes the dump of the manifest's stream into `dir` takes beyond what
-// it has now (every emitted tensor as .npy; a file of the same name, which
-// --force replaces, gives its bytes back), from a walk of the stream that
-// touches no tensor's bytes (views only; a fraction of a second at full scale).
-Result<uint64_t> DumpBytes(const std::string& dir, const std::string& manifest, loader::LoadOptions opts) {
+// Every tensor of the manifest's stream, from a walk that touches no
+// tensor's bytes (views only; a fraction of a second at full scale): what a
+// load will emit, known before it starts.
+Status WalkStream(const std::string& manifest, loader::LoadOptions opts,
+                  const std::function<void(const NamedTensor&)>& each) {
   opts.copy = opts.prefetch = opts.populate = opts.verify_metadata = false;
   opts.on_shard = nullptr;
   K3_ASSIGN_OR_RETURN(loader::NonExpertStream stream, loader::NonExpertStream::Open(manifest, opts));
+  return stream.ForEach([&](NamedTensor&& t) -> Status {
+    each(t);
+    return Status::OK();
+  });
+}
+
+// The bytes the dump of the manifest's stream into `dir` takes beyond what
+// it has now (every emitted tensor as .npy; a file of the same name, which
+// --force replaces, gives its bytes back).
+Result<uint64_t> DumpBytes(const std::string& dir, const std::string& manifest, const loader::LoadOptions& opts) {
   uint64_t bytes = 0, replaced = 0;
-  K3_RETURN_IF_ERROR(stream.ForEach([&](NamedTensor&& t) -> Status {
+  K3_RETURN_IF_ERROR(WalkStream(manifest, opts, [&](const NamedTensor& t) {
     bytes += loader::NpyHeader(t).size() + t.data.size();
     if (auto there = FileSize(dir + "/" + SafeFileName(t.name) + ".npy"); there.ok()) replaced += *there;
-    return Status::OK();
   }));
   return bytes > replaced ? bytes - replaced : 0;
 }
@@ -503,13 +513,15 @@ int RunLoad(const std::vector<std::string>& argv) {
     if (!decided.ok()) return ReportError("load", WithMovedModelHint(decided.error(), args.Get("--manifest")));
     dump = std::move(*decided);
   }
-  // Progress: shards entered (the stream's total is not known in bytes up
-  // front) and bytes emitted.
+  // Progress: bytes emitted of the total a walk of the stream gives up front
+  // (the fraction and ETA moved by whole shards before), and shards entered.
   auto progress = StartProgress(v.mode);
   Progress pr;
   pr.phase = "load";
   pr.unit = "shards";
   if (progress->mode() != ProgressMode::kNone) {
+    // Best effort: a stream that cannot be walked fails the same way below.
+    (void)WalkStream(args.Get("--manifest"), opts, [&](const NamedTensor& t) { pr.total_bytes += t.data.size(); });
     opts.on_shard = [&](uint32_t index, const std::string&, uint32_t count) {
       pr.done_objects = index;
       pr.total_objects = count;

@@ -45,8 +45,10 @@ Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, 
     const auto now = std::chrono::steady_clock::now();
     if (!progress || (!last && now - last_report < std::chrono::milliseconds(100))) return;
     last_report = now;
-    progress({"sidecar", done_bytes.load(), total_bytes, done_entries.load(), d.index_count,
-              std::chrono::duration<double>(now - t0).count()});
+    Progress p{"sidecar", done_bytes.load(), total_bytes, done_entries.load(), d.index_count,
+               std::chrono::duration<double>(now - t0).count()};
+    p.final = last;  // a stopped hash ends a bar's line before the error, never says done
+    progress(p);
   };
   auto hash = [&] {
     auto buf = IoBuffer::Allocate(8u << 20);
@@ -83,7 +85,7 @@ Status HashEveryPayload(const std::string& pack_path, const PackLayout& layout, 
       next.store(d.index_count);
     }
   });
-  if (!error && !out_of_memory.load()) report(true);
+  report(true);
   if (error) return *error;  // a damaged payload first: it is what the rerun would find too
   if (out_of_memory.load()) return OutOfMemoryOn("a hashing thread of the digest sidecar").WithContext(pack_path);
   return Status::OK();

@@ -203,6 +203,16 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
   r = K3("load --manifest " + P("m.json") + " --progress json");
   ASSERT_EQ(r.code, 0) << r.err;
   ExpectFinished(JsonLines(r.err), "load", "shards");
+  // Its fraction is of bytes (known up front from a walk of the stream), not
+  // of whole shards: every object with a count carries the same byte total.
+  uint64_t load_total = 0;
+  for (const auto& j : JsonLines(r.err)) {
+    if (j.value("phase", "") != "load" || !j.contains("done")) continue;
+    EXPECT_GT(j["total_bytes"].get<uint64_t>(), 0u) << j.dump();
+    load_total = j["total_bytes"].get<uint64_t>();
+    if (j["done"] == true) EXPECT_EQ(j["done_bytes"], j["total_bytes"]) << j.dump();
+  }
+  EXPECT_GT(load_total, 0u);
   // run-experts: layers done, in both of its loops (the layer list and the stack).
   r = K3("run-experts --manifest " + P("m.json") + " --all-layers --progress json");
   ASSERT_EQ(r.code, 0) << r.err;
