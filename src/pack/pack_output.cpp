@@ -67,9 +67,6 @@ Result<bool> SameAsTheShards(const PackOutputRequest& req, const ExpertSet& expe
   return false;
 }
 
-// Whether the pack already at req.path is a finished pack of these shards
-// (then plan.valid_section holds its validation); when not, why is in
-// plan.invalid_reason.
 // A judgement that must write beside the pack (a record of the shards, a
 // sidecar written anew) where the user may not write: refused before the
 // hours of reading it takes, not after them.
@@ -80,7 +77,10 @@ Status CanWriteForJudgement(const Status& writable, const std::string& what) {
       .WithHint(writable.error().hint());
 }
 
-// `writable`: whether the user may write beside the pack (CheckOutputWritable).
+// Whether the pack already at req.path is a finished pack of these shards
+// (then plan.valid_section holds its validation); when not, why is in
+// plan.invalid_reason. `writable`: whether the user may write beside it
+// (CheckOutputWritable).
 Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& experts, const Status& writable,
                               PackOutputPlan& plan) {
   const std::string& out = req.path;
