@@ -31,7 +31,8 @@
 // thread's call must be released from a thread that holds no call on the same
 // slots: one that released its own there cannot tell the two releases apart,
 // and the other call stays held (a later call that needs its slots waits its
-// bound and fails).
+// bound and fails). Thread ids are reused once a thread exits: a new thread
+// may inherit an exited one's mark until the slots are acquired again.
 #pragma once
 
 #include <cstdint>
