@@ -35,7 +35,11 @@ Result<LockWait> LockWaitOf(const Args& args, const std::string& command) {
   return wait;
 }
 
-std::string AlreadyBuiltLine(const std::string& path) { return "already built: " + path + " (use --force to rebuild)"; }
+std::string AlreadyBuiltLine(const std::string& path) {
+  // --force rewrites beside it: where the user may not write, it is refused.
+  const bool writable = CheckOutputWritable("", path).ok();
+  return "already built: " + path + (writable ? " (use --force to rebuild)" : " (read-only for you: rebuild it elsewhere)");
+}
 
 void ReportAlreadyBuilt(const std::string& command, const std::string& path, bool json, const std::string& key,
                         const nlohmann::json& fields) {
