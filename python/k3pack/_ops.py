@@ -109,7 +109,10 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
                     log("note: %s was written without whole-shard SHA-256 of the shards (full_source_hashes=False) "
                         "and is kept as it is; create_manifest(..., output=%r, force=True) writes it with them "
                         "(reads every shard once)" % (plan["manifest"], plan["manifest"]))
-                log("already built: %s (use force=True to rebuild)" % plan["manifest"])
+                # force=True writes beside it: where this user may not write, it is refused.
+                writable = os.access(os.path.dirname(os.path.abspath(plan["manifest"])), os.W_OK | os.X_OK)
+                log("already built: %s (%s)" % (plan["manifest"], "use force=True to rebuild" if writable
+                                                 else "read-only for you: rebuild it elsewhere"))
             return {"pack": {"pack": plan["pack"], "already_built": True}, "manifest": plan["manifest"],
                     "document": document, "already_built": True, "inputs": inputs}
         # The shards are hashed beside the copy (one read of them, as `k3pack build`), not again by the manifest.

@@ -128,6 +128,11 @@ class WritersAsNobody(unittest.TestCase):
         os.chmod(m, 0o755)
         got = as_nobody("report(lambda: k3pack.build(m, safety_margin_gib=0)['already_built'])", m=m)
         self.assertEqual(got, {"returned": True})
+        # Its line does not point at a force=True that is refused there.
+        got = as_nobody("logged = []\nk3pack.build(m, safety_margin_gib=0, log=logged.append)\n"
+                        "report(lambda: [l for l in logged if l.startswith('already built')])", m=m)
+        self.assertEqual(got, {"returned": ["already built: %s (read-only for you: rebuild it elsewhere)"
+                                            % os.path.join(m, MANIFEST_NAME)]})
         # No lock file either (none can be made there): judged without one.
         os.unlink(os.path.join(m, PACK_NAME + ".lock"))
         got = as_nobody("report(lambda: k3pack.build(m, safety_margin_gib=0)['already_built'])", m=m)
