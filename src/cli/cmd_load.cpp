@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -165,36 +164,35 @@ Status UnmarkDump(const std::string& dir) {
   return FsyncPath(dir);
 }
 
-// Every tensor of the manifest's stream, from a walk that touches no
-// tensor's bytes (views only; a fraction of a second at full scale): what a
-// load will emit, known before it starts.
-Status WalkStream(const std::string& manifest, loader::LoadOptions opts,
-                  const std::function<void(const NamedTensor&)>& each) {
+// What the manifest's stream will emit, from one walk that touches no
+// tensor's bytes (views only; a fraction of a second at full scale): its
+// bytes (the progress total) and, given a dump directory, the bytes the dump
+// takes beyond the files of the same names already there (--force replaces
+// them).
+struct StreamSize {
+  uint64_t emitted = 0, dump_needs = 0;
+};
+Result<StreamSize> SizeStream(const std::string& manifest, loader::LoadOptions opts, const std::string& dump_dir) {
   opts.copy = opts.prefetch = opts.populate = opts.verify_metadata = false;
   opts.on_shard = nullptr;
   K3_ASSIGN_OR_RETURN(loader::NonExpertStream stream, loader::NonExpertStream::Open(manifest, opts));
-  return stream.ForEach([&](NamedTensor&& t) -> Status {
-    each(t);
+  StreamSize size;
+  uint64_t npy = 0, replaced = 0;
+  K3_RETURN_IF_ERROR(stream.ForEach([&](NamedTensor&& t) -> Status {
+    size.emitted += t.data.size();
+    if (!dump_dir.empty()) {
+      npy += loader::NpyHeader(t).size() + t.data.size();
+      if (auto there = FileSize(dump_dir + "/" + SafeFileName(t.name) + ".npy"); there.ok()) replaced += *there;
+    }
     return Status::OK();
-  });
-}
-
-// The bytes the dump of the manifest's stream into `dir` takes beyond what
-// it has now (every emitted tensor as .npy; a file of the same name, which
-// --force replaces, gives its bytes back).
-Result<uint64_t> DumpBytes(const std::string& dir, const std::string& manifest, const loader::LoadOptions& opts) {
-  uint64_t bytes = 0, replaced = 0;
-  K3_RETURN_IF_ERROR(WalkStream(manifest, opts, [&](const NamedTensor& t) {
-    bytes += loader::NpyHeader(t).size() + t.data.size();
-    if (auto there = FileSize(dir + "/" + SafeFileName(t.name) + ".npy"); there.ok()) replaced += *there;
   }));
-  return bytes > replaced ? bytes - replaced : 0;
+  size.dump_needs = npy > replaced ? npy - replaced : 0;
+  return size;
 }
 
 // A dump that cannot fit is refused before its first file: it wrote until
 // the disk was full (55 GB of a full-scale model's 62 GB), then failed.
-Status CheckDumpFits(const std::string& dir, const std::string& manifest, const loader::LoadOptions& opts) {
-  K3_ASSIGN_OR_RETURN(const uint64_t need, DumpBytes(dir, manifest, opts));
+Status CheckDumpFits(const std::string& dir, const std::string& manifest, uint64_t need) {
   std::filesystem::path at = dir.empty() ? "." : dir;
   std::error_code ec;
   while (!std::filesystem::exists(at, ec) && at.has_parent_path() && at.parent_path() != at) at = at.parent_path();
@@ -226,7 +224,7 @@ struct DumpDecision {
 // (left untouched); anything else is refused without --force. An
 // interrupted dump (its marker) is started over.
 Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::string& manifest,
-                                const loader::LoadOptions& opts) {
+                                uint64_t dump_needs) {
   DumpDecision d;
   auto take_lock = [&]() -> Status {
     K3_ASSIGN_OR_RETURN(LockFile taken, LockFile::Acquire(dir, "writing a tensor dump into " + dir));
@@ -256,7 +254,7 @@ Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::s
   if (std::error_code ec; std::filesystem::is_directory(dir, ec)) K3_RETURN_IF_ERROR(take_lock());
   K3_RETURN_IF_ERROR(look());
   if (!d.compare) K3_RETURN_IF_ERROR(CheckOutputDirWritable("--dump", dir));
-  if (!d.compare) K3_RETURN_IF_ERROR(CheckDumpFits(dir, manifest, opts));
+  if (!d.compare) K3_RETURN_IF_ERROR(CheckDumpFits(dir, manifest, dump_needs));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Error("cannot create dump directory " + dir + ": " + ec.message());
@@ -507,9 +505,13 @@ int RunLoad(const std::vector<std::string>& argv) {
   if (!wait.ok()) return ReportError("load", wait.error(), kExitUsage);
   const ScopedLockWait waiting(*wait);
   loader::LoadOptions opts = LoadOptionsOf(args, v);
+  // One walk serves the dump's room check and the progress total.
+  Result<StreamSize> size = StreamSize{};
+  if (!v.dump_dir.empty() || v.mode != ProgressMode::kNone) size = SizeStream(args.Get("--manifest"), opts, v.dump_dir);
   DumpDecision dump;  // compare: false without --dump
   if (!v.dump_dir.empty()) {
-    auto decided = DecideDump(v.dump_dir, args.Has("--force"), args.Get("--manifest"), opts);
+    if (!size.ok()) return ReportError("load", WithMovedModelHint(size.error(), args.Get("--manifest")));
+    auto decided = DecideDump(v.dump_dir, args.Has("--force"), args.Get("--manifest"), size->dump_needs);
     if (!decided.ok()) return ReportError("load", WithMovedModelHint(decided.error(), args.Get("--manifest")));
     dump = std::move(*decided);
   }
@@ -520,8 +522,8 @@ int RunLoad(const std::vector<std::string>& argv) {
   pr.phase = "load";
   pr.unit = "shards";
   if (progress->mode() != ProgressMode::kNone) {
-    // Best effort: a stream that cannot be walked fails the same way below.
-    (void)WalkStream(args.Get("--manifest"), opts, [&](const NamedTensor& t) { pr.total_bytes += t.data.size(); });
+    // A stream that could not be walked fails the same way below.
+    if (size.ok()) pr.total_bytes = size->emitted;
     opts.on_shard = [&](uint32_t index, const std::string&, uint32_t count) {
       pr.done_objects = index;
       pr.total_objects = count;

@@ -96,9 +96,18 @@ json ExpertStore::Impl::SnapshotLocked() const {
   // The store's own count of what it caches (objects it keeps an entry and
   // buffer for), beside the policy's `resident_bytes`: the two agree unless
   // the store kept an object the policy evicted, or the reverse.
-  uint64_t entry_bytes = 0;
-  for (ObjectId id = 0; id < entries.size(); ++id)
-    if (entries[id]) entry_bytes += s.Cost(id);
+  // In the same pass, the cache mode's prefetch term (it stages nothing): what
+  // it read ahead into the cache that no acquire has used yet (later useful,
+  // or wasted when dropped).
+  uint64_t entry_bytes = 0, read_ahead = 0, read_ahead_bytes = 0;
+  for (ObjectId id = 0; id < entries.size(); ++id) {
+    if (!entries[id]) continue;
+    entry_bytes += s.Cost(id);
+    if (entries[id]->prefetched && !entries[id]->used) {
+      ++read_ahead;
+      read_ahead_bytes += s.Cost(id);
+    }
+  }
   k["cache_entry_bytes"] = entry_bytes;
   uint64_t tokens = s.active_layer_ids.empty() ? 0 : route_tokens[s.active_layer_ids.front()];
   k["tokens"] = tokens;
@@ -129,20 +138,9 @@ json ExpertStore::Impl::SnapshotLocked() const {
   pf["cancelled_bytes"] = prefetch_cancelled_bytes;
   pf["keep_predicted"] = kept.has_value();
   pf["kept"] = prefetch_kept;  // keep hints given to residents (Prefetch of a resident object)
-  // The cache mode stages nothing: its term is what it read ahead into the
-  // cache that no acquire has used yet (later useful, or wasted when dropped).
-  uint64_t pending = staged_objects, pending_bytes = staged_bytes;
-  if (!staged_mode) {
-    pending = pending_bytes = 0;
-    for (const auto& e : entries)
-      if (e && e->prefetched && !e->used) {
-        ++pending;
-        pending_bytes += geo.space.Cost(e->id);
-      }
-  }
-  pf["staged"] = pending;
+  pf["staged"] = staged_mode ? staged_objects : read_ahead;
   pf["failed"] = prefetch_failed;
-  pf["staged_bytes"] = pending_bytes;
+  pf["staged_bytes"] = staged_mode ? staged_bytes : read_ahead_bytes;
   pf["staged_bytes_max"] = staged_bytes_max;
   pf["inflight"] = spec_inflight;
   k["prefetch"] = pf;
