@@ -157,6 +157,16 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     total_bytes += object_bytes(li * ex.num_experts + written_experts.first) * written_experts.count();
   }
   for (uint64_t obj = 0; obj < start; ++obj) done_bytes += object_bytes(obj);
+  // Progress counts the objects this build writes: a rank's, not the
+  // watermark's position among every rank's objects.
+  const uint64_t written_total = static_cast<uint64_t>(layout.num_layers()) * written_experts.count();
+  auto written_below = [&](uint64_t watermark) {
+    const uint64_t in_layer = watermark % ex.num_experts;
+    const uint64_t partial = in_layer > written_experts.first
+                                 ? std::min<uint64_t>(in_layer, written_experts.end) - written_experts.first
+                                 : 0;
+    return watermark / ex.num_experts * written_experts.count() + partial;
+  };
 
   // Work unit: a batch of consecutive experts of one layer, so each role is
   // read with one large sequential read (batch_bytes per role at most).
@@ -358,7 +368,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     if (o.progress && (all_done || now - last_progress >= std::chrono::milliseconds(100))) {
       last_progress = now;
       // copied_bytes: holes advance done_bytes but are not copy throughput.
-      o.progress({"build", done_bytes, total_bytes, watermark, total,
+      o.progress({"build", done_bytes, total_bytes, written_below(watermark), written_total,
                   std::chrono::duration<double>(now - t0).count(), written.load()});
     }
     if (all_done) break;
@@ -381,7 +391,7 @@ Status RunCopy(const ExpertSet& ex, const PackLayout& layout, const BuildOptions
     if (watermark > ckpt_watermark) (void)checkpoint();
     if (o.progress) {
       // copied_bytes as in the loop: without it the holes were the rate.
-      Progress last{"build", done_bytes, total_bytes, watermark, total,
+      Progress last{"build", done_bytes, total_bytes, written_below(watermark), written_total,
                     std::chrono::duration<double>(Clock::now() - t0).count(), written.load()};
       last.final = true;  // ends a progress bar's line before the message
       o.progress(last);

@@ -45,8 +45,24 @@ TEST(EpAudit, VerifyFullComparesTheDefaultSampleWithTheSource) {
 // `--ep-rank all --progress json` printed every rank's progress objects
 // alike ("phase": "build", no rank): a reader could not tell whose they were.
 // Each rank's progress now carries its rank; the phase names stay the same.
+// Their object counts were the watermark's place among every rank's objects
+// (rank 1 of 2 started at "18 of 64" done); they are the rank's own now.
 TEST(EpAudit, EachRanksProgressIsToldAsThatRanks) {
   const std::string m = FreshModel("ep-progress");
+  CliRun whole = Cli("pack --progress json --safety-margin-gib 0 --pack " + Q(Root() + "/ep-progress-whole.pack") +
+                     " --force " + Q(m));
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  uint64_t whole_objects = 0;
+  std::istringstream whole_lines(whole.out);
+  for (std::string line; std::getline(whole_lines, line);) {
+    if (line.rfind("{\"", 0) != 0) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.value("phase", "") == "build" && j.contains("total_objects")) whole_objects = j["total_objects"];
+  }
+  ASSERT_GT(whole_objects, 0u) << whole.out;
+  fs::remove(Root() + "/ep-progress-whole.pack");
+  fs::remove(Root() + "/ep-progress-whole.pack.digests");
+
   CliRun r = Cli("pack --progress json --safety-margin-gib 0 --ep-size 2 --ep-rank all " + Q(m));
   ASSERT_EQ(r.code, 0) << r.out;
   std::vector<std::pair<int, int>> seen;  // (ep_rank, ep_size) of each object with a byte count
@@ -58,6 +74,12 @@ TEST(EpAudit, EachRanksProgressIsToldAsThatRanks) {
     EXPECT_EQ(j["phase"], "build") << line;
     ASSERT_TRUE(j.contains("ep_rank") && j.contains("ep_size")) << line;
     seen.push_back({j["ep_rank"].get<int>(), j["ep_size"].get<int>()});
+    EXPECT_EQ(j["total_objects"].get<uint64_t>() * 2, whole_objects) << line;
+    EXPECT_LE(j["done_objects"].get<uint64_t>(), j["total_objects"].get<uint64_t>()) << line;
+    // Tiny's experts are all one size, so objects and bytes advance together.
+    EXPECT_EQ(j["done_objects"].get<uint64_t>() * j["total_bytes"].get<uint64_t>(),
+              j["done_bytes"].get<uint64_t>() * j["total_objects"].get<uint64_t>())
+        << line;
   }
   ASSERT_FALSE(seen.empty()) << r.out;
   EXPECT_EQ(seen.front(), std::make_pair(0, 2)) << r.out;
