@@ -161,8 +161,10 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   std::vector<std::string> repaired;
   if (plan.repair) {
     K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
-                        pack::RepairDamagedPayloads(out, experts, pack::MakeProgressPrinter(v.mode, rank)));
+                        pack::RepairDamagedPayloads(out, experts, pack::MakeProgressPrinter(v.mode, rank), rank));
     for (const auto& w : rep.repaired) Say(json, "rewrote " + w + " from the source");
+    if (!rep.sidecar_written.empty())
+      Say(json, "wrote the missing digest sidecar " + rep.sidecar_written + " (every payload compared with the shards)");
     Say(json, "EXPERT_PACK_CHECKED path=" + out + " entries=" + std::to_string(rep.entries_checked) +
                   " damaged_rewritten=" + std::to_string(rep.repaired.size()));
     repaired = rep.repaired;

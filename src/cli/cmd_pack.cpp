@@ -61,9 +61,11 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   const std::string out = plan.pack;
   if (args.Has("--repair-damaged")) {
     K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
-                        pack::RepairDamagedPayloads(out, plan.experts, pack::MakeProgressPrinter(v.mode, rank)));
-    return nlohmann::json{{"pack", out}, {"repaired_damaged", rep.repaired}, {"entries_checked", rep.entries_checked},
-                          {"seconds", rep.seconds}};
+                        pack::RepairDamagedPayloads(out, plan.experts, pack::MakeProgressPrinter(v.mode, rank), rank));
+    nlohmann::json j{{"pack", out}, {"repaired_damaged", rep.repaired}, {"entries_checked", rep.entries_checked},
+                     {"seconds", rep.seconds}};
+    if (!rep.sidecar_written.empty()) j["sidecar_written"] = rep.sidecar_written;
+    return j;
   }
   const bool json = args.Has("--json");
   if (plan.action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"pack", out}};
@@ -197,10 +199,13 @@ int RunPack(const std::vector<std::string>& argv) {
       return kExitOk;
     }
     for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
-    std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (each checked against its digest; "
-                "the rewritten ones and a sample of the rest against the source)\n",
-                j["pack"].get<std::string>().c_str(), j["repaired_damaged"].size(),
-                j["entries_checked"].get<unsigned long long>());
+    const std::string how = j.contains("sidecar_written")
+                                ? "each compared with its source slice; the missing digest sidecar " +
+                                      j["sidecar_written"].get<std::string>() + " is written from them"
+                                : "each checked against its digest; the rewritten ones and a sample of the rest "
+                                  "against the source";
+    std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (%s)\n", j["pack"].get<std::string>().c_str(),
+                j["repaired_damaged"].size(), j["entries_checked"].get<unsigned long long>(), how.c_str());
     return kExitOk;
   }
   if (j.contains("already_built") && !j.contains("rank_packs")) {

@@ -114,13 +114,26 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
     }
     K3_RETURN_IF_ERROR(RewriteSidecarFromPack(out, experts, 4, req.progress));
   }
+  // A pack SGLang's writer made, or one copied without its sidecar, is
+  // sound but served unchecked: said, with the repair that writes it.
+  if (!req.ep && req.note && !PathExists(DigestsPathFor(out))) {
+    req.note(out + " has no digest sidecar (" + DigestsPathFor(out) + "), so k3pack's stores serve it "
+             "without checking its reads (CRC32C); " + req.repair_hint + " compares every payload with the shards, "
+             "rewrites any that differ and writes it");
+  }
   ValidateOptions vopts;
   vopts.payload_samples = 6;
   vopts.ep = req.ep;
   auto valid = ValidatePack(out, experts, vopts);
   if (valid.ok() && req.ep) {
     // Only the rank's payloads were sampled: the sidecar must say it is this rank's pack.
-    auto d = ReadPackDigests(DigestsPathFor(out));
+    const std::string dpath = DigestsPathFor(out);
+    if (!PathExists(dpath)) {
+      plan.invalid_reason = "it has no digest sidecar (" + dpath + ") to record it as the pack of expert-parallel " +
+                            ep::Describe(*req.ep, experts.num_experts);
+      return false;
+    }
+    auto d = ReadPackDigests(dpath);
     if (!d.ok() || !d->ep || d->ep->size != req.ep->size || d->ep->rank != req.ep->rank) {
       plan.invalid_reason = "its digest sidecar does not record it as the pack of expert-parallel " +
                             ep::Describe(*req.ep, experts.num_experts);

@@ -17,63 +17,79 @@
 namespace k3pack::pack {
 
 Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, const ExpertSet& ex,
-                                                  const ProgressFn& progress) {
+                                                  const ProgressFn& progress, const std::optional<ep::Rank>& rank) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   K3_ASSIGN_OR_RETURN(LockFile lock, LockPack(pack_path));
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
   const std::string dpath = DigestsPathFor(pack_path);
-  if (!PathExists(dpath)) {
-    return Error("digest sidecar " + dpath + " is missing: the damaged payloads cannot be told apart",
-                 ErrorKind::kFileNotFound)
-        .WithHint("rebuild the pack with --force");
+  // Without a sidecar (a pack SGLang's writer made, or one copied without
+  // it) the shards are the record: every payload is compared with its
+  // source slice, and the sidecar is written from them once the pack holds
+  // them, so the stores check its reads from then on.
+  const bool have_sidecar = PathExists(dpath);
+  PackDigests digests;
+  if (have_sidecar) {
+    K3_ASSIGN_OR_RETURN(digests, ReadPackDigests(dpath));
+  } else {
+    digests.index_count = layout.index_count();
+    digests.index_sha256 = layout.IndexSha256();
+    digests.pack_size = layout.final_size();
+    digests.data_start = layout.data_start();
+    digests.entry_sha256.assign(layout.index_count(), {});
+    digests.entry_crc32c.assign(layout.index_count(), 0);
+    if (rank) {
+      digests.ep = rank;
+      digests.num_experts = layout.num_experts();
+      K3_ASSIGN_OR_RETURN(digests.source_tag, SourceTag(ex));
+    }
   }
-  K3_ASSIGN_OR_RETURN(PackDigests digests, ReadPackDigests(dpath));
   const int fd = ::open(pack_path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return Error::FromErrno("cannot open " + pack_path + " for repair", errno);
   UniqueFd pack_fd(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat " + pack_path, errno);
+  if (!have_sidecar && static_cast<uint64_t>(st.st_size) != layout.final_size()) {
+    return Error("pack " + pack_path + " is " + std::to_string(st.st_size) + " bytes, the pack of these shards " +
+                 std::to_string(layout.final_size()) + ": not a pack of these shards' layout (and it has no digest "
+                 "sidecar " + dpath + ")")
+        .WithHint("rebuild the pack with --force");
+  }
   if (!DigestsMatchPack(digests, layout, static_cast<uint64_t>(st.st_size))) {
     return Error("pack " + pack_path + " does not have the layout of these shards (index or size differ): its index "
                  "or header is damaged, not only payloads")
         .WithHint("rebuild the pack with --force");
-  }
-  // 0. The header and index: SGLang's validator ignores some of their bytes
-  // (a name's NUL padding), yet they change the index digest the manifest
-  // records. The shards' layout gives the exact bytes (the sidecar's index
-  // digest, checked above), so a prefix that differs is rewritten in place.
-  RepairDamagedResult r;
-  {
-    const std::vector<uint8_t> want = layout.EncodePrefix();
-    std::vector<uint8_t> have(want.size());
-    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, have.data(), have.size(), 0));
-    if (got != have.size() || have != want) {
-      uint64_t first = 0;
-      while (first < got && have[first] == want[first]) ++first;
-      K3_RETURN_IF_ERROR(PwriteFull(fd, want.data(), want.size(), 0));
-      if (::fsync(fd) != 0) return Error::FromErrno("cannot fsync " + pack_path, errno);
-      r.repaired.push_back("the header/index (bytes from " + std::to_string(first) +
-                           " differed from the layout of these shards)");
-    }
   }
   std::vector<UniqueFd> src;
   for (const auto& p : ex.shard_paths) {
     K3_ASSIGN_OR_RETURN(UniqueFd s, OpenReadOnly(p));
     src.push_back(std::move(s));
   }
+  auto slice_of = [&](uint64_t i) {
+    const EntrySlot s = layout.Entry(i);
+    const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
+    return std::tuple{s, &t, t.tensor.data_offset + s.expert * t.expert_bytes,
+                      t.tensor.name + " expert " + std::to_string(s.expert) + " (entry " + std::to_string(i) + ")"};
+  };
 
-  // 1. Find every damaged payload.
+  // 1. Find every damaged payload: against its record, or without one
+  // against its source slice (whose digests become the record).
   K3_ASSIGN_OR_RETURN(IoBuffer buf, IoBuffer::Allocate(8 << 20));
   CopyStats stats;
   std::vector<uint64_t> damaged;
-  uint64_t total = 0, done = 0;
+  uint64_t total = 0, done = 0, held = 0;
   for (uint64_t i = 0; i < layout.index_count(); ++i) total += layout.Entry(i).nbytes;
   for (uint64_t i = 0; i < layout.index_count(); ++i) {
     const EntrySlot s = layout.Entry(i);
     if (!digests.present(i)) {  // a rank pack: another rank's object, a hole by design
       done += s.nbytes;
       continue;
+    }
+    ++held;
+    if (!have_sidecar) {
+      const auto [slot, t, soff, what] = slice_of(i);
+      K3_ASSIGN_OR_RETURN(digests.entry_sha256[i], HashRange(src[t->tensor.shard_index].get(), soff, s.nbytes, buf,
+                                                             &stats, &digests.entry_crc32c[i]));
     }
     K3_ASSIGN_OR_RETURN(auto d, HashRange(fd, s.offset, s.nbytes, buf, &stats));
     if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) damaged.push_back(i);
@@ -83,18 +99,20 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
                 std::chrono::duration<double>(Clock::now() - t0).count()});
   }
 
-  auto slice_of = [&](uint64_t i) {
-    const EntrySlot s = layout.Entry(i);
-    const ExpertTensor& t = ex.by_layer[s.active_layer_index][static_cast<uint32_t>(s.role)];
-    return std::tuple{s, &t, t.tensor.data_offset + s.expert * t.expert_bytes,
-                      t.tensor.name + " expert " + std::to_string(s.expert) + " (entry " + std::to_string(i) + ")"};
-  };
-
   // 1b. A pack whose payloads all match its own digests may still be the
   // pack of other shards (same layout, other weights): a sample of intact
   // payloads is compared with these shards before anything is rewritten,
-  // or the repair would find nothing to do and report success.
-  if (damaged.size() < layout.index_count()) {
+  // or the repair would find nothing to do and report success. Without a
+  // sidecar, a pack none of whose payloads matches these shards is such a
+  // pack, not a damaged one: rewriting all of it in place is a --force.
+  if (!have_sidecar && held > 0 && damaged.size() == held) {
+    return Error("pack " + pack_path + " was not built from these shards: none of its " + std::to_string(held) +
+                 " payloads matches its slice of them (the pack of another model with the same layout, or shards "
+                 "changed since), and it has no digest sidecar to tell damage from another source; no payload was "
+                 "rewritten")
+        .WithHint("rebuild it from these shards with --force, or pass the pack built from them");
+  }
+  if (have_sidecar && damaged.size() < layout.index_count()) {
     constexpr uint64_t kSamples = 6;
     std::vector<uint64_t> intact;
     for (uint64_t i = 0; i < layout.index_count(); ++i) {
@@ -113,14 +131,35 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     }
   }
 
-  // 2. Rewrite each from its source slice; the copy must hash to the record.
+  // 2. The header and index: SGLang's validator ignores some of their bytes
+  // (a name's NUL padding), yet they change the index digest the manifest
+  // records. The shards' layout gives the exact bytes (the sidecar's index
+  // digest, or the payloads found to be these shards'), so a prefix that
+  // differs is rewritten in place.
+  RepairDamagedResult r;
+  {
+    const std::vector<uint8_t> want = layout.EncodePrefix();
+    std::vector<uint8_t> have(want.size());
+    K3_ASSIGN_OR_RETURN(size_t got, PreadFull(fd, have.data(), have.size(), 0));
+    if (got != have.size() || have != want) {
+      uint64_t first = 0;
+      while (first < got && have[first] == want[first]) ++first;
+      K3_RETURN_IF_ERROR(PwriteFull(fd, want.data(), want.size(), 0));
+      if (::fsync(fd) != 0) return Error::FromErrno("cannot fsync " + pack_path, errno);
+      r.repaired.push_back("the header/index (bytes from " + std::to_string(first) +
+                           " differed from the layout of these shards)");
+    }
+  }
+
+  // 3. Rewrite each from its source slice; the copy must hash to the record.
   for (uint64_t i : damaged) {
     const auto [s, t_ptr, soff, what] = slice_of(i);
     const ExpertTensor& t = *t_ptr;
     K3_RETURN_IF_ERROR(ZeroRange(fd, s.offset, s.nbytes));
     K3_ASSIGN_OR_RETURN(auto d, CopyAndHash(src[t.tensor.shard_index].get(), soff, fd, s.offset, s.nbytes, buf, &stats));
     if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) {
-      return Error("source of " + what + " no longer matches the digest recorded when the pack was built: " +
+      return Error("source of " + what + " no longer matches the digest " +
+                   (have_sidecar ? "recorded when the pack was built" : "this repair read from it") + ": " +
                    ex.shard_paths[t.tensor.shard_index] + " changed")
           .WithHint("the pack cannot be repaired from these shards; rebuild it with --force");
     }
@@ -128,13 +167,18 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   }
   if (!damaged.empty() && ::fsync(fd) != 0) return Error::FromErrno("cannot fsync " + pack_path, errno);
 
-  // 3. Verify the repaired entries against both the sidecar and the source.
+  // 4. Verify the repaired entries against the sidecar and the source.
   if (!damaged.empty()) {
     VerifyOptions vo;
-    vo.against_digests = true;
+    vo.against_digests = have_sidecar;
     vo.against_source = true;
     vo.entries = damaged;
+    vo.ep = digests.ep;
     K3_RETURN_IF_ERROR(VerifyPayloads(pack_path, ex, vo).status());
+  }
+  if (!have_sidecar) {
+    K3_RETURN_IF_ERROR(WritePackDigests(dpath, digests));
+    r.sidecar_written = dpath;
   }
   r.entries_checked = layout.index_count();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

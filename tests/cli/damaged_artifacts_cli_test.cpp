@@ -121,5 +121,71 @@ TEST(DamagedArtifacts, AManifestThatDoesNotParseIsSaidToNotParse) {
   EXPECT_TRUE(Contains(r.out, "--force")) << r.out;
 }
 
+// A pack without its digest sidecar (SGLang's writer makes none; a copy may
+// leave it behind) was "already built" without a word although every store
+// served it unchecked, its repair (`--restart`, `--repair-damaged`) was
+// refused ("the damaged payloads cannot be told apart"), and a rank pack's
+// refusal said its sidecar did not record its rank. The repair compares
+// every payload with the shards, rewrites those that differ and writes the
+// sidecar (the same bytes as the build's); one none of whose payloads are
+// these shards' is refused, untouched.
+TEST(DamagedArtifacts, APackWithoutItsSidecarIsRepairedAgainstTheShards) {
+  const std::string m = FreshModel("missing-sidecar");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string pack = m + "/" + kPackName, sidecar = pack + ".digests";
+  const std::string intact_sidecar = FileBytes(sidecar), intact_pack = FileBytes(pack);
+  fs::remove(sidecar);
+  CliRun rerun = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(rerun.code, 0) << rerun.out;
+  EXPECT_TRUE(Contains(rerun.out, "has no digest sidecar (" + sidecar + "), so k3pack's stores serve it without "
+                                  "checking its reads (CRC32C); --restart compares every payload"))
+      << rerun.out;
+  EXPECT_FALSE(fs::exists(sidecar)) << "already built writes nothing";
+
+  for (const std::string how : {"build --restart", "pack --repair-damaged"}) {
+    SCOPED_TRACE(how);
+    fs::remove(sidecar);
+    const uint64_t damaged_at = intact_pack.size() - 5000;  // inside the last payload
+    std::string damaged = intact_pack;
+    damaged[damaged_at] ^= 0x40;
+    std::ofstream(pack, std::ios::binary | std::ios::trunc) << damaged;
+    CliRun repair = Cli(how + " --progress none --safety-margin-gib 0 " + Q(m));
+    EXPECT_EQ(repair.code, 0) << repair.out;
+    EXPECT_TRUE(Contains(repair.out, "rewrote ")) << repair.out;
+    EXPECT_EQ(FileBytes(pack), intact_pack) << repair.out;
+    EXPECT_EQ(FileBytes(sidecar), intact_sidecar) << "the sidecar written from the shards differs from the build's";
+  }
+  CliRun full = Cli("verify --progress none --full " + Q(m));
+  EXPECT_EQ(full.code, 0) << full.out;
+
+  // A rank pack: the refusal names the missing sidecar, and --restart writes it.
+  CliRun rank = Cli("build --progress none --safety-margin-gib 0 --ep-size 2 --ep-rank 1 " + Q(m));
+  ASSERT_EQ(rank.code, 0) << rank.out;
+  const std::string rank_sidecar = m + "/KIMI-K3-SYNTH.expert-major.ep1-of-2.pack.digests";
+  const std::string intact_rank_sidecar = FileBytes(rank_sidecar);
+  fs::remove(rank_sidecar);
+  CliRun refused = Cli("build --progress none --safety-margin-gib 0 --ep-size 2 --ep-rank 1 " + Q(m));
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_TRUE(Contains(refused.out, "it has no digest sidecar (" + rank_sidecar + ") to record it as the pack of "
+                                    "expert-parallel rank 1 of 2"))
+      << refused.out;
+  CliRun restarted = Cli("build --progress none --safety-margin-gib 0 --ep-size 2 --ep-rank 1 --restart " + Q(m));
+  EXPECT_EQ(restarted.code, 0) << restarted.out;
+  EXPECT_EQ(FileBytes(rank_sidecar), intact_rank_sidecar);
+
+  // The pack of another model with the same layout, without a sidecar.
+  const std::string other = Root() + "/missing-sidecar-other";
+  fs::remove_all(other);
+  ASSERT_EQ(Cli("synth --preset tiny --seed 7 --out " + Q(other)).code, 0);
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 " + Q(other)).code, 0);
+  fs::copy_file(other + "/" + kPackName, pack, fs::copy_options::overwrite_existing);
+  fs::remove(sidecar);
+  const auto before = Snapshot(m);
+  CliRun foreign = Cli("pack --repair-damaged --progress none " + Q(m));
+  EXPECT_EQ(foreign.code, 1) << foreign.out;
+  EXPECT_TRUE(Contains(foreign.out, "was not built from these shards: none of its ")) << foreign.out;
+  EXPECT_EQ(Snapshot(m), before) << foreign.out;
+}
+
 }  // namespace
 }  // namespace k3cli
