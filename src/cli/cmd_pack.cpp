@@ -133,7 +133,23 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   return RunPerRank(v.ep, "rank_packs", [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank); });
 }
 
+// What --repair-damaged did to one pack.
+void PrintRepaired(const nlohmann::json& j) {
+  for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
+  const std::string how = j.contains("sidecar_written")
+                              ? "each compared with its source slice; the missing digest sidecar " +
+                                    j["sidecar_written"].get<std::string>() + " is written from them"
+                              : "each checked against its digest; the rewritten ones and a sample of the rest "
+                                "against the source";
+  std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (%s)\n", j["pack"].get<std::string>().c_str(),
+              j["repaired_damaged"].size(), j["entries_checked"].get<unsigned long long>(), how.c_str());
+}
+
 void PrintBuilt(const nlohmann::json& j, bool json_mode) {
+  if (j.contains("repaired_damaged")) {  // one rank of --ep-rank all --repair-damaged
+    PrintRepaired(j);
+    return;
+  }
   if (j.contains("already_built")) {
     ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), json_mode, "pack");
     return;
@@ -193,21 +209,6 @@ int RunPack(const std::vector<std::string>& argv) {
   auto r = Run(args, *v);
   if (!r.ok()) return ReportError(kCmd, r.error(), pack::InterruptExitCode(r.error()));
   const auto& j = *r;
-  if (j.contains("repaired_damaged")) {
-    if (args.Has("--json")) {
-      PrintJson(j);
-      return kExitOk;
-    }
-    for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
-    const std::string how = j.contains("sidecar_written")
-                                ? "each compared with its source slice; the missing digest sidecar " +
-                                      j["sidecar_written"].get<std::string>() + " is written from them"
-                                : "each checked against its digest; the rewritten ones and a sample of the rest "
-                                  "against the source";
-    std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (%s)\n", j["pack"].get<std::string>().c_str(),
-                j["repaired_damaged"].size(), j["entries_checked"].get<unsigned long long>(), how.c_str());
-    return kExitOk;
-  }
   if (j.contains("already_built") && !j.contains("rank_packs")) {
     ReportAlreadyBuilt(kCmd, j["pack"].get<std::string>(), args.Has("--json"), "pack");
     return kExitOk;

@@ -215,5 +215,19 @@ TEST(EpAudit, RankManifestListsAndTheSplitCommandAreSaidPlainly) {
   EXPECT_TRUE(Contains(merge_help.out, "RANK_PACK... [--pack FULL.pack] [options]")) << merge_help.out;
 }
 
+// `pack --ep-rank all --repair-damaged` repaired every rank and then died
+// printing the result (an uncaught nlohmann type_error, SIGABRT): each
+// rank's result was printed as a build's.
+TEST(EpAudit, RepairingEveryRankSaysWhatItDidForEach) {
+  const std::string m = FreshModel("ep-repair-all");
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 --ep-size 2 --ep-rank all " + Q(m)).code, 0);
+  CliRun r = Cli("pack --progress none --ep-size 2 --ep-rank all --repair-damaged " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const std::string rank : {"ep0-of-2", "ep1-of-2"})
+    EXPECT_TRUE(Contains(r.out, "EXPERT_PACK_REPAIRED path=" + m + "/KIMI-K3-SYNTH.expert-major." + rank +
+                                    ".pack damaged=0 of "))
+        << r.out;
+}
+
 }  // namespace
 }  // namespace k3cli
