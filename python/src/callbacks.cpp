@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,6 +21,22 @@ std::shared_ptr<py::object> HoldCallable(py::object fn, const char* keyword) {
     CallbackGil gil;
     if (gil.held()) delete p;  // else the interpreter is exiting: leave it to the process's end
   });
+}
+
+namespace {
+
+thread_local int t_user_callbacks = 0;
+
+}  // namespace
+
+InUserCallback::InUserCallback() { ++t_user_callbacks; }
+InUserCallback::~InUserCallback() { --t_user_callbacks; }
+
+void RefuseInsideUserCallback(const char* call) {
+  if (t_user_callbacks == 0) return;
+  throw std::runtime_error(std::string(call) + " cannot be called from a progress or log callback of a k3pack call "
+                           "running on this thread: that call holds its outputs' locks and would find its files "
+                           "replaced; start it after the call returns, or from another thread");
 }
 
 namespace {
@@ -93,6 +111,7 @@ std::function<void(const std::string&)> LineCallback(py::object fn, const char* 
     CallbackGil gil;
     if (!gil.held()) return;
     try {
+      const InUserCallback inside;
       (*holder)(line);
     } catch (py::error_already_set& e) {
       DiscardCallbackError(e, "k3pack log callback");

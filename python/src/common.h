@@ -155,6 +155,22 @@ std::shared_ptr<py::object> HoldCallable(py::object fn, const char* keyword);
 // handler a second time.
 void DiscardCallbackError(py::error_already_set& e, const char* what);
 
+// Marks the calling thread as inside a user callback of a k3pack call while
+// the object lives. A writer called from there (build_pack from build_pack's
+// own progress callback) ran as the call under way, through the pack's lock,
+// which is re-entrant for the thread holding it, and the outer call then
+// failed on files the inner one had replaced.
+class InUserCallback {
+ public:
+  InUserCallback();
+  ~InUserCallback();
+  InUserCallback(const InUserCallback&) = delete;
+  InUserCallback& operator=(const InUserCallback&) = delete;
+};
+// RuntimeError when the calling thread is inside a user callback (above):
+// `call` ("k3pack.build_pack") cannot start there.
+void RefuseInsideUserCallback(const char* call);
+
 // A C++ line callback that calls `fn` (None: no callback) under the GIL; an
 // exception it raises is reported as unraisable, never into the engine
 // (DiscardCallbackError).
@@ -226,6 +242,12 @@ inline constexpr k3pack::ep::RankNames kEpKeywordNames{"ep_size", "ep_rank"};
 // count is the library's check, at open, in the same words (kEpKeywordNames).
 std::optional<k3pack::ep::Rank> EpRankArg(const py::object& ep_size, const py::object& ep_rank);
 
+// The name of `o`'s type ("float", "NoneType"), for a TypeError naming what
+// was passed.
+inline std::string TypeNameOf(const py::handle& o) {
+  return py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>();
+}
+
 // The request_ids keyword of acquire: None (unknown), one non-negative int
 // for the call, or a sequence of them, one per row. `keyword` is what the
 // messages name (prefetch's and keep's is request_id: "request_ids must be
@@ -233,13 +255,14 @@ std::optional<k3pack::ep::Rank> EpRankArg(const py::object& ep_size, const py::o
 inline std::vector<uint64_t> RequestIdsArg(const py::object& o, const std::string& keyword = "request_ids") {
   std::vector<uint64_t> out;
   if (o.is_none()) return out;
-  const auto bad = [&] {
-    Raise(k3pack::Error(keyword == "request_ids" ? "request_ids must be None, an int or a sequence of ints"
-                                                 : keyword + " must be None or an int",
-                        k3pack::ErrorKind::kValue));
+  // A value of another type is a TypeError, as Python's own int arguments.
+  const auto bad = [&](const py::handle& h) {
+    throw py::type_error((keyword == "request_ids" ? std::string("request_ids must be None, an int or a sequence of ints")
+                                                   : keyword + " must be None or an int") +
+                         ", got " + TypeNameOf(h));
   };
   auto one = [&](const py::handle& h) {
-    if (!py::isinstance<py::int_>(h) && !py::hasattr(h, "__index__")) bad();
+    if (!py::isinstance<py::int_>(h) && !py::hasattr(h, "__index__")) bad(h);
     py::int_ i(py::reinterpret_borrow<py::object>(h));
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
@@ -257,13 +280,14 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o, const std::strin
     }
     out.push_back(static_cast<uint64_t>(u));
   };
-  if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o)) bad();
+  if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o)) bad(o);
   if (py::isinstance<py::iterable>(o)) {  // a list, tuple or array: one per row
+    if (keyword != "request_ids") bad(o);  // prefetch's and keep's one id: [1] was taken as 1
     for (py::handle h : o) one(h);
   } else if (py::hasattr(o, "__index__")) {  // an int or a numpy integer
     one(o);
   } else {
-    bad();
+    bad(o);
   }
   return out;
 }
@@ -295,12 +319,6 @@ inline std::vector<int64_t> IntegerIdsArg(const py::handle& obj, const char* arg
   py::array_t<int64_t, py::array::c_style | py::array::forcecast> v(a);
   if (shape) shape->assign(v.shape(), v.shape() + v.ndim());
   return std::vector<int64_t>(v.data(), v.data() + v.size());
-}
-
-// The name of `o`'s type ("float", "NoneType"), for a TypeError naming what
-// was passed.
-inline std::string TypeNameOf(const py::handle& o) {
-  return py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>();
 }
 
 // An integer argument as a Python int: an int, or anything with __index__

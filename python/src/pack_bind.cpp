@@ -24,6 +24,7 @@
 #include "util/pyrepr.h"
 #include "util/output_guard.h"
 #include "util/sha256.h"
+#include "util/json_text.h"
 
 namespace k3py {
 namespace {
@@ -56,6 +57,7 @@ pack::ProgressFn ProgressCallback(py::object fn) {
       d["done_objects"] = p.done_objects;
       d["total_objects"] = p.total_objects;
       d["elapsed_s"] = p.elapsed_s;
+      const InUserCallback inside;
       (*holder)(d);
     } catch (py::error_already_set& e) {
       DiscardCallbackError(e, "k3pack progress callback");
@@ -131,6 +133,7 @@ py::dict BuildPackCall(const std::string& gguf_dir, const std::string& model_con
                        const py::object& profile, bool allow_mixed_types, double safety_margin_gib, bool restart,
                        const py::object& threads, py::object progress, py::object log, bool force,
                        bool hash_sources, const py::object& wait) {
+  RefuseInsideUserCallback("k3pack.build_pack");
   kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
   LockWaitKeyword waiting(wait, log, "the pack's lock");
   pack::BuildOptions o;
@@ -193,6 +196,7 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
                        const std::string& tokenizer_dir, const std::string& pack_arg,
                        const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
                        bool allow_unsupported, bool force, const py::object& wait, const py::object& log) {
+  RefuseInsideUserCallback("k3pack.build");
   kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
   LockWaitKeyword waiting(wait, log, "the pack's lock");
   std::string out = pack_arg, manifest_path = manifest_arg;
@@ -278,6 +282,7 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
                               const py::object& payload_samples,
                               bool full_source_hashes, bool full_pack_hash, py::object progress, bool force,
                               std::map<std::string, std::string> known_shard_sha256) {
+  RefuseInsideUserCallback("k3pack.create_manifest");
   manifest::CreateOptions o;
   o.gguf_dir = gguf_dir;
   o.expert_pack = expert_pack;
@@ -452,7 +457,15 @@ void RegisterManifest(py::module_& m) {
         py::module_::import("json").attr("dumps")(doc, py::arg("allow_nan") = false).cast<std::string>();
     nlohmann::json parsed;
     IntegersAsWritten sax(parsed);
-    nlohmann::json::sax_parse(text, &sax);
+    try {
+      nlohmann::json::sax_parse(text, &sax);
+    } catch (const nlohmann::json::exception& e) {
+      // json.dumps escapes a lone surrogate (a path os.fsdecode made of
+      // bytes that are not UTF-8), which no UTF-8 file can hold.
+      throw py::value_error("serialize_manifest: the manifest holds text that UTF-8 cannot encode (a lone "
+                            "surrogate, as os.fsdecode makes of a name that is not UTF-8): " +
+                            k3pack::JsonErrorText(e));
+    }
     if (!sax.inexact.empty()) {
       throw py::value_error("serialize_manifest: the integer " + sax.inexact +
                             " does not fit in 64 bits, so the manifest's JSON cannot hold it exactly");

@@ -25,6 +25,7 @@
 #include "util/file.h"
 #include "util/format.h"
 #include "util/lock_file.h"
+#include "util/json_text.h"
 
 namespace k3pack::cli {
 namespace {
@@ -122,7 +123,7 @@ bool UnfinishedDumpIn(const std::string& dir, std::set<std::string>* found) {
   found->clear();
   if (!HoldsMarker(dir, kDumpPartialMarker)) return false;
   if (auto text = ReadFileToString(dir + "/" + kDumpPartialMarker); text.ok()) {
-    const json j = json::parse(*text, nullptr, false);
+    const json j = ParseJsonOrDiscarded(*text);
     if (j.is_object() && j.contains("k3pack_dump_in_progress") && j["k3pack_dump_in_progress"].is_object()) {
       for (const auto& f : j["k3pack_dump_in_progress"].value("found", json::array())) {
         if (f.is_string()) found->insert(f.get<std::string>());

@@ -16,6 +16,7 @@
 #include "util/lock_file.h"
 #include "util/progress.h"
 #include "util/utf8.h"
+#include "util/json_text.h"
 
 namespace {
 
@@ -33,7 +34,7 @@ nlohmann::json Recipe(const std::string& in, const std::string& fix) {
 std::optional<nlohmann::json> RecordIn(const std::string& out) {
   auto text = k3pack::ReadFileToString((fs::path(out) / kRepairRecordName).string());
   if (!text.ok()) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = k3pack::ParseJsonOrDiscarded(*text);
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
   return j;
 }
@@ -45,7 +46,7 @@ bool UnfinishedRepairIn(const std::string& out, nlohmann::json* recipe) {
   *recipe = nullptr;
   if (!k3pack::HoldsMarker(out, kRepairMarkerName)) return false;
   if (auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarkerName).string()); text.ok()) {
-    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+    nlohmann::json j = k3pack::ParseJsonOrDiscarded(*text);
     if (j.is_object() && j.contains("k3pack_repair_in_progress")) *recipe = j["k3pack_repair_in_progress"];
   }
   return true;

@@ -14,6 +14,7 @@
 #include "pack/build_inputs.h"
 #include "util/file.h"
 #include "util/output_guard.h"
+#include "util/json_text.h"
 
 namespace k3pack::cli {
 
@@ -77,7 +78,7 @@ Status CheckModelConfig(const std::string& option, const std::string& path) {
   }
   auto text = ReadFileToString(path);
   if (!text.ok()) return text.error().WithHint("pass a readable config.json as " + option);
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
   if (j.is_discarded() || !j.is_object()) {
     return Error(option + " " + path + " is not a JSON object").WithHint("pass the HF config.json of the Kimi-K3 model");
   }
@@ -106,7 +107,7 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
   }
   auto text = ReadFileToString((d / "config.json").string());
   if (!text.ok()) return text.error();
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
   if (j.is_discarded() || !j.is_object() || !j.contains("text_config")) {
     return Error("Kimi tokenizer config does not contain text_config")
         .WithHint((d / "config.json").string() + " (" + option + ") must be the model's HF config with text_config");

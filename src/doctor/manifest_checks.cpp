@@ -19,6 +19,7 @@
 #include "pack/pack_output.h"
 #include "util/format.h"
 #include "util/sha256.h"
+#include "util/json_text.h"
 
 namespace k3pack::doctor::internal {
 
@@ -464,7 +465,7 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     out.report().unusable = true;
     return {};
   }
-  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  json j = ParseJsonOrDiscarded(*text);
   if (j.is_discarded() || !j.is_object()) {
     out.Add("input-unrecognized", manifest_path, "not a JSON object", {}, manifest_path);
     out.report().unusable = true;

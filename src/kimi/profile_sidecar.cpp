@@ -5,6 +5,7 @@
 
 #include "util/file.h"
 #include "util/utf8.h"
+#include "util/json_text.h"
 
 namespace k3pack::kimi {
 
@@ -28,7 +29,7 @@ Result<Recorded> RecordedIn(const std::string& path) {
                                              "make it readable for this user, or pass --profile kimi-k3|scaled (from Python, "
                                              "profile='kimi-k3' or 'scaled')"));
   }
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
   if (j.is_discarded() || !j.is_object()) return Recorded();
   if (auto it = j.find("k3pack"); it != j.end() && it->is_object()) {
     if (auto p = it->find("profile"); p != it->end() && p->is_string()) return Recorded(p->get<std::string>());
@@ -150,7 +151,7 @@ bool SynthSidecarRecords(const std::string& out_dir, const nlohmann::json& recip
                          const nlohmann::json& args_given) {
   auto text = ReadFileToString((fs::path(out_dir) / kProfileSidecar).string());
   if (!text.ok()) return false;
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  nlohmann::json j = ParseJsonOrDiscarded(*text);
   if (j.is_discarded() || !j.is_object()) return false;
   if (j.contains("synth_options")) return j["synth_options"] == recipe;
   return !args_given.is_null() && j.value("synth_args", nlohmann::json()) == args_given;

@@ -11,6 +11,7 @@
 #include "util/file.h"
 #include "util/pyint.h"
 #include "util/pyrepr.h"
+#include "util/json_text.h"
 
 namespace k3pack::kimi {
 namespace {
@@ -124,13 +125,9 @@ Result<ModelSpec> ModelSpecFromConfig(const nlohmann::json& config, Profile prof
 
 Result<ModelSpec> LoadModelSpec(const std::string& config_path, Profile profile) {
   K3_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Error(config_path + ": model config is not valid JSON: " + e.what());
-  }
-  auto spec = ModelSpecFromConfig(config, profile);
+  auto config = ParseJsonText(text);
+  if (!config.ok()) return Error(config_path + ": model config is not valid JSON: " + config.error().message());
+  auto spec = ModelSpecFromConfig(*config, profile);
   // k3pack's own texts ("model config ...") get the file's name; SGLang's
   // (KeyError, the invariant texts, int()'s) stay verbatim.
   if (!spec.ok() && spec.error().message().rfind("model config", 0) == 0) return spec.error().WithContext(config_path);

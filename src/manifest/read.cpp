@@ -10,6 +10,7 @@
 #include "util/file.h"
 #include "util/output_guard.h"
 #include "util/pyrepr.h"
+#include "util/json_text.h"
 
 namespace k3pack::manifest {
 
@@ -286,11 +287,9 @@ Result<json> ReadManifestJson(const std::string& path) {
     return Error(path + ": manifest is not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1 "
                         "(char 0)");
   }
-  try {
-    return json::parse(*text);
-  } catch (const json::exception& e) {  // the parser's position helps find the damage
-    return Error(path + ": manifest is not valid JSON: " + e.what());
-  }
+  auto j = ParseJsonText(*text);  // the parser's position helps find the damage
+  if (!j.ok()) return Error(path + ": manifest is not valid JSON: " + j.error().message());
+  return j;
 }
 
 Result<ShardRecord> ParseShardRecord(const json& j) {

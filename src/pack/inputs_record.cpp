@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pack/sidecars.h"
+#include "util/json_text.h"
 
 namespace k3pack::pack {
 namespace {
@@ -49,7 +50,7 @@ std::string WhyInputsChanged(const std::string& pack, const ExpertSet& ex) {
   const std::string path = InputsRecordPathFor(pack);
   if (!PathExists(path)) return "";
   auto text = ReadFileToString(path);
-  const nlohmann::json j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+  const nlohmann::json j = text.ok() ? ParseJsonOrDiscarded(*text) : nlohmann::json();
   const bool readable = j.is_object() && j.contains("format") && j["format"].is_string() &&
                         j["format"].get<std::string>() == kFormat && j.contains("shards") && j["shards"].is_array() &&
                         std::all_of(j["shards"].begin(), j["shards"].end(), IsShardEntry);

@@ -11,6 +11,7 @@
 #include "util/sha256.h"
 
 #include "util/le.h"
+#include "util/json_text.h"
 
 namespace k3pack::pack {
 namespace {
@@ -167,7 +168,7 @@ std::string EncodeCheckpoint(const Checkpoint& c) {
 }
 
 Result<Checkpoint> DecodeCheckpoint(const std::string& path, const std::string& text) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
+  auto j = ParseJsonOrDiscarded(text);
   auto bad = [&](const std::string& why) {
     return Error("checkpoint " + path + " is unreadable: " + why, ErrorKind::kValue)
         .WithHint("pass --restart to discard the partial build and start over");

@@ -11,6 +11,7 @@
 #include "store/store_state.h"
 #include "util/file.h"
 #include "util/output_guard.h"
+#include "util/json_text.h"
 
 namespace k3pack::store {
 
@@ -29,7 +30,7 @@ std::optional<json> ReadStoreStats(const std::string& path) {
   if (ec || size > kLargestStatsFile) return std::nullopt;
   auto text = ReadFileToString(path);
   if (!text.ok()) return std::nullopt;
-  json j = json::parse(*text, nullptr, false);
+  json j = ParseJsonOrDiscarded(*text);
   if (!j.is_object() || !j.contains("cache_policy")) return std::nullopt;
   return j;
 }

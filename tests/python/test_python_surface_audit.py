@@ -145,10 +145,13 @@ class PrefetchRequestIdIsNamedAsGiven(_util.TinyPackTestCase):
         self.addCleanup(store.close)
         layer = self.layers[0]
         for method in (store.prefetch, store.keep):
-            for bad, text in [(-1, "request_id must be non-negative"), (2 ** 64, "request_id must be below 2**64"),
-                              ("a", "request_id must be None or an int")]:
+            # A value of another type is a TypeError (session 44), a bad int a ValueError.
+            for bad, text, error in [(-1, "request_id must be non-negative", ValueError),
+                                     (2 ** 64, "request_id must be below 2**64", ValueError),
+                                     ("a", "request_id must be None or an int, got str", TypeError),
+                                     ([1], "request_id must be None or an int, got list", TypeError)]:
                 with self.subTest(method=method.__name__, bad=bad):
-                    with self.assertRaises(ValueError) as cm:
+                    with self.assertRaises(error) as cm:
                         method(layer, [0], request_id=bad)
                     self.assertEqual(str(cm.exception), text)
         # acquire's keyword keeps its own words.

@@ -24,8 +24,9 @@ class StoreRequestIdsTest(_util.TinyPackTestCase):
                                  "request_ids must hold one id for the call or one per row; received 3 for 2 rows")
                 with self.assertRaises(ValueError):
                     store.acquire(layer, ids, request_ids=-1)
-                with self.assertRaises(ValueError):
-                    store.acquire(layer, ids, request_ids="a")
+                for bad in ("a", 1.5):  # another type: TypeError (session 44)
+                    with self.assertRaises(TypeError):
+                        store.acquire(layer, ids, request_ids=bad)
                 # 2**64-1 stands for "no request id" inside the store.
                 for call in (lambda: store.acquire(layer, ids, request_ids=[7, 2**64 - 1]),
                              lambda: store.prefetch(layer, [0], request_id=2**64 - 1),
