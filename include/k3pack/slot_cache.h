@@ -20,7 +20,10 @@
 //
 // Thread-safe. A thread's own unreleased acquisitions do not protect their
 // slots from its next call (SGLang's rule, so single-threaded sequences are
-// SGLang's exactly); other threads' unreleased acquisitions do, and a call
+// SGLang's exactly); a hold on a slot that call takes moves to its new
+// object, so releasing both calls, in either order, frees it, and the new
+// object stays held until then. Other threads' unreleased acquisitions
+// protect their slots, and a call
 // that cannot fit waits for them (bounded) before failing with SGLang's text.
 // A release takes the releasing thread's own hold on each slot first, else
 // another thread's (a call may be released from another thread than the one

@@ -412,6 +412,8 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   misses.reserve(keys.size());
   std::vector<int32_t> out;
   out.reserve(ids.size());
+  std::vector<std::pair<uint32_t, uint32_t>> moved;  // (slot, holds) of this thread's evicted objects
+  moved.reserve(keys.size());
   // This thread's own unreleased calls do not protect their slots (SGLang).
   Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
   s.SetPins(mine, -1);
@@ -442,6 +444,16 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   // Evicted objects give up their slots, in eviction order; misses take the
   // free slots first (lowest index), then those slots in that order.
   for (ObjectId v : ar.evicted) {
+    // An object of this thread's own unreleased call: its holds leave with
+    // it. They were released later by slot, from whatever object the slot
+    // then held (this call's), and the evicted object's stayed for good.
+    if (auto it = mine.find(v); it != mine.end()) {
+      moved.push_back({s.slot_of[v], it->second});
+      s.pins[v] -= it->second;
+      s.total_pins -= it->second;
+      mine.erase(it);
+      s.released_by[s.slot_of[v]] = std::this_thread::get_id();
+    }
     vacated.push_back(s.slot_of[v]);
     s.slot_of[v] = kNoSlot;
     s.key_of[vacated.back()] = kNoObject;
@@ -524,6 +536,18 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
         return waits.error();
       }
     }
+  }
+  // The earlier call names those slots in its release: the holds follow
+  // the slot to this call's object there, which stays protected until both
+  // calls are released, in either order. (A slot left free keeps the
+  // "released by this thread" mark: that release frees nothing of another's.)
+  for (auto [slot, n] : moved) {
+    const ObjectId now = s.key_of[slot];
+    auto it = now == kNoObject ? mine.end() : mine.find(now);
+    if (it == mine.end()) continue;
+    it->second += n;
+    s.pins[now] += n;
+    s.total_pins += n;
   }
   for (int64_t e : ids) out.push_back(static_cast<int32_t>(s.slot_of[space.Id(li, static_cast<uint32_t>(e))]));
   return out;

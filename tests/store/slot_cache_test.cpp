@@ -493,6 +493,61 @@ TEST(StoreConcurrency, SlotCacheARepeatedMarkUsedNeverReleasesAnotherThreadsCall
   ASSERT_TRUE(cache->Close().ok());
 }
 
+// A thread's next call may evict its own unreleased call's objects (SGLang);
+// their holds stayed on the evicted objects while the releases, by slot,
+// took the new objects' holds: after both releases the evicted objects were
+// pinned for good (another thread waited 10 s and failed), and after the
+// first the second call's slots were unprotected (overwritten while used).
+TEST(StoreConcurrency, SlotCacheHoldsFollowASlotTheSameThreadsNextCallTakes) {
+  ThreeSlots three("slots-own-eviction");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  AlignedSlots& mem = three.mem;
+  const int64_t shape[2] = {1, 3};
+  const std::vector<int64_t> first = {0, 1, 2}, second = {3, 4, 5};
+  auto a = cache->Acquire(1, first, shape, std::nullopt);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  auto b = cache->Acquire(1, second, shape, std::nullopt);  // evicts every object of `a`
+  ASSERT_TRUE(b.ok()) << b.error().message();
+  ASSERT_TRUE(cache->MarkUsed(*a).ok());
+
+  // `b` is still held: another thread's call waits for its release.
+  std::atomic<bool> released{false};
+  std::thread other([&] {
+    auto r = cache->Acquire(1, first, shape, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_TRUE(released) << "took the slots of a call that was never released";
+    EXPECT_TRUE(cache->MarkUsed(*r).ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (size_t i = 0; i < second.size(); ++i)
+    EXPECT_TRUE(SlotHolds(mem.base + uint64_t((*b)[i]) * cache->slot_bytes(), {4096, 4096, 4096}, 1,
+                          static_cast<uint32_t>(second[i])))
+        << "slot of expert " << second[i] << " overwritten while held";
+  released = true;
+  ASSERT_TRUE(cache->MarkUsed(*b).ok());
+  other.join();
+
+  // Both released (in the other order too): nothing stays held.
+  a = cache->Acquire(1, first, shape, std::nullopt);
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  b = cache->Acquire(1, second, shape, std::nullopt);
+  ASSERT_TRUE(b.ok()) << b.error().message();
+  ASSERT_TRUE(cache->MarkUsed(*b).ok());
+  ASSERT_TRUE(cache->MarkUsed(*a).ok());
+  const uint64_t waits_before = cache->Snapshot()["k3pack"]["waits_for_other_threads"].get<uint64_t>();
+  std::thread([&] {
+    for (const auto* ids : {&first, &second}) {
+      auto r = cache->Acquire(1, *ids, shape, std::nullopt);
+      ASSERT_TRUE(r.ok()) << r.error().message();
+      EXPECT_TRUE(cache->MarkUsed(*r).ok());
+    }
+  }).join();
+  EXPECT_EQ(cache->Snapshot()["k3pack"]["waits_for_other_threads"].get<uint64_t>(), waits_before)
+      << "a released call's objects were still held";
+  ASSERT_TRUE(cache->Close().ok());
+}
+
 // Two threads, each its own layer, check their slots before mark_used while
 // the other keeps evicting: another thread's unreleased call is protected.
 TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {
