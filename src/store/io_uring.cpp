@@ -115,6 +115,16 @@ class UringEngine final : public IoEngine {
   IoBackend backend() const override { return IoBackend::kUring; }
 
   Status Init(uint32_t depth) {
+    // The kernel's IORING_MAX_ENTRIES. Past 2^31 the doubling below wrapped
+    // to 0 and never ended (Open hung); past this the ring setup failed as
+    // "io_uring is unavailable", which it is not.
+    constexpr uint32_t kMaxRingEntries = 32768;
+    if (depth > kMaxRingEntries) {
+      return Error("queue_depth " + std::to_string(depth) + " is more reads in flight than an io_uring ring holds (" +
+                   std::to_string(kMaxRingEntries) + " entries)")
+          .WithHint("pass a queue_depth of at most " + std::to_string(kMaxRingEntries) +
+                    " (64-256 keep a fast NVMe busy), or use the pread backend");
+    }
     depth_ = depth;
     uint32_t entries = 1;
     while (entries < depth) entries <<= 1;

@@ -159,6 +159,8 @@ void ExpertStore::Impl::DropEntry(ObjectId id, bool evicted) {
   if (e && e->prefetched && !e->used) {
     ++prefetch_wasted;
     prefetch_wasted_bytes += geo.space.Cost(id);
+    // Counted: a read still in flight that then fails is not also `failed`.
+    e->used = true;
   }
   if (evicted) ++cache_evictions;
   e.reset();
@@ -462,10 +464,14 @@ Result<Acquisition> ExpertStore::Acquire(uint32_t layer, std::span<const int64_t
 
 Status ExpertStore::MarkUsed(Acquisition& a) {
   Impl& s = *impl_;
+  // Before the mutex, which a forked child may find held for good by a
+  // parent's thread fork did not copy (the child hung in mark_used, and in
+  // Python in the collection of an unreleased acquisition). The parent's
+  // pins are not the child's to release; and no stats write from a copy.
+  if (Status here = CheckOpenedHere(s.opened_pid); !here.ok()) return a.ticket == 0 ? Status::OK() : here;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (a.ticket == 0) return Status::OK();
-    K3_RETURN_IF_ERROR(CheckOpenedHere(s.opened_pid));  // the parent's pins; and no stats write from a copy
     // Another store's ticket would unpin objects here that this store never
     // pinned and mark the call released, leaving the owner's pins held.
     if (a.store != this)
