@@ -36,6 +36,10 @@ namespace {
 
 constexpr const char* kCmd = "build";
 
+// --restart over a finished pack repairs it in place; with --force the pack
+// is rebuilt (the repair ran and --force was dropped without a word).
+bool RepairsExisting(const Args& args) { return args.Has("--restart") && !args.Has("--force"); }
+
 void Say(bool json, const std::string& s) {
   if (!json) {
     std::printf("%s\n", s.c_str());
@@ -83,6 +87,19 @@ std::string ManifestPathOf(const Args& args, const std::string& pack, const std:
   if (!rank) return path;
   const std::filesystem::path mp(path);
   return (mp.parent_path() / RankManifestName(mp.filename().string(), *rank)).string();
+}
+
+// What the manifest's path can be told without reading anything: not an
+// input, writable where it must be written, and no file of another kind.
+Status PreflightManifest(const Args& args, const std::string& path, const std::vector<NamedPath>& inputs) {
+  OutputSpec spec;
+  spec.option = "--manifest";
+  spec.path = path;
+  spec.force = args.Has("--force");
+  spec.not_own_kind = [&] { return manifest::NotAManifestFile(path); };
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{spec.option, path}}, inputs));
+  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(spec.option, path, spec.force));
+  return CheckOutputKind(spec);
 }
 
 // Whether the manifest at `path` records the shards' whole-file SHA-256
@@ -133,8 +150,11 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
   // Mixed expert types only when asked for, as `k3pack pack`: SGLang's
   // validator refuses them. --restart with a finished pack: check every
   // payload and repair what is damaged (never silently reuse a corrupt pack).
-  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"),
-                                              /*repair_existing=*/args.Has("--restart"), rank, judge_the_rest));
+  auto before_the_pack = [&](const PackPlan& plan) {
+    return PreflightManifest(args, ManifestPathOf(args, plan.pack, rank), plan.inputs);
+  };
+  K3_ASSIGN_OR_RETURN(PackPlan plan, PlanPack(args, args.Has("--allow-mixed-types"), RepairsExisting(args), rank,
+                                              judge_the_rest, before_the_pack));
   const kimi::Profile profile = plan.profile;
   const pack::ExpertSet& experts = plan.experts;
   const std::string out = plan.pack;
@@ -251,15 +271,9 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   std::map<std::string, std::string> shard_sha256;
   // Each rank's manifest as its build will judge it, short of reading it.
   auto manifest_of_rank = [&](const std::string& rank_pack, const ep::Rank& rank) -> Status {
-    OutputSpec spec;
-    spec.option = "--manifest";
-    spec.path = ManifestPathOf(args, rank_pack, rank);
-    spec.force = args.Has("--force");
-    spec.not_own_kind = [&] { return manifest::NotAManifestFile(spec.path); };
-    K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(spec.option, spec.path, spec.force));
-    return CheckOutputKind(spec);
+    return PreflightManifest(args, ManifestPathOf(args, rank_pack, rank), {});
   };
-  K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--restart"),
+  K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), RepairsExisting(args),
                                         manifest_of_rank));
   return RunPerRank(v.ep, "rank_builds",
                     [&](std::optional<ep::Rank> rank) { return RunOne(args, v, rank, &shard_sha256); });
@@ -313,7 +327,8 @@ int RunBuild(const std::vector<std::string>& argv) {
   AddProfileOption(args);
   AddForceFlag(args, "pack and manifest");
   AddWaitOption(args);
-  AddCopyOptions(args);
+  AddCopyOptions(args, "discard an interrupted partial build instead of resuming it; over a finished pack, compare "
+                       "every payload with the shards and rewrite only those that differ (with --force: rebuild it)");
   AddEpOptions(args);
   int code = 0;
   if (!args.Parse(argv, &code)) return code;

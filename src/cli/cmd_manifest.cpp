@@ -54,6 +54,14 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
   K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"--manifest", output}, o.expert_pack, o.tokenizer_dir));
   K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere("--manifest", output, args.Has("--force")));
+  // A file the rule never replaces, refused before the shards are hashed
+  // (at full scale, after 18 minutes of it).
+  OutputSpec spec;
+  spec.option = "--manifest";
+  spec.path = output;
+  spec.force = args.Has("--force");
+  spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
+  K3_RETURN_IF_ERROR(CheckOutputKind(spec));
   inputs.push_back({"--manifest", output});
   K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(inputs));
 
@@ -77,13 +85,8 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   }
   const std::optional<FileStamp> seen = SeeOutput(output);
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));
-  OutputSpec spec;
-  spec.option = "--manifest";
-  spec.path = output;
-  spec.force = args.Has("--force");
   spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, m); };
   spec.why_refused = "it differs from the manifest of these inputs";
-  spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
   K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));
   if (action == OutputAction::kAlreadyBuilt) return nlohmann::json{{"already_built", true}, {"manifest", output}};
   K3_RETURN_IF_ERROR(CheckOutputWritable("--manifest", output));

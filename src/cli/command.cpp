@@ -568,9 +568,9 @@ void PrintJson(nlohmann::json j) { std::cout << DumpJsonEscaped(std::move(j)) <<
 
 bool StderrIsTty() { return ::isatty(STDERR_FILENO) == 1; }
 
-void AddCopyOptions(Args& args) {
+void AddCopyOptions(Args& args, std::string_view restart_help) {
   args.Option("--safety-margin-gib", "free space required beyond the pack, in GiB", "2")
-      .Flag("--restart", "discard an interrupted partial build instead of resuming it")
+      .Flag("--restart", std::string(restart_help))
       .Option("--threads", "copies in flight (default 4)");
   AddProgressOption(args);
 }

@@ -158,7 +158,7 @@ void PrintJson(nlohmann::json j);
 
 // The copy options `pack` and `build` share: --safety-margin-gib, --restart,
 // --threads, --progress.
-void AddCopyOptions(Args& args);
+void AddCopyOptions(Args& args, std::string_view restart_help = "discard an interrupted partial build instead of resuming it");
 // --threads as a copy-worker count (0 = the builder's default).
 Result<int> ParseCopyThreads(const Args& args);
 // The values of AddCopyOptions' options, checked (a bad one is a usage error).

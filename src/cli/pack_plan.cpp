@@ -78,9 +78,14 @@ Status PreflightEveryRank(const Args& args, const EpChoice& choice, bool allow_m
 // The shared front half of `pack` and `build`: preflight the inputs, collect
 // the experts, pick the pack path, and apply the overwrite rule to it.
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing,
-                          const std::optional<ep::Rank>& rank, const std::function<Status(const PackPlan&)>& then) {
+                          const std::optional<ep::Rank>& rank, const std::function<Status(const PackPlan&)>& then,
+                          const std::function<Status(const PackPlan&)>& before) {
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanInputs(args, allow_mixed_types, rank));
   pack::PackOutputRequest req = OutputRequestOf(args, plan, repair_existing);
+  if (before) {  // after the pack's own preflight, as its refusals came first
+    K3_RETURN_IF_ERROR(pack::PreflightPackOutput(req));
+    K3_RETURN_IF_ERROR(before(plan));
+  }
   K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
   req.progress = pack::MakeProgressPrinter(mode, rank);
   req.note = [&args](const std::string& why) { Narrate(args.command(), "note: " + why); };

@@ -46,10 +46,14 @@ using manifest::kDefaultManifestName;
 // own damaged payloads: its digest sidecar marks the others absent).
 // `then` is the caller's own look at the rest of its outputs on the plan
 // (pack::PackOutputRequest::then): its refusals come before a lock file is
-// made too.
+// made too. `before` (plan.pack and plan.inputs set) is its look that needs
+// no judgement of the pack: before the pack is judged, which may read all of
+// it (a refused manifest path came after that read, and after it recorded
+// the shards beside the pack).
 Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_existing = false,
                           const std::optional<ep::Rank>& rank = std::nullopt,
-                          const std::function<Status(const PackPlan&)>& then = {});
+                          const std::function<Status(const PackPlan&)>& then = {},
+                          const std::function<Status(const PackPlan&)>& before = {});
 
 // `--ep-rank all` writes the N rank packs (and, for build, their manifests)
 // one after another: an output refused at rank 2 was found after ranks 0 and

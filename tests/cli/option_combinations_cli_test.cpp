@@ -1,0 +1,61 @@
+// Faults from an option-combination fuzz of the CLI (docs/RELIABILITY.md,
+// "session 44").
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "cli_fixture.h"
+
+namespace k3cli {
+namespace {
+
+// `build --force --restart` over a finished pack ran the repair (it found
+// nothing to rewrite) and dropped --force without a word; `pack` rebuilt.
+TEST(OptionCombinations, BuildForceWithRestartRebuilds) {
+  const std::string m = FreshModel("force-restart");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  CliRun r = Cli("build --progress none --safety-margin-gib 0 --force --restart " + Q(m));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "EXPERT_PACK_BUILD_START output=")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "EXPERT_PACK_CHECKED")) << r.out;
+  // Without --force, --restart still repairs the finished pack in place.
+  CliRun repair = Cli("build --progress none --safety-margin-gib 0 --restart " + Q(m));
+  EXPECT_EQ(repair.code, 0) << repair.out;
+  EXPECT_TRUE(Contains(repair.out, "EXPERT_PACK_CHECKED")) << repair.out;
+}
+
+// A manifest path the rule refuses was refused only after the long work:
+// `manifest` hashed every shard whole first (18 minutes at full scale), and
+// `build` compared every payload of a pack whose shards looked touched, and
+// rewrote the record of them beside the pack, before saying its --manifest
+// was an input.
+TEST(OptionCombinations, AManifestPathIsRefusedBeforeAnythingIsRead) {
+  const std::string m = FreshModel("manifest-refused-first");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  std::ofstream(m + "/user.txt") << "hello\n";
+  for (const std::string force : {"", " --force"}) {
+    CliRun r = Cli("manifest --progress auto " + Q(m) + " --manifest " + Q(m + "/user.txt") + force);
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_TRUE(Contains(r.out, "not an adapter manifest")) << r.out;
+    EXPECT_FALSE(Contains(r.out, "hashing every shard whole")) << r.out;
+  }
+  fs::last_write_time(Shard(m, 1), fs::last_write_time(Shard(m, 1)) + std::chrono::seconds(5));
+  const auto before = Snapshot(m);
+  CliRun r = Cli("build --progress none --safety-margin-gib 0 " + Q(m) + " --manifest " + Q(m + "/config.json"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "is an input (--model-config)")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "comparing every payload")) << r.out;
+  EXPECT_EQ(Snapshot(m), before) << r.out;
+}
+
+// `run-experts --threads 2000000` ran (one token took 34 s, against 0.06 s);
+// build, pack and trace sweep bound their --threads at 256.
+TEST(OptionCombinations, RunExpertsThreadsAreBoundedAsTheOtherCommands) {
+  CliRun r = Cli("run-experts " + Q(BuiltTinyModel() + "/" + kManifestName) + " --threads 2000000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "--threads must be at most 256, got 2000000")) << r.out;
+}
+
+}  // namespace
+}  // namespace k3cli
