@@ -311,14 +311,10 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
   o.interrupt_check = PendingSignals::CheckOf(signals);
   Result<nlohmann::json> r = [&]() -> Result<nlohmann::json> {
     NoGil nogil;
-    if (!output.empty()) {
-      // `k3pack manifest`'s rule: the output is none of the inputs.
-      K3_ASSIGN_OR_RETURN(const std::vector<k3pack::NamedPath> inputs,
-                          manifest::ManifestInputs(gguf_dir, expert_pack, model_config, tokenizer_dir, kPyInputNames));
-      K3_RETURN_IF_ERROR(k3pack::CheckOutputsAreNotInputs({{"output", output}}, inputs));
-      // Nor a side file of the pack, nor in the tokenizer directory (`k3pack manifest`'s rule too).
-      K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"output", output}, expert_pack, tokenizer_dir, kPyInputNames));
-      K3_RETURN_IF_ERROR(k3pack::CheckOutputWritableUnlessThere("output", output, force));
+    if (!output.empty()) {  // `k3pack manifest`'s look at its output, before the shards are hashed
+      K3_RETURN_IF_ERROR(manifest::PreflightManifestOutput("output", output, force, "force=True", gguf_dir, expert_pack,
+                                                           model_config, tokenizer_dir, kPyInputNames)
+                             .status());
     }
     const std::optional<k3pack::FileStamp> seen = k3pack::SeeOutput(output);
     K3_ASSIGN_OR_RETURN(nlohmann::json doc, manifest::CreateManifest(o));

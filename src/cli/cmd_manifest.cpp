@@ -49,19 +49,10 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   K3_RETURN_IF_ERROR(CheckInputExists("--pack", o.expert_pack, ".pack"));
   K3_RETURN_IF_ERROR(CheckModelConfig("--model-config", o.model_config));
   K3_RETURN_IF_ERROR(CheckTokenizerDir("--tokenizer-dir", o.tokenizer_dir));
+  // Before the shards are hashed: the output's path.
   K3_ASSIGN_OR_RETURN(std::vector<NamedPath> inputs,
-                      manifest::ManifestInputs(o.gguf_dir, o.expert_pack, o.model_config, o.tokenizer_dir));
-  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", output}}, inputs));
-  K3_RETURN_IF_ERROR(manifest::CheckManifestPlace({"--manifest", output}, o.expert_pack, o.tokenizer_dir));
-  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere("--manifest", output, args.Has("--force")));
-  // A file the rule never replaces, refused before the shards are hashed
-  // (at full scale, after 18 minutes of it).
-  OutputSpec spec;
-  spec.option = "--manifest";
-  spec.path = output;
-  spec.force = args.Has("--force");
-  spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
-  K3_RETURN_IF_ERROR(CheckOutputKind(spec));
+                      manifest::PreflightManifestOutput("--manifest", output, args.Has("--force"), "--force", o.gguf_dir,
+                                                        o.expert_pack, o.model_config, o.tokenizer_dir));
   inputs.push_back({"--manifest", output});
   K3_RETURN_IF_ERROR(CheckManifestRecordablePaths(inputs));
 
@@ -85,6 +76,11 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   }
   const std::optional<FileStamp> seen = SeeOutput(output);
   K3_ASSIGN_OR_RETURN(nlohmann::json m, manifest::CreateManifest(o));
+  OutputSpec spec;
+  spec.option = "--manifest";
+  spec.path = output;
+  spec.force = args.Has("--force");
+  spec.not_own_kind = [&] { return manifest::NotAManifestFile(output); };
   spec.is_finished = [&]() -> Result<bool> { return manifest::SameManifest(output, m); };
   spec.why_refused = "it differs from the manifest of these inputs";
   K3_ASSIGN_OR_RETURN(OutputAction action, DecideOutput(spec));

@@ -16,6 +16,24 @@ namespace k3pack::manifest {
 
 namespace fs = std::filesystem;
 
+Result<std::vector<NamedPath>> PreflightManifestOutput(const std::string& option, const std::string& output, bool force,
+                               const std::string& force_option, const std::string& gguf_dir, const std::string& pack,
+                               const std::string& model_config, const std::string& tokenizer_dir,
+                               const InputNames& names) {
+  K3_ASSIGN_OR_RETURN(std::vector<NamedPath> inputs, ManifestInputs(gguf_dir, pack, model_config, tokenizer_dir, names));
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{option, output}}, inputs));
+  K3_RETURN_IF_ERROR(CheckManifestPlace({option, output}, pack, tokenizer_dir, names));
+  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(option, output, force));
+  OutputSpec spec;
+  spec.option = option;
+  spec.path = output;
+  spec.force = force;
+  spec.force_option = force_option;
+  spec.not_own_kind = [&] { return NotAManifestFile(output); };
+  K3_RETURN_IF_ERROR(CheckOutputKind(spec));
+  return inputs;
+}
+
 Status CheckManifestPlace(const NamedPath& output, const std::string& pack, const std::string& tokenizer_dir,
                           const InputNames& names) {
   if (output.path.empty()) return Status::OK();

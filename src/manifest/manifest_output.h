@@ -50,6 +50,17 @@ inline constexpr const char* kPackInTokenizerDir =
 Status CheckManifestPlace(const NamedPath& output, const std::string& pack, const std::string& tokenizer_dir,
                           const InputNames& names = {});
 
+// `k3pack manifest`'s and create_manifest's look at the manifest's path before
+// the shards are hashed (18 minutes at full scale; a refusal used to come
+// after them): none of the inputs, a place where no manifest goes
+// (CheckManifestPlace), writable where it must be written, and no file of
+// another kind. `option` and `force_option` name them as the caller does.
+// Returns the inputs (ManifestInputs).
+Result<std::vector<NamedPath>> PreflightManifestOutput(const std::string& option, const std::string& output, bool force,
+                               const std::string& force_option, const std::string& gguf_dir, const std::string& pack,
+                               const std::string& model_config, const std::string& tokenizer_dir,
+                               const InputNames& names = {});
+
 // Every file a manifest of these inputs reads: the config, the pack and its
 // .digests, each tokenizer file, and the shards (each .gguf in `gguf_dir`, or
 // `gguf_dir` itself when it names a shard). A directory of them that cannot

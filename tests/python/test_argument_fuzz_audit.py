@@ -92,6 +92,27 @@ class WritersFromTheirOwnCallbacks(_util.SynthModelTestCase):
         self.assertTrue(k3pack.validate_pack(out, self.model, config, profile="scaled"))
 
 
+class ManifestOutputRefusedFirst(_util.TinyPackTestCase):
+    """create_manifest(output=<a user's file>) hashed every shard whole (18
+    minutes at full scale) before refusing the path (as `k3pack manifest`)."""
+
+    def test_nothing_is_read_before_the_refusal(self):
+        model = os.path.join(os.path.dirname(self.pack), "model")
+        note = os.path.join(os.path.dirname(self.pack), "notes.txt")
+        with open(note, "w") as f:
+            f.write("mine\n")
+        said = []
+        for force in (False, True):
+            with self.assertRaises(FileExistsError) as cm:
+                k3pack.create_manifest(model, self.pack, os.path.join(model, "config.json"),
+                                       os.path.join(model, "tokenizer"), output=note, profile="scaled", force=force,
+                                       progress=said.append)
+            self.assertIn("not an adapter manifest", str(cm.exception))
+        self.assertEqual(said, [])
+        with open(note) as f:
+            self.assertEqual(f.read(), "mine\n")
+
+
 class WordsOfTheErrors(_util.TinyPackTestCase):
     def test_serialize_manifest_of_a_lone_surrogate_is_a_value_error_in_plain_words(self):
         with self.assertRaises(ValueError) as cm:
