@@ -21,6 +21,7 @@
 #include "store/cuda_runtime.h"
 #include "store/fork_guard.h"
 #include "store/io_engine.h"
+#include "store/miss_rows.h"
 #include "store/policy.h"
 #include "store/store_impl.h"
 #include "util/interrupt.h"
@@ -148,10 +149,13 @@ struct SlotCache::Impl {
   // Undoes Attach() (a CUDA attach that failed after it).
   void Detach();
   Status AttachCudaResources();
-  Status LoadMisses(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
+  // `requests`: each miss's request (empty: unknown), for the host tier.
+  Status LoadMisses(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses,
+                    std::span<const uint64_t> requests);
   Status ReadInto(const std::vector<std::pair<ObjectId, uint8_t*>>& reads);
   Status CopyToSlot(uint32_t slot, const uint8_t* src);
-  Status CopyFromHostTier(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses);
+  Status CopyFromHostTier(uint32_t layer_index, const std::vector<std::pair<ObjectId, uint32_t>>& misses,
+                          std::span<const uint64_t> requests);
   void ReleaseCuda();
 };
 
@@ -512,7 +516,19 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   s.SetPins(held, +1);
   for (ObjectId k : keys) s.released_by[s.slot_of[k]] = std::thread::id();
   Status load = Status::OK();
-  if (RanOutOfMemory([&] { load = s.LoadMisses(li, misses); })) load = BareOutOfMemory();
+  if (RanOutOfMemory([&] {
+        // The host tier hears whose misses they are, as a call to it
+        // directly: without, every acquire ended every request's staged reads.
+        std::vector<uint64_t> miss_requests;
+        if (s.host && !request_ids.empty() && !misses.empty()) {
+          std::vector<int64_t> missed_experts;
+          for (auto [k, slot] : misses) missed_experts.push_back(space.ExpertOf(k));
+          FirstRowRequests(ids, static_cast<size_t>(shape[1]), request_ids, std::span<const int64_t>(missed_experts),
+                           &miss_requests);
+        }
+        load = s.LoadMisses(li, misses, miss_requests);
+      }))
+    load = BareOutOfMemory();
   if (!load.ok()) {
     forget_misses();
     s.SetPins(held, -1);
@@ -553,9 +569,10 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   return out;
 }
 
-Status SlotCache::Impl::LoadMisses(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses) {
+Status SlotCache::Impl::LoadMisses(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses,
+                                   std::span<const uint64_t> requests) {
   if (misses.empty()) return Status::OK();
-  if (host) return CopyFromHostTier(li, misses);
+  if (host) return CopyFromHostTier(li, misses, requests);
   if (!rt) {  // host slots: read straight into them
     std::vector<std::pair<ObjectId, uint8_t*>> reads;
     for (auto [k, slot] : misses) reads.push_back({k, host_base + uint64_t{slot} * slot_bytes});
@@ -661,26 +678,33 @@ Status SlotCache::Impl::CopyToSlot(uint32_t slot, const uint8_t* src) {
 // released before the next. In one host acquire they failed with "expert
 // cache cannot evict the active top-k working set" although the slots had
 // room.
-Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses) {
+Status SlotCache::Impl::CopyFromHostTier(uint32_t li, const std::vector<std::pair<ObjectId, uint32_t>>& misses,
+                                         std::span<const uint64_t> requests) {
   const ObjectSpace& space = geo.space;
   const uint32_t k = space.top_k;
+  const uint32_t layer = space.active_layer_ids[li];
   // Objects the host tier always fits (its budget / the largest object; at
   // least top_k, its open checks that). This cache's lock is held, so no
   // other call holds host objects meanwhile.
   const size_t chunk = std::max<size_t>(k, host->info().effective_capacity_objects);
   // One call for the host's staged prefetch (ExpertStore::BeginChunkedCall).
-  const ChunkedHostCall one_call(*host, space.active_layer_ids[li], misses.size() > chunk);
+  const ChunkedHostCall one_call(*host, layer, misses.size() > chunk, requests);
+  std::vector<int64_t> experts, ids;
+  std::vector<uint64_t> row_requests;
+  std::vector<size_t> route_of;
   for (size_t first = 0; first < misses.size(); first += chunk) {
     const size_t n = std::min(chunk, misses.size() - first);
-    std::vector<int64_t> ids;
-    for (size_t i = 0; i < n; ++i) ids.push_back(space.ExpertOf(misses[first + i].first));
-    while (ids.size() % k != 0) ids.push_back(ids.front());  // whole rows; duplicates are free
+    experts.clear();
+    for (size_t i = 0; i < n; ++i) experts.push_back(space.ExpertOf(misses[first + i].first));
+    // Whole rows (duplicates are free), one request each where known.
+    MissRows(std::span<const int64_t>(experts), requests.empty() ? requests : requests.subspan(first, n), k, &ids,
+             &row_requests, &route_of);
     const int64_t shape[2] = {static_cast<int64_t>(ids.size() / k), static_cast<int64_t>(k)};
-    Result<Acquisition> acq = host->Acquire(space.active_layer_ids[li], ids, shape, false);
+    Result<Acquisition> acq = host->Acquire(layer, ids, shape, false, row_requests);
     if (!acq.ok()) return acq.error();  // the host tier counts its own I/O errors
     Status st;
     for (size_t i = 0; i < n && st.ok(); ++i) {
-      st = CopyToSlot(misses[first + i].second, acq->routes[i].bytes.data());
+      st = CopyToSlot(misses[first + i].second, acq->routes[route_of[i]].bytes.data());
       ++host_tier_copies;
     }
     // The host tier may reuse its buffers once released: finish the copies first.

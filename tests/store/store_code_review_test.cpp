@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../forked_child.h"
+#include "k3pack/slot_cache.h"
 #include "k3pack/store.h"
 #include "open_ok.h"
 #include "store/synthetic_pack.h"
@@ -127,6 +128,50 @@ TEST(StoreCodeReview, APrefetchEvictedInFlightThenFailedIsCountedOnce) {
             pf["issued"].get<uint64_t>())
       << pf.dump();
   ASSERT_TRUE(s->Close().ok());
+}
+
+// SlotCache's host tier heard every acquire as of no request: request B's
+// call ended request A's staged prefetch at that layer, and A's acquire read
+// the predicted experts again. As ExpertStore does, A's survive B's call.
+TEST(StoreCodeReview, ASlotCachesHostTierKeepsAnotherRequestsStagedReads) {
+  TinyPack p(TinySpec{}, "slots-host-requests");
+  const uint64_t a = 1, b = 2;
+  const int64_t shape[2] = {1, 2};
+  const std::vector<int64_t> predicted = {4, 5}, b_routes = {0, 1};
+  uint64_t store_reads = 0;
+  {  // the same calls on the store itself: the reference
+    StoreOptions o;
+    o.cache_bytes = 8 * kObject;
+    auto s = OpenOk(p, o);
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(s->Prefetch(1, predicted, a).ok());
+    auto got_b = s->Acquire(1, b_routes, shape, false, std::vector<uint64_t>{b});
+    ASSERT_TRUE(got_b.ok()) << got_b.error().message();
+    ASSERT_TRUE(s->MarkUsed(*got_b).ok());
+    auto got_a = s->Acquire(1, predicted, shape, false, std::vector<uint64_t>{a});
+    ASSERT_TRUE(got_a.ok()) << got_a.error().message();
+    ASSERT_TRUE(s->MarkUsed(*got_a).ok());
+    store_reads = s->Snapshot()["pack_reads"].get<uint64_t>();
+    EXPECT_EQ(s->Snapshot()["k3pack"]["prefetch"]["useful"], 2);
+    ASSERT_TRUE(s->Close().ok());
+  }
+  SlotCacheOptions o;
+  o.host_cache_bytes = 8 * kObject;
+  auto opened = SlotCache::Open(p.pack, p.manifest, o);
+  ASSERT_TRUE(opened.ok()) << opened.error().message();
+  std::unique_ptr<SlotCache> cache = std::move(opened).value();
+  auto* mem = static_cast<uint8_t*>(std::aligned_alloc(4096, 8 * cache->slot_bytes()));
+  ASSERT_TRUE(cache->AttachHost(mem, 8).ok());
+  ASSERT_TRUE(cache->Prefetch(1, predicted, a).ok());
+  auto got_b = cache->Acquire(1, b_routes, shape, false, nullptr, std::vector<uint64_t>{b});
+  ASSERT_TRUE(got_b.ok()) << got_b.error().message();
+  ASSERT_TRUE(cache->MarkUsed(*got_b).ok());
+  auto got_a = cache->Acquire(1, predicted, shape, false, nullptr, std::vector<uint64_t>{a});
+  ASSERT_TRUE(got_a.ok()) << got_a.error().message();
+  ASSERT_TRUE(cache->MarkUsed(*got_a).ok());
+  EXPECT_EQ(cache->Snapshot()["pack_reads"].get<uint64_t>(), store_reads) << "the predicted experts were read again";
+  ASSERT_TRUE(cache->Close().ok());
+  std::free(mem);
 }
 
 }  // namespace
