@@ -26,9 +26,14 @@ using k3pack::doctor::kRepairRecordName;
 
 // What a finished repair records in OUT, so a rerun of the same command is
 // reported as already built and --force knows the directory is ours.
-nlohmann::json Recipe(const std::string& in, const std::string& fix) {
+// A run with --no-sidecars records it: a rerun that copies them is another
+// repair, not this one already built (it said so, and left config.json and
+// tokenizer/ missing).
+nlohmann::json Recipe(const std::string& in, const std::string& fix, bool copy_sidecars) {
   auto resolved = k3pack::ResolvePath(in);
-  return {{"input", resolved.ok() ? *resolved : in}, {"fix", fix}};
+  nlohmann::json recipe = {{"input", resolved.ok() ? *resolved : in}, {"fix", fix}};
+  if (!copy_sidecars) recipe["sidecars"] = false;
+  return recipe;
 }
 
 std::optional<nlohmann::json> RecordIn(const std::string& out) {
@@ -113,7 +118,8 @@ int DecideOutAction(const k3pack::cli::Args& args, const std::string& out, const
     auto rec = RecordIn(out);
     return !unfinished && rec && (*rec)["recipe"] == recipe;
   };
-  spec.why_refused = "it holds other files";
+  spec.why_refused = RecordIn(out) ? "it holds the output of a `k3pack repair` of another input or with other options"
+                                    : "it holds other files";
   if (unfinished && !spec.force && !unfinished_recipe.is_null() && unfinished_recipe != recipe) {
     return k3pack::cli::ReportError(
         "repair", k3pack::Error("refusing to overwrite " + out + " (OUT): it holds an unfinished repair of " +
@@ -289,7 +295,7 @@ int RunRepair(const std::vector<std::string>& argv) {
   const auto& pos = args.positionals();
   // The copy is marked as this command's until its record is written: the rerun finishes it.
   k3pack::cli::StopOnSignals("repair", pos[1] + " holds an unfinished copy: rerun the same command to finish it");
-  const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"));
+  const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"), !args.Has("--no-sidecars"));
   if (int failed = CheckInAndOut(pos[0], pos[1])) return failed;
   OutDecision out;
   if (int failed = DecideOut(args, pos[1], recipe, &out)) return failed;

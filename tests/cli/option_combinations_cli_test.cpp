@@ -57,5 +57,27 @@ TEST(OptionCombinations, RunExpertsThreadsAreBoundedAsTheOtherCommands) {
   EXPECT_TRUE(Contains(r.out, "--threads must be at most 256, got 2000000")) << r.out;
 }
 
+// `repair --no-sidecars` and then `repair` without it: the second said
+// "already built" and OUT still had no config.json or tokenizer/.
+TEST(OptionCombinations, ARepairWithoutSidecarsIsNotTheRepairWithThem) {
+  const std::string raw = Root() + "/repair-sidecars-raw", out = Root() + "/repair-sidecars-out";
+  fs::remove_all(raw);
+  fs::remove_all(out);
+  ASSERT_EQ(Cli("synth --preset tiny --fault raw-ssm-a --out " + Q(raw)).code, 0);
+  ASSERT_EQ(Cli("repair " + Q(raw) + " " + Q(out) + " --fix ssm-a --no-sidecars").code, 0);
+  EXPECT_FALSE(fs::exists(out + "/config.json"));
+  CliRun again = Cli("repair " + Q(raw) + " " + Q(out) + " --fix ssm-a --no-sidecars");
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(Contains(again.out, "already built")) << again.out;
+  CliRun with = Cli("repair " + Q(raw) + " " + Q(out) + " --fix ssm-a");
+  EXPECT_EQ(with.code, 1) << with.out;
+  EXPECT_TRUE(Contains(with.out, "it holds the output of a `k3pack repair` of another input or with other options"))
+      << with.out;
+  CliRun forced = Cli("repair " + Q(raw) + " " + Q(out) + " --fix ssm-a --force");
+  EXPECT_EQ(forced.code, 0) << forced.out;
+  EXPECT_TRUE(fs::exists(out + "/config.json")) << forced.out;
+  EXPECT_TRUE(fs::is_directory(out + "/tokenizer")) << forced.out;
+}
+
 }  // namespace
 }  // namespace k3cli
