@@ -11,6 +11,7 @@
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
 #include "util/file.h"
+#include "util/output_guard.h"
 #include "util/pyrepr.h"
 #include "util/sha256.h"
 
@@ -67,6 +68,9 @@ std::vector<uint64_t> SampleEntries(uint64_t index_count, uint32_t num_experts, 
 }
 
 namespace {
+
+constexpr const char* kWhichPack =
+    "pass the pack file `k3pack build` writes (<prefix>.expert-major.pack beside the shards, or its --pack)";
 
 // The header's fields against SGLang's rules and the expected entry count.
 Result<PackHeader> ReadCheckedHeader(int fd, uint64_t expected_count, std::array<uint8_t, kHeaderBytes>& hb) {
@@ -223,7 +227,7 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   // with "read failed at offset 0: Is a directory", naming no file.
   struct stat dir_st;
   if (::stat(pack_path.c_str(), &dir_st) == 0 && S_ISDIR(dir_st.st_mode)) {
-    return PyIsADirectoryError(pack_path);
+    return PyIsADirectoryError(pack_path).WithHint(kWhichPack);
   }
   K3_ASSIGN_OR_RETURN(std::string resolved, ResolvePath(pack_path));
   K3_ASSIGN_OR_RETURN(UniqueFd fd, OpenReadOnly(resolved));
@@ -233,7 +237,13 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
   K3_ASSIGN_OR_RETURN(PackLayout layout, LayoutOf(ex));
 
   std::array<uint8_t, kHeaderBytes> hb{};
-  K3_ASSIGN_OR_RETURN(PackHeader h, ReadCheckedHeader(fd.get(), layout.index_count(), hb));
+  auto header = ReadCheckedHeader(fd.get(), layout.index_count(), hb);
+  if (!header.ok() && ClassifyFileStart(pack_path) != FileStart::kExpertPack) {
+    // SGLang's words name no file: which one it was, and what it is.
+    return header.error().WithHint(pack_path + " is " + DescribeFileStart(pack_path) + ", not an Expert Pack; " +
+                                   kWhichPack);
+  }
+  K3_ASSIGN_OR_RETURN(PackHeader h, std::move(header));
   const uint64_t index_end = kHeaderBytes + h.index_count * kEntryBytes;
   std::vector<uint8_t> index(index_end);
   std::memcpy(index.data(), hb.data(), kHeaderBytes);

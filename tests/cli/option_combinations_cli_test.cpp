@@ -79,5 +79,22 @@ TEST(OptionCombinations, ARepairWithoutSidecarsIsNotTheRepairWithThem) {
   EXPECT_TRUE(fs::is_directory(out + "/tokenizer")) << forced.out;
 }
 
+// `manifest --pack <a shard>` said only SGLang's "GGML expert-pack magic or
+// version does not match", and `--pack <a directory>` Python's errno text:
+// neither named the file nor what it was.
+TEST(OptionCombinations, APackThatIsNotOneIsNamedForWhatItIs) {
+  const std::string& m = BuiltTinyModel();
+  const std::string out = " --manifest " + Q(Root() + "/not-a-pack.manifest.json");
+  CliRun shard = Cli("manifest --progress none " + Q(m) + " --pack " + Q(Shard(m, 2)) + out);
+  EXPECT_EQ(shard.code, 1) << shard.out;
+  EXPECT_TRUE(Contains(shard.out, "error: GGML expert-pack magic or version does not match\nhint: " + Shard(m, 2) +
+                                      " is a GGUF file, not an Expert Pack; pass the pack file"))
+      << shard.out;
+  CliRun dir = Cli("manifest --progress none " + Q(m) + " --pack " + Q(m + "/tokenizer") + out);
+  EXPECT_EQ(dir.code, 1) << dir.out;
+  EXPECT_TRUE(Contains(dir.out, "Is a directory: '" + m + "/tokenizer'\nhint: pass the pack file `k3pack build` writes"))
+      << dir.out;
+}
+
 }  // namespace
 }  // namespace k3cli

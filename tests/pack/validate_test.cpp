@@ -79,7 +79,11 @@ TEST_F(PackValidate, HeaderErrors) {
   EXPECT_EQ(Check(good_->substr(0, 39)), "GGML expert-pack header is truncated");
   std::string b = *good_;
   b[3] = 'X';
-  EXPECT_EQ(Check(b), "GGML expert-pack magic or version does not match");
+  // SGLang's words, then which file it was and what it is (session 44).
+  EXPECT_EQ(Check(b), "GGML expert-pack magic or version does not match\nhint: " + *root_ +
+                          "/bad.pack is a file that starts with \"GGMXMOEPACKv1\\x00\\x00\\x00\", not an Expert Pack; "
+                          "pass the pack file `k3pack build` writes (<prefix>.expert-major.pack beside the shards, or "
+                          "its --pack)");
   b = *good_;
   PutU32(b, 16, 2);
   EXPECT_EQ(Check(b), "GGML expert-pack magic or version does not match");
