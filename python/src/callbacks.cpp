@@ -35,8 +35,9 @@ InUserCallback::~InUserCallback() { --t_user_callbacks; }
 void RefuseInsideUserCallback(const char* call) {
   if (t_user_callbacks == 0) return;
   throw std::runtime_error(std::string(call) + " cannot be called from a progress or log callback of a k3pack call "
-                           "running on this thread: that call holds its outputs' locks and would find its files "
-                           "replaced; start it after the call returns, or from another thread");
+                           "running on this thread: the writers' locks let their own thread in, so a write there "
+                           "replaced the files of a build under way; start it after the call returns, or from "
+                           "another thread");
 }
 
 namespace {

@@ -282,7 +282,7 @@ py::object CreateManifestCall(const std::string& gguf_dir, const std::string& ex
                               const py::object& payload_samples,
                               bool full_source_hashes, bool full_pack_hash, py::object progress, bool force,
                               std::map<std::string, std::string> known_shard_sha256) {
-  RefuseInsideUserCallback("k3pack.create_manifest");
+  if (!output.empty()) RefuseInsideUserCallback("k3pack.create_manifest");  // without, it writes nothing
   manifest::CreateOptions o;
   o.gguf_dir = gguf_dir;
   o.expert_pack = expert_pack;

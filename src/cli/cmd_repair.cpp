@@ -26,13 +26,33 @@ using k3pack::doctor::kRepairRecordName;
 
 // What a finished repair records in OUT, so a rerun of the same command is
 // reported as already built and --force knows the directory is ours.
-// A run with --no-sidecars records it: a rerun that copies them is another
-// repair, not this one already built (it said so, and left config.json and
-// tokenizer/ missing).
+// A run that copies no sidecars records it: a rerun that copies them is
+// another repair, not this one already built (it said so, and left
+// config.json and tokenizer/ missing).
 nlohmann::json Recipe(const std::string& in, const std::string& fix, bool copy_sidecars) {
   auto resolved = k3pack::ResolvePath(in);
   nlohmann::json recipe = {{"input", resolved.ok() ? *resolved : in}, {"fix", fix}};
   if (!copy_sidecars) recipe["sidecars"] = false;
+  return recipe;
+}
+
+// Whether IN has sidecars a repair copies (config.json, tokenizer/): where
+// it has none, a run with --no-sidecars writes what one without it does.
+bool HasSidecars(const std::string& in) {
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(in, ec) ? fs::path(in) : fs::path(in).parent_path();
+  return fs::is_regular_file(dir / "config.json", ec) || fs::is_directory(dir / "tokenizer", ec);
+}
+
+// A record's recipe as this k3pack writes it: one written before the
+// recipe held "sidecars" says by its files whether they were copied.
+nlohmann::json RecordedRecipe(const nlohmann::json& record) {
+  nlohmann::json recipe = record.value("recipe", nlohmann::json());
+  if (!recipe.is_object() || recipe.contains("sidecars")) return recipe;
+  bool copied = false;
+  for (const auto& f : record.value("files", nlohmann::json::array()))
+    if (f.is_string() && (f == "config.json" || f.get<std::string>().starts_with("tokenizer/"))) copied = true;
+  if (!copied) recipe["sidecars"] = false;
   return recipe;
 }
 
@@ -116,7 +136,7 @@ int DecideOutAction(const k3pack::cli::Args& args, const std::string& out, const
   const bool unfinished = UnfinishedRepairIn(out, &unfinished_recipe);
   spec.is_finished = [&]() -> k3pack::Result<bool> {
     auto rec = RecordIn(out);
-    return !unfinished && rec && (*rec)["recipe"] == recipe;
+    return !unfinished && rec && RecordedRecipe(*rec) == recipe;
   };
   spec.why_refused = RecordIn(out) ? "it holds the output of a `k3pack repair` of another input or with other options"
                                     : "it holds other files";
@@ -295,7 +315,7 @@ int RunRepair(const std::vector<std::string>& argv) {
   const auto& pos = args.positionals();
   // The copy is marked as this command's until its record is written: the rerun finishes it.
   k3pack::cli::StopOnSignals("repair", pos[1] + " holds an unfinished copy: rerun the same command to finish it");
-  const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"), !args.Has("--no-sidecars"));
+  const nlohmann::json recipe = Recipe(pos[0], args.Get("--fix"), !args.Has("--no-sidecars") && HasSidecars(pos[0]));
   if (int failed = CheckInAndOut(pos[0], pos[1])) return failed;
   OutDecision out;
   if (int failed = DecideOut(args, pos[1], recipe, &out)) return failed;

@@ -55,6 +55,17 @@ Status CheckGgufDirHoldsRecordedShards(const std::string& gguf_dir, const std::s
   }
   K3_ASSIGN_OR_RETURN(manifest::SourceDifference diff, manifest::CompareSourceWithShards(source));
   if (diff.kind == manifest::SourceDifference::Kind::kNone) return Status::OK();
+  if (diff.kind == manifest::SourceDifference::Kind::kInventory) {
+    // Every record matches; only the digest over the paths put in above
+    // differs. A copy of the recorded shards, or another checkpoint with
+    // the same headers: the headers cannot tell which (it was called
+    // "another model's" outright, a copy included).
+    return Error("--gguf-dir " + gguf_dir + " holds shards whose headers and tensor records match the ones the "
+                 "manifest " + manifest_path + " records, but at other paths: a copy of them, or another checkpoint "
+                 "with the same layout, which the headers cannot tell apart")
+        .WithHint("omit --gguf-dir to compare with the recorded shards, or write a manifest for these shards (`k3pack "
+                  "manifest " + ShellQuoted(gguf_dir) + " --pack PACK --manifest NEW.json`) and pass it");
+  }
   const Status why = manifest::SourceDifferenceStatus(diff);
   const std::string what = why.ok() ? diff.detail : why.error().message().substr(0, why.error().message().find('\n'));
   return Error("--gguf-dir " + gguf_dir + " does not hold the shards the manifest " + manifest_path +

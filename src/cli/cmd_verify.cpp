@@ -90,6 +90,8 @@ void PrintVerifiedText(const nlohmann::json& j) {
               j["payload_mode"].get<std::string>().c_str(),
               j["entries_checked"].get<unsigned long long>(), how.c_str(),
               HumanDuration(j["seconds"].get<double>()).c_str(), j["mb_per_s"].get<double>());
+  if (j["entries_checked"].get<uint64_t>() == 0 && j["payload_mode"] == "samples")
+    std::printf("  no payload was compared (--samples 0): the structure and the shards' records only\n");
   if (!j.value("tokenizer_checked", true))
     std::printf("  tokenizer: not recorded in the manifest, not checked\n");
   if (j.value("digest_sidecar", "") == "missing")

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_fixture.h"
 
 namespace k3cli {
@@ -73,6 +75,17 @@ TEST(OptionCombinations, ARepairWithoutSidecarsIsNotTheRepairWithThem) {
   EXPECT_EQ(with.code, 1) << with.out;
   EXPECT_TRUE(Contains(with.out, "it holds the output of a `k3pack repair` of another input or with other options"))
       << with.out;
+  // A record an older k3pack wrote (no "sidecars" in its recipe) says by its
+  // files that none were copied: the same command is still already built.
+  {
+    const std::string record = out + "/k3pack-repair.json";
+    auto j = nlohmann::json::parse(FileBytes(record));
+    j["recipe"].erase("sidecars");
+    std::ofstream(record, std::ios::trunc) << j.dump(2) << "\n";
+    CliRun old = Cli("repair " + Q(raw) + " " + Q(out) + " --fix ssm-a --no-sidecars");
+    EXPECT_EQ(old.code, 0) << old.out;
+    EXPECT_TRUE(Contains(old.out, "already built")) << old.out;
+  }
   CliRun forced = Cli("repair " + Q(raw) + " " + Q(out) + " --fix ssm-a --force");
   EXPECT_EQ(forced.code, 0) << forced.out;
   EXPECT_TRUE(fs::exists(out + "/config.json")) << forced.out;
@@ -94,6 +107,36 @@ TEST(OptionCombinations, APackThatIsNotOneIsNamedForWhatItIs) {
   EXPECT_EQ(dir.code, 1) << dir.out;
   EXPECT_TRUE(Contains(dir.out, "Is a directory: '" + m + "/tokenizer'\nhint: pass the pack file `k3pack build` writes"))
       << dir.out;
+}
+
+// The shards copied elsewhere: `run-experts --gguf-dir <the copy>` refused
+// byte-identical shards as "another model's", although only the digest over
+// the recorded paths differed. The headers cannot tell a copy from another
+// checkpoint of the same layout: said so, with the ways on.
+TEST(OptionCombinations, RunExpertsSaysWhatTheHeadersCannotTell) {
+  const std::string& m = BuiltTinyModel();
+  const std::string copy = Root() + "/copied-shards";
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  for (int i = 1; i <= 3; ++i) fs::copy_file(Shard(m, i), copy + "/" + fs::path(Shard(m, i)).filename().string());
+  CliRun r = Cli("run-experts --progress none " + Q(m + "/" + kManifestName) + " --gguf-dir " + Q(copy));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(Contains(r.out, "holds shards whose headers and tensor records match the ones the manifest")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "but at other paths: a copy of them, or another checkpoint with the same layout"))
+      << r.out;
+  EXPECT_FALSE(Contains(r.out, "another model's would make every output differ")) << r.out;
+  // The recorded shards run.
+  EXPECT_EQ(Cli("run-experts --progress none " + Q(m + "/" + kManifestName)).code, 0);
+}
+
+// `verify --samples 0` printed EXPERT_PACK_VERIFIED over "0 entries" and
+// nothing said that no payload had been looked at.
+TEST(OptionCombinations, VerifyWithNoSamplesSaysNoPayloadWasCompared) {
+  CliRun r = Cli("verify --progress none --samples 0 " + Q(BuiltTinyModel() + "/" + kManifestName));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(Contains(r.out, "no payload was compared (--samples 0)")) << r.out;
+  CliRun sampled = Cli("verify --progress none " + Q(BuiltTinyModel() + "/" + kManifestName));
+  EXPECT_FALSE(Contains(sampled.out, "no payload was compared")) << sampled.out;
 }
 
 }  // namespace

@@ -80,10 +80,12 @@ TEST_F(PackValidate, HeaderErrors) {
   std::string b = *good_;
   b[3] = 'X';
   // SGLang's words, then which file it was and what it is (session 44).
+  // A pack's name: its first bytes are taken for damage, which the repair mends.
   EXPECT_EQ(Check(b), "GGML expert-pack magic or version does not match\nhint: " + *root_ +
-                          "/bad.pack is a file that starts with \"GGMXMOEPACKv1\\x00\\x00\\x00\", not an Expert Pack; "
-                          "pass the pack file `k3pack build` writes (<prefix>.expert-major.pack beside the shards, or "
-                          "its --pack)");
+                          "/bad.pack does not start as an Expert Pack (it starts as a file that starts with "
+                          "\"GGMXMOEPACKv1\\x00\\x00\\x00\"): a damaged header is rewritten from the shards' layout "
+                          "by `k3pack build --restart` (or `k3pack pack --repair-damaged`); if it is no pack, pass the "
+                          "pack file `k3pack build` writes (<prefix>.expert-major.pack beside the shards, or its --pack)");
   b = *good_;
   PutU32(b, 16, 2);
   EXPECT_EQ(Check(b), "GGML expert-pack magic or version does not match");
