@@ -238,9 +238,9 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
 
   std::array<uint8_t, kHeaderBytes> hb{};
   auto header = ReadCheckedHeader(fd.get(), layout.index_count(), hb);
-  if (!header.ok()) {
+  if (const FileStart kind = header.ok() ? FileStart::kExpertPack : ClassifyFileStart(pack_path);
+      kind != FileStart::kExpertPack) {
     // SGLang's words name no file: which one it was, and what it is.
-    const FileStart kind = ClassifyFileStart(pack_path);
     const bool other_kind = kind == FileStart::kGguf || kind == FileStart::kTrace || kind == FileStart::kJson ||
                             kind == FileStart::kSvg;
     if (!other_kind && (pack_path.ends_with(".pack") || PathExists(DigestsPathFor(pack_path)))) {
@@ -251,9 +251,8 @@ Result<nlohmann::json> ValidatePack(const std::string& pack_path, const ExpertSe
                                      "shards' layout by `k3pack build --restart` (or `k3pack pack "
                                      "--repair-damaged`); if it is no pack, " + kWhichPack);
     }
-    if (kind != FileStart::kExpertPack)
-      return header.error().WithHint(pack_path + " is " + DescribeFileStart(pack_path) + ", not an Expert Pack; " +
-                                     kWhichPack);
+    return header.error().WithHint(pack_path + " is " + DescribeFileStart(pack_path) + ", not an Expert Pack; " +
+                                   kWhichPack);
   }
   K3_ASSIGN_OR_RETURN(PackHeader h, std::move(header));
   const uint64_t index_end = kHeaderBytes + h.index_count * kEntryBytes;
