@@ -282,7 +282,6 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o, const std::strin
   };
   if (py::isinstance<py::str>(o) || py::isinstance<py::bytes>(o)) bad(o);
   if (py::isinstance<py::iterable>(o)) {  // a list, tuple or array: one per row
-    if (keyword != "request_ids") bad(o);  // prefetch's and keep's one id: [1] was taken as 1
     for (py::handle h : o) one(h);
   } else if (py::hasattr(o, "__index__")) {  // an int or a numpy integer
     one(o);
@@ -296,7 +295,8 @@ inline std::vector<uint64_t> RequestIdsArg(const py::object& o, const std::strin
 // next token was predicted), checked as request_ids are.
 inline std::optional<uint64_t> PredictionRequestArg(const py::object& o, const char* method) {
   const std::vector<uint64_t> ids = RequestIdsArg(o, "request_id");
-  if (ids.size() > 1)
+  // A sequence, even of one id ([1] was taken as 1), is not the one id.
+  if (ids.size() > 1 || (!o.is_none() && !py::hasattr(o, "__index__")))
     Raise(k3pack::Error(std::string(method) + " takes one request_id: the request whose next token was predicted",
                         k3pack::ErrorKind::kValue));
   return ids.empty() ? std::nullopt : std::optional<uint64_t>(ids[0]);

@@ -139,8 +139,12 @@ class WordsOfTheErrors(_util.TinyPackTestCase):
             store.acquire(self.layers[0], ids, request_ids=1.5)
         self.assertEqual(str(cm.exception), "request_ids must be None, an int or a sequence of ints, got float")
         with self.assertRaises(TypeError) as cm:
+            store.prefetch(self.layers[0], [0], request_id=1.5)
+        self.assertEqual(str(cm.exception), "request_id must be None or an int, got float")
+        # A sequence, even of one id, is not the one id prefetch takes (it was taken as 1).
+        with self.assertRaises(ValueError) as cm:
             store.prefetch(self.layers[0], [0], request_id=[1])
-        self.assertEqual(str(cm.exception), "request_id must be None or an int, got list")
+        self.assertTrue(str(cm.exception).startswith("prefetch takes one request_id"), str(cm.exception))
 
 
 if __name__ == "__main__":

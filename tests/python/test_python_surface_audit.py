@@ -149,7 +149,8 @@ class PrefetchRequestIdIsNamedAsGiven(_util.TinyPackTestCase):
             for bad, text, error in [(-1, "request_id must be non-negative", ValueError),
                                      (2 ** 64, "request_id must be below 2**64", ValueError),
                                      ("a", "request_id must be None or an int, got str", TypeError),
-                                     ([1], "request_id must be None or an int, got list", TypeError)]:
+                                     ([1], f"{method.__name__} takes one request_id: the request whose next token "
+                                           "was predicted", ValueError)]:
                 with self.subTest(method=method.__name__, bad=bad):
                     with self.assertRaises(error) as cm:
                         method(layer, [0], request_id=bad)
