@@ -200,6 +200,14 @@ Result<ModelPlan> PlanModel(const SynthOptions& o) {
   if (o.prefix.empty() || o.prefix.find('/') != std::string::npos) {
     return Error("synth: prefix '" + o.prefix + "' must be a non-empty file name without '/'");
   }
+  // Said before anything is written: the first shard's rename failed with
+  // "File name too long" and left the output's partial marker behind.
+  const size_t shard_name_bytes = o.prefix.size() + std::string("-00001-of-00001.gguf").size();
+  if (shard_name_bytes > kFileNameMax) {
+    return Error("synth: prefix of " + std::to_string(o.prefix.size()) + " bytes makes shard names of " +
+                 std::to_string(shard_name_bytes) + " bytes (<prefix>-NNNNN-of-NNNNN.gguf), past the " +
+                 std::to_string(kFileNameMax) + " bytes a file name may have");
+  }
   ModelPlan p;
   SynthDims& d = p.d;
   d = o.dims;

@@ -139,5 +139,17 @@ TEST(OptionCombinations, VerifyWithNoSamplesSaysNoPayloadWasCompared) {
   EXPECT_FALSE(Contains(sampled.out, "no payload was compared")) << sampled.out;
 }
 
+// `synth --prefix <250 bytes>` failed at the first shard's rename ("File name
+// too long") and left its output directory with a partial marker in it.
+TEST(OptionCombinations, ASynthPrefixTooLongIsRefusedBeforeAnythingIsWritten) {
+  const std::string out = Root() + "/long-prefix";
+  fs::remove_all(out);
+  CliRun r = Cli("synth --preset tiny --out " + Q(out) + " --prefix " + std::string(250, 'p'));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(Contains(r.out, "synth: prefix of 250 bytes makes shard names of 270 bytes")) << r.out;
+  EXPECT_FALSE(fs::exists(out) && !fs::is_empty(out)) << r.out;
+  EXPECT_EQ(Cli("synth --preset tiny --out " + Q(out) + " --prefix " + std::string(230, 'p')).code, 0);
+}
+
 }  // namespace
 }  // namespace k3cli
