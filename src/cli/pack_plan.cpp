@@ -1,7 +1,9 @@
 #include "cli/pack_plan.h"
 
-#include <iostream>
 #include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <set>
 
 #include "cli/preflight.h"
 #include "cli/profile.h"
@@ -88,7 +90,11 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
   }
   K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
   req.progress = pack::MakeProgressPrinter(mode, rank);
-  req.note = [&args](const std::string& why) { Narrate(args.command(), "note: " + why); };
+  // Once each: the plan's pass runs twice where no lock file could be made.
+  auto told = std::make_shared<std::set<std::string>>();
+  req.note = [&args, told](const std::string& why) {
+    if (told->insert(why).second) Narrate(args.command(), "note: " + why);
+  };
   auto take = [&plan](const pack::PackOutputPlan& out) {
     plan.action = out.action;
     plan.repair = out.repair;
