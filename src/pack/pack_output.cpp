@@ -118,8 +118,10 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
   // sound but served unchecked: said, with the repair that writes it.
   if (!req.ep && req.note && !PathExists(DigestsPathFor(out))) {
     req.note(out + " has no digest sidecar (" + DigestsPathFor(out) + "), so k3pack's stores serve it "
-             "without checking its reads (CRC32C); " + req.repair_hint + " compares every payload with the shards, "
-             "rewrites any that differ and writes it");
+             "without checking its reads (CRC32C); " +
+             (writable.ok() ? req.repair_hint + " compares every payload with the shards, rewrites any that differ "
+                                                "and writes it"
+                            : "the repair that writes it needs a directory you may write: build the pack elsewhere"));
   }
   ValidateOptions vopts;
   vopts.payload_samples = 6;
