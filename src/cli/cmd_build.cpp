@@ -92,14 +92,8 @@ std::string ManifestPathOf(const Args& args, const std::string& pack, const std:
 // What the manifest's path can be told without reading anything: not an
 // input, writable where it must be written, and no file of another kind.
 Status PreflightManifest(const Args& args, const std::string& path, const std::vector<NamedPath>& inputs) {
-  OutputSpec spec;
-  spec.option = "--manifest";
-  spec.path = path;
-  spec.force = args.Has("--force");
-  spec.not_own_kind = [&] { return manifest::NotAManifestFile(path); };
-  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{spec.option, path}}, inputs));
-  K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(spec.option, path, spec.force));
-  return CheckOutputKind(spec);
+  K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{"--manifest", path}}, inputs));
+  return manifest::CheckManifestOutputFile("--manifest", path, args.Has("--force"));
 }
 
 // Whether the manifest at `path` records the shards' whole-file SHA-256

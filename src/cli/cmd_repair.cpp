@@ -36,22 +36,25 @@ nlohmann::json Recipe(const std::string& in, const std::string& fix, bool copy_s
   return recipe;
 }
 
-// Whether IN has sidecars a repair copies (config.json, tokenizer/): where
-// it has none, a run with --no-sidecars writes what one without it does.
+// Whether IN has sidecars a repair copies (config.json, tokenizer/, the
+// profile record): where it has none, a run with --no-sidecars writes what
+// one without it does.
 bool HasSidecars(const std::string& in) {
   std::error_code ec;
   const fs::path dir = fs::is_directory(in, ec) ? fs::path(in) : fs::path(in).parent_path();
-  return fs::is_regular_file(dir / "config.json", ec) || fs::is_directory(dir / "tokenizer", ec);
+  return fs::is_regular_file(dir / "config.json", ec) || fs::is_directory(dir / "tokenizer", ec) ||
+         fs::is_regular_file(dir / k3pack::cli::kProfileSidecar, ec);
 }
 
 // A record's recipe as this k3pack writes it: one written before the
-// recipe held "sidecars" says by its files whether they were copied.
+// recipe held "sidecars" says by its files (any but the shards) whether
+// they were copied.
 nlohmann::json RecordedRecipe(const nlohmann::json& record) {
   nlohmann::json recipe = record.value("recipe", nlohmann::json());
   if (!recipe.is_object() || recipe.contains("sidecars")) return recipe;
   bool copied = false;
   for (const auto& f : record.value("files", nlohmann::json::array()))
-    if (f.is_string() && (f == "config.json" || f.get<std::string>().starts_with("tokenizer/"))) copied = true;
+    if (f.is_string() && !f.get<std::string>().ends_with(".gguf")) copied = true;
   if (!copied) recipe["sidecars"] = false;
   return recipe;
 }

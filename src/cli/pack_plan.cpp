@@ -84,10 +84,7 @@ Result<PackPlan> PlanPack(const Args& args, bool allow_mixed_types, bool repair_
                           const std::function<Status(const PackPlan&)>& before) {
   K3_ASSIGN_OR_RETURN(PackPlan plan, PlanInputs(args, allow_mixed_types, rank));
   pack::PackOutputRequest req = OutputRequestOf(args, plan, repair_existing);
-  if (before) {  // after the pack's own preflight, as its refusals came first
-    K3_RETURN_IF_ERROR(pack::PreflightPackOutput(req));
-    K3_RETURN_IF_ERROR(before(plan));
-  }
+  if (before) req.before_judging = [&] { return before(plan); };
   K3_ASSIGN_OR_RETURN(const pack::ProgressMode mode, ProgressModeOf(args));
   req.progress = pack::MakeProgressPrinter(mode, rank);
   // Once each: the plan's pass runs twice where no lock file could be made.

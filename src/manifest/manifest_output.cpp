@@ -23,6 +23,12 @@ Result<std::vector<NamedPath>> PreflightManifestOutput(const std::string& option
   K3_ASSIGN_OR_RETURN(std::vector<NamedPath> inputs, ManifestInputs(gguf_dir, pack, model_config, tokenizer_dir, names));
   K3_RETURN_IF_ERROR(CheckOutputsAreNotInputs({{option, output}}, inputs));
   K3_RETURN_IF_ERROR(CheckManifestPlace({option, output}, pack, tokenizer_dir, names));
+  K3_RETURN_IF_ERROR(CheckManifestOutputFile(option, output, force, force_option));
+  return inputs;
+}
+
+Status CheckManifestOutputFile(const std::string& option, const std::string& output, bool force,
+                               const std::string& force_option) {
   K3_RETURN_IF_ERROR(CheckOutputWritableUnlessThere(option, output, force));
   OutputSpec spec;
   spec.option = option;
@@ -30,8 +36,7 @@ Result<std::vector<NamedPath>> PreflightManifestOutput(const std::string& option
   spec.force = force;
   spec.force_option = force_option;
   spec.not_own_kind = [&] { return NotAManifestFile(output); };
-  K3_RETURN_IF_ERROR(CheckOutputKind(spec));
-  return inputs;
+  return CheckOutputKind(spec);
 }
 
 Status CheckManifestPlace(const NamedPath& output, const std::string& pack, const std::string& tokenizer_dir,

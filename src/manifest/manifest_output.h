@@ -61,6 +61,12 @@ Result<std::vector<NamedPath>> PreflightManifestOutput(const std::string& option
                                const std::string& model_config, const std::string& tokenizer_dir,
                                const InputNames& names = {});
 
+// Its last part, which needs no inputs (`build` checks its manifest path so,
+// before it judges the pack): writable where it must be written
+// (CheckOutputWritableUnlessThere), and no file of another kind there.
+Status CheckManifestOutputFile(const std::string& option, const std::string& output, bool force,
+                               const std::string& force_option = "--force");
+
 // Every file a manifest of these inputs reads: the config, the pack and its
 // .digests, each tokenizer file, and the shards (each .gguf in `gguf_dir`, or
 // `gguf_dir` itself when it names a shard). A directory of them that cannot

@@ -195,6 +195,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   const std::string& out = req.path;
   const std::string& opt = req.option;
   K3_RETURN_IF_ERROR(PreflightPackOutput(req));
+  if (req.before_judging) K3_RETURN_IF_ERROR(req.before_judging());
   PackOutputPlan plan;
   const Status writable = CheckOutputWritable(opt, out);
   // From the first look at what is there to the last write: another build,

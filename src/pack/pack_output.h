@@ -48,6 +48,10 @@ struct PackOutputRequest {
   // (build: the checkpoint is one SGLang loads, and its manifest). Made in the
   // same pass, so its refusals too come before a lock file is made.
   std::function<Status(const PackOutputPlan&)> then;
+  // The caller's checks of its other outputs that read nothing (`build`'s
+  // manifest path): after this pack's preflight, before the pack is judged
+  // (which may read all of it).
+  std::function<Status()> before_judging;
 };
 
 struct PackOutputPlan {
