@@ -27,15 +27,21 @@
 // that cannot fit waits for them (bounded) before failing with SGLang's text.
 // A release takes the releasing thread's own hold on each slot first, else
 // another thread's (a call may be released from another thread than the one
-// that made it), except where the releasing thread dropped its own last hold
-// on the slot and nobody has acquired it since: that is a repeat of its
-// release and releases nothing, so a double release never frees another
-// thread's slots for overwriting. Slots carry no call identity, so another
-// thread's call must be released from a thread that holds no call on the same
-// slots: one that released its own there cannot tell the two releases apart,
-// and the other call stays held (a later call that needs its slots waits its
-// bound and fails). Thread ids are reused once a thread exits: a new thread
-// may inherit an exited one's mark until the slots are acquired again.
+// that made it): of the threads holding the slot's object, the one that took
+// it first. Slots carry no call identity, so a release from another thread
+// is right when calls on the same objects are released in the order they
+// were made (as a completion thread does); one that releases a later call
+// while an earlier call on the same objects is still in use ends the earlier
+// call's hold, and that call's slots may be overwritten while it reads them.
+// A thread that dropped its own last hold on a slot and names it again
+// before anybody acquires it repeats its release: that releases nothing.
+// Once another thread has acquired the slot, a repeat cannot be told from a
+// release of that thread's call, and ends it. Another thread's call must be
+// released from a thread that holds no call on the same slots: one that
+// released its own there cannot tell the two releases apart, and the other
+// call stays held (a later call that needs its slots waits its bound and
+// fails). Thread ids are reused once a thread exits: a new thread may
+// inherit an exited one's mark until the slots are acquired again.
 #pragma once
 
 #include <cstdint>

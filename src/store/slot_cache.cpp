@@ -97,7 +97,15 @@ struct SlotCache::Impl {
   std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> free_slots;
   PinCounts pins;                               // unreleased acquisitions, all threads
   int64_t total_pins = 0;                       // sum of pins: 0 = no thread holds anything
-  using Holds = std::unordered_map<ObjectId, uint32_t>;  // object -> unreleased calls naming it
+  // Per object: the thread's unreleased calls naming it, and when the oldest
+  // of them began (a call serial): a release from a thread that holds no
+  // call on the object ends the hold of the thread that took it first.
+  struct Hold {
+    uint32_t calls = 0;
+    uint64_t since = 0;
+  };
+  using Holds = std::unordered_map<ObjectId, Hold>;
+  uint64_t call_serial = 0;
   std::map<std::thread::id, Holds> outstanding;
   // MarkUsed's "slot seen in this release" marks (serial == release_serial):
   // a release allocates nothing, so under `ulimit -v` it cannot fail and
@@ -125,21 +133,26 @@ struct SlotCache::Impl {
     return g;
   }
   void SetPins(const Holds& holds, int sign) {
-    for (const auto& [k, n] : holds) {
-      pins[k] += sign * static_cast<int64_t>(n);
-      total_pins += sign * static_cast<int64_t>(n);
+    for (const auto& [k, hold] : holds) {
+      pins[k] += sign * static_cast<int64_t>(hold.calls);
+      total_pins += sign * static_cast<int64_t>(hold.calls);
     }
   }
-  // Adding (+1) may throw std::bad_alloc, and then adds nothing; removing
-  // (-1) holds that are there never allocates.
-  static void AddHolds(Holds* holds, std::span<const ObjectId> keys, int sign) {
+  // One more (+1) or one less (-1) call naming each of `keys`; a new hold
+  // began with call `since`. Adding may throw std::bad_alloc, and then adds
+  // nothing; removing holds that are there never allocates.
+  static void AddHolds(Holds* holds, std::span<const ObjectId> keys, int sign, uint64_t since = 0) {
+    auto add = [&](ObjectId k, int by) {
+      Hold& hold = (*holds)[k];
+      if (hold.calls == 0) hold.since = since;
+      hold.calls += by;
+      if (hold.calls == 0) holds->erase(k);
+    };
     size_t done = 0;
     try {
-      for (; done < keys.size(); ++done)
-        if (((*holds)[keys[done]] += sign) == 0) holds->erase(keys[done]);
+      for (; done < keys.size(); ++done) add(keys[done], sign);
     } catch (const std::bad_alloc&) {
-      for (size_t i = 0; i < done; ++i)
-        if (((*holds)[keys[i]] -= sign) == 0) holds->erase(keys[i]);
+      for (size_t i = 0; i < done; ++i) add(keys[i], -sign);
       throw;
     }
   }
@@ -416,7 +429,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   misses.reserve(keys.size());
   std::vector<int32_t> out;
   out.reserve(ids.size());
-  std::vector<std::pair<uint32_t, uint32_t>> moved;  // (slot, holds) of this thread's evicted objects
+  std::vector<std::pair<uint32_t, Impl::Hold>> moved;  // (slot, holds) of this thread's evicted objects
   moved.reserve(keys.size());
   // This thread's own unreleased calls do not protect their slots (SGLang).
   Impl::Holds& mine = s.outstanding[std::this_thread::get_id()];
@@ -453,8 +466,8 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     // then held (this call's), and the evicted object's stayed for good.
     if (auto it = mine.find(v); it != mine.end()) {
       moved.push_back({s.slot_of[v], it->second});
-      s.pins[v] -= it->second;
-      s.total_pins -= it->second;
+      s.pins[v] -= it->second.calls;
+      s.total_pins -= it->second.calls;
       mine.erase(it);
       s.released_by[s.slot_of[v]] = std::this_thread::get_id();
     }
@@ -505,9 +518,10 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   // Without memory for the holds or the reads (`ulimit -v`), the misses are
   // forgotten like a failed read's: their slots never serve bytes not read.
   Impl::Holds held;
+  const uint64_t call_serial = ++s.call_serial;
   if (RanOutOfMemory([&] {
         Impl::AddHolds(&held, keys, +1);
-        Impl::AddHolds(&mine, keys, +1);
+        Impl::AddHolds(&mine, keys, +1, call_serial);
       })) {
     forget_misses();
     s.cv.notify_all();
@@ -557,13 +571,14 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   // the slot to this call's object there, which stays protected until both
   // calls are released, in either order. (A slot left free keeps the
   // "released by this thread" mark: that release frees nothing of another's.)
-  for (auto [slot, n] : moved) {
+  for (auto [slot, hold] : moved) {
     const ObjectId now = s.key_of[slot];
     auto it = now == kNoObject ? mine.end() : mine.find(now);
     if (it == mine.end()) continue;
-    it->second += n;
-    s.pins[now] += n;
-    s.total_pins += n;
+    it->second.calls += hold.calls;
+    it->second.since = std::min(it->second.since, hold.since);
+    s.pins[now] += hold.calls;
+    s.total_pins += hold.calls;
   }
   for (int64_t e : ids) out.push_back(static_cast<int32_t>(s.slot_of[space.Id(li, static_cast<uint32_t>(e))]));
   return out;
@@ -757,13 +772,13 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     s.release_mark[slot] = s.release_serial;
     ObjectId k = s.key_of[slot];
     if (k == kNoObject) continue;
-    // Release one hold on the object, this thread's first, else any thread's
-    // (a call may be released by another thread than the one that made it),
-    // never another's for a release this thread already made.
+    // Release one hold on the object, this thread's first, else another
+    // thread's (a call may be released by another thread than the one that
+    // made it), never another's for a release this thread already made.
     auto drop = [&](Impl::Holds& holds) {
       auto it = holds.find(k);
       if (it == holds.end()) return false;
-      if (--it->second == 0) holds.erase(it);
+      if (--it->second.calls == 0) holds.erase(it);
       --s.pins[k];
       --s.total_pins;
       return true;
@@ -774,8 +789,20 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
       continue;
     }
     if (s.released_by[slot] == self) continue;
-    for (auto& [tid, holds] : s.outstanding)
-      if (drop(holds)) break;
+    // Slots do not say whose call they end: the thread that took the object
+    // first (calls released in the order they were made, as a completion
+    // thread does). The first in thread-id order ended a later call's hold,
+    // whose thread still read the slot while the earlier one's next call,
+    // now the object's only holder, overwrote it.
+    Impl::Holds* oldest = nullptr;
+    uint64_t oldest_since = 0;
+    for (auto& [tid, holds] : s.outstanding) {
+      auto it = holds.find(k);
+      if (it == holds.end() || (oldest && it->second.since >= oldest_since)) continue;
+      oldest = &holds;
+      oldest_since = it->second.since;
+    }
+    if (oldest) drop(*oldest);
   }
   if (mine != s.outstanding.end() && mine->second.empty()) s.outstanding.erase(mine);
   s.cv.notify_all();

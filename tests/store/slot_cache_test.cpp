@@ -548,6 +548,54 @@ TEST(StoreConcurrency, SlotCacheHoldsFollowASlotTheSameThreadsNextCallTakes) {
   ASSERT_TRUE(cache->Close().ok());
 }
 
+// A call released by a thread holding none (a completion thread) ended the
+// hold of whichever thread came first in thread-id order: with two threads'
+// calls on the same objects, the later call's hold went, and the earlier
+// call's thread, then the objects' only holder, overwrote the slots the
+// later one still read. It ends the hold of the thread that took them first.
+TEST(StoreConcurrency, SlotCacheAReleaseFromAThirdThreadEndsTheOldestCall) {
+  ThreeSlots three("slots-third-thread");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  AlignedSlots& mem = three.mem;
+  const int64_t shape[2] = {1, 3};
+  const std::vector<int64_t> ids = {0, 1, 2}, next = {3, 4, 5};
+  std::vector<int32_t> first_call;
+  std::atomic<int> step{0};
+  std::atomic<bool> released{false};
+  std::thread earlier([&] {
+    auto a = cache->Acquire(1, ids, shape, std::nullopt);
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    first_call = *a;
+    step = 1;
+    while (step < 3) std::this_thread::yield();  // released by the third thread
+    // Needs every slot: waits for the later call's release.
+    auto b = cache->Acquire(1, next, shape, std::nullopt);
+    ASSERT_TRUE(b.ok()) << b.error().message();
+    EXPECT_TRUE(released) << "took the slots of a call that was never released";
+    EXPECT_TRUE(cache->MarkUsed(*b).ok());
+  });
+  std::thread later([&] {
+    while (step < 1) std::this_thread::yield();
+    auto a = cache->Acquire(1, ids, shape, std::nullopt);  // the same slots, hits
+    ASSERT_TRUE(a.ok()) << a.error().message();
+    step = 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_TRUE(SlotHolds(mem.base + uint64_t((*a)[i]) * cache->slot_bytes(), {4096, 4096, 4096}, 1,
+                            static_cast<uint32_t>(ids[i])))
+          << "slot of expert " << ids[i] << " overwritten while held";
+    released = true;
+    EXPECT_TRUE(cache->MarkUsed(*a).ok());
+  });
+  while (step < 2) std::this_thread::yield();
+  ASSERT_TRUE(cache->MarkUsed(first_call).ok());  // this thread holds no call
+  step = 3;
+  earlier.join();
+  later.join();
+  ASSERT_TRUE(cache->Close().ok());
+}
+
 // Two threads, each its own layer, check their slots before mark_used while
 // the other keeps evicting: another thread's unreleased call is protected.
 TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {
