@@ -101,7 +101,8 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
   // SGLang's test of a tokenizer directory, and the text it raises.
   const fs::path d(dir);
   if (!manifest::IsKimiTokenizerDir(dir)) {
-    return Error("Kimi tokenizer directory is invalid: " + dir)
+    // SGLang names the directory resolved (Path(explicit).resolve()).
+    return Error("Kimi tokenizer directory is invalid: " + ResolvedPathOrGiven(dir))
         .WithHint(option + " needs config.json and one of tokenizer.json, tiktoken.model, tokenizer_config.json; " +
                   fix);
   }

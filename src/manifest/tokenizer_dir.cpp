@@ -19,6 +19,15 @@ fs::path ShardDir(const std::string& gguf_path) {
   return p.empty() ? fs::path(".") : p;
 }
 
+// The shard directory as SGLang's server sees it: it resolves the shard's
+// path first, so a directory reached through a symlink is searched from
+// where it really is (its parent's other tokenizers included). The shard
+// file itself is not followed: a hub cache's shards link into a blobs
+// directory, where no tokenizer is.
+fs::path ResolvedShardDir(const std::string& gguf_path) {
+  return fs::path(ResolvedPathOrGiven(ShardDir(gguf_path).string()));
+}
+
 }  // namespace
 
 bool IsKimiTokenizerDir(const std::string& dir) {
@@ -50,13 +59,8 @@ namespace {
 // *tokenizer* match) counts once.
 std::vector<fs::path> ValidTokenizerCandidates(const std::string& gguf_path) {
   std::error_code ec;
-  const fs::path shard_dir = ShardDir(gguf_path);
-  // The parent is taken from the path as given, as SGLang's Path.parent
-  // does, except where the path has none to give ("m", ".", ".."): then it
-  // is the real parent directory.
-  fs::path parent = shard_dir.parent_path();
-  const std::string last = shard_dir.filename().string();
-  if (parent.empty() || last == "." || last == "..") parent = fs::weakly_canonical(shard_dir, ec).parent_path();
+  const fs::path shard_dir = ResolvedShardDir(gguf_path);
+  const fs::path parent = shard_dir.parent_path();
 
   std::vector<fs::path> candidates = {shard_dir / "tokenizer", parent / "kimi-k3-tokenizer"};
   std::vector<fs::path> globbed;
@@ -66,13 +70,13 @@ std::vector<fs::path> ValidTokenizerCandidates(const std::string& gguf_path) {
   std::sort(globbed.begin(), globbed.end());
   candidates.insert(candidates.end(), globbed.begin(), globbed.end());
 
-  std::vector<fs::path> valid, seen;
+  // Each by its resolved path, as SGLang lists them.
+  std::vector<fs::path> valid;
   for (const auto& c : candidates) {
     if (!IsKimiTokenizerDir(c.string())) continue;
     fs::path canonical = fs::weakly_canonical(c, ec);
-    if (std::find(seen.begin(), seen.end(), canonical) != seen.end()) continue;
-    seen.push_back(canonical);
-    valid.push_back(c);
+    if (ec) canonical = c;
+    if (std::find(valid.begin(), valid.end(), canonical) == valid.end()) valid.push_back(canonical);
   }
   return valid;
 }
@@ -80,11 +84,11 @@ std::vector<fs::path> ValidTokenizerCandidates(const std::string& gguf_path) {
 }  // namespace
 
 Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
-  const fs::path shard_dir = ShardDir(gguf_path);
+  const fs::path shard_dir = ResolvedShardDir(gguf_path);
   const std::vector<fs::path> valid = ValidTokenizerCandidates(gguf_path);
   if (valid.size() == 1) return valid.front().string();
   std::string names;
-  for (const auto& v : valid) names += (names.empty() ? "" : ", ") + v.filename().string();
+  for (const auto& v : valid) names += (names.empty() ? "" : ", ") + v.string();
   return Error("could not uniquely derive Kimi tokenizer beside " + shard_dir.string() +
                "; candidates: " + (names.empty() ? "none" : names));
 }
@@ -92,12 +96,8 @@ Result<std::string> DeriveTokenizerDir(const std::string& gguf_path) {
 Result<ImpliedPath> ImpliedTokenizerDir(const std::string& gguf_path, const InputNames& names) {
   auto tok = DeriveTokenizerDir(gguf_path);
   if (!tok.ok()) {
-    // SGLang's text names the candidates by their last component only,
-    // which may be the same for two ("tokenizer, tokenizer").
-    std::string found;
-    for (const auto& c : ValidTokenizerCandidates(gguf_path)) found += (found.empty() ? "" : ", ") + c.string();
     return Error(tok.error().message(), ErrorKind::kRuntime)
-        .WithHint((found.empty() ? "" : "the candidates are " + found + "; ") + "pass " + names.tokenizer_dir + " with the Kimi tokenizer directory (config.json + tokenizer.json, "
+        .WithHint("pass " + names.tokenizer_dir + " with the Kimi tokenizer directory (config.json + tokenizer.json, "
                   "tiktoken.model or tokenizer_config.json). Without it k3pack looks where SGLang's server does: "
                   "<shard dir>/tokenizer, <shard dir>/../kimi-k3-tokenizer and <shard dir>/../*tokenizer*");
   }

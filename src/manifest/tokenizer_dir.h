@@ -23,9 +23,10 @@ Status CheckTokenizerFilesReadable(const std::string& option, const std::string&
 
 // The one valid tokenizer directory among <shard dir>/tokenizer,
 // <shard dir>/../kimi-k3-tokenizer and the sorted <shard dir>/../*tokenizer*
-// directories (`gguf_path` is the shard directory or one shard). None or
-// several: SGLang's RuntimeError text, "could not uniquely derive Kimi
-// tokenizer beside <shard dir>; candidates: <names or none>".
+// directories (`gguf_path` is the shard directory or one shard), the shard
+// directory resolved first and the result resolved, as SGLang's server does.
+// None or several: SGLang's RuntimeError text, "could not uniquely derive
+// Kimi tokenizer beside <shard dir>; candidates: <resolved paths or none>".
 Result<std::string> DeriveTokenizerDir(const std::string& gguf_path);
 
 // An input the shard set implies when it is not given, and why, for the

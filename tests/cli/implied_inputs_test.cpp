@@ -122,12 +122,22 @@ TEST(ImpliedInputs, NoneOrSeveralCandidatesStopWithSGLangsTextBeforeAnyWrite) {
   const auto before_two = Snapshot(root);
   CliRun two = Cli("build" + kQuiet + Q(gguf));
   EXPECT_EQ(two.code, 2) << two.out;
-  EXPECT_TRUE(Contains(two.out, "error: could not uniquely derive Kimi tokenizer beside " + gguf +
-                                    "; candidates: a-tokenizer, b-tokenizer\n"))
-      << two.out;
-  // SGLang's text names the last components only; the hint the whole paths.
-  EXPECT_TRUE(Contains(two.out, "hint: the candidates are " + root + "/a-tokenizer, " + root + "/b-tokenizer; pass "))
-      << two.out;
+  // SGLang lists the candidates by their resolved paths.
+  const std::string refusal = "error: could not uniquely derive Kimi tokenizer beside " + gguf + "; candidates: " +
+                              root + "/a-tokenizer, " + root + "/b-tokenizer\n";
+  EXPECT_TRUE(Contains(two.out, refusal)) << two.out;
+  EXPECT_TRUE(Contains(two.out, "hint: pass --tokenizer-dir with the Kimi tokenizer directory")) << two.out;
+  // Reached through a symlink, the shard directory is searched where it
+  // really is (SGLang resolves the shard first): the link's own directory
+  // is no place to look for other tokenizers.
+  const std::string elsewhere = root + "-link";
+  fs::remove_all(elsewhere);
+  fs::create_directories(elsewhere);
+  fs::create_directory_symlink(gguf, elsewhere + "/shards");
+  CliRun linked = Cli("build" + kQuiet + Q(elsewhere + "/shards"));
+  EXPECT_EQ(linked.code, 2) << linked.out;
+  EXPECT_TRUE(Contains(linked.out, refusal)) << linked.out;
+  fs::remove_all(elsewhere);
   EXPECT_EQ(Snapshot(root), before_two) << "a refused build writes nothing";
   fs::remove_all(root + "/a-tokenizer");
   fs::remove_all(root + "/b-tokenizer");

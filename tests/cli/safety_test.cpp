@@ -50,6 +50,12 @@ TEST(Preflight, TokenizerDirWithoutTokenizerFilesUsesSglangText) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(Contains(r.out, "error: Kimi tokenizer directory is invalid: " + m + "/emptytok")) << r.out;
   EXPECT_TRUE(Contains(r.out, "--tokenizer-dir needs config.json and one of tokenizer.json")) << r.out;
+  // Given relative, it is named resolved, as SGLang names it.
+  CliRun relative = CliVia("cd " + Q(m) + " &&", "build --progress none --gguf-dir . --model-config config.json "
+                                                  "--tokenizer-dir ./emptytok/../emptytok");
+  EXPECT_EQ(relative.code, 1) << relative.out;
+  EXPECT_TRUE(Contains(relative.out, "error: Kimi tokenizer directory is invalid: " + m + "/emptytok\n"))
+      << relative.out;
   EXPECT_EQ(Snapshot(m), before);
 }
 
