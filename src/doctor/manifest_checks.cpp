@@ -465,12 +465,16 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     out.report().unusable = true;
     return {};
   }
-  json j = ParseJsonOrDiscarded(*text);
-  if (j.is_discarded() || !j.is_object()) {
-    out.Add("input-unrecognized", manifest_path, "not a JSON object", {}, manifest_path);
+  auto parsed = ParseJsonText(*text);
+  if (!parsed.ok() || !parsed->is_object()) {
+    // A cut-off or hand-broken manifest is the common case: say where it
+    // stops parsing rather than only that it is no object.
+    const std::string found = parsed.ok() ? "not a JSON object" : "not valid JSON: " + parsed.error().message();
+    out.Add("input-unrecognized", manifest_path, found, {}, manifest_path);
     out.report().unusable = true;
     return {};
   }
+  const json& j = *parsed;
   out.report().files.push_back(manifest_path);
   const size_t errors_before = ErrorsIn(out.report());
   const KeyFinder need(j, manifest_path, out);

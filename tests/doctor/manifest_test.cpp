@@ -124,6 +124,23 @@ TEST(DoctorManifest, NotJsonIsUnusable) {
   EXPECT_TRUE(r.Has("input-unrecognized"));
 }
 
+// A manifest cut off mid-write was told "not a JSON object": the parser's
+// position says it stops parsing, and where.
+TEST(DoctorManifest, ACutOffManifestSaysWhereItStopsParsing) {
+  auto dir = TempDir("man-cut");
+  { std::ofstream(dir / "m.manifest.json") << "{\"format\": \"SGLANG-KIMI"; }
+  { std::ofstream(dir / "list.json") << "[1, 2]"; }
+  doctor::Report cut = doctor::Diagnose({(dir / "m.manifest.json").string()});
+  ASSERT_TRUE(cut.Has("input-unrecognized")) << Dump(cut);
+  const std::string message = cut.With("input-unrecognized").front()->message;
+  EXPECT_NE(message.find("not valid JSON"), std::string::npos) << message;
+  EXPECT_NE(message.find("line 1"), std::string::npos) << message;
+  EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  doctor::Report list = doctor::Diagnose({(dir / "list.json").string()});
+  ASSERT_TRUE(list.Has("input-unrecognized")) << Dump(list);
+  EXPECT_EQ(list.With("input-unrecognized").front()->message, "not a JSON object");
+}
+
 // Doctor's manifest checks are the loaders' own rules (manifest/loader_rules):
 // where its restated copies differed from what the store and the non-expert
 // loader do, it now says what they say.
