@@ -302,6 +302,9 @@ struct VerifyOptions {
   // A rank pack (else taken from a version-3 digest sidecar): entries of
   // experts the rank does not own are skipped and counted, not verified.
   std::optional<ep::Rank> ep;
+  // The caller knows the pack is a full one (its manifest names no rank): a
+  // rank pack's sidecar beside it is refused, not taken as the pack's rank.
+  bool full_pack = false;
 };
 
 struct VerifyResult {

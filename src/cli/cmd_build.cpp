@@ -177,8 +177,12 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     K3_ASSIGN_OR_RETURN(pack::RepairDamagedResult rep,
                         pack::RepairDamagedPayloads(out, experts, pack::MakeProgressPrinter(v.mode, rank), rank));
     for (const auto& w : rep.repaired) Say(json, "rewrote " + w + " from the source");
-    if (!rep.sidecar_written.empty())
+    if (!rep.why_source.empty()) {
+      Say(json, "wrote the digest sidecar " + rep.sidecar_written + " anew (every payload compared with the shards: " +
+                    rep.why_source + ")");
+    } else if (!rep.sidecar_written.empty()) {
       Say(json, "wrote the missing digest sidecar " + rep.sidecar_written + " (every payload compared with the shards)");
+    }
     Say(json, "EXPERT_PACK_CHECKED path=" + out + " entries=" + std::to_string(rep.entries_checked) +
                   " damaged_rewritten=" + std::to_string(rep.repaired.size()));
     repaired = rep.repaired;

@@ -65,6 +65,7 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     nlohmann::json j{{"pack", out}, {"repaired_damaged", rep.repaired}, {"entries_checked", rep.entries_checked},
                      {"seconds", rep.seconds}};
     if (!rep.sidecar_written.empty()) j["sidecar_written"] = rep.sidecar_written;
+    if (!rep.why_source.empty()) j["compared_with_shards_because"] = rep.why_source;
     return j;
   }
   const bool json = args.Has("--json");
@@ -136,11 +137,14 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
 // What --repair-damaged did to one pack.
 void PrintRepaired(const nlohmann::json& j) {
   for (const auto& w : j["repaired_damaged"]) std::printf("rewrote %s from the source\n", w.get<std::string>().c_str());
-  const std::string how = j.contains("sidecar_written")
-                              ? "each compared with its source slice; the missing digest sidecar " +
-                                    j["sidecar_written"].get<std::string>() + " is written from them"
-                              : "each checked against its digest; the rewritten ones and a sample of the rest "
-                                "against the source";
+  std::string how = "each checked against its digest; the rewritten ones and a sample of the rest against the source";
+  if (j.contains("compared_with_shards_because")) {
+    how = "each compared with its source slice: " + j["compared_with_shards_because"].get<std::string>() +
+          "; the digest sidecar " + j["sidecar_written"].get<std::string>() + " is written anew from them";
+  } else if (j.contains("sidecar_written")) {
+    how = "each compared with its source slice; the missing digest sidecar " +
+          j["sidecar_written"].get<std::string>() + " is written from them";
+  }
   std::printf("EXPERT_PACK_REPAIRED path=%s damaged=%zu of %llu entries (%s)\n", j["pack"].get<std::string>().c_str(),
               j["repaired_damaged"].size(), j["entries_checked"].get<unsigned long long>(), how.c_str());
 }

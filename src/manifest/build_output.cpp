@@ -20,6 +20,34 @@ bool RecordsThisPackMovedAway(const Manifest& old, const nlohmann::json& section
                       [](const auto& shard) { return PathExists(shard.path); });
 }
 
+// Whether `old` records the pack at `pack_path` (the same file, however named).
+bool RecordsPackAt(const Manifest& old, const std::string& pack_path) {
+  auto recorded = ResolvePath(old.expert_pack.path);
+  auto here = ResolvePath(pack_path);
+  return recorded.ok() && here.ok() && *recorded == *here;
+}
+
+// Why a manifest of this very pack no longer describes its shards, or "": a
+// shard it records was written after it (edited in place, same size and
+// header: only its whole-file digest would tell, and that costs a read of
+// every shard) or has another size. `k3pack pack --repair-damaged` after such
+// an edit brings the pack to the new shards; the manifest then still
+// records the old ones, and a rerun of build called it finished.
+std::string ShardWrittenSince(const std::string& manifest_path, const Manifest& old) {
+  auto written = StampFile(manifest_path);
+  if (!written.ok()) return "";
+  for (const ShardRecord& shard : old.source.shards) {
+    auto now = StampFile(shard.path);
+    if (!now.ok()) continue;  // a moved model: judged by the rules above
+    if (static_cast<uint64_t>(now->size) != shard.size) {
+      return "shard " + shard.path + " is " + std::to_string(now->size) + " bytes now, " + std::to_string(shard.size) +
+             " when it was written";
+    }
+    if (now->mtime_ns > written->mtime_ns) return "shard " + shard.path + " was written to after it";
+  }
+  return "";
+}
+
 // A refusal of a manifest that records another model's shards and pack (a
 // model directory copied with its manifest) says whose it is.
 Error ExplainRefusal(const Error& refused, const BuildManifestRequest& r) {
@@ -48,7 +76,8 @@ Error ExplainRefusal(const Error& refused, const BuildManifestRequest& r) {
 bool TakenOverWithoutForce(const BuildManifestRequest& r) {
   if (!PathExists(r.path)) return false;
   auto old = ReadManifest(r.path);
-  if (r.pack_repair) return old.ok();
+  // The manifest of the pack being re-checked; not any readable one.
+  if (r.pack_repair) return old.ok() && RecordsPackAt(*old, r.pack_path);
   auto tell = [&](const std::string& why) {
     if (r.note) r.note(why);
     return true;
@@ -58,9 +87,7 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
                 ", where none of its files is any more (the model was moved): writing a new manifest");
   }
   if (r.pack_action == OutputAction::kResume && old.ok()) {
-    auto recorded = ResolvePath(old->expert_pack.path);
-    auto here = ResolvePath(r.pack_path);
-    if (recorded.ok() && here.ok() && *recorded == *here) {
+    if (RecordsPackAt(*old, r.pack_path)) {
       return tell("resuming the rebuild of " + r.pack_path + "; " + r.path +
                   ", the manifest of the pack it replaces, is written anew when it is done");
     }
@@ -75,6 +102,11 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
       if (auto rules = CheckLoaderManifestRules(*raw); !rules.ok()) {
         return tell(r.path + " records this pack, but SGLang's store refuses it (" + rules.error().headline() +
                     "; an older k3pack wrote it, or it was edited): writing a new manifest");
+      }
+    }
+    if (old.ok()) {
+      if (const std::string why = ShardWrittenSince(r.path, *old); !why.empty()) {
+        return tell(r.path + " records this pack, but " + why + ": writing a new manifest of the shards as they are");
       }
     }
   }

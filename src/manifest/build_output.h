@@ -41,13 +41,15 @@ struct BuildManifestRequest {
 
 // kWrite, kReplace or kAlreadyBuilt (this pack and its manifest are done).
 // An existing manifest is taken over without force when it
-//   - is of the pack `pack_repair` re-checks;
+//   - is of the pack `pack_repair` re-checks (records that pack's path);
 //   - records this very pack (same index digest) at a place where none of
 //     its files is any more: the model directory was moved;
 //   - records this pack path while a rebuild of it is under way (an
 //     interrupted forced build; the old pack stays until the new one is done);
 //   - is a rank manifest of this pack that SGLang's store would serve with the
-//     other ranks' experts as zeros.
+//     other ranks' experts as zeros;
+//   - records this pack, but a shard it records was written after it or has
+//     another size (the pack was repaired to edited shards on its own).
 // Anything else there is refused ("it is not the manifest of this pack"),
 // saying whose model it records when it is a copied directory's.
 Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& request);

@@ -237,6 +237,7 @@ PayloadPlan PlanPayloads(const VerifyPackOptions& options, const std::string& pa
   o.progress = options.progress;
   o.interrupt_check = options.interrupt_check;
   o.ep = rank;
+  o.full_pack = !rank;  // the manifest names no rank
   if (options.full) {
     // A pack SGLang's prepare_kimi_pack wrote has no digest sidecar; asked to
     // compare with the source, every payload still is (the sidecar would only

@@ -108,8 +108,10 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
                         SameAsTheShards(req, experts, why + " (every store refuses it)",
                                         ", then writing the sidecar anew from the pack (reads it twice)", plan));
     if (!same) {
-      // --restart repairs against the sidecar, which cannot be read.
-      plan.invalid_reason += "; with the sidecar damaged, only a rebuild (--force) can replace the pack";
+      // --restart repairs against the sidecar where it cannot be read (a
+      // readable one of another pack or rank is replaced by the shards).
+      if (!ReadPackDigests(DigestsPathFor(out)).ok())
+        plan.invalid_reason += "; with the sidecar damaged, only a rebuild (--force) can replace the pack";
       return false;
     }
     K3_RETURN_IF_ERROR(RewriteSidecarFromPack(out, experts, 4, req.progress));

@@ -11,8 +11,10 @@
 
 #include "pack/build_inputs.h"
 #include "pack/copy.h"
+#include "pack/inputs_record.h"
 #include "pack/sidecars.h"
 #include "util/file.h"
+#include "util/format.h"
 
 namespace k3pack::pack {
 
@@ -28,10 +30,33 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   // source slice, and the sidecar is written from them once the pack holds
   // them, so the stores check its reads from then on.
   const bool have_sidecar = PathExists(dpath);
+  // The shards are the record too where the sidecar is not this pack's:
+  //  - the shards changed since the build (their record says so): the
+  //    sidecar holds the old shards' digests, so a payload the edit touched
+  //    matched it and was kept, and the rerun recorded the new shards;
+  //  - it is another rank's, or a rank pack's beside a full pack (copied
+  //    over it): only that rank's entries were checked.
+  // Every payload is then compared with its source slice and the sidecar
+  // is written anew.
+  std::string why_source;
+  std::optional<ep::Rank> sidecar_rank;
   PackDigests digests;
   if (have_sidecar) {
     K3_ASSIGN_OR_RETURN(digests, ReadPackDigests(dpath));
-  } else {
+    sidecar_rank = digests.ep;
+    const auto describe = [&](const std::optional<ep::Rank>& r) {
+      return r ? "the pack of expert-parallel " + ep::Describe(*r, layout.num_experts()) : std::string("a full pack");
+    };
+    if (sidecar_rank.has_value() != rank.has_value() ||
+        (rank && (sidecar_rank->size != rank->size || sidecar_rank->rank != rank->rank))) {
+      why_source = "its digest sidecar " + dpath + " is of " + describe(sidecar_rank) + ", not of " + describe(rank);
+    } else {
+      why_source = WhyInputsChanged(pack_path, ex);
+    }
+  }
+  const bool source_is_record = !have_sidecar || !why_source.empty();
+  if (source_is_record) {
+    digests = PackDigests{};
     digests.index_count = layout.index_count();
     digests.index_sha256 = layout.IndexSha256();
     digests.pack_size = layout.final_size();
@@ -49,10 +74,10 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   UniqueFd pack_fd(fd);
   struct stat st;
   if (::fstat(fd, &st) != 0) return Error::FromErrno("cannot stat " + pack_path, errno);
-  if (!have_sidecar && static_cast<uint64_t>(st.st_size) != layout.final_size()) {
+  if (source_is_record && static_cast<uint64_t>(st.st_size) != layout.final_size()) {
     return Error("pack " + pack_path + " is " + std::to_string(st.st_size) + " bytes, the pack of these shards " +
-                 std::to_string(layout.final_size()) + ": not a pack of these shards' layout (and it has no digest "
-                 "sidecar " + dpath + ")")
+                 std::to_string(layout.final_size()) + ": not a pack of these shards' layout (and " +
+                 (have_sidecar ? why_source : "it has no digest sidecar " + dpath) + ")")
         .WithHint("rebuild the pack with --force");
   }
   if (!DigestsMatchPack(digests, layout, static_cast<uint64_t>(st.st_size))) {
@@ -86,7 +111,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
       continue;
     }
     ++held;
-    if (!have_sidecar) {
+    if (source_is_record) {
       const auto [slot, t, soff, what] = slice_of(i);
       K3_ASSIGN_OR_RETURN(digests.entry_sha256[i], HashRange(src[t->tensor.shard_index].get(), soff, s.nbytes, buf,
                                                              &stats, &digests.entry_crc32c[i]));
@@ -105,14 +130,35 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   // or the repair would find nothing to do and report success. Without a
   // sidecar, a pack none of whose payloads matches these shards is such a
   // pack, not a damaged one: rewriting all of it in place is a --force.
-  if (!have_sidecar && held > 0 && damaged.size() == held) {
+  if (sidecar_rank && !rank) {
+    // A rank pack at the full pack's path has none of the other ranks'
+    // payloads (holes): filling them in is a rebuild, not a repair.
+    const ep::ExpertRange owned = ep::OwnedExperts(*sidecar_rank, layout.num_experts());
+    uint64_t others = 0, others_differ = 0;
+    for (uint64_t i = 0; i < layout.index_count(); ++i) {
+      if (owned.contains(layout.Entry(i).expert)) continue;
+      ++others;
+      others_differ += std::binary_search(damaged.begin(), damaged.end(), i) ? 1 : 0;
+    }
+    if (others > 0 && others_differ == others) {
+      return Error("pack " + pack_path + " is the pack of expert-parallel " +
+                   ep::Describe(*sidecar_rank, layout.num_experts()) + " (its digest sidecar " + dpath +
+                   " says so, and none of the other ranks' payloads is in it), not a full pack; no payload was "
+                   "rewritten")
+          .WithHint("repair it as that rank's pack (--ep-size " + std::to_string(sidecar_rank->size) + " --ep-rank " +
+                    std::to_string(sidecar_rank->rank) + " --pack " + ShellQuoted(pack_path) +
+                    "), or rebuild the full pack with --force");
+    }
+  }
+  if (source_is_record && held > 0 && damaged.size() == held) {
     return Error("pack " + pack_path + " was not built from these shards: none of its " + std::to_string(held) +
                  " payloads matches its slice of them (the pack of another model with the same layout, or shards "
-                 "changed since), and it has no digest sidecar to tell damage from another source; no payload was "
-                 "rewritten")
+                 "changed since), and " +
+                 (have_sidecar ? why_source : "it has no digest sidecar to tell damage from another source") +
+                 "; no payload was rewritten")
         .WithHint("rebuild it from these shards with --force, or pass the pack built from them");
   }
-  if (have_sidecar && damaged.size() < layout.index_count()) {
+  if (!source_is_record && damaged.size() < layout.index_count()) {
     constexpr uint64_t kSamples = 6;
     std::vector<uint64_t> intact;
     for (uint64_t i = 0; i < layout.index_count(); ++i) {
@@ -159,7 +205,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     K3_ASSIGN_OR_RETURN(auto d, CopyAndHash(src[t.tensor.shard_index].get(), soff, fd, s.offset, s.nbytes, buf, &stats));
     if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) {
       return Error("source of " + what + " no longer matches the digest " +
-                   (have_sidecar ? "recorded when the pack was built" : "this repair read from it") + ": " +
+                   (source_is_record ? "this repair read from it" : "recorded when the pack was built") + ": " +
                    ex.shard_paths[t.tensor.shard_index] + " changed")
           .WithHint("the pack cannot be repaired from these shards; rebuild it with --force");
     }
@@ -170,15 +216,18 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   // 4. Verify the repaired entries against the sidecar and the source.
   if (!damaged.empty()) {
     VerifyOptions vo;
-    vo.against_digests = have_sidecar;
+    vo.against_digests = !source_is_record;  // the file holds the old record until it is written below
     vo.against_source = true;
     vo.entries = damaged;
     vo.ep = digests.ep;
     K3_RETURN_IF_ERROR(VerifyPayloads(pack_path, ex, vo).status());
   }
-  if (!have_sidecar) {
+  if (source_is_record) {
     K3_RETURN_IF_ERROR(WritePackDigests(dpath, digests));
     r.sidecar_written = dpath;
+    r.why_source = why_source;
+    // Last: until here a rerun still compares every payload with the shards.
+    K3_RETURN_IF_ERROR(RecordCurrentInputs(pack_path, ex));
   }
   r.entries_checked = layout.index_count();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -10,7 +10,11 @@
 // is held throughout. A pack without a sidecar is compared with the source
 // instead, payload by payload (`rank`: the rank pack the caller asked for;
 // only its experts are compared), and its sidecar is written once it holds
-// the source's bytes; one none of whose payloads match is refused.
+// the source's bytes; one none of whose payloads match is refused. So is a
+// pack whose shards changed since it was built (`<pack>.inputs`; its sidecar
+// records the old shards' bytes) or whose sidecar is another rank's (a rank
+// pack's beside a full pack): the sidecar is written anew, and the record of
+// the inputs after it. A rank pack at a full pack's path is refused.
 #pragma once
 
 #include <optional>
@@ -24,7 +28,12 @@ namespace k3pack::pack {
 struct RepairDamagedResult {
   std::vector<std::string> repaired;  // "<tensor> expert <e> (entry <i>)", in entry order
   uint64_t entries_checked = 0;
-  std::string sidecar_written;  // the digest sidecar's path when it was missing and is written now
+  // The digest sidecar's path when it is written now: it was missing, or
+  // it is written anew for `why_source` (the shards changed since the pack
+  // was built, or the sidecar is another rank's), which made the shards the
+  // record every payload was compared with.
+  std::string sidecar_written;
+  std::string why_source;
   double seconds = 0;
 };
 

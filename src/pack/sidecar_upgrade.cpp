@@ -118,7 +118,13 @@ std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& 
   if (!PathExists(dpath)) return "";
   auto d = ReadPackDigests(dpath);
   if (!d.ok()) return IsProcessCannotRead(d.error().sys_errno()) ? "" : d.error().message();
-  if (d->ep) return "";  // a rank pack's: judged with its rank
+  // The caller judges a full pack: a rank pack's sidecar copied beside it
+  // made verify --full check that rank's entries only (a damaged payload of
+  // another rank passed) and every store refuse the pack.
+  if (d->ep) {
+    return "digest sidecar " + dpath + " is the sidecar of a pack of expert-parallel " +
+           ep::Describe(*d->ep, d->num_experts) + ", not of this full pack";
+  }
   auto layout = LayoutOf(experts);
   auto size = FileSize(pack_path);
   if (!layout.ok() || !size.ok()) return "";

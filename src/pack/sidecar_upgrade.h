@@ -24,8 +24,8 @@ Status AddCrcRecordsToOldSidecar(const std::string& pack_path, const ExpertSet& 
                                  const ProgressFn& progress = {});
 
 // Why the digest sidecar of the finished full pack `pack_path` is one every
-// store refuses ("" when it is usable, absent, a rank pack's, or cannot be
-// read by this process): damaged, cut short, emptied, or of another pack.
+// store refuses ("" when it is usable, absent, or cannot be read by this
+// process): damaged, cut short, emptied, of another pack, or a rank pack's.
 std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& experts);
 
 // Writes <pack>.digests anew (atomically) from the pack's own bytes: every
