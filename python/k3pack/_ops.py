@@ -61,8 +61,10 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     records) unless force=True, which replaces only a pack or a manifest
     (another file there is refused even with it). As `k3pack build`, a manifest that records
     this pack where none of its files is any more (a moved model), the
-    manifest of a forced rebuild under way, or an old rank manifest SGLang
-    would serve with zeros is written anew without force, saying so to `log`
+    manifest of a forced rebuild under way, an old rank manifest SGLang
+    would serve with zeros, one older than a shard it records, or one that
+    records another tokenizer_dir or payload_samples than asked is written
+    anew without force, saying so to `log`
     (else the "k3pack" logger). Returns {"pack": build result dict,
     "manifest": path, "document": manifest dict, "already_built": bool,
     "inputs": {"model_config": path, "tokenizer_dir": path}}.
@@ -96,7 +98,8 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     inputs = {"model_config": model_config, "tokenizer_dir": tokenizer_dir}
     plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
                                profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
-                               allow_unsupported=allow_unsupported, force=force, wait=wait, log=log)
+                               allow_unsupported=allow_unsupported, force=force, wait=wait, log=log,
+                               payload_samples=payload_samples)
     # The pack's lock, from the look at the outputs to the manifest's last byte: another writer never
     # replaces the pack between its build and the manifest that records it (this thread takes it again).
     lock = plan.pop("lock")

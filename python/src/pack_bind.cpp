@@ -195,8 +195,11 @@ py::dict BuildPackCall(const std::string& gguf_dir, const std::string& model_con
 py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_config,
                        const std::string& tokenizer_dir, const std::string& pack_arg,
                        const std::string& manifest_arg, const py::object& profile, bool allow_mixed_types,
-                       bool allow_unsupported, bool force, const py::object& wait, const py::object& log) {
+                       bool allow_unsupported, bool force, const py::object& wait, const py::object& log,
+                       const py::object& payload_samples) {
   RefuseInsideUserCallback("k3pack.build");
+  std::optional<int64_t> samples;  // converted here: the plan runs without the GIL
+  if (!payload_samples.is_none()) samples = IntInRange<int64_t>(payload_samples, "payload_samples", 0, INT64_MAX);
   kimi::Profile p = ProfileArg(profile, {model_config, gguf_dir});
   LockWaitKeyword waiting(wait, log, "the pack's lock");
   std::string out = pack_arg, manifest_path = manifest_arg;
@@ -245,6 +248,7 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
       request.pack_section = decided.valid_section;
       request.inputs = req.inputs;
       request.tokenizer_dir = tokenizer_dir;
+      request.payload_samples = samples;
       request.names.pack = "pack";
       request.names.tokenizer_dir = "tokenizer_dir";
       request.note = note;
@@ -367,7 +371,7 @@ void RegisterPlanBuild(py::module_& m) {
         py::arg("gguf_dir"), py::arg("model_config"), py::arg("tokenizer_dir"), py::kw_only(), py::arg("pack") = "",
         py::arg("manifest") = "", py::arg("profile") = py::none(), py::arg("allow_mixed_types") = false,
         py::arg("allow_unsupported") = false, py::arg("force") = false, py::arg("wait") = py::none(),
-        py::arg("log") = py::none(),
+        py::arg("log") = py::none(), py::arg("payload_samples") = py::none(),
         "k3pack.build's checks before a byte is written (`k3pack build`'s rules): the pack and manifest paths, "
         "the profile, and whether both are already built");
 

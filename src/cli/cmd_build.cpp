@@ -134,6 +134,8 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
     request.pack_repair = plan.repair;
     request.inputs = plan.inputs;
     request.tokenizer_dir = tokenizer_dir;
+    request.payload_samples = v.samples;
+    request.full_pack_hash = args.Has("--full-pack-hash");
     request.note = [&](const std::string& why) {
       if (told.insert(why).second) Narrate(kCmd, "note: " + why);
     };

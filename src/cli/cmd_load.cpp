@@ -118,15 +118,19 @@ std::vector<std::string> NpyFilesIn(const std::string& dir) {
 
 // Whether DIR holds an unfinished dump: its marker, or only the temporary a
 // kill between naming it and renaming it left. *found: the marker's list of
-// files that were there before that dump (empty when it cannot be read).
-bool UnfinishedDumpIn(const std::string& dir, std::set<std::string>* found) {
-  found->clear();
+// files that were there before that dump; nullopt when it cannot be read
+// (the temporary's list was not read, and starting over took every .npy
+// file of DIR, the user's own among them, for the dump's).
+bool UnfinishedDumpIn(const std::string& dir, std::optional<std::set<std::string>>* found) {
+  found->reset();
   if (!HoldsMarker(dir, kDumpPartialMarker)) return false;
-  if (auto text = ReadFileToString(dir + "/" + kDumpPartialMarker); text.ok()) {
+  if (auto text = ReadMarker(dir, kDumpPartialMarker)) {
     const json j = ParseJsonOrDiscarded(*text);
-    if (j.is_object() && j.contains("k3pack_dump_in_progress") && j["k3pack_dump_in_progress"].is_object()) {
-      for (const auto& f : j["k3pack_dump_in_progress"].value("found", json::array())) {
-        if (f.is_string()) found->insert(f.get<std::string>());
+    if (j.is_object() && j.contains("k3pack_dump_in_progress") && j["k3pack_dump_in_progress"].is_object() &&
+        j["k3pack_dump_in_progress"].contains("found") && j["k3pack_dump_in_progress"]["found"].is_array()) {
+      found->emplace();
+      for (const auto& f : j["k3pack_dump_in_progress"]["found"]) {
+        if (f.is_string()) (*found)->insert(f.get<std::string>());
       }
     }
   }
@@ -138,8 +142,9 @@ bool UnfinishedDumpIn(const std::string& dir, std::set<std::string>* found) {
 // its marker's temporary and the .npy writers' named temporaries
 // (`<name>.npy.<pid>.<n>.tmp`, where the filesystem has no unnamed ones).
 // What is left is what the interrupted dump found, as an uninterrupted one
-// leaves it.
-void RemoveUnfinishedDump(const std::string& dir, const std::set<std::string>& found) {
+// leaves it. Without its list (`found` nullopt) no .npy file goes: the
+// dump writes its own anew.
+void RemoveUnfinishedDump(const std::string& dir, const std::optional<std::set<std::string>>& found) {
   std::error_code ec;
   std::vector<std::filesystem::path> doomed;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
@@ -147,7 +152,7 @@ void RemoveUnfinishedDump(const std::string& dir, const std::set<std::string>& f
     const size_t npy = name.rfind(".npy.");
     const bool temp = IsAtomicTempNameOf(name, kDumpPartialMarker) ||
                       (npy != std::string::npos && IsAtomicTempNameOf(name, name.substr(0, npy + 4)));
-    if (temp || (IsNpyFile(e) && !found.contains(name))) doomed.push_back(e.path());
+    if (temp || (found && IsNpyFile(e) && !found->contains(name))) doomed.push_back(e.path());
   }
   for (const auto& path : doomed) std::filesystem::remove(path, ec);
 }
@@ -233,7 +238,7 @@ Result<DumpDecision> DecideDump(const std::string& dir, bool force, const std::s
     return Status::OK();
   };
   auto look = [&]() -> Status {
-    std::set<std::string> found;
+    std::optional<std::set<std::string>> found;
     if (UnfinishedDumpIn(dir, &found)) {
       Narrate("load", "note: " + dir + " holds an interrupted dump; starting over");
       RemoveUnfinishedDump(dir, found);

@@ -114,7 +114,9 @@ Result<nlohmann::json> RunOne(const Args& args, const Values& v, const std::opti
                         {"hole_bytes", r.hole_bytes},
                         {"resumed_objects", r.resumed_objects},
                         {"seconds", r.seconds},
-                        {"bytes_per_second", r.seconds > 0 ? r.pack_bytes / r.seconds : 0.0},
+                        // What this run copied: the pack's size counts other ranks' holes
+                        // and what a resumed build copied before.
+                        {"bytes_per_second", r.seconds > 0 ? static_cast<double>(r.copied_bytes) / r.seconds : 0.0},
                         {"payload_samples_verified", section["payload_samples_verified"]},
                         {"profile", kimi::ProfileName(profile)}};
   if (rank) res["ep"] = ep_json;

@@ -73,7 +73,7 @@ std::optional<nlohmann::json> RecordIn(const std::string& out) {
 bool UnfinishedRepairIn(const std::string& out, nlohmann::json* recipe) {
   *recipe = nullptr;
   if (!k3pack::HoldsMarker(out, kRepairMarkerName)) return false;
-  if (auto text = k3pack::ReadFileToString((fs::path(out) / kRepairMarkerName).string()); text.ok()) {
+  if (auto text = k3pack::ReadMarker(out, kRepairMarkerName)) {
     nlohmann::json j = k3pack::ParseJsonOrDiscarded(*text);
     if (j.is_object() && j.contains("k3pack_repair_in_progress")) *recipe = j["k3pack_repair_in_progress"];
   }

@@ -48,6 +48,29 @@ std::string ShardWrittenSince(const std::string& manifest_path, const Manifest& 
   return "";
 }
 
+// Why a manifest of this pack does not record what the request asks for
+// (its tokenizer directory, payload samples, whole-pack digest), or "".
+std::string RecordsOtherOptions(const Manifest& old, const BuildManifestRequest& r) {
+  if (!r.tokenizer_dir.empty() && old.tokenizer.recorded) {
+    const std::string wanted = ResolvedPathOrGiven(r.tokenizer_dir);
+    if (wanted != old.tokenizer.path) {
+      return "it records the tokenizer directory " + old.tokenizer.path + ", not " + wanted;
+    }
+  }
+  if (r.full_pack_hash && !old.expert_pack.full_pack_hash) return "it records no SHA-256 of the whole pack";
+  if (r.payload_samples) {
+    std::optional<ep::Rank> rank;
+    if (old.k3pack && old.k3pack->ep) rank = ep::Rank{old.k3pack->ep->size, old.k3pack->ep->rank};
+    const uint64_t wanted =
+        pack::SampleEntries(old.expert_pack.index_count, old.expert_pack.num_experts, *r.payload_samples, rank).size();
+    if (wanted != old.expert_pack.payload_samples_verified) {
+      return "it records " + std::to_string(old.expert_pack.payload_samples_verified) + " payload sample(s) verified, " +
+             "not " + std::to_string(wanted);
+    }
+  }
+  return "";
+}
+
 // A refusal of a manifest that records another model's shards and pack (a
 // model directory copied with its manifest) says whose it is.
 Error ExplainRefusal(const Error& refused, const BuildManifestRequest& r) {
@@ -107,6 +130,9 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
     if (old.ok()) {
       if (const std::string why = ShardWrittenSince(r.path, *old); !why.empty()) {
         return tell(r.path + " records this pack, but " + why + ": writing a new manifest of the shards as they are");
+      }
+      if (const std::string why = RecordsOtherOptions(*old, r); !why.empty()) {
+        return tell(r.path + " records this pack, but " + why + ": writing a new manifest as asked");
       }
     }
   }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ struct BuildManifestRequest {
   // None may be the manifest; each must be a path it can record (UTF-8).
   std::vector<NamedPath> inputs;
   std::string tokenizer_dir;
+  // What the manifest is asked to record beyond its inputs: the payload
+  // sample count (nullopt: not judged) and the whole pack's SHA-256. A
+  // finished manifest of this pack that records other ones (or another
+  // tokenizer directory) is written anew: reported as built, it kept what
+  // the rerun's options asked to change.
+  std::optional<int64_t> payload_samples;
+  bool full_pack_hash = false;
   InputNames names;  // how the caller names the pack and tokenizer directory
   // Told why an existing manifest is written over without force (a moved
   // model, a rebuild under way, an old rank manifest). The plan's pass may run
@@ -49,7 +57,9 @@ struct BuildManifestRequest {
 //   - is a rank manifest of this pack that SGLang's store would serve with the
 //     other ranks' experts as zeros;
 //   - records this pack, but a shard it records was written after it or has
-//     another size (the pack was repaired to edited shards on its own).
+//     another size (the pack was repaired to edited shards on its own);
+//   - records this pack, but another tokenizer directory, payload sample
+//     count or no whole-pack SHA-256 where the request asks for them.
 // Anything else there is refused ("it is not the manifest of this pack"),
 // saying whose model it records when it is a copied directory's.
 Result<OutputAction> DecideBuildManifest(const BuildManifestRequest& request);

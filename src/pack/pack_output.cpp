@@ -165,6 +165,19 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
 
 }  // namespace
 
+// Whether a build of `out` is under way (to resume): its checkpoint, which
+// a build makes first, or a partial file where no pack is. A stray
+// `<pack>.partial` without a checkpoint beside a finished pack (an older
+// k3pack's, a user's copy) was taken for a rebuild to resume: that dropped
+// --force, and the build then refused the pack, pointing to --force, on
+// every rerun.
+namespace {
+bool BuildUnderWayAt(const std::string& out) {
+  if (PathExists(CheckpointPathFor(out))) return true;
+  return PathExists(PartialPathFor(out)) && !PathExists(out);
+}
+}  // namespace
+
 Status PreflightPackOutput(const PackOutputRequest& req) {
   const std::string& out = req.path;
   const std::string& opt = req.option;
@@ -187,7 +200,7 @@ Status PreflightPackOutput(const PackOutputRequest& req) {
     kind.force = req.force;
     kind.force_option = req.force_option;
     // As the decision judges it: a pack being resumed or repaired is not.
-    const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
+    const bool has_partial = BuildUnderWayAt(out);
     if (!req.repair_existing && !has_partial) kind.not_own_kind = [&] { return NotAPackFile(out); };
     return CheckOutputKind(kind);
   }
@@ -205,7 +218,7 @@ Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const Expert
   // (a `--force` removing the pack a repair was rewriting lost both).
   auto decide = [&]() -> Status {
     plan = PackOutputPlan{};
-    const bool has_partial = PathExists(CheckpointPathFor(out)) || PathExists(PartialPathFor(out));
+    const bool has_partial = BuildUnderWayAt(out);
     if (req.repair_existing && !has_partial && PathExists(out)) {
       plan.repair = true;  // the preflight held it to a writable directory
       return req.then ? req.then(plan) : Status::OK();

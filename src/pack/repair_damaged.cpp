@@ -201,8 +201,17 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   for (uint64_t i : damaged) {
     const auto [s, t_ptr, soff, what] = slice_of(i);
     const ExpertTensor& t = *t_ptr;
-    K3_RETURN_IF_ERROR(ZeroRange(fd, s.offset, s.nbytes));
-    K3_ASSIGN_OR_RETURN(auto d, CopyAndHash(src[t.tensor.shard_index].get(), soff, fd, s.offset, s.nbytes, buf, &stats));
+    // A write that fails (a full disk) names the pack and the payload: the
+    // copy's own text named neither. A rerun finds what is left to do.
+    auto in_pack = [&](const Error& e) {
+      return WithFreeSpaceHint(Error("cannot rewrite " + what + " in " + pack_path + ": " + e.message(), e.kind(),
+                                     e.sys_errno()),
+                               pack_path);
+    };
+    if (Status zeroed = ZeroRange(fd, s.offset, s.nbytes); !zeroed.ok()) return in_pack(zeroed.error());
+    auto copied = CopyAndHash(src[t.tensor.shard_index].get(), soff, fd, s.offset, s.nbytes, buf, &stats);
+    if (!copied.ok()) return in_pack(copied.error());
+    const auto& d = *copied;
     if (std::memcmp(d.data(), digests.entry_sha256[s.entry_index].data(), 32) != 0) {
       return Error("source of " + what + " no longer matches the digest " +
                    (source_is_record ? "this repair read from it" : "recorded when the pack was built") + ": " +

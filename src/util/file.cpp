@@ -220,6 +220,17 @@ bool HoldsMarker(const std::string& dir, const std::string& name) {
   return false;
 }
 
+std::optional<std::string> ReadMarker(const std::string& dir, const std::string& name) {
+  const std::filesystem::path d(dir);
+  if (auto text = ReadFileToString((d / name).string()); text.ok()) return *text;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(d, ec)) {
+    if (!IsAtomicTempNameOf(e.path().filename().string(), name)) continue;
+    if (auto text = ReadFileToString(e.path().string()); text.ok()) return *text;
+  }
+  return std::nullopt;
+}
+
 namespace {
 
 // A writer's temporary holds an flock from its creation to its writer's

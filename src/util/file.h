@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -157,6 +158,11 @@ bool IsAtomicTempNameOf(const std::string& file_name, const std::string& base_na
 // repair, a dump), or only the named temporary a kill between naming it and
 // renaming it left: the directory was being written either way.
 bool HoldsMarker(const std::string& dir, const std::string& name);
+// The text of the marker `name` in `dir`, or where only its named temporary
+// is there (a kill between naming and renaming it: its content is whole,
+// written before the name was given), the temporary's; nullopt when neither
+// can be read.
+std::optional<std::string> ReadMarker(const std::string& dir, const std::string& name);
 
 // AtomicFile for a whole string.
 Status WriteFileAtomic(const std::string& path, std::string_view content);

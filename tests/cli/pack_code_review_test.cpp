@@ -2,12 +2,16 @@
 // (docs/RELIABILITY.md, "session 45").
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <vector>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
+#include "../scratch_mount.h"
 
 namespace k3cli {
 namespace {
@@ -127,6 +131,131 @@ TEST(PackCodeReview, ARankSidecarBesideAFullPackIsNotItsRecord) {
   EXPECT_EQ(refused.code, 1) << refused.out;
   EXPECT_TRUE(Contains(refused.out, "none of the other ranks' payloads is in it")) << refused.out;
   EXPECT_EQ(FileBytes(pack), rank_bytes);
+}
+
+// A repair whose rewrite hit a full disk said "write failed at offset N: No
+// space left on device": no pack, no payload, no hint.
+TEST(PackCodeReview, ARepairOnAFullDiskNamesThePackAndWhatToDo) {
+  const std::string m = FreshModel("repair-enospc");
+  k3pack::testing_scratch::ScratchMount disk(Root() + "/repair-enospc-disk", "tmpfs", "size=40m");
+  if (!disk.ok) GTEST_SKIP() << "mounting a tmpfs needs root";
+  const std::string pack = disk.dir + "/p.pack";
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 " + Q(m) + " --pack " + Q(pack)).code, 0);
+  const std::string intact = FileBytes(pack);
+  // A hole in the last payload (damage the rewrite needs new blocks for),
+  // then a full disk.
+  const std::string punch = "fallocate -p -o " + std::to_string(intact.size() - 8192) + " -l 4096 " + Q(pack);
+  ASSERT_EQ(std::system(punch.c_str()), 0);
+  (void)std::system(("dd if=/dev/zero of=" + Q(disk.dir + "/filler") + " bs=64k >/dev/null 2>&1").c_str());
+  CliRun full = Cli("pack --repair-damaged --progress none " + Q(m) + " --pack " + Q(pack));
+  EXPECT_EQ(full.code, 1) << full.out;
+  EXPECT_TRUE(Contains(full.out, "error: cannot rewrite ")) << full.out;
+  EXPECT_TRUE(Contains(full.out, " in " + pack + ": ")) << full.out;
+  EXPECT_TRUE(Contains(full.out, "hint: free space on the filesystem of " + pack)) << full.out;
+  std::filesystem::remove(disk.dir + "/filler");
+  CliRun rerun = Cli("pack --repair-damaged --progress none " + Q(m) + " --pack " + Q(pack));
+  EXPECT_EQ(rerun.code, 0) << rerun.out;
+  EXPECT_EQ(FileBytes(pack), intact) << "the rerun did not finish the repair";
+}
+
+// `load --dump DIR`, killed after its marker's temporary got its name and
+// before the rename: the rerun read no list of the files DIR held before
+// (the marker's final name was not there) and deleted every .npy file in
+// it, the user's own among them.
+TEST(PackCodeReview, AnInterruptedDumpKeepsTheFilesItsMarkersTemporaryLists) {
+  const std::string m = FreshModel("dump-marker-temp");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string out = Root() + "/dump-marker-temp-out";
+  std::filesystem::remove_all(out);
+  std::filesystem::create_directories(out);
+  const std::string own = "the user's own results";
+  std::ofstream(out + "/users_own_results.npy", std::ios::binary) << own;
+  // The temporary a dead writer left, whole: the marker it was to become.
+  std::ofstream(out + "/.k3pack-dump.partial.999999.0.tmp")
+      << R"({"k3pack_dump_in_progress":{"manifest":")" << m + "/" + kManifestName
+      << R"(","found":["users_own_results.npy"]}})" << "\n";
+  CliRun rerun = Cli("load --progress none " + Q(m + "/" + kManifestName) + " --dump " + Q(out));
+  EXPECT_EQ(rerun.code, 0) << rerun.out;
+  EXPECT_TRUE(Contains(rerun.out, "holds an interrupted dump; starting over")) << rerun.out;
+  EXPECT_EQ(FileBytes(out + "/users_own_results.npy"), own) << "the user's own file was deleted";
+  EXPECT_FALSE(std::filesystem::exists(out + "/.k3pack-dump.partial.999999.0.tmp"));
+}
+
+// `build` on a finished model said "already built" and kept a manifest
+// without what its options asked for: another tokenizer directory, more
+// payload samples, the whole pack's SHA-256. `k3pack manifest` refused the
+// same options; build writes the manifest anew (the pack is kept).
+TEST(PackCodeReview, ARerunOfBuildWritesTheManifestItsOptionsAskFor) {
+  const std::string m = FreshModel("build-options");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string manifest = m + "/" + kManifestName, pack = m + "/" + kPackName;
+  const std::string tok2 = Root() + "/build-options-tok2";
+  std::filesystem::remove_all(tok2);
+  std::filesystem::copy(m + "/tokenizer", tok2, std::filesystem::copy_options::recursive);
+  std::ofstream(tok2 + "/special.json") << "{}";
+  const auto pack_before = FileBytes(pack);
+  auto recorded = [&] { return nlohmann::json::parse(FileBytes(manifest)); };
+  struct Case {
+    std::string flags, note;
+    std::function<bool(const nlohmann::json&)> holds;
+  };
+  for (const Case& c : std::vector<Case>{
+           {" --full-pack-hash", "it records no SHA-256 of the whole pack",
+            [](const nlohmann::json& j) { return j["expert_pack"]["full_pack_hash"] == true; }},
+           {" --payload-samples 50", "payload sample(s) verified, not 50",
+            [](const nlohmann::json& j) { return j["expert_pack"]["payload_samples_verified"] == 50; }},
+           {" --tokenizer-dir " + Q(tok2), "it records the tokenizer directory ",
+            [&](const nlohmann::json& j) { return j["tokenizer"]["path"] == tok2; }}}) {
+    SCOPED_TRACE(c.flags);
+    CliRun run = Cli("build --progress none --safety-margin-gib 0 " + Q(m) + c.flags);
+    EXPECT_EQ(run.code, 0) << run.out;
+    EXPECT_TRUE(Contains(run.out, c.note)) << run.out;
+    EXPECT_TRUE(Contains(run.out, "writing a new manifest as asked")) << run.out;
+    EXPECT_TRUE(c.holds(recorded())) << run.out;
+    CliRun again = Cli("build --progress none --safety-margin-gib 0 " + Q(m) + c.flags);
+    EXPECT_EQ(again.code, 0) << again.out;
+    EXPECT_TRUE(Contains(again.out, "already built")) << again.out;
+  }
+  EXPECT_EQ(FileBytes(pack), pack_before) << "the pack was rewritten";
+}
+
+// `pack`'s rate divided the whole pack's size (other ranks' holes, what a
+// resumed build copied before) by this run's time.
+TEST(PackCodeReview, PacksRateIsWhatThisRunCopied) {
+  const std::string m = FreshModel("pack-rate");
+  CliRun run = Cli("pack --progress none --safety-margin-gib 0 --json --ep-size 2 --ep-rank 1 " + Q(m));
+  ASSERT_EQ(run.code, 0) << run.out;
+  const auto j = nlohmann::json::parse(run.out.substr(run.out.find('{')), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << run.out;
+  const double seconds = j["seconds"].get<double>();
+  ASSERT_GT(seconds, 0);
+  EXPECT_NEAR(j["bytes_per_second"].get<double>(), j["copied_bytes"].get<double>() / seconds,
+              j["copied_bytes"].get<double>() / seconds * 1e-9)
+      << run.out;
+  EXPECT_LT(j["copied_bytes"].get<uint64_t>(), j["size"].get<uint64_t>()) << "a rank pack copies part of the pack";
+}
+
+// A finished pack beside a stray `<pack>.partial` with no checkpoint (an
+// older k3pack's leftover, a user's copy): the plan took it for a rebuild to
+// resume, which drops --force, and the build refused the pack with a hint to
+// pass --force, whatever the flags.
+TEST(PackCodeReview, AStrayPartialBesideAFinishedPackIsNoRebuildUnderWay) {
+  const std::string m = FreshModel("stray-partial");
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string pack = m + "/" + kPackName;
+  const std::string intact = FileBytes(pack);
+  std::ofstream(pack + ".partial", std::ios::binary) << intact.substr(0, 4096);
+  CliRun again = Cli("pack --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(Contains(again.out, "already built")) << again.out;
+  // A partial file with no checkpoint is discarded by --restart, as ever.
+  CliRun forced = Cli("pack --progress none --safety-margin-gib 0 --force " + Q(m));
+  EXPECT_EQ(forced.code, 1) << forced.out;
+  EXPECT_TRUE(Contains(forced.out, "pass --restart to discard it")) << forced.out;
+  forced = Cli("pack --progress none --safety-margin-gib 0 --force --restart " + Q(m));
+  EXPECT_EQ(forced.code, 0) << forced.out;
+  EXPECT_EQ(FileBytes(pack), intact);
+  EXPECT_FALSE(std::filesystem::exists(pack + ".partial")) << forced.out;
 }
 
 }  // namespace
