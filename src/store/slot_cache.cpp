@@ -878,6 +878,9 @@ nlohmann::json SlotCache::Snapshot() const {
     k["host_tier"] = {{"cache_hits", h["cache_hits"]}, {"cache_misses", h["cache_misses"]},
                       {"cache_evictions", h["cache_evictions"]}, {"resident_experts", h["resident_experts"]},
                       {"policy", h["cache_policy"]}};
+    // prefetch()/keep() go to the host tier: its accounting (issued =
+    // useful + wasted + cancelled + staged + failed) is theirs to check.
+    if (h.contains("k3pack") && h["k3pack"].contains("prefetch")) k["host_tier"]["prefetch"] = h["k3pack"]["prefetch"];
   }
   j["k3pack"] = k;
   return j;

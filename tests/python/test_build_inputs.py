@@ -38,6 +38,18 @@ class BuildInputs(_util.SynthModelTestCase):
         k3pack.build(m, profile="scaled", safety_margin_gib=0, full_source_hashes=False, log=logged.append)
         self.assertNotIn("whole-shard", "\n".join(logged))
 
+    def test_a_rerun_asking_for_more_payload_samples_writes_the_manifest_anew(self):
+        # Before: "already built", and the manifest kept its 6 samples (`k3pack build` the same).
+        m = os.path.join(self.tmp.path, "more-samples")
+        shutil.copytree(self.model, m, ignore=shutil.ignore_patterns("*.pack*", "*.manifest.json"))
+        k3pack.build(m, profile="scaled", safety_margin_gib=0)
+        logged = []
+        out = k3pack.build(m, profile="scaled", safety_margin_gib=0, payload_samples=50, log=logged.append)
+        self.assertFalse(out["already_built"])
+        self.assertEqual(out["document"]["expert_pack"]["payload_samples_verified"], 50)
+        self.assertIn("payload sample(s) verified, not 50: writing a new manifest as asked", "\n".join(logged))
+        self.assertTrue(k3pack.build(m, profile="scaled", safety_margin_gib=0, payload_samples=50)["already_built"])
+
     def test_shards_alone_raise_sglangs_text(self):
         root = os.path.join(self.tmp.path, "alone")
         gguf = os.path.join(root, "gguf")

@@ -136,6 +136,11 @@ class CpuDevice(StoreCase):
                 snap = store.snapshot()
                 self.assertLess(snap["pack_reads"], snap["cache_misses"])
                 self.assertGreater(snap["k3pack"]["host_tier"]["cache_hits"], 0)
+                # The prefetch went to the host tier: its accounting is in the drop-in's stats.
+                pf = snap["k3pack"]["host_tier"]["prefetch"]
+                self.assertEqual(pf["issued"], self.top_k)
+                self.assertEqual(pf["issued"], pf["useful"] + pf["wasted"] + pf["cancelled"] + pf["staged"]
+                                 + pf["failed"])
 
     def test_error_texts(self):
         store = self.open()
