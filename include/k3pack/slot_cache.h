@@ -27,8 +27,8 @@
 // that cannot fit waits for them (bounded) before failing with SGLang's text.
 // A release takes the releasing thread's own hold on each slot first, else
 // another thread's (a call may be released from another thread than the one
-// that made it): of the threads holding the slot's object, the one that took
-// it first. Slots carry no call identity, so a release from another thread
+// that made it): the hold of the oldest unreleased call on the slot's
+// object. Slots carry no call identity, so a release from another thread
 // is right when calls on the same objects are released in the order they
 // were made (as a completion thread does); one that releases a later call
 // while an earlier call on the same objects is still in use ends the earlier

@@ -42,7 +42,7 @@ _BUILD_PACK_OPTIONS = frozenset({"allow_mixed_types", "safety_margin_gib", "rest
 
 @accepts_paths
 def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifest=None, profile=None,
-          payload_samples=6, full_source_hashes=True, force=False, allow_unsupported=False, progress=None, log=None,
+          payload_samples=None, full_source_hashes=True, force=False, allow_unsupported=False, progress=None, log=None,
           wait=None, **build_options):
     """GGUF shards -> expert pack -> adapter manifest in one call, with
     `k3pack build`'s defaults and output rules: the pack beside the shards
@@ -63,7 +63,8 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     this pack where none of its files is any more (a moved model), the
     manifest of a forced rebuild under way, an old rank manifest SGLang
     would serve with zeros, one older than a shard it records, or one that
-    records another tokenizer_dir or payload_samples than asked is written
+    records another tokenizer_dir or payload_samples than asked (given:
+    None, the default, is 6 and judges no finished manifest) is written
     anew without force, saying so to `log`
     (else the "k3pack" logger). Returns {"pack": build result dict,
     "manifest": path, "document": manifest dict, "already_built": bool,
@@ -83,6 +84,8 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     unknown = sorted(set(build_options) - _BUILD_PACK_OPTIONS)
     if unknown:
         raise TypeError(f"build() got an unexpected keyword argument {unknown[0]!r}")
+    asked_samples = payload_samples  # None: the default, which judges no finished manifest
+    payload_samples = 6 if payload_samples is None else payload_samples
     _k3pack._check_int_option(payload_samples, "payload_samples", 0, 2 ** 63 - 1)
     for keyword, callback in (("progress", progress), ("log", log)):
         if callback is not None and not callable(callback):
@@ -99,7 +102,7 @@ def build(gguf_dir, model_config=None, tokenizer_dir=None, *, pack=None, manifes
     plan = _k3pack._plan_build(gguf_dir, model_config, tokenizer_dir, pack=pack or "", manifest=manifest or "",
                                profile=profile, allow_mixed_types=build_options.get("allow_mixed_types", False),
                                allow_unsupported=allow_unsupported, force=force, wait=wait, log=log,
-                               payload_samples=payload_samples)
+                               payload_samples=asked_samples)
     # The pack's lock, from the look at the outputs to the manifest's last byte: another writer never
     # replaces the pack between its build and the manifest that records it (this thread takes it again).
     lock = plan.pop("lock")

@@ -15,6 +15,7 @@
 #include "k3pack/gguf.h"
 #include "k3pack/kimi.h"
 #include "k3pack/pack.h"
+#include "pack/pack_output.h"
 #include "pack/progress.h"
 #include "pack/repair_damaged.h"
 #include "util/file.h"
@@ -127,8 +128,7 @@ Result<nlohmann::json> Run(const Args& args, const Values& v) {
   // --repair-damaged needs every rank's finished pack: a missing one was
   // found after the ranks before it were repaired.
   auto each_repairable = [&](const std::string& rank_pack, const ep::Rank&) -> Status {
-    const bool finished = PathExists(rank_pack) && !PathExists(pack::CheckpointPathFor(rank_pack)) &&
-                          !PathExists(pack::PartialPathFor(rank_pack));
+    const bool finished = PathExists(rank_pack) && !pack::BuildUnderWayAt(rank_pack);
     return !args.Has("--repair-damaged") || finished ? Status::OK() : CheckRepairable(rank_pack);
   };
   K3_RETURN_IF_ERROR(PreflightEveryRank(args, v.ep, args.Has("--allow-mixed-types"), args.Has("--repair-damaged"),

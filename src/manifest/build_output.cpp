@@ -1,14 +1,18 @@
 #include "manifest/build_output.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "k3pack/manifest.h"
 #include "k3pack/pack.h"
 #include "manifest/loader_rules.h"
+#include "pack/sidecars.h"
 #include "util/file.h"
 
 namespace k3pack::manifest {
 namespace {
+
+namespace fs = std::filesystem;
 
 // Names none of the files it records where they are: a model directory moved
 // (or renamed) with its manifest. It records this very pack (same index
@@ -28,14 +32,15 @@ bool RecordsPackAt(const Manifest& old, const std::string& pack_path) {
 }
 
 // Why a manifest of this very pack no longer describes its shards, or "": a
-// shard it records was written after it (edited in place, same size and
-// header: only its whole-file digest would tell, and that costs a read of
-// every shard) or has another size. `k3pack pack --repair-damaged` after such
-// an edit brings the pack to the new shards; the manifest then still
-// records the old ones, and a rerun of build called it finished.
-std::string ShardWrittenSince(const std::string& manifest_path, const Manifest& old) {
-  auto written = StampFile(manifest_path);
-  if (!written.ok()) return "";
+// shard it records has another size now, or the pack was brought to the
+// shards as they are after the manifest was written (its record of them,
+// `<pack>.inputs`, is newer: `pack --repair-damaged` after a shard was
+// edited in place, same size and header, which only a whole-file digest
+// would tell). A rerun of build called such a manifest finished. Both files
+// are k3pack's, written beside each other by one clock; a shard's own time
+// is not compared (one from a host whose clock runs ahead made every rerun
+// rewrite the manifest).
+std::string ShardsChangedSince(const std::string& manifest_path, const Manifest& old, const std::string& pack_path) {
   for (const ShardRecord& shard : old.source.shards) {
     auto now = StampFile(shard.path);
     if (!now.ok()) continue;  // a moved model: judged by the rules above
@@ -43,7 +48,12 @@ std::string ShardWrittenSince(const std::string& manifest_path, const Manifest& 
       return "shard " + shard.path + " is " + std::to_string(now->size) + " bytes now, " + std::to_string(shard.size) +
              " when it was written";
     }
-    if (now->mtime_ns > written->mtime_ns) return "shard " + shard.path + " was written to after it";
+  }
+  auto written = StampFile(manifest_path);
+  auto inputs = StampFile(pack::InputsRecordPathFor(pack_path));
+  if (written.ok() && inputs.ok() && inputs->mtime_ns > written->mtime_ns) {
+    return "the pack was brought to the shards as they are now after it was written (" +
+           pack::InputsRecordPathFor(pack_path) + ")";
   }
   return "";
 }
@@ -99,12 +109,23 @@ Error ExplainRefusal(const Error& refused, const BuildManifestRequest& r) {
 bool TakenOverWithoutForce(const BuildManifestRequest& r) {
   if (!PathExists(r.path)) return false;
   auto old = ReadManifest(r.path);
-  // The manifest of the pack being re-checked; not any readable one.
-  if (r.pack_repair) return old.ok() && RecordsPackAt(*old, r.pack_path);
   auto tell = [&](const std::string& why) {
     if (r.note) r.note(why);
     return true;
   };
+  // The manifest of the pack being re-checked; not any readable one. Moved
+  // with its model directory, it records the pack's name where none of its
+  // files is any more (the repair re-checks the pack's every byte).
+  if (r.pack_repair) {
+    if (!old.ok()) return false;
+    if (RecordsPackAt(*old, r.pack_path)) return true;
+    const bool moved = old->complete && !PathExists(old->expert_pack.path) &&
+                       fs::path(old->expert_pack.path).filename() == fs::path(r.pack_path).filename() &&
+                       std::none_of(old->source.shards.begin(), old->source.shards.end(),
+                                    [](const auto& shard) { return PathExists(shard.path); });
+    return moved && tell(r.path + " records this pack at " + old->expert_pack.path +
+                         ", where none of its files is any more (the model was moved): writing a new manifest");
+  }
   if (r.pack_action == OutputAction::kAlreadyBuilt && old.ok() && RecordsThisPackMovedAway(*old, r.pack_section)) {
     return tell(r.path + " records this pack at " + old->expert_pack.path +
                 ", where none of its files is any more (the model was moved): writing a new manifest");
@@ -128,7 +149,7 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
       }
     }
     if (old.ok()) {
-      if (const std::string why = ShardWrittenSince(r.path, *old); !why.empty()) {
+      if (const std::string why = ShardsChangedSince(r.path, *old, r.pack_path); !why.empty()) {
         return tell(r.path + " records this pack, but " + why + ": writing a new manifest of the shards as they are");
       }
       if (const std::string why = RecordsOtherOptions(*old, r); !why.empty()) {

@@ -34,7 +34,7 @@ struct BuildManifestRequest {
   std::vector<NamedPath> inputs;
   std::string tokenizer_dir;
   // What the manifest is asked to record beyond its inputs: the payload
-  // sample count (nullopt: not judged) and the whole pack's SHA-256. A
+  // sample count (nullopt: not given, not judged) and the whole pack's SHA-256. A
   // finished manifest of this pack that records other ones (or another
   // tokenizer directory) is written anew: reported as built, it kept what
   // the rerun's options asked to change.

@@ -577,7 +577,12 @@ Result<BuildResult> BuildPack(const ExpertSet& ex, const BuildOptions& o) {
   }
   K3_ASSIGN_OR_RETURN(std::vector<UniqueFd> src, OpenSources(ex));
   K3_ASSIGN_OR_RETURN(std::vector<FileStamp> stamps, StampShards(src, ex.shard_paths));
-  if (o.restart) K3_RETURN_IF_ERROR(DiscardPartialBuild(p, o));
+  // A forced rebuild starts over: a partial file without a checkpoint (no
+  // rebuild under way; an older k3pack's leftover) is discarded as
+  // --restart discards it, not a refusal that named --restart while
+  // --restart alone repairs the finished pack and keeps it.
+  const bool stray_partial = o.replace_existing && PathExists(p.partial) && !PathExists(p.checkpoint);
+  if (o.restart || stray_partial) K3_RETURN_IF_ERROR(DiscardPartialBuild(p, o));
   Checkpoint ckpt;
   ckpt.fingerprint = fingerprint;
   ckpt.pack_size = layout.final_size();

@@ -165,18 +165,10 @@ Result<bool> IsFinishedPackOf(const PackOutputRequest& req, const ExpertSet& exp
 
 }  // namespace
 
-// Whether a build of `out` is under way (to resume): its checkpoint, which
-// a build makes first, or a partial file where no pack is. A stray
-// `<pack>.partial` without a checkpoint beside a finished pack (an older
-// k3pack's, a user's copy) was taken for a rebuild to resume: that dropped
-// --force, and the build then refused the pack, pointing to --force, on
-// every rerun.
-namespace {
 bool BuildUnderWayAt(const std::string& out) {
   if (PathExists(CheckpointPathFor(out))) return true;
   return PathExists(PartialPathFor(out)) && !PathExists(out);
 }
-}  // namespace
 
 Status PreflightPackOutput(const PackOutputRequest& req) {
   const std::string& out = req.path;

@@ -66,6 +66,14 @@ struct PackOutputPlan {
 
 Result<PackOutputPlan> PlanPackOutput(const PackOutputRequest& req, const ExpertSet& experts);
 
+// Whether a build of `out` is under way (to resume): its checkpoint, which
+// a build makes first, or a partial file where no pack is. A stray
+// `<pack>.partial` without a checkpoint beside a finished pack (an older
+// k3pack's, a user's copy) was taken for a rebuild to resume: that dropped
+// --force, and the build then refused the pack, pointing to --force, on
+// every rerun.
+bool BuildUnderWayAt(const std::string& out);
+
 // The checks PlanPackOutput makes before it takes the pack's lock, none of
 // which reads the pack: side-file names, outputs that are inputs, a writable
 // directory, side files that are ours, and the kind of thing at the path (a

@@ -39,6 +39,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   // Every payload is then compared with its source slice and the sidecar
   // is written anew.
   std::string why_source;
+  bool foreign_sidecar = false;
   std::optional<ep::Rank> sidecar_rank;
   PackDigests digests;
   if (have_sidecar) {
@@ -50,6 +51,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     if (sidecar_rank.has_value() != rank.has_value() ||
         (rank && (sidecar_rank->size != rank->size || sidecar_rank->rank != rank->rank))) {
       why_source = "its digest sidecar " + dpath + " is of " + describe(sidecar_rank) + ", not of " + describe(rank);
+      foreign_sidecar = true;
     } else {
       why_source = WhyInputsChanged(pack_path, ex);
     }
@@ -197,6 +199,17 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     }
   }
 
+  // Shards changed under this pack's own sidecar: the new record goes first.
+  // Killed after the payloads were rewritten and before it was, a rerun
+  // found the pack to be the shards' (and recorded them) beside the old
+  // record, which every store and verify --full then refused, and no repair
+  // mended. Killed before the payloads, the rerun sees them differ from the
+  // shards, still recorded as changed, and repairs again. A missing or
+  // foreign sidecar is written last instead: until then the rerun still
+  // finds it missing or foreign.
+  const bool record_first = source_is_record && have_sidecar && !foreign_sidecar;
+  if (record_first) K3_RETURN_IF_ERROR(WritePackDigests(dpath, digests));
+
   // 3. Rewrite each from its source slice; the copy must hash to the record.
   for (uint64_t i : damaged) {
     const auto [s, t_ptr, soff, what] = slice_of(i);
@@ -220,7 +233,23 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     }
     r.repaired.push_back(what);
   }
-  if (!damaged.empty() && ::fsync(fd) != 0) return Error::FromErrno("cannot fsync " + pack_path, errno);
+  // A rank pack whose sidecar was another rank's (or a full pack's) may hold
+  // other experts' bytes: they go back to holes, as a fresh rank build has.
+  if (rank && foreign_sidecar) {
+    const ep::ExpertRange owned = ep::OwnedExperts(*rank, layout.num_experts());
+    for (uint64_t i = 0; i < layout.index_count(); ++i) {
+      const EntrySlot e = layout.Entry(i);
+      if (owned.contains(e.expert)) continue;
+      if (Status zeroed = ZeroRange(fd, e.offset, e.nbytes); !zeroed.ok()) {
+        return WithFreeSpaceHint(Error("cannot clear another rank's entry " + std::to_string(i) + " of " + pack_path +
+                                           ": " + zeroed.error().message(),
+                                       zeroed.error().kind(), zeroed.error().sys_errno()),
+                                 pack_path);
+      }
+    }
+  }
+  if ((!damaged.empty() || (rank && foreign_sidecar)) && ::fsync(fd) != 0)
+    return Error::FromErrno("cannot fsync " + pack_path, errno);
 
   // 4. Verify the repaired entries against the sidecar and the source.
   if (!damaged.empty()) {
@@ -232,7 +261,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     K3_RETURN_IF_ERROR(VerifyPayloads(pack_path, ex, vo).status());
   }
   if (source_is_record) {
-    K3_RETURN_IF_ERROR(WritePackDigests(dpath, digests));
+    if (!record_first) K3_RETURN_IF_ERROR(WritePackDigests(dpath, digests));
     r.sidecar_written = dpath;
     r.why_source = why_source;
     // Last: until here a rerun still compares every payload with the shards.

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -97,12 +98,37 @@ struct SlotCache::Impl {
   std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> free_slots;
   PinCounts pins;                               // unreleased acquisitions, all threads
   int64_t total_pins = 0;                       // sum of pins: 0 = no thread holds anything
-  // Per object: the thread's unreleased calls naming it, and when the oldest
-  // of them began (a call serial): a release from a thread that holds no
-  // call on the object ends the hold of the thread that took it first.
+  // Per object: the thread's unreleased calls naming it, with the call
+  // serials of the oldest of them (oldest first): a release from a thread
+  // that holds no call on the object ends the oldest call's hold. Kept
+  // inline, so that no release allocates; past kKept calls of one thread on
+  // one object the newer ones' serials are taken as the newest known.
   struct Hold {
+    static constexpr uint32_t kKept = 4;
     uint32_t calls = 0;
-    uint64_t since = 0;
+    std::array<uint64_t, kKept> serials{};
+    uint64_t since() const { return serials[0]; }
+    void Add(uint64_t serial) {
+      if (calls < kKept) serials[calls] = serial;
+      ++calls;
+    }
+    void RemoveNewest() { --calls; }  // a call undone: the last added
+    void RemoveOldest() {
+      const uint32_t known = std::min(calls, kKept);
+      for (uint32_t i = 1; i < known; ++i) serials[i - 1] = serials[i];
+      --calls;
+      if (calls >= kKept) serials[kKept - 1] = serials[kKept - 2];
+    }
+    // Another hold of the same thread (an evicted object's, following its
+    // slot) joins this one.
+    void Merge(const Hold& other) {
+      std::array<uint64_t, 2 * kKept> all{};
+      const uint32_t mine = std::min(calls, kKept), theirs = std::min(other.calls, kKept);
+      std::merge(serials.begin(), serials.begin() + mine, other.serials.begin(), other.serials.begin() + theirs,
+                 all.begin());
+      std::copy_n(all.begin(), std::min(mine + theirs, kKept), serials.begin());
+      calls += other.calls;
+    }
   };
   using Holds = std::unordered_map<ObjectId, Hold>;
   uint64_t call_serial = 0;
@@ -138,14 +164,17 @@ struct SlotCache::Impl {
       total_pins += sign * static_cast<int64_t>(hold.calls);
     }
   }
-  // One more (+1) or one less (-1) call naming each of `keys`; a new hold
-  // began with call `since`. Adding may throw std::bad_alloc, and then adds
-  // nothing; removing holds that are there never allocates.
-  static void AddHolds(Holds* holds, std::span<const ObjectId> keys, int sign, uint64_t since = 0) {
+  // Call `serial` naming each of `keys` (+1), or that call undone (-1).
+  // Adding may throw std::bad_alloc, and then adds nothing; removing holds
+  // that are there never allocates.
+  static void AddHolds(Holds* holds, std::span<const ObjectId> keys, int sign, uint64_t serial = 0) {
     auto add = [&](ObjectId k, int by) {
       Hold& hold = (*holds)[k];
-      if (hold.calls == 0) hold.since = since;
-      hold.calls += by;
+      if (by > 0) {
+        hold.Add(serial);
+      } else {
+        hold.RemoveNewest();
+      }
       if (hold.calls == 0) holds->erase(k);
     };
     size_t done = 0;
@@ -575,8 +604,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     const ObjectId now = s.key_of[slot];
     auto it = now == kNoObject ? mine.end() : mine.find(now);
     if (it == mine.end()) continue;
-    it->second.calls += hold.calls;
-    it->second.since = std::min(it->second.since, hold.since);
+    it->second.Merge(hold);
     s.pins[now] += hold.calls;
     s.total_pins += hold.calls;
   }
@@ -778,7 +806,8 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     auto drop = [&](Impl::Holds& holds) {
       auto it = holds.find(k);
       if (it == holds.end()) return false;
-      if (--it->second.calls == 0) holds.erase(it);
+      it->second.RemoveOldest();
+      if (it->second.calls == 0) holds.erase(it);
       --s.pins[k];
       --s.total_pins;
       return true;
@@ -798,9 +827,9 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     uint64_t oldest_since = 0;
     for (auto& [tid, holds] : s.outstanding) {
       auto it = holds.find(k);
-      if (it == holds.end() || (oldest && it->second.since >= oldest_since)) continue;
+      if (it == holds.end() || (oldest && it->second.since() >= oldest_since)) continue;
       oldest = &holds;
-      oldest_since = it->second.since;
+      oldest_since = it->second.since();
     }
     if (oldest) drop(*oldest);
   }

@@ -25,6 +25,21 @@ void FlipByte(const std::string& path, uint64_t offset) {
   f.put(static_cast<char>(c ^ 0x5a));
 }
 
+// Flips a byte in the middle of the first routed-expert tensor of the model's
+// first shard (an edit in place: same size, same header).
+void EditFirstShardsExperts(const std::string& m) {
+  const std::string shard = m + "/KIMI-K3-SYNTH-00001-of-00003.gguf";
+  const auto info = nlohmann::json::parse(Cli("inspect --json " + Q(shard)).out, nullptr, false);
+  ASSERT_TRUE(info.is_object());
+  uint64_t at = 0;
+  for (const auto& t : info["tensors"]) {
+    if (at == 0 && t["name"].get<std::string>().find("_exps.") != std::string::npos)
+      at = t["data_offset"].get<uint64_t>() + t["nbytes"].get<uint64_t>() / 2 + 1000;
+  }
+  ASSERT_NE(at, 0u);
+  FlipByte(shard, at);
+}
+
 // A shard edited in place after the build: the plain rerun saw the change
 // and pointed to --restart "to rewrite only what differs from the shards",
 // which compared the payloads with the sidecar (the old shards' record),
@@ -35,17 +50,7 @@ TEST(PackCodeReview, ARepairAfterTheShardsChangedComparesWithTheShards) {
     const std::string m = FreshModel("changed-shard");
     ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
     const std::string pack = m + "/" + kPackName;
-    // A byte in the middle of the first shard's first routed-expert tensor.
-    const std::string shard = m + "/KIMI-K3-SYNTH-00001-of-00003.gguf";
-    const auto info = nlohmann::json::parse(Cli("inspect --json " + Q(shard)).out, nullptr, false);
-    ASSERT_TRUE(info.is_object());
-    uint64_t at = 0;
-    for (const auto& t : info["tensors"]) {
-      if (at == 0 && t["name"].get<std::string>().find("_exps.") != std::string::npos)
-        at = t["data_offset"].get<uint64_t>() + t["nbytes"].get<uint64_t>() / 2 + 1000;
-    }
-    ASSERT_NE(at, 0u);
-    FlipByte(shard, at);
+    EditFirstShardsExperts(m);
     CliRun refused = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
     ASSERT_EQ(refused.code, 1) << refused.out;
     ASSERT_TRUE(Contains(refused.out, "does not match GGUF source")) << refused.out;
@@ -59,7 +64,8 @@ TEST(PackCodeReview, ARepairAfterTheShardsChangedComparesWithTheShards) {
     CliRun rerun = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
     EXPECT_EQ(rerun.code, 0) << rerun.out;
     EXPECT_FALSE(Contains(rerun.out, "changed since")) << "the shards were not recorded: " << rerun.out;
-    EXPECT_EQ(Contains(rerun.out, "was written to after it: writing a new manifest"), how == "pack --repair-damaged")
+    EXPECT_EQ(Contains(rerun.out, "the pack was brought to the shards as they are now after it was written"),
+              how == "pack --repair-damaged")
         << rerun.out;
     CliRun against = Cli("verify --progress none --full --against-source " + Q(m + "/" + kManifestName));
     EXPECT_EQ(against.code, 0) << against.out;
@@ -248,14 +254,94 @@ TEST(PackCodeReview, AStrayPartialBesideAFinishedPackIsNoRebuildUnderWay) {
   CliRun again = Cli("pack --progress none --safety-margin-gib 0 " + Q(m));
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_TRUE(Contains(again.out, "already built")) << again.out;
-  // A partial file with no checkpoint is discarded by --restart, as ever.
+  // A forced rebuild starts over: the partial file goes, as --restart's.
   CliRun forced = Cli("pack --progress none --safety-margin-gib 0 --force " + Q(m));
-  EXPECT_EQ(forced.code, 1) << forced.out;
-  EXPECT_TRUE(Contains(forced.out, "pass --restart to discard it")) << forced.out;
-  forced = Cli("pack --progress none --safety-margin-gib 0 --force --restart " + Q(m));
   EXPECT_EQ(forced.code, 0) << forced.out;
   EXPECT_EQ(FileBytes(pack), intact);
   EXPECT_FALSE(std::filesystem::exists(pack + ".partial")) << forced.out;
+}
+
+// From a review of the fixes above. A repair to edited shards killed after
+// it rewrote the payloads and before it wrote their new record: the rerun
+// found the pack to be the shards' and recorded them beside the old record,
+// which verify --full and every store then refused, and no repair mended.
+// The record now goes first; the two states a kill can leave are mended by
+// the rerun.
+TEST(PackCodeReview, ARepairToEditedShardsKilledMidwayIsFinishedByTheRerun) {
+  const std::string m = FreshModel("repair-killed");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string pack = m + "/" + kPackName, inputs = pack + ".inputs";
+  const std::string old_pack = FileBytes(pack), old_inputs = FileBytes(inputs);
+  EditFirstShardsExperts(m);
+  ASSERT_EQ(Cli("build --restart --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  const std::string new_pack = FileBytes(pack), new_sidecar = FileBytes(pack + ".digests");
+  ASSERT_NE(new_pack, old_pack);
+  // Killed after the new record, before the payloads: the old payload, the
+  // old record of the inputs.
+  std::ofstream(pack, std::ios::binary | std::ios::trunc) << old_pack;
+  std::ofstream(inputs, std::ios::binary | std::ios::trunc) << old_inputs;
+  CliRun plain = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(plain.code, 1) << "a pack of the old shards was taken as built: " << plain.out;
+  CliRun again = Cli("build --restart --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(FileBytes(pack), new_pack);
+  // Killed after the payloads, before the record of the inputs.
+  std::ofstream(inputs, std::ios::binary | std::ios::trunc) << old_inputs;
+  plain = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(FileBytes(pack + ".digests"), new_sidecar);
+  CliRun full = Cli("verify --progress none --full --against-source " + Q(m + "/" + kManifestName));
+  EXPECT_EQ(full.code, 0) << full.out;
+}
+
+// From the same review: a shard whose time is ahead of this machine's clock
+// made every rerun of build rewrite the manifest (an hour of hashing at full
+// scale); the default --payload-samples counted as asked (a manifest built
+// with 10 was rewritten with 6 by a plain rerun); `build --restart` of a
+// moved model directory refused its own manifest.
+TEST(PackCodeReview, AFinishedManifestIsRewrittenOnlyForWhatWasAsked) {
+  const std::string m = FreshModel("manifest-settles");
+  ASSERT_EQ(Cli("build --progress none --safety-margin-gib 0 --payload-samples 10 " + Q(m)).code, 0);
+  CliRun plain = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  EXPECT_TRUE(Contains(plain.out, "already built")) << plain.out;
+  EXPECT_EQ(nlohmann::json::parse(FileBytes(m + "/" + kManifestName))["expert_pack"]["payload_samples_verified"], 10);
+  ASSERT_EQ(std::system(("touch -d '+2 hours' " + Q(m + "/KIMI-K3-SYNTH-00002-of-00003.gguf")).c_str()), 0);
+  // The touch changed the shard's time: the pack is compared with the
+  // shards and recorded once, and the manifest written anew; from then on
+  // both are finished.
+  (void)Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+  for (int run = 0; run < 2; ++run) {
+    CliRun again = Cli("build --progress none --safety-margin-gib 0 " + Q(m));
+    EXPECT_EQ(again.code, 0) << again.out;
+    EXPECT_TRUE(Contains(again.out, "already built")) << again.out;
+    EXPECT_FALSE(Contains(again.out, "writing a new manifest")) << again.out;
+  }
+
+  const std::string moved = m + "-moved";
+  std::filesystem::remove_all(moved);
+  std::filesystem::rename(m, moved);
+  CliRun restart = Cli("build --restart --progress none --safety-margin-gib 0 " + Q(moved));
+  std::filesystem::rename(moved, m);
+  EXPECT_EQ(restart.code, 0) << restart.out;
+  EXPECT_TRUE(Contains(restart.out, "(the model was moved): writing a new manifest")) << restart.out;
+}
+
+// From the same review: a rank pack whose sidecar was another rank's kept
+// that rank's experts as data after its repair (the pack differed from a
+// fresh rank build, at twice its size on disk).
+TEST(PackCodeReview, ARankPackRepairedFromAnotherRanksSidecarHasOnlyItsOwnExperts) {
+  const std::string m = FreshModel("rank-overlap");
+  const std::string base = m + "/KIMI-K3-SYNTH.expert-major";
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 --ep-size 4 --ep-rank 0 " + Q(m)).code, 0);
+  const std::string fresh = FileBytes(base + ".ep0-of-4.pack");
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 --ep-size 2 --ep-rank 0 " + Q(m)).code, 0);
+  std::filesystem::copy_file(base + ".ep0-of-2.pack", base + ".ep0-of-4.pack",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(base + ".ep0-of-2.pack.digests", base + ".ep0-of-4.pack.digests",
+                             std::filesystem::copy_options::overwrite_existing);
+  CliRun repair = Cli("pack --repair-damaged --progress none --ep-size 4 --ep-rank 0 " + Q(m));
+  EXPECT_EQ(repair.code, 0) << repair.out;
+  EXPECT_EQ(FileBytes(base + ".ep0-of-4.pack"), fresh) << repair.out;
 }
 
 }  // namespace

@@ -596,6 +596,60 @@ TEST(StoreConcurrency, SlotCacheAReleaseFromAThirdThreadEndsTheOldestCall) {
   ASSERT_TRUE(cache->Close().ok());
 }
 
+// The release of a thread's first call left its hold looking as old as that
+// call: a completion thread releasing A's call 1, then B's call 2, ended A's
+// call 3 the second time, and B's next call overwrote the slots A still read.
+TEST(StoreConcurrency, SlotCacheAReleaseEndsTheOldestCallNotTheOldestThread) {
+  ThreeSlots three("slots-oldest-call");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  AlignedSlots& mem = three.mem;
+  const int64_t shape[2] = {1, 3};
+  const std::vector<int64_t> ids = {0, 1, 2}, other = {3, 4, 5};
+  std::vector<int32_t> call1, call2, call3;
+  std::atomic<int> step{0};
+  std::atomic<bool> released{false};
+  std::thread a([&] {
+    auto r = cache->Acquire(1, ids, shape, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    call1 = *r;
+    step = 1;
+    while (step < 2) std::this_thread::yield();
+    r = cache->Acquire(1, ids, shape, std::nullopt);  // call 3, the same slots
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    call3 = *r;
+    step = 3;
+    while (step < 4) std::this_thread::yield();  // calls 1 and 2 released
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_TRUE(SlotHolds(mem.base + uint64_t(call3[i]) * cache->slot_bytes(), {4096, 4096, 4096}, 1,
+                            static_cast<uint32_t>(ids[i])))
+          << "slot of expert " << ids[i] << " overwritten while call 3 held it";
+    released = true;
+    EXPECT_TRUE(cache->MarkUsed(call3).ok());
+  });
+  std::thread b([&] {
+    while (step < 1) std::this_thread::yield();
+    auto r = cache->Acquire(1, ids, shape, std::nullopt);  // call 2
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    call2 = *r;
+    step = 2;
+    while (step < 4) std::this_thread::yield();
+    // Needs every slot: waits for call 3's release.
+    auto next = cache->Acquire(1, other, shape, std::nullopt);
+    ASSERT_TRUE(next.ok()) << next.error().message();
+    EXPECT_TRUE(released) << "took the slots of a call that was never released";
+    EXPECT_TRUE(cache->MarkUsed(*next).ok());
+  });
+  while (step < 3) std::this_thread::yield();
+  ASSERT_TRUE(cache->MarkUsed(call1).ok());  // this thread holds no call: in the order made
+  ASSERT_TRUE(cache->MarkUsed(call2).ok());
+  step = 4;
+  a.join();
+  b.join();
+  ASSERT_TRUE(cache->Close().ok());
+}
+
 // Two threads, each its own layer, check their slots before mark_used while
 // the other keeps evicting: another thread's unreleased call is protected.
 TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {
