@@ -56,6 +56,14 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
       why_source = WhyInputsChanged(pack_path, ex);
     }
   }
+  if (have_sidecar && rank && !sidecar_rank) {
+    // A full pack at a rank pack's path: turning the other ranks' experts
+    // into holes would destroy a whole pack, which is no repair.
+    return Error("pack " + pack_path + " is a full pack (its digest sidecar " + dpath + " says so), not the pack of "
+                 "expert-parallel " + ep::Describe(*rank, layout.num_experts()) + "; no payload was rewritten")
+        .WithHint("repair it as the full pack (without --ep-size/--ep-rank, --pack " + ShellQuoted(pack_path) +
+                  "), or rebuild the rank pack with --force");
+  }
   const bool source_is_record = !have_sidecar || !why_source.empty();
   if (source_is_record) {
     digests = PackDigests{};
@@ -254,7 +262,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   // 4. Verify the repaired entries against the sidecar and the source.
   if (!damaged.empty()) {
     VerifyOptions vo;
-    vo.against_digests = !source_is_record;  // the file holds the old record until it is written below
+    vo.against_digests = !source_is_record;  // else the shards are the record (the file may hold the old one)
     vo.against_source = true;
     vo.entries = damaged;
     vo.ep = digests.ep;

@@ -342,6 +342,17 @@ TEST(PackCodeReview, ARankPackRepairedFromAnotherRanksSidecarHasOnlyItsOwnExpert
   CliRun repair = Cli("pack --repair-damaged --progress none --ep-size 4 --ep-rank 0 " + Q(m));
   EXPECT_EQ(repair.code, 0) << repair.out;
   EXPECT_EQ(FileBytes(base + ".ep0-of-4.pack"), fresh) << repair.out;
+
+  // A full pack at a rank pack's path is no rank pack to punch holes into.
+  ASSERT_EQ(Cli("pack --progress none --safety-margin-gib 0 " + Q(m)).code, 0);
+  std::filesystem::copy_file(base + ".pack", base + ".ep0-of-4.pack", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(base + ".pack.digests", base + ".ep0-of-4.pack.digests",
+                             std::filesystem::copy_options::overwrite_existing);
+  const std::string full = FileBytes(base + ".ep0-of-4.pack");
+  CliRun refused = Cli("pack --repair-damaged --progress none --ep-size 4 --ep-rank 0 " + Q(m));
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_TRUE(Contains(refused.out, "is a full pack (its digest sidecar")) << refused.out;
+  EXPECT_EQ(FileBytes(base + ".ep0-of-4.pack"), full);
 }
 
 }  // namespace
