@@ -15,13 +15,17 @@ namespace {
 namespace fs = std::filesystem;
 
 // Names none of the files it records where they are: a model directory moved
-// (or renamed) with its manifest. It records this very pack (same index
-// digest), so writing the new one loses nothing and the pack there is reused.
-bool RecordsThisPackMovedAway(const Manifest& old, const nlohmann::json& section) {
-  return old.complete && old.expert_pack.index_sha256 == section.value("index_sha256", std::string()) &&
-         !PathExists(old.expert_pack.path) &&
+// (or renamed) with its manifest.
+bool NamesNothingThatIsThere(const Manifest& old) {
+  return old.complete && !PathExists(old.expert_pack.path) &&
          std::none_of(old.source.shards.begin(), old.source.shards.end(),
                       [](const auto& shard) { return PathExists(shard.path); });
+}
+
+// A moved model's manifest of this very pack (same index digest): writing the
+// new one loses nothing and the pack there is reused.
+bool RecordsThisPackMovedAway(const Manifest& old, const nlohmann::json& section) {
+  return old.expert_pack.index_sha256 == section.value("index_sha256", std::string()) && NamesNothingThatIsThere(old);
 }
 
 // Whether `old` records the pack at `pack_path` (the same file, however named).
@@ -116,19 +120,18 @@ bool TakenOverWithoutForce(const BuildManifestRequest& r) {
   // The manifest of the pack being re-checked; not any readable one. Moved
   // with its model directory, it records the pack's name where none of its
   // files is any more (the repair re-checks the pack's every byte).
+  auto moved = [&] {
+    return tell(r.path + " records this pack at " + old->expert_pack.path +
+                ", where none of its files is any more (the model was moved): writing a new manifest");
+  };
   if (r.pack_repair) {
     if (!old.ok()) return false;
     if (RecordsPackAt(*old, r.pack_path)) return true;
-    const bool moved = old->complete && !PathExists(old->expert_pack.path) &&
-                       fs::path(old->expert_pack.path).filename() == fs::path(r.pack_path).filename() &&
-                       std::none_of(old->source.shards.begin(), old->source.shards.end(),
-                                    [](const auto& shard) { return PathExists(shard.path); });
-    return moved && tell(r.path + " records this pack at " + old->expert_pack.path +
-                         ", where none of its files is any more (the model was moved): writing a new manifest");
+    return fs::path(old->expert_pack.path).filename() == fs::path(r.pack_path).filename() &&
+           NamesNothingThatIsThere(*old) && moved();
   }
   if (r.pack_action == OutputAction::kAlreadyBuilt && old.ok() && RecordsThisPackMovedAway(*old, r.pack_section)) {
-    return tell(r.path + " records this pack at " + old->expert_pack.path +
-                ", where none of its files is any more (the model was moved): writing a new manifest");
+    return moved();
   }
   if (r.pack_action == OutputAction::kResume && old.ok()) {
     if (RecordsPackAt(*old, r.pack_path)) {
