@@ -74,8 +74,7 @@ std::vector<fs::path> ValidTokenizerCandidates(const std::string& gguf_path) {
   std::vector<fs::path> valid;
   for (const auto& c : candidates) {
     if (!IsKimiTokenizerDir(c.string())) continue;
-    fs::path canonical = fs::weakly_canonical(c, ec);
-    if (ec) canonical = c;
+    const fs::path canonical(ResolvedPathOrGiven(c.string()));
     if (std::find(valid.begin(), valid.end(), canonical) == valid.end()) valid.push_back(canonical);
   }
   return valid;

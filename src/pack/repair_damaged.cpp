@@ -45,16 +45,9 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
   if (have_sidecar) {
     K3_ASSIGN_OR_RETURN(digests, ReadPackDigests(dpath));
     sidecar_rank = digests.ep;
-    const auto describe = [&](const std::optional<ep::Rank>& r) {
-      return r ? "the pack of expert-parallel " + ep::Describe(*r, layout.num_experts()) : std::string("a full pack");
-    };
-    if (sidecar_rank.has_value() != rank.has_value() ||
-        (rank && (sidecar_rank->size != rank->size || sidecar_rank->rank != rank->rank))) {
-      why_source = "its digest sidecar " + dpath + " is of " + describe(sidecar_rank) + ", not of " + describe(rank);
-      foreign_sidecar = true;
-    } else {
-      why_source = WhyInputsChanged(pack_path, ex);
-    }
+    why_source = SidecarOfAnotherPackKind(dpath, sidecar_rank, rank, layout.num_experts());
+    foreign_sidecar = !why_source.empty();
+    if (!foreign_sidecar) why_source = WhyInputsChanged(pack_path, ex);
   }
   if (have_sidecar && rank && !sidecar_rank) {
     // A full pack at a rank pack's path: turning the other ranks' experts

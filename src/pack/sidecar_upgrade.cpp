@@ -121,10 +121,8 @@ std::string WhySidecarIsUnusable(const std::string& pack_path, const ExpertSet& 
   // The caller judges a full pack: a rank pack's sidecar copied beside it
   // made verify --full check that rank's entries only (a damaged payload of
   // another rank passed) and every store refuse the pack.
-  if (d->ep) {
-    return "digest sidecar " + dpath + " is the sidecar of a pack of expert-parallel " +
-           ep::Describe(*d->ep, d->num_experts) + ", not of this full pack";
-  }
+  if (std::string why = SidecarOfAnotherPackKind(dpath, d->ep, std::nullopt, experts.num_experts); !why.empty())
+    return why;
   auto layout = LayoutOf(experts);
   auto size = FileSize(pack_path);
   if (!layout.ok() || !size.ok()) return "";

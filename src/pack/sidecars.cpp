@@ -24,6 +24,17 @@ bool DigestsMatchPack(const PackDigests& d, const PackLayout& layout, uint64_t p
   return d.index_count == layout.index_count() && d.index_sha256 == layout.IndexSha256() && d.pack_size == pack_size;
 }
 
+std::string SidecarOfAnotherPackKind(const std::string& dpath, const std::optional<ep::Rank>& recorded,
+                                     const std::optional<ep::Rank>& wanted, uint32_t num_experts) {
+  const bool same = recorded.has_value() == wanted.has_value() &&
+                    (!recorded || (recorded->size == wanted->size && recorded->rank == wanted->rank));
+  if (same) return "";
+  auto kind = [&](const std::optional<ep::Rank>& r) {
+    return r ? "a pack of expert-parallel " + ep::Describe(*r, num_experts) : std::string("a full pack");
+  };
+  return "digest sidecar " + dpath + " is the sidecar of " + kind(recorded) + ", not of " + kind(wanted);
+}
+
 std::string PartialPathFor(const std::string& p) { return p + ".partial"; }
 std::string CheckpointPathFor(const std::string& p) { return p + ".partial.checkpoint"; }
 std::string LockPathFor(const std::string& p) { return p + ".lock"; }

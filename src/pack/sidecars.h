@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,14 @@ std::array<uint8_t, 32> Sha256Raw(const void* data, size_t n);
 // bytes: its entry count, index digest and pack size (a sidecar copied from
 // another pack, or left by a pack since replaced, does not).
 bool DigestsMatchPack(const PackDigests& d, const PackLayout& layout, uint64_t pack_size);
+
+// "" when the sidecar at `dpath`, of the pack of rank `recorded` (nullopt: a
+// full pack's), is of the kind of pack wanted; else "digest sidecar P is the
+// sidecar of a pack of expert-parallel rank R of N (...), not of a full pack"
+// (or the other way round): a rank pack's sidecar copied beside a full pack
+// checks only that rank's entries.
+std::string SidecarOfAnotherPackKind(const std::string& dpath, const std::optional<ep::Rank>& recorded,
+                                     const std::optional<ep::Rank>& wanted, uint32_t num_experts);
 
 std::string JournalPathFor(const std::string& pack_path);  // <pack>.partial.digests
 // <pack>.inputs: what the finished pack was built from (InputsRecord).

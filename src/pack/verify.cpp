@@ -73,9 +73,8 @@ Result<VerifyInputs> OpenVerifyInputs(const std::string& pack_path, const Expert
                  ep::Describe(*sidecar_rank, ex.num_experts) + ", not " + ep::Describe(*in.rank, ex.num_experts));
   }
   if (o.full_pack && sidecar_rank) {
-    return Error("digest sidecar " + DigestsPathFor(pack_path) + " is the sidecar of a pack of expert-parallel " +
-                 ep::Describe(*sidecar_rank, ex.num_experts) + ", not of the full pack " + pack_path +
-                 ": its other ranks' payloads would go unchecked")
+    return Error(SidecarOfAnotherPackKind(DigestsPathFor(pack_path), sidecar_rank, std::nullopt, ex.num_experts) +
+                 " (" + pack_path + "): its other ranks' payloads would go unchecked")
         .WithHint("rerun the `k3pack build` (or `k3pack pack`) that made the pack: it compares the pack with the "
                   "shards and writes its own sidecar anew");
   }
