@@ -20,9 +20,17 @@ if [ -n "${FUZZ_TARGETS:-}" ]; then read -r -a TARGETS <<<"$FUZZ_TARGETS"; fi
 WORKERS=${FUZZ_WORKERS:-1}
 RUNS=${FUZZ_RUNS:-}
 
-CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DK3_FUZZ=ON -DK3_PYTHON=OFF \
-  >/dev/null || exit 1
-cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >/dev/null || { echo "fuzz build failed"; exit 1; }
+# CI keeps only the tail of a run: a failed configure or build prints its own
+# errors (clang is stricter than g++ in places), not just that it failed.
+build_log=$(mktemp)
+trap 'rm -f "$build_log"' EXIT
+if ! CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DK3_FUZZ=ON \
+     -DK3_PYTHON=OFF >"$build_log" 2>&1; then
+  echo "fuzz configure failed:"; tail -40 "$build_log"; exit 1
+fi
+if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" >"$build_log" 2>&1; then
+  echo "fuzz build failed:"; grep -E -A3 'error:|FAILED:' "$build_log" | head -60; exit 1
+fi
 BUILD=$(cd "$BUILD" && pwd)
 
 status=0

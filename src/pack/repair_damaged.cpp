@@ -217,7 +217,7 @@ Result<RepairDamagedResult> RepairDamagedPayloads(const std::string& pack_path, 
     const ExpertTensor& t = *t_ptr;
     // A write that fails (a full disk) names the pack and the payload: the
     // copy's own text named neither. A rerun finds what is left to do.
-    auto in_pack = [&](const Error& e) {
+    auto in_pack = [&, &what = what](const Error& e) {
       return WithFreeSpaceHint(Error("cannot rewrite " + what + " in " + pack_path + ": " + e.message(), e.kind(),
                                      e.sys_errno()),
                                pack_path);
