@@ -22,7 +22,9 @@
 // slots from its next call (SGLang's rule, so single-threaded sequences are
 // SGLang's exactly); a hold on a slot that call takes moves to its new
 // object, so releasing both calls, in either order, frees it, and the new
-// object stays held until then. Other threads' unreleased acquisitions
+// object stays held until then. Where that call failed (or left the slot
+// free), the earlier call's hold stays with the slot: its release ends
+// that, never a hold another thread took on the slot since. Other threads' unreleased acquisitions
 // protect their slots, and a call
 // that cannot fit waits for them (bounded) before failing with SGLang's text.
 // A release takes the releasing thread's own hold on each slot first, else

@@ -143,6 +143,13 @@ struct SlotCache::Impl {
   // repeats its release: taken as another thread's, it let that thread's
   // slots be overwritten while it still used them.
   std::vector<std::thread::id> released_by;
+  // Per slot: holds of a thread's unreleased calls on an object that the
+  // same thread's later call evicted from the slot, where no object of that
+  // call took them over (the call failed, or left the slot free). Those
+  // calls still name the slot in their release; with their holds dropped,
+  // the release ended another thread's hold on whatever the slot held by
+  // then, and that thread's slot was overwritten while it read it.
+  std::multimap<uint32_t, std::pair<std::thread::id, Hold>> orphaned;
   std::vector<uint64_t> generations;
   bool closed = false;
 
@@ -153,6 +160,24 @@ struct SlotCache::Impl {
   uint64_t waits_for_other_threads = 0, host_tier_copies = 0;
 
   uint32_t slot_count() const { return static_cast<uint32_t>(key_of.size()); }
+  // Ends one call's orphaned hold on `slot`: `owner`'s oldest, or (owner
+  // null) the oldest of any thread's that is older than `older_than` (0:
+  // any). Allocates nothing, as every release.
+  bool EndOrphanedHold(uint32_t slot, const std::thread::id* owner, uint64_t older_than = 0) {
+    auto [first, last] = orphaned.equal_range(slot);
+    auto oldest = last;
+    for (auto it = first; it != last; ++it) {
+      const auto& [tid, hold] = it->second;
+      if (owner && tid != *owner) continue;
+      if (!owner && older_than != 0 && hold.since() >= older_than) continue;
+      if (oldest == last || hold.since() < oldest->second.second.since()) oldest = it;
+    }
+    if (oldest == last) return false;
+    Hold& hold = oldest->second.second;
+    hold.RemoveOldest();
+    if (hold.calls == 0) orphaned.erase(oldest);
+    return true;
+  }
   uint64_t Generation(ObjectId id) {
     uint64_t& g = generations[id];
     if (g == 0) g = ObjectGeneration(geo.index_sha256, geo.space.LayerOf(id), geo.space.ExpertOf(id));
@@ -314,6 +339,7 @@ void SlotCache::Impl::Detach() {
   key_of.clear();
   release_mark.clear();
   released_by.clear();
+  orphaned.clear();
   pins.clear();
   free_slots = {};
   device_base = nullptr;
@@ -536,8 +562,29 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
       s.FreeSlot(slot);
     }
   };
+  // The earlier calls whose objects this call evicted name those slots in
+  // their release. Their holds follow the slot to this call's object there,
+  // which stays protected until both calls are released, in either order.
+  // Where no object of this call took the slot (a failed call, a slot left
+  // free) they stay with the slot, for that release to end.
+  auto settle_moved = [&](bool call_succeeded) {
+    for (auto& [slot, hold] : moved) {
+      const ObjectId now = s.key_of[slot];
+      auto it = !call_succeeded || now == kNoObject ? mine.end() : mine.find(now);
+      if (it != mine.end()) {
+        it->second.Merge(hold);
+        s.pins[now] += hold.calls;
+        s.total_pins += hold.calls;
+        continue;
+      }
+      // With no memory for the record, those releases end nothing more here
+      // than before it was kept.
+      RanOutOfMemory([&] { s.orphaned.emplace(slot, std::make_pair(std::this_thread::get_id(), hold)); });
+    }
+  };
   if (!st.ok()) {  // SGLang keeps what it processed before failing
     forget_misses();
+    settle_moved(false);
     if (IsBareOutOfMemory(st.error())) return AcquireOutOfMemory("the slot cache", layer);
     const bool waited_out = waited && std::chrono::steady_clock::now() >= deadline;
     return ExplainCannotEvict(st.error(), keys.size(), s.slot_count(), waited_out);
@@ -553,6 +600,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
         Impl::AddHolds(&mine, keys, +1, call_serial);
       })) {
     forget_misses();
+    settle_moved(false);
     s.cv.notify_all();
     return AcquireOutOfMemory("the slot cache", layer);
   }
@@ -576,6 +624,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
     forget_misses();
     s.SetPins(held, -1);
     Impl::AddHolds(&mine, keys, -1);
+    settle_moved(false);
     s.cv.notify_all();
     if (IsBareOutOfMemory(load.error()))
       return AcquireOutOfMemory("the slot cache", layer);
@@ -591,23 +640,13 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
         // slots' bytes are sound (their copies and ready events stand).
         s.SetPins(held, -1);
         Impl::AddHolds(&mine, keys, -1);
+        settle_moved(false);
         s.cv.notify_all();
         return waits.error();
       }
     }
   }
-  // The earlier call names those slots in its release: the holds follow
-  // the slot to this call's object there, which stays protected until both
-  // calls are released, in either order. (A slot left free keeps the
-  // "released by this thread" mark: that release frees nothing of another's.)
-  for (auto [slot, hold] : moved) {
-    const ObjectId now = s.key_of[slot];
-    auto it = now == kNoObject ? mine.end() : mine.find(now);
-    if (it == mine.end()) continue;
-    it->second.Merge(hold);
-    s.pins[now] += hold.calls;
-    s.total_pins += hold.calls;
-  }
+  settle_moved(true);
   for (int64_t e : ids) out.push_back(static_cast<int32_t>(s.slot_of[space.Id(li, static_cast<uint32_t>(e))]));
   return out;
 }
@@ -794,12 +833,15 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     }
   }
   next_serial();
-  const auto mine = s.outstanding.find(std::this_thread::get_id());
+  const std::thread::id self = std::this_thread::get_id();
+  const auto mine = s.outstanding.find(self);
   for (int32_t slot : slots) {
     if (s.release_mark[slot] == s.release_serial) continue;  // a slot named twice is released once
     s.release_mark[slot] = s.release_serial;
+    // A call of this thread whose object its later call evicted: its hold
+    // stayed with the slot (the objects there since are others' to end).
+    if (!s.orphaned.empty() && s.EndOrphanedHold(static_cast<uint32_t>(slot), &self)) continue;
     ObjectId k = s.key_of[slot];
-    if (k == kNoObject) continue;
     // Release one hold on the object, this thread's first, else another
     // thread's (a call may be released by another thread than the one that
     // made it), never another's for a release this thread already made.
@@ -812,8 +854,7 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
       --s.total_pins;
       return true;
     };
-    const std::thread::id self = std::this_thread::get_id();
-    if (mine != s.outstanding.end() && drop(mine->second)) {
+    if (k != kNoObject && mine != s.outstanding.end() && drop(mine->second)) {
       if (!mine->second.contains(k)) s.released_by[slot] = self;
       continue;
     }
@@ -826,11 +867,14 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     Impl::Holds* oldest = nullptr;
     uint64_t oldest_since = 0;
     for (auto& [tid, holds] : s.outstanding) {
-      auto it = holds.find(k);
+      auto it = k == kNoObject ? holds.end() : holds.find(k);
       if (it == holds.end() || (oldest && it->second.since() >= oldest_since)) continue;
       oldest = &holds;
       oldest_since = it->second.since();
     }
+    // An orphaned hold on the slot from an older call ends first.
+    if (!s.orphaned.empty() && s.EndOrphanedHold(static_cast<uint32_t>(slot), nullptr, oldest ? oldest_since : 0))
+      continue;
     if (oldest) drop(*oldest);
   }
   if (mine != s.outstanding.end() && mine->second.empty()) s.outstanding.erase(mine);

@@ -650,6 +650,71 @@ TEST(StoreConcurrency, SlotCacheAReleaseEndsTheOldestCallNotTheOldestThread) {
   ASSERT_TRUE(cache->Close().ok());
 }
 
+// A thread's call evicted the objects of its own earlier, unreleased call
+// and then failed (its caller's stream could not wait for the copies). The
+// earlier call's holds went with the failed call; its release, naming the
+// slots, ended another thread's hold on the objects there by then, and a
+// third thread's call overwrote the slots that thread still read.
+TEST(StoreConcurrency, SlotCacheAReleaseAfterItsOwnLaterCallFailedEndsNoOtherThreadsHold) {
+  testing::ScopedEmulatedCuda emulated;
+  static int bad_stream_storage = 0;
+  static void* const bad_stream = &bad_stream_storage;
+  cuda::Runtime rt = testing::EmulatedCuda::Get();
+  rt.StreamWaitEvent = [](cuda::Stream s, cuda::Event, unsigned) { return s == bad_stream ? 400 : 0; };
+  cuda::SetRuntimeForTesting(&rt);
+  TinyPack p(Spec(), "slots-orphaned-holds");
+  auto cache = OpenCache(p);
+  const uint32_t slots = 3;
+  void* device = nullptr;
+  ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, slots * cache->slot_bytes()), 0);
+  ASSERT_TRUE(cache->AttachCuda(device, slots, 0).ok());
+  const int64_t shape[2] = {1, 3};
+  const std::vector<int64_t> first = {0, 1, 2}, second = {3, 4, 5}, third = {6, 7, 8};
+  auto earlier = cache->Acquire(1, first, shape, std::nullopt);
+  ASSERT_TRUE(earlier.ok()) << earlier.error().message();
+  // Evicts every object of `earlier` (a thread's own calls do not protect
+  // their slots), copies its own in, then fails.
+  auto failed = cache->Acquire(1, second, shape, std::nullopt, bad_stream);
+  ASSERT_FALSE(failed.ok());
+  std::atomic<int> step{0};
+  std::atomic<bool> released{false};
+  std::thread reader([&] {
+    auto r = cache->Acquire(1, second, shape, std::nullopt);  // hits the failed call's copies
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    step = 1;
+    while (step < 2) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (size_t i = 0; i < second.size(); ++i)
+      EXPECT_TRUE(SlotHolds(static_cast<uint8_t*>(device) + uint64_t((*r)[i]) * cache->slot_bytes(),
+                            {4096, 4096, 4096}, 1, static_cast<uint32_t>(second[i])))
+          << "slot of expert " << second[i] << " overwritten while held";
+    released = true;
+    EXPECT_TRUE(cache->MarkUsed(*r).ok());
+  });
+  while (step < 1) std::this_thread::yield();
+  ASSERT_TRUE(cache->MarkUsed(*earlier).ok());  // ends this thread's own call, nothing of the reader's
+  step = 2;
+  std::thread writer([&] {
+    // Needs every slot: waits for the reader's release.
+    auto r = cache->Acquire(1, third, shape, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_TRUE(released) << "took the slots of a call that was never released";
+    EXPECT_TRUE(cache->MarkUsed(*r).ok());
+  });
+  reader.join();
+  writer.join();
+  // Every call released: nothing stays held.
+  const uint64_t waits_before = cache->Snapshot()["k3pack"]["waits_for_other_threads"].get<uint64_t>();
+  std::thread([&] {
+    auto r = cache->Acquire(1, first, shape, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_TRUE(cache->MarkUsed(*r).ok());
+  }).join();
+  EXPECT_EQ(cache->Snapshot()["k3pack"]["waits_for_other_threads"].get<uint64_t>(), waits_before);
+  ASSERT_TRUE(cache->Close().ok());
+  testing::EmulatedCuda::Get().Free(device);
+}
+
 // Two threads, each its own layer, check their slots before mark_used while
 // the other keeps evicting: another thread's unreleased call is protected.
 TEST(StoreConcurrency, SlotCacheTwoThreadsDifferentLayers) {
