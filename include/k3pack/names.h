@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,6 +64,11 @@ bool IsRoutedExpertAggregate(std::string_view gguf_name);
 // SGLang's notion of "quantized" for the stream: any type but F32/F16/BF16
 // (so I8..I64 and F64 count as quantized too, as in kimi_k3_gguf.py).
 bool IsSglangQuantized(GgmlType type);
+
+// The heads an ssm_a of GGUF shape `ne` holds for SGLang's A_log loader:
+// ne {H} or {1, H, 1, 1} (numpy (H,) or (1, 1, H, 1)); -1 for any other
+// shape (ne {1, H} among them), which that loader refuses.
+int64_t SsmAHeadsOf(std::span<const int64_t> ne);
 
 // Runtime name of a target: for a quantized tensor a final "weight" becomes
 // "qweight" (only when the name ends with ".weight"); otherwise unchanged.

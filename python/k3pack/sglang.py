@@ -158,7 +158,11 @@ class _TorchALog:
         torch = _torch_module()
         shard = self._files.get(record.shard_index)
         if shard is None:
-            shard = self._files[record.shard_index] = _k3pack.GGUFFile(self._paths[record.shard_index])
+            # As the stream that handed out the record (and gguf-py): tensors
+            # need not be packed end to end.
+            shard = self._files[record.shard_index] = _k3pack.GGUFFile(
+                self._paths[record.shard_index], require_packed_offsets=False
+            )
         raw = torch.tensor(np.array(shard.tensor_data(record.source_name, "gguf")))
         return torch.log(-raw)
 

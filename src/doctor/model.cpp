@@ -49,6 +49,16 @@ std::string_view WithoutParamSuffix(std::string_view name) {
 
 bool IsFloatStorage(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
+// Whether SGLang's stream renames a target of this tensor when quantized
+// (a final "weight" becomes "qweight"): the parameter is then never loaded.
+bool RenamedAsQuantized(const std::string& name) {
+  auto mapped = kimi::MapTensorName(name);
+  if (!mapped.ok()) return false;
+  for (const kimi::Target& target : mapped->targets)
+    if (kimi::RuntimeName(target.name, true) != target.name) return true;
+  return false;
+}
+
 // A spec as SGLang's KimiK3Spec would build it from a config carrying the
 // GGUF's own dimensions (used when no config.json is available).
 nlohmann::json ConfigFromDims(const kimi::SynthDims& d) {
@@ -216,6 +226,14 @@ void CheckExpectedTensor(const std::string& name, const kimi::ExpectedTensor& wa
       out.Add("tensor-bf16", name, "stored as BF16", {}, file);
     } else if (ti != nullptr && ti->quantized) {
       out.Add("tensor-must-be-float", name, "stored as " + TypeName(t.type) + ", must stay F32", {}, file);
+    } else if (kimi::IsSglangQuantized(t.type) && RenamedAsQuantized(name)) {
+      // F64 and the integer types are "quantized" to SGLang's stream too: a
+      // .weight target is yielded as .qweight, which a plain module lacks.
+      // (Another target keeps its name and loads, converted.)
+      out.Add("tensor-must-be-float", name,
+              "stored as " + TypeName(t.type) + ", must stay F32 (SGLang counts every type but F32/F16/BF16 as "
+              "quantized and yields it as qweight)",
+              {}, file);
     }
   } else if (want.role == kimi::TensorRole::kAttnKB && t.type != GgmlType::Q4_0) {
     out.Add("mla-k-b-dtype", name, "stored as " + TypeName(t.type), "Kimi-K3 MLA K projection must remain GGUF Q4_0",

@@ -200,27 +200,27 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, c
     const gguf::TensorInfo& t = *v.info;
     const Shard& sh = view.shards[v.shard];
     if (!sh.DataReadable(t)) continue;  // reported as gguf-truncated
-    // Shape: {H}; SGLang also takes kimi-linear's {1, H, 1, 1} / {1, H}.
+    // Shape: what SGLang's A_log loader takes, as the stream checks it.
     if (m.dims) {
       const int64_t H = m.dims->heads;
       const auto shape = t.shape();
-      const bool ok = shape == std::vector<int64_t>{H} || shape == std::vector<int64_t>{1, H} ||
-                      shape == std::vector<int64_t>{1, H, 1, 1};
-      if (!ok) {
+      if (kimi::SsmAHeadsOf(shape) != H) {
         std::string like;
         const std::string layer = v.name.substr(0, v.name.rfind('.') + 1);
         for (const auto& [ename, et] : m.expected) {
           if (ename != v.name && ename.rfind(layer, 0) == 0 && et.ShapeMatches(shape)) like += (like.empty() ? "" : ", ") + ename;
         }
         Finding& f = out.Add("ssm-a-shape", v.name,
-                             "shape " + NeList(shape) + ", expected {" + std::to_string(H) + "} (attention.head_count)" +
+                             "shape " + NeList(shape) + ", expected {" + std::to_string(H) + "} or {1, " + std::to_string(H) +
+                                 ", 1, 1} (attention.head_count)" +
                                  (like.empty() ? "" : "; the shape of " + like + ": probably that tensor mapped here"),
                              {}, sh.path);
         f.details = {{"shape", shape}, {"expected", {H}}, {"matches", like}};
       }
     }
     const GgmlTypeInfo* ti = GgmlTypeInfoFor(t.type);
-    if (t.type != GgmlType::F32 && t.type != GgmlType::F16) {
+    // F64 is floating to SGLang too (gguf-py hands it out as float64).
+    if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::F64) {
       std::string msg = "stored as " + std::string(GgmlTypeName(t.type));
       if (t.type == GgmlType::BF16) msg += " (gguf-py returns BF16 as raw uint8 bytes)";
       else if (ti != nullptr && ti->quantized) msg += " (a quantized type: a weight matrix may have been mapped here)";

@@ -165,6 +165,12 @@ bool IsSglangQuantized(GgmlType type) {
   return type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16;
 }
 
+int64_t SsmAHeadsOf(std::span<const int64_t> ne) {
+  if (ne.size() == 1 && ne[0] > 0) return ne[0];
+  if (ne.size() == 4 && ne[0] == 1 && ne[1] > 0 && ne[2] == 1 && ne[3] == 1) return ne[1];
+  return -1;
+}
+
 std::string RuntimeName(std::string_view target, bool quantized) {
   constexpr std::string_view kWeight = ".weight";
   if (quantized && target.size() >= kWeight.size() && target.substr(target.size() - kWeight.size()) == kWeight) {

@@ -267,9 +267,7 @@ struct NonExpertStream::Impl {
 
   Status CheckSsmAShape(const gguf::TensorInfo& t, const std::vector<int64_t>& shape) {
     if (opts.sglang_compat) return Status::OK();
-    int64_t h = -1;
-    if (shape.size() == 1) h = shape[0];
-    if (shape.size() == 4 && shape[0] == 1 && shape[1] == 1 && shape[3] == 1) h = shape[2];
+    const int64_t h = kimi::SsmAHeadsOf(t.shape());
     if (h > 0 && (!head_count || h == *head_count)) return Status::OK();
     std::string expect = "(H,) or (1, 1, H, 1), i.e. GGUF ne {H} or {1, H, 1, 1}";
     if (head_count) expect += ", with H = kimi-k3.attention.head_count = " + std::to_string(*head_count);

@@ -2,6 +2,7 @@
 // crafted files can trigger (wrong dtype, norm weights or another tensor
 // mapped into the ssm_a slot, misspelled names, residual score shapes).
 #include <cmath>
+#include <cstring>
 
 #include "doctor_test_util.h"
 
@@ -106,6 +107,35 @@ TEST(SsmA, QuantizedOrBf16SsmAIsNotFloating) {
   auto f16 = doctor::EncodeFloatTensor(GgmlType::F16, std::vector<float>{-1.0f, -2.0f, -3.0f, -4.0f});
   auto r3 = Crafted("f16", {{"blk.1.ssm_a", WithType(GgmlType::F16, *f16)}});
   EXPECT_EQ(ErrorCodes(r3), std::set<std::string>{}) << Dump(r3);
+}
+
+// The doctor (and the build gate that asks it) took an ssm_a of ne {1, H},
+// numpy (H, 1), which SGLang's A_log loader and `load` refuse, and refused an
+// F64 one, which gguf-py hands out as float64 and SGLang takes.
+TEST(SsmA, TheShapesAndTypesSglangsALogLoaderTakes) {
+  const std::vector<float> v = {-1.0f, -2.0f, -3.0f, -4.0f};  // tiny: 4 heads
+  auto four_d = Crafted("ne-1h11", {{"blk.1.ssm_a", WithShape(std::vector<int64_t>{1, 4, 1, 1}, F32Bytes(v))}});
+  EXPECT_EQ(ErrorCodes(four_d), std::set<std::string>{}) << Dump(four_d);
+  auto two_d = Crafted("ne-1h", {{"blk.1.ssm_a", WithShape(std::vector<int64_t>{1, 4}, F32Bytes(v))}});
+  EXPECT_EQ(ErrorCodes(two_d), std::set<std::string>{"ssm-a-shape"}) << Dump(two_d);
+  EXPECT_EQ(kimi::SsmAHeadsOf(std::vector<int64_t>{1, 4}), -1);
+  EXPECT_EQ(kimi::SsmAHeadsOf(std::vector<int64_t>{4}), 4);
+  EXPECT_EQ(kimi::SsmAHeadsOf(std::vector<int64_t>{1, 4, 1, 1}), 4);
+
+  std::vector<uint8_t> f64(v.size() * 8);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double d = v[i];
+    std::memcpy(f64.data() + 8 * i, &d, 8);
+  }
+  auto r = Crafted("f64", {{"blk.1.ssm_a", WithType(GgmlType::F64, f64)}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{}) << Dump(r);
+  std::vector<uint8_t> raw_a_log(f64.size());  // a raw A_log in F64 is still diagnosed as one
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double d = 0.1 * static_cast<double>(i) - 0.15;
+    std::memcpy(raw_a_log.data() + 8 * i, &d, 8);
+  }
+  auto raw = Crafted("f64-raw", {{"blk.1.ssm_a", WithType(GgmlType::F64, raw_a_log)}});
+  EXPECT_EQ(ErrorCodes(raw), std::set<std::string>{"ssm-a-raw-a-log"}) << Dump(raw);
 }
 
 TEST(SsmA, ShapeOfAnotherTensorIsNamed) {
@@ -216,6 +246,22 @@ TEST(Types, CoverageFaultsShareSglangsOneCoverageError) {
     EXPECT_EQ(r.With(code)[0]->sglang_error, want) << code;
     EXPECT_EQ(r.With(code)[0]->sglang_exception, "RuntimeError") << code;
   }
+}
+
+// SGLang's stream counts every type but F32/F16/BF16 as quantized: an F64 or
+// integer norm is yielded as .qweight, which the norm lacks (the coverage
+// check fails), and the doctor called it healthy. A target that keeps its
+// name (a bias) loads, converted.
+TEST(Types, F64AndIntegerNormsAreQuantizedToSglang) {
+  auto r = Crafted("f64-norm", {{"blk.1.attn_norm.weight", WithType(GgmlType::F64, std::vector<uint8_t>(512 * 8))},
+                                {"blk.2.attn_norm.weight", WithType(GgmlType::I32, std::vector<uint8_t>(512 * 4))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-must-be-float"}) << Dump(r);
+  EXPECT_EQ(r.With("tensor-must-be-float").size(), 2u) << Dump(r);
+  EXPECT_NE(r.With("tensor-must-be-float")[0]->sglang_error.find("model.layers.1.input_layernorm.weight"),
+            std::string::npos)
+      << Dump(r);
+  auto bias = Crafted("f64-bias", {{"blk.2.ssm_dt.bias", WithType(GgmlType::F64, std::vector<uint8_t>(256 * 8))}});
+  EXPECT_EQ(ErrorCodes(bias), std::set<std::string>{}) << Dump(bias);
 }
 
 TEST(SsmA, TinyNegativeValuesAreOnlyAWarning) {

@@ -160,11 +160,13 @@ def _pack_value(vtype, value):
     return struct.pack("<" + VALUE_TYPES[vtype][0], value)
 
 
-def write_gguf(path, kv, tensors, alignment=32, version=3):
+def write_gguf(path, kv, tensors, alignment=32, version=3, gap=0):
     """kv: list of (key, vtype, value) (arrays: value = (etype, items));
     tensors: list of (name, type_name, dims (ne order), bytes). `alignment`
     is only the layout: a general.alignment key, if wanted, is the caller's.
-    Versions 2 and 3 share one layout."""
+    Versions 2 and 3 share one layout. gap: bytes (a multiple of the
+    alignment) left unused after each tensor, so that offsets are valid but
+    not packed end to end (gguf-py reads such files)."""
     head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kv))
     for key, vtype, value in kv:
         head += _pack_str(key) + struct.pack("<I", vtype) + _pack_value(vtype, value)
@@ -173,11 +175,11 @@ def write_gguf(path, kv, tensors, alignment=32, version=3):
     for name, tname, dims, data in tensors:
         infos += _pack_str(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<q", d) for d in dims)
         infos += struct.pack("<IQ", TYPE_ID[tname], offset)
-        offset += (len(data) + alignment - 1) // alignment * alignment
+        offset += (len(data) + alignment - 1) // alignment * alignment + gap
     blob = head + infos
     blob += b"\0" * ((-len(blob)) % alignment)
     for _, _, _, data in tensors:
-        blob += data + b"\0" * ((-len(data)) % alignment)
+        blob += data + b"\0" * ((-len(data)) % alignment + gap)
     with open(path, "wb") as f:
         f.write(blob)
 

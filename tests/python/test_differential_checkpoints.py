@@ -110,7 +110,7 @@ class DifferentialCheckpoints(unittest.TestCase):
         return Variety(path)
 
     def relayout(self, name, cuts, tensors=None, version=3, alignments=None, metadata_shards=(0,),
-                 arch_in_every_shard=True, extra_kv=(), base=None):
+                 arch_in_every_shard=True, extra_kv=(), base=None, gap=0):
         """The model `base` (default: the class's; its tensors, or `tensors`,
         with its metadata, config and tokenizer) re-split at `cuts` (tensor
         indexes where a new shard starts). alignments[i] is shard i's layout
@@ -137,7 +137,7 @@ class DifferentialCheckpoints(unittest.TestCase):
                 kv.append(("general.alignment", 4, align))
             kv += [("split.no", 2, i), ("split.count", 2, n), ("split.tensors.count", 5, len(tensors))]
             oracle.write_gguf(os.path.join(path, "KIMI-K3-SYNTH-%05d-of-%05d.gguf" % (i + 1, n)), kv,
-                              tensors[bounds[i]:bounds[i + 1]], alignment=align, version=version)
+                              tensors[bounds[i]:bounds[i + 1]], alignment=align, version=version, gap=gap)
         return Variety(path)
 
     # -------------------------------------------------------------- checks
@@ -317,6 +317,17 @@ class DifferentialCheckpoints(unittest.TestCase):
         for name, kw in cases.items():
             with self.subTest(layout=name):
                 self.assert_agrees(self.relayout(name, **kw))
+
+    def test_unpacked_offsets_stream_as_gguf_py_reads_them(self):
+        # Offsets in bounds but not packed end to end: no llama.cpp writer
+        # makes them and `build` refuses them with ggml's rule, but gguf-py
+        # reads them, so the non-routed stream must too. Under sglang_compat
+        # the drop-in's A_log recomputation reopened the shard requiring
+        # packed offsets and failed after the first tensors.
+        v = self.relayout("unpacked-offsets", cuts=[20], gap=64)
+        v.manifest = os.path.join(v.path, "source.manifest.json")
+        oracle.write_json(v.manifest, oracle.source_manifest(v.shards))
+        self.assert_streams(v)
 
     def test_a_pack_sglang_wrote(self):
         # SGLang's writer leaves no digest sidecar: k3pack's manifest of its

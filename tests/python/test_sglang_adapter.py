@@ -287,6 +287,21 @@ class HandWrittenModel(AdapterCase):
         e = self.assert_same_error(self.manifest)
         self.assertIsInstance(e, json.JSONDecodeError)
 
+    def test_a_shard_given_as_the_manifest_is_named_not_read_whole(self):
+        # k3pack names a shard given where the manifest goes from its first
+        # bytes. The wrapper then re-read it whole with json.load to raise
+        # Python's own exception: a shard of tens of GB read into memory to
+        # fail on its first byte, and k3pack's message lost.
+        big = os.path.join(self.tmp.path, "BIG-00001-of-00001.gguf")
+        with open(self.paths[0], "rb") as src, open(big, "wb") as dst:
+            dst.write(src.read())
+            dst.truncate(1 << 36)  # 64 GiB apparent, sparse: json.load would need it all in memory
+        for path in (self.paths[0], big):
+            with self.assertRaises(ValueError) as cm:
+                self.collect(path)
+            self.assertNotIsInstance(cm.exception, json.JSONDecodeError)
+            self.assertIn(path + " is a GGUF file, not a manifest", str(cm.exception))
+
 
 class ImportsAndHelpers(unittest.TestCase):
     def test_torch_only_imported_by_the_adapter(self):
