@@ -210,7 +210,9 @@ TEST_F(CliSurface, PackedModelCommandsShowJsonProgress) {
     if (j.value("phase", "") != "load" || !j.contains("done")) continue;
     EXPECT_GT(j["total_bytes"].get<uint64_t>(), 0u) << j.dump();
     load_total = j["total_bytes"].get<uint64_t>();
-    if (j["done"] == true) EXPECT_EQ(j["done_bytes"], j["total_bytes"]) << j.dump();
+    if (j["done"] == true) {
+      EXPECT_EQ(j["done_bytes"], j["total_bytes"]) << j.dump();
+    }
   }
   EXPECT_GT(load_total, 0u);
   // run-experts: layers done, in both of its loops (the layer list and the stack).

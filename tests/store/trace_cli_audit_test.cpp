@@ -28,7 +28,9 @@ void ExpectEachFailsSaying(const std::vector<std::string>& runs, const std::stri
     CliRun r = Cli(args);
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_TRUE(Says(r, text)) << r.out;
-    if (!not_text.empty()) EXPECT_FALSE(Says(r, not_text)) << r.out;
+    if (!not_text.empty()) {
+      EXPECT_FALSE(Says(r, not_text)) << r.out;
+    }
   }
 }
 
