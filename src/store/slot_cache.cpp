@@ -568,7 +568,8 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   // Where no object of this call took the slot (a failed call, a slot left
   // free) they stay with the slot, for that release to end.
   auto settle_moved = [&](bool call_succeeded) {
-    for (auto& [slot, hold] : moved) {
+    for (const auto& slot_hold : moved) {  // no structured binding: clang 14 cannot capture one below
+      const auto& [slot, hold] = slot_hold;
       const ObjectId now = s.key_of[slot];
       auto it = !call_succeeded || now == kNoObject ? mine.end() : mine.find(now);
       if (it != mine.end()) {
@@ -579,7 +580,9 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
       }
       // With no memory for the record, those releases end nothing more here
       // than before it was kept.
-      RanOutOfMemory([&] { s.orphaned.emplace(slot, std::make_pair(std::this_thread::get_id(), hold)); });
+      RanOutOfMemory([&] {
+        s.orphaned.emplace(slot_hold.first, std::make_pair(std::this_thread::get_id(), slot_hold.second));
+      });
     }
   };
   if (!st.ok()) {  // SGLang keeps what it processed before failing
