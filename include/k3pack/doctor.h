@@ -196,7 +196,7 @@ struct RepairResult {
 
 // Writes a repaired copy of the shard set at `in` (a shard or its directory)
 // into `out_dir` (must not exist or be empty). Only ssm_a tensors holding raw
-// A_log are rewritten, as -exp(A_log) in their own dtype (F32 or F16; BF16
+// A_log are rewritten, as -exp(A_log) in their own dtype (F32, F16 or F64; BF16
 // is refused: SGLang rejects BF16 ssm_a whatever the values); every other byte
 // is copied unchanged (holes kept). Each shard goes through a temp file +
 // fsync + rename. Refuses (ValueError, nothing written) when an ssm_a tensor

@@ -54,7 +54,8 @@ def nonexpert_tensors(manifest_path, *, sglang_compat=False, verify_metadata=Fal
     # A shard, pack or trace given where the manifest goes, which k3pack names
     # from its first bytes: json.load read it whole (a shard is tens of GB)
     # only to fail on its first byte.
-    if ", not a manifest" in str(failure):
+    kinds = ("a GGUF file", "an Expert Pack", "a k3pack routing trace")
+    if str(failure).split("\n", 1)[0] in {"%s is %s, not a manifest" % (path, kind) for kind in kinds}:
         raise failure
     with open(path, encoding="utf-8") as f:
         json.load(f)

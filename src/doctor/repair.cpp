@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <span>
 
 #include "doctor/internal.h"
 #include "pack/copy.h"
@@ -109,11 +111,13 @@ Result<std::vector<const internal::SsmAVerdict*>> ChooseRepairs(const internal::
     const internal::Shard& sh = view.shards[v.shard];
     if (!sh.DataReadable(*v.info)) {
       refusals += "\n  " + v.name + ": its data is cut off (truncated shard)";
-    } else if (!v.stats || (v.info->type != GgmlType::F32 && v.info->type != GgmlType::F16)) {
+    } else if (!v.stats ||
+               (v.info->type != GgmlType::F32 && v.info->type != GgmlType::F16 && v.info->type != GgmlType::F64)) {
       // BF16 too: gguf-py hands BF16 out as raw bytes, so SGLang refuses it
       // whatever the values; a type change would move every later byte.
       refusals += "\n  " + v.name + ": stored as " + std::string(GgmlTypeName(v.info->type)) +
-                  ", not F32/F16; SGLang refuses it whatever the values, and changing the type in place is impossible";
+                  ", not F32/F16/F64; SGLang refuses it whatever the values, and changing the type in place is "
+                  "impossible";
     } else {
       switch (v.stats->form) {
         case SsmAForm::kNegExp:
@@ -135,6 +139,19 @@ Result<std::vector<const internal::SsmAVerdict*>> ChooseRepairs(const internal::
   return todo;
 }
 
+// -exp(x) of F64 values in double: the doctor classifies them as floats,
+// which would round the repaired values to float precision.
+std::vector<uint8_t> NegExpOfF64(std::span<const uint8_t> raw) {
+  std::vector<uint8_t> out(raw.size());
+  for (size_t i = 0; i + 8 <= raw.size(); i += 8) {
+    double d;
+    std::memcpy(&d, raw.data() + i, 8);
+    d = -std::exp(d);
+    std::memcpy(out.data() + i, &d, 8);
+  }
+  return out;
+}
+
 // Shard i of the input, copied sparse to final_path with its repaired ssm_a
 // tensors rewritten in place, published atomically.
 Status WriteRepairedShard(const internal::Shard& sh, uint32_t i, const std::vector<const internal::SsmAVerdict*>& todo,
@@ -148,9 +165,14 @@ Status WriteRepairedShard(const internal::Shard& sh, uint32_t i, const std::vect
   result.bytes_copied += *n;
   for (const internal::SsmAVerdict* v : todo) {
     if (v->shard != i) continue;
-    std::vector<float> fixed(v->values.size());
-    for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
-    K3_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, EncodeFloatTensor(v->info->type, fixed));
+    std::vector<uint8_t> bytes;
+    if (v->info->type == GgmlType::F64) {
+      bytes = NegExpOfF64(sh.Bytes(*v->info));
+    } else {
+      std::vector<float> fixed(v->values.size());
+      for (size_t k = 0; k < fixed.size(); ++k) fixed[k] = -std::exp(v->values[k]);
+      K3_ASSIGN_OR_RETURN(bytes, EncodeFloatTensor(v->info->type, fixed));
+    }
     if (bytes.size() != v->info->nbytes) return Error("internal: re-encoded " + v->name + " has the wrong size");
     if (Status st = PwriteFull(dst.fd(), bytes.data(), bytes.size(), v->info->data_offset); !st.ok()) {
       return failed(st.error());

@@ -2,6 +2,7 @@
 // attention-residual scores, and NaN/Inf in the small F32 vectors.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "doctor/internal.h"
 #include "k3pack/names.h"
@@ -126,6 +127,23 @@ nlohmann::json StatsJson(const SsmAStats& s) {
           {"min", s.min},                 {"max", s.max},         {"mean", s.mean}};
 }
 
+// F64 values as floats of the same form: sign, zero and finiteness kept.
+// Rounded plainly, -1e-50 became -0.0 ("a zero") and -1e300 -inf ("not
+// finite"), where SGLang's float64 log(-raw) takes both.
+std::vector<float> F64AsFloatForms(std::span<const uint8_t> bytes) {
+  std::vector<float> out(bytes.size() / 8);
+  for (size_t i = 0; i < out.size(); ++i) {
+    double d;
+    std::memcpy(&d, bytes.data() + 8 * i, 8);
+    const double a = std::fabs(d);
+    if (!std::isfinite(d) || d == 0) out[i] = static_cast<float>(d);
+    else if (a > std::numeric_limits<float>::max()) out[i] = std::copysign(std::numeric_limits<float>::max(), d);
+    else if (a < std::numeric_limits<float>::denorm_min()) out[i] = std::copysign(std::numeric_limits<float>::denorm_min(), d);
+    else out[i] = static_cast<float>(d);
+  }
+  return out;
+}
+
 constexpr const char* kNotFinite = "Kimi-K3 GGUF ssm_a must contain finite floating values";
 constexpr const char* kNotNegExp = "Kimi-K3 GGUF ssm_a must contain only -exp(A_log) values";
 
@@ -145,7 +163,10 @@ std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view, const std::function<
       // Any type the quant module decodes (a quantized ssm_a is still
       // described, though only F32/F16/BF16 can be repaired in place).
       const gguf::TensorInfo& t = *loc.info;
-      if (quant::CanDequantize(t.type) && t.ne[0] > 0) {
+      if (t.type == GgmlType::F64) {
+        v.values = F64AsFloatForms(sh.Bytes(t));
+        v.stats = ClassifySsmA(v.values);
+      } else if (quant::CanDequantize(t.type) && t.ne[0] > 0) {
         auto vals = quant::DequantizeRows(t.type, sh.Bytes(t), t.ne[0], t.n_rows());
         if (vals.ok()) {
           v.values = std::move(vals).value();
@@ -254,18 +275,25 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, c
     }
   }
 
+  // Residual scores SGLang's stream refuses by their shape alone: found
+  // without reading a byte, so the build gate (which reads only ssm_a)
+  // refuses them too; it called them loadable.
+  for (const std::string& name : view.order) {
+    const Located& loc = *view.Find(name);
+    const gguf::TensorInfo& t = *loc.info;
+    if (IsResidualScore(name) && t.n_dims != 1) {
+      Finding& f = out.Add("res-score-not-vector", name, "shape " + NeList(t.shape()) + " is not a vector",
+                           "Kimi-K3 attention-residual score must be a vector, got " + NumpyShapeRepr(t.shape()),
+                           view.shards[loc.shard].path);
+      f.details = {{"shape", t.shape()}};
+    }
+  }
   if (ssm_a_only) return;
-  // Residual scores and the other small float vectors.
+  // The small float vectors' values.
   for (const std::string& name : view.order) {
     const Located& loc = *view.Find(name);
     const gguf::TensorInfo& t = *loc.info;
     const Shard& sh = view.shards[loc.shard];
-    if (IsResidualScore(name) && t.n_dims != 1) {
-      Finding& f = out.Add("res-score-not-vector", name, "shape " + NeList(t.shape()) + " is not a vector",
-                           "Kimi-K3 attention-residual score must be a vector, got " + NumpyShapeRepr(t.shape()),
-                           sh.path);
-      f.details = {{"shape", t.shape()}};
-    }
     if (!ScannedForNonFinite(name, t, sh)) continue;
     auto vals = DecodeFloatTensor(t.type, sh.Bytes(t));
     advance(t.nbytes);

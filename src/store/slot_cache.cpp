@@ -163,6 +163,10 @@ struct SlotCache::Impl {
   // Ends one call's orphaned hold on `slot`: `owner`'s oldest, or (owner
   // null) the oldest of any thread's that is older than `older_than` (0:
   // any). Allocates nothing, as every release.
+  bool HasOrphanedHold(uint32_t slot, std::thread::id owner) const {
+    auto [first, last] = orphaned.equal_range(slot);
+    return std::any_of(first, last, [&](const auto& entry) { return entry.second.first == owner; });
+  }
   bool EndOrphanedHold(uint32_t slot, const std::thread::id* owner, uint64_t older_than = 0) {
     auto [first, last] = orphaned.equal_range(slot);
     auto oldest = last;
@@ -843,8 +847,14 @@ Status SlotCache::MarkUsed(std::span<const int32_t> slots, void* stream) {
     s.release_mark[slot] = s.release_serial;
     // A call of this thread whose object its later call evicted: its hold
     // stayed with the slot (the objects there since are others' to end).
-    if (!s.orphaned.empty() && s.EndOrphanedHold(static_cast<uint32_t>(slot), &self)) continue;
     ObjectId k = s.key_of[slot];
+    if (!s.orphaned.empty() && s.EndOrphanedHold(static_cast<uint32_t>(slot), &self)) {
+      // Its last hold here: a repeat of this release is one, as below.
+      if (!s.HasOrphanedHold(static_cast<uint32_t>(slot), self) &&
+          (k == kNoObject || mine == s.outstanding.end() || !mine->second.contains(k)))
+        s.released_by[slot] = self;
+      continue;
+    }
     // Release one hold on the object, this thread's first, else another
     // thread's (a call may be released by another thread than the one that
     // made it), never another's for a release this thread already made.

@@ -3,6 +3,7 @@
 // mapped into the ssm_a slot, misspelled names, residual score shapes).
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "doctor_test_util.h"
 
@@ -136,6 +137,43 @@ TEST(SsmA, TheShapesAndTypesSglangsALogLoaderTakes) {
   }
   auto raw = Crafted("f64-raw", {{"blk.1.ssm_a", WithType(GgmlType::F64, raw_a_log)}});
   EXPECT_EQ(ErrorCodes(raw), std::set<std::string>{"ssm-a-raw-a-log"}) << Dump(raw);
+  // Values far outside float's range are still negative and finite to
+  // SGLang's float64 log(-raw); rounded to float they read as a zero and a
+  // -inf.
+  std::vector<uint8_t> extreme(f64.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double d = i == 0 ? -1e-50 : i == 1 ? -1e300 : v[i];
+    std::memcpy(extreme.data() + 8 * i, &d, 8);
+  }
+  auto far = Crafted("f64-far", {{"blk.1.ssm_a", WithType(GgmlType::F64, extreme)}});
+  EXPECT_EQ(ErrorCodes(far), std::set<std::string>{}) << Dump(far);
+}
+
+// An F64 raw A_log was refused by the repair ("not F32/F16; SGLang refuses
+// it"); it is rewritten in its own type, computed in double.
+TEST(SsmA, AnF64RawALogIsRepairedInDouble) {
+  const std::vector<double> a_log = {0.25, -0.15, 1.7, 0.05};
+  std::vector<uint8_t> bytes(a_log.size() * 8);
+  std::memcpy(bytes.data(), a_log.data(), bytes.size());
+  auto src = TempDir("f64-repair-src");
+  Synth(src);
+  auto in = TempDir("f64-repair");
+  Rewrite(src, in, {{"blk.1.ssm_a", WithType(GgmlType::F64, bytes)}});
+  const fs::path out = TempDir("f64-repair-out") / "o";
+  doctor::RepairOptions options;
+  options.profile = kimi::Profile::kScaled;
+  auto rep = doctor::Repair(in.string(), out.string(), options);
+  ASSERT_TRUE(rep.ok()) << rep.error().message();
+  ASSERT_EQ(rep->repaired.size(), 1u);
+  const doctor::RepairedTensor& t = rep->repaired[0];
+  EXPECT_EQ(t.name, "blk.1.ssm_a");
+  ASSERT_EQ(t.nbytes, bytes.size());
+  std::ifstream f(t.file, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(t.data_offset));
+  std::vector<double> got(a_log.size());
+  f.read(reinterpret_cast<char*>(got.data()), static_cast<std::streamsize>(bytes.size()));
+  for (size_t i = 0; i < a_log.size(); ++i) EXPECT_EQ(got[i], -std::exp(a_log[i])) << i;
+  EXPECT_TRUE(rep->remaining_problems.empty());
 }
 
 TEST(SsmA, ShapeOfAnotherTensorIsNamed) {
@@ -192,6 +230,25 @@ TEST(Values, ResidualScoreMustBeAVector) {
   EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"res-score-not-vector"}) << Dump(r);
   EXPECT_EQ(r.With("res-score-not-vector")[0]->sglang_error,
             "Kimi-K3 attention-residual score must be a vector, got (1, 512)");
+}
+
+// The build gate reads no values but ssm_a's, and this check went with the
+// value pass: `build` wrote a pack of a checkpoint SGLang's stream refuses.
+// A vector of the wrong length passed the doctor too; SGLang loads it as a
+// [1, d] projection into a [1, E] weight, which its loader refuses.
+TEST(Values, TheBuildGateRefusesTheResidualScoresSglangRefuses) {
+  auto src = TempDir("res-gate-src");
+  Synth(src);
+  auto dst = TempDir("res-gate");
+  const auto paths = Rewrite(src, dst, {{"blk.1.attn_res_score.weight",
+                                         WithShape(std::vector<int64_t>{512, 1}, F32Bytes(std::vector<float>(512, 0.01f)))}});
+  Status gate = doctor::CheckSglangCanLoad(paths.front(), kimi::Profile::kScaled, "", false);
+  ASSERT_FALSE(gate.ok());
+  EXPECT_NE(gate.error().message().find("[res-score-not-vector]"), std::string::npos) << gate.error().message();
+
+  auto r = Crafted("res-len", {{"blk.1.attn_res_score.weight",
+                                WithShape(std::vector<int64_t>{256}, F32Bytes(std::vector<float>(256, 0.01f)))}});
+  EXPECT_EQ(ErrorCodes(r), std::set<std::string>{"tensor-shape-mismatch"}) << Dump(r);
 }
 
 TEST(Values, NanInANormIsReported) {

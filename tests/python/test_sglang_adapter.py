@@ -301,6 +301,14 @@ class HandWrittenModel(AdapterCase):
                 self.collect(path)
             self.assertNotIsInstance(cm.exception, json.JSONDecodeError)
             self.assertIn(path + " is a GGUF file, not a manifest", str(cm.exception))
+        # Only k3pack's own naming of the file counts, not a path that happens
+        # to hold those words: malformed JSON there is still Python's error.
+        odd = os.path.join(self.tmp.path, "odd, not a manifest")
+        os.mkdir(odd)
+        with open(os.path.join(odd, "m.json"), "w") as f:
+            f.write('{"format": tru')
+        e = self.assert_same_error(os.path.join(odd, "m.json"))
+        self.assertIsInstance(e, json.JSONDecodeError)
 
 
 class ImportsAndHelpers(unittest.TestCase):

@@ -693,6 +693,7 @@ TEST(StoreConcurrency, SlotCacheAReleaseAfterItsOwnLaterCallFailedEndsNoOtherThr
   });
   while (step < 1) std::this_thread::yield();
   ASSERT_TRUE(cache->MarkUsed(*earlier).ok());  // ends this thread's own call, nothing of the reader's
+  ASSERT_TRUE(cache->MarkUsed(*earlier).ok());  // a repeat releases nothing (it ended the reader's at first)
   step = 2;
   std::thread writer([&] {
     // Needs every slot: waits for the reader's release.
