@@ -364,19 +364,36 @@ TEST(SlotCache, FailedCudaAttachLeavesTheCacheUnattached) {
 // another device, a sticky context error) returned the error and kept the
 // call's holds: nobody could release them, and other threads' calls that
 // needed those slots waited 10 s and failed.
-TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
+// Three slots on the emulated CUDA runtime, and a stream that cannot be made
+// to wait on their copies (cudaStreamWaitEvent fails on it).
+struct ThreeCudaSlotsAndABadStream {
+  explicit ThreeCudaSlotsAndABadStream(const std::string& tag) : p(Spec(), tag) {
+    rt.StreamWaitEvent = [](cuda::Stream s, cuda::Event, unsigned) { return s == bad_stream ? 400 : 0; };
+    cuda::SetRuntimeForTesting(&rt);
+    cache = OpenCache(p);
+    malloced = testing::EmulatedCuda::Get().Malloc(&device, 3 * cache->slot_bytes()) == 0;
+    attached = malloced && cache->AttachCuda(device, 3, 0).ok();
+  }
+  ~ThreeCudaSlotsAndABadStream() {
+    (void)cache->Close();
+    if (malloced) testing::EmulatedCuda::Get().Free(device);
+  }
+  static inline int bad_stream_storage = 0;
+  static inline void* const bad_stream = &bad_stream_storage;
   testing::ScopedEmulatedCuda emulated;
-  static int bad_stream_storage = 0;
-  static void* const bad_stream = &bad_stream_storage;
   cuda::Runtime rt = testing::EmulatedCuda::Get();
-  rt.StreamWaitEvent = [](cuda::Stream s, cuda::Event, unsigned) { return s == bad_stream ? 400 : 0; };
-  cuda::SetRuntimeForTesting(&rt);
-  TinyPack p(Spec(), "slots-wait-fail");
-  auto cache = OpenCache(p);
-  const uint32_t slots = 3;
+  TinyPack p;
+  std::unique_ptr<SlotCache> cache;
   void* device = nullptr;
-  ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, slots * cache->slot_bytes()), 0);
-  ASSERT_TRUE(cache->AttachCuda(device, slots, 0).ok());
+  bool malloced = false, attached = false;
+};
+
+TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
+  ThreeCudaSlotsAndABadStream three("slots-wait-fail");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  void* const device = three.device;
+  void* const bad_stream = three.bad_stream;
   const int64_t shape[2] = {1, 3};
   const std::vector<int64_t> first = {0, 1, 2}, second = {3, 4, 5};
   std::thread([&] {
@@ -395,7 +412,6 @@ TEST(StoreConcurrency, SlotCacheFailedStreamWaitReleasesTheCallsHolds) {
                           {4096, 4096, 4096}, 1, static_cast<uint32_t>(second[i])));
   ASSERT_TRUE(cache->MarkUsed(*r).ok());
   ASSERT_TRUE(cache->Close().ok());
-  testing::EmulatedCuda::Get().Free(device);
 }
 
 // MarkUsed checked each slot as it went: a list with a bad slot after a
@@ -656,18 +672,11 @@ TEST(StoreConcurrency, SlotCacheAReleaseEndsTheOldestCallNotTheOldestThread) {
 // slots, ended another thread's hold on the objects there by then, and a
 // third thread's call overwrote the slots that thread still read.
 TEST(StoreConcurrency, SlotCacheAReleaseAfterItsOwnLaterCallFailedEndsNoOtherThreadsHold) {
-  testing::ScopedEmulatedCuda emulated;
-  static int bad_stream_storage = 0;
-  static void* const bad_stream = &bad_stream_storage;
-  cuda::Runtime rt = testing::EmulatedCuda::Get();
-  rt.StreamWaitEvent = [](cuda::Stream s, cuda::Event, unsigned) { return s == bad_stream ? 400 : 0; };
-  cuda::SetRuntimeForTesting(&rt);
-  TinyPack p(Spec(), "slots-orphaned-holds");
-  auto cache = OpenCache(p);
-  const uint32_t slots = 3;
-  void* device = nullptr;
-  ASSERT_EQ(testing::EmulatedCuda::Get().Malloc(&device, slots * cache->slot_bytes()), 0);
-  ASSERT_TRUE(cache->AttachCuda(device, slots, 0).ok());
+  ThreeCudaSlotsAndABadStream three("slots-orphaned-holds");
+  ASSERT_TRUE(three.attached);
+  auto& cache = three.cache;
+  void* const device = three.device;
+  void* const bad_stream = three.bad_stream;
   const int64_t shape[2] = {1, 3};
   const std::vector<int64_t> first = {0, 1, 2}, second = {3, 4, 5}, third = {6, 7, 8};
   auto earlier = cache->Acquire(1, first, shape, std::nullopt);
@@ -713,7 +722,6 @@ TEST(StoreConcurrency, SlotCacheAReleaseAfterItsOwnLaterCallFailedEndsNoOtherThr
   }).join();
   EXPECT_EQ(cache->Snapshot()["k3pack"]["waits_for_other_threads"].get<uint64_t>(), waits_before);
   ASSERT_TRUE(cache->Close().ok());
-  testing::EmulatedCuda::Get().Free(device);
 }
 
 // Two threads, each its own layer, check their slots before mark_used while
