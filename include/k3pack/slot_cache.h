@@ -24,9 +24,9 @@
 // object, so releasing both calls, in either order, frees it, and the new
 // object stays held until then. Where that call failed (or left the slot
 // free), the earlier call's hold stays with the slot: its release ends
-// that, never a hold another thread took on the slot since. Other threads' unreleased acquisitions
-// protect their slots, and a call
-// that cannot fit waits for them (bounded) before failing with SGLang's text.
+// that, never a hold another thread took on the slot since. Other threads'
+// unreleased acquisitions protect their slots, and a call that cannot fit
+// waits for them (bounded) before failing with SGLang's text.
 // A release takes the releasing thread's own hold on each slot first, else
 // another thread's (a call may be released from another thread than the one
 // that made it): the hold of the oldest unreleased call on the slot's

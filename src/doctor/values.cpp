@@ -136,9 +136,10 @@ std::vector<float> F64AsFloatForms(std::span<const uint8_t> bytes) {
     double d;
     std::memcpy(&d, bytes.data() + 8 * i, 8);
     const double a = std::fabs(d);
+    using limits = std::numeric_limits<float>;
     if (!std::isfinite(d) || d == 0) out[i] = static_cast<float>(d);
-    else if (a > std::numeric_limits<float>::max()) out[i] = std::copysign(std::numeric_limits<float>::max(), d);
-    else if (a < std::numeric_limits<float>::denorm_min()) out[i] = std::copysign(std::numeric_limits<float>::denorm_min(), d);
+    else if (a > limits::max()) out[i] = std::copysign(limits::max(), d);
+    else if (a < limits::denorm_min()) out[i] = std::copysign(limits::denorm_min(), d);
     else out[i] = static_cast<float>(d);
   }
   return out;
@@ -232,8 +233,8 @@ void CheckValues(const ShardView& view, const ModelContext& m, Collector& out, c
           if (ename != v.name && ename.rfind(layer, 0) == 0 && et.ShapeMatches(shape)) like += (like.empty() ? "" : ", ") + ename;
         }
         Finding& f = out.Add("ssm-a-shape", v.name,
-                             "shape " + NeList(shape) + ", expected {" + std::to_string(H) + "} or {1, " + std::to_string(H) +
-                                 ", 1, 1} (attention.head_count)" +
+                             "shape " + NeList(shape) + ", expected {" + std::to_string(H) + "} or {1, " +
+                                 std::to_string(H) + ", 1, 1} (attention.head_count)" +
                                  (like.empty() ? "" : "; the shape of " + like + ": probably that tensor mapped here"),
                              {}, sh.path);
         f.details = {{"shape", shape}, {"expected", {H}}, {"matches", like}};

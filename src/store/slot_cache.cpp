@@ -160,13 +160,13 @@ struct SlotCache::Impl {
   uint64_t waits_for_other_threads = 0, host_tier_copies = 0;
 
   uint32_t slot_count() const { return static_cast<uint32_t>(key_of.size()); }
-  // Ends one call's orphaned hold on `slot`: `owner`'s oldest, or (owner
-  // null) the oldest of any thread's that is older than `older_than` (0:
-  // any). Allocates nothing, as every release.
   bool HasOrphanedHold(uint32_t slot, std::thread::id owner) const {
     auto [first, last] = orphaned.equal_range(slot);
     return std::any_of(first, last, [&](const auto& entry) { return entry.second.first == owner; });
   }
+  // Ends one call's orphaned hold on `slot`: `owner`'s oldest, or (owner
+  // null) the oldest of any thread's that is older than `older_than` (0:
+  // any). Allocates nothing, as every release.
   bool EndOrphanedHold(uint32_t slot, const std::thread::id* owner, uint64_t older_than = 0) {
     auto [first, last] = orphaned.equal_range(slot);
     auto oldest = last;
@@ -573,7 +573,8 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
   // free) they stay with the slot, for that release to end.
   auto settle_moved = [&](bool call_succeeded) {
     for (const auto& slot_hold : moved) {  // no structured binding: clang 14 cannot capture one below
-      const auto& [slot, hold] = slot_hold;
+      const uint32_t slot = slot_hold.first;
+      const Impl::Hold& hold = slot_hold.second;
       const ObjectId now = s.key_of[slot];
       auto it = !call_succeeded || now == kNoObject ? mine.end() : mine.find(now);
       if (it != mine.end()) {
@@ -585,7 +586,7 @@ Result<std::vector<int32_t>> SlotCache::Acquire(uint32_t layer, std::span<const 
       // With no memory for the record, those releases end nothing more here
       // than before it was kept.
       RanOutOfMemory([&] {
-        s.orphaned.emplace(slot_hold.first, std::make_pair(std::this_thread::get_id(), slot_hold.second));
+        s.orphaned.emplace(slot, std::make_pair(std::this_thread::get_id(), hold));
       });
     }
   };
