@@ -40,11 +40,15 @@ struct TinySpec {
 
 class TinyPack {
  public:
+  // The directory goes when the process that made it exits (a forked child
+  // leaves its parent's alone), so a test that fails half-way, or never
+  // removes what it made, leaves nothing in the temp directory.
   static std::string TempDir(const std::string& tag) {
     auto dir = std::filesystem::temp_directory_path() /
                ("k3-store-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
+    made().dirs.push_back(dir);
     return dir.string();
   }
 
@@ -189,6 +193,19 @@ class TinyPack {
   static int& counter() {
     static int c = 0;
     return c;
+  }
+  struct MadeDirs {
+    pid_t owner = ::getpid();
+    std::vector<std::filesystem::path> dirs;
+    ~MadeDirs() {
+      if (::getpid() != owner) return;
+      std::error_code ec;
+      for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    }
+  };
+  static MadeDirs& made() {
+    static MadeDirs m;
+    return m;
   }
   TinySpec spec_;
 };
