@@ -164,7 +164,14 @@ class _TorchALog:
                 self._paths[record.shard_index], require_packed_offsets=False
             )
         raw = torch.tensor(np.array(shard.tensor_data(record.source_name, "gguf")))
-        return torch.log(-raw)
+        try:
+            return torch.log(-raw)
+        except RuntimeError:
+            if raw.dtype != torch.float16:
+                raise
+            # torch before 2.1 has no CPU log for Half; later ones take it in
+            # float and round to half, as this does.
+            return torch.log(-raw.float()).to(torch.float16)
 
 
 SGLANG_MODULE = "sglang.srt.model_loader.kimi_k3_gguf"

@@ -285,7 +285,13 @@ def sglang_nonexpert_weights(manifest_path, torch_a_log=False):
                     if torch_a_log:
                         import torch
 
-                        value = torch.log(-torch.tensor(raw)).numpy()
+                        if raw.dtype == np.float16:
+                            # The torch SGLang runs on (2.x) takes log of a CPU
+                            # Half tensor in float and rounds it to half; the
+                            # 1.13 this machine has refuses it ("log_vml_cpu").
+                            value = np.log(-raw.astype(np.float32)).astype(np.float16)
+                        else:
+                            value = torch.log(-torch.tensor(raw)).numpy()
                     else:
                         # math.log (C's log, correctly rounded in glibc), not
                         # np.log: numpy's vectorized float64 log can be 1 ulp off.
