@@ -123,6 +123,9 @@ struct ModelContext {
   std::optional<kimi::ModelSpec> spec;
 };
 ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out);
+// The attention, dense-FFN and layer-kind keys of the config.json at
+// `config` against the GGUF's (config_shapes.cpp): config-gguf-mismatch.
+void CrossCheckLayerShapes(const std::string& config, const kimi::SynthDims& dims, Collector& out);
 void CheckExperts(const ShardView& view, const ModelContext& model, const DiagnoseOptions& options, Collector& out);
 // `progress` (may be empty) gets the bytes and tensors decoded so far: on a
 // big set the value checks are what takes time (every ssm_a and small

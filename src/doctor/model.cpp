@@ -187,7 +187,10 @@ void ReadSpec(const ShardView& view, const DiagnoseOptions& options, ModelContex
       f.sglang_exception = ErrorKindName(e.kind());
     } else {
       m.spec = *spec;
-      if (m.dims) CrossCheck(*m.spec, *m.dims, config, out);
+      if (m.dims) {
+        CrossCheck(*m.spec, *m.dims, config, out);
+        CrossCheckLayerShapes(config, *m.dims, out);
+      }
     }
     return;
   }
