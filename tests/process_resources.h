@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <malloc.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <fstream>
@@ -70,6 +71,21 @@ inline bool CameBack(const ProcessResources& before, const ProcessResources& aft
 #else
   return held && after.maps <= before.maps + map_slack && after.rss_kib <= before.rss_kib + rss_slack_kib;
 #endif
+}
+
+// What the process holds once it has settled back to `before`, or after 5 s
+// of trying. A joined thread's /proc/self/task entry can outlive the join by
+// a moment (the kernel wakes the joiner before it reaps the thread), and a
+// loaded machine stretches that moment: one count right after the join read
+// a thread that was gone.
+inline ProcessResources SettledAfter(const ProcessResources& before, int map_slack = 4,
+                                     int64_t rss_slack_kib = 8 << 10) {
+  ProcessResources r = ProcessResources::Now();
+  for (int i = 0; i < 50 && !CameBack(before, r, map_slack, rss_slack_kib); ++i) {
+    ::usleep(100 * 1000);
+    r = ProcessResources::Now();
+  }
+  return r;
 }
 
 }  // namespace k3pack::testing_resources

@@ -96,6 +96,10 @@ struct DiagnoseOptions {
   // config.json to check the GGUF against; empty = `<shard dir>/config.json`
   // when present.
   std::string config_path;
+  // The tokenizer directory: SGLang's server builds its model from
+  // `<tokenizer_dir>/config.json`; where that is another config than
+  // config_path's, it is checked against the GGUF as well. Empty: not checked.
+  std::string tokenizer_dir;
   // Check tensor values (ssm_a, residual scores, small F32 vectors).
   bool check_values = true;
   // With check_values false: still check the ssm_a values (a few KiB per
@@ -124,7 +128,7 @@ Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& op
 // checkpoint: doctor reports N error(s); first: ..."; OK when there are none.
 // A pack of such a checkpoint builds fine and then fails at server start.
 Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
-                          bool allow_mixed_types);
+                          const std::string& tokenizer_dir, bool allow_mixed_types);
 
 // ------------------------------------------------------------ ssm_a values
 

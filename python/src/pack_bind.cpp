@@ -216,7 +216,8 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
     K3_ASSIGN_OR_RETURN(const pack::CollectOptions copts, PythonCollectOptions(allow_mixed_types, p));
     K3_ASSIGN_OR_RETURN(pack::ExpertSet experts, pack::CollectExpertsFromGguf(gguf_dir, model_config, p, copts));
     if (!allow_unsupported) {  // `k3pack build`'s gate, before a byte is written
-      Status gate = k3pack::doctor::CheckSglangCanLoad(experts.shard_paths.front(), p, model_config, allow_mixed_types);
+      Status gate = k3pack::doctor::CheckSglangCanLoad(experts.shard_paths.front(), p, model_config, tokenizer_dir,
+                                                       allow_mixed_types);
       if (!gate.ok()) {
         // A shard the process could not read is no problem of the model.
         if (k3pack::IsProcessCannotRead(gate.error().sys_errno())) return gate;

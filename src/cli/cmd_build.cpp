@@ -70,7 +70,7 @@ Result<Values> ParseValues(const Args& args) {
 // refuse the build unless --allow-unsupported (doctor::CheckSglangCanLoad).
 Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   Status st = doctor::CheckSglangCanLoad(plan.experts.shard_paths.front(), plan.profile, args.Get("--model-config"),
-                                         args.Has("--allow-mixed-types"));
+                                         args.Get("--tokenizer-dir"), args.Has("--allow-mixed-types"));
   // A shard the process could not read (permissions, `ulimit -n`, `ulimit
   // -v`) is no problem of the model: doctor and --allow-unsupported are no
   // way out of it.

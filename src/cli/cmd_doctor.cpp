@@ -10,7 +10,7 @@ namespace {
 
 int RunDoctor(const std::vector<std::string>& argv) {
   k3pack::cli::Args args(
-      "doctor", "PATH... [--json] [--profile kimi-k3|scaled] [--model-config FILE] [--no-values]",
+      "doctor", "PATH... [--json] [--profile kimi-k3|scaled] [--model-config FILE] [--tokenizer-dir DIR] [--no-values]",
       "Diagnoses Kimi-K3 GGUF shard sets (a shard, a shard directory or a manifest JSON) and reports\n"
       "every problem found: severity, code, object, the SGLang error it would cause, what it means and\n"
       "how to fix it. Exit code: 0 healthy, 1 problems found or unusable input, 2 usage error.");
@@ -18,6 +18,10 @@ int RunDoctor(const std::vector<std::string>& argv) {
       .Flag("--json", "print the report as JSON (schema k3pack-doctor-v1, see docs)")
       .Option("--model-config", "config.json to check against (default: config.json beside the shards)")
       .Deprecated("--config", "--model-config")
+      .Option("--tokenizer-dir",
+              "the tokenizer directory SGLang's server builds its model from (its config.json is checked against "
+              "the GGUF too; default: a manifest's recorded tokenizer, else the one `k3pack build` finds beside the "
+              "shards)")
       .Flag("--no-values", "skip the tensor value checks (ssm_a, residual scores, NaN scan)")
       .Flag("--allow-mixed-types",
             "with --profile scaled: routed experts may differ in type between layers (and gate from up), as "
@@ -39,6 +43,7 @@ int RunDoctor(const std::vector<std::string>& argv) {
   opt.profile = *profile;
   opt.allow_mixed_types = args.Has("--allow-mixed-types");
   opt.config_path = args.Get("--model-config");
+  opt.tokenizer_dir = args.Get("--tokenizer-dir");
   opt.check_values = !args.Has("--no-values");
   auto progress = k3pack::cli::StartProgress(*mode);
   if (progress->mode() != k3pack::ProgressMode::kNone) {

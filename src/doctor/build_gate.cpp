@@ -9,10 +9,11 @@
 namespace k3pack::doctor {
 
 Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
-                          bool allow_mixed_types) {
+                          const std::string& tokenizer_dir, bool allow_mixed_types) {
   DiagnoseOptions dopt;
   dopt.profile = profile;
   dopt.config_path = model_config;
+  dopt.tokenizer_dir = tokenizer_dir;
   dopt.check_values = false;
   dopt.check_ssm_a = true;
   dopt.allow_mixed_types = allow_mixed_types;  // asked for by name

@@ -1,8 +1,9 @@
-// The config.json keys SGLang builds the attention and dense layers from,
-// against the GGUF's kimi-k3.* metadata. KimiK3Spec checks only the MoE
-// keys; a config.json from another model (or another revision) that agrees
-// on those but not on these builds modules whose shapes the GGUF tensors do
-// not fit, and SGLang fails at load, after the pack was built.
+// The config.json keys SGLang builds the attention, dense and embedding
+// modules from, against the GGUF's kimi-k3.* metadata. KimiK3Spec checks
+// only the MoE keys; a config.json of another model (or revision) that
+// agrees on those builds modules the GGUF tensors do not fit: SGLang fails
+// at load (a plain weight's shape, the coverage check) or, where only GGUF-
+// quantized linears take the size, computes with the wrong dimensions.
 #include <optional>
 #include <set>
 
@@ -13,108 +14,174 @@
 namespace k3pack::doctor::internal {
 namespace {
 
-// An integer the config holds at `key` (a JSON integer or an integral
-// float); nullopt when absent or of another kind (SGLang's own parsing
-// reports those). A null q_lora_rank means no query LoRA: rank 0.
-std::optional<uint64_t> ConfigInt(const nlohmann::json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end()) return std::nullopt;
-  if (it->is_null() && std::string_view(key) == "q_lora_rank") return 0;
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  if (it->is_number_integer() && it->get<int64_t>() >= 0) return static_cast<uint64_t>(it->get<int64_t>());
-  if (it->is_number_float()) {
-    const double v = it->get<double>();
-    if (v >= 0 && v < 1e15 && v == static_cast<double>(static_cast<uint64_t>(v))) return static_cast<uint64_t>(v);
-  }
-  return std::nullopt;
+// Python's view of a JSON value as a size: an int (bool is one to Python,
+// but no config writes a size as true; SGLang's torch refuses floats).
+bool IsSize(const nlohmann::json& v) {
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
 }
 
-void Mismatch(const std::string& config_key, const std::string& gguf_key, const std::string& message,
-              nlohmann::json config_value, nlohmann::json gguf_value, const std::string& config, Collector& out) {
-  Finding& f = out.Add("config-gguf-mismatch", "kimi-k3." + gguf_key, message, {}, config);
-  f.details = {{"config_key", config_key}, {"config", std::move(config_value)}, {"gguf", std::move(gguf_value)}};
+// Python's `n in list`: an entry equal to n as a number (1.0 and true
+// equal 1; a string equals no int).
+bool PythonListHas(const nlohmann::json& list, uint64_t n) {
+  for (const auto& v : list) {
+    if (v.is_boolean() ? (v.get<bool>() ? 1u : 0u) == n
+                       : v.is_number() && v.get<double>() == static_cast<double>(n))
+      return true;
+  }
+  return false;
 }
 
-// linear_attn_config.kda_layers / full_attn_layers (1-based) against the
-// layers head_count_kv marks KDA (0) or MLA.
-void CheckLayerList(const nlohmann::json& linear, const char* key, bool lists_kda, const kimi::SynthDims& d,
-                    const std::string& config, Collector& out) {
-  auto it = linear.find(key);
-  if (it == linear.end() || !it->is_array()) return;
-  std::set<uint64_t> listed;
-  for (const auto& v : *it) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) return;  // not a layer list SGLang could use either
-    listed.insert(v.get<uint64_t>());
+struct Checker {
+  const kimi::SynthDims& d;
+  const std::string& config;
+  Collector& out;
+
+  void Mismatch(const std::string& config_key, const std::string& gguf_key, const std::string& message,
+                nlohmann::json config_value, nlohmann::json gguf_value) {
+    Finding& f = out.Add("config-gguf-mismatch", "kimi-k3." + gguf_key, message, {}, config);
+    f.details = {{"config_key", config_key}, {"config", std::move(config_value)}, {"gguf", std::move(gguf_value)}};
   }
-  std::vector<uint32_t> gguf_listed;
-  uint32_t differ = 0, first = 0;
-  for (uint32_t il = 0; il < d.num_layers; ++il) {
-    const bool in_gguf = synth::IsMlaLayer(d, il) != lists_kda;
-    if (in_gguf) gguf_listed.push_back(il + 1);
-    if (in_gguf != (listed.count(il + 1) != 0) && differ++ == 0) first = il + 1;
+
+  void NotASize(const std::string& key, const nlohmann::json& v) {
+    Finding& f = out.Add("config-invalid", key,
+                         key + " must be a non-negative integer (SGLang sizes modules with it), got " + v.dump(), {},
+                         config);
+    f.details = {{"config_key", key}, {"config", v}};
   }
-  for (uint64_t layer : listed) {
-    if (layer > d.num_layers && differ++ == 0) first = static_cast<uint32_t>(layer);
+
+  // `obj[key]` against the GGUF's `gguf`; a key the config lacks is not
+  // compared. `null_is_zero`: q_lora_rank null means no query LoRA.
+  void Size(const nlohmann::json& obj, const std::string& prefix, const char* key, const char* gguf_key,
+            uint64_t gguf, bool null_is_zero = false) {
+    auto it = obj.find(key);
+    if (it == obj.end()) return;
+    uint64_t v = 0;
+    if (IsSize(*it)) {
+      v = it->get<uint64_t>();
+    } else if (!(null_is_zero && it->is_null())) {
+      NotASize(prefix + key, *it);
+      return;
+    }
+    if (v == gguf) return;
+    std::string gguf_text = "GGUF kimi-k3." + std::string(gguf_key) + "=" + std::to_string(gguf);
+    if (std::string_view(gguf_key) == "attention.key_length_mla")
+      gguf_text = "GGUF kimi-k3.attention.key_length_mla - rope.dimension_count = " + std::to_string(gguf);
+    Mismatch(prefix + key, gguf_key, "config.json " + prefix + key + "=" + it->dump() + ", " + gguf_text, v, gguf);
   }
-  if (differ == 0) return;
-  const char* kind = lists_kda ? "KDA" : "MLA";
-  const bool config_says = listed.count(first) != 0;
-  Mismatch(std::string("linear_attn_config.") + key, "attention.head_count_kv",
-           "config.json linear_attn_config." + std::string(key) + " and GGUF kimi-k3.attention.head_count_kv " +
-               "disagree on " + std::to_string(differ) + " layer(s); first: layer " + std::to_string(first) +
-               " (1-based) is " + (config_says ? "" : "not ") + kind + " in config.json, " +
-               (config_says ? "not " : "") + kind + " in the GGUF",
-           *it, gguf_listed, config, out);
-}
+
+  // A flag the GGUF's tensors imply (`tensor`, of the first layer that
+  // holds one): present in the config and not true.
+  void Flag(const nlohmann::json& obj, const std::string& prefix, const char* key, const std::string& tensor,
+            const std::string& what_the_gguf_holds) {
+    auto it = obj.find(key);
+    if (tensor.empty() || it == obj.end() || (it->is_boolean() && it->get<bool>())) return;
+    Finding& f = out.Add("config-gguf-mismatch", tensor,
+                         "config.json " + prefix + key + "=" + it->dump() + ", but the GGUF holds " + what_the_gguf_holds,
+                         {}, config);
+    f.details = {{"config_key", prefix + key}, {"config", *it}, {"gguf", true}};
+  }
+
+  // SGLang's model takes a layer's kind from `(il + 1) in kda_layers` (the
+  // converter wrote head_count_kv from full_attn_layers, which SGLang never
+  // reads); layers past the model are never asked about.
+  void LayerKinds(const nlohmann::json* linear) {
+    std::vector<uint32_t> gguf_kda;
+    for (uint32_t il = 0; il < d.num_layers; ++il)
+      if (!synth::IsMlaLayer(d, il)) gguf_kda.push_back(il + 1);
+    if (linear == nullptr) {
+      if (!gguf_kda.empty())
+        Mismatch("linear_attn_config", "attention.head_count_kv",
+                 "config.json has no linear_attn_config: SGLang builds every layer as MLA, the GGUF's "
+                 "kimi-k3.attention.head_count_kv makes " + std::to_string(gguf_kda.size()) + " layer(s) KDA",
+                 nullptr, gguf_kda);
+      return;
+    }
+    auto it = linear->find("kda_layers");
+    if (it == linear->end() || !it->is_array()) {
+      Finding& f = out.Add("config-invalid", "linear_attn_config.kda_layers",
+                           "linear_attn_config.kda_layers must be a list of 1-based layer numbers (SGLang takes each "
+                           "layer's kind from it), got " + (it == linear->end() ? std::string("no such key") : it->dump()),
+                           {}, config);
+      f.details = {{"config_key", "linear_attn_config.kda_layers"}};
+      return;
+    }
+    uint32_t differ = 0, first = 0;
+    for (uint32_t il = 0; il < d.num_layers; ++il) {
+      const bool kda_in_gguf = !synth::IsMlaLayer(d, il);
+      if (kda_in_gguf != PythonListHas(*it, il + 1) && differ++ == 0) first = il + 1;
+    }
+    if (differ == 0) return;
+    const bool config_says_kda = PythonListHas(*it, first);
+    Mismatch("linear_attn_config.kda_layers", "attention.head_count_kv",
+             "config.json linear_attn_config.kda_layers and GGUF kimi-k3.attention.head_count_kv disagree on " +
+                 std::to_string(differ) + " layer(s); first: layer " + std::to_string(first) + " (1-based) is " +
+                 (config_says_kda ? "KDA" : "MLA") + " in config.json, " + (config_says_kda ? "MLA" : "KDA") +
+                 " in the GGUF",
+             *it, gguf_kda);
+  }
+};
 
 }  // namespace
 
-void CrossCheckLayerShapes(const std::string& config, const kimi::SynthDims& d, Collector& out) {
+void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, const kimi::SynthDims& d,
+                      Collector& out) {
+  Checker check{d, config, out};
+  struct Pair { const char* cfg; const char* key; uint64_t a, b; };
+  const Pair spec_pairs[] = {
+      {"num_hidden_layers", "block_count", spec.num_hidden_layers, d.num_layers},
+      {"first_k_dense_replace", "leading_dense_block_count", spec.first_k_dense_replace, d.first_k_dense},
+      {"num_experts", "expert_count", spec.num_experts, d.num_experts},
+      {"num_experts_per_token", "expert_used_count", spec.top_k, d.top_k},
+      {"num_shared_experts", "expert_shared_count", spec.num_shared_experts, d.num_shared_experts},
+      {"hidden_size", "embedding_length", spec.hidden_size, d.hidden},
+      {"routed_expert_hidden_size", "expert_latent_length", spec.routed_expert_hidden_size, d.latent},
+      {"moe_intermediate_size", "expert_feed_forward_length", spec.moe_intermediate_size, d.moe_intermediate},
+  };
+  for (const Pair& p : spec_pairs) {
+    if (p.a == p.b) continue;
+    check.Mismatch(p.cfg, p.key,
+                   std::string("config.json ") + p.cfg + "=" + std::to_string(p.a) + ", GGUF kimi-k3." + p.key + "=" +
+                       std::to_string(p.b),
+                   p.a, p.b);
+  }
   auto text = ReadFileToString(config);
   if (!text.ok()) return;  // the spec was read from it a moment ago; a vanished file says nothing of the model
   auto parsed = ParseJsonText(*text);
   if (!parsed.ok() || !parsed->is_object()) return;
-  const nlohmann::json& top = *parsed;
-  auto tc = top.find("text_config");
-  const nlohmann::json& c = tc != top.end() && tc->is_object() ? *tc : top;
-  struct Pair { const char* cfg; const char* key; uint64_t gguf; bool applies; };
-  const Pair pairs[] = {
-      {"num_attention_heads", "attention.head_count", d.heads, true},
-      {"q_lora_rank", "attention.q_lora_rank", d.q_lora_rank, true},
-      {"kv_lora_rank", "attention.kv_lora_rank", d.kv_lora_rank, true},
-      {"qk_rope_head_dim", "rope.dimension_count", d.qk_rope, true},
-      {"qk_nope_head_dim", "attention.key_length_mla", synth::MlaQkNope(d), true},
-      {"v_head_dim", "attention.value_length_mla", synth::MlaVHead(d), true},
-      {"intermediate_size", "feed_forward_length", d.dense_intermediate, d.first_k_dense > 0},
-      {"attn_res_block_size", "attn_res.block_size", d.attn_res_block_size, true},
-  };
-  auto check = [&](const nlohmann::json& obj, const std::string& prefix, const Pair& p) {
-    if (!p.applies) return;
-    const std::optional<uint64_t> v = ConfigInt(obj, p.cfg);
-    if (!v || *v == p.gguf) return;
-    std::string gguf_text = "GGUF kimi-k3." + std::string(p.key) + "=" + std::to_string(p.gguf);
-    if (std::string_view(p.key) == "attention.key_length_mla") {
-      gguf_text = "GGUF kimi-k3.attention.key_length_mla - rope.dimension_count = " + std::to_string(p.gguf);
-    }
-    Mismatch(prefix + p.cfg, p.key, "config.json " + prefix + p.cfg + "=" + obj.at(p.cfg).dump() + ", " + gguf_text,
-             *v, p.gguf, config, out);
-  };
-  for (const Pair& p : pairs) check(c, "", p);
-  auto linear = c.find("linear_attn_config");
-  if (linear == c.end() || !linear->is_object()) return;
-  const Pair linear_pairs[] = {
-      {"num_heads", "attention.head_count", d.heads, true},
-      {"head_dim", "kda.head_dim", d.head_dim, true},
-      {"short_conv_kernel_size", "ssm.conv_kernel", d.conv_kernel, true},
-  };
-  for (const Pair& p : linear_pairs) check(*linear, "linear_attn_config.", p);
-  // SGLang's model takes a layer's kind from kda_layers; the converter from
-  // full_attn_layers, which counts when kda_layers is absent.
-  if (linear->contains("kda_layers")) {
-    CheckLayerList(*linear, "kda_layers", true, d, config, out);
-  } else {
-    CheckLayerList(*linear, "full_attn_layers", false, d, config, out);
+  auto tc = parsed->find("text_config");
+  const nlohmann::json& c = tc != parsed->end() && tc->is_object() ? *tc : *parsed;
+  // KimiK3Spec's keys, whose values CrossCheck compares: SGLang's manifest
+  // tool takes int() of them, its model sizes modules and ranges with them.
+  for (const char* key : {"num_hidden_layers", "first_k_dense_replace", "num_experts", "num_experts_per_token",
+                          "num_shared_experts", "hidden_size", "routed_expert_hidden_size", "moe_intermediate_size"}) {
+    if (auto it = c.find(key); it != c.end() && !IsSize(*it)) check.NotASize(key, *it);
   }
+  check.Size(c, "", "num_attention_heads", "attention.head_count", d.heads);
+  check.Size(c, "", "q_lora_rank", "attention.q_lora_rank", d.q_lora_rank, /*null_is_zero=*/true);
+  check.Size(c, "", "kv_lora_rank", "attention.kv_lora_rank", d.kv_lora_rank);
+  check.Size(c, "", "qk_rope_head_dim", "rope.dimension_count", d.qk_rope);
+  check.Size(c, "", "qk_nope_head_dim", "attention.key_length_mla", synth::MlaQkNope(d));
+  check.Size(c, "", "v_head_dim", "attention.value_length_mla", synth::MlaVHead(d));
+  if (d.first_k_dense > 0) check.Size(c, "", "intermediate_size", "feed_forward_length", d.dense_intermediate);
+  check.Size(c, "", "attn_res_block_size", "attn_res.block_size", d.attn_res_block_size);
+  if (d.vocab != 0) check.Size(c, "", "vocab_size", "vocab_size", d.vocab);
+  std::string first_mla_gate, first_kda_gate;
+  for (uint32_t il = d.num_layers; il-- > 0;)
+    (synth::IsMlaLayer(d, il) ? first_mla_gate : first_kda_gate) = "blk." + std::to_string(il) + ".";
+  if (!first_mla_gate.empty()) first_mla_gate += "attn_gate.weight";
+  if (!first_kda_gate.empty()) first_kda_gate += "ssm_g.weight";
+  check.Flag(c, "", "mla_use_output_gate", first_mla_gate,
+             "an output gate (attn_gate) in every MLA layer, which SGLang would skip");
+  auto linear = c.find("linear_attn_config");
+  const bool has_linear = linear != c.end() && linear->is_object();
+  if (has_linear) {
+    check.Size(*linear, "linear_attn_config.", "num_heads", "attention.head_count", d.heads);
+    check.Size(*linear, "linear_attn_config.", "head_dim", "kda.head_dim", d.head_dim);
+    check.Size(*linear, "linear_attn_config.", "short_conv_kernel_size", "ssm.conv_kernel", d.conv_kernel);
+    check.Flag(*linear, "linear_attn_config.", "use_full_rank_gate", first_kda_gate,
+               "a full-rank output gate (ssm_g) in every KDA layer, which SGLang's low-rank gate does not load");
+  }
+  check.LayerKinds(has_linear ? &*linear : nullptr);
 }
 
 }  // namespace k3pack::doctor::internal

@@ -83,6 +83,7 @@ void ExamineListed(const internal::ManifestTargets& t, const DiagnoseOptions& op
   if (!view) return;
   DiagnoseOptions o = options;
   if (o.config_path.empty()) o.config_path = t.config_path;  // the config the manifest was made with
+  if (o.tokenizer_dir.empty()) o.tokenizer_dir = t.tokenizer_dir;  // where SGLang's server reads its config
   ExamineView(*view, o, out);
 }
 
@@ -111,11 +112,12 @@ Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& op
     if (!examined.insert(fs::is_directory(key, ec) ? key : fs::path(key).parent_path().string()).second) continue;
     ExamineGguf(path, options, out);
   }
-  // One finding per (code, object, file) even when inputs overlap.
-  std::set<std::tuple<std::string, std::string, std::string>> seen;
+  // One finding per (code, object, file, message) even when inputs overlap
+  // (two keys of one config can disagree with one GGUF key).
+  std::set<std::tuple<std::string, std::string, std::string, std::string>> seen;
   std::vector<Finding> unique;
   for (Finding& f : report.findings) {
-    if (seen.insert({f.code, f.object, f.file}).second) unique.push_back(std::move(f));
+    if (seen.insert({f.code, f.object, f.file, f.message}).second) unique.push_back(std::move(f));
   }
   report.findings = std::move(unique);
   std::stable_sort(report.findings.begin(), report.findings.end(),

@@ -123,9 +123,13 @@ struct ModelContext {
   std::optional<kimi::ModelSpec> spec;
 };
 ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, Collector& out);
-// The attention, dense-FFN and layer-kind keys of the config.json at
-// `config` against the GGUF's (config_shapes.cpp): config-gguf-mismatch.
-void CrossCheckLayerShapes(const std::string& config, const kimi::SynthDims& dims, Collector& out);
+// The config.json at `config` (whose KimiK3Spec is `spec`) against the
+// GGUF's kimi-k3.* metadata (config_shapes.cpp): KimiK3Spec's MoE keys and
+// the attention, dense, embedding and layer-kind keys SGLang builds its
+// modules from; config-gguf-mismatch per key, config-invalid for a value
+// SGLang cannot size a module with.
+void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, const kimi::SynthDims& dims,
+                      Collector& out);
 void CheckExperts(const ShardView& view, const ModelContext& model, const DiagnoseOptions& options, Collector& out);
 // `progress` (may be empty) gets the bytes and tensors decoded so far: on a
 // big set the value checks are what takes time (every ssm_a and small
@@ -152,6 +156,7 @@ std::vector<SsmAVerdict> ExamineSsmA(const ShardView& view, const std::function<
 struct ManifestTargets {
   std::vector<std::string> shard_paths;
   std::string config_path;  // model.config_path when that file exists
+  std::string tokenizer_dir;  // tokenizer.path when that directory exists
 };
 ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOptions& options, Collector& out);
 

@@ -488,6 +488,10 @@ ManifestTargets CheckManifest(const std::string& manifest_path, const DiagnoseOp
     std::error_code ec;
     if (fs::is_regular_file(cp->get<std::string>(), ec)) targets.config_path = *cp;
   }
+  if (const json* tp = Find(j, {"tokenizer", "path"}); tp && tp->is_string()) {
+    std::error_code ec;
+    if (fs::is_directory(tp->get<std::string>(), ec)) targets.tokenizer_dir = *tp;
+  }
   const json* shards = need({"source", "shards"});
   const json* tensors = need({"source", "tensors"});
   bool shards_intact = shards != nullptr && shards->is_array();

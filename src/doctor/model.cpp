@@ -8,6 +8,7 @@
 #include "doctor/internal.h"
 #include "k3pack/names.h"
 #include "k3pack/pack.h"
+#include "manifest/tokenizer_dir.h"
 #include "pack/format.h"
 #include "util/pyrepr.h"
 
@@ -71,28 +72,6 @@ nlohmann::json ConfigFromDims(const kimi::SynthDims& d) {
           {"routed_expert_hidden_size", d.latent},
           {"moe_intermediate_size", d.moe_intermediate},
           {"hidden_act", "situ"}};
-}
-
-void CrossCheck(const kimi::ModelSpec& s, const kimi::SynthDims& d, const std::string& config, Collector& out) {
-  struct Pair { const char* cfg; const char* key; uint64_t a, b; };
-  const Pair pairs[] = {
-      {"num_hidden_layers", "block_count", s.num_hidden_layers, d.num_layers},
-      {"first_k_dense_replace", "leading_dense_block_count", s.first_k_dense_replace, d.first_k_dense},
-      {"num_experts", "expert_count", s.num_experts, d.num_experts},
-      {"num_experts_per_token", "expert_used_count", s.top_k, d.top_k},
-      {"num_shared_experts", "expert_shared_count", s.num_shared_experts, d.num_shared_experts},
-      {"hidden_size", "embedding_length", s.hidden_size, d.hidden},
-      {"routed_expert_hidden_size", "expert_latent_length", s.routed_expert_hidden_size, d.latent},
-      {"moe_intermediate_size", "expert_feed_forward_length", s.moe_intermediate_size, d.moe_intermediate},
-  };
-  for (const Pair& p : pairs) {
-    if (p.a == p.b) continue;
-    Finding& f = out.Add("config-gguf-mismatch", std::string("kimi-k3.") + p.key,
-                         std::string("config.json ") + p.cfg + "=" + std::to_string(p.a) + ", GGUF kimi-k3." + p.key +
-                             "=" + std::to_string(p.b),
-                         {}, config);
-    f.details = {{"config_key", p.cfg}, {"config", p.a}, {"gguf", p.b}};
-  }
 }
 
 struct NameIndex {
@@ -169,29 +148,61 @@ void ReadLayout(const ShardView& view, const gguf::GgufFile& first, ModelContext
   for (auto& t : *table) m.expected.emplace(t.name, t);
 }
 
-// The spec (m.spec): config.json when there is one, else the GGUF's own
-// dimensions.
+// The config.json of the tokenizer directory: SGLang's server builds the
+// model from it (the model-meta it generates from its text_config), and it
+// may be another file than the config the manifest records. Given, recorded
+// in the manifest, or found beside the shards as `k3pack build` finds it.
+std::string ServerConfigPath(const ShardView& view, const DiagnoseOptions& options) {
+  std::string tokenizer_dir = options.tokenizer_dir;
+  if (tokenizer_dir.empty()) {
+    auto derived = manifest::DeriveTokenizerDir(view.dir);
+    if (!derived.ok()) return {};
+    tokenizer_dir = *derived;
+  }
+  const std::string path = (fs::path(tokenizer_dir) / "config.json").string();
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) ? path : std::string();
+}
+
+bool SameConfig(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::equivalent(a, b, ec)) return true;
+  auto x = ReadFileToString(a);
+  auto y = ReadFileToString(b);
+  return x.ok() && y.ok() && *x == *y;
+}
+
+// Loads `config` as KimiK3Spec and checks it against the GGUF; the spec, or
+// nullopt (the finding made).
+std::optional<kimi::ModelSpec> CheckConfigFile(const std::string& config, const DiagnoseOptions& options,
+                                               const ModelContext& m, Collector& out) {
+  auto spec = kimi::LoadModelSpec(config, options.profile);
+  if (!spec.ok()) {
+    const Error& e = spec.error();
+    // A config this user may not read breaks no rule of the model.
+    if (ReportProcessCannotRead(e, config, out)) return std::nullopt;
+    Finding& f = out.Add("config-invalid", config, e.message(), e.headline(), config);
+    f.sglang_exception = ErrorKindName(e.kind());
+    return std::nullopt;
+  }
+  if (m.dims) CrossCheckConfig(*spec, config, *m.dims, out);
+  return *spec;
+}
+
+// The spec (m.spec): config.json when there is one (beside the shards, else
+// the tokenizer directory's, as `k3pack build` takes it), else the GGUF's
+// own dimensions. The tokenizer directory's config is checked as well.
 void ReadSpec(const ShardView& view, const DiagnoseOptions& options, ModelContext& m, Collector& out) {
   std::string config = options.config_path;
   std::error_code ec;
   if (config.empty() && fs::exists(fs::path(view.dir) / "config.json", ec)) {
     config = (fs::path(view.dir) / "config.json").string();
   }
+  const std::string server = ServerConfigPath(view, options);
+  if (config.empty()) config = server;
   if (!config.empty()) {
-    auto spec = kimi::LoadModelSpec(config, options.profile);
-    if (!spec.ok()) {
-      const Error& e = spec.error();
-      // A config this user may not read breaks no rule of the model.
-      if (ReportProcessCannotRead(e, config, out)) return;
-      Finding& f = out.Add("config-invalid", config, e.message(), e.headline(), config);
-      f.sglang_exception = ErrorKindName(e.kind());
-    } else {
-      m.spec = *spec;
-      if (m.dims) {
-        CrossCheck(*m.spec, *m.dims, config, out);
-        CrossCheckLayerShapes(config, *m.dims, out);
-      }
-    }
+    m.spec = CheckConfigFile(config, options, m, out);
+    if (!server.empty() && !SameConfig(server, config)) (void)CheckConfigFile(server, options, m, out);
     return;
   }
   out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --model-config");

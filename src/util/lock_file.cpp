@@ -188,7 +188,9 @@ Result<LockFile> LockFile::Acquire(const std::string& path, const std::string& w
     // The registry is not held while waiting: other locks of this process go on.
     const LockHolder holder = LockHolderOf(path);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (waited >= wait.seconds) return Refusal(path, what, holder, waited);
+    // A wait asked for is said before it is refused: a process given no CPU
+    // for the whole wait refused without a word of having waited.
+    if (waited >= wait.seconds && (waiting || wait.seconds <= 0)) return Refusal(path, what, holder, waited);
     if (!waiting || (holder.pid != 0 && (holder.pid != told.pid || holder.stopped != told.stopped))) {
       if (wait.notify) {
         std::string line = "waiting for " + path + ": another process is " + what;

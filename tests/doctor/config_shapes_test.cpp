@@ -1,7 +1,9 @@
 // config.json against the GGUF beyond KimiK3Spec's MoE keys: the attention,
-// dense-FFN and layer-kind keys SGLang builds its modules from. A config of
-// another model that agreed on the MoE keys passed the doctor and `build`'s
-// gate, and SGLang failed at load on the first tensor that did not fit.
+// dense, embedding and layer-kind keys SGLang builds its modules from. A
+// config of another model that agreed on the MoE keys passed the doctor and
+// `build`'s gate, and SGLang failed at load (or computed with the wrong
+// sizes). SGLang's server reads the tokenizer directory's config.json,
+// which is checked too.
 #include <fstream>
 
 #include "doctor_test_util.h"
@@ -9,23 +11,28 @@
 namespace dtest {
 namespace {
 
-// A tiny model whose config.json has `edit` applied to its text_config.
+void EditConfig(const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
+  auto j = nlohmann::json::parse(ReadAll(file));
+  edit(j.contains("text_config") ? j["text_config"] : j);
+  std::ofstream(file, std::ios::trunc) << j.dump(2);
+}
+
+// A tiny model whose config.json beside the shards has `edit` applied to
+// its text_config (the tokenizer directory's stays the converted one).
 fs::path WithConfigEdit(const std::string& tag, const std::function<void(nlohmann::json&)>& edit) {
   auto dir = TempDir(tag);
   Synth(dir);
-  auto j = nlohmann::json::parse(ReadAll(dir / "config.json"));
-  edit(j.contains("text_config") ? j["text_config"] : j);
-  std::ofstream(dir / "config.json", std::ios::trunc) << j.dump(2);
+  EditConfig(dir / "config.json", edit);
   return dir;
 }
 
-std::map<std::string, const doctor::Finding*> MismatchesByKey(const doctor::Report& r) {
+std::map<std::string, const doctor::Finding*> ByKey(const doctor::Report& r, const std::string& code) {
   std::map<std::string, const doctor::Finding*> by_key;
-  for (const auto* f : r.With("config-gguf-mismatch")) by_key[f->details["config_key"].get<std::string>()] = f;
+  for (const auto* f : r.With(code)) by_key[f->details.value("config_key", std::string())] = f;
   return by_key;
 }
 
-TEST(ConfigShapes, EachAttentionAndDenseKeyIsComparedWithTheGguf) {
+TEST(ConfigShapes, EachAttentionDenseAndVocabKeyIsComparedWithTheGguf) {
   const std::vector<std::pair<std::string, std::string>> keys = {
       {"num_attention_heads", "kimi-k3.attention.head_count"},
       {"q_lora_rank", "kimi-k3.attention.q_lora_rank"},
@@ -35,6 +42,7 @@ TEST(ConfigShapes, EachAttentionAndDenseKeyIsComparedWithTheGguf) {
       {"v_head_dim", "kimi-k3.attention.value_length_mla"},
       {"intermediate_size", "kimi-k3.feed_forward_length"},
       {"attn_res_block_size", "kimi-k3.attn_res.block_size"},
+      {"vocab_size", "kimi-k3.vocab_size"},
       {"linear_attn_config.num_heads", "kimi-k3.attention.head_count"},
       {"linear_attn_config.head_dim", "kimi-k3.kda.head_dim"},
       {"linear_attn_config.short_conv_kernel_size", "kimi-k3.ssm.conv_kernel"},
@@ -47,7 +55,7 @@ TEST(ConfigShapes, EachAttentionAndDenseKeyIsComparedWithTheGguf) {
       obj[leaf] = obj[leaf].get<uint64_t>() * 2;
     });
     const doctor::Report r = Scaled({dir.string()});
-    const auto found = MismatchesByKey(r);
+    const auto found = ByKey(r, "config-gguf-mismatch");
     ASSERT_EQ(found.size(), 1u) << Dump(r);
     ASSERT_EQ(found.count(key), 1u) << Dump(r);
     const doctor::Finding& f = *found.at(key);
@@ -59,18 +67,16 @@ TEST(ConfigShapes, EachAttentionAndDenseKeyIsComparedWithTheGguf) {
   }
 }
 
-TEST(ConfigShapes, TheConfigThatWasConvertedAgrees) {
+TEST(ConfigShapes, TheConfigThatWasConvertedAgreesAndANullQueryLoraDoesNot) {
   auto dir = TempDir("cfg-agrees");
   Synth(dir);
   const doctor::Report r = Scaled({dir.string()});
   EXPECT_FALSE(r.Has("config-gguf-mismatch")) << Dump(r);
-  // An integral float and a null q_lora_rank where the GGUF has none are
-  // what they say.
-  const auto floats = WithConfigEdit("cfg-float", [](nlohmann::json& t) { t["kv_lora_rank"] = 256.0; });
-  EXPECT_FALSE(Scaled({floats.string()}).Has("config-gguf-mismatch"));
+  EXPECT_FALSE(r.Has("config-invalid")) << Dump(r);
+  // null: no query LoRA, where the GGUF has one.
   const auto no_q_lora = WithConfigEdit("cfg-null", [](nlohmann::json& t) { t["q_lora_rank"] = nullptr; });
   const doctor::Report no_q = Scaled({no_q_lora.string()});
-  const auto found = MismatchesByKey(no_q);
+  const auto found = ByKey(no_q, "config-gguf-mismatch");
   ASSERT_EQ(found.count("q_lora_rank"), 1u) << Dump(no_q);
   EXPECT_EQ(found.at("q_lora_rank")->details["config"], 0);
   EXPECT_NE(found.at("q_lora_rank")->message.find("config.json q_lora_rank=null, GGUF kimi-k3.attention.q_lora_rank=256"),
@@ -78,46 +84,122 @@ TEST(ConfigShapes, TheConfigThatWasConvertedAgrees) {
       << Dump(no_q);
 }
 
-TEST(ConfigShapes, LayerKindsAreComparedWithHeadCountKv) {
-  // The tiny model: layer 4 (1-based) is MLA, 1..3 KDA. A config that makes
-  // layer 3 MLA builds attention modules the GGUF's ssm_* tensors do not fill.
-  const auto dir = WithConfigEdit("cfg-kinds", [](nlohmann::json& t) {
-    t["linear_attn_config"]["kda_layers"] = {1, 2};
-    t["linear_attn_config"]["full_attn_layers"] = {3, 4};
-  });
+// SGLang's torch sizes modules with these: 256.0, "256", -1 or true fail
+// there (TypeError, RuntimeError), and KimiK3Spec's int() took 512.0.
+TEST(ConfigShapes, ASizeThatIsNoIntegerIsInvalid) {
+  for (const nlohmann::json& bad : {nlohmann::json(256.0), nlohmann::json("256"), nlohmann::json(-1),
+                                    nlohmann::json(true), nlohmann::json(nullptr)}) {
+    SCOPED_TRACE(bad.dump());
+    const auto dir = WithConfigEdit("cfg-type", [&](nlohmann::json& t) {
+      t["kv_lora_rank"] = bad;
+      t["linear_attn_config"]["head_dim"] = bad;
+    });
+    const doctor::Report r = Scaled({dir.string()});
+    const auto found = ByKey(r, "config-invalid");
+    ASSERT_EQ(found.size(), 2u) << Dump(r);
+    EXPECT_NE(found.at("kv_lora_rank")->message.find("kv_lora_rank must be a non-negative integer (SGLang sizes "
+                                                     "modules with it), got " + bad.dump()),
+              std::string::npos)
+        << Dump(r);
+    EXPECT_EQ(found.count("linear_attn_config.head_dim"), 1u) << Dump(r);
+    EXPECT_FALSE(r.Has("config-gguf-mismatch")) << Dump(r);
+  }
+  const auto spec_key = WithConfigEdit("cfg-spec-float", [](nlohmann::json& t) { t["hidden_size"] = 512.0; });
+  const doctor::Report r = Scaled({spec_key.string()});
+  EXPECT_EQ(ByKey(r, "config-invalid").count("hidden_size"), 1u) << Dump(r);
+}
+
+TEST(ConfigShapes, LayerKindsComeFromKdaLayersAsSglangReadsThem) {
+  // The tiny model: layer 4 (1-based) is MLA, 1..3 KDA.
+  const auto dir = WithConfigEdit("cfg-kinds", [](nlohmann::json& t) { t["linear_attn_config"]["kda_layers"] = {1, 2}; });
   const doctor::Report r = Scaled({dir.string()});
-  const auto found = MismatchesByKey(r);
-  ASSERT_EQ(found.size(), 1u) << Dump(r);  // SGLang's model reads kda_layers
+  const auto found = ByKey(r, "config-gguf-mismatch");
+  ASSERT_EQ(found.size(), 1u) << Dump(r);
   const doctor::Finding& kda = *found.at("linear_attn_config.kda_layers");
   EXPECT_EQ(kda.object, "kimi-k3.attention.head_count_kv");
-  EXPECT_NE(kda.message.find("disagree on 1 layer(s); first: layer 3 (1-based) is not KDA in config.json, KDA in the GGUF"),
+  EXPECT_NE(kda.message.find("disagree on 1 layer(s); first: layer 3 (1-based) is MLA in config.json, KDA in the GGUF"),
             std::string::npos)
       << kda.message;
   EXPECT_EQ(kda.details["gguf"], nlohmann::json({1, 2, 3}));
-  // Without kda_layers, full_attn_layers decides; a layer past the model is
-  // a disagreement too.
-  const auto past = WithConfigEdit("cfg-past", [](nlohmann::json& t) {
-    t["linear_attn_config"].erase("kda_layers");
-    t["linear_attn_config"]["full_attn_layers"] = {3, 4, 9};
-  });
-  const doctor::Report past_report = Scaled({past.string()});
-  const auto past_found = MismatchesByKey(past_report);
-  ASSERT_EQ(past_found.count("linear_attn_config.full_attn_layers"), 1u) << Dump(past_report);
-  EXPECT_NE(past_found.at("linear_attn_config.full_attn_layers")
-                ->message.find("disagree on 2 layer(s); first: layer 3 (1-based) is MLA in config.json, not MLA in the GGUF"),
-            std::string::npos)
-      << Dump(past_report);
+  // `(il + 1) in kda_layers`: 1.0 is 1, "1" is no layer, a layer past the
+  // model is never asked about, and full_attn_layers is never read.
+  const std::vector<std::pair<nlohmann::json, int>> lists = {
+      {nlohmann::json::array({1.0, 2.0, 3.0}), 0},
+      {nlohmann::json::array({"1", "2", "3"}), 3},
+      {nlohmann::json::array({1, 2, 3, 9}), 0},
+      {nlohmann::json::array({0, 1, 2, 3, 4}), 1},
+  };
+  for (const auto& [list, differ] : lists) {
+    SCOPED_TRACE(list.dump());
+    const auto d = WithConfigEdit("cfg-list", [&](nlohmann::json& t) {
+      t["linear_attn_config"]["kda_layers"] = list;
+      t["linear_attn_config"]["full_attn_layers"] = {1};
+    });
+    const doctor::Report lr = Scaled({d.string()});
+    const auto lf = ByKey(lr, "config-gguf-mismatch");
+    if (differ == 0) {
+      EXPECT_TRUE(lf.empty()) << Dump(lr);
+    } else {
+      ASSERT_EQ(lf.count("linear_attn_config.kda_layers"), 1u) << Dump(lr);
+      EXPECT_NE(lf.at("linear_attn_config.kda_layers")->message.find("disagree on " + std::to_string(differ)),
+                std::string::npos)
+          << Dump(lr);
+    }
+  }
+  // Without kda_layers SGLang's config raises KeyError; without
+  // linear_attn_config every layer is built as MLA.
+  const auto none = WithConfigEdit("cfg-no-kda", [](nlohmann::json& t) { t["linear_attn_config"].erase("kda_layers"); });
+  const doctor::Report nr = Scaled({none.string()});
+  ASSERT_EQ(ByKey(nr, "config-invalid").count("linear_attn_config.kda_layers"), 1u) << Dump(nr);
+  const auto no_linear = WithConfigEdit("cfg-no-linear", [](nlohmann::json& t) { t.erase("linear_attn_config"); });
+  const doctor::Report nl = Scaled({no_linear.string()});
+  const auto nlf = ByKey(nl, "config-gguf-mismatch");
+  ASSERT_EQ(nlf.count("linear_attn_config"), 1u) << Dump(nl);
+  EXPECT_NE(nlf.at("linear_attn_config")->message.find("SGLang builds every layer as MLA"), std::string::npos);
 }
 
-TEST(ConfigShapes, TheBuildGateRefusesAConfigOfAnotherModel) {
-  const auto dir = WithConfigEdit("cfg-gate", [](nlohmann::json& t) { t["kv_lora_rank"] = 128; });
-  Status gate = doctor::CheckSglangCanLoad((dir / "KIMI-K3-SYNTH-00001-of-00003.gguf").string(), kimi::Profile::kScaled,
-                                           "", false);
+TEST(ConfigShapes, GatesTheGgufHoldsMustBeInTheConfig) {
+  for (const std::string key : {"mla_use_output_gate", "linear_attn_config.use_full_rank_gate"}) {
+    SCOPED_TRACE(key);
+    const auto dir = WithConfigEdit("cfg-gate-flag", [&](nlohmann::json& t) {
+      if (key == "mla_use_output_gate") t[key] = false;
+      else t["linear_attn_config"]["use_full_rank_gate"] = false;
+    });
+    const doctor::Report r = Scaled({dir.string()});
+    const auto found = ByKey(r, "config-gguf-mismatch");
+    ASSERT_EQ(found.size(), 1u) << Dump(r);
+    EXPECT_NE(found.at(key)->message.find("config.json " + key + "=false, but the GGUF holds"), std::string::npos)
+        << Dump(r);
+  }
+}
+
+// SGLang's server builds its model from the tokenizer directory's
+// config.json; the one beside the shards agreed and the build went ahead.
+TEST(ConfigShapes, TheTokenizerDirectorysConfigIsCheckedAndGatesTheBuild) {
+  auto dir = TempDir("cfg-tok");
+  Synth(dir);
+  EditConfig(dir / "tokenizer" / "config.json", [](nlohmann::json& t) { t["kv_lora_rank"] = 128; });
+  const doctor::Report r = Scaled({dir.string()});
+  const auto found = ByKey(r, "config-gguf-mismatch");
+  ASSERT_EQ(found.size(), 1u) << Dump(r);
+  EXPECT_EQ(found.at("kv_lora_rank")->file, (dir / "tokenizer" / "config.json").string());
+  const std::string shard = (dir / "KIMI-K3-SYNTH-00001-of-00003.gguf").string();
+  Status gate = doctor::CheckSglangCanLoad(shard, kimi::Profile::kScaled, (dir / "config.json").string(),
+                                           (dir / "tokenizer").string(), false);
   ASSERT_FALSE(gate.ok());
   EXPECT_NE(gate.error().message().find("[config-gguf-mismatch] kimi-k3.attention.kv_lora_rank: config.json "
                                         "kv_lora_rank=128, GGUF kimi-k3.attention.kv_lora_rank=256"),
             std::string::npos)
       << gate.error().message();
+  // Given elsewhere, the tokenizer directory given is the one checked.
+  auto other = TempDir("cfg-tok-other");
+  fs::copy(dir / "tokenizer", other, fs::copy_options::recursive);
+  EditConfig(other / "config.json", [](nlohmann::json& t) { t["kv_lora_rank"] = 256; });
+  doctor::DiagnoseOptions o;
+  o.profile = kimi::Profile::kScaled;
+  o.tokenizer_dir = other.string();
+  const doctor::Report given = doctor::Diagnose({dir.string()}, o);
+  EXPECT_FALSE(given.Has("config-gguf-mismatch")) << Dump(given);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ class PipelineSoak : public store::testing_model::BuiltTinyModelTest {
     if (::testing::Test::HasFatalFailure()) return;
     const ProcessResources before = ProcessResources::Now();
     for (int i = 0; i < rounds && !::testing::Test::HasFatalFailure(); ++i) once();
-    const ProcessResources after = ProcessResources::Now();
+    const ProcessResources after = testing_resources::SettledAfter(before, map_slack);
     EXPECT_TRUE(CameBack(before, after, map_slack)) << "before " << before << ", after " << after;
   }
 

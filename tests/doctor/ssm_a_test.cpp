@@ -243,7 +243,7 @@ TEST(Values, TheBuildGateRefusesTheResidualScoresSglangRefuses) {
   const std::vector<float> score(512, 0.01f);
   const auto paths =
       Rewrite(src, dst, {{"blk.1.attn_res_score.weight", WithShape(std::vector<int64_t>{512, 1}, F32Bytes(score))}});
-  Status gate = doctor::CheckSglangCanLoad(paths.front(), kimi::Profile::kScaled, "", false);
+  Status gate = doctor::CheckSglangCanLoad(paths.front(), kimi::Profile::kScaled, "", "", false);
   ASSERT_FALSE(gate.ok());
   EXPECT_NE(gate.error().message().find("[res-score-not-vector]"), std::string::npos) << gate.error().message();
 

@@ -4,11 +4,24 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.environ.get("K3PACK_PYTHON_DIR", os.path.join(REPO, "python")))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def settled(count, at_most, seconds=5.0):
+    """count() once it is at most `at_most`, or after `seconds` of trying. A
+    joined thread's /proc/self/task entry can outlive the join by a moment
+    (longer on a loaded machine); a thread that never ends still shows."""
+    deadline = time.monotonic() + seconds
+    value = count()
+    while value > at_most and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = count()
+    return value
 
 
 def k3pack_bin():

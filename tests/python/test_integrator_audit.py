@@ -138,7 +138,7 @@ class IntegratorAudit(_util.TinyPackTestCase):
         del store
         gc.collect()
         self.assertIsNone(ref())
-        self.assertEqual(task_count(), tasks)
+        self.assertEqual(_util.settled(task_count, tasks), tasks)
         self.assertEqual(fd_count(), fds)
         self.assertTrue(os.path.exists(stats))  # what close() (or SGLang's atexit) would have written
         # close() still works, and only once.

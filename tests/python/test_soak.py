@@ -44,6 +44,8 @@ class Soak(_util.TinyPackTestCase):
         for i in range(rounds):
             once(i)
             gc.collect()  # a store dropped in a reference cycle is freed here
+        # Threads just joined may linger in /proc/self/task a moment.
+        _util.settled(lambda: resources()[1], before[1])
         after = resources()
         msg = "before %s, after %s (fds, threads, maps, rss KiB)" % (before, after)
         self.assertLessEqual(after[0], before[0], msg)

@@ -36,6 +36,17 @@ class HeldLock:
             os.close(self.fd)
             self.fd = None
 
+    def releasing_log(self, lines):
+        """A log that keeps the lines and lets go once the waiter says it
+        waits: a timer let go before a slow machine's waiter met the lock."""
+
+        def log(line):
+            lines.append(line)
+            if line.startswith("waiting for "):
+                self.release()
+
+        return log
+
     def __enter__(self):
         return self
 
@@ -77,8 +88,8 @@ class WriterWait(unittest.TestCase):
         d = os.path.join(self.tmp.path, "waited")
         os.mkdir(d)
         lines = []
-        with HeldLock(d, 1.0):
-            result = k3pack.synth(d, wait=60, log=lines.append)
+        with HeldLock(d, 30) as held:
+            result = k3pack.synth(d, wait=60, log=held.releasing_log(lines))
         self.assertFalse(result["already_built"])
         self.assertTrue(os.path.exists(os.path.join(d, "k3pack-profile.json")))
         self.assertTrue(lines[0].startswith("waiting for " + d + ": another process is writing a synthetic model"),
@@ -128,13 +139,13 @@ class WriterWait(unittest.TestCase):
             self.assertIn("another process is building or repairing the Expert Pack " + pack, str(ctx.exception))
             self.assertFalse(os.path.exists(pack))
         lines = []
-        with HeldLock(pack + ".lock", 1.0):
-            built = k3pack.build_pack(d, config, safety_margin_gib=0, wait="forever", log=lines.append)
+        with HeldLock(pack + ".lock", 30) as held:
+            built = k3pack.build_pack(d, config, safety_margin_gib=0, wait="forever", log=held.releasing_log(lines))
         self.assertEqual(built["pack"], pack)
         self.assertIn("(until it lets go)", lines[0])
         lines = []
-        with HeldLock(pack + ".lock", 1.0):
-            both = k3pack.build(d, safety_margin_gib=0, wait=float("inf"), log=lines.append)
+        with HeldLock(pack + ".lock", 30) as held:
+            both = k3pack.build(d, safety_margin_gib=0, wait=float("inf"), log=held.releasing_log(lines))
         self.assertTrue(any(line.startswith("waiting for " + pack + ".lock: ") for line in lines), lines)
         self.assertTrue(os.path.exists(both["manifest"]))
 

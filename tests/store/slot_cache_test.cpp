@@ -494,6 +494,8 @@ TEST(StoreConcurrency, SlotCacheARepeatedMarkUsedNeverReleasesAnotherThreadsCall
   ASSERT_TRUE(r.ok()) << r.error().message();
   EXPECT_TRUE(released) << "took the slots of a call that was never released";
   holder.join();
+  // 1, or 0 where a loaded machine let the holder release before the call.
+  const auto waits_so_far = cache->Snapshot()["k3pack"]["waits_for_other_threads"];
   ASSERT_TRUE(cache->MarkUsed(*r).ok());
   // Released by another thread than the one that made it, a call is released.
   std::thread([&] {
@@ -504,7 +506,7 @@ TEST(StoreConcurrency, SlotCacheARepeatedMarkUsedNeverReleasesAnotherThreadsCall
   ASSERT_TRUE(cache->MarkUsed(*mine).ok());
   r = cache->Acquire(2, std::vector<int64_t>{3, 4, 5}, shape, std::nullopt);
   ASSERT_TRUE(r.ok()) << r.error().message();
-  EXPECT_EQ(cache->Snapshot()["k3pack"]["waits_for_other_threads"], 1) << "the released call was still held";
+  EXPECT_EQ(cache->Snapshot()["k3pack"]["waits_for_other_threads"], waits_so_far) << "the released call was still held";
   ASSERT_TRUE(cache->MarkUsed(*r).ok());
   ASSERT_TRUE(cache->Close().ok());
 }

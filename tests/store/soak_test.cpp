@@ -96,7 +96,7 @@ TEST_F(StoreSoak, OpenUseCloseHundredsOfTimesLeavesNothingBehind) {
         ASSERT_TRUE(s->Close().ok());
       }
     }
-    const ProcessResources after = ProcessResources::Now();
+    const ProcessResources after = testing_resources::SettledAfter(before);
     EXPECT_TRUE(CameBack(before, after)) << "before " << before << ", after " << after;
   }
 }
@@ -143,7 +143,7 @@ TEST_F(StoreSoak, SlotCacheOpenUseCloseHundredsOfTimesLeavesNothingBehind) {
       once(0);
       const ProcessResources before = ProcessResources::Now();
       for (int round = 0; round < 100; ++round) once(round);
-      const ProcessResources after = ProcessResources::Now();
+      const ProcessResources after = testing_resources::SettledAfter(before);
       EXPECT_TRUE(CameBack(before, after)) << "before " << before << ", after " << after;
     }
   }
@@ -189,7 +189,7 @@ TEST_F(StoreSoak, ClosedStoresStillAliveHoldNothing) {
     std::vector<std::unique_ptr<SoakSlotMemory>> memory;
     const ProcessResources before = ProcessResources::Now();
     for (int i = 0; i < 20 && !HasFatalFailure(); ++i) open_use_close(stores, caches, memory);
-    const ProcessResources after = ProcessResources::Now();
+    const ProcessResources after = testing_resources::SettledAfter(before);
     EXPECT_TRUE(CameBack(before, after)) << "before " << before << ", after " << after << " with " << stores.size()
                                          << " closed stores and slot caches alive";
     // Closed, they still answer what does not need the pack.
@@ -221,7 +221,7 @@ TEST_F(StoreSoak, FailedOpensLeaveNothingBehind) {
     fail_all();
     const ProcessResources before = ProcessResources::Now();
     for (int round = 0; round < 100; ++round) fail_all();
-    const ProcessResources after = ProcessResources::Now();
+    const ProcessResources after = testing_resources::SettledAfter(before);
     EXPECT_TRUE(CameBack(before, after)) << "before " << before << ", after " << after;
   }
 }

@@ -115,7 +115,7 @@ TEST(StoreCodeReview, APrefetchEvictedInFlightThenFailedIsCountedOnce) {
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{0}).ok());
   // The prefetch's read runs on the store's I/O thread; the acquire's reads
   // must not reach the armed hook before it does.
-  for (int i = 0; i < 1000 && !prefetch_read_started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 10000 && !prefetch_read_started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_TRUE(prefetch_read_started) << "the prefetch's read never started";
   const int64_t shape[2] = {1, 2};
   auto a = s->Acquire(1, std::vector<int64_t>{4, 5}, shape);  // evicts expert 0, its read still in flight

@@ -240,7 +240,7 @@ TEST(PrefetchStaged, FailedSpeculativeReadFallsBackToDemand) {
   });
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{2}).ok());
   // Wait until the failed read has landed, so the acquire finds nothing staged.
-  for (int i = 0; i < 2000 && s->Snapshot()["io_errors"] == 0; ++i)
+  for (int i = 0; i < 20000 && s->Snapshot()["io_errors"] == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_EQ(s->Snapshot()["io_errors"], 1);
   Token(*s, 1, 2, 3);  // read on demand, succeeds
@@ -335,7 +335,7 @@ TEST(PrefetchCache, EveryIssuedReadIsInOneTermAndAClosedStoreHoldsNothing) {
     if (calls.fetch_add(1) == 0) *r = -5;  // EIO on the first prefetch
   });
   ASSERT_TRUE(s->Prefetch(1, std::vector<int64_t>{2}).ok());
-  for (int i = 0; i < 2000 && s->Snapshot()["io_errors"] == 0; ++i)
+  for (int i = 0; i < 20000 && s->Snapshot()["io_errors"] == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   auto j = s->Snapshot();
   ASSERT_EQ(j["io_errors"], 1);
@@ -375,8 +375,9 @@ TEST(PrefetchCache, PrefetchPinsGoBeforeAWaitForAnotherThread) {
     auto acq = s->AcquireToken(2, std::vector<int64_t>{0, 1});
     ASSERT_TRUE(acq.ok()) << acq.error().message();
     held = true;
-    // Holds its call until the acquire below returns (at most 3 s).
-    for (int i = 0; i < 3000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Holds its call until the acquire below returns (at most 30 s: a loaded
+    // machine under a sanitizer is slow, and the wait ends when it returns).
+    for (int i = 0; i < 30000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     released_first = !done;
     ASSERT_TRUE(s->MarkUsed(*acq).ok());
   });
