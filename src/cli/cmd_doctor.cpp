@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/preflight.h"
 #include "cli/profile.h"
 #include "k3pack/doctor.h"
 
@@ -39,6 +40,11 @@ int RunDoctor(const std::vector<std::string>& argv) {
 
   if (k3pack::Status mixed = k3pack::cli::CheckMixedTypesProfile(args, *profile); !mixed.ok())
     return k3pack::cli::ReportError("doctor", mixed.error(), k3pack::cli::kExitUsage);
+  // A directory given that SGLang would not take is said, not checked past.
+  if (args.Has("--tokenizer-dir")) {
+    if (k3pack::Status tok = k3pack::cli::CheckTokenizerDir("--tokenizer-dir", args.Get("--tokenizer-dir")); !tok.ok())
+      return k3pack::cli::ReportError("doctor", tok.error(), k3pack::cli::kExitFailed);
+  }
   k3pack::doctor::DiagnoseOptions opt;
   opt.profile = *profile;
   opt.allow_mixed_types = args.Has("--allow-mixed-types");

@@ -141,7 +141,8 @@ const std::vector<Diagnosis> kCatalog = {
      "invariants and the config/GGUF cross-check were skipped.",
      "Pass --model-config PATH (the model's config.json) to include those checks."},
     {"config-invalid", E, "ValueError",
-     "The HF config.json does not satisfy the model invariants (SGLang's KimiK3Spec).",
+     "The HF config.json does not satisfy the model invariants (SGLang's KimiK3Spec), or holds a value SGLang "
+     "cannot build the model from (a size that is no integer, a kda_layers that is no list).",
      "Use the original Kimi-K3 config.json (text_config), or --profile scaled for scaled-down models."},
     {"config-gguf-mismatch", E, "ValueError",
      "config.json and the GGUF metadata disagree on a dimension: they describe different models.",

@@ -66,7 +66,7 @@ struct Checker {
     std::string gguf_text = "GGUF kimi-k3." + std::string(gguf_key) + "=" + std::to_string(gguf);
     if (std::string_view(gguf_key) == "attention.key_length_mla")
       gguf_text = "GGUF kimi-k3.attention.key_length_mla - rope.dimension_count = " + std::to_string(gguf);
-    Mismatch(prefix + key, gguf_key, "config.json " + prefix + key + "=" + it->dump() + ", " + gguf_text, v, gguf);
+    Mismatch(prefix + key, gguf_key, config + ": " + prefix + key + "=" + it->dump() + ", " + gguf_text, v, gguf);
   }
 
   // A flag the GGUF's tensors imply (`tensor`, of the first layer that
@@ -76,7 +76,7 @@ struct Checker {
     auto it = obj.find(key);
     if (tensor.empty() || it == obj.end() || (it->is_boolean() && it->get<bool>())) return;
     Finding& f = out.Add("config-gguf-mismatch", tensor,
-                         "config.json " + prefix + key + "=" + it->dump() + ", but the GGUF holds " + what_the_gguf_holds,
+                         config + ": " + prefix + key + "=" + it->dump() + ", but the GGUF holds " + what_the_gguf_holds,
                          {}, config);
     f.details = {{"config_key", prefix + key}, {"config", *it}, {"gguf", true}};
   }
@@ -91,7 +91,7 @@ struct Checker {
     if (linear == nullptr) {
       if (!gguf_kda.empty())
         Mismatch("linear_attn_config", "attention.head_count_kv",
-                 "config.json has no linear_attn_config: SGLang builds every layer as MLA, the GGUF's "
+                 config + " has no linear_attn_config: SGLang builds every layer as MLA, the GGUF's "
                  "kimi-k3.attention.head_count_kv makes " + std::to_string(gguf_kda.size()) + " layer(s) KDA",
                  nullptr, gguf_kda);
       return;
@@ -113,7 +113,7 @@ struct Checker {
     if (differ == 0) return;
     const bool config_says_kda = PythonListHas(*it, first);
     Mismatch("linear_attn_config.kda_layers", "attention.head_count_kv",
-             "config.json linear_attn_config.kda_layers and GGUF kimi-k3.attention.head_count_kv disagree on " +
+             config + ": linear_attn_config.kda_layers and GGUF kimi-k3.attention.head_count_kv disagree on " +
                  std::to_string(differ) + " layer(s); first: layer " + std::to_string(first) + " (1-based) is " +
                  (config_says_kda ? "KDA" : "MLA") + " in config.json, " + (config_says_kda ? "MLA" : "KDA") +
                  " in the GGUF",
@@ -140,7 +140,7 @@ void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, co
   for (const Pair& p : spec_pairs) {
     if (p.a == p.b) continue;
     check.Mismatch(p.cfg, p.key,
-                   std::string("config.json ") + p.cfg + "=" + std::to_string(p.a) + ", GGUF kimi-k3." + p.key + "=" +
+                   config + ": " + p.cfg + "=" + std::to_string(p.a) + ", GGUF kimi-k3." + p.key + "=" +
                        std::to_string(p.b),
                    p.a, p.b);
   }

@@ -62,7 +62,7 @@ TEST(ConfigShapes, EachAttentionDenseAndVocabKeyIsComparedWithTheGguf) {
     EXPECT_EQ(f.object, object);
     EXPECT_EQ(f.severity, doctor::Severity::kError);
     EXPECT_EQ(f.details["config"].get<uint64_t>(), 2 * f.details["gguf"].get<uint64_t>()) << f.details.dump();
-    EXPECT_NE(f.message.find("config.json " + key + "="), std::string::npos) << f.message;
+    EXPECT_EQ(f.message.rfind((dir / "config.json").string() + ": " + key + "=", 0), 0u) << f.message;
     EXPECT_EQ(f.file, (dir / "config.json").string());
   }
 }
@@ -79,7 +79,7 @@ TEST(ConfigShapes, TheConfigThatWasConvertedAgreesAndANullQueryLoraDoesNot) {
   const auto found = ByKey(no_q, "config-gguf-mismatch");
   ASSERT_EQ(found.count("q_lora_rank"), 1u) << Dump(no_q);
   EXPECT_EQ(found.at("q_lora_rank")->details["config"], 0);
-  EXPECT_NE(found.at("q_lora_rank")->message.find("config.json q_lora_rank=null, GGUF kimi-k3.attention.q_lora_rank=256"),
+  EXPECT_NE(found.at("q_lora_rank")->message.find("config.json: q_lora_rank=null, GGUF kimi-k3.attention.q_lora_rank=256"),
             std::string::npos)
       << Dump(no_q);
 }
@@ -168,7 +168,7 @@ TEST(ConfigShapes, GatesTheGgufHoldsMustBeInTheConfig) {
     const doctor::Report r = Scaled({dir.string()});
     const auto found = ByKey(r, "config-gguf-mismatch");
     ASSERT_EQ(found.size(), 1u) << Dump(r);
-    EXPECT_NE(found.at(key)->message.find("config.json " + key + "=false, but the GGUF holds"), std::string::npos)
+    EXPECT_NE(found.at(key)->message.find("config.json: " + key + "=false, but the GGUF holds"), std::string::npos)
         << Dump(r);
   }
 }
@@ -187,8 +187,9 @@ TEST(ConfigShapes, TheTokenizerDirectorysConfigIsCheckedAndGatesTheBuild) {
   Status gate = doctor::CheckSglangCanLoad(shard, kimi::Profile::kScaled, (dir / "config.json").string(),
                                            (dir / "tokenizer").string(), false);
   ASSERT_FALSE(gate.ok());
-  EXPECT_NE(gate.error().message().find("[config-gguf-mismatch] kimi-k3.attention.kv_lora_rank: config.json "
-                                        "kv_lora_rank=128, GGUF kimi-k3.attention.kv_lora_rank=256"),
+  EXPECT_NE(gate.error().message().find("[config-gguf-mismatch] kimi-k3.attention.kv_lora_rank: " +
+                                        (dir / "tokenizer" / "config.json").string() +
+                                        ": kv_lora_rank=128, GGUF kimi-k3.attention.kv_lora_rank=256"),
             std::string::npos)
       << gate.error().message();
   // Given elsewhere, the tokenizer directory given is the one checked.
@@ -200,6 +201,49 @@ TEST(ConfigShapes, TheTokenizerDirectorysConfigIsCheckedAndGatesTheBuild) {
   o.tokenizer_dir = other.string();
   const doctor::Report given = doctor::Diagnose({dir.string()}, o);
   EXPECT_FALSE(given.Has("config-gguf-mismatch")) << Dump(given);
+}
+
+}  // namespace
+}  // namespace dtest
+
+namespace dtest {
+namespace {
+
+// `k3pack doctor --tokenizer-dir DIR`: the directory's config is checked;
+// one SGLang would not take as a tokenizer directory is said at once. A
+// manifest's recorded tokenizer is the default.
+TEST(ConfigShapesCli, TheTokenizerDirectoryGivenOrRecordedIsChecked) {
+  auto dir = TempDir("cfg-tok-cli");
+  Synth(dir);
+  auto tok = TempDir("cfg-tok-cli-other");
+  fs::copy(dir / "tokenizer", tok, fs::copy_options::recursive);
+  EditConfig(tok / "config.json", [](nlohmann::json& t) { t["linear_attn_config"]["head_dim"] = 32; });
+  EXPECT_EQ(RunCli("doctor --profile scaled " + dir.string()).exit_code, 0);
+  auto r = RunCli("doctor --json --profile scaled --tokenizer-dir " + tok.string() + " " + dir.string());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  bool named = false;
+  for (const auto& f : j["findings"])
+    named |= f["code"] == "config-gguf-mismatch" && f["file"] == (tok / "config.json").string() &&
+             f["object"] == "kimi-k3.kda.head_dim";
+  EXPECT_TRUE(named) << r.out;
+  auto missing = RunCli("doctor --profile scaled --tokenizer-dir " + (dir / "nope").string() + " " + dir.string() +
+                        " 2>&1");
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("--tokenizer-dir"), std::string::npos) << missing.out;
+  // Built with that tokenizer directory, the manifest records it, and doctor
+  // on the manifest checks its config.
+  const std::string pack = (dir / "p.expert-major.pack").string(), manifest = (dir / "m.json").string();
+  auto built = RunCli("build " + dir.string() + " --profile scaled --pack " + pack + " --manifest " + manifest +
+                      " --tokenizer-dir " + tok.string() + " --allow-unsupported --payload-samples 0 "
+                      "--no-full-source-hashes");
+  ASSERT_EQ(built.exit_code, 0) << built.out;
+  auto on_manifest = RunCli("doctor --json --profile scaled " + manifest);
+  EXPECT_NE(on_manifest.out.find("kimi-k3.kda.head_dim"), std::string::npos) << on_manifest.out;
+  auto gated = RunCli("build " + dir.string() + " --profile scaled --pack " + pack + ".2 --manifest " + manifest +
+                      ".2 --tokenizer-dir " + tok.string() + " --payload-samples 0 --no-full-source-hashes 2>&1");
+  EXPECT_EQ(gated.exit_code, 1) << gated.out;
+  EXPECT_NE(gated.out.find("[config-gguf-mismatch] kimi-k3.kda.head_dim"), std::string::npos) << gated.out;
 }
 
 }  // namespace
