@@ -129,6 +129,10 @@ Report Diagnose(const std::vector<std::string>& paths, const DiagnoseOptions& op
 // A pack of such a checkpoint builds fine and then fails at server start.
 Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, const std::string& model_config,
                           const std::string& tokenizer_dir, bool allow_mixed_types);
+// The `k3pack doctor ...` command line that sees what the gate saw (the
+// same configs, profile and type rule), for the gate's hint.
+std::string DoctorCommand(const std::string& gguf_dir, kimi::Profile profile, const std::string& model_config,
+                          const std::string& tokenizer_dir, bool allow_mixed_types);
 
 // ------------------------------------------------------------ ssm_a values
 

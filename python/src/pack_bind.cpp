@@ -221,7 +221,9 @@ py::dict PlanBuildCall(const std::string& gguf_dir, const std::string& model_con
       if (!gate.ok()) {
         // A shard the process could not read is no problem of the model.
         if (k3pack::IsProcessCannotRead(gate.error().sys_errno())) return gate;
-        return gate.error().WithHint("run `k3pack doctor " + gguf_dir +
+        const std::string doctor = k3pack::doctor::DoctorCommand(gguf_dir, p, model_config, tokenizer_dir,
+                                                                 allow_mixed_types);
+        return gate.error().WithHint("run `" + doctor +
                                      "` for every problem and its fix; pass allow_unsupported=True to build the "
                                      "pack anyway");
       }

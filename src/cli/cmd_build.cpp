@@ -75,8 +75,10 @@ Status RefuseWhatSglangCannotLoad(const Args& args, const PackPlan& plan) {
   // -v`) is no problem of the model: doctor and --allow-unsupported are no
   // way out of it.
   if (st.ok() || IsProcessCannotRead(st.error().sys_errno())) return st;
-  return st.error().WithHint("run `k3pack doctor " + args.Get("--gguf-dir") + "` for every problem and its fix; pass " +
-                             "--allow-unsupported to build the pack anyway");
+  const std::string doctor = doctor::DoctorCommand(args.Get("--gguf-dir"), plan.profile, args.Get("--model-config"),
+                                                   args.Get("--tokenizer-dir"), args.Has("--allow-mixed-types"));
+  return st.error().WithHint("run `" + doctor + "` for every problem and its fix; pass --allow-unsupported to build "
+                             "the pack anyway");
 }
 
 // Where the manifest of `pack` goes: --manifest or SGLang's name beside the

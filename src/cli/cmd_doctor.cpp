@@ -42,7 +42,7 @@ int RunDoctor(const std::vector<std::string>& argv) {
     return k3pack::cli::ReportError("doctor", mixed.error(), k3pack::cli::kExitUsage);
   // A directory given that SGLang would not take is said, not checked past.
   if (args.Has("--tokenizer-dir")) {
-    if (k3pack::Status tok = k3pack::cli::CheckTokenizerDir("--tokenizer-dir", args.Get("--tokenizer-dir")); !tok.ok())
+    if (k3pack::Status tok = k3pack::cli::CheckIsTokenizerDir("--tokenizer-dir", args.Get("--tokenizer-dir")); !tok.ok())
       return k3pack::cli::ReportError("doctor", tok.error(), k3pack::cli::kExitFailed);
   }
   k3pack::doctor::DiagnoseOptions opt;

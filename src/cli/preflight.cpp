@@ -89,7 +89,7 @@ Status CheckModelConfig(const std::string& option, const std::string& path) {
   return Status::OK();
 }
 
-Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
+Status CheckIsTokenizerDir(const std::string& option, const std::string& dir) {
   std::error_code ec;
   auto fix = "pass the Kimi tokenizer directory (config.json + tokenizer.json, tiktoken.model or "
              "tokenizer_config.json) as " + option;
@@ -99,13 +99,18 @@ Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
   }
   if (!fs::is_directory(dir, ec)) return Error(option + " " + dir + " is not a directory").WithHint(fix);
   // SGLang's test of a tokenizer directory, and the text it raises.
-  const fs::path d(dir);
   if (!manifest::IsKimiTokenizerDir(dir)) {
     // SGLang names the directory resolved (Path(explicit).resolve()).
     return Error("Kimi tokenizer directory is invalid: " + ResolvedPathOrGiven(dir))
         .WithHint(option + " needs config.json and one of tokenizer.json, tiktoken.model, tokenizer_config.json; " +
                   fix);
   }
+  return Status::OK();
+}
+
+Status CheckTokenizerDir(const std::string& option, const std::string& dir) {
+  K3_RETURN_IF_ERROR(CheckIsTokenizerDir(option, dir));
+  const fs::path d(dir);
   auto text = ReadFileToString((d / "config.json").string());
   if (!text.ok()) return text.error();
   nlohmann::json j = ParseJsonOrDiscarded(*text);

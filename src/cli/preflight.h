@@ -30,6 +30,9 @@ Status CheckModelConfig(const std::string& option, const std::string& path);
 // config.json (with text_config) and one of tokenizer.json, tiktoken.model,
 // tokenizer_config.json.
 Status CheckTokenizerDir(const std::string& option, const std::string& dir);
+// Only the first part: the directory exists and is one SGLang takes as a
+// tokenizer directory (`doctor`, which reports the rest as findings).
+Status CheckIsTokenizerDir(const std::string& option, const std::string& dir);
 
 // --gguf-dir: exists; when it holds no .gguf file but exactly one
 // subdirectory does (unsloth's quant folders, e.g. UD-Q2_K_XL/), the error

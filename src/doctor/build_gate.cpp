@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "util/format.h"
 #include "util/process_limits.h"
 
 namespace k3pack::doctor {
@@ -35,6 +36,15 @@ Status CheckSglangCanLoad(const std::string& any_shard, kimi::Profile profile, c
   return Error("SGLang cannot load this checkpoint: doctor reports " + std::to_string(fatal.size()) +
                " error(s); first: [" + first.code + "] " + first.object + ": " + first.message +
                (first.sglang_error.empty() ? "" : " (SGLang: " + first.sglang_error + ")"));
+}
+
+std::string DoctorCommand(const std::string& gguf_dir, kimi::Profile profile, const std::string& model_config,
+                          const std::string& tokenizer_dir, bool allow_mixed_types) {
+  std::string command = "k3pack doctor " + ShellQuoted(gguf_dir) + " --profile " + kimi::ProfileName(profile);
+  if (!model_config.empty()) command += " --model-config " + ShellQuoted(model_config);
+  if (!tokenizer_dir.empty()) command += " --tokenizer-dir " + ShellQuoted(tokenizer_dir);
+  if (allow_mixed_types) command += " --allow-mixed-types";
+  return command;
 }
 
 }  // namespace k3pack::doctor

@@ -137,7 +137,8 @@ const std::vector<Diagnosis> kCatalog = {
      "The kimi-k3.* hyper-parameters needed to know the expected tensors are missing or inconsistent; name "
      "and shape checks against the model layout were skipped.",
      "Re-convert with llama.cpp's Kimi-K3 converter, which writes every kimi-k3.* key."},
-    {"config-missing", I, "", "No config.json beside the shards (or given with --model-config): the HF config "
+    {"config-missing", I, "", "No config.json beside the shards or in their tokenizer directory (or given with "
+     "--model-config): the HF config "
      "invariants and the config/GGUF cross-check were skipped.",
      "Pass --model-config PATH (the model's config.json) to include those checks."},
     {"config-invalid", E, "ValueError",

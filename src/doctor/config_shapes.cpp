@@ -4,9 +4,6 @@
 // agrees on those builds modules the GGUF tensors do not fit: SGLang fails
 // at load (a plain weight's shape, the coverage check) or, where only GGUF-
 // quantized linears take the size, computes with the wrong dimensions.
-#include <optional>
-#include <set>
-
 #include "doctor/internal.h"
 #include "k3pack/synth.h"
 #include "util/json_text.h"
@@ -44,8 +41,9 @@ struct Checker {
 
   void NotASize(const std::string& key, const nlohmann::json& v) {
     Finding& f = out.Add("config-invalid", key,
-                         key + " must be a non-negative integer (SGLang sizes modules with it), got " + v.dump(), {},
-                         config);
+                         config + ": " + key + " must be a non-negative integer (SGLang sizes modules with it), got " +
+                             v.dump(),
+                         {}, config);
     f.details = {{"config_key", key}, {"config", v}};
   }
 
@@ -64,9 +62,15 @@ struct Checker {
     }
     if (v == gguf) return;
     std::string gguf_text = "GGUF kimi-k3." + std::string(gguf_key) + "=" + std::to_string(gguf);
-    if (std::string_view(gguf_key) == "attention.key_length_mla")
-      gguf_text = "GGUF kimi-k3.attention.key_length_mla - rope.dimension_count = " + std::to_string(gguf);
-    Mismatch(prefix + key, gguf_key, config + ": " + prefix + key + "=" + it->dump() + ", " + gguf_text, v, gguf);
+    // Without the MLA keys llama.cpp sizes the MLA heads with kda.head_dim.
+    const std::string_view k(gguf_key);
+    if (k == "attention.key_length_mla")
+      gguf_text = d.mla_qk_nope != 0
+                      ? "GGUF kimi-k3.attention.key_length_mla - rope.dimension_count = " + std::to_string(gguf)
+                      : "GGUF kimi-k3.kda.head_dim=" + std::to_string(gguf) + " (no attention.key_length_mla)";
+    if (k == "attention.value_length_mla" && d.mla_v_head == 0)
+      gguf_text = "GGUF kimi-k3.kda.head_dim=" + std::to_string(gguf) + " (no attention.value_length_mla)";
+    Mismatch(prefix + key, gguf_key, config + ": " + prefix + key + "=" + it->dump() + ", " + gguf_text, *it, gguf);
   }
 
   // A flag the GGUF's tensors imply (`tensor`, of the first layer that
@@ -99,7 +103,7 @@ struct Checker {
     auto it = linear->find("kda_layers");
     if (it == linear->end() || !it->is_array()) {
       Finding& f = out.Add("config-invalid", "linear_attn_config.kda_layers",
-                           "linear_attn_config.kda_layers must be a list of 1-based layer numbers (SGLang takes each "
+                           config + ": linear_attn_config.kda_layers must be a list of 1-based layer numbers (SGLang takes each "
                            "layer's kind from it), got " + (it == linear->end() ? std::string("no such key") : it->dump()),
                            {}, config);
       f.details = {{"config_key", "linear_attn_config.kda_layers"}};
@@ -123,6 +127,25 @@ struct Checker {
 
 }  // namespace
 
+std::optional<nlohmann::json> ModelKeysOf(const std::string& config) {
+  auto text = ReadFileToString(config);
+  if (!text.ok()) return std::nullopt;
+  auto parsed = ParseJsonText(*text);
+  if (!parsed.ok() || !parsed->is_object()) return std::nullopt;
+  auto tc = parsed->find("text_config");
+  if (tc != parsed->end() && tc->is_object()) return *tc;
+  return *parsed;
+}
+
+bool HasTextConfig(const std::string& config) {
+  auto text = ReadFileToString(config);
+  if (!text.ok()) return true;  // unreadable: the spec's own finding says so
+  auto parsed = ParseJsonText(*text);
+  if (!parsed.ok() || !parsed->is_object()) return true;  // no JSON object: likewise
+  auto tc = parsed->find("text_config");
+  return tc != parsed->end() && tc->is_object();
+}
+
 void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, const kimi::SynthDims& d,
                       Collector& out) {
   Checker check{d, config, out};
@@ -144,13 +167,11 @@ void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, co
                        std::to_string(p.b),
                    p.a, p.b);
   }
-  auto text = ReadFileToString(config);
-  if (!text.ok()) return;  // the spec was read from it a moment ago; a vanished file says nothing of the model
-  auto parsed = ParseJsonText(*text);
-  if (!parsed.ok() || !parsed->is_object()) return;
-  auto tc = parsed->find("text_config");
-  const nlohmann::json& c = tc != parsed->end() && tc->is_object() ? *tc : *parsed;
-  // KimiK3Spec's keys, whose values CrossCheck compares: SGLang's manifest
+  // The spec was read from it a moment ago; a vanished file says nothing of the model.
+  const std::optional<nlohmann::json> keys = ModelKeysOf(config);
+  if (!keys) return;
+  const nlohmann::json& c = *keys;
+  // KimiK3Spec's keys, whose values are compared above: SGLang's manifest
   // tool takes int() of them, its model sizes modules and ranges with them.
   for (const char* key : {"num_hidden_layers", "first_k_dense_replace", "num_experts", "num_experts_per_token",
                           "num_shared_experts", "hidden_size", "routed_expert_hidden_size", "moe_intermediate_size"}) {

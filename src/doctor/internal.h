@@ -130,6 +130,13 @@ ModelContext CheckModel(const ShardView& view, const DiagnoseOptions& options, C
 // SGLang cannot size a module with.
 void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, const kimi::SynthDims& dims,
                       Collector& out);
+// The object a config's model keys are read from: its text_config when that
+// is an object, else the top level; nullopt when the file is no JSON object.
+std::optional<nlohmann::json> ModelKeysOf(const std::string& config);
+// Whether the config has a text_config object (what SGLang's server asks of
+// the tokenizer directory's); true when it cannot be read or parsed (the
+// spec's own finding says so).
+bool HasTextConfig(const std::string& config);
 void CheckExperts(const ShardView& view, const ModelContext& model, const DiagnoseOptions& options, Collector& out);
 // `progress` (may be empty) gets the bytes and tensors decoded so far: on a
 // big set the value checks are what takes time (every ssm_a and small

@@ -164,12 +164,15 @@ std::string ServerConfigPath(const ShardView& view, const DiagnoseOptions& optio
   return fs::is_regular_file(path, ec) ? path : std::string();
 }
 
+// The same model keys (a flattened model-meta config and the HF config it
+// was made from are the same model): checked once.
 bool SameConfig(const std::string& a, const std::string& b) {
   std::error_code ec;
   if (fs::equivalent(a, b, ec)) return true;
-  auto x = ReadFileToString(a);
-  auto y = ReadFileToString(b);
-  return x.ok() && y.ok() && *x == *y;
+  const auto x = ModelKeysOf(a), y = ModelKeysOf(b);
+  if (x && y) return *x == *y;
+  auto bytes_a = ReadFileToString(a), bytes_b = ReadFileToString(b);
+  return bytes_a.ok() && bytes_b.ok() && *bytes_a == *bytes_b;
 }
 
 // Loads `config` as KimiK3Spec and checks it against the GGUF; the spec, or
@@ -200,12 +203,19 @@ void ReadSpec(const ShardView& view, const DiagnoseOptions& options, ModelContex
   }
   const std::string server = ServerConfigPath(view, options);
   if (config.empty()) config = server;
+  if (!server.empty() && !HasTextConfig(server)) {
+    // SGLang's server builds its model-meta from this file's text_config.
+    const std::string text = "Kimi tokenizer config does not contain text_config";
+    Finding& f = out.Add("config-invalid", server, server + ": " + text, text, server);
+    f.sglang_exception = "ValueError";
+  }
   if (!config.empty()) {
     m.spec = CheckConfigFile(config, options, m, out);
     if (!server.empty() && !SameConfig(server, config)) (void)CheckConfigFile(server, options, m, out);
     return;
   }
-  out.Add("config-missing", view.dir + "/config.json", "no config.json beside the shards and no --model-config");
+  out.Add("config-missing", view.dir + "/config.json",
+          "no config.json beside the shards or in a tokenizer directory, and no --model-config");
   if (!m.dims) return;
   auto spec = kimi::ModelSpecFromConfig(ConfigFromDims(*m.dims), options.profile);
   if (!spec.ok()) {

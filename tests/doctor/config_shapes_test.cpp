@@ -78,7 +78,7 @@ TEST(ConfigShapes, TheConfigThatWasConvertedAgreesAndANullQueryLoraDoesNot) {
   const doctor::Report no_q = Scaled({no_q_lora.string()});
   const auto found = ByKey(no_q, "config-gguf-mismatch");
   ASSERT_EQ(found.count("q_lora_rank"), 1u) << Dump(no_q);
-  EXPECT_EQ(found.at("q_lora_rank")->details["config"], 0);
+  EXPECT_EQ(found.at("q_lora_rank")->details["config"], nullptr);
   EXPECT_NE(found.at("q_lora_rank")->message.find("config.json: q_lora_rank=null, GGUF kimi-k3.attention.q_lora_rank=256"),
             std::string::npos)
       << Dump(no_q);
@@ -192,6 +192,24 @@ TEST(ConfigShapes, TheTokenizerDirectorysConfigIsCheckedAndGatesTheBuild) {
                                         ": kv_lora_rank=128, GGUF kimi-k3.attention.kv_lora_rank=256"),
             std::string::npos)
       << gate.error().message();
+  // The same model keys written another way (the flattened model-meta SGLang
+  // makes of it, another indent) are one config: checked once.
+  auto flat = TempDir("cfg-tok-flat");
+  Synth(flat);
+  EditConfig(flat / "config.json", [](nlohmann::json& t) { t["kv_lora_rank"] = 128; });
+  const auto wrapped = nlohmann::json::parse(ReadAll(flat / "config.json"));
+  std::ofstream(flat / "tokenizer" / "config.json", std::ios::trunc) << wrapped.dump(3);
+  std::ofstream(flat / "config.json", std::ios::trunc) << wrapped["text_config"].dump();
+  const doctor::Report once = Scaled({flat.string()});
+  EXPECT_EQ(once.With("config-gguf-mismatch").size(), 1u) << Dump(once);
+  // A tokenizer config without text_config: SGLang's server refuses it.
+  std::ofstream(flat / "tokenizer" / "config.json", std::ios::trunc) << wrapped["text_config"].dump();
+  const doctor::Report no_wrapper = Scaled({flat.string()});
+  bool said = false;
+  for (const auto* f : no_wrapper.With("config-invalid"))
+    said |= f->sglang_error == "Kimi tokenizer config does not contain text_config" &&
+            f->file == (flat / "tokenizer" / "config.json").string();
+  EXPECT_TRUE(said) << Dump(no_wrapper);
   // Given elsewhere, the tokenizer directory given is the one checked.
   auto other = TempDir("cfg-tok-other");
   fs::copy(dir / "tokenizer", other, fs::copy_options::recursive);
@@ -244,6 +262,11 @@ TEST(ConfigShapesCli, TheTokenizerDirectoryGivenOrRecordedIsChecked) {
                       ".2 --tokenizer-dir " + tok.string() + " --payload-samples 0 --no-full-source-hashes 2>&1");
   EXPECT_EQ(gated.exit_code, 1) << gated.out;
   EXPECT_NE(gated.out.find("[config-gguf-mismatch] kimi-k3.kda.head_dim"), std::string::npos) << gated.out;
+  // Its hint is a doctor run that sees what the gate saw.
+  EXPECT_NE(gated.out.find("--profile scaled --model-config " + (dir / "config.json").string() + " --tokenizer-dir " +
+                           tok.string() + "` for every problem"),
+            std::string::npos)
+      << gated.out;
 }
 
 }  // namespace

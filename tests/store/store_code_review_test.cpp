@@ -105,6 +105,8 @@ TEST(StoreCodeReview, APrefetchEvictedInFlightThenFailedIsCountedOnce) {
   ASSERT_TRUE(s);
   static std::atomic<int> armed{0};
   static std::atomic<bool> prefetch_read_started{false};
+  armed = 0;  // statics: a repeated run (--gtest_repeat) starts afresh
+  prefetch_read_started = false;
   s->SetReadFaultHook([](uint64_t, uint64_t, int64_t* result) {
     if (armed.exchange(0) == 0) return;
     prefetch_read_started = true;
