@@ -47,7 +47,9 @@ TEST(ConfigShapes, EachAttentionDenseAndVocabKeyIsComparedWithTheGguf) {
       {"linear_attn_config.head_dim", "kimi-k3.kda.head_dim"},
       {"linear_attn_config.short_conv_kernel_size", "kimi-k3.ssm.conv_kernel"},
   };
-  for (const auto& [key, object] : keys) {
+  for (const auto& key_and_object : keys) {
+    const std::string& key = key_and_object.first;
+    const std::string& object = key_and_object.second;
     SCOPED_TRACE(key);
     const auto dir = WithConfigEdit("cfg-shape", [&](nlohmann::json& t) {
       nlohmann::json& obj = key.rfind("linear_attn_config.", 0) == 0 ? t["linear_attn_config"] : t;
@@ -129,7 +131,9 @@ TEST(ConfigShapes, LayerKindsComeFromKdaLayersAsSglangReadsThem) {
       {nlohmann::json::array({1, 2, 3, 9}), 0},
       {nlohmann::json::array({0, 1, 2, 3, 4}), 1},
   };
-  for (const auto& [list, differ] : lists) {
+  for (const auto& list_and_differ : lists) {
+    const nlohmann::json& list = list_and_differ.first;
+    const int differ = list_and_differ.second;
     SCOPED_TRACE(list.dump());
     const auto d = WithConfigEdit("cfg-list", [&](nlohmann::json& t) {
       t["linear_attn_config"]["kda_layers"] = list;
