@@ -225,12 +225,6 @@ TEST(ConfigShapes, TheTokenizerDirectorysConfigIsCheckedAndGatesTheBuild) {
   EXPECT_FALSE(given.Has("config-gguf-mismatch")) << Dump(given);
 }
 
-}  // namespace
-}  // namespace dtest
-
-namespace dtest {
-namespace {
-
 // `k3pack doctor --tokenizer-dir DIR`: the directory's config is checked;
 // one SGLang would not take as a tokenizer directory is said at once. A
 // manifest's recorded tokenizer is the default.
