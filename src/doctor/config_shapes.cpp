@@ -127,23 +127,35 @@ struct Checker {
 
 }  // namespace
 
-std::optional<nlohmann::json> ModelKeysOf(const std::string& config) {
+namespace {
+
+// The config's top-level JSON object; nullopt when it cannot be read or is
+// no JSON object (the spec's own finding says which).
+std::optional<nlohmann::json> ConfigObject(const std::string& config) {
   auto text = ReadFileToString(config);
   if (!text.ok()) return std::nullopt;
   auto parsed = ParseJsonText(*text);
   if (!parsed.ok() || !parsed->is_object()) return std::nullopt;
-  auto tc = parsed->find("text_config");
-  if (tc != parsed->end() && tc->is_object()) return *tc;
-  return *parsed;
+  return std::move(*parsed);
+}
+
+const nlohmann::json* TextConfigOf(const nlohmann::json& top) {
+  auto tc = top.find("text_config");
+  return tc != top.end() && tc->is_object() ? &*tc : nullptr;
+}
+
+}  // namespace
+
+std::optional<nlohmann::json> ModelKeysOf(const std::string& config) {
+  std::optional<nlohmann::json> top = ConfigObject(config);
+  if (!top) return std::nullopt;
+  if (const nlohmann::json* tc = TextConfigOf(*top)) return *tc;
+  return top;
 }
 
 bool HasTextConfig(const std::string& config) {
-  auto text = ReadFileToString(config);
-  if (!text.ok()) return true;  // unreadable: the spec's own finding says so
-  auto parsed = ParseJsonText(*text);
-  if (!parsed.ok() || !parsed->is_object()) return true;  // no JSON object: likewise
-  auto tc = parsed->find("text_config");
-  return tc != parsed->end() && tc->is_object();
+  const std::optional<nlohmann::json> top = ConfigObject(config);
+  return !top || TextConfigOf(*top) != nullptr;
 }
 
 void CrossCheckConfig(const kimi::ModelSpec& spec, const std::string& config, const kimi::SynthDims& d,
